@@ -1,0 +1,20 @@
+// `deltadeck train`: config -> validation -> run record -> session -> events to the database and
+// the terminal, until the run ends.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace app {
+
+struct TrainArgs {
+  std::string config_path;            // empty: the embedded demo config
+  std::vector<std::string> overrides; // --set section.key=value
+  std::string runs_dir;               // --runs-dir; empty: run.runs_dir of the config
+  bool no_gui = false;
+};
+
+// Returns the process exit code: 0 finished or stopped, 1 failed, 2 invalid config.
+int run_train(const TrainArgs& args);
+
+}  // namespace app

@@ -1,0 +1,121 @@
+// MetricsWriter: the storage thread that drains queued metric rows into SQLite in batches.
+// It waits up to GATHER after a commit before the next one, even when rows are already waiting:
+// committing every row as it arrives would cost a WAL write per step and wake readers for
+// nothing, while a batch every ~50 ms keeps the plots live with a handful of commits a second.
+#include "storage/metrics_writer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <iterator>
+
+#include "storage/run_store.h"
+
+namespace storage {
+namespace {
+
+constexpr auto GATHER = std::chrono::milliseconds(50);
+// One transaction never holds more than this many rows, so a backlog is written in bounded
+// steps and a flush() or a reader never waits on one huge commit.
+constexpr size_t MAX_BATCH = 10000;
+
+}  // namespace
+
+MetricsWriter::MetricsWriter(const std::string& db_path) : store_(RunStore::open(db_path)) {
+  thread_ = std::thread(&MetricsWriter::run, this);
+}
+
+MetricsWriter::~MetricsWriter() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  // run() drains the queue before it returns, so joining is the flush.
+  thread_.join();
+}
+
+void MetricsWriter::push(MetricRow row) {
+  bool wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    wake = pending_.empty();
+    pending_.push_back(std::move(row));
+    ++pushed_;
+    wake = wake || pending_.size() >= MAX_BATCH;
+  }
+  // Only the transitions the thread waits for: a per-row wake-up would cost a context switch per
+  // row, each ending in the thread going back to sleep to gather more.
+  if (wake) cv_.notify_one();
+}
+
+void MetricsWriter::push(const std::vector<MetricRow>& rows) {
+  if (rows.empty()) return;
+  bool wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    wake = pending_.empty();
+    pending_.insert(pending_.end(), rows.begin(), rows.end());
+    pushed_ += static_cast<int64_t>(rows.size());
+    wake = wake || pending_.size() >= MAX_BATCH;
+  }
+  if (wake) cv_.notify_one();
+}
+
+void MetricsWriter::flush() {
+  std::unique_lock<std::mutex> lock(mu_);
+  const int64_t target = pushed_;
+  if (committed_ >= target) return;
+  flush_to_ = std::max(flush_to_, target);
+  cv_.notify_one();
+  flushed_cv_.wait(lock, [&] { return committed_ >= target; });
+}
+
+std::string MetricsWriter::last_error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_error_;
+}
+
+void MetricsWriter::run() {
+  auto last_commit = std::chrono::steady_clock::now() - GATHER;
+  std::vector<MetricRow> batch;
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !pending_.empty(); });
+    if (pending_.empty()) break;
+    cv_.wait_until(lock, last_commit + GATHER, [&] {
+      return stop_ || flush_to_ > committed_ || pending_.size() >= MAX_BATCH;
+    });
+    const size_t n = std::min(pending_.size(), MAX_BATCH);
+    const auto end = pending_.begin() + static_cast<std::ptrdiff_t>(n);
+    batch.assign(std::make_move_iterator(pending_.begin()), std::make_move_iterator(end));
+    pending_.erase(pending_.begin(), end);
+    lock.unlock();
+
+    // A failed batch is retried once, then dropped. The failure worth retrying is SQLITE_BUSY
+    // after the 5 s busy timeout (another process held the write lock); the others (a run_id with
+    // no run, a full disk) fail again, and keeping their rows would grow the queue without bound
+    // while the trainer keeps pushing.
+    std::string error;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      try {
+        store_->insert_metrics(batch);
+        rows_written_ += static_cast<int64_t>(n);
+        break;
+      } catch (const std::exception& e) {
+        error = attempt == 0 ? std::string("metrics batch of ") + std::to_string(n) +
+                                   " rows failed, retrying: " + e.what()
+                             : std::string("dropped ") + std::to_string(n) +
+                                   " metric rows after a retry: " + e.what();
+      }
+    }
+    last_commit = std::chrono::steady_clock::now();
+
+    lock.lock();
+    committed_ += static_cast<int64_t>(n);
+    if (!error.empty()) last_error_ = error;
+    flushed_cv_.notify_all();
+  }
+}
+
+}  // namespace storage

@@ -1,0 +1,53 @@
+// MetricsWriter: the storage thread. The trainer's side only queues rows (never waits on SQLite);
+// this thread owns its own connection and writes each batch in one transaction.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "storage/types.h"
+
+namespace storage {
+
+class RunStore;
+
+class MetricsWriter {
+ public:
+  // Opens its own connection to the database at path and starts the thread. Throws if it cannot open.
+  explicit MetricsWriter(const std::string& db_path);
+  // Flushes everything queued, then joins.
+  ~MetricsWriter();
+
+  // Any thread; never blocks on SQLite (only on a short mutex).
+  void push(MetricRow row);
+  void push(const std::vector<MetricRow>& rows);
+  // Blocks until every row pushed before the call is committed. Any thread except the writer.
+  void flush();
+  // Rows committed so far, and the last error (empty when none).
+  int64_t rows_written() const { return rows_written_.load(); }
+  std::string last_error() const;
+
+ private:
+  void run();
+  std::unique_ptr<RunStore> store_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_, flushed_cv_;
+  std::deque<MetricRow> pending_;
+  // committed_ counts rows settled: written, or dropped after a failed retry (last_error says so).
+  int64_t pushed_ = 0, committed_ = 0;
+  // flush() raises this so the thread writes at once instead of waiting to gather a fuller batch.
+  int64_t flush_to_ = 0;
+  bool stop_ = false;
+  std::atomic<int64_t> rows_written_{0};
+  std::string last_error_;
+  std::thread thread_;
+};
+
+}  // namespace storage

@@ -1,0 +1,549 @@
+// RunStore: the run database through the sqlite3 C API (schema and migrations in schema.cpp).
+// A run left 'running' is judged dead only from evidence this machine can check: a pid on this
+// host that no longer exists, or (other hosts) no heartbeat for an hour. Marking a live run
+// 'interrupted' would be worse than showing a dead one as running, so anything else is left alone.
+#include "storage/run_store.h"
+
+#include "storage/file_util.h"
+
+#include <signal.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <ctime>
+#include <set>
+#include <stdexcept>
+#include <utility>
+
+namespace storage {
+namespace {
+
+// A run on another host with no heartbeat for this long is taken as dead.
+constexpr int64_t HEARTBEAT_TIMEOUT_S = 3600;
+// find_run's error lists at most this many names.
+constexpr size_t MAX_CANDIDATES = 10;
+
+[[noreturn]] void fail(sqlite3* db, const std::string& path, const std::string& what) {
+  throw std::runtime_error(path + ": " + what + ": " + sqlite3_errmsg(db));
+}
+
+std::string utc_iso8601(std::time_t t) {
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string now_utc() { return utc_iso8601(std::time(nullptr)); }
+
+std::string this_host() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
+  return buf;
+}
+
+// One prepared statement; finalized on scope exit. Errors name the database path.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const std::string& path, const char* sql) : db_(db), path_(path) {
+    if (sqlite3_prepare_v2(db, sql, -1, &st_, nullptr) != SQLITE_OK) {
+      fail(db_, path_, std::string("preparing \"") + sql + "\"");
+    }
+  }
+  ~Stmt() { sqlite3_finalize(st_); }
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+
+  Stmt& bind(int i, int64_t v) { return check(sqlite3_bind_int64(st_, i, v)); }
+  Stmt& bind(int i, double v) { return check(sqlite3_bind_double(st_, i, v)); }
+  Stmt& bind(int i, const std::string& v) {
+    return check(sqlite3_bind_text(st_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT));
+  }
+  // NULL for an empty string, so optional text columns stay NULL rather than ''.
+  Stmt& bind_or_null(int i, const std::string& v) {
+    return v.empty() ? check(sqlite3_bind_null(st_, i)) : bind(i, v);
+  }
+
+  // True while there is a row; false when done. Throws on error.
+  bool step() {
+    int rc = sqlite3_step(st_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    fail(db_, path_, std::string("running \"") + sqlite3_sql(st_) + "\"");
+  }
+  void run() {
+    step();
+    reset();
+  }
+  void reset() {
+    sqlite3_reset(st_);
+    sqlite3_clear_bindings(st_);
+  }
+
+  int64_t i64(int col) const { return sqlite3_column_int64(st_, col); }
+  double f64(int col) const { return sqlite3_column_double(st_, col); }
+  bool is_null(int col) const { return sqlite3_column_type(st_, col) == SQLITE_NULL; }
+  std::string text(int col) const {
+    auto p = reinterpret_cast<const char*>(sqlite3_column_text(st_, col));
+    return p ? std::string(p, sqlite3_column_bytes(st_, col)) : std::string();
+  }
+
+ private:
+  Stmt& check(int rc) {
+    if (rc != SQLITE_OK) fail(db_, path_, std::string("binding \"") + sqlite3_sql(st_) + "\"");
+    return *this;
+  }
+  sqlite3* db_;
+  const std::string& path_;
+  sqlite3_stmt* st_ = nullptr;
+};
+
+// BEGIN IMMEDIATE on construction (the write lock up front, so a busy database waits in the busy
+// handler here rather than failing mid-transaction); rolls back unless commit() was reached.
+class Transaction {
+ public:
+  Transaction(sqlite3* db, const std::string& path) : db_(db), path_(path) {
+    if (sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) != SQLITE_OK) {
+      fail(db_, path_, "begin transaction");
+    }
+  }
+  ~Transaction() {
+    if (!done_) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+  }
+  void commit() {
+    if (sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr) != SQLITE_OK) {
+      fail(db_, path_, "commit");
+    }
+    done_ = true;
+  }
+
+ private:
+  sqlite3* db_;
+  const std::string& path_;
+  bool done_ = false;
+};
+
+void exec(sqlite3* db, const std::string& path, const char* sql) {
+  if (sqlite3_exec(db, sql, nullptr, nullptr, nullptr) != SQLITE_OK) {
+    fail(db, path, std::string("running \"") + sql + "\"");
+  }
+}
+
+constexpr const char* SUMMARY_COLUMNS =
+    "SELECT id, name, status, model, host, pid, params, world_size, revision, started_at, "
+    "ended_at, message FROM runs";
+
+RunSummary read_summary(const Stmt& s) {
+  RunSummary r;
+  r.id = s.i64(0);
+  r.name = s.text(1);
+  r.status = s.text(2);
+  r.model = s.text(3);
+  r.host = s.text(4);
+  r.pid = s.i64(5);
+  r.params = s.i64(6);
+  r.world_size = s.i64(7);
+  r.revision = s.text(8);
+  r.started_at = s.text(9);
+  r.ended_at = s.text(10);
+  r.message = s.text(11);
+  return r;
+}
+
+std::string join_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < MAX_CANDIDATES; ++i) {
+    if (i) out += ", ";
+    out += names[i];
+  }
+  if (names.size() > MAX_CANDIDATES) {
+    out += ", ... (" + std::to_string(names.size() - MAX_CANDIDATES) + " more)";
+  }
+  return out;
+}
+
+bool parse_id(const std::string& s, int64_t* id) {
+  if (s.empty() || s.size() > 18) return false;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+  }
+  *id = std::strtoll(s.c_str(), nullptr, 10);
+  return true;
+}
+
+// Distinct keys as a loose index scan: each key is one seek into (run_id, key, step), where
+// SELECT DISTINCT would read every row of the run (millions for a long run).
+std::vector<std::string> metric_keys_of(sqlite3* db, const std::string& path, int64_t run_id) {
+  std::vector<std::string> out;
+  Stmt first(db, path, "SELECT min(key) FROM metrics WHERE run_id = ?1");
+  first.bind(1, run_id);
+  if (!first.step() || first.is_null(0)) return out;
+  out.push_back(first.text(0));
+  Stmt next(db, path, "SELECT min(key) FROM metrics WHERE run_id = ?1 AND key > ?2");
+  for (;;) {
+    next.bind(1, run_id).bind(2, out.back());
+    if (!next.step() || next.is_null(0)) break;
+    std::string key = next.text(0);
+    next.reset();
+    out.push_back(std::move(key));
+  }
+  return out;
+}
+
+// max(step) per key is one index seek each; max(step) over the whole run would read every one of
+// its rows, and list_runs runs every time the UI refreshes its run list.
+int64_t last_step_of(sqlite3* db, const std::string& path, int64_t run_id) {
+  int64_t last = 0;
+  Stmt s(db, path, "SELECT max(step) FROM metrics WHERE run_id = ?1 AND key = ?2");
+  for (const std::string& key : metric_keys_of(db, path, run_id)) {
+    s.bind(1, run_id).bind(2, key);
+    if (s.step()) last = std::max(last, s.i64(0));
+    s.reset();
+  }
+  return last;
+}
+
+// Marks runs whose process is gone as 'interrupted' (see the file comment for the rules).
+void mark_interrupted(sqlite3* db, const std::string& path) {
+  const std::string host = this_host();
+  const std::string cutoff = utc_iso8601(std::time(nullptr) - HEARTBEAT_TIMEOUT_S);
+  struct Dead {
+    int64_t id;
+    std::string message;
+  };
+  std::vector<Dead> dead;
+  {
+    Stmt s(db, path,
+           "SELECT id, host, pid, COALESCE(heartbeat_at, started_at) FROM runs "
+           "WHERE status = 'running'");
+    while (s.step()) {
+      const int64_t id = s.i64(0), pid = s.i64(2);
+      const std::string run_host = s.text(1), seen = s.text(3);
+      const std::string who = "process " + std::to_string(pid) + " on " + run_host;
+      if (run_host == host && pid > 0) {
+        // EPERM means the pid exists but is someone else's: alive, as far as we can tell.
+        if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+          dead.push_back({id, who + " ended without closing the run"});
+        }
+      } else if (!seen.empty() && seen < cutoff) {
+        dead.push_back({id, "no heartbeat from " + who + " since " + seen});
+      }
+    }
+  }
+  if (dead.empty()) return;
+  Transaction tx(db, path);
+  Stmt u(db, path,
+         "UPDATE runs SET status = 'interrupted', ended_at = ?1, message = ?2 "
+         "WHERE id = ?3 AND status = 'running'");
+  const std::string now = now_utc();
+  for (const Dead& d : dead) u.bind(1, now).bind(2, d.message).bind(3, d.id).run();
+  tx.commit();
+}
+
+}  // namespace
+
+std::unique_ptr<RunStore> RunStore::open(const std::string& path, bool read_only) {
+  const bool in_memory = path == ":memory:";
+  if (!in_memory && !read_only) {
+    const std::string parent = files::parent_dir(path);
+    if (!parent.empty()) files::make_dirs(parent);
+  }
+  sqlite3* db = nullptr;
+  const int flags = read_only ? SQLITE_OPEN_READONLY : (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+  if (sqlite3_open_v2(path.c_str(), &db, flags, nullptr) != SQLITE_OK) {
+    std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    throw std::runtime_error(path + ": open: " + msg +
+                             (read_only ? " (read-only open needs an existing database)" : ""));
+  }
+  // From here the RunStore owns db, so a throw below closes it.
+  std::unique_ptr<RunStore> store(new RunStore(db, path, read_only));
+  sqlite3_busy_timeout(db, 5000);
+  exec(db, path, "PRAGMA foreign_keys = ON");
+  if (!read_only) {
+    // WAL lets the UI's readers read while the writer thread commits; NORMAL only fsyncs at
+    // checkpoints, which in WAL mode can lose the last commits on power loss but never corrupts.
+    exec(db, path, "PRAGMA journal_mode = WAL");
+    exec(db, path, "PRAGMA synchronous = NORMAL");
+    migrate(db, SCHEMA_VERSION);
+  }
+  const int version = store->schema_version();
+  if (version != SCHEMA_VERSION) {
+    throw std::runtime_error(
+        path + ": schema version " + std::to_string(version) + ", this program reads version " +
+        std::to_string(SCHEMA_VERSION) +
+        (version > SCHEMA_VERSION ? " (written by a newer deltadeck)"
+                                  : " (open it once read-write to migrate it)"));
+  }
+  if (!read_only) mark_interrupted(db, path);
+  return store;
+}
+
+RunStore::RunStore(sqlite3* db, std::string path, bool read_only)
+    : db_(db), path_(std::move(path)), read_only_(read_only) {}
+
+RunStore::~RunStore() { sqlite3_close_v2(db_); }
+
+int64_t RunStore::create_run(const NewRun& r) {
+  const std::string base = r.name.empty() ? "run" : r.name;
+  // IMMEDIATE makes the name check and the insert atomic against another process doing the same.
+  Transaction tx(db_, path_);
+  std::string name = base;
+  {
+    Stmt taken(db_, path_, "SELECT 1 FROM runs WHERE name = ?1");
+    for (int64_t n = 2;; ++n) {
+      taken.bind(1, name);
+      const bool exists = taken.step();
+      taken.reset();
+      if (!exists) break;
+      name = base + "-" + std::to_string(n);
+    }
+  }
+  const std::string now = now_utc();
+  Stmt s(db_, path_,
+         "INSERT INTO runs(name, status, model, config_toml, config_json, host, pid, params, "
+         "world_size, revision, started_at, heartbeat_at) "
+         "VALUES(?1, 'running', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)");
+  s.bind(1, name)
+      .bind_or_null(2, r.model)
+      .bind(3, r.config_toml)
+      .bind(4, r.config_json)
+      .bind(5, this_host())
+      .bind(6, static_cast<int64_t>(getpid()))
+      .bind(7, r.params)
+      .bind(8, r.world_size)
+      .bind_or_null(9, r.revision)
+      .bind(10, now)
+      .run();
+  const int64_t id = sqlite3_last_insert_rowid(db_);
+  tx.commit();
+  return id;
+}
+
+void RunStore::finish_run(int64_t run_id, const std::string& status, const std::string& message) {
+  if (status != "finished" && status != "stopped" && status != "failed" &&
+      status != "interrupted") {
+    throw std::runtime_error(path_ + ": finish_run: status '" + status +
+                             "' is not one of finished, stopped, failed, interrupted");
+  }
+  Stmt s(db_, path_, "UPDATE runs SET status = ?1, ended_at = ?2, message = ?3 WHERE id = ?4");
+  s.bind(1, status).bind(2, now_utc()).bind_or_null(3, message).bind(4, run_id).run();
+  if (sqlite3_changes(db_) == 0) {
+    throw std::runtime_error(path_ + ": finish_run: no run with id " + std::to_string(run_id));
+  }
+}
+
+void RunStore::reopen_run(int64_t run_id) {
+  const std::string now = now_utc();
+  Stmt s(db_, path_,
+         "UPDATE runs SET status = 'running', ended_at = NULL, message = NULL, host = ?1, "
+         "pid = ?2, heartbeat_at = ?3 WHERE id = ?4");
+  s.bind(1, this_host()).bind(2, static_cast<int64_t>(getpid())).bind(3, now).bind(4, run_id).run();
+  if (sqlite3_changes(db_) == 0) {
+    throw std::runtime_error(path_ + ": reopen_run: no run with id " + std::to_string(run_id));
+  }
+}
+
+void RunStore::insert_metrics(const std::vector<MetricRow>& rows) {
+  if (rows.empty()) return;
+  Transaction tx(db_, path_);
+  std::set<int64_t> runs;
+  {
+    Stmt s(db_, path_,
+           "INSERT INTO metrics(run_id, step, tokens, wall_s, key, value) "
+           "VALUES(?1, ?2, ?3, ?4, ?5, ?6)");
+    for (const MetricRow& r : rows) {
+      s.bind(1, r.run_id)
+          .bind(2, r.point.step)
+          .bind(3, r.point.tokens)
+          .bind(4, r.point.wall_s)
+          .bind(5, r.point.key)
+          .bind(6, r.point.value)
+          .run();
+      runs.insert(r.run_id);
+    }
+  }
+  // The heartbeat that tells other hosts this run is alive (see mark_interrupted).
+  Stmt hb(db_, path_, "UPDATE runs SET heartbeat_at = ?1 WHERE id = ?2");
+  const std::string now = now_utc();
+  for (int64_t id : runs) hb.bind(1, now).bind(2, id).run();
+  tx.commit();
+}
+
+void RunStore::add_checkpoint(const CheckpointRecord& c) {
+  // REPLACE: saving the same step again (after a resume) overwrites the file, so the row follows.
+  Stmt s(db_, path_,
+         "INSERT OR REPLACE INTO checkpoints(run_id, step, path, bytes, sha256, created_at) "
+         "VALUES(?1, ?2, ?3, ?4, ?5, ?6)");
+  s.bind(1, c.run_id)
+      .bind(2, c.step)
+      .bind(3, c.path)
+      .bind(4, c.bytes)
+      .bind_or_null(5, c.sha256)
+      .bind(6, c.created_at.empty() ? now_utc() : c.created_at)
+      .run();
+}
+
+void RunStore::remove_checkpoint(int64_t run_id, int64_t step) {
+  Stmt s(db_, path_, "DELETE FROM checkpoints WHERE run_id = ?1 AND step = ?2");
+  s.bind(1, run_id).bind(2, step).run();
+}
+
+void RunStore::add_event(const EventRecord& e) {
+  Stmt s(db_, path_,
+         "INSERT INTO events(run_id, step, level, text, created_at) VALUES(?1, ?2, ?3, ?4, ?5)");
+  s.bind(1, e.run_id)
+      .bind(2, e.step)
+      .bind(3, e.level.empty() ? std::string("info") : e.level)
+      .bind(4, e.text)
+      .bind(5, e.created_at.empty() ? now_utc() : e.created_at)
+      .run();
+}
+
+std::vector<RunSummary> RunStore::list_runs() const {
+  std::vector<RunSummary> out;
+  {
+    Stmt s(db_, path_, (std::string(SUMMARY_COLUMNS) + " ORDER BY id").c_str());
+    while (s.step()) out.push_back(read_summary(s));
+  }
+  for (RunSummary& r : out) r.last_step = last_step_of(db_, path_, r.id);
+  return out;
+}
+
+std::optional<RunSummary> RunStore::run(int64_t run_id) const {
+  Stmt s(db_, path_, (std::string(SUMMARY_COLUMNS) + " WHERE id = ?1").c_str());
+  s.bind(1, run_id);
+  if (!s.step()) return std::nullopt;
+  RunSummary r = read_summary(s);
+  r.last_step = last_step_of(db_, path_, run_id);
+  return r;
+}
+
+RunSummary RunStore::find_run(const std::string& id_or_name) const {
+  int64_t id = 0;
+  if (parse_id(id_or_name, &id)) {
+    if (auto r = run(id)) return *r;
+  }
+  std::vector<std::pair<int64_t, std::string>> matches;
+  {
+    Stmt s(db_, path_,
+           "SELECT id, name FROM runs WHERE substr(name, 1, length(?1)) = ?1 ORDER BY id");
+    s.bind(1, id_or_name);
+    while (s.step()) matches.emplace_back(s.i64(0), s.text(1));
+  }
+  for (const auto& m : matches) {
+    if (m.second == id_or_name) return *run(m.first);
+  }
+  if (matches.size() == 1) return *run(matches[0].first);
+  std::vector<std::string> names;
+  if (!matches.empty()) {
+    for (const auto& m : matches) names.push_back(m.second);
+    throw std::runtime_error(path_ + ": run '" + id_or_name + "' is ambiguous: " +
+                             join_names(names));
+  }
+  // The newest runs are the likeliest targets of a typo, so those are the ones listed.
+  Stmt s(db_, path_, "SELECT name FROM runs ORDER BY id DESC LIMIT ?1");
+  s.bind(1, static_cast<int64_t>(MAX_CANDIDATES + 1));
+  while (s.step()) names.push_back(s.text(0));
+  if (names.empty()) {
+    throw std::runtime_error(path_ + ": no run named '" + id_or_name +
+                             "'; the database has no runs");
+  }
+  const bool more = names.size() > MAX_CANDIDATES;
+  if (more) names.pop_back();
+  std::reverse(names.begin(), names.end());
+  throw std::runtime_error(path_ + ": no run named '" + id_or_name + "'; runs: " +
+                           (more ? "..., " : "") + join_names(names));
+}
+
+std::string RunStore::run_config_toml(int64_t run_id) const {
+  Stmt s(db_, path_, "SELECT config_toml FROM runs WHERE id = ?1");
+  s.bind(1, run_id);
+  if (!s.step()) throw std::runtime_error(path_ + ": no run with id " + std::to_string(run_id));
+  return s.text(0);
+}
+
+std::string RunStore::run_config_json(int64_t run_id) const {
+  Stmt s(db_, path_, "SELECT config_json FROM runs WHERE id = ?1");
+  s.bind(1, run_id);
+  if (!s.step()) throw std::runtime_error(path_ + ": no run with id " + std::to_string(run_id));
+  return s.text(0);
+}
+
+std::vector<MetricPoint> RunStore::metrics(int64_t run_id, const std::string& key) const {
+  std::vector<MetricPoint> out;
+  // rowid breaks ties so repeated steps (a resumed run) come back in the order they were written.
+  Stmt s(db_, path_,
+         key.empty() ? "SELECT step, tokens, wall_s, key, value FROM metrics WHERE run_id = ?1 "
+                       "ORDER BY step, key, rowid"
+                     : "SELECT step, tokens, wall_s, key, value FROM metrics "
+                       "WHERE run_id = ?1 AND key = ?2 ORDER BY step, rowid");
+  s.bind(1, run_id);
+  if (!key.empty()) s.bind(2, key);
+  while (s.step()) {
+    MetricPoint p;
+    p.step = s.i64(0);
+    p.tokens = s.i64(1);
+    p.wall_s = s.f64(2);
+    p.key = s.text(3);
+    p.value = s.f64(4);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+std::vector<std::string> RunStore::metric_keys(int64_t run_id) const {
+  return metric_keys_of(db_, path_, run_id);
+}
+
+std::vector<CheckpointRecord> RunStore::checkpoints(int64_t run_id) const {
+  std::vector<CheckpointRecord> out;
+  Stmt s(db_, path_,
+         "SELECT run_id, step, path, bytes, sha256, created_at FROM checkpoints "
+         "WHERE run_id = ?1 ORDER BY step");
+  s.bind(1, run_id);
+  while (s.step()) {
+    CheckpointRecord c;
+    c.run_id = s.i64(0);
+    c.step = s.i64(1);
+    c.path = s.text(2);
+    c.bytes = s.i64(3);
+    c.sha256 = s.text(4);
+    c.created_at = s.text(5);
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+std::vector<EventRecord> RunStore::events(int64_t run_id) const {
+  std::vector<EventRecord> out;
+  Stmt s(db_, path_,
+         "SELECT run_id, step, level, text, created_at FROM events WHERE run_id = ?1 ORDER BY id");
+  s.bind(1, run_id);
+  while (s.step()) {
+    EventRecord e;
+    e.run_id = s.i64(0);
+    e.step = s.i64(1);
+    e.level = s.text(2);
+    e.text = s.text(3);
+    e.created_at = s.text(4);
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::string RunStore::integrity_check() const {
+  Stmt s(db_, path_, "PRAGMA integrity_check");
+  return s.step() ? s.text(0) : std::string();
+}
+
+int RunStore::schema_version() const {
+  Stmt s(db_, path_, "PRAGMA user_version");
+  return s.step() ? static_cast<int>(s.i64(0)) : 0;
+}
+
+}  // namespace storage

@@ -1,0 +1,75 @@
+// RunStore: the SQLite run database (runs, configs, metrics, checkpoints, events). WAL mode,
+// schema version in PRAGMA user_version, numbered migrations applied in order (docs/schema.md).
+// One RunStore owns one connection; the writer thread owns its own, readers open their own.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "storage/types.h"
+
+struct sqlite3;
+
+namespace storage {
+
+// The schema version this program writes.
+constexpr int SCHEMA_VERSION = 2;
+
+// Applies migrations 1..target_version to an open database (exposed so tests can build an
+// older schema and check that opening it with the full store migrates it). Throws on failure.
+void migrate(sqlite3* db, int target_version);
+
+class RunStore {
+ public:
+  // Opens (creating directories and the file if needed) and migrates. read_only opens an existing
+  // file without migrating or writing. Runs left 'running' by a process that is gone are marked
+  // 'interrupted' (not in read-only mode). Throws std::runtime_error naming the path on failure.
+  // ":memory:" is allowed for tests.
+  static std::unique_ptr<RunStore> open(const std::string& path, bool read_only = false);
+  ~RunStore();
+  RunStore(const RunStore&) = delete;
+  RunStore& operator=(const RunStore&) = delete;
+
+  // Records a new run with status 'running', this host and pid; returns its id. The stored name
+  // is unique (suffix added if the requested one is taken); read it back with run().
+  int64_t create_run(const NewRun& r);
+  // status: finished | stopped | failed | interrupted. Sets ended_at.
+  void finish_run(int64_t run_id, const std::string& status, const std::string& message);
+  // Marks a run 'running' again (resume), clearing ended_at and message.
+  void reopen_run(int64_t run_id);
+
+  // Inserts many metric rows in one transaction (the writer thread's call).
+  void insert_metrics(const std::vector<MetricRow>& rows);
+  void add_checkpoint(const CheckpointRecord& c);
+  void remove_checkpoint(int64_t run_id, int64_t step);
+  void add_event(const EventRecord& e);
+
+  std::vector<RunSummary> list_runs() const;
+  std::optional<RunSummary> run(int64_t run_id) const;
+  // Finds a run by numeric id, exact name, or unique name prefix. Throws std::runtime_error
+  // with the candidates when nothing or more than one run matches.
+  RunSummary find_run(const std::string& id_or_name) const;
+  std::string run_config_toml(int64_t run_id) const;
+  std::string run_config_json(int64_t run_id) const;
+  // All points of one metric, ordered by step. Empty key = every metric.
+  std::vector<MetricPoint> metrics(int64_t run_id, const std::string& key = "") const;
+  // Distinct metric keys of a run.
+  std::vector<std::string> metric_keys(int64_t run_id) const;
+  std::vector<CheckpointRecord> checkpoints(int64_t run_id) const;
+  std::vector<EventRecord> events(int64_t run_id) const;
+  // PRAGMA integrity_check's first line ("ok" when healthy).
+  std::string integrity_check() const;
+  int schema_version() const;
+  const std::string& path() const { return path_; }
+
+ private:
+  RunStore(sqlite3* db, std::string path, bool read_only);
+  sqlite3* db_;
+  std::string path_;
+  bool read_only_;
+};
+
+}  // namespace storage

@@ -1,0 +1,67 @@
+// Plain value types of the run database, shared by the writer, the readers and the UI. No torch,
+// no sqlite: ui/ includes this.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace storage {
+
+struct MetricPoint {
+  int64_t step = 0;
+  int64_t tokens = 0;
+  double wall_s = 0;
+  std::string key;
+  double value = 0;
+};
+
+// One metric row bound to its run, as the writer thread queues it.
+struct MetricRow {
+  int64_t run_id = 0;
+  MetricPoint point;
+};
+
+struct NewRun {
+  std::string name;          // requested name; a suffix "-2", "-3", ... is added if taken
+  std::string model;         // e.g. "gpt/tiny"
+  std::string config_toml;   // the resolved config
+  std::string config_json;
+  int64_t params = 0;
+  int64_t world_size = 1;
+  std::string revision;      // program revision (git)
+};
+
+struct RunSummary {
+  int64_t id = 0;
+  std::string name;
+  std::string status;        // running | finished | stopped | failed | interrupted
+  std::string model;
+  std::string host;
+  int64_t pid = 0;
+  int64_t params = 0;
+  int64_t world_size = 1;
+  std::string revision;
+  std::string started_at;    // UTC, ISO 8601
+  std::string ended_at;      // empty while running
+  std::string message;       // why it ended, when it failed
+  int64_t last_step = 0;     // highest step with a metric
+};
+
+struct CheckpointRecord {
+  int64_t run_id = 0;
+  int64_t step = 0;
+  std::string path;
+  int64_t bytes = 0;
+  std::string sha256;
+  std::string created_at;
+};
+
+struct EventRecord {
+  int64_t run_id = 0;
+  int64_t step = 0;
+  std::string level;         // info | warn | error
+  std::string text;
+  std::string created_at;
+};
+
+}  // namespace storage

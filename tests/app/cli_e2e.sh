@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The command line end to end: a headless run records its config, one loss row per logged step,
+# its checkpoint and status in SQLite; `runs list/show` read it back; a bad config exits 2 and
+# writes nothing.
+set -euo pipefail
+bin=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+mkdir -p "$work/corpus"
+for i in $(seq 1 200); do
+  printf 'the quick brown fox jumps over the lazy dog %d\n%%\n' "$i" >> "$work/corpus/fox.txt"
+done
+cat > "$work/run.toml" <<TOML
+name = "e2e"
+[model]
+d = 64
+L = 2
+attn_heads = 2
+attn_kv_heads = 1
+attn_head_dim = 32
+ffn_hidden = 128
+[data]
+train = ["text:$work/corpus/*.txt"]
+val = 0.05
+[train]
+steps = 40
+batch_size = 4
+seq_len = 32
+warmup_steps = 5
+eval_batches = 2
+[run]
+log_interval = 5
+eval_interval = 20
+save_interval = 20
+threads = 1
+TOML
+
+# 1. A bad config: every problem reported by key, exit 2, nothing written.
+set +e
+"$bin" train --no-gui --config "$work/run.toml" --runs-dir "$work/runs" \
+  --set train.lr=-1 --set train.stepz=3 --set run.devices=gpu7 > "$work/bad.out" 2>&1
+rc=$?
+set -e
+[ "$rc" = 2 ] || { cat "$work/bad.out"; fail "bad config exited $rc, expected 2"; }
+grep -q "train.lr" "$work/bad.out" || fail "no train.lr error: $(cat "$work/bad.out")"
+grep -q "train.stepz" "$work/bad.out" || fail "no unknown-key error"
+grep -q "did you mean 'train.steps'" "$work/bad.out" || fail "no suggestion for train.stepz"
+[ ! -e "$work/runs" ] || fail "a bad config created $work/runs"
+
+# 2. A real run.
+"$bin" train --no-gui --config "$work/run.toml" --runs-dir "$work/runs" > "$work/run.out" 2>&1 \
+  || { cat "$work/run.out"; fail "training failed"; }
+grep -q "^step 40/40 | loss" "$work/run.out" || { cat "$work/run.out"; fail "no final log line"; }
+db="$work/runs/deltadeck.db"
+[ "$(sqlite3 "$db" 'PRAGMA integrity_check')" = ok ] || fail "integrity_check"
+[ "$(sqlite3 "$db" "SELECT status FROM runs WHERE name='e2e'")" = finished ] || fail "status not finished"
+loss_rows=$(sqlite3 "$db" "SELECT count(*) FROM metrics WHERE key='loss'")
+[ "$loss_rows" = 8 ] || fail "expected 8 loss rows (steps 5..40), got $loss_rows"
+distinct=$(sqlite3 "$db" "SELECT count(DISTINCT step) FROM metrics WHERE key='loss'")
+[ "$distinct" = 8 ] || fail "loss rows not one per logged step"
+[ "$(sqlite3 "$db" "SELECT count(*) FROM metrics WHERE key='val_loss'")" = 2 ] || fail "expected 2 val_loss rows"
+ck=$(sqlite3 "$db" "SELECT path FROM checkpoints WHERE step=40")
+[ -f "$ck/model.safetensors" ] || fail "checkpoint of step 40 missing on disk ($ck)"
+sha=$(sqlite3 "$db" "SELECT sha256 FROM checkpoints WHERE step=40")
+[ "$(sha256sum "$ck/model.safetensors" | cut -d' ' -f1)" = "$sha" ] || fail "recorded sha256 differs from the file"
+sqlite3 "$db" "SELECT config_toml FROM runs WHERE name='e2e'" | grep -q "seq_len = 32" || fail "config not recorded"
+
+# 3. The same name again gets a suffix; runs list/show read both.
+"$bin" train --no-gui --config "$work/run.toml" --runs-dir "$work/runs" --set train.steps=5 > /dev/null 2>&1
+"$bin" runs list --runs-dir "$work/runs" > "$work/list.out"
+grep -q "e2e-2" "$work/list.out" || { cat "$work/list.out"; fail "second run not listed as e2e-2"; }
+"$bin" runs show e2e --runs-dir "$work/runs" > "$work/show.out" 2>&1 || fail "runs show e2e"
+grep -q "status     finished" "$work/show.out" || { cat "$work/show.out"; fail "runs show lacks status"; }
+grep -q "step 40" "$work/show.out" || fail "runs show lacks the checkpoint"
+set +e
+"$bin" runs show nosuchrun --runs-dir "$work/runs" > "$work/none.out" 2>&1
+rc=$?
+set -e
+[ "$rc" = 1 ] || fail "unknown run exited $rc"
+grep -q "e2e" "$work/none.out" || fail "unknown run error does not list the runs"
+echo "cli e2e: ok"

@@ -1,0 +1,129 @@
+// Checkpoints: round trip to identical tensors, refusal of damaged files naming them, pruning;
+// and our AdamW against LibTorch's own.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <unistd.h>
+
+#include <fstream>
+
+#include "storage/file_util.h"
+#include "tests/support/temp_dir.h"
+#include "trainer/adamw.h"
+#include "trainer/checkpoint.h"
+
+using testing_support::TempDir;
+
+namespace {
+trainer::CheckpointData sample(int64_t step) {
+  torch::manual_seed(step);
+  trainer::CheckpointData d;
+  d.step = step;
+  d.weights = {{"emb.weight", torch::randn({17, 8})}, {"blocks.0.norm1.weight", torch::randn({8})}};
+  d.state = {{"exp_avg.emb.weight", torch::randn({17, 8})}, {"rng.cpu", torch::randint(0, 255, {32}, torch::kUInt8)}};
+  d.meta = {{"tokens", "1234"}};
+  return d;
+}
+void flip_byte(const std::string& path, int64_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(offset);
+  char c;
+  f.read(&c, 1);
+  c ^= 0x5a;
+  f.seekp(offset);
+  f.write(&c, 1);
+}
+}  // namespace
+
+TEST(Checkpoint, RoundTripIsBitIdentical) {
+  TempDir dir;
+  auto d = sample(100);
+  auto saved = trainer::save_checkpoint(dir.path(), d);
+  EXPECT_EQ(saved.dir, dir.path() + "/step_00000100");
+  EXPECT_EQ(saved.sha256.size(), 64u);
+  EXPECT_GT(saved.bytes, 0);
+  auto back = trainer::load_checkpoint(saved.dir);
+  EXPECT_EQ(back.step, 100);
+  ASSERT_EQ(back.weights.size(), d.weights.size());
+  for (size_t i = 0; i < d.weights.size(); ++i) {
+    EXPECT_EQ(back.weights[i].first, d.weights[i].first);
+    EXPECT_TRUE(torch::equal(back.weights[i].second, d.weights[i].second));
+  }
+  for (size_t i = 0; i < d.state.size(); ++i) EXPECT_TRUE(torch::equal(back.state[i].second, d.state[i].second));
+  EXPECT_EQ(back.meta.at("tokens"), "1234");
+  EXPECT_FALSE(storage::files::exists(saved.dir + ".tmp"));
+}
+
+TEST(Checkpoint, FlippedByteIsRejectedNamingTheFile) {
+  TempDir dir;
+  auto saved = trainer::save_checkpoint(dir.path(), sample(5));
+  flip_byte(saved.dir + "/model.safetensors", 200);
+  try {
+    trainer::load_checkpoint(saved.dir);
+    FAIL() << "expected a checksum error";
+  } catch (const std::runtime_error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("model.safetensors"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("checksum"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(saved.sha256), std::string::npos) << msg;
+  }
+}
+
+TEST(Checkpoint, TruncatedOrMissingFilesAreRejected) {
+  TempDir dir;
+  auto saved = trainer::save_checkpoint(dir.path(), sample(6));
+  ASSERT_EQ(::truncate((saved.dir + "/state.safetensors").c_str(), 10), 0);
+  EXPECT_THROW(trainer::load_checkpoint(saved.dir), std::runtime_error);
+  ASSERT_EQ(::unlink((saved.dir + "/manifest.json").c_str()), 0);
+  EXPECT_THROW(trainer::load_checkpoint(saved.dir), std::runtime_error);
+}
+
+TEST(Checkpoint, ListIgnoresTmpAndPruneKeepsNewest) {
+  TempDir dir;
+  for (int64_t s : {10, 20, 30, 40}) trainer::save_checkpoint(dir.path(), sample(s));
+  storage::files::make_dirs(dir.path() + "/step_00000050.tmp");
+  auto all = trainer::list_checkpoints(dir.path());
+  ASSERT_EQ(all.size(), 4u);
+  EXPECT_EQ(all.back().first, 40);
+  auto removed = trainer::prune_checkpoints(dir.path(), 2);
+  EXPECT_EQ(removed, (std::vector<int64_t>{10, 20}));
+  all = trainer::list_checkpoints(dir.path());
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all.front().first, 30);
+}
+
+TEST(Checkpoint, SavingTheSameStepAgainReplacesIt) {
+  TempDir dir;
+  trainer::save_checkpoint(dir.path(), sample(7));
+  auto d = sample(7);
+  d.meta["tokens"] = "99";
+  auto saved = trainer::save_checkpoint(dir.path(), d);
+  EXPECT_EQ(trainer::load_checkpoint(saved.dir).meta.at("tokens"), "99");
+  EXPECT_EQ(trainer::list_checkpoints(dir.path()).size(), 1u);
+}
+
+TEST(AdamW, MatchesLibTorchAdamW) {
+  torch::manual_seed(42);
+  auto w0 = torch::randn({5, 3}), b0 = torch::randn({3});
+  auto w_ours = w0.clone().requires_grad_(true), b_ours = b0.clone().requires_grad_(true);
+  auto w_ref = w0.clone().requires_grad_(true), b_ref = b0.clone().requires_grad_(true);
+  trainer::AdamW ours({{"w", w_ours}, {"b", b_ours}}, {true, false}, {0.9, 0.95, 1e-8, 0.1});
+  torch::optim::AdamW ref_decay({w_ref}, torch::optim::AdamWOptions(1e-2).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1));
+  torch::optim::AdamW ref_plain({b_ref}, torch::optim::AdamWOptions(1e-2).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0));
+  for (int step = 0; step < 5; ++step) {
+    auto x = torch::randn({4, 5});
+    auto loss_ours = (torch::tanh(x.matmul(w_ours) + b_ours)).pow(2).sum();
+    auto loss_ref = (torch::tanh(x.matmul(w_ref) + b_ref)).pow(2).sum();
+    loss_ours.backward();
+    loss_ref.backward();
+    ours.step(1e-2);
+    ref_decay.step();
+    ref_plain.step();
+    ours.zero_grad();
+    ref_decay.zero_grad();
+    ref_plain.zero_grad();
+  }
+  EXPECT_LE((w_ours - w_ref).abs().max().item<double>(), 1e-6);
+  EXPECT_LE((b_ours - b_ref).abs().max().item<double>(), 1e-6);
+  EXPECT_EQ(ours.steps_taken(), 5);
+}

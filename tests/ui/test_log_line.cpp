@@ -1,0 +1,23 @@
+#include <gtest/gtest.h>
+
+#include "ui/log/log_line.h"
+
+TEST(LogLine, TrainStepFormat) {
+  trainer::MetricsEvent m{120, 0, 72.4, {{"loss", 3.41234}, {"grad_norm", 0.8412}, {"lr", 2.9e-4}, {"tokens_per_s", 452300}}};
+  EXPECT_EQ(ui::format_metrics_line(m, 5000),
+            "step 120/5000 | loss 3.4123 | grad_norm 0.841 | lr 2.90e-04 | 452k tok/s | 1m12s");
+}
+
+TEST(LogLine, EvalFormat) {
+  trainer::MetricsEvent m{200, 0, 10, {{"val_loss", 2.25}, {"val_ppl", 9.4877}}};
+  EXPECT_EQ(ui::format_metrics_line(m, 5000), "eval step 200 | val_loss 2.2500 | val_ppl 9.49");
+}
+
+TEST(LogLine, Durations) {
+  EXPECT_EQ(ui::format_duration(42.2), "42s");
+  EXPECT_EQ(ui::format_duration(185), "3m05s");
+  EXPECT_EQ(ui::format_duration(3725), "1h02m");
+  EXPECT_EQ(ui::format_count(830), "830");
+  EXPECT_EQ(ui::format_count(1260), "1.3k");
+  EXPECT_EQ(ui::format_count(2.5e6), "2.50M");
+}

@@ -1,0 +1,41 @@
+// AdamW with decoupled weight decay, written out so its state is plain named tensors that
+// checkpoints save and restore exactly (same update as torch.optim.AdamW, tested against it).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace trainer {
+
+struct AdamWOptions {
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+};
+
+class AdamW {
+ public:
+  // named_params: (name, parameter) pairs; decay[i] says whether parameter i gets weight decay.
+  AdamW(std::vector<std::pair<std::string, at::Tensor>> named_params, std::vector<bool> decay, AdamWOptions opt);
+  // One update with learning rate lr from the parameters' current .grad(); parameters without a
+  // grad are skipped. Worker thread only.
+  void step(double lr);
+  void zero_grad();
+  int64_t steps_taken() const { return steps_; }
+  // "exp_avg.<name>" and "exp_avg_sq.<name>" for every parameter, for checkpoints.
+  std::vector<std::pair<std::string, at::Tensor>> state_tensors() const;
+  // Restores state saved by state_tensors(); throws std::runtime_error naming a missing or
+  // mis-shaped tensor.
+  void load_state(const std::vector<std::pair<std::string, at::Tensor>>& tensors, int64_t steps);
+
+ private:
+  std::vector<std::pair<std::string, at::Tensor>> params_;
+  std::vector<bool> decay_;
+  std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
+  AdamWOptions opt_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace trainer

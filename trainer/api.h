@@ -1,0 +1,105 @@
+// The trainer's public face, with no torch in it: the typed run configuration, the events a
+// run emits and the commands it accepts. ui/ and app/ see only this header (and storage types),
+// so they compile in seconds and never touch trainer memory.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "model/model_config.h"
+
+namespace trainer {
+
+// [data] as users write it (ARCHITECTURE.md "The config, as users write it").
+struct DataConfig {
+  std::vector<std::string> train;        // "text:GLOB" sources
+  std::vector<std::string> exclude;      // globs of files to skip (e.g. "*.dat")
+  std::string separator = "%";           // a line equal to this ends a document; "" = one document per file
+  int64_t eot_token = 50256;             // token shards: the id that ends a document
+  std::string tokenizer = "byte";        // byte
+  double val_fraction = 0.01;            // share of documents held out for validation
+  int64_t loader_threads = 2;
+};
+
+// [train]
+struct TrainConfig {
+  int64_t steps = 2000;
+  int64_t batch_size = 16;               // sequences per micro-batch
+  int64_t seq_len = 256;
+  int64_t grad_accum = 1;
+  std::string precision = "fp32";        // fp32 (bf16 | fp16 | fp8 arrive with the engine issue)
+  std::string optimizer = "adamw";
+  double lr = 3e-3;
+  double lr_final_frac = 0.1;            // cosine decays to lr * lr_final_frac
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  std::string schedule = "cosine";       // cosine | constant
+  int64_t warmup_steps = 100;
+  double grad_clip = 1.0;                // 0 turns clipping off
+  double ema_decay = 0.0;
+  int64_t eval_batches = 20;             // validation batches per evaluation
+};
+
+// [run]
+struct RunSection {
+  std::string devices = "auto";
+  std::string runs_dir = "runs";
+  int64_t log_interval = 10;
+  int64_t eval_interval = 200;           // 0: only at the end
+  int64_t save_interval = 500;           // 0: only at the end
+  int64_t keep_checkpoints = 3;
+  int64_t threads = 0;                   // ATen CPU threads; 0 = cores - 1 (at least 1)
+};
+
+struct RunConfig {
+  std::string name = "run";
+  uint64_t seed = 1337;
+  model::ModelConfig model;              // preset resolved, overrides applied; vocab 0 = from tokenizer
+  DataConfig data;
+  TrainConfig train;
+  RunSection run;
+};
+
+// ---- events: trainer -> app (values only, never tensors or pointers into trainer memory)
+
+enum class RunStatus { Running, Finished, Stopped, Failed };
+const char* status_name(RunStatus s);
+
+struct MetricsEvent {
+  int64_t step = 0;
+  int64_t tokens = 0;   // tokens seen so far
+  double wall_s = 0;    // seconds since the run started
+  std::vector<std::pair<std::string, double>> values;
+};
+struct CheckpointEvent {
+  int64_t step = 0;
+  std::string path;     // directory of the checkpoint
+  int64_t bytes = 0;
+  std::string sha256;   // of the weights file
+};
+struct LogEvent {
+  int64_t step = 0;
+  std::string level;    // info | warn | error
+  std::string text;
+};
+struct StartedEvent {
+  int64_t params = 0;
+  int64_t vocab_size = 0;
+  std::string device;
+};
+struct EndedEvent {
+  RunStatus status = RunStatus::Finished;
+  int64_t step = 0;
+  std::string message;
+};
+using Event = std::variant<StartedEvent, MetricsEvent, CheckpointEvent, LogEvent, EndedEvent>;
+
+// ---- commands: app -> trainer, applied at the next step boundary
+enum class Command { Pause, Resume, SaveNow, Stop };
+
+}  // namespace trainer

@@ -1,0 +1,51 @@
+// Checkpoints: one directory per saved step, committed atomically.
+//   <root>/step_00000100/model.safetensors   weights by parameter name (fp32)
+//                        state.safetensors   optimizer moments, RNG state; metadata: step, tokens,
+//                                            loader position, optimizer steps
+//                        manifest.json       per-file bytes and sha256, written last
+// Everything is written into "step_XXXXXXXX.tmp", each file fsynced, the manifest fsynced, the
+// directory renamed into place and the parent fsynced: a directory named step_* is complete.
+// Loading checks every file against the manifest before reading it.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace trainer {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+struct CheckpointData {
+  int64_t step = 0;                         // optimizer steps completed
+  NamedTensors weights;                     // model parameters
+  NamedTensors state;                       // optimizer and RNG tensors
+  std::map<std::string, std::string> meta;  // scalars as strings (tokens, loader position, ...)
+};
+
+struct SavedCheckpoint {
+  std::string dir;
+  int64_t bytes = 0;       // all files of the checkpoint
+  std::string sha256;      // of model.safetensors
+};
+
+// Writes a checkpoint of `data` under root (created if missing). Replaces an existing checkpoint
+// of the same step only after the new one is complete. Throws std::runtime_error naming the file
+// and errno on any I/O failure, leaving older checkpoints untouched. Worker thread.
+SavedCheckpoint save_checkpoint(const std::string& root, const CheckpointData& data);
+
+// Reads a checkpoint directory after verifying every file's size and sha256 against the manifest.
+// Throws std::runtime_error naming the damaged file and expected vs actual values.
+CheckpointData load_checkpoint(const std::string& dir);
+
+// Complete checkpoint directories under root, oldest step first (".tmp" ones are ignored).
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& root);
+
+// Deletes all but the newest `keep` checkpoints; returns the steps removed.
+std::vector<int64_t> prune_checkpoints(const std::string& root, int64_t keep);
+
+}  // namespace trainer

@@ -1,0 +1,34 @@
+// The one parser and validator of run configs, shared by the command line and the GUI:
+// TOML text + `--set section.key=value` overrides -> a typed RunConfig, or every problem at once.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "trainer/api.h"
+
+namespace trainer {
+
+struct ConfigResult {
+  RunConfig config;
+  std::vector<std::string> errors;  // each "key: what is wrong (got X; allowed Y)"; empty = valid
+  bool ok() const { return errors.empty(); }
+};
+
+// Parses TOML text (source_name is used in messages, e.g. the file path) and applies overrides
+// of the form "section.key=value" (values in TOML syntax; a bare word is taken as a string).
+// Unknown keys, wrong types, out-of-range values and contradictions are all reported; nothing throws.
+// Any thread may call it.
+ConfigResult parse_config(const std::string& toml_text, const std::string& source_name,
+                          const std::vector<std::string>& overrides);
+// Reads the file then parses; a missing/unreadable file is reported as an error naming the path.
+ConfigResult load_config(const std::string& path, const std::vector<std::string>& overrides);
+
+// Checks a typed config (also used by the GUI on its draft). Lines like "train.lr: must be > 0 (got -1)".
+std::vector<std::string> validate(const RunConfig& c);
+
+// The resolved config, every key, in TOML and JSON (what the run records store).
+std::string to_toml(const RunConfig& c);
+std::string to_json(const RunConfig& c);
+
+}  // namespace trainer

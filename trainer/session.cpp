@@ -1,0 +1,81 @@
+// Session: the run's thread lifecycle, and resolve_config (what this build can run).
+#include "trainer/session.h"
+
+#include <thread>
+
+#include "trainer/data/byte_tokenizer.h"
+#include "trainer/data/text_source.h"
+#include "trainer/train_loop.h"
+
+namespace trainer {
+
+std::vector<std::string> resolve_config(RunConfig& cfg) {
+  std::vector<std::string> errors;
+  try {
+    const int64_t tok_vocab = data::tokenizer_vocab_size(cfg.data.tokenizer);
+    if (cfg.model.vocab_size == 0) {
+      cfg.model.vocab_size = tok_vocab;
+    } else if (cfg.model.vocab_size < tok_vocab) {
+      errors.push_back("model.vocab_size: " + std::to_string(cfg.model.vocab_size) + " is smaller than the " +
+                       "tokenizer's vocabulary (" + std::to_string(tok_vocab) + " for data.tokenizer = \"" +
+                       cfg.data.tokenizer + "\")");
+    }
+  } catch (const std::exception& e) {
+    errors.push_back(e.what());
+  }
+  if (cfg.train.precision != "fp32")
+    errors.push_back("train.precision: \"" + cfg.train.precision + "\" is not available in this build yet (use \"fp32\")");
+  if (cfg.train.optimizer != "adamw")
+    errors.push_back("train.optimizer: \"" + cfg.train.optimizer + "\" is not available in this build yet (use \"adamw\")");
+  if (cfg.train.ema_decay != 0.0)
+    errors.push_back("train.ema_decay: EMA is not available in this build yet (use 0)");
+  if (cfg.run.devices != "auto" && cfg.run.devices != "cpu")
+    errors.push_back("run.devices: \"" + cfg.run.devices + "\" is not available in this build yet (use \"auto\" or \"cpu\")");
+  if (cfg.model.family != model::Family::Gpt)
+    errors.push_back("model.family: \"hybrid\" is not available in this build yet (use \"gpt\")");
+  for (size_t i = 0; i < cfg.data.train.size(); ++i) {
+    try {
+      data::expand_text_source(cfg.data.train[i], cfg.data.exclude, "data.train[" + std::to_string(i) + "]");
+    } catch (const std::exception& e) {
+      errors.push_back(e.what());
+    }
+  }
+  return errors;
+}
+
+struct Session::Impl {
+  RunConfig cfg;
+  SessionOptions opts;
+  Channel<Event> events{4096};
+  Channel<Command> commands{64};
+  std::thread worker;
+};
+
+Session::Session(RunConfig cfg, SessionOptions opts) : impl_(std::make_unique<Impl>()) {
+  impl_->cfg = std::move(cfg);
+  impl_->opts = std::move(opts);
+}
+
+Session::~Session() {
+  if (impl_->worker.joinable()) {
+    impl_->commands.try_push(Command::Stop);
+    impl_->commands.close();
+    // Nobody may be draining events any more: closing lets a blocked push return.
+    impl_->events.close();
+    impl_->worker.join();
+  }
+}
+
+void Session::start() {
+  impl_->worker = std::thread([this] { run_training(impl_->cfg, impl_->opts, impl_->events, impl_->commands); });
+}
+
+Channel<Event>& Session::events() { return impl_->events; }
+
+void Session::send(Command c) { impl_->commands.push(c); }
+
+void Session::join() {
+  if (impl_->worker.joinable()) impl_->worker.join();
+}
+
+}  // namespace trainer

@@ -1,0 +1,48 @@
+// Session: one training run. It owns the worker thread (one per device; this build runs one
+// worker on the CPU) and talks to the app only through two channels: events out, commands in.
+// No torch in this header, so app/ and ui/ include it cheaply.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainer/api.h"
+#include "trainer/channel.h"
+
+namespace trainer {
+
+struct SessionOptions {
+  std::string run_dir;      // checkpoints go to <run_dir>/checkpoints
+  std::string resume_from;  // a checkpoint directory to continue from; empty = fresh start
+};
+
+// Completes a validated config for this build: fills model.vocab_size from the tokenizer when 0,
+// rejects a tokenizer vocabulary larger than the model's, settings this build does not have yet,
+// and data sources that match no files. Returns error lines naming the key; empty = ready.
+// Any thread; reads only directory listings.
+std::vector<std::string> resolve_config(RunConfig& cfg);
+
+class Session {
+ public:
+  Session(RunConfig cfg, SessionOptions opts);
+  // Asks the worker to stop (without a checkpoint) if still running, then joins.
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Starts the worker thread. Call once. Main thread.
+  void start();
+  // Events of the run, ending with an EndedEvent, after which the channel is closed.
+  Channel<Event>& events();
+  // Queues a command; the worker applies it at the next step boundary. Any thread.
+  void send(Command c);
+  // Waits for the worker thread to end.
+  void join();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace trainer

@@ -1,0 +1,278 @@
+// The step loop, in the order torchtitan's train() reads: load the checkpoint, then while
+// training should continue: poll commands, step, maybe log, maybe evaluate, maybe checkpoint.
+// GPU scalars would be read only on logging steps; on the CPU .item() is free.
+#include "trainer/train_loop.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+#include "model/gpt.h"
+#include "trainer/adamw.h"
+#include "trainer/checkpoint.h"
+#include "trainer/data/token_dataset.h"
+#include "trainer/lr_schedule.h"
+
+namespace trainer {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+torch::Tensor to_tensor(const std::vector<int64_t>& v, int64_t B, int64_t T) {
+  return torch::from_blob(const_cast<int64_t*>(v.data()), {B, T}, torch::kInt64).clone();
+}
+
+// No weight decay on norms, biases and embeddings (the tied head is the embedding).
+bool gets_weight_decay(const std::string& name, const torch::Tensor& p) {
+  return p.dim() >= 2 && name.rfind("emb.", 0) != 0 && name != "lm_head";
+}
+
+class TrainLoop {
+ public:
+  TrainLoop(const RunConfig& cfg, const SessionOptions& opts, Channel<Event>& events, Channel<Command>& commands)
+      : cfg_(cfg), opts_(opts), events_(events), commands_(commands) {}
+
+  void run() {
+    const int64_t threads = cfg_.run.threads > 0
+                                ? cfg_.run.threads
+                                : std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()) - 1);
+    at::set_num_threads(static_cast<int>(threads));
+    torch::manual_seed(cfg_.seed);
+    dataset_ = std::make_unique<data::TokenDataset>(data::build_dataset(cfg_));
+    model_ = model::DecoderLM(cfg_.model);
+    std::vector<std::pair<std::string, at::Tensor>> named;
+    std::vector<bool> decay;
+    for (const auto& item : model_->named_parameters()) {
+      named.emplace_back(item.key(), item.value());
+      decay.push_back(gets_weight_decay(item.key(), item.value()));
+    }
+    params_ = named;
+    opt_ = std::make_unique<AdamW>(named, decay,
+                                   AdamWOptions{cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps,
+                                                cfg_.train.weight_decay});
+    if (!opts_.resume_from.empty()) restore(opts_.resume_from);
+
+    int64_t n_params = 0;
+    for (const auto& [n, p] : params_) n_params += p.numel();
+    events_.push(StartedEvent{n_params, cfg_.model.vocab_size, "cpu"});
+    log("info", "data: " + std::to_string(dataset_->train_documents()) + " train documents (" +
+                    std::to_string(dataset_->train_tokens()) + " tokens/epoch), " +
+                    std::to_string(dataset_->val_documents()) + " validation documents (" +
+                    std::to_string(dataset_->val_tokens()) + " tokens)");
+    if (step_ > 0) log("info", "resumed from " + opts_.resume_from + " at step " + std::to_string(step_));
+
+    t_start_ = Clock::now();
+    wall_offset_ = wall_at_resume_;
+    t_last_log_ = Clock::now();
+    tokens_at_last_log_ = tokens_;
+    const int64_t total = cfg_.train.steps;
+    while (step_ < total) {
+      if (!poll_commands()) {
+        save("stop requested");
+        events_.push(EndedEvent{RunStatus::Stopped, step_, "stopped by request"});
+        return;
+      }
+      const double loss = train_step();
+      const bool last = step_ == total;
+      if (cfg_.run.log_interval > 0 && (step_ % cfg_.run.log_interval == 0 || last)) emit_train_metrics(loss);
+      if (!std::isfinite(loss)) {
+        throw std::runtime_error("loss is " + std::to_string(loss) + " at step " + std::to_string(step_) +
+                                 "; lower train.lr or enable gradient clipping");
+      }
+      if ((cfg_.run.eval_interval > 0 && step_ % cfg_.run.eval_interval == 0) || last) evaluate();
+      if ((cfg_.run.save_interval > 0 && step_ % cfg_.run.save_interval == 0) || last) save("");
+    }
+    events_.push(EndedEvent{RunStatus::Finished, step_, "completed " + std::to_string(step_) + " steps"});
+  }
+
+ private:
+  // Applies queued commands. Blocks while paused. Returns false when the run must stop
+  // (a Stop command, or the command channel closed while paused).
+  bool poll_commands() {
+    bool paused = false;
+    for (;;) {
+      std::optional<Command> cmd = paused ? commands_.pop() : commands_.try_pop();
+      if (!cmd) return !paused;
+      switch (*cmd) {
+        case Command::Pause:
+          if (!paused) log("info", "paused at step " + std::to_string(step_));
+          paused = true;
+          break;
+        case Command::Resume:
+          if (paused) log("info", "resumed at step " + std::to_string(step_));
+          paused = false;
+          break;
+        case Command::SaveNow:
+          save("save requested");
+          break;
+        case Command::Stop:
+          return false;
+      }
+    }
+  }
+
+  void next_batch(torch::Tensor& x, torch::Tensor& y) {
+    std::vector<int64_t> in, lab;
+    dataset_->next_train_batch(cfg_.train.batch_size, cfg_.train.seq_len, in, lab);
+    x = to_tensor(in, cfg_.train.batch_size, cfg_.train.seq_len);
+    y = to_tensor(lab, cfg_.train.batch_size, cfg_.train.seq_len);
+  }
+
+  double train_step() {
+    const auto t0 = Clock::now();
+    const double lr = lr_at(cfg_.train, step_);
+    double loss_sum = 0;
+    for (int64_t micro = 0; micro < cfg_.train.grad_accum; ++micro) {
+      torch::Tensor x, y;
+      next_batch(x, y);
+      auto loss = model_->loss(x, y) / static_cast<double>(cfg_.train.grad_accum);
+      loss.backward();
+      loss_sum += loss.item<double>();
+    }
+    std::vector<torch::Tensor> grads_of;
+    for (auto& [n, p] : params_) grads_of.push_back(p);
+    // The norm is reported before clipping; a clip of 0 only measures it.
+    const double max_norm = cfg_.train.grad_clip > 0 ? cfg_.train.grad_clip : INFINITY;
+    grad_norm_ = torch::nn::utils::clip_grad_norm_(grads_of, max_norm);
+    opt_->step(lr);
+    opt_->zero_grad();
+    ++step_;
+    tokens_ += cfg_.train.batch_size * cfg_.train.seq_len * cfg_.train.grad_accum;
+    lr_ = lr;
+    step_time_s_ = seconds_since(t0);
+    return loss_sum;
+  }
+
+  double wall() const { return wall_offset_ + seconds_since(t_start_); }
+
+  void emit_train_metrics(double loss) {
+    const double dt = std::max(1e-9, seconds_since(t_last_log_));
+    const double tok_s = static_cast<double>(tokens_ - tokens_at_last_log_) / dt;
+    t_last_log_ = Clock::now();
+    tokens_at_last_log_ = tokens_;
+    MetricsEvent m{step_, tokens_, wall(), {}};
+    m.values = {{"loss", loss}, {"grad_norm", grad_norm_}, {"lr", lr_}, {"tokens_per_s", tok_s},
+                {"step_time_ms", step_time_s_ * 1e3}};
+    events_.push(std::move(m));
+  }
+
+  void evaluate() {
+    const int64_t B = cfg_.train.batch_size, T = cfg_.train.seq_len;
+    // Evaluate with the training batch size when the split allows, else with single rows.
+    int64_t rows = B;
+    int64_t n = std::min(cfg_.train.eval_batches, dataset_->val_batches_available(rows, T));
+    if (n == 0) {
+      rows = 1;
+      n = std::min(cfg_.train.eval_batches * B, dataset_->val_batches_available(1, T));
+    }
+    if (n == 0) return;
+    torch::NoGradGuard no_grad;
+    double sum = 0;
+    for (int64_t k = 0; k < n; ++k) {
+      std::vector<int64_t> in, lab;
+      dataset_->val_batch(k, rows, T, in, lab);
+      sum += model_->loss(to_tensor(in, rows, T), to_tensor(lab, rows, T)).item<double>();
+    }
+    const double val = sum / static_cast<double>(n);
+    MetricsEvent m{step_, tokens_, wall(), {{"val_loss", val}, {"val_ppl", std::exp(val)}}};
+    events_.push(std::move(m));
+  }
+
+  void save(const std::string& why) {
+    if (step_ == last_saved_step_) return;
+    CheckpointData d;
+    d.step = step_;
+    d.weights = params_;
+    d.state = opt_->state_tensors();
+    {
+      auto gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      d.state.emplace_back("rng.cpu", gen.get_state());
+    }
+    const auto pos = dataset_->position();
+    d.meta = {{"tokens", std::to_string(tokens_)},
+              {"loader.epoch", std::to_string(pos.epoch)},
+              {"loader.offset", std::to_string(pos.offset)},
+              {"optimizer.steps", std::to_string(opt_->steps_taken())},
+              {"wall_s", std::to_string(wall())}};
+    const std::string root = opts_.run_dir + "/checkpoints";
+    auto saved = save_checkpoint(root, d);
+    last_saved_step_ = step_;
+    events_.push(CheckpointEvent{step_, saved.dir, saved.bytes, saved.sha256});
+    if (!why.empty()) log("info", why + ": checkpoint at step " + std::to_string(step_));
+    prune_checkpoints(root, cfg_.run.keep_checkpoints);
+  }
+
+  void restore(const std::string& dir) {
+    auto d = load_checkpoint(dir);
+    std::map<std::string, at::Tensor> by_name(d.weights.begin(), d.weights.end());
+    torch::NoGradGuard no_grad;
+    for (auto& [name, p] : params_) {
+      auto it = by_name.find(name);
+      if (it == by_name.end()) throw std::runtime_error(dir + "/model.safetensors: no tensor '" + name + "'");
+      if (it->second.sizes() != p.sizes())
+        throw std::runtime_error(dir + "/model.safetensors: '" + name + "' has shape " + c10::str(it->second.sizes()) +
+                                 ", the configured model needs " + c10::str(p.sizes()));
+      p.copy_(it->second);
+    }
+    NamedTensors opt_state;
+    for (auto& [name, t] : d.state) {
+      if (name == "rng.cpu") {
+        auto gen = at::detail::getDefaultCPUGenerator();
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        gen.set_state(t);
+      }
+      else opt_state.emplace_back(name, t);
+    }
+    auto meta_int = [&](const std::string& k) { return std::stoll(d.meta.at(k)); };
+    opt_->load_state(opt_state, meta_int("optimizer.steps"));
+    step_ = d.step;
+    last_saved_step_ = d.step;
+    tokens_ = meta_int("tokens");
+    dataset_->set_position({meta_int("loader.epoch"), meta_int("loader.offset")});
+    wall_at_resume_ = d.meta.count("wall_s") ? std::stod(d.meta.at("wall_s")) : 0.0;
+  }
+
+  void log(const std::string& level, const std::string& text) { events_.push(LogEvent{step_, level, text}); }
+
+ public:
+  int64_t step() const { return step_; }
+
+ private:
+
+  const RunConfig& cfg_;
+  const SessionOptions& opts_;
+  Channel<Event>& events_;
+  Channel<Command>& commands_;
+  std::unique_ptr<data::TokenDataset> dataset_;
+  model::DecoderLM model_{nullptr};
+  NamedTensors params_;
+  std::unique_ptr<AdamW> opt_;
+  int64_t step_ = 0, tokens_ = 0, last_saved_step_ = -1, tokens_at_last_log_ = 0;
+  double grad_norm_ = 0, lr_ = 0, step_time_s_ = 0, wall_offset_ = 0, wall_at_resume_ = 0;
+  Clock::time_point t_start_, t_last_log_;
+};
+
+}  // namespace
+
+void run_training(const RunConfig& cfg, const SessionOptions& opts, Channel<Event>& events,
+                  Channel<Command>& commands) {
+  TrainLoop loop(cfg, opts, events, commands);
+  try {
+    loop.run();
+  } catch (const std::exception& e) {
+    events.push(LogEvent{loop.step(), "error", e.what()});
+    events.push(EndedEvent{RunStatus::Failed, loop.step(), e.what()});
+  }
+  events.close();
+}
+
+}  // namespace trainer

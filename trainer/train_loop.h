@@ -1,0 +1,16 @@
+// The worker thread's body: load or build everything, then step until done, a stop command or an
+// error; every outcome ends with exactly one EndedEvent.
+#pragma once
+
+#include "trainer/api.h"
+#include "trainer/channel.h"
+#include "trainer/session.h"
+
+namespace trainer {
+
+// Runs the whole training of cfg on this thread. Never throws: failures become an EndedEvent
+// with status Failed and the error text.
+void run_training(const RunConfig& cfg, const SessionOptions& opts, Channel<Event>& events,
+                  Channel<Command>& commands);
+
+}  // namespace trainer
