@@ -3,8 +3,11 @@
 
 #include <iostream>
 
+#include "app/bench_command.h"
 #include "app/build_info.h"
+#include "app/model_command.h"
 #include "app/runs_command.h"
+#include "app/sample_command.h"
 #include "app/train_command.h"
 
 int main(int argc, char** argv) {
@@ -32,6 +35,36 @@ int main(int argc, char** argv) {
   show_cmd->fallthrough();
   show_cmd->add_option("run", show_run, "Run id, name or unique name prefix")->required();
 
+  app::ModelInfoArgs info;
+  auto* model_cmd = cli.add_subcommand("model", "Inspect model presets");
+  model_cmd->require_subcommand(1);
+  auto* info_cmd = model_cmd->add_subcommand("info", "Parameters, training FLOPs per token and activation memory of a preset");
+  info_cmd->add_option("-p,--preset", info.preset, "tiny | tiny-moe | small | base | moe-1b")->capture_default_str();
+  info_cmd->add_option("-f,--family", info.family, "hybrid | gpt")->capture_default_str();
+  info_cmd->add_option("--seq-len", info.seq_len, "Training context T for the FLOPs (default: the preset's)");
+  info_cmd->add_option("--vocab", info.vocab_size, "Vocabulary size (default: the preset's)");
+
+  trainer::SampleOptions sample;
+  auto* sample_cmd = cli.add_subcommand("sample", "Generate text from a checkpoint (cached token-by-token decoding)");
+  sample_cmd->add_option("--checkpoint", sample.checkpoint, "A step_XXXXXXXX checkpoint folder, or a run folder (its newest checkpoint)")
+      ->required();
+  sample_cmd->add_option("--prompt", sample.prompt, "Text to continue (default: start a new document)");
+  sample_cmd->add_option("-n,--max-tokens", sample.max_tokens, "Tokens to generate at most")->capture_default_str();
+  sample_cmd->add_option("-t,--temperature", sample.temperature, "Softmax temperature; 0 = greedy")->capture_default_str();
+  sample_cmd->add_option("-k,--top-k", sample.top_k, "Sample among the k likeliest tokens; 0 = all")->capture_default_str();
+  sample_cmd->add_option("--seed", sample.seed, "Sampling seed")->capture_default_str();
+  sample_cmd->add_option("--threads", sample.threads, "CPU threads (default: all)");
+
+  app::BenchModelArgs bench;
+  auto* bench_cmd = cli.add_subcommand("bench", "Benchmarks that print figures");
+  bench_cmd->require_subcommand(1);
+  auto* bench_model_cmd = bench_cmd->add_subcommand(
+      "model", "Forward+backward of one Gated DeltaNet layer on the CPU: chunked vs recurrent");
+  bench_model_cmd->add_option("-p,--preset", bench.preset, "Hybrid preset giving the layer's sizes")->capture_default_str();
+  bench_model_cmd->add_option("--lengths", bench.lengths, "Sequence lengths T")->delimiter(',')->capture_default_str();
+  bench_model_cmd->add_option("--repeats", bench.repeats, "Timed runs per length (best reported)")->capture_default_str();
+  bench_model_cmd->add_option("--threads", bench.threads, "CPU threads (default: all)");
+
   try {
     cli.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -41,6 +74,9 @@ int main(int argc, char** argv) {
     if (*train_cmd) return app::run_train(train);
     if (*list_cmd) return app::runs_list(runs_dir);
     if (*show_cmd) return app::runs_show(runs_dir, show_run);
+    if (*info_cmd) return app::model_info(info);
+    if (*sample_cmd) return app::run_sample(sample);
+    if (*bench_model_cmd) return app::bench_model(bench);
   } catch (const std::exception& e) {
     std::cerr << "deltadeck: " << e.what() << "\n";
     return 1;

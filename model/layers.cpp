@@ -2,11 +2,21 @@
 // kernels of the GPU-speed issue replace these on the fast path and are tested against them.
 #include "model/layers.h"
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace model {
+
+AutocastOff::AutocastOff() : was_enabled_(at::autocast::is_autocast_enabled(at::kCUDA)) {
+  if (was_enabled_) at::autocast::set_autocast_enabled(at::kCUDA, false);
+}
+
+AutocastOff::~AutocastOff() {
+  if (was_enabled_) at::autocast::set_autocast_enabled(at::kCUDA, true);
+}
 
 RMSNormImpl::RMSNormImpl(int64_t dim, bool affine, double eps) : eps_(eps) {
   if (affine) weight = register_parameter("weight", torch::ones({dim}));
@@ -64,6 +74,13 @@ torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
   return down(torch::silu(gate(x)) * up(x));
 }
 
+void SwiGLUImpl::reset_parameters(double std0, double std_out) {
+  torch::NoGradGuard no_grad;
+  gate->weight.normal_(0.0, std0);
+  up->weight.normal_(0.0, std0);
+  down->weight.normal_(0.0, std_out);
+}
+
 AttentionImpl::AttentionImpl(const ModelConfig& c)
     : nh_(c.attn_heads), nkv_(c.attn_kv_heads), dh_(c.attn_head_dim), qk_norm_(c.qk_norm),
       rope_(make_rope_tables(c.attn_head_dim, c.max_seq_len, c.rope_theta)) {
@@ -90,14 +107,128 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& u, const Positions& p)
     q = rms_norm_plain(q);
     k = rms_norm_plain(k);
   }
-  // SDPA wants [B, heads, T, dh].
-  q = q.transpose(1, 2);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dh_));
+  auto o = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, p);
+  return wo(o.transpose(1, 2).reshape({B, T, nh_ * dh_}));
+}
+
+void AttentionImpl::reset_parameters(double std0, double std_out) {
+  torch::NoGradGuard no_grad;
+  for (auto* lin : {&wq, &wk, &wv}) (*lin)->weight.normal_(0.0, std0);
+  wo->weight.normal_(0.0, std_out);
+}
+
+torch::Tensor AttentionImpl::step(const torch::Tensor& u, MixerCache& cache) {
+  const int64_t B = u.size(0);
+  TORCH_CHECK(u.size(1) == 1, "attention step: expected one token, got ", u.sizes());
+  auto pos = torch::full({B, 1}, cache.pos, torch::TensorOptions().dtype(torch::kInt64).device(u.device()));
+  auto q = apply_rope(wq(u).view({B, 1, nh_, dh_}), pos, rope_);
+  auto k = apply_rope(wk(u).view({B, 1, nkv_, dh_}), pos, rope_);
+  auto v = wv(u).view({B, 1, nkv_, dh_});
+  if (qk_norm_) {
+    q = rms_norm_plain(q);
+    k = rms_norm_plain(k);
+  }
   k = k.transpose(1, 2);
   v = v.transpose(1, 2);
+  cache.k = cache.k.defined() ? torch::cat({cache.k, k}, 2) : k;
+  cache.v = cache.v.defined() ? torch::cat({cache.v, v}, 2) : v;
+  cache.pos += 1;
+  // The newest query sees every cached key: no mask needed.
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh_));
-  auto o = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                            /*is_causal=*/true, scale, /*enable_gqa=*/nkv_ != nh_);
-  return wo(o.transpose(1, 2).reshape({B, T, nh_ * dh_}));
+  auto o = at::scaled_dot_product_attention(q.transpose(1, 2), cache.k, cache.v, {}, 0.0, false, scale,
+                                            /*enable_gqa=*/nkv_ != nh_);
+  return wo(o.transpose(1, 2).reshape({B, 1, nh_ * dh_}));
+}
+
+Positions dense_positions(int64_t B, int64_t T, torch::Device device) {
+  auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kInt64).device(device));
+  return {pos.unsqueeze(0).expand({B, T}), {}, T};
+}
+
+torch::Tensor document_ids(const torch::Tensor& cu_seqlens, int64_t N, torch::Device device) {
+  auto cu = cu_seqlens.to(torch::kCPU, torch::kInt64).contiguous();
+  auto lengths = cu.narrow(0, 1, cu.size(0) - 1) - cu.narrow(0, 0, cu.size(0) - 1);
+  auto ids = torch::repeat_interleave(torch::arange(lengths.size(0), torch::kInt64), lengths);
+  TORCH_CHECK(ids.size(0) == N, "cu_seqlens covers ", ids.size(0), " tokens, the row has ", N);
+  return ids.to(device);
+}
+
+Positions packed_positions(const torch::Tensor& cu_seqlens, int64_t N, torch::Device device) {
+  auto cu = cu_seqlens.to(torch::kCPU, torch::kInt64).contiguous();
+  TORCH_CHECK(cu.dim() == 1 && cu.size(0) >= 2, "cu_seqlens: expected [n_docs+1], got ", cu.sizes());
+  const int64_t* c = cu.data_ptr<int64_t>();
+  TORCH_CHECK(c[0] == 0 && c[cu.size(0) - 1] == N, "cu_seqlens: must start at 0 and end at N=", N);
+  int64_t max_len = 0;
+  for (int64_t i = 1; i < cu.size(0); ++i) {
+    TORCH_CHECK(c[i] > c[i - 1], "cu_seqlens: must be strictly increasing (entry ", i, ")");
+    max_len = std::max(max_len, c[i] - c[i - 1]);
+  }
+  auto ids = document_ids(cu, N, torch::kCPU);
+  auto pos = torch::arange(N, torch::kInt64) - cu.index({ids});
+  return {pos.unsqueeze(0).to(device), cu, max_len};
+}
+
+namespace {
+
+// Zero-pads V's head dim up to Q's: every SDPA backend then sees equal head dims, and the padded
+// output columns are exactly zero (they are cut off again by the caller).
+torch::Tensor pad_values(const torch::Tensor& v, int64_t dqk) {
+  const int64_t dv = v.size(-1);
+  return dv < dqk ? torch::constant_pad_nd(v, {0, dqk - dv}) : v;
+}
+
+// The flash kernel's varlen entry takes packed [N, heads, D] rows and int32 cu_seqlens on the
+// device. It exists only on CUDA, for half types and head dims that are multiples of 8 up to 256.
+bool flash_varlen_usable(const torch::Tensor& q) {
+  const auto dt = q.scalar_type();
+  const int64_t D = q.size(-1);
+  return q.is_cuda() && (dt == torch::kBFloat16 || dt == torch::kHalf) && D % 8 == 0 && D <= 256;
+}
+
+torch::Tensor causal_attention_flash_varlen(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& vp,
+                                            double scale, const Positions& p) {
+  // [1,H,N,D] -> [N,H,D]; a copy only when the head dim is not already unit-stride.
+  auto packed = [](const torch::Tensor& t) {
+    auto r = t.select(0, 0).transpose(0, 1);
+    return r.stride(-1) == 1 ? r : r.contiguous();
+  };
+  auto cu = p.cu_seqlens.to(torch::TensorOptions().dtype(torch::kInt32).device(q.device()));
+  auto out = at::_flash_attention_forward(packed(q), packed(k), packed(vp), cu, cu, p.max_seqlen, p.max_seqlen,
+                                          /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false, scale);
+  return std::get<0>(out).transpose(0, 1).unsqueeze(0);  // [1,H,N,D]
+}
+
+}  // namespace
+
+torch::Tensor causal_attention_masked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                      double scale, const Positions& p) {
+  TORCH_CHECK(q.size(0) == 1, "varlen attention: expected one packed row, got B=", q.size(0));
+  const int64_t dqk = q.size(-1), dv = v.size(-1);
+  const int64_t N = q.size(2);
+  auto doc = document_ids(p.cu_seqlens, N, q.device());
+  auto idx = torch::arange(N, torch::TensorOptions().dtype(torch::kInt64).device(q.device()));
+  // Block-diagonal causal mask: same document and not in the future. O(N²) memory, the reference.
+  auto mask = (doc.unsqueeze(1) == doc.unsqueeze(0)) & (idx.unsqueeze(1) >= idx.unsqueeze(0));
+  auto o = at::scaled_dot_product_attention(q, k, pad_values(v, dqk), mask.view({1, 1, N, N}), 0.0,
+                                            /*is_causal=*/false, scale, /*enable_gqa=*/q.size(1) != k.size(1));
+  return dv < dqk ? o.narrow(-1, 0, dv) : o;
+}
+
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double scale,
+                               const Positions& p) {
+  const int64_t dqk = q.size(-1), dv = v.size(-1);
+  if (p.varlen() && !flash_varlen_usable(q)) return causal_attention_masked(q, k, v, scale, p);
+  auto vp = pad_values(v, dqk);
+  torch::Tensor o;
+  if (p.varlen()) {
+    TORCH_CHECK(q.size(0) == 1, "varlen attention: expected one packed row, got B=", q.size(0));
+    o = causal_attention_flash_varlen(q, k, vp, scale, p);
+  } else {
+    o = at::scaled_dot_product_attention(q, k, vp, {}, 0.0, /*is_causal=*/true, scale,
+                                         /*enable_gqa=*/q.size(1) != k.size(1));
+  }
+  return dv < dqk ? o.narrow(-1, 0, dv) : o;
 }
 
 }  // namespace model

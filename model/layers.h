@@ -11,6 +11,19 @@
 
 namespace model {
 
+// Turns CUDA autocast off for a scope and restores it after: the parts MODEL.md §0 keeps in fp32
+// (the gated-delta-rule core, the MoE router) must not have their matmuls cast down to bf16.
+class AutocastOff {
+ public:
+  AutocastOff();
+  ~AutocastOff();
+  AutocastOff(const AutocastOff&) = delete;
+  AutocastOff& operator=(const AutocastOff&) = delete;
+
+ private:
+  bool was_enabled_;
+};
+
 // RMSNorm(x; w) = x / sqrt(mean(x²) + eps) ⊙ w, computed in fp32, returned in x's dtype.
 // Without a weight (affine=false) w ≡ 1.
 class RMSNormImpl : public torch::nn::Module {
@@ -40,13 +53,47 @@ class SwiGLUImpl : public torch::nn::Module {
  public:
   SwiGLUImpl(int64_t d, int64_t hidden);
   torch::Tensor forward(const torch::Tensor& x);  // x [..., d]
+  // MODEL.md §7: gate/up N(0, std0); down is a residual-output projection, N(0, std_out).
+  void reset_parameters(double std0, double std_out);
   torch::nn::Linear gate{nullptr}, up{nullptr}, down{nullptr};
 };
 TORCH_MODULE(SwiGLU);
 
-// Where each token sits: positions restart at 0 in every document of a packed row.
+// Where each token sits. Dense batches: pos(t) = t in every row, cu_seqlens undefined. Packed
+// (varlen) batches: B = 1, cu_seqlens marks the documents and positions restart at 0 in each.
 struct Positions {
   torch::Tensor pos;         // [B,T] int64
+  torch::Tensor cu_seqlens;  // [n_docs+1] int64 on the CPU, or undefined (dense)
+  int64_t max_seqlen = 0;    // longest document (varlen only)
+  bool varlen() const { return cu_seqlens.defined(); }
+};
+// Positions of a dense [B,T] batch on `device`.
+Positions dense_positions(int64_t B, int64_t T, torch::Device device);
+// Positions of one packed row of N tokens split by cu_seqlens (int64, cu[0]=0, cu[-1]=N, strictly
+// increasing; TORCH_CHECKed).
+Positions packed_positions(const torch::Tensor& cu_seqlens, int64_t N, torch::Device device);
+// Document index of every token of a packed row: [N] int64.
+torch::Tensor document_ids(const torch::Tensor& cu_seqlens, int64_t N, torch::Device device);
+
+// Causal attention over q [B,Hq,T,Dqk], k [B,Hkv,T,Dqk], v [B,Hkv,T,Dv] with Hq a multiple of
+// Hkv (GQA), softmax scale `scale`. Dense: causal SDPA. Varlen: no token attends across a
+// document — on CUDA in bf16/fp16 through the varlen flash kernel, elsewhere through SDPA with a
+// block-diagonal causal mask (the reference). Dv may differ from Dqk; V is zero-padded to Dqk where
+// the backend needs equal head dims and the padding is cut off again. Returns [B,Hq,T,Dv].
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double scale,
+                               const Positions& p);
+// The varlen reference path of causal_attention (block-diagonal mask), whatever the device.
+torch::Tensor causal_attention_masked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                      double scale, const Positions& p);
+
+// Decoding state of one mixer layer; each mixer fills the fields it needs. `pos` counts the
+// tokens already consumed.
+struct MixerCache {
+  torch::Tensor conv_q, conv_k, conv_v;  // G: the last W-1 pre-conv inputs [B, W-1, channels]
+  torch::Tensor state;                   // G: recurrent state h [B,H,dk,dv], fp32
+  torch::Tensor k, v;                    // S: keys/values so far [B, nkv, t, dh]
+  torch::Tensor latent, k_rope;          // A: c_kv [B, t, rkv] and RoPE'd k_r [B, t, dr]
+  int64_t pos = 0;
 };
 
 // The GPT attention mixer S (MODEL.md §6): GQA, RoPE over the full head dim, optional QK-norm
@@ -55,6 +102,10 @@ class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const ModelConfig& c);
   torch::Tensor forward(const torch::Tensor& u, const Positions& p);  // u [B,T,d] -> [B,T,d]
+  // One decoding step: u [B,1,d] at position cache.pos -> [B,1,d]; appends to the cache.
+  torch::Tensor step(const torch::Tensor& u, MixerCache& cache);
+  // MODEL.md §7: wq/wk/wv N(0, std0), wo N(0, std_out).
+  void reset_parameters(double std0, double std_out);
   torch::nn::Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
  private:
   int64_t nh_, nkv_, dh_;

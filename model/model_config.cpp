@@ -4,6 +4,7 @@
 // tested against them, so a "simplified" formula here would hide a module that drifted.
 #include "model/model_config.h"
 
+#include <algorithm>
 #include <set>
 #include <sstream>
 
@@ -231,6 +232,54 @@ void check_positive(std::vector<std::string>& out, const char* key, double v) {
 }
 
 }  // namespace
+
+namespace {
+
+// Elements kept per token by one mixer (bf16 unless noted: fp32 items count twice).
+int64_t act_elems_mixer(const ModelConfig& c, char mixer) {
+  switch (mixer) {
+    case 'G': {
+      const int64_t H = c.gdn_heads, Kg = H * c.gdn_dk, Vg = H * c.gdn_dv;
+      const int64_t proj = 2 * Kg + Vg;                 // q,k,v before and after the conv
+      const int64_t gates = 2 * (2 * H);                // β, g in fp32
+      const int64_t core = 2 * (2 * Kg + 3 * Vg);       // fp32: normed q,k; W,U; Vn; o
+      const int64_t state = 2 * (H * c.gdn_dk * c.gdn_dv) / std::max<int64_t>(1, c.gdn_chunk);  // h per chunk
+      return 2 * proj + gates + core + state + 3 * Vg;  // + gate z, gated-norm output, W_o input
+    }
+    case 'A': {
+      const int64_t dqk = c.mla_nope_dim + c.mla_rope_dim, nh = c.mla_heads;
+      const int64_t q = (c.mla_q_rank > 0 ? 2 * c.mla_q_rank : 0) + nh * dqk;
+      const int64_t kv = (c.mla_kv_rank + c.mla_rope_dim) + c.mla_kv_rank + nh * (c.mla_nope_dim + c.mla_v_dim);
+      return q + kv + 3 * nh * dqk + nh * c.mla_v_dim;  // Q, K, padded V for the kernel; output
+    }
+    case 'S': {
+      const int64_t qkv = (c.attn_heads + 2 * c.attn_kv_heads) * c.attn_head_dim;
+      return 2 * qkv + c.attn_heads * c.attn_head_dim;  // before and after RoPE/QK-norm; output
+    }
+    default: return 0;
+  }
+}
+
+int64_t act_elems_ffn(const ModelConfig& c) {
+  if (c.moe_experts == 0) return c.d + 3 * c.ffn_hidden;
+  const int64_t routed = c.moe_top_k * (c.d + 3 * c.moe_expert_hidden);  // gathered input + hidden per choice
+  return c.d + 2 * c.moe_experts + routed + 3 * c.moe_shared_hidden;
+}
+
+}  // namespace
+
+int64_t activation_bytes_per_token(const ModelConfig& c) {
+  int64_t largest_block = 0, all_blocks = 0;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const int64_t block = 4 * c.d + act_elems_mixer(c, mixer_at(c, l)) + act_elems_ffn(c);
+    largest_block = std::max(largest_block, block);
+    all_blocks += block;
+  }
+  const int64_t head = c.d + 2 * 2 * c.vocab_size;  // final norm; fp32 logits and their softmax
+  const int64_t elems = c.activation_checkpointing ? c.n_layers * c.d + largest_block + head : all_blocks + head;
+  return 2 * elems;
+}
+
 
 std::vector<std::string> validate(const ModelConfig& c) {
   std::vector<std::string> out;

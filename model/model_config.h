@@ -60,6 +60,10 @@ struct ModelConfig {
   double moe_aux_coef = 0.01; // α
 
   int64_t max_seq_len = 256;  // T the model is trained with (FLOPs accounting, RoPE table size)
+
+  // Recompute each block's activations in the backward pass instead of keeping them: less
+  // activation memory for about one more forward pass of compute. No effect on the math.
+  bool activation_checkpointing = false;
 };
 
 const char* family_name(Family f);
@@ -79,6 +83,12 @@ int64_t params_mixer(const ModelConfig& c, char mixer);
 int64_t params_ffn(const ModelConfig& c);
 // MODEL.md §10: training FLOPs per token (fwd + bwd) with context T = c.max_seq_len.
 int64_t flops_per_token(const ModelConfig& c);
+// Estimated bytes of activations a training step keeps for the backward pass, per token, with
+// activations in bf16 (2 bytes) and the tensors MODEL.md §0 keeps in fp32 (GDN chunk states,
+// router probabilities, logits) at 4 bytes. Counts the block inputs, norms, projections, mixer
+// internals and FFN hidden states of our modules; with activation_checkpointing only the block
+// inputs plus one block's internals. An estimate for sizing batches, not a measurement.
+int64_t activation_bytes_per_token(const ModelConfig& c);
 // Which mixer layer l uses: 'G', 'A' or 'S'.
 char mixer_at(const ModelConfig& c, int64_t layer);
 

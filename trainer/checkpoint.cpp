@@ -95,6 +95,7 @@ SavedCheckpoint save_checkpoint(const std::string& root, const CheckpointData& d
   manifest["step"] = data.step;
   std::map<std::string, std::string> weights_meta{{"format", "deltadeck-weights"},
                                                   {"version", std::to_string(CHECKPOINT_VERSION)}};
+  if (!data.config_toml.empty()) weights_meta["config.toml"] = data.config_toml;
   std::map<std::string, std::string> state_meta = data.meta;
   state_meta["format"] = "deltadeck-state";
   state_meta["version"] = std::to_string(CHECKPOINT_VERSION);
@@ -177,7 +178,20 @@ CheckpointData load_checkpoint(const std::string& dir) {
   data.weights = read_tensors(wf, wpath);
   data.state = read_tensors(sf, spath);
   data.meta = sf.metadata();
+  const auto& wmeta = wf.metadata();
+  if (auto it = wmeta.find("config.toml"); it != wmeta.end()) data.config_toml = it->second;
   return data;
+}
+
+std::string find_checkpoint(const std::string& path) {
+  if (files::exists(path + "/manifest.json")) return path;
+  if (!files::is_dir(path)) throw std::runtime_error(path + ": no such checkpoint or run directory");
+  for (const std::string& root : {path + "/checkpoints", path}) {
+    auto all = list_checkpoints(root);
+    if (!all.empty()) return all.back().second;
+  }
+  throw std::runtime_error(path + ": holds no complete checkpoint (expected step_XXXXXXXX/manifest.json under it or "
+                           "under its checkpoints/ folder)");
 }
 
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& root) {

@@ -1,5 +1,6 @@
 // Checkpoints: one directory per saved step, committed atomically.
 //   <root>/step_00000100/model.safetensors   weights by parameter name (fp32)
+//                                            (metadata "config.toml": the run's resolved config)
 //                        state.safetensors   optimizer moments, RNG state; metadata: step, tokens,
 //                                            loader position, optimizer steps
 //                        manifest.json       per-file bytes and sha256, written last
@@ -25,6 +26,7 @@ struct CheckpointData {
   NamedTensors weights;                     // model parameters
   NamedTensors state;                       // optimizer and RNG tensors
   std::map<std::string, std::string> meta;  // scalars as strings (tokens, loader position, ...)
+  std::string config_toml;                  // the run's resolved config, so a checkpoint alone rebuilds its model
 };
 
 struct SavedCheckpoint {
@@ -41,6 +43,10 @@ SavedCheckpoint save_checkpoint(const std::string& root, const CheckpointData& d
 // Reads a checkpoint directory after verifying every file's size and sha256 against the manifest.
 // Throws std::runtime_error naming the damaged file and expected vs actual values.
 CheckpointData load_checkpoint(const std::string& dir);
+
+// The checkpoint a user means by `path`: a step directory (has manifest.json) as is, or the newest
+// complete checkpoint under path/checkpoints or path itself. Throws std::runtime_error naming path.
+std::string find_checkpoint(const std::string& path);
 
 // Complete checkpoint directories under root, oldest step first (".tmp" ones are ignored).
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& root);

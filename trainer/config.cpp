@@ -64,6 +64,7 @@ const std::vector<Field>& fields() {
       DD_CONFIG_FIELD("model", "rope_theta", model.rope_theta),
       DD_CONFIG_FIELD("model", "init_std", model.init_std),
       DD_CONFIG_FIELD("model", "max_seq_len", model.max_seq_len),
+      DD_CONFIG_FIELD("model", "activation_checkpointing", model.activation_checkpointing),
       DD_CONFIG_FIELD("model", "attn_heads", model.attn_heads),
       DD_CONFIG_FIELD("model", "attn_kv_heads", model.attn_kv_heads),
       DD_CONFIG_FIELD("model", "attn_head_dim", model.attn_head_dim),

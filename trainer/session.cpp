@@ -31,8 +31,6 @@ std::vector<std::string> resolve_config(RunConfig& cfg) {
     errors.push_back("train.ema_decay: EMA is not available in this build yet (use 0)");
   if (cfg.run.devices != "auto" && cfg.run.devices != "cpu")
     errors.push_back("run.devices: \"" + cfg.run.devices + "\" is not available in this build yet (use \"auto\" or \"cpu\")");
-  if (cfg.model.family != model::Family::Gpt)
-    errors.push_back("model.family: \"hybrid\" is not available in this build yet (use \"gpt\")");
   for (size_t i = 0; i < cfg.data.train.size(); ++i) {
     try {
       data::expand_text_source(cfg.data.train[i], cfg.data.exclude, "data.train[" + std::to_string(i) + "]");

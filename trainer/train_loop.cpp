@@ -10,9 +10,10 @@
 #include <cmath>
 #include <thread>
 
-#include "model/gpt.h"
+#include "model/decoder_lm.h"
 #include "trainer/adamw.h"
 #include "trainer/checkpoint.h"
+#include "trainer/config.h"
 #include "trainer/data/token_dataset.h"
 #include "trainer/lr_schedule.h"
 
@@ -129,14 +130,17 @@ class TrainLoop {
   double train_step() {
     const auto t0 = Clock::now();
     const double lr = lr_at(cfg_.train, step_);
-    double loss_sum = 0;
+    double loss_sum = 0, aux_sum = 0;
     for (int64_t micro = 0; micro < cfg_.train.grad_accum; ++micro) {
       torch::Tensor x, y;
       next_batch(x, y);
-      auto loss = model_->loss(x, y) / static_cast<double>(cfg_.train.grad_accum);
+      auto parts = model_->loss_parts(x, y);
+      auto loss = parts.total / static_cast<double>(cfg_.train.grad_accum);
       loss.backward();
-      loss_sum += loss.item<double>();
+      loss_sum += parts.ce.item<double>() / static_cast<double>(cfg_.train.grad_accum);
+      aux_sum += parts.aux.item<double>() / static_cast<double>(cfg_.train.grad_accum);
     }
+    aux_loss_ = aux_sum;
     std::vector<torch::Tensor> grads_of;
     for (auto& [n, p] : params_) grads_of.push_back(p);
     // The norm is reported before clipping; a clip of 0 only measures it.
@@ -161,6 +165,8 @@ class TrainLoop {
     MetricsEvent m{step_, tokens_, wall(), {}};
     m.values = {{"loss", loss}, {"grad_norm", grad_norm_}, {"lr", lr_}, {"tokens_per_s", tok_s},
                 {"step_time_ms", step_time_s_ * 1e3}};
+    // The MoE load-balancing loss is its own metric; "loss" stays the cross-entropy.
+    if (cfg_.model.moe_experts > 0) m.values.emplace_back("aux_loss", aux_loss_);
     events_.push(std::move(m));
   }
 
@@ -175,12 +181,14 @@ class TrainLoop {
     }
     if (n == 0) return;
     torch::NoGradGuard no_grad;
+    model_->eval();
     double sum = 0;
     for (int64_t k = 0; k < n; ++k) {
       std::vector<int64_t> in, lab;
       dataset_->val_batch(k, rows, T, in, lab);
-      sum += model_->loss(to_tensor(in, rows, T), to_tensor(lab, rows, T)).item<double>();
+      sum += model_->loss_parts(to_tensor(in, rows, T), to_tensor(lab, rows, T)).ce.item<double>();
     }
+    model_->train();
     const double val = sum / static_cast<double>(n);
     MetricsEvent m{step_, tokens_, wall(), {{"val_loss", val}, {"val_ppl", std::exp(val)}}};
     events_.push(std::move(m));
@@ -192,6 +200,7 @@ class TrainLoop {
     d.step = step_;
     d.weights = params_;
     d.state = opt_->state_tensors();
+    d.config_toml = to_toml(cfg_);
     {
       auto gen = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> lock(gen.mutex());
@@ -257,7 +266,7 @@ class TrainLoop {
   NamedTensors params_;
   std::unique_ptr<AdamW> opt_;
   int64_t step_ = 0, tokens_ = 0, last_saved_step_ = -1, tokens_at_last_log_ = 0;
-  double grad_norm_ = 0, lr_ = 0, step_time_s_ = 0, wall_offset_ = 0, wall_at_resume_ = 0;
+  double grad_norm_ = 0, aux_loss_ = 0, lr_ = 0, step_time_s_ = 0, wall_offset_ = 0, wall_at_resume_ = 0;
   Clock::time_point t_start_, t_last_log_;
 };
 

@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "kernels/rmsnorm.h"
-#include "model/gpt.h"
+#include "model/decoder_lm.h"
 
 namespace {
 
@@ -156,8 +156,36 @@ TEST(Gpt, InitStatistics) {
   for (size_t i = 0; i < p1.size(); ++i) EXPECT_TRUE(torch::equal(p1[i], p2[i]));
 }
 
-TEST(Gpt, RejectsMixersNotBuiltYet) {
+TEST(Gpt, RejectsUnknownMixer) {
   auto c = tiny_gpt(257);
-  c.pattern = "GGA";
+  c.pattern = "GXA";
   EXPECT_THROW(model::DecoderLM{c}, std::invalid_argument);
+}
+
+// MODEL.md §11.9: GQA equals attention with K/V heads repeat-interleaved, written out by hand
+// (projections, RoPE, QK-norm, masked softmax); with nkv = nh it is plain multi-head attention.
+TEST(Gpt, GroupedQueryAttentionMatchesExplicitRepeat) {
+  for (int64_t nkv : {2, 4}) {
+    auto c = tiny_gpt(257);
+    c.attn_kv_heads = nkv;
+    torch::manual_seed(8);
+    model::Attention attn(c);
+    torch::NoGradGuard ng;
+    const int64_t B = 2, T = 37, nh = c.attn_heads, dh = c.attn_head_dim;
+    auto u = torch::randn({B, T, c.d});
+    auto p = model::dense_positions(B, T, torch::kCPU);
+    auto y = attn(u, p);
+
+    auto tables = model::make_rope_tables(dh, T, c.rope_theta);
+    auto q = model::rms_norm_plain(model::apply_rope(attn->wq(u).view({B, T, nh, dh}), p.pos, tables));
+    auto k = model::rms_norm_plain(model::apply_rope(attn->wk(u).view({B, T, nkv, dh}), p.pos, tables));
+    auto v = attn->wv(u).view({B, T, nkv, dh});
+    k = k.repeat_interleave(nh / nkv, 2);
+    v = v.repeat_interleave(nh / nkv, 2);
+    auto scores = torch::einsum("bthd,bshd->bhts", {q, k}) / std::sqrt(static_cast<double>(dh));
+    auto future = torch::ones({T, T}, torch::kBool).triu(1);
+    auto probs = torch::softmax(scores.masked_fill(future, -INFINITY), -1);
+    auto o = torch::einsum("bhts,bshd->bthd", {probs, v}).reshape({B, T, nh * dh});
+    EXPECT_LE((attn->wo(o) - y).abs().max().item<double>(), 1e-5) << "nkv=" << nkv;
+  }
 }

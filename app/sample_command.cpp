@@ -1,0 +1,36 @@
+// The generated text goes to stdout alone, so `deltadeck sample ... > out.txt` captures just the
+// text; timings go to stderr.
+#include "app/sample_command.h"
+
+#include <cstdio>
+#include <iostream>
+#include <stdexcept>
+
+namespace app {
+
+int run_sample(const trainer::SampleOptions& opts) {
+  if (opts.max_tokens < 1 || opts.temperature < 0 || opts.top_k < 0) {
+    if (opts.max_tokens < 1) std::cerr << "deltadeck: --max-tokens: must be >= 1\n";
+    if (opts.temperature < 0) std::cerr << "deltadeck: --temperature: must be >= 0 (0 = greedy)\n";
+    if (opts.top_k < 0) std::cerr << "deltadeck: --top-k: must be >= 0 (0 = off)\n";
+    return 2;
+  }
+  trainer::SampleStats st;
+  try {
+    std::cout << opts.prompt << std::flush;
+    st = trainer::sample_text(opts, [](const std::string& piece) { std::cout << piece << std::flush; });
+  } catch (const std::exception& e) {
+    std::cout << std::flush;
+    std::cerr << "\ndeltadeck: " << e.what() << "\n";
+    return 1;
+  }
+  std::cout << "\n" << std::flush;
+  const double tok_s = st.decode_s > 0 ? static_cast<double>(st.generated_tokens) / st.decode_s : 0.0;
+  std::fprintf(stderr, "[%s: %lld prompt tokens in %.2f s, %lld generated in %.2f s (%.0f tok/s)%s]\n",
+               st.checkpoint_dir.c_str(), static_cast<long long>(st.prompt_tokens), st.prefill_s,
+               static_cast<long long>(st.generated_tokens), st.decode_s, tok_s,
+               st.ended_document ? ", stopped at end of document" : "");
+  return 0;
+}
+
+}  // namespace app

@@ -1,0 +1,156 @@
+// Gated DeltaNet layer (MODEL.md §4): short conv, L2Norm, gates, the chunked GDR core, gated norm.
+//
+// The short conv is a sum of W shifted, scaled copies of x rather than a grouped Conv1d: Conv1d
+// would need [B,C,T] transposes on both sides, and in packed rows each tap must be masked per token
+// (pos(t) ≥ i) so that no tap reads the previous document; the shifted form does both in one place,
+// and dense rows are the same code without the mask.
+#include "model/gated_deltanet.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "model/gdr.h"
+
+namespace model {
+namespace {
+
+torch::ScalarType float_dtype(const torch::Tensor& x) {
+  return x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+}
+
+torch::Tensor to_dtype(const torch::Tensor& x, torch::ScalarType dt) {
+  return x.scalar_type() == dt ? x : x.to(dt);
+}
+
+// L2Norm(x) = x / sqrt(Σ x² + 1e-6) over the last dim, in `dt`.
+torch::Tensor l2_norm(const torch::Tensor& x, torch::ScalarType dt) {
+  auto xf = to_dtype(x, dt);
+  return xf * torch::rsqrt(xf.square().sum(-1, /*keepdim=*/true) + 1e-6);
+}
+
+// One token through the short conv: x [B,1,C] pre-conv input, state [B,W-1,C] the previous
+// W-1 pre-conv inputs (zeros when undefined), w [C,W]. Returns silu(conv) [B,1,C]; replaces state.
+torch::Tensor conv_step(const torch::Tensor& x, torch::Tensor& state, const torch::Tensor& w) {
+  const int64_t B = x.size(0), C = x.size(2), W = w.size(1);
+  if (!state.defined()) state = torch::zeros({B, W - 1, C}, x.options());
+  TORCH_CHECK(state.size(0) == B && state.size(1) == W - 1 && state.size(2) == C,
+              "gdn step: conv cache must be [B,W-1,C]=[", B, ",", W - 1, ",", C, "], got ", state.sizes());
+  auto window = torch::cat({to_dtype(state, x.scalar_type()), x}, 1);  // [B,W,C], oldest first
+  state = window.narrow(1, 1, W - 1);
+  auto wt = to_dtype(w, x.scalar_type()).t().unsqueeze(0);             // [1,W,C]
+  return torch::silu((window * wt).sum(1, /*keepdim=*/true));
+}
+
+}  // namespace
+
+torch::Tensor short_conv(const torch::Tensor& x, const torch::Tensor& w, const Positions& p) {
+  TORCH_CHECK(x.dim() == 3, "short_conv: expected x [B,T,C], got ", x.sizes());
+  TORCH_CHECK(w.dim() == 2 && w.size(0) == x.size(2), "short_conv: expected w [", x.size(2), ",W], got ", w.sizes());
+  const int64_t T = x.size(1), W = w.size(1);
+  auto wc = to_dtype(w, x.scalar_type());
+  // Tap i (shift by i tokens) uses w[:, W-1-i]; tap 0 is the current token.
+  auto out = x * wc.select(1, W - 1);
+  if (W == 1) return torch::silu(out);
+  auto xp = torch::constant_pad_nd(x, {0, 0, W - 1, 0});  // [B,T+W-1,C], zeros before the row
+  for (int64_t i = 1; i < W; ++i) {
+    auto tap = xp.narrow(1, W - 1 - i, T);  // x[t-i]
+    if (p.varlen()) {
+      TORCH_CHECK(p.pos.dim() == 2 && p.pos.size(1) == T, "short_conv: positions ", p.pos.sizes(), " do not match T=", T);
+      // Zero the taps that would reach into the previous document (pos(t) < i).
+      tap = tap * (p.pos >= i).unsqueeze(-1).to(x.scalar_type());
+    }
+    out = torch::addcmul(out, tap, wc.select(1, W - 1 - i));
+  }
+  return torch::silu(out);
+}
+
+GatedDeltaNetImpl::GatedDeltaNetImpl(const ModelConfig& c)
+    : d_(c.d), H_(c.gdn_heads), dk_(c.gdn_dk), dv_(c.gdn_dv), W_(c.gdn_conv), chunk_(c.gdn_chunk),
+      neg_eig_(c.gdn_neg_eig), scale_(1.0 / std::sqrt(static_cast<double>(c.gdn_dk))) {
+  TORCH_CHECK(H_ > 0 && dk_ > 0 && dv_ > 0 && W_ > 0 && chunk_ > 0, "gdn: sizes must be positive");
+  const int64_t Kg = H_ * dk_, Vg = H_ * dv_;
+  auto lin = [](int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)); };
+  wq = register_module("wq", lin(d_, Kg));
+  wk = register_module("wk", lin(d_, Kg));
+  wv = register_module("wv", lin(d_, Vg));
+  wa = register_module("wa", lin(d_, H_));
+  wb = register_module("wb", lin(d_, H_));
+  wg = register_module("wg", lin(d_, Vg));
+  wo = register_module("wo", lin(Vg, d_));
+  A_log = register_parameter("A_log", torch::empty({H_}));
+  dt_bias = register_parameter("dt_bias", torch::empty({H_}));
+  conv_q = register_parameter("conv_q", torch::empty({Kg, W_}));
+  conv_k = register_parameter("conv_k", torch::empty({Kg, W_}));
+  conv_v = register_parameter("conv_v", torch::empty({Vg, W_}));
+  norm_w = register_parameter("norm_w", torch::empty({dv_}));
+  reset_parameters(c.init_std,
+                   c.init_std / std::sqrt(2.0 * static_cast<double>(std::max<int64_t>(c.n_layers, 1))));
+}
+
+void GatedDeltaNetImpl::reset_parameters(double std0, double std_out) {
+  torch::NoGradGuard no_grad;
+  for (auto* l : {&wq, &wk, &wv, &wa, &wb, &wg}) (*l)->weight.normal_(0.0, std0);
+  wo->weight.normal_(0.0, std_out);
+  // Drawn in fp64 so that softplus(dt_bias) = dt and A ≤ 16 survive the rounding to fp32.
+  auto f64 = torch::TensorOptions().dtype(torch::kFloat64).device(A_log.device());
+  // A = U(0,16]: 16 − U[0,16) never draws 0.
+  auto A = 16.0 - torch::rand({H_}, f64) * 16.0;
+  A_log.copy_(A.log());
+  const double lo = std::log(1e-3), hi = std::log(0.1);
+  auto dt = (torch::rand({H_}, f64) * (hi - lo) + lo).exp().clamp_min(1e-4);
+  // Inverse softplus: softplus(dt + ln(1 − e^{−dt})) = dt.
+  dt_bias.copy_(dt + torch::log(-torch::expm1(-dt)));
+  const double bound = 1.0 / std::sqrt(static_cast<double>(W_));
+  for (auto* w : {&conv_q, &conv_k, &conv_v}) w->uniform_(-bound, bound);
+  norm_w.fill_(1.0);
+}
+
+GatedDeltaNetImpl::Gates GatedDeltaNetImpl::gates(const torch::Tensor& u) {
+  const auto ft = float_dtype(u);
+  auto beta = torch::sigmoid(to_dtype(wb(u), ft));
+  if (neg_eig_) beta = beta * 2.0;
+  auto g = -to_dtype(A_log, ft).exp() * torch::softplus(to_dtype(wa(u), ft) + to_dtype(dt_bias, ft));
+  return {beta, g};
+}
+
+torch::Tensor GatedDeltaNetImpl::output(const torch::Tensor& o, const torch::Tensor& u) {
+  const int64_t B = o.size(0), T = o.size(1);
+  const auto ft = o.scalar_type();
+  auto z = to_dtype(wg(u).view({B, T, H_, dv_}), ft);
+  // Per-head RMSNorm over dv with the shared weight, gated by silu(z); fp32 (fp64) math.
+  auto y = o * torch::rsqrt(o.square().mean(-1, /*keepdim=*/true) + 1e-6) * to_dtype(norm_w, ft) * torch::silu(z);
+  return wo(to_dtype(y.reshape({B, T, H_ * dv_}), u.scalar_type()));
+}
+
+torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& u, const Positions& p) {
+  TORCH_CHECK(u.dim() == 3 && u.size(2) == d_, "gdn: expected u [B,T,", d_, "], got ", u.sizes());
+  const int64_t B = u.size(0), T = u.size(1);
+  TORCH_CHECK(!p.varlen() || B == 1, "gdn: varlen expects one packed row, got B=", B);
+  const auto ft = float_dtype(u);
+  auto q = l2_norm(short_conv(wq(u), conv_q, p).view({B, T, H_, dk_}), ft);
+  auto k = l2_norm(short_conv(wk(u), conv_k, p).view({B, T, H_, dk_}), ft);
+  auto v = short_conv(wv(u), conv_v, p).view({B, T, H_, dv_});
+  auto gt = gates(u);
+  auto r = use_reference ? gdr_forward_ref(q, k, v, gt.beta, gt.g, scale_, {}, p.cu_seqlens)
+                         : gdr_forward_chunked(q, k, v, gt.beta, gt.g, scale_, {}, p.cu_seqlens, chunk_);
+  return output(r.o, u);
+}
+
+torch::Tensor GatedDeltaNetImpl::step(const torch::Tensor& u, MixerCache& cache) {
+  TORCH_CHECK(u.dim() == 3 && u.size(1) == 1 && u.size(2) == d_, "gdn step: expected u [B,1,", d_, "], got ",
+              u.sizes());
+  const int64_t B = u.size(0);
+  const auto ft = float_dtype(u);
+  auto q = l2_norm(conv_step(wq(u), cache.conv_q, conv_q).view({B, 1, H_, dk_}), ft);
+  auto k = l2_norm(conv_step(wk(u), cache.conv_k, conv_k).view({B, 1, H_, dk_}), ft);
+  auto v = conv_step(wv(u), cache.conv_v, conv_v).view({B, 1, H_, dv_});
+  auto gt = gates(u);
+  auto r = gdr_forward_ref(q, k, v, gt.beta, gt.g, scale_, cache.state, {});
+  cache.state = r.h;
+  cache.pos += 1;
+  return output(r.o, u);
+}
+
+}  // namespace model

@@ -1,0 +1,44 @@
+// The gated delta rule core of the Gated DeltaNet mixer (MODEL.md §4): the step-by-step reference
+// recurrence and the chunkwise-parallel WY/UT form that trains. The chunked form is the one that
+// runs; the reference is the ground truth every fast path (this one, and a future fused CUDA
+// kernel) is tested against (tests/model/test_gdr.cpp).
+//
+// Device note: both functions are plain LibTorch ops and run on whatever device the inputs live on
+// (CPU or CUDA); the only host-side work is reading cu_seqlens (int64, on the CPU) to plan the
+// chunk layout. There is no CUDA kernel here. A fused kernel would take the same arguments, keep
+// the [B,H,dk,dv] key-major state layout, and be tested against gdr_forward_ref (MODEL.md §11.18).
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+
+namespace model {
+
+struct GdrOutput {
+  torch::Tensor o;  // [B,T,H,dv] in the compute dtype
+  torch::Tensor h;  // final state [B or n_docs, H, dk, dv] (key-major), compute dtype
+};
+
+// Inputs of both functions:
+//   q, k [B,T,H,dk] (already L2-normalised), v [B,T,H,dv], beta, g [B,T,H] (g = log-decay ≤ 0).
+//   h0: undefined (zeros), or [B,H,dk,dv] dense / [n_docs,H,dk,dv] varlen.
+//   cu_seqlens: undefined (dense), or int64 CPU [n_docs+1] with B == 1 (packed row, MODEL.md §0).
+// The compute dtype is fp64 when q is fp64 and fp32 otherwise; inputs are cast only when they are
+// not in it already (MODEL.md §0: the whole core runs in fp32).
+// Any thread may call them (pure functions of their inputs); bad shapes throw c10::Error.
+
+// h = e^g h; h += k ⊗ β (v − hᵀk); o = scale · hᵀq, one token at a time per document.
+// Differentiable through autograd (slow: tests and decoding only).
+GdrOutput gdr_forward_ref(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                          const torch::Tensor& beta, const torch::Tensor& g, double scale, const torch::Tensor& h0,
+                          const torch::Tensor& cu_seqlens);
+
+// The chunkwise WY/UT form with chunk size `chunk`: all intra-chunk work batched over every chunk
+// of every document and head, then one sequential scan over chunk index for the state. Chunks never
+// straddle documents. Differentiable through autograd (saves the per-chunk entry states).
+GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              const torch::Tensor& beta, const torch::Tensor& g, double scale,
+                              const torch::Tensor& h0, const torch::Tensor& cu_seqlens, int64_t chunk);
+
+}  // namespace model

@@ -1,0 +1,127 @@
+// MoE feed-forward (MODEL.md §3). The fast path sorts the N·k (token, expert) pairs by expert so
+// every expert multiplies one contiguous slice (no padding, no capacity, nothing dropped); the
+// slice sizes need one device-to-host copy of the counts. A grouped GEMM kernel can replace the
+// per-expert loop later; it must keep matching forward_reference().
+#include "model/moe.h"
+
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace model {
+namespace {
+
+torch::Tensor as_dtype(const torch::Tensor& t, torch::ScalarType s) {
+  return t.scalar_type() == s ? t : t.to(s);
+}
+
+// One expert: silu(x gᵀ) ⊙ (x uᵀ) dᵀ with x [n,d], g,u [fe,d], dn [d,fe].
+torch::Tensor expert_swiglu(const torch::Tensor& x, const torch::Tensor& g, const torch::Tensor& u,
+                            const torch::Tensor& dn) {
+  return torch::matmul(torch::silu(torch::matmul(x, g.t())) * torch::matmul(x, u.t()), dn.t());
+}
+
+}  // namespace
+
+MoEImpl::MoEImpl(const ModelConfig& c)
+    : d_(c.d), E_(c.moe_experts), k_(c.moe_top_k), fe_(c.moe_expert_hidden), norm_topk_(c.moe_norm_topk),
+      alpha_(c.moe_aux_coef) {
+  TORCH_CHECK(E_ > 0 && k_ > 0 && k_ <= E_, "moe: need 0 < k <= E, got E=", E_, " k=", k_);
+  router = register_parameter("router", torch::empty({E_, d_}));
+  gate = register_parameter("gate", torch::empty({E_, fe_, d_}));
+  up = register_parameter("up", torch::empty({E_, fe_, d_}));
+  down = register_parameter("down", torch::empty({E_, d_, fe_}));
+  if (c.moe_shared_hidden > 0) shared = register_module("shared", SwiGLU(d_, c.moe_shared_hidden));
+  reset_parameters(c.init_std, c.init_std / std::sqrt(2.0 * static_cast<double>(std::max<int64_t>(c.n_layers, 1))));
+}
+
+void MoEImpl::reset_parameters(double std0, double std_out) {
+  torch::NoGradGuard no_grad;
+  router.normal_(0.0, std0);
+  gate.normal_(0.0, std0);
+  up.normal_(0.0, std0);
+  down.normal_(0.0, std_out);
+  if (!shared.is_empty()) {
+    shared->gate->weight.normal_(0.0, std0);
+    shared->up->weight.normal_(0.0, std0);
+    shared->down->weight.normal_(0.0, std_out);
+  }
+}
+
+MoERouting MoEImpl::route(const torch::Tensor& u2) {
+  TORCH_CHECK(u2.dim() == 2 && u2.size(1) == d_ && u2.size(0) > 0, "moe: expected tokens [N>0,", d_, "], got ",
+              u2.sizes());
+  const auto rt = u2.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  // The router runs in fp32 even under autocast (MODEL.md §0).
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  auto logits = torch::matmul(as_dtype(u2, rt), as_dtype(router, rt).t());  // [N,E]
+  auto probs = torch::softmax(logits, -1);
+  auto top = torch::topk(probs, k_, /*dim=*/-1);
+  auto w = std::get<0>(top);                                                  // [N,k]
+  if (norm_topk_) w = w / w.sum(-1, /*keepdim=*/true);
+  return {probs, std::get<1>(top), w};
+}
+
+torch::Tensor MoEImpl::aux_loss(const MoERouting& r) const {
+  const int64_t N = r.probs.size(0);
+  // f_e counts assignments: integer bincount, so no gradient can flow through it.
+  auto counts = torch::bincount(r.topk_idx.reshape({-1}), {}, E_).to(r.probs.scalar_type());  // [E]
+  auto f = counts * (static_cast<double>(E_) / static_cast<double>(k_ * std::max<int64_t>(N, 1)));
+  auto P = r.probs.mean(0);                                                                       // [E]
+  return alpha_ * (f * P).sum();
+}
+
+MoEOutput MoEImpl::forward(const torch::Tensor& u) {
+  TORCH_CHECK(u.size(-1) == d_, "moe: expected u [..., ", d_, "], got ", u.sizes());
+  auto u2 = u.reshape({-1, d_});  // [N,d]
+  const int64_t N = u2.size(0);
+  auto r = route(u2);
+  const auto dt = u2.scalar_type();
+  auto flat = r.topk_idx.reshape({-1});                                        // [N·k] (token, slot) pairs
+  auto order = std::get<1>(torch::sort(flat, /*stable=*/true, /*dim=*/0, /*descending=*/false));
+  auto counts = torch::bincount(flat, {}, E_).cpu();                           // [E]
+  // Gather each (token, slot) row exactly once, so no backward scatters onto repeated indices
+  // (atomics on CUDA would make it run-to-run nondeterministic); expand's backward sums the k rows.
+  auto xs = u2.unsqueeze(1).expand({N, k_, d_}).reshape({N * k_, d_}).index_select(0, order);  // [N·k,d]
+  auto g = as_dtype(gate, dt), up_w = as_dtype(up, dt), dn = as_dtype(down, dt);
+  std::vector<torch::Tensor> outs;
+  outs.reserve(E_);
+  const int64_t* cnt = counts.data_ptr<int64_t>();
+  int64_t off = 0;
+  for (int64_t e = 0; e < E_; ++e) {
+    if (cnt[e] == 0) continue;
+    outs.push_back(expert_swiglu(xs.narrow(0, off, cnt[e]), g[e], up_w[e], dn[e]));
+    off += cnt[e];
+  }
+  auto ys = outs.size() == 1 ? outs[0] : torch::cat(outs, 0);                 // [N·k,d] expert order
+  // Back to (token, slot) order with unique destinations, then the γ-weighted sum over the k slots.
+  auto yp = ys.new_empty(ys.sizes()).index_copy(0, order, ys).view({N, k_, d_});
+  auto y = (yp * as_dtype(r.topk_w, ys.scalar_type()).unsqueeze(-1)).sum(1);  // [N,d]
+  if (!shared.is_empty()) y = shared(u2) + y;
+  return {y.view(u.sizes()), aux_loss(r)};
+}
+
+MoEOutput MoEImpl::forward_reference(const torch::Tensor& u) {
+  TORCH_CHECK(u.size(-1) == d_, "moe: expected u [..., ", d_, "], got ", u.sizes());
+  auto u2 = u.reshape({-1, d_});  // [N,d]
+  const int64_t N = u2.size(0);
+  auto r = route(u2);
+  const auto dt = u2.scalar_type();
+  torch::Tensor y;  // [N,d], created in the experts' output dtype (bf16 under autocast)
+  for (int64_t e = 0; e < E_; ++e) {
+    auto hit = torch::nonzero(r.topk_idx == e);  // [n_e,2] (token, slot)
+    if (hit.size(0) == 0) continue;
+    auto tok = hit.select(1, 0), slot = hit.select(1, 1);
+    auto gamma = r.topk_w.index({tok, slot}).unsqueeze(1);                    // [n_e,1]
+    auto ye = expert_swiglu(u2.index_select(0, tok), as_dtype(gate[e], dt), as_dtype(up[e], dt),
+                            as_dtype(down[e], dt));
+    if (!y.defined()) y = torch::zeros({N, d_}, ye.options());
+    y = y.index_add(0, tok, as_dtype(gamma, ye.scalar_type()) * ye);
+  }
+  if (!shared.is_empty()) y = y + shared(u2);
+  return {y.view(u.sizes()), aux_loss(r)};
+}
+
+}  // namespace model

@@ -1,0 +1,284 @@
+// MoE feed-forward (MODEL.md §3, §11.12): E=1,k=1 equals SwiGLU exactly; a zero router gives
+// L_aux = α; the fast dispatch equals the index_add reference, forward and gradients; every token
+// goes to k distinct experts; ∂L_aux/∂W_r flows only through P. Plus Σ numel = P_MoE (§9) and
+// causality (§11.10).
+#include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "model/layers.h"
+#include "model/moe.h"
+
+namespace {
+
+model::ModelConfig moe_config() { return *model::make_preset("tiny-moe", model::Family::Hybrid); }
+
+int64_t numel_sum(torch::nn::Module& m) {
+  int64_t n = 0;
+  for (const auto& p : m.parameters()) n += p.numel();
+  return n;
+}
+
+double max_abs(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
+}
+
+// Larger than the §7 init so routing is decisive and the expert outputs are O(1).
+model::MoE make_moe(const model::ModelConfig& c) {
+  model::MoE m(c);
+  m->reset_parameters(0.2, 0.1);
+  return m;
+}
+
+}  // namespace
+
+TEST(Moe, ParameterCountMatchesFormula) {
+  for (const char* preset : {"tiny-moe", "moe-1b"}) {
+    auto c = *model::make_preset(preset, model::Family::Hybrid);
+    model::MoE m(c);
+    EXPECT_EQ(numel_sum(*m), model::params_ffn(c)) << preset;
+  }
+  auto c = moe_config();
+  model::MoE m(c);
+  EXPECT_EQ(numel_sum(*m), 443392);
+  auto names = m->named_parameters();
+  EXPECT_EQ(names["router"].sizes(), (std::vector<int64_t>{8, 128}));
+  EXPECT_EQ(names["gate"].sizes(), (std::vector<int64_t>{8, 128, 128}));
+  EXPECT_EQ(names["up"].sizes(), (std::vector<int64_t>{8, 128, 128}));
+  EXPECT_EQ(names["down"].sizes(), (std::vector<int64_t>{8, 128, 128}));
+  EXPECT_EQ(names["shared.down.weight"].sizes(), (std::vector<int64_t>{128, 128}));
+  c.moe_shared_hidden = 0;
+  model::MoE no_shared(c);
+  EXPECT_TRUE(no_shared->shared.is_empty());
+  EXPECT_EQ(numel_sum(*no_shared), model::params_ffn(c));
+}
+
+TEST(Moe, SingleExpertEqualsSwiGLU) {
+  torch::manual_seed(42);
+  auto c = moe_config();
+  c.moe_experts = 1;
+  c.moe_top_k = 1;
+  c.moe_shared_hidden = 0;
+  for (bool norm : {true, false}) {
+    c.moe_norm_topk = norm;
+    auto m = make_moe(c);
+    model::SwiGLU ref(c.d, c.moe_expert_hidden);
+    {
+      torch::NoGradGuard ng;
+      ref->gate->weight.copy_(m->gate[0]);
+      ref->up->weight.copy_(m->up[0]);
+      ref->down->weight.copy_(m->down[0]);
+    }
+    auto u = torch::randn({3, 29, c.d});
+    torch::NoGradGuard ng;
+    auto expected = ref(u);
+    auto fast = m->forward(u);
+    auto slow = m->forward_reference(u);
+    ASSERT_EQ(fast.y.sizes(), u.sizes());
+    EXPECT_EQ(max_abs(fast.y, expected), 0.0) << "norm_topk " << norm;
+    EXPECT_EQ(max_abs(slow.y, expected), 0.0) << "norm_topk " << norm;
+    // One expert takes every token: perfect balance.
+    EXPECT_NEAR(fast.aux_loss.item<double>(), c.moe_aux_coef, 1e-9);
+  }
+}
+
+TEST(Moe, ZeroRouterGivesAlpha) {
+  torch::manual_seed(42);
+  for (int64_t k : {1, 2, 3}) {
+    auto c = moe_config();
+    c.moe_top_k = k;
+    auto m = make_moe(c);
+    {
+      torch::NoGradGuard ng;
+      m->router.zero_();
+    }
+    auto u = torch::randn({2, 37, c.d});
+    torch::NoGradGuard ng;
+    for (auto out : {m->forward(u), m->forward_reference(u)}) {
+      EXPECT_EQ(out.aux_loss.scalar_type(), torch::kFloat32);
+      EXPECT_EQ(out.aux_loss.dim(), 0);
+      const double aux = out.aux_loss.item<double>();
+      std::printf("[moe zero router k=%ld] aux - alpha = %.3g\n", static_cast<long>(k), aux - c.moe_aux_coef);
+      EXPECT_NEAR(aux, c.moe_aux_coef, 4 * c.moe_aux_coef * 1.2e-7);
+    }
+  }
+}
+
+TEST(Moe, TopKDistinctExperts) {
+  torch::manual_seed(42);
+  for (int64_t k : {1, 2, 5, 8}) {
+    auto c = moe_config();
+    c.moe_top_k = k;
+    for (bool norm : {true, false}) {
+      c.moe_norm_topk = norm;
+      auto m = make_moe(c);
+      auto u = torch::randn({333, c.d});
+      torch::NoGradGuard ng;
+      auto r = m->route(u);
+      ASSERT_EQ(r.topk_idx.sizes(), (std::vector<int64_t>{333, k}));
+      EXPECT_EQ(r.topk_idx.scalar_type(), torch::kInt64);
+      EXPECT_EQ(r.probs.scalar_type(), torch::kFloat32);
+      EXPECT_TRUE(((r.topk_idx >= 0) & (r.topk_idx < c.moe_experts)).all().item<bool>());
+      // k distinct experts per token: the one-hot rows add up to a 0/1 vector with k ones.
+      auto hot = torch::one_hot(r.topk_idx, c.moe_experts).sum(1);  // [N,E]
+      EXPECT_EQ(hot.max().item<int64_t>(), 1) << "k=" << k;
+      EXPECT_TRUE((hot.sum(1) == k).all().item<bool>()) << "k=" << k;
+      // γ are the chosen probabilities, the largest ones, renormalised when asked.
+      auto chosen = r.probs.gather(1, r.topk_idx);
+      auto kth = std::get<0>(r.probs.topk(k, 1)).select(1, k - 1).unsqueeze(1);
+      EXPECT_TRUE((chosen >= kth).all().item<bool>());
+      auto expect_w = norm ? chosen / chosen.sum(1, true) : chosen;
+      EXPECT_LE(max_abs(r.topk_w, expect_w), 1e-7);
+      EXPECT_LE(max_abs(r.probs.sum(1), torch::ones({333})), 1e-6);
+    }
+  }
+}
+
+TEST(Moe, FastDispatchMatchesReference) {
+  for (bool shared : {true, false}) {
+    torch::manual_seed(42);
+    auto c = moe_config();
+    if (!shared) c.moe_shared_hidden = 0;
+    c.moe_experts = 9;  // awkward E and k
+    c.moe_top_k = 3;
+    auto m = make_moe(c);
+    auto u = torch::randn({2, 63, c.d});
+    auto R = torch::randn({2, 63, c.d});
+
+    auto run = [&](bool fast) {
+      m->zero_grad();
+      auto uu = u.clone().requires_grad_(true);
+      auto out = fast ? m->forward(uu) : m->forward_reference(uu);
+      // Aux loss is part of the training loss: include it with a weight that makes it matter.
+      (out.y * R).sum().add(out.aux_loss * 100.0).backward();
+      std::vector<torch::Tensor> g = {out.y.detach(), out.aux_loss.detach(), uu.grad().clone()};
+      for (auto& p : m->parameters()) g.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+      return g;
+    };
+    auto f = run(true), r = run(false);
+    const auto names = m->named_parameters().keys();
+    double worst = 0;
+    for (size_t i = 0; i < f.size(); ++i) {
+      const double err = max_abs(f[i], r[i]);
+      const std::string what = i == 0 ? "y" : i == 1 ? "aux" : i == 2 ? "du" : "d" + names[i - 3];
+      EXPECT_LE(err, 1e-5) << what;
+      EXPECT_GT(r[i].abs().max().item<double>(), 1e-4) << what << " is zero: the comparison would be empty";
+      worst = std::max(worst, err);
+    }
+    std::printf("[moe fast vs ref shared=%d] max|Δ| over y, aux, grads = %.3g\n", shared, worst);
+  }
+}
+
+TEST(Moe, AuxGradFlowsOnlyThroughP) {
+  torch::manual_seed(42);
+  auto c = moe_config();
+  auto m = make_moe(c);
+  auto u = torch::randn({97, c.d});
+  auto r = m->route(u);
+  auto aux = m->aux_loss(r);
+  auto g = torch::autograd::grad({aux}, {m->router}, {}, /*retain_graph=*/true)[0];  // [E,d]
+  // Analytic: L = α Σ_e f_e (1/N) Σ_t s_te with f constant, s = softmax(u W_rᵀ):
+  // ∂L/∂z_te = (α/N) s_te (f_e − Σ_e' f_e' s_te'),  ∂L/∂W_r = (∂L/∂z)ᵀ u.
+  torch::NoGradGuard ng;
+  const double N = 97, E = c.moe_experts, k = c.moe_top_k;
+  auto s = torch::softmax(torch::matmul(u.to(torch::kFloat64), m->router.to(torch::kFloat64).t()), -1);  // [N,E]
+  auto f = torch::one_hot(r.topk_idx.reshape({-1}), c.moe_experts).sum(0).to(torch::kFloat64) * (E / (k * N));  // [E]
+  auto dz = (c.moe_aux_coef / N) * s * (f.unsqueeze(0) - (s * f).sum(1, true));
+  auto expected = torch::matmul(dz.t(), u.to(torch::kFloat64));
+  const double err = max_abs(g, expected), scale = expected.abs().max().item<double>();
+  std::printf("[moe aux grad] max|Δ| = %.3g (max|g| = %.3g)\n", err, scale);
+  EXPECT_LE(err, 1e-6 * scale + 1e-12);
+  // Control: had f_e carried a gradient (a soft count Σ_t 1[e∈I_t]·s_te/sg(s_te), equal in
+  // value), the router gradient would differ by far more than the tolerance.
+  torch::Tensor aux_wrong, g_wrong;
+  {
+    torch::AutoGradMode on(true);
+    auto s32 = r.probs;
+    auto mask = torch::one_hot(r.topk_idx, c.moe_experts).sum(1).to(torch::kFloat32);  // [N,E]
+    auto f_soft = (mask * s32 / s32.detach()).sum(0) * (E / (k * N));
+    aux_wrong = c.moe_aux_coef * (f_soft * s32.mean(0)).sum();
+    g_wrong = torch::autograd::grad({aux_wrong}, {m->router})[0];
+  }
+  EXPECT_NEAR(aux_wrong.item<double>(), aux.item<double>(), 1e-7);
+  EXPECT_GT(max_abs(g_wrong, expected), 100 * (err + 1e-12));
+}
+
+TEST(Moe, CausalFp32AndFp64) {
+  // Per-token routing and an aux loss that never feeds back into y: outputs at ≤ t ignore inputs
+  // after t.
+  for (auto dtype : {torch::kFloat32, torch::kFloat64}) {
+    torch::manual_seed(42);
+    auto c = moe_config();
+    auto m = make_moe(c);
+    m->to(dtype);
+    const double tol = dtype == torch::kFloat32 ? 1e-6 : 1e-12;
+    const int64_t T = 150;
+    auto u = torch::randn({2, T, c.d}, dtype);
+    torch::NoGradGuard ng;
+    auto base = m->forward(u).y;
+    ASSERT_EQ(base.scalar_type(), dtype);
+    for (int64_t t : {0, 63, 64, 100}) {
+      auto changed = u.clone();
+      changed.narrow(1, t + 1, T - t - 1).normal_();
+      auto out = m->forward(changed).y;
+      EXPECT_LE(max_abs(out.narrow(1, 0, t + 1), base.narrow(1, 0, t + 1)), tol) << "t=" << t << " " << dtype;
+      EXPECT_GT(max_abs(out.narrow(1, t + 1, T - t - 1), base.narrow(1, t + 1, T - t - 1)), 1e-3);
+    }
+  }
+}
+
+TEST(Moe, UnusedExpertAndEmptyGradient) {
+  // Expert 0 never wins (its router row points away from the all-positive inputs): the fast
+  // path skips its empty slice and still matches the reference, with a zero gradient there.
+  torch::manual_seed(42);
+  auto c = moe_config();
+  auto m = make_moe(c);
+  {
+    torch::NoGradGuard ng;
+    m->router[0].fill_(-1.0);
+  }
+  auto u = torch::randn({50, c.d}).abs() + 0.1;
+  auto r = m->route(u);
+  ASSERT_FALSE((r.topk_idx == 0).any().item<bool>());
+  std::vector<torch::Tensor> y, dgate;
+  for (bool fast : {true, false}) {
+    m->zero_grad();
+    auto out = fast ? m->forward(u) : m->forward_reference(u);
+    out.y.sum().backward();
+    y.push_back(out.y.detach());
+    dgate.push_back(m->gate.grad().clone());
+  }
+  EXPECT_LE(max_abs(y[0], y[1]), 1e-5);
+  EXPECT_LE(max_abs(dgate[0], dgate[1]), 1e-5);
+  EXPECT_EQ(dgate[0][0].abs().max().item<double>(), 0.0);
+  EXPECT_GT(dgate[0][1].abs().max().item<double>(), 0.0);
+}
+
+TEST(Moe, RouterStaysFp32UnderAutocast) {
+  torch::manual_seed(42);
+  auto c = moe_config();
+  auto m = make_moe(c);
+  auto u = torch::randn({2, 33, c.d});
+  torch::NoGradGuard ng;
+  auto plain = m->route(u.reshape({-1, c.d}));
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  auto r = m->route(u.reshape({-1, c.d}));
+  auto out = m->forward(u);
+  // Control: the same matmul outside the router is autocast to bf16.
+  auto logits_bf16 = torch::matmul(u.reshape({-1, c.d}), m->router.t());
+  at::autocast::set_autocast_enabled(at::kCPU, false);
+  at::autocast::clear_cache();
+  EXPECT_EQ(logits_bf16.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(r.probs.scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(torch::equal(r.probs, plain.probs));
+  EXPECT_TRUE(torch::equal(r.topk_idx, plain.topk_idx));
+  EXPECT_EQ(out.y.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(out.aux_loss.scalar_type(), torch::kFloat32);
+  auto ref = m->forward(u);
+  EXPECT_LE(max_abs(out.y, ref.y), 3e-2 * ref.y.abs().max().item<double>());
+}
