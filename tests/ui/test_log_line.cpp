@@ -8,6 +8,11 @@ TEST(LogLine, TrainStepFormat) {
             "step 120/5000 | loss 3.4123 | grad_norm 0.841 | lr 2.90e-04 | 452k tok/s | 1m12s");
 }
 
+TEST(LogLine, MoeAuxLossFollowsLoss) {
+  trainer::MetricsEvent m{5, 0, 3, {{"loss", 2.5}, {"aux_loss", 0.06597}, {"grad_norm", 0.5}}};
+  EXPECT_EQ(ui::format_metrics_line(m, 20), "step 5/20 | loss 2.5000 | aux 0.0660 | grad_norm 0.500 | 3s");
+}
+
 TEST(LogLine, EvalFormat) {
   trainer::MetricsEvent m{200, 0, 10, {{"val_loss", 2.25}, {"val_ppl", 9.4877}}};
   EXPECT_EQ(ui::format_metrics_line(m, 5000), "eval step 200 | val_loss 2.2500 | val_ppl 9.49");

@@ -49,6 +49,7 @@ std::string format_metrics_line(const trainer::MetricsEvent& m, int64_t total_st
   }
   line = "step " + std::to_string(m.step) + "/" + std::to_string(total_steps);
   if (find(m, "loss", v)) line += " | loss " + fmt("%.4f", v);
+  if (find(m, "aux_loss", v)) line += " | aux " + fmt("%.4f", v);
   if (find(m, "grad_norm", v)) line += " | grad_norm " + fmt("%.3f", v);
   if (find(m, "lr", v)) line += " | lr " + fmt("%.2e", v);
   if (find(m, "tokens_per_s", v)) line += " | " + format_count(v) + " tok/s";
