@@ -18,4 +18,21 @@ struct BenchModelArgs {
 // Prints one line per T; returns the exit code (2 for bad arguments). Main thread.
 int bench_model(const BenchModelArgs& args);
 
+struct BenchDataArgs {
+  std::vector<std::string> sources;  // data.train specs
+  std::string tokenizer = "byte";
+  int64_t vocab_size = 0;            // 0: the tokenizer's (token sources: 65536)
+  int64_t threads = 2;               // producer threads
+  int64_t seq_len = 1024;
+  int64_t batch_size = 16;
+  double seconds = 5;
+  std::vector<std::string> exclude;
+  std::string separator = "";
+  int64_t eot_token = 50256;
+};
+
+// Runs the training loader alone (index, read, tokenize, pack, pinned tensors) for `seconds` and
+// prints tokens/s; returns the exit code (1 when the data cannot be read). Main thread.
+int bench_data(const BenchDataArgs& args);
+
 }  // namespace app

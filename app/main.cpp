@@ -8,6 +8,7 @@
 #include "app/model_command.h"
 #include "app/runs_command.h"
 #include "app/sample_command.h"
+#include "app/tokenizer_command.h"
 #include "app/train_command.h"
 
 int main(int argc, char** argv) {
@@ -65,6 +66,33 @@ int main(int argc, char** argv) {
   bench_model_cmd->add_option("--repeats", bench.repeats, "Timed runs per length (best reported)")->capture_default_str();
   bench_model_cmd->add_option("--threads", bench.threads, "CPU threads (default: all)");
 
+  app::BenchDataArgs bench_data;
+  auto* bench_data_cmd = bench_cmd->add_subcommand("data", "The training data loader alone: tokens/s from a source");
+  bench_data_cmd->add_option("--source", bench_data.sources, "A data.train source, e.g. llmc:/data/*.bin (repeatable)")
+      ->required();
+  bench_data_cmd->add_option("--tokenizer", bench_data.tokenizer, "byte | sentencepiece:PATH.model")->capture_default_str();
+  bench_data_cmd->add_option("--vocab", bench_data.vocab_size, "Vocabulary size (default: the tokenizer's; 65536 for token shards)");
+  bench_data_cmd->add_option("--threads", bench_data.threads, "Producer threads")->capture_default_str();
+  bench_data_cmd->add_option("--seq-len", bench_data.seq_len, "Row length T")->capture_default_str();
+  bench_data_cmd->add_option("--batch", bench_data.batch_size, "Rows per batch")->capture_default_str();
+  bench_data_cmd->add_option("--seconds", bench_data.seconds, "How long to measure")->capture_default_str();
+  bench_data_cmd->add_option("--exclude", bench_data.exclude, "Globs of files to skip");
+  bench_data_cmd->add_option("--separator", bench_data.separator, "Text document separator line (\"\" = a document per file)");
+  bench_data_cmd->add_option("--eot", bench_data.eot_token, "Token sources: the end-of-document id")->capture_default_str();
+
+  app::TokenizerTrainArgs tok_train;
+  auto* tokenizer_cmd = cli.add_subcommand("tokenizer", "Train tokenizers");
+  tokenizer_cmd->require_subcommand(1);
+  auto* tok_train_cmd = tokenizer_cmd->add_subcommand("train", "Train a SentencePiece model on text files");
+  tok_train_cmd->add_option("--input", tok_train.inputs, "Glob of text files, or jsonl:GLOB (repeatable)")->required();
+  tok_train_cmd->add_option("--exclude", tok_train.exclude, "Glob of files to skip (repeatable)");
+  tok_train_cmd->add_option("--separator", tok_train.separator,
+                            "A line equal to this ends a document; \"\" = one per file; \"<blank>\" = blank lines")
+      ->capture_default_str();
+  tok_train_cmd->add_option("--vocab-size", tok_train.vocab_size, "Vocabulary size (>= 300)")->required();
+  tok_train_cmd->add_option("--out", tok_train.out, "The .model file to write")->required();
+  tok_train_cmd->add_option("--model-type", tok_train.model_type, "bpe | unigram")->capture_default_str();
+
   try {
     cli.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -77,6 +105,8 @@ int main(int argc, char** argv) {
     if (*info_cmd) return app::model_info(info);
     if (*sample_cmd) return app::run_sample(sample);
     if (*bench_model_cmd) return app::bench_model(bench);
+    if (*tok_train_cmd) return app::tokenizer_train(tok_train);
+    if (*bench_data_cmd) return app::bench_data(bench_data);
   } catch (const std::exception& e) {
     std::cerr << "deltadeck: " << e.what() << "\n";
     return 1;

@@ -67,14 +67,14 @@ torch::Tensor DecoderLMImpl::forward(const torch::Tensor& tokens) {
 }
 
 torch::Tensor DecoderLMImpl::forward_packed(const torch::Tensor& tokens, const torch::Tensor& cu_seqlens) {
-  TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == 1, "model: packed tokens must be [1,N], got ", tokens.sizes());
-  return forward_with_aux(tokens, packed_positions(cu_seqlens, tokens.size(1), tokens.device())).logits;
+  TORCH_CHECK(tokens.dim() == 2, "model: packed tokens must be [B,T], got ", tokens.sizes());
+  return forward_with_aux(tokens, packed_positions(cu_seqlens, tokens.size(0), tokens.size(1), tokens.device())).logits;
 }
 
 LossParts DecoderLMImpl::loss_parts(const torch::Tensor& tokens, const torch::Tensor& targets,
                                     const torch::Tensor& cu_seqlens) {
   TORCH_CHECK(tokens.dim() == 2, "model: expected tokens [B,T], got ", tokens.sizes());
-  auto p = cu_seqlens.defined() ? packed_positions(cu_seqlens, tokens.size(1), tokens.device())
+  auto p = cu_seqlens.defined() ? packed_positions(cu_seqlens, tokens.size(0), tokens.size(1), tokens.device())
                                 : dense_positions(tokens.size(0), tokens.size(1), tokens.device());
   auto out = forward_with_aux(tokens, p);
   auto ce = torch::nn::functional::cross_entropy(

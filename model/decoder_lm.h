@@ -40,7 +40,8 @@ class DecoderLMImpl : public torch::nn::Module {
 
   // Dense batch: tokens [B,T] int64 -> logits [B,T,V].
   torch::Tensor forward(const torch::Tensor& tokens);
-  // Packed batch: tokens [1,N], cu_seqlens int64 [n_docs+1]; no information crosses documents.
+  // Packed batch: tokens [B,T], cu_seqlens (int32 or int64) over the flattened B*T tokens, cutting
+  // at every row end; no information crosses documents.
   torch::Tensor forward_packed(const torch::Tensor& tokens, const torch::Tensor& cu_seqlens);
   // Logits and the summed MoE aux loss at the given positions.
   LMOutput forward_with_aux(const torch::Tensor& tokens, const Positions& p);

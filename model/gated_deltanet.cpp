@@ -127,7 +127,11 @@ torch::Tensor GatedDeltaNetImpl::output(const torch::Tensor& o, const torch::Ten
 torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& u, const Positions& p) {
   TORCH_CHECK(u.dim() == 3 && u.size(2) == d_, "gdn: expected u [B,T,", d_, "], got ", u.sizes());
   const int64_t B = u.size(0), T = u.size(1);
-  TORCH_CHECK(!p.varlen() || B == 1, "gdn: varlen expects one packed row, got B=", B);
+  if (p.varlen() && B > 1) {
+    // Packed rows never share a document piece, so the batch is one long packed row to the core.
+    Positions flat{p.pos.reshape({1, B * T}), p.cu_seqlens, p.max_seqlen};
+    return forward(u.reshape({1, B * T, d_}), flat).view({B, T, d_});
+  }
   const auto ft = float_dtype(u);
   auto q = l2_norm(short_conv(wq(u), conv_q, p).view({B, T, H_, dk_}), ft);
   auto k = l2_norm(short_conv(wk(u), conv_k, p).view({B, T, H_, dk_}), ft);

@@ -169,6 +169,23 @@ Positions packed_positions(const torch::Tensor& cu_seqlens, int64_t N, torch::De
   return {pos.unsqueeze(0).to(device), cu, max_len};
 }
 
+Positions packed_positions(const torch::Tensor& cu_seqlens, int64_t B, int64_t T, torch::Device device) {
+  auto p = packed_positions(cu_seqlens, B * T, torch::kCPU);
+  if (B > 1) {
+    // A piece crossing a row would see the next row's tokens as its own continuation.
+    const int64_t* c = p.cu_seqlens.data_ptr<int64_t>();
+    const int64_t n = p.cu_seqlens.size(0);
+    int64_t j = 0;
+    for (int64_t r = 1; r < B; ++r) {
+      while (j < n && c[j] < r * T) ++j;
+      TORCH_CHECK(j < n && c[j] == r * T, "cu_seqlens: a document piece crosses the end of row ", r - 1,
+                  " (cu_seqlens must include every multiple of T=", T, ")");
+    }
+  }
+  p.pos = p.pos.view({B, T}).to(device);
+  return p;
+}
+
 namespace {
 
 // Zero-pads V's head dim up to Q's: every SDPA backend then sees equal head dims, and the padded
@@ -188,29 +205,33 @@ bool flash_varlen_usable(const torch::Tensor& q) {
 
 torch::Tensor causal_attention_flash_varlen(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& vp,
                                             double scale, const Positions& p) {
-  // [1,H,N,D] -> [N,H,D]; a copy only when the head dim is not already unit-stride.
-  auto packed = [](const torch::Tensor& t) {
-    auto r = t.select(0, 0).transpose(0, 1);
-    return r.stride(-1) == 1 ? r : r.contiguous();
+  // [B,H,T,D] -> [B*T,H,D]: a view for B = 1 when the head dim is unit-stride, else one copy.
+  const int64_t B = q.size(0), T = q.size(2);
+  auto packed = [&](const torch::Tensor& t) {
+    if (B == 1) {
+      auto r = t.select(0, 0).transpose(0, 1);
+      return r.stride(-1) == 1 ? r : r.contiguous();
+    }
+    return t.transpose(1, 2).reshape({B * T, t.size(1), t.size(3)});
   };
   auto cu = p.cu_seqlens.to(torch::TensorOptions().dtype(torch::kInt32).device(q.device()));
   auto out = at::_flash_attention_forward(packed(q), packed(k), packed(vp), cu, cu, p.max_seqlen, p.max_seqlen,
                                           /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false, scale);
-  return std::get<0>(out).transpose(0, 1).unsqueeze(0);  // [1,H,N,D]
+  return std::get<0>(out).view({B, T, q.size(1), vp.size(3)}).transpose(1, 2);  // [B,H,T,D]
 }
 
 }  // namespace
 
 torch::Tensor causal_attention_masked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                       double scale, const Positions& p) {
-  TORCH_CHECK(q.size(0) == 1, "varlen attention: expected one packed row, got B=", q.size(0));
   const int64_t dqk = q.size(-1), dv = v.size(-1);
-  const int64_t N = q.size(2);
-  auto doc = document_ids(p.cu_seqlens, N, q.device());
-  auto idx = torch::arange(N, torch::TensorOptions().dtype(torch::kInt64).device(q.device()));
-  // Block-diagonal causal mask: same document and not in the future. O(N²) memory, the reference.
-  auto mask = (doc.unsqueeze(1) == doc.unsqueeze(0)) & (idx.unsqueeze(1) >= idx.unsqueeze(0));
-  auto o = at::scaled_dot_product_attention(q, k, pad_values(v, dqk), mask.view({1, 1, N, N}), 0.0,
+  const int64_t B = q.size(0), T = q.size(2);
+  // Pieces never cross rows, so each row gets its own block-diagonal causal mask [B,1,T,T]:
+  // same document and not in the future. O(T²) memory per row, the reference.
+  auto doc = document_ids(p.cu_seqlens, B * T, q.device()).view({B, T});
+  auto idx = torch::arange(T, torch::TensorOptions().dtype(torch::kInt64).device(q.device()));
+  auto mask = (doc.unsqueeze(2) == doc.unsqueeze(1)) & (idx.view({1, T, 1}) >= idx.view({1, 1, T}));
+  auto o = at::scaled_dot_product_attention(q, k, pad_values(v, dqk), mask.unsqueeze(1), 0.0,
                                             /*is_causal=*/false, scale, /*enable_gqa=*/q.size(1) != k.size(1));
   return dv < dqk ? o.narrow(-1, 0, dv) : o;
 }
@@ -222,7 +243,6 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
   auto vp = pad_values(v, dqk);
   torch::Tensor o;
   if (p.varlen()) {
-    TORCH_CHECK(q.size(0) == 1, "varlen attention: expected one packed row, got B=", q.size(0));
     o = causal_attention_flash_varlen(q, k, vp, scale, p);
   } else {
     o = at::scaled_dot_product_attention(q, k, vp, {}, 0.0, /*is_causal=*/true, scale,

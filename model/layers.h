@@ -72,6 +72,9 @@ Positions dense_positions(int64_t B, int64_t T, torch::Device device);
 // Positions of one packed row of N tokens split by cu_seqlens (int64, cu[0]=0, cu[-1]=N, strictly
 // increasing; TORCH_CHECKed).
 Positions packed_positions(const torch::Tensor& cu_seqlens, int64_t N, torch::Device device);
+// Positions of a packed [B,T] batch: cu_seqlens runs over the flattened B*T tokens and must cut at
+// every row boundary (no document piece crosses a row); positions restart in every piece.
+Positions packed_positions(const torch::Tensor& cu_seqlens, int64_t B, int64_t T, torch::Device device);
 // Document index of every token of a packed row: [N] int64.
 torch::Tensor document_ids(const torch::Tensor& cu_seqlens, int64_t N, torch::Device device);
 

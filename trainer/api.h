@@ -15,13 +15,20 @@ namespace trainer {
 
 // [data] as users write it (ARCHITECTURE.md "The config, as users write it").
 struct DataConfig {
-  std::vector<std::string> train;        // "text:GLOB" sources
+  std::vector<std::string> train;        // sources: text:GLOB | jsonl:GLOB | llmc:GLOB | u16:GLOB
+  std::vector<double> weights;           // sampling weight per train source; empty = by document count
   std::vector<std::string> exclude;      // globs of files to skip (e.g. "*.dat")
-  std::string separator = "%";           // a line equal to this ends a document; "" = one document per file
+  std::string separator = "%";           // a line equal to this ends a document; "" = one document per file;
+                                         // "<blank>" = blank lines end a document
+  std::string text_field = "text";       // jsonl: the field holding the document text
   int64_t eot_token = 50256;             // token shards: the id that ends a document
-  std::string tokenizer = "byte";        // byte
-  double val_fraction = 0.01;            // share of documents held out for validation
-  int64_t loader_threads = 2;
+  std::string tokenizer = "byte";        // byte | sentencepiece:PATH.model
+  double val_fraction = 0.01;            // data.val as a number: share of documents held out
+  std::vector<std::string> val_sources;  // data.val as a list: separate validation sources
+  bool document_attention = true;        // pass document boundaries (cu_seqlens) to the model
+  bool mask_boundary_labels = false;     // ignore the label that crosses from one document into the next
+  int64_t loader_threads = 2;            // producer threads
+  int64_t prefetch = 4;                  // ready batches queued ahead of the step loop
 };
 
 // [train]
@@ -30,6 +37,10 @@ struct TrainConfig {
   int64_t batch_size = 16;               // sequences per micro-batch
   int64_t seq_len = 256;
   int64_t grad_accum = 1;
+  // Progressive phases "TOKENS:SEQ_LENxBATCH" (e.g. "0:256x32", "50e6:1024x8"): from that many
+  // training tokens on, rows are SEQ_LEN long and micro-batches BATCH rows. Empty = one phase of
+  // seq_len × batch_size. The first phase must start at 0.
+  std::vector<std::string> phases;
   std::string precision = "fp32";        // fp32 (bf16 | fp16 | fp8 arrive with the engine issue)
   std::string optimizer = "adamw";
   double lr = 3e-3;

@@ -32,7 +32,10 @@ using BoolRef = bool& (*)(RunConfig&);
 using StringRef = std::string& (*)(RunConfig&);
 using ListRef = std::vector<std::string>& (*)(RunConfig&);
 using FamilyRef = model::Family& (*)(RunConfig&);
-using Ref = std::variant<IntRef, UintRef, FloatRef, BoolRef, StringRef, ListRef, FamilyRef>;
+using NumListRef = std::vector<double>& (*)(RunConfig&);
+// data.val: a fraction of documents (a number) or validation sources (a list of strings).
+using ValRef = DataConfig& (*)(RunConfig&);
+using Ref = std::variant<IntRef, UintRef, FloatRef, BoolRef, StringRef, ListRef, FamilyRef, NumListRef, ValRef>;
 
 struct Field {
   const char* section;  // "" for the top level
@@ -90,17 +93,23 @@ const std::vector<Field>& fields() {
       DD_CONFIG_FIELD("model", "moe_aux_coef", model.moe_aux_coef),
 
       DD_CONFIG_FIELD("data", "train", data.train),
+      DD_CONFIG_FIELD("data", "weights", data.weights),
       DD_CONFIG_FIELD("data", "exclude", data.exclude),
       DD_CONFIG_FIELD("data", "separator", data.separator),
+      DD_CONFIG_FIELD("data", "text_field", data.text_field),
       DD_CONFIG_FIELD("data", "eot_token", data.eot_token),
       DD_CONFIG_FIELD("data", "tokenizer", data.tokenizer),
-      DD_CONFIG_FIELD("data", "val", data.val_fraction),
+      DD_CONFIG_FIELD("data", "val", data),
+      DD_CONFIG_FIELD("data", "document_attention", data.document_attention),
+      DD_CONFIG_FIELD("data", "mask_boundary_labels", data.mask_boundary_labels),
       DD_CONFIG_FIELD("data", "loader_threads", data.loader_threads),
+      DD_CONFIG_FIELD("data", "prefetch", data.prefetch),
 
       DD_CONFIG_FIELD("train", "steps", train.steps),
       DD_CONFIG_FIELD("train", "batch_size", train.batch_size),
       DD_CONFIG_FIELD("train", "seq_len", train.seq_len),
       DD_CONFIG_FIELD("train", "grad_accum", train.grad_accum),
+      DD_CONFIG_FIELD("train", "phases", train.phases),
       DD_CONFIG_FIELD("train", "precision", train.precision),
       DD_CONFIG_FIELD("train", "optimizer", train.optimizer),
       DD_CONFIG_FIELD("train", "lr", train.lr),
@@ -359,6 +368,39 @@ void read_field(const Field& f, const toml::node& n, RunConfig& c, Errors& e) {
             for (const toml::node& item : *a) out.push_back(item.as_string()->get());
             r(c) = std::move(out);
           },
+          [&](NumListRef r) {
+            auto a = n.as_array();
+            std::vector<double> out;
+            bool ok = a != nullptr;
+            if (a) {
+              for (const toml::node& item : *a) {
+                if (auto d = item.as_floating_point()) out.push_back(d->get());
+                else if (auto i = item.as_integer()) out.push_back(static_cast<double>(i->get()));
+                else ok = false;
+              }
+            }
+            if (!ok) e.add(key, "expected a list of numbers, got " + describe(n));
+            else r(c) = std::move(out);
+          },
+          [&](ValRef r) {
+            DataConfig& d = r(c);
+            if (auto v = n.as_floating_point()) {
+              d.val_fraction = v->get();
+              d.val_sources.clear();
+            } else if (auto i = n.as_integer()) {
+              d.val_fraction = static_cast<double>(i->get());
+              d.val_sources.clear();
+            } else if (auto str = n.as_string()) {
+              d.val_sources = {str->get()};
+              d.val_fraction = 0;
+            } else if (auto a = n.as_array(); a && !a->empty() && a->is_homogeneous(toml::node_type::string)) {
+              d.val_sources.clear();
+              for (const toml::node& item : *a) d.val_sources.push_back(item.as_string()->get());
+              d.val_fraction = 0;
+            } else {
+              e.add(key, "expected a fraction of documents (a number) or a list of sources, got " + describe(n));
+            }
+          },
           [&](FamilyRef r) {
             auto v = n.as_string();
             if (!v) {
@@ -475,7 +517,8 @@ void apply_override(toml::table& doc, const std::string& override_text, Errors& 
   const bool wants_string = f && !std::holds_alternative<IntRef>(f->ref) &&
                             !std::holds_alternative<UintRef>(f->ref) &&
                             !std::holds_alternative<FloatRef>(f->ref) &&
-                            !std::holds_alternative<BoolRef>(f->ref);
+                            !std::holds_alternative<BoolRef>(f->ref) &&
+                            !std::holds_alternative<NumListRef>(f->ref) && !std::holds_alternative<ValRef>(f->ref);
   const bool wants_list = f && std::holds_alternative<ListRef>(f->ref);
   std::optional<toml::table> parsed = parse_value(text);
   toml::node* value = parsed ? parsed->get("v") : nullptr;
@@ -564,6 +607,18 @@ std::string toml_value(const Field& f, RunConfig& c) {
             return "[" + join(q, ", ") + "]";
           },
           [&](FamilyRef r) { return quote(model::family_name(r(c))); },
+          [&](NumListRef r) {
+            std::vector<std::string> q;
+            for (double v : r(c)) q.push_back(format_double(v));
+            return "[" + join(q, ", ") + "]";
+          },
+          [&](ValRef r) {
+            const DataConfig& d = r(c);
+            if (d.val_sources.empty()) return format_double(d.val_fraction);
+            std::vector<std::string> q;
+            for (const std::string& s : d.val_sources) q.push_back(quote(s));
+            return "[" + join(q, ", ") + "]";
+          },
       },
       f.ref);
 }
@@ -606,8 +661,31 @@ std::vector<std::string> validate(const RunConfig& c) {
   if (c.data.tokenizer != "byte" &&
       !(starts_with(c.data.tokenizer, "sentencepiece:") && c.data.tokenizer.size() > 14))
     k.fail("data.tokenizer", "must be \"byte\" or \"sentencepiece:PATH\" (got " + quote(c.data.tokenizer) + ")");
-  k.unit_open("data.val", c.data.val_fraction);
+  if (c.data.val_sources.empty()) {
+    k.unit_open("data.val", c.data.val_fraction);
+  } else {
+    for (const std::string& src : c.data.val_sources) {
+      bool known = false;
+      for (const std::string& p : kinds) known = known || (starts_with(src, p) && !trim(src.substr(p.size())).empty());
+      if (!known)
+        k.fail("data.val", "each validation source must be text:, jsonl:, llmc: or u16: with a path (got " + quote(src) + ")");
+    }
+  }
+  if (!c.data.weights.empty()) {
+    if (c.data.weights.size() != c.data.train.size())
+      k.fail("data.weights", "needs one weight per data.train source (got " + std::to_string(c.data.weights.size()) +
+                                 " weights for " + std::to_string(c.data.train.size()) + " sources)");
+    for (double w : c.data.weights)
+      if (!(std::isfinite(w) && w > 0)) k.fail("data.weights", "every weight must be > 0 (got " + format_double(w) + ")");
+  }
+  if (c.data.text_field.empty()) k.fail("data.text_field", "must not be empty");
   k.at_least("data.loader_threads", c.data.loader_threads, 1);
+  k.at_least("data.prefetch", c.data.prefetch, 1);
+  for (const Phase& ph : resolve_phases(c.train, &k.out)) {
+    if (c.model.max_seq_len >= 1 && ph.seq_len > c.model.max_seq_len)
+      k.fail("train.phases", "seq_len " + std::to_string(ph.seq_len) + " exceeds model.max_seq_len " +
+                                 std::to_string(c.model.max_seq_len));
+  }
 
   const TrainConfig& t = c.train;
   k.at_least("train.steps", t.steps, 1);
@@ -642,6 +720,45 @@ std::vector<std::string> validate(const RunConfig& c) {
   k.at_least("run.keep_checkpoints", r.keep_checkpoints, 1);
   k.at_least("run.threads", r.threads, 0);
   return k.out;
+}
+
+std::vector<Phase> resolve_phases(const TrainConfig& t, std::vector<std::string>* errors) {
+  std::vector<Phase> out;
+  auto fail = [&](const std::string& what) {
+    if (errors) errors->push_back("train.phases: " + what);
+  };
+  if (t.phases.empty()) return {{0, t.seq_len, t.batch_size}};
+  for (const std::string& spec : t.phases) {
+    // "TOKENS:SEQ_LENxBATCH"; TOKENS may be written as 5e6.
+    const auto colon = spec.find(':'), x = spec.find('x', colon == std::string::npos ? 0 : colon);
+    Phase ph;
+    bool ok = colon != std::string::npos && x != std::string::npos;
+    if (ok) {
+      try {
+        size_t used = 0;
+        const double tokens = std::stod(spec.substr(0, colon), &used);
+        ok = used == colon && std::isfinite(tokens) && tokens >= 0 && tokens == std::floor(tokens);
+        ph.tokens = static_cast<int64_t>(tokens);
+        ph.seq_len = std::stoll(spec.substr(colon + 1, x - colon - 1), &used);
+        ok = ok && used == x - colon - 1;
+        ph.batch_size = std::stoll(spec.substr(x + 1), &used);
+        ok = ok && used == spec.size() - x - 1;
+      } catch (const std::exception&) {
+        ok = false;
+      }
+    }
+    if (!ok || ph.seq_len < 1 || ph.batch_size < 1) {
+      fail("each phase is \"TOKENS:SEQ_LENxBATCH\" with SEQ_LEN, BATCH >= 1, e.g. \"0:256x32\" (got " + quote(spec) + ")");
+      continue;
+    }
+    if (out.empty() && ph.tokens != 0) fail("the first phase must start at 0 tokens (got " + quote(spec) + ")");
+    if (!out.empty() && ph.tokens <= out.back().tokens)
+      fail("phases must start at increasing token counts (got " + quote(spec) + " after " +
+           std::to_string(out.back().tokens) + ")");
+    out.push_back(ph);
+  }
+  if (out.empty()) return {{0, t.seq_len, t.batch_size}};
+  return out;
 }
 
 ConfigResult parse_config(const std::string& toml_text, const std::string& source_name,
@@ -723,6 +840,12 @@ std::string to_json(const RunConfig& c) {
                    [&](StringRef r) { dst = r(copy); },
                    [&](ListRef r) { dst = r(copy); },
                    [&](FamilyRef r) { dst = model::family_name(r(copy)); },
+                   [&](NumListRef r) { dst = r(copy); },
+                   [&](ValRef r) {
+                     const DataConfig& d = r(copy);
+                     if (d.val_sources.empty()) dst = d.val_fraction;
+                     else dst = d.val_sources;
+                   },
                },
                f.ref);
   }

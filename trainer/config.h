@@ -27,6 +27,17 @@ ConfigResult load_config(const std::string& path, const std::vector<std::string>
 // Checks a typed config (also used by the GUI on its draft). Lines like "train.lr: must be > 0 (got -1)".
 std::vector<std::string> validate(const RunConfig& c);
 
+// One progressive-training phase (train.phases): from `tokens` training tokens on, rows of
+// seq_len tokens and micro-batches of batch_size rows.
+struct Phase {
+  int64_t tokens = 0;
+  int64_t seq_len = 0;
+  int64_t batch_size = 0;
+};
+// The phases of a config: train.phases parsed, or one phase of train.seq_len × train.batch_size.
+// Problems ("train.phases: ...") are appended to errors when given; bad entries are skipped.
+std::vector<Phase> resolve_phases(const TrainConfig& t, std::vector<std::string>* errors = nullptr);
+
 // The resolved config, every key, in TOML and JSON (what the run records store).
 std::string to_toml(const RunConfig& c);
 std::string to_json(const RunConfig& c);

@@ -11,7 +11,7 @@
 #include "model/decoder_lm.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
-#include "trainer/data/byte_tokenizer.h"
+#include "trainer/data/tokenizer.h"
 
 namespace trainer {
 
@@ -49,12 +49,12 @@ SampleStats sample_text(const SampleOptions& o, const std::function<void(const s
   auto parsed = parse_config(ck.config_toml, st.checkpoint_dir + " (embedded config)", {});
   if (!parsed.ok()) throw std::runtime_error(st.checkpoint_dir + ": embedded config is invalid: " + parsed.errors[0]);
   RunConfig cfg = parsed.config;
-  if (cfg.data.tokenizer != "byte")
-    throw std::runtime_error(st.checkpoint_dir + ": tokenizer '" + cfg.data.tokenizer + "' cannot be sampled from yet");
-  data::ByteTokenizer tok;
+  // The run's tokenizer (a SentencePiece .model is read from the path the run used).
+  auto tok_ptr = data::make_tokenizer(cfg.data.tokenizer);
+  const data::Tokenizer& tok = *tok_ptr;
   std::vector<int32_t> prompt;
   if (o.prompt.empty()) prompt.push_back(tok.eot());  // a fresh document follows an end-of-document
-  else tok.encode(o.prompt, prompt);
+  else tok.encode(o.prompt, prompt, "--prompt");
   // RoPE tables are rebuilt, not stored: size them for the whole generation.
   cfg.model.max_seq_len = std::max<int64_t>(cfg.model.max_seq_len, static_cast<int64_t>(prompt.size()) + o.max_tokens);
 

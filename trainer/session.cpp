@@ -3,19 +3,38 @@
 
 #include <thread>
 
-#include "trainer/data/byte_tokenizer.h"
-#include "trainer/data/text_source.h"
+#include "trainer/data/source.h"
+#include "trainer/data/tokenizer.h"
 #include "trainer/train_loop.h"
 
 namespace trainer {
 
+namespace {
+
+bool is_token_source(const std::string& spec) { return spec.rfind("llmc:", 0) == 0 || spec.rfind("u16:", 0) == 0; }
+
+}  // namespace
+
 std::vector<std::string> resolve_config(RunConfig& cfg) {
   std::vector<std::string> errors;
+  std::vector<std::pair<std::string, std::string>> sources;  // (key, spec)
+  for (size_t i = 0; i < cfg.data.train.size(); ++i)
+    sources.emplace_back("data.train[" + std::to_string(i) + "]", cfg.data.train[i]);
+  for (size_t i = 0; i < cfg.data.val_sources.size(); ++i)
+    sources.emplace_back("data.val[" + std::to_string(i) + "]", cfg.data.val_sources[i]);
+  bool any_text = false, any_tokens = false;
+  for (const auto& [key, spec] : sources) (is_token_source(spec) ? any_tokens : any_text) = true;
+
+  std::unique_ptr<data::Tokenizer> tok;
   try {
-    const int64_t tok_vocab = data::tokenizer_vocab_size(cfg.data.tokenizer);
-    if (cfg.model.vocab_size == 0) {
+    tok = data::make_tokenizer(cfg.data.tokenizer);
+    const int64_t tok_vocab = tok->vocab_size();
+    if (cfg.model.vocab_size == 0 && any_tokens) {
+      errors.push_back("model.vocab_size: required with token sources (llmc:, u16:), which carry no tokenizer; e.g. "
+                       "50304 for GPT-2 shards");
+    } else if (cfg.model.vocab_size == 0) {
       cfg.model.vocab_size = tok_vocab;
-    } else if (cfg.model.vocab_size < tok_vocab) {
+    } else if (any_text && cfg.model.vocab_size < tok_vocab) {
       errors.push_back("model.vocab_size: " + std::to_string(cfg.model.vocab_size) + " is smaller than the " +
                        "tokenizer's vocabulary (" + std::to_string(tok_vocab) + " for data.tokenizer = \"" +
                        cfg.data.tokenizer + "\")");
@@ -31,9 +50,20 @@ std::vector<std::string> resolve_config(RunConfig& cfg) {
     errors.push_back("train.ema_decay: EMA is not available in this build yet (use 0)");
   if (cfg.run.devices != "auto" && cfg.run.devices != "cpu")
     errors.push_back("run.devices: \"" + cfg.run.devices + "\" is not available in this build yet (use \"auto\" or \"cpu\")");
-  for (size_t i = 0; i < cfg.data.train.size(); ++i) {
+  if (!errors.empty() || !tok) return errors;
+  // Open (index and check) every source now, so bad data stops the run before anything is
+  // written: wrong magic, truncation, token ids >= vocab, invalid UTF-8... The loader indexes them
+  // again on the worker thread.
+  for (const auto& [key, spec] : sources) {
+    data::SourceOptions o;
+    o.exclude = cfg.data.exclude;
+    o.separator = cfg.data.separator;
+    o.text_field = cfg.data.text_field;
+    o.eot_token = cfg.data.eot_token;
+    o.vocab_size = cfg.model.vocab_size;
+    o.key = key;
     try {
-      data::expand_text_source(cfg.data.train[i], cfg.data.exclude, "data.train[" + std::to_string(i) + "]");
+      data::open_source(spec, o, *tok);
     } catch (const std::exception& e) {
       errors.push_back(e.what());
     }

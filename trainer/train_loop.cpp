@@ -14,7 +14,7 @@
 #include "trainer/adamw.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
-#include "trainer/data/token_dataset.h"
+#include "trainer/data/loader.h"
 #include "trainer/lr_schedule.h"
 
 namespace trainer {
@@ -25,10 +25,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-torch::Tensor to_tensor(const std::vector<int64_t>& v, int64_t B, int64_t T) {
-  return torch::from_blob(const_cast<int64_t*>(v.data()), {B, T}, torch::kInt64).clone();
 }
 
 // No weight decay on norms, biases and embeddings (the tied head is the embedding).
@@ -47,7 +43,18 @@ class TrainLoop {
                                 : std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()) - 1);
     at::set_num_threads(static_cast<int>(threads));
     torch::manual_seed(cfg_.seed);
-    dataset_ = std::make_unique<data::TokenDataset>(data::build_dataset(cfg_));
+    // A resumed run reads its checkpoint first: the loader starts from the position saved there.
+    CheckpointData resume;
+    std::string loader_state;
+    if (!opts_.resume_from.empty()) {
+      resume = load_checkpoint(opts_.resume_from);
+      auto it = resume.meta.find("loader.state");
+      if (it == resume.meta.end())
+        throw std::runtime_error(opts_.resume_from + "/state.safetensors: no loader.state (written by an older "
+                                 "deltadeck); it cannot be resumed exactly");
+      loader_state = it->second;
+    }
+    loader_ = std::make_unique<data::Loader>(cfg_, /*rank=*/0, /*world=*/1, loader_state);
     model_ = model::DecoderLM(cfg_.model);
     std::vector<std::pair<std::string, at::Tensor>> named;
     std::vector<bool> decay;
@@ -59,15 +66,16 @@ class TrainLoop {
     opt_ = std::make_unique<AdamW>(named, decay,
                                    AdamWOptions{cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps,
                                                 cfg_.train.weight_decay});
-    if (!opts_.resume_from.empty()) restore(opts_.resume_from);
+    if (!opts_.resume_from.empty()) restore(resume, opts_.resume_from);
+    loader_state_ = loader_state;
 
     int64_t n_params = 0;
     for (const auto& [n, p] : params_) n_params += p.numel();
     events_.push(StartedEvent{n_params, cfg_.model.vocab_size, "cpu"});
-    log("info", "data: " + std::to_string(dataset_->train_documents()) + " train documents (" +
-                    std::to_string(dataset_->train_tokens()) + " tokens/epoch), " +
-                    std::to_string(dataset_->val_documents()) + " validation documents (" +
-                    std::to_string(dataset_->val_tokens()) + " tokens)");
+    const auto& ds = loader_->stats();
+    log("info", "data: " + std::to_string(ds.train_documents) + " train documents, " +
+                    std::to_string(ds.val_documents) + " validation documents (" + std::to_string(ds.val_tokens) +
+                    " tokens in " + std::to_string(loader_->validation().size()) + " batches)");
     if (step_ > 0) log("info", "resumed from " + opts_.resume_from + " at step " + std::to_string(step_));
 
     t_start_ = Clock::now();
@@ -120,26 +128,26 @@ class TrainLoop {
     }
   }
 
-  void next_batch(torch::Tensor& x, torch::Tensor& y) {
-    std::vector<int64_t> in, lab;
-    dataset_->next_train_batch(cfg_.train.batch_size, cfg_.train.seq_len, in, lab);
-    x = to_tensor(in, cfg_.train.batch_size, cfg_.train.seq_len);
-    y = to_tensor(lab, cfg_.train.batch_size, cfg_.train.seq_len);
-  }
-
   double train_step() {
     const auto t0 = Clock::now();
     const double lr = lr_at(cfg_.train, step_);
     double loss_sum = 0, aux_sum = 0;
+    double wait_s = 0;
+    int64_t pieces = 0, rows = 0, step_tokens = 0;
     for (int64_t micro = 0; micro < cfg_.train.grad_accum; ++micro) {
-      torch::Tensor x, y;
-      next_batch(x, y);
-      auto parts = model_->loss_parts(x, y);
+      data::Batch b = loader_->next(&wait_s);
+      auto parts = model_->loss_parts(b.inputs, b.labels, b.cu_seqlens);
       auto loss = parts.total / static_cast<double>(cfg_.train.grad_accum);
       loss.backward();
       loss_sum += parts.ce.item<double>() / static_cast<double>(cfg_.train.grad_accum);
       aux_sum += parts.aux.item<double>() / static_cast<double>(cfg_.train.grad_accum);
+      pieces += b.pieces;
+      rows += b.inputs.size(0);
+      step_tokens += b.inputs.numel();
+      loader_state_ = std::move(b.state_after);
     }
+    data_wait_s_ = wait_s;
+    docs_per_row_ = static_cast<double>(pieces) / static_cast<double>(std::max<int64_t>(1, rows));
     aux_loss_ = aux_sum;
     std::vector<torch::Tensor> grads_of;
     for (auto& [n, p] : params_) grads_of.push_back(p);
@@ -149,7 +157,7 @@ class TrainLoop {
     opt_->step(lr);
     opt_->zero_grad();
     ++step_;
-    tokens_ += cfg_.train.batch_size * cfg_.train.seq_len * cfg_.train.grad_accum;
+    tokens_ += step_tokens;
     lr_ = lr;
     step_time_s_ = seconds_since(t0);
     return loss_sum;
@@ -167,29 +175,29 @@ class TrainLoop {
                 {"step_time_ms", step_time_s_ * 1e3}};
     // The MoE load-balancing loss is its own metric; "loss" stays the cross-entropy.
     if (cfg_.model.moe_experts > 0) m.values.emplace_back("aux_loss", aux_loss_);
+    // Data: time this step waited for batches, batches ready in the queue, and packing density
+    // (packing never pads, so the padding fraction is 0 by construction and reported as such).
+    m.values.emplace_back("data_wait_ms", data_wait_s_ * 1e3);
+    m.values.emplace_back("loader_queue", static_cast<double>(loader_->queue_depth()));
+    m.values.emplace_back("docs_per_row", docs_per_row_);
+    m.values.emplace_back("pad_frac", 0.0);
     events_.push(std::move(m));
   }
 
   void evaluate() {
-    const int64_t B = cfg_.train.batch_size, T = cfg_.train.seq_len;
-    // Evaluate with the training batch size when the split allows, else with single rows.
-    int64_t rows = B;
-    int64_t n = std::min(cfg_.train.eval_batches, dataset_->val_batches_available(rows, T));
-    if (n == 0) {
-      rows = 1;
-      n = std::min(cfg_.train.eval_batches * B, dataset_->val_batches_available(1, T));
-    }
-    if (n == 0) return;
+    const auto& batches = loader_->validation();
+    if (batches.empty()) return;
     torch::NoGradGuard no_grad;
     model_->eval();
-    double sum = 0;
-    for (int64_t k = 0; k < n; ++k) {
-      std::vector<int64_t> in, lab;
-      dataset_->val_batch(k, rows, T, in, lab);
-      sum += model_->loss_parts(to_tensor(in, rows, T), to_tensor(lab, rows, T)).ce.item<double>();
+    double sum = 0, weight = 0;
+    for (const auto& b : batches) {
+      // Weighted by rows so a short last batch counts for what it holds.
+      const double rows = static_cast<double>(b.inputs.size(0));
+      sum += rows * model_->loss_parts(b.inputs, b.labels, b.cu_seqlens).ce.item<double>();
+      weight += rows;
     }
     model_->train();
-    const double val = sum / static_cast<double>(n);
+    const double val = sum / weight;
     MetricsEvent m{step_, tokens_, wall(), {{"val_loss", val}, {"val_ppl", std::exp(val)}}};
     events_.push(std::move(m));
   }
@@ -206,10 +214,8 @@ class TrainLoop {
       std::lock_guard<std::mutex> lock(gen.mutex());
       d.state.emplace_back("rng.cpu", gen.get_state());
     }
-    const auto pos = dataset_->position();
     d.meta = {{"tokens", std::to_string(tokens_)},
-              {"loader.epoch", std::to_string(pos.epoch)},
-              {"loader.offset", std::to_string(pos.offset)},
+              {"loader.state", loader_state_},
               {"optimizer.steps", std::to_string(opt_->steps_taken())},
               {"wall_s", std::to_string(wall())}};
     const std::string root = opts_.run_dir + "/checkpoints";
@@ -220,8 +226,7 @@ class TrainLoop {
     prune_checkpoints(root, cfg_.run.keep_checkpoints);
   }
 
-  void restore(const std::string& dir) {
-    auto d = load_checkpoint(dir);
+  void restore(const CheckpointData& d, const std::string& dir) {
     std::map<std::string, at::Tensor> by_name(d.weights.begin(), d.weights.end());
     torch::NoGradGuard no_grad;
     for (auto& [name, p] : params_) {
@@ -246,7 +251,6 @@ class TrainLoop {
     step_ = d.step;
     last_saved_step_ = d.step;
     tokens_ = meta_int("tokens");
-    dataset_->set_position({meta_int("loader.epoch"), meta_int("loader.offset")});
     wall_at_resume_ = d.meta.count("wall_s") ? std::stod(d.meta.at("wall_s")) : 0.0;
   }
 
@@ -261,12 +265,13 @@ class TrainLoop {
   const SessionOptions& opts_;
   Channel<Event>& events_;
   Channel<Command>& commands_;
-  std::unique_ptr<data::TokenDataset> dataset_;
+  std::unique_ptr<data::Loader> loader_;
+  std::string loader_state_;  // the loader position after the last batch consumed
   model::DecoderLM model_{nullptr};
   NamedTensors params_;
   std::unique_ptr<AdamW> opt_;
   int64_t step_ = 0, tokens_ = 0, last_saved_step_ = -1, tokens_at_last_log_ = 0;
-  double grad_norm_ = 0, aux_loss_ = 0, lr_ = 0, step_time_s_ = 0, wall_offset_ = 0, wall_at_resume_ = 0;
+  double grad_norm_ = 0, aux_loss_ = 0, data_wait_s_ = 0, docs_per_row_ = 0, lr_ = 0, step_time_s_ = 0, wall_offset_ = 0, wall_at_resume_ = 0;
   Clock::time_point t_start_, t_last_log_;
 };
 

@@ -114,6 +114,29 @@ TEST(DecoderLM, PackedEqualsSeparateDocuments) {
   }
 }
 
+// A packed batch of several rows: cu_seqlens over the flattened B*T tokens, cut at the row end.
+TEST(DecoderLM, PackedRowsEqualSeparateDocuments) {
+  const std::vector<int64_t> cu = {0, 30, 100, 101, 140, 200};  // rows of T=100: [0,100) and [100,200)
+  for (const auto& [name, cfg] : tiny_models()) {
+    torch::manual_seed(12);
+    model::DecoderLM m(cfg);
+    torch::NoGradGuard no_grad;
+    auto tokens = torch::randint(0, cfg.vocab_size, {2, 100}, torch::kInt64);
+    auto packed = m->forward_packed(tokens, torch::tensor(cu, torch::kInt32)).reshape({200, -1});
+    auto flat = tokens.reshape({1, 200});
+    double worst = 0;
+    for (size_t n = 0; n + 1 < cu.size(); ++n) {
+      auto alone = m->forward(flat.narrow(1, cu[n], cu[n + 1] - cu[n]))[0];
+      worst = std::max(worst, max_abs(packed.narrow(0, cu[n], cu[n + 1] - cu[n]), alone));
+    }
+    EXPECT_LE(worst, 1e-5) << name;
+  }
+  // A piece that crosses the row end is refused.
+  model::DecoderLM m(tiny_models()[0].cfg);
+  auto tokens = torch::randint(0, 100, {2, 100}, torch::kInt64);
+  EXPECT_THROW(m->forward_packed(tokens, torch::tensor(std::vector<int64_t>{0, 150, 200})), c10::Error);
+}
+
 TEST(DecoderLM, InitialLossNearLnV) {
   for (const auto& [name, cfg] : tiny_models()) {
     torch::manual_seed(3);

@@ -438,9 +438,66 @@ TEST(Config, JsonHasEveryKeyNested) {
   EXPECT_EQ(j["model"].size(), 37u);
   EXPECT_EQ(j["data"]["train"][0], "text:/tmp/*.txt");
   EXPECT_EQ(j["data"]["val"], 0.01);
-  EXPECT_EQ(j["data"].size(), 7u);
-  EXPECT_EQ(j["train"].size(), 17u);
+  EXPECT_EQ(j["data"].size(), 12u);
+  EXPECT_EQ(j["train"].size(), 18u);
   EXPECT_EQ(j["run"].size(), 7u);
+}
+
+// data.val is a fraction or a list of sources, and round-trips through TOML either way.
+TEST(Config, ValidationSplitFractionOrSources) {
+  ConfigResult frac = parse(MINIMAL, {"data.val=0.05"});
+  ASSERT_TRUE(frac.ok()) << joined(frac.errors);
+  EXPECT_DOUBLE_EQ(frac.config.data.val_fraction, 0.05);
+  EXPECT_TRUE(frac.config.data.val_sources.empty());
+
+  ConfigResult list = parse(MINIMAL, {"data.val=[\"llmc:/d/val_*.bin\"]"});
+  ASSERT_TRUE(list.ok()) << joined(list.errors);
+  EXPECT_EQ(list.config.data.val_sources, std::vector<std::string>{"llmc:/d/val_*.bin"});
+  ConfigResult again = parse(trainer::to_toml(list.config));
+  ASSERT_TRUE(again.ok()) << joined(again.errors);
+  EXPECT_EQ(again.config.data.val_sources, list.config.data.val_sources);
+
+  ConfigResult bad = parse(MINIMAL, {"data.val=[\"/no/prefix\"]"});
+  ASSERT_EQ(bad.errors.size(), 1u);
+  EXPECT_EQ(bad.errors[0], "data.val: each validation source must be text:, jsonl:, llmc: or u16: with a path (got \"/no/prefix\")");
+  ConfigResult wrong_type = parse(MINIMAL, {"data.val=true"});
+  ASSERT_EQ(wrong_type.errors.size(), 1u);
+  EXPECT_EQ(wrong_type.errors[0].rfind("data.val: expected a fraction of documents (a number) or a list of sources", 0), 0u);
+}
+
+TEST(Config, SourceWeightsMatchSources) {
+  ConfigResult r = parse(MINIMAL, {"data.train=[\"text:/a/*\", \"llmc:/b/*.bin\"]", "data.weights=[3, 1.5]"});
+  ASSERT_TRUE(r.ok()) << joined(r.errors);
+  EXPECT_EQ(r.config.data.weights, (std::vector<double>{3.0, 1.5}));
+  ConfigResult count = parse(MINIMAL, {"data.weights=[1, 2]"});
+  ASSERT_EQ(count.errors.size(), 1u);
+  EXPECT_EQ(count.errors[0], "data.weights: needs one weight per data.train source (got 2 weights for 1 sources)");
+  ConfigResult neg = parse(MINIMAL, {"data.weights=[-1]"});
+  ASSERT_EQ(neg.errors.size(), 1u);
+  EXPECT_EQ(neg.errors[0], "data.weights: every weight must be > 0 (got -1.0)");
+}
+
+TEST(Config, ProgressivePhases) {
+  ConfigResult r = parse(MINIMAL, {"train.phases=[\"0:64x32\", \"5e6:128x16\"]", "train.seq_len=128"});
+  ASSERT_TRUE(r.ok()) << joined(r.errors);
+  auto phases = trainer::resolve_phases(r.config.train);
+  ASSERT_EQ(phases.size(), 2u);
+  EXPECT_EQ(phases[1].tokens, 5000000);
+  EXPECT_EQ(phases[1].seq_len, 128);
+  EXPECT_EQ(phases[1].batch_size, 16);
+  // Without phases: one phase of seq_len × batch_size.
+  auto plain = trainer::resolve_phases(parse(MINIMAL).config.train);
+  ASSERT_EQ(plain.size(), 1u);
+  EXPECT_EQ(plain[0].seq_len, parse(MINIMAL).config.train.seq_len);
+
+  ConfigResult bad = parse(MINIMAL, {"train.phases=[\"10:64x2\", \"5:64\", \"4:64x1\"]"});
+  ASSERT_EQ(bad.errors.size(), 3u) << joined(bad.errors);
+  EXPECT_EQ(bad.errors[0], "train.phases: the first phase must start at 0 tokens (got \"10:64x2\")");
+  EXPECT_EQ(bad.errors[1], "train.phases: each phase is \"TOKENS:SEQ_LENxBATCH\" with SEQ_LEN, BATCH >= 1, e.g. \"0:256x32\" (got \"5:64\")");
+  EXPECT_EQ(bad.errors[2], "train.phases: phases must start at increasing token counts (got \"4:64x1\" after 10)");
+  ConfigResult too_long = parse(MINIMAL, {"train.phases=[\"0:4096x1\"]", "model.max_seq_len=256"});
+  ASSERT_EQ(too_long.errors.size(), 1u) << joined(too_long.errors);
+  EXPECT_EQ(too_long.errors[0], "train.phases: seq_len 4096 exceeds model.max_seq_len 256");
 }
 
 TEST(Config, LoadConfigFile) {

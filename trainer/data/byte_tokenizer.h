@@ -1,26 +1,30 @@
-// Byte-level tokenizer: ids 0..255 are the bytes, 256 ends a document. No torch.
+// Byte-level tokenizer: ids 0..255 are the bytes, 256 ends a document. Any bytes are accepted
+// (no UTF-8 requirement), so text sources never fail on encoding under it. No torch.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "trainer/data/tokenizer.h"
 
 namespace trainer::data {
 
-class ByteTokenizer {
+// `final` so calls through a ByteTokenizer& are not virtual.
+class ByteTokenizer final : public Tokenizer {
  public:
   static constexpr int32_t EOT = 256;
   static constexpr int64_t VOCAB = 257;
-  int64_t vocab_size() const { return VOCAB; }
-  int32_t eot() const { return EOT; }
-  // Appends the bytes of text as ids (no EOT).
-  void encode(const std::string& text, std::vector<int32_t>& out) const;
-  // Bytes of ids; EOT becomes "\n<|eot|>\n", anything else out of range becomes '?'.
-  std::string decode(const std::vector<int32_t>& ids) const;
+  int64_t vocab_size() const override { return VOCAB; }
+  int32_t eot() const override { return EOT; }
+  // Appends the bytes of text as ids (no EOT). Never throws. Any thread.
+  void encode(std::string_view text, std::vector<int32_t>& out, const std::string& where) const override;
+  // The same, without a `where` (callers that cannot fail: sampling prompts).
+  void encode(std::string_view text, std::vector<int32_t>& out) const;
+  // Bytes of ids; EOT becomes "\n<|eot|>\n", anything else out of range becomes '?'. Any thread.
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  bool needs_utf8() const override { return false; }
 };
-
-// The vocabulary size a tokenizer spec gives ("byte" -> 257). Throws std::invalid_argument
-// naming data.tokenizer for specs this build does not support.
-int64_t tokenizer_vocab_size(const std::string& spec);
 
 }  // namespace trainer::data
