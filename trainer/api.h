@@ -64,7 +64,8 @@ struct RunSection {
   int64_t eval_interval = 200;           // 0: only at the end
   int64_t save_interval = 500;           // 0: only at the end
   int64_t keep_checkpoints = 3;
-  int64_t threads = 0;                   // ATen CPU threads; 0 = cores - 1 (at least 1)
+  int64_t threads = 0;                   // ATen CPU threads; 0 = every core (the loader's producers
+                                         // mostly sleep on a full queue)
 };
 
 struct RunConfig {

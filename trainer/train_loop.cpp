@@ -40,7 +40,7 @@ class TrainLoop {
   void run() {
     const int64_t threads = cfg_.run.threads > 0
                                 ? cfg_.run.threads
-                                : std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()) - 1);
+                                : std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
     at::set_num_threads(static_cast<int>(threads));
     torch::manual_seed(cfg_.seed);
     // A resumed run reads its checkpoint first: the loader starts from the position saved there.
