@@ -55,15 +55,8 @@ std::vector<std::string> resolve_config(RunConfig& cfg) {
   // written: wrong magic, truncation, token ids >= vocab, invalid UTF-8... The loader indexes them
   // again on the worker thread.
   for (const auto& [key, spec] : sources) {
-    data::SourceOptions o;
-    o.exclude = cfg.data.exclude;
-    o.separator = cfg.data.separator;
-    o.text_field = cfg.data.text_field;
-    o.eot_token = cfg.data.eot_token;
-    o.vocab_size = cfg.model.vocab_size;
-    o.key = key;
     try {
-      data::open_source(spec, o, *tok);
+      data::open_source(spec, data::source_options(cfg.data, cfg.model.vocab_size, key), *tok);
     } catch (const std::exception& e) {
       errors.push_back(e.what());
     }

@@ -8,18 +8,16 @@
 #include <map>
 
 #include "model/decoder_lm.h"
+#include "tests/support/torch_compare.h"
 
 namespace {
+
+using testing_support::max_abs_diff;
+using testing_support::numel_sum;
 
 using model::Family;
 
 model::ModelConfig preset(const std::string& name, Family f) { return *model::make_preset(name, f); }
-
-int64_t numel_sum(torch::nn::Module& m) {
-  int64_t n = 0;
-  for (const auto& p : m.parameters()) n += p.numel();
-  return n;
-}
 
 struct Named {
   std::string name;
@@ -32,8 +30,6 @@ std::vector<Named> tiny_models() {
           {"gpt", preset("tiny", Family::Gpt)},
           {"tiny-moe", preset("tiny-moe", Family::Hybrid)}};
 }
-
-double max_abs(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
 }  // namespace
 
@@ -86,9 +82,9 @@ TEST(DecoderLM, CausalEveryModelFp32AndFp64) {
         auto changed = tokens.clone();
         changed.narrow(1, t + 1, 150 - t - 1).random_(0, cfg.vocab_size);
         auto z2 = m->forward(changed);
-        EXPECT_LE(max_abs(z.narrow(1, 0, t + 1), z2.narrow(1, 0, t + 1)), tol) << name << " t=" << t;
+        EXPECT_LE(max_abs_diff(z.narrow(1, 0, t + 1), z2.narrow(1, 0, t + 1)), tol) << name << " t=" << t;
         // The test could fail: a position after t must see the change.
-        EXPECT_GT(max_abs(z.narrow(1, t + 1, 1), z2.narrow(1, t + 1, 1)), 0.0) << name << " t=" << t;
+        EXPECT_GT(max_abs_diff(z.narrow(1, t + 1, 1), z2.narrow(1, t + 1, 1)), 0.0) << name << " t=" << t;
       }
     }
   }
@@ -106,11 +102,11 @@ TEST(DecoderLM, PackedEqualsSeparateDocuments) {
     for (size_t n = 0; n + 1 < cu.size(); ++n) {
       auto doc = tokens.narrow(1, cu[n], cu[n + 1] - cu[n]);
       auto alone = m->forward(doc);
-      worst = std::max(worst, max_abs(packed.narrow(1, cu[n], cu[n + 1] - cu[n]), alone));
+      worst = std::max(worst, max_abs_diff(packed.narrow(1, cu[n], cu[n + 1] - cu[n]), alone));
     }
     EXPECT_LE(worst, 1e-5) << name;
     // The same row without boundaries differs: the packing is what isolates the documents.
-    EXPECT_GT(max_abs(m->forward(tokens), packed), 1e-3) << name;
+    EXPECT_GT(max_abs_diff(m->forward(tokens), packed), 1e-3) << name;
   }
 }
 
@@ -127,7 +123,7 @@ TEST(DecoderLM, PackedRowsEqualSeparateDocuments) {
     double worst = 0;
     for (size_t n = 0; n + 1 < cu.size(); ++n) {
       auto alone = m->forward(flat.narrow(1, cu[n], cu[n + 1] - cu[n]))[0];
-      worst = std::max(worst, max_abs(packed.narrow(0, cu[n], cu[n + 1] - cu[n]), alone));
+      worst = std::max(worst, max_abs_diff(packed.narrow(0, cu[n], cu[n + 1] - cu[n]), alone));
     }
     EXPECT_LE(worst, 1e-5) << name;
   }
@@ -211,7 +207,7 @@ TEST(DecoderLM, CachedDecodeEqualsFullForward) {
     double worst = 0;
     for (int64_t t = 0; t < T; ++t) {
       auto z = m->step(tokens.narrow(1, t, 1), state);
-      worst = std::max(worst, max_abs(z, full.narrow(1, t, 1)));
+      worst = std::max(worst, max_abs_diff(z, full.narrow(1, t, 1)));
     }
     EXPECT_LE(worst, 1e-4) << name;
   }
@@ -237,7 +233,7 @@ TEST(DecoderLM, ActivationCheckpointingGivesSameGradients) {
       }
     }
     EXPECT_EQ(losses[0], losses[1]) << name;
-    for (const auto& [k, g] : grads[0]) EXPECT_LE(max_abs(g, grads[1][k]), 1e-12) << name << " " << k;
+    for (const auto& [k, g] : grads[0]) EXPECT_LE(max_abs_diff(g, grads[1][k]), 1e-12) << name << " " << k;
   }
 }
 
@@ -268,7 +264,7 @@ TEST(DecoderLM, GptMixerAloneIsCausal) {
       auto u2 = u.clone();
       u2.narrow(1, t + 1, 150 - t - 1).normal_();
       auto y2 = attn(u2, p);
-      EXPECT_LE(max_abs(y.narrow(1, 0, t + 1), y2.narrow(1, 0, t + 1)), dtype == torch::kFloat32 ? 1e-6 : 1e-12);
+      EXPECT_LE(max_abs_diff(y.narrow(1, 0, t + 1), y2.narrow(1, 0, t + 1)), dtype == torch::kFloat32 ? 1e-6 : 1e-12);
     }
   }
 }

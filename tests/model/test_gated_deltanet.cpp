@@ -13,21 +13,14 @@
 
 #include "model/gated_deltanet.h"
 #include "model/gdr.h"
+#include "tests/support/torch_compare.h"
 
 namespace {
 
+using testing_support::max_abs_diff;
+using testing_support::numel_sum;
+
 const auto F64 = torch::TensorOptions().dtype(torch::kFloat64);
-
-double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
-  EXPECT_EQ(a.sizes(), b.sizes());
-  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
-}
-
-int64_t numel_sum(torch::nn::Module& m) {
-  int64_t n = 0;
-  for (const auto& p : m.parameters()) n += p.numel();
-  return n;
-}
 
 // A small G layer: d=24, H=2, dk=4, dv=6, W=4, chunk 8 (T=20 spans three chunks).
 model::ModelConfig small_gdn(bool neg_eig = false) {

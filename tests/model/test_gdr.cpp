@@ -12,25 +12,17 @@
 #include <vector>
 
 #include "model/gdr.h"
+#include "tests/support/torch_compare.h"
 
 namespace {
 
-// Every shape here is tiny: ATen's intra-op threads only add contention (on a loaded 2-core
-// machine the binary ran ~20x slower with them), so the whole test binary runs single-threaded.
-class SingleThreadEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override { at::set_num_threads(1); }
-};
+using testing_support::max_abs_diff;
+using testing_support::numel_sum;
+
 [[maybe_unused]] ::testing::Environment* const single_thread_env =
-    ::testing::AddGlobalTestEnvironment(new SingleThreadEnvironment);
+    ::testing::AddGlobalTestEnvironment(new testing_support::SingleThreadEnvironment);
 
 const auto F64 = torch::TensorOptions().dtype(torch::kFloat64);
-
-double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
-  EXPECT_EQ(a.sizes(), b.sizes());
-  if (a.numel() == 0) return 0.0;
-  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
-}
 
 torch::Tensor l2n(const torch::Tensor& x) { return x / torch::sqrt(x.square().sum(-1, true) + 1e-6); }
 

@@ -8,19 +8,17 @@
 
 #include "kernels/rmsnorm.h"
 #include "model/decoder_lm.h"
+#include "tests/support/torch_compare.h"
 
 namespace {
+
+using testing_support::max_abs_diff;
+using testing_support::numel_sum;
 
 model::ModelConfig tiny_gpt(int64_t vocab) {
   auto c = *model::make_preset("tiny", model::Family::Gpt);
   c.vocab_size = vocab;
   return c;
-}
-
-int64_t numel_sum(torch::nn::Module& m) {
-  int64_t n = 0;
-  for (const auto& p : m.parameters()) n += p.numel();
-  return n;
 }
 
 }  // namespace

@@ -13,32 +13,20 @@
 
 #include "model/layers.h"
 #include "model/mla.h"
+#include "tests/support/torch_compare.h"
 
 namespace {
 
-// One environment for the whole test_mla_moe binary: the shapes are tiny and ATen's intra-op
-// threads only add contention on the shared 2-core machine (about 15x slower under load).
-class SingleThreadEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override { at::set_num_threads(1); }
-};
+using testing_support::max_abs_diff;
+using testing_support::numel_sum;
+
 [[maybe_unused]] ::testing::Environment* const single_thread_env =
-    ::testing::AddGlobalTestEnvironment(new SingleThreadEnvironment);
+    ::testing::AddGlobalTestEnvironment(new testing_support::SingleThreadEnvironment);
 
 model::ModelConfig mla_config(const char* preset, bool q_lora) {
   auto c = *model::make_preset(preset, model::Family::Hybrid);
   if (!q_lora) c.mla_q_rank = 0;
   return c;
-}
-
-int64_t numel_sum(torch::nn::Module& m) {
-  int64_t n = 0;
-  for (const auto& p : m.parameters()) n += p.numel();
-  return n;
-}
-
-double max_abs(const torch::Tensor& a, const torch::Tensor& b) {
-  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
 }
 
 // Larger than the §7 init so attention is far from uniform and every term matters.
@@ -147,7 +135,7 @@ TEST(Mla, DenseMatchesReference) {
     double err = 0, scale = 0;
     for (int64_t b = 0; b < B; ++b) {
       auto ref = mla_reference_row(*m, c, u[b], {0});
-      err = std::max(err, max_abs(y[b], ref));
+      err = std::max(err, max_abs_diff(y[b], ref));
       scale = std::max(scale, ref.abs().max().item<double>());
     }
     std::printf("[mla dense rq=%ld] max|Δ| = %.3g (max|y| = %.3g)\n", static_cast<long>(c.mla_q_rank), err, scale);
@@ -167,12 +155,12 @@ TEST(Mla, VarlenMatchesReference) {
     torch::NoGradGuard ng;
     auto y = m->forward(u, model::packed_positions(cu, N, u.device()));
     auto ref = mla_reference_row(*m, c, u[0], {0, 7, 40, 41});
-    const double err = max_abs(y[0], ref);
+    const double err = max_abs_diff(y[0], ref);
     std::printf("[mla varlen rq=%ld] max|Δ| = %.3g\n", static_cast<long>(c.mla_q_rank), err);
     EXPECT_LE(err, 1e-5);
     // The reference really separates documents: one row without the split differs.
     auto mixed = mla_reference_row(*m, c, u[0], {0});
-    EXPECT_GT(max_abs(mixed.narrow(0, 7, 93), ref.narrow(0, 7, 93)), 1e-3);
+    EXPECT_GT(max_abs_diff(mixed.narrow(0, 7, 93), ref.narrow(0, 7, 93)), 1e-3);
   }
 }
 
@@ -213,7 +201,7 @@ TEST(Mla, DecodeMatchesForward) {
     for (int64_t t = 0; t < T; ++t) {
       auto y = m->step(u.narrow(1, t, 1), cache);
       ASSERT_EQ(y.sizes(), (std::vector<int64_t>{B, 1, c.d}));
-      err = std::max(err, max_abs(y, full.narrow(1, t, 1)));
+      err = std::max(err, max_abs_diff(y, full.narrow(1, t, 1)));
     }
     std::printf("[mla decode rq=%ld] max|Δ| = %.3g\n", static_cast<long>(c.mla_q_rank), err);
     EXPECT_LE(err, 1e-4);
@@ -234,7 +222,7 @@ TEST(Mla, DecodeBeyondRopeTable) {
   torch::NoGradGuard ng;
   auto full = m->forward(u, model::dense_positions(B, T, u.device()));
   auto ref = mla_reference_row(*m, c, u[0], {0});
-  EXPECT_LE(max_abs(full[0], ref), 1e-5);
+  EXPECT_LE(max_abs_diff(full[0], ref), 1e-5);
   model::MLA m2(c);
   m2->reset_parameters(0.15, 0.1);
   {
@@ -243,7 +231,7 @@ TEST(Mla, DecodeBeyondRopeTable) {
   }
   model::MixerCache cache;
   double err = 0;
-  for (int64_t t = 0; t < T; ++t) err = std::max(err, max_abs(m2->step(u.narrow(1, t, 1), cache), full.narrow(1, t, 1)));
+  for (int64_t t = 0; t < T; ++t) err = std::max(err, max_abs_diff(m2->step(u.narrow(1, t, 1), cache), full.narrow(1, t, 1)));
   EXPECT_LE(err, 1e-4);
 }
 
@@ -264,8 +252,8 @@ TEST(Mla, CausalFp32AndFp64) {
       auto changed = u.clone();
       changed.narrow(1, t + 1, T - t - 1).normal_();
       auto out = m->forward(changed, p);
-      EXPECT_LE(max_abs(out.narrow(1, 0, t + 1), base.narrow(1, 0, t + 1)), tol) << "t=" << t << " " << dtype;
-      EXPECT_GT(max_abs(out.narrow(1, t + 1, T - t - 1), base.narrow(1, t + 1, T - t - 1)), 1e-3);
+      EXPECT_LE(max_abs_diff(out.narrow(1, 0, t + 1), base.narrow(1, 0, t + 1)), tol) << "t=" << t << " " << dtype;
+      EXPECT_GT(max_abs_diff(out.narrow(1, t + 1, T - t - 1), base.narrow(1, t + 1, T - t - 1)), 1e-3);
     }
   }
 }
@@ -284,7 +272,7 @@ TEST(Mla, PackedEqualsSeparate) {
     for (size_t i = 0; i + 1 < cuv.size(); ++i) {
       const int64_t len = cuv[i + 1] - cuv[i];
       auto sep = m->forward(u.narrow(1, cuv[i], len), model::dense_positions(1, len, u.device()));
-      err = std::max(err, max_abs(packed.narrow(1, cuv[i], len), sep));
+      err = std::max(err, max_abs_diff(packed.narrow(1, cuv[i], len), sep));
     }
     std::printf("[mla packed rq=%ld] max|Δ| = %.3g\n", static_cast<long>(c.mla_q_rank), err);
     EXPECT_LE(err, 1e-5);
@@ -323,6 +311,6 @@ TEST(Mla, RunsUnderBf16Autocast) {
   at::autocast::clear_cache();
   const double zmax = ref.abs().max().item<double>();
   EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
-  EXPECT_LE(max_abs(y, ref), 3e-2 * zmax);
-  EXPECT_LE(max_abs(torch::cat(steps, 1), ref), 3e-2 * zmax);
+  EXPECT_LE(max_abs_diff(y, ref), 3e-2 * zmax);
+  EXPECT_LE(max_abs_diff(torch::cat(steps, 1), ref), 3e-2 * zmax);
 }

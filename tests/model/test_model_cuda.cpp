@@ -12,8 +12,12 @@
 
 #include "model/decoder_lm.h"
 #include "model/gdr.h"
+#include "tests/support/torch_compare.h"
 
 namespace {
+
+using testing_support::max_abs_diff;
+using testing_support::numel_sum;
 
 using model::Family;
 
@@ -43,10 +47,6 @@ std::vector<std::pair<std::string, model::ModelConfig>> tiny_models() {
   return {{"hybrid", *model::make_preset("tiny", Family::Hybrid)},
           {"gpt", *model::make_preset("tiny", Family::Gpt)},
           {"tiny-moe", *model::make_preset("tiny-moe", Family::Hybrid)}};
-}
-
-double max_abs(const torch::Tensor& a, const torch::Tensor& b) {
-  return (a.to(torch::kCPU, torch::kFloat64) - b.to(torch::kCPU, torch::kFloat64)).abs().max().item<double>();
 }
 
 // Random GDR inputs as MODEL.md §11 draws them (mild decay), on the CPU in fp64.
@@ -81,7 +81,7 @@ TEST(ModelCuda, ChunkedGdrFp32MatchesFp64Reference) {
       auto ref = model::gdr_forward_ref(in.q, in.k, in.v, in.beta, in.g, scale, in.h0, {});
       auto cu = [](const torch::Tensor& t) { return t.to(torch::kCUDA, torch::kFloat32); };
       auto got = model::gdr_forward_chunked(cu(in.q), cu(in.k), cu(in.v), cu(in.beta), cu(in.g), scale, cu(in.h0), {}, 64);
-      const double e = std::max(max_abs(got.o, ref.o), max_abs(got.h, ref.h));
+      const double e = std::max(max_abs_diff(got.o, ref.o), max_abs_diff(got.h, ref.h));
       worst = std::max(worst, e);
       EXPECT_LE(e, 1e-5) << "T=" << T << " dk=" << dk << " dv=" << dv;
     }
@@ -98,7 +98,7 @@ TEST(ModelCuda, ChunkedGdrBf16InputsStayClose) {
   // β and g stay fp32 in the layer (gate math is fp32); q, k, v arrive in bf16 from the projections.
   auto f32 = [](const torch::Tensor& t) { return t.to(torch::kCUDA, torch::kFloat32); };
   auto got = model::gdr_forward_chunked(bf(in.q), bf(in.k), bf(in.v), f32(in.beta), f32(in.g), 0.125, f32(in.h0), {}, 64);
-  const double rel = max_abs(got.o, ref.o) / ref.o.abs().max().item<double>();
+  const double rel = max_abs_diff(got.o, ref.o) / ref.o.abs().max().item<double>();
   std::printf("[measured] chunked GDR with bf16 q/k/v on CUDA vs fp64 reference: max|d|/max|o| = %.3g\n", rel);
   EXPECT_LT(rel, 2e-2);
 }
@@ -114,7 +114,7 @@ TEST(ModelCuda, Fp32ModelsMatchCpu) {
     auto z_cpu = m->forward(tokens);
     m->to(torch::kCUDA);
     auto z_gpu = m->forward(tokens.cuda());
-    const double e = max_abs(z_gpu, z_cpu);
+    const double e = max_abs_diff(z_gpu, z_cpu);
     std::printf("[measured] %s fp32 logits CUDA vs CPU: max|d| = %.3g\n", name.c_str(), e);
     EXPECT_LE(e, 1e-4) << name;
   }
@@ -139,8 +139,8 @@ TEST(ModelCuda, Bf16AutocastLogitsCloseToFp32) {
       p16 = m->forward_packed(tokens, cu_t);  // the varlen flash path
     }
     EXPECT_EQ(z16.scalar_type(), torch::kFloat32) << name;
-    const double dense = max_abs(z16, z32) / z32.abs().max().item<double>();
-    const double packed = max_abs(p16, p32) / p32.abs().max().item<double>();
+    const double dense = max_abs_diff(z16, z32) / z32.abs().max().item<double>();
+    const double packed = max_abs_diff(p16, p32) / p32.abs().max().item<double>();
     std::printf("[measured] %s bf16 autocast vs fp32 logits: dense %.3g, packed %.3g (max|d|/max|z|)\n", name.c_str(),
                 dense, packed);
     EXPECT_LT(dense, 3e-2) << name;
@@ -162,7 +162,7 @@ TEST(ModelCuda, PackedEqualsSeparateFp32) {
     double worst = 0;
     for (size_t n = 0; n + 1 < cu.size(); ++n) {
       auto alone = m->forward(tokens.narrow(1, cu[n], cu[n + 1] - cu[n]));
-      worst = std::max(worst, max_abs(packed.narrow(1, cu[n], cu[n + 1] - cu[n]), alone));
+      worst = std::max(worst, max_abs_diff(packed.narrow(1, cu[n], cu[n + 1] - cu[n]), alone));
     }
     std::printf("[measured] %s packed vs separate on CUDA fp32: max|d| = %.3g\n", name.c_str(), worst);
     EXPECT_LE(worst, 1e-5) << name;
@@ -186,7 +186,7 @@ TEST(ModelCuda, PackedRowsBf16MatchSeparate) {
     double worst = 0, scale = 0;
     for (size_t n = 0; n + 1 < cu.size(); ++n) {
       auto alone = m->forward(flat.narrow(1, cu[n], cu[n + 1] - cu[n]))[0];
-      worst = std::max(worst, max_abs(packed.narrow(0, cu[n], cu[n + 1] - cu[n]), alone));
+      worst = std::max(worst, max_abs_diff(packed.narrow(0, cu[n], cu[n + 1] - cu[n]), alone));
       scale = std::max(scale, alone.abs().max().item<double>());
     }
     std::printf("[measured] %s packed rows (B=2) vs separate, bf16 on CUDA: max|d|/max|z| = %.3g\n", name.c_str(),
@@ -207,7 +207,7 @@ TEST(ModelCuda, FlashVarlenMatchesMaskedReference) {
   auto v = torch::randn({1, 2, 100, 32}, o).requires_grad_(true);
   auto fast = model::causal_attention(q, k, v, 0.144, p);
   auto ref = model::causal_attention_masked(q.to(torch::kFloat32), k.to(torch::kFloat32), v.to(torch::kFloat32), 0.144, p);
-  const double e = max_abs(fast, ref);
+  const double e = max_abs_diff(fast, ref);
   std::printf("[measured] varlen flash (bf16) vs masked fp32 reference: max|d| = %.3g\n", e);
   EXPECT_LT(e, 2e-2);
   ASSERT_EQ(fast.size(-1), 32);
@@ -229,7 +229,7 @@ TEST(ModelCuda, CachedDecodeEqualsForward) {
     auto full = m->forward(tokens);
     auto state = m->new_decode_state();
     double worst = 0;
-    for (int64_t t = 0; t < 70; ++t) worst = std::max(worst, max_abs(m->step(tokens.narrow(1, t, 1), state), full.narrow(1, t, 1)));
+    for (int64_t t = 0; t < 70; ++t) worst = std::max(worst, max_abs_diff(m->step(tokens.narrow(1, t, 1), state), full.narrow(1, t, 1)));
     std::printf("[measured] %s cached decode vs forward on CUDA fp32: max|d| = %.3g\n", name.c_str(), worst);
     EXPECT_LE(worst, 1e-4) << name;
   }

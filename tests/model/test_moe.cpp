@@ -12,20 +12,14 @@
 
 #include "model/layers.h"
 #include "model/moe.h"
+#include "tests/support/torch_compare.h"
 
 namespace {
 
+using testing_support::max_abs_diff;
+using testing_support::numel_sum;
+
 model::ModelConfig moe_config() { return *model::make_preset("tiny-moe", model::Family::Hybrid); }
-
-int64_t numel_sum(torch::nn::Module& m) {
-  int64_t n = 0;
-  for (const auto& p : m.parameters()) n += p.numel();
-  return n;
-}
-
-double max_abs(const torch::Tensor& a, const torch::Tensor& b) {
-  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
-}
 
 // Larger than the §7 init so routing is decisive and the expert outputs are O(1).
 model::MoE make_moe(const model::ModelConfig& c) {
@@ -79,8 +73,8 @@ TEST(Moe, SingleExpertEqualsSwiGLU) {
     auto fast = m->forward(u);
     auto slow = m->forward_reference(u);
     ASSERT_EQ(fast.y.sizes(), u.sizes());
-    EXPECT_EQ(max_abs(fast.y, expected), 0.0) << "norm_topk " << norm;
-    EXPECT_EQ(max_abs(slow.y, expected), 0.0) << "norm_topk " << norm;
+    EXPECT_EQ(max_abs_diff(fast.y, expected), 0.0) << "norm_topk " << norm;
+    EXPECT_EQ(max_abs_diff(slow.y, expected), 0.0) << "norm_topk " << norm;
     // One expert takes every token: perfect balance.
     EXPECT_NEAR(fast.aux_loss.item<double>(), c.moe_aux_coef, 1e-9);
   }
@@ -132,8 +126,8 @@ TEST(Moe, TopKDistinctExperts) {
       auto kth = std::get<0>(r.probs.topk(k, 1)).select(1, k - 1).unsqueeze(1);
       EXPECT_TRUE((chosen >= kth).all().item<bool>());
       auto expect_w = norm ? chosen / chosen.sum(1, true) : chosen;
-      EXPECT_LE(max_abs(r.topk_w, expect_w), 1e-7);
-      EXPECT_LE(max_abs(r.probs.sum(1), torch::ones({333})), 1e-6);
+      EXPECT_LE(max_abs_diff(r.topk_w, expect_w), 1e-7);
+      EXPECT_LE(max_abs_diff(r.probs.sum(1), torch::ones({333})), 1e-6);
     }
   }
 }
@@ -163,7 +157,7 @@ TEST(Moe, FastDispatchMatchesReference) {
     const auto names = m->named_parameters().keys();
     double worst = 0;
     for (size_t i = 0; i < f.size(); ++i) {
-      const double err = max_abs(f[i], r[i]);
+      const double err = max_abs_diff(f[i], r[i]);
       const std::string what = i == 0 ? "y" : i == 1 ? "aux" : i == 2 ? "du" : "d" + names[i - 3];
       EXPECT_LE(err, 1e-5) << what;
       EXPECT_GT(r[i].abs().max().item<double>(), 1e-4) << what << " is zero: the comparison would be empty";
@@ -189,7 +183,7 @@ TEST(Moe, AuxGradFlowsOnlyThroughP) {
   auto f = torch::one_hot(r.topk_idx.reshape({-1}), c.moe_experts).sum(0).to(torch::kFloat64) * (E / (k * N));  // [E]
   auto dz = (c.moe_aux_coef / N) * s * (f.unsqueeze(0) - (s * f).sum(1, true));
   auto expected = torch::matmul(dz.t(), u.to(torch::kFloat64));
-  const double err = max_abs(g, expected), scale = expected.abs().max().item<double>();
+  const double err = max_abs_diff(g, expected), scale = expected.abs().max().item<double>();
   std::printf("[moe aux grad] max|Δ| = %.3g (max|g| = %.3g)\n", err, scale);
   EXPECT_LE(err, 1e-6 * scale + 1e-12);
   // Control: had f_e carried a gradient (a soft count Σ_t 1[e∈I_t]·s_te/sg(s_te), equal in
@@ -204,7 +198,7 @@ TEST(Moe, AuxGradFlowsOnlyThroughP) {
     g_wrong = torch::autograd::grad({aux_wrong}, {m->router})[0];
   }
   EXPECT_NEAR(aux_wrong.item<double>(), aux.item<double>(), 1e-7);
-  EXPECT_GT(max_abs(g_wrong, expected), 100 * (err + 1e-12));
+  EXPECT_GT(max_abs_diff(g_wrong, expected), 100 * (err + 1e-12));
 }
 
 TEST(Moe, CausalFp32AndFp64) {
@@ -225,8 +219,8 @@ TEST(Moe, CausalFp32AndFp64) {
       auto changed = u.clone();
       changed.narrow(1, t + 1, T - t - 1).normal_();
       auto out = m->forward(changed).y;
-      EXPECT_LE(max_abs(out.narrow(1, 0, t + 1), base.narrow(1, 0, t + 1)), tol) << "t=" << t << " " << dtype;
-      EXPECT_GT(max_abs(out.narrow(1, t + 1, T - t - 1), base.narrow(1, t + 1, T - t - 1)), 1e-3);
+      EXPECT_LE(max_abs_diff(out.narrow(1, 0, t + 1), base.narrow(1, 0, t + 1)), tol) << "t=" << t << " " << dtype;
+      EXPECT_GT(max_abs_diff(out.narrow(1, t + 1, T - t - 1), base.narrow(1, t + 1, T - t - 1)), 1e-3);
     }
   }
 }
@@ -252,8 +246,8 @@ TEST(Moe, UnusedExpertAndEmptyGradient) {
     y.push_back(out.y.detach());
     dgate.push_back(m->gate.grad().clone());
   }
-  EXPECT_LE(max_abs(y[0], y[1]), 1e-5);
-  EXPECT_LE(max_abs(dgate[0], dgate[1]), 1e-5);
+  EXPECT_LE(max_abs_diff(y[0], y[1]), 1e-5);
+  EXPECT_LE(max_abs_diff(dgate[0], dgate[1]), 1e-5);
   EXPECT_EQ(dgate[0][0].abs().max().item<double>(), 0.0);
   EXPECT_GT(dgate[0][1].abs().max().item<double>(), 0.0);
 }
@@ -280,5 +274,5 @@ TEST(Moe, RouterStaysFp32UnderAutocast) {
   EXPECT_EQ(out.y.scalar_type(), torch::kBFloat16);
   EXPECT_EQ(out.aux_loss.scalar_type(), torch::kFloat32);
   auto ref = m->forward(u);
-  EXPECT_LE(max_abs(out.y, ref.y), 3e-2 * ref.y.abs().max().item<double>());
+  EXPECT_LE(max_abs_diff(out.y, ref.y), 3e-2 * ref.y.abs().max().item<double>());
 }

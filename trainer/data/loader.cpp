@@ -71,23 +71,16 @@ struct Loader::Impl {
 
   explicit Impl(const RunConfig& c) : cfg(c), ready(static_cast<size_t>(std::max<int64_t>(1, c.data.prefetch))) {}
 
-  SourceOptions source_options(const std::string& key) const {
-    SourceOptions o;
-    o.exclude = cfg.data.exclude;
-    o.separator = cfg.data.separator;
-    o.text_field = cfg.data.text_field;
-    o.eot_token = cfg.data.eot_token;
-    o.vocab_size = cfg.model.vocab_size;
-    o.key = key;
-    return o;
+  SourceOptions options_for(const std::string& key) const {
+    return source_options(cfg.data, cfg.model.vocab_size, key);
   }
 
   void open_sources() {
     tok = make_tokenizer(cfg.data.tokenizer);
     for (size_t i = 0; i < cfg.data.train.size(); ++i)
-      train_sources.push_back(open_source(cfg.data.train[i], source_options("data.train[" + std::to_string(i) + "]"), *tok));
+      train_sources.push_back(open_source(cfg.data.train[i], options_for("data.train[" + std::to_string(i) + "]"), *tok));
     for (size_t i = 0; i < cfg.data.val_sources.size(); ++i)
-      val_sources.push_back(open_source(cfg.data.val_sources[i], source_options("data.val[" + std::to_string(i) + "]"), *tok));
+      val_sources.push_back(open_source(cfg.data.val_sources[i], options_for("data.val[" + std::to_string(i) + "]"), *tok));
     const bool split_by_fraction = val_sources.empty();
     train_eligible.resize(train_sources.size());
     if (split_by_fraction) val_eligible.resize(train_sources.size());

@@ -174,4 +174,15 @@ std::unique_ptr<TextDocumentSource> open_text_documents(const std::string& spec,
 
 }  // namespace detail
 
+SourceOptions source_options(const DataConfig& data, int64_t vocab_size, const std::string& key) {
+  SourceOptions o;
+  o.exclude = data.exclude;
+  o.separator = data.separator;
+  o.text_field = data.text_field;
+  o.eot_token = data.eot_token;
+  o.vocab_size = vocab_size;
+  o.key = key;
+  return o;
+}
+
 }  // namespace trainer::data

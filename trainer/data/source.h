@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "trainer/api.h"
 #include "trainer/data/tokenizer.h"
 
 namespace trainer::data {
@@ -27,6 +28,9 @@ struct SourceOptions {
   int64_t vocab_size = 0;            // token sources: ids must be < this (0 = unchecked)
   std::string key = "data.train";    // the config key this source came from, for errors
 };
+
+// The options a run's [data] section gives every source; `key` names the source in errors.
+SourceOptions source_options(const DataConfig& data, int64_t vocab_size, const std::string& key);
 
 class Source {
  public:
