@@ -1,0 +1,150 @@
+// Engine parts against hand-computed cases: the dynamic loss scaler's state sequence (GradScaler
+// semantics) and step skipping, EMA updates and the swap that restores weights bit for bit (also
+// after an exception), Newton–Schulz orthogonalisation and one Muon step.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <stdexcept>
+
+#include "trainer/ema.h"
+#include "trainer/loss_scaler.h"
+#include "trainer/muon.h"
+
+TEST(LossScaler, FollowsGradScalerStateSequence) {
+  trainer::LossScaler s({/*enabled=*/true, /*init_scale=*/8.0, 2.0, 0.5, /*growth_interval=*/3});
+  // (found_inf, scale after, growth tracker after, skipped after)
+  struct Step {
+    bool inf;
+    double scale;
+    int64_t tracker, skipped;
+  };
+  const std::vector<Step> script = {
+      {false, 8, 1, 0}, {false, 8, 2, 0}, {false, 16, 0, 0},  // three finite steps: ×2
+      {true, 8, 0, 1},                                         // inf: ×0.5, tracker reset, skipped
+      {false, 8, 1, 1}, {true, 4, 0, 2}, {true, 2, 0, 3},      // a finite step does not protect
+      {false, 2, 1, 3}, {false, 2, 2, 3}, {false, 4, 0, 3}, {false, 4, 1, 3},
+  };
+  for (size_t i = 0; i < script.size(); ++i) {
+    s.update(script[i].inf);
+    EXPECT_EQ(s.scale(), script[i].scale) << "step " << i;
+    EXPECT_EQ(s.growth_tracker(), script[i].tracker) << "step " << i;
+    EXPECT_EQ(s.skipped_steps(), script[i].skipped) << "step " << i;
+  }
+  trainer::LossScaler restored({true});
+  restored.load_state(s.state());
+  EXPECT_EQ(restored.scale(), 4.0);
+  EXPECT_EQ(restored.growth_tracker(), 1);
+  EXPECT_EQ(restored.skipped_steps(), 3);
+  // Disabled: scale 1, updates change nothing.
+  trainer::LossScaler off({false});
+  off.update(true);
+  EXPECT_EQ(off.scale(), 1.0);
+  EXPECT_EQ(off.skipped_steps(), 0);
+}
+
+TEST(LossScaler, NanGradientSkipsTheStepAndLeavesWeights) {
+  trainer::LossScaler s({true, 1024.0, 2.0, 0.5, 2000});
+  auto w = torch::randn({4, 3}).requires_grad_(true);
+  auto before = w.detach().clone();
+  auto loss = s.scale_loss((w * w).sum());
+  loss.backward();
+  // Finite case first: the gradient comes back unscaled, exactly 2w.
+  ASSERT_FALSE(s.unscale_and_check({w}));
+  EXPECT_TRUE(torch::allclose(w.grad(), 2 * before, 0, 1e-6));
+  // Inject a NaN: the step must be skipped.
+  w.mutable_grad().index_put_({1, 2}, NAN);
+  const bool found = s.unscale_and_check({w});
+  EXPECT_TRUE(found);
+  if (!found) {
+    torch::NoGradGuard ng;
+    w.sub_(w.grad(), 0.1);
+  }
+  s.update(found);
+  EXPECT_TRUE(torch::equal(w.detach(), before));
+  EXPECT_EQ(s.scale(), 512.0);
+  EXPECT_EQ(s.skipped_steps(), 1);
+}
+
+TEST(Ema, UpdateMatchesTheFormula) {
+  auto p = torch::tensor({1.0f, 2.0f}).requires_grad_(true);
+  trainer::Ema ema({{"w", p}}, 0.9);
+  {
+    torch::NoGradGuard ng;
+    p.copy_(torch::tensor({3.0f, -2.0f}));
+  }
+  ema.update();
+  // 0.9·old + 0.1·new = (0.9 + 0.3, 1.8 - 0.2) = (1.2, 1.6)
+  auto shadow = ema.state_tensors()[0].second;
+  EXPECT_NEAR(shadow[0].item<float>(), 1.2f, 1e-6);
+  EXPECT_NEAR(shadow[1].item<float>(), 1.6f, 1e-6);
+  EXPECT_EQ(ema.state_tensors()[0].first, "ema.w");
+}
+
+TEST(Ema, SwapRestoresBitIdenticalWeightsWithoutCopies) {
+  torch::manual_seed(1);
+  auto a = torch::randn({64, 32}).requires_grad_(true), b = torch::randn({32}).requires_grad_(true);
+  trainer::Ema ema({{"a", a}, {"b", b}}, 0.99);
+  {
+    torch::NoGradGuard ng;
+    a.add_(1.0);
+    b.mul_(3.0);
+  }
+  ema.update();
+  const auto a_trained = a.detach().clone(), b_trained = b.detach().clone();
+  const void* a_ptr = a.data_ptr();
+  const void* shadow_ptr = ema.state_tensors()[0].second.data_ptr();
+  {
+    trainer::Ema::Swap swap(ema);
+    // The parameter now points at the EMA storage: swapped, not copied.
+    EXPECT_EQ(a.data_ptr(), shadow_ptr);
+    EXPECT_FALSE(torch::equal(a.detach(), a_trained));
+  }
+  EXPECT_EQ(a.data_ptr(), a_ptr);
+  EXPECT_TRUE(torch::equal(a.detach(), a_trained));
+  EXPECT_TRUE(torch::equal(b.detach(), b_trained));
+  // An exception during evaluation still restores the trained weights.
+  try {
+    trainer::Ema::Swap swap(ema);
+    throw std::runtime_error("evaluation failed");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_TRUE(torch::equal(a.detach(), a_trained));
+  EXPECT_TRUE(torch::equal(b.detach(), b_trained));
+  EXPECT_TRUE(a.requires_grad());
+}
+
+TEST(Muon, NewtonSchulzSingularValuesNearOne) {
+  torch::manual_seed(2);
+  for (auto shape : std::vector<std::vector<int64_t>>{{64, 32}, {32, 64}, {48, 48}}) {
+    auto G = torch::randn(shape);
+    auto X = trainer::newton_schulz_orthogonalize(G, 5);
+    auto sv = torch::linalg_svdvals(X);
+    EXPECT_GT(sv.min().item<double>(), 0.6) << shape[0] << "x" << shape[1];
+    EXPECT_LT(sv.max().item<double>(), 1.25) << shape[0] << "x" << shape[1];
+    // Orthogonalisation keeps the singular vectors: X is aligned with G.
+    EXPECT_GT((X * G).sum().item<double>(), 0.0);
+  }
+}
+
+TEST(Muon, OneStepOnADiagonalGradientByHand) {
+  // For G = diag(3, 0.5) every Newton–Schulz step acts on each singular value alone:
+  // x ← a x + b x³ + c x⁵, starting from x / ||G||_F.
+  auto w = torch::zeros({2, 2}).requires_grad_(true);
+  trainer::Muon opt({{"w", w}}, {/*momentum=*/0.95, /*nesterov=*/true, /*ns_steps=*/5, /*weight_decay=*/0.0});
+  w.mutable_grad() = torch::tensor({{3.0f, 0.0f}, {0.0f, 0.5f}});
+  opt.step(/*lr=*/0.1);
+  auto poly = [](double x) {
+    for (int i = 0; i < 5; ++i) x = 3.4445 * x - 4.7750 * x * x * x + 2.0315 * x * x * x * x * x;
+    return x;
+  };
+  // Nesterov direction g + μ·m = 1.95·g: the normalisation removes the factor.
+  const double norm = std::sqrt(9.0 + 0.25);
+  EXPECT_NEAR(w[0][0].item<double>(), -0.1 * poly(3.0 / norm), 1e-5);
+  EXPECT_NEAR(w[1][1].item<double>(), -0.1 * poly(0.5 / norm), 1e-5);
+  EXPECT_NEAR(w[0][1].item<double>(), 0.0, 1e-7);
+  auto s = opt.state_tensors();
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_TRUE(torch::allclose(s[0].second, w.grad()));  // m = g after one step
+  EXPECT_THROW(trainer::Muon({{"bias", torch::zeros({3})}}, {}), std::invalid_argument);
+}

@@ -1,0 +1,44 @@
+// Muon: momentum SGD whose update for a 2-D hidden weight matrix is orthogonalised by a few
+// Newton–Schulz iterations (the update's singular values pushed towards 1), scaled by
+// sqrt(max(1, rows/cols)). Embeddings, the head, norms and other non-matrix parameters are left to
+// AdamW by the caller, which decides the split.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace trainer {
+
+// The quintic Newton–Schulz iteration on G (2-D), normalised by its Frobenius norm first:
+// X ← a·X + (b·A + c·A²)·X with A = X·Xᵀ and (a, b, c) = (3.4445, −4.7750, 2.0315), `steps` times,
+// working on the wide orientation. Runs in G's dtype (fp32 or bf16). Any thread.
+at::Tensor newton_schulz_orthogonalize(const at::Tensor& G, int64_t steps = 5);
+
+struct MuonOptions {
+  double momentum = 0.95;
+  bool nesterov = true;
+  int64_t ns_steps = 5;
+  double weight_decay = 0.0;  // decoupled, multiplied by lr
+};
+
+class Muon {
+ public:
+  // params: 2-D matrices only (throws std::invalid_argument naming one that is not).
+  Muon(std::vector<std::pair<std::string, at::Tensor>> params, MuonOptions opt);
+  // m ← μ·m + g; u = NS(nesterov ? g + μ·m : m)·sqrt(max(1, rows/cols)); w ← w·(1 − lr·wd) − lr·u.
+  void step(double lr);
+  // "muon_momentum.<name>" for checkpoints, and back.
+  std::vector<std::pair<std::string, at::Tensor>> state_tensors() const;
+  void load_state(const std::vector<std::pair<std::string, at::Tensor>>& tensors);
+
+ private:
+  std::vector<std::pair<std::string, at::Tensor>> params_;
+  std::vector<at::Tensor> momentum_;
+  MuonOptions opt_;
+};
+
+}  // namespace trainer
