@@ -122,6 +122,10 @@ const std::vector<Field>& fields() {
       DD_CONFIG_FIELD("train", "warmup_steps", train.warmup_steps),
       DD_CONFIG_FIELD("train", "grad_clip", train.grad_clip),
       DD_CONFIG_FIELD("train", "ema_decay", train.ema_decay),
+      DD_CONFIG_FIELD("train", "muon_lr", train.muon_lr),
+      DD_CONFIG_FIELD("train", "loss_scaling", train.loss_scaling),
+      DD_CONFIG_FIELD("train", "loss_scale_init", train.loss_scale_init),
+      DD_CONFIG_FIELD("train", "loss_scale_growth_interval", train.loss_scale_growth_interval),
       DD_CONFIG_FIELD("train", "eval_batches", train.eval_batches),
 
       DD_CONFIG_FIELD("run", "devices", run.devices),
@@ -701,6 +705,10 @@ std::vector<std::string> validate(const RunConfig& c) {
   k.unit_open("train.beta2", t.beta2);
   k.positive("train.eps", t.eps);
   k.one_of("train.schedule", t.schedule, {"cosine", "wsd", "constant"});
+  k.positive("train.muon_lr", t.muon_lr);
+  k.one_of("train.loss_scaling", t.loss_scaling, {"auto", "dynamic", "off"});
+  k.positive("train.loss_scale_init", t.loss_scale_init);
+  k.at_least("train.loss_scale_growth_interval", t.loss_scale_growth_interval, 1);
   k.at_least("train.warmup_steps", t.warmup_steps, 0);
   if (t.warmup_steps > t.steps && t.steps >= 1)
     k.fail("train.warmup_steps", "must be <= train.steps (got " + std::to_string(t.warmup_steps) + " > " +

@@ -44,10 +44,6 @@ std::vector<std::string> resolve_config(RunConfig& cfg) {
   }
   if (cfg.train.precision != "fp32")
     errors.push_back("train.precision: \"" + cfg.train.precision + "\" is not available in this build yet (use \"fp32\")");
-  if (cfg.train.optimizer != "adamw")
-    errors.push_back("train.optimizer: \"" + cfg.train.optimizer + "\" is not available in this build yet (use \"adamw\")");
-  if (cfg.train.ema_decay != 0.0)
-    errors.push_back("train.ema_decay: EMA is not available in this build yet (use 0)");
   if (cfg.run.devices != "auto" && cfg.run.devices != "cpu")
     errors.push_back("run.devices: \"" + cfg.run.devices + "\" is not available in this build yet (use \"auto\" or \"cpu\")");
   if (!errors.empty() || !tok) return errors;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <thread>
 
@@ -15,6 +16,9 @@
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
 #include "trainer/data/loader.h"
+#include "trainer/ema.h"
+#include "trainer/loss_scaler.h"
+#include "trainer/muon.h"
 #include "trainer/lr_schedule.h"
 
 namespace trainer {
@@ -23,6 +27,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// A double as text that parses back to the same value (scaler state in checkpoint metadata).
+std::string format_exact(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -30,6 +41,21 @@ double seconds_since(Clock::time_point t0) {
 // No weight decay on norms, biases and embeddings (the tied head is the embedding).
 bool gets_weight_decay(const std::string& name, const torch::Tensor& p) {
   return p.dim() >= 2 && name.rfind("emb.", 0) != 0 && name != "lm_head";
+}
+
+// Muon takes the hidden matrices: 2-D weights inside the blocks. The embedding/head, norms, gates
+// and the GDN conv taps (per-channel filters, not maps between spaces) stay with AdamW.
+bool for_muon(const std::string& name, const torch::Tensor& p) {
+  return p.dim() == 2 && name.rfind("blocks.", 0) == 0 && name.find(".conv_") == std::string::npos;
+}
+
+LossScalerOptions scaler_options(const TrainConfig& t) {
+  LossScalerOptions o;
+  o.enabled = t.loss_scaling == "dynamic" ||
+              (t.loss_scaling == "auto" && (t.precision == "fp16" || t.precision == "fp8"));
+  o.init_scale = t.loss_scale_init;
+  o.growth_interval = t.loss_scale_growth_interval;
+  return o;
 }
 
 class TrainLoop {
@@ -56,16 +82,24 @@ class TrainLoop {
     }
     loader_ = std::make_unique<data::Loader>(cfg_, /*rank=*/0, /*world=*/1, loader_state);
     model_ = model::DecoderLM(cfg_.model);
-    std::vector<std::pair<std::string, at::Tensor>> named;
+    std::vector<std::pair<std::string, at::Tensor>> adam_params, muon_params;
     std::vector<bool> decay;
+    const bool use_muon = cfg_.train.optimizer == "muon";
     for (const auto& item : model_->named_parameters()) {
-      named.emplace_back(item.key(), item.value());
-      decay.push_back(gets_weight_decay(item.key(), item.value()));
+      params_.emplace_back(item.key(), item.value());
+      if (use_muon && for_muon(item.key(), item.value())) {
+        muon_params.emplace_back(item.key(), item.value());
+      } else {
+        adam_params.emplace_back(item.key(), item.value());
+        decay.push_back(gets_weight_decay(item.key(), item.value()));
+      }
     }
-    params_ = named;
-    opt_ = std::make_unique<AdamW>(named, decay,
+    opt_ = std::make_unique<AdamW>(adam_params, decay,
                                    AdamWOptions{cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps,
                                                 cfg_.train.weight_decay});
+    if (use_muon) muon_ = std::make_unique<Muon>(muon_params, MuonOptions{0.95, true, 5, cfg_.train.weight_decay});
+    scaler_ = std::make_unique<LossScaler>(scaler_options(cfg_.train));
+    if (cfg_.train.ema_decay > 0) ema_ = std::make_unique<Ema>(params_, cfg_.train.ema_decay);
     if (!opts_.resume_from.empty()) restore(resume, opts_.resume_from);
     loader_state_ = loader_state;
 
@@ -92,7 +126,7 @@ class TrainLoop {
       const double loss = train_step();
       const bool last = step_ == total;
       if (cfg_.run.log_interval > 0 && (step_ % cfg_.run.log_interval == 0 || last)) emit_train_metrics(loss);
-      if (!std::isfinite(loss)) {
+      if (!std::isfinite(loss) && !scaler_->enabled()) {
         throw std::runtime_error("loss is " + std::to_string(loss) + " at step " + std::to_string(step_) +
                                  "; lower train.lr or enable gradient clipping");
       }
@@ -138,7 +172,7 @@ class TrainLoop {
       data::Batch b = loader_->next(&wait_s);
       auto parts = model_->loss_parts(b.inputs, b.labels, b.cu_seqlens);
       auto loss = parts.total / static_cast<double>(cfg_.train.grad_accum);
-      loss.backward();
+      scaler_->scale_loss(loss).backward();
       loss_sum += parts.ce.item<double>() / static_cast<double>(cfg_.train.grad_accum);
       aux_sum += parts.aux.item<double>() / static_cast<double>(cfg_.train.grad_accum);
       pieces += b.pieces;
@@ -151,11 +185,20 @@ class TrainLoop {
     aux_loss_ = aux_sum;
     std::vector<torch::Tensor> grads_of;
     for (auto& [n, p] : params_) grads_of.push_back(p);
-    // The norm is reported before clipping; a clip of 0 only measures it.
-    const double max_norm = cfg_.train.grad_clip > 0 ? cfg_.train.grad_clip : INFINITY;
-    grad_norm_ = torch::nn::utils::clip_grad_norm_(grads_of, max_norm);
-    opt_->step(lr);
-    opt_->zero_grad();
+    // Unscale before clipping; a non-finite gradient skips the update (weights untouched).
+    const bool found_inf = scaler_->enabled() && scaler_->unscale_and_check(grads_of);
+    if (found_inf) {
+      grad_norm_ = INFINITY;  // reported as such; the step is counted in skipped_steps
+    } else {
+      // The norm is reported before clipping; a clip of 0 only measures it.
+      const double max_norm = cfg_.train.grad_clip > 0 ? cfg_.train.grad_clip : INFINITY;
+      grad_norm_ = torch::nn::utils::clip_grad_norm_(grads_of, max_norm);
+      opt_->step(lr);
+      if (muon_) muon_->step(lr * cfg_.train.muon_lr / cfg_.train.lr);
+      if (ema_) ema_->update();
+    }
+    scaler_->update(found_inf);
+    model_->zero_grad();
     ++step_;
     tokens_ += step_tokens;
     lr_ = lr;
@@ -177,6 +220,8 @@ class TrainLoop {
     if (cfg_.model.moe_experts > 0) m.values.emplace_back("aux_loss", aux_loss_);
     // Data: time this step waited for batches, batches ready in the queue, and packing density
     // (packing never pads, so the padding fraction is 0 by construction and reported as such).
+    m.values.emplace_back("loss_scale", scaler_->scale());
+    m.values.emplace_back("skipped_steps", static_cast<double>(scaler_->skipped_steps()));
     m.values.emplace_back("data_wait_ms", data_wait_s_ * 1e3);
     m.values.emplace_back("loader_queue", static_cast<double>(loader_->queue_depth()));
     m.values.emplace_back("docs_per_row", docs_per_row_);
@@ -184,21 +229,36 @@ class TrainLoop {
     events_.push(std::move(m));
   }
 
-  void evaluate() {
-    const auto& batches = loader_->validation();
-    if (batches.empty()) return;
+  // Mean validation cross-entropy over the fixed batches, weighted by rows.
+  double validation_loss() {
     torch::NoGradGuard no_grad;
     model_->eval();
     double sum = 0, weight = 0;
-    for (const auto& b : batches) {
-      // Weighted by rows so a short last batch counts for what it holds.
-      const double rows = static_cast<double>(b.inputs.size(0));
-      sum += rows * model_->loss_parts(b.inputs, b.labels, b.cu_seqlens).ce.item<double>();
-      weight += rows;
+    try {
+      for (const auto& b : loader_->validation()) {
+        const double rows = static_cast<double>(b.inputs.size(0));
+        sum += rows * model_->loss_parts(b.inputs, b.labels, b.cu_seqlens).ce.item<double>();
+        weight += rows;
+      }
+    } catch (...) {
+      model_->train();
+      throw;
     }
     model_->train();
-    const double val = sum / weight;
+    return sum / weight;
+  }
+
+  void evaluate() {
+    if (loader_->validation().empty()) return;
+    const double val = validation_loss();
     MetricsEvent m{step_, tokens_, wall(), {{"val_loss", val}, {"val_ppl", std::exp(val)}}};
+    if (ema_) {
+      // The EMA weights are swapped in by pointer and swapped back even if evaluation throws.
+      Ema::Swap swap(*ema_);
+      const double val_ema = validation_loss();
+      m.values.emplace_back("val_loss_ema", val_ema);
+      m.values.emplace_back("val_ppl_ema", std::exp(val_ema));
+    }
     events_.push(std::move(m));
   }
 
@@ -208,6 +268,8 @@ class TrainLoop {
     d.step = step_;
     d.weights = params_;
     d.state = opt_->state_tensors();
+    if (muon_) for (auto& t : muon_->state_tensors()) d.state.push_back(t);
+    if (ema_) for (auto& t : ema_->state_tensors()) d.state.push_back(t);
     d.config_toml = to_toml(cfg_);
     {
       auto gen = at::detail::getDefaultCPUGenerator();
@@ -217,6 +279,9 @@ class TrainLoop {
     d.meta = {{"tokens", std::to_string(tokens_)},
               {"loader.state", loader_state_},
               {"optimizer.steps", std::to_string(opt_->steps_taken())},
+              {"scaler.scale", format_exact(scaler_->state()[0])},
+              {"scaler.growth_tracker", format_exact(scaler_->state()[1])},
+              {"scaler.skipped", format_exact(scaler_->state()[2])},
               {"wall_s", std::to_string(wall())}};
     const std::string root = opts_.run_dir + "/checkpoints";
     auto saved = save_checkpoint(root, d);
@@ -248,6 +313,11 @@ class TrainLoop {
     }
     auto meta_int = [&](const std::string& k) { return std::stoll(d.meta.at(k)); };
     opt_->load_state(opt_state, meta_int("optimizer.steps"));
+    if (muon_) muon_->load_state(opt_state);
+    if (ema_) ema_->load_state(opt_state);
+    if (d.meta.count("scaler.scale"))
+      scaler_->load_state({std::stod(d.meta.at("scaler.scale")), std::stod(d.meta.at("scaler.growth_tracker")),
+                           std::stod(d.meta.at("scaler.skipped"))});
     step_ = d.step;
     last_saved_step_ = d.step;
     tokens_ = meta_int("tokens");
@@ -270,6 +340,9 @@ class TrainLoop {
   model::DecoderLM model_{nullptr};
   NamedTensors params_;
   std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<Muon> muon_;          // optimizer = "muon": the hidden matrices
+  std::unique_ptr<LossScaler> scaler_;
+  std::unique_ptr<Ema> ema_;            // ema_decay > 0
   int64_t step_ = 0, tokens_ = 0, last_saved_step_ = -1, tokens_at_last_log_ = 0;
   double grad_norm_ = 0, aux_loss_ = 0, data_wait_s_ = 0, docs_per_row_ = 0, lr_ = 0, step_time_s_ = 0, wall_offset_ = 0, wall_at_resume_ = 0;
   Clock::time_point t_start_, t_last_log_;

@@ -109,25 +109,70 @@ TEST(TrainE2E, SameSeedSameLosses) {
   EXPECT_NE(a.losses, c.losses);
 }
 
+// N steps + resume + N steps == 2N steps, bit for bit: losses, weights, and the optimizer, EMA
+// and loss-scaler state, for AdamW and for Muon, with gradient accumulation.
 TEST(TrainE2E, ResumeIsBitIdentical) {
+  const std::vector<std::vector<std::string>> variants = {
+      {"train.grad_accum=2"},
+      {"train.grad_accum=2", "train.ema_decay=0.9", "train.optimizer=\"muon\"", "train.loss_scaling=\"dynamic\"",
+       "train.loss_scale_growth_interval=4", "run.eval_interval=10"},
+  };
+  for (const auto& extra : variants) {
+    TempDir dir;
+    const int64_t N = 15;
+    std::vector<std::string> o = {"run.save_interval=15"};
+    o.insert(o.end(), extra.begin(), extra.end());
+    auto cfg = make_config(dir, 2 * N, o);
+    auto full = run(cfg, dir.path() + "/full");
+    ASSERT_EQ(full.ended.status, trainer::RunStatus::Finished) << full.ended.message;
+    ASSERT_EQ(full.checkpoints.size(), 2u);
+    const std::string mid = full.checkpoints[0];
+    EXPECT_NE(mid.find("step_00000015"), std::string::npos) << mid;
+
+    auto resumed = run(cfg, dir.path() + "/resumed", mid);
+    ASSERT_EQ(resumed.ended.status, trainer::RunStatus::Finished) << resumed.ended.message;
+    ASSERT_EQ(resumed.losses.size(), static_cast<size_t>(N));
+    for (int64_t i = 0; i < N; ++i) EXPECT_EQ(resumed.losses[i], full.losses[N + i]) << "step " << N + i + 1;
+
+    auto a = trainer::load_checkpoint(full.checkpoints.back());
+    auto b = trainer::load_checkpoint(resumed.checkpoints.back());
+    ASSERT_EQ(a.weights.size(), b.weights.size());
+    for (size_t i = 0; i < a.weights.size(); ++i)
+      EXPECT_TRUE(torch::equal(a.weights[i].second, b.weights[i].second)) << a.weights[i].first;
+    ASSERT_EQ(a.state.size(), b.state.size());
+    for (size_t i = 0; i < a.state.size(); ++i) {
+      EXPECT_EQ(a.state[i].first, b.state[i].first);
+      EXPECT_TRUE(torch::equal(a.state[i].second, b.state[i].second)) << a.state[i].first;
+    }
+    for (const char* k : {"scaler.scale", "scaler.growth_tracker", "scaler.skipped"}) EXPECT_EQ(a.meta[k], b.meta[k]) << k;
+  }
+}
+
+TEST(TrainE2E, EmaValidationAndScalerMetrics) {
   TempDir dir;
-  const int64_t N = 15;
-  auto cfg = make_config(dir, 2 * N, {"run.save_interval=15", "train.grad_accum=2"});
-  auto full = run(cfg, dir.path() + "/full");
-  ASSERT_EQ(full.ended.status, trainer::RunStatus::Finished);
-  ASSERT_EQ(full.checkpoints.size(), 2u);
-  const std::string mid = full.checkpoints[0];
-  EXPECT_NE(mid.find("step_00000015"), std::string::npos) << mid;
-
-  auto resumed = run(cfg, dir.path() + "/resumed", mid);
-  ASSERT_EQ(resumed.ended.status, trainer::RunStatus::Finished) << resumed.ended.message;
-  ASSERT_EQ(resumed.losses.size(), static_cast<size_t>(N));
-  for (int64_t i = 0; i < N; ++i) EXPECT_EQ(resumed.losses[i], full.losses[N + i]) << "step " << N + i + 1;
-
-  auto w_full = trainer::load_checkpoint(full.checkpoints.back()).weights;
-  auto w_res = trainer::load_checkpoint(resumed.checkpoints.back()).weights;
-  ASSERT_EQ(w_full.size(), w_res.size());
-  for (size_t i = 0; i < w_full.size(); ++i) EXPECT_TRUE(torch::equal(w_full[i].second, w_res[i].second)) << w_full[i].first;
+  auto cfg = make_config(dir, 20, {"train.ema_decay=0.8", "train.loss_scaling=\"dynamic\"",
+                                   "train.loss_scale_growth_interval=5", "run.eval_interval=10"});
+  trainer::Session s(cfg, {dir.path() + "/run", ""});
+  s.start();
+  std::vector<double> scales, val, val_ema;
+  while (auto ev = s.events().pop()) {
+    if (auto* m = std::get_if<trainer::MetricsEvent>(&*ev)) {
+      for (const auto& [k, v] : m->values) {
+        if (k == "loss_scale") scales.push_back(v);
+        if (k == "val_loss") val.push_back(v);
+        if (k == "val_loss_ema") val_ema.push_back(v);
+      }
+    }
+  }
+  s.join();
+  ASSERT_EQ(scales.size(), 20u);
+  // 65536 doubles every 5 finite steps: 131072 after step 5, ..., 1048576 after step 20.
+  EXPECT_EQ(scales[4], 131072.0);
+  EXPECT_EQ(scales[19], 1048576.0);
+  ASSERT_EQ(val.size(), 2u);
+  ASSERT_EQ(val_ema.size(), 2u);
+  EXPECT_NE(val[1], val_ema[1]);  // the EMA weights are different weights
+  EXPECT_TRUE(std::isfinite(val_ema[1]));
 }
 
 TEST(TrainE2E, StopCommandSavesAndEndsStopped) {

@@ -13,6 +13,15 @@ TEST(LogLine, MoeAuxLossFollowsLoss) {
   EXPECT_EQ(ui::format_metrics_line(m, 20), "step 5/20 | loss 2.5000 | aux 0.0660 | grad_norm 0.500 | 3s");
 }
 
+TEST(LogLine, ScaleAndEmaShownWhenInUse) {
+  trainer::MetricsEvent step{7, 0, 2, {{"loss", 2.0}, {"lr", 1e-3}, {"loss_scale", 32768}}};
+  EXPECT_EQ(ui::format_metrics_line(step, 10), "step 7/10 | loss 2.0000 | lr 1.00e-03 | scale 32768 | 2s");
+  trainer::MetricsEvent off{7, 0, 2, {{"loss", 2.0}, {"loss_scale", 1.0}}};
+  EXPECT_EQ(ui::format_metrics_line(off, 10), "step 7/10 | loss 2.0000 | 2s");
+  trainer::MetricsEvent eval{10, 0, 3, {{"val_loss", 2.5}, {"val_ppl", 12.18}, {"val_loss_ema", 2.4}}};
+  EXPECT_EQ(ui::format_metrics_line(eval, 10), "eval step 10 | val_loss 2.5000 | val_ppl 12.18 | val_loss_ema 2.4000");
+}
+
 TEST(LogLine, EvalFormat) {
   trainer::MetricsEvent m{200, 0, 10, {{"val_loss", 2.25}, {"val_ppl", 9.4877}}};
   EXPECT_EQ(ui::format_metrics_line(m, 5000), "eval step 200 | val_loss 2.2500 | val_ppl 9.49");

@@ -45,6 +45,7 @@ std::string format_metrics_line(const trainer::MetricsEvent& m, int64_t total_st
   if (find(m, "val_loss", v)) {
     line = "eval step " + std::to_string(m.step) + " | val_loss " + fmt("%.4f", v);
     if (find(m, "val_ppl", v)) line += " | val_ppl " + fmt("%.2f", v);
+    if (find(m, "val_loss_ema", v)) line += " | val_loss_ema " + fmt("%.4f", v);
     return line;
   }
   line = "step " + std::to_string(m.step) + "/" + std::to_string(total_steps);
@@ -52,6 +53,8 @@ std::string format_metrics_line(const trainer::MetricsEvent& m, int64_t total_st
   if (find(m, "aux_loss", v)) line += " | aux " + fmt("%.4f", v);
   if (find(m, "grad_norm", v)) line += " | grad_norm " + fmt("%.3f", v);
   if (find(m, "lr", v)) line += " | lr " + fmt("%.2e", v);
+  // The scale only matters when scaling is on (it is 1 otherwise).
+  if (find(m, "loss_scale", v) && v != 1.0) line += " | scale " + fmt("%.0f", v);
   if (find(m, "tokens_per_s", v)) line += " | " + format_count(v) + " tok/s";
   line += " | " + format_duration(m.wall_s);
   return line;
