@@ -129,7 +129,8 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& u, const Positions
   const int64_t B = u.size(0), T = u.size(1);
   if (p.varlen() && B > 1) {
     // Packed rows never share a document piece, so the batch is one long packed row to the core.
-    Positions flat{p.pos.reshape({1, B * T}), p.cu_seqlens, p.max_seqlen};
+    Positions flat = p;
+    flat.pos = p.pos.reshape({1, B * T});
     return forward(u.reshape({1, B * T, d_}), flat).view({B, T, d_});
   }
   const auto ft = float_dtype(u);

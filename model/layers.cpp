@@ -166,7 +166,10 @@ Positions packed_positions(const torch::Tensor& cu_seqlens, int64_t N, torch::De
   }
   auto ids = document_ids(cu, N, torch::kCPU);
   auto pos = torch::arange(N, torch::kInt64) - cu.index({ids});
-  return {pos.unsqueeze(0).to(device), cu, max_len};
+  Positions p{pos.unsqueeze(0).to(device), cu, max_len};
+  p.cu_seqlens_device = cu.to(torch::TensorOptions().dtype(torch::kInt32).device(device));
+  p.doc_ids = ids.to(device);
+  return p;
 }
 
 Positions packed_positions(const torch::Tensor& cu_seqlens, int64_t B, int64_t T, torch::Device device) {
@@ -183,6 +186,8 @@ Positions packed_positions(const torch::Tensor& cu_seqlens, int64_t B, int64_t T
     }
   }
   p.pos = p.pos.view({B, T}).to(device);
+  p.cu_seqlens_device = p.cu_seqlens_device.to(device);
+  p.doc_ids = p.doc_ids.to(device);
   return p;
 }
 
@@ -214,7 +219,9 @@ torch::Tensor causal_attention_flash_varlen(const torch::Tensor& q, const torch:
     }
     return t.transpose(1, 2).reshape({B * T, t.size(1), t.size(3)});
   };
-  auto cu = p.cu_seqlens.to(torch::TensorOptions().dtype(torch::kInt32).device(q.device()));
+  auto cu = p.cu_seqlens_device.defined()
+                ? p.cu_seqlens_device
+                : p.cu_seqlens.to(torch::TensorOptions().dtype(torch::kInt32).device(q.device()));
   auto out = at::_flash_attention_forward(packed(q), packed(k), packed(vp), cu, cu, p.max_seqlen, p.max_seqlen,
                                           /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false, scale);
   return std::get<0>(out).view({B, T, q.size(1), vp.size(3)}).transpose(1, 2);  // [B,H,T,D]
@@ -228,7 +235,7 @@ torch::Tensor causal_attention_masked(const torch::Tensor& q, const torch::Tenso
   const int64_t B = q.size(0), T = q.size(2);
   // Pieces never cross rows, so each row gets its own block-diagonal causal mask [B,1,T,T]:
   // same document and not in the future. O(T²) memory per row, the reference.
-  auto doc = document_ids(p.cu_seqlens, B * T, q.device()).view({B, T});
+  auto doc = (p.doc_ids.defined() ? p.doc_ids : document_ids(p.cu_seqlens, B * T, q.device())).view({B, T});
   auto idx = torch::arange(T, torch::TensorOptions().dtype(torch::kInt64).device(q.device()));
   auto mask = (doc.unsqueeze(2) == doc.unsqueeze(1)) & (idx.view({1, T, 1}) >= idx.view({1, 1, T}));
   auto o = at::scaled_dot_product_attention(q, k, pad_values(v, dqk), mask.unsqueeze(1), 0.0,

@@ -65,6 +65,9 @@ struct Positions {
   torch::Tensor pos;         // [B,T] int64
   torch::Tensor cu_seqlens;  // [n_docs+1] int64 on the CPU, or undefined (dense)
   int64_t max_seqlen = 0;    // longest document (varlen only)
+  // Built once per batch by packed_positions so the attention layers don't each redo them:
+  torch::Tensor cu_seqlens_device;  // [n_docs+1] int32 on the batch's device (flash varlen)
+  torch::Tensor doc_ids;            // [B*T] int64 on the batch's device (block-diagonal masks)
   bool varlen() const { return cu_seqlens.defined(); }
 };
 // Positions of a dense [B,T] batch on `device`.
