@@ -5,6 +5,7 @@
 
 #include "app/bench_command.h"
 #include "app/build_info.h"
+#include "app/export_command.h"
 #include "app/model_command.h"
 #include "app/runs_command.h"
 #include "app/sample_command.h"
@@ -23,6 +24,10 @@ int main(int argc, char** argv) {
   train_cmd->add_option("-s,--set", train.overrides, "Override a config key: section.key=value (repeatable)")
       ->allow_extra_args(false);
   train_cmd->add_option("--runs-dir", train.runs_dir, "Folder of the run database and checkpoints (default: run.runs_dir, \"runs\")");
+  train_cmd->add_option("--resume", train.resume,
+                        "Continue a run (id, name, unique prefix or \"latest\") from its newest complete checkpoint, "
+                        "appending to the same run")
+      ->excludes("--config");
   train_cmd->add_flag("--no-gui", train.no_gui, "Run headless with plain log lines (the only mode of this build)");
 
   std::string runs_dir = "runs";
@@ -93,6 +98,14 @@ int main(int argc, char** argv) {
   tok_train_cmd->add_option("--out", tok_train.out, "The .model file to write")->required();
   tok_train_cmd->add_option("--model-type", tok_train.model_type, "bpe | unigram")->capture_default_str();
 
+  app::ExportArgs export_args;
+  auto* export_cmd = cli.add_subcommand("export", "Write a run's checkpoint as model.safetensors + config.json");
+  export_cmd->add_option("run", export_args.run, "Run id, name or unique name prefix")->required();
+  export_cmd->add_option("--step", export_args.step, "Checkpoint step (default: the newest)");
+  export_cmd->add_option("--out", export_args.out, "Folder to write (created)")->required();
+  export_cmd->add_flag("--ema", export_args.ema, "Export the EMA weights instead of the live ones");
+  export_cmd->add_option("--runs-dir", export_args.runs_dir, "Folder of the run database")->capture_default_str();
+
   try {
     cli.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -107,6 +120,7 @@ int main(int argc, char** argv) {
     if (*bench_model_cmd) return app::bench_model(bench);
     if (*tok_train_cmd) return app::tokenizer_train(tok_train);
     if (*bench_data_cmd) return app::bench_data(bench_data);
+    if (*export_cmd) return app::run_export(export_args);
   } catch (const std::exception& e) {
     std::cerr << "deltadeck: " << e.what() << "\n";
     return 1;

@@ -3,8 +3,10 @@
 // and one plain line per logged step to stdout.
 #include "app/train_command.h"
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -15,6 +17,7 @@
 #include "storage/file_util.h"
 #include "storage/metrics_writer.h"
 #include "storage/run_store.h"
+#include "trainer/checkpoint.h"
 #include "trainer/config.h"
 #include "trainer/session.h"
 #include "ui/log/log_line.h"
@@ -50,9 +53,19 @@ void print_config_table(const std::string& toml_text) {
   std::cout << std::flush;
 }
 
-}  // namespace
 
-int run_train(const TrainArgs& args) {
+// What the event loop needs, from a new run or a resumed one.
+struct PreparedRun {
+  trainer::RunConfig cfg;
+  std::unique_ptr<storage::RunStore> store;
+  std::string db_path;
+  int64_t run_id = 0;
+  std::string run_dir;
+  std::string resume_from;  // checkpoint directory; empty = fresh start
+};
+
+// A new run from --config (or the demo config) and --set. Returns the exit code on failure.
+int prepare_new_run(const TrainArgs& args, PreparedRun& out) {
   trainer::ConfigResult parsed =
       args.config_path.empty()
           ? trainer::parse_config(DEMO_CONFIG_TOML, "<embedded demo config>", args.overrides)
@@ -69,15 +82,8 @@ int run_train(const TrainArgs& args) {
     print_errors(where, unresolved);
     return 2;
   }
-
-  const std::string db_path = cfg.run.runs_dir + "/deltadeck.db";
-  std::unique_ptr<storage::RunStore> store;
-  try {
-    store = storage::RunStore::open(db_path);
-  } catch (const std::exception& e) {
-    std::cerr << "deltadeck: " << e.what() << "\n";
-    return 1;
-  }
+  out.db_path = cfg.run.runs_dir + "/deltadeck.db";
+  out.store = storage::RunStore::open(out.db_path);
   storage::NewRun nr;
   nr.name = cfg.name;
   nr.model = std::string(model::family_name(cfg.model.family)) + "/" + cfg.model.preset;
@@ -86,18 +92,105 @@ int run_train(const TrainArgs& args) {
   nr.params = model::count_params(cfg.model);
   nr.world_size = 1;
   nr.revision = REVISION;
-  const int64_t run_id = store->create_run(nr);
+  out.run_id = out.store->create_run(nr);
+  out.run_dir = cfg.run.runs_dir + "/" + out.store->run(out.run_id)->name;
+  storage::files::make_dirs(out.run_dir);
+  out.cfg = std::move(cfg);
+  return 0;
+}
+
+// --resume RUN|latest: the run's recorded config (plus --set), its newest complete checkpoint, and
+// the same run record, reopened; metric rows after the checkpoint's step are recomputed, so the
+// interrupted attempt's rows are replaced.
+int prepare_resume(const TrainArgs& args, PreparedRun& out) {
+  if (!args.config_path.empty()) {
+    std::cerr << "deltadeck: --resume continues with the run's recorded config; change keys with --set, not "
+                 "--config\n";
+    return 2;
+  }
+  const std::string runs_dir = args.runs_dir.empty() ? "runs" : args.runs_dir;
+  out.db_path = runs_dir + "/deltadeck.db";
+  if (!storage::files::exists(out.db_path)) {
+    std::cerr << "deltadeck: --resume " << args.resume << ": no run database at " << out.db_path
+              << " (pass --runs-dir)\n";
+    return 2;
+  }
+  out.store = storage::RunStore::open(out.db_path);
+  storage::RunSummary run;
+  if (args.resume == "latest") {
+    auto runs = out.store->list_runs();
+    if (runs.empty()) {
+      std::cerr << "deltadeck: --resume latest: " << out.db_path << " records no runs\n";
+      return 2;
+    }
+    run = *std::max_element(runs.begin(), runs.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+  } else {
+    run = out.store->find_run(args.resume);
+  }
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  if (run.status == "running" && run.pid != 0 && run.host == host && kill(static_cast<pid_t>(run.pid), 0) == 0) {
+    std::cerr << "deltadeck: --resume: run '" << run.name << "' is still running (pid " << run.pid << ")\n";
+    return 2;
+  }
+  out.run_id = run.id;
+  out.run_dir = runs_dir + "/" + run.name;
+  const std::string where = "run '" + run.name + "' (id " + std::to_string(run.id) + ") config";
+  trainer::ConfigResult parsed = trainer::parse_config(out.store->run_config_toml(run.id), where, args.overrides);
+  if (!parsed.ok()) {
+    print_errors(where, parsed.errors);
+    return 2;
+  }
+  trainer::RunConfig cfg = parsed.config;
+  cfg.run.runs_dir = runs_dir;
+  auto unresolved = trainer::resolve_config(cfg);
+  if (!unresolved.empty()) {
+    print_errors(where, unresolved);
+    return 2;
+  }
+  try {
+    out.resume_from = trainer::find_checkpoint(out.run_dir);
+  } catch (const std::exception& e) {
+    std::cerr << "deltadeck: --resume " << args.resume << ": run '" << run.name << "': " << e.what() << "\n";
+    return 2;
+  }
+  const int64_t step = std::stoll(out.resume_from.substr(out.resume_from.rfind("step_") + 5));
+  out.store->reopen_run(run.id);
+  const int64_t dropped = out.store->remove_metrics_after(run.id, step);
+  out.store->add_event({run.id, step, "info",
+                        "resumed from " + out.resume_from + " (" + std::to_string(dropped) +
+                            " metric rows after step " + std::to_string(step) + " replaced by the resumed run)",
+                        ""});
+  out.cfg = std::move(cfg);
+  return 0;
+}
+
+}  // namespace
+
+int run_train(const TrainArgs& args) {
+  PreparedRun prep;
+  try {
+    const int rc = args.resume.empty() ? prepare_new_run(args, prep) : prepare_resume(args, prep);
+    if (rc != 0) return rc;
+  } catch (const std::exception& e) {
+    std::cerr << "deltadeck: " << e.what() << "\n";
+    return 1;
+  }
+  const trainer::RunConfig& cfg = prep.cfg;
+  storage::RunStore* store = prep.store.get();
+  const std::string& db_path = prep.db_path;
+  const int64_t run_id = prep.run_id;
+  const std::string& run_dir = prep.run_dir;
   const storage::RunSummary rec = *store->run(run_id);
-  const std::string run_dir = cfg.run.runs_dir + "/" + rec.name;
-  storage::files::make_dirs(run_dir);
 
   std::cout << "deltadeck " << VERSION << " (" << REVISION << "): run '" << rec.name << "' (id " << run_id << "), "
-            << nr.model << ", " << ui::format_count(static_cast<double>(nr.params)) << " parameters\n"
+            << rec.model << ", " << ui::format_count(static_cast<double>(rec.params)) << " parameters\n"
             << "database " << db_path << ", checkpoints " << run_dir << "/checkpoints\n";
-  print_config_table(nr.config_toml);
+  if (!prep.resume_from.empty()) std::cout << "resuming from " << prep.resume_from << "\n";
+  print_config_table(trainer::to_toml(cfg));
 
   storage::MetricsWriter writer(db_path);
-  trainer::Session session(cfg, trainer::SessionOptions{run_dir, ""});
+  trainer::Session session(cfg, trainer::SessionOptions{run_dir, prep.resume_from});
   install_stop_signals();
   session.start();
 
@@ -121,7 +214,8 @@ int run_train(const TrainArgs& args) {
       std::vector<storage::MetricRow> rows;
       for (const auto& [k, v] : m->values) rows.push_back({run_id, {m->step, m->tokens, m->wall_s, k, v}});
       writer.push(rows);
-      std::cout << ui::format_metrics_line(*m, cfg.train.steps) << "\n" << std::flush;
+      const std::string line = ui::format_metrics_line(*m, cfg.train.steps);
+      if (!line.empty()) std::cout << line << "\n" << std::flush;
     } else if (auto* c = std::get_if<trainer::CheckpointEvent>(&*ev)) {
       store->add_checkpoint({run_id, c->step, c->path, c->bytes, c->sha256, ""});
       // Checkpoints pruned by the worker disappear from disk; drop their records too.

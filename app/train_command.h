@@ -1,5 +1,5 @@
-// `deltadeck train`: config -> validation -> run record -> session -> events to the database and
-// the terminal, until the run ends.
+// `deltadeck train`: config -> validation -> run record (new, or reopened by --resume) -> session ->
+// events to the database and the terminal, until the run ends.
 #pragma once
 
 #include <string>
@@ -10,7 +10,8 @@ namespace app {
 struct TrainArgs {
   std::string config_path;            // empty: the embedded demo config
   std::vector<std::string> overrides; // --set section.key=value
-  std::string runs_dir;               // --runs-dir; empty: run.runs_dir of the config
+  std::string runs_dir;               // --runs-dir; empty: run.runs_dir of the config ("runs" with --resume)
+  std::string resume;                 // --resume RUN|latest: continue that run from its newest checkpoint
   bool no_gui = false;
 };
 

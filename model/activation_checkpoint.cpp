@@ -5,14 +5,49 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+#include "model/linear.h"
+
 namespace model {
 
 namespace {
 
+// The precision settings a forward ran under: autocast per device type and the FP8 linear mode.
+// The backward runs on the autograd engine's threads, so the recompute re-applies them.
+struct PrecisionState {
+  bool cuda_on = false, cpu_on = false, fp8 = false;
+  at::ScalarType cuda_dtype = at::kBFloat16, cpu_dtype = at::kBFloat16;
+
+  static PrecisionState current() {
+    PrecisionState s;
+    s.cuda_on = at::autocast::is_autocast_enabled(at::kCUDA);
+    s.cuda_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+    s.cpu_on = at::autocast::is_autocast_enabled(at::kCPU);
+    s.cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
+    s.fp8 = Fp8Scope::active();
+    return s;
+  }
+  void apply() const {
+    at::autocast::set_autocast_enabled(at::kCUDA, cuda_on);
+    at::autocast::set_autocast_dtype(at::kCUDA, cuda_dtype);
+    at::autocast::set_autocast_enabled(at::kCPU, cpu_on);
+    at::autocast::set_autocast_dtype(at::kCPU, cpu_dtype);
+  }
+};
+
+// Applies a PrecisionState for a scope and restores the previous one, also on exceptions.
+class PrecisionGuard {
+ public:
+  explicit PrecisionGuard(const PrecisionState& s) : saved_(PrecisionState::current()), fp8_(s.fp8) { s.apply(); }
+  ~PrecisionGuard() { saved_.apply(); }
+
+ private:
+  PrecisionState saved_;
+  Fp8Scope fp8_;
+};
+
 struct FnHolder : torch::CustomClassHolder {
   CheckpointedFn fn;
-  bool autocast_on = false;
-  at::ScalarType autocast_dtype = at::kBFloat16;
+  PrecisionState precision;
 };
 
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
@@ -32,20 +67,9 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     std::vector<torch::Tensor> outs;
     {
       torch::AutoGradMode grad_on(true);
-      // Recompute under the autocast state of the original forward so the graph matches it.
-      const bool was_on = at::autocast::is_autocast_enabled(at::kCUDA);
-      const auto was_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
-      at::autocast::set_autocast_enabled(at::kCUDA, holder->autocast_on);
-      at::autocast::set_autocast_dtype(at::kCUDA, holder->autocast_dtype);
-      try {
-        outs = holder->fn(x);
-      } catch (...) {
-        at::autocast::set_autocast_enabled(at::kCUDA, was_on);
-        at::autocast::set_autocast_dtype(at::kCUDA, was_dtype);
-        throw;
-      }
-      at::autocast::set_autocast_enabled(at::kCUDA, was_on);
-      at::autocast::set_autocast_dtype(at::kCUDA, was_dtype);
+      // Recompute under the precision of the original forward so the graph matches it.
+      PrecisionGuard precision(holder->precision);
+      outs = holder->fn(x);
     }
     std::vector<torch::Tensor> roots, root_grads;
     for (size_t i = 0; i < outs.size() && i < grads.size(); ++i) {
@@ -65,8 +89,7 @@ std::vector<torch::Tensor> run_checkpointed(const CheckpointedFn& fn, const torc
   if (!torch::GradMode::is_enabled() || !x.requires_grad()) return fn(x);
   auto holder = c10::make_intrusive<FnHolder>();
   holder->fn = fn;
-  holder->autocast_on = at::autocast::is_autocast_enabled(at::kCUDA);
-  holder->autocast_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+  holder->precision = PrecisionState::current();
   return CheckpointFunction::apply(x, holder);
 }
 

@@ -71,7 +71,7 @@ GatedDeltaNetImpl::GatedDeltaNetImpl(const ModelConfig& c)
       neg_eig_(c.gdn_neg_eig), scale_(1.0 / std::sqrt(static_cast<double>(c.gdn_dk))) {
   TORCH_CHECK(H_ > 0 && dk_ > 0 && dv_ > 0 && W_ > 0 && chunk_ > 0, "gdn: sizes must be positive");
   const int64_t Kg = H_ * dk_, Vg = H_ * dv_;
-  auto lin = [](int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)); };
+  auto lin = [](int64_t in, int64_t out) { return Linear(in, out); };
   wq = register_module("wq", lin(d_, Kg));
   wk = register_module("wk", lin(d_, Kg));
   wv = register_module("wv", lin(d_, Vg));

@@ -6,9 +6,9 @@
 #pragma once
 
 #include <torch/nn/module.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/types.h>
 
+#include "model/linear.h"
 #include "model/layers.h"
 #include "model/model_config.h"
 
@@ -40,10 +40,10 @@ class GatedDeltaNetImpl : public torch::nn::Module {
   // Route forward through gdr_forward_ref instead of the chunked core (tests, benchmarks).
   bool use_reference = false;
 
-  torch::nn::Linear wq{nullptr}, wk{nullptr};  // [Kg,d]
-  torch::nn::Linear wv{nullptr}, wg{nullptr};  // [Vg,d]
-  torch::nn::Linear wa{nullptr}, wb{nullptr};  // [H,d]
-  torch::nn::Linear wo{nullptr};               // [d,Vg]
+  Linear wq{nullptr}, wk{nullptr};  // [Kg,d]
+  Linear wv{nullptr}, wg{nullptr};  // [Vg,d]
+  Linear wa{nullptr}, wb{nullptr};  // [H,d]
+  Linear wo{nullptr};               // [d,Vg]
   torch::Tensor A_log;    // [H]
   torch::Tensor dt_bias;  // [H]
   torch::Tensor conv_q;   // [Kg,W]

@@ -10,12 +10,16 @@
 
 namespace model {
 
-AutocastOff::AutocastOff() : was_enabled_(at::autocast::is_autocast_enabled(at::kCUDA)) {
+AutocastOff::AutocastOff()
+    : was_enabled_(at::autocast::is_autocast_enabled(at::kCUDA)),
+      was_enabled_cpu_(at::autocast::is_autocast_enabled(at::kCPU)) {
   if (was_enabled_) at::autocast::set_autocast_enabled(at::kCUDA, false);
+  if (was_enabled_cpu_) at::autocast::set_autocast_enabled(at::kCPU, false);
 }
 
 AutocastOff::~AutocastOff() {
   if (was_enabled_) at::autocast::set_autocast_enabled(at::kCUDA, true);
+  if (was_enabled_cpu_) at::autocast::set_autocast_enabled(at::kCPU, true);
 }
 
 RMSNormImpl::RMSNormImpl(int64_t dim, bool affine, double eps) : eps_(eps) {
@@ -65,9 +69,9 @@ torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& pos, const
 }
 
 SwiGLUImpl::SwiGLUImpl(int64_t d, int64_t hidden) {
-  gate = register_module("gate", torch::nn::Linear(torch::nn::LinearOptions(d, hidden).bias(false)));
-  up = register_module("up", torch::nn::Linear(torch::nn::LinearOptions(d, hidden).bias(false)));
-  down = register_module("down", torch::nn::Linear(torch::nn::LinearOptions(hidden, d).bias(false)));
+  gate = register_module("gate", Linear(d, hidden));
+  up = register_module("up", Linear(d, hidden));
+  down = register_module("down", Linear(hidden, d));
 }
 
 torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
@@ -88,7 +92,7 @@ AttentionImpl::AttentionImpl(const ModelConfig& c)
   rope_.cos = register_buffer("rope_cos", rope_.cos);
   rope_.sin = register_buffer("rope_sin", rope_.sin);
   auto lin = [&](int64_t in, int64_t out) {
-    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+    return Linear(in, out);
   };
   wq = register_module("wq", lin(c.d, nh_ * dh_));
   wk = register_module("wk", lin(c.d, nkv_ * dh_));
@@ -143,7 +147,10 @@ torch::Tensor AttentionImpl::step(const torch::Tensor& u, MixerCache& cache) {
 
 Positions dense_positions(int64_t B, int64_t T, torch::Device device) {
   auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kInt64).device(device));
-  return {pos.unsqueeze(0).expand({B, T}), {}, T};
+  Positions p;
+  p.pos = pos.unsqueeze(0).expand({B, T});
+  p.max_seqlen = T;
+  return p;
 }
 
 torch::Tensor document_ids(const torch::Tensor& cu_seqlens, int64_t N, torch::Device device) {
@@ -166,7 +173,10 @@ Positions packed_positions(const torch::Tensor& cu_seqlens, int64_t N, torch::De
   }
   auto ids = document_ids(cu, N, torch::kCPU);
   auto pos = torch::arange(N, torch::kInt64) - cu.index({ids});
-  Positions p{pos.unsqueeze(0).to(device), cu, max_len};
+  Positions p;
+  p.pos = pos.unsqueeze(0).to(device);
+  p.cu_seqlens = cu;
+  p.max_seqlen = max_len;
   p.cu_seqlens_device = cu.to(torch::TensorOptions().dtype(torch::kInt32).device(device));
   p.doc_ids = ids.to(device);
   return p;

@@ -4,14 +4,14 @@
 #pragma once
 
 #include <torch/nn/module.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/types.h>
 
+#include "model/linear.h"
 #include "model/model_config.h"
 
 namespace model {
 
-// Turns CUDA autocast off for a scope and restores it after: the parts MODEL.md §0 keeps in fp32
+// Turns autocast (CUDA and CPU) off for a scope and restores it after: the parts MODEL.md §0 keeps in fp32
 // (the gated-delta-rule core, the MoE router) must not have their matmuls cast down to bf16.
 class AutocastOff {
  public:
@@ -22,6 +22,7 @@ class AutocastOff {
 
  private:
   bool was_enabled_;
+  bool was_enabled_cpu_;
 };
 
 // RMSNorm(x; w) = x / sqrt(mean(x²) + eps) ⊙ w, computed in fp32, returned in x's dtype.
@@ -55,7 +56,7 @@ class SwiGLUImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);  // x [..., d]
   // MODEL.md §7: gate/up N(0, std0); down is a residual-output projection, N(0, std_out).
   void reset_parameters(double std0, double std_out);
-  torch::nn::Linear gate{nullptr}, up{nullptr}, down{nullptr};
+  Linear gate{nullptr}, up{nullptr}, down{nullptr};
 };
 TORCH_MODULE(SwiGLU);
 
@@ -112,7 +113,7 @@ class AttentionImpl : public torch::nn::Module {
   torch::Tensor step(const torch::Tensor& u, MixerCache& cache);
   // MODEL.md §7: wq/wk/wv N(0, std0), wo N(0, std_out).
   void reset_parameters(double std0, double std_out);
-  torch::nn::Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
+  Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
  private:
   int64_t nh_, nkv_, dh_;
   bool qk_norm_;

@@ -16,8 +16,8 @@ torch::Tensor as_dtype(const torch::Tensor& t, torch::ScalarType s) {
   return t.scalar_type() == s ? t : t.to(s);
 }
 
-torch::nn::Linear linear(int64_t in, int64_t out) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+Linear linear(int64_t in, int64_t out) {
+  return Linear(in, out);
 }
 
 }  // namespace

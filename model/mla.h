@@ -5,9 +5,9 @@
 #pragma once
 
 #include <torch/nn/module.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/types.h>
 
+#include "model/linear.h"
 #include "model/layers.h"
 #include "model/model_config.h"
 
@@ -40,11 +40,11 @@ class MLAImpl : public torch::nn::Module {
   int64_t heads() const { return nh_; }
   int64_t qk_dim() const { return dn_ + dr_; }
 
-  torch::nn::Linear wq_a{nullptr}, wq_b{nullptr};  // [rq,d], [nh·dqk,rq] when rq > 0
-  torch::nn::Linear wq{nullptr};                    // [nh·dqk,d] when rq == 0
-  torch::nn::Linear wkv_a{nullptr};                 // [rkv+dr,d]: rows [0,rkv) W^DKV, [rkv,rkv+dr) W^KR
-  torch::nn::Linear wkv_b{nullptr};                 // [nh·(dn+dva),rkv]: per head [k rows | v rows]
-  torch::nn::Linear wo{nullptr};                    // [d,nh·dva]
+  Linear wq_a{nullptr}, wq_b{nullptr};  // [rq,d], [nh·dqk,rq] when rq > 0
+  Linear wq{nullptr};                    // [nh·dqk,d] when rq == 0
+  Linear wkv_a{nullptr};                 // [rkv+dr,d]: rows [0,rkv) W^DKV, [rkv,rkv+dr) W^KR
+  Linear wkv_b{nullptr};                 // [nh·(dn+dva),rkv]: per head [k rows | v rows]
+  Linear wo{nullptr};                    // [d,nh·dva]
   RMSNorm q_norm{nullptr};                          // [rq] when rq > 0
   RMSNorm kv_norm{nullptr};                         // [rkv]
 

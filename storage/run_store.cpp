@@ -393,6 +393,12 @@ void RunStore::remove_checkpoint(int64_t run_id, int64_t step) {
   s.bind(1, run_id).bind(2, step).run();
 }
 
+int64_t RunStore::remove_metrics_after(int64_t run_id, int64_t step) {
+  Stmt s(db_, path_, "DELETE FROM metrics WHERE run_id = ?1 AND step > ?2");
+  s.bind(1, run_id).bind(2, step).run();
+  return sqlite3_changes(db_);
+}
+
 void RunStore::add_event(const EventRecord& e) {
   Stmt s(db_, path_,
          "INSERT INTO events(run_id, step, level, text, created_at) VALUES(?1, ?2, ?3, ?4, ?5)");

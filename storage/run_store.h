@@ -45,6 +45,9 @@ class RunStore {
   void insert_metrics(const std::vector<MetricRow>& rows);
   void add_checkpoint(const CheckpointRecord& c);
   void remove_checkpoint(int64_t run_id, int64_t step);
+  // Deletes the metric rows after `step` (a resume from the checkpoint of that step recomputes
+  // them); returns how many were deleted.
+  int64_t remove_metrics_after(int64_t run_id, int64_t step);
   void add_event(const EventRecord& e);
 
   std::vector<RunSummary> list_runs() const;

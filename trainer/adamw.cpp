@@ -15,11 +15,21 @@ AdamW::AdamW(std::vector<std::pair<std::string, at::Tensor>> named_params, std::
     exp_avg_.push_back(torch::zeros_like(p, torch::MemoryFormat::Preserve));
     exp_avg_sq_.push_back(torch::zeros_like(p, torch::MemoryFormat::Preserve));
   }
+  fused_ = !params_.empty() && params_.front().second.is_cuda();
+  if (fused_) {
+    for (const auto& [name, p] : params_) {
+      if (!p.is_cuda() || p.scalar_type() != at::kFloat || p.device() != params_.front().second.device())
+        throw std::invalid_argument("AdamW: parameter '" + name + "' is not fp32 on " +
+                                    params_.front().second.device().str() + " like the others");
+      step_counts_.push_back(torch::zeros({}, p.options()));
+    }
+  }
 }
 
 void AdamW::step(double lr) {
   torch::NoGradGuard no_grad;
   ++steps_;
+  if (fused_) return fused_step(lr);
   const double bc1 = 1.0 - std::pow(opt_.beta1, static_cast<double>(steps_));
   const double bc2 = 1.0 - std::pow(opt_.beta2, static_cast<double>(steps_));
   const double step_size = lr / bc1;
@@ -34,6 +44,27 @@ void AdamW::step(double lr) {
     exp_avg_sq_[i].mul_(opt_.beta2).addcmul_(g, g, 1.0 - opt_.beta2);
     auto denom = (exp_avg_sq_[i].sqrt() / bc2_sqrt).add_(opt_.eps);
     p.addcdiv_(exp_avg_[i], denom, -step_size);
+  }
+}
+
+// torch.optim.AdamW(fused=True): one multi-tensor kernel per weight-decay group. The kernel reads
+// the per-tensor step counts (bias correction) after we advance them.
+void AdamW::fused_step(double lr) {
+  for (bool with_decay : {true, false}) {
+    std::vector<at::Tensor> p, g, m, v, steps;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const auto& grad = params_[i].second.grad();
+      if (decay_[i] != with_decay || !grad.defined()) continue;
+      p.push_back(params_[i].second);
+      g.push_back(grad);
+      m.push_back(exp_avg_[i]);
+      v.push_back(exp_avg_sq_[i]);
+      steps.push_back(step_counts_[i]);
+    }
+    if (p.empty()) continue;
+    at::_foreach_add_(steps, 1.0);
+    at::_fused_adamw_(p, g, m, v, {}, steps, lr, opt_.beta1, opt_.beta2, with_decay ? opt_.weight_decay : 0.0,
+                      opt_.eps, /*amsgrad=*/false, /*maximize=*/false);
   }
 }
 
@@ -69,6 +100,7 @@ void AdamW::load_state(const std::vector<std::pair<std::string, at::Tensor>>& te
     }
   }
   steps_ = steps;
+  for (auto& c : step_counts_) c.fill_(static_cast<double>(steps));
 }
 
 }  // namespace trainer

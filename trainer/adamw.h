@@ -1,5 +1,7 @@
 // AdamW with decoupled weight decay, written out so its state is plain named tensors that
 // checkpoints save and restore exactly (same update as torch.optim.AdamW, tested against it).
+// On CUDA the update is ATen's fused multi-tensor kernel (torch.optim.AdamW(fused=True)); the
+// written-out single-tensor path is its reference.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -33,7 +35,11 @@ class AdamW {
  private:
   std::vector<std::pair<std::string, at::Tensor>> params_;
   std::vector<bool> decay_;
+  void fused_step(double lr);
+
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
+  bool fused_ = false;                 // CUDA parameters: the fused kernel
+  std::vector<at::Tensor> step_counts_;  // fused path: per-parameter step counts on the device
   AdamWOptions opt_;
   int64_t steps_ = 0;
 };

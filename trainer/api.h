@@ -41,7 +41,7 @@ struct TrainConfig {
   // training tokens on, rows are SEQ_LEN long and micro-batches BATCH rows. Empty = one phase of
   // seq_len × batch_size. The first phase must start at 0.
   std::vector<std::string> phases;
-  std::string precision = "fp32";        // fp32 (bf16 | fp16 | fp8 arrive with the engine issue)
+  std::string precision = "fp32";        // fp32 | bf16 | fp16 (autocast) | fp8 (linears in float8, bf16 elsewhere)
   std::string optimizer = "adamw";
   double lr = 3e-3;
   double lr_final_frac = 0.1;            // cosine decays to lr * lr_final_frac
@@ -49,7 +49,7 @@ struct TrainConfig {
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
-  std::string schedule = "cosine";       // cosine | constant
+  std::string schedule = "cosine";       // cosine | wsd (warmup, hold, linear decay over the last 20%) | constant
   int64_t warmup_steps = 100;
   double grad_clip = 1.0;                // 0 turns clipping off
   double ema_decay = 0.0;
@@ -58,11 +58,15 @@ struct TrainConfig {
   double loss_scale_init = 65536.0;
   int64_t loss_scale_growth_interval = 2000;
   int64_t eval_batches = 20;             // validation batches per evaluation
+  // μP-style learning rates: when > 0, the hidden matrices (2-D weights inside the blocks) train at
+  // lr × mup_base_width / model.d, so a width tuned at the base width transfers; embeddings,
+  // norms and gates keep lr. 0 = off.
+  int64_t mup_base_width = 0;
 };
 
 // [run]
 struct RunSection {
-  std::string devices = "auto";
+  std::string devices = "auto";          // auto (GPU 0 if any, else CPU) | cpu | N (GPU index) | all
   std::string runs_dir = "runs";
   int64_t log_interval = 10;
   int64_t eval_interval = 200;           // 0: only at the end
@@ -70,6 +74,8 @@ struct RunSection {
   int64_t keep_checkpoints = 3;
   int64_t threads = 0;                   // ATen CPU threads; 0 = every core (the loader's producers
                                          // mostly sleep on a full queue)
+  double peak_tflops = 0;                // the device's peak for MFU; 0 = the known dense peak of the GPU
+                                         // for the precision (bf16, or fp8), none on the CPU
 };
 
 struct RunConfig {

@@ -48,8 +48,10 @@ at::ScalarType torch_dtype(const std::string& d, const std::string& file) {
   throw std::runtime_error(file + ": unsupported dtype " + d);
 }
 
-int64_t write_tensors(const std::string& path, const NamedTensors& tensors,
-                      const std::map<std::string, std::string>& meta) {
+}  // namespace
+
+int64_t write_weights_file(const std::string& path, const NamedTensors& tensors,
+                           const std::map<std::string, std::string>& meta) {
   // Contiguous CPU copies must outlive the views handed to the writer.
   std::vector<at::Tensor> keep;
   std::vector<storage::TensorView> views;
@@ -62,6 +64,8 @@ int64_t write_tensors(const std::string& path, const NamedTensors& tensors,
   }
   return storage::write_safetensors(path, views, meta);
 }
+
+namespace {
 
 NamedTensors read_tensors(const storage::SafetensorsFile& f, const std::string& path) {
   NamedTensors out;
@@ -106,7 +110,7 @@ SavedCheckpoint save_checkpoint(const std::string& root, const CheckpointData& d
        {std::tuple{std::string("model.safetensors"), &data.weights, &weights_meta},
         std::tuple{std::string("state.safetensors"), &data.state, &state_meta}}) {
     const std::string path = tmp_dir + "/" + file;
-    const int64_t bytes = write_tensors(path, *tensors, *meta);  // fsyncs the file
+    const int64_t bytes = write_weights_file(path, *tensors, *meta);  // fsyncs the file
     const std::string sha = storage::sha256_file(path);
     manifest["files"][file] = {{"bytes", bytes}, {"sha256", sha}};
     saved.bytes += bytes;
@@ -209,10 +213,11 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
   return out;
 }
 
-std::vector<int64_t> prune_checkpoints(const std::string& root, int64_t keep) {
+std::vector<int64_t> prune_checkpoints(const std::string& root, int64_t keep, int64_t protected_step) {
   auto all = list_checkpoints(root);
   std::vector<int64_t> removed;
   for (size_t i = 0; i + static_cast<size_t>(std::max<int64_t>(keep, 1)) < all.size(); ++i) {
+    if (all[i].first == protected_step) continue;
     if (files::remove_tree(all[i].second)) removed.push_back(all[i].first);
   }
   return removed;

@@ -40,6 +40,11 @@ struct SavedCheckpoint {
 // and errno on any I/O failure, leaving older checkpoints untouched. Worker thread.
 SavedCheckpoint save_checkpoint(const std::string& root, const CheckpointData& data);
 
+// Writes tensors (any device; copied to the host) as one safetensors file with string metadata;
+// returns its size. Throws std::runtime_error naming the file on I/O failure.
+int64_t write_weights_file(const std::string& path, const NamedTensors& tensors,
+                           const std::map<std::string, std::string>& meta);
+
 // Reads a checkpoint directory after verifying every file's size and sha256 against the manifest.
 // Throws std::runtime_error naming the damaged file and expected vs actual values.
 CheckpointData load_checkpoint(const std::string& dir);
@@ -51,7 +56,8 @@ std::string find_checkpoint(const std::string& path);
 // Complete checkpoint directories under root, oldest step first (".tmp" ones are ignored).
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& root);
 
-// Deletes all but the newest `keep` checkpoints; returns the steps removed.
-std::vector<int64_t> prune_checkpoints(const std::string& root, int64_t keep);
+// Deletes all but the newest `keep` checkpoints and the one of protected_step (the best by
+// validation loss; -1 = none); returns the steps removed.
+std::vector<int64_t> prune_checkpoints(const std::string& root, int64_t keep, int64_t protected_step = -1);
 
 }  // namespace trainer

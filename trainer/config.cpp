@@ -127,6 +127,7 @@ const std::vector<Field>& fields() {
       DD_CONFIG_FIELD("train", "loss_scale_init", train.loss_scale_init),
       DD_CONFIG_FIELD("train", "loss_scale_growth_interval", train.loss_scale_growth_interval),
       DD_CONFIG_FIELD("train", "eval_batches", train.eval_batches),
+      DD_CONFIG_FIELD("train", "mup_base_width", train.mup_base_width),
 
       DD_CONFIG_FIELD("run", "devices", run.devices),
       DD_CONFIG_FIELD("run", "runs_dir", run.runs_dir),
@@ -135,6 +136,7 @@ const std::vector<Field>& fields() {
       DD_CONFIG_FIELD("run", "save_interval", run.save_interval),
       DD_CONFIG_FIELD("run", "keep_checkpoints", run.keep_checkpoints),
       DD_CONFIG_FIELD("run", "threads", run.threads),
+      DD_CONFIG_FIELD("run", "peak_tflops", run.peak_tflops),
   };
   return all;
 }
@@ -716,6 +718,7 @@ std::vector<std::string> validate(const RunConfig& c) {
   k.non_negative("train.grad_clip", t.grad_clip);
   k.unit_open("train.ema_decay", t.ema_decay);
   k.at_least("train.eval_batches", t.eval_batches, 1);
+  k.at_least("train.mup_base_width", t.mup_base_width, 0);
 
   const RunSection& r = c.run;
   check_devices(k, r.devices);
@@ -727,6 +730,7 @@ std::vector<std::string> validate(const RunConfig& c) {
     k.fail("run.log_interval", "must be >= 1 when run.eval_interval or run.save_interval is set (got 0)");
   k.at_least("run.keep_checkpoints", r.keep_checkpoints, 1);
   k.at_least("run.threads", r.threads, 0);
+  k.non_negative("run.peak_tflops", r.peak_tflops);
   return k.out;
 }
 

@@ -1,10 +1,15 @@
 // Session: the run's thread lifecycle, and resolve_config (what this build can run).
 #include "trainer/session.h"
 
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "trainer/data/source.h"
+#include "trainer/device.h"
 #include "trainer/data/tokenizer.h"
+#include "trainer/telemetry.h"
 #include "trainer/train_loop.h"
 
 namespace trainer {
@@ -42,10 +47,7 @@ std::vector<std::string> resolve_config(RunConfig& cfg) {
   } catch (const std::exception& e) {
     errors.push_back(e.what());
   }
-  if (cfg.train.precision != "fp32")
-    errors.push_back("train.precision: \"" + cfg.train.precision + "\" is not available in this build yet (use \"fp32\")");
-  if (cfg.run.devices != "auto" && cfg.run.devices != "cpu")
-    errors.push_back("run.devices: \"" + cfg.run.devices + "\" is not available in this build yet (use \"auto\" or \"cpu\")");
+  for (auto& e : check_device(cfg)) errors.push_back(std::move(e));
   if (!errors.empty() || !tok) return errors;
   // Open (index and check) every source now, so bad data stops the run before anything is
   // written: wrong magic, truncation, token ids >= vocab, invalid UTF-8... The loader indexes them
@@ -66,6 +68,33 @@ struct Session::Impl {
   Channel<Event> events{4096};
   Channel<Command> commands{64};
   std::thread worker;
+  RunProgress progress;
+  // GPU telemetry: once a second while the worker runs (only where NVML loads).
+  std::thread telemetry;
+  std::mutex telemetry_mu;
+  std::condition_variable telemetry_cv;
+  bool worker_done = false;
+
+  void telemetry_loop(std::unique_ptr<Telemetry> nvml) {
+    std::unique_lock<std::mutex> lk(telemetry_mu);
+    while (!telemetry_cv.wait_for(lk, std::chrono::seconds(1), [&] { return worker_done; })) {
+      MetricsEvent m{progress.step.load(), progress.tokens.load(), progress.wall_s.load(),
+                     Telemetry::as_metrics(nvml->sample())};
+      events.try_push(std::move(m));  // never block the reporting on a slow consumer
+    }
+  }
+  // The worker calls this when it ends; the telemetry thread then exits within its wait.
+  void stop_telemetry_async() {
+    {
+      std::lock_guard<std::mutex> lk(telemetry_mu);
+      worker_done = true;
+    }
+    telemetry_cv.notify_all();
+  }
+  void stop_telemetry() {
+    stop_telemetry_async();
+    if (telemetry.joinable()) telemetry.join();
+  }
 };
 
 Session::Session(RunConfig cfg, SessionOptions opts) : impl_(std::make_unique<Impl>()) {
@@ -81,10 +110,16 @@ Session::~Session() {
     impl_->events.close();
     impl_->worker.join();
   }
+  impl_->stop_telemetry();
 }
 
 void Session::start() {
-  impl_->worker = std::thread([this] { run_training(impl_->cfg, impl_->opts, impl_->events, impl_->commands); });
+  if (auto nvml = Telemetry::open())
+    impl_->telemetry = std::thread([this, n = std::move(nvml)]() mutable { impl_->telemetry_loop(std::move(n)); });
+  impl_->worker = std::thread([this] {
+    run_training(impl_->cfg, impl_->opts, impl_->events, impl_->commands, impl_->progress);
+    impl_->stop_telemetry_async();
+  });
 }
 
 Channel<Event>& Session::events() { return impl_->events; }
@@ -93,6 +128,7 @@ void Session::send(Command c) { impl_->commands.push(c); }
 
 void Session::join() {
   if (impl_->worker.joinable()) impl_->worker.join();
+  impl_->stop_telemetry();
 }
 
 }  // namespace trainer

@@ -1,6 +1,7 @@
 // The step loop, in the order torchtitan's train() reads: load the checkpoint, then while
 // training should continue: poll commands, step, maybe log, maybe evaluate, maybe checkpoint.
-// GPU scalars would be read only on logging steps; on the CPU .item() is free.
+// The run trains on one device (run.devices); batches arrive pinned and are copied asynchronously.
+// Each step reads a few scalars back (loss, the scaler's finiteness check, the grad norm).
 #include "trainer/train_loop.h"
 
 #include <torch/torch.h>
@@ -12,14 +13,17 @@
 #include <thread>
 
 #include "model/decoder_lm.h"
+#include "model/fp8_linear.h"
 #include "trainer/adamw.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
 #include "trainer/data/loader.h"
+#include "trainer/device.h"
 #include "trainer/ema.h"
 #include "trainer/loss_scaler.h"
 #include "trainer/muon.h"
 #include "trainer/lr_schedule.h"
+#include "trainer/precision.h"
 
 namespace trainer {
 
@@ -60,8 +64,9 @@ LossScalerOptions scaler_options(const TrainConfig& t) {
 
 class TrainLoop {
  public:
-  TrainLoop(const RunConfig& cfg, const SessionOptions& opts, Channel<Event>& events, Channel<Command>& commands)
-      : cfg_(cfg), opts_(opts), events_(events), commands_(commands) {}
+  TrainLoop(const RunConfig& cfg, const SessionOptions& opts, Channel<Event>& events, Channel<Command>& commands,
+            RunProgress& progress)
+      : cfg_(cfg), opts_(opts), events_(events), commands_(commands), progress_(progress) {}
 
   void run() {
     const int64_t threads = cfg_.run.threads > 0
@@ -81,23 +86,34 @@ class TrainLoop {
       loader_state = it->second;
     }
     loader_ = std::make_unique<data::Loader>(cfg_, /*rank=*/0, /*world=*/1, loader_state);
+    device_ = training_device(cfg_.run.devices);
     model_ = model::DecoderLM(cfg_.model);
-    std::vector<std::pair<std::string, at::Tensor>> adam_params, muon_params;
-    std::vector<bool> decay;
+    model_->to(device_);
+    // Parameter groups: the hidden matrices go to Muon (optimizer = "muon") or, with μP learning
+    // rates on, to their own AdamW at the scaled lr; everything else to the main AdamW.
+    std::vector<std::pair<std::string, at::Tensor>> adam_params, hidden_params;
+    std::vector<bool> decay, hidden_decay;
     const bool use_muon = cfg_.train.optimizer == "muon";
+    const bool mup = cfg_.train.mup_base_width > 0;
+    hidden_lr_mult_ = mup ? static_cast<double>(cfg_.train.mup_base_width) / static_cast<double>(cfg_.model.d)
+                          : 1.0;
     for (const auto& item : model_->named_parameters()) {
       params_.emplace_back(item.key(), item.value());
-      if (use_muon && for_muon(item.key(), item.value())) {
-        muon_params.emplace_back(item.key(), item.value());
+      if ((use_muon || mup) && for_muon(item.key(), item.value())) {
+        hidden_params.emplace_back(item.key(), item.value());
+        hidden_decay.push_back(true);
       } else {
         adam_params.emplace_back(item.key(), item.value());
         decay.push_back(gets_weight_decay(item.key(), item.value()));
       }
     }
-    opt_ = std::make_unique<AdamW>(adam_params, decay,
-                                   AdamWOptions{cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps,
-                                                cfg_.train.weight_decay});
-    if (use_muon) muon_ = std::make_unique<Muon>(muon_params, MuonOptions{0.95, true, 5, cfg_.train.weight_decay});
+    const AdamWOptions adam_opts{cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps, cfg_.train.weight_decay};
+    opt_ = std::make_unique<AdamW>(adam_params, decay, adam_opts);
+    if (use_muon) {
+      muon_ = std::make_unique<Muon>(hidden_params, MuonOptions{0.95, true, 5, cfg_.train.weight_decay});
+    } else if (mup) {
+      opt_hidden_ = std::make_unique<AdamW>(hidden_params, hidden_decay, adam_opts);
+    }
     scaler_ = std::make_unique<LossScaler>(scaler_options(cfg_.train));
     if (cfg_.train.ema_decay > 0) ema_ = std::make_unique<Ema>(params_, cfg_.train.ema_decay);
     if (!opts_.resume_from.empty()) restore(resume, opts_.resume_from);
@@ -105,7 +121,9 @@ class TrainLoop {
 
     int64_t n_params = 0;
     for (const auto& [n, p] : params_) n_params += p.numel();
-    events_.push(StartedEvent{n_params, cfg_.model.vocab_size, "cpu"});
+    events_.push(StartedEvent{n_params, cfg_.model.vocab_size, describe_device(device_)});
+    peak_tflops_ = cfg_.run.peak_tflops > 0 ? cfg_.run.peak_tflops : known_peak_tflops(device_, cfg_.train.precision);
+    flops_per_token_ = static_cast<double>(model::flops_per_token(cfg_.model));
     const auto& ds = loader_->stats();
     log("info", "data: " + std::to_string(ds.train_documents) + " train documents, " +
                     std::to_string(ds.val_documents) + " validation documents (" + std::to_string(ds.val_tokens) +
@@ -124,6 +142,9 @@ class TrainLoop {
         return;
       }
       const double loss = train_step();
+      progress_.step = step_;
+      progress_.tokens = tokens_;
+      progress_.wall_s = wall();
       const bool last = step_ == total;
       if (cfg_.run.log_interval > 0 && (step_ % cfg_.run.log_interval == 0 || last)) emit_train_metrics(loss);
       if (!std::isfinite(loss) && !scaler_->enabled()) {
@@ -170,7 +191,7 @@ class TrainLoop {
     int64_t pieces = 0, rows = 0, step_tokens = 0;
     for (int64_t micro = 0; micro < cfg_.train.grad_accum; ++micro) {
       data::Batch b = loader_->next(&wait_s);
-      auto parts = model_->loss_parts(b.inputs, b.labels, b.cu_seqlens);
+      auto parts = forward(b);
       auto loss = parts.total / static_cast<double>(cfg_.train.grad_accum);
       scaler_->scale_loss(loss).backward();
       loss_sum += parts.ce.item<double>() / static_cast<double>(cfg_.train.grad_accum);
@@ -194,7 +215,8 @@ class TrainLoop {
       const double max_norm = cfg_.train.grad_clip > 0 ? cfg_.train.grad_clip : INFINITY;
       grad_norm_ = torch::nn::utils::clip_grad_norm_(grads_of, max_norm);
       opt_->step(lr);
-      if (muon_) muon_->step(lr * cfg_.train.muon_lr / cfg_.train.lr);
+      if (opt_hidden_) opt_hidden_->step(lr * hidden_lr_mult_);
+      if (muon_) muon_->step(lr * cfg_.train.muon_lr / cfg_.train.lr * hidden_lr_mult_);
       if (ema_) ema_->update();
     }
     scaler_->update(found_inf);
@@ -204,6 +226,15 @@ class TrainLoop {
     lr_ = lr;
     step_time_s_ = seconds_since(t0);
     return loss_sum;
+  }
+
+  // The loss of one batch on the run's device under train.precision. The cu_seqlens stay on the
+  // host: the model reads them there and copies them to the device once.
+  model::LossParts forward(const data::Batch& b) {
+    auto inputs = b.inputs.to(device_, /*non_blocking=*/true);
+    auto labels = b.labels.to(device_, /*non_blocking=*/true);
+    ForwardPrecision precision(cfg_.train.precision, device_);
+    return model_->loss_parts(inputs, labels, b.cu_seqlens);
   }
 
   double wall() const { return wall_offset_ + seconds_since(t_start_); }
@@ -226,6 +257,16 @@ class TrainLoop {
     m.values.emplace_back("loader_queue", static_cast<double>(loader_->queue_depth()));
     m.values.emplace_back("docs_per_row", docs_per_row_);
     m.values.emplace_back("pad_frac", 0.0);
+    // MFU: model FLOPs (MODEL.md §10) per second over the device's peak for this precision.
+    if (peak_tflops_ > 0) m.values.emplace_back("mfu", tok_s * flops_per_token_ / (peak_tflops_ * 1e12));
+    if (device_.is_cuda()) {
+      const DeviceMemory mem = device_memory(device_, /*reset_peak=*/true);
+      m.values.emplace_back("mem_allocated_gib", mem.allocated_gib);
+      m.values.emplace_back("mem_reserved_gib", mem.reserved_gib);
+      m.values.emplace_back("mem_peak_gib", mem.peak_gib);
+    }
+    if (cfg_.train.precision == "fp8")
+      m.values.emplace_back("fp8_saturations", static_cast<double>(model::take_fp8_saturations(device_)));
     events_.push(std::move(m));
   }
 
@@ -237,7 +278,7 @@ class TrainLoop {
     try {
       for (const auto& b : loader_->validation()) {
         const double rows = static_cast<double>(b.inputs.size(0));
-        sum += rows * model_->loss_parts(b.inputs, b.labels, b.cu_seqlens).ce.item<double>();
+        sum += rows * forward(b).ce.item<double>();
         weight += rows;
       }
     } catch (...) {
@@ -259,6 +300,8 @@ class TrainLoop {
       m.values.emplace_back("val_loss_ema", val_ema);
       m.values.emplace_back("val_ppl_ema", std::exp(val_ema));
     }
+    last_val_step_ = step_;
+    last_val_ = val;
     events_.push(std::move(m));
   }
 
@@ -268,6 +311,7 @@ class TrainLoop {
     d.step = step_;
     d.weights = params_;
     d.state = opt_->state_tensors();
+    if (opt_hidden_) for (auto& t : opt_hidden_->state_tensors()) d.state.push_back(t);
     if (muon_) for (auto& t : muon_->state_tensors()) d.state.push_back(t);
     if (ema_) for (auto& t : ema_->state_tensors()) d.state.push_back(t);
     d.config_toml = to_toml(cfg_);
@@ -276,6 +320,7 @@ class TrainLoop {
       std::lock_guard<std::mutex> lock(gen.mutex());
       d.state.emplace_back("rng.cpu", gen.get_state());
     }
+    if (auto rng = device_rng_state(device_); rng.defined()) d.state.emplace_back("rng.device", rng);
     d.meta = {{"tokens", std::to_string(tokens_)},
               {"loader.state", loader_state_},
               {"optimizer.steps", std::to_string(opt_->steps_taken())},
@@ -283,12 +328,20 @@ class TrainLoop {
               {"scaler.growth_tracker", format_exact(scaler_->state()[1])},
               {"scaler.skipped", format_exact(scaler_->state()[2])},
               {"wall_s", std::to_string(wall())}};
+    // The best checkpoint by validation loss survives pruning; it is carried in the state so a
+    // resumed run keeps protecting it.
+    if (last_val_step_ == step_ && (best_step_ < 0 || last_val_ < best_val_)) {
+      best_step_ = step_;
+      best_val_ = last_val_;
+    }
+    d.meta["best.step"] = std::to_string(best_step_);
+    d.meta["best.val_loss"] = format_exact(best_val_);
     const std::string root = opts_.run_dir + "/checkpoints";
     auto saved = save_checkpoint(root, d);
     last_saved_step_ = step_;
     events_.push(CheckpointEvent{step_, saved.dir, saved.bytes, saved.sha256});
     if (!why.empty()) log("info", why + ": checkpoint at step " + std::to_string(step_));
-    prune_checkpoints(root, cfg_.run.keep_checkpoints);
+    prune_checkpoints(root, cfg_.run.keep_checkpoints, best_step_);
   }
 
   void restore(const CheckpointData& d, const std::string& dir) {
@@ -308,11 +361,15 @@ class TrainLoop {
         auto gen = at::detail::getDefaultCPUGenerator();
         std::lock_guard<std::mutex> lock(gen.mutex());
         gen.set_state(t);
+      } else if (name == "rng.device") {
+        set_device_rng_state(device_, t);
+      } else {
+        opt_state.emplace_back(name, t);
       }
-      else opt_state.emplace_back(name, t);
     }
     auto meta_int = [&](const std::string& k) { return std::stoll(d.meta.at(k)); };
     opt_->load_state(opt_state, meta_int("optimizer.steps"));
+    if (opt_hidden_) opt_hidden_->load_state(opt_state, meta_int("optimizer.steps"));
     if (muon_) muon_->load_state(opt_state);
     if (ema_) ema_->load_state(opt_state);
     if (d.meta.count("scaler.scale"))
@@ -322,6 +379,10 @@ class TrainLoop {
     last_saved_step_ = d.step;
     tokens_ = meta_int("tokens");
     wall_at_resume_ = d.meta.count("wall_s") ? std::stod(d.meta.at("wall_s")) : 0.0;
+    if (d.meta.count("best.step")) {
+      best_step_ = meta_int("best.step");
+      best_val_ = std::stod(d.meta.at("best.val_loss"));
+    }
   }
 
   void log(const std::string& level, const std::string& text) { events_.push(LogEvent{step_, level, text}); }
@@ -335,11 +396,18 @@ class TrainLoop {
   const SessionOptions& opts_;
   Channel<Event>& events_;
   Channel<Command>& commands_;
+  RunProgress& progress_;
   std::unique_ptr<data::Loader> loader_;
   std::string loader_state_;  // the loader position after the last batch consumed
   model::DecoderLM model_{nullptr};
   NamedTensors params_;
+  c10::Device device_{c10::kCPU};
   std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<AdamW> opt_hidden_;   // mup_base_width > 0 with AdamW: the hidden matrices
+  double hidden_lr_mult_ = 1.0;         // μP: mup_base_width / d_model, else 1
+  double peak_tflops_ = 0, flops_per_token_ = 0;
+  int64_t last_val_step_ = -1, best_step_ = -1;  // best: the checkpointed step with the lowest val loss
+  double last_val_ = 0, best_val_ = 0;
   std::unique_ptr<Muon> muon_;          // optimizer = "muon": the hidden matrices
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<Ema> ema_;            // ema_decay > 0
@@ -351,8 +419,8 @@ class TrainLoop {
 }  // namespace
 
 void run_training(const RunConfig& cfg, const SessionOptions& opts, Channel<Event>& events,
-                  Channel<Command>& commands) {
-  TrainLoop loop(cfg, opts, events, commands);
+                  Channel<Command>& commands, RunProgress& progress) {
+  TrainLoop loop(cfg, opts, events, commands, progress);
   try {
     loop.run();
   } catch (const std::exception& e) {

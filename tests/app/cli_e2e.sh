@@ -80,4 +80,38 @@ rc=$?
 set -e
 [ "$rc" = 1 ] || fail "unknown run exited $rc"
 grep -q "e2e" "$work/none.out" || fail "unknown run error does not list the runs"
+
+# 4. Resume: the finished 40-step run continues to 60 in the same record. A stale row after the
+#    checkpoint (as a crash leaves behind) is replaced, so every logged step has exactly one row.
+run_id=$(sqlite3 "$db" "SELECT id FROM runs WHERE name='e2e'")
+sqlite3 "$db" "INSERT INTO metrics(run_id, step, tokens, wall_s, key, value) VALUES($run_id, 45, 0, 0, 'loss', 99)"
+"$bin" train --no-gui --resume e2e --runs-dir "$work/runs" --set train.steps=60 > "$work/resume.out" 2>&1 \
+  || { cat "$work/resume.out"; fail "resume failed"; }
+grep -q "resuming from .*step_00000040" "$work/resume.out" || { cat "$work/resume.out"; fail "did not resume from step 40"; }
+grep -q "^step 60/60 | loss" "$work/resume.out" || { cat "$work/resume.out"; fail "resumed run did not reach step 60"; }
+[ "$(sqlite3 "$db" "SELECT count(*) FROM runs")" = 2 ] || fail "resume created a new run record"
+[ "$(sqlite3 "$db" "SELECT status FROM runs WHERE name='e2e'")" = finished ] || fail "resumed run not finished"
+rows=$(sqlite3 "$db" "SELECT count(*) || '/' || count(DISTINCT step) FROM metrics WHERE run_id=$run_id AND key='loss'")
+[ "$rows" = "12/12" ] || fail "expected 12 loss rows for 12 steps (5..60) after resume, got $rows"
+[ "$(sqlite3 "$db" "SELECT count(*) FROM metrics WHERE run_id=$run_id AND value=99")" = 0 ] || fail "stale row kept"
+sqlite3 "$db" "SELECT text FROM events WHERE run_id=$run_id" | grep -q "resumed from" || fail "no resume event"
+set +e
+"$bin" train --no-gui --resume nosuchrun --runs-dir "$work/runs" > "$work/resume_bad.out" 2>&1
+rc=$?
+set -e
+[ "$rc" != 0 ] || fail "resuming an unknown run succeeded"
+
+# 5. Export: the newest checkpoint or a chosen step as model.safetensors + config.json.
+"$bin" export e2e --runs-dir "$work/runs" --out "$work/export" > "$work/export.out" 2>&1 \
+  || { cat "$work/export.out"; fail "export failed"; }
+grep -q "step 60" "$work/export.out" || { cat "$work/export.out"; fail "export did not take the newest step"; }
+[ -s "$work/export/model.safetensors" ] || fail "no exported weights"
+grep -q '"d": 64' "$work/export/config.json" || { cat "$work/export/config.json"; fail "config.json lacks model.d"; }
+"$bin" export e2e --runs-dir "$work/runs" --step 40 --out "$work/export40" > /dev/null 2>&1 || fail "export --step 40"
+set +e
+"$bin" export e2e --runs-dir "$work/runs" --step 7 --out "$work/export7" > "$work/export7.out" 2>&1
+rc=$?
+set -e
+[ "$rc" = 2 ] || fail "export of a missing step exited $rc"
+grep -q "checkpoints at steps 20, 40, 60" "$work/export7.out" || { cat "$work/export7.out"; fail "missing-step error"; }
 echo "cli e2e: ok"

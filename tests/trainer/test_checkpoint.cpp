@@ -92,6 +92,16 @@ TEST(Checkpoint, ListIgnoresTmpAndPruneKeepsNewest) {
   EXPECT_EQ(all.front().first, 30);
 }
 
+TEST(Checkpoint, PruneSparesTheProtectedBestStep) {
+  TempDir dir;
+  for (int64_t s : {10, 20, 30, 40, 50}) trainer::save_checkpoint(dir.path(), sample(s));
+  auto removed = trainer::prune_checkpoints(dir.path(), 2, /*protected_step=*/20);
+  EXPECT_EQ(removed, (std::vector<int64_t>{10, 30}));
+  std::vector<int64_t> left;
+  for (const auto& [step, path] : trainer::list_checkpoints(dir.path())) left.push_back(step);
+  EXPECT_EQ(left, (std::vector<int64_t>{20, 40, 50}));
+}
+
 TEST(Checkpoint, SavingTheSameStepAgainReplacesIt) {
   TempDir dir;
   trainer::save_checkpoint(dir.path(), sample(7));

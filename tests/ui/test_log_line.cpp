@@ -22,6 +22,16 @@ TEST(LogLine, ScaleAndEmaShownWhenInUse) {
   EXPECT_EQ(ui::format_metrics_line(eval, 10), "eval step 10 | val_loss 2.5000 | val_ppl 12.18 | val_loss_ema 2.4000");
 }
 
+TEST(LogLine, MfuAndPeakMemoryOnGpuRuns) {
+  trainer::MetricsEvent m{120, 0, 72.4, {{"loss", 3.5}, {"tokens_per_s", 452300}, {"mfu", 0.5134}, {"mem_peak_gib", 9.06}}};
+  EXPECT_EQ(ui::format_metrics_line(m, 5000), "step 120/5000 | loss 3.5000 | 452k tok/s | mfu 51.3% | mem 9.1 GiB | 1m12s");
+}
+
+TEST(LogLine, TelemetrySamplesMakeNoLine) {
+  trainer::MetricsEvent m{120, 0, 72.4, {{"gpu0.util", 97}, {"gpu0.power_w", 650}}};
+  EXPECT_EQ(ui::format_metrics_line(m, 5000), "");
+}
+
 TEST(LogLine, EvalFormat) {
   trainer::MetricsEvent m{200, 0, 10, {{"val_loss", 2.25}, {"val_ppl", 9.4877}}};
   EXPECT_EQ(ui::format_metrics_line(m, 5000), "eval step 200 | val_loss 2.2500 | val_ppl 9.49");

@@ -48,6 +48,8 @@ std::string format_metrics_line(const trainer::MetricsEvent& m, int64_t total_st
     if (find(m, "val_loss_ema", v)) line += " | val_loss_ema " + fmt("%.4f", v);
     return line;
   }
+  // Telemetry samples (GPU utilization, power, ...) go to the database, not to a log line.
+  if (!find(m, "loss", v)) return "";
   line = "step " + std::to_string(m.step) + "/" + std::to_string(total_steps);
   if (find(m, "loss", v)) line += " | loss " + fmt("%.4f", v);
   if (find(m, "aux_loss", v)) line += " | aux " + fmt("%.4f", v);
@@ -56,6 +58,8 @@ std::string format_metrics_line(const trainer::MetricsEvent& m, int64_t total_st
   // The scale only matters when scaling is on (it is 1 otherwise).
   if (find(m, "loss_scale", v) && v != 1.0) line += " | scale " + fmt("%.0f", v);
   if (find(m, "tokens_per_s", v)) line += " | " + format_count(v) + " tok/s";
+  if (find(m, "mfu", v)) line += " | mfu " + fmt("%.1f", 100.0 * v) + "%";
+  if (find(m, "mem_peak_gib", v)) line += " | mem " + fmt("%.1f", v) + " GiB";
   line += " | " + format_duration(m.wall_s);
   return line;
 }

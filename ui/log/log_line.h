@@ -15,6 +15,7 @@ std::string format_duration(double seconds);
 // "452k", "1.25M", "830".
 std::string format_count(double v);
 // One line for a metrics event: train metrics as above, or "eval step 200 | val_loss ... | val_ppl ...".
+// Empty for events that are neither a training step nor an evaluation (telemetry samples).
 std::string format_metrics_line(const trainer::MetricsEvent& m, int64_t total_steps);
 
 }  // namespace ui

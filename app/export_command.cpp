@@ -1,0 +1,49 @@
+#include "app/export_command.h"
+
+#include <iostream>
+
+#include "storage/file_util.h"
+#include "storage/run_store.h"
+#include "trainer/checkpoint.h"
+#include "trainer/export.h"
+#include "ui/log/log_line.h"
+
+namespace app {
+
+int run_export(const ExportArgs& args) {
+  const std::string db_path = args.runs_dir + "/deltadeck.db";
+  if (!storage::files::exists(db_path)) {
+    std::cerr << "deltadeck: export: no run database at " << db_path << " (pass --runs-dir)\n";
+    return 2;
+  }
+  auto store = storage::RunStore::open(db_path, /*read_only=*/true);
+  const storage::RunSummary run = store->find_run(args.run);
+  const std::string run_dir = args.runs_dir + "/" + run.name;
+  const auto all = trainer::list_checkpoints(run_dir + "/checkpoints");
+  if (all.empty()) {
+    std::cerr << "deltadeck: export: run '" << run.name << "' has no complete checkpoint under " << run_dir
+              << "/checkpoints\n";
+    return 2;
+  }
+  std::string dir = all.back().second;
+  if (args.step >= 0) {
+    dir.clear();
+    std::string steps;
+    for (const auto& [step, path] : all) {
+      if (step == args.step) dir = path;
+      steps += (steps.empty() ? "" : ", ") + std::to_string(step);
+    }
+    if (dir.empty()) {
+      std::cerr << "deltadeck: export: --step " << args.step << ": run '" << run.name
+                << "' has checkpoints at steps " << steps << "\n";
+      return 2;
+    }
+  }
+  const trainer::ExportResult r = trainer::export_checkpoint(dir, args.out, args.ema);
+  std::cout << "exported run '" << run.name << "' step " << r.step << (r.ema ? " (EMA weights)" : "") << ": "
+            << r.tensors << " tensors, " << ui::format_count(static_cast<double>(r.bytes)) << "B\n"
+            << "  " << r.weights_path << "\n  " << r.config_path << "\n";
+  return 0;
+}
+
+}  // namespace app

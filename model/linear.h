@@ -1,0 +1,37 @@
+// A bias-free linear layer y = x Wᵀ whose product can run in FP8. Every projection of the models is
+// one of these, so the fp8 precision mode switches them all with one scope (Fp8Scope) and the
+// parameter layout stays the plain "weight" [out, in] of Linear.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+namespace model {
+
+class LinearImpl : public torch::nn::Module {
+ public:
+  LinearImpl(int64_t in, int64_t out);
+  // FP8 (fp8_linear) when this thread is inside an Fp8Scope and the shapes allow it; else at::linear
+  // (which autocast, when on, runs in bf16/fp16).
+  torch::Tensor forward(const torch::Tensor& x);
+  // Kaiming-uniform like Linear; the models re-initialise per MODEL.md §7.
+  void reset_parameters();
+  torch::Tensor weight;  // [out, in]
+};
+TORCH_MODULE(Linear);
+
+// While alive, this thread's Linear layers multiply in FP8 (train.precision = "fp8") when `on`, or
+// not when !on; restores the previous mode after. Nests.
+class Fp8Scope {
+ public:
+  explicit Fp8Scope(bool on = true);
+  ~Fp8Scope();
+  Fp8Scope(const Fp8Scope&) = delete;
+  Fp8Scope& operator=(const Fp8Scope&) = delete;
+  static bool active();
+
+ private:
+  bool was_active_;
+};
+
+}  // namespace model

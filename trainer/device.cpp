@@ -1,0 +1,172 @@
+#include "trainer/device.h"
+
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <stdexcept>
+
+#if defined(DD_HAVE_CUDA)
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+#include "model/fp8_linear.h"
+
+namespace trainer {
+
+namespace {
+
+int64_t gpu_count() { return torch::cuda::is_available() ? static_cast<int64_t>(torch::cuda::device_count()) : 0; }
+
+bool all_digits(const std::string& s) {
+  if (s.empty()) return false;
+  for (char c : s)
+    if (c < '0' || c > '9') return false;
+  return true;
+}
+
+std::string gpu_name(int index) {
+#if defined(DD_HAVE_CUDA)
+  return at::cuda::getDeviceProperties(index)->name;
+#else
+  (void)index;
+  return "";
+#endif
+}
+
+}  // namespace
+
+std::vector<std::string> check_device(const RunConfig& cfg) {
+  std::vector<std::string> errors;
+  const std::string& d = cfg.run.devices;
+  const int64_t gpus = gpu_count();
+  const std::string quoted = "\"" + d + "\"";
+  bool on_gpu = false;
+  if (d == "auto") {
+    on_gpu = gpus > 0;
+  } else if (d == "cpu" || d == "cpu:1") {
+    on_gpu = false;
+  } else if (d.rfind("cpu:", 0) == 0) {
+    errors.push_back("run.devices: " + quoted + " asks for several CPU ranks; this build trains on one device "
+                     "(use \"cpu\")");
+  } else if (d == "all") {
+    if (gpus == 0) errors.push_back("run.devices: \"all\" asks for the GPUs but CUDA finds none (use \"cpu\")");
+    else if (gpus > 1)
+      errors.push_back("run.devices: \"all\" is " + std::to_string(gpus) + " GPUs here; this build trains on one "
+                       "device (name one, e.g. \"0\")");
+    on_gpu = true;
+  } else if (all_digits(d)) {
+    if (std::stoll(d) >= gpus)
+      errors.push_back("run.devices: GPU " + d + " does not exist (CUDA finds " + std::to_string(gpus) +
+                       (gpus == 1 ? " GPU" : " GPUs") + ")");
+    on_gpu = true;
+  } else {
+    errors.push_back("run.devices: " + quoted + " lists several GPUs; this build trains on one device (name one)");
+  }
+  if (!errors.empty()) return errors;
+  const std::string& p = cfg.train.precision;
+  if (!on_gpu && (p == "fp16" || p == "fp8"))
+    errors.push_back("train.precision: \"" + p + "\" needs a CUDA GPU and this run is on the CPU (use \"fp32\" or "
+                     "\"bf16\")");
+  if (on_gpu && p == "fp8") {
+    const auto dev = training_device(d);
+    if (!model::fp8_supported(dev))
+      errors.push_back("train.precision: \"fp8\" needs a GPU of compute capability 8.9 or newer (Ada, Hopper); " +
+                       describe_device(dev) + " has none (use \"bf16\")");
+  }
+  return errors;
+}
+
+c10::Device training_device(const std::string& devices) {
+  const int64_t gpus = gpu_count();
+  if (devices == "auto") return gpus > 0 ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  if (devices == "cpu" || devices == "cpu:1") return c10::Device(c10::kCPU);
+  if (devices == "all" && gpus == 1) return c10::Device(c10::kCUDA, 0);
+  if (all_digits(devices) && std::stoll(devices) < gpus)
+    return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(std::stoll(devices)));
+  throw std::runtime_error("run.devices: \"" + devices + "\" names no single device on this machine");
+}
+
+std::string describe_device(const c10::Device& device) {
+  if (!device.is_cuda()) return "cpu";
+#if defined(DD_HAVE_CUDA)
+  const auto* p = at::cuda::getDeviceProperties(device.index());
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "%s (%s, %.1f GiB, sm_%d%d)", device.str().c_str(), p->name,
+                static_cast<double>(p->totalGlobalMem) / (1024.0 * 1024.0 * 1024.0), p->major, p->minor);
+  return buf;
+#else
+  return device.str();
+#endif
+}
+
+double known_peak_tflops(const c10::Device& device, const std::string& precision) {
+  if (!device.is_cuda()) return 0;
+  const std::string name = gpu_name(device.index());
+  struct Peak {
+    const char* name_part;
+    const char* not_part;  // the entry does not apply when the name contains this
+    double bf16, fp8;      // dense TFLOP/s from the vendors' data sheets
+  };
+  static const Peak table[] = {
+      {"H200", nullptr, 989.4, 1978.9},    {"H100 PCIe", nullptr, 756.0, 1513.0},
+      {"H100 NVL", nullptr, 835.0, 1671.0}, {"H100", nullptr, 989.4, 1978.9},
+      {"H800", nullptr, 989.4, 1978.9},    {"GH200", nullptr, 989.4, 1978.9},
+      {"B200", nullptr, 2250.0, 4500.0},   {"A100", nullptr, 312.0, 0.0},
+      {"A800", nullptr, 312.0, 0.0},       {"L40S", nullptr, 362.0, 733.0},
+      {"L4", "L40", 121.0, 242.0},         {"RTX 4090", nullptr, 165.2, 330.3},
+  };
+  for (const auto& e : table) {
+    if (name.find(e.name_part) == std::string::npos) continue;
+    if (e.not_part && name.find(e.not_part) != std::string::npos) continue;
+    return precision == "fp8" ? e.fp8 : e.bf16;
+  }
+  return 0;
+}
+
+DeviceMemory device_memory(const c10::Device& device, bool reset_peak) {
+  DeviceMemory m;
+#if defined(DD_HAVE_CUDA)
+  if (!device.is_cuda()) return m;
+  using c10::cuda::CUDACachingAllocator::getDeviceStats;
+  const auto stats = getDeviceStats(device.index());
+  constexpr size_t kAll = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  m.allocated_gib = static_cast<double>(stats.allocated_bytes[kAll].current) / kGiB;
+  m.reserved_gib = static_cast<double>(stats.reserved_bytes[kAll].current) / kGiB;
+  m.peak_gib = static_cast<double>(stats.allocated_bytes[kAll].peak) / kGiB;
+  if (reset_peak) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+#else
+  (void)device;
+  (void)reset_peak;
+#endif
+  return m;
+}
+
+at::Tensor device_rng_state(const c10::Device& device) {
+#if defined(DD_HAVE_CUDA)
+  if (device.is_cuda()) {
+    auto gen = at::cuda::detail::getDefaultCUDAGenerator(device.index());
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    return gen.get_state();
+  }
+#endif
+  (void)device;
+  return at::Tensor();
+}
+
+void set_device_rng_state(const c10::Device& device, const at::Tensor& state) {
+#if defined(DD_HAVE_CUDA)
+  if (device.is_cuda()) {
+    auto gen = at::cuda::detail::getDefaultCUDAGenerator(device.index());
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state);
+    return;
+  }
+#endif
+  (void)device;
+  (void)state;
+}
+
+}  // namespace trainer

@@ -1,0 +1,41 @@
+// The device a run trains on: choosing it from run.devices, describing it, its memory counters,
+// RNG state and the peak throughput MFU is measured against.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <string>
+#include <vector>
+
+#include "trainer/api.h"
+
+namespace trainer {
+
+// Problems with run.devices and train.precision on this machine (no GPU, index out of range,
+// several devices, fp16/fp8 on the CPU, fp8 before compute capability 8.9). Empty = runnable.
+std::vector<std::string> check_device(const RunConfig& cfg);
+
+// The device run.devices names on this machine ("auto": GPU 0 when CUDA has one, else the CPU).
+// Call after check_device passed; throws std::runtime_error naming run.devices otherwise.
+c10::Device training_device(const std::string& devices);
+
+// "cpu" or "cuda:0 (NVIDIA H100 80GB HBM3, 79.1 GiB, sm_90)".
+std::string describe_device(const c10::Device& device);
+
+// Dense peak TFLOP/s of the device for the precision (fp8 products, else bf16), from a table of
+// known GPUs; 0 when unknown or the CPU.
+double known_peak_tflops(const c10::Device& device, const std::string& precision);
+
+struct DeviceMemory {
+  double allocated_gib = 0, reserved_gib = 0, peak_gib = 0;  // peak allocated since the last reset
+};
+// The caching allocator's counters; all zero on the CPU. reset_peak starts a new peak window.
+DeviceMemory device_memory(const c10::Device& device, bool reset_peak);
+
+// The device generator's state (undefined on the CPU, whose generator is saved separately) and
+// its restore.
+at::Tensor device_rng_state(const c10::Device& device);
+void set_device_rng_state(const c10::Device& device, const at::Tensor& state);
+
+}  // namespace trainer

@@ -1,0 +1,22 @@
+// `deltadeck export`: a checkpoint's weights and model config in files a Python user loads without
+// deltadeck: model.safetensors (parameter name -> fp32 tensor, as `deltadeck model info` lists the
+// layers) and config.json (the model section of the run config, the tokenizer, the step).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace trainer {
+
+struct ExportResult {
+  std::string weights_path, config_path;
+  int64_t tensors = 0, bytes = 0, step = 0;
+  bool ema = false;
+};
+
+// Verifies and reads the checkpoint in `checkpoint_dir`, then writes out_dir/model.safetensors and
+// out_dir/config.json (out_dir is created). With ema, the EMA weights replace the live ones (an
+// error names the checkpoint when it has none). Throws std::runtime_error naming the file.
+ExportResult export_checkpoint(const std::string& checkpoint_dir, const std::string& out_dir, bool ema);
+
+}  // namespace trainer

@@ -1,0 +1,43 @@
+#include "trainer/precision.h"
+
+#include <ATen/autocast_mode.h>
+
+#include <optional>
+
+#include "model/linear.h"
+
+namespace trainer {
+
+struct ForwardPrecision::State {
+  bool autocast = false;
+  c10::DeviceType type = c10::kCPU;
+  bool was_enabled = false;
+  at::ScalarType was_dtype = at::kBFloat16;
+  std::optional<model::Fp8Scope> fp8;
+};
+
+ForwardPrecision::ForwardPrecision(const std::string& precision, const c10::Device& device)
+    : state_(std::make_unique<State>()) {
+  if (precision == "fp32") return;
+  State& s = *state_;
+  s.autocast = true;
+  s.type = device.type();
+  s.was_enabled = at::autocast::is_autocast_enabled(s.type);
+  s.was_dtype = at::autocast::get_autocast_dtype(s.type);
+  at::autocast::set_autocast_enabled(s.type, true);
+  at::autocast::set_autocast_dtype(s.type, precision == "fp16" ? at::kHalf : at::kBFloat16);
+  at::autocast::increment_nesting();
+  if (precision == "fp8") s.fp8.emplace(true);
+}
+
+ForwardPrecision::~ForwardPrecision() {
+  State& s = *state_;
+  if (!s.autocast) return;
+  s.fp8.reset();
+  // Leaving the outermost autocast region drops the cached low-precision weight copies.
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(s.type, s.was_enabled);
+  at::autocast::set_autocast_dtype(s.type, s.was_dtype);
+}
+
+}  // namespace trainer

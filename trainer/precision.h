@@ -1,0 +1,25 @@
+// train.precision applied to a forward pass: bf16/fp16 autocast on the run's device type, and for
+// fp8 bf16 autocast plus float8 products in the linear layers. The backward runs outside the scope
+// (autograd follows the forward's dtypes; activation checkpointing re-applies the forward's state).
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <memory>
+#include <string>
+
+namespace trainer {
+
+class ForwardPrecision {
+ public:
+  ForwardPrecision(const std::string& precision, const c10::Device& device);
+  ~ForwardPrecision();
+  ForwardPrecision(const ForwardPrecision&) = delete;
+  ForwardPrecision& operator=(const ForwardPrecision&) = delete;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace trainer
