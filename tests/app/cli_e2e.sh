@@ -4,6 +4,7 @@
 # writes nothing.
 set -euo pipefail
 bin=$1
+python=${2:-}   # a Python with the safetensors library (the project's .venv); checks skipped without it
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -114,4 +115,25 @@ rc=$?
 set -e
 [ "$rc" = 2 ] || fail "export of a missing step exited $rc"
 grep -q "checkpoints at steps 20, 40, 60" "$work/export7.out" || { cat "$work/export7.out"; fail "missing-step error"; }
+
+# 6. The safetensors Python library reads the exported weights and a checkpoint, and their tensors
+#    match config.json's list and each other.
+if [ -n "$python" ] && "$python" -c "import safetensors" 2> /dev/null; then
+  "$python" - "$work/export" "$ck" <<'PY' 2> "$work/py.err" || { cat "$work/py.err"; fail "safetensors (Python) check"; }
+import json, sys
+from safetensors.torch import load_file
+export, ckpt = sys.argv[1], sys.argv[2]
+cfg = json.load(open(export + "/config.json"))
+w = load_file(export + "/model.safetensors")
+assert set(w) == set(cfg["tensors"]), "tensor names differ from config.json"
+for name, t in w.items():
+    assert list(t.shape) == cfg["tensors"][name], name
+    assert str(t.dtype) == "torch.float32", name
+c = load_file(ckpt + "/model.safetensors")
+assert set(c) == set(w), "checkpoint and export hold different tensors"
+print("python safetensors: %d tensors ok" % len(w))
+PY
+else
+  echo "cli e2e: no Python safetensors library given; skipped the Python reader check"
+fi
 echo "cli e2e: ok"
