@@ -66,7 +66,8 @@ struct TrainConfig {
 
 // [run]
 struct RunSection {
-  std::string devices = "auto";          // auto (GPU 0 if any, else CPU) | cpu | N (GPU index) | all
+  std::string devices = "auto";          // auto (GPU 0 if any, else CPU) | cpu | cpu:N (N CPU ranks) |
+                                         // all (every GPU) | "0,1,..." (those GPUs): one rank per device
   std::string runs_dir = "runs";
   int64_t log_interval = 10;
   int64_t eval_interval = 200;           // 0: only at the end
@@ -74,6 +75,8 @@ struct RunSection {
   int64_t keep_checkpoints = 3;
   int64_t threads = 0;                   // ATen CPU threads; 0 = every core (the loader's producers
                                          // mostly sleep on a full queue)
+  double collective_timeout_s = 600;     // a collective (gradient all-reduce, ...) waiting longer fails the run
+  int64_t bucket_mb = 25;                // gradients are all-reduced in flat buckets of about this size
   double peak_tflops = 0;                // the device's peak for MFU; 0 = the known dense peak of the GPU
                                          // for the precision (bf16, or fp8), none on the CPU
 };

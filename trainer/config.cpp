@@ -137,6 +137,8 @@ const std::vector<Field>& fields() {
       DD_CONFIG_FIELD("run", "keep_checkpoints", run.keep_checkpoints),
       DD_CONFIG_FIELD("run", "threads", run.threads),
       DD_CONFIG_FIELD("run", "peak_tflops", run.peak_tflops),
+      DD_CONFIG_FIELD("run", "collective_timeout_s", run.collective_timeout_s),
+      DD_CONFIG_FIELD("run", "bucket_mb", run.bucket_mb),
   };
   return all;
 }
@@ -731,6 +733,8 @@ std::vector<std::string> validate(const RunConfig& c) {
   k.at_least("run.keep_checkpoints", r.keep_checkpoints, 1);
   k.at_least("run.threads", r.threads, 0);
   k.non_negative("run.peak_tflops", r.peak_tflops);
+  k.positive("run.collective_timeout_s", r.collective_timeout_s);
+  k.at_least("run.bucket_mb", r.bucket_mb, 1);
   return k.out;
 }
 

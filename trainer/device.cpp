@@ -9,6 +9,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #endif
 
 #include "model/fp8_linear.h"
@@ -41,28 +42,29 @@ std::vector<std::string> check_device(const RunConfig& cfg) {
   std::vector<std::string> errors;
   const std::string& d = cfg.run.devices;
   const int64_t gpus = gpu_count();
-  const std::string quoted = "\"" + d + "\"";
   bool on_gpu = false;
+  std::vector<int64_t> indices;
   if (d == "auto") {
     on_gpu = gpus > 0;
-  } else if (d == "cpu" || d == "cpu:1") {
-    on_gpu = false;
-  } else if (d.rfind("cpu:", 0) == 0) {
-    errors.push_back("run.devices: " + quoted + " asks for several CPU ranks; this build trains on one device "
-                     "(use \"cpu\")");
+  } else if (d == "cpu" || d.rfind("cpu:", 0) == 0) {
+    on_gpu = false;  // cpu:N with N >= 1 is checked by the config validation
   } else if (d == "all") {
     if (gpus == 0) errors.push_back("run.devices: \"all\" asks for the GPUs but CUDA finds none (use \"cpu\")");
-    else if (gpus > 1)
-      errors.push_back("run.devices: \"all\" is " + std::to_string(gpus) + " GPUs here; this build trains on one "
-                       "device (name one, e.g. \"0\")");
-    on_gpu = true;
-  } else if (all_digits(d)) {
-    if (std::stoll(d) >= gpus)
-      errors.push_back("run.devices: GPU " + d + " does not exist (CUDA finds " + std::to_string(gpus) +
-                       (gpus == 1 ? " GPU" : " GPUs") + ")");
     on_gpu = true;
   } else {
-    errors.push_back("run.devices: " + quoted + " lists several GPUs; this build trains on one device (name one)");
+    on_gpu = true;
+    size_t pos = 0;
+    while (pos <= d.size()) {
+      const size_t comma = d.find(',', pos);
+      const std::string item = d.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+      if (all_digits(item)) indices.push_back(std::stoll(item));
+      if (comma == std::string::npos) break;
+      pos = comma + 1;
+    }
+    for (int64_t i : indices)
+      if (i >= gpus)
+        errors.push_back("run.devices: GPU " + std::to_string(i) + " does not exist (CUDA finds " +
+                         std::to_string(gpus) + (gpus == 1 ? " GPU" : " GPUs") + ")");
   }
   if (!errors.empty()) return errors;
   const std::string& p = cfg.train.precision;
@@ -70,22 +72,50 @@ std::vector<std::string> check_device(const RunConfig& cfg) {
     errors.push_back("train.precision: \"" + p + "\" needs a CUDA GPU and this run is on the CPU (use \"fp32\" or "
                      "\"bf16\")");
   if (on_gpu && p == "fp8") {
-    const auto dev = training_device(d);
-    if (!model::fp8_supported(dev))
-      errors.push_back("train.precision: \"fp8\" needs a GPU of compute capability 8.9 or newer (Ada, Hopper); " +
-                       describe_device(dev) + " has none (use \"bf16\")");
+    for (const auto& dev : rank_devices(d)) {
+      if (!model::fp8_supported(dev)) {
+        errors.push_back("train.precision: \"fp8\" needs a GPU of compute capability 8.9 or newer (Ada, Hopper); " +
+                         describe_device(dev) + " has none (use \"bf16\")");
+        break;
+      }
+    }
   }
   return errors;
 }
 
-c10::Device training_device(const std::string& devices) {
+std::vector<c10::Device> rank_devices(const std::string& devices) {
   const int64_t gpus = gpu_count();
-  if (devices == "auto") return gpus > 0 ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
-  if (devices == "cpu" || devices == "cpu:1") return c10::Device(c10::kCPU);
-  if (devices == "all" && gpus == 1) return c10::Device(c10::kCUDA, 0);
-  if (all_digits(devices) && std::stoll(devices) < gpus)
-    return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(std::stoll(devices)));
-  throw std::runtime_error("run.devices: \"" + devices + "\" names no single device on this machine");
+  std::vector<c10::Device> out;
+  if (devices == "auto") {
+    out.push_back(gpus > 0 ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU));
+  } else if (devices == "cpu") {
+    out.emplace_back(c10::kCPU);
+  } else if (devices.rfind("cpu:", 0) == 0 && all_digits(devices.substr(4))) {
+    out.assign(static_cast<size_t>(std::stoll(devices.substr(4))), c10::Device(c10::kCPU));
+  } else if (devices == "all") {
+    for (int64_t i = 0; i < gpus; ++i) out.emplace_back(c10::kCUDA, static_cast<c10::DeviceIndex>(i));
+  } else {
+    size_t pos = 0;
+    for (;;) {
+      const size_t comma = devices.find(',', pos);
+      const std::string item = devices.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+      if (!all_digits(item) || std::stoll(item) >= gpus) break;
+      out.emplace_back(c10::kCUDA, static_cast<c10::DeviceIndex>(std::stoll(item)));
+      if (comma == std::string::npos) return out;
+      pos = comma + 1;
+    }
+    out.clear();
+  }
+  if (out.empty()) throw std::runtime_error("run.devices: \"" + devices + "\" names no device on this machine");
+  return out;
+}
+
+void bind_thread(const c10::Device& device) {
+#if defined(DD_HAVE_CUDA)
+  if (device.is_cuda()) c10::cuda::set_device(device.index());
+#else
+  (void)device;
+#endif
 }
 
 std::string describe_device(const c10::Device& device) {

@@ -12,13 +12,17 @@
 
 namespace trainer {
 
-// Problems with run.devices and train.precision on this machine (no GPU, index out of range,
-// several devices, fp16/fp8 on the CPU, fp8 before compute capability 8.9). Empty = runnable.
+// Problems with run.devices and train.precision on this machine (no GPU, an index out of range,
+// fp16/fp8 on the CPU, fp8 before compute capability 8.9). Empty = runnable.
 std::vector<std::string> check_device(const RunConfig& cfg);
 
-// The device run.devices names on this machine ("auto": GPU 0 when CUDA has one, else the CPU).
-// Call after check_device passed; throws std::runtime_error naming run.devices otherwise.
-c10::Device training_device(const std::string& devices);
+// One device per rank, as run.devices names them on this machine: "auto" = GPU 0 when CUDA has
+// one, else the CPU; "cpu" = one CPU rank; "cpu:N" = N CPU ranks; "all" = every GPU; "0,2" = those
+// GPUs. Call after check_device passed; throws std::runtime_error naming run.devices otherwise.
+std::vector<c10::Device> rank_devices(const std::string& devices);
+
+// Makes `device` the calling thread's current CUDA device (no-op for the CPU).
+void bind_thread(const c10::Device& device);
 
 // "cpu" or "cuda:0 (NVIDIA H100 80GB HBM3, 79.1 GiB, sm_90)".
 std::string describe_device(const c10::Device& device);

@@ -1,11 +1,13 @@
 // Session: the run's thread lifecycle, and resolve_config (what this build can run).
 #include "trainer/session.h"
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
 
+#include "trainer/comm.h"
 #include "trainer/data/source.h"
 #include "trainer/device.h"
 #include "trainer/data/tokenizer.h"
@@ -95,6 +97,50 @@ struct Session::Impl {
     stop_telemetry_async();
     if (telemetry.joinable()) telemetry.join();
   }
+
+  // The worker: one thread per rank (rank 0 on this thread), joined into one outcome. A failed
+  // rank fails the run with its own message; the others then end at their next collective.
+  void run_all_ranks() {
+    EndedEvent ended{RunStatus::Failed, 0, "no rank ran"};
+    try {
+      const std::vector<c10::Device> devices = rank_devices(cfg.run.devices);
+      const int world = static_cast<int>(devices.size());
+      const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.run.collective_timeout_s * 1000));
+      auto rendezvous = world > 1 ? Rendezvous::in_process() : nullptr;
+      std::vector<EndedEvent> outcomes(static_cast<size_t>(world));
+      // The order in which ranks failed: the first failure is the cause, later ones (peers timing
+      // out in a collective) its consequence.
+      std::vector<int> failure_order(static_cast<size_t>(world), -1);
+      std::atomic<int> failures{0};
+      auto rank_body = [&](int r) {
+        try {
+          bind_thread(devices[r]);
+          auto comm = world > 1 ? Communicator::join(rendezvous, r, world, devices[r], timeout) : Communicator::single();
+          outcomes[r] = run_rank(cfg, opts, events, commands, progress, RankContext{devices[r], comm.get()});
+        } catch (const std::exception& e) {
+          events.push(LogEvent{0, "error", e.what()});
+          outcomes[r] = EndedEvent{RunStatus::Failed, 0, e.what()};
+        }
+        if (outcomes[r].status == RunStatus::Failed) failure_order[r] = failures++;
+      };
+      std::vector<std::thread> others;
+      for (int r = 1; r < world; ++r) others.emplace_back(rank_body, r);
+      rank_body(0);
+      for (auto& t : others) t.join();
+      ended = outcomes[0];
+      for (int r = 0; r < world; ++r) {
+        if (failure_order[r] == 0) {
+          ended = outcomes[r];
+          ended.step = outcomes[0].step;
+        }
+      }
+    } catch (const std::exception& e) {
+      events.push(LogEvent{0, "error", e.what()});
+      ended = EndedEvent{RunStatus::Failed, 0, e.what()};
+    }
+    events.push(ended);
+    events.close();
+  }
 };
 
 Session::Session(RunConfig cfg, SessionOptions opts) : impl_(std::make_unique<Impl>()) {
@@ -117,7 +163,7 @@ void Session::start() {
   if (auto nvml = Telemetry::open())
     impl_->telemetry = std::thread([this, n = std::move(nvml)]() mutable { impl_->telemetry_loop(std::move(n)); });
   impl_->worker = std::thread([this] {
-    run_training(impl_->cfg, impl_->opts, impl_->events, impl_->commands, impl_->progress);
+    impl_->run_all_ranks();
     impl_->stop_telemetry_async();
   });
 }

@@ -1,5 +1,6 @@
-// Session: one training run. It owns the worker thread (one per device; this build runs one
-// worker on the CPU) and talks to the app only through two channels: events out, commands in.
+// Session: one training run. It owns the worker threads (one per rank: a device of run.devices;
+// the ranks of one process meet in an in-process store) and talks to the app only through two
+// channels: events out, commands in.
 // No torch in this header, so app/ and ui/ include it cheaply.
 #pragma once
 

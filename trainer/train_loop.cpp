@@ -10,18 +10,21 @@
 #include <chrono>
 #include <cstdio>
 #include <cmath>
+#include <mutex>
 #include <thread>
 
 #include "model/decoder_lm.h"
 #include "model/fp8_linear.h"
 #include "trainer/adamw.h"
 #include "trainer/checkpoint.h"
+#include "trainer/comm.h"
 #include "trainer/config.h"
 #include "trainer/data/loader.h"
 #include "trainer/device.h"
 #include "trainer/ema.h"
 #include "trainer/loss_scaler.h"
 #include "trainer/muon.h"
+#include "trainer/param_groups.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/precision.h"
 
@@ -42,17 +45,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// No weight decay on norms, biases and embeddings (the tied head is the embedding).
-bool gets_weight_decay(const std::string& name, const torch::Tensor& p) {
-  return p.dim() >= 2 && name.rfind("emb.", 0) != 0 && name != "lm_head";
-}
-
-// Muon takes the hidden matrices: 2-D weights inside the blocks. The embedding/head, norms, gates
-// and the GDN conv taps (per-channel filters, not maps between spaces) stay with AdamW.
-bool for_muon(const std::string& name, const torch::Tensor& p) {
-  return p.dim() == 2 && name.rfind("blocks.", 0) == 0 && name.find(".conv_") == std::string::npos;
-}
-
 LossScalerOptions scaler_options(const TrainConfig& t) {
   LossScalerOptions o;
   o.enabled = t.loss_scaling == "dynamic" ||
@@ -62,33 +54,58 @@ LossScalerOptions scaler_options(const TrainConfig& t) {
   return o;
 }
 
+// The global RNG is shared by the rank threads: seeding and drawing the initial weights happen
+// under this lock so every rank builds the same model (rank 0's is broadcast anyway).
+std::mutex init_mutex;
+
+// What rank 0 tells every rank at a step boundary.
+enum StepDecision : int64_t { kContinue = 0, kSaveNow = 1, kStop = 2, kPausedTick = 3 };
+
 class TrainLoop {
  public:
   TrainLoop(const RunConfig& cfg, const SessionOptions& opts, Channel<Event>& events, Channel<Command>& commands,
-            RunProgress& progress)
-      : cfg_(cfg), opts_(opts), events_(events), commands_(commands), progress_(progress) {}
+            RunProgress& progress, const RankContext& rank)
+      : cfg_(cfg), opts_(opts), events_(events), commands_(commands), progress_(progress), rank_(rank),
+        comm_(*rank.comm), lead_(rank.comm->rank() == 0) {}
 
-  void run() {
+  EndedEvent run() {
     const int64_t threads = cfg_.run.threads > 0
                                 ? cfg_.run.threads
                                 : std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
     at::set_num_threads(static_cast<int>(threads));
-    torch::manual_seed(cfg_.seed);
+    const int world = comm_.world();
     // A resumed run reads its checkpoint first: the loader starts from the position saved there.
     CheckpointData resume;
     std::string loader_state;
     if (!opts_.resume_from.empty()) {
       resume = load_checkpoint(opts_.resume_from);
-      auto it = resume.meta.find("loader.state");
+      const int saved_world = resume.meta.count("world_size") ? std::stoi(resume.meta.at("world_size")) : 1;
+      if (saved_world != world)
+        throw std::runtime_error(opts_.resume_from + ": written by " + std::to_string(saved_world) +
+                                 " ranks, this run has " + std::to_string(world) +
+                                 " (run.devices); each rank's data position cannot be carried over");
+      const std::string key = world == 1 ? "loader.state" : "loader.state." + std::to_string(comm_.rank());
+      auto it = resume.meta.find(key);
       if (it == resume.meta.end())
-        throw std::runtime_error(opts_.resume_from + "/state.safetensors: no loader.state (written by an older "
+        throw std::runtime_error(opts_.resume_from + "/state.safetensors: no " + key + " (written by an older "
                                  "deltadeck); it cannot be resumed exactly");
       loader_state = it->second;
     }
-    loader_ = std::make_unique<data::Loader>(cfg_, /*rank=*/0, /*world=*/1, loader_state);
-    device_ = training_device(cfg_.run.devices);
-    model_ = model::DecoderLM(cfg_.model);
+    loader_ = std::make_unique<data::Loader>(cfg_, comm_.rank(), world, loader_state);
+    device_ = rank_.device;
+    {
+      std::lock_guard<std::mutex> lock(init_mutex);
+      torch::manual_seed(cfg_.seed);
+      model_ = model::DecoderLM(cfg_.model);
+    }
     model_->to(device_);
+    if (world > 1) {
+      // Every rank starts from rank 0's weights.
+      torch::NoGradGuard no_grad;
+      std::vector<at::Tensor> weights;
+      for (const auto& p : model_->parameters()) weights.push_back(p.data());
+      comm_.broadcast(weights, 0, "broadcasting rank 0's initial weights");
+    }
     // Parameter groups: the hidden matrices go to Muon (optimizer = "muon") or, with μP learning
     // rates on, to their own AdamW at the scaled lr; everything else to the main AdamW.
     std::vector<std::pair<std::string, at::Tensor>> adam_params, hidden_params;
@@ -99,12 +116,12 @@ class TrainLoop {
                           : 1.0;
     for (const auto& item : model_->named_parameters()) {
       params_.emplace_back(item.key(), item.value());
-      if ((use_muon || mup) && for_muon(item.key(), item.value())) {
+      if ((use_muon || mup) && is_hidden_matrix(item.key(), item.value().dim())) {
         hidden_params.emplace_back(item.key(), item.value());
         hidden_decay.push_back(true);
       } else {
         adam_params.emplace_back(item.key(), item.value());
-        decay.push_back(gets_weight_decay(item.key(), item.value()));
+        decay.push_back(gets_weight_decay(item.key(), item.value().dim()));
       }
     }
     const AdamWOptions adam_opts{cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps, cfg_.train.weight_decay};
@@ -121,7 +138,9 @@ class TrainLoop {
 
     int64_t n_params = 0;
     for (const auto& [n, p] : params_) n_params += p.numel();
-    events_.push(StartedEvent{n_params, cfg_.model.vocab_size, describe_device(device_)});
+    std::string where = describe_device(device_);
+    if (world > 1) where = std::to_string(world) + " ranks (" + (device_.is_cuda() ? "NCCL" : "Gloo") + "), rank 0 on " + where;
+    push(StartedEvent{n_params, cfg_.model.vocab_size, where});
     peak_tflops_ = cfg_.run.peak_tflops > 0 ? cfg_.run.peak_tflops : known_peak_tflops(device_, cfg_.train.precision);
     flops_per_token_ = static_cast<double>(model::flops_per_token(cfg_.model));
     const auto& ds = loader_->stats();
@@ -136,15 +155,16 @@ class TrainLoop {
     tokens_at_last_log_ = tokens_;
     const int64_t total = cfg_.train.steps;
     while (step_ < total) {
-      if (!poll_commands()) {
+      if (!agree_on_commands()) {
         save("stop requested");
-        events_.push(EndedEvent{RunStatus::Stopped, step_, "stopped by request"});
-        return;
+        return {RunStatus::Stopped, step_, "stopped by request"};
       }
       const double loss = train_step();
-      progress_.step = step_;
-      progress_.tokens = tokens_;
-      progress_.wall_s = wall();
+      if (lead_) {
+        progress_.step = step_;
+        progress_.tokens = tokens_;
+        progress_.wall_s = wall();
+      }
       const bool last = step_ == total;
       if (cfg_.run.log_interval > 0 && (step_ % cfg_.run.log_interval == 0 || last)) emit_train_metrics(loss);
       if (!std::isfinite(loss) && !scaler_->enabled()) {
@@ -154,31 +174,58 @@ class TrainLoop {
       if ((cfg_.run.eval_interval > 0 && step_ % cfg_.run.eval_interval == 0) || last) evaluate();
       if ((cfg_.run.save_interval > 0 && step_ % cfg_.run.save_interval == 0) || last) save("");
     }
-    events_.push(EndedEvent{RunStatus::Finished, step_, "completed " + std::to_string(step_) + " steps"});
+    return {RunStatus::Finished, step_, "completed " + std::to_string(step_) + " steps"};
   }
 
  private:
-  // Applies queued commands. Blocks while paused. Returns false when the run must stop
-  // (a Stop command, or the command channel closed while paused).
-  bool poll_commands() {
-    bool paused = false;
+  // Events come from rank 0 only (every rank holds the same reduced values).
+  void push(Event e) {
+    if (lead_) events_.push(std::move(e));
+  }
+
+  // Rank 0 reads the command channel; every rank then acts on its decision at the same step
+  // boundary. While paused, rank 0 sends a tick every second so the others never reach the
+  // collective timeout. Returns false when the run must stop.
+  bool agree_on_commands() {
     for (;;) {
-      std::optional<Command> cmd = paused ? commands_.pop() : commands_.try_pop();
-      if (!cmd) return !paused;
+      int64_t decision = kContinue;
+      if (lead_) decision = next_decision();
+      if (comm_.world() > 1) {
+        std::vector<at::Tensor> t{torch::full({1}, decision, torch::TensorOptions().dtype(torch::kInt64).device(device_))};
+        comm_.broadcast(t, 0, "agreeing on the step's commands");
+        decision = t[0].item<int64_t>();
+      }
+      switch (decision) {
+        case kContinue: return true;
+        case kStop: return false;
+        case kSaveNow: save("save requested"); break;
+        case kPausedTick: break;
+      }
+    }
+  }
+
+  // Rank 0: the next decision from the queued commands. Blocks at most a second while paused.
+  int64_t next_decision() {
+    for (;;) {
+      std::optional<Command> cmd =
+          paused_ ? commands_.pop_for(std::chrono::seconds(1)) : commands_.try_pop();
+      if (!cmd) {
+        if (paused_ && commands_.closed()) return kStop;
+        return paused_ ? kPausedTick : kContinue;
+      }
       switch (*cmd) {
         case Command::Pause:
-          if (!paused) log("info", "paused at step " + std::to_string(step_));
-          paused = true;
+          if (!paused_) log("info", "paused at step " + std::to_string(step_));
+          paused_ = true;
           break;
         case Command::Resume:
-          if (paused) log("info", "resumed at step " + std::to_string(step_));
-          paused = false;
+          if (paused_) log("info", "resumed at step " + std::to_string(step_));
+          paused_ = false;
           break;
         case Command::SaveNow:
-          save("save requested");
-          break;
+          return kSaveNow;
         case Command::Stop:
-          return false;
+          return kStop;
       }
     }
   }
@@ -203,6 +250,14 @@ class TrainLoop {
     }
     data_wait_s_ = wait_s;
     docs_per_row_ = static_cast<double>(pieces) / static_cast<double>(std::max<int64_t>(1, rows));
+    if (comm_.world() > 1) {
+      average_gradients();
+      std::vector<at::Tensor> losses{torch::tensor({loss_sum, aux_sum}, torch::kFloat64)};
+      comm_.all_reduce_sum(losses, "averaging the loss");
+      loss_sum = losses[0][0].item<double>() / comm_.world();
+      aux_sum = losses[0][1].item<double>() / comm_.world();
+      step_tokens *= comm_.world();
+    }
     aux_loss_ = aux_sum;
     std::vector<torch::Tensor> grads_of;
     for (auto& [n, p] : params_) grads_of.push_back(p);
@@ -237,6 +292,44 @@ class TrainLoop {
     return model_->loss_parts(inputs, labels, b.cu_seqlens);
   }
 
+  // Data parallelism: every rank's gradients summed in flat buckets of about run.bucket_mb and
+  // divided by the world size. A parameter without a gradient on this rank (an idle MoE expert)
+  // contributes zeros, so every rank sends the same layout.
+  void average_gradients() {
+    torch::NoGradGuard no_grad;
+    const int64_t bucket_bytes = std::max<int64_t>(1, cfg_.run.bucket_mb) * 1024 * 1024;
+    std::vector<at::Tensor> grads;
+    for (auto& [n, p] : params_) {
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      grads.push_back(p.grad());
+    }
+    std::vector<std::vector<at::Tensor>> buckets(1);
+    int64_t filled = 0;
+    for (auto& g : grads) {
+      if (filled > 0 && filled + g.nbytes() > static_cast<size_t>(bucket_bytes)) {
+        buckets.emplace_back();
+        filled = 0;
+      }
+      buckets.back().push_back(g);
+      filled += static_cast<int64_t>(g.nbytes());
+    }
+    std::vector<at::Tensor> flat;
+    for (auto& b : buckets) {
+      std::vector<at::Tensor> views;
+      for (auto& g : b) views.push_back(g.reshape({-1}));
+      flat.push_back(torch::cat(views));
+    }
+    comm_.all_reduce_sum(flat, "averaging gradients");
+    const double inv = 1.0 / comm_.world();
+    for (size_t i = 0; i < buckets.size(); ++i) {
+      int64_t off = 0;
+      for (auto& g : buckets[i]) {
+        g.copy_(flat[i].narrow(0, off, g.numel()).view_as(g)).mul_(inv);
+        off += g.numel();
+      }
+    }
+  }
+
   double wall() const { return wall_offset_ + seconds_since(t_start_); }
 
   void emit_train_metrics(double loss) {
@@ -267,16 +360,19 @@ class TrainLoop {
     }
     if (cfg_.train.precision == "fp8")
       m.values.emplace_back("fp8_saturations", static_cast<double>(model::take_fp8_saturations(device_)));
-    events_.push(std::move(m));
+    push(std::move(m));
   }
 
-  // Mean validation cross-entropy over the fixed batches, weighted by rows.
+  // Mean validation cross-entropy over the fixed batches, weighted by rows. Rank r evaluates
+  // batches r, r + world, ...; the sums are all-reduced, so no rank waits alone.
   double validation_loss() {
     torch::NoGradGuard no_grad;
     model_->eval();
     double sum = 0, weight = 0;
     try {
-      for (const auto& b : loader_->validation()) {
+      const auto& batches = loader_->validation();
+      for (size_t i = static_cast<size_t>(comm_.rank()); i < batches.size(); i += static_cast<size_t>(comm_.world())) {
+        const auto& b = batches[i];
         const double rows = static_cast<double>(b.inputs.size(0));
         sum += rows * forward(b).ce.item<double>();
         weight += rows;
@@ -286,6 +382,12 @@ class TrainLoop {
       throw;
     }
     model_->train();
+    if (comm_.world() > 1) {
+      std::vector<at::Tensor> t{torch::tensor({sum, weight}, torch::kFloat64)};
+      comm_.all_reduce_sum(t, "summing the validation loss");
+      sum = t[0][0].item<double>();
+      weight = t[0][1].item<double>();
+    }
     return sum / weight;
   }
 
@@ -302,11 +404,18 @@ class TrainLoop {
     }
     last_val_step_ = step_;
     last_val_ = val;
-    events_.push(std::move(m));
+    push(std::move(m));
   }
 
+  // Every rank takes part (rank 0 gathers the data positions); rank 0 writes. The weights and the
+  // optimizer state are the same on every rank.
   void save(const std::string& why) {
     if (step_ == last_saved_step_) return;
+    const std::vector<std::string> positions = comm_.gather_text("loader/" + std::to_string(step_), loader_state_);
+    if (!lead_) {
+      last_saved_step_ = step_;
+      return;
+    }
     CheckpointData d;
     d.step = step_;
     d.weights = params_;
@@ -327,7 +436,12 @@ class TrainLoop {
               {"scaler.scale", format_exact(scaler_->state()[0])},
               {"scaler.growth_tracker", format_exact(scaler_->state()[1])},
               {"scaler.skipped", format_exact(scaler_->state()[2])},
-              {"wall_s", std::to_string(wall())}};
+              {"wall_s", std::to_string(wall())},
+              {"world_size", std::to_string(comm_.world())}};
+    if (comm_.world() > 1) {
+      d.meta.erase("loader.state");
+      for (size_t r = 0; r < positions.size(); ++r) d.meta["loader.state." + std::to_string(r)] = positions[r];
+    }
     // The best checkpoint by validation loss survives pruning; it is carried in the state so a
     // resumed run keeps protecting it.
     if (last_val_step_ == step_ && (best_step_ < 0 || last_val_ < best_val_)) {
@@ -339,7 +453,7 @@ class TrainLoop {
     const std::string root = opts_.run_dir + "/checkpoints";
     auto saved = save_checkpoint(root, d);
     last_saved_step_ = step_;
-    events_.push(CheckpointEvent{step_, saved.dir, saved.bytes, saved.sha256});
+    push(CheckpointEvent{step_, saved.dir, saved.bytes, saved.sha256});
     if (!why.empty()) log("info", why + ": checkpoint at step " + std::to_string(step_));
     prune_checkpoints(root, cfg_.run.keep_checkpoints, best_step_);
   }
@@ -385,7 +499,7 @@ class TrainLoop {
     }
   }
 
-  void log(const std::string& level, const std::string& text) { events_.push(LogEvent{step_, level, text}); }
+  void log(const std::string& level, const std::string& text) { push(LogEvent{step_, level, text}); }
 
  public:
   int64_t step() const { return step_; }
@@ -397,6 +511,10 @@ class TrainLoop {
   Channel<Event>& events_;
   Channel<Command>& commands_;
   RunProgress& progress_;
+  const RankContext& rank_;
+  Communicator& comm_;
+  const bool lead_;                     // rank 0: reads commands, reports, writes checkpoints
+  bool paused_ = false;
   std::unique_ptr<data::Loader> loader_;
   std::string loader_state_;  // the loader position after the last batch consumed
   model::DecoderLM model_{nullptr};
@@ -418,16 +536,15 @@ class TrainLoop {
 
 }  // namespace
 
-void run_training(const RunConfig& cfg, const SessionOptions& opts, Channel<Event>& events,
-                  Channel<Command>& commands, RunProgress& progress) {
-  TrainLoop loop(cfg, opts, events, commands, progress);
+EndedEvent run_rank(const RunConfig& cfg, const SessionOptions& opts, Channel<Event>& events,
+                    Channel<Command>& commands, RunProgress& progress, const RankContext& rank) {
+  TrainLoop loop(cfg, opts, events, commands, progress, rank);
   try {
-    loop.run();
+    return loop.run();
   } catch (const std::exception& e) {
     events.push(LogEvent{loop.step(), "error", e.what()});
-    events.push(EndedEvent{RunStatus::Failed, loop.step(), e.what()});
+    return EndedEvent{RunStatus::Failed, loop.step(), e.what()};
   }
-  events.close();
 }
 
 }  // namespace trainer

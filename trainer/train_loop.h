@@ -1,6 +1,8 @@
-// The worker thread's body: load or build everything, then step until done, a stop command or an
-// error; every outcome ends with exactly one EndedEvent.
+// A rank's thread body: load or build everything, then step until done, a stop command or an
+// error.
 #pragma once
+
+#include <c10/core/Device.h>
 
 #include <atomic>
 #include <cstdint>
@@ -18,9 +20,18 @@ struct RunProgress {
   std::atomic<double> wall_s{0};
 };
 
-// Runs the whole training of cfg on this thread. Never throws: failures become an EndedEvent
-// with status Failed and the error text.
-void run_training(const RunConfig& cfg, const SessionOptions& opts, Channel<Event>& events,
-                  Channel<Command>& commands, RunProgress& progress);
+class Communicator;
+
+// One rank of the run: its device and its link to the other ranks (world 1: a no-op link).
+struct RankContext {
+  c10::Device device{c10::kCPU};
+  Communicator* comm = nullptr;
+};
+
+// Runs rank `rank`'s share of the training of cfg on this thread until done, a stop decided by
+// rank 0 (which alone reads `commands` and reports events), or an error. Never throws: returns how
+// the rank ended (a failure also goes out as an error LogEvent). The caller sends the EndedEvent.
+EndedEvent run_rank(const RunConfig& cfg, const SessionOptions& opts, Channel<Event>& events,
+                    Channel<Command>& commands, RunProgress& progress, const RankContext& rank);
 
 }  // namespace trainer

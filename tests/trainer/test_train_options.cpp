@@ -51,8 +51,9 @@ TEST(TrainOptions, DeviceAndPrecisionProblemsNameTheKey) {
   EXPECT_TRUE(mentions(e, "run.devices: GPU 3 does not exist (CUDA finds 0 GPUs)")) << (e.empty() ? "" : e[0]);
   e = resolve_errors(dir, {"run.devices=\"all\""});
   EXPECT_TRUE(mentions(e, "run.devices: \"all\"")) << (e.empty() ? "" : e[0]);
-  e = resolve_errors(dir, {"run.devices=\"cpu:4\""});
-  EXPECT_TRUE(mentions(e, "run.devices: \"cpu:4\"")) << (e.empty() ? "" : e[0]);
+  EXPECT_TRUE(resolve_errors(dir, {"run.devices=\"cpu:4\""}).empty());  // four CPU ranks
+  e = resolve_errors(dir, {"run.devices=\"0,1\""});
+  EXPECT_TRUE(mentions(e, "run.devices: GPU 0 does not exist")) << (e.empty() ? "" : e[0]);
 }
 
 // bf16 autocast on the CPU trains (the GDN core and router stay fp32 inside it); without a known

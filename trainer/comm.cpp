@@ -1,0 +1,152 @@
+#include "trainer/comm.h"
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#if defined(DD_HAVE_CUDA)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+#include <unistd.h>
+
+#include <stdexcept>
+
+namespace trainer {
+
+struct Rendezvous::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+};
+
+std::shared_ptr<Rendezvous> Rendezvous::in_process() {
+  auto r = std::make_shared<Rendezvous>();
+  r->impl = std::make_shared<Impl>();
+  r->impl->store = c10::make_intrusive<c10d::HashStore>();
+  return r;
+}
+
+namespace {
+
+std::string host_name() {
+  char buf[256] = {0};
+  gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+class SingleRank : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world() const override { return 1; }
+  void all_reduce_sum(std::vector<at::Tensor>&, const std::string&) override {}
+  void broadcast(std::vector<at::Tensor>&, int, const std::string&) override {}
+  void barrier(const std::string&) override {}
+  std::vector<std::string> gather_text(const std::string&, const std::string& text) override { return {text}; }
+};
+
+class C10dGroup : public Communicator {
+ public:
+  C10dGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend, int rank, int world,
+            std::chrono::milliseconds timeout)
+      : store_(std::move(store)), backend_(std::move(backend)), rank_(rank), world_(world), timeout_(timeout) {}
+
+  int rank() const override { return rank_; }
+  int world() const override { return world_; }
+
+  void all_reduce_sum(std::vector<at::Tensor>& tensors, const std::string& what) override {
+    guarded(what, [&] {
+      // One collective per tensor, all launched before the first wait.
+      std::vector<c10::intrusive_ptr<c10d::Work>> works;
+      for (auto& t : tensors) {
+        std::vector<at::Tensor> one{t};
+        works.push_back(backend_->allreduce(one, c10d::AllreduceOptions{}));
+      }
+      for (auto& w : works) w->wait(timeout_);
+    });
+  }
+
+  void broadcast(std::vector<at::Tensor>& tensors, int root, const std::string& what) override {
+    guarded(what, [&] {
+      for (auto& t : tensors) {
+        std::vector<at::Tensor> one{t};
+        c10d::BroadcastOptions o;
+        o.rootRank = root;
+        backend_->broadcast(one, o)->wait(timeout_);
+      }
+    });
+  }
+
+  void barrier(const std::string& what) override {
+    guarded(what, [&] {
+      // A one-element all-reduce: works the same on Gloo and NCCL and respects the timeout.
+      std::vector<at::Tensor> t{at::zeros({1}, at::TensorOptions().device(device_of_backend()))};
+      backend_->allreduce(t, c10d::AllreduceOptions{})->wait(timeout_);
+    });
+  }
+
+  std::vector<std::string> gather_text(const std::string& key, const std::string& text) override {
+    std::vector<std::string> out;
+    guarded("gathering " + key, [&] {
+      const std::string mine = "gather/" + key + "/" + std::to_string(rank_);
+      store_->set(mine, std::vector<uint8_t>(text.begin(), text.end()));
+      if (rank_ != 0) return;
+      for (int r = 0; r < world_; ++r) {
+        const std::string k = "gather/" + key + "/" + std::to_string(r);
+        store_->wait({k}, timeout_);
+        auto bytes = store_->get(k);
+        out.emplace_back(bytes.begin(), bytes.end());
+      }
+    });
+    return out;
+  }
+
+  void set_device(const c10::Device& d) { device_ = d; }
+
+ private:
+  template <typename F>
+  void guarded(const std::string& what, F&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      throw std::runtime_error("rank " + std::to_string(rank_) + " of " + std::to_string(world_) + " on " +
+                               host_name() + ": " + what + " failed: " + e.what());
+    }
+  }
+  c10::Device device_of_backend() const { return device_; }
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::Backend> backend_;
+  int rank_, world_;
+  std::chrono::milliseconds timeout_;
+  c10::Device device_{c10::kCPU};
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> Communicator::single() { return std::make_unique<SingleRank>(); }
+
+std::unique_ptr<Communicator> Communicator::join(const std::shared_ptr<Rendezvous>& rendezvous, int rank, int world,
+                                                 const c10::Device& device, std::chrono::milliseconds timeout) {
+  if (world == 1) return single();
+  auto store = c10::make_intrusive<c10d::PrefixStore>(device.is_cuda() ? "nccl" : "gloo", rendezvous->impl->store);
+  c10::intrusive_ptr<c10d::Backend> backend;
+  try {
+    if (device.is_cuda()) {
+#if defined(DD_HAVE_CUDA)
+      auto opts = c10d::ProcessGroupNCCL::Options::create();
+      opts->timeout = timeout;
+      backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world, opts);
+#else
+      throw std::runtime_error("this build has no CUDA");
+#endif
+    } else {
+      auto opts = c10d::ProcessGroupGloo::Options::create_default(timeout);
+      backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, opts);
+    }
+  } catch (const std::exception& e) {
+    throw std::runtime_error("rank " + std::to_string(rank) + " of " + std::to_string(world) + " on " + host_name() +
+                             ": joining the " + (device.is_cuda() ? "NCCL" : "Gloo") + " group failed: " + e.what());
+  }
+  auto group = std::make_unique<C10dGroup>(store, backend, rank, world, timeout);
+  group->set_device(device);
+  return group;
+}
+
+}  // namespace trainer

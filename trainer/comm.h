@@ -1,0 +1,49 @@
+// How ranks talk: c10d process groups (Gloo for CPU ranks, NCCL for GPU ranks) over a shared
+// rendezvous store — an in-process HashStore when the ranks are threads of one process. Every
+// rank-dependent decision in the engine goes through a Communicator; world 1 makes every call a
+// no-op. Collective failures are rethrown as std::runtime_error naming the rank, host and operation.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace trainer {
+
+// Where ranks meet (a c10d store). Shared by the ranks' threads.
+class Rendezvous {
+ public:
+  // One process, ranks as threads.
+  static std::shared_ptr<Rendezvous> in_process();
+  virtual ~Rendezvous() = default;
+  struct Impl;
+  std::shared_ptr<Impl> impl;
+};
+
+class Communicator {
+ public:
+  // World 1: no peers, nothing to exchange.
+  static std::unique_ptr<Communicator> single();
+  // Joins the group of `world` ranks at `rendezvous` as `rank`: Gloo when device is the CPU, NCCL
+  // for a CUDA device. Blocks until every rank joined or the timeout passed.
+  static std::unique_ptr<Communicator> join(const std::shared_ptr<Rendezvous>& rendezvous, int rank, int world,
+                                            const c10::Device& device, std::chrono::milliseconds timeout);
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int world() const = 0;
+  // Sums the tensors across ranks, in place; `what` names the operation in errors.
+  virtual void all_reduce_sum(std::vector<at::Tensor>& tensors, const std::string& what) = 0;
+  // Copies root's tensors to every rank, in place.
+  virtual void broadcast(std::vector<at::Tensor>& tensors, int root, const std::string& what) = 0;
+  virtual void barrier(const std::string& what) = 0;
+  // Rank 0 receives every rank's text (in rank order; other ranks get an empty list). `key` must be
+  // unique per call (e.g. include the step).
+  virtual std::vector<std::string> gather_text(const std::string& key, const std::string& text) = 0;
+};
+
+}  // namespace trainer
