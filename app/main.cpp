@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "app/bench_command.h"
+#include "app/bench_train.h"
 #include "app/build_info.h"
 #include "app/export_command.h"
 #include "app/model_command.h"
@@ -85,6 +86,21 @@ int main(int argc, char** argv) {
   bench_data_cmd->add_option("--separator", bench_data.separator, "Text document separator line (\"\" = a document per file)");
   bench_data_cmd->add_option("--eot", bench_data.eot_token, "Token sources: the end-of-document id")->capture_default_str();
 
+  app::BenchTrainArgs bench_train;
+  auto* bench_train_cmd = bench_cmd->add_subcommand(
+      "train", "The whole training step of a preset on random tokens: median step time, tokens/s, MFU, peak memory");
+  bench_train_cmd->add_option("-p,--preset", bench_train.preset, "Model preset")->capture_default_str();
+  bench_train_cmd->add_option("-f,--family", bench_train.family, "hybrid | gpt")->capture_default_str();
+  bench_train_cmd->add_option("--precision", bench_train.precision, "fp32 | bf16 | fp16 | fp8")->capture_default_str();
+  bench_train_cmd->add_option("--devices", bench_train.devices, "run.devices: auto, cpu, cpu:N, 0, 0,1, all")
+      ->capture_default_str();
+  bench_train_cmd->add_option("--steps", bench_train.steps, "Timed steps")->capture_default_str();
+  bench_train_cmd->add_option("--warmup", bench_train.warmup, "Untimed steps first")->capture_default_str();
+  bench_train_cmd->add_option("--batch", bench_train.batch_size, "Rows per rank")->capture_default_str();
+  bench_train_cmd->add_option("--seq-len", bench_train.seq_len, "Row length T")->capture_default_str();
+  bench_train_cmd->add_option("-s,--set", bench_train.overrides, "Override a config key: section.key=value");
+  bench_train_cmd->add_option("--json", bench_train.json_path, "Also write the figures as JSON to this file");
+
   app::TokenizerTrainArgs tok_train;
   auto* tokenizer_cmd = cli.add_subcommand("tokenizer", "Train tokenizers");
   tokenizer_cmd->require_subcommand(1);
@@ -120,6 +136,7 @@ int main(int argc, char** argv) {
     if (*bench_model_cmd) return app::bench_model(bench);
     if (*tok_train_cmd) return app::tokenizer_train(tok_train);
     if (*bench_data_cmd) return app::bench_data(bench_data);
+    if (*bench_train_cmd) return app::bench_train(bench_train);
     if (*export_cmd) return app::run_export(export_args);
   } catch (const std::exception& e) {
     std::cerr << "deltadeck: " << e.what() << "\n";

@@ -655,13 +655,13 @@ std::vector<std::string> validate(const RunConfig& c) {
                                     " < " + std::to_string(c.train.seq_len) + ")");
 
   if (c.data.train.empty()) k.fail("data.train", "required (a list of sources like \"text:/path/*.txt\")");
-  static const std::vector<std::string> kinds = {"text:", "jsonl:", "llmc:", "u16:"};
+  static const std::vector<std::string> kinds = {"text:", "jsonl:", "llmc:", "u16:", "random:"};
   for (const std::string& src : c.data.train) {
     std::string kind;
     for (const std::string& p : kinds)
       if (starts_with(src, p)) kind = p;
     if (kind.empty())
-      k.fail("data.train", "each source must start with one of text:, jsonl:, llmc:, u16: (got " + quote(src) + ")");
+      k.fail("data.train", "each source must start with one of text:, jsonl:, llmc:, u16:, random: (got " + quote(src) + ")");
     else if (trim(src.substr(kind.size())).empty())
       k.fail("data.train", "a source needs a path after " + quote(kind) + " (got " + quote(src) + ")");
   }

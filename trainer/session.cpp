@@ -18,7 +18,9 @@ namespace trainer {
 
 namespace {
 
-bool is_token_source(const std::string& spec) { return spec.rfind("llmc:", 0) == 0 || spec.rfind("u16:", 0) == 0; }
+bool is_token_source(const std::string& spec) {
+  return spec.rfind("llmc:", 0) == 0 || spec.rfind("u16:", 0) == 0 || spec.rfind("random:", 0) == 0;
+}
 
 }  // namespace
 

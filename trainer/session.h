@@ -16,6 +16,7 @@ namespace trainer {
 struct SessionOptions {
   std::string run_dir;      // checkpoints go to <run_dir>/checkpoints
   std::string resume_from;  // a checkpoint directory to continue from; empty = fresh start
+  bool measure_only = false;  // benchmarks: no evaluation, no checkpoints
 };
 
 // Completes a validated config for this build: fills model.vocab_size from the tokenizer when 0,

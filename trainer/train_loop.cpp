@@ -171,6 +171,7 @@ class TrainLoop {
         throw std::runtime_error("loss is " + std::to_string(loss) + " at step " + std::to_string(step_) +
                                  "; lower train.lr or enable gradient clipping");
       }
+      if (opts_.measure_only) continue;
       if ((cfg_.run.eval_interval > 0 && step_ % cfg_.run.eval_interval == 0) || last) evaluate();
       if ((cfg_.run.save_interval > 0 && step_ % cfg_.run.save_interval == 0) || last) save("");
     }

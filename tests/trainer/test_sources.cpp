@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <initializer_list>
 #include <thread>
 
@@ -579,4 +580,46 @@ TEST(BadInput, SourceWithNoDocuments) {
   write_llmc(dir, "s1.bin", {});
   expect_error([&] { open_source("llmc:" + dir.path() + "/s*.bin", options(), BYTE); },
                {dir.file("s0.bin") + " (and 1 more files)", "byte 1024", "no documents", "50256"});
+}
+
+// random:DOCS: the same documents on every read, ids below the vocabulary and never the EOT id
+// except at the end, lengths 256..4096; bad counts and a missing vocabulary are named errors.
+TEST(RandomSource, DeterministicDocumentsInRange) {
+  ByteTokenizer tok;
+  SourceOptions o;
+  o.vocab_size = 1000;
+  o.eot_token = 7;
+  o.key = "data.train[0]";
+  auto src = open_source("random:500", o, tok);
+  ASSERT_EQ(src->num_documents(), 500);
+  EXPECT_TRUE(src->files().empty());
+  std::set<int64_t> lengths;
+  for (int64_t i = 0; i < 500; i += 37) {
+    std::vector<int32_t> a, b;
+    src->read_document(i, tok, a);
+    src->read_document(i, tok, b);
+    EXPECT_EQ(a, b) << i;
+    ASSERT_EQ(static_cast<int64_t>(a.size()), src->document_tokens(i) + 1);
+    EXPECT_GE(src->document_tokens(i), 256);
+    EXPECT_LE(src->document_tokens(i), 4096);
+    lengths.insert(src->document_tokens(i));
+    EXPECT_EQ(a.back(), 7);
+    for (size_t t = 0; t + 1 < a.size(); ++t) {
+      ASSERT_NE(a[t], 7);
+      ASSERT_GE(a[t], 0);
+      ASSERT_LT(a[t], 1000);
+    }
+  }
+  EXPECT_GT(lengths.size(), 5u);  // lengths vary
+  for (const char* bad : {"random:0", "random:abc", "random:12x"}) {
+    try {
+      open_source(bad, o, tok);
+      ADD_FAILURE() << bad << " opened";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("data.train[0]: random:DOCS needs a document count"), std::string::npos)
+          << e.what();
+    }
+  }
+  o.vocab_size = 0;
+  EXPECT_THROW(open_source("random:10", o, tok), std::runtime_error);
 }

@@ -94,7 +94,8 @@ ParsedSpec parse_spec(const std::string& spec, const std::string& key) {
   const auto colon = spec.find(':');
   if (colon != std::string::npos) {
     ParsedSpec p{spec.substr(0, colon), spec.substr(colon + 1)};
-    if (p.format == "text" || p.format == "jsonl" || p.format == "llmc" || p.format == "u16") return p;
+    if (p.format == "text" || p.format == "jsonl" || p.format == "llmc" || p.format == "u16" || p.format == "random")
+      return p;
   }
   throw std::runtime_error(key + ": source '" + spec + "' has no known format prefix; expected text:GLOB, " +
                            "jsonl:GLOB, llmc:GLOB (llm.c token shards) or u16:GLOB (raw uint16 tokens)");
@@ -139,11 +140,14 @@ std::vector<std::string> expand_pattern(const std::string& pattern, const std::v
 
 std::vector<std::string> expand_source_files(const std::string& spec, const std::vector<std::string>& exclude,
                                              const std::string& key) {
-  return expand_pattern(parse_spec(spec, key).pattern, exclude, key);
+  const ParsedSpec p = parse_spec(spec, key);
+  if (p.format == "random") return {};  // no files behind it
+  return expand_pattern(p.pattern, exclude, key);
 }
 
 std::unique_ptr<Source> open_source(const std::string& spec, const SourceOptions& opts, const Tokenizer& tok) {
   const ParsedSpec p = parse_spec(spec, opts.key);
+  if (p.format == "random") return detail::open_random_source(p.pattern, opts);
   auto files = expand_pattern(p.pattern, opts.exclude, opts.key);
   if (p.format == "text") return detail::open_text_source(std::move(files), opts, tok);
   if (p.format == "jsonl") return detail::open_jsonl_source(std::move(files), opts, tok);

@@ -6,6 +6,7 @@
 //   llmc:GLOB   llm.c token shards: 256 int32 header (magic 20240520, version 1, token count), then
 //               uint16 tokens; documents split at data.eot_token
 //   u16:GLOB    raw uint16 token arrays (nanoGPT's train.bin); documents split at data.eot_token
+//   random:DOCS synthetic documents of uniform token ids (benchmarks; needs model.vocab_size)
 // No torch.
 #pragma once
 

@@ -68,6 +68,8 @@ std::unique_ptr<TextDocumentSource> open_jsonl_source(std::vector<std::string> f
                                                       const Tokenizer& tok);
 // llmc = true: llm.c shards with their 1024-byte header; false: raw uint16 arrays.
 std::unique_ptr<Source> open_token_source(std::vector<std::string> files, const SourceOptions& opts, bool llmc);
+// random:DOCS (random_source.cpp): synthetic token documents for benchmarks.
+std::unique_ptr<Source> open_random_source(const std::string& count, const SourceOptions& opts);
 
 // ---------------------------------------------------------------------------------------------
 

@@ -1,0 +1,130 @@
+#include "app/bench_train.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <variant>
+
+#include <nlohmann/json.hpp>
+
+#include "storage/file_util.h"
+#include "trainer/config.h"
+#include "trainer/session.h"
+
+namespace app {
+
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+int bench_train(const BenchTrainArgs& a) {
+  if (a.steps < 1 || a.warmup < 0) {
+    std::cerr << "deltadeck: bench train: --steps must be >= 1 and --warmup >= 0\n";
+    return 2;
+  }
+  const std::string tmp = storage::files::make_temp_dir("deltadeck-bench");
+  std::vector<std::string> o = {
+      "name=\"bench\"",
+      "model.family=\"" + a.family + "\"",
+      "model.preset=\"" + a.preset + "\"",
+      "data.train=[\"random:1000000\"]",
+      "data.val=0.0001",
+      "data.eot_token=0",
+      "train.steps=" + std::to_string(a.steps + a.warmup),
+      "train.warmup_steps=0",
+      "train.batch_size=" + std::to_string(a.batch_size),
+      "train.seq_len=" + std::to_string(a.seq_len),
+      "model.max_seq_len=" + std::to_string(a.seq_len),
+      "train.precision=\"" + a.precision + "\"",
+      "run.devices=\"" + a.devices + "\"",
+      "run.log_interval=1",
+      "run.eval_interval=0",
+      "run.save_interval=0",
+      "run.runs_dir=\"" + tmp + "\"",
+  };
+  o.insert(o.end(), a.overrides.begin(), a.overrides.end());
+  auto parsed = trainer::parse_config("", "bench train", o);
+  if (!parsed.ok()) {
+    for (const auto& e : parsed.errors) std::cerr << "deltadeck: bench train: " << e << "\n";
+    return 2;
+  }
+  trainer::RunConfig cfg = parsed.config;
+  auto unresolved = trainer::resolve_config(cfg);
+  if (!unresolved.empty()) {
+    for (const auto& e : unresolved) std::cerr << "deltadeck: bench train: " << e << "\n";
+    return 2;
+  }
+  trainer::SessionOptions so;
+  so.run_dir = tmp + "/bench";
+  so.measure_only = true;
+  trainer::Session session(cfg, so);
+  session.start();
+  std::map<std::string, std::vector<double>> after_warmup;  // metric -> values of timed steps
+  std::string device;
+  int64_t params = 0, tokens_per_step = 0, last_tokens = 0;
+  trainer::EndedEvent ended;
+  while (auto ev = session.events().pop()) {
+    if (auto* m = std::get_if<trainer::MetricsEvent>(&*ev)) {
+      if (m->step <= a.warmup) {
+        last_tokens = m->tokens;
+        continue;
+      }
+      for (const auto& [k, v] : m->values) after_warmup[k].push_back(v);
+      if (m->step == a.warmup + 1) tokens_per_step = m->tokens - last_tokens;
+    } else if (auto* s = std::get_if<trainer::StartedEvent>(&*ev)) {
+      device = s->device;
+      params = s->params;
+    } else if (auto* l = std::get_if<trainer::LogEvent>(&*ev)) {
+      if (l->level == "error") std::cerr << "error: " << l->text << "\n";
+    } else if (auto* e = std::get_if<trainer::EndedEvent>(&*ev)) {
+      ended = *e;
+    }
+  }
+  session.join();
+  storage::files::remove_tree(tmp);
+  if (ended.status == trainer::RunStatus::Failed) {
+    std::cerr << "deltadeck: bench train: the run failed: " << ended.message << "\n";
+    return 1;
+  }
+  const double step_ms = median(after_warmup["step_time_ms"]);
+  const double tok_s = step_ms > 0 ? static_cast<double>(tokens_per_step) / (step_ms / 1e3) : 0;
+  const double mfu = median(after_warmup["mfu"]);
+  double peak = 0;
+  for (double v : after_warmup["mem_peak_gib"]) peak = std::max(peak, v);
+
+  nlohmann::json j;
+  j["preset"] = a.preset;
+  j["family"] = a.family;
+  j["precision"] = a.precision;
+  j["devices"] = a.devices;
+  j["device"] = device;
+  j["params"] = params;
+  j["tokens_per_step"] = tokens_per_step;
+  j["steps_timed"] = after_warmup["step_time_ms"].size();
+  j["median_step_ms"] = step_ms;
+  j["tokens_per_s"] = tok_s;
+  j["mfu"] = mfu;
+  j["peak_mem_gib"] = peak;
+  std::printf("| model | precision | devices | tokens/step | median step | tokens/s | MFU | peak mem |\n"
+              "|---|---|---|---|---|---|---|---|\n"
+              "| %s/%s | %s | %s | %lld | %.1f ms | %.0f | %.1f%% | %.2f GiB |\n",
+              a.family.c_str(), a.preset.c_str(), a.precision.c_str(), a.devices.c_str(),
+              static_cast<long long>(tokens_per_step), step_ms, tok_s, 100 * mfu, peak);
+  std::printf("on %s\n%s\n", device.c_str(), j.dump().c_str());
+  if (!a.json_path.empty()) {
+    std::ofstream f(a.json_path);
+    f << j.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace app

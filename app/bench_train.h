@@ -1,0 +1,28 @@
+// `deltadeck bench train`: the whole training step of a preset on synthetic tokens (random:), run
+// through the real engine (every rank, precision, optimizer), checkpoints and evaluation off.
+// Prints the median step time, tokens/s, MFU and peak memory after a warm-up, as a table and JSON.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace app {
+
+struct BenchTrainArgs {
+  std::string preset = "small";
+  std::string family = "hybrid";
+  std::string precision = "bf16";
+  std::string devices = "auto";
+  int64_t steps = 30;                   // timed steps after the warm-up
+  int64_t warmup = 10;
+  int64_t batch_size = 8;               // rows per rank and micro-step
+  int64_t seq_len = 1024;
+  std::vector<std::string> overrides;   // --set section.key=value
+  std::string json_path;                // also write the JSON object here
+};
+
+// Returns the exit code: 0 measured, 2 bad arguments or config, 1 the run failed.
+int bench_train(const BenchTrainArgs& args);
+
+}  // namespace app
