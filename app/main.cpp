@@ -29,6 +29,12 @@ int main(int argc, char** argv) {
                         "Continue a run (id, name, unique prefix or \"latest\") from its newest complete checkpoint, "
                         "appending to the same run")
       ->excludes("--config");
+  train_cmd->add_option("--nnodes", train.cluster.nnodes,
+                        "Nodes of a multi-node run, one deltadeck process each (default: from torchrun/Slurm, else 1)");
+  train_cmd->add_option("--node-rank", train.cluster.node_rank, "This node's rank (default: NODE_RANK/RANK/SLURM_NODEID)");
+  train_cmd->add_option("--master-addr", train.cluster.master_addr,
+                        "Host of node 0's rendezvous store (default: MASTER_ADDR, Slurm's first node, 127.0.0.1)");
+  train_cmd->add_option("--master-port", train.cluster.master_port, "Its port (default: MASTER_PORT or 29500)");
   train_cmd->add_flag("--no-gui", train.no_gui, "Run headless with plain log lines (the only mode of this build)");
 
   std::string runs_dir = "runs";

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <variant>
 
@@ -167,7 +169,64 @@ int prepare_resume(const TrainArgs& args, PreparedRun& out) {
 
 }  // namespace
 
+// Nodes other than 0 of a multi-node run: the same validation and engine, no database; every
+// line goes to stdout and to <runs_dir>/<name>.node<K>.log next to node 0's database.
+int run_worker_node(const TrainArgs& args, const trainer::ClusterSpec& cluster) {
+  if (!args.resume.empty()) {
+    std::cerr << "deltadeck: --resume across nodes is not supported yet; resume on a single node\n";
+    return 2;
+  }
+  trainer::ConfigResult parsed = args.config_path.empty()
+                                     ? trainer::parse_config(DEMO_CONFIG_TOML, "<embedded demo config>", args.overrides)
+                                     : trainer::load_config(args.config_path, args.overrides);
+  const std::string where = args.config_path.empty() ? "the demo config" : args.config_path;
+  if (!parsed.ok()) {
+    print_errors(where, parsed.errors);
+    return 2;
+  }
+  trainer::RunConfig cfg = parsed.config;
+  if (!args.runs_dir.empty()) cfg.run.runs_dir = args.runs_dir;
+  auto unresolved = trainer::resolve_config(cfg);
+  if (!unresolved.empty()) {
+    print_errors(where, unresolved);
+    return 2;
+  }
+  storage::files::make_dirs(cfg.run.runs_dir);
+  const std::string log_path = cfg.run.runs_dir + "/" + cfg.name + ".node" + std::to_string(cluster.node_rank) + ".log";
+  std::ofstream log(log_path, std::ios::app);
+  auto say = [&](const std::string& line) {
+    std::cout << line << "\n" << std::flush;
+    log << line << "\n" << std::flush;
+  };
+  say("deltadeck " + std::string(VERSION) + " (" + REVISION + "): node " + std::to_string(cluster.node_rank) + " of " +
+      std::to_string(cluster.nnodes) + " (" + cluster.source + "), rendezvous " + cluster.master_addr + ":" +
+      std::to_string(cluster.master_port) + "; node 0 records the run");
+  trainer::SessionOptions so;
+  so.run_dir = cfg.run.runs_dir + "/" + cfg.name;
+  so.cluster = cluster;
+  trainer::Session session(cfg, so);
+  install_stop_signals();
+  session.start();
+  trainer::EndedEvent ended{trainer::RunStatus::Failed, 0, "the engine ended without a final event"};
+  while (auto ev = session.events().pop()) {
+    if (auto* l = std::get_if<trainer::LogEvent>(&*ev)) say(l->level + ": " + l->text);
+    if (auto* e = std::get_if<trainer::EndedEvent>(&*ev)) ended = *e;
+  }
+  session.join();
+  say(std::string("node ") + std::to_string(cluster.node_rank) + " " + trainer::status_name(ended.status) +
+      " at step " + std::to_string(ended.step) + ": " + ended.message);
+  return ended.status == trainer::RunStatus::Failed ? 1 : 0;
+}
+
 int run_train(const TrainArgs& args) {
+  trainer::ClusterSpec cluster;
+  try {
+    cluster = trainer::resolve_cluster([](const char* k) { return std::getenv(k); }, args.cluster);
+  } catch (const std::exception& e) {
+    std::cerr << "deltadeck: " << e.what() << "\n";
+    return 2;
+  }
+  if (cluster.node_rank > 0) return run_worker_node(args, cluster);
   PreparedRun prep;
   try {
     const int rc = args.resume.empty() ? prepare_new_run(args, prep) : prepare_resume(args, prep);
@@ -190,7 +249,14 @@ int run_train(const TrainArgs& args) {
   print_config_table(trainer::to_toml(cfg));
 
   storage::MetricsWriter writer(db_path);
-  trainer::Session session(cfg, trainer::SessionOptions{run_dir, prep.resume_from});
+  trainer::SessionOptions so;
+  so.run_dir = run_dir;
+  so.resume_from = prep.resume_from;
+  so.cluster = cluster;
+  if (cluster.nnodes > 1)
+    std::cout << "node 0 of " << cluster.nnodes << " (" << cluster.source << "), serving the rendezvous at "
+              << cluster.master_addr << ":" << cluster.master_port << "\n";
+  trainer::Session session(cfg, so);
   install_stop_signals();
   session.start();
 

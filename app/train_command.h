@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "trainer/cluster.h"
+
 namespace app {
 
 struct TrainArgs {
@@ -13,6 +15,7 @@ struct TrainArgs {
   std::string runs_dir;               // --runs-dir; empty: run.runs_dir of the config ("runs" with --resume)
   std::string resume;                 // --resume RUN|latest: continue that run from its newest checkpoint
   bool no_gui = false;
+  trainer::ClusterOverrides cluster;  // --nnodes --node-rank --master-addr --master-port
 };
 
 // Returns the process exit code: 0 finished or stopped, 1 failed, 2 invalid config.

@@ -77,6 +77,7 @@ struct RunSection {
                                          // mostly sleep on a full queue)
   double collective_timeout_s = 600;     // a collective (gradient all-reduce, ...) waiting longer fails the run
   int64_t bucket_mb = 25;                // gradients are all-reduced in flat buckets of about this size
+  bool zero1 = false;                    // ZeRO-1: AdamW's state sharded across the ranks
   double peak_tflops = 0;                // the device's peak for MFU; 0 = the known dense peak of the GPU
                                          // for the precision (bf16, or fp8), none on the CPU
 };

@@ -3,6 +3,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #if defined(DD_HAVE_CUDA)
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -13,7 +14,21 @@
 namespace trainer {
 
 struct Rendezvous::Impl {
-  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Store> store;  // HashStore, or this process's TCPStore (node 0: the server)
+  // TCP only: every rank thread gets its own client connection, because one TCPStore client
+  // serialises its requests and a rank blocked in wait() would hold up the others' set().
+  std::string addr;
+  int port = 0;
+  std::chrono::milliseconds timeout{0};
+  c10::intrusive_ptr<c10d::Store> store_for_rank() const {
+    if (addr.empty()) return store;
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<std::uint16_t>(port);
+    o.isServer = false;
+    o.waitWorkers = false;
+    o.timeout = timeout;
+    return c10::make_intrusive<c10d::TCPStore>(addr, o);
+  }
 };
 
 std::shared_ptr<Rendezvous> Rendezvous::in_process() {
@@ -21,6 +36,41 @@ std::shared_ptr<Rendezvous> Rendezvous::in_process() {
   r->impl = std::make_shared<Impl>();
   r->impl->store = c10::make_intrusive<c10d::HashStore>();
   return r;
+}
+
+std::shared_ptr<Rendezvous> Rendezvous::tcp(const std::string& addr, int port, bool serve, int nodes,
+                                           std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<std::uint16_t>(port);
+  o.isServer = serve;
+  o.numWorkers = static_cast<std::size_t>(nodes);
+  o.waitWorkers = false;
+  o.timeout = timeout;
+  auto r = std::make_shared<Rendezvous>();
+  r->impl = std::make_shared<Impl>();
+  r->impl->addr = addr;
+  r->impl->port = port;
+  r->impl->timeout = timeout;
+  try {
+    r->impl->store = c10::make_intrusive<c10d::TCPStore>(addr, o);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string(serve ? "serving" : "reaching") + " the rendezvous store at " + addr + ":" +
+                             std::to_string(port) + " failed: " + e.what());
+  }
+  return r;
+}
+
+std::vector<std::string> Rendezvous::exchange(const std::string& key, int node, int nodes, const std::string& value,
+                                              std::chrono::milliseconds timeout) {
+  impl->store->set(key + "/" + std::to_string(node), std::vector<uint8_t>(value.begin(), value.end()));
+  std::vector<std::string> out;
+  for (int n = 0; n < nodes; ++n) {
+    const std::string k = key + "/" + std::to_string(n);
+    impl->store->wait({k}, timeout);
+    auto bytes = impl->store->get(k);
+    out.emplace_back(bytes.begin(), bytes.end());
+  }
+  return out;
 }
 
 namespace {
@@ -38,6 +88,8 @@ class SingleRank : public Communicator {
   void all_reduce_sum(std::vector<at::Tensor>&, const std::string&) override {}
   void broadcast(std::vector<at::Tensor>&, int, const std::string&) override {}
   void barrier(const std::string&) override {}
+  void reduce_scatter_sum(at::Tensor& shard, const at::Tensor& flat, const std::string&) override { shard.copy_(flat); }
+  void all_gather(at::Tensor& flat, const at::Tensor& shard, const std::string&) override { flat.copy_(shard); }
   std::vector<std::string> gather_text(const std::string&, const std::string& text) override { return {text}; }
 };
 
@@ -79,6 +131,14 @@ class C10dGroup : public Communicator {
       std::vector<at::Tensor> t{at::zeros({1}, at::TensorOptions().device(device_of_backend()))};
       backend_->allreduce(t, c10d::AllreduceOptions{})->wait(timeout_);
     });
+  }
+
+  void reduce_scatter_sum(at::Tensor& shard, const at::Tensor& flat, const std::string& what) override {
+    guarded(what, [&] { backend_->_reduce_scatter_base(shard, const_cast<at::Tensor&>(flat))->wait(timeout_); });
+  }
+
+  void all_gather(at::Tensor& flat, const at::Tensor& shard, const std::string& what) override {
+    guarded(what, [&] { backend_->_allgather_base(flat, const_cast<at::Tensor&>(shard))->wait(timeout_); });
   }
 
   std::vector<std::string> gather_text(const std::string& key, const std::string& text) override {
@@ -125,9 +185,11 @@ std::unique_ptr<Communicator> Communicator::single() { return std::make_unique<S
 std::unique_ptr<Communicator> Communicator::join(const std::shared_ptr<Rendezvous>& rendezvous, int rank, int world,
                                                  const c10::Device& device, std::chrono::milliseconds timeout) {
   if (world == 1) return single();
-  auto store = c10::make_intrusive<c10d::PrefixStore>(device.is_cuda() ? "nccl" : "gloo", rendezvous->impl->store);
+  c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> backend;
   try {
+    store = c10::make_intrusive<c10d::PrefixStore>(device.is_cuda() ? "nccl" : "gloo",
+                                                   rendezvous->impl->store_for_rank());
     if (device.is_cuda()) {
 #if defined(DD_HAVE_CUDA)
       auto opts = c10d::ProcessGroupNCCL::Options::create();

@@ -19,6 +19,14 @@ class Rendezvous {
  public:
   // One process, ranks as threads.
   static std::shared_ptr<Rendezvous> in_process();
+  // Several processes (one per node): a c10d TCPStore served by node 0 at addr:port; the others
+  // connect, retrying until `timeout`. Throws std::runtime_error naming addr:port.
+  static std::shared_ptr<Rendezvous> tcp(const std::string& addr, int port, bool serve, int nodes,
+                                         std::chrono::milliseconds timeout);
+  // Publishes this node's value under `key` and returns every node's, in node order (waits for
+  // them). For agreeing on the layout before the process groups form.
+  std::vector<std::string> exchange(const std::string& key, int node, int nodes, const std::string& value,
+                                    std::chrono::milliseconds timeout);
   virtual ~Rendezvous() = default;
   struct Impl;
   std::shared_ptr<Impl> impl;
@@ -41,6 +49,10 @@ class Communicator {
   // Copies root's tensors to every rank, in place.
   virtual void broadcast(std::vector<at::Tensor>& tensors, int root, const std::string& what) = 0;
   virtual void barrier(const std::string& what) = 0;
+  // shard = the sum across ranks of flat's `rank`-th slice; flat.numel() == world × shard.numel().
+  virtual void reduce_scatter_sum(at::Tensor& shard, const at::Tensor& flat, const std::string& what) = 0;
+  // flat = every rank's shard, in rank order; flat.numel() == world × shard.numel().
+  virtual void all_gather(at::Tensor& flat, const at::Tensor& shard, const std::string& what) = 0;
   // Rank 0 receives every rank's text (in rank order; other ranks get an empty list). `key` must be
   // unique per call (e.g. include the step).
   virtual std::vector<std::string> gather_text(const std::string& key, const std::string& text) = 0;

@@ -139,6 +139,7 @@ const std::vector<Field>& fields() {
       DD_CONFIG_FIELD("run", "peak_tflops", run.peak_tflops),
       DD_CONFIG_FIELD("run", "collective_timeout_s", run.collective_timeout_s),
       DD_CONFIG_FIELD("run", "bucket_mb", run.bucket_mb),
+      DD_CONFIG_FIELD("run", "zero1", run.zero1),
   };
   return all;
 }
@@ -735,6 +736,8 @@ std::vector<std::string> validate(const RunConfig& c) {
   k.non_negative("run.peak_tflops", r.peak_tflops);
   k.positive("run.collective_timeout_s", r.collective_timeout_s);
   k.at_least("run.bucket_mb", r.bucket_mb, 1);
+  if (r.zero1 && (c.train.optimizer != "adamw" || c.train.mup_base_width > 0))
+    k.fail("run.zero1", "shards AdamW's state only: use train.optimizer = \"adamw\" without train.mup_base_width");
   return k.out;
 }
 

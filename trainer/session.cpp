@@ -106,18 +106,35 @@ struct Session::Impl {
     EndedEvent ended{RunStatus::Failed, 0, "no rank ran"};
     try {
       const std::vector<c10::Device> devices = rank_devices(cfg.run.devices);
-      const int world = static_cast<int>(devices.size());
+      const int local_world = static_cast<int>(devices.size());
+      const ClusterSpec& node = opts.cluster;
+      const int world = local_world * node.nnodes;
+      const int first_rank = node.node_rank * local_world;  // global rank = node rank × local world + local rank
       const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.run.collective_timeout_s * 1000));
-      auto rendezvous = world > 1 ? Rendezvous::in_process() : nullptr;
-      std::vector<EndedEvent> outcomes(static_cast<size_t>(world));
+      std::shared_ptr<Rendezvous> rendezvous;
+      if (node.nnodes > 1) {
+        rendezvous = Rendezvous::tcp(node.master_addr, node.master_port, node.node_rank == 0, node.nnodes, timeout);
+        // Every node must bring the same number of ranks, or global ranks would collide.
+        const auto counts = rendezvous->exchange("local_world", node.node_rank, node.nnodes,
+                                                 std::to_string(local_world), timeout);
+        for (int n = 0; n < node.nnodes; ++n)
+          if (counts[n] != std::to_string(local_world))
+            throw std::runtime_error("run.devices: node " + std::to_string(n) + " runs " + counts[n] +
+                                     " ranks and node " + std::to_string(node.node_rank) + " runs " +
+                                     std::to_string(local_world) + "; every node needs the same number");
+      } else if (world > 1) {
+        rendezvous = Rendezvous::in_process();
+      }
+      std::vector<EndedEvent> outcomes(static_cast<size_t>(local_world));
       // The order in which ranks failed: the first failure is the cause, later ones (peers timing
       // out in a collective) its consequence.
-      std::vector<int> failure_order(static_cast<size_t>(world), -1);
+      std::vector<int> failure_order(static_cast<size_t>(local_world), -1);
       std::atomic<int> failures{0};
       auto rank_body = [&](int r) {
         try {
           bind_thread(devices[r]);
-          auto comm = world > 1 ? Communicator::join(rendezvous, r, world, devices[r], timeout) : Communicator::single();
+          auto comm = world > 1 ? Communicator::join(rendezvous, first_rank + r, world, devices[r], timeout)
+                                : Communicator::single();
           outcomes[r] = run_rank(cfg, opts, events, commands, progress, RankContext{devices[r], comm.get()});
         } catch (const std::exception& e) {
           events.push(LogEvent{0, "error", e.what()});
@@ -126,11 +143,11 @@ struct Session::Impl {
         if (outcomes[r].status == RunStatus::Failed) failure_order[r] = failures++;
       };
       std::vector<std::thread> others;
-      for (int r = 1; r < world; ++r) others.emplace_back(rank_body, r);
+      for (int r = 1; r < local_world; ++r) others.emplace_back(rank_body, r);
       rank_body(0);
       for (auto& t : others) t.join();
       ended = outcomes[0];
-      for (int r = 0; r < world; ++r) {
+      for (int r = 0; r < local_world; ++r) {
         if (failure_order[r] == 0) {
           ended = outcomes[r];
           ended.step = outcomes[0].step;

@@ -10,13 +10,18 @@
 
 #include "trainer/api.h"
 #include "trainer/channel.h"
+#include "trainer/cluster.h"
 
 namespace trainer {
 
 struct SessionOptions {
+  SessionOptions() = default;
+  explicit SessionOptions(std::string dir, std::string resume = "")
+      : run_dir(std::move(dir)), resume_from(std::move(resume)) {}
   std::string run_dir;      // checkpoints go to <run_dir>/checkpoints
   std::string resume_from;  // a checkpoint directory to continue from; empty = fresh start
   bool measure_only = false;  // benchmarks: no evaluation, no checkpoints
+  ClusterSpec cluster;        // this process's node; several nodes meet at cluster.master_addr:port
 };
 
 // Completes a validated config for this build: fills model.vocab_size from the tokenizer when 0,

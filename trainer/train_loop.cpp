@@ -27,6 +27,7 @@
 #include "trainer/param_groups.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/precision.h"
+#include "trainer/zero1.h"
 
 namespace trainer {
 
@@ -125,7 +126,11 @@ class TrainLoop {
       }
     }
     const AdamWOptions adam_opts{cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps, cfg_.train.weight_decay};
-    opt_ = std::make_unique<AdamW>(adam_params, decay, adam_opts);
+    if (cfg_.run.zero1 && world > 1) {
+      zero_ = std::make_unique<ShardedAdamW>(adam_params, decay, adam_opts, comm_);
+    } else {
+      opt_ = std::make_unique<AdamW>(adam_params, decay, adam_opts);
+    }
     if (use_muon) {
       muon_ = std::make_unique<Muon>(hidden_params, MuonOptions{0.95, true, 5, cfg_.train.weight_decay});
     } else if (mup) {
@@ -252,7 +257,7 @@ class TrainLoop {
     data_wait_s_ = wait_s;
     docs_per_row_ = static_cast<double>(pieces) / static_cast<double>(std::max<int64_t>(1, rows));
     if (comm_.world() > 1) {
-      average_gradients();
+      if (!zero_) average_gradients();  // ZeRO-1 reduce-scatters inside its step
       std::vector<at::Tensor> losses{torch::tensor({loss_sum, aux_sum}, torch::kFloat64)};
       comm_.all_reduce_sum(losses, "averaging the loss");
       loss_sum = losses[0][0].item<double>() / comm_.world();
@@ -262,18 +267,27 @@ class TrainLoop {
     aux_loss_ = aux_sum;
     std::vector<torch::Tensor> grads_of;
     for (auto& [n, p] : params_) grads_of.push_back(p);
-    // Unscale before clipping; a non-finite gradient skips the update (weights untouched).
-    const bool found_inf = scaler_->enabled() && scaler_->unscale_and_check(grads_of);
-    if (found_inf) {
-      grad_norm_ = INFINITY;  // reported as such; the step is counted in skipped_steps
+    const double max_norm = cfg_.train.grad_clip > 0 ? cfg_.train.grad_clip : INFINITY;
+    bool found_inf = false;
+    if (zero_) {
+      // Averaging, unscaling, the inf/NaN check, clipping and the update, on this rank's slice.
+      const auto r = zero_->step(lr, scaler_->enabled() ? scaler_->scale() : 1.0, max_norm);
+      found_inf = r.found_inf;
+      grad_norm_ = r.grad_norm;
+      if (!found_inf && ema_) ema_->update();
     } else {
-      // The norm is reported before clipping; a clip of 0 only measures it.
-      const double max_norm = cfg_.train.grad_clip > 0 ? cfg_.train.grad_clip : INFINITY;
-      grad_norm_ = torch::nn::utils::clip_grad_norm_(grads_of, max_norm);
-      opt_->step(lr);
-      if (opt_hidden_) opt_hidden_->step(lr * hidden_lr_mult_);
-      if (muon_) muon_->step(lr * cfg_.train.muon_lr / cfg_.train.lr * hidden_lr_mult_);
-      if (ema_) ema_->update();
+      // Unscale before clipping; a non-finite gradient skips the update (weights untouched).
+      found_inf = scaler_->enabled() && scaler_->unscale_and_check(grads_of);
+      if (found_inf) {
+        grad_norm_ = INFINITY;  // reported as such; the step is counted in skipped_steps
+      } else {
+        // The norm is reported before clipping; a clip of 0 only measures it.
+        grad_norm_ = torch::nn::utils::clip_grad_norm_(grads_of, max_norm);
+        opt_->step(lr);
+        if (opt_hidden_) opt_hidden_->step(lr * hidden_lr_mult_);
+        if (muon_) muon_->step(lr * cfg_.train.muon_lr / cfg_.train.lr * hidden_lr_mult_);
+        if (ema_) ema_->update();
+      }
     }
     scaler_->update(found_inf);
     model_->zero_grad();
@@ -413,6 +427,7 @@ class TrainLoop {
   void save(const std::string& why) {
     if (step_ == last_saved_step_) return;
     const std::vector<std::string> positions = comm_.gather_text("loader/" + std::to_string(step_), loader_state_);
+    NamedTensors optimizer_state = zero_ ? zero_->state_tensors() : NamedTensors{};  // a collective: every rank
     if (!lead_) {
       last_saved_step_ = step_;
       return;
@@ -420,7 +435,7 @@ class TrainLoop {
     CheckpointData d;
     d.step = step_;
     d.weights = params_;
-    d.state = opt_->state_tensors();
+    d.state = zero_ ? optimizer_state : opt_->state_tensors();
     if (opt_hidden_) for (auto& t : opt_hidden_->state_tensors()) d.state.push_back(t);
     if (muon_) for (auto& t : muon_->state_tensors()) d.state.push_back(t);
     if (ema_) for (auto& t : ema_->state_tensors()) d.state.push_back(t);
@@ -433,7 +448,7 @@ class TrainLoop {
     if (auto rng = device_rng_state(device_); rng.defined()) d.state.emplace_back("rng.device", rng);
     d.meta = {{"tokens", std::to_string(tokens_)},
               {"loader.state", loader_state_},
-              {"optimizer.steps", std::to_string(opt_->steps_taken())},
+              {"optimizer.steps", std::to_string(zero_ ? zero_->steps_taken() : opt_->steps_taken())},
               {"scaler.scale", format_exact(scaler_->state()[0])},
               {"scaler.growth_tracker", format_exact(scaler_->state()[1])},
               {"scaler.skipped", format_exact(scaler_->state()[2])},
@@ -483,7 +498,8 @@ class TrainLoop {
       }
     }
     auto meta_int = [&](const std::string& k) { return std::stoll(d.meta.at(k)); };
-    opt_->load_state(opt_state, meta_int("optimizer.steps"));
+    if (zero_) zero_->load_state(opt_state, meta_int("optimizer.steps"));
+    else opt_->load_state(opt_state, meta_int("optimizer.steps"));
     if (opt_hidden_) opt_hidden_->load_state(opt_state, meta_int("optimizer.steps"));
     if (muon_) muon_->load_state(opt_state);
     if (ema_) ema_->load_state(opt_state);
@@ -522,6 +538,7 @@ class TrainLoop {
   NamedTensors params_;
   c10::Device device_{c10::kCPU};
   std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<ShardedAdamW> zero_;  // run.zero1 with several ranks: replaces opt_
   std::unique_ptr<AdamW> opt_hidden_;   // mup_base_width > 0 with AdamW: the hidden matrices
   double hidden_lr_mult_ = 1.0;         // μP: mup_base_width / d_model, else 1
   double peak_tflops_ = 0, flops_per_token_ = 0;

@@ -7,9 +7,12 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "trainer/adamw.h"
+#include "trainer/comm.h"
 #include "trainer/ema.h"
 #include "trainer/loss_scaler.h"
 #include "trainer/muon.h"
+#include "trainer/zero1.h"
 
 TEST(LossScaler, FollowsGradScalerStateSequence) {
   trainer::LossScaler s({/*enabled=*/true, /*init_scale=*/8.0, 2.0, 0.5, /*growth_interval=*/3});
@@ -147,4 +150,40 @@ TEST(Muon, OneStepOnADiagonalGradientByHand) {
   ASSERT_EQ(s.size(), 1u);
   EXPECT_TRUE(torch::allclose(s[0].second, w.grad()));  // m = g after one step
   EXPECT_THROW(trainer::Muon({{"bias", torch::zeros({3})}}, {}), std::invalid_argument);
+}
+
+// ZeRO-1's sharded AdamW on one rank is AdamW: the same weights after 12 steps with weight decay on
+// some tensors and gradient clipping, to fp32 rounding.
+TEST(ShardedAdamW, OneRankIsAdamW) {
+  torch::manual_seed(11);
+  std::vector<std::vector<int64_t>> shapes = {{16, 8}, {33}, {5, 7}};
+  std::vector<std::pair<std::string, at::Tensor>> a, b;
+  std::vector<bool> decay;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    auto p = torch::randn(shapes[i]);
+    a.emplace_back("p" + std::to_string(i), p.clone().requires_grad_(true));
+    b.emplace_back("p" + std::to_string(i), p.clone().requires_grad_(true));
+    decay.push_back(i != 1);
+  }
+  trainer::AdamWOptions o{0.9, 0.95, 1e-8, 0.1};
+  trainer::AdamW ref(a, decay, o);
+  auto comm = trainer::Communicator::single();
+  trainer::ShardedAdamW sharded(b, decay, o, *comm);
+  double worst = 0;
+  for (int step = 0; step < 12; ++step) {
+    std::vector<torch::Tensor> ga;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      auto g = torch::randn(shapes[i]) * (step % 3 == 0 ? 10.0 : 0.1);  // some steps clip
+      a[i].second.mutable_grad() = g.clone();
+      b[i].second.mutable_grad() = g.clone();
+      ga.push_back(a[i].second);
+    }
+    const double norm = torch::nn::utils::clip_grad_norm_(ga, 1.0);
+    ref.step(1e-2);
+    auto r = sharded.step(1e-2, 1.0, 1.0);
+    EXPECT_NEAR(r.grad_norm, norm, 1e-5 * norm);
+    for (size_t i = 0; i < shapes.size(); ++i)
+      worst = std::max(worst, (a[i].second - b[i].second).abs().max().item<double>());
+  }
+  EXPECT_LT(worst, 1e-6);
 }

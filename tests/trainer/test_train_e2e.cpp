@@ -77,7 +77,7 @@ TEST(TrainE2E, EmaValidationAndScalerMetrics) {
   TempDir dir;
   auto cfg = make_config(dir, 20, {"train.ema_decay=0.8", "train.loss_scaling=\"dynamic\"",
                                    "train.loss_scale_growth_interval=5", "run.eval_interval=10"});
-  trainer::Session s(cfg, {dir.path() + "/run", ""});
+  trainer::Session s(cfg, trainer::SessionOptions(dir.path() + "/run"));
   s.start();
   std::vector<double> scales, val, val_ema;
   while (auto ev = s.events().pop()) {

@@ -63,7 +63,7 @@ struct RunResult {
 
 inline RunResult run(const trainer::RunConfig& cfg, const std::string& run_dir, const std::string& resume = "",
               int64_t stop_after_step = -1) {
-  trainer::Session s(cfg, {run_dir, resume});
+  trainer::Session s(cfg, trainer::SessionOptions(run_dir, resume));
   s.start();
   RunResult r;
   bool stop_sent = false;

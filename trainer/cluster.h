@@ -1,0 +1,39 @@
+// Where this process sits in a multi-node run: one deltadeck process per node, one rank per local
+// device. Read from the launcher's environment — torchrun's NODE_RANK/RANK, WORLD_SIZE (processes),
+// MASTER_ADDR, MASTER_PORT, or Slurm's SLURM_NNODES, SLURM_NODEID/SLURM_PROCID and the first host of
+// SLURM_JOB_NODELIST — and overridable by the command line. Torch-free.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace trainer {
+
+struct ClusterSpec {
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string source = "single node";  // where the values came from, for the start line
+};
+
+// Command-line overrides; a negative number or empty text means "not given".
+struct ClusterOverrides {
+  int nnodes = -1;
+  int node_rank = -1;
+  std::string master_addr;
+  int master_port = -1;
+};
+
+// getenv-like lookup: the value, or nullptr when unset.
+using EnvLookup = std::function<const char*(const char*)>;
+
+// Resolves the spec. Throws std::runtime_error naming the variable or flag on a malformed value or
+// an inconsistent one (node rank >= node count). Any thread.
+ClusterSpec resolve_cluster(const EnvLookup& env, const ClusterOverrides& overrides);
+
+// The first host of a Slurm node list: "gpu[01-04,07],cpu5" -> "gpu01"; "a,b" -> "a".
+std::string first_slurm_host(const std::string& nodelist);
+
+}  // namespace trainer
