@@ -21,6 +21,7 @@
 #include "storage/run_store.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
+#include "trainer/device.h"
 #include "trainer/session.h"
 #include "ui/log/log_line.h"
 
@@ -66,8 +67,9 @@ struct PreparedRun {
   std::string resume_from;  // checkpoint directory; empty = fresh start
 };
 
-// A new run from --config (or the demo config) and --set. Returns the exit code on failure.
-int prepare_new_run(const TrainArgs& args, PreparedRun& out) {
+// The config of a new run: --config (or the demo config), --set, --runs-dir, validated and
+// resolved. Prints the problems and returns 2 when there are any, else 0.
+int load_new_config(const TrainArgs& args, trainer::RunConfig& cfg) {
   trainer::ConfigResult parsed =
       args.config_path.empty()
           ? trainer::parse_config(DEMO_CONFIG_TOML, "<embedded demo config>", args.overrides)
@@ -77,13 +79,20 @@ int prepare_new_run(const TrainArgs& args, PreparedRun& out) {
     print_errors(where, parsed.errors);
     return 2;
   }
-  trainer::RunConfig cfg = parsed.config;
+  cfg = parsed.config;
   if (!args.runs_dir.empty()) cfg.run.runs_dir = args.runs_dir;
   auto unresolved = trainer::resolve_config(cfg);
   if (!unresolved.empty()) {
     print_errors(where, unresolved);
     return 2;
   }
+  return 0;
+}
+
+// A new run from --config (or the demo config) and --set. Returns the exit code on failure.
+int prepare_new_run(const TrainArgs& args, int nnodes, PreparedRun& out) {
+  trainer::RunConfig cfg;
+  if (int rc = load_new_config(args, cfg); rc != 0) return rc;
   out.db_path = cfg.run.runs_dir + "/deltadeck.db";
   out.store = storage::RunStore::open(out.db_path);
   storage::NewRun nr;
@@ -92,7 +101,7 @@ int prepare_new_run(const TrainArgs& args, PreparedRun& out) {
   nr.config_toml = trainer::to_toml(cfg);
   nr.config_json = trainer::to_json(cfg);
   nr.params = model::count_params(cfg.model);
-  nr.world_size = 1;
+  nr.world_size = static_cast<int64_t>(trainer::rank_devices(cfg.run.devices).size()) * nnodes;
   nr.revision = REVISION;
   out.run_id = out.store->create_run(nr);
   out.run_dir = cfg.run.runs_dir + "/" + out.store->run(out.run_id)->name;
@@ -176,21 +185,8 @@ int run_worker_node(const TrainArgs& args, const trainer::ClusterSpec& cluster) 
     std::cerr << "deltadeck: --resume across nodes is not supported yet; resume on a single node\n";
     return 2;
   }
-  trainer::ConfigResult parsed = args.config_path.empty()
-                                     ? trainer::parse_config(DEMO_CONFIG_TOML, "<embedded demo config>", args.overrides)
-                                     : trainer::load_config(args.config_path, args.overrides);
-  const std::string where = args.config_path.empty() ? "the demo config" : args.config_path;
-  if (!parsed.ok()) {
-    print_errors(where, parsed.errors);
-    return 2;
-  }
-  trainer::RunConfig cfg = parsed.config;
-  if (!args.runs_dir.empty()) cfg.run.runs_dir = args.runs_dir;
-  auto unresolved = trainer::resolve_config(cfg);
-  if (!unresolved.empty()) {
-    print_errors(where, unresolved);
-    return 2;
-  }
+  trainer::RunConfig cfg;
+  if (int rc = load_new_config(args, cfg); rc != 0) return rc;
   storage::files::make_dirs(cfg.run.runs_dir);
   const std::string log_path = cfg.run.runs_dir + "/" + cfg.name + ".node" + std::to_string(cluster.node_rank) + ".log";
   std::ofstream log(log_path, std::ios::app);
@@ -229,7 +225,7 @@ int run_train(const TrainArgs& args) {
   if (cluster.node_rank > 0) return run_worker_node(args, cluster);
   PreparedRun prep;
   try {
-    const int rc = args.resume.empty() ? prepare_new_run(args, prep) : prepare_resume(args, prep);
+    const int rc = args.resume.empty() ? prepare_new_run(args, cluster.nnodes, prep) : prepare_resume(args, prep);
     if (rc != 0) return rc;
   } catch (const std::exception& e) {
     std::cerr << "deltadeck: " << e.what() << "\n";

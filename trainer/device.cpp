@@ -36,6 +36,22 @@ std::string gpu_name(int index) {
 #endif
 }
 
+// The GPU indices of a list like "0,2"; an item that is not a number ends the list early (the
+// config validation reports malformed lists by key).
+std::vector<int64_t> gpu_indices(const std::string& list) {
+  std::vector<int64_t> out;
+  size_t pos = 0;
+  for (;;) {
+    const size_t comma = list.find(',', pos);
+    const std::string item = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (!all_digits(item)) break;
+    out.push_back(std::stoll(item));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::string> check_device(const RunConfig& cfg) {
@@ -53,14 +69,7 @@ std::vector<std::string> check_device(const RunConfig& cfg) {
     on_gpu = true;
   } else {
     on_gpu = true;
-    size_t pos = 0;
-    while (pos <= d.size()) {
-      const size_t comma = d.find(',', pos);
-      const std::string item = d.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-      if (all_digits(item)) indices.push_back(std::stoll(item));
-      if (comma == std::string::npos) break;
-      pos = comma + 1;
-    }
+    indices = gpu_indices(d);
     for (int64_t i : indices)
       if (i >= gpus)
         errors.push_back("run.devices: GPU " + std::to_string(i) + " does not exist (CUDA finds " +
@@ -95,16 +104,13 @@ std::vector<c10::Device> rank_devices(const std::string& devices) {
   } else if (devices == "all") {
     for (int64_t i = 0; i < gpus; ++i) out.emplace_back(c10::kCUDA, static_cast<c10::DeviceIndex>(i));
   } else {
-    size_t pos = 0;
-    for (;;) {
-      const size_t comma = devices.find(',', pos);
-      const std::string item = devices.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-      if (!all_digits(item) || std::stoll(item) >= gpus) break;
-      out.emplace_back(c10::kCUDA, static_cast<c10::DeviceIndex>(std::stoll(item)));
-      if (comma == std::string::npos) return out;
-      pos = comma + 1;
+    for (int64_t i : gpu_indices(devices)) {
+      if (i >= gpus) {
+        out.clear();
+        break;
+      }
+      out.emplace_back(c10::kCUDA, static_cast<c10::DeviceIndex>(i));
     }
-    out.clear();
   }
   if (out.empty()) throw std::runtime_error("run.devices: \"" + devices + "\" names no device on this machine");
   return out;
