@@ -60,7 +60,7 @@ std::map<std::string, torch::Tensor> reference_weights(const trainer::RunConfig&
     }
     std::vector<torch::Tensor> ps;
     for (auto& [n, p] : params) ps.push_back(p);
-    torch::nn::utils::clip_grad_norm_(ps, cfg.train.grad_clip);
+    if (cfg.train.grad_clip > 0) torch::nn::utils::clip_grad_norm_(ps, cfg.train.grad_clip);
     opt.step(trainer::lr_at(cfg.train, step));
     m->zero_grad();
     losses->push_back(loss);
@@ -110,10 +110,11 @@ TEST(Distributed, FourRanksMatchOneRankOnTheConcatenatedBatch) { expect_matches_
 TEST(Distributed, GradientAccumulationAcrossRanks) { expect_matches_reference(2, {"train.grad_accum=2"}); }
 
 // ZeRO-1: the same weights with AdamW's state sharded; the checkpoint holds the whole state.
-// Measured 1.1e-5 after 12 steps, not yet the 1e-6 of plain data parallelism, although the sharded
-// AdamW alone matches AdamW to 1e-6 (ShardedAdamW.OneRankIsAdamW): the gap enters through the
-// reduce-scatter path and is being tracked down; the bound states what holds today.
+// Without clipping ZeRO-1 matches to 1.4e-7 like plain data parallelism; with clipping it ends 1.1e-5
+// away after 12 steps, because its global gradient norm comes out ~1e-4 relative above
+// clip_grad_norm_'s on the same gradients (being tracked down). The bounds state what holds today.
 TEST(Distributed, Zero1MatchesOneRank) {
+  expect_matches_reference(2, {"run.zero1=true", "train.grad_clip=0"});
   expect_matches_reference(4, {"run.zero1=true", "train.grad_accum=2"}, 3e-5);
 }
 
