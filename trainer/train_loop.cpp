@@ -22,6 +22,7 @@
 #include "trainer/data/loader.h"
 #include "trainer/device.h"
 #include "trainer/ema.h"
+#include "trainer/grad_clip.h"
 #include "trainer/loss_scaler.h"
 #include "trainer/muon.h"
 #include "trainer/param_groups.h"
@@ -282,7 +283,7 @@ class TrainLoop {
         grad_norm_ = INFINITY;  // reported as such; the step is counted in skipped_steps
       } else {
         // The norm is reported before clipping; a clip of 0 only measures it.
-        grad_norm_ = torch::nn::utils::clip_grad_norm_(grads_of, max_norm);
+        grad_norm_ = clip_grad_norm(grads_of, max_norm);
         opt_->step(lr);
         if (opt_hidden_) opt_hidden_->step(lr * hidden_lr_mult_);
         if (muon_) muon_->step(lr * cfg_.train.muon_lr / cfg_.train.lr * hidden_lr_mult_);

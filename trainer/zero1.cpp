@@ -52,8 +52,8 @@ ShardedAdamW::StepResult ShardedAdamW::step(double lr, double loss_scale, double
   comm_.reduce_scatter_sum(g, flat_grad, "reduce-scattering gradients (ZeRO-1)");
   g.mul_(1.0 / (static_cast<double>(world) * loss_scale));
   // One all-reduce carries both the inf/NaN count and the squared norm of every slice.
-  at::Tensor stats = torch::stack({torch::logical_not(torch::isfinite(g)).sum().to(g.scalar_type()),
-                                   g.pow(2).sum()}).to(torch::kFloat64);
+  at::Tensor stats = torch::stack({torch::logical_not(torch::isfinite(g)).sum().to(torch::kFloat64),
+                                   g.pow(2).sum().to(torch::kFloat64)});
   std::vector<at::Tensor> st{stats};
   comm_.all_reduce_sum(st, "summing the gradient norm (ZeRO-1)");
   StepResult r;
@@ -63,7 +63,7 @@ ShardedAdamW::StepResult ShardedAdamW::step(double lr, double loss_scale, double
     return r;
   }
   r.grad_norm = std::sqrt(st[0][1].item<double>());
-  // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
+  // As trainer::clip_grad_norm: scale by max_norm / (norm + 1e-6) when that is below 1.
   const double coef = max_norm / (r.grad_norm + 1e-6);
   if (coef < 1.0) g.mul_(coef);
 
