@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <stdexcept>
@@ -21,7 +22,7 @@ ShardedAdamW::ShardedAdamW(std::vector<std::pair<std::string, at::Tensor>> named
     masks.push_back(torch::full({params_[i].second.numel()}, decay[i] ? 1.0 : 0.0, params_[i].second.options()));
   }
   shard_ = (total_ + world - 1) / world;
-  decay_mask_ = flatten(masks).narrow(0, comm_.rank() * shard_, shard_).clone();
+  decay_mask_ = my_slice(masks);
   exp_avg_ = torch::zeros({shard_}, params_.front().second.options());
   exp_avg_sq_ = torch::zeros_like(exp_avg_);
 }
@@ -34,6 +35,22 @@ at::Tensor ShardedAdamW::flatten(const std::vector<at::Tensor>& parts) const {
   return torch::cat(flat);
 }
 
+at::Tensor ShardedAdamW::my_slice(const std::vector<at::Tensor>& parts) const {
+  const int64_t begin = comm_.rank() * shard_, end = begin + shard_;
+  std::vector<at::Tensor> pieces;
+  int64_t off = 0, got = 0;
+  for (const auto& p : parts) {
+    const int64_t lo = std::max(begin, off), hi = std::min(end, off + p.numel());
+    if (lo < hi) {
+      pieces.push_back(p.reshape({-1}).narrow(0, lo - off, hi - lo));
+      got += hi - lo;
+    }
+    off += p.numel();
+  }
+  if (got < shard_) pieces.push_back(torch::zeros({shard_ - got}, parts.front().options()));
+  return torch::cat(pieces);
+}
+
 void ShardedAdamW::unflatten(const at::Tensor& flat, std::vector<at::Tensor>& into) const {
   int64_t off = 0;
   for (auto& t : into) {
@@ -44,7 +61,7 @@ void ShardedAdamW::unflatten(const at::Tensor& flat, std::vector<at::Tensor>& in
 
 ShardedAdamW::StepResult ShardedAdamW::step(double lr, double loss_scale, double max_norm) {
   torch::NoGradGuard no_grad;
-  const int64_t world = comm_.world(), rank = comm_.rank();
+  const int64_t world = comm_.world();
   std::vector<at::Tensor> grads;
   for (auto& [n, p] : params_) grads.push_back(p.grad().defined() ? p.grad() : torch::zeros_like(p));
   at::Tensor flat_grad = flatten(grads);
@@ -72,7 +89,7 @@ ShardedAdamW::StepResult ShardedAdamW::step(double lr, double loss_scale, double
   const double bc2 = 1.0 - std::pow(opt_.beta2, static_cast<double>(steps_));
   std::vector<at::Tensor> live;
   for (auto& [n, p] : params_) live.push_back(p.detach());
-  at::Tensor w = flatten(live).narrow(0, rank * shard_, shard_).clone();
+  at::Tensor w = my_slice(live);
   // trainer::AdamW's order of operations, with the decay applied through the mask.
   if (opt_.weight_decay != 0) w.mul_(1.0 - lr * opt_.weight_decay * decay_mask_);
   exp_avg_.lerp_(g, 1.0 - opt_.beta1);
@@ -112,7 +129,7 @@ void ShardedAdamW::load_state(const std::vector<std::pair<std::string, at::Tenso
                                  c10::str(it->second.sizes()) + ", the model needs " + c10::str(p.sizes()));
       parts.push_back(it->second.to(p.options()));
     }
-    auto slice = flatten(parts).narrow(0, comm_.rank() * shard_, shard_);
+    auto slice = my_slice(parts);
     (std::string(kind) == "exp_avg." ? exp_avg_ : exp_avg_sq_).copy_(slice);
   }
   steps_ = steps;

@@ -41,6 +41,7 @@ class ShardedAdamW {
 
  private:
   at::Tensor flatten(const std::vector<at::Tensor>& parts) const;  // padded flat copy
+  at::Tensor my_slice(const std::vector<at::Tensor>& parts) const;  // this rank's part of flatten(parts), copied
   void unflatten(const at::Tensor& flat, std::vector<at::Tensor>& into) const;
 
   std::vector<std::pair<std::string, at::Tensor>> params_;
