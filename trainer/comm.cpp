@@ -81,11 +81,19 @@ std::string host_name() {
   return buf;
 }
 
+class Done : public PendingCollective {
+ public:
+  void wait() override {}
+};
+
 class SingleRank : public Communicator {
  public:
   int rank() const override { return 0; }
   int world() const override { return 1; }
   void all_reduce_sum(std::vector<at::Tensor>&, const std::string&) override {}
+  std::unique_ptr<PendingCollective> start_all_reduce_sum(const at::Tensor&, const std::string&) override {
+    return std::make_unique<Done>();
+  }
   void broadcast(std::vector<at::Tensor>&, int, const std::string&) override {}
   void barrier(const std::string&) override {}
   void reduce_scatter_sum(at::Tensor& shard, const at::Tensor& flat, const std::string&) override { shard.copy_(flat); }
@@ -112,6 +120,15 @@ class C10dGroup : public Communicator {
       }
       for (auto& w : works) w->wait(timeout_);
     });
+  }
+
+  std::unique_ptr<PendingCollective> start_all_reduce_sum(const at::Tensor& flat, const std::string& what) override {
+    c10::intrusive_ptr<c10d::Work> work;
+    guarded(what, [&] {
+      std::vector<at::Tensor> one{flat};
+      work = backend_->allreduce(one, c10d::AllreduceOptions{});
+    });
+    return std::make_unique<InFlight>(this, std::move(work), what);
   }
 
   void broadcast(std::vector<at::Tensor>& tensors, int root, const std::string& what) override {
@@ -160,6 +177,22 @@ class C10dGroup : public Communicator {
   void set_device(const c10::Device& d) { device_ = d; }
 
  private:
+  class InFlight : public PendingCollective {
+   public:
+    InFlight(C10dGroup* group, c10::intrusive_ptr<c10d::Work> work, std::string what)
+        : group_(group), work_(std::move(work)), what_(std::move(what)) {}
+    void wait() override {
+      if (!work_) return;
+      auto work = std::move(work_);
+      group_->guarded(what_, [&] { work->wait(group_->timeout_); });
+    }
+
+   private:
+    C10dGroup* group_;
+    c10::intrusive_ptr<c10d::Work> work_;
+    std::string what_;
+  };
+
   template <typename F>
   void guarded(const std::string& what, F&& f) {
     try {

@@ -32,6 +32,13 @@ class Rendezvous {
   std::shared_ptr<Impl> impl;
 };
 
+// A collective in flight. wait() blocks until it is done (or fails, naming the operation).
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  virtual void wait() = 0;
+};
+
 class Communicator {
  public:
   // World 1: no peers, nothing to exchange.
@@ -46,6 +53,9 @@ class Communicator {
   virtual int world() const = 0;
   // Sums the tensors across ranks, in place; `what` names the operation in errors.
   virtual void all_reduce_sum(std::vector<at::Tensor>& tensors, const std::string& what) = 0;
+  // Starts summing `flat` (contiguous) across ranks in place and returns at once, so the caller can
+  // go on computing (gradient buckets during backward). Collectives start in call order on every rank.
+  virtual std::unique_ptr<PendingCollective> start_all_reduce_sum(const at::Tensor& flat, const std::string& what) = 0;
   // Copies root's tensors to every rank, in place.
   virtual void broadcast(std::vector<at::Tensor>& tensors, int root, const std::string& what) = 0;
   virtual void barrier(const std::string& what) = 0;

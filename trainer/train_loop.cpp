@@ -28,6 +28,7 @@
 #include "trainer/param_groups.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/precision.h"
+#include "trainer/grad_buckets.h"
 #include "trainer/zero1.h"
 
 namespace trainer {
@@ -130,6 +131,11 @@ class TrainLoop {
     if (cfg_.run.zero1 && world > 1) {
       zero_ = std::make_unique<ShardedAdamW>(adam_params, decay, adam_opts, comm_);
     } else {
+      if (world > 1) {
+        std::vector<at::Tensor> all;
+        for (const auto& [n, p] : params_) all.push_back(p);
+        buckets_ = std::make_unique<GradBuckets>(all, std::max<int64_t>(1, cfg_.run.bucket_mb) * 1024 * 1024, comm_);
+      }
       opt_ = std::make_unique<AdamW>(adam_params, decay, adam_opts);
     }
     if (use_muon) {
@@ -247,6 +253,8 @@ class TrainLoop {
       data::Batch b = loader_->next(&wait_s);
       auto parts = forward(b);
       auto loss = parts.total / static_cast<double>(cfg_.train.grad_accum);
+      // Data parallel: the last micro-step's backward starts averaging each bucket as it fills.
+      if (buckets_ && micro == cfg_.train.grad_accum - 1) buckets_->arm();
       scaler_->scale_loss(loss).backward();
       loss_sum += parts.ce.item<double>() / static_cast<double>(cfg_.train.grad_accum);
       aux_sum += parts.aux.item<double>() / static_cast<double>(cfg_.train.grad_accum);
@@ -258,7 +266,7 @@ class TrainLoop {
     data_wait_s_ = wait_s;
     docs_per_row_ = static_cast<double>(pieces) / static_cast<double>(std::max<int64_t>(1, rows));
     if (comm_.world() > 1) {
-      if (!zero_) average_gradients();  // ZeRO-1 reduce-scatters inside its step
+      if (buckets_) buckets_->finish();  // ZeRO-1 reduce-scatters inside its step
       std::vector<at::Tensor> losses{torch::tensor({loss_sum, aux_sum}, torch::kFloat64)};
       comm_.all_reduce_sum(losses, "averaging the loss");
       loss_sum = losses[0][0].item<double>() / comm_.world();
@@ -291,7 +299,11 @@ class TrainLoop {
       }
     }
     scaler_->update(found_inf);
-    model_->zero_grad();
+    if (buckets_) {
+      buckets_->zero();
+    } else {
+      model_->zero_grad();
+    }
     ++step_;
     tokens_ += step_tokens;
     lr_ = lr;
@@ -306,44 +318,6 @@ class TrainLoop {
     auto labels = b.labels.to(device_, /*non_blocking=*/true);
     ForwardPrecision precision(cfg_.train.precision, device_);
     return model_->loss_parts(inputs, labels, b.cu_seqlens);
-  }
-
-  // Data parallelism: every rank's gradients summed in flat buckets of about run.bucket_mb and
-  // divided by the world size. A parameter without a gradient on this rank (an idle MoE expert)
-  // contributes zeros, so every rank sends the same layout.
-  void average_gradients() {
-    torch::NoGradGuard no_grad;
-    const int64_t bucket_bytes = std::max<int64_t>(1, cfg_.run.bucket_mb) * 1024 * 1024;
-    std::vector<at::Tensor> grads;
-    for (auto& [n, p] : params_) {
-      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-      grads.push_back(p.grad());
-    }
-    std::vector<std::vector<at::Tensor>> buckets(1);
-    int64_t filled = 0;
-    for (auto& g : grads) {
-      if (filled > 0 && filled + g.nbytes() > static_cast<size_t>(bucket_bytes)) {
-        buckets.emplace_back();
-        filled = 0;
-      }
-      buckets.back().push_back(g);
-      filled += static_cast<int64_t>(g.nbytes());
-    }
-    std::vector<at::Tensor> flat;
-    for (auto& b : buckets) {
-      std::vector<at::Tensor> views;
-      for (auto& g : b) views.push_back(g.reshape({-1}));
-      flat.push_back(torch::cat(views));
-    }
-    comm_.all_reduce_sum(flat, "averaging gradients");
-    const double inv = 1.0 / comm_.world();
-    for (size_t i = 0; i < buckets.size(); ++i) {
-      int64_t off = 0;
-      for (auto& g : buckets[i]) {
-        g.copy_(flat[i].narrow(0, off, g.numel()).view_as(g)).mul_(inv);
-        off += g.numel();
-      }
-    }
   }
 
   double wall() const { return wall_offset_ + seconds_since(t_start_); }
@@ -539,6 +513,7 @@ class TrainLoop {
   NamedTensors params_;
   c10::Device device_{c10::kCPU};
   std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<GradBuckets> buckets_;  // several ranks without ZeRO-1: gradients averaged during backward
   std::unique_ptr<ShardedAdamW> zero_;  // run.zero1 with several ranks: replaces opt_
   std::unique_ptr<AdamW> opt_hidden_;   // mup_base_width > 0 with AdamW: the hidden matrices
   double hidden_lr_mult_ = 1.0;         // μP: mup_base_width / d_model, else 1
