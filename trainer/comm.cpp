@@ -9,6 +9,8 @@
 #endif
 #include <unistd.h>
 
+#include <atomic>
+#include <mutex>
 #include <stdexcept>
 
 namespace trainer {
@@ -99,6 +101,7 @@ class SingleRank : public Communicator {
   void reduce_scatter_sum(at::Tensor& shard, const at::Tensor& flat, const std::string&) override { shard.copy_(flat); }
   void all_gather(at::Tensor& flat, const at::Tensor& shard, const std::string&) override { flat.copy_(shard); }
   std::vector<std::string> gather_text(const std::string&, const std::string& text) override { return {text}; }
+  void abort(const std::string&) override {}
 };
 
 class C10dGroup : public Communicator {
@@ -176,6 +179,16 @@ class C10dGroup : public Communicator {
 
   void set_device(const c10::Device& d) { device_ = d; }
 
+  void abort(const std::string& reason) override {
+    {
+      std::lock_guard<std::mutex> lk(abort_mu_);
+      if (aborted_) return;
+      abort_reason_ = reason;
+      aborted_ = true;
+    }
+    if (device_.is_cuda()) backend_->abort();
+  }
+
  private:
   class InFlight : public PendingCollective {
    public:
@@ -195,11 +208,23 @@ class C10dGroup : public Communicator {
 
   template <typename F>
   void guarded(const std::string& what, F&& f) {
+    auto fail = [&](std::string why) {
+      if (why.find("timed out") != std::string::npos || why.find("Timed out") != std::string::npos)
+        why += " (no answer within run.collective_timeout_s = " + std::to_string(timeout_.count() / 1000) +
+               " s: a peer rank is hung, gone or far behind)";
+      return std::runtime_error("rank " + std::to_string(rank_) + " of " + std::to_string(world_) + " on " +
+                                host_name() + ": " + what + " failed: " + why);
+    };
+    if (aborted_) {
+      std::lock_guard<std::mutex> lk(abort_mu_);
+      throw fail("stopped because " + abort_reason_);
+    }
     try {
       f();
+    } catch (const c10::Error& e) {
+      throw fail(e.what_without_backtrace());  // c10's what() appends a stack trace
     } catch (const std::exception& e) {
-      throw std::runtime_error("rank " + std::to_string(rank_) + " of " + std::to_string(world_) + " on " +
-                               host_name() + ": " + what + " failed: " + e.what());
+      throw fail(e.what());
     }
   }
   c10::Device device_of_backend() const { return device_; }
@@ -209,6 +234,9 @@ class C10dGroup : public Communicator {
   int rank_, world_;
   std::chrono::milliseconds timeout_;
   c10::Device device_{c10::kCPU};
+  std::atomic<bool> aborted_{false};
+  std::mutex abort_mu_;
+  std::string abort_reason_;
 };
 
 }  // namespace

@@ -63,6 +63,9 @@ class Communicator {
   virtual void reduce_scatter_sum(at::Tensor& shard, const at::Tensor& flat, const std::string& what) = 0;
   // flat = every rank's shard, in rank order; flat.numel() == world × shard.numel().
   virtual void all_gather(at::Tensor& flat, const at::Tensor& shard, const std::string& what) = 0;
+  // Makes this rank's collectives fail from now on with `reason` (another rank of this process failed);
+  // NCCL's communicators are aborted so a collective in flight returns. Callable from any thread.
+  virtual void abort(const std::string& reason) = 0;
   // Rank 0 receives every rank's text (in rank order; other ranks get an empty list). `key` must be
   // unique per call (e.g. include the step).
   virtual std::vector<std::string> gather_text(const std::string& key, const std::string& text) = 0;

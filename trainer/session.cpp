@@ -1,6 +1,7 @@
 // Session: the run's thread lifecycle, and resolve_config (what this build can run).
 #include "trainer/session.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -66,6 +67,65 @@ std::vector<std::string> resolve_config(RunConfig& cfg) {
   return errors;
 }
 
+// How long the other ranks get to end once one rank failed.
+constexpr std::chrono::seconds kRankGrace{15};
+
+// The rank threads' outcomes, in the order they failed: the first failure is the cause, later ones
+// (peers failing in a collective) its consequence.
+class RankResults {
+ public:
+  explicit RankResults(int n) : outcomes_(n), failure_order_(n, -1), ended_(n, false), comms_(n, nullptr) {}
+
+  // The rank's group while it runs (nullptr once it ends), so a failing rank can abort it.
+  void attach(int r, Communicator* comm) {
+    std::lock_guard<std::mutex> lk(mu_);
+    comms_[r] = comm;
+  }
+  void finish(int r, EndedEvent out) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (out.status == RunStatus::Failed) {
+      if (failures_ == 0) {
+        for (size_t i = 0; i < comms_.size(); ++i)
+          if (comms_[i] && static_cast<int>(i) != r) comms_[i]->abort("rank " + std::to_string(r) + " failed");
+      }
+      failure_order_[r] = failures_++;
+    }
+    outcomes_[r] = std::move(out);
+    ended_[r] = true;
+    cv_.notify_all();
+  }
+  // Waits until every rank ended, or until `grace` after the first failure. Returns who ended.
+  std::vector<bool> wait_all_or_grace(std::chrono::seconds grace) {
+    std::unique_lock<std::mutex> lk(mu_);
+    auto all_ended = [&] { return std::all_of(ended_.begin(), ended_.end(), [](bool e) { return e; }); };
+    cv_.wait(lk, [&] { return all_ended() || failures_ > 0; });
+    cv_.wait_for(lk, grace, all_ended);
+    return ended_;
+  }
+  // Rank 0's outcome, or the first failure's message at rank 0's step.
+  EndedEvent outcome() {
+    std::lock_guard<std::mutex> lk(mu_);
+    EndedEvent e = ended_[0] ? outcomes_[0] : EndedEvent{RunStatus::Failed, 0, "rank 0 hung"};
+    for (size_t r = 0; r < outcomes_.size(); ++r) {
+      if (failure_order_[r] == 0) {
+        const int64_t step = e.step;
+        e = outcomes_[r];
+        e.step = step;
+      }
+    }
+    return e;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<EndedEvent> outcomes_;
+  std::vector<int> failure_order_;
+  std::vector<bool> ended_;
+  std::vector<Communicator*> comms_;
+  int failures_ = 0;
+};
+
 struct Session::Impl {
   RunConfig cfg;
   SessionOptions opts;
@@ -100,8 +160,10 @@ struct Session::Impl {
     if (telemetry.joinable()) telemetry.join();
   }
 
-  // The worker: one thread per rank (rank 0 on this thread), joined into one outcome. A failed
-  // rank fails the run with its own message; the others then end at their next collective.
+  // The worker: one thread per rank, joined into one outcome. A failed rank fails the run with its
+  // own message and aborts its local peers' groups, so they fail at their next collective instead of
+  // waiting out the timeout. A rank that still has not ended kRankGrace after the first failure
+  // (hung in user code or a driver) is abandoned: the run is recorded as failed without it.
   void run_all_ranks() {
     EndedEvent ended{RunStatus::Failed, 0, "no rank ran"};
     try {
@@ -125,34 +187,42 @@ struct Session::Impl {
       } else if (world > 1) {
         rendezvous = Rendezvous::in_process();
       }
-      std::vector<EndedEvent> outcomes(static_cast<size_t>(local_world));
-      // The order in which ranks failed: the first failure is the cause, later ones (peers timing
-      // out in a collective) its consequence.
-      std::vector<int> failure_order(static_cast<size_t>(local_world), -1);
-      std::atomic<int> failures{0};
-      auto rank_body = [&](int r) {
+      // Shared with the rank threads, which may outlive this call when abandoned.
+      auto ranks = std::make_shared<RankResults>(local_world);
+      auto rank_body = [this, ranks, devices, rendezvous, first_rank, world, timeout](int r) {
+        EndedEvent out;
         try {
           bind_thread(devices[r]);
           auto comm = world > 1 ? Communicator::join(rendezvous, first_rank + r, world, devices[r], timeout)
                                 : Communicator::single();
-          outcomes[r] = run_rank(cfg, opts, events, commands, progress, RankContext{devices[r], comm.get()});
+          ranks->attach(r, comm.get());
+          try {
+            out = run_rank(cfg, opts, events, commands, progress, RankContext{devices[r], comm.get()});
+          } catch (...) {
+            ranks->attach(r, nullptr);
+            throw;
+          }
+          ranks->attach(r, nullptr);
         } catch (const std::exception& e) {
           events.push(LogEvent{0, "error", e.what()});
-          outcomes[r] = EndedEvent{RunStatus::Failed, 0, e.what()};
+          out = EndedEvent{RunStatus::Failed, 0, e.what()};
         }
-        if (outcomes[r].status == RunStatus::Failed) failure_order[r] = failures++;
+        ranks->finish(r, std::move(out));
       };
-      std::vector<std::thread> others;
-      for (int r = 1; r < local_world; ++r) others.emplace_back(rank_body, r);
-      rank_body(0);
-      for (auto& t : others) t.join();
-      ended = outcomes[0];
+      std::vector<std::thread> threads;
+      for (int r = 0; r < local_world; ++r) threads.emplace_back(rank_body, r);
+      const std::vector<bool> ended_ranks = ranks->wait_all_or_grace(kRankGrace);
       for (int r = 0; r < local_world; ++r) {
-        if (failure_order[r] == 0) {
-          ended = outcomes[r];
-          ended.step = outcomes[0].step;
+        if (ended_ranks[r]) {
+          threads[r].join();
+        } else {
+          threads[r].detach();
+          events.push(LogEvent{0, "error", "rank " + std::to_string(first_rank + r) + " did not stop within " +
+                                                std::to_string(kRankGrace.count()) +
+                                                " s of the failure (hung); abandoned"});
         }
       }
+      ended = ranks->outcome();
     } catch (const std::exception& e) {
       events.push(LogEvent{0, "error", e.what()});
       ended = EndedEvent{RunStatus::Failed, 0, e.what()};

@@ -28,6 +28,7 @@
 #include "trainer/param_groups.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/precision.h"
+#include "trainer/fault_inject.h"
 #include "trainer/grad_buckets.h"
 #include "trainer/zero1.h"
 
@@ -77,6 +78,7 @@ class TrainLoop {
                                 : std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
     at::set_num_threads(static_cast<int>(threads));
     const int world = comm_.world();
+    fault_point("start", comm_.rank(), 0);
     // A resumed run reads its checkpoint first: the loader starts from the position saved there.
     CheckpointData resume;
     std::string loader_state;
@@ -244,6 +246,7 @@ class TrainLoop {
   }
 
   double train_step() {
+    fault_point("step", comm_.rank(), step_);
     const auto t0 = Clock::now();
     const double lr = lr_at(cfg_.train, step_);
     double loss_sum = 0, aux_sum = 0;

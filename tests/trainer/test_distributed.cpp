@@ -3,6 +3,9 @@
 // concatenation of those batches (the gradient of the mean over all tokens is the mean of the
 // ranks' gradients), to 1e-6 relative (Frobenius, per tensor) in fp32; with gradient accumulation too.
 #include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
 #include <torch/torch.h>
 
 #include "model/decoder_lm.h"
@@ -132,4 +135,49 @@ TEST(Distributed, ResumeWithAnotherWorldSizeIsRefused) {
   auto again = run(one, dir.path() + "/one", r.checkpoints[0]);
   EXPECT_EQ(again.ended.status, trainer::RunStatus::Failed);
   EXPECT_NE(again.ended.message.find("written by 2 ranks, this run has 1"), std::string::npos) << again.ended.message;
+}
+
+namespace {
+
+// Arms a fault (trainer/fault_inject.h) for the lifetime of the guard.
+struct FaultArmed {
+  explicit FaultArmed(const char* spec) { setenv("DELTADECK_FAULT", spec, 1); }
+  ~FaultArmed() { unsetenv("DELTADECK_FAULT"); }
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+// A rank that throws mid-run: the others stop at once (not after the collective timeout), the run
+// fails with that rank's error, and the checkpoint written before it loads.
+TEST(Distributed, ARankThrowingStopsTheOthersAndKeepsTheCheckpoint) {
+  TempDir dir;
+  auto cfg = make_config(dir, 50, {"run.devices=\"cpu:2\"", "run.save_interval=5", "run.collective_timeout_s=120"});
+  FaultArmed fault("throw@step,rank=1,step=7");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = run(cfg, dir.path() + "/run");
+  const double took = seconds_since(t0);
+  EXPECT_EQ(r.ended.status, trainer::RunStatus::Failed);
+  EXPECT_NE(r.ended.message.find("injected fault at step (rank 1, step 7)"), std::string::npos) << r.ended.message;
+  EXPECT_LT(took, 60.0) << "the healthy rank waited for the collective timeout";
+  ASSERT_EQ(r.checkpoints.size(), 1u);
+  EXPECT_EQ(trainer::load_checkpoint(r.checkpoints[0]).step, 5);
+}
+
+// A rank that hangs outside any collective: the others fail at the collective timeout naming the
+// operation, the hung rank is abandoned, and the run ends as failed instead of hanging.
+TEST(Distributed, AHungRankFailsTheRunAtTheCollectiveTimeout) {
+  TempDir dir;
+  auto cfg = make_config(dir, 50, {"run.devices=\"cpu:2\"", "run.save_interval=2", "run.collective_timeout_s=2"});
+  FaultArmed fault("hang@step,rank=1,step=3");
+  auto r = run(cfg, dir.path() + "/run");
+  EXPECT_EQ(r.ended.status, trainer::RunStatus::Failed);
+  EXPECT_NE(r.ended.message.find("rank 0 of 2"), std::string::npos) << r.ended.message;
+  EXPECT_NE(r.ended.message.find("averaging gradients"), std::string::npos) << r.ended.message;
+  EXPECT_NE(r.ended.message.find("run.collective_timeout_s = 2 s"), std::string::npos) << r.ended.message;
+  ASSERT_EQ(r.checkpoints.size(), 1u);
+  EXPECT_EQ(trainer::load_checkpoint(r.checkpoints[0]).step, 2);
 }

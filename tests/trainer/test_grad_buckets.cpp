@@ -36,6 +36,7 @@ class FakePeer : public trainer::Communicator {
   void reduce_scatter_sum(at::Tensor&, const at::Tensor&, const std::string&) override {}
   void all_gather(at::Tensor&, const at::Tensor&, const std::string&) override {}
   std::vector<std::string> gather_text(const std::string&, const std::string& t) override { return {t}; }
+  void abort(const std::string&) override {}
   std::vector<int64_t> started_sizes;
 
  private:
