@@ -6,24 +6,51 @@
 
 namespace trainer {
 
+namespace {
+
+std::vector<at::Tensor> defined_grads(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  return grads;
+}
+
+// Σ‖g‖² in fp64 on the gradients' device. On a GPU each tensor's norm is one fused multi-tensor
+// kernel (a tree reduction, accurate to fp32 rounding); on the CPU the pairwise `sum` of squares.
+at::Tensor sum_of_squares(const std::vector<at::Tensor>& grads) {
+  if (grads.front().is_cuda()) {
+    auto norms = torch::stack(at::_foreach_norm(grads, 2)).to(torch::kFloat64);
+    return norms.pow(2).sum();
+  }
+  std::vector<at::Tensor> sums;
+  for (const auto& g : grads) sums.push_back(g.pow(2).sum().to(torch::kFloat64));
+  return torch::stack(sums).sum();
+}
+
+}  // namespace
+
+at::Tensor clip_grad_norm_async(const std::vector<at::Tensor>& params, double max_norm) {
+  torch::NoGradGuard no_grad;
+  auto grads = defined_grads(params);
+  if (grads.empty()) return torch::zeros({}, torch::kFloat64);
+  auto norm = sum_of_squares(grads).sqrt();
+  if (std::isfinite(max_norm)) {
+    // min(1, max_norm / (norm + 1e-6)): multiplying by exactly 1 leaves a small gradient untouched.
+    auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0).to(grads.front().scalar_type());
+    at::_foreach_mul_(grads, coef);
+  }
+  return norm;
+}
+
 double global_grad_norm(const std::vector<at::Tensor>& params) {
   torch::NoGradGuard no_grad;
-  std::vector<at::Tensor> sums;
-  for (const auto& p : params)
-    if (p.grad().defined()) sums.push_back(p.grad().pow(2).sum().to(torch::kFloat64));
-  if (sums.empty()) return 0;
-  return std::sqrt(torch::stack(sums).sum().item<double>());
+  auto grads = defined_grads(params);
+  if (grads.empty()) return 0;
+  return std::sqrt(sum_of_squares(grads).item<double>());
 }
 
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
-  const double norm = global_grad_norm(params);
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) {
-    torch::NoGradGuard no_grad;
-    for (const auto& p : params)
-      if (p.grad().defined()) p.grad().mul_(coef);
-  }
-  return norm;
+  return clip_grad_norm_async(params, max_norm).item<double>();
 }
 
 }  // namespace trainer

@@ -1,7 +1,7 @@
 // Global-norm gradient clipping with an accurate norm. torch::nn::utils::clip_grad_norm_ takes each
 // tensor's fp32 `norm`, which on the CPU drifts by ~1e-4 relative on large skewed gradients (an
 // embedding's); here each tensor's sum of squares uses the pairwise `sum` and the total is formed in
-// fp64, so the plain, data-parallel and ZeRO-1 paths clip by the same number.
+// fp64 (on a GPU: one fused per-tensor norm kernel, then fp64), so the plain, data-parallel and ZeRO-1 paths clip by the same number.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -12,6 +12,10 @@ namespace trainer {
 
 // ‖g‖₂ over every defined .grad() of params (read once from the device).
 double global_grad_norm(const std::vector<at::Tensor>& params);
+
+// The same on the gradients' device without reading anything back (no host synchronisation): returns
+// the norm as a 0-dim fp64 tensor there.
+at::Tensor clip_grad_norm_async(const std::vector<at::Tensor>& params, double max_norm);
 
 // Scales the grads by max_norm / (norm + 1e-6) when that is below 1, as clip_grad_norm_ does;
 // max_norm = inf only measures. Returns the norm before clipping.

@@ -1,16 +1,23 @@
 // The step loop, in the order torchtitan's train() reads: load the checkpoint, then while
 // training should continue: poll commands, step, maybe log, maybe evaluate, maybe checkpoint.
 // The run trains on one device (run.devices); batches arrive pinned and are copied asynchronously.
-// Each step reads a few scalars back (loss, the scaler's finiteness check, the grad norm).
+// A step's loss and grad norm stay on the device and are read one step later (StepValues), so the
+// host queues step s+1 while the GPU still computes step s; only the loss scaler's finiteness check
+// (fp16/fp8) reads back within the step.
 #include "trainer/train_loop.h"
 
+#include <c10/core/Event.h>
 #include <torch/torch.h>
+
+#include <ATen/DeviceAccelerator.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cmath>
+#include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "model/decoder_lm.h"
@@ -173,22 +180,24 @@ class TrainLoop {
         save("stop requested");
         return {RunStatus::Stopped, step_, "stopped by request"};
       }
-      const double loss = train_step();
+      train_step();  // queues this step's values; the previous step's are read below
       if (lead_) {
         progress_.step = step_;
         progress_.tokens = tokens_;
         progress_.wall_s = wall();
       }
       const bool last = step_ == total;
-      if (cfg_.run.log_interval > 0 && (step_ % cfg_.run.log_interval == 0 || last)) emit_train_metrics(loss);
-      if (!std::isfinite(loss) && !scaler_->enabled()) {
-        throw std::runtime_error("loss is " + std::to_string(loss) + " at step " + std::to_string(step_) +
-                                 "; lower train.lr or enable gradient clipping");
+      const bool eval_now = !opts_.measure_only && ((cfg_.run.eval_interval > 0 && step_ % cfg_.run.eval_interval == 0) || last);
+      const bool save_now = !opts_.measure_only && ((cfg_.run.save_interval > 0 && step_ % cfg_.run.save_interval == 0) || last);
+      if (eval_now || save_now || last) {
+        settle_step_values();
+      } else {
+        settle_step_values(/*keep_newest=*/true);
       }
-      if (opts_.measure_only) continue;
-      if ((cfg_.run.eval_interval > 0 && step_ % cfg_.run.eval_interval == 0) || last) evaluate();
-      if ((cfg_.run.save_interval > 0 && step_ % cfg_.run.save_interval == 0) || last) save("");
+      if (eval_now) evaluate();
+      if (save_now) save("");
     }
+    settle_step_values();
     return {RunStatus::Finished, step_, "completed " + std::to_string(step_) + " steps"};
   }
 
@@ -245,11 +254,13 @@ class TrainLoop {
     }
   }
 
-  double train_step() {
+  // One optimizer step. Its loss, aux loss and grad norm are queued to the host (StepValues) and
+  // read by settle_step_values, at the latest one step later.
+  void train_step() {
     fault_point("step", comm_.rank(), step_);
     const auto t0 = Clock::now();
     const double lr = lr_at(cfg_.train, step_);
-    double loss_sum = 0, aux_sum = 0;
+    at::Tensor loss_sum, aux_sum;  // on the device
     double wait_s = 0;
     int64_t pieces = 0, rows = 0, step_tokens = 0;
     for (int64_t micro = 0; micro < cfg_.train.grad_accum; ++micro) {
@@ -259,8 +270,10 @@ class TrainLoop {
       // Data parallel: the last micro-step's backward starts averaging each bucket as it fills.
       if (buckets_ && micro == cfg_.train.grad_accum - 1) buckets_->arm();
       scaler_->scale_loss(loss).backward();
-      loss_sum += parts.ce.item<double>() / static_cast<double>(cfg_.train.grad_accum);
-      aux_sum += parts.aux.item<double>() / static_cast<double>(cfg_.train.grad_accum);
+      auto ce = parts.ce.detach().to(torch::kFloat64) / static_cast<double>(cfg_.train.grad_accum);
+      auto aux = parts.aux.detach().to(torch::kFloat64) / static_cast<double>(cfg_.train.grad_accum);
+      loss_sum = loss_sum.defined() ? loss_sum + ce : ce;
+      aux_sum = aux_sum.defined() ? aux_sum + aux : aux;
       pieces += b.pieces;
       rows += b.inputs.size(0);
       step_tokens += b.inputs.numel();
@@ -268,33 +281,33 @@ class TrainLoop {
     }
     data_wait_s_ = wait_s;
     docs_per_row_ = static_cast<double>(pieces) / static_cast<double>(std::max<int64_t>(1, rows));
+    auto losses = torch::stack({loss_sum.reshape({}), aux_sum.to(loss_sum.device()).reshape({})});
     if (comm_.world() > 1) {
       if (buckets_) buckets_->finish();  // ZeRO-1 reduce-scatters inside its step
-      std::vector<at::Tensor> losses{torch::tensor({loss_sum, aux_sum}, torch::kFloat64)};
-      comm_.all_reduce_sum(losses, "averaging the loss");
-      loss_sum = losses[0][0].item<double>() / comm_.world();
-      aux_sum = losses[0][1].item<double>() / comm_.world();
+      std::vector<at::Tensor> t{losses};
+      comm_.all_reduce_sum(t, "averaging the loss");
+      losses = t[0] / static_cast<double>(comm_.world());
       step_tokens *= comm_.world();
     }
-    aux_loss_ = aux_sum;
     std::vector<torch::Tensor> grads_of;
     for (auto& [n, p] : params_) grads_of.push_back(p);
     const double max_norm = cfg_.train.grad_clip > 0 ? cfg_.train.grad_clip : INFINITY;
     bool found_inf = false;
+    at::Tensor grad_norm;
     if (zero_) {
       // Averaging, unscaling, the inf/NaN check, clipping and the update, on this rank's slice.
       const auto r = zero_->step(lr, scaler_->enabled() ? scaler_->scale() : 1.0, max_norm);
       found_inf = r.found_inf;
-      grad_norm_ = r.grad_norm;
+      grad_norm = torch::tensor(r.grad_norm, torch::kFloat64);
       if (!found_inf && ema_) ema_->update();
     } else {
       // Unscale before clipping; a non-finite gradient skips the update (weights untouched).
       found_inf = scaler_->enabled() && scaler_->unscale_and_check(grads_of);
       if (found_inf) {
-        grad_norm_ = INFINITY;  // reported as such; the step is counted in skipped_steps
+        grad_norm = torch::tensor(INFINITY, torch::kFloat64);  // reported as such; counted in skipped_steps
       } else {
         // The norm is reported before clipping; a clip of 0 only measures it.
-        grad_norm_ = clip_grad_norm(grads_of, max_norm);
+        grad_norm = clip_grad_norm_async(grads_of, max_norm);
         opt_->step(lr);
         if (opt_hidden_) opt_hidden_->step(lr * hidden_lr_mult_);
         if (muon_) muon_->step(lr * cfg_.train.muon_lr / cfg_.train.lr * hidden_lr_mult_);
@@ -310,8 +323,56 @@ class TrainLoop {
     ++step_;
     tokens_ += step_tokens;
     lr_ = lr;
-    step_time_s_ = seconds_since(t0);
-    return loss_sum;
+    // The loop's period: once the host runs a step ahead, it is the device's step time.
+    step_time_s_ = t_prev_step_ == Clock::time_point{} ? seconds_since(t0) : seconds_since(t_prev_step_);
+    t_prev_step_ = Clock::now();
+    queue_step_values(torch::cat({losses.to(torch::kFloat64), grad_norm.to(losses.device()).reshape({1})}));
+  }
+
+  // A step's [loss, aux loss, grad norm] on their way to the host, and the metrics row to fill when
+  // it is a logging step.
+  struct StepValues {
+    int64_t step = 0;
+    at::Tensor host;                 // [3] fp64
+    std::optional<c10::Event> copied;  // GPU: recorded after the copy was queued
+    std::optional<MetricsEvent> row;
+  };
+
+  void queue_step_values(const at::Tensor& values) {
+    StepValues v;
+    v.step = step_;
+    if (values.is_cuda()) {
+      v.host = torch::empty({3}, torch::TensorOptions().dtype(torch::kFloat64).pinned_memory(true));
+      v.host.copy_(values, /*non_blocking=*/true);
+      v.copied.emplace(c10::DeviceType::CUDA);
+      v.copied->record(at::accelerator::getCurrentStream(device_.index()));
+    } else {
+      v.host = values.to(torch::kCPU);
+    }
+    const bool last = step_ == cfg_.train.steps;
+    if (cfg_.run.log_interval > 0 && (step_ % cfg_.run.log_interval == 0 || last)) v.row = train_metrics_row();
+    pending_.push_back(std::move(v));
+  }
+
+  // Reads the queued step values (all, or all but the newest) and emits their metrics rows. A
+  // non-finite loss without loss scaling fails the run here, naming its step.
+  void settle_step_values(bool keep_newest = false) {
+    while (pending_.size() > (keep_newest ? 1u : 0u)) {
+      StepValues v = std::move(pending_.front());
+      pending_.pop_front();
+      if (v.copied) v.copied->synchronize();
+      const double loss = v.host[0].item<double>(), aux = v.host[1].item<double>(), norm = v.host[2].item<double>();
+      if (v.row) {
+        v.row->values[0].second = loss;
+        v.row->values[1].second = norm;
+        if (cfg_.model.moe_experts > 0) v.row->values.emplace_back("aux_loss", aux);
+        push(std::move(*v.row));
+      }
+      if (!std::isfinite(loss) && !scaler_->enabled()) {
+        throw std::runtime_error("loss is " + std::to_string(loss) + " at step " + std::to_string(v.step) +
+                                 "; lower train.lr or enable gradient clipping");
+      }
+    }
   }
 
   // The loss of one batch on the run's device under train.precision. The cu_seqlens stay on the
@@ -325,16 +386,18 @@ class TrainLoop {
 
   double wall() const { return wall_offset_ + seconds_since(t_start_); }
 
-  void emit_train_metrics(double loss) {
+  // The metrics row of the step just taken; loss and grad_norm (the first two values) are filled in
+  // when the step's values reach the host.
+  MetricsEvent train_metrics_row() {
     const double dt = std::max(1e-9, seconds_since(t_last_log_));
     const double tok_s = static_cast<double>(tokens_ - tokens_at_last_log_) / dt;
     t_last_log_ = Clock::now();
     tokens_at_last_log_ = tokens_;
     MetricsEvent m{step_, tokens_, wall(), {}};
-    m.values = {{"loss", loss}, {"grad_norm", grad_norm_}, {"lr", lr_}, {"tokens_per_s", tok_s},
+    m.values = {{"loss", 0.0}, {"grad_norm", 0.0}, {"lr", lr_}, {"tokens_per_s", tok_s},
                 {"step_time_ms", step_time_s_ * 1e3}};
-    // The MoE load-balancing loss is its own metric; "loss" stays the cross-entropy.
-    if (cfg_.model.moe_experts > 0) m.values.emplace_back("aux_loss", aux_loss_);
+    // The MoE load-balancing loss ("aux_loss") is added when the values arrive; "loss" stays the
+    // cross-entropy.
     // Data: time this step waited for batches, batches ready in the queue, and packing density
     // (packing never pads, so the padding fraction is 0 by construction and reported as such).
     m.values.emplace_back("loss_scale", scaler_->scale());
@@ -353,7 +416,7 @@ class TrainLoop {
     }
     if (cfg_.train.precision == "fp8")
       m.values.emplace_back("fp8_saturations", static_cast<double>(model::take_fp8_saturations(device_)));
-    push(std::move(m));
+    return m;
   }
 
   // Mean validation cross-entropy over the fixed batches, weighted by rows. Rank r evaluates
@@ -385,6 +448,7 @@ class TrainLoop {
   }
 
   void evaluate() {
+    settle_step_values();  // the step's training metrics come first
     if (loader_->validation().empty()) return;
     const double val = validation_loss();
     MetricsEvent m{step_, tokens_, wall(), {{"val_loss", val}, {"val_ppl", std::exp(val)}}};
@@ -403,6 +467,7 @@ class TrainLoop {
   // Every rank takes part (rank 0 gathers the data positions); rank 0 writes. The weights and the
   // optimizer state are the same on every rank.
   void save(const std::string& why) {
+    settle_step_values();  // a run that went non-finite is not checkpointed
     if (step_ == last_saved_step_) return;
     const std::vector<std::string> positions = comm_.gather_text("loader/" + std::to_string(step_), loader_state_);
     NamedTensors optimizer_state = zero_ ? zero_->state_tensors() : NamedTensors{};  // a collective: every rank
@@ -516,6 +581,8 @@ class TrainLoop {
   NamedTensors params_;
   c10::Device device_{c10::kCPU};
   std::unique_ptr<AdamW> opt_;
+  std::deque<StepValues> pending_;  // steps whose values are still on their way to the host
+  Clock::time_point t_prev_step_{};
   std::unique_ptr<GradBuckets> buckets_;  // several ranks without ZeRO-1: gradients averaged during backward
   std::unique_ptr<ShardedAdamW> zero_;  // run.zero1 with several ranks: replaces opt_
   std::unique_ptr<AdamW> opt_hidden_;   // mup_base_width > 0 with AdamW: the hidden matrices
@@ -527,7 +594,7 @@ class TrainLoop {
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<Ema> ema_;            // ema_decay > 0
   int64_t step_ = 0, tokens_ = 0, last_saved_step_ = -1, tokens_at_last_log_ = 0;
-  double grad_norm_ = 0, aux_loss_ = 0, data_wait_s_ = 0, docs_per_row_ = 0, lr_ = 0, step_time_s_ = 0, wall_offset_ = 0, wall_at_resume_ = 0;
+  double data_wait_s_ = 0, docs_per_row_ = 0, lr_ = 0, step_time_s_ = 0, wall_offset_ = 0, wall_at_resume_ = 0;
   Clock::time_point t_start_, t_last_log_;
 };
 
