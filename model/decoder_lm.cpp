@@ -5,6 +5,8 @@
 
 #include <torch/torch.h>
 
+#include "model/linear_cross_entropy.h"
+
 #include <cmath>
 #include <stdexcept>
 
@@ -48,6 +50,11 @@ torch::Tensor DecoderLMImpl::head(const torch::Tensor& x) {
 }
 
 LMOutput DecoderLMImpl::forward_with_aux(const torch::Tensor& tokens, const Positions& p) {
+  auto out = hidden(tokens, p);
+  return {head(out.logits), out.aux_loss};
+}
+
+LMOutput DecoderLMImpl::hidden(const torch::Tensor& tokens, const Positions& p) {
   TORCH_CHECK(tokens.dim() == 2, "model: expected tokens [B,T], got ", tokens.sizes());
   auto x = emb(tokens);
   if (cfg_.embed_norm) x = rms_norm_plain(x);
@@ -58,7 +65,7 @@ LMOutput DecoderLMImpl::forward_with_aux(const torch::Tensor& tokens, const Posi
     if (r.aux_loss.defined()) aux = aux.defined() ? aux + r.aux_loss : r.aux_loss;
   }
   if (!aux.defined()) aux = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(tokens.device()));
-  return {head(x), aux};
+  return {x, aux};
 }
 
 torch::Tensor DecoderLMImpl::forward(const torch::Tensor& tokens) {
@@ -76,10 +83,20 @@ LossParts DecoderLMImpl::loss_parts(const torch::Tensor& tokens, const torch::Te
   TORCH_CHECK(tokens.dim() == 2, "model: expected tokens [B,T], got ", tokens.sizes());
   auto p = cu_seqlens.defined() ? packed_positions(cu_seqlens, tokens.size(0), tokens.size(1), tokens.device())
                                 : dense_positions(tokens.size(0), tokens.size(1), tokens.device());
-  auto out = forward_with_aux(tokens, p);
-  auto ce = torch::nn::functional::cross_entropy(
-      out.logits.reshape({-1, out.logits.size(-1)}), targets.reshape({-1}),
-      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
+  auto out = hidden(tokens, p);
+  if (cfg_.loss_chunk_tokens < 0) {
+    auto logits = head(out.logits);
+    auto ce = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
+                                                   torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
+    return {ce + out.aux_loss.to(ce.scalar_type()), ce, out.aux_loss};
+  }
+  // The head and the loss together, in chunks of tokens: the batch's logits never exist at once.
+  auto h = norm_f(out.logits);
+  const auto& w = lm_head.defined() ? lm_head : emb->weight;
+  LinearCrossEntropyOptions o;
+  o.softcap = cfg_.logit_softcap;
+  o.chunk_rows = cfg_.loss_chunk_tokens;
+  auto ce = linear_cross_entropy(h.reshape({-1, h.size(-1)}), w, targets.reshape({-1}), o);
   return {ce + out.aux_loss.to(ce.scalar_type()), ce, out.aux_loss};
 }
 

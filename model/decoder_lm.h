@@ -66,6 +66,8 @@ class DecoderLMImpl : public torch::nn::Module {
   torch::Tensor lm_head;  // [V,d]; undefined when tied to emb
 
  private:
+  // The last block's output (in .logits, before the final norm) and the aux loss.
+  LMOutput hidden(const torch::Tensor& tokens, const Positions& p);
   torch::Tensor head(const torch::Tensor& x);  // final norm, LM head, softcap
   ModelConfig cfg_;
 };

@@ -275,7 +275,9 @@ int64_t activation_bytes_per_token(const ModelConfig& c) {
     largest_block = std::max(largest_block, block);
     all_blocks += block;
   }
-  const int64_t head = c.d + 2 * 2 * c.vocab_size;  // final norm; fp32 logits and their softmax
+  // Final norm, plus the plain head's fp32 logits and their softmax, or the fused head's dh (its
+  // chunk of logits is a fixed 256 MiB, not per token).
+  const int64_t head = c.d + (c.loss_chunk_tokens < 0 ? 2 * 2 * c.vocab_size : c.d);
   const int64_t elems = c.activation_checkpointing ? c.n_layers * c.d + largest_block + head : all_blocks + head;
   return 2 * elems;
 }
@@ -347,6 +349,7 @@ std::vector<std::string> validate(const ModelConfig& c) {
 
   check_positive(out, "init_std", c.init_std);
   check_positive(out, "rope_theta", c.rope_theta);
+  check_min(out, "loss_chunk_tokens", c.loss_chunk_tokens, -1);
   if (!(c.logit_softcap >= 0)) {
     std::ostringstream s;
     s << "model.logit_softcap: must be >= 0, 0 = off (got " << c.logit_softcap << ")";

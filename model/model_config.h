@@ -25,6 +25,10 @@ struct ModelConfig {
   bool norm_affine = true;
   bool embed_norm = false;
   double logit_softcap = 0.0;
+  // The LM head and the loss run fused, in chunks of this many tokens (0: as many as fit 256 MiB of
+  // fp32 logits), so the batch's logits never exist at once; -1: the plain head (whole logits, then
+  // cross_entropy), kept for comparison.
+  int64_t loss_chunk_tokens = 0;
   double rope_theta = 10000.0;
   double init_std = 0.02;
 

@@ -64,6 +64,7 @@ const std::vector<Field>& fields() {
       DD_CONFIG_FIELD("model", "norm_affine", model.norm_affine),
       DD_CONFIG_FIELD("model", "embed_norm", model.embed_norm),
       DD_CONFIG_FIELD("model", "logit_softcap", model.logit_softcap),
+      DD_CONFIG_FIELD("model", "loss_chunk_tokens", model.loss_chunk_tokens),
       DD_CONFIG_FIELD("model", "rope_theta", model.rope_theta),
       DD_CONFIG_FIELD("model", "init_std", model.init_std),
       DD_CONFIG_FIELD("model", "max_seq_len", model.max_seq_len),

@@ -224,11 +224,14 @@ TEST(ModelConfig, GptFamilyAcceptsAnyPattern) {
 
 // The activation estimate, worked by hand for the tiny GPT (d=128, L=6, V=4096, nh=4, nkv=2,
 // dh=32, f=384): per block 4d + (2·(nh+2nkv)·dh + nh·dh) + (d + 3f) = 512 + 640 + 1280 = 2432
-// elements; head d + 4V = 16512 (fp32 logits and softmax count twice). bf16: 2 bytes each.
+// elements; the fused chunked head keeps d + d = 256 per token (the norm's input and dh); the plain
+// head d + 4V = 16512 (fp32 logits and softmax count twice). bf16: 2 bytes each.
 TEST(ModelConfig, ActivationBytesPerToken) {
   ModelConfig c = preset("tiny", Family::Gpt);
-  EXPECT_EQ(model::activation_bytes_per_token(c), 2 * (6 * 2432 + 16512));
+  EXPECT_EQ(model::activation_bytes_per_token(c), 2 * (6 * 2432 + 256));
   c.activation_checkpointing = true;  // block inputs only, plus one block recomputed
+  EXPECT_EQ(model::activation_bytes_per_token(c), 2 * (6 * 128 + 2432 + 256));
+  c.loss_chunk_tokens = -1;
   EXPECT_EQ(model::activation_bytes_per_token(c), 2 * (6 * 128 + 2432 + 16512));
   // Every hybrid preset needs more with all activations kept than with checkpointing.
   for (const auto& name : model::preset_names()) {

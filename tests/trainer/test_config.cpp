@@ -434,8 +434,8 @@ TEST(Config, JsonHasEveryKeyNested) {
   EXPECT_EQ(j["seed"], 1337);
   EXPECT_EQ(j["model"]["family"], "gpt");
   EXPECT_EQ(j["model"]["L"], r.config.model.n_layers);
-  // family, preset and the 34 ModelConfig keys.
-  EXPECT_EQ(j["model"].size(), 37u);
+  // family, preset and the 36 ModelConfig keys.
+  EXPECT_EQ(j["model"].size(), 38u);
   EXPECT_EQ(j["data"]["train"][0], "text:/tmp/*.txt");
   EXPECT_EQ(j["data"]["val"], 0.01);
   EXPECT_EQ(j["data"].size(), 12u);

@@ -1,0 +1,31 @@
+// The LM head and its loss in one: mean cross-entropy of (h · wᵀ) against targets, computed in
+// chunks of rows so the logits of the whole batch never exist at once (at vocab 50304 × 16k tokens
+// they would be 3.3 GB in fp32). Each chunk's gradients (dh, and dW summed over chunks) are formed
+// in the forward while its logits are at hand, and scaled by the incoming gradient in backward — no
+// recompute. The logits are rounded to the matmul dtype and every statistic is fp32, as in the
+// plain head (matmul, cast to fp32, cross_entropy), which stays the reference.
+#pragma once
+
+#include <torch/torch.h>
+
+namespace model {
+
+struct LinearCrossEntropyOptions {
+  double softcap = 0;          // > 0: z ← c·tanh(z/c) before the softmax
+  int64_t chunk_rows = 0;      // rows per chunk; 0: as many as fit kChunkBytes of fp32 logits
+  bool use_kernel = true;      // CUDA: the fused loss + gradient kernel (kernels/cross_entropy.h)
+};
+
+// About this much fp32 logit memory per chunk when chunk_rows = 0.
+constexpr int64_t kChunkBytes = 256ll << 20;
+
+// h [N,d], w [V,d], targets [N] int64 (−1: ignored). The matmul runs in the autocast dtype when
+// autocast is on for h's device, else in h's dtype. Returns a 0-dim fp32 loss (fp64 for fp64 h).
+torch::Tensor linear_cross_entropy(const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& targets,
+                                   const LinearCrossEntropyOptions& opts = {});
+
+// The plain path the chunked one is tested against: whole logits, then cross_entropy.
+torch::Tensor linear_cross_entropy_reference(const torch::Tensor& h, const torch::Tensor& w,
+                                             const torch::Tensor& targets, double softcap = 0);
+
+}  // namespace model
