@@ -17,6 +17,8 @@ namespace app {
 
 namespace {
 
+constexpr int64_t kProfileSteps = 3;
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -39,7 +41,7 @@ int bench_train(const BenchTrainArgs& a) {
       "data.train=[\"random:1000000\"]",
       "data.val=0.0001",
       "data.eot_token=0",
-      "train.steps=" + std::to_string(a.steps + a.warmup),
+      "train.steps=" + std::to_string(a.steps + a.warmup + (a.profile ? kProfileSteps : 0)),
       "train.warmup_steps=0",
       "train.batch_size=" + std::to_string(a.batch_size),
       "train.seq_len=" + std::to_string(a.seq_len),
@@ -66,6 +68,12 @@ int bench_train(const BenchTrainArgs& a) {
   trainer::SessionOptions so;
   so.run_dir = tmp + "/bench";
   so.measure_only = true;
+  if (a.profile) {
+    so.profile_from_step = a.warmup + a.steps;
+    so.profile_steps = kProfileSteps;
+    so.profile_trace = a.profile_trace;
+  }
+  std::string profile_report;
   trainer::Session session(cfg, so);
   session.start();
   std::map<std::string, std::vector<double>> after_warmup;  // metric -> values of timed steps
@@ -74,7 +82,7 @@ int bench_train(const BenchTrainArgs& a) {
   trainer::EndedEvent ended;
   while (auto ev = session.events().pop()) {
     if (auto* m = std::get_if<trainer::MetricsEvent>(&*ev)) {
-      if (m->step <= a.warmup) {
+      if (m->step <= a.warmup || m->step > a.warmup + a.steps) {
         last_tokens = m->tokens;
         continue;
       }
@@ -85,6 +93,7 @@ int bench_train(const BenchTrainArgs& a) {
       params = s->params;
     } else if (auto* l = std::get_if<trainer::LogEvent>(&*ev)) {
       if (l->level == "error") std::cerr << "error: " << l->text << "\n";
+      if (l->level == "profile") profile_report = l->text;
     } else if (auto* e = std::get_if<trainer::EndedEvent>(&*ev)) {
       ended = *e;
     }
@@ -120,6 +129,7 @@ int bench_train(const BenchTrainArgs& a) {
               a.family.c_str(), a.preset.c_str(), a.precision.c_str(), a.devices.c_str(),
               static_cast<long long>(tokens_per_step), step_ms, tok_s, 100 * mfu, peak);
   std::printf("on %s\n%s\n", device.c_str(), j.dump().c_str());
+  if (a.profile) std::printf("\n%s", profile_report.empty() ? "(no profile was recorded)\n" : profile_report.c_str());
   if (!a.json_path.empty()) {
     std::ofstream f(a.json_path);
     f << j.dump(2) << "\n";

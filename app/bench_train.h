@@ -20,6 +20,8 @@ struct BenchTrainArgs {
   int64_t seq_len = 1024;
   std::vector<std::string> overrides;   // --set section.key=value
   std::string json_path;                // also write the JSON object here
+  bool profile = false;                 // after the timed steps, profile 3 more and print the breakdown
+  std::string profile_trace;            // and save the profiler's trace here (JSON)
 };
 
 // Returns the exit code: 0 measured, 2 bad arguments or config, 1 the run failed.

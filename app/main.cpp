@@ -106,6 +106,10 @@ int main(int argc, char** argv) {
   bench_train_cmd->add_option("--seq-len", bench_train.seq_len, "Row length T")->capture_default_str();
   bench_train_cmd->add_option("-s,--set", bench_train.overrides, "Override a config key: section.key=value");
   bench_train_cmd->add_option("--json", bench_train.json_path, "Also write the figures as JSON to this file");
+  bench_train_cmd->add_flag("--profile", bench_train.profile,
+                            "Then profile 3 more steps: GPU time per step by component and by kernel");
+  bench_train_cmd->add_option("--profile-trace", bench_train.profile_trace,
+                              "With --profile: save the profiler trace (chrome://tracing, Perfetto) here");
 
   app::TokenizerTrainArgs tok_train;
   auto* tokenizer_cmd = cli.add_subcommand("tokenizer", "Train tokenizers");

@@ -101,6 +101,7 @@ class SingleRank : public Communicator {
   void reduce_scatter_sum(at::Tensor& shard, const at::Tensor& flat, const std::string&) override { shard.copy_(flat); }
   void all_gather(at::Tensor& flat, const at::Tensor& shard, const std::string&) override { flat.copy_(shard); }
   std::vector<std::string> gather_text(const std::string&, const std::string& text) override { return {text}; }
+  std::string broadcast_text(const std::string&, const std::string& text, const std::string&) override { return text; }
   void abort(const std::string&) override {}
 };
 
@@ -173,6 +174,23 @@ class C10dGroup : public Communicator {
         auto bytes = store_->get(k);
         out.emplace_back(bytes.begin(), bytes.end());
       }
+    });
+    return out;
+  }
+
+  std::string broadcast_text(const std::string& key, const std::string& text, const std::string& forget_key) override {
+    std::string out;
+    guarded("agreeing on " + key, [&] {
+      const std::string k = "bcast/" + key;
+      if (rank_ == 0) {
+        store_->set(k, std::vector<uint8_t>(text.begin(), text.end()));
+        if (!forget_key.empty()) store_->deleteKey("bcast/" + forget_key);
+        out = text;
+        return;
+      }
+      store_->wait({k}, timeout_);
+      auto bytes = store_->get(k);
+      out.assign(bytes.begin(), bytes.end());
     });
     return out;
   }

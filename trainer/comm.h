@@ -63,6 +63,12 @@ class Communicator {
   virtual void reduce_scatter_sum(at::Tensor& shard, const at::Tensor& flat, const std::string& what) = 0;
   // flat = every rank's shard, in rank order; flat.numel() == world × shard.numel().
   virtual void all_gather(at::Tensor& flat, const at::Tensor& shard, const std::string& what) = 0;
+  // Rank 0's `text` on every rank, through the rendezvous store rather than a collective, so it
+  // costs no device synchronisation (the step loop agrees on commands with it every step). `key`
+  // must be unique per call; `forget_key` (optional) is an earlier key every rank has passed, which
+  // rank 0 deletes so the store does not grow with the run.
+  virtual std::string broadcast_text(const std::string& key, const std::string& text,
+                                     const std::string& forget_key = "") = 0;
   // Makes this rank's collectives fail from now on with `reason` (another rank of this process failed);
   // NCCL's communicators are aborted so a collective in flight returns. Callable from any thread.
   virtual void abort(const std::string& reason) = 0;

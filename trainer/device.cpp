@@ -124,6 +124,15 @@ void bind_thread(const c10::Device& device) {
 #endif
 }
 
+void preload_cuda_libraries(const c10::Device& device) {
+  if (!device.is_cuda()) return;
+  // LibTorch loads its CUDA linear-algebra library (cuSOLVER/cuBLAS triangular solves, which the
+  // chunked gated delta rule uses) on first use through a lazy stub that is not thread-safe: two rank
+  // threads reaching it together abort with "lazy wrapper should be called at most once".
+  auto a = torch::eye(2, torch::TensorOptions().device(device));
+  (void)torch::linalg_solve_triangular(a, a, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
+}
+
 std::string describe_device(const c10::Device& device) {
   if (!device.is_cuda()) return "cpu";
 #if defined(DD_HAVE_CUDA)

@@ -24,6 +24,10 @@ std::vector<c10::Device> rank_devices(const std::string& devices);
 // Makes `device` the calling thread's current CUDA device (no-op for the CPU).
 void bind_thread(const c10::Device& device);
 
+// Loads LibTorch's lazily loaded CUDA libraries once, before rank threads start (their loader is not
+// thread-safe). No-op for the CPU.
+void preload_cuda_libraries(const c10::Device& device);
+
 // "cpu" or "cuda:0 (NVIDIA H100 80GB HBM3, 79.1 GiB, sm_90)".
 std::string describe_device(const c10::Device& device);
 

@@ -187,6 +187,10 @@ struct Session::Impl {
       } else if (world > 1) {
         rendezvous = Rendezvous::in_process();
       }
+      if (local_world > 1) {
+        bind_thread(devices[0]);
+        preload_cuda_libraries(devices[0]);
+      }
       // Shared with the rank threads, which may outlive this call when abandoned.
       auto ranks = std::make_shared<RankResults>(local_world);
       auto rank_body = [this, ranks, devices, rendezvous, first_rank, world, timeout](int r) {

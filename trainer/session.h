@@ -21,6 +21,11 @@ struct SessionOptions {
   std::string run_dir;      // checkpoints go to <run_dir>/checkpoints
   std::string resume_from;  // a checkpoint directory to continue from; empty = fresh start
   bool measure_only = false;  // benchmarks: no evaluation, no checkpoints
+  // Benchmarks: profile steps [profile_from_step, profile_from_step + profile_steps) on rank 0; the
+  // report arrives as a LogEvent of level "profile", the trace goes to profile_trace (if set).
+  int64_t profile_from_step = -1;
+  int64_t profile_steps = 0;
+  std::string profile_trace;
   ClusterSpec cluster;        // this process's node; several nodes meet at cluster.master_addr:port
 };
 

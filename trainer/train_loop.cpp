@@ -37,6 +37,7 @@
 #include "trainer/precision.h"
 #include "trainer/fault_inject.h"
 #include "trainer/grad_buckets.h"
+#include "trainer/step_profile.h"
 #include "trainer/zero1.h"
 
 namespace trainer {
@@ -180,6 +181,7 @@ class TrainLoop {
         save("stop requested");
         return {RunStatus::Stopped, step_, "stopped by request"};
       }
+      profile_boundary();
       train_step();  // queues this step's values; the previous step's are read below
       if (lead_) {
         progress_.step = step_;
@@ -198,6 +200,7 @@ class TrainLoop {
       if (save_now) save("");
     }
     settle_step_values();
+    profile_boundary();
     return {RunStatus::Finished, step_, "completed " + std::to_string(step_) + " steps"};
   }
 
@@ -215,9 +218,14 @@ class TrainLoop {
       int64_t decision = kContinue;
       if (lead_) decision = next_decision();
       if (comm_.world() > 1) {
-        std::vector<at::Tensor> t{torch::full({1}, decision, torch::TensorOptions().dtype(torch::kInt64).device(device_))};
-        comm_.broadcast(t, 0, "agreeing on the step's commands");
-        decision = t[0].item<int64_t>();
+        // Through the store, not a collective: a device broadcast read back on the host would make
+        // every step wait for the previous one to finish on the GPU.
+        const std::string key = "cmd/" + std::to_string(step_) + "/" + std::to_string(command_round_);
+        const std::string forget = command_keys_.size() >= 64 ? command_keys_.front() : "";
+        decision = std::stoll(comm_.broadcast_text(key, std::to_string(decision), forget));
+        command_keys_.push_back(key);
+        if (!forget.empty()) command_keys_.pop_front();
+        ++command_round_;
       }
       switch (decision) {
         case kContinue: return true;
@@ -327,6 +335,24 @@ class TrainLoop {
     step_time_s_ = t_prev_step_ == Clock::time_point{} ? seconds_since(t0) : seconds_since(t_prev_step_);
     t_prev_step_ = Clock::now();
     queue_step_values(torch::cat({losses.to(torch::kFloat64), grad_norm.to(losses.device()).reshape({1})}));
+  }
+
+  // Starts or stops the step profiler (bench train --profile) at its step boundaries, with the device
+  // drained on both sides so the window holds exactly those steps.
+  void profile_boundary() {
+    if (!lead_ || opts_.profile_steps <= 0) return;
+    const int64_t from = opts_.profile_from_step, to = from + opts_.profile_steps;
+    if (step_ != from && !(step_ == to && profile_)) return;
+    settle_step_values();
+    if (device_.is_cuda()) at::accelerator::synchronizeDevice(device_.index());
+    if (step_ == from) {
+      profile_ = StepProfile::start(device_.is_cuda());
+      t_profile_ = Clock::now();
+    } else {
+      const double ms = seconds_since(t_profile_) * 1e3 / static_cast<double>(opts_.profile_steps);
+      log("profile", profile_->stop(opts_.profile_trace, opts_.profile_steps, ms));
+      profile_.reset();
+    }
   }
 
   // A step's [loss, aux loss, grad norm] on their way to the host, and the metrics row to fill when
@@ -581,6 +607,11 @@ class TrainLoop {
   NamedTensors params_;
   c10::Device device_{c10::kCPU};
   std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<StepProfile> profile_;
+  Clock::time_point t_profile_{};
+  // Store keys of the latest command agreements; the oldest is deleted once every rank is past it.
+  std::deque<std::string> command_keys_;
+  int64_t command_round_ = 0;
   std::deque<StepValues> pending_;  // steps whose values are still on their way to the host
   Clock::time_point t_prev_step_{};
   std::unique_ptr<GradBuckets> buckets_;  // several ranks without ZeRO-1: gradients averaged during backward

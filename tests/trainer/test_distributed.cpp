@@ -181,3 +181,41 @@ TEST(Distributed, AHungRankFailsTheRunAtTheCollectiveTimeout) {
   ASSERT_EQ(r.checkpoints.size(), 1u);
   EXPECT_EQ(trainer::load_checkpoint(r.checkpoints[0]).step, 2);
 }
+
+// Commands reach every rank at the same step boundary (agreed through the store): save-now during
+// a pause writes one checkpoint holding both ranks' data positions, resume continues, stop ends the
+// run with a final checkpoint.
+TEST(Distributed, PauseSaveNowAndStopReachEveryRank) {
+  TempDir dir;
+  auto cfg = make_config(dir, 1000, {"run.devices=\"cpu:2\"", "train.warmup_steps=1"});
+  trainer::Session s(cfg, trainer::SessionOptions(dir.path() + "/run"));
+  s.start();
+  std::vector<trainer::CheckpointEvent> checkpoints;
+  trainer::EndedEvent ended;
+  bool commanded = false;
+  while (auto ev = s.events().pop()) {
+    if (auto* m = std::get_if<trainer::MetricsEvent>(&*ev)) {
+      if (m->step >= 3 && !commanded) {
+        s.send(trainer::Command::Pause);
+        s.send(trainer::Command::SaveNow);
+        s.send(trainer::Command::Resume);
+        commanded = true;
+      }
+    } else if (auto* c = std::get_if<trainer::CheckpointEvent>(&*ev)) {
+      checkpoints.push_back(*c);
+      if (checkpoints.size() == 1) s.send(trainer::Command::Stop);
+    } else if (auto* e = std::get_if<trainer::EndedEvent>(&*ev)) {
+      ended = *e;
+    }
+  }
+  s.join();
+  EXPECT_EQ(ended.status, trainer::RunStatus::Stopped) << ended.message;
+  ASSERT_EQ(checkpoints.size(), 2u);
+  EXPECT_LT(checkpoints[0].step, checkpoints[1].step);
+  EXPECT_EQ(ended.step, checkpoints[1].step);
+  for (const auto& c : checkpoints) {
+    auto ck = trainer::load_checkpoint(c.path);
+    EXPECT_EQ(ck.step, c.step);
+    EXPECT_TRUE(ck.meta.count("loader.state.0") && ck.meta.count("loader.state.1")) << c.path;
+  }
+}

@@ -37,6 +37,7 @@ class FakePeer : public trainer::Communicator {
   void all_gather(at::Tensor&, const at::Tensor&, const std::string&) override {}
   std::vector<std::string> gather_text(const std::string&, const std::string& t) override { return {t}; }
   void abort(const std::string&) override {}
+  std::string broadcast_text(const std::string&, const std::string& t, const std::string&) override { return t; }
   std::vector<int64_t> started_sizes;
 
  private:

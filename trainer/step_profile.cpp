@@ -1,0 +1,110 @@
+#include "trainer/step_profile.h"
+
+#include <torch/csrc/autograd/profiler_kineto.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <regex>
+#include <vector>
+
+namespace trainer {
+
+namespace {
+
+namespace prof = torch::profiler::impl;
+
+std::set<prof::ActivityType> activities(bool gpu) {
+  if (gpu) return {prof::ActivityType::CPU, prof::ActivityType::CUDA};
+  return {prof::ActivityType::CPU};
+}
+
+prof::ProfilerConfig config() { return prof::ProfilerConfig(prof::ProfilerState::KINETO, false, false); }
+
+// A kernel's component, from its name (cuBLAS/CUTLASS/flash/ATen kernel naming).
+std::string component_of(const std::string& name) {
+  static const std::vector<std::pair<std::regex, std::string>> rules = {
+      {std::regex("nccl", std::regex::icase), "communication (NCCL)"},
+      {std::regex("flash|fmha|attention", std::regex::icase), "attention"},
+      {std::regex("gemm|cutlass|xmma|nvjet|sm90_|cublas|matmul", std::regex::icase), "matmul"},
+      {std::regex("ce_grad", std::regex::icase), "cross-entropy kernel"},
+      {std::regex("adam", std::regex::icase), "optimizer"},
+      {std::regex("reduce|norm", std::regex::icase), "reductions (norms, sums)"},
+      {std::regex("cat|copy|index|gather|scatter|embedding", std::regex::icase), "copies / indexing"},
+      {std::regex("elementwise|vectorized|unrolled|foreach", std::regex::icase), "elementwise"},
+  };
+  for (const auto& [re, label] : rules)
+    if (std::regex_search(name, re)) return label;
+  return "other";
+}
+
+}  // namespace
+
+std::unique_ptr<StepProfile> StepProfile::start(bool gpu) {
+  std::unique_ptr<StepProfile> p(new StepProfile());
+  p->gpu_ = gpu;
+  torch::autograd::profiler::prepareProfiler(config(), activities(gpu));
+  torch::autograd::profiler::enableProfiler(config(), activities(gpu));
+  p->running_ = true;
+  return p;
+}
+
+StepProfile::~StepProfile() {
+  if (running_) torch::autograd::profiler::disableProfiler();
+}
+
+std::string StepProfile::stop(const std::string& trace_path, int64_t steps, double wall_ms_per_step) {
+  auto result = torch::autograd::profiler::disableProfiler();
+  running_ = false;
+  if (!trace_path.empty()) result->save(trace_path);
+  struct Sum {
+    double ms = 0;
+    int64_t count = 0;
+  };
+  std::map<std::string, Sum> by_kernel, by_component;
+  double gpu_ms = 0;
+  for (const auto& e : result->events()) {
+    if (e.deviceType() != c10::DeviceType::CUDA) continue;
+    const double ms = static_cast<double>(e.durationNs()) / 1e6;
+    const std::string name = e.name();
+    by_kernel[name].ms += ms;
+    by_kernel[name].count += 1;
+    by_component[component_of(name)].ms += ms;
+    by_component[component_of(name)].count += 1;
+    gpu_ms += ms;
+  }
+  const double n = static_cast<double>(std::max<int64_t>(1, steps));
+  auto sorted = [](const std::map<std::string, Sum>& m) {
+    std::vector<std::pair<std::string, Sum>> v(m.begin(), m.end());
+    std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    return v;
+  };
+  std::string out;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "profile of %lld steps: %.2f ms wall per step, %.2f ms of GPU kernels per step (%.0f%% busy)\n\n"
+                "| component | ms / step | share of step | kernels / step |\n|---|---|---|---|\n",
+                static_cast<long long>(steps), wall_ms_per_step, gpu_ms / n,
+                wall_ms_per_step > 0 ? 100.0 * gpu_ms / n / wall_ms_per_step : 0.0);
+  out += line;
+  for (const auto& [c, s] : sorted(by_component)) {
+    std::snprintf(line, sizeof line, "| %s | %.2f | %.1f%% | %.0f |\n", c.c_str(), s.ms / n,
+                  wall_ms_per_step > 0 ? 100.0 * s.ms / n / wall_ms_per_step : 0.0, s.count / n);
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "| idle (launch gaps, host waits) | %.2f | %.1f%% | |\n",
+                std::max(0.0, wall_ms_per_step - gpu_ms / n),
+                wall_ms_per_step > 0 ? 100.0 * std::max(0.0, wall_ms_per_step - gpu_ms / n) / wall_ms_per_step : 0.0);
+  out += line;
+  out += "\n| kernel (top 20) | ms / step | calls / step |\n|---|---|---|\n";
+  int shown = 0;
+  for (const auto& [k, s] : sorted(by_kernel)) {
+    if (shown++ == 20) break;
+    std::string name = k.size() > 90 ? k.substr(0, 87) + "..." : k;
+    std::snprintf(line, sizeof line, "| `%s` | %.2f | %.0f |\n", name.c_str(), s.ms / n, s.count / n);
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace trainer

@@ -1,0 +1,26 @@
+// Where a step's GPU time goes: the PyTorch (Kineto) profiler around a few training steps, its GPU
+// kernels summed by component (matmul, attention, elementwise, ...) and by kernel, as a text table;
+// the full trace is saved for chrome://tracing / Perfetto. For `deltadeck bench train --profile`.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace trainer {
+
+class StepProfile {
+ public:
+  // Starts collecting CPU ops, and GPU kernels (all threads, CUPTI) when `gpu`.
+  static std::unique_ptr<StepProfile> start(bool gpu);
+  ~StepProfile();
+  // Stops, writes the trace to trace_path (JSON) and returns the table, times per step.
+  std::string stop(const std::string& trace_path, int64_t steps, double wall_ms_per_step);
+
+ private:
+  StepProfile() = default;
+  bool running_ = false;
+  bool gpu_ = false;
+};
+
+}  // namespace trainer
