@@ -204,7 +204,19 @@ int run_worker_node(const TrainArgs& args, const trainer::ClusterSpec& cluster) 
   install_stop_signals();
   session.start();
   trainer::EndedEvent ended{trainer::RunStatus::Failed, 0, "the engine ended without a final event"};
-  while (auto ev = session.events().pop()) {
+  bool stop_sent = false;
+  while (true) {
+    // A signal to this node alone (a launcher stopping one node) reaches node 0 through the engine.
+    if (!stop_sent && stop_signals_received() > 0) {
+      say("stop requested: node 0 will stop every rank at the next step boundary");
+      session.send(trainer::Command::Stop);
+      stop_sent = true;
+    }
+    auto ev = session.events().pop_for(std::chrono::milliseconds(100));
+    if (!ev) {
+      if (session.events().closed()) break;
+      continue;
+    }
     if (auto* l = std::get_if<trainer::LogEvent>(&*ev)) say(l->level + ": " + l->text);
     if (auto* e = std::get_if<trainer::EndedEvent>(&*ev)) ended = *e;
   }

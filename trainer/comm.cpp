@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 
@@ -102,7 +103,15 @@ class SingleRank : public Communicator {
   void all_gather(at::Tensor& flat, const at::Tensor& shard, const std::string&) override { flat.copy_(shard); }
   std::vector<std::string> gather_text(const std::string&, const std::string& text) override { return {text}; }
   std::string broadcast_text(const std::string&, const std::string& text, const std::string&) override { return text; }
+  void raise_flag(const std::string& name, const std::string& value) override { flags_[name] = value; }
+  std::optional<std::string> flag(const std::string& name) override {
+    auto it = flags_.find(name);
+    return it == flags_.end() ? std::nullopt : std::optional<std::string>(it->second);
+  }
   void abort(const std::string&) override {}
+
+ private:
+  std::map<std::string, std::string> flags_;
 };
 
 class C10dGroup : public Communicator {
@@ -191,6 +200,20 @@ class C10dGroup : public Communicator {
       store_->wait({k}, timeout_);
       auto bytes = store_->get(k);
       out.assign(bytes.begin(), bytes.end());
+    });
+    return out;
+  }
+
+  void raise_flag(const std::string& name, const std::string& value) override {
+    guarded("raising " + name, [&] { store_->set("flag/" + name, std::vector<uint8_t>(value.begin(), value.end())); });
+  }
+  std::optional<std::string> flag(const std::string& name) override {
+    std::optional<std::string> out;
+    guarded("reading " + name, [&] {
+      const std::string k = "flag/" + name;
+      if (!store_->check({k})) return;
+      auto bytes = store_->get(k);
+      out = std::string(bytes.begin(), bytes.end());
     });
     return out;
   }

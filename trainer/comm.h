@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,10 @@ class Communicator {
   // rank 0 deletes so the store does not grow with the run.
   virtual std::string broadcast_text(const std::string& key, const std::string& text,
                                      const std::string& forget_key = "") = 0;
+  // A named flag in the rendezvous store any rank can raise (e.g. "stop" when a node other than 0
+  // got SIGTERM) and any rank can read without waiting; nullopt while nobody raised it.
+  virtual void raise_flag(const std::string& name, const std::string& value) = 0;
+  virtual std::optional<std::string> flag(const std::string& name) = 0;
   // Makes this rank's collectives fail from now on with `reason` (another rank of this process failed);
   // NCCL's communicators are aborted so a collective in flight returns. Callable from any thread.
   virtual void abort(const std::string& reason) = 0;

@@ -214,6 +214,7 @@ class TrainLoop {
   // boundary. While paused, rank 0 sends a tick every second so the others never reach the
   // collective timeout. Returns false when the run must stop.
   bool agree_on_commands() {
+    forward_stop_to_node0();
     for (;;) {
       int64_t decision = kContinue;
       if (lead_) decision = next_decision();
@@ -236,8 +237,27 @@ class TrainLoop {
     }
   }
 
+  // Several nodes: only node 0's rank 0 decides, but a launcher may signal one node alone. The first
+  // rank of every other node passes a stop its process received on to node 0 through the store.
+  void forward_stop_to_node0() {
+    const int nodes = static_cast<int>(opts_.cluster.nnodes);
+    if (nodes <= 1 || lead_ || comm_.rank() % (comm_.world() / nodes) != 0 || stop_forwarded_) return;
+    while (auto cmd = commands_.try_pop()) {
+      if (*cmd != Command::Stop) continue;  // pause and save-now are node 0's (the app's) to give
+      comm_.raise_flag("stop", "node " + std::to_string(opts_.cluster.node_rank));
+      stop_forwarded_ = true;
+      return;
+    }
+  }
+
   // Rank 0: the next decision from the queued commands. Blocks at most a second while paused.
   int64_t next_decision() {
+    if (opts_.cluster.nnodes > 1) {
+      if (auto who = comm_.flag("stop")) {
+        log("info", "stop requested on " + *who);
+        return kStop;
+      }
+    }
     for (;;) {
       std::optional<Command> cmd =
           paused_ ? commands_.pop_for(std::chrono::seconds(1)) : commands_.try_pop();
@@ -611,6 +631,7 @@ class TrainLoop {
   Clock::time_point t_profile_{};
   // Store keys of the latest command agreements; the oldest is deleted once every rank is past it.
   std::deque<std::string> command_keys_;
+  bool stop_forwarded_ = false;
   int64_t command_round_ = 0;
   std::deque<StepValues> pending_;  // steps whose values are still on their way to the host
   Clock::time_point t_prev_step_{};

@@ -2,7 +2,8 @@
 # Two deltadeck processes × 2 CPU ranks each meet over a loopback TCPStore (world size 4): they end
 # with the weights of one process running 4 ranks as threads. Then a node is killed mid-run: node 0
 # stops within the collective timeout with an error naming the rank and operation, the run is
-# recorded as failed and its last checkpoint stays loadable.
+# recorded as failed and its last checkpoint stays loadable. Last, SIGTERM reaches node 1 alone:
+# node 0 learns of it through the store and the whole run stops at one step with a checkpoint.
 set -euo pipefail
 bin=$1
 python=${2:-}
@@ -106,4 +107,34 @@ echo "$msg" | grep -q "rank [0-9] of 4 on" || fail "failure message does not nam
 newest=$(ls -d "$work"/kill/multi/checkpoints/step_* | grep -v '\.tmp$' | sort | tail -1)
 "$bin" export multi --runs-dir "$work/kill" --out "$work/kill-export" > /dev/null 2>&1 \
   || fail "the last checkpoint ($newest) does not load after the failure"
-echo "multinode e2e: ok (node 0 stopped ${took}s after its peer was killed: $msg)"
+# 4. SIGTERM to node 1 only: every rank stops at the same step boundary, the run is "stopped" with
+#    a checkpoint of that step.
+port=$((port + 1))
+"$bin" train --no-gui --config "$work/run.toml" --runs-dir "$work/term" --nnodes 2 --node-rank 1 \
+  --master-port "$port" --set train.steps=100000 > "$work/t1.out" 2>&1 &
+node1=$!
+pids+=($node1)
+"$bin" train --no-gui --config "$work/run.toml" --runs-dir "$work/term" --nnodes 2 --node-rank 0 \
+  --master-port "$port" --set train.steps=100000 > "$work/t0.out" 2>&1 &
+node0=$!
+pids+=($node0)
+for _ in $(seq 1 600); do
+  grep -q "^step 8/" "$work/t0.out" 2>/dev/null && break
+  sleep 0.1
+done
+kill -TERM "$node1"
+for _ in $(seq 1 600); do kill -0 "$node0" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$node0" 2>/dev/null && { cat "$work/t0.out"; fail "node 0 still running 60 s after node 1 got SIGTERM"; }
+set +e
+wait "$node0"
+rc0=$?
+wait "$node1"
+rc1=$?
+set -e
+db="$work/term/deltadeck.db"
+[ "$(sqlite3 "$db" "SELECT status FROM runs")" = stopped ] || { cat "$work/t0.out" "$work/t1.out"; fail "run not stopped after SIGTERM to node 1 (node 0 exit $rc0, node 1 exit $rc1)"; }
+grep -q "stop requested on node 1" "$work/t0.out" || { cat "$work/t0.out"; fail "node 0 does not say node 1 asked to stop"; }
+stop_step=$(sqlite3 "$db" "SELECT max(step) FROM checkpoints")
+grep -q "node 1 stopped at step $stop_step" "$work/term/multi.node1.log" \
+  || { cat "$work/term/multi.node1.log"; fail "node 1 did not stop at step $stop_step"; }
+echo "multinode e2e: ok (node 0 stopped ${took}s after its peer was killed: $msg; SIGTERM on node 1 stopped the run at step $stop_step)"

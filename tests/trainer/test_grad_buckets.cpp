@@ -38,6 +38,8 @@ class FakePeer : public trainer::Communicator {
   std::vector<std::string> gather_text(const std::string&, const std::string& t) override { return {t}; }
   void abort(const std::string&) override {}
   std::string broadcast_text(const std::string&, const std::string& t, const std::string&) override { return t; }
+  void raise_flag(const std::string&, const std::string&) override {}
+  std::optional<std::string> flag(const std::string&) override { return std::nullopt; }
   std::vector<int64_t> started_sizes;
 
  private:
