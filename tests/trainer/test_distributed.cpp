@@ -192,7 +192,7 @@ TEST(Distributed, PauseSaveNowAndStopReachEveryRank) {
   s.start();
   std::vector<trainer::CheckpointEvent> checkpoints;
   trainer::EndedEvent ended;
-  bool commanded = false;
+  bool commanded = false, stop_sent = false;
   while (auto ev = s.events().pop()) {
     if (auto* m = std::get_if<trainer::MetricsEvent>(&*ev)) {
       if (m->step >= 3 && !commanded) {
@@ -201,9 +201,14 @@ TEST(Distributed, PauseSaveNowAndStopReachEveryRank) {
         s.send(trainer::Command::Resume);
         commanded = true;
       }
+      // Stop once training went on past the save-now checkpoint (a stop at that very boundary would
+      // rightly reuse it).
+      if (checkpoints.size() == 1 && m->step > checkpoints[0].step + 1 && !stop_sent) {
+        s.send(trainer::Command::Stop);
+        stop_sent = true;
+      }
     } else if (auto* c = std::get_if<trainer::CheckpointEvent>(&*ev)) {
       checkpoints.push_back(*c);
-      if (checkpoints.size() == 1) s.send(trainer::Command::Stop);
     } else if (auto* e = std::get_if<trainer::EndedEvent>(&*ev)) {
       ended = *e;
     }
