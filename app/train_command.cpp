@@ -110,10 +110,10 @@ int prepare_new_run(const TrainArgs& args, int nnodes, PreparedRun& out) {
   return 0;
 }
 
-// --resume RUN|latest: the run's recorded config (plus --set), its newest complete checkpoint, and
-// the same run record, reopened; metric rows after the checkpoint's step are recomputed, so the
-// interrupted attempt's rows are replaced.
-int prepare_resume(const TrainArgs& args, PreparedRun& out) {
+// --resume RUN|latest, read-only: the run, its recorded config (plus --set) and its newest complete
+// checkpoint. Every node of a multi-node run resolves the same (the runs folder is shared, as the
+// checkpoints must be); only node 0 then writes. `node0` also refuses a run still alive on this host.
+int resolve_resume(const TrainArgs& args, bool node0, PreparedRun& out, storage::RunSummary& run) {
   if (!args.config_path.empty()) {
     std::cerr << "deltadeck: --resume continues with the run's recorded config; change keys with --set, not "
                  "--config\n";
@@ -127,7 +127,6 @@ int prepare_resume(const TrainArgs& args, PreparedRun& out) {
     return 2;
   }
   out.store = storage::RunStore::open(out.db_path);
-  storage::RunSummary run;
   if (args.resume == "latest") {
     auto runs = out.store->list_runs();
     if (runs.empty()) {
@@ -140,7 +139,8 @@ int prepare_resume(const TrainArgs& args, PreparedRun& out) {
   }
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
-  if (run.status == "running" && run.pid != 0 && run.host == host && kill(static_cast<pid_t>(run.pid), 0) == 0) {
+  if (node0 && run.status == "running" && run.pid != 0 && run.host == host &&
+      kill(static_cast<pid_t>(run.pid), 0) == 0) {
     std::cerr << "deltadeck: --resume: run '" << run.name << "' is still running (pid " << run.pid << ")\n";
     return 2;
   }
@@ -165,6 +165,15 @@ int prepare_resume(const TrainArgs& args, PreparedRun& out) {
     std::cerr << "deltadeck: --resume " << args.resume << ": run '" << run.name << "': " << e.what() << "\n";
     return 2;
   }
+  out.cfg = std::move(cfg);
+  return 0;
+}
+
+// --resume on node 0: resolve, then reopen the same run record; metric rows after the checkpoint's
+// step are recomputed, so the interrupted attempt's rows are replaced.
+int prepare_resume(const TrainArgs& args, PreparedRun& out) {
+  storage::RunSummary run;
+  if (int rc = resolve_resume(args, /*node0=*/true, out, run); rc != 0) return rc;
   const int64_t step = std::stoll(out.resume_from.substr(out.resume_from.rfind("step_") + 5));
   out.store->reopen_run(run.id);
   const int64_t dropped = out.store->remove_metrics_after(run.id, step);
@@ -172,7 +181,6 @@ int prepare_resume(const TrainArgs& args, PreparedRun& out) {
                         "resumed from " + out.resume_from + " (" + std::to_string(dropped) +
                             " metric rows after step " + std::to_string(step) + " replaced by the resumed run)",
                         ""});
-  out.cfg = std::move(cfg);
   return 0;
 }
 
@@ -181,12 +189,25 @@ int prepare_resume(const TrainArgs& args, PreparedRun& out) {
 // Nodes other than 0 of a multi-node run: the same validation and engine, no database; every
 // line goes to stdout and to <runs_dir>/<name>.node<K>.log next to node 0's database.
 int run_worker_node(const TrainArgs& args, const trainer::ClusterSpec& cluster) {
-  if (!args.resume.empty()) {
-    std::cerr << "deltadeck: --resume across nodes is not supported yet; resume on a single node\n";
-    return 2;
-  }
   trainer::RunConfig cfg;
-  if (int rc = load_new_config(args, cfg); rc != 0) return rc;
+  std::string resume_from;
+  if (args.resume.empty()) {
+    if (int rc = load_new_config(args, cfg); rc != 0) return rc;
+  } else {
+    // The same run and checkpoint node 0 resolves, read from the shared runs folder; node 0 checks
+    // at the rendezvous that every node resumes from the same checkpoint.
+    PreparedRun prep;
+    storage::RunSummary run;
+    try {
+      if (int rc = resolve_resume(args, /*node0=*/false, prep, run); rc != 0) return rc;
+    } catch (const std::exception& e) {
+      std::cerr << "deltadeck: " << e.what() << "\n";
+      return 1;
+    }
+    cfg = std::move(prep.cfg);
+    cfg.name = run.name;
+    resume_from = prep.resume_from;
+  }
   storage::files::make_dirs(cfg.run.runs_dir);
   const std::string log_path = cfg.run.runs_dir + "/" + cfg.name + ".node" + std::to_string(cluster.node_rank) + ".log";
   std::ofstream log(log_path, std::ios::app);
@@ -199,6 +220,7 @@ int run_worker_node(const TrainArgs& args, const trainer::ClusterSpec& cluster) 
       std::to_string(cluster.master_port) + "; node 0 records the run");
   trainer::SessionOptions so;
   so.run_dir = cfg.run.runs_dir + "/" + cfg.name;
+  so.resume_from = resume_from;
   so.cluster = cluster;
   trainer::Session session(cfg, so);
   install_stop_signals();

@@ -184,6 +184,14 @@ struct Session::Impl {
             throw std::runtime_error("run.devices: node " + std::to_string(n) + " runs " + counts[n] +
                                      " ranks and node " + std::to_string(node.node_rank) + " runs " +
                                      std::to_string(local_world) + "; every node needs the same number");
+        // A resumed run: every node must start from the same checkpoint (same --resume, one shared
+        // runs folder), or ranks would hold different weights.
+        const auto starts = rendezvous->exchange("resume_from", node.node_rank, node.nnodes, opts.resume_from, timeout);
+        for (int n = 0; n < node.nnodes; ++n)
+          if (starts[n] != opts.resume_from)
+            throw std::runtime_error("--resume: node " + std::to_string(n) + " starts from '" + starts[n] +
+                                     "' and node " + std::to_string(node.node_rank) + " from '" + opts.resume_from +
+                                     "'; every node must resume the same run from one shared runs folder");
       } else if (world > 1) {
         rendezvous = Rendezvous::in_process();
       }

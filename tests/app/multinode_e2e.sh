@@ -137,4 +137,18 @@ grep -q "stop requested on node 1" "$work/t0.out" || { cat "$work/t0.out"; fail 
 stop_step=$(sqlite3 "$db" "SELECT max(step) FROM checkpoints")
 grep -q "node 1 stopped at step $stop_step" "$work/term/multi.node1.log" \
   || { cat "$work/term/multi.node1.log"; fail "node 1 did not stop at step $stop_step"; }
-echo "multinode e2e: ok (node 0 stopped ${took}s after its peer was killed: $msg; SIGTERM on node 1 stopped the run at step $stop_step)"
+# 5. Resume that run on both nodes (--resume latest, the shared runs folder): it continues from the
+#    stop checkpoint to a new step count and finishes on both nodes.
+target=$((stop_step + 4))
+port=$((port + 1))
+"$bin" train --no-gui --runs-dir "$work/term" --resume latest --set train.steps=$target --nnodes 2 --node-rank 1 \
+  --master-port "$port" > "$work/r1.out" 2>&1 &
+node1=$!
+pids+=($node1)
+"$bin" train --no-gui --runs-dir "$work/term" --resume latest --set train.steps=$target --nnodes 2 --node-rank 0 \
+  --master-port "$port" > "$work/r0.out" 2>&1 || { cat "$work/r0.out" "$work/r1.out"; fail "resumed node 0 failed"; }
+wait "$node1" || { cat "$work/r1.out"; fail "resumed node 1 failed"; }
+grep -q "resumed from .*step_$(printf %08d "$stop_step")" "$work/r0.out" || { cat "$work/r0.out"; fail "node 0 did not resume from step $stop_step"; }
+[ "$(sqlite3 "$db" "SELECT status FROM runs")" = finished ] || fail "resumed run not finished"
+grep -q "node 1 finished at step $target" "$work/term/multi.node1.log" || { cat "$work/term/multi.node1.log"; fail "node 1 did not finish at step $target"; }
+echo "multinode e2e: ok (node 0 stopped ${took}s after its peer was killed: $msg; SIGTERM on node 1 stopped the run at step $stop_step; resumed on both nodes to step $target)"
