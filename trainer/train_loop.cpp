@@ -191,11 +191,9 @@ class TrainLoop {
       const bool last = step_ == total;
       const bool eval_now = !opts_.measure_only && ((cfg_.run.eval_interval > 0 && step_ % cfg_.run.eval_interval == 0) || last);
       const bool save_now = !opts_.measure_only && ((cfg_.run.save_interval > 0 && step_ % cfg_.run.save_interval == 0) || last);
-      if (eval_now || save_now || last) {
-        settle_step_values();
-      } else {
-        settle_step_values(/*keep_newest=*/true);
-      }
+      // Read the previous step's values (the GPU is busy with this one); evaluation and saving read
+      // this step's too, first.
+      settle_step_values(/*keep_newest=*/!last);
       if (eval_now) evaluate();
       if (save_now) save("");
     }
