@@ -40,9 +40,10 @@ std::string component_of(const std::string& name) {
 
 }  // namespace
 
-std::unique_ptr<StepProfile> StepProfile::start(bool gpu) {
+std::unique_ptr<StepProfile> StepProfile::start(int gpu_index) {
+  const bool gpu = gpu_index >= 0;
   std::unique_ptr<StepProfile> p(new StepProfile());
-  p->gpu_ = gpu;
+  p->gpu_index_ = gpu_index;
   torch::autograd::profiler::prepareProfiler(config(), activities(gpu));
   torch::autograd::profiler::enableProfiler(config(), activities(gpu));
   p->running_ = true;
@@ -57,14 +58,26 @@ std::string StepProfile::stop(const std::string& trace_path, int64_t steps, doub
   auto result = torch::autograd::profiler::disableProfiler();
   running_ = false;
   if (!trace_path.empty()) result->save(trace_path);
+  if (gpu_index_ < 0) {
+    char msg[256];
+    std::snprintf(msg, sizeof msg,
+                  "profile of %lld steps on the CPU: %.2f ms per step; the breakdown covers GPU kernels only, "
+                  "the CPU ops are in the trace (--profile-trace)\n",
+                  static_cast<long long>(steps), wall_ms_per_step);
+    return msg;
+  }
   struct Sum {
     double ms = 0;
     int64_t count = 0;
   };
   std::map<std::string, Sum> by_kernel, by_component;
   double gpu_ms = 0;
+  // Kernels of this rank's GPU; should the profiler tag them otherwise, every GPU kernel.
+  bool tagged = false;
+  for (const auto& e : result->events())
+    tagged = tagged || (e.deviceType() == c10::DeviceType::CUDA && e.deviceIndex() == gpu_index_);
   for (const auto& e : result->events()) {
-    if (e.deviceType() != c10::DeviceType::CUDA) continue;
+    if (e.deviceType() != c10::DeviceType::CUDA || (tagged && e.deviceIndex() != gpu_index_)) continue;
     const double ms = static_cast<double>(e.durationNs()) / 1e6;
     const std::string name = e.name();
     by_kernel[name].ms += ms;

@@ -11,8 +11,9 @@ namespace trainer {
 
 class StepProfile {
  public:
-  // Starts collecting CPU ops, and GPU kernels (all threads, CUPTI) when `gpu`.
-  static std::unique_ptr<StepProfile> start(bool gpu);
+  // Starts collecting CPU ops, and GPU kernels (all threads, CUPTI) when `gpu_index` >= 0; the
+  // report counts the kernels of that GPU only (other ranks' GPUs run the same work).
+  static std::unique_ptr<StepProfile> start(int gpu_index);
   ~StepProfile();
   // Stops, writes the trace to trace_path (JSON) and returns the table, times per step.
   std::string stop(const std::string& trace_path, int64_t steps, double wall_ms_per_step);
@@ -20,7 +21,7 @@ class StepProfile {
  private:
   StepProfile() = default;
   bool running_ = false;
-  bool gpu_ = false;
+  int gpu_index_ = -1;
 };
 
 }  // namespace trainer
