@@ -63,16 +63,25 @@ std::shared_ptr<Rendezvous> Rendezvous::tcp(const std::string& addr, int port, b
   return r;
 }
 
+namespace {
+
+// Text values in a c10d store: set, and wait-then-get.
+void put_text(c10d::Store& store, const std::string& key, const std::string& text) {
+  store.set(key, std::vector<uint8_t>(text.begin(), text.end()));
+}
+std::string wait_text(c10d::Store& store, const std::string& key, std::chrono::milliseconds timeout) {
+  store.wait({key}, timeout);
+  auto bytes = store.get(key);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+}  // namespace
+
 std::vector<std::string> Rendezvous::exchange(const std::string& key, int node, int nodes, const std::string& value,
                                               std::chrono::milliseconds timeout) {
-  impl->store->set(key + "/" + std::to_string(node), std::vector<uint8_t>(value.begin(), value.end()));
+  put_text(*impl->store, key + "/" + std::to_string(node), value);
   std::vector<std::string> out;
-  for (int n = 0; n < nodes; ++n) {
-    const std::string k = key + "/" + std::to_string(n);
-    impl->store->wait({k}, timeout);
-    auto bytes = impl->store->get(k);
-    out.emplace_back(bytes.begin(), bytes.end());
-  }
+  for (int n = 0; n < nodes; ++n) out.push_back(wait_text(*impl->store, key + "/" + std::to_string(n), timeout));
   return out;
 }
 
@@ -174,15 +183,9 @@ class C10dGroup : public Communicator {
   std::vector<std::string> gather_text(const std::string& key, const std::string& text) override {
     std::vector<std::string> out;
     guarded("gathering " + key, [&] {
-      const std::string mine = "gather/" + key + "/" + std::to_string(rank_);
-      store_->set(mine, std::vector<uint8_t>(text.begin(), text.end()));
+      put_text(*store_, "gather/" + key + "/" + std::to_string(rank_), text);
       if (rank_ != 0) return;
-      for (int r = 0; r < world_; ++r) {
-        const std::string k = "gather/" + key + "/" + std::to_string(r);
-        store_->wait({k}, timeout_);
-        auto bytes = store_->get(k);
-        out.emplace_back(bytes.begin(), bytes.end());
-      }
+      for (int r = 0; r < world_; ++r) out.push_back(wait_text(*store_, "gather/" + key + "/" + std::to_string(r), timeout_));
     });
     return out;
   }
@@ -192,20 +195,18 @@ class C10dGroup : public Communicator {
     guarded("agreeing on " + key, [&] {
       const std::string k = "bcast/" + key;
       if (rank_ == 0) {
-        store_->set(k, std::vector<uint8_t>(text.begin(), text.end()));
+        put_text(*store_, k, text);
         if (!forget_key.empty()) store_->deleteKey("bcast/" + forget_key);
         out = text;
         return;
       }
-      store_->wait({k}, timeout_);
-      auto bytes = store_->get(k);
-      out.assign(bytes.begin(), bytes.end());
+      out = wait_text(*store_, k, timeout_);
     });
     return out;
   }
 
   void raise_flag(const std::string& name, const std::string& value) override {
-    guarded("raising " + name, [&] { store_->set("flag/" + name, std::vector<uint8_t>(value.begin(), value.end())); });
+    guarded("raising " + name, [&] { put_text(*store_, "flag/" + name, value); });
   }
   std::optional<std::string> flag(const std::string& name) override {
     std::optional<std::string> out;
