@@ -1,93 +1,171 @@
-// RMSNorm forward/backward for training. One block handles a row at a time (forward: one row per
-// block; backward: a grid-stride loop over rows so each block keeps its own dw partial sums in
-// registers/shared memory and writes them once).
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
+// Fused residual add + RMSNorm, forward and backward. Forward: one block per row, each thread keeps
+// its kPer elements of h in registers between the sum of squares and the write of y. Backward: a
+// grid-stride loop over rows so each block keeps its dw partial sums in registers and writes them
+// once (instead of a read-modify-write of global memory per row).
+#include <type_traits>
 
+#include "kernels/elem.cuh"
 #include "kernels/rmsnorm_train.h"
 
 namespace kernels {
 
 namespace {
 
-constexpr int kThreads = 256;
 constexpr int kMaxBackwardBlocks = 264;  // 2 per SM on an H100
 
-__device__ inline float load(const float* p, int64_t i) { return p[i]; }
-__device__ inline float load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
-__device__ inline void store(float* p, int64_t i, float v) { p[i] = v; }
-__device__ inline void store(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16(v); }
-
-// Sum over the block; every thread gets the result. `scratch` holds 32 floats.
-__device__ float block_sum(float v, float* scratch) {
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  __syncthreads();  // scratch may still be read from a previous call
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  const int n_warps = (blockDim.x + 31) / 32;
-  v = lane < n_warps ? scratch[lane] : 0.f;
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
-
-template <typename T>
-__global__ void forward_kernel(T* y, float* rstd, const T* x, const float* w, int64_t C, float eps) {
+template <typename TX, typename TY, typename TB, int kPer>
+__global__ void add_norm_forward_kernel(TY* y, TX* h, float* rstd, const TX* x, const TB* b, const float* w,
+                                        int64_t C, float eps) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
-  const T* xr = x + row * C;
+  const TX* xr = x + row * C;
+  const TB* br = b ? b + row * C : nullptr;
+  TX* hr = h + row * C;
+  float v[kPer];
   float ss = 0.f;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    const float v = load(xr, c);
-    ss += v * v;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    v[k] = 0.f;
+    if (c < C) {
+      float a = to_f32(xr[c]);
+      if (br) {
+        // The stored residual is rounded to x's dtype; normalise exactly what is stored.
+        const TX hv = from_f32<TX>(a + to_f32(br[c]));
+        hr[c] = hv;
+        a = to_f32(hv);
+      }
+      v[k] = a;
+      ss += a * a;
+    }
   }
   const float r = rsqrtf(block_sum(ss, scratch) / static_cast<float>(C) + eps);
   if (threadIdx.x == 0) rstd[row] = r;
-  T* yr = y + row * C;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) store(yr, c, load(xr, c) * r * (w ? w[c] : 1.f));
+  TY* yr = y + row * C;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (c < C) yr[c] = from_f32<TY>(v[k] * r * (w ? w[c] : 1.f));
+  }
 }
 
-// Each block owns rows blockIdx.x, blockIdx.x + gridDim.x, ...; thread t accumulates dw for
-// columns t, t + blockDim.x, ... in dw_partial[blockIdx.x] (written by this block only).
-template <typename T>
-__global__ void backward_kernel(T* dx, float* dw_partial, const T* dy, const T* x, const float* w, const float* rstd,
-                                int64_t N, int64_t C) {
+template <typename TX, typename TY, typename TB, int kPer>
+__global__ void add_norm_backward_kernel(TX* dx, TB* db, float* dw_partial, const TY* dy, const TX* dh, const TX* h,
+                                         const float* w, const float* rstd, int64_t N, int64_t C) {
   __shared__ float scratch[32];
-  float* dw_row = w ? dw_partial + static_cast<int64_t>(blockIdx.x) * C : nullptr;
-  if (dw_row)
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dw_row[c] = 0.f;
+  float dw_acc[kPer];
+  float wv[kPer];
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    dw_acc[k] = 0.f;
+    wv[k] = (w && c < C) ? w[c] : 1.f;
+  }
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
-    const T* xr = x + row * C;
-    const T* dyr = dy + row * C;
     const float r = rstd[row];
-    float dot = 0.f;  // Σ g · x̂
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      const float xh = load(xr, c) * r, g = load(dyr, c) * (w ? w[c] : 1.f);
-      dot += g * xh;
-      if (dw_row) dw_row[c] += load(dyr, c) * xh;
+    float hh[kPer], g[kPer];
+    float dot = 0.f;  // Σ g · ĥ
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      hh[k] = 0.f;
+      g[k] = 0.f;
+      if (c < C) {
+        hh[k] = to_f32(h[row * C + c]) * r;
+        const float d = to_f32(dy[row * C + c]);
+        g[k] = d * wv[k];
+        dot += g[k] * hh[k];
+        dw_acc[k] += d * hh[k];
+      }
     }
     const float mean_dot = block_sum(dot, scratch) / static_cast<float>(C);
-    T* dxr = dx + row * C;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      const float xh = load(xr, c) * r, g = load(dyr, c) * (w ? w[c] : 1.f);
-      store(dxr, c, r * (g - xh * mean_dot));
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      if (c < C) {
+        float v = r * (g[k] - hh[k] * mean_dot);
+        if (dh) v += to_f32(dh[row * C + c]);
+        dx[row * C + c] = from_f32<TX>(v);
+        if (db) db[row * C + c] = from_f32<TB>(v);
+      }
     }
   }
+  if (w) {
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      if (c < C) dw_partial[static_cast<int64_t>(blockIdx.x) * C + c] = dw_acc[k];
+    }
+  }
+}
+
+// Threads per block and elements per thread for a row of C: the fewest registers that cover C.
+struct RowShape {
+  int threads, per;
+};
+bool row_shape(int64_t C, RowShape& s) {
+  if (C <= 256 * 4) s = {256, 4};
+  else if (C <= 256 * 8) s = {256, 8};
+  else if (C <= 256 * 16) s = {256, 16};
+  else if (C <= 512 * 16) s = {512, 16};
+  else if (C <= 1024 * 16) s = {1024, 16};
+  else return false;
+  return true;
+}
+
+template <typename F>
+void with_per(int per, F&& f) {
+  if (per == 4) f(std::integral_constant<int, 4>{});
+  else if (per == 8) f(std::integral_constant<int, 8>{});
+  else f(std::integral_constant<int, 16>{});
+}
+
+// Calls f(TX{}, TY{}, TB{}) for the supported dtype combinations; returns false for the others.
+template <typename F>
+bool dispatch_combo(DType x, DType y, DType b, F&& f) {
+  using bf = __nv_bfloat16;
+  using hf = __half;
+  constexpr DType F32 = DType::F32, BF16 = DType::BF16, F16 = DType::F16;
+  if (x == F32) {
+    if (y == F32 && b == F32) f(float{}, float{}, float{});
+    else if (y == BF16 && b == BF16) f(float{}, bf{}, bf{});
+    else if (y == BF16 && b == F32) f(float{}, bf{}, float{});
+    else if (y == F32 && b == BF16) f(float{}, float{}, bf{});
+    else if (y == F16 && b == F16) f(float{}, hf{}, hf{});
+    else if (y == F16 && b == F32) f(float{}, hf{}, float{});
+    else if (y == F32 && b == F16) f(float{}, float{}, hf{});
+    else return false;
+    return true;
+  }
+  if (x == BF16 && y == BF16 && b == BF16) return f(bf{}, bf{}, bf{}), true;
+  if (x == F16 && y == F16 && b == F16) return f(hf{}, hf{}, hf{}), true;
+  return false;
 }
 
 }  // namespace
 
-int rmsnorm_train_forward(void* y, float* rstd, const void* x, const float* w, bool bf16, int64_t N, int64_t C,
-                          float eps, void* stream) {
+bool add_rmsnorm_supported(DType x_dt, DType y_dt, DType b_dt, int64_t C) {
+  RowShape s;
+  return row_shape(C, s) && dispatch_combo(x_dt, y_dt, b_dt, [](auto, auto, auto) {});
+}
+
+int add_rmsnorm_forward(void* y, DType y_dt, void* h, float* rstd, const void* x, DType x_dt, const void* b,
+                        DType b_dt, const float* w, int64_t N, int64_t C, float eps, void* stream) {
+  RowShape s;
+  if (!row_shape(C, s)) return static_cast<int>(cudaErrorInvalidValue);
   if (N == 0) return 0;
   auto st = static_cast<cudaStream_t>(stream);
-  if (bf16) {
-    forward_kernel<<<static_cast<unsigned>(N), kThreads, 0, st>>>(
-        static_cast<__nv_bfloat16*>(y), rstd, static_cast<const __nv_bfloat16*>(x), w, C, eps);
-  } else {
-    forward_kernel<<<static_cast<unsigned>(N), kThreads, 0, st>>>(static_cast<float*>(y), rstd,
-                                                                  static_cast<const float*>(x), w, C, eps);
-  }
+  const bool ok = dispatch_combo(x_dt, y_dt, b_dt, [&](auto tx, auto ty, auto tb) {
+    using TX = decltype(tx);
+    using TY = decltype(ty);
+    using TB = decltype(tb);
+    with_per(s.per, [&](auto per) {
+      add_norm_forward_kernel<TX, TY, TB, decltype(per)::value><<<static_cast<unsigned>(N), s.threads, 0, st>>>(
+          static_cast<TY*>(y), static_cast<TX*>(h), rstd, static_cast<const TX*>(x), static_cast<const TB*>(b), w, C,
+          eps);
+    });
+  });
+  if (!ok) return static_cast<int>(cudaErrorInvalidValue);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -95,19 +173,25 @@ int rmsnorm_backward_partial_rows(int64_t N) {
   return static_cast<int>(N < kMaxBackwardBlocks ? (N > 0 ? N : 1) : kMaxBackwardBlocks);
 }
 
-int rmsnorm_train_backward(void* dx, float* dw_partial, const void* dy, const void* x, const float* w,
-                           const float* rstd, bool bf16, int64_t N, int64_t C, void* stream) {
+int add_rmsnorm_backward(void* dx, void* db, float* dw_partial, const void* dy, const void* dh, const void* h,
+                         DType x_dt, DType y_dt, DType b_dt, const float* w, const float* rstd, int64_t N, int64_t C,
+                         void* stream) {
+  RowShape s;
+  if (!row_shape(C, s)) return static_cast<int>(cudaErrorInvalidValue);
   if (N == 0) return 0;
   auto st = static_cast<cudaStream_t>(stream);
   const unsigned blocks = static_cast<unsigned>(rmsnorm_backward_partial_rows(N));
-  if (bf16) {
-    backward_kernel<<<blocks, kThreads, 0, st>>>(static_cast<__nv_bfloat16*>(dx), dw_partial,
-                                                 static_cast<const __nv_bfloat16*>(dy),
-                                                 static_cast<const __nv_bfloat16*>(x), w, rstd, N, C);
-  } else {
-    backward_kernel<<<blocks, kThreads, 0, st>>>(static_cast<float*>(dx), dw_partial, static_cast<const float*>(dy),
-                                                 static_cast<const float*>(x), w, rstd, N, C);
-  }
+  const bool ok = dispatch_combo(x_dt, y_dt, b_dt, [&](auto tx, auto ty, auto tb) {
+    using TX = decltype(tx);
+    using TY = decltype(ty);
+    using TB = decltype(tb);
+    with_per(s.per, [&](auto per) {
+      add_norm_backward_kernel<TX, TY, TB, decltype(per)::value><<<blocks, s.threads, 0, st>>>(
+          static_cast<TX*>(dx), static_cast<TB*>(db), dw_partial, static_cast<const TY*>(dy),
+          static_cast<const TX*>(dh), static_cast<const TX*>(h), w, rstd, N, C);
+    });
+  });
+  if (!ok) return static_cast<int>(cudaErrorInvalidValue);
   return static_cast<int>(cudaGetLastError());
 }
 

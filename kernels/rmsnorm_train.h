@@ -1,26 +1,39 @@
-// RMSNorm for training: forward that also returns each row's 1/rms, and the backward for x and w.
-// Raw pointers, no torch; rows of x are contiguous (stride C). x, y, dy, dx are fp32 or bf16 (all
-// the same dtype, `bf16`); w, rstd and the statistics are fp32.
-//   y = x · r · w,   r = 1/sqrt(mean(x²) + eps)
-//   dx = r · (g − x̂ · mean(g · x̂)),  g = dy · w,  x̂ = x · r;   dw = Σ_rows dy · x̂
-// The reference (model/layers.cpp's ATen RMSNorm under autograd) is what the tests compare against.
+// RMSNorm for training, with the residual add of a pre-norm block fused in front of it:
+//   h = x + b (b optional),  y = h · r · w,  r = 1/sqrt(mean(h²) + eps)
+// and its backward. Raw pointers, no torch; rows are contiguous (stride C).
+//   dh_total = dh + r · (g − ĥ · mean(g · ĥ)),  g = dy · w,  ĥ = h · r;   dw = Σ_rows dy · ĥ
+//   dx = dh_total (x's dtype),  db = dh_total (b's dtype)
+// x, h, dh, dx are in the residual stream's dtype `x_dt`; y, dy in the output dtype `y_dt`; b, db in
+// the branch's dtype `b_dt` (under autocast: fp32 residual stream, bf16 output for the matmuls that
+// follow, bf16 or fp32 branch). w, rstd and all statistics are fp32. The reference is
+// model/fused_rmsnorm.h's ATen formula.
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/dtype.h"
+
 namespace kernels {
 
 #ifdef DD_HAVE_CUDA
-// Returns the cudaError_t of the launch (0 = success). w may be nullptr (weight-free).
-int rmsnorm_train_forward(void* y, float* rstd, const void* x, const float* w, bool bf16, int64_t N, int64_t C,
-                          float eps, void* stream);
+// Whether the kernels take this combination of dtypes (fp32 residual stream with any output and
+// branch dtype, or x, y and b all of one dtype) and width (C <= 16384). Host function; any thread.
+bool add_rmsnorm_supported(DType x_dt, DType y_dt, DType b_dt, int64_t C);
+
+// b may be nullptr (no add: h is x and is not written). w may be nullptr (weight-free).
+// Returns the cudaError_t of the launch (0 = success); an unsupported combination is refused
+// (cudaErrorInvalidValue).
+int add_rmsnorm_forward(void* y, DType y_dt, void* h, float* rstd, const void* x, DType x_dt, const void* b,
+                        DType b_dt, const float* w, int64_t N, int64_t C, float eps, void* stream);
 
 // Rows of dw's partial sums the backward writes: dw = dw_partial[0:rows].sum(0).
 int rmsnorm_backward_partial_rows(int64_t N);
 
-// dw_partial [rmsnorm_backward_partial_rows(N), C] fp32, unused (may be nullptr) when w is nullptr.
-int rmsnorm_train_backward(void* dx, float* dw_partial, const void* dy, const void* x, const float* w,
-                           const float* rstd, bool bf16, int64_t N, int64_t C, void* stream);
+// h: the normalised input (x when there was no add). dh (grad of h from its other uses) and db may
+// be nullptr; dw_partial [rmsnorm_backward_partial_rows(N), C] fp32, unused when w is nullptr.
+int add_rmsnorm_backward(void* dx, void* db, float* dw_partial, const void* dy, const void* dh, const void* h,
+                         DType x_dt, DType y_dt, DType b_dt, const float* w, const float* rstd, int64_t N, int64_t C,
+                         void* stream);
 #endif
 
 }  // namespace kernels

@@ -33,25 +33,29 @@ torch::Tensor BlockImpl::mix(const torch::Tensor& u, const Positions& p) {
   }
 }
 
-BlockOutput BlockImpl::forward_plain(const torch::Tensor& x, const Positions& p) {
-  auto h = x + mix(norm1(x), p);
+BlockOutput BlockImpl::forward_plain(const torch::Tensor& x, const torch::Tensor& branch, const Positions& p) {
+  // Norms whose output feeds one matmul (the S mixer's fused qkv, SwiGLU's fused gate|up) emit it
+  // in the matmul's dtype; the others keep fp32 for their several readers (and MoE's fp32 router).
+  auto n1 = norm1->add_forward(x, branch, /*for_matmul=*/mixer_ == 'S');
+  auto n2 = norm2->add_forward(n1.h, mix(n1.y, p), /*for_matmul=*/!moe);
   if (moe) {
-    auto r = moe(norm2(h));
-    return {h + r.y, r.aux_loss};
+    auto r = moe(n2.y);
+    return {n2.h, r.y, r.aux_loss};
   }
-  return {h + ffn(norm2(h)), {}};
+  return {n2.h, ffn(n2.y), {}};
 }
 
-BlockOutput BlockImpl::forward(const torch::Tensor& x, const Positions& p) {
-  if (!checkpoint_ || !is_training()) return forward_plain(x, p);
+BlockOutput BlockImpl::forward(const torch::Tensor& x, const torch::Tensor& branch, const Positions& p) {
+  if (!checkpoint_ || !is_training()) return forward_plain(x, branch, p);
   // Positions are captured by value: the recompute runs after this call has returned.
   auto outs = run_checkpointed(
       [this, p](const torch::Tensor& xin) {
-        auto r = forward_plain(xin, p);
-        return r.aux_loss.defined() ? std::vector<torch::Tensor>{r.x, r.aux_loss} : std::vector<torch::Tensor>{r.x};
+        auto r = forward_plain(xin, {}, p);
+        auto out = r.x + r.branch;
+        return r.aux_loss.defined() ? std::vector<torch::Tensor>{out, r.aux_loss} : std::vector<torch::Tensor>{out};
       },
-      x);
-  return {outs[0], outs.size() > 1 ? outs[1] : torch::Tensor()};
+      branch.defined() ? x + branch : x);
+  return {outs[0], {}, outs.size() > 1 ? outs[1] : torch::Tensor()};
 }
 
 torch::Tensor BlockImpl::step(const torch::Tensor& x, MixerCache& cache) {

@@ -17,15 +17,20 @@
 namespace model {
 
 struct BlockOutput {
-  torch::Tensor x;         // [B,T,d]
+  torch::Tensor x;         // [B,T,d] residual stream
+  // [B,T,d] the FFN's output, not yet added to x: the next norm adds it in its fused kernel
+  // (x + branch is the block's output). Undefined when x is already the whole output.
+  torch::Tensor branch;
   torch::Tensor aux_loss;  // scalar fp32 MoE load-balancing loss; undefined without MoE
 };
 
 class BlockImpl : public torch::nn::Module {
  public:
   BlockImpl(const ModelConfig& c, int64_t layer);
-  // x [B,T,d]; with activation_checkpointing the block's activations are recomputed in backward.
-  BlockOutput forward(const torch::Tensor& x, const Positions& p);
+  // The block's input is x + branch (branch: the previous block's unadded FFN output, or
+  // undefined). With activation_checkpointing the block's activations are recomputed in backward
+  // and the output comes whole (branch undefined).
+  BlockOutput forward(const torch::Tensor& x, const torch::Tensor& branch, const Positions& p);
   // One decoding step: x [B,1,d] at position cache.pos; the mixer appends to its cache.
   torch::Tensor step(const torch::Tensor& x, MixerCache& cache);
   // MODEL.md §7 for every sub-module; norm weights 1.
@@ -40,7 +45,7 @@ class BlockImpl : public torch::nn::Module {
   MoE moe{nullptr};           // moe_experts > 0
 
  private:
-  BlockOutput forward_plain(const torch::Tensor& x, const Positions& p);
+  BlockOutput forward_plain(const torch::Tensor& x, const torch::Tensor& branch, const Positions& p);
   torch::Tensor mix(const torch::Tensor& u, const Positions& p);
   char mixer_;
   bool checkpoint_;

@@ -37,8 +37,7 @@ void DecoderLMImpl::init_weights() {
   if (norm_f->weight.defined()) norm_f->weight.fill_(1.0);
 }
 
-torch::Tensor DecoderLMImpl::head(const torch::Tensor& x) {
-  auto h = norm_f(x);
+torch::Tensor DecoderLMImpl::head(const torch::Tensor& h) {
   const auto& w = lm_head.defined() ? lm_head : emb->weight;
   // Logits and the loss run in fp32 (MODEL.md §0); the matmul runs in the activations' dtype.
   const auto head_dtype = h.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
@@ -51,21 +50,23 @@ torch::Tensor DecoderLMImpl::head(const torch::Tensor& x) {
 
 LMOutput DecoderLMImpl::forward_with_aux(const torch::Tensor& tokens, const Positions& p) {
   auto out = hidden(tokens, p);
-  return {head(out.logits), out.aux_loss};
+  return {head(out.normed), out.aux};
 }
 
-LMOutput DecoderLMImpl::hidden(const torch::Tensor& tokens, const Positions& p) {
+DecoderLMImpl::Hidden DecoderLMImpl::hidden(const torch::Tensor& tokens, const Positions& p) {
   TORCH_CHECK(tokens.dim() == 2, "model: expected tokens [B,T], got ", tokens.sizes());
   auto x = emb(tokens);
   if (cfg_.embed_norm) x = rms_norm_plain(x);
-  torch::Tensor aux;
+  torch::Tensor aux, branch;
   for (auto& m : *blocks) {
-    auto r = m->as<BlockImpl>()->forward(x, p);
+    auto r = m->as<BlockImpl>()->forward(x, branch, p);
     x = r.x;
+    branch = r.branch;
     if (r.aux_loss.defined()) aux = aux.defined() ? aux + r.aux_loss : r.aux_loss;
   }
   if (!aux.defined()) aux = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(tokens.device()));
-  return {x, aux};
+  // The last block's FFN output is added inside the final norm.
+  return {norm_f->add_forward(x, branch, /*for_matmul=*/true).y, aux};
 }
 
 torch::Tensor DecoderLMImpl::forward(const torch::Tensor& tokens) {
@@ -85,19 +86,19 @@ LossParts DecoderLMImpl::loss_parts(const torch::Tensor& tokens, const torch::Te
                                 : dense_positions(tokens.size(0), tokens.size(1), tokens.device());
   auto out = hidden(tokens, p);
   if (cfg_.loss_chunk_tokens < 0) {
-    auto logits = head(out.logits);
+    auto logits = head(out.normed);
     auto ce = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
                                                    torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
-    return {ce + out.aux_loss.to(ce.scalar_type()), ce, out.aux_loss};
+    return {ce + out.aux.to(ce.scalar_type()), ce, out.aux};
   }
   // The head and the loss together, in chunks of tokens: the batch's logits never exist at once.
-  auto h = norm_f(out.logits);
+  const auto& h = out.normed;
   const auto& w = lm_head.defined() ? lm_head : emb->weight;
   LinearCrossEntropyOptions o;
   o.softcap = cfg_.logit_softcap;
   o.chunk_rows = cfg_.loss_chunk_tokens;
   auto ce = linear_cross_entropy(h.reshape({-1, h.size(-1)}), w, targets.reshape({-1}), o);
-  return {ce + out.aux_loss.to(ce.scalar_type()), ce, out.aux_loss};
+  return {ce + out.aux.to(ce.scalar_type()), ce, out.aux};
 }
 
 torch::Tensor DecoderLMImpl::loss(const torch::Tensor& tokens, const torch::Tensor& targets) {
@@ -117,7 +118,7 @@ torch::Tensor DecoderLMImpl::step(const torch::Tensor& tokens, DecodeState& stat
   auto x = emb(tokens);
   if (cfg_.embed_norm) x = rms_norm_plain(x);
   for (size_t l = 0; l < blocks->size(); ++l) x = blocks[l]->as<BlockImpl>()->step(x, state.layers[l]);
-  return head(x);
+  return head(norm_f(x));
 }
 
 }  // namespace model

@@ -66,9 +66,12 @@ class DecoderLMImpl : public torch::nn::Module {
   torch::Tensor lm_head;  // [V,d]; undefined when tied to emb
 
  private:
-  // The last block's output (in .logits, before the final norm) and the aux loss.
-  LMOutput hidden(const torch::Tensor& tokens, const Positions& p);
-  torch::Tensor head(const torch::Tensor& x);  // final norm, LM head, softcap
+  struct Hidden {
+    torch::Tensor normed;  // [B,T,d] the final norm's output, in the head matmul's dtype
+    torch::Tensor aux;     // summed MoE aux loss (0 without MoE)
+  };
+  Hidden hidden(const torch::Tensor& tokens, const Positions& p);
+  torch::Tensor head(const torch::Tensor& normed);  // LM head and softcap over the final norm's output
   ModelConfig cfg_;
 };
 TORCH_MODULE(DecoderLM);

@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "kernels/rmsnorm_train.h"
+#include "model/kernel_dtype.h"
 #endif
 
 namespace model {
@@ -17,14 +18,11 @@ torch::Tensor rms_norm_reference(const torch::Tensor& x, const torch::Tensor& w,
   return is_f32 ? y : y.to(x.scalar_type());
 }
 
-bool fused_rms_norm_applies(const torch::Tensor& x) {
-#if defined(DD_HAVE_CUDA)
-  return x.is_cuda() && (x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16) &&
-         x.dim() >= 1 && x.size(-1) > 0;
-#else
-  (void)x;
-  return false;
-#endif
+AddNormOut add_rms_norm_reference(const torch::Tensor& x, const torch::Tensor& b, const torch::Tensor& w, double eps,
+                                  torch::ScalarType y_dtype) {
+  auto h = b.defined() ? x + b : x;
+  auto y = rms_norm_reference(h, w, eps);
+  return {h, y.scalar_type() == y_dtype ? y : y.to(y_dtype)};
 }
 
 #if defined(DD_HAVE_CUDA)
@@ -33,61 +31,113 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-void check_launch(int err, const char* what) {
-  TORCH_CHECK(err == 0, what, " kernel launch failed (cudaError ", err, ")");
+kernels::DType dtype_of(torch::ScalarType t) {
+  kernels::DType d{};
+  TORCH_CHECK(kernel_dtype(t, d), "RMSNorm kernels: unsupported dtype ", t);
+  return d;
 }
 
-class FusedRmsNormFn : public torch::autograd::Function<FusedRmsNormFn> {
+void* ptr_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+
+// Inputs: x, b (empty = no add), w (empty = weight-free). Outputs: y, then h when there is an add.
+class FusedAddRmsNormFn : public torch::autograd::Function<FusedAddRmsNormFn> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& b,
+                               const torch::Tensor& w, double eps, int64_t y_dtype) {
     const int64_t C = x.size(-1), N = x.numel() / C;
+    const bool has_b = b.numel() > 0;
+    const auto yt = static_cast<torch::ScalarType>(y_dtype);
     auto x2 = x.contiguous().view({N, C});
-    // A weight-free norm arrives as an empty tensor (autograd functions take no undefined inputs).
+    auto b2 = has_b ? b.contiguous().view({N, C}) : torch::Tensor();
     auto wf = w.numel() > 0 ? w.to(torch::kFloat32).contiguous() : torch::Tensor();
-    auto y = torch::empty_like(x2);
+    auto y = torch::empty({N, C}, x2.options().dtype(yt));
+    auto h = has_b ? torch::empty_like(x2) : x2;
     auto rstd = torch::empty({N}, x2.options().dtype(torch::kFloat32));
-    check_launch(kernels::rmsnorm_train_forward(y.data_ptr(), rstd.data_ptr<float>(), x2.data_ptr(),
-                                                wf.defined() ? wf.data_ptr<float>() : nullptr,
-                                                x2.scalar_type() == torch::kBFloat16, N, C, static_cast<float>(eps),
-                                                c10::cuda::getCurrentCUDAStream(x.device().index()).stream()),
-                 "RMSNorm forward");
-    ctx->save_for_backward({x2, wf.defined() ? wf : torch::empty({0}, rstd.options()), rstd});
+    const auto b_dt = has_b ? b.scalar_type() : yt;
+    check_kernel_launch(
+        kernels::add_rmsnorm_forward(y.data_ptr(), dtype_of(yt), has_b ? h.data_ptr() : nullptr,
+                                     rstd.data_ptr<float>(), x2.data_ptr(), dtype_of(x.scalar_type()),
+                                     ptr_or_null(b2), dtype_of(b_dt), wf.defined() ? wf.data_ptr<float>() : nullptr,
+                                     N, C, static_cast<float>(eps),
+                                     c10::cuda::getCurrentCUDAStream(x.device().index()).stream()),
+        "RMSNorm forward");
+    ctx->save_for_backward({h, wf.defined() ? wf : torch::empty({0}, rstd.options()), rstd});
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
-    return y.view(x.sizes());
+    ctx->saved_data["b_dtype"] = static_cast<int64_t>(b_dt);
+    ctx->saved_data["has_b"] = has_b;
+    if (!has_b) return {y.view(x.sizes())};
+    return {y.view(x.sizes()), h.view(x.sizes())};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    const auto& x2 = saved[0];
+    const auto& h = saved[0];
     const auto wf = saved[1].numel() > 0 ? saved[1] : torch::Tensor();
     const auto& rstd = saved[2];
-    const int64_t N = x2.size(0), C = x2.size(1);
-    auto dy = grads[0].to(x2.scalar_type()).contiguous().view({N, C});
-    auto dx = torch::empty_like(x2);
+    const bool has_b = ctx->saved_data["has_b"].toBool();
+    const auto b_dt = static_cast<torch::ScalarType>(ctx->saved_data["b_dtype"].toInt());
+    const int64_t N = h.size(0), C = h.size(1);
+    const auto shape = grads[0].sizes();
+    auto dy = grads[0].contiguous().view({N, C});
+    torch::Tensor dh;
+    if (has_b && grads.size() > 1 && grads[1].defined()) dh = grads[1].to(h.scalar_type()).contiguous().view({N, C});
+    auto dx = torch::empty_like(h);
+    // The branch's gradient is the same value; a separate tensor only when its dtype differs.
+    const bool separate_db = has_b && b_dt != h.scalar_type();
+    auto db = separate_db ? torch::empty({N, C}, h.options().dtype(b_dt)) : torch::Tensor();
     torch::Tensor partial;
-    if (wf.defined()) partial = torch::empty({kernels::rmsnorm_backward_partial_rows(N), C}, x2.options().dtype(torch::kFloat32));
-    check_launch(kernels::rmsnorm_train_backward(dx.data_ptr(), partial.defined() ? partial.data_ptr<float>() : nullptr,
-                                                 dy.data_ptr(), x2.data_ptr(),
-                                                 wf.defined() ? wf.data_ptr<float>() : nullptr, rstd.data_ptr<float>(),
-                                                 x2.scalar_type() == torch::kBFloat16, N, C,
-                                                 c10::cuda::getCurrentCUDAStream(x2.device().index()).stream()),
-                 "RMSNorm backward");
-    torch::Tensor dw;
     if (wf.defined())
-      dw = partial.sum(0).to(static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt()));
-    return {dx.view(grads[0].sizes()), dw, torch::Tensor()};
+      partial = torch::empty({kernels::rmsnorm_backward_partial_rows(N), C}, h.options().dtype(torch::kFloat32));
+    check_kernel_launch(
+        kernels::add_rmsnorm_backward(dx.data_ptr(), ptr_or_null(db), partial.defined() ? partial.data_ptr<float>() : nullptr,
+                                      dy.data_ptr(), ptr_or_null(dh), h.data_ptr(), dtype_of(h.scalar_type()),
+                                      dtype_of(dy.scalar_type()), dtype_of(b_dt),
+                                      wf.defined() ? wf.data_ptr<float>() : nullptr, rstd.data_ptr<float>(), N, C,
+                                      c10::cuda::getCurrentCUDAStream(h.device().index()).stream()),
+        "RMSNorm backward");
+    torch::Tensor dw;
+    if (wf.defined()) dw = partial.sum(0).to(static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt()));
+    torch::Tensor dbv;
+    if (has_b) dbv = (separate_db ? db : dx).view(shape);
+    return {dx.view(shape), dbv, dw, torch::Tensor(), torch::Tensor()};
   }
 };
+
+// Whether the kernels take these tensors: a GPU, supported dtypes, b shaped like x and no wider.
+bool kernels_apply(const torch::Tensor& x, const torch::Tensor& b, const torch::Tensor& w, torch::ScalarType y_dtype) {
+  kernels::DType xd{}, yd{}, bd{};
+  if (!x.is_cuda() || x.dim() < 1 || x.numel() == 0 || !kernel_dtype(x.scalar_type(), xd) ||
+      !kernel_dtype(y_dtype, yd))
+    return false;
+  if (w.defined() && (w.numel() != x.size(-1) || w.device() != x.device())) return false;
+  bd = yd;
+  if (b.defined()) {
+    if (!b.is_cuda() || b.sizes() != x.sizes() || !kernel_dtype(b.scalar_type(), bd)) return false;
+    // h keeps x's dtype, as ATen's x + b does only when x is at least as wide as b.
+    if (c10::promoteTypes(x.scalar_type(), b.scalar_type()) != x.scalar_type()) return false;
+  }
+  return kernels::add_rmsnorm_supported(xd, yd, bd, x.size(-1));
+}
 
 }  // namespace
 #endif
 
-torch::Tensor fused_rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+AddNormOut fused_add_rms_norm(const torch::Tensor& x, const torch::Tensor& b, const torch::Tensor& w, double eps,
+                              torch::ScalarType y_dtype) {
 #if defined(DD_HAVE_CUDA)
-  if (fused_rms_norm_applies(x))
-    return FusedRmsNormFn::apply(x, w.defined() ? w : torch::empty({0}, x.options().dtype(torch::kFloat32)), eps);
+  if (kernels_apply(x, b, w, y_dtype)) {
+    // Autograd functions take no undefined inputs: a missing b or w travels as an empty tensor.
+    auto empty = torch::empty({0}, x.options().dtype(torch::kFloat32));
+    auto outs = FusedAddRmsNormFn::apply(x, b.defined() ? b : empty, w.defined() ? w : empty, eps,
+                                         static_cast<int64_t>(y_dtype));
+    return {b.defined() ? outs[1] : x, outs[0]};
+  }
 #endif
-  return rms_norm_reference(x, w, eps);
+  return add_rms_norm_reference(x, b, w, eps, y_dtype);
+}
+
+torch::Tensor fused_rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  return fused_add_rms_norm(x, {}, w, eps, x.scalar_type()).y;
 }
 
 }  // namespace model

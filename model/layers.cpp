@@ -2,7 +2,8 @@
 // kernels of the GPU-speed issue replace these on the fast path and are tested against them.
 #include "model/layers.h"
 
-#include "model/fused_rmsnorm.h"
+#include "model/fused_rope.h"
+#include "model/fused_swiglu.h"
 
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
@@ -39,6 +40,18 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   return fused_rms_norm(x, weight, eps_);
 }
 
+at::ScalarType matmul_dtype(const torch::Tensor& x) {
+  const auto dev = x.device().type();
+  if (x.scalar_type() != torch::kFloat64 && at::autocast::is_autocast_enabled(dev))
+    return at::autocast::get_autocast_dtype(dev);
+  return x.scalar_type();
+}
+
+AddNormOut RMSNormImpl::add_forward(const torch::Tensor& x, const torch::Tensor& b, bool for_matmul) {
+  const auto h_dtype = b.defined() ? c10::promoteTypes(x.scalar_type(), b.scalar_type()) : x.scalar_type();
+  return fused_add_rms_norm(x, b, weight, eps_, for_matmul ? matmul_dtype(x) : h_dtype);
+}
+
 RopeTables make_rope_tables(int64_t rotary_dim, int64_t max_pos, double theta) {
   TORCH_CHECK(rotary_dim % 2 == 0, "rope: rotary dim must be even, got ", rotary_dim);
   auto opts = torch::TensorOptions().dtype(torch::kFloat64);
@@ -73,7 +86,8 @@ SwiGLUImpl::SwiGLUImpl(int64_t d, int64_t hidden) {
 }
 
 torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
-  return down(torch::silu(gate(x)) * up(x));
+  // gate and up as one matmul, the activation as one kernel over its [.., 2·hidden] output.
+  return down(swiglu(linear_cat(x, {gate->weight, up->weight})));
 }
 
 void SwiGLUImpl::reset_parameters(double std0, double std_out) {
@@ -100,11 +114,11 @@ AttentionImpl::AttentionImpl(const ModelConfig& c)
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& u, const Positions& p) {
   const int64_t B = u.size(0), T = u.size(1);
-  auto q = wq(u).view({B, T, nh_, dh_});
-  auto k = wk(u).view({B, T, nkv_, dh_});
-  auto v = wv(u).view({B, T, nkv_, dh_});
-  q = apply_rope(q, p.pos, rope_);
-  k = apply_rope(k, p.pos, rope_);
+  // q, k and v from one matmul; split (not narrow) so backward concatenates their gradients once.
+  auto qkv = linear_cat(u, {wq->weight, wk->weight, wv->weight}).split_with_sizes({nh_ * dh_, nkv_ * dh_, nkv_ * dh_}, -1);
+  auto q = rope(qkv[0].view({B, T, nh_, dh_}), p.pos, rope_);
+  auto k = rope(qkv[1].view({B, T, nkv_, dh_}), p.pos, rope_);
+  auto v = qkv[2].view({B, T, nkv_, dh_});
   if (qk_norm_) {
     q = rms_norm_plain(q);
     k = rms_norm_plain(k);

@@ -6,6 +6,7 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include "model/fused_rmsnorm.h"
 #include "model/linear.h"
 #include "model/model_config.h"
 
@@ -27,10 +28,18 @@ class AutocastOff {
 
 // RMSNorm(x; w) = x / sqrt(mean(x²) + eps) ⊙ w, computed in fp32, returned in x's dtype.
 // Without a weight (affine=false) w ≡ 1.
+// The dtype the matmuls that read x run in: autocast's dtype when autocast is on for x's device
+// (and x is not fp64), else x's own.
+at::ScalarType matmul_dtype(const torch::Tensor& x);
+
 class RMSNormImpl : public torch::nn::Module {
  public:
   RMSNormImpl(int64_t dim, bool affine, double eps = 1e-6);
   torch::Tensor forward(const torch::Tensor& x);  // x [..., dim]
+  // The pre-norm block's residual add fused into the norm: h = x + b (b undefined: h = x) and
+  // y = RMSNorm(h). With for_matmul, y comes in matmul_dtype(x) — what autocast would cast it to
+  // before the single matmul that reads it — else in h's dtype.
+  AddNormOut add_forward(const torch::Tensor& x, const torch::Tensor& b, bool for_matmul);
   torch::Tensor weight;                           // [dim], undefined when not affine
  private:
   double eps_;

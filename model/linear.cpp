@@ -28,6 +28,12 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   return torch::linear(x, weight);
 }
 
+torch::Tensor linear_cat(const torch::Tensor& x, const std::vector<torch::Tensor>& weights) {
+  auto w = weights.size() == 1 ? weights[0] : torch::cat(weights, 0);
+  if (fp8_active && fp8_linear_fits(x, w)) return fp8_linear(x, w);
+  return torch::linear(x, w);
+}
+
 Fp8Scope::Fp8Scope(bool on) : was_active_(fp8_active) { fp8_active = on; }
 Fp8Scope::~Fp8Scope() { fp8_active = was_active_; }
 bool Fp8Scope::active() { return fp8_active; }

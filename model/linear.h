@@ -6,6 +6,8 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include <vector>
+
 namespace model {
 
 class LinearImpl : public torch::nn::Module {
@@ -19,6 +21,12 @@ class LinearImpl : public torch::nn::Module {
   torch::Tensor weight;  // [out, in]
 };
 TORCH_MODULE(Linear);
+
+// y = x [W1; W2; ...]ᵀ: one matmul for projections that read the same input (q|k|v, gate|up),
+// in FP8 under an Fp8Scope like LinearImpl::forward. The concatenated weight is formed per call
+// (small next to the activations); each part's gradient flows back to its own parameter. One
+// matmul instead of several also means one gradient for x, not a sum of several.
+torch::Tensor linear_cat(const torch::Tensor& x, const std::vector<torch::Tensor>& weights);
 
 // While alive, this thread's Linear layers multiply in FP8 (train.precision = "fp8") when `on`, or
 // not when !on; restores the previous mode after. Nests.

@@ -1,5 +1,7 @@
 #include "model/linear_cross_entropy.h"
 
+#include "model/layers.h"
+
 #include <ATen/autocast_mode.h>
 
 #if defined(DD_HAVE_CUDA)
@@ -16,13 +18,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-at::ScalarType matmul_dtype(const torch::Tensor& h) {
-  const auto dev = h.device().type();
-  if (h.scalar_type() != torch::kFloat64 && at::autocast::is_autocast_enabled(dev))
-    return at::autocast::get_autocast_dtype(dev);
-  return h.scalar_type();
-}
 
 at::ScalarType stat_dtype(at::ScalarType t) { return t == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32; }
 

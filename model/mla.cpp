@@ -4,6 +4,8 @@
 // re-expanding K/V for every cached token: O(t·(rkv+dr)) per head and step.
 #include "model/mla.h"
 
+#include "model/fused_rope.h"
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -78,9 +80,9 @@ MLAProjections MLAImpl::project(const torch::Tensor& u, const Positions& p) {
   auto q = project_q(u);                                        // [B,T,nh,dqk]
   auto a = wkv_a(u);                                            // [B,T,rkv+dr]
   auto c = kv_norm(a.narrow(-1, 0, rkv_));                      // [B,T,rkv]
-  auto k_r = apply_rope(a.narrow(-1, rkv_, dr_).unsqueeze(2), p.pos, rope_);  // [B,T,1,dr]
+  auto k_r = rope(a.narrow(-1, rkv_, dr_).unsqueeze(2), p.pos, rope_);  // [B,T,1,dr]
   auto kv = wkv_b(c).view({B, T, nh_, dn_ + dva_});
-  auto q_r = apply_rope(q.narrow(-1, dn_, dr_), p.pos, rope_);  // [B,T,nh,dr]
+  auto q_r = rope(q.narrow(-1, dn_, dr_), p.pos, rope_);  // [B,T,nh,dr]
   auto Q = torch::cat({q.narrow(-1, 0, dn_), q_r}, -1);
   auto K = torch::cat({kv.narrow(-1, 0, dn_), k_r.expand({B, T, nh_, dr_})}, -1);
   auto V = kv.narrow(-1, dn_, dva_);
@@ -102,10 +104,10 @@ torch::Tensor MLAImpl::step(const torch::Tensor& u, MixerCache& cache) {
   auto pos = torch::full({B, 1}, cache.pos, torch::TensorOptions().dtype(torch::kInt64).device(u.device()));
   auto q = project_q(u);                                                      // [B,1,nh,dqk]
   auto q_n = q.narrow(-1, 0, dn_).squeeze(1);                                 // [B,nh,dn]
-  auto q_r = apply_rope(q.narrow(-1, dn_, dr_), pos, rope_).squeeze(1);       // [B,nh,dr]
+  auto q_r = rope(q.narrow(-1, dn_, dr_), pos, rope_).squeeze(1);       // [B,nh,dr]
   auto a = wkv_a(u);                                                          // [B,1,rkv+dr]
   auto c = kv_norm(a.narrow(-1, 0, rkv_));                                    // [B,1,rkv]
-  auto k_r = apply_rope(a.narrow(-1, rkv_, dr_).unsqueeze(2), pos, rope_).squeeze(2);  // [B,1,dr]
+  auto k_r = rope(a.narrow(-1, rkv_, dr_).unsqueeze(2), pos, rope_).squeeze(2);  // [B,1,dr]
   cache.latent = cache.latent.defined() ? torch::cat({cache.latent, c}, 1) : c;
   cache.k_rope = cache.k_rope.defined() ? torch::cat({cache.k_rope, k_r}, 1) : k_r;
   cache.pos += 1;

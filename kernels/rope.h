@@ -1,0 +1,28 @@
+// RoPE in the rotate-half layout, forward and backward, on q or k of shape [B,T,H,D]:
+//   out[..., j] = x1 cos θ − x2 sin θ,  out[..., j + D/2] = x2 cos θ + x1 sin θ
+// with x1 = x[..., j], x2 = x[..., j + D/2], θ = table angle of (position of the token, j). The
+// backward is the same rotation by −θ (`inverse`). Raw pointers, no torch. x may be a strided view
+// (e.g. q inside a fused qkv projection): its last dim is unit-stride, B, T, H have element strides.
+// out is contiguous [B,T,H,D]. Tables are the fp64 cos/sin [max_pos, D/2]; math in fp32.
+// The reference is model/layers.h's apply_rope (ATen ops).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace kernels {
+
+struct RopeShape {
+  int64_t B, T, H, D;
+  int64_t x_sb, x_st, x_sh;  // element strides of x over B, T, H
+  int64_t pos_sb, pos_st;    // element strides of the int64 positions [B,T] (0 for a broadcast row)
+};
+
+#ifdef DD_HAVE_CUDA
+// Returns the cudaError_t of the launch (0 = success). out and x have dtype `dt`.
+int rope_apply(void* out, const void* x, DType dt, const int64_t* pos, const double* cos, const double* sin,
+               const RopeShape& s, bool inverse, void* stream);
+#endif
+
+}  // namespace kernels

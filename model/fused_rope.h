@@ -1,0 +1,22 @@
+// RoPE through the CUDA kernel of kernels/rope.h, as an autograd function: one kernel forward and
+// one backward (the inverse rotation), instead of the ~10 fp32 gather/cast/mul/cat kernels of
+// apply_rope (model/layers.h), which stays the reference and the path on the CPU. The kernel reads
+// q or k straight out of a fused qkv projection (a strided view) and writes a contiguous result.
+#pragma once
+
+#include <torch/torch.h>
+
+#include "model/layers.h"
+
+namespace model {
+
+// Whether the kernel takes x [B,T,nh,r] at positions pos [B,T]: a GPU, fp32/bf16/fp16, a
+// unit-stride last dim, the tables on x's device, and T within the tables (training batches:
+// every position is below T).
+bool fused_rope_applies(const torch::Tensor& x, const torch::Tensor& pos, const RopeTables& tables);
+
+// apply_rope's result; through the kernel when fused_rope_applies, else apply_rope itself.
+// Positions must be below T (true of dense_positions and packed_positions).
+torch::Tensor rope(const torch::Tensor& x, const torch::Tensor& pos, const RopeTables& tables);
+
+}  // namespace model

@@ -1,0 +1,16 @@
+// SwiGLU's activation on the fused gate|up projection through the CUDA kernels of
+// kernels/swiglu.h, as an autograd function: one kernel forward, one backward that writes the
+// gradient of the whole gate|up output (what the one fused matmul's backward wants), instead of
+// silu, mul and their backward kernels. swiglu_reference is the ATen formula and the CPU path.
+#pragma once
+
+#include <torch/torch.h>
+
+namespace model {
+
+// gu [..., 2F] = [gate | up] -> silu(gate) · up [..., F], in gu's dtype.
+torch::Tensor swiglu_reference(const torch::Tensor& gu);
+// Same result; through the kernels on a GPU for fp32/bf16/fp16.
+torch::Tensor swiglu(const torch::Tensor& gu);
+
+}  // namespace model

@@ -1,0 +1,225 @@
+// The fused training kernels against their ATen references on the same GPU, forward and backward:
+// residual add + RMSNorm (every dtype combination the models use), RoPE on strided q/k views,
+// SwiGLU on the fused gate|up output, and a whole tiny model's loss and gradients on the GPU
+// (fused path) against the CPU (reference path). Fresh random inputs each run (seeded from
+// GoogleTest's random seed, printed on failure), odd sizes included. Skips without a GPU.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <string>
+
+#include "model/decoder_lm.h"
+#include "model/fused_rmsnorm.h"
+#include "model/fused_rope.h"
+#include "model/fused_swiglu.h"
+#include "model/layers.h"
+
+namespace {
+
+#define DD_REQUIRE_GPU() \
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine"
+
+void seed_from_gtest(uint64_t salt) {
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + salt);
+}
+
+// ‖a − b‖ / ‖b‖ in fp64 (an all-zero reference compares absolutely).
+double rel(const torch::Tensor& a, const torch::Tensor& b) {
+  auto a64 = a.detach().to(torch::kCPU, torch::kFloat64), b64 = b.detach().to(torch::kCPU, torch::kFloat64);
+  EXPECT_EQ(a64.sizes(), b64.sizes());
+  return ((a64 - b64).norm() / b64.norm().clamp_min(1e-30)).item<double>();
+}
+
+// Tolerance of a result stored in `t`: fp32 differs by summation order only; bf16/fp16 by one
+// rounding of the same fp32 value (2^-8, 2^-11) where the two sides' fp32 values straddle it.
+double tol_for(torch::ScalarType t) {
+  if (t == torch::kFloat32) return 1e-5;
+  return t == torch::kBFloat16 ? 8e-3 : 1e-3;
+}
+
+const char* name_of(torch::ScalarType t) {
+  return t == torch::kFloat32 ? "f32" : t == torch::kBFloat16 ? "bf16" : "f16";
+}
+
+}  // namespace
+
+TEST(FusedOpsCuda, AddRmsNormMatchesReference) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(71);
+  struct Combo {
+    torch::ScalarType x, y, b;
+  };
+  const Combo combos[] = {{torch::kFloat32, torch::kFloat32, torch::kFloat32},
+                          {torch::kFloat32, torch::kBFloat16, torch::kBFloat16},
+                          {torch::kFloat32, torch::kFloat32, torch::kBFloat16},
+                          {torch::kFloat32, torch::kHalf, torch::kHalf},
+                          {torch::kBFloat16, torch::kBFloat16, torch::kBFloat16}};
+  struct Shape {
+    int64_t rows, C;
+  };
+  for (const Combo cb : combos) {
+    for (const Shape sh : {Shape{1, 37}, Shape{1000, 768}, Shape{333, 4097}, Shape{64, 10000}}) {
+      for (const bool with_b : {true, false}) {
+        for (const bool with_w : {true, false}) {
+          const std::string what = std::string("x ") + name_of(cb.x) + " y " + name_of(cb.y) + " b " +
+                                   (with_b ? name_of(cb.b) : "-") + " rows=" + std::to_string(sh.rows) +
+                                   " C=" + std::to_string(sh.C) + (with_w ? " w" : " no-w");
+          auto x0 = (torch::randn({sh.rows, sh.C + 3}, torch::kCUDA) * 2.0).narrow(1, 1, sh.C).to(cb.x);  // strided
+          auto b0 = with_b ? torch::randn({sh.rows, sh.C}, torch::kCUDA).to(cb.b) : torch::Tensor();
+          auto w0 = with_w ? torch::rand({sh.C}, torch::kCUDA) + 0.5 : torch::Tensor();
+          auto dy = torch::randn({sh.rows, sh.C}, torch::kCUDA).to(cb.y);
+          auto dh_in = torch::randn({sh.rows, sh.C}, torch::kCUDA).to(cb.x);
+          auto run = [&](bool fused) {
+            auto x = x0.detach().clone().requires_grad_(true);
+            auto b = with_b ? b0.detach().clone().requires_grad_(true) : torch::Tensor();
+            auto w = with_w ? w0.detach().clone().requires_grad_(true) : torch::Tensor();
+            auto out = fused ? model::fused_add_rms_norm(x, b, w, 1e-6, cb.y)
+                             : model::add_rms_norm_reference(x, b, w, 1e-6, cb.y);
+            // The residual h also flows on (its own gradient) when there is an add.
+            auto loss = (out.y.to(torch::kFloat32) * dy.to(torch::kFloat32)).sum();
+            if (with_b) loss = loss + (out.h.to(torch::kFloat32) * dh_in.to(torch::kFloat32)).sum();
+            loss.backward();
+            return std::vector<torch::Tensor>{out.y.detach(), out.h.detach(), x.grad(),
+                                              with_b ? b.grad() : torch::zeros({1}),
+                                              with_w ? w.grad() : torch::zeros({1})};
+          };
+          auto f = run(true), r = run(false);
+          EXPECT_EQ(f[0].scalar_type(), cb.y) << what;
+          EXPECT_LT(rel(f[0], r[0]), tol_for(cb.y)) << what << " y";
+          EXPECT_LT(rel(f[1], r[1]), tol_for(cb.x)) << what << " h";
+          // dx: the fused kernel and autograd both compute it in fp32 from the same dy.
+          EXPECT_LT(rel(f[2], r[2]), tol_for(cb.x) * 2) << what << " dx";
+          if (with_b) {
+            EXPECT_LT(rel(f[3], r[3]), tol_for(cb.b) * 2) << what << " db";
+          }
+          if (with_w) {
+            EXPECT_LT(rel(f[4], r[4]), cb.y == torch::kFloat32 ? 1e-5 : 1e-2) << what << " dw";
+          }
+          if (sh.C == 4097 && with_b && with_w)
+            std::printf("[measured] fused add+RMSNorm %s: y %.3g h %.3g dx %.3g db %.3g dw %.3g\n", what.c_str(),
+                        rel(f[0], r[0]), rel(f[1], r[1]), rel(f[2], r[2]), rel(f[3], r[3]), rel(f[4], r[4]));
+        }
+      }
+    }
+  }
+}
+
+TEST(FusedOpsCuda, RopeMatchesReference) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(72);
+  struct Shape {
+    int64_t B, T, H, D;
+  };
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kHalf}) {
+    for (const Shape sh : {Shape{2, 37, 3, 64}, Shape{1, 1000, 12, 64}, Shape{4, 128, 2, 34}, Shape{1, 300, 1, 32}}) {
+      for (const bool packed : {false, true}) {
+        const std::string what = std::string(name_of(dtype)) + " B=" + std::to_string(sh.B) + " T=" +
+                                 std::to_string(sh.T) + " H=" + std::to_string(sh.H) + " D=" + std::to_string(sh.D) +
+                                 (packed ? " packed" : " dense");
+        auto tables = model::make_rope_tables(sh.D, 2048, 10000.0);
+        tables.cos = tables.cos.cuda();
+        tables.sin = tables.sin.cuda();
+        model::Positions p;
+        if (packed) {
+          // Documents of random lengths cut at every row end.
+          std::vector<int64_t> cu = {0};
+          for (int64_t r = 0; r < sh.B; ++r) {
+            int64_t at = r * sh.T;
+            while (at < (r + 1) * sh.T) {
+              at = std::min((r + 1) * sh.T, at + 1 + torch::randint(0, sh.T / 2 + 1, {1}).item<int64_t>());
+              cu.push_back(at);
+            }
+          }
+          p = model::packed_positions(torch::tensor(cu), sh.B, sh.T, torch::kCUDA);
+        } else {
+          p = model::dense_positions(sh.B, sh.T, torch::kCUDA);
+        }
+        // q as a strided view of a wider projection, as the fused qkv matmul produces it.
+        auto wide = torch::randn({sh.B, sh.T, sh.H * sh.D + 40}, torch::kCUDA).to(dtype);
+        auto dy = torch::randn({sh.B, sh.T, sh.H, sh.D}, torch::kCUDA).to(dtype);
+        auto run = [&](bool fused) {
+          auto w = wide.detach().clone().requires_grad_(true);
+          auto x = w.narrow(-1, 8, sh.H * sh.D).view({sh.B, sh.T, sh.H, sh.D});
+          EXPECT_EQ(model::fused_rope_applies(x, p.pos, tables), true) << what;
+          auto y = fused ? model::rope(x, p.pos, tables) : model::apply_rope(x, p.pos, tables);
+          y.backward(dy);
+          return std::vector<torch::Tensor>{y.detach(), w.grad()};
+        };
+        auto f = run(true), r = run(false);
+        EXPECT_EQ(f[0].scalar_type(), dtype) << what;
+        const double tol = dtype == torch::kFloat32 ? 1e-6 : tol_for(dtype);
+        EXPECT_LT(rel(f[0], r[0]), tol) << what << " y";
+        EXPECT_LT(rel(f[1], r[1]), tol) << what << " dx";
+        if (sh.T == 1000)
+          std::printf("[measured] fused RoPE %s: y %.3g dx %.3g\n", what.c_str(), rel(f[0], r[0]), rel(f[1], r[1]));
+      }
+    }
+  }
+}
+
+TEST(FusedOpsCuda, SwigluMatchesReference) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(73);
+  struct Shape {
+    int64_t N, F;
+  };
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (const Shape sh : {Shape{1, 37}, Shape{1000, 2048}, Shape{333, 4097}, Shape{3, 1}}) {
+      const std::string what = std::string(name_of(dtype)) + " N=" + std::to_string(sh.N) + " F=" + std::to_string(sh.F);
+      auto gu0 = (torch::randn({sh.N, 2 * sh.F}, torch::kCUDA) * 3.0).to(dtype);
+      auto dh = torch::randn({sh.N, sh.F}, torch::kCUDA).to(dtype);
+      auto run = [&](bool fused) {
+        auto gu = gu0.detach().clone().requires_grad_(true);
+        auto h = fused ? model::swiglu(gu) : model::swiglu_reference(gu);
+        h.backward(dh);
+        return std::vector<torch::Tensor>{h.detach(), gu.grad()};
+      };
+      auto f = run(true), r = run(false);
+      EXPECT_EQ(f[0].scalar_type(), dtype) << what;
+      // bf16: the reference rounds silu(g) to bf16 before the product, the kernel does not.
+      const double tol = dtype == torch::kFloat32 ? 1e-5 : 1e-2;
+      EXPECT_LT(rel(f[0], r[0]), tol) << what << " h";
+      EXPECT_LT(rel(f[1], r[1]), tol) << what << " dgu";
+      if (sh.F == 4097)
+        std::printf("[measured] fused SwiGLU %s: h %.3g dgu %.3g\n", what.c_str(), rel(f[0], r[0]), rel(f[1], r[1]));
+    }
+  }
+}
+
+// The models' wiring of the fused ops (the branch carried into the next norm, fused qkv and
+// gate|up, RoPE on views): loss and every gradient on the GPU against the CPU, fp32, no TF32.
+TEST(FusedOpsCuda, TinyModelsLossAndGradientsMatchCpu) {
+  DD_REQUIRE_GPU();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  for (const auto& [name, family] : {std::pair<std::string, model::Family>{"gpt", model::Family::Gpt},
+                                     {"hybrid", model::Family::Hybrid}}) {
+    auto cfg = *model::make_preset("tiny", family);
+    torch::manual_seed(9);
+    model::DecoderLM cpu(cfg);
+    model::DecoderLM gpu(cfg);
+    {
+      torch::NoGradGuard ng;
+      auto src = cpu->parameters(), dst = gpu->parameters();
+      for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+    }
+    gpu->to(torch::kCUDA);
+    auto tokens = torch::randint(0, cfg.vocab_size, {2, 96}, torch::kInt64);
+    auto targets = torch::randint(0, cfg.vocab_size, {2, 96}, torch::kInt64);
+    auto cu = torch::tensor(std::vector<int64_t>{0, 30, 96, 100, 192});
+    auto l_cpu = cpu->loss_parts(tokens, targets, cu).total;
+    auto l_gpu = gpu->loss_parts(tokens.cuda(), targets.cuda(), cu).total;
+    l_cpu.backward();
+    l_gpu.backward();
+    EXPECT_LT(std::abs(l_gpu.item<double>() - l_cpu.item<double>()), 1e-5 * std::abs(l_cpu.item<double>())) << name;
+    double worst = 0;
+    auto pc = cpu->named_parameters(), pg = gpu->named_parameters();
+    for (const auto& item : pc) {
+      const double e = rel(pg[item.key()].grad(), item.value().grad());
+      worst = std::max(worst, e);
+      EXPECT_LT(e, 1e-4) << name << " " << item.key();
+    }
+    std::printf("[measured] tiny %s fp32 GPU (fused) vs CPU (reference): loss %.3g, worst gradient %.3g\n",
+                name.c_str(), std::abs(l_gpu.item<double>() - l_cpu.item<double>()), worst);
+  }
+}
