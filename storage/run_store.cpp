@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <cstdlib>
 #include <ctime>
 #include <set>
@@ -135,7 +136,9 @@ void exec(sqlite3* db, const std::string& path, const char* sql) {
 
 constexpr const char* SUMMARY_COLUMNS =
     "SELECT id, name, status, model, host, pid, params, world_size, revision, started_at, "
-    "ended_at, message FROM runs";
+    "ended_at, message, note FROM runs";
+
+constexpr const char* STATUSES[] = {"running", "finished", "stopped", "failed", "interrupted"};
 
 RunSummary read_summary(const Stmt& s) {
   RunSummary r;
@@ -151,8 +154,51 @@ RunSummary read_summary(const Stmt& s) {
   r.started_at = s.text(9);
   r.ended_at = s.text(10);
   r.message = s.text(11);
+  r.note = s.text(12);
   return r;
 }
+
+std::vector<std::string> tags_of(sqlite3* db, const std::string& path, int64_t run_id) {
+  std::vector<std::string> out;
+  Stmt s(db, path, "SELECT tag FROM tags WHERE run_id = ?1 ORDER BY tag");
+  s.bind(1, run_id);
+  while (s.step()) out.push_back(s.text(0));
+  return out;
+}
+
+// A run name becomes a folder name, so it must be exactly one path component.
+std::string name_problem(const std::string& name) {
+  if (name.empty()) return "must not be empty";
+  if (name == "." || name == "..") return "must not be '.' or '..'";
+  if (name.find('/') != std::string::npos) return "must not contain '/'";
+  if (name.size() > 200) return "must be at most 200 characters";
+  return "";
+}
+
+std::string tag_problem(const std::string& tag) {
+  if (tag.empty()) return "must not be empty";
+  if (tag.size() > 64) return "must be at most 64 characters";
+  for (char c : tag) {
+    if (c == ',' || c == ' ' || c == '\t' || c == '\n' || c == '\r') return "must not contain whitespace or ','";
+  }
+  return "";
+}
+
+// A checkpoint path ".../<old>/checkpoints/step_X" with the run folder component renamed; other
+// paths come back unchanged. Works on relative and absolute paths alike, whatever folder the
+// recording process ran from.
+std::string with_run_folder(const std::string& path, const std::string& old_name,
+                            const std::string& new_name) {
+  const std::string marker = "/checkpoints/";
+  const size_t at = path.rfind(marker);
+  if (at == std::string::npos || at == 0) return path;
+  const size_t slash = path.rfind('/', at - 1);
+  const size_t begin = slash == std::string::npos ? 0 : slash + 1;
+  if (path.compare(begin, at - begin, old_name) != 0 || at - begin != old_name.size()) return path;
+  return path.substr(0, begin) + new_name + path.substr(at);
+}
+
+std::string errno_text() { return std::strerror(errno); }
 
 std::string join_names(const std::vector<std::string>& names) {
   std::string out;
@@ -410,13 +456,26 @@ void RunStore::add_event(const EventRecord& e) {
       .run();
 }
 
-std::vector<RunSummary> RunStore::list_runs() const {
+std::vector<RunSummary> RunStore::list_runs(const RunFilter& filter) const {
+  if (!filter.status.empty() &&
+      std::find(std::begin(STATUSES), std::end(STATUSES), filter.status) == std::end(STATUSES)) {
+    throw std::runtime_error("status '" + filter.status +
+                             "' is not one of running, finished, stopped, failed, interrupted");
+  }
   std::vector<RunSummary> out;
   {
-    Stmt s(db_, path_, (std::string(SUMMARY_COLUMNS) + " ORDER BY id").c_str());
+    Stmt s(db_, path_,
+           (std::string(SUMMARY_COLUMNS) +
+            " WHERE (?1 = '' OR status = ?1)"
+            " AND (?2 = '' OR id IN (SELECT run_id FROM tags WHERE tag = ?2)) ORDER BY id")
+               .c_str());
+    s.bind(1, filter.status).bind(2, filter.tag);
     while (s.step()) out.push_back(read_summary(s));
   }
-  for (RunSummary& r : out) r.last_step = last_step_of(db_, path_, r.id);
+  for (RunSummary& r : out) {
+    r.last_step = last_step_of(db_, path_, r.id);
+    r.tags = tags_of(db_, path_, r.id);
+  }
   return out;
 }
 
@@ -426,7 +485,142 @@ std::optional<RunSummary> RunStore::run(int64_t run_id) const {
   if (!s.step()) return std::nullopt;
   RunSummary r = read_summary(s);
   r.last_step = last_step_of(db_, path_, run_id);
+  r.tags = tags_of(db_, path_, run_id);
   return r;
+}
+
+std::string RunStore::run_dir(const std::string& name) const {
+  const std::string parent = files::parent_dir(path_);
+  return parent.empty() ? name : parent + "/" + name;
+}
+
+RunSummary RunStore::summary_or_throw(int64_t run_id, const char* what) const {
+  auto r = run(run_id);
+  if (!r) throw std::runtime_error(path_ + ": " + what + ": no run with id " + std::to_string(run_id));
+  return *r;
+}
+
+void RunStore::rename_run(int64_t run_id, const std::string& new_name) {
+  const RunSummary r = summary_or_throw(run_id, "rename");
+  if (const std::string why = name_problem(new_name); !why.empty()) {
+    throw std::runtime_error("new name '" + new_name + "' " + why);
+  }
+  if (r.name == new_name) return;
+  if (r.status == "running") {
+    throw std::runtime_error("run '" + r.name + "' is running (pid " + std::to_string(r.pid) + " on " + r.host +
+                             "); rename it after it ends");
+  }
+  Transaction tx(db_, path_);
+  {
+    Stmt taken(db_, path_, "SELECT id FROM runs WHERE name = ?1");
+    taken.bind(1, new_name);
+    if (taken.step()) {
+      throw std::runtime_error("name '" + new_name + "' is taken by run " + std::to_string(taken.i64(0)));
+    }
+  }
+  Stmt(db_, path_, "UPDATE runs SET name = ?1 WHERE id = ?2").bind(1, new_name).bind(2, run_id).run();
+  {
+    Stmt u(db_, path_, "UPDATE checkpoints SET path = ?1 WHERE run_id = ?2 AND step = ?3");
+    for (const CheckpointRecord& c : checkpoints(run_id)) {
+      const std::string moved = with_run_folder(c.path, r.name, new_name);
+      if (moved != c.path) u.bind(1, moved).bind(2, run_id).bind(3, c.step).run();
+    }
+  }
+  // The folder moves before the commit, so a failed move leaves the rows as they were; a failed
+  // commit moves it back.
+  const bool on_disk = path_ != ":memory:";
+  const std::string old_dir = run_dir(r.name), new_dir = run_dir(new_name);
+  bool moved = false;
+  if (on_disk && files::is_dir(old_dir)) {
+    if (files::exists(new_dir)) {
+      throw std::runtime_error("cannot rename run '" + r.name + "': " + new_dir + " already exists");
+    }
+    if (::rename(old_dir.c_str(), new_dir.c_str()) != 0) {
+      throw std::runtime_error("cannot move " + old_dir + " to " + new_dir + " (" + errno_text() + ")");
+    }
+    moved = true;
+  }
+  try {
+    tx.commit();
+  } catch (...) {
+    if (moved) ::rename(new_dir.c_str(), old_dir.c_str());
+    throw;
+  }
+  if (!on_disk) return;
+  // Node logs of a multi-node run (<name>.node<K>.log) are only logs: moved if possible.
+  const std::string parent = files::parent_dir(path_);
+  const std::string folder = parent.empty() ? "." : parent;
+  const std::string prefix = r.name + ".node";
+  for (const std::string& f : files::list_dir(folder)) {
+    if (f.rfind(prefix, 0) != 0 || f.size() <= prefix.size() + 4 || f.substr(f.size() - 4) != ".log") continue;
+    const std::string digits = f.substr(prefix.size(), f.size() - prefix.size() - 4);
+    if (digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    ::rename((folder + "/" + f).c_str(), (folder + "/" + new_name + ".node" + digits + ".log").c_str());
+  }
+}
+
+void RunStore::set_note(int64_t run_id, const std::string& note) {
+  summary_or_throw(run_id, "note");
+  Stmt(db_, path_, "UPDATE runs SET note = ?1 WHERE id = ?2").bind_or_null(1, note).bind(2, run_id).run();
+}
+
+bool RunStore::add_tag(int64_t run_id, const std::string& tag) {
+  if (const std::string why = tag_problem(tag); !why.empty()) {
+    throw std::runtime_error("tag '" + tag + "' " + why);
+  }
+  summary_or_throw(run_id, "tag");
+  Stmt(db_, path_, "INSERT OR IGNORE INTO tags(run_id, tag) VALUES(?1, ?2)").bind(1, run_id).bind(2, tag).run();
+  return sqlite3_changes(db_) > 0;
+}
+
+bool RunStore::remove_tag(int64_t run_id, const std::string& tag) {
+  summary_or_throw(run_id, "untag");
+  Stmt(db_, path_, "DELETE FROM tags WHERE run_id = ?1 AND tag = ?2").bind(1, run_id).bind(2, tag).run();
+  return sqlite3_changes(db_) > 0;
+}
+
+std::vector<std::string> RunStore::tags(int64_t run_id) const { return tags_of(db_, path_, run_id); }
+
+DeletedRun RunStore::delete_run(int64_t run_id) {
+  const RunSummary r = summary_or_throw(run_id, "delete");
+  if (r.status == "running") {
+    throw std::runtime_error("run '" + r.name + "' is running (pid " + std::to_string(r.pid) + " on " + r.host +
+                             "); stop it before deleting it");
+  }
+  const std::vector<CheckpointRecord> cks = checkpoints(run_id);
+  {
+    // Rows first: the database is the index of what exists, so a crash below leaves stray files
+    // (listed nowhere, harmless) rather than rows pointing at deleted checkpoints.
+    Transaction tx(db_, path_);
+    Stmt(db_, path_, "DELETE FROM runs WHERE id = ?1").bind(1, run_id).run();
+    tx.commit();
+  }
+  DeletedRun out;
+  out.name = r.name;
+  if (path_ == ":memory:") return out;
+  auto remove = [&](const std::string& p) {
+    if (files::remove_tree(p)) out.removed.push_back(p);
+    else out.kept.push_back(p + " (could not be removed: " + errno_text() + ")");
+  };
+  // Recorded checkpoints, wherever the recording process put them; only step_* directories, so a
+  // hand-edited row can never point the deletion at anything else.
+  for (const CheckpointRecord& c : cks) {
+    const size_t slash = c.path.find_last_of('/');
+    const std::string base = slash == std::string::npos ? c.path : c.path.substr(slash + 1);
+    if (base.rfind("step_", 0) == 0 && files::is_dir(c.path)) remove(c.path);
+  }
+  // The run's own folder: its checkpoints folder (older, pruned and half-written step_* dirs
+  // included), then the folders themselves when nothing else is in them.
+  const std::string dir = run_dir(r.name), ckdir = dir + "/checkpoints";
+  for (const std::string& f : files::list_dir(ckdir)) {
+    if (f.rfind("step_", 0) == 0) remove(ckdir + "/" + f);
+  }
+  for (const std::string& d : {ckdir, dir}) {
+    if (!files::is_dir(d)) continue;
+    if (::rmdir(d.c_str()) == 0) out.removed.push_back(d);
+    else out.kept.push_back(d + " (holds other files)");
+  }
+  return out;
 }
 
 RunSummary RunStore::find_run(const std::string& id_or_name) const {

@@ -16,7 +16,7 @@ struct sqlite3;
 namespace storage {
 
 // The schema version this program writes.
-constexpr int SCHEMA_VERSION = 2;
+constexpr int SCHEMA_VERSION = 3;
 
 // Applies migrations 1..target_version to an open database (exposed so tests can build an
 // older schema and check that opening it with the full store migrates it). Throws on failure.
@@ -50,7 +50,29 @@ class RunStore {
   int64_t remove_metrics_after(int64_t run_id, int64_t step);
   void add_event(const EventRecord& e);
 
-  std::vector<RunSummary> list_runs() const;
+  // ---- the user's edits (the `runs` commands and the GUI's run browser). Each throws
+  // std::runtime_error naming the run and what was wrong; any thread that owns this store.
+
+  // Gives a run a new unique name. Its folder <db folder>/<name> (checkpoints) and node logs
+  // <name>.node<K>.log move along and the recorded checkpoint paths follow, so --resume and export
+  // keep working. Refuses a running run, a name that is taken, and names that are not one path
+  // component (empty, ".", "..", containing '/').
+  void rename_run(int64_t run_id, const std::string& new_name);
+  // Replaces the run's note; "" clears it.
+  void set_note(int64_t run_id, const std::string& note);
+  // Adds / removes one tag; false when the run already had it / did not have it. A tag is 1..64
+  // characters without whitespace or ','.
+  bool add_tag(int64_t run_id, const std::string& tag);
+  bool remove_tag(int64_t run_id, const std::string& tag);
+  std::vector<std::string> tags(int64_t run_id) const;
+  // Deletes the run's rows (metrics, checkpoints, events, tags) in one transaction, then its
+  // checkpoint directories and, when nothing else is left in it, its folder <db folder>/<name>.
+  // Refuses a running run. Files that cannot be removed are listed in the result's `kept`.
+  DeletedRun delete_run(int64_t run_id);
+
+  // Every run matching the filter (all by default), by id. A status outside running | finished |
+  // stopped | failed | interrupted throws, listing them.
+  std::vector<RunSummary> list_runs(const RunFilter& filter = {}) const;
   std::optional<RunSummary> run(int64_t run_id) const;
   // Finds a run by numeric id, exact name, or unique name prefix. Throws std::runtime_error
   // with the candidates when nothing or more than one run matches.
@@ -73,6 +95,10 @@ class RunStore {
   sqlite3* db_;
   std::string path_;
   bool read_only_;
+  // The folder checkpoints of run `name` go to: the database's folder + "/" + name (the train
+  // command puts both in run.runs_dir).
+  std::string run_dir(const std::string& name) const;
+  RunSummary summary_or_throw(int64_t run_id, const char* what) const;
 };
 
 }  // namespace storage

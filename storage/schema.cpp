@@ -90,9 +90,23 @@ void migration_2(sqlite3* db) {
   )sql", "migration 2");
 }
 
+// Version 3: what users add to runs afterwards: a note per run and any number of tags.
+void migration_3(sqlite3* db) {
+  exec(db, R"sql(
+    ALTER TABLE runs ADD COLUMN note TEXT;
+    CREATE TABLE tags(
+      run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+      tag    TEXT NOT NULL,
+      PRIMARY KEY(run_id, tag)
+    );
+    -- `runs list --tag T` looks runs up by tag.
+    CREATE INDEX tags_tag ON tags(tag, run_id);
+  )sql", "migration 3");
+}
+
 using Migration = void (*)(sqlite3*);
 // MIGRATIONS[i] takes the database from version i to version i + 1.
-constexpr Migration MIGRATIONS[] = {migration_1, migration_2};
+constexpr Migration MIGRATIONS[] = {migration_1, migration_2, migration_3};
 static_assert(sizeof(MIGRATIONS) / sizeof(MIGRATIONS[0]) == SCHEMA_VERSION,
               "one migration per schema version");
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace storage {
 
@@ -45,6 +46,21 @@ struct RunSummary {
   std::string ended_at;      // empty while running
   std::string message;       // why it ended, when it failed
   int64_t last_step = 0;     // highest step with a metric
+  std::string note;          // the user's free text (schema 3); empty when none
+  std::vector<std::string> tags;  // the user's labels, sorted (schema 3)
+};
+
+// Which runs list_runs returns; an empty field matches every run.
+struct RunFilter {
+  std::string status;        // running | finished | stopped | failed | interrupted
+  std::string tag;           // runs carrying this tag
+};
+
+// What RunStore::delete_run removed from disk besides the rows, and what it had to leave.
+struct DeletedRun {
+  std::string name;
+  std::vector<std::string> removed;  // checkpoint directories and the run folder, as removed
+  std::vector<std::string> kept;     // "PATH (why)" for each path that could not or should not go
 };
 
 struct CheckpointRecord {

@@ -85,7 +85,7 @@ TEST(Schema, CreatesFileInWalMode) {
   const std::string path = dir.file("sub/dir/deltadeck.db");
   {
     auto store = RunStore::open(path);
-    EXPECT_EQ(store->schema_version(), 2);
+    EXPECT_EQ(store->schema_version(), storage::SCHEMA_VERSION);
     EXPECT_EQ(store->integrity_check(), "ok");
     EXPECT_EQ(store->path(), path);
   }
@@ -100,7 +100,7 @@ TEST(Schema, CreatesFileInWalMode) {
 
   // Opening again is a no-op migration.
   auto again = RunStore::open(path);
-  EXPECT_EQ(again->schema_version(), 2);
+  EXPECT_EQ(again->schema_version(), storage::SCHEMA_VERSION);
 }
 
 TEST(Schema, ReadOnlyNeedsAnExistingFile) {
@@ -146,7 +146,7 @@ TEST(Schema, MigratesFromVersion1) {
   sqlite3_close(db);
 
   auto store = RunStore::open(path);
-  EXPECT_EQ(store->schema_version(), 2);
+  EXPECT_EQ(store->schema_version(), storage::SCHEMA_VERSION);
   EXPECT_EQ(store->integrity_check(), "ok");
   auto r = store->run(7);
   ASSERT_TRUE(r.has_value());

@@ -1,0 +1,196 @@
+// Tests of the user's edits to recorded runs (schema 3): migration from version 2, tags, notes,
+// filters, rename (the run folder and checkpoint paths follow) and delete (rows and files).
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+
+#include <fstream>
+#include <stdexcept>
+#include <string>
+
+#include "storage/file_util.h"
+#include "storage/run_store.h"
+#include "tests/support/temp_dir.h"
+
+namespace {
+
+using storage::RunStore;
+using testing_support::TempDir;
+
+storage::NewRun new_run(const std::string& name) {
+  storage::NewRun r;
+  r.name = name;
+  r.model = "gpt/tiny";
+  r.config_toml = "name = \"" + name + "\"\n";
+  r.config_json = "{}";
+  r.params = 10;
+  return r;
+}
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A checkpoint folder as the trainer leaves it, recorded in the store.
+std::string add_checkpoint_dir(RunStore& store, int64_t id, const std::string& run_dir, int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
+  const std::string dir = run_dir + "/checkpoints/" + name;
+  storage::files::make_dirs(dir);
+  std::ofstream(dir + "/model.safetensors") << "weights";
+  store.add_checkpoint({id, step, dir, 7, "", ""});
+  return dir;
+}
+
+TEST(RunEdits, MigratesFromVersion2KeepingRuns) {
+  TempDir dir;
+  const std::string path = dir.file("v2.db");
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  storage::migrate(db, 2);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "INSERT INTO runs(id, name, status, started_at) VALUES(3, 'old', 'finished', "
+                         "'2026-01-01T00:00:00Z')",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  // Version 2 has no tags table: the migration below really adds it.
+  EXPECT_NE(sqlite3_exec(db, "SELECT * FROM tags", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+
+  auto store = RunStore::open(path);
+  EXPECT_EQ(store->schema_version(), 3);
+  EXPECT_EQ(store->integrity_check(), "ok");
+  auto r = store->find_run("old");
+  EXPECT_EQ(r.note, "");
+  EXPECT_TRUE(r.tags.empty());
+  EXPECT_TRUE(store->add_tag(3, "baseline"));
+  store->set_note(3, "kept from v2");
+  EXPECT_EQ(store->run(3)->note, "kept from v2");
+}
+
+TEST(RunEdits, TagsNotesAndFilters) {
+  auto store = RunStore::open(":memory:");
+  const int64_t a = store->create_run(new_run("a"));
+  const int64_t b = store->create_run(new_run("b"));
+  const int64_t c = store->create_run(new_run("c"));
+  store->finish_run(a, "finished", "");
+  store->finish_run(b, "failed", "NaN");
+
+  EXPECT_TRUE(store->add_tag(a, "sweep"));
+  EXPECT_FALSE(store->add_tag(a, "sweep"));  // already there
+  EXPECT_TRUE(store->add_tag(a, "best"));
+  EXPECT_TRUE(store->add_tag(b, "sweep"));
+  EXPECT_EQ(store->tags(a), (std::vector<std::string>{"best", "sweep"}));
+  EXPECT_EQ(store->run(a)->tags, (std::vector<std::string>{"best", "sweep"}));
+  EXPECT_TRUE(store->remove_tag(a, "best"));
+  EXPECT_FALSE(store->remove_tag(a, "best"));
+  EXPECT_NE(error_of([&] { store->add_tag(a, "two words"); }).find("whitespace"), std::string::npos);
+  EXPECT_NE(error_of([&] { store->add_tag(a, ""); }).find("empty"), std::string::npos);
+  EXPECT_NE(error_of([&] { store->add_tag(999, "x"); }).find("no run with id 999"), std::string::npos);
+
+  store->set_note(c, "lr 3e-3, warmup 100");
+  EXPECT_EQ(store->run(c)->note, "lr 3e-3, warmup 100");
+  store->set_note(c, "");
+  EXPECT_EQ(store->run(c)->note, "");
+
+  auto ids = [](const std::vector<storage::RunSummary>& runs) {
+    std::vector<int64_t> out;
+    for (const auto& r : runs) out.push_back(r.id);
+    return out;
+  };
+  EXPECT_EQ(ids(store->list_runs()), (std::vector<int64_t>{a, b, c}));
+  EXPECT_EQ(ids(store->list_runs({"finished", ""})), std::vector<int64_t>{a});
+  EXPECT_EQ(ids(store->list_runs({"", "sweep"})), (std::vector<int64_t>{a, b}));
+  EXPECT_EQ(ids(store->list_runs({"failed", "sweep"})), std::vector<int64_t>{b});
+  EXPECT_TRUE(store->list_runs({"", "nosuchtag"}).empty());
+  EXPECT_NE(error_of([&] { store->list_runs({"done", ""}); }).find("not one of running, finished"),
+            std::string::npos);
+}
+
+TEST(RunEdits, RenameMovesTheFolderAndCheckpointPaths) {
+  TempDir dir;
+  auto store = RunStore::open(dir.file("runs/deltadeck.db"));
+  const int64_t id = store->create_run(new_run("demo"));
+  const int64_t other = store->create_run(new_run("other"));
+  const std::string ck = add_checkpoint_dir(*store, id, dir.file("runs/demo"), 20);
+  std::ofstream(dir.file("runs/demo.node1.log")) << "node 1\n";
+
+  EXPECT_NE(error_of([&] { store->rename_run(id, "better"); }).find("is running"), std::string::npos);
+  store->finish_run(id, "finished", "");
+  store->finish_run(other, "finished", "");
+  EXPECT_NE(error_of([&] { store->rename_run(id, "other"); }).find("taken by run " + std::to_string(other)),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { store->rename_run(id, "a/b"); }).find("must not contain '/'"), std::string::npos);
+  EXPECT_NE(error_of([&] { store->rename_run(id, ".."); }).find("'..'"), std::string::npos);
+  EXPECT_NE(error_of([&] { store->rename_run(id, ""); }).find("empty"), std::string::npos);
+  EXPECT_TRUE(storage::files::is_dir(ck));  // nothing moved by the refusals
+
+  store->rename_run(id, "better");
+  EXPECT_EQ(store->run(id)->name, "better");
+  EXPECT_EQ(store->find_run("better").id, id);
+  EXPECT_FALSE(storage::files::exists(dir.file("runs/demo")));
+  const std::string moved = dir.file("runs/better/checkpoints/step_00000020");
+  EXPECT_TRUE(storage::files::exists(moved + "/model.safetensors"));
+  ASSERT_EQ(store->checkpoints(id).size(), 1u);
+  EXPECT_EQ(store->checkpoints(id)[0].path, moved);
+  EXPECT_TRUE(storage::files::exists(dir.file("runs/better.node1.log")));
+
+  // A folder already holding the new name is not overwritten, and the rows stay as they were.
+  storage::files::make_dirs(dir.file("runs/taken"));
+  EXPECT_NE(error_of([&] { store->rename_run(id, "taken"); }).find("already exists"), std::string::npos);
+  EXPECT_EQ(store->run(id)->name, "better");
+  EXPECT_EQ(store->checkpoints(id)[0].path, moved);
+}
+
+TEST(RunEdits, DeleteRemovesRowsAndCheckpointFiles) {
+  TempDir dir;
+  auto store = RunStore::open(dir.file("runs/deltadeck.db"));
+  const int64_t id = store->create_run(new_run("gone"));
+  const int64_t keep = store->create_run(new_run("kept"));
+  const std::string ck1 = add_checkpoint_dir(*store, id, dir.file("runs/gone"), 10);
+  const std::string ck2 = add_checkpoint_dir(*store, id, dir.file("runs/gone"), 20);
+  storage::files::make_dirs(dir.file("runs/gone/checkpoints/step_00000030.tmp"));  // a crashed save
+  const std::string kept_ck = add_checkpoint_dir(*store, keep, dir.file("runs/kept"), 10);
+  store->insert_metrics({{id, {1, 10, 0.1, "loss", 2.0}}, {keep, {1, 10, 0.1, "loss", 3.0}}});
+  store->add_event({id, 1, "info", "x", ""});
+  store->add_tag(id, "t");
+
+  EXPECT_NE(error_of([&] { store->delete_run(id); }).find("is running"), std::string::npos);
+  store->finish_run(id, "stopped", "");
+  const storage::DeletedRun d = store->delete_run(id);
+  EXPECT_EQ(d.name, "gone");
+  EXPECT_TRUE(d.kept.empty()) << d.kept[0];
+  EXPECT_FALSE(storage::files::exists(ck1));
+  EXPECT_FALSE(storage::files::exists(ck2));
+  EXPECT_FALSE(storage::files::exists(dir.file("runs/gone")));
+  EXPECT_FALSE(store->run(id).has_value());
+  EXPECT_TRUE(store->metrics(id).empty());
+  EXPECT_TRUE(store->events(id).empty());
+  EXPECT_TRUE(store->checkpoints(id).empty());
+  EXPECT_TRUE(store->tags(id).empty());
+  // The other run is untouched.
+  EXPECT_TRUE(storage::files::exists(kept_ck + "/model.safetensors"));
+  EXPECT_EQ(store->metrics(keep).size(), 1u);
+  EXPECT_NE(error_of([&] { store->delete_run(id); }).find("no run with id"), std::string::npos);
+}
+
+TEST(RunEdits, DeleteLeavesForeignFilesInTheRunFolder) {
+  TempDir dir;
+  auto store = RunStore::open(dir.file("runs/deltadeck.db"));
+  const int64_t id = store->create_run(new_run("mine"));
+  add_checkpoint_dir(*store, id, dir.file("runs/mine"), 5);
+  std::ofstream(dir.file("runs/mine/notes.txt")) << "the user's own file";
+  store->finish_run(id, "finished", "");
+  const storage::DeletedRun d = store->delete_run(id);
+  ASSERT_EQ(d.kept.size(), 1u);
+  EXPECT_NE(d.kept[0].find("holds other files"), std::string::npos) << d.kept[0];
+  EXPECT_TRUE(storage::files::exists(dir.file("runs/mine/notes.txt")));
+  EXPECT_FALSE(storage::files::exists(dir.file("runs/mine/checkpoints")));
+}
+
+}  // namespace
