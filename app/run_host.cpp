@@ -1,0 +1,256 @@
+// RunHost: the forwarding thread between a Session and the database and front ends. A storage
+// failure is logged into the view and the run goes on: losing a database row is better than
+// stopping a training run, and an exception here would leave the engine blocked on a full queue.
+#include "app/run_host.h"
+
+#include <algorithm>
+#include <exception>
+#include <utility>
+#include <variant>
+
+#include "storage/file_util.h"
+#include "storage/metrics_writer.h"
+#include "trainer/config.h"
+#include "trainer/session.h"
+
+namespace app {
+
+PreparedRun record_new_run(trainer::RunConfig cfg, int64_t world_size, const std::string& revision) {
+  PreparedRun out;
+  out.db_path = cfg.run.runs_dir + "/deltadeck.db";
+  out.store = storage::RunStore::open(out.db_path);
+  storage::NewRun nr;
+  nr.name = cfg.name;
+  nr.model = std::string(model::family_name(cfg.model.family)) + "/" + cfg.model.preset;
+  nr.config_toml = trainer::to_toml(cfg);
+  nr.config_json = trainer::to_json(cfg);
+  nr.params = model::count_params(cfg.model);
+  nr.world_size = world_size;
+  nr.revision = revision;
+  out.run_id = out.store->create_run(nr);
+  out.run_dir = cfg.run.runs_dir + "/" + out.store->run(out.run_id)->name;
+  storage::files::make_dirs(out.run_dir);
+  out.cfg = std::move(cfg);
+  return out;
+}
+
+RunHost::RunHost(PreparedRun prep, RunHostOptions opts) : prep_(std::move(prep)), opts_(std::move(opts)) {
+  writer_ = std::make_unique<storage::MetricsWriter>(prep_.db_path);
+  const storage::RunSummary rec = *prep_.store->run(prep_.run_id);
+  view_.run_id = prep_.run_id;
+  view_.run_name = rec.name;
+  view_.model = rec.model;
+  view_.params = rec.params;
+  view_.devices = prep_.cfg.run.devices;
+  view_.db_path = prep_.db_path;
+  view_.run_dir = prep_.run_dir;
+  view_.total_steps = prep_.cfg.train.steps;
+  view_.log_interval = prep_.cfg.run.log_interval;
+  preload_history();
+}
+
+RunHost::~RunHost() {
+  if (thread_.joinable()) {
+    send(trainer::Command::Stop);
+    thread_.join();
+  } else if (!started_) {
+    try {
+      prep_.store->finish_run(prep_.run_id, "failed", "the run was never started");
+    } catch (const std::exception&) {
+      // Nothing left to tell: the next open marks the record interrupted (its process is gone).
+    }
+  }
+}
+
+// A resumed run's metrics up to its checkpoint (later rows were removed when it was reopened),
+// so the charts and the ETA continue where the run left off.
+void RunHost::preload_history() {
+  for (const std::string& key : ui::RunView::series_keys()) {
+    ui::Series& s = *view_.series(key);
+    for (const storage::MetricPoint& p : prep_.store->metrics(prep_.run_id, key)) {
+      s.push_back({p.step, p.tokens, p.wall_s, p.value});
+    }
+  }
+  // The scaler counters, so the first resumed step is not taken for a back-off.
+  for (const char* key : {"skipped_steps", "loss_scale"}) {
+    auto pts = prep_.store->metrics(prep_.run_id, key);
+    if (!pts.empty()) view_.latest[key] = pts.back().value;
+  }
+  if (!view_.loss.empty()) {
+    view_.step = view_.loss.back().step;
+    view_.tokens = view_.loss.back().tokens;
+    view_.elapsed_s = view_.loss.back().wall_s;
+  }
+  for (const storage::CheckpointRecord& c : prep_.store->checkpoints(prep_.run_id)) {
+    view_.checkpoints.push_back({c.step, c.path, c.bytes});
+  }
+}
+
+void RunHost::start() {
+  trainer::SessionOptions so;
+  so.run_dir = prep_.run_dir;
+  so.resume_from = prep_.resume_from;
+  so.cluster = opts_.cluster;
+  session_ = std::make_unique<trainer::Session>(prep_.cfg, so);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    started_ = true;
+  }
+  session_->start();
+  thread_ = std::thread([this] { forward(); });
+}
+
+void RunHost::forward() {
+  bool got_end = false;
+  while (auto ev = session_->events().pop()) {
+    if (auto* e = std::get_if<trainer::EndedEvent>(&*ev)) {
+      std::lock_guard<std::mutex> lk(mu_);
+      end_ = *e;
+      got_end = true;
+    }
+    handle(*ev);
+  }
+  session_->join();
+  writer_->flush();
+  if (const std::string err = writer_->last_error(); !err.empty()) warn("metrics writer: " + err);
+  trainer::EndedEvent end;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!got_end) {
+      ui::apply_event(view_, end_);  // the default: failed, with why
+    }
+    end = end_;
+  }
+  try {
+    prep_.store->finish_run(prep_.run_id, trainer::status_name(end.status), end.message);
+  } catch (const std::exception& e) {
+    warn(std::string("recording the run's end: ") + e.what());
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ended_ = true;
+  }
+  ended_cv_.notify_all();
+}
+
+void RunHost::handle(const trainer::Event& ev) {
+  const int64_t run_id = prep_.run_id;
+  // The database first (outside the lock: SQLite may wait on another process), then the view.
+  if (auto* m = std::get_if<trainer::MetricsEvent>(&ev)) {
+    std::vector<storage::MetricRow> rows;
+    rows.reserve(m->values.size());
+    for (const auto& [k, v] : m->values) rows.push_back({run_id, {m->step, m->tokens, m->wall_s, k, v}});
+    writer_->push(rows);
+  } else if (auto* c = std::get_if<trainer::CheckpointEvent>(&ev)) {
+    try {
+      prep_.store->add_checkpoint({run_id, c->step, c->path, c->bytes, c->sha256, ""});
+      // The engine prunes old checkpoints from disk; their records go too.
+      for (const auto& rec : prep_.store->checkpoints(run_id)) {
+        if (storage::files::exists(rec.path)) continue;
+        prep_.store->remove_checkpoint(run_id, rec.step);
+        std::lock_guard<std::mutex> lk(mu_);
+        ui::drop_checkpoint(view_, rec.step);
+      }
+      prep_.store->add_event({run_id, c->step, "info", "checkpoint saved: " + c->path, ""});
+    } catch (const std::exception& e) {
+      warn(std::string("recording checkpoint ") + c->path + ": " + e.what());
+    }
+  } else if (auto* l = std::get_if<trainer::LogEvent>(&ev)) {
+    try {
+      prep_.store->add_event({run_id, l->step, l->level, l->text, ""});
+    } catch (const std::exception& e) {
+      warn(std::string("recording an event: ") + e.what());
+    }
+  }
+  std::vector<ui::LogRecord> recs;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    recs = ui::apply_event(view_, ev);
+    if (opts_.keep_records) {
+      for (const auto& r : recs) records_.push_back(r);
+      while (records_.size() > opts_.max_records) {
+        records_.pop_front();
+        ++dropped_records_;
+      }
+    }
+  }
+  // Derived events (skipped steps, scaler back-off) belong in the run's event log too.
+  for (const auto& r : recs) {
+    if (r.kind != "skipped" && r.kind != "backoff") continue;
+    try {
+      prep_.store->add_event({run_id, r.step, r.level, r.text, ""});
+    } catch (const std::exception& e) {
+      warn(std::string("recording an event: ") + e.what());
+    }
+  }
+}
+
+void RunHost::warn(const std::string& what) {
+  std::lock_guard<std::mutex> lk(mu_);
+  warnings_.push_back(what);
+  ui::LogRecord r;
+  r.kind = "log";
+  r.step = view_.step;
+  r.tokens = view_.tokens;
+  r.wall_s = view_.elapsed_s;
+  r.level = "warn";
+  r.text = "database: " + what;
+  if (opts_.keep_records) records_.push_back(r);
+  ui::append_event(view_, std::move(r));
+}
+
+void RunHost::snapshot(ui::RunView& view) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  ui::copy_changes(view_, view);
+}
+
+size_t RunHost::take_records(std::vector<ui::LogRecord>& out) {
+  std::lock_guard<std::mutex> lk(mu_);
+  const size_t n = records_.size();
+  out.insert(out.end(), std::make_move_iterator(records_.begin()), std::make_move_iterator(records_.end()));
+  records_.clear();
+  return n;
+}
+
+int64_t RunHost::dropped_records() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return dropped_records_;
+}
+
+void RunHost::send(trainer::Command c) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!started_ || ended_ || view_.ended()) return;
+    // Stop is final: after it, pause and resume change nothing the user could see.
+    if (stop_sent_) return;
+    switch (c) {
+      case trainer::Command::Pause: view_.status = "paused"; break;
+      case trainer::Command::Resume: view_.status = "running"; break;
+      case trainer::Command::Stop:
+        view_.status = "stopping";
+        stop_sent_ = true;
+        break;
+      case trainer::Command::SaveNow: break;
+    }
+    ++view_.version;
+  }
+  session_->send(c);
+}
+
+bool RunHost::ended() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return ended_;
+}
+
+trainer::EndedEvent RunHost::wait() {
+  std::unique_lock<std::mutex> lk(mu_);
+  ended_cv_.wait(lk, [&] { return ended_ || !started_; });
+  return end_;
+}
+
+std::vector<std::string> RunHost::warnings() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return warnings_;
+}
+
+}  // namespace app
