@@ -1,10 +1,17 @@
-// Cross-entropy + its gradient in place: one block per row. Pass 1 keeps an online (max, Σexp)
-// pair per thread and merges them across the block; pass 2 overwrites the row with the gradient.
-// The row is read twice and written once, in its own dtype; statistics stay fp32.
+// Cross-entropy + its gradient in place: one block per row.
+// - Rows of bf16/fp16 logits up to 65536 wide (every vocabulary we train) stay in registers: one
+//   16-byte load per 8 values, the block's max, then Σexp, then the gradient written from the
+//   registers — the row is read once and written once.
+// - Otherwise (fp32, wider or unaligned rows): pass 1 keeps an online (max, Σexp) pair per thread
+//   and merges them across the block; pass 2 overwrites the row with the gradient (two reads).
+// Statistics stay fp32.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "kernels/cross_entropy.h"
+#include "kernels/elem.cuh"
 
 namespace kernels {
 
@@ -14,6 +21,88 @@ __device__ inline float load(const float* p) { return *p; }
 __device__ inline float load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 __device__ inline void store(float* p, float v) { *p = v; }
 __device__ inline void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16(v); }
+
+constexpr int kRegThreads = 1024;
+constexpr int kMaxRegLoads = 8;  // 16-byte loads per thread: rows up to 1024 · 8 · 8 = 65536 bf16 values
+
+template <typename T, int kLoads>
+__global__ void __launch_bounds__(kRegThreads)
+    ce_grad_regs_kernel(T* logits, int64_t ld, float* loss, const int64_t* targets, int64_t V, float grad_scale) {
+  constexpr int E = 16 / sizeof(T);
+  __shared__ float scratch[32];
+  __shared__ float zt_shared;
+  const int64_t row = blockIdx.x;
+  T* z = logits + row * ld;
+  const int64_t t = targets[row];
+  const int64_t nvec = V / E;
+  if (t < 0) {  // the whole block leaves together: t is the row's
+    Vec<T, E> zero;
+#pragma unroll
+    for (int e = 0; e < E; ++e) zero.set(e, 0.f);
+    for (int64_t i = threadIdx.x; i < nvec; i += blockDim.x) zero.store(z + i * E);
+    if (threadIdx.x == 0) loss[row] = 0.f;
+    return;
+  }
+  Vec<T, E> r[kLoads];
+  float m = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kLoads; ++k) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (i < nvec) {
+      r[k].load(z + i * E);
+#pragma unroll
+      for (int e = 0; e < E; ++e) m = fmaxf(m, r[k].get(e));
+      // The target's logit, kept before the row is overwritten (published by block_max's sync).
+      // Compared element by element: a computed index would move r[] to local memory.
+#pragma unroll
+      for (int e = 0; e < E; ++e)
+        if (i * E + e == t) zt_shared = r[k].get(e);
+    }
+  }
+  m = block_max(m, scratch);
+  float s = 0.f;
+#pragma unroll
+  for (int k = 0; k < kLoads; ++k) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (i < nvec) {
+#pragma unroll
+      for (int e = 0; e < E; ++e) s += __expf(r[k].get(e) - m);
+    }
+  }
+  const float lse = m + logf(block_sum(s, scratch));
+  if (threadIdx.x == 0) loss[row] = lse - zt_shared;
+#pragma unroll
+  for (int k = 0; k < kLoads; ++k) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (i < nvec) {
+      Vec<T, E> g;
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const float p = __expf(r[k].get(e) - lse);
+        g.set(e, (p - (i * E + e == t ? 1.f : 0.f)) * grad_scale);
+      }
+      g.store(z + i * E);
+    }
+  }
+}
+
+// Launches the register kernel when the row fits and is 16-byte aligned; false otherwise.
+template <typename T>
+bool launch_regs(T* logits, int64_t ld, float* loss, const int64_t* targets, int64_t N, int64_t V, float grad_scale,
+                 cudaStream_t st) {
+  constexpr int E = 16 / sizeof(T);
+  const int64_t loads = (V / E + kRegThreads - 1) / kRegThreads;
+  if (V % E != 0 || ld % E != 0 || !aligned_to(16, logits) || loads > kMaxRegLoads) return false;
+  const unsigned grid = static_cast<unsigned>(N);
+  switch (loads) {
+#define DD_CE_CASE(K) \
+  case K: ce_grad_regs_kernel<T, K><<<grid, kRegThreads, 0, st>>>(logits, ld, loss, targets, V, grad_scale); break;
+    DD_CE_CASE(1) DD_CE_CASE(2) DD_CE_CASE(3) DD_CE_CASE(4) DD_CE_CASE(5) DD_CE_CASE(6) DD_CE_CASE(7) DD_CE_CASE(8)
+#undef DD_CE_CASE
+    default: return false;
+  }
+  return true;
+}
 
 // Merges two (max, sum of exp(x - max)) pairs.
 __device__ inline void merge(float& m, float& s, float m2, float s2) {
@@ -90,6 +179,8 @@ int cross_entropy_grad_inplace(void* logits, bool is_bf16, int64_t ld, float* lo
   if (N == 0) return 0;
   const int threads = 512;
   auto st = static_cast<cudaStream_t>(stream);
+  if (is_bf16 && launch_regs(static_cast<__nv_bfloat16*>(logits), ld, loss, targets, N, V, grad_scale, st))
+    return static_cast<int>(cudaGetLastError());
   if (is_bf16) {
     ce_grad_kernel<<<static_cast<unsigned>(N), threads, 0, st>>>(static_cast<__nv_bfloat16*>(logits), ld, loss,
                                                                  targets, V, grad_scale);

@@ -7,6 +7,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "kernels/dtype.h"
 
 namespace kernels {
@@ -24,6 +26,23 @@ __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { retu
 template <>
 __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half(v); }
 
+// V consecutive elements moved as one aligned vector load/store (8 or 16 bytes): the caller
+// guarantees the address is aligned to V * sizeof(T). Values are handed over as fp32.
+template <typename T, int V>
+struct alignas(V * sizeof(T)) Vec {
+  T v[V];
+  __device__ __forceinline__ void load(const T* p) { *this = *reinterpret_cast<const Vec*>(p); }
+  __device__ __forceinline__ void store(T* p) const { *reinterpret_cast<Vec*>(p) = *this; }
+  __device__ __forceinline__ float get(int i) const { return to_f32(v[i]); }
+  __device__ __forceinline__ void set(int i, float x) { v[i] = from_f32<T>(x); }
+};
+
+// Whether every pointer is aligned to `bytes`.
+inline bool aligned_to(int bytes, const void* a, const void* b = nullptr, const void* c = nullptr) {
+  auto ok = [bytes](const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+  return ok(a) && ok(b) && ok(c);
+}
+
 // Sum over the block; every thread gets the result. `scratch` holds 32 floats; blockDim.x is a
 // multiple of 32.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
@@ -35,6 +54,19 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   const int n_warps = (blockDim.x + 31) / 32;
   v = lane < n_warps ? scratch[lane] : 0.f;
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// Max over the block; every thread gets the result. `scratch` holds 32 floats.
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int n_warps = (blockDim.x + 31) / 32;
+  v = lane < n_warps ? scratch[lane] : -INFINITY;
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
   return v;
 }
 

@@ -11,7 +11,9 @@ namespace kernels {
 
 namespace {
 
-constexpr int kMaxBackwardBlocks = 264;  // 2 per SM on an H100
+// Enough rows in flight to hide each row's two block-wide syncs (8 blocks per SM on an H100); the
+// partial dw rows this leaves (≤ 1056 × C fp32) are summed by one small reduction.
+constexpr int kMaxBackwardBlocks = 132 * 8;
 
 template <typename TX, typename TY, typename TB, int kPer>
 __global__ void __launch_bounds__(512) add_norm_forward_kernel(TY* y, TX* h, float* rstd, const TX* x, const TB* b, const float* w,
@@ -109,6 +111,8 @@ bool row_shape(int64_t C, RowShape& s) {
   else if (C <= 256 * 16) s = {256, 16};
   else if (C <= 512 * 16) s = {512, 16};
   else return false;  // wider rows: the ATen reference (1024 threads × 16 would run out of registers)
+  // No idle warps: just enough threads for `per` values each (C = 768 -> 192 threads).
+  s.threads = static_cast<int>(((C + s.per - 1) / s.per + 31) / 32 * 32);
   return true;
 }
 

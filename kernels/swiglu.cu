@@ -1,5 +1,8 @@
-// SwiGLU: a flat grid-stride loop over the N·F outputs (the op is pure bandwidth; 64-bit index
-// math because N·F passes 2^31 at large batch × width).
+// SwiGLU: a flat grid-stride loop over the outputs, V consecutive ones per thread through 16-byte
+// vector loads and stores when the rows allow it (the op is pure bandwidth; 64-bit index math
+// because N·F passes 2^31 at large batch × width).
+#include <type_traits>
+
 #include "kernels/elem.cuh"
 #include "kernels/swiglu.h"
 
@@ -9,46 +12,74 @@ namespace {
 
 __device__ __forceinline__ float sigmoid(float g) { return 1.f / (1.f + __expf(-g)); }
 
-template <typename T>
+template <typename T, int V>
 __global__ void swiglu_forward_kernel(T* h, const T* gu, int64_t N, int64_t F, int64_t ld) {
-  const int64_t total = N * F;
+  const int64_t per_row = F / V, total = N * per_row;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t n = i / F, f = i % F;
-    const float g = to_f32(gu[n * ld + f]), u = to_f32(gu[n * ld + F + f]);
-    h[i] = from_f32<T>(g * sigmoid(g) * u);
+    const int64_t n = i / per_row, f = (i % per_row) * V;
+    Vec<T, V> g, u, o;
+    g.load(gu + n * ld + f);
+    u.load(gu + n * ld + F + f);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float gv = g.get(k);
+      o.set(k, gv * sigmoid(gv) * u.get(k));
+    }
+    o.store(h + n * F + f);
   }
 }
 
-template <typename T>
+template <typename T, int V>
 __global__ void swiglu_backward_kernel(T* dgu, const T* dh, const T* gu, int64_t N, int64_t F, int64_t ld) {
-  const int64_t total = N * F;
+  const int64_t per_row = F / V, total = N * per_row;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t n = i / F, f = i % F;
-    const float g = to_f32(gu[n * ld + f]), u = to_f32(gu[n * ld + F + f]);
-    const float d = to_f32(dh[i]);
-    const float s = sigmoid(g);
-    dgu[n * 2 * F + f] = from_f32<T>(d * u * s * (1.f + g * (1.f - s)));
-    dgu[n * 2 * F + F + f] = from_f32<T>(d * g * s);
+    const int64_t n = i / per_row, f = (i % per_row) * V;
+    Vec<T, V> g, u, d, dg, du;
+    g.load(gu + n * ld + f);
+    u.load(gu + n * ld + F + f);
+    d.load(dh + n * F + f);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float gv = g.get(k), s = sigmoid(gv), dv = d.get(k);
+      dg.set(k, dv * u.get(k) * s * (1.f + gv * (1.f - s)));
+      du.set(k, dv * gv * s);
+    }
+    dg.store(dgu + n * 2 * F + f);
+    du.store(dgu + n * 2 * F + F + f);
   }
 }
 
-unsigned grid_for(int64_t total, int threads) {
-  const int64_t blocks = (total + threads - 1) / threads;
+unsigned grid_for(int64_t work, int threads) {
+  const int64_t blocks = (work + threads - 1) / threads;
   return static_cast<unsigned>(blocks < 132 * 32 ? blocks : 132 * 32);
+}
+
+constexpr int kThreads = 256;
+
+// Calls f(T{}, std::integral_constant<int, V>{}) with 16-byte vectors when F, ld and the pointers
+// allow them, else V = 1.
+template <typename F_>
+void dispatch_vec(DType dt, int64_t F, int64_t ld, const void* a, const void* b, const void* c, F_&& f) {
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = 16 / sizeof(T);
+    if (F % V == 0 && ld % V == 0 && aligned_to(16, a, b, c)) f(tag, std::integral_constant<int, V>{});
+    else f(tag, std::integral_constant<int, 1>{});
+  });
 }
 
 }  // namespace
 
 int swiglu_forward(void* h, const void* gu, DType dt, int64_t N, int64_t F, int64_t ld, void* stream) {
   if (N * F == 0) return 0;
-  constexpr int kThreads = 256;
   auto st = static_cast<cudaStream_t>(stream);
-  dispatch_dtype(dt, [&](auto tag) {
+  dispatch_vec(dt, F, ld, h, gu, nullptr, [&](auto tag, auto vec) {
     using T = decltype(tag);
-    swiglu_forward_kernel<T><<<grid_for(N * F, kThreads), kThreads, 0, st>>>(static_cast<T*>(h),
-                                                                             static_cast<const T*>(gu), N, F, ld);
+    constexpr int V = decltype(vec)::value;
+    swiglu_forward_kernel<T, V><<<grid_for(N * F / V, kThreads), kThreads, 0, st>>>(
+        static_cast<T*>(h), static_cast<const T*>(gu), N, F, ld);
   });
   return static_cast<int>(cudaGetLastError());
 }
@@ -56,11 +87,11 @@ int swiglu_forward(void* h, const void* gu, DType dt, int64_t N, int64_t F, int6
 int swiglu_backward(void* dgu, const void* dh, const void* gu, DType dt, int64_t N, int64_t F, int64_t ld,
                     void* stream) {
   if (N * F == 0) return 0;
-  constexpr int kThreads = 256;
   auto st = static_cast<cudaStream_t>(stream);
-  dispatch_dtype(dt, [&](auto tag) {
+  dispatch_vec(dt, F, ld, dgu, dh, gu, [&](auto tag, auto vec) {
     using T = decltype(tag);
-    swiglu_backward_kernel<T><<<grid_for(N * F, kThreads), kThreads, 0, st>>>(
+    constexpr int V = decltype(vec)::value;
+    swiglu_backward_kernel<T, V><<<grid_for(N * F / V, kThreads), kThreads, 0, st>>>(
         static_cast<T*>(dgu), static_cast<const T*>(dh), static_cast<const T*>(gu), N, F, ld);
   });
   return static_cast<int>(cudaGetLastError());

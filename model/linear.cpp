@@ -6,6 +6,13 @@
 
 #include "model/fp8_linear.h"
 
+#if defined(DD_HAVE_CUDA)
+#include <ATen/cuda/CUDAContext.h>
+
+#include "kernels/gemm_accumulate.h"
+#include "model/kernel_dtype.h"
+#endif
+
 namespace model {
 
 namespace {
@@ -32,6 +39,27 @@ torch::Tensor linear_cat(const torch::Tensor& x, const std::vector<torch::Tensor
   auto w = weights.size() == 1 ? weights[0] : torch::cat(weights, 0);
   if (fp8_active && fp8_linear_fits(x, w)) return fp8_linear(x, w);
   return torch::linear(x, w);
+}
+
+void add_at_b_(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b) {
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2 && a.size(0) == b.size(0) && c.size(0) == a.size(1) &&
+                  c.size(1) == b.size(1),
+              "add_at_b_: c ", c.sizes(), " += aᵀ b with a ", a.sizes(), ", b ", b.sizes());
+#if defined(DD_HAVE_CUDA)
+  kernels::DType dt{};
+  const bool fits = c.is_cuda() && c.scalar_type() == torch::kFloat32 && c.stride(1) == 1 &&
+                    a.scalar_type() == b.scalar_type() && kernel_dtype(a.scalar_type(), dt) &&
+                    dt != kernels::DType::F32 && a.stride(1) == 1 && b.stride(1) == 1 && a.device() == c.device() &&
+                    b.device() == c.device();
+  if (fits) {
+    const int status = kernels::gemm_at_b_accumulate_f32(at::cuda::getCurrentCUDABlasHandle(), c.data_ptr<float>(),
+                                                         c.stride(0), a.data_ptr(), a.stride(0), b.data_ptr(),
+                                                         b.stride(0), dt, a.size(0), a.size(1), b.size(1));
+    TORCH_CHECK(status == 0, "add_at_b_: cublasGemmEx failed (status ", status, ")");
+    return;
+  }
+#endif
+  c.add_(torch::mm(a.t(), b).to(c.scalar_type()));
 }
 
 Fp8Scope::Fp8Scope(bool on) : was_active_(fp8_active) { fp8_active = on; }

@@ -28,6 +28,11 @@ TORCH_MODULE(Linear);
 // matmul instead of several also means one gradient for x, not a sum of several.
 torch::Tensor linear_cat(const torch::Tensor& x, const std::vector<torch::Tensor>& weights);
 
+// c += aᵀ · b for a weight gradient summed over chunks: c [M,N] fp32, a [K,M], b [K,N]. On a GPU
+// with bf16/fp16 a and b, one GEMM accumulates straight into c in fp32 (kernels/gemm_accumulate.h);
+// elsewhere c += (aᵀ b) converted to c's dtype. Throws on a shape mismatch.
+void add_at_b_(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b);
+
 // While alive, this thread's Linear layers multiply in FP8 (train.precision = "fp8") when `on`, or
 // not when !on; restores the previous mode after. Nests.
 class Fp8Scope {

@@ -1,6 +1,7 @@
 #include "model/linear_cross_entropy.h"
 
 #include "model/layers.h"
+#include "model/linear.h"
 
 #include <ATen/autocast_mode.h>
 
@@ -93,8 +94,9 @@ class LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropy
       auto z = torch::mm(hr, wc.t());
       torch::Tensor dz;
       loss_sum += chunk_loss(z, targets.narrow(0, r0, n), o, &dz).sum().to(sdt);
-      dh.narrow(0, r0, n).copy_(torch::mm(dz, wc));
-      dw += torch::mm(dz.t(), hr).to(sdt);
+      auto dh_rows = dh.narrow(0, r0, n);
+      torch::mm_out(dh_rows, dz, wc);
+      add_at_b_(dw, dz, hr);  // dw += dzᵀ hr, accumulated in fp32
     }
     auto count = (targets >= 0).sum().to(sdt).clamp_min(1);
     ctx->save_for_backward({dh, dw, count});

@@ -1,0 +1,21 @@
+// c += aᵀ · b with fp32 c and bf16/fp16 a, b, accumulated in fp32 inside one cuBLAS GEMM (beta = 1).
+// A weight gradient summed over chunks or micro-batches this way never passes through a bf16
+// product that is then cast to fp32 and added (two extra passes over the fp32 matrix per chunk).
+// Host-side call into cuBLAS (no kernel of ours); raw pointers, no torch.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace kernels {
+
+#ifdef DD_HAVE_CUDA
+// a [K, M] and b [K, N] row-major with row strides lda, ldb (elements, ≥ M and ≥ N); c [M, N]
+// row-major fp32 with row stride ldc (≥ N). `cublas_handle` is a cublasHandle_t already bound to
+// the caller's stream. Returns the cublasStatus_t (0 = success).
+int gemm_at_b_accumulate_f32(void* cublas_handle, float* c, int64_t ldc, const void* a, int64_t lda, const void* b,
+                             int64_t ldb, DType ab_dtype, int64_t K, int64_t M, int64_t N);
+#endif
+
+}  // namespace kernels
