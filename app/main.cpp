@@ -35,7 +35,12 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--master-addr", train.cluster.master_addr,
                         "Host of node 0's rendezvous store (default: MASTER_ADDR, Slurm's first node, 127.0.0.1)");
   train_cmd->add_option("--master-port", train.cluster.master_port, "Its port (default: MASTER_PORT or 29500)");
-  train_cmd->add_flag("--no-gui", train.no_gui, "Run headless with plain log lines (the only mode of this build)");
+  train_cmd->add_flag("--no-gui", train.no_gui,
+                      "Run headless: the terminal dashboard when stdout is a terminal, else plain log lines");
+  train_cmd->add_option("--log-format", train.log_format,
+                        "auto (the dashboard on a terminal, else text) | text | json: one line per logged step "
+                        "and per event")
+      ->capture_default_str();
 
   std::string runs_dir = "runs";
   auto* runs_cmd = cli.add_subcommand("runs", "List and inspect recorded runs");

@@ -1,3 +1,5 @@
+// Handlers do only async-signal-safe things: bump sig_atomic_t flags, call the terminal restore
+// hook (write + tcsetattr), reset a disposition and re-raise, write() a message, _exit().
 #include "app/signals.h"
 
 #include <csignal>
@@ -7,26 +9,89 @@ namespace app {
 
 namespace {
 volatile std::sig_atomic_t g_stop_signals = 0;
+volatile std::sig_atomic_t g_resized = 0;
+volatile std::sig_atomic_t g_continued = 0;
+void (*volatile g_restore)() = nullptr;
+
+constexpr int CRASH_SIGNALS[] = {SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL};
+
+void restore_terminal() {
+  if (auto f = g_restore) f();
+}
 
 void on_stop_signal(int sig) {
   g_stop_signals = g_stop_signals + 1;
   if (g_stop_signals >= 2 && sig == SIGINT) {
+    restore_terminal();
     static const char msg[] = "\nsecond interrupt: exiting now; the last complete checkpoint is kept\n";
     ssize_t ignored = write(STDERR_FILENO, msg, sizeof msg - 1);
     (void)ignored;
     _exit(130);
   }
 }
+
+void on_crash(int sig) {
+  restore_terminal();
+  // SA_RESETHAND already restored the default action; raising again ends the process as the crash
+  // would have (status, core dump).
+  std::signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+void on_resize(int) { g_resized = 1; }
+
+void on_suspend(int) {
+  restore_terminal();
+  std::signal(SIGTSTP, SIG_DFL);
+  // Pending until this handler returns, then stops the process with the terminal already sane.
+  raise(SIGTSTP);
+}
+
+void on_continue(int) {
+  g_continued = 1;
+  struct sigaction sa {};
+  sa.sa_handler = on_suspend;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTSTP, &sa, nullptr);
+}
+
+void install(int sig, void (*handler)(int), int flags) {
+  struct sigaction sa {};
+  sa.sa_handler = handler;
+  sa.sa_flags = flags;
+  sigemptyset(&sa.sa_mask);
+  sigaction(sig, &sa, nullptr);
+}
 }  // namespace
 
 void install_stop_signals() {
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+  install(SIGINT, on_stop_signal, 0);
+  install(SIGTERM, on_stop_signal, 0);
 }
 
 int stop_signals_received() { return static_cast<int>(g_stop_signals); }
+
+void set_terminal_restore(void (*restore)()) { g_restore = restore; }
+
+void install_dashboard_signals() {
+  for (int sig : CRASH_SIGNALS) install(sig, on_crash, SA_RESETHAND);
+  // SA_RESTART keeps other threads' blocking calls going through a resize; the dashboard's own
+  // poll() returns early and checks the flag.
+  install(SIGWINCH, on_resize, SA_RESTART);
+  install(SIGTSTP, on_suspend, 0);
+  install(SIGCONT, on_continue, SA_RESTART);
+}
+
+bool take_resized() {
+  if (!g_resized) return false;
+  g_resized = 0;
+  return true;
+}
+
+bool take_continued() {
+  if (!g_continued) return false;
+  g_continued = 0;
+  return true;
+}
 
 }  // namespace app

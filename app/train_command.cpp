@@ -1,6 +1,7 @@
-// `deltadeck train`. The main thread forwards the worker's events: metrics to the storage writer
-// thread (never waited on by the worker), checkpoints and log events straight to the run store,
-// and one plain line per logged step to stdout.
+// `deltadeck train`: the config and the run record (new or resumed) are prepared here; an
+// app::RunHost then runs the engine and forwards its events to the database, and a front end shows
+// them: the terminal dashboard when stdout and stdin are a terminal, plain text or JSON lines
+// otherwise (or as --log-format asks). Nodes other than 0 of a multi-node run log to a file only.
 #include "app/train_command.h"
 
 #include <signal.h>
@@ -15,15 +16,16 @@
 #include <variant>
 
 #include "app/build_info.h"
+#include "app/front_ends.h"
+#include "app/run_host.h"
 #include "app/signals.h"
 #include "storage/file_util.h"
-#include "storage/metrics_writer.h"
 #include "storage/run_store.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
 #include "trainer/device.h"
 #include "trainer/session.h"
-#include "ui/log/log_line.h"
+#include "ui/tui/terminal.h"
 
 namespace app {
 
@@ -34,38 +36,6 @@ void print_errors(const std::string& where, const std::vector<std::string>& erro
             << "; nothing was started:\n";
   for (const auto& e : errors) std::cerr << "  " << e << "\n";
 }
-
-// The resolved config as the `| key | value |` table printed when a run starts.
-void print_config_table(const std::string& toml_text) {
-  std::cout << "| key | value |\n|---|---|\n";
-  std::string section;
-  size_t pos = 0;
-  while (pos < toml_text.size()) {
-    size_t nl = toml_text.find('\n', pos);
-    std::string line = toml_text.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
-    pos = nl == std::string::npos ? toml_text.size() : nl + 1;
-    if (line.empty() || line[0] == '#') continue;
-    if (line[0] == '[') {
-      section = line.substr(1, line.find(']') - 1) + ".";
-      continue;
-    }
-    const auto eq = line.find(" = ");
-    if (eq == std::string::npos) continue;
-    std::cout << "| " << section << line.substr(0, eq) << " | " << line.substr(eq + 3) << " |\n";
-  }
-  std::cout << std::flush;
-}
-
-
-// What the event loop needs, from a new run or a resumed one.
-struct PreparedRun {
-  trainer::RunConfig cfg;
-  std::unique_ptr<storage::RunStore> store;
-  std::string db_path;
-  int64_t run_id = 0;
-  std::string run_dir;
-  std::string resume_from;  // checkpoint directory; empty = fresh start
-};
 
 // The config of a new run: --config (or the demo config), --set, --runs-dir, validated and
 // resolved. Prints the problems and returns 2 when there are any, else 0.
@@ -93,20 +63,8 @@ int load_new_config(const TrainArgs& args, trainer::RunConfig& cfg) {
 int prepare_new_run(const TrainArgs& args, int nnodes, PreparedRun& out) {
   trainer::RunConfig cfg;
   if (int rc = load_new_config(args, cfg); rc != 0) return rc;
-  out.db_path = cfg.run.runs_dir + "/deltadeck.db";
-  out.store = storage::RunStore::open(out.db_path);
-  storage::NewRun nr;
-  nr.name = cfg.name;
-  nr.model = std::string(model::family_name(cfg.model.family)) + "/" + cfg.model.preset;
-  nr.config_toml = trainer::to_toml(cfg);
-  nr.config_json = trainer::to_json(cfg);
-  nr.params = model::count_params(cfg.model);
-  nr.world_size = static_cast<int64_t>(trainer::rank_devices(cfg.run.devices).size()) * nnodes;
-  nr.revision = REVISION;
-  out.run_id = out.store->create_run(nr);
-  out.run_dir = cfg.run.runs_dir + "/" + out.store->run(out.run_id)->name;
-  storage::files::make_dirs(out.run_dir);
-  out.cfg = std::move(cfg);
+  const int64_t world = static_cast<int64_t>(trainer::rank_devices(cfg.run.devices).size()) * nnodes;
+  out = record_new_run(std::move(cfg), world, REVISION);
   return 0;
 }
 
@@ -186,8 +144,9 @@ int prepare_resume(const TrainArgs& args, PreparedRun& out) {
 
 }  // namespace
 
-// Nodes other than 0 of a multi-node run: the same validation and engine, no database; every
-// line goes to stdout and to <runs_dir>/<name>.node<K>.log next to node 0's database.
+// Nodes other than 0 of a multi-node run: the same validation and engine, no database. Only node 0
+// prints (a batch job's output file would interleave every node otherwise): these lines go to
+// <runs_dir>/<name>.node<K>.log next to node 0's database; a failure is also said on stderr.
 int run_worker_node(const TrainArgs& args, const trainer::ClusterSpec& cluster) {
   trainer::RunConfig cfg;
   std::string resume_from;
@@ -211,10 +170,11 @@ int run_worker_node(const TrainArgs& args, const trainer::ClusterSpec& cluster) 
   storage::files::make_dirs(cfg.run.runs_dir);
   const std::string log_path = cfg.run.runs_dir + "/" + cfg.name + ".node" + std::to_string(cluster.node_rank) + ".log";
   std::ofstream log(log_path, std::ios::app);
-  auto say = [&](const std::string& line) {
-    std::cout << line << "\n" << std::flush;
-    log << line << "\n" << std::flush;
-  };
+  if (!log) {
+    std::cerr << "deltadeck: node " << cluster.node_rank << ": cannot write its log " << log_path << "\n";
+    return 1;
+  }
+  auto say = [&](const std::string& line) { log << line << "\n" << std::flush; };
   say("deltadeck " + std::string(VERSION) + " (" + REVISION + "): node " + std::to_string(cluster.node_rank) + " of " +
       std::to_string(cluster.nnodes) + " (" + cluster.source + "), rendezvous " + cluster.master_addr + ":" +
       std::to_string(cluster.master_port) + "; node 0 records the run");
@@ -243,12 +203,19 @@ int run_worker_node(const TrainArgs& args, const trainer::ClusterSpec& cluster) 
     if (auto* e = std::get_if<trainer::EndedEvent>(&*ev)) ended = *e;
   }
   session.join();
-  say(std::string("node ") + std::to_string(cluster.node_rank) + " " + trainer::status_name(ended.status) +
-      " at step " + std::to_string(ended.step) + ": " + ended.message);
+  const std::string last = std::string("node ") + std::to_string(cluster.node_rank) + " " +
+                           trainer::status_name(ended.status) + " at step " + std::to_string(ended.step) + ": " +
+                           ended.message;
+  say(last);
+  if (ended.status == trainer::RunStatus::Failed) std::cerr << "deltadeck: " << last << " (log: " << log_path << ")\n";
   return ended.status == trainer::RunStatus::Failed ? 1 : 0;
 }
 
 int run_train(const TrainArgs& args) {
+  if (args.log_format != "auto" && args.log_format != "text" && args.log_format != "json") {
+    std::cerr << "deltadeck: --log-format: must be auto, text or json (got \"" << args.log_format << "\")\n";
+    return 2;
+  }
   trainer::ClusterSpec cluster;
   try {
     cluster = trainer::resolve_cluster([](const char* k) { return std::getenv(k); }, args.cluster);
@@ -265,79 +232,27 @@ int run_train(const TrainArgs& args) {
     std::cerr << "deltadeck: " << e.what() << "\n";
     return 1;
   }
-  const trainer::RunConfig& cfg = prep.cfg;
-  storage::RunStore* store = prep.store.get();
-  const std::string& db_path = prep.db_path;
-  const int64_t run_id = prep.run_id;
-  const std::string& run_dir = prep.run_dir;
-  const storage::RunSummary rec = *store->run(run_id);
+  const bool dashboard = args.log_format == "auto" && ui::tui::Terminal::usable();
+  const LogFormat format = args.log_format == "json" ? LogFormat::Json : LogFormat::Text;
+  RunHostOptions opts;
+  opts.cluster = cluster;
+  opts.keep_records = !dashboard;
+  RunHost host(std::move(prep), opts);
+  const std::string name = host.run().store->run(host.run().run_id)->name;
 
-  std::cout << "deltadeck " << VERSION << " (" << REVISION << "): run '" << rec.name << "' (id " << run_id << "), "
-            << rec.model << ", " << ui::format_count(static_cast<double>(rec.params)) << " parameters\n"
-            << "database " << db_path << ", checkpoints " << run_dir << "/checkpoints\n";
-  if (!prep.resume_from.empty()) std::cout << "resuming from " << prep.resume_from << "\n";
-  print_config_table(trainer::to_toml(cfg));
-
-  storage::MetricsWriter writer(db_path);
-  trainer::SessionOptions so;
-  so.run_dir = run_dir;
-  so.resume_from = prep.resume_from;
-  so.cluster = cluster;
-  if (cluster.nnodes > 1)
+  // The header stays on the normal screen (and in the scrollback) under the dashboard too.
+  print_run_header(host, format, std::string("deltadeck ") + VERSION + " (" + REVISION + ")");
+  if (cluster.nnodes > 1 && format == LogFormat::Text)
     std::cout << "node 0 of " << cluster.nnodes << " (" << cluster.source << "), serving the rendezvous at "
-              << cluster.master_addr << ":" << cluster.master_port << "\n";
-  trainer::Session session(cfg, so);
+              << cluster.master_addr << ":" << cluster.master_port << "\n" << std::flush;
   install_stop_signals();
-  session.start();
-
-  int signals_seen = 0;
-  trainer::EndedEvent ended{trainer::RunStatus::Failed, 0, "the engine ended without a final event"};
-  bool got_end = false;
-  while (true) {
-    if (stop_signals_received() > signals_seen) {
-      signals_seen = stop_signals_received();
-      if (signals_seen == 1) {
-        std::cout << "stop requested: saving a checkpoint and stopping at the next step boundary\n" << std::flush;
-        session.send(trainer::Command::Stop);
-      }
-    }
-    auto ev = session.events().pop_for(std::chrono::milliseconds(100));
-    if (!ev) {
-      if (session.events().closed()) break;
-      continue;
-    }
-    if (auto* m = std::get_if<trainer::MetricsEvent>(&*ev)) {
-      std::vector<storage::MetricRow> rows;
-      for (const auto& [k, v] : m->values) rows.push_back({run_id, {m->step, m->tokens, m->wall_s, k, v}});
-      writer.push(rows);
-      const std::string line = ui::format_metrics_line(*m, cfg.train.steps);
-      if (!line.empty()) std::cout << line << "\n" << std::flush;
-    } else if (auto* c = std::get_if<trainer::CheckpointEvent>(&*ev)) {
-      store->add_checkpoint({run_id, c->step, c->path, c->bytes, c->sha256, ""});
-      // Checkpoints pruned by the worker disappear from disk; drop their records too.
-      for (const auto& rec_c : store->checkpoints(run_id))
-        if (!storage::files::exists(rec_c.path)) store->remove_checkpoint(run_id, rec_c.step);
-      store->add_event({run_id, c->step, "info", "checkpoint saved: " + c->path, ""});
-      std::cout << "checkpoint step " << c->step << " | " << c->path << " | "
-                << ui::format_count(static_cast<double>(c->bytes)) << "B\n" << std::flush;
-    } else if (auto* l = std::get_if<trainer::LogEvent>(&*ev)) {
-      store->add_event({run_id, l->step, l->level, l->text, ""});
-      (l->level == "error" ? std::cerr : std::cout) << l->level << ": " << l->text << "\n" << std::flush;
-    } else if (auto* s = std::get_if<trainer::StartedEvent>(&*ev)) {
-      std::cout << "started on " << s->device << ": " << s->params << " parameters, vocab " << s->vocab_size << "\n"
-                << std::flush;
-    } else if (auto* e = std::get_if<trainer::EndedEvent>(&*ev)) {
-      ended = *e;
-      got_end = true;
-    }
-  }
-  session.join();
-  writer.flush();
-  if (!got_end) ended.message = "the engine ended without a final event";
-  const std::string status = trainer::status_name(ended.status);
-  store->finish_run(run_id, status, ended.message);
-  if (!writer.last_error().empty()) std::cerr << "warning: metrics writer: " << writer.last_error() << "\n";
-  std::cout << "run '" << rec.name << "' " << status << " at step " << ended.step << ": " << ended.message << "\n";
+  host.start();
+  trainer::EndedEvent ended;
+  if (!dashboard || !run_dashboard(host, ended)) ended = run_plain_log(host, format);
+  for (const std::string& w : host.warnings()) std::cerr << "warning: " << w << "\n";
+  if (format == LogFormat::Text)
+    std::cout << "run '" << name << "' " << trainer::status_name(ended.status) << " at step " << ended.step << ": "
+              << ended.message << "\n";
   return ended.status == trainer::RunStatus::Failed ? 1 : 0;
 }
 

@@ -15,10 +15,11 @@ struct TrainArgs {
   std::string runs_dir;               // --runs-dir; empty: run.runs_dir of the config ("runs" with --resume)
   std::string resume;                 // --resume RUN|latest: continue that run from its newest checkpoint
   bool no_gui = false;
+  std::string log_format = "auto";    // --log-format auto | text | json (auto: the dashboard on a terminal)
   trainer::ClusterOverrides cluster;  // --nnodes --node-rank --master-addr --master-port
 };
 
-// Returns the process exit code: 0 finished or stopped, 1 failed, 2 invalid config.
+// Returns the process exit code: 0 finished or stopped, 1 failed, 2 invalid config or arguments.
 int run_train(const TrainArgs& args);
 
 }  // namespace app

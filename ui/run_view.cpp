@@ -181,6 +181,7 @@ std::vector<LogRecord> apply_event(RunView& v, const trainer::Event& e) {
       }
     }
   } else if (auto* c = std::get_if<trainer::CheckpointEvent>(&e)) {
+    v.step = std::max(v.step, c->step);
     auto it = std::lower_bound(v.checkpoints.begin(), v.checkpoints.end(), c->step,
                                [](const CheckpointView& x, int64_t s) { return x.step < s; });
     if (it != v.checkpoints.end() && it->step == c->step) *it = {c->step, c->path, c->bytes};
@@ -193,6 +194,8 @@ std::vector<LogRecord> apply_event(RunView& v, const trainer::Event& e) {
     out.push_back(r);
     append_event(v, std::move(r));
   } else if (auto* l = std::get_if<trainer::LogEvent>(&e)) {
+    // "paused at step 15" arrives before step 15's metrics (they are read one step late).
+    v.step = std::max(v.step, l->step);
     LogRecord r = record("log", l->step, v.tokens, v.elapsed_s, l->level.empty() ? "info" : l->level, l->text);
     out.push_back(r);
     append_event(v, std::move(r));

@@ -68,6 +68,7 @@ TEST(RunView, EvalCheckpointLogAndEnd) {
 
   recs = ui::apply_event(v, trainer::LogEvent{51, "warn", "loader slow"});
   EXPECT_EQ(recs[0].level, "warn");
+  EXPECT_EQ(v.step, 51);  // the engine's messages carry its step ("paused at step 51")
   recs = ui::apply_event(v, trainer::EndedEvent{trainer::RunStatus::Stopped, 60, "stopped by request"});
   EXPECT_EQ(recs[0].kind, "ended");
   EXPECT_EQ(recs[0].status, "stopped");

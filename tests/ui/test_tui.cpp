@@ -1,0 +1,169 @@
+// The terminal dashboard without a terminal: the screen grid and its diff, braille charts, the
+// layout at a few sizes, and what each key does.
+#include <gtest/gtest.h>
+
+#include "ui/tui/chart.h"
+#include "ui/tui/dashboard.h"
+#include "ui/tui/screen.h"
+
+namespace {
+
+using namespace ui::tui;
+
+bool contains(const Screen& s, const std::string& text) {
+  for (int y = 0; y < s.rows(); ++y)
+    if (s.row_text(y).find(text) != std::string::npos) return true;
+  return false;
+}
+
+int braille_cells(const Screen& s) {
+  int n = 0;
+  for (int y = 0; y < s.rows(); ++y)
+    for (int x = 0; x < s.cols(); ++x) {
+      const std::string& g = s.at(x, y).glyph;
+      // U+2801..U+28FF: E2 A0 81 .. E2 A3 BF
+      n += g.size() == 3 && static_cast<unsigned char>(g[0]) == 0xE2 && (static_cast<unsigned char>(g[1]) & 0xFC) == 0xA0;
+    }
+  return n;
+}
+
+ui::RunView sample_view() {
+  ui::RunView v;
+  v.run_id = 3;
+  v.run_name = "demo";
+  v.model = "gpt/tiny";
+  v.params = 1200000;
+  v.devices = "cpu";
+  v.total_steps = 100;
+  v.status = "running";
+  for (int64_t i = 1; i <= 50; ++i) {
+    ui::apply_event(v, trainer::MetricsEvent{i, i * 2048, i * 0.5,
+                                             {{"loss", 5.0 / (1 + 0.1 * i)}, {"grad_norm", 1.0 / i}, {"lr", 1e-3},
+                                              {"loss_scale", 1}, {"tokens_per_s", 4000 + 10 * i}}});
+  }
+  ui::apply_event(v, trainer::MetricsEvent{50, 50 * 2048, 25, {{"val_loss", 1.9}, {"val_ppl", 6.7}}});
+  ui::apply_event(v, trainer::CheckpointEvent{50, "/runs/demo/checkpoints/step_00000050", 4000000, ""});
+  return v;
+}
+
+TEST(TuiScreen, PutClipsAndDiffSendsOnlyChangedRows) {
+  Screen s(10, 3);
+  EXPECT_EQ(s.put(7, 1, "abcdef"), 10);
+  EXPECT_EQ(s.row_text(1), "       abc");
+  s.put(0, 2, "x\ty", {}, 2);
+  EXPECT_EQ(s.row_text(2), "x         ");  // tab shown as a space, then clipped at 2 columns
+  std::vector<std::string> prev;
+  const std::string first = s.diff(prev);
+  EXPECT_NE(first.find("\x1b[2J"), std::string::npos);  // unknown previous frame: clear first
+  EXPECT_EQ(s.diff(prev), "");                           // nothing changed
+  s.put(0, 0, "hi");
+  const std::string second = s.diff(prev);
+  EXPECT_NE(second.find("\x1b[1;1H"), std::string::npos);
+  EXPECT_EQ(second.find("\x1b[2;1H"), std::string::npos);
+  EXPECT_EQ(split_glyphs("a\xe2\xa3\xbf\xff").size(), 3u);  // ASCII, one braille glyph, one bad byte
+  EXPECT_EQ(split_glyphs("\xff")[0], "?");
+}
+
+TEST(TuiChart, DrawsBrailleWithTheRangeLabelled) {
+  ui::Series rising;
+  for (int64_t i = 0; i <= 100; ++i) rising.push_back({i, 0, 0, static_cast<double>(i)});
+  Screen s(40, 10);
+  draw_chart(s, 0, 0, 40, 10, {"ramp", {{&rising, Color::Cyan, ""}}, false});
+  EXPECT_NE(s.row_text(0).find("ramp  100"), std::string::npos) << s.row_text(0);
+  EXPECT_NE(s.row_text(1).find("100"), std::string::npos);  // max at the top
+  EXPECT_NE(s.row_text(8).find("0"), std::string::npos);    // min at the bottom
+  EXPECT_NE(s.row_text(9).find("step 0"), std::string::npos);
+  EXPECT_GE(braille_cells(s), 32);  // a line across the plot's 32 columns
+  // Rising: the top row's dots are at the right, the bottom row's at the left.
+  const std::string top = s.row_text(1), bottom = s.row_text(8);
+  EXPECT_GT(top.rfind("\xe2"), bottom.rfind("\xe2"));
+
+  Screen empty(40, 10);
+  ui::Series none;
+  draw_chart(empty, 0, 0, 40, 10, {"loss", {{&none, Color::Cyan, ""}}, false});
+  EXPECT_TRUE(contains(empty, "no data yet"));
+  EXPECT_EQ(braille_cells(empty), 0);
+}
+
+TEST(TuiDashboard, LaysOutEverySectionAtCommonSizes) {
+  const ui::RunView v = sample_view();
+  for (auto [w, h] : {std::pair{120, 40}, std::pair{80, 24}, std::pair{60, 18}}) {
+    Screen s(w, h);
+    draw_dashboard(s, v, {});
+    SCOPED_TRACE(std::to_string(w) + "x" + std::to_string(h));
+    EXPECT_TRUE(contains(s, "demo (run 3)"));
+    EXPECT_TRUE(contains(s, "RUNNING"));
+    EXPECT_TRUE(contains(s, "step 50/100"));
+    EXPECT_TRUE(contains(s, "loss"));
+    EXPECT_TRUE(contains(s, "GPUs  no telemetry"));
+    EXPECT_TRUE(contains(s, "checkpoint saved at step 50"));
+    EXPECT_TRUE(contains(s, "save & quit"));
+    EXPECT_GT(braille_cells(s), 20);
+  }
+  Screen wide(120, 40);
+  draw_dashboard(wide, v, {});
+  EXPECT_TRUE(contains(wide, "grad norm"));
+  EXPECT_TRUE(contains(wide, "lr (loss scaling off)"));  // the scale is 1 throughout
+  EXPECT_TRUE(contains(wide, "tokens/s"));
+  EXPECT_TRUE(contains(wide, "val 1.9"));
+
+  Screen tiny(40, 10);
+  draw_dashboard(tiny, v, {});
+  EXPECT_TRUE(contains(tiny, "too small"));
+}
+
+TEST(TuiDashboard, LossScaleChartWhenScalingIsOn) {
+  ui::RunView v = sample_view();
+  ui::apply_event(v, trainer::MetricsEvent{51, 0, 26, {{"loss", 1.0}, {"loss_scale", 32768}}});
+  Screen s(120, 40);
+  draw_dashboard(s, v, {});
+  EXPECT_TRUE(contains(s, "loss scale  33k"));
+  EXPECT_FALSE(contains(s, "loss scaling off"));
+}
+
+TEST(TuiDashboard, GpuTableShowsEachGpu) {
+  ui::RunView v = sample_view();
+  ui::apply_event(v, trainer::MetricsEvent{50, 0, 25, {{"gpu0.util", 97}, {"gpu0.mem_used_gib", 70.5}, {"gpu0.power_w", 650},
+                                                      {"gpu0.temp_c", 61}, {"gpu1.util", 12}}});
+  Screen s(120, 40);
+  draw_dashboard(s, v, {});
+  EXPECT_TRUE(contains(s, "GPU   util"));
+  EXPECT_TRUE(contains(s, "70.5 GiB"));
+  EXPECT_TRUE(contains(s, "650 W"));
+  EXPECT_TRUE(contains(s, "61°C"));
+}
+
+TEST(TuiKeys, PauseSaveQuitAndHelp) {
+  ui::RunView v = sample_view();
+  DashboardState st;
+  EXPECT_EQ(handle_key(st, 'p', v), Action::Pause);
+  v.status = "paused";
+  EXPECT_EQ(handle_key(st, 'p', v), Action::Resume);
+  v.status = "running";
+  EXPECT_EQ(handle_key(st, 's', v), Action::SaveNow);
+
+  EXPECT_EQ(handle_key(st, 'q', v), Action::None);
+  EXPECT_TRUE(st.confirm_quit);
+  Screen s(80, 24);
+  draw_dashboard(s, v, st);
+  EXPECT_TRUE(contains(s, "Save a checkpoint and quit? [y/N]"));
+  EXPECT_EQ(handle_key(st, 'n', v), Action::None);  // anything but y cancels
+  EXPECT_FALSE(st.confirm_quit);
+  EXPECT_EQ(st.message, "quit cancelled");
+  handle_key(st, 'q', v);
+  EXPECT_EQ(handle_key(st, 'y', v), Action::Stop);
+
+  EXPECT_EQ(handle_key(st, '?', v), Action::None);
+  EXPECT_TRUE(st.help);
+  draw_dashboard(s, v, st);
+  EXPECT_TRUE(contains(s, "pause / resume"));
+  EXPECT_EQ(handle_key(st, 'x', v), Action::None);
+  EXPECT_FALSE(st.help);
+
+  v.status = "stopping";
+  EXPECT_EQ(handle_key(st, 'p', v), Action::None);
+  EXPECT_EQ(handle_key(st, 's', v), Action::None);
+  EXPECT_EQ(st.message, "the run is stopping");
+}
+
+}  // namespace
