@@ -8,6 +8,10 @@
 
 #if defined(DD_HAVE_CUDA)
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "kernels/fp8_quant.h"
+#include "model/kernel_dtype.h"
 #endif
 
 namespace model {
@@ -22,32 +26,34 @@ using torch::autograd::tensor_list;
 std::mutex saturation_mutex;
 std::map<std::string, torch::Tensor> saturation_counts;
 
-void count_saturation(const torch::Tensor& amax) {
-  auto bad = amax.isfinite().logical_not().to(torch::kInt64);
+// The device's counter (int64, one element), created on first use.
+torch::Tensor saturation_counter(const torch::Device& device) {
   std::lock_guard<std::mutex> lock(saturation_mutex);
-  auto& count = saturation_counts[amax.device().str()];
-  if (!count.defined()) {
-    count = bad.clone();
-  } else {
-    count.add_(bad);
-  }
+  auto& count = saturation_counts[device.str()];
+  if (!count.defined()) count = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device));
+  return count;
 }
 
-// _scaled_mm wants its second operand column-major: the transpose of a contiguous matrix.
-torch::Tensor column_major(const torch::Tensor& m) { return m.t().contiguous().t(); }
+void count_saturation(const torch::Tensor& amax) {
+  auto count = saturation_counter(amax.device());
+  count.add_(amax.isfinite().logical_not().to(torch::kInt64));
+}
 
 at::ScalarType product_dtype(at::ScalarType wanted) {
   return wanted == at::kFloat || wanted == at::kHalf ? wanted : at::kBFloat16;
 }
 
+// _scaled_mm takes its first operand row-major and its second column-major; each operand's
+// transpose is written by the quantisation itself, so no product needs a transposing copy.
 struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight) {
     auto x2 = x.reshape({-1, x.size(-1)});
-    auto [xq, sx] = quantize_fp8(x2, at::kFloat8_e4m3fn);
-    auto [wq, sw] = quantize_fp8(weight, at::kFloat8_e4m3fn);
+    if (x2.stride(1) != 1) x2 = x2.contiguous();
+    auto xo = quantize_fp8_operand(x2, at::kFloat8_e4m3fn, /*transposed=*/true);
+    auto wo = quantize_fp8_operand(weight, at::kFloat8_e4m3fn, /*transposed=*/true);
     // Forward products accumulate in fast mode as common FP8 recipes do; gradients do not.
-    auto y = at::_scaled_mm(xq, wq.t(), sx, sw, {}, {}, at::kBFloat16, /*use_fast_accum=*/true);
-    ctx->save_for_backward({xq, sx, wq, sw});
+    auto y = at::_scaled_mm(xo.q, wo.q.t(), xo.scale, wo.scale, {}, {}, at::kBFloat16, /*use_fast_accum=*/true);
+    ctx->save_for_backward({xo.qt, xo.scale, wo.qt, wo.scale});
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["x_shape"] = x.sizes().vec();
     auto out_shape = x.sizes().vec();
@@ -57,19 +63,20 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     auto saved = ctx->get_saved_variables();
-    const auto& xq = saved[0];
+    const auto& xqt = saved[0];  // [in, N]
     const auto& sx = saved[1];
-    const auto& wq = saved[2];
+    const auto& wqt = saved[2];  // [in, out]
     const auto& sw = saved[3];
     const auto x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
     const auto x_shape = ctx->saved_data["x_shape"].toIntVector();
     auto g2 = grads[0].reshape({-1, grads[0].size(-1)});
-    auto [gq, sg] = quantize_fp8(g2, at::kFloat8_e5m2);
-    // dX = G W: [N,out] x [out,in].
-    auto dx = at::_scaled_mm(gq, column_major(wq), sg, sw, {}, {}, product_dtype(x_dtype), false);
+    if (g2.stride(1) != 1) g2 = g2.contiguous();
+    auto go = quantize_fp8_operand(g2, at::kFloat8_e5m2, /*transposed=*/true);
+    // dX = G W: [N,out] x [out,in], W column-major as (Wᵀ)ᵀ.
+    auto dx = at::_scaled_mm(go.q, wqt.t(), go.scale, sw, {}, {}, product_dtype(x_dtype), false);
     // dW = Gᵀ X: [out,N] x [N,in], straight into the fp32 master weight's dtype.
-    auto dw = at::_scaled_mm(gq.t().contiguous(), column_major(xq), sg, sx, {}, {}, at::kFloat, false);
-    return {dx.to(x_dtype).view(x_shape), dw};
+    auto dw = at::_scaled_mm(go.qt, xqt.t(), go.scale, sx, {}, {}, at::kFloat, false);
+    return {dx.scalar_type() == x_dtype ? dx.view(x_shape) : dx.to(x_dtype).view(x_shape), dw};
   }
 };
 
@@ -93,6 +100,34 @@ std::pair<torch::Tensor, torch::Tensor> quantize_fp8(const torch::Tensor& x, at:
   auto scale = torch::where(amax > 0, amax / fmax, torch::ones_like(amax));
   auto q = (x.detach().to(torch::kFloat) / scale).clamp_(-fmax, fmax).to(fp8_type);
   return {q, scale};
+}
+
+Fp8Operand quantize_fp8_operand(const torch::Tensor& x, at::ScalarType fp8_type, bool transposed) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "quantize_fp8_operand: expected a 2-D tensor with unit column stride, got ",
+              x.sizes(), " strides ", x.strides());
+#if defined(DD_HAVE_CUDA)
+  kernels::DType dt{};
+  if (x.is_cuda() && kernel_dtype(x.scalar_type(), dt)) {
+    const int64_t rows = x.size(0), cols = x.size(1);
+    auto opts = x.options().dtype(fp8_type);
+    Fp8Operand o;
+    o.q = torch::empty({rows, cols}, opts);
+    if (transposed) o.qt = torch::empty({cols, rows}, opts);
+    auto f32 = x.options().dtype(torch::kFloat);
+    o.scale = torch::empty({}, f32);
+    auto amax = torch::empty({}, f32);
+    auto counter = saturation_counter(x.device());
+    check_kernel_launch(
+        kernels::fp8_quantize(o.q.data_ptr(), transposed ? o.qt.data_ptr() : nullptr, o.scale.data_ptr<float>(),
+                              amax.data_ptr<float>(), reinterpret_cast<unsigned long long*>(counter.data_ptr<int64_t>()),
+                              x.data_ptr(), dt, rows, cols, x.stride(0), fp8_type == at::kFloat8_e5m2,
+                              c10::cuda::getCurrentCUDAStream(x.device().index()).stream()),
+        "fp8 quantisation");
+    return o;
+  }
+#endif
+  auto [q, scale] = quantize_fp8(x, fp8_type);
+  return {q, transposed ? q.t().contiguous() : torch::Tensor(), scale};
 }
 
 bool fp8_linear_fits(const torch::Tensor& x, const torch::Tensor& weight) {

@@ -20,6 +20,16 @@ bool fp8_supported(const torch::Device& device);
 // fp32 tensor on x's device).
 std::pair<torch::Tensor, torch::Tensor> quantize_fp8(const torch::Tensor& x, at::ScalarType fp8_type);
 
+// An operand of the fp8 products: q [rows, cols] and, when asked for, its transpose qt [cols, rows]
+// (both contiguous float8), with the per-tensor scale (0-dim fp32).
+struct Fp8Operand {
+  torch::Tensor q, qt, scale;
+};
+// quantize_fp8 of a 2-D x with unit column stride, plus its transpose when `transposed`. On a GPU
+// through the fused kernels of kernels/fp8_quant.h (same bits as quantize_fp8), else quantize_fp8
+// and a transposing copy.
+Fp8Operand quantize_fp8_operand(const torch::Tensor& x, at::ScalarType fp8_type, bool transposed);
+
 // y = x Wᵀ with both operands in e4m3; backward quantises the incoming gradient to e5m2.
 // x [..., in] (any float dtype), weight [out, in] fp32; in, out and the token count must be
 // multiples of 16 (fp8_linear_fits). Returns bf16 [..., out]. CUDA only.

@@ -7,9 +7,11 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <limits>
 #include <string>
 
 #include "model/decoder_lm.h"
+#include "model/fp8_linear.h"
 #include "model/fused_rmsnorm.h"
 #include "model/fused_rope.h"
 #include "model/fused_swiglu.h"
@@ -252,4 +254,45 @@ TEST(FusedOpsCuda, GemmAccumulateMatchesFp64) {
       if (sh.K == 1334) std::printf("[measured] fp32-accumulating GEMM %s vs fp64: %.3g\n", what.c_str(), e);
     }
   }
+}
+
+// FP8 quantisation kernels (kernels/fp8_quant.h) against the ATen reference: the same bits for q,
+// the exact transpose, the same scale; a non-finite amax is counted once per quantisation.
+TEST(FusedOpsCuda, Fp8QuantizeMatchesReferenceBitForBit) {
+  DD_REQUIRE_GPU();
+  if (!model::fp8_supported(torch::Device(torch::kCUDA, 0))) GTEST_SKIP() << "no fp8 on this GPU";
+  seed_from_gtest(75);
+  struct Shape {
+    int64_t rows, cols;
+  };
+  for (const auto dtype : {torch::kBFloat16, torch::kFloat32}) {
+    for (const auto fp8 : {at::kFloat8_e4m3fn, at::kFloat8_e5m2}) {
+      for (const Shape sh : {Shape{1000, 768}, Shape{37, 4097}, Shape{16, 16}, Shape{130, 65}}) {
+        const std::string what = std::string(name_of(dtype)) + (fp8 == at::kFloat8_e5m2 ? " e5m2" : " e4m3") +
+                                 " " + std::to_string(sh.rows) + "x" + std::to_string(sh.cols);
+        // Rows with a stride wider than the row, values over several orders of magnitude.
+        auto x = (torch::randn({sh.rows, sh.cols + 5}, torch::kCUDA) * torch::exp(torch::randn({sh.rows, sh.cols + 5},
+                                                                                              torch::kCUDA) * 2))
+                     .narrow(1, 2, sh.cols)
+                     .to(dtype);
+        auto got = model::quantize_fp8_operand(x, fp8, /*transposed=*/true);
+        auto [q_ref, s_ref] = model::quantize_fp8(x, fp8);
+        EXPECT_EQ(got.scale.item<float>(), s_ref.item<float>()) << what;
+        EXPECT_TRUE(torch::equal(got.q.view(torch::kUInt8), q_ref.view(torch::kUInt8))) << what << " q";
+        EXPECT_TRUE(torch::equal(got.qt.view(torch::kUInt8), q_ref.t().contiguous().view(torch::kUInt8)))
+            << what << " qt";
+      }
+    }
+  }
+  const torch::Device dev(torch::kCUDA, 0);
+  model::take_fp8_saturations(dev);
+  auto x = torch::randn({64, 64}, torch::kCUDA).to(torch::kBFloat16);
+  x[3][7] = std::numeric_limits<float>::infinity();
+  model::quantize_fp8_operand(x, at::kFloat8_e4m3fn, false);
+  x[3][7] = std::numeric_limits<float>::quiet_NaN();
+  model::quantize_fp8_operand(x, at::kFloat8_e4m3fn, false);
+  EXPECT_EQ(model::take_fp8_saturations(dev), 2);
+  x[3][7] = 1.0;
+  model::quantize_fp8_operand(x, at::kFloat8_e4m3fn, false);
+  EXPECT_EQ(model::take_fp8_saturations(dev), 0);
 }
