@@ -42,16 +42,38 @@ int main(int argc, char** argv) {
                         "and per event")
       ->capture_default_str();
 
-  std::string runs_dir = "runs";
-  auto* runs_cmd = cli.add_subcommand("runs", "List and inspect recorded runs");
+  app::RunsArgs runs;
+  auto* runs_cmd = cli.add_subcommand("runs", "List, inspect, compare, export, tag, annotate, rename and delete recorded runs");
   runs_cmd->require_subcommand(1);
-  runs_cmd->add_option("--runs-dir", runs_dir, "Folder of the run database")->capture_default_str();
-  auto* list_cmd = runs_cmd->add_subcommand("list", "List every run with its status and latest validation loss");
-  list_cmd->fallthrough();
-  std::string show_run;
-  auto* show_cmd = runs_cmd->add_subcommand("show", "Show one run: status, metrics summary, checkpoints, events, config");
-  show_cmd->fallthrough();
-  show_cmd->add_option("run", show_run, "Run id, name or unique name prefix")->required();
+  runs_cmd->add_option("--runs-dir", runs.runs_dir, "Folder of the run database")->capture_default_str();
+  const char* run_help = "Run id, name or unique name prefix";
+  auto* list_cmd = runs_cmd->add_subcommand("list", "List runs: id, name, status, model, step, latest validation loss, tags");
+  list_cmd->add_option("--status", runs.status, "Only runs with this status: running | finished | stopped | failed | interrupted");
+  list_cmd->add_option("--tag", runs.tag, "Only runs with this tag");
+  auto* show_cmd = runs_cmd->add_subcommand("show", "Show one run: record, final and best metrics, checkpoints, events, config");
+  show_cmd->add_option("run", runs.run, run_help)->required();
+  auto* compare_cmd = runs_cmd->add_subcommand("compare", "Runs side by side: metrics summary and the config keys that differ");
+  compare_cmd->add_option("runs", runs.runs, "Two or more runs (id, name or unique name prefix)")->required();
+  auto* rexport_cmd = runs_cmd->add_subcommand("export", "Write a run's metrics (csv) or everything recorded about it (json)");
+  rexport_cmd->add_option("run", runs.run, run_help)->required();
+  rexport_cmd->add_option("--format", runs.format, "csv (step,tokens,wall_s,key,value) | json")->capture_default_str();
+  rexport_cmd->add_option("-o,--out", runs.out, "File to write; - = stdout")->capture_default_str();
+  auto* tag_cmd = runs_cmd->add_subcommand("tag", "Add tags to a run (or remove them with --remove)");
+  tag_cmd->add_option("run", runs.run, run_help)->required();
+  tag_cmd->add_option("tags", runs.tags, "Tags: no whitespace or ','")->required();
+  tag_cmd->add_flag("--remove", runs.remove, "Remove the tags instead");
+  auto* note_cmd = runs_cmd->add_subcommand("note", "Set a run's note (\"\" clears it)");
+  note_cmd->add_option("run", runs.run, run_help)->required();
+  note_cmd->add_option("text", runs.text, "The note")->required();
+  auto* rename_cmd = runs_cmd->add_subcommand("rename", "Rename a run; its checkpoint folder moves along");
+  rename_cmd->add_option("run", runs.run, run_help)->required();
+  rename_cmd->add_option("name", runs.text, "The new, unused name")->required();
+  auto* delete_cmd = runs_cmd->add_subcommand("delete", "Delete runs with their metrics, events and checkpoint files");
+  delete_cmd->add_option("runs", runs.runs, "Runs to delete (id, name or unique name prefix)")->required();
+  delete_cmd->add_flag("-y,--yes", runs.yes, "Do not ask for each run");
+  for (auto* sub : {list_cmd, show_cmd, compare_cmd, rexport_cmd, tag_cmd, note_cmd, rename_cmd, delete_cmd}) {
+    sub->fallthrough();  // `runs show demo --runs-dir d` as well as `runs --runs-dir d show demo`
+  }
 
   app::ModelInfoArgs info;
   auto* model_cmd = cli.add_subcommand("model", "Inspect model presets");
@@ -144,8 +166,14 @@ int main(int argc, char** argv) {
   }
   try {
     if (*train_cmd) return app::run_train(train);
-    if (*list_cmd) return app::runs_list(runs_dir);
-    if (*show_cmd) return app::runs_show(runs_dir, show_run);
+    if (*list_cmd) return app::runs_list(runs);
+    if (*show_cmd) return app::runs_show(runs);
+    if (*compare_cmd) return app::runs_compare(runs);
+    if (*rexport_cmd) return app::runs_export(runs);
+    if (*tag_cmd) return app::runs_tag(runs);
+    if (*note_cmd) return app::runs_note(runs);
+    if (*rename_cmd) return app::runs_rename(runs);
+    if (*delete_cmd) return app::runs_delete(runs);
     if (*info_cmd) return app::model_info(info);
     if (*sample_cmd) return app::run_sample(sample);
     if (*bench_model_cmd) return app::bench_model(bench);
