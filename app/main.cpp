@@ -12,6 +12,9 @@
 #include "app/sample_command.h"
 #include "app/tokenizer_command.h"
 #include "app/train_command.h"
+#ifdef DD_HAVE_GUI
+#include "app/gui_command.h"
+#endif
 
 int main(int argc, char** argv) {
   CLI::App cli{"deltadeck: train decoder language models (Gated DeltaNet + MLA hybrid, GPT) and watch them train"};
@@ -159,12 +162,23 @@ int main(int argc, char** argv) {
   export_cmd->add_flag("--ema", export_args.ema, "Export the EMA weights instead of the live ones");
   export_cmd->add_option("--runs-dir", export_args.runs_dir, "Folder of the run database")->capture_default_str();
 
+#ifdef DD_HAVE_GUI
+  app::GuiArgs gui;
+  auto* gui_cmd = app::add_gui_command(cli, gui);
+#endif
+
   try {
     cli.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return cli.exit(e) == 0 ? 0 : 2;
   }
   try {
+#ifdef DD_HAVE_GUI
+    // The desktop app: `gui`, `train` given a display (unless --no-gui), or no arguments at all.
+    if (*gui_cmd) return app::run_gui(gui);
+    if (*train_cmd && app::gui_takes_train(train)) return app::run_gui_train(train);
+    if (argc == 1 && app::display_available()) return app::run_gui(gui);
+#endif
     if (*train_cmd) return app::run_train(train);
     if (*list_cmd) return app::runs_list(runs);
     if (*show_cmd) return app::runs_show(runs);
@@ -186,7 +200,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cout << cli.help();
-  std::cout << "\nThe desktop app arrives in a later version; start a headless run with:\n"
+#ifdef DD_HAVE_GUI
+  std::cout << "\nNo display here (DISPLAY and WAYLAND_DISPLAY are unset), so no desktop app. Run headless with:\n"
+               "  deltadeck train --no-gui          (the terminal dashboard, or plain log lines when piped)\n"
+               "  deltadeck runs list               (past runs)\n";
+#else
+  std::cout << "\nThis build has no desktop app (built with -DDELTADECK_GUI=OFF). Run headless with:\n"
                "  deltadeck train --no-gui\n";
+#endif
   return 0;
 }

@@ -1,0 +1,348 @@
+#include "app/gui_script.h"
+
+#include <sys/resource.h>
+
+#include <imgui.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <thread>
+
+namespace app {
+
+namespace {
+
+double cpu_seconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
+
+std::vector<std::string> words(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<std::string> out;
+  std::string w;
+  while (in >> w) out.push_back(w);
+  return out;
+}
+
+// A live run that never trains: n points in every series the dashboard plots, with spikes,
+// loss-scaler back-offs and two GPUs of telemetry, for the frame-time benchmark.
+void make_synthetic_run(ui::GuiState& s, int64_t n) {
+  ui::LiveRun& live = s.live;
+  live = ui::LiveRun{};
+  live.active = true;
+  ui::RunView& v = live.view;
+  v.run_name = "synthetic";
+  v.model = "gpt/base";
+  v.params = 124000000;
+  v.device = "2 GPUs (synthetic)";
+  v.status = "running";
+  v.total_steps = n;
+  v.step = n;
+  v.tokens = n * 524288;
+  v.elapsed_s = static_cast<double>(n) * 0.25;
+  v.eta_s = 0;
+  std::mt19937 rng(1);
+  std::normal_distribution<double> noise(0, 1);
+  ui::RunHistory& h = live.history;
+  double scale = 65536;
+  for (int64_t i = 1; i <= n; ++i) {
+    const double t = static_cast<double>(i) / static_cast<double>(n);
+    const int64_t tokens = i * 524288;
+    const double wall = static_cast<double>(i) * 0.25;
+    double loss = 2.8 + 8.0 * std::exp(-t * 40) + 0.05 * noise(rng);
+    if (i % 99991 == 0) loss += 4;  // rare spikes: each must stay visible
+    h.append(i, tokens, wall, "loss", loss);
+    h.append(i, tokens, wall, "grad_norm", 0.3 + 0.1 * std::fabs(noise(rng)) + (i % 77777 == 0 ? 30 : 0));
+    if (i % 5003 == 0) scale /= 2;
+    if (i % 20011 == 0) scale *= 4;
+    h.append(i, tokens, wall, "loss_scale", std::min(scale, 1e9));
+    h.append(i, tokens, wall, "lr", 6e-4 * 0.5 * (1 + std::cos(M_PI * t)));
+    h.append(i, tokens, wall, "tokens_per_s", 2.1e6 + 4e4 * noise(rng));
+    h.append(i, tokens, wall, "mfu", 0.52 + 0.01 * noise(rng));
+    h.append(i, tokens, wall, "skipped_steps", static_cast<double>(i / 5003));
+    for (int g = 0; g < 2; ++g) {
+      const std::string p = "gpu" + std::to_string(g);
+      h.append(i, tokens, wall, p + ".util", 97 + 2 * noise(rng));
+      h.append(i, tokens, wall, p + ".mem_used_gib", 61 + g + 0.2 * noise(rng));
+      h.append(i, tokens, wall, p + ".power_w", 640 + 20 * noise(rng));
+      h.append(i, tokens, wall, p + ".temp_c", 71 + g * 3 + noise(rng));
+    }
+    if (i % 100 == 0) h.append(i, tokens, wall, "val_loss", loss + 0.05);
+  }
+  for (int64_t c = n / 5; c <= n; c += n / 5) v.checkpoints.push_back({c, "synthetic", 1500000000});
+  s.tab = ui::Tab::Live;
+  s.select_tab = true;
+  s.dashboard.smoothing = 0.6;
+}
+
+}  // namespace
+
+GuiScript::GuiScript(const std::string& path, const std::string& text) {
+  std::string body = text;
+  if (body.empty() && !path.empty()) {
+    std::ifstream in(path);
+    if (!in) {
+      fail("cannot read the script " + path);
+      return;
+    }
+    std::stringstream ss;
+    ss << in.rdbuf();
+    body = ss.str();
+  }
+  std::istringstream in(body);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    if (line.find_first_not_of(" \t\r") != std::string::npos) lines_.push_back(line);
+  }
+  done_ = lines_.empty();
+}
+
+void GuiScript::fail(const std::string& why) {
+  failed_ = true;
+  done_ = true;
+  error_ = why;
+  std::fprintf(stderr, "gui script: FAILED: %s\n", why.c_str());
+}
+
+bool GuiScript::wants_frame() const {
+  return frames_left_ > 0 || !screenshot_.empty() || bench_left_ > 0 || stall_ms_ > 0;
+}
+
+bool write_plot_areas(const std::string& path, const ui::GuiState& s, float scale, int image_h) {
+  const std::map<std::string, ui::PlotState>* plots = s.tab == ui::Tab::Live      ? &s.dashboard.plots
+                                                      : s.tab == ui::Tab::Compare ? &s.compare.plots
+                                                                                  : nullptr;
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) return false;
+  if (plots)
+    for (const auto& [title, st] : *plots) {
+      if (st.drawn_frame != ImGui::GetFrameCount()) continue;
+      const int x0 = static_cast<int>(st.area_min.x * scale), y0 = static_cast<int>(st.area_min.y * scale);
+      const int x1 = static_cast<int>(st.area_max.x * scale), y1 = static_cast<int>(st.area_max.y * scale);
+      // Below the view (scrolled away under the status bar): not all of it is on the image.
+      if (y1 > image_h - static_cast<int>(50 * scale) || y0 < 0) continue;
+      std::string name = title;
+      std::replace(name.begin(), name.end(), ' ', '_');
+      std::fprintf(f, "%s %d %d %d %d", name.c_str(), x0, y0, x1, y1);
+      for (ImU32 c : st.colors)
+        std::fprintf(f, " %02X%02X%02X", (c >> IM_COL32_R_SHIFT) & 0xFF, (c >> IM_COL32_G_SHIFT) & 0xFF,
+                     (c >> IM_COL32_B_SHIFT) & 0xFF);
+      std::fprintf(f, "\n");
+    }
+  return std::fclose(f) == 0;
+}
+
+void GuiScript::tick(GuiController& ctl, double now) {
+  if (stall_report_ && stall_ms_ == 0) {
+    // The frame that slept has ended and update() has taken a fresh snapshot.
+    const auto& v = ctl.state().live.view;
+    std::printf("gui stall: frame loop slept %.1f s; training went from step %lld to %lld meanwhile\n",
+                now - stall_started_, static_cast<long long>(stall_step_before_), static_cast<long long>(v.step));
+    std::fflush(stdout);
+    stall_report_ = false;
+  }
+  if (idle_until_ > 0) {
+    if (now < idle_until_) return;
+    const double wall = now - idle_start_;
+    const double cpu = cpu_seconds() - idle_cpu_start_;
+    std::printf("gui bench idle: %.1f s, CPU %.2f%% of a core, %llu frames drawn (%.2f per second)\n", wall,
+                100.0 * cpu / wall, static_cast<unsigned long long>(frames_total_ - idle_frames_start_),
+                static_cast<double>(frames_total_ - idle_frames_start_) / wall);
+    std::fflush(stdout);
+    idle_until_ = 0;
+  }
+  if (frames_left_ > 0 || bench_left_ > 0 || !screenshot_.empty() || stall_ms_ > 0) return;
+  while (!done_ && step_command(ctl, now)) {
+  }
+}
+
+void GuiScript::in_frame() {
+  if (stall_ms_ <= 0) return;
+  std::this_thread::sleep_for(std::chrono::milliseconds(stall_ms_));
+  stall_ms_ = 0;
+}
+
+// Runs the current command; true when it finished and the next may run in this same tick.
+bool GuiScript::step_command(GuiController& ctl, double now) {
+  if (pc_ >= lines_.size()) {
+    done_ = true;
+    return false;
+  }
+  const std::string& line = lines_[pc_];
+  const auto w = words(line);
+  const std::string& cmd = w[0];
+  ui::GuiState& s = ctl.state();
+  auto arg = [&](size_t i, double def) { return w.size() > i ? std::stod(w[i]) : def; };
+  auto wait = [&](bool ok, double timeout_s) {
+    if (ok) {
+      wait_deadline_ = -1;
+      ++pc_;
+      return true;
+    }
+    if (wait_deadline_ < 0) wait_deadline_ = now + timeout_s;
+    if (now > wait_deadline_) fail("timed out after " + std::to_string(timeout_s) + " s: " + line);
+    return false;
+  };
+
+  if (cmd == "start") {
+    s.actions.push_back(ui::act::StartRun{});
+    ctl.handle_actions();
+    if (!s.live.active) {
+      std::string why = s.status;
+      for (const auto& e : s.launcher.errors) why += "; " + e;
+      for (const auto& e : s.launcher.start_errors) why += "; " + e;
+      fail("start: " + why);
+      return false;
+    }
+  } else if (cmd == "wait_step") {
+    return wait(s.live.active && s.live.view.step >= static_cast<int64_t>(arg(1, 1)), arg(2, 120));
+  } else if (cmd == "wait_end") {
+    return wait(s.live.active && s.live.view.ended() && !ctl.run_active(), arg(1, 120));
+  } else if (cmd == "wait_rows") {
+    bool settled = s.rows_loaded && s.rows.size() >= static_cast<size_t>(arg(1, 1)) && ctl.pending_tasks() == 0;
+    for (const auto& [id, lr] : s.loaded) settled &= lr.loaded_once;
+    return wait(settled, arg(2, 60));
+  } else if (cmd == "tab") {
+    const std::string t = w.size() > 1 ? w[1] : "";
+    s.tab = t == "live" ? ui::Tab::Live : t == "runs" ? ui::Tab::Runs : t == "compare" ? ui::Tab::Compare : ui::Tab::Launch;
+    s.select_tab = true;
+    frames_left_ = 2;  // the tab bar switches on the next frame
+  } else if (cmd == "compare") {
+    s.compare.runs.clear();
+    for (const auto& r : s.rows) {
+      s.compare.runs.push_back(r.id);
+      s.actions.push_back(ui::act::OpenRun{r.id});
+    }
+    ctl.handle_actions();
+  } else if (cmd == "focus") {
+    int64_t id = 0;
+    for (const auto& r : s.rows) id = std::max(id, r.id);
+    s.runs.focused = id;
+    s.runs.selected = {id};
+    s.actions.push_back(ui::act::OpenRun{id});
+    ctl.handle_actions();
+  } else if (cmd == "frames") {
+    frames_left_ = static_cast<int>(arg(1, 1));
+  } else if (cmd == "stall") {
+    stall_ms_ = static_cast<int>(arg(1, 2000));
+    stall_report_ = true;
+    stall_step_before_ = s.live.view.step;
+    stall_started_ = now;
+    ++pc_;
+    return false;
+  } else if (cmd == "command") {
+    const std::string c = w.size() > 1 ? w[1] : "";
+    const trainer::Command command = c == "pause" ? trainer::Command::Pause
+                                     : c == "resume" ? trainer::Command::Resume
+                                     : c == "save" ? trainer::Command::SaveNow
+                                                   : trainer::Command::Stop;
+    s.actions.push_back(ui::act::SendCommand{command});
+    ctl.handle_actions();
+  } else if (cmd == "screenshot") {
+    screenshot_ = w.size() > 1 ? w[1] : "screenshot.png";
+    frames_left_ = 1;  // one frame to lay out, the screenshot on the next
+    ++pc_;
+    return false;
+  } else if (cmd == "stats") {
+    std::printf("gui stats: %llu frames, live snapshots taken %llu, skipped %llu\n",
+                static_cast<unsigned long long>(frames_total_),
+                static_cast<unsigned long long>(s.live.snapshots_taken),
+                static_cast<unsigned long long>(s.live.snapshots_skipped));
+    std::fflush(stdout);
+  } else if (cmd == "synthetic") {
+    const auto t0 = std::chrono::steady_clock::now();
+    make_synthetic_run(s, static_cast<int64_t>(arg(1, 1000000)));
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("gui bench: synthetic run of %zu points in %zu series built in %.1f s\n", s.live.history.points(),
+                s.live.history.series().size(), dt);
+    std::fflush(stdout);
+    frames_left_ = 3;
+  } else if (cmd == "bench_frames") {
+    bench_left_ = static_cast<int>(arg(1, 300));
+    bench_pan_ = w.size() > 2 && w[2] == "pan";
+    frame_times_.clear();
+    if (bench_pan_) {
+      s.dashboard.x.auto_fit = false;
+      s.dashboard.x.x0 = 0;
+      s.dashboard.x.x1 = static_cast<double>(s.live.view.total_steps);
+    }
+    ++pc_;
+    return false;
+  } else if (cmd == "bench_idle") {
+    idle_start_ = now;
+    idle_until_ = now + arg(1, 10);
+    idle_cpu_start_ = cpu_seconds();
+    idle_frames_start_ = frames_total_;
+    ++pc_;
+    return false;
+  } else if (cmd == "close") {
+    if (ctl.run_active()) s.close_requested = true;
+    else s.quit = true;
+    frames_left_ = 2;
+  } else if (cmd == "print") {
+    std::printf("%s\n", line.substr(line.find("print") + 6).c_str());
+    std::fflush(stdout);
+  } else if (cmd == "quit") {
+    done_ = true;
+    return false;
+  } else {
+    fail("unknown command: " + line);
+    return false;
+  }
+  ++pc_;
+  return frames_left_ == 0;
+}
+
+bool GuiScript::mouse_override(float& x, float& y) const {
+  if (bench_left_ <= 0) return false;
+  // Across the top-left plot of the dashboard, one pixel per frame.
+  x = 120.0f + static_cast<float>(frame_times_.size() % 500);
+  y = 220.0f;
+  return true;
+}
+
+std::string GuiScript::take_screenshot_request() {
+  if (screenshot_.empty() || frames_left_ > 0) return "";
+  std::string s;
+  s.swap(screenshot_);
+  return s;
+}
+
+void GuiScript::after_frame(ui::GuiState& s, double frame_s, uint64_t frames_total) {
+  frames_total_ = frames_total;
+  if (frames_left_ > 0) --frames_left_;
+  if (bench_left_ <= 0) return;
+  frame_times_.push_back(frame_s);
+  if (bench_pan_) {
+    // Move the view by 0.2% of its span: every series is reduced again in every frame.
+    auto& x = s.dashboard.x;
+    const double d = (x.x1 - x.x0) * 0.002;
+    x.x0 += d;
+    x.x1 += d;
+  }
+  if (--bench_left_ > 0) return;
+  std::vector<double> t = frame_times_;
+  std::sort(t.begin(), t.end());
+  double sum = 0;
+  for (double v : t) sum += v;
+  const double mean = sum / static_cast<double>(t.size());
+  std::printf("gui bench frames (%s, %zu series, %zu points): %zu frames, frame time mean %.2f ms, median %.2f ms, "
+              "p95 %.2f ms, max %.2f ms -> %.0f frames/s\n",
+              bench_pan_ ? "panning: every series reduced each frame" : "static view, cursor moving",
+              s.live.history.series().size(), s.live.history.points(), t.size(), mean * 1e3, t[t.size() / 2] * 1e3,
+              t[static_cast<size_t>(static_cast<double>(t.size()) * 0.95)] * 1e3, t.back() * 1e3, 1.0 / mean);
+  std::fflush(stdout);
+}
+
+}  // namespace app

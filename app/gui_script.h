@@ -1,0 +1,91 @@
+// The test-script driver of the desktop app: lines of commands, executed between frames, that
+// start runs, wait for steps, switch views, stall a frame, take screenshots and measure. Used by the
+// GUI end-to-end test under Xvfb and by the benchmark (--gui-bench runs a built-in script).
+//
+//   start                         press the launcher's Start (the draft from --config/--set)
+//   wait_step N [TIMEOUT_S]       until the live run has logged step >= N
+//   wait_end [TIMEOUT_S]          until the live run has ended and its end is recorded
+//   wait_rows N [TIMEOUT_S]       until the runs browser lists >= N runs and their reads settled
+//   tab launch|live|runs|compare  switch the view
+//   compare all                   put every run into Compare (and read their metrics)
+//   focus latest                  show the newest run's details in Runs
+//   frames N                      draw N frames
+//   stall MS                      sleep MS inside the next frame (the frame loop stops; training must not)
+//   command pause|resume|save|stop
+//   screenshot PATH               PNG of the next frame, and PATH.plots: the plot areas drawn in it
+//                                 ("title x0 y0 x1 y1 RRGGBB..." in image pixels, one plot a line)
+//   stats                         print frames drawn and live snapshots taken / skipped
+//   synthetic N                   a fake live run with N points in each dashboard series (benchmark)
+//   bench_frames N [pan]          draw N frames without vsync, print frame time (pan: move the view
+//                                 every frame, so every series is reduced again)
+//   bench_idle SECONDS            no input, no new data: print CPU use and frames drawn
+//   close                         press the window's close button (asks first while a run trains)
+//   print TEXT                    echo
+//   quit
+// A wait that times out fails the script (exit code 3) with the line that failed.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "app/gui_controller.h"
+
+namespace app {
+
+// Writes the plot areas of the plots drawn in the current ImGui frame of the visible view, in image
+// pixels (scale: framebuffer pixels per screen unit), skipping plots cut off by the window bottom.
+bool write_plot_areas(const std::string& path, const ui::GuiState& s, float scale, int image_h);
+
+class GuiScript {
+ public:
+  // Reads the script; `text` wins over `path` when both are given.
+  GuiScript(const std::string& path, const std::string& text);
+  bool active() const { return !done_; }
+  bool failed() const { return failed_; }
+  const std::string& error() const { return error_; }
+
+  // Every turn of the frame loop, drawn or not: runs commands until one has to wait. Main thread.
+  void tick(GuiController& ctl, double now);
+  // Inside a drawn frame (after NewFrame): performs a pending `stall` (sleeps).
+  void in_frame();
+  // After the frame is rendered: the screenshot asked for, if this is its frame ("" when none).
+  std::string take_screenshot_request();
+  // Called once per drawn frame with its duration (seconds), for bench_frames.
+  void after_frame(ui::GuiState& s, double frame_s, uint64_t frames_total);
+  // A mouse position to use instead of the real one (bench_frames sweeps the cursor over a plot so
+  // the hover readout is part of the measured frame); false when the real one stands.
+  bool mouse_override(float& x, float& y) const;
+  // Frames should be drawn without vsync and without waiting (benchmarks).
+  bool wants_unthrottled() const { return bench_left_ > 0; }
+  // A frame must be drawn even without changes (frames N, screenshots, stalls, benchmarks).
+  bool wants_frame() const;
+  // While measuring idle, the loop must behave as in normal use (no forced frames, no polling).
+  bool measuring_idle() const { return idle_until_ > 0; }
+  double idle_until() const { return idle_until_; }
+
+ private:
+  bool step_command(GuiController& ctl, double now);
+  void fail(const std::string& why);
+
+  std::vector<std::string> lines_;
+  size_t pc_ = 0;
+  bool done_ = false, failed_ = false;
+  std::string error_;
+  double wait_deadline_ = -1;   // the current wait's timeout (glfwGetTime seconds)
+  int frames_left_ = 0;
+  std::string screenshot_;
+  int stall_ms_ = 0;
+  bool stall_report_ = false;   // print how far training went while the frame was stalled
+  int64_t stall_step_before_ = 0;
+  double stall_started_ = 0;
+  // bench_frames
+  int bench_left_ = 0;
+  bool bench_pan_ = false;
+  std::vector<double> frame_times_;
+  // bench_idle
+  double idle_until_ = 0, idle_start_ = 0, idle_cpu_start_ = 0;
+  uint64_t idle_frames_start_ = 0, frames_total_ = 0;
+};
+
+}  // namespace app

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The desktop app end to end under Xvfb, as a user would drive it: a headless baseline run first,
+# then the app starts a second run from its launcher, shows it live, lists both runs, and lays
+# their curves over each other in Compare. Each screenshot's plot areas must hold pixels of their
+# series' colours (gui_png_check); the database must hold the finished run, every logged step and
+# its checkpoints.
+set -euo pipefail
+bin=$1
+check=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+command -v xvfb-run > /dev/null || fail "xvfb-run is missing (scripts/setup installs xvfb)"
+
+mkdir -p "$work/corpus"
+for i in $(seq 1 200); do
+  printf 'the quick brown fox jumps over the lazy dog %d\n%%\n' "$i" >> "$work/corpus/fox.txt"
+done
+cat > "$work/run.toml" <<TOML
+name = "gui-e2e"
+[model]
+d = 64
+L = 2
+attn_heads = 2
+attn_kv_heads = 1
+attn_head_dim = 32
+ffn_hidden = 128
+[data]
+train = ["text:$work/corpus/*.txt"]
+val = 0.05
+[train]
+steps = 200
+batch_size = 4
+seq_len = 32
+warmup_steps = 5
+eval_batches = 2
+[run]
+devices = "cpu"
+log_interval = 2
+eval_interval = 50
+save_interval = 100
+threads = 1
+TOML
+
+# 1. A baseline with another learning rate, headless, for Compare.
+"$bin" train --no-gui --config "$work/run.toml" --runs-dir "$work/runs" \
+  --set name=baseline --set train.lr=1e-3 > "$work/baseline.out" 2>&1 \
+  || { cat "$work/baseline.out"; fail "baseline run failed"; }
+
+# 2. The app: start from the launcher, watch, browse, compare.
+cat > "$work/script.txt" <<SCRIPT
+start
+wait_step 120 90
+tab live
+frames 3
+screenshot $work/live.png
+wait_end 120
+tab runs
+focus latest
+wait_rows 2 60
+frames 3
+screenshot $work/runs.png
+compare all
+tab compare
+wait_rows 2 60
+frames 3
+screenshot $work/compare.png
+stats
+quit
+SCRIPT
+start=$(date +%s)
+xvfb-run -a -s "-screen 0 1600x1000x24" "$bin" gui --runs-dir "$work/runs" --config "$work/run.toml" \
+  --gui-test-script "$work/script.txt" > "$work/gui.out" 2>&1 || { cat "$work/gui.out"; fail "the app exited with $?"; }
+echo "app ran $(( $(date +%s) - start )) s"
+cat "$work/gui.out"
+for shot in live runs compare; do
+  grep -q "^screenshot $work/$shot.png 1440x900" "$work/gui.out" || fail "no $shot screenshot"
+done
+
+# 3. The screenshots: the dashboard's plots (loss, grad norm, loss scale, lr, tokens/s at least) and
+# the compare plots (two runs, two colours each) hold drawn series, not just background.
+"$check" "$work/live.png" 4 || fail "dashboard screenshot"
+"$check" "$work/compare.png" 2 || fail "compare screenshot"
+grep -c . "$work/compare.png.plots" > /dev/null
+awk '{ if (NF < 7) bad = 1 } END { exit bad }' "$work/compare.png.plots" || fail "a compare plot shows fewer than 2 runs"
+
+# 4. The database: the app's run finished with every logged step, its evaluations and checkpoints.
+db="$work/runs/deltadeck.db"
+[ "$(sqlite3 "$db" 'PRAGMA integrity_check')" = ok ] || fail "integrity_check"
+[ "$(sqlite3 "$db" "SELECT status FROM runs WHERE name='gui-e2e'")" = finished ] || fail "gui-e2e not finished"
+id=$(sqlite3 "$db" "SELECT id FROM runs WHERE name='gui-e2e'")
+[ "$(sqlite3 "$db" "SELECT count(DISTINCT step) FROM metrics WHERE run_id=$id AND key='loss'")" = 100 ] \
+  || fail "expected 100 logged loss steps (2..200)"
+[ "$(sqlite3 "$db" "SELECT count(*) FROM metrics WHERE run_id=$id AND key='val_loss'")" = 4 ] || fail "expected 4 val_loss rows"
+[ "$(sqlite3 "$db" "SELECT count(*) FROM checkpoints WHERE run_id=$id")" = 2 ] || fail "expected 2 checkpoints"
+# The app records the cores it leaves to ATen (one kept for the frame loop) in the run's config.
+sqlite3 "$db" "SELECT config_toml FROM runs WHERE id=$id" | grep -q "threads = 1" || fail "config not recorded"
+echo "PASS"
