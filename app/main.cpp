@@ -40,6 +40,9 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--master-port", train.cluster.master_port, "Its port (default: MASTER_PORT or 29500)");
   train_cmd->add_flag("--no-gui", train.no_gui,
                       "Run headless: the terminal dashboard when stdout is a terminal, else plain log lines");
+  train_cmd->add_flag("--dry-run", train.dry_run,
+                      "Validate the config and its data, print parameters, FLOPs per token, memory per device and "
+                      "the schedule; start nothing");
   train_cmd->add_option("--log-format", train.log_format,
                         "auto (the dashboard on a terminal, else text) | text | json: one line per logged step "
                         "and per event")

@@ -16,6 +16,7 @@
 #include <variant>
 
 #include "app/build_info.h"
+#include "app/dry_run.h"
 #include "app/front_ends.h"
 #include "app/run_host.h"
 #include "app/signals.h"
@@ -72,6 +73,7 @@ int prepare_new_run(const TrainArgs& args, int nnodes, PreparedRun& out) {
 // checkpoint. Every node of a multi-node run resolves the same (the runs folder is shared, as the
 // checkpoints must be); only node 0 then writes. `node0` also refuses a run still alive on this host.
 int resolve_resume(const TrainArgs& args, bool node0, PreparedRun& out, storage::RunSummary& run) {
+  const bool read_only = args.dry_run;
   if (!args.config_path.empty()) {
     std::cerr << "deltadeck: --resume continues with the run's recorded config; change keys with --set, not "
                  "--config\n";
@@ -84,7 +86,7 @@ int resolve_resume(const TrainArgs& args, bool node0, PreparedRun& out, storage:
               << " (pass --runs-dir)\n";
     return 2;
   }
-  out.store = storage::RunStore::open(out.db_path);
+  out.store = storage::RunStore::open(out.db_path, read_only);
   if (args.resume == "latest") {
     auto runs = out.store->list_runs();
     if (runs.empty()) {
@@ -211,6 +213,32 @@ int run_worker_node(const TrainArgs& args, const trainer::ClusterSpec& cluster) 
   return ended.status == trainer::RunStatus::Failed ? 1 : 0;
 }
 
+// --dry-run: the same config (or resumed run) the train command would start, validated and
+// resolved, then reported; nothing is created. Every node may run it.
+int dry_run_train(const TrainArgs& args, const trainer::ClusterSpec& cluster) {
+  DryRunInfo info;
+  info.nnodes = cluster.nnodes;
+  trainer::RunConfig cfg;
+  try {
+    if (args.resume.empty()) {
+      if (int rc = load_new_config(args, cfg); rc != 0) return rc;
+      info.where = args.config_path.empty() ? "the demo config" : args.config_path;
+    } else {
+      PreparedRun prep;
+      storage::RunSummary run;
+      if (int rc = resolve_resume(args, /*node0=*/true, prep, run); rc != 0) return rc;
+      cfg = std::move(prep.cfg);
+      cfg.name = run.name;
+      info.where = "run '" + run.name + "' (id " + std::to_string(run.id) + ")";
+      info.resume_from = prep.resume_from;
+    }
+    return dry_run(cfg, info);
+  } catch (const std::exception& e) {
+    std::cerr << "deltadeck: " << e.what() << "\n";
+    return 1;
+  }
+}
+
 int run_train(const TrainArgs& args) {
   if (args.log_format != "auto" && args.log_format != "text" && args.log_format != "json") {
     std::cerr << "deltadeck: --log-format: must be auto, text or json (got \"" << args.log_format << "\")\n";
@@ -223,6 +251,7 @@ int run_train(const TrainArgs& args) {
     std::cerr << "deltadeck: " << e.what() << "\n";
     return 2;
   }
+  if (args.dry_run) return dry_run_train(args, cluster);
   if (cluster.node_rank > 0) return run_worker_node(args, cluster);
   PreparedRun prep;
   try {

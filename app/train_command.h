@@ -15,6 +15,7 @@ struct TrainArgs {
   std::string runs_dir;               // --runs-dir; empty: run.runs_dir of the config ("runs" with --resume)
   std::string resume;                 // --resume RUN|latest: continue that run from its newest checkpoint
   bool no_gui = false;
+  bool dry_run = false;               // --dry-run: validate and report the planned run, start nothing
   std::string log_format = "auto";    // --log-format auto | text | json (auto: the dashboard on a terminal)
   trainer::ClusterOverrides cluster;  // --nnodes --node-rank --master-addr --master-port
 };
