@@ -1,8 +1,9 @@
-// FP8 quantisation. amax: a grid-stride max of |x| merged with atomicMax on the float's bits
-// (non-negative floats order like their bit patterns, and a NaN's bits exceed +inf's, so a NaN
-// wins and is reported). quantise: 64 × 64 tiles; each element is divided by the scale exactly as
-// the reference does (x / scale in fp32, then a saturating round-to-nearest cast), written to q,
-// and kept in shared memory so the transposed tile goes out with coalesced rows.
+// FP8 quantisation. amax: a grid-stride max of |x| (16-byte loads), one atomicMax per block on the
+// float's bits (non-negative floats order like their bit patterns, and a NaN's bits exceed +inf's,
+// so a NaN wins and is reported). quantise: 64 × 64 tiles, 8 elements per thread; each element is
+// divided by the scale exactly as the reference does (x / scale in fp32, then a saturating
+// round-to-nearest cast), written to q and kept in shared memory, from which the transposed tile
+// goes out in coalesced 8-byte pieces.
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -14,59 +15,114 @@ namespace kernels {
 
 namespace {
 
-constexpr int kTile = 64;
-constexpr int kTileRowsPerPass = 4;  // blockDim = (kTile, kTileRowsPerPass)
+constexpr int kTile = 64;      // a block quantises a 64 × 64 tile of x
+constexpr int kVec = 8;        // x elements per thread and load (16 bytes of bf16, two loads of fp32)
+constexpr int kThreads = 256;  // 8 threads per 64-wide row: 32 rows per pass, two passes per tile
 
 template <typename T>
-__global__ void amax_kernel(float* amax, const T* x, int64_t rows, int64_t cols, int64_t ld) {
+__device__ __forceinline__ float amax_step(float m, float v) {
+  v = fabsf(v);
+  // fmaxf would drop a NaN; keep it so the caller sees a non-finite amax.
+  return (v > m || v != v) ? v : m;
+}
+
+template <typename T>
+__global__ void amax_kernel(float* amax, const T* x, int64_t rows, int64_t cols, int64_t ld, bool vec) {
+  __shared__ float scratch[32];
   float m = 0.f;
-  const int64_t n = rows * cols;
-  const bool dense = ld == cols;  // the usual case: no per-element row arithmetic
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float v = fabsf(to_f32(x[dense ? i : (i / cols) * ld + i % cols]));
-    // fmaxf would drop a NaN; keep it so the caller sees a non-finite amax.
-    m = (v > m || v != v) ? v : m;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (vec) {  // contiguous and aligned: kVec elements per load
+    const int64_t n = rows * cols / kVec;
+    for (int64_t i = first; i < n; i += stride) {
+      Vec<T, kVec> v;
+      v.load(x + i * kVec);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) m = amax_step<T>(m, v.get(e));
+    }
+  } else {
+    const int64_t n = rows * cols;
+    for (int64_t i = first; i < n; i += stride) m = amax_step<T>(m, to_f32(x[(i / cols) * ld + i % cols]));
   }
-  for (int off = 16; off > 0; off >>= 1) {
-    const float o = __shfl_xor_sync(0xffffffffu, m, off);
-    m = (o > m || o != o) ? o : m;
+  for (int off = 16; off > 0; off >>= 1) m = amax_step<T>(m, __shfl_xor_sync(0xffffffffu, m, off));
+  // One atomic per block: thousands of warps hitting one address serialise in L2.
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) scratch[warp] = m;
+  __syncthreads();
+  if (warp == 0) {
+    m = lane < static_cast<int>(blockDim.x / 32) ? scratch[lane] : 0.f;
+    for (int off = 16; off > 0; off >>= 1) m = amax_step<T>(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if (lane == 0) atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(m));
   }
-  if (threadIdx.x % 32 == 0) atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(m));
 }
 
 __device__ __forceinline__ unsigned char to_fp8(float v, bool e5m2) {
   return static_cast<unsigned char>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3));
 }
 
+// Thread t of the block covers tile row (t / 8) + 32·pass, columns (t % 8)·kVec .. +kVec.
 template <typename T>
-__global__ void quantize_kernel(unsigned char* q, unsigned char* qt, float* scale_out, unsigned long long* saturations,
-                                const float* amax_p, const T* x, int64_t rows, int64_t cols, int64_t ld, float fmax,
-                                bool e5m2) {
-  __shared__ unsigned char tile[kTile][kTile + 4];
+__global__ void __launch_bounds__(kThreads)
+    quantize_kernel(unsigned char* q, unsigned char* qt, float* scale_out, unsigned long long* saturations,
+                    const float* amax_p, const T* x, int64_t rows, int64_t cols, int64_t ld, float fmax, bool e5m2,
+                    bool vec) {
+  __shared__ __align__(16) unsigned char tile[kTile][kTile + 8];
   const float amax = *amax_p;
-  const float scale = amax > 0.f ? amax / fmax : 1.f;  // NaN/inf amax: a NaN/inf scale, as in the reference
-  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) {
+  // The reference's arithmetic: ATen divides by a scalar as a multiplication by its fp32 reciprocal.
+  const float inv_fmax = 1.f / fmax;
+  const float scale = amax > 0.f ? amax * inv_fmax : 1.f;  // NaN amax: 1; inf amax: inf, as in the reference
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
     *scale_out = scale;
     if (!isfinite(amax)) atomicAdd(saturations, 1ull);
   }
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  const int64_t c = c0 + threadIdx.x;
-  for (int k = threadIdx.y; k < kTile; k += kTileRowsPerPass) {
+  const int tc = (threadIdx.x % (kTile / kVec)) * kVec;  // column within the tile
+  const int trow = threadIdx.x / (kTile / kVec);           // 0..31
+  const bool full_cols = vec && c0 + kTile <= cols;
+  for (int k = trow; k < kTile; k += kThreads / (kTile / kVec)) {
     const int64_t r = r0 + k;
-    if (r < rows && c < cols) {
-      const unsigned char b = to_fp8(to_f32(x[r * ld + c]) / scale, e5m2);
-      q[r * cols + c] = b;
-      tile[k][threadIdx.x] = b;
+    if (r >= rows) break;
+    unsigned char b[kVec];
+    if (full_cols) {
+      Vec<T, kVec> v;
+      v.load(x + r * ld + c0 + tc);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) b[e] = to_fp8(v.get(e) / scale, e5m2);
+      // 8 bytes of q in one store (q rows are 16-byte aligned when vec is set).
+      uint2 packed;
+      memcpy(&packed, b, sizeof packed);
+      *reinterpret_cast<uint2*>(q + r * cols + c0 + tc) = packed;
+    } else {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        const int64_t c = c0 + tc + e;
+        b[e] = c < cols ? to_fp8(to_f32(x[r * ld + c]) / scale, e5m2) : 0;
+        if (c < cols) q[r * cols + c] = b[e];
+      }
     }
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) tile[k][tc + e] = b[e];
   }
   if (qt == nullptr) return;
   __syncthreads();
-  // Row k of this qᵀ tile is column c0 + k of x; its columns are rows r0 + threadIdx.x.
-  const int64_t r = r0 + threadIdx.x;
-  for (int k = threadIdx.y; k < kTile; k += kTileRowsPerPass) {
+  // qᵀ row c0 + k (column k of the tile) holds rows r0.. of x: 8 threads × 8 bytes per row.
+  const int tr = (threadIdx.x % (kTile / kVec)) * kVec;  // row offset within the tile
+  const bool full_rows = vec && r0 + kTile <= rows;
+  for (int k = trow; k < kTile; k += kThreads / (kTile / kVec)) {
     const int64_t cc = c0 + k;
-    if (cc < cols && r < rows) qt[cc * rows + r] = tile[threadIdx.x][k];
+    if (cc >= cols) break;
+    unsigned char b[kVec];
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) b[e] = tile[tr + e][k];
+    if (full_rows) {
+      uint2 packed;
+      memcpy(&packed, b, sizeof packed);
+      *reinterpret_cast<uint2*>(qt + cc * rows + r0 + tr) = packed;
+    } else {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e)
+        if (r0 + tr + e < rows) qt[cc * rows + r0 + tr + e] = b[e];
+    }
   }
 }
 
@@ -81,15 +137,18 @@ int fp8_quantize(void* q, void* qt, float* scale, float* amax_scratch, unsigned 
   const float fmax = e5m2 ? 57344.f : 448.f;
   dispatch_dtype(dt, [&](auto tag) {
     using T = decltype(tag);
-    const int64_t n = rows * cols;
-    const int threads = 256;
-    const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 132 * 16);
-    amax_kernel<T><<<static_cast<unsigned>(blocks), threads, 0, st>>>(amax_scratch, static_cast<const T*>(x), rows,
-                                                                      cols, ld);
+    // Vector paths: rows of whole 16-byte x loads and 8-byte q/qᵀ stores.
+    const bool vec = cols % kVec == 0 && ld % kVec == 0 && rows % kVec == 0 &&
+                     aligned_to(static_cast<int>(sizeof(T)) * kVec, x) && aligned_to(16, q, qt);
+    const bool flat = vec && ld == cols;
+    const int64_t n = rows * cols / (flat ? kVec : 1);
+    const int64_t blocks = std::min<int64_t>((n + 255) / 256, 132 * 8);
+    amax_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, st>>>(amax_scratch, static_cast<const T*>(x), rows, cols,
+                                                                 ld, flat);
     const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
-    quantize_kernel<T><<<grid, dim3(kTile, kTileRowsPerPass), 0, st>>>(
-        static_cast<unsigned char*>(q), static_cast<unsigned char*>(qt), scale, saturations, amax_scratch,
-        static_cast<const T*>(x), rows, cols, ld, fmax, e5m2);
+    quantize_kernel<T><<<grid, kThreads, 0, st>>>(static_cast<unsigned char*>(q), static_cast<unsigned char*>(qt),
+                                                  scale, saturations, amax_scratch, static_cast<const T*>(x), rows,
+                                                  cols, ld, fmax, e5m2, vec);
   });
   return static_cast<int>(cudaGetLastError());
 }

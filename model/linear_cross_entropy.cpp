@@ -22,9 +22,9 @@ using torch::autograd::variable_list;
 
 at::ScalarType stat_dtype(at::ScalarType t) { return t == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32; }
 
-int64_t rows_per_chunk(int64_t N, int64_t V, const LinearCrossEntropyOptions& o) {
+int64_t rows_per_chunk(int64_t N, int64_t V, int64_t elem_bytes, const LinearCrossEntropyOptions& o) {
   if (o.chunk_rows > 0) return std::min(N, o.chunk_rows);
-  return std::max<int64_t>(1, std::min(N, kChunkBytes / (V * 4)));
+  return std::max<int64_t>(1, std::min(N, kChunkBytes / (V * elem_bytes)));
 }
 
 bool kernel_applies(const torch::Tensor& z, const LinearCrossEntropyOptions& o) {
@@ -87,7 +87,7 @@ class LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropy
     auto dh = torch::empty_like(hc);
     auto dw = torch::zeros(wc.sizes(), wc.options().dtype(sdt));
     auto loss_sum = torch::zeros({}, hc.options().dtype(sdt));
-    const int64_t rows = rows_per_chunk(N, V, o);
+    const int64_t rows = rows_per_chunk(N, V, static_cast<int64_t>(c10::elementSize(cdt)), o);
     for (int64_t r0 = 0; r0 < N; r0 += rows) {
       const int64_t n = std::min(rows, N - r0);
       auto hr = hc.narrow(0, r0, n);
@@ -130,7 +130,7 @@ torch::Tensor linear_cross_entropy(const torch::Tensor& h, const torch::Tensor& 
   const auto cdt = matmul_dtype(h);
   const auto sdt = stat_dtype(cdt);
   auto hc = h.to(cdt), wc = w.to(cdt);
-  const int64_t N = hc.size(0), rows = rows_per_chunk(N, wc.size(0), opts);
+  const int64_t N = hc.size(0), rows = rows_per_chunk(N, wc.size(0), static_cast<int64_t>(c10::elementSize(cdt)), opts);
   auto loss_sum = torch::zeros({}, hc.options().dtype(sdt));
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
     const int64_t n = std::min(rows, N - r0);

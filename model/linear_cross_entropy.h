@@ -12,11 +12,12 @@ namespace model {
 
 struct LinearCrossEntropyOptions {
   double softcap = 0;          // > 0: z ← c·tanh(z/c) before the softmax
-  int64_t chunk_rows = 0;      // rows per chunk; 0: as many as fit kChunkBytes of fp32 logits
+  int64_t chunk_rows = 0;      // rows per chunk; 0: as many as fit kChunkBytes of logits
   bool use_kernel = true;      // CUDA: the fused loss + gradient kernel (kernels/cross_entropy.h)
 };
 
-// About this much fp32 logit memory per chunk when chunk_rows = 0.
+// About this much logit memory per chunk when chunk_rows = 0, in the logits' own dtype (bf16 under
+// autocast): larger chunks mean fewer passes of the fp32 dW accumulation over the [V, d] matrix.
 constexpr int64_t kChunkBytes = 256ll << 20;
 
 // h [N,d], w [V,d], targets [N] int64 (−1: ignored). The matmul runs in the autocast dtype when
