@@ -22,7 +22,14 @@ int main(int argc, char** argv) {
   cli.set_version_flag("--version", std::string("deltadeck ") + app::VERSION + " (" + app::REVISION + ")");
 
   app::TrainArgs train;
-  auto* train_cmd = cli.add_subcommand("train", "Start a training run (headless in this build)");
+  auto* train_cmd = cli.add_subcommand(
+      "train",
+#ifdef DD_HAVE_GUI
+      "Start a training run: in the desktop app given a display; with --no-gui (or no display) the terminal "
+      "dashboard, or plain log lines when stdout is not a terminal");
+#else
+      "Start a training run: the terminal dashboard, or plain log lines when stdout is not a terminal");
+#endif
   train_cmd->add_option("-c,--config", train.config_path, "TOML run config (default: the embedded demo config)")
       ->check(CLI::ExistingFile);
   train_cmd->add_option("-s,--set", train.overrides, "Override a config key: section.key=value (repeatable)")
@@ -179,7 +186,9 @@ int main(int argc, char** argv) {
 #ifdef DD_HAVE_GUI
     // The desktop app: `gui`, `train` given a display (unless --no-gui), or no arguments at all.
     if (*gui_cmd) return app::run_gui(gui);
-    if (*train_cmd && app::gui_takes_train(train)) return app::run_gui_train(train);
+    // --dry-run and an explicit --log-format are headless requests whatever the display.
+    const bool headless = train.dry_run || train.log_format != "auto";
+    if (*train_cmd && !headless && app::gui_takes_train(train)) return app::run_gui_train(train);
     if (argc == 1 && app::display_available()) return app::run_gui(gui);
 #endif
     if (*train_cmd) return app::run_train(train);

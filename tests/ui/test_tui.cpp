@@ -107,6 +107,12 @@ TEST(TuiDashboard, LaysOutEverySectionAtCommonSizes) {
   EXPECT_TRUE(contains(wide, "tokens/s"));
   EXPECT_TRUE(contains(wide, "val 1.9"));
 
+  // The common 80x24 terminal still shows all four charts (2x2).
+  Screen standard(80, 24);
+  draw_dashboard(standard, v, {});
+  EXPECT_TRUE(contains(standard, "grad norm"));
+  EXPECT_TRUE(contains(standard, "tokens/s"));
+
   Screen tiny(40, 10);
   draw_dashboard(tiny, v, {});
   EXPECT_TRUE(contains(tiny, "too small"));

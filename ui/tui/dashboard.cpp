@@ -253,7 +253,7 @@ void draw_dashboard(Screen& s, const RunView& v, const DashboardState& st) {
               : ChartSpec{"lr (loss scaling off)", {{&v.lr, Color::Blue, ""}}, false},
       {"tokens/s", {{&v.tokens_per_s, Color::Green, ""}}, false},
   };
-  if (w >= 100 && charts_h >= 8) {
+  if (w >= 70 && charts_h >= 8) {
     const int cw = w / 2, ch = charts_h / 2;
     for (int i = 0; i < 4; ++i) {
       draw_chart(s, (i % 2) * cw + (i % 2), body_y + (i / 2) * ch, cw - 1, ch, charts[static_cast<size_t>(i)]);

@@ -3,7 +3,7 @@
 // are tested without either; app/train_tui.cpp owns the terminal and the run.
 //
 //   ┌ header: run, model, devices, status; progress bar, step, tokens, elapsed, ETA; latest metrics
-//   │ charts: loss (train + val) · grad norm · loss scale · tokens/s   (2×2, or stacked when narrow)
+//   │ charts: loss (train + val) · grad norm · loss scale (or lr) · tokens/s   (2×2, stacked below 70 columns)
 //   │ GPUs: utilization, memory, power, temperature per GPU
 //   │ events: checkpoints, evaluations, skipped steps, engine messages (newest last)
 //   └ keys: p pause/resume · s save now · q save & quit (asks) · ? help
