@@ -146,4 +146,6 @@ TEST(LogLine, RunJsonLineHoldsTheConfig) {
   EXPECT_EQ(j["event"], "run");
   EXPECT_EQ(j["id"], 4);
   EXPECT_DOUBLE_EQ(j["config"]["train"]["lr"].get<double>(), 0.003);
+  // A broken config text still gives a line that parses.
+  EXPECT_TRUE(nlohmann::json::parse(ui::format_run_json(v, "", "{not json", "t"))["config"].is_null());
 }

@@ -147,7 +147,8 @@ std::string format_run_json(const RunView& v, const std::string& resume_from, co
   j["total_steps"] = v.total_steps;
   j["database"] = v.db_path;
   j["resume_from"] = resume_from;
-  j["config"] = Json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  Json config = Json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  j["config"] = config.is_object() ? std::move(config) : Json(nullptr);
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 

@@ -46,9 +46,10 @@ std::string format_record_text(const LogRecord& r, int64_t total_steps);
 // The JSON line of a record (no trailing newline). time_utc: the "time" value.
 std::string format_record_json(const LogRecord& r, int64_t total_steps, const std::string& run_name,
                                const std::string& time_utc);
-// The first JSON line of a run: {"event":"run","time":...,"run":...,"step":0,"id":...,"model":...,
-// "params":...,"database":...,"resume_from":...,"config":{the resolved config}}. config_json must be
-// a JSON object (trainer::to_json).
+// The first JSON line of a run: {"event":"run","time":...,"run":...,"step":...,"id":...,"model":...,
+// "params":...,"total_steps":...,"database":...,"resume_from":...,"config":{the resolved config}};
+// "step" is where the run starts (0, or a resumed run's checkpoint step). config_json must be a JSON
+// object (trainer::to_json); anything else gives "config": null.
 std::string format_run_json(const RunView& v, const std::string& resume_from, const std::string& config_json,
                             const std::string& time_utc);
 
