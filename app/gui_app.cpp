@@ -200,6 +200,7 @@ int run_gui(const GuiArgs& args) {
                                                                                          : "";
     GuiScript script(args.test_script, builtin);
     const bool scripted = !args.test_script.empty() || !builtin.empty();
+    double cpu_done = 0;  // when the last frame's ImGui work ended (before OpenGL), for the benchmark
     // One frame: backends, panels, render into the back buffer (not swapped).
     auto draw_frame = [&](GuiScript* sc, int& fw, int& fh) {
       ImGui_ImplOpenGL3_NewFrame();
@@ -210,6 +211,7 @@ int run_gui(const GuiArgs& args) {
       if (sc) sc->in_frame();
       ui::draw_main(s);
       ImGui::Render();
+      cpu_done = glfwGetTime();
       glfwGetFramebufferSize(window, &fw, &fh);
       glViewport(0, 0, fw, fh);
       glClearColor(0.09f, 0.095f, 0.11f, 1.0f);
@@ -283,7 +285,7 @@ int run_gui(const GuiArgs& args) {
       ++frames;
       last_draw = glfwGetTime();
       --settle;
-      script.after_frame(s, frame_s, frames);
+      script.after_frame(s, frame_s, cpu_done - t0, frames);
       ctl.handle_actions();
     }
     // --screenshot: the final state, after the script.

@@ -76,6 +76,7 @@ struct GuiController::DbContext {
   std::unique_ptr<storage::RunStore> reader;  // read-only: list_runs, checkpoints, events
   std::unique_ptr<storage::RunStore> writer;  // opened by the first edit
   int64_t data_version = -1;
+  bool reported_missing = false;
   std::map<int64_t, ui::FlatConfig> configs;  // flattened config_json by run id (configs never change)
 
   storage::RunStore& writable() {
@@ -136,7 +137,9 @@ struct GuiController::DbContext {
     PollResult res;
     try {
       if (!open(res.db_status)) {
-        res.rows_fresh = true;
+        // Report the empty list once; later polls of a still missing file change nothing.
+        res.rows_fresh = !reported_missing;
+        reported_missing = true;
         return res;
       }
       const int64_t dv = storage::data_version(conn.get());

@@ -9,6 +9,10 @@
 //   tab launch|live|runs|compare  switch the view
 //   compare all                   put every run into Compare (and read their metrics)
 //   focus latest                  show the newest run's details in Runs
+//   resume STEP                   resume the focused run from its checkpoint of STEP (-1: newest)
+//   tag TAG | rename NAME | note TEXT | export_csv PATH
+//                                 the focused run's edits and export, as the Runs view's buttons do
+//   wait_tasks [TIMEOUT_S]        until the background edits and exports are done
 //   frames N                      draw N frames
 //   stall MS                      sleep MS inside the next frame (the frame loop stops; training must not)
 //   command pause|resume|save|stop
@@ -19,6 +23,7 @@
 //   bench_frames N [pan]          draw N frames without vsync, print frame time (pan: move the view
 //                                 every frame, so every series is reduced again)
 //   bench_idle SECONDS            no input, no new data: print CPU use and frames drawn
+//   smoothing W                   the dashboard's and compare's EMA weight (0 = raw only)
 //   close                         press the window's close button (asks first while a run trains)
 //   print TEXT                    echo
 //   quit
@@ -51,8 +56,9 @@ class GuiScript {
   void in_frame();
   // After the frame is rendered: the screenshot asked for, if this is its frame ("" when none).
   std::string take_screenshot_request();
-  // Called once per drawn frame with its duration (seconds), for bench_frames.
-  void after_frame(ui::GuiState& s, double frame_s, uint64_t frames_total);
+  // Called once per drawn frame with its duration and the part spent building it (ImGui, before
+  // OpenGL), in seconds, for bench_frames.
+  void after_frame(ui::GuiState& s, double frame_s, double build_s, uint64_t frames_total);
   // A mouse position to use instead of the real one (bench_frames sweeps the cursor over a plot so
   // the hover readout is part of the measured frame); false when the real one stands.
   bool mouse_override(float& x, float& y) const;
@@ -82,7 +88,7 @@ class GuiScript {
   // bench_frames
   int bench_left_ = 0;
   bool bench_pan_ = false;
-  std::vector<double> frame_times_;
+  std::vector<double> frame_times_, build_times_;
   // bench_idle
   double idle_until_ = 0, idle_start_ = 0, idle_cpu_start_ = 0;
   uint64_t idle_frames_start_ = 0, frames_total_ = 0;

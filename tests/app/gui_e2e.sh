@@ -65,6 +65,16 @@ tab compare
 wait_rows 2 60
 frames 3
 screenshot $work/compare.png
+tab runs
+focus latest
+tag e2e-tag
+note written by the gui test
+export_csv $work/gui-e2e.csv
+rename gui-renamed
+wait_tasks 30
+resume 100
+wait_step 150 60
+wait_end 120
 stats
 quit
 SCRIPT
@@ -84,11 +94,20 @@ done
 grep -c . "$work/compare.png.plots" > /dev/null
 awk '{ if (NF < 7) bad = 1 } END { exit bad }' "$work/compare.png.plots" || fail "a compare plot shows fewer than 2 runs"
 
-# 4. The database: the app's run finished with every logged step, its evaluations and checkpoints.
+# 4. The database: the app's run (tagged, annotated, renamed, then resumed from its step-100
+# checkpoint) finished with every logged step once, its evaluations and checkpoints.
 db="$work/runs/deltadeck.db"
 [ "$(sqlite3 "$db" 'PRAGMA integrity_check')" = ok ] || fail "integrity_check"
-[ "$(sqlite3 "$db" "SELECT status FROM runs WHERE name='gui-e2e'")" = finished ] || fail "gui-e2e not finished"
-id=$(sqlite3 "$db" "SELECT id FROM runs WHERE name='gui-e2e'")
+[ "$(sqlite3 "$db" "SELECT status FROM runs WHERE name='gui-renamed'")" = finished ] || fail "gui-renamed not finished"
+id=$(sqlite3 "$db" "SELECT id FROM runs WHERE name='gui-renamed'")
+[ "$(sqlite3 "$db" "SELECT tag FROM tags WHERE run_id=$id")" = e2e-tag ] || fail "tag not recorded"
+[ "$(sqlite3 "$db" "SELECT note FROM runs WHERE id=$id")" = "written by the gui test" ] || fail "note not recorded"
+sqlite3 "$db" "SELECT text FROM events WHERE run_id=$id" | grep -q "resumed from .*step_00000100" || fail "no resume event"
+[ "$(sqlite3 "$db" "SELECT count(*) FROM metrics WHERE run_id=$id AND key='loss'")" = 100 ] \
+  || fail "the resumed run repeats or lacks logged steps"
+# The CSV export holds every metric row of the run as it was then (before the resume), at full precision.
+[ "$(( $(wc -l < "$work/gui-e2e.csv") - 1 ))" -gt 1000 ] || fail "CSV export too short"
+head -1 "$work/gui-e2e.csv" | grep -qx "step,tokens,wall_s,key,value" || fail "CSV header"
 [ "$(sqlite3 "$db" "SELECT count(DISTINCT step) FROM metrics WHERE run_id=$id AND key='loss'")" = 100 ] \
   || fail "expected 100 logged loss steps (2..200)"
 [ "$(sqlite3 "$db" "SELECT count(*) FROM metrics WHERE run_id=$id AND key='val_loss'")" = 4 ] || fail "expected 4 val_loss rows"

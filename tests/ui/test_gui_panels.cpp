@@ -22,6 +22,8 @@ class Headless : public ::testing::Test {
     int w = 0, h = 0;
     io.Fonts->GetTexDataAsRGBA32(&px, &w, &h);  // a font atlas is all NewFrame needs
     io.KeyMap[ImGuiKey_Space] = 32;
+    io.KeyMap[ImGuiKey_Enter] = 13;
+    io.KeyMap[ImGuiKey_Escape] = 27;
   }
   void TearDown() override { ImGui::DestroyContext(); }
   // One frame of the whole window; returns the vertices it drew.
@@ -155,4 +157,38 @@ TEST_F(Headless, RunsTableFiltersAndCompareColoursRuns) {
   ASSERT_EQ(loss.colors.size(), 2u);
   EXPECT_EQ(loss.colors[0], ui::series_color(0));
   EXPECT_EQ(loss.colors[1], ui::series_color(1));
+}
+
+// Closing the window during a run asks first; Enter takes the default, stop with a checkpoint.
+TEST_F(Headless, CloseDuringARunAsksAndDefaultsToStopWithCheckpoint) {
+  ui::GuiState s;
+  s.live.active = true;
+  s.live.view.run_name = "fake";
+  s.live.view.status = "running";
+  s.close_requested = true;
+  frame(s);
+  frame(s);
+  EXPECT_TRUE(ImGui::IsPopupOpen("Close deltadeck?", ImGuiPopupFlags_AnyPopupId));
+  EXPECT_FALSE(s.quit);
+  EXPECT_TRUE(s.actions.empty());
+  ImGui::GetIO().KeysDown[13] = true;
+  frame(s);
+  ImGui::GetIO().KeysDown[13] = false;
+  EXPECT_TRUE(s.quit);
+  ASSERT_EQ(s.actions.size(), 1u);
+  auto* cmd = std::get_if<ui::act::SendCommand>(&s.actions[0]);
+  ASSERT_TRUE(cmd);
+  EXPECT_EQ(cmd->command, trainer::Command::Stop);
+  // Escape instead cancels the close.
+  ui::GuiState t;
+  t.live = s.live;
+  t.close_requested = true;
+  frame(t);
+  frame(t);
+  ImGui::GetIO().KeysDown[27] = true;
+  frame(t);
+  ImGui::GetIO().KeysDown[27] = false;
+  EXPECT_FALSE(t.quit);
+  EXPECT_FALSE(t.close_requested);
+  EXPECT_TRUE(t.actions.empty());
 }

@@ -60,4 +60,8 @@ TEST(PlotMath, Formats) {
   EXPECT_EQ(ui::format_x(950, ui::XAxis::Step), "950");
   EXPECT_EQ(ui::format_x(1250000, ui::XAxis::Tokens), "1.25M");
   EXPECT_EQ(ui::format_x(185, ui::XAxis::Wall), "3m05s");
+  EXPECT_EQ(ui::format_x(3.4e9, ui::XAxis::Tokens), "3.4B");
+  EXPECT_EQ(ui::format_compact(2500), "2.5k");
+  EXPECT_EQ(ui::format_compact(-12000), "-12k");
+  EXPECT_EQ(ui::format_compact(1.2e12), "1.2T");
 }

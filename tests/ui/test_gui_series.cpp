@@ -246,6 +246,13 @@ TEST(Markers, BackoffsSkipsAndPlacementOnOtherAxes) {
   }
   EXPECT_EQ(ui::steps_where_decreasing(*run.find("loss_scale"), run.timeline()), (std::vector<double>{30, 60}));
   EXPECT_EQ(ui::steps_where_increasing(*run.find("skipped_steps"), run.timeline()), (std::vector<double>{30, 60}));
+  ui::ChangeMarkers cm;
+  cm.update(*run.find("loss_scale"), run.timeline());
+  EXPECT_EQ(cm.down, (std::vector<double>{30, 60}));
+  EXPECT_EQ(cm.up, (std::vector<double>{50}));
+  run.append(70, 7000, 14.0, "loss_scale", 8192);  // incremental: only the new point is looked at
+  cm.update(*run.find("loss_scale"), run.timeline());
+  EXPECT_EQ(cm.down, (std::vector<double>{30, 60, 70}));
   EXPECT_EQ(ui::x_at_step(run.find("loss_scale"), run.timeline(), 40, ui::XAxis::Tokens), 4000);
   EXPECT_EQ(ui::x_at_step(run.find("loss_scale"), run.timeline(), 35, ui::XAxis::Wall), 8.0);
   EXPECT_EQ(ui::x_at_step(run.find("loss_scale"), run.timeline(), 35, ui::XAxis::Step), 35);

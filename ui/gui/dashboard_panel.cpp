@@ -211,14 +211,18 @@ void draw_dashboard(GuiState& s) {
       std::vector<PlotMarker> markers = ckpt_markers;
       if (std::string(spec.title) == "loss scale") {
         const MetricSeries* ref = h.find("loss");
-        if (const MetricSeries* sk = h.find("skipped_steps"))
-          for (double st : steps_where_increasing(*sk, h.timeline()))
+        if (const MetricSeries* sk = h.find("skipped_steps")) {
+          live.skipped.update(*sk, h.timeline());
+          for (double st : live.skipped.up)
             markers.push_back({x_at_step(ref, h.timeline(), st, axis), SKIP_COLOR,
                                "steps skipped (non-finite gradients) by step " + format_x(st, XAxis::Step), 0, false});
-        if (const MetricSeries* sc = h.find("loss_scale"))
-          for (double st : steps_where_decreasing(*sc, h.timeline()))
+        }
+        if (const MetricSeries* sc = h.find("loss_scale")) {
+          live.scale.update(*sc, h.timeline());
+          for (double st : live.scale.down)
             markers.push_back({x_at_step(ref, h.timeline(), st, axis), BACKOFF_COLOR,
                                "loss scale backed off at step " + format_x(st, XAxis::Step), 0, false});
+        }
       }
       if (series.empty()) {
         ImGui::TextUnformatted(spec.title);

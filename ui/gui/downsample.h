@@ -44,8 +44,11 @@ struct Downsampled {
 };
 
 // Column c covers x in [x0 + c·dx, x0 + (c+1)·dx), dx = (x1 - x0) / width, the last one closed at x1.
-// Requires x ascending (non-decreasing) over the view. Any thread; no allocation beyond the result.
-Downsampled downsample(const SeriesView& s, double x0, double x1, int width);
+// Requires x ascending (non-decreasing) over the view. `twin`, when given, is a series with the same
+// x (the smoothed copy): its columns come out in twin_out for the price of its min/max alone.
+// Any thread; no allocation beyond the results.
+Downsampled downsample(const SeriesView& s, double x0, double x1, int width, const SeriesView* twin = nullptr,
+                       Downsampled* twin_out = nullptr);
 
 // Index of the first point with x >= v (binary search).
 size_t lower_index(const SeriesView& s, double v);

@@ -15,6 +15,7 @@
 
 #include "storage/types.h"
 #include "trainer/api.h"
+#include "ui/gui/markers.h"
 #include "ui/gui/plot.h"
 #include "ui/gui/run_filter.h"
 #include "ui/gui/series.h"
@@ -53,6 +54,7 @@ struct LiveRun {
   uint64_t snapshots_taken = 0;
   uint64_t snapshots_skipped = 0;  // versions the UI never saw (it was busy): skipped, never waited for
   std::map<std::string, SmoothedSeries> smoothed;
+  ChangeMarkers skipped, scale;  // skipped_steps rises, loss_scale falls (the loss-scale plot's markers)
 };
 
 // ---- actions (panel -> app)

@@ -18,6 +18,20 @@ std::vector<double> steps_where_increasing(const MetricSeries& s, const Timeline
   return out;
 }
 
+void ChangeMarkers::update(const MetricSeries& s, const Timeline& tl) {
+  if (s.size() < seen || s.truncations != truncations) {
+    up.clear();
+    down.clear();
+    seen = 0;
+    truncations = s.truncations;
+  }
+  for (size_t i = std::max<size_t>(seen, 1); i < s.size(); ++i) {
+    if (s.y[i] > s.y[i - 1]) up.push_back(tl.step[s.t[i]]);
+    if (s.y[i] < s.y[i - 1]) down.push_back(tl.step[s.t[i]]);
+  }
+  seen = s.size();
+}
+
 double x_at_step(const MetricSeries* reference, const Timeline& tl, double step, XAxis axis) {
   if (axis == XAxis::Step || !reference || reference->size() == 0) return step;
   const auto it = std::lower_bound(reference->t.begin(), reference->t.end(), step,

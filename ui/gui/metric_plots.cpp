@@ -17,7 +17,9 @@ bool add_plot_series(const RunHistory& h, std::map<std::string, SmoothedSeries>&
   p.raw = view_of(*s, h.timeline(), axis);
   // Only this series' own changes invalidate the plot's cached reduction.
   p.version = s->size() * 1000003u + s->truncations;
-  if (weight > 0) {
+  // Evaluations are already averages over many batches and come a few per run: an EMA over them
+  // would only drag each one towards its predecessors.
+  if (weight > 0 && key.rfind("val_", 0) != 0) {
     SmoothedSeries& sm = smoothed[key];
     sm.update(*s, weight);
     p.smooth = p.raw;

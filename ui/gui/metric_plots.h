@@ -12,7 +12,8 @@
 namespace ui {
 
 // Appends the series of `key` to `out` (nothing when the run has no such metric). weight > 0
-// smooths (the smoothed copy is kept in `smoothed`, updated incrementally). Returns whether added.
+// smooths (the smoothed copy is kept in `smoothed`, updated incrementally), except evaluation
+// metrics (val_*), which are drawn as they are. Returns whether added.
 bool add_plot_series(const RunHistory& h, std::map<std::string, SmoothedSeries>& smoothed, const std::string& key,
                      XAxis axis, double weight, const std::string& label, ImU32 color, std::vector<PlotSeries>& out);
 

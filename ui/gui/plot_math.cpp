@@ -105,6 +105,17 @@ std::string format_value(double v, int digits) {
   return buf;
 }
 
+std::string format_compact(double v) {
+  if (!std::isfinite(v)) return format_value(v);
+  const double a = std::fabs(v);
+  char buf[32];
+  if (a < 1e3) return format_value(v, 4);
+  const char* unit = a < 1e6 ? "k" : a < 1e9 ? "M" : a < 1e12 ? "B" : "T";
+  const double div = a < 1e6 ? 1e3 : a < 1e9 ? 1e6 : a < 1e12 ? 1e9 : 1e12;
+  std::snprintf(buf, sizeof buf, "%.3g%s", v / div, unit);
+  return buf;
+}
+
 std::string format_x(double v, XAxis axis) {
   if (axis == XAxis::Wall) return format_duration(v);
   if (std::fabs(v) < 10000) {
@@ -112,7 +123,7 @@ std::string format_x(double v, XAxis axis) {
     std::snprintf(buf, sizeof buf, "%.0f", v);
     return buf;
   }
-  return format_count(v);
+  return format_compact(v);
 }
 
 }  // namespace ui

@@ -26,6 +26,8 @@ MinMax pad_range(MinMax r, double frac, bool log_y);
 
 // "0.0123", "1.235", "3.2e-05", "1.2e+06": compact, about `digits` significant digits.
 std::string format_value(double v, int digits = 4);
+// Large magnitudes with a unit: "950", "2.5k", "12k", "1.25M", "3.4B", "1.2T" (3 significant digits).
+std::string format_compact(double v);
 // An x value on its axis: steps and tokens as counts ("12.5k", "1.2M"), wall time as a duration.
 std::string format_x(double v, XAxis axis);
 
