@@ -1,6 +1,8 @@
 // RoPE: one block per token (b, t); its threads walk the token's H · D/2 rotation pairs, V
 // consecutive pairs per thread through one aligned vector load of each half (8 bytes), so the
 // token's position is read once and a warp touches one contiguous stretch of each head.
+#include <type_traits>
+
 #include "kernels/elem.cuh"
 #include "kernels/rope.h"
 
@@ -46,7 +48,164 @@ void launch(void* out, const void* x, const int64_t* pos, const double* cos, con
                                                                          sign);
 }
 
+// RoPE + per-head RMSNorm. G threads own one head (G = (D/2)/V, a power of two ≤ 32, so a head's
+// threads are G consecutive lanes of one warp and reduce with shuffles). The loop runs over whole
+// blocks of heads so every lane of a warp reaches the shuffles; lanes past the last head carry 0.
+template <typename T, int V, int G>
+__global__ void rope_rmsnorm_forward_kernel(T* y, float* rstd, const T* x, const int64_t* pos, const double* cos_t,
+                                            const double* sin_t, RopeShape s, float eps) {
+  const int64_t token = blockIdx.x;
+  const int64_t b = token / s.T, t = token % s.T;
+  const int64_t half = s.D / 2;
+  const int64_t p = pos[b * s.pos_sb + t * s.pos_st];
+  const T* xt = x + b * s.x_sb + t * s.x_st;
+  const int64_t work = s.H * G, span = (work + blockDim.x - 1) / blockDim.x * blockDim.x;
+  for (int64_t i = threadIdx.x; i < span; i += blockDim.x) {
+    const bool active = i < work;
+    const int64_t hd = i / G, j = (i % G) * V;
+    float o1[V], o2[V];
+    float ss = 0.f;
+    if (active) {
+      Vec<T, V> x1, x2;
+      x1.load(xt + hd * s.x_sh + j);
+      x2.load(xt + hd * s.x_sh + j + half);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float c = static_cast<float>(cos_t[p * half + j + k]), sn = static_cast<float>(sin_t[p * half + j + k]);
+        o1[k] = x1.get(k) * c - x2.get(k) * sn;
+        o2[k] = x2.get(k) * c + x1.get(k) * sn;
+        ss += o1[k] * o1[k] + o2[k] * o2[k];
+      }
+    }
+#pragma unroll
+    for (int off = G / 2; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    if (!active) continue;
+    const float r = rsqrtf(ss / static_cast<float>(s.D) + eps);
+    if (i % G == 0) rstd[token * s.H + hd] = r;
+    Vec<T, V> y1, y2;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      y1.set(k, o1[k] * r);
+      y2.set(k, o2[k] * r);
+    }
+    T* yh = y + (token * s.H + hd) * s.D;
+    y1.store(yh + j);
+    y2.store(yh + j + half);
+  }
+}
+
+template <typename T, int V, int G>
+__global__ void rope_rmsnorm_backward_kernel(T* dx, const T* dy, const T* y, const float* rstd, const int64_t* pos,
+                                             const double* cos_t, const double* sin_t, RopeShape s) {
+  const int64_t token = blockIdx.x;
+  const int64_t b = token / s.T, t = token % s.T;
+  const int64_t half = s.D / 2;
+  const int64_t p = pos[b * s.pos_sb + t * s.pos_st];
+  const int64_t work = s.H * G, span = (work + blockDim.x - 1) / blockDim.x * blockDim.x;
+  for (int64_t i = threadIdx.x; i < span; i += blockDim.x) {
+    const bool active = i < work;
+    const int64_t hd = i / G, j = (i % G) * V;
+    const int64_t base = (token * s.H + hd) * s.D;
+    Vec<T, V> d1, d2, y1, y2;
+    float dot = 0.f;
+    if (active) {
+      d1.load(dy + base + j);
+      d2.load(dy + base + j + half);
+      y1.load(y + base + j);
+      y2.load(y + base + j + half);
+#pragma unroll
+      for (int k = 0; k < V; ++k) dot += d1.get(k) * y1.get(k) + d2.get(k) * y2.get(k);
+    }
+#pragma unroll
+    for (int off = G / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    if (!active) continue;
+    const float r = rstd[token * s.H + hd], m = dot / static_cast<float>(s.D);
+    Vec<T, V> g1, g2;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float z1 = r * (d1.get(k) - y1.get(k) * m), z2 = r * (d2.get(k) - y2.get(k) * m);
+      const float c = static_cast<float>(cos_t[p * half + j + k]), sn = static_cast<float>(sin_t[p * half + j + k]);
+      // The inverse rotation (by −θ).
+      g1.set(k, z1 * c + z2 * sn);
+      g2.set(k, z2 * c - z1 * sn);
+    }
+    g1.store(dx + base + j);
+    g2.store(dx + base + j + half);
+  }
+}
+
+// Threads per head for a head of D: (D/2)/V when that is a power of two ≤ 32, else 0.
+template <typename T, int V>
+int threads_per_head(int64_t D) {
+  if (D % 2 != 0 || (D / 2) % V != 0) return 0;
+  const int64_t g = (D / 2) / V;
+  return (g >= 1 && g <= 32 && (g & (g - 1)) == 0) ? static_cast<int>(g) : 0;
+}
+
+// Calls f(T{}, V, G) as compile-time constants for a supported head layout; false otherwise.
+template <typename F>
+bool dispatch_rope_norm(DType dt, const RopeShape& s, F&& f) {
+  bool ok = false;
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = 8 / sizeof(T);
+    switch (threads_per_head<T, V>(s.D)) {
+#define DD_ROPE_G(G_)                                                                     \
+  case G_:                                                                               \
+    f(tag, std::integral_constant<int, V>{}, std::integral_constant<int, G_>{});          \
+    ok = true;                                                                            \
+    break;
+      DD_ROPE_G(1) DD_ROPE_G(2) DD_ROPE_G(4) DD_ROPE_G(8) DD_ROPE_G(16) DD_ROPE_G(32)
+#undef DD_ROPE_G
+      default: break;
+    }
+  });
+  return ok;
+}
+
+int block_for(int64_t work) { return work >= 256 ? 256 : static_cast<int>((work + 31) / 32 * 32); }
+
 }  // namespace
+
+bool rope_rmsnorm_supported(DType dt, const RopeShape& s, const void* x) {
+  bool ok = false;
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = 8 / sizeof(T);
+    ok = threads_per_head<T, V>(s.D) > 0 && s.x_sb % V == 0 && s.x_st % V == 0 && s.x_sh % V == 0 &&
+         aligned_to(8, x);
+  });
+  return ok;
+}
+
+int rope_rmsnorm_forward(void* y, float* rstd, const void* x, DType dt, const int64_t* pos, const double* cos,
+                         const double* sin, const RopeShape& s, float eps, void* stream) {
+  if (s.B * s.T == 0 || s.H == 0) return 0;
+  if (!rope_rmsnorm_supported(dt, s, x) || !aligned_to(8, y)) return static_cast<int>(cudaErrorInvalidValue);
+  auto st = static_cast<cudaStream_t>(stream);
+  dispatch_rope_norm(dt, s, [&](auto tag, auto vec, auto grp) {
+    using T = decltype(tag);
+    constexpr int V = decltype(vec)::value, G = decltype(grp)::value;
+    rope_rmsnorm_forward_kernel<T, V, G><<<static_cast<unsigned>(s.B * s.T), block_for(s.H * G), 0, st>>>(
+        static_cast<T*>(y), rstd, static_cast<const T*>(x), pos, cos, sin, s, eps);
+  });
+  return static_cast<int>(cudaGetLastError());
+}
+
+int rope_rmsnorm_backward(void* dx, const void* dy, const void* y, const float* rstd, DType dt, const int64_t* pos,
+                          const double* cos, const double* sin, const RopeShape& s, void* stream) {
+  if (s.B * s.T == 0 || s.H == 0) return 0;
+  if (!aligned_to(8, dx, dy, y)) return static_cast<int>(cudaErrorInvalidValue);
+  auto st = static_cast<cudaStream_t>(stream);
+  const bool ok = dispatch_rope_norm(dt, s, [&](auto tag, auto vec, auto grp) {
+    using T = decltype(tag);
+    constexpr int V = decltype(vec)::value, G = decltype(grp)::value;
+    rope_rmsnorm_backward_kernel<T, V, G><<<static_cast<unsigned>(s.B * s.T), block_for(s.H * G), 0, st>>>(
+        static_cast<T*>(dx), static_cast<const T*>(dy), static_cast<const T*>(y), rstd, pos, cos, sin, s);
+  });
+  if (!ok) return static_cast<int>(cudaErrorInvalidValue);
+  return static_cast<int>(cudaGetLastError());
+}
 
 int rope_apply(void* out, const void* x, DType dt, const int64_t* pos, const double* cos, const double* sin,
                const RopeShape& s, bool inverse, void* stream) {

@@ -23,6 +23,17 @@ struct RopeShape {
 // Returns the cudaError_t of the launch (0 = success). out and x have dtype `dt`.
 int rope_apply(void* out, const void* x, DType dt, const int64_t* pos, const double* cos, const double* sin,
                const RopeShape& s, bool inverse, void* stream);
+
+// RoPE followed by the weight-free QK-norm of each head (the GPT mixer's qk_norm), in one pass:
+//   z = rope(x),  y = z · r,  r = 1/sqrt(mean(z²) + eps)  per (token, head)
+// y contiguous [B,T,H,D]; rstd [B·T·H] fp32 (kept for the backward). Only head dims whose D/2 pairs
+// split into a power-of-two number of threads (≤ 32) per head are taken (rope_rmsnorm_supported).
+bool rope_rmsnorm_supported(DType dt, const RopeShape& s, const void* x);
+int rope_rmsnorm_forward(void* y, float* rstd, const void* x, DType dt, const int64_t* pos, const double* cos,
+                         const double* sin, const RopeShape& s, float eps, void* stream);
+// dz = r · (dy − y · mean(dy · y)), dx = rope⁻¹(dz). dy, y contiguous [B,T,H,D]; dx contiguous.
+int rope_rmsnorm_backward(void* dx, const void* dy, const void* y, const float* rstd, DType dt, const int64_t* pos,
+                          const double* cos, const double* sin, const RopeShape& s, void* stream);
 #endif
 
 }  // namespace kernels

@@ -19,4 +19,11 @@ bool fused_rope_applies(const torch::Tensor& x, const torch::Tensor& pos, const 
 // Positions must be below T (true of dense_positions and packed_positions).
 torch::Tensor rope(const torch::Tensor& x, const torch::Tensor& pos, const RopeTables& tables);
 
+// RoPE then the weight-free QK-norm of every head (rms_norm_plain(apply_rope(x)), the GPT mixer
+// with qk_norm): one kernel forward and one backward when fused_rope_applies and the head dim
+// suits the kernel, else exactly that reference. The kernel normalises the fp32 rotation before
+// rounding to x's dtype; the reference rounds in between.
+torch::Tensor rope_qk_norm(const torch::Tensor& x, const torch::Tensor& pos, const RopeTables& tables,
+                           double eps = 1e-6);
+
 }  // namespace model

@@ -116,13 +116,11 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& u, const Positions& p)
   const int64_t B = u.size(0), T = u.size(1);
   // q, k and v from one matmul; split (not narrow) so backward concatenates their gradients once.
   auto qkv = linear_cat(u, {wq->weight, wk->weight, wv->weight}).split_with_sizes({nh_ * dh_, nkv_ * dh_, nkv_ * dh_}, -1);
-  auto q = rope(qkv[0].view({B, T, nh_, dh_}), p.pos, rope_);
-  auto k = rope(qkv[1].view({B, T, nkv_, dh_}), p.pos, rope_);
+  // RoPE, then QK-norm when on: one kernel each for q and k on a GPU.
+  auto rotate = [&](const torch::Tensor& x) { return qk_norm_ ? rope_qk_norm(x, p.pos, rope_) : rope(x, p.pos, rope_); };
+  auto q = rotate(qkv[0].view({B, T, nh_, dh_}));
+  auto k = rotate(qkv[1].view({B, T, nkv_, dh_}));
   auto v = qkv[2].view({B, T, nkv_, dh_});
-  if (qk_norm_) {
-    q = rms_norm_plain(q);
-    k = rms_norm_plain(k);
-  }
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh_));
   auto o = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, p);
   return wo(o.transpose(1, 2).reshape({B, T, nh_ * dh_}));
