@@ -24,27 +24,6 @@ constexpr int64_t BUILD_LIMIT_BYTES = int64_t{1} << 30;
 // The MFU the time estimate assumes: a well-tuned run of a mid-size model reaches about this.
 constexpr double ASSUMED_MFU = 0.4;
 
-std::string grouped(int64_t v) {
-  std::string digits = std::to_string(v < 0 ? -v : v), out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return v < 0 ? "-" + out : out;
-}
-
-std::string bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f %s", b, units[u]);
-  return buf;
-}
-
 std::string fmt(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
@@ -89,7 +68,7 @@ SourceFigures source_figures(const std::string& spec, const trainer::DataConfig&
 
 void print_source(const char* label, const std::string& spec, const SourceFigures& f) {
   std::cout << "         " << label << spec << "\n           " << f.files << (f.files == 1 ? " file, " : " files, ")
-            << bytes(static_cast<double>(f.bytes));
+            << ui::format_bytes(static_cast<double>(f.bytes));
   if (f.tokens >= 0) std::cout << ", " << ui::format_count(static_cast<double>(f.tokens)) << " tokens (" << f.tokens_how << ")";
   std::cout << "\n";
 }
@@ -133,18 +112,18 @@ int dry_run(const trainer::RunConfig& cfg, const DryRunInfo& info) {
             << ", pattern \"" << m.pattern << "\", V=" << m.vocab_size << ", T=" << m.max_seq_len
             << (m.moe_experts > 0 ? ", MoE E=" + std::to_string(m.moe_experts) + " k=" + std::to_string(m.moe_top_k)
                                   : ", SwiGLU f=" + std::to_string(m.ffn_hidden))
-            << "\n         parameters " << grouped(params);
-  if (active != params) std::cout << " (" << grouped(active) << " active per token)";
+            << "\n         parameters " << ui::format_grouped(params);
+  if (active != params) std::cout << " (" << ui::format_grouped(active) << " active per token)";
   const int64_t built = built_param_count(cfg, BUILD_LIMIT_BYTES);
   if (built < 0) {
-    std::cout << "; not built (" << bytes(4.0 * static_cast<double>(params)) << " of fp32 weights): counted\n";
+    std::cout << "; not built (" << ui::format_bytes(4.0 * static_cast<double>(params)) << " of fp32 weights): counted\n";
   } else if (built == params) {
     std::cout << "; built on the CPU: the same count\n";
   } else {
-    std::cout << "\n         warning: the model built on the CPU has " << grouped(built)
-              << " parameters, the accounting says " << grouped(params) << " (memory figures below use the latter)\n";
+    std::cout << "\n         warning: the model built on the CPU has " << ui::format_grouped(built)
+              << " parameters, the accounting says " << ui::format_grouped(params) << " (memory figures below use the latter)\n";
   }
-  std::cout << "         training FLOPs per token " << grouped(flops) << " (forward + backward, context "
+  std::cout << "         training FLOPs per token " << ui::format_grouped(flops) << " (forward + backward, context "
             << m.max_seq_len << ")\n";
 
   // ---- devices
@@ -177,19 +156,19 @@ int dry_run(const trainer::RunConfig& cfg, const DryRunInfo& info) {
   const double logits = logit_tokens * V * 4 * (m.loss_chunk_tokens < 0 ? 2.0 : 1.0);
   const double total = weights + grads + optim + ema + casts + act + logits;
   std::cout << "memory   per device, estimated:\n"
-            << "           weights (fp32)        " << bytes(weights) << "\n"
-            << "           gradients (fp32)      " << bytes(grads) << "\n"
-            << "           optimizer state       " << bytes(optim) << "  ("
+            << "           weights (fp32)        " << ui::format_bytes(weights) << "\n"
+            << "           gradients (fp32)      " << ui::format_bytes(grads) << "\n"
+            << "           optimizer state       " << ui::format_bytes(optim) << "  ("
             << (cfg.train.optimizer == "adamw" ? "AdamW moments" : "Muon momentum + AdamW moments, at most")
             << (cfg.run.zero1 ? ", ZeRO-1 sharded over " + std::to_string(world) + " ranks" : "") << ")\n";
-  if (ema > 0) std::cout << "           EMA weights           " << bytes(ema) << "\n";
-  if (casts > 0) std::cout << "           16-bit weight copies  " << bytes(casts) << "  (autocast)\n";
-  std::cout << "           activations           " << bytes(act) << "  (" << grouped(rows_tokens)
+  if (ema > 0) std::cout << "           EMA weights           " << ui::format_bytes(ema) << "\n";
+  if (casts > 0) std::cout << "           16-bit weight copies  " << ui::format_bytes(casts) << "  (autocast)\n";
+  std::cout << "           activations           " << ui::format_bytes(act) << "  (" << ui::format_grouped(rows_tokens)
             << " tokens per micro-batch" << (m.activation_checkpointing ? ", activation checkpointing" : "")
             << (low_precision ? "" : ", fp32") << ")\n"
-            << "           logits                " << bytes(logits) << "  ("
+            << "           logits                " << ui::format_bytes(logits) << "  ("
             << (m.loss_chunk_tokens < 0 ? "the whole micro-batch" : "one chunk of the fused head") << ")\n"
-            << "           total                 " << bytes(total)
+            << "           total                 " << ui::format_bytes(total)
             << "  (plus the CUDA context and allocator slack on a GPU)\n";
 
   // ---- schedule
@@ -201,7 +180,7 @@ int dry_run(const trainer::RunConfig& cfg, const DryRunInfo& info) {
     tokens_total += static_cast<double>(phases[phase].batch_size * phases[phase].seq_len * t.grad_accum * world);
   }
   const int64_t first_step_tokens = phases[0].batch_size * phases[0].seq_len * t.grad_accum * world;
-  std::cout << "schedule " << grouped(t.steps) << " steps × " << grouped(first_step_tokens) << " tokens ("
+  std::cout << "schedule " << ui::format_grouped(t.steps) << " steps × " << ui::format_grouped(first_step_tokens) << " tokens ("
             << phases[0].batch_size << " rows × " << phases[0].seq_len << " × " << t.grad_accum << " accumulation × "
             << world << (world == 1 ? " rank" : " ranks") << ") = " << ui::format_count(tokens_total) << " tokens";
   if (train_tokens_known && train_tokens > 0)

@@ -7,34 +7,9 @@
 #include <string>
 
 #include "model/model_config.h"
+#include "ui/log/log_line.h"
 
 namespace app {
-
-namespace {
-
-// 1234567 -> "1,234,567"
-std::string grouped(int64_t v) {
-  std::string digits = std::to_string(v < 0 ? -v : v), out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return v < 0 ? "-" + out : out;
-}
-
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f %s", b, units[u]);
-  return buf;
-}
-
-}  // namespace
 
 int model_info(const ModelInfoArgs& a) {
   auto family = model::family_from_name(a.family);
@@ -70,19 +45,19 @@ int model_info(const ModelInfoArgs& a) {
             << (c.moe_experts > 0 ? ", MoE E=" + std::to_string(c.moe_experts) + " k=" + std::to_string(c.moe_top_k)
                                   : ", SwiGLU f=" + std::to_string(c.ffn_hidden))
             << "\n";
-  std::cout << "  parameters, total             " << grouped(total) << "\n";
-  std::cout << "  parameters, active per token  " << grouped(active) << "\n";
-  std::cout << "  training FLOPs per token      " << grouped(flops) << "  (fwd+bwd, context T=" << c.max_seq_len
+  std::cout << "  parameters, total             " << ui::format_grouped(total) << "\n";
+  std::cout << "  parameters, active per token  " << ui::format_grouped(active) << "\n";
+  std::cout << "  training FLOPs per token      " << ui::format_grouped(flops) << "  (fwd+bwd, context T=" << c.max_seq_len
             << ")\n";
-  std::cout << "  activation memory per token   ~" << human_bytes(static_cast<double>(act)) << " ("
-            << human_bytes(static_cast<double>(act) * static_cast<double>(c.max_seq_len)) << " per " << c.max_seq_len
-            << "-token row; with activation checkpointing ~" << human_bytes(static_cast<double>(act_ckpt))
+  std::cout << "  activation memory per token   ~" << ui::format_bytes(static_cast<double>(act)) << " ("
+            << ui::format_bytes(static_cast<double>(act) * static_cast<double>(c.max_seq_len)) << " per " << c.max_seq_len
+            << "-token row; with activation checkpointing ~" << ui::format_bytes(static_cast<double>(act_ckpt))
             << " per token)\n";
   std::cout << "  per layer:";
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const char m = model::mixer_at(c, l);
-    std::cout << (l % 6 == 0 ? "\n   " : "") << " " << l << ":" << m << " " << grouped(model::params_mixer(c, m))
-              << "+" << grouped(model::params_ffn(c));
+    std::cout << (l % 6 == 0 ? "\n   " : "") << " " << l << ":" << m << " " << ui::format_grouped(model::params_mixer(c, m))
+              << "+" << ui::format_grouped(model::params_ffn(c));
   }
   std::cout << "\n";
   return 0;

@@ -149,3 +149,13 @@ TEST(LogLine, RunJsonLineHoldsTheConfig) {
   // A broken config text still gives a line that parses.
   EXPECT_TRUE(nlohmann::json::parse(ui::format_run_json(v, "", "{not json", "t"))["config"].is_null());
 }
+
+TEST(LogLine, GroupedDigitsAndBinaryBytes) {
+  EXPECT_EQ(ui::format_grouped(0), "0");
+  EXPECT_EQ(ui::format_grouped(999), "999");
+  EXPECT_EQ(ui::format_grouped(1234567), "1,234,567");
+  EXPECT_EQ(ui::format_grouped(-1000), "-1,000");
+  EXPECT_EQ(ui::format_bytes(512), "512.0 B");
+  EXPECT_EQ(ui::format_bytes(1536), "1.5 KiB");
+  EXPECT_EQ(ui::format_bytes(3.0 * (1 << 30)), "3.0 GiB");
+}

@@ -46,6 +46,25 @@ std::string format_count(double v) {
   return fmt("%.0f", v);
 }
 
+std::string format_grouped(int64_t v) {
+  std::string digits = std::to_string(v < 0 ? -v : v), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return v < 0 ? "-" + out : out;
+}
+
+std::string format_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  return fmt("%.1f ", b) + units[u];
+}
+
 std::string format_metrics_line(const trainer::MetricsEvent& m, int64_t total_steps, double eta_s) {
   double v = 0;
   std::string line;

@@ -37,6 +37,10 @@ namespace ui {
 std::string format_duration(double seconds);
 // "452k", "1.25M", "830".
 std::string format_count(double v);
+// 1234567 -> "1,234,567".
+std::string format_grouped(int64_t v);
+// 1536 -> "1.5 KiB" (B, KiB, MiB, GiB, TiB; one decimal).
+std::string format_bytes(double b);
 // One line for a metrics event: a training step as above (eta_s < 0: no eta field), or
 // "eval step 200 | val_loss ... | val_ppl ...". Empty for events that are neither (telemetry).
 std::string format_metrics_line(const trainer::MetricsEvent& m, int64_t total_steps, double eta_s = -1);
