@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "app/gui_script.h"
+#include "app/signals.h"
 #include "storage/file_util.h"
 #include "ui/gui/panels.h"
 
@@ -219,6 +220,10 @@ int run_gui(const GuiArgs& args) {
       ImGui_ImplOpenGL3_RenderDrawData(ImGui::GetDrawData());
     };
     if (scripted && script.failed()) exit_code = 3;
+    // SIGINT/SIGTERM as in `deltadeck train`: a run training here stops with a checkpoint, then the
+    // window closes; a second SIGINT exits at once (signals.h).
+    install_stop_signals();
+    int signals_seen = 0;
     uint64_t seen_input = ~0ull, frames = 0;
     int settle = SETTLE_FRAMES;
     double last_draw = 0;
@@ -240,6 +245,12 @@ int run_gui(const GuiArgs& args) {
       if (ev.input != seen_input) {
         seen_input = ev.input;
         settle = SETTLE_FRAMES;
+      }
+      if (stop_signals_received() > signals_seen) {
+        signals_seen = stop_signals_received();
+        if (ctl.run_active()) s.actions.push_back(ui::act::SendCommand{trainer::Command::Stop});
+        s.quit = true;
+        ctl.handle_actions();
       }
       if (ev.close_clicked) {
         ev.close_clicked = false;

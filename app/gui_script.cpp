@@ -163,7 +163,11 @@ void GuiScript::tick(GuiController& ctl, double now) {
     idle_until_ = 0;
   }
   if (frames_left_ > 0 || bench_left_ > 0 || !screenshot_.empty() || stall_ms_ > 0) return;
-  while (!done_ && step_command(ctl, now)) {
+  try {
+    while (!done_ && step_command(ctl, now)) {
+    }
+  } catch (const std::exception& e) {
+    fail(lines_[std::min(pc_, lines_.size() - 1)] + ": " + e.what());
   }
 }
 
@@ -307,6 +311,13 @@ bool GuiScript::step_command(GuiController& ctl, double now) {
     }
   } else if (cmd == "wait_tasks") {
     return wait(ctl.pending_tasks() == 0, arg(1, 30));
+  } else if (cmd == "mouse") {
+    mouse_set_ = w.size() > 2;
+    if (mouse_set_) {
+      mouse_x_ = static_cast<float>(arg(1, 0));
+      mouse_y_ = static_cast<float>(arg(2, 0));
+    }
+    frames_left_ = 2;
   } else if (cmd == "smoothing") {
     s.dashboard.smoothing = arg(1, 0.6);
     s.compare.smoothing = arg(1, 0.6);
@@ -330,6 +341,11 @@ bool GuiScript::step_command(GuiController& ctl, double now) {
 }
 
 bool GuiScript::mouse_override(float& x, float& y) const {
+  if (mouse_set_) {
+    x = mouse_x_;
+    y = mouse_y_;
+    return true;
+  }
   if (bench_left_ <= 0) return false;
   // Across the top-left plot of the dashboard, one pixel per frame.
   x = 120.0f + static_cast<float>(frame_times_.size() % 500);

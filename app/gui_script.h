@@ -23,6 +23,7 @@
 //   bench_frames N [pan]          draw N frames without vsync, print frame time (pan: move the view
 //                                 every frame, so every series is reduced again)
 //   bench_idle SECONDS            no input, no new data: print CPU use and frames drawn
+//   mouse X Y | mouse off         put the cursor there for the following frames (hover readouts)
 //   smoothing W                   the dashboard's and compare's EMA weight (0 = raw only)
 //   close                         press the window's close button (asks first while a run trains)
 //   print TEXT                    echo
@@ -82,6 +83,8 @@ class GuiScript {
   int frames_left_ = 0;
   std::string screenshot_;
   int stall_ms_ = 0;
+  bool mouse_set_ = false;
+  float mouse_x_ = 0, mouse_y_ = 0;
   bool stall_report_ = false;   // print how far training went while the frame was stalled
   int64_t stall_step_before_ = 0;
   double stall_started_ = 0;

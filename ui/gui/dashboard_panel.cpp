@@ -199,10 +199,11 @@ void draw_dashboard(GuiState& s) {
   ImGui::BeginChild("plots", ImVec2(0, -log_h), false);
   const auto ckpt_markers = checkpoint_markers(live, axis);
   bool open_marker_menu = false;
-  const float plot_h = std::max(ImGui::GetFontSize() * 11, (ImGui::GetContentRegionAvail().y - 40) / 3.0f);
+  // Three rows of plots fit the view; each plot's header line and spacing come off its share.
+  const float header = ImGui::GetFrameHeightWithSpacing() + ImGui::GetStyle().ItemSpacing.y;
+  const float plot_h = std::max(ImGui::GetFontSize() * 9, ImGui::GetContentRegionAvail().y / 3.0f - header - 2);
   if (ImGui::BeginTable("grid", 2, ImGuiTableFlags_SizingStretchSame)) {
     for (const PlotSpec& spec : specs) {
-      ImGui::TableNextColumn();
       std::vector<PlotSeries> series;
       size_t color = 0;
       for (const auto& key : spec.keys) add_plot_series(h, live.smoothed, key, axis, weight, key, series_color(color++), series);
@@ -224,6 +225,10 @@ void draw_dashboard(GuiState& s) {
                                "loss scale backed off at step " + format_x(st, XAxis::Step), 0, false});
         }
       }
+      // Metrics this run does not report (MFU on the CPU) take no space; the loss plot stays as the
+      // place that says the run has not logged yet.
+      if (series.empty() && spec.keys.front() != "loss") continue;
+      ImGui::TableNextColumn();
       if (series.empty()) {
         ImGui::TextUnformatted(spec.title);
         ImGui::TextDisabled(v.status == "starting" ? "waiting for the first step..." : "not reported by this run");

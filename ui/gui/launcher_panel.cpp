@@ -174,7 +174,9 @@ void draw_launcher(GuiState& s) {
     }
     ImGui::TableNextRow();
     ImGui::TableSetColumnIndex(1);
-    ImGui::TextDisabled("%s parameters, d=%lld, L=%lld, pattern %s", format_count(static_cast<double>(model::count_params(c.model))).c_str(),
+    ImGui::TextDisabled("%s parameters%s, d=%lld, L=%lld, pattern %s",
+                        format_count(static_cast<double>(model::count_params(c.model))).c_str(),
+                        c.model.vocab_size == 0 ? " without the embedding (vocabulary from the tokenizer)" : "",
                         static_cast<long long>(c.model.d), static_cast<long long>(c.model.n_layers), c.model.pattern.c_str());
 
     f.label("data.train", "Training sources, one per line: text:GLOB | jsonl:GLOB | llmc:GLOB | u16:GLOB");
