@@ -239,10 +239,18 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
   auto A = b.unsqueeze(-1) * torch::matmul(K, K.transpose(-1, -2)) * Dm;
   auto rhs = torch::cat({(b * eg).unsqueeze(-1) * K, b.unsqueeze(-1) * V}, -1);  // [N,H,C,dk+dv]
   auto WU = torch::linalg_solve_triangular(A, rhs, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
-  auto Wc = WU.narrow(-1, 0, dk).view({N * H, C, dk});
-  auto Uc = WU.narrow(-1, dk, dv).view({N * H, C, dv});
+  auto WU_parts = WU.split_with_sizes({dk, dv}, -1);
+  auto Wc = WU_parts[0].reshape({N * H, C, dk});
+  auto Uc = WU_parts[1].reshape({N * H, C, dv});
   auto Kd3 = Kd.view({N * H, C, dk});
   auto decay3 = decay.view({N * H, 1, 1});
+  // Each scan step's rows of the chunk list, as one split: its backward concatenates the steps'
+  // gradients once. Narrowing the whole list per step instead makes autograd zero-fill and add a
+  // full-size gradient for every step (thousands of kernels per layer at T = 2048).
+  std::vector<int64_t> step_rows;
+  for (const int64_t cnt : plan.step_count) step_rows.push_back(cnt * H);
+  const auto Wc_m = Wc.split_with_sizes(step_rows, 0), Uc_m = Uc.split_with_sizes(step_rows, 0);
+  const auto Kd_m = Kd3.split_with_sizes(step_rows, 0), decay_m = decay3.split_with_sizes(step_rows, 0);
 
   // Sequential scan over chunk steps; documents that have run out of chunks leave the prefix.
   torch::Tensor h;  // [n_running·H, dk, dv] in sorted document order
@@ -257,16 +265,17 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
   h_in.reserve(n_steps);
   v_new.reserve(n_steps);
   for (size_t m = 0; m < n_steps; ++m) {
-    const int64_t off = plan.step_off[m] * H, cnt = plan.step_count[m] * H;
+    const int64_t cnt = plan.step_count[m] * H;
     h_in.push_back(h);
     // Vn = Uc − Wc h: values corrected against the chunk-entry state.
-    auto vn = torch::baddbmm(Uc.narrow(0, off, cnt), Wc.narrow(0, off, cnt), h, 1.0, -1.0);
+    auto vn = torch::baddbmm(Uc_m[m], Wc_m[m], h, 1.0, -1.0);
     v_new.push_back(vn);
-    h = torch::baddbmm(decay3.narrow(0, off, cnt) * h, Kd3.narrow(0, off, cnt).transpose(1, 2), vn);
+    h = torch::baddbmm(decay_m[m] * h, Kd_m[m].transpose(1, 2), vn);
     const int64_t next = (m + 1 < n_steps ? plan.step_count[m + 1] : 0) * H;
     if (next < cnt) {
-      finished.push_back(h.narrow(0, next, cnt - next));
-      h = h.narrow(0, 0, next);
+      auto parts = h.split_with_sizes({next, cnt - next}, 0);
+      finished.push_back(parts[1]);
+      h = parts[0];
     }
   }
   // Finished states came off the end of the sorted order first.
