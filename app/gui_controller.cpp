@@ -227,6 +227,16 @@ bool apply_poll(ui::GuiState& s, PollResult& r) {
   return changed;
 }
 
+// The problems of reading a config that the form will not show next to a field: the form shows
+// what validate() finds; the rest (unknown keys, bad TOML, an unreadable file) go at the top.
+std::vector<std::string> not_shown_by_fields(const std::vector<std::string>& errors, const trainer::RunConfig& cfg) {
+  const auto shown = trainer::validate(cfg);
+  std::vector<std::string> out;
+  for (const auto& e : errors)
+    if (std::find(shown.begin(), shown.end(), e) == shown.end()) out.push_back(e);
+  return out;
+}
+
 std::string join_lines(const std::vector<std::string>& v) {
   std::string out;
   for (const auto& s : v) out += s + "\n";
@@ -292,7 +302,7 @@ void GuiController::init_launcher() {
   p.draft = parsed.config;
   p.draft.run.runs_dir = opts_.runs_dir;
   p.train_sources = join_lines(p.draft.data.train);
-  p.parse_errors = parsed.errors;
+  p.parse_errors = not_shown_by_fields(parsed.errors, p.draft);
   p.dirty_validation = true;
 }
 
@@ -303,12 +313,7 @@ void GuiController::load_config_file(const std::string& path) {
   p.draft.run.runs_dir = opts_.runs_dir;
   p.train_sources = join_lines(p.draft.data.train);
   p.source_name = path;
-  // Problems the form shows next to their fields come back from validate(); the rest (unknown
-  // keys, bad TOML, an unreadable file) are listed at the top.
-  const auto shown = trainer::validate(p.draft);
-  p.parse_errors.clear();
-  for (const auto& e : parsed.errors)
-    if (std::find(shown.begin(), shown.end(), e) == shown.end()) p.parse_errors.push_back(e);
+  p.parse_errors = not_shown_by_fields(parsed.errors, p.draft);
   p.dirty_validation = true;
   p.message = parsed.ok() ? "Loaded " + path : "Loaded " + path + " with problems";
 }

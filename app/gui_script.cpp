@@ -200,9 +200,17 @@ bool GuiScript::step_command(GuiController& ctl, double now) {
   };
 
   if (cmd == "start") {
+    const bool expect_fail = w.size() > 1 && w[1] == "expect_fail";
+    const bool was_active = ctl.run_active();
     s.actions.push_back(ui::act::StartRun{});
     ctl.handle_actions();
-    if (!s.live.active) {
+    if (expect_fail) {
+      if (ctl.run_active() != was_active) {
+        fail("start expect_fail: the run started");
+        return false;
+      }
+      frames_left_ = 2;
+    } else if (!s.live.active) {
       std::string why = s.status;
       for (const auto& e : s.launcher.errors) why += "; " + e;
       for (const auto& e : s.launcher.start_errors) why += "; " + e;

@@ -2,7 +2,8 @@
 // start runs, wait for steps, switch views, stall a frame, take screenshots and measure. Used by the
 // GUI end-to-end test under Xvfb and by the benchmark (--gui-bench runs a built-in script).
 //
-//   start                         press the launcher's Start (the draft from --config/--set)
+//   start [expect_fail]           press the launcher's Start (the draft from --config/--set); with
+//                                 expect_fail the run must not start (its problems show in the form)
 //   wait_step N [TIMEOUT_S]       until the live run has logged step >= N
 //   wait_end [TIMEOUT_S]          until the live run has ended and its end is recorded
 //   wait_rows N [TIMEOUT_S]       until the runs browser lists >= N runs and their reads settled

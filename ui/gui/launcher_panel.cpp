@@ -19,14 +19,33 @@ namespace {
 
 const ImVec4 ERROR_COLOR(1.0f, 0.42f, 0.38f, 1.0f);
 
-// The problems of one key ("train.lr: must be > 0") under its field; true when there were any.
+// The key a problem line names: "train.lr: must be > 0" -> "train.lr"; "data.train[1]: ..." ->
+// "data.train" (a list key's element belongs to the list's field).
+std::string error_key(const std::string& e) {
+  std::string key = e.substr(0, e.find(':'));
+  const auto bracket = key.find('[');
+  if (bracket != std::string::npos) key.resize(bracket);
+  const auto space = key.find(' ');
+  if (space != std::string::npos) key.resize(space);
+  return key;
+}
+
+// Every problem of the draft: the validator's, then those found resolving it for this machine.
+std::vector<std::string> all_errors(const LauncherPanel& p) {
+  std::vector<std::string> all = p.errors;
+  all.insert(all.end(), p.start_errors.begin(), p.start_errors.end());
+  return all;
+}
+
+// The problems of one key under its field; true when there were any.
 bool field_errors(const LauncherPanel& p, const char* key) {
   bool any = false;
-  const std::string prefix = std::string(key) + ":";
-  for (const auto& e : p.errors)
-    if (e.compare(0, prefix.size(), prefix) == 0) {
+  for (const auto& e : all_errors(p))
+    if (error_key(e) == key) {
+      const size_t colon = e.find(':');
+      const size_t from = colon == std::string::npos ? 0 : e.find_first_not_of(' ', colon + 1);
       ImGui::PushStyleColor(ImGuiCol_Text, ERROR_COLOR);
-      ImGui::TextWrapped("%s", e.c_str() + prefix.size() + (e.size() > prefix.size() && e[prefix.size()] == ' '));
+      ImGui::TextWrapped("%s", e.c_str() + (from == std::string::npos ? 0 : from));
       ImGui::PopStyleColor();
       any = true;
     }
@@ -36,8 +55,8 @@ bool field_errors(const LauncherPanel& p, const char* key) {
 // Problems whose key no field shows (cross-field rules, keys outside the form).
 std::vector<std::string> other_errors(const LauncherPanel& p, const std::vector<const char*>& shown) {
   std::vector<std::string> out;
-  for (const auto& e : p.errors) {
-    const std::string key = e.substr(0, e.find(':'));
+  for (const auto& e : all_errors(p)) {
+    const std::string key = error_key(e);
     if (std::find_if(shown.begin(), shown.end(), [&](const char* k) { return key == k; }) == shown.end())
       out.push_back(e);
   }
@@ -226,7 +245,6 @@ void draw_launcher(GuiState& s) {
     ImGui::TextColored(ERROR_COLOR, "%zu %s; the run cannot start.", problems, problems == 1 ? "problem" : "problems");
   }
   for (const auto& e : others) ImGui::TextColored(ERROR_COLOR, "%s", e.c_str());
-  for (const auto& e : p.start_errors) ImGui::TextColored(ERROR_COLOR, "%s", e.c_str());
   ImGui::Spacing();
   const bool running = s.live.active && !s.live.view.ended();
   ImGui::BeginDisabled(problems > 0 || running);
