@@ -135,9 +135,11 @@ bool write_plot_areas(const std::string& path, const ui::GuiState& s, float scal
       std::string name = title;
       std::replace(name.begin(), name.end(), ' ', '_');
       std::fprintf(f, "%s %d %d %d %d", name.c_str(), x0, y0, x1, y1);
-      for (ImU32 c : st.colors)
-        std::fprintf(f, " %02X%02X%02X", (c >> IM_COL32_R_SHIFT) & 0xFF, (c >> IM_COL32_G_SHIFT) & 0xFF,
-                     (c >> IM_COL32_B_SHIFT) & 0xFF);
+      for (size_t i = 0; i < st.colors.size(); ++i) {
+        const ImU32 c = st.colors[i];
+        std::fprintf(f, " %02X%02X%02X:%zu", (c >> IM_COL32_R_SHIFT) & 0xFF, (c >> IM_COL32_G_SHIFT) & 0xFF,
+                     (c >> IM_COL32_B_SHIFT) & 0xFF, i < st.counts.size() ? st.counts[i] : 0);
+      }
       std::fprintf(f, "\n");
     }
   return std::fclose(f) == 0;
@@ -317,6 +319,38 @@ bool GuiScript::step_command(GuiController& ctl, double now) {
       fail("resume: " + s.status);
       return false;
     }
+  } else if (cmd == "checkpoint") {
+    // checkpoint verify STEP | checkpoint export STEP DIR | checkpoint expect STEP ok|mismatch|missing
+    const int64_t id = s.runs.focused;
+    const std::string what = w.size() > 1 ? w[1] : "";
+    const int64_t step = static_cast<int64_t>(arg(2, -1));
+    const auto lr = s.loaded.find(id);
+    const storage::CheckpointRecord* rec = nullptr;
+    if (lr != s.loaded.end())
+      for (const auto& c : lr->second.checkpoints)
+        if (c.step == step) rec = &c;
+    if (!rec) {
+      fail("checkpoint: the focused run has no checkpoint at step " + std::to_string(step));
+      return false;
+    }
+    if (what == "verify") {
+      s.actions.push_back(ui::act::VerifyCheckpoint{id, step, rec->path, rec->sha256});
+    } else if (what == "export") {
+      s.actions.push_back(ui::act::ExportCheckpoint{id, step, rec->path, w.size() > 3 ? w[3] : "export"});
+    } else if (what == "expect") {
+      const auto it = lr->second.checksum.find(step);
+      const ui::ChecksumState st = it == lr->second.checksum.end() ? ui::ChecksumState::Unchecked : it->second;
+      const std::string want = w.size() > 3 ? w[3] : "ok";
+      const char* got = st == ui::ChecksumState::Ok         ? "ok"
+                        : st == ui::ChecksumState::Mismatch ? "mismatch"
+                        : st == ui::ChecksumState::Missing  ? "missing"
+                                                            : "unchecked";
+      if (want != got) {
+        fail("checkpoint " + std::to_string(step) + ": checksum " + got + ", expected " + want);
+        return false;
+      }
+    }
+    ctl.handle_actions();
   } else if (cmd == "wait_tasks") {
     return wait(ctl.pending_tasks() == 0, arg(1, 30));
   } else if (cmd == "mouse") {

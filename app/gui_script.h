@@ -13,12 +13,15 @@
 //   resume STEP                   resume the focused run from its checkpoint of STEP (-1: newest)
 //   tag TAG | rename NAME | note TEXT | export_csv PATH
 //                                 the focused run's edits and export, as the Runs view's buttons do
+//   checkpoint verify STEP | checkpoint export STEP DIR | checkpoint expect STEP ok|mismatch|missing
+//                                 the focused run's checkpoint buttons, and the checksum they show
 //   wait_tasks [TIMEOUT_S]        until the background edits and exports are done
 //   frames N                      draw N frames
 //   stall MS                      sleep MS inside the next frame (the frame loop stops; training must not)
 //   command pause|resume|save|stop
 //   screenshot PATH               PNG of the next frame, and PATH.plots: the plot areas drawn in it
-//                                 ("title x0 y0 x1 y1 RRGGBB..." in image pixels, one plot a line)
+//                                 ("title x0 y0 x1 y1 RRGGBB:POINTS..." in image pixels, one plot a
+//                                 line; POINTS: the series' points in view)
 //   stats                         print frames drawn and live snapshots taken / skipped
 //   synthetic N                   a fake live run with N points in each dashboard series (benchmark)
 //   bench_frames N [pan]          draw N frames without vsync, print frame time (pan: move the view

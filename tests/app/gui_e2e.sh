@@ -70,6 +70,10 @@ focus latest
 tag e2e-tag
 note written by the gui test
 export_csv $work/gui-e2e.csv
+checkpoint verify 100
+checkpoint export 200 $work/export
+wait_tasks 60
+checkpoint expect 100 ok
 rename gui-renamed
 wait_tasks 30
 resume 100
@@ -113,6 +117,8 @@ live_rows="1"
 # The CSV export holds every metric row of the run as it was then (before the resume), at full precision.
 [ "$(( $(wc -l < "$work/gui-e2e.csv") - 1 ))" -gt 1000 ] || fail "CSV export too short"
 head -1 "$work/gui-e2e.csv" | grep -qx "step,tokens,wall_s,key,value" || fail "CSV header"
+# The checkpoint of step 200, exported from its row in the Runs view.
+[ -s "$work/export/model.safetensors" ] && [ -s "$work/export/config.json" ] || fail "checkpoint export missing"
 [ "$(sqlite3 "$db" "SELECT count(DISTINCT step) FROM metrics WHERE run_id=$id AND key='loss'")" = 100 ] \
   || fail "expected 100 logged loss steps (2..200)"
 [ "$(sqlite3 "$db" "SELECT count(*) FROM metrics WHERE run_id=$id AND key='val_loss' AND $live_rows")" = 4 ] \

@@ -1,6 +1,8 @@
 // Checks a desktop-app screenshot: every plot area listed in IMAGE.plots (written next to it by the
-// app's `screenshot` script command: "title x0 y0 x1 y1 RRGGBB...") must hold pixels of each of its
-// series' colours, not just the plot background. Prints one line per plot; exit 1 on failure.
+// app's `screenshot` script command: "title x0 y0 x1 y1 RRGGBB:POINTS...") must hold pixels of each
+// of its series' colours, not just the plot background. A series with a single point in view (an
+// evaluation, the first telemetry sample) is a dot, so it needs fewer. Prints one line per plot;
+// exit 1 on failure.
 //   gui_png_check IMAGE.png MIN_PLOTS [MIN_PIXELS_PER_COLOUR]
 #include <stb_image.h>
 
@@ -49,7 +51,11 @@ int main(int argc, char** argv) {
     int x0, y0, x1, y1;
     if (!(in >> title >> x0 >> y0 >> x1 >> y1)) continue;
     std::vector<Rgb> colours;
-    for (std::string hex; in >> hex;) colours.push_back(parse_hex(hex));
+    std::vector<long> points;
+    for (std::string item; in >> item;) {
+      colours.push_back(parse_hex(item.substr(0, item.find(':'))));
+      points.push_back(item.find(':') == std::string::npos ? 1000 : std::atol(item.c_str() + item.find(':') + 1));
+    }
     if (x0 < 0 || y0 < 0 || x1 > w || y1 > h || x1 <= x0 || y1 <= y0 || colours.empty()) {
       std::printf("FAIL %s: bad area %d,%d-%d,%d in a %dx%d image\n", title.c_str(), x0, y0, x1, y1, w, h);
       ++failed;
@@ -72,7 +78,8 @@ int main(int argc, char** argv) {
                 100 * uniform / area);
     for (size_t c = 0; c < colours.size(); ++c) {
       std::printf(" %d", hits[c]);
-      ok &= hits[c] >= min_pixels;
+      const long need = points[c] >= 2 ? min_pixels : 5;
+      ok &= hits[c] >= need && points[c] >= 1;
     }
     // Drawn series on a background, not a blank or flooded rectangle.
     ok &= uniform > area / 4 && uniform < area;

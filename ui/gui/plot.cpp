@@ -332,7 +332,11 @@ PlotResult draw_plot(const char* title, PlotState& st, XRange& xr, const std::ve
   st.area_min = f.lo;
   st.area_max = f.hi;
   st.colors.clear();
-  for (const auto& s : series) st.colors.push_back(s.color);
+  st.counts.clear();
+  for (size_t i = 0; i < series.size(); ++i) {
+    st.colors.push_back(series[i].color);
+    st.counts.push_back(cache.raw[i].points_in_range);
+  }
 
   // Interaction: wheel zooms x around the cursor (shift: y), drag pans, double-click fits.
   ImGuiIO& io = ImGui::GetIO();

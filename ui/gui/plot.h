@@ -53,6 +53,7 @@ struct PlotState {
   ImVec2 area_min, area_max;
   int drawn_frame = -1;     // ImGui::GetFrameCount() of that frame
   std::vector<ImU32> colors;
+  std::vector<size_t> counts;  // points of each series in the visible range
   // Cache of the last frame's reduction.
   struct Cached {
     std::vector<Downsampled> raw, smooth;
