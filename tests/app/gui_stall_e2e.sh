@@ -58,12 +58,13 @@ db="$work/runs/deltadeck.db"
 [ "$(sqlite3 "$db" "SELECT count(*) FROM metrics WHERE key='val_loss'")" = 3 ] || fail "expected 3 evaluations"
 [ "$(sqlite3 "$db" "SELECT count(*) FROM checkpoints")" = 2 ] || fail "expected 2 checkpoints (150, 300)"
 
-# The run's own clock never paused: no gap between consecutive logged steps near a stall's 2 s.
+# The run's own clock never paused: no gap between consecutive logged steps near a stall's 2 s
+# (they come every ~0.1 s; 1.5 s leaves room for a loaded machine).
 read -r median maxgap < <(sqlite3 "$db" "SELECT wall_s FROM metrics WHERE key='loss' ORDER BY step" |
   awk 'NR > 1 { printf "%.4f\n", $1 - prev } { prev = $1 }' | sort -n |
   awk '{ d[NR] = $1 } END { printf "%s %s\n", d[int(NR / 2) + 1], d[NR] }')
 echo "logged-step interval: median ${median} s, max ${maxgap} s"
-awk -v g="$maxgap" 'BEGIN { exit !(g < 1.0) }' || fail "a ${maxgap} s gap between logged steps: training waited"
+awk -v g="$maxgap" 'BEGIN { exit !(g < 1.5) }' || fail "a ${maxgap} s gap between logged steps: training waited"
 
 # Training kept its pace through each stall: at least half the steps its average pace gives in 2 s.
 first_last=$(sqlite3 "$db" "SELECT min(wall_s), max(wall_s) FROM metrics WHERE key='loss'")
