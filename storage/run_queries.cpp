@@ -66,13 +66,22 @@ int64_t data_version(sqlite3* db) {
 }
 
 std::vector<MetricRowRead> metrics_after(sqlite3* db, int64_t run_id, int64_t after_rowid, int64_t limit) {
-  // The rowid range is the table's own b-tree order; run_id filters within it. A run's rows are
-  // interleaved with other runs' only while several run at once, so the scan reads little else.
+  // Rows are read along the table's own rowid b-tree (NOT INDEXED), from just after the last row
+  // read: a poll of a live run touches only the rows written since, not every row of the run (the
+  // (run_id, key, step) index would make SQLite visit all of them and sort by rowid, each poll).
+  // A first read starts at the run's first row, found once through the index.
+  int64_t from = after_rowid;
+  if (from <= 0) {
+    Query first(db, "SELECT min(rowid) FROM metrics WHERE run_id = ?1");
+    first.bind(1, run_id);
+    if (!first.step() || first.null(0)) return {};
+    from = first.i64(0) - 1;
+  }
   Query q(db,
-          "SELECT rowid, step, tokens, wall_s, key, value FROM metrics "
+          "SELECT rowid, step, tokens, wall_s, key, value FROM metrics NOT INDEXED "
           "WHERE rowid > ?2 AND run_id = ?1 ORDER BY rowid LIMIT ?3");
   q.bind(1, run_id);
-  q.bind(2, after_rowid);
+  q.bind(2, from);
   q.bind(3, limit);
   std::vector<MetricRowRead> out;
   while (q.step()) {
