@@ -267,7 +267,8 @@ GuiController::GuiController(GuiOptions opts, std::function<void()> wake) : opts
         id = store->find_run(opts_.resume).id;
       }
       store.reset();
-      resume_run(id, -1);
+      // `deltadeck train --resume RUN --set train.steps=N` trains it longer, as on the command line.
+      resume_run(id, -1, opts_.overrides);
     } catch (const std::exception& e) {
       state_.set_status(std::string("resume: ") + e.what(), true);
     }
@@ -450,13 +451,13 @@ void GuiController::start_run() {
   }
 }
 
-void GuiController::resume_run(int64_t run_id, int64_t step) {
+void GuiController::resume_run(int64_t run_id, int64_t step, const std::vector<std::string>& overrides) {
   if (run_active()) {
     state_.set_status("A run is training in this window; resume when it has ended.", true);
     return;
   }
   try {
-    PreparedRun prep = prepare_resume(db_->path, run_id, step);
+    PreparedRun prep = prepare_resume(db_->path, run_id, step, overrides);
     const std::string from = prep.resume_from;
     // The resumed history replaces rows after the checkpoint; reread it from scratch.
     state_.loaded.erase(run_id);

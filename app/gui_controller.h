@@ -57,7 +57,7 @@ class GuiController {
   void init_launcher();
   void load_config_file(const std::string& path);
   void start_run();
-  void resume_run(int64_t run_id, int64_t step);
+  void resume_run(int64_t run_id, int64_t step, const std::vector<std::string>& overrides = {});
   void adopt_host(std::unique_ptr<RunHost> host);
   void feed_live();
   void post_poll(bool force);

@@ -36,7 +36,8 @@ int64_t world_size_of(const trainer::RunConfig& cfg) {
   return static_cast<int64_t>(trainer::rank_devices(cfg.run.devices).size());
 }
 
-PreparedRun prepare_resume(const std::string& db_path, int64_t run_id, int64_t step) {
+PreparedRun prepare_resume(const std::string& db_path, int64_t run_id, int64_t step,
+                           const std::vector<std::string>& overrides) {
   PreparedRun out;
   out.db_path = db_path;
   out.store = storage::RunStore::open(db_path);
@@ -50,7 +51,7 @@ PreparedRun prepare_resume(const std::string& db_path, int64_t run_id, int64_t s
   out.run_id = run_id;
   out.run_dir = (runs_dir.empty() ? "." : runs_dir) + "/" + run->name;
   const std::string where = "run '" + run->name + "' config";
-  trainer::ConfigResult parsed = trainer::parse_config(out.store->run_config_toml(run_id), where, {});
+  trainer::ConfigResult parsed = trainer::parse_config(out.store->run_config_toml(run_id), where, overrides);
   if (!parsed.ok()) throw std::runtime_error(where + ": " + parsed.errors.front());
   trainer::RunConfig cfg = parsed.config;
   cfg.run.runs_dir = runs_dir.empty() ? "." : runs_dir;

@@ -23,9 +23,11 @@ std::vector<std::string> check_runnable(trainer::RunConfig& cfg);
 int64_t world_size_of(const trainer::RunConfig& cfg);
 
 // Reopens run `run_id` of the database at db_path to continue from its checkpoint of `step` (-1: the
-// newest complete one): its recorded config (resolved again for this machine), the metric rows after
-// that step removed (the resumed run recomputes them), an event saying so. Throws
-// std::runtime_error saying what is wrong (run still alive, no such checkpoint, config problems).
-PreparedRun prepare_resume(const std::string& db_path, int64_t run_id, int64_t step);
+// newest complete one): its recorded config with `overrides` ("train.steps=1200", as --set gives
+// them; resolved again for this machine), the metric rows after that step removed (the resumed run
+// recomputes them), an event saying so. Throws std::runtime_error saying what is wrong (run still
+// alive, no such checkpoint, config problems).
+PreparedRun prepare_resume(const std::string& db_path, int64_t run_id, int64_t step,
+                           const std::vector<std::string>& overrides = {});
 
 }  // namespace app
