@@ -2,6 +2,9 @@
 // It waits up to GATHER after a commit before the next one, even when rows are already waiting:
 // committing every row as it arrives would cost a WAL write per step and wake readers for
 // nothing, while a batch every ~50 ms keeps the plots live with a handful of commits a second.
+// It also commits at most once per training step: rows of a step already committed (an
+// evaluation, telemetry) wait for the next step's rows, or HOLD at most, unless a flush or a full
+// batch asks. So a fast run commits at most every GATHER and a slow one once per step.
 #include "storage/metrics_writer.h"
 
 #include <algorithm>
@@ -18,6 +21,8 @@ constexpr auto GATHER = std::chrono::milliseconds(50);
 // One transaction never holds more than this many rows, so a backlog is written in bounded
 // steps and a flush() or a reader never waits on one huge commit.
 constexpr size_t MAX_BATCH = 10000;
+// Rows of an already committed step wait at most this long for the next step's.
+constexpr auto HOLD = std::chrono::seconds(5);
 
 }  // namespace
 
@@ -39,7 +44,7 @@ void MetricsWriter::push(MetricRow row) {
   bool wake;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    wake = pending_.empty();
+    wake = note_arrival(row.point.step);
     pending_.push_back(std::move(row));
     ++pushed_;
     wake = wake || pending_.size() >= MAX_BATCH;
@@ -51,10 +56,10 @@ void MetricsWriter::push(MetricRow row) {
 
 void MetricsWriter::push(const std::vector<MetricRow>& rows) {
   if (rows.empty()) return;
-  bool wake;
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    wake = pending_.empty();
+    for (const MetricRow& r : rows) wake = note_arrival(r.point.step) || wake;
     pending_.insert(pending_.end(), rows.begin(), rows.end());
     pushed_ += static_cast<int64_t>(rows.size());
     wake = wake || pending_.size() >= MAX_BATCH;
@@ -76,20 +81,43 @@ std::string MetricsWriter::last_error() const {
   return last_error_;
 }
 
+bool MetricsWriter::note_arrival(int64_t step) {
+  // Called with mu_ held. Wakes the thread when the queue fills from empty, or when a step newer
+  // than any queued arrives (rows held for a committed step may go now).
+  bool wake = false;
+  if (pending_.empty()) {
+    first_pending_at_ = std::chrono::steady_clock::now();
+    wake = true;
+  }
+  if (step > max_pending_step_) {
+    wake = wake || max_pending_step_ <= max_committed_step_;
+    max_pending_step_ = step;
+  }
+  return wake;
+}
+
 void MetricsWriter::run() {
   auto last_commit = std::chrono::steady_clock::now() - GATHER;
   std::vector<MetricRow> batch;
   std::unique_lock<std::mutex> lock(mu_);
+  auto urgent = [&] { return stop_ || flush_to_ > committed_ || pending_.size() >= MAX_BATCH; };
+  auto new_step = [&] { return max_pending_step_ > max_committed_step_; };
   for (;;) {
     cv_.wait(lock, [&] { return stop_ || !pending_.empty(); });
     if (pending_.empty()) break;
-    cv_.wait_until(lock, last_commit + GATHER, [&] {
-      return stop_ || flush_to_ > committed_ || pending_.size() >= MAX_BATCH;
-    });
+    cv_.wait_until(lock, last_commit + GATHER, urgent);
+    if (!urgent() && !new_step())
+      cv_.wait_until(lock, first_pending_at_ + HOLD, [&] { return urgent() || new_step(); });
     const size_t n = std::min(pending_.size(), MAX_BATCH);
     const auto end = pending_.begin() + static_cast<std::ptrdiff_t>(n);
     batch.assign(std::make_move_iterator(pending_.begin()), std::make_move_iterator(end));
     pending_.erase(pending_.begin(), end);
+    for (const MetricRow& r : batch) max_committed_step_ = std::max(max_committed_step_, r.point.step);
+    if (pending_.empty()) {
+      max_pending_step_ = max_committed_step_;
+    } else {
+      first_pending_at_ = std::chrono::steady_clock::now();
+    }
     lock.unlock();
 
     // A failed batch is retried once, then dropped. The failure worth retrying is SQLITE_BUSY
@@ -101,6 +129,7 @@ void MetricsWriter::run() {
       try {
         store_->insert_metrics(batch);
         rows_written_ += static_cast<int64_t>(n);
+        ++commits_;
         break;
       } catch (const std::exception& e) {
         error = attempt == 0 ? std::string("metrics batch of ") + std::to_string(n) +

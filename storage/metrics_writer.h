@@ -3,6 +3,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <climits>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -32,10 +34,13 @@ class MetricsWriter {
   void flush();
   // Rows committed so far, and the last error (empty when none).
   int64_t rows_written() const { return rows_written_.load(); }
+  // Transactions committed so far (at most one per training step, see metrics_writer.cpp).
+  int64_t commits() const { return commits_.load(); }
   std::string last_error() const;
 
  private:
   void run();
+  bool note_arrival(int64_t step);  // mu_ held
   std::unique_ptr<RunStore> store_;
   mutable std::mutex mu_;
   std::condition_variable cv_, flushed_cv_;
@@ -45,7 +50,11 @@ class MetricsWriter {
   // flush() raises this so the thread writes at once instead of waiting to gather a fuller batch.
   int64_t flush_to_ = 0;
   bool stop_ = false;
-  std::atomic<int64_t> rows_written_{0};
+  std::atomic<int64_t> rows_written_{0}, commits_{0};
+  // The commit-once-per-step policy: the newest step queued and committed, and when the oldest
+  // queued row arrived.
+  int64_t max_pending_step_ = INT64_MIN, max_committed_step_ = INT64_MIN;
+  std::chrono::steady_clock::time_point first_pending_at_{};
   std::string last_error_;
   std::thread thread_;
 };

@@ -79,7 +79,7 @@ std::vector<MetricRowRead> metrics_after(sqlite3* db, int64_t run_id, int64_t af
   }
   Query q(db,
           "SELECT rowid, step, tokens, wall_s, key, value FROM metrics NOT INDEXED "
-          "WHERE rowid > ?2 AND run_id = ?1 ORDER BY rowid LIMIT ?3");
+          "WHERE rowid > ?2 AND run_id = ?1 AND superseded = 0 ORDER BY rowid LIMIT ?3");
   q.bind(1, run_id);
   q.bind(2, from);
   q.bind(3, limit);
@@ -101,7 +101,7 @@ RunFigures run_figures(sqlite3* db, int64_t run_id) {
   RunFigures f;
   {
     Query q(db, "SELECT step, tokens, wall_s, value FROM metrics WHERE run_id = ?1 AND key = 'loss' "
-                "ORDER BY step DESC LIMIT 1");
+                "AND superseded = 0 ORDER BY step DESC LIMIT 1");
     q.bind(1, run_id);
     if (q.step()) {
       f.has_loss = true;
@@ -112,7 +112,7 @@ RunFigures run_figures(sqlite3* db, int64_t run_id) {
     }
   }
   {
-    Query q(db, "SELECT min(value) FROM metrics WHERE run_id = ?1 AND key = 'val_loss'");
+    Query q(db, "SELECT min(value) FROM metrics WHERE run_id = ?1 AND key = 'val_loss' AND superseded = 0");
     q.bind(1, run_id);
     if (q.step() && !q.null(0)) {
       f.has_val = true;
@@ -132,7 +132,8 @@ std::vector<std::pair<int64_t, std::string>> run_configs(sqlite3* db) {
 int64_t export_metrics_csv(sqlite3* db, int64_t run_id, const std::string& path) {
   FILE* f = std::fopen(path.c_str(), "w");
   if (!f) throw std::runtime_error(path + ": cannot write: " + std::strerror(errno));
-  Query q(db, "SELECT step, tokens, wall_s, key, value FROM metrics WHERE run_id = ?1 ORDER BY key, step, rowid");
+  Query q(db, "SELECT step, tokens, wall_s, key, value FROM metrics WHERE run_id = ?1 AND superseded = 0 "
+              "ORDER BY key, step, rowid");
   q.bind(1, run_id);
   std::fputs("step,tokens,wall_s,key,value\n", f);
   int64_t rows = 0;

@@ -8,6 +8,7 @@
 
 #include <signal.h>
 #include <sqlite3.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -138,7 +139,7 @@ constexpr const char* SUMMARY_COLUMNS =
     "SELECT id, name, status, model, host, pid, params, world_size, revision, started_at, "
     "ended_at, message, note FROM runs";
 
-constexpr const char* STATUSES[] = {"running", "finished", "stopped", "failed", "interrupted"};
+constexpr const char* STATUSES[] = {"running", "finished", "stopped", "failed", "interrupted", "preempted", "diverged"};
 
 RunSummary read_summary(const Stmt& s) {
   RunSummary r;
@@ -223,13 +224,16 @@ bool parse_id(const std::string& s, int64_t* id) {
 
 // Distinct keys as a loose index scan: each key is one seek into (run_id, key, step), where
 // SELECT DISTINCT would read every row of the run (millions for a long run).
+// Only current rows count (superseded ones are an abandoned attempt's): ORDER BY ... LIMIT 1 walks
+// the index and skips the few superseded rows, where min() would have to consider them all.
 std::vector<std::string> metric_keys_of(sqlite3* db, const std::string& path, int64_t run_id) {
   std::vector<std::string> out;
-  Stmt first(db, path, "SELECT min(key) FROM metrics WHERE run_id = ?1");
+  Stmt first(db, path, "SELECT key FROM metrics WHERE run_id = ?1 AND superseded = 0 ORDER BY key LIMIT 1");
   first.bind(1, run_id);
   if (!first.step() || first.is_null(0)) return out;
   out.push_back(first.text(0));
-  Stmt next(db, path, "SELECT min(key) FROM metrics WHERE run_id = ?1 AND key > ?2");
+  Stmt next(db, path,
+            "SELECT key FROM metrics WHERE run_id = ?1 AND key > ?2 AND superseded = 0 ORDER BY key LIMIT 1");
   for (;;) {
     next.bind(1, run_id).bind(2, out.back());
     if (!next.step() || next.is_null(0)) break;
@@ -244,7 +248,8 @@ std::vector<std::string> metric_keys_of(sqlite3* db, const std::string& path, in
 // its rows, and list_runs runs every time the UI refreshes its run list.
 int64_t last_step_of(sqlite3* db, const std::string& path, int64_t run_id) {
   int64_t last = 0;
-  Stmt s(db, path, "SELECT max(step) FROM metrics WHERE run_id = ?1 AND key = ?2");
+  Stmt s(db, path,
+         "SELECT step FROM metrics WHERE run_id = ?1 AND key = ?2 AND superseded = 0 ORDER BY step DESC LIMIT 1");
   for (const std::string& key : metric_keys_of(db, path, run_id)) {
     s.bind(1, run_id).bind(2, key);
     if (s.step()) last = std::max(last, s.i64(0));
@@ -292,8 +297,51 @@ void mark_interrupted(sqlite3* db, const std::string& path) {
 
 }  // namespace
 
+const char* network_filesystem_name(long f_type) {
+  // statfs(2) magic numbers (linux/magic.h and the file systems' own headers).
+  switch (static_cast<unsigned long>(f_type) & 0xffffffffUL) {
+    case 0x6969UL: return "NFS";
+    case 0x517BUL: return "SMB";
+    case 0xFF534D42UL: return "CIFS";
+    case 0xFE534D42UL: return "SMB2";
+    case 0x01021997UL: return "9P";
+    case 0x65735546UL: return "FUSE";
+    case 0x5346414FUL: return "AFS";
+    case 0x00C36400UL: return "Ceph";
+    case 0x0BD00BD0UL: return "Lustre";
+    case 0x47504653UL: return "GPFS";
+    case 0x013111A8UL: return "IBRIX";
+    case 0x564C0000UL: return "NCP";
+    case 0x73717368UL: return "CODA";
+    default: return nullptr;
+  }
+}
+
+std::string network_filesystem_problem(const std::string& path) {
+  if (path.empty() || path == ":memory:") return "";
+  if (const char* allow = std::getenv("DELTADECK_ALLOW_NETWORK_DB"); allow && std::string(allow) == "1") return "";
+  // The database's folder (the file may not exist yet); the nearest existing ancestor.
+  std::string dir = files::parent_dir(path);
+  if (dir.empty()) dir = ".";
+  while (!files::is_dir(dir) && dir != "/" && dir != ".") {
+    const std::string up = files::parent_dir(dir);
+    dir = up.empty() ? "." : up;
+  }
+  struct statfs st {};
+  if (::statfs(dir.c_str(), &st) != 0) return "";
+  const char* fs = network_filesystem_name(static_cast<long>(st.f_type));
+  if (!fs) return "";
+  return path + ": the folder " + dir + " is on a " + fs +
+         " file system; the run database uses SQLite's WAL mode, which needs shared memory between the "
+         "processes that open it, and network file systems do not provide it (readers could see a torn "
+         "database). Put --runs-dir (run.runs_dir) on a local disk; checkpoints may still go to shared "
+         "storage. DELTADECK_ALLOW_NETWORK_DB=1 skips this check at your own risk";
+}
+
 std::unique_ptr<RunStore> RunStore::open(const std::string& path, bool read_only) {
   const bool in_memory = path == ":memory:";
+  if (const std::string problem = network_filesystem_problem(path); !problem.empty())
+    throw std::runtime_error(problem);
   if (!in_memory && !read_only) {
     const std::string parent = files::parent_dir(path);
     if (!parent.empty()) files::make_dirs(parent);
@@ -315,6 +363,9 @@ std::unique_ptr<RunStore> RunStore::open(const std::string& path, bool read_only
     // checkpoints, which in WAL mode can lose the last commits on power loss but never corrupts.
     exec(db, path, "PRAGMA journal_mode = WAL");
     exec(db, path, "PRAGMA synchronous = NORMAL");
+    // Automatic checkpoints stay on (every 1000 pages); after one, the WAL file is cut back to
+    // 64 MiB, so a burst of writes while a reader held an old snapshot does not leave it large.
+    exec(db, path, "PRAGMA journal_size_limit = 67108864");
     migrate(db, SCHEMA_VERSION);
   }
   const int version = store->schema_version();
@@ -371,20 +422,23 @@ int64_t RunStore::create_run(const NewRun& r) {
 }
 
 void RunStore::finish_run(int64_t run_id, const std::string& status, const std::string& message) {
-  if (status != "finished" && status != "stopped" && status != "failed" &&
-      status != "interrupted") {
+  if (status == "running" ||
+      std::find(std::begin(STATUSES), std::end(STATUSES), status) == std::end(STATUSES)) {
     throw std::runtime_error(path_ + ": finish_run: status '" + status +
-                             "' is not one of finished, stopped, failed, interrupted");
+                             "' is not one of finished, stopped, failed, interrupted, preempted, diverged");
   }
+  Transaction tx(db_, path_);
   Stmt s(db_, path_, "UPDATE runs SET status = ?1, ended_at = ?2, message = ?3 WHERE id = ?4");
   s.bind(1, status).bind(2, now_utc()).bind_or_null(3, message).bind(4, run_id).run();
   if (sqlite3_changes(db_) == 0) {
     throw std::runtime_error(path_ + ": finish_run: no run with id " + std::to_string(run_id));
   }
+  tx.commit();
 }
 
 void RunStore::reopen_run(int64_t run_id) {
   const std::string now = now_utc();
+  Transaction tx(db_, path_);
   Stmt s(db_, path_,
          "UPDATE runs SET status = 'running', ended_at = NULL, message = NULL, host = ?1, "
          "pid = ?2, heartbeat_at = ?3 WHERE id = ?4");
@@ -392,6 +446,7 @@ void RunStore::reopen_run(int64_t run_id) {
   if (sqlite3_changes(db_) == 0) {
     throw std::runtime_error(path_ + ": reopen_run: no run with id " + std::to_string(run_id));
   }
+  tx.commit();
 }
 
 void RunStore::insert_metrics(const std::vector<MetricRow>& rows) {
@@ -422,6 +477,7 @@ void RunStore::insert_metrics(const std::vector<MetricRow>& rows) {
 
 void RunStore::add_checkpoint(const CheckpointRecord& c) {
   // REPLACE: saving the same step again (after a resume) overwrites the file, so the row follows.
+  Transaction tx(db_, path_);
   Stmt s(db_, path_,
          "INSERT OR REPLACE INTO checkpoints(run_id, step, path, bytes, sha256, created_at) "
          "VALUES(?1, ?2, ?3, ?4, ?5, ?6)");
@@ -432,20 +488,27 @@ void RunStore::add_checkpoint(const CheckpointRecord& c) {
       .bind_or_null(5, c.sha256)
       .bind(6, c.created_at.empty() ? now_utc() : c.created_at)
       .run();
+  tx.commit();
 }
 
 void RunStore::remove_checkpoint(int64_t run_id, int64_t step) {
+  Transaction tx(db_, path_);
   Stmt s(db_, path_, "DELETE FROM checkpoints WHERE run_id = ?1 AND step = ?2");
   s.bind(1, run_id).bind(2, step).run();
+  tx.commit();
 }
 
-int64_t RunStore::remove_metrics_after(int64_t run_id, int64_t step) {
-  Stmt s(db_, path_, "DELETE FROM metrics WHERE run_id = ?1 AND step > ?2");
+int64_t RunStore::supersede_metrics_after(int64_t run_id, int64_t step) {
+  Transaction tx(db_, path_);
+  Stmt s(db_, path_, "UPDATE metrics SET superseded = 1 WHERE run_id = ?1 AND step > ?2 AND superseded = 0");
   s.bind(1, run_id).bind(2, step).run();
-  return sqlite3_changes(db_);
+  const int64_t n = sqlite3_changes(db_);
+  tx.commit();
+  return n;
 }
 
 void RunStore::add_event(const EventRecord& e) {
+  Transaction tx(db_, path_);
   Stmt s(db_, path_,
          "INSERT INTO events(run_id, step, level, text, created_at) VALUES(?1, ?2, ?3, ?4, ?5)");
   s.bind(1, e.run_id)
@@ -454,13 +517,14 @@ void RunStore::add_event(const EventRecord& e) {
       .bind(4, e.text)
       .bind(5, e.created_at.empty() ? now_utc() : e.created_at)
       .run();
+  tx.commit();
 }
 
 std::vector<RunSummary> RunStore::list_runs(const RunFilter& filter) const {
   if (!filter.status.empty() &&
       std::find(std::begin(STATUSES), std::end(STATUSES), filter.status) == std::end(STATUSES)) {
     throw std::runtime_error("status '" + filter.status +
-                             "' is not one of running, finished, stopped, failed, interrupted");
+                             "' is not one of running, finished, stopped, failed, interrupted, preempted, diverged");
   }
   std::vector<RunSummary> out;
   {
@@ -561,7 +625,9 @@ void RunStore::rename_run(int64_t run_id, const std::string& new_name) {
 
 void RunStore::set_note(int64_t run_id, const std::string& note) {
   summary_or_throw(run_id, "note");
+  Transaction tx(db_, path_);
   Stmt(db_, path_, "UPDATE runs SET note = ?1 WHERE id = ?2").bind_or_null(1, note).bind(2, run_id).run();
+  tx.commit();
 }
 
 bool RunStore::add_tag(int64_t run_id, const std::string& tag) {
@@ -569,14 +635,20 @@ bool RunStore::add_tag(int64_t run_id, const std::string& tag) {
     throw std::runtime_error("tag '" + tag + "' " + why);
   }
   summary_or_throw(run_id, "tag");
+  Transaction tx(db_, path_);
   Stmt(db_, path_, "INSERT OR IGNORE INTO tags(run_id, tag) VALUES(?1, ?2)").bind(1, run_id).bind(2, tag).run();
-  return sqlite3_changes(db_) > 0;
+  const bool added = sqlite3_changes(db_) > 0;
+  tx.commit();
+  return added;
 }
 
 bool RunStore::remove_tag(int64_t run_id, const std::string& tag) {
   summary_or_throw(run_id, "untag");
+  Transaction tx(db_, path_);
   Stmt(db_, path_, "DELETE FROM tags WHERE run_id = ?1 AND tag = ?2").bind(1, run_id).bind(2, tag).run();
-  return sqlite3_changes(db_) > 0;
+  const bool removed = sqlite3_changes(db_) > 0;
+  tx.commit();
+  return removed;
 }
 
 std::vector<std::string> RunStore::tags(int64_t run_id) const { return tags_of(db_, path_, run_id); }
@@ -678,10 +750,10 @@ std::vector<MetricPoint> RunStore::metrics(int64_t run_id, const std::string& ke
   std::vector<MetricPoint> out;
   // rowid breaks ties so repeated steps (a resumed run) come back in the order they were written.
   Stmt s(db_, path_,
-         key.empty() ? "SELECT step, tokens, wall_s, key, value FROM metrics WHERE run_id = ?1 "
+         key.empty() ? "SELECT step, tokens, wall_s, key, value FROM metrics WHERE run_id = ?1 AND superseded = 0 "
                        "ORDER BY step, key, rowid"
                      : "SELECT step, tokens, wall_s, key, value FROM metrics "
-                       "WHERE run_id = ?1 AND key = ?2 ORDER BY step, rowid");
+                       "WHERE run_id = ?1 AND key = ?2 AND superseded = 0 ORDER BY step, rowid");
   s.bind(1, run_id);
   if (!key.empty()) s.bind(2, key);
   while (s.step()) {

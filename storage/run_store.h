@@ -1,6 +1,9 @@
 // RunStore: the SQLite run database (runs, configs, metrics, checkpoints, events). WAL mode,
 // schema version in PRAGMA user_version, numbered migrations applied in order (docs/schema.md).
 // One RunStore owns one connection; the writer thread owns its own, readers open their own.
+// Every connection waits up to 5 s for a lock (busy timeout) and every write takes the write lock
+// up front (BEGIN IMMEDIATE), so a reader never makes a writer fail and vice versa. A database on
+// a network file system is refused: WAL needs shared memory that NFS/SMB/9P/FUSE do not give.
 #pragma once
 
 #include <cstdint>
@@ -15,8 +18,16 @@ struct sqlite3;
 
 namespace storage {
 
+// Why a database at `path` (a file that may not exist yet) cannot be used safely: "" when its
+// folder is on a local file system, else the refusal naming the path and the file system. WAL needs
+// a shared-memory index that network file systems do not provide, so a reader could see a torn
+// database. DELTADECK_ALLOW_NETWORK_DB=1 skips the check (at the user's risk). Any thread.
+std::string network_filesystem_problem(const std::string& path);
+// The name of a network (or FUSE) file system for a statfs f_type, or nullptr for a local one.
+const char* network_filesystem_name(long f_type);
+
 // The schema version this program writes.
-constexpr int SCHEMA_VERSION = 3;
+constexpr int SCHEMA_VERSION = 4;
 
 // Applies migrations 1..target_version to an open database (exposed so tests can build an
 // older schema and check that opening it with the full store migrates it). Throws on failure.
@@ -36,7 +47,7 @@ class RunStore {
   // Records a new run with status 'running', this host and pid; returns its id. The stored name
   // is unique (suffix added if the requested one is taken); read it back with run().
   int64_t create_run(const NewRun& r);
-  // status: finished | stopped | failed | interrupted. Sets ended_at.
+  // status: finished | stopped | failed | interrupted | preempted | diverged. Sets ended_at.
   void finish_run(int64_t run_id, const std::string& status, const std::string& message);
   // Marks a run 'running' again (resume), clearing ended_at and message.
   void reopen_run(int64_t run_id);
@@ -45,9 +56,12 @@ class RunStore {
   void insert_metrics(const std::vector<MetricRow>& rows);
   void add_checkpoint(const CheckpointRecord& c);
   void remove_checkpoint(int64_t run_id, int64_t step);
-  // Deletes the metric rows after `step` (a resume from the checkpoint of that step recomputes
-  // them); returns how many were deleted.
-  int64_t remove_metrics_after(int64_t run_id, int64_t step);
+  // Marks the current metric rows after `step` superseded (a resume from the checkpoint of that
+  // step recomputes them; the abandoned attempt's rows stay, out of every reader's way); returns
+  // how many were marked.
+  int64_t supersede_metrics_after(int64_t run_id, int64_t step);
+  // The name this had before schema 4; it supersedes too (nothing is deleted any more).
+  int64_t remove_metrics_after(int64_t run_id, int64_t step) { return supersede_metrics_after(run_id, step); }
   void add_event(const EventRecord& e);
 
   // ---- the user's edits (the `runs` commands and the GUI's run browser). Each throws
@@ -71,7 +85,7 @@ class RunStore {
   DeletedRun delete_run(int64_t run_id);
 
   // Every run matching the filter (all by default), by id. A status outside running | finished |
-  // stopped | failed | interrupted throws, listing them.
+  // stopped | failed | interrupted | preempted | diverged throws, listing them.
   std::vector<RunSummary> list_runs(const RunFilter& filter = {}) const;
   std::optional<RunSummary> run(int64_t run_id) const;
   // Finds a run by numeric id, exact name, or unique name prefix. Throws std::runtime_error
@@ -79,7 +93,7 @@ class RunStore {
   RunSummary find_run(const std::string& id_or_name) const;
   std::string run_config_toml(int64_t run_id) const;
   std::string run_config_json(int64_t run_id) const;
-  // All points of one metric, ordered by step. Empty key = every metric.
+  // All current (not superseded) points of one metric, ordered by step. Empty key = every metric.
   std::vector<MetricPoint> metrics(int64_t run_id, const std::string& key = "") const;
   // Distinct metric keys of a run.
   std::vector<std::string> metric_keys(int64_t run_id) const;

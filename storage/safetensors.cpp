@@ -18,6 +18,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "storage/file_io.h"
+#include "storage/sha256.h"
+
 namespace storage {
 
 namespace {
@@ -33,20 +36,6 @@ struct Fd {
     if (fd >= 0) ::close(fd);
   }
 };
-
-void write_all(int fd, const void* data, size_t n, const std::string& path) {
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  while (n > 0) {
-    // Linux caps one write() at ~2 GiB; large tensors need the loop anyway.
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      throw std::runtime_error(path + ": write failed: " + errno_text());
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-}
 
 // Sets *out = numel(shape) * elem; false when a dim is negative or the product overflows size_t.
 bool checked_nbytes(const std::vector<int64_t>& shape, size_t elem, size_t* out) {
@@ -81,8 +70,58 @@ size_t dtype_size(const std::string& dtype) {
   return it->second;
 }
 
+namespace {
+
+// Gathers small pieces (the header, norms, scalars) into writes of up to CHUNK bytes and writes
+// large tensors in CHUNK slices without copying, hashing every byte on the way.
+class ChunkWriter {
+ public:
+  static constexpr size_t CHUNK = size_t(4) << 20;
+  ChunkWriter(FileIo& io, int fd, const std::string& path) : io_(io), fd_(fd), path_(path) {}
+  void put(const void* data, size_t n) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    if (n) sha_.update(p, n);
+    while (n > 0) {
+      if (buf_.empty() && n >= CHUNK) {
+        io_.write(fd_, path_, p, CHUNK, offset_);
+        offset_ += CHUNK;
+        p += CHUNK;
+        n -= CHUNK;
+        continue;
+      }
+      const size_t take = std::min(n, CHUNK - buf_.size());
+      buf_.insert(buf_.end(), p, p + take);
+      p += take;
+      n -= take;
+      if (buf_.size() == CHUNK) flush();
+    }
+  }
+  void flush() {
+    if (buf_.empty()) return;
+    io_.write(fd_, path_, buf_.data(), buf_.size(), offset_);
+    offset_ += buf_.size();
+    buf_.clear();
+  }
+  std::string digest() { return sha_.hex_digest(); }
+
+ private:
+  FileIo& io_;
+  int fd_;
+  const std::string& path_;
+  std::vector<uint8_t> buf_;
+  uint64_t offset_ = 0;
+  Sha256 sha_;
+};
+
+}  // namespace
+
 int64_t write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
                           const std::map<std::string, std::string>& metadata) {
+  return write_safetensors(posix_io(), path, tensors, metadata, nullptr);
+}
+
+int64_t write_safetensors(FileIo& io, const std::string& path, const std::vector<TensorView>& tensors,
+                          const std::map<std::string, std::string>& metadata, std::string* sha256) {
   ordered_json header = ordered_json::object();
   if (!metadata.empty()) {
     ordered_json meta = ordered_json::object();
@@ -113,20 +152,26 @@ int64_t write_safetensors(const std::string& path, const std::vector<TensorView>
   uint8_t len_bytes[8];
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<uint8_t>(uint64_t(text.size()) >> (8 * i));
 
-  Fd f;
-  f.fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (f.fd < 0) throw std::runtime_error(path + ": cannot create: " + errno_text());
+  const int fd = io.create(path);
+  bool open = true;
   try {
-    write_all(f.fd, len_bytes, 8, path);
-    write_all(f.fd, text.data(), text.size(), path);
-    for (const TensorView& t : tensors) write_all(f.fd, t.data, t.nbytes, path);
-    if (::fsync(f.fd) != 0) throw std::runtime_error(path + ": fsync failed: " + errno_text());
-    const int fd = f.fd;
-    f.fd = -1;
+    ChunkWriter w(io, fd, path);
+    w.put(len_bytes, 8);
+    w.put(text.data(), text.size());
+    for (const TensorView& t : tensors) w.put(t.data, t.nbytes);
+    w.flush();
+    io.fsync(fd, path);
+    open = false;
     // close() can report a deferred write error (NFS); treat it as a failed write.
-    if (::close(fd) != 0) throw std::runtime_error(path + ": close failed: " + errno_text());
+    io.close(fd, path);
+    if (sha256) *sha256 = w.digest();
   } catch (...) {
-    ::unlink(path.c_str());
+    if (open) ::close(fd);
+    try {
+      io.remove_tree(path);
+    } catch (const std::exception&) {
+      // The save fails with the first error; a leftover partial file is removed by the next save.
+    }
     throw;
   }
   return static_cast<int64_t>(8 + text.size() + offset);
@@ -169,10 +214,12 @@ std::vector<uint8_t> read_whole_file(const std::string& path) {
 
 }  // namespace
 
-SafetensorsFile SafetensorsFile::read(const std::string& path) {
+SafetensorsFile SafetensorsFile::read(const std::string& path) { return parse(path, read_whole_file(path)); }
+
+SafetensorsFile SafetensorsFile::parse(const std::string& path, std::vector<uint8_t> bytes) {
   SafetensorsFile out;
   out.path_ = path;
-  out.bytes_ = read_whole_file(path);
+  out.bytes_ = std::move(bytes);
   const std::vector<uint8_t>& b = out.bytes_;
   const uint64_t size = b.size();
   if (size < 8) {

@@ -30,6 +30,14 @@ struct TensorView {
 int64_t write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
                           const std::map<std::string, std::string>& metadata);
 
+class FileIo;
+// The same through `io` (the checkpoint writer's observable I/O, storage/file_io.h): the bytes go
+// out in writes of at most 4 MiB, small pieces gathered, and *sha256 (when given) receives the file's
+// digest, computed while writing so the file is not read back. On failure the partial file is
+// removed (best effort) and the IoError naming the path and byte offset is rethrown.
+int64_t write_safetensors(FileIo& io, const std::string& path, const std::vector<TensorView>& tensors,
+                          const std::map<std::string, std::string>& metadata, std::string* sha256);
+
 // Makes a rename or create inside dir durable. Any thread. Throws std::runtime_error naming dir.
 void fsync_dir(const std::string& dir);
 
@@ -46,6 +54,9 @@ class SafetensorsFile {  // reads the whole file into memory
   // entry's offsets in range, non-overlapping and covering the data buffer exactly, nbytes ==
   // numel * dtype size. Any thread. Throws std::runtime_error "<path>: <what> (at byte offset X)".
   static SafetensorsFile read(const std::string& path);
+  // The same checks on a file's bytes already in memory (the checkpoint loader reads each file once
+  // to check its checksum, then parses it here). path is used in messages only.
+  static SafetensorsFile parse(const std::string& path, std::vector<uint8_t> bytes);
 
   const std::map<std::string, SafetensorsEntry>& entries() const { return entries_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }

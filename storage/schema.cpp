@@ -104,9 +104,18 @@ void migration_3(sqlite3* db) {
   )sql", "migration 3");
 }
 
+// Version 4: a resumed run keeps the rows an abandoned attempt logged after the checkpoint it
+// resumed from, marked superseded instead of deleted, so exactly one current row per (run, step,
+// key) is read while the history stays. Readers filter on superseded = 0.
+void migration_4(sqlite3* db) {
+  exec(db, R"sql(
+    ALTER TABLE metrics ADD COLUMN superseded INTEGER NOT NULL DEFAULT 0;
+  )sql", "migration 4");
+}
+
 using Migration = void (*)(sqlite3*);
 // MIGRATIONS[i] takes the database from version i to version i + 1.
-constexpr Migration MIGRATIONS[] = {migration_1, migration_2, migration_3};
+constexpr Migration MIGRATIONS[] = {migration_1, migration_2, migration_3, migration_4};
 static_assert(sizeof(MIGRATIONS) / sizeof(MIGRATIONS[0]) == SCHEMA_VERSION,
               "one migration per schema version");
 

@@ -83,7 +83,8 @@ set -e
 grep -q "e2e" "$work/none.out" || fail "unknown run error does not list the runs"
 
 # 4. Resume: the finished 40-step run continues to 60 in the same record. A stale row after the
-#    checkpoint (as a crash leaves behind) is replaced, so every logged step has exactly one row.
+#    checkpoint (as a crash leaves behind) is marked superseded, so every logged step has exactly one
+#    current row (schema 4).
 run_id=$(sqlite3 "$db" "SELECT id FROM runs WHERE name='e2e'")
 sqlite3 "$db" "INSERT INTO metrics(run_id, step, tokens, wall_s, key, value) VALUES($run_id, 45, 0, 0, 'loss', 99)"
 "$bin" train --no-gui --resume e2e --runs-dir "$work/runs" --set train.steps=60 > "$work/resume.out" 2>&1 \
@@ -92,9 +93,9 @@ grep -q "resuming from .*step_00000040" "$work/resume.out" || { cat "$work/resum
 grep -q "^step 60/60 | loss" "$work/resume.out" || { cat "$work/resume.out"; fail "resumed run did not reach step 60"; }
 [ "$(sqlite3 "$db" "SELECT count(*) FROM runs")" = 2 ] || fail "resume created a new run record"
 [ "$(sqlite3 "$db" "SELECT status FROM runs WHERE name='e2e'")" = finished ] || fail "resumed run not finished"
-rows=$(sqlite3 "$db" "SELECT count(*) || '/' || count(DISTINCT step) FROM metrics WHERE run_id=$run_id AND key='loss'")
-[ "$rows" = "12/12" ] || fail "expected 12 loss rows for 12 steps (5..60) after resume, got $rows"
-[ "$(sqlite3 "$db" "SELECT count(*) FROM metrics WHERE run_id=$run_id AND value=99")" = 0 ] || fail "stale row kept"
+rows=$(sqlite3 "$db" "SELECT count(*) || '/' || count(DISTINCT step) FROM metrics WHERE run_id=$run_id AND key='loss' AND superseded=0")
+[ "$rows" = "12/12" ] || fail "expected 12 current loss rows for 12 steps (5..60) after resume, got $rows"
+[ "$(sqlite3 "$db" "SELECT superseded FROM metrics WHERE run_id=$run_id AND value=99")" = 1 ] || fail "stale row not superseded"
 sqlite3 "$db" "SELECT text FROM events WHERE run_id=$run_id" | grep -q "resumed from" || fail "no resume event"
 set +e
 "$bin" train --no-gui --resume nosuchrun --runs-dir "$work/runs" > "$work/resume_bad.out" 2>&1

@@ -63,7 +63,7 @@ TEST(RunEdits, MigratesFromVersion2KeepingRuns) {
   sqlite3_close(db);
 
   auto store = RunStore::open(path);
-  EXPECT_EQ(store->schema_version(), 3);
+  EXPECT_EQ(store->schema_version(), storage::SCHEMA_VERSION);
   EXPECT_EQ(store->integrity_check(), "ok");
   auto r = store->find_run("old");
   EXPECT_EQ(r.note, "");
