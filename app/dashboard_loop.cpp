@@ -45,7 +45,7 @@ bool run_dashboard(RunHost& host, trainer::EndedEvent& ended) {
     if (stop_signals_received() > signals_seen) {
       signals_seen = stop_signals_received();
       if (signals_seen == 1) {
-        host.send(trainer::Command::Stop);
+        host.send(stop_command());  // Preempt for a SIGTERM under Slurm (signals.h)
         state.message = "stop requested: saving a checkpoint (Ctrl-C again exits at once)";
         dirty = true;
       }

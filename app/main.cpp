@@ -61,7 +61,9 @@ int main(int argc, char** argv) {
   runs_cmd->add_option("--runs-dir", runs.runs_dir, "Folder of the run database")->capture_default_str();
   const char* run_help = "Run id, name or unique name prefix";
   auto* list_cmd = runs_cmd->add_subcommand("list", "List runs: id, name, status, model, step, latest validation loss, tags");
-  list_cmd->add_option("--status", runs.status, "Only runs with this status: running | finished | stopped | failed | interrupted");
+  list_cmd->add_option("--status", runs.status,
+                       "Only runs with this status: running | finished | stopped | failed | interrupted | preempted | "
+                       "diverged");
   list_cmd->add_option("--tag", runs.tag, "Only runs with this tag");
   auto* show_cmd = runs_cmd->add_subcommand("show", "Show one run: record, final and best metrics, checkpoints, events, config");
   show_cmd->add_option("run", runs.run, run_help)->required();

@@ -89,7 +89,7 @@ trainer::EndedEvent run_plain_log(RunHost& host, LogFormat format) {
         r.kind = "log";
         r.text = "stop requested: saving a checkpoint and stopping at the next step boundary";
         print(r);
-        host.send(trainer::Command::Stop);
+        host.send(stop_command());  // Preempt for a SIGTERM under Slurm (signals.h)
       }
     }
     // ended() before draining, so the last records are printed after the run is recorded.

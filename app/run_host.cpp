@@ -4,6 +4,7 @@
 #include "app/run_host.h"
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 #include <utility>
 #include <variant>
@@ -91,6 +92,8 @@ void RunHost::start() {
   so.run_dir = prep_.run_dir;
   so.resume_from = prep_.resume_from;
   so.cluster = opts_.cluster;
+  so.before_checkpoint_commit = [this](int64_t step) { wait_metrics_committed(step); };
+  so.poll_stop = opts_.poll_stop;
   session_ = std::make_unique<trainer::Session>(prep_.cfg, so);
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -133,8 +136,34 @@ void RunHost::forward() {
   ended_cv_.notify_all();
 }
 
+void RunHost::wait_metrics_committed(int64_t step) {
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    id = ++markers_sent_;
+  }
+  // Behind every event the engine pushed before this call: when the forwarding thread reaches it,
+  // all those metrics rows are queued in the writer, and a flush commits them.
+  session_->events().push(trainer::MarkerEvent{id});
+  std::unique_lock<std::mutex> lk(mu_);
+  if (!marker_cv_.wait_for(lk, std::chrono::minutes(1), [&] { return markers_done_ >= id || ended_; })) {
+    lk.unlock();
+    warn("checkpoint of step " + std::to_string(step) +
+         ": the metrics were not committed within a minute; committing the checkpoint anyway");
+  }
+}
+
 void RunHost::handle(const trainer::Event& ev) {
   const int64_t run_id = prep_.run_id;
+  if (auto* marker = std::get_if<trainer::MarkerEvent>(&ev)) {
+    writer_->flush();
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      markers_done_ = std::max(markers_done_, marker->id);
+    }
+    marker_cv_.notify_all();
+    return;
+  }
   // The database first (outside the lock: SQLite may wait on another process), then the view.
   if (auto* m = std::get_if<trainer::MetricsEvent>(&ev)) {
     std::vector<storage::MetricRow> rows;
@@ -227,6 +256,7 @@ void RunHost::send(trainer::Command c) {
       case trainer::Command::Pause: view_.status = "paused"; break;
       case trainer::Command::Resume: view_.status = "running"; break;
       case trainer::Command::Stop:
+      case trainer::Command::Preempt:
         view_.status = "stopping";
         stop_sent_ = true;
         break;

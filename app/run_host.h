@@ -18,7 +18,9 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -60,6 +62,9 @@ struct RunHostOptions {
   // queued (the dashboards read the RunView's event log instead).
   bool keep_records = false;
   size_t max_records = 10000;    // past this the oldest records are dropped (counted in dropped_records)
+  // Handed to the engine (SessionOptions::poll_stop): the train command's first stop signal ends
+  // the run at the very next step boundary. Empty in the desktop app, which stops by command.
+  std::function<std::optional<trainer::Command>()> poll_stop;
 };
 
 class RunHost {
@@ -104,6 +109,9 @@ class RunHost {
   void handle(const trainer::Event& e);             // one event: view, records, database
   void warn(const std::string& what);               // a storage failure: logged, never thrown
   void preload_history();
+  // The engine's before_checkpoint_commit hook (rank 0's thread): returns once every metrics row
+  // the engine emitted before the call is committed to the database, or after a minute (logged).
+  void wait_metrics_committed(int64_t step);
 
   PreparedRun prep_;
   RunHostOptions opts_;
@@ -118,6 +126,8 @@ class RunHost {
   int64_t dropped_records_ = 0;
   std::vector<std::string> warnings_;
   bool started_ = false, ended_ = false, stop_sent_ = false;
+  uint64_t markers_sent_ = 0, markers_done_ = 0;     // wait_metrics_committed's markers
+  std::condition_variable marker_cv_;
   trainer::EndedEvent end_{trainer::RunStatus::Failed, 0, "the engine ended without a final event"};
 };
 

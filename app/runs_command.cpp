@@ -132,7 +132,7 @@ std::string ask(const std::string& question) {
 int runs_list(const RunsArgs& a) {
   auto store = runs::open_store(a.runs_dir, /*read_only=*/true);
   if (!store) return 1;
-  const std::vector<std::string> statuses = {"running", "finished", "stopped", "failed", "interrupted"};
+  const std::vector<std::string> statuses = {"running", "finished", "stopped", "failed", "interrupted", "preempted", "diverged"};
   if (!a.status.empty() && std::find(statuses.begin(), statuses.end(), a.status) == statuses.end()) {
     std::cerr << "deltadeck: runs list --status: must be one of " << join(statuses) << " (got \"" << a.status << "\")\n";
     return 2;

@@ -3,12 +3,16 @@
 #include "app/signals.h"
 
 #include <csignal>
+#include <cstdlib>
+#include <cstring>
 #include <unistd.h>
 
 namespace app {
 
 namespace {
 volatile std::sig_atomic_t g_stop_signals = 0;
+volatile std::sig_atomic_t g_first_signal = 0;
+bool g_sigterm_preempts = false;
 volatile std::sig_atomic_t g_resized = 0;
 volatile std::sig_atomic_t g_continued = 0;
 void (*volatile g_restore)() = nullptr;
@@ -20,13 +24,16 @@ void restore_terminal() {
 }
 
 void on_stop_signal(int sig) {
+  if (g_stop_signals == 0) g_first_signal = sig;
   g_stop_signals = g_stop_signals + 1;
-  if (g_stop_signals >= 2 && sig == SIGINT) {
+  if (g_stop_signals >= 2) {
     restore_terminal();
-    static const char msg[] = "\nsecond interrupt: exiting now; the last complete checkpoint is kept\n";
+    static const char msg[] = "\nsecond stop signal: exiting now; the last committed checkpoint is kept\n";
     ssize_t ignored = write(STDERR_FILENO, msg, sizeof msg - 1);
     (void)ignored;
-    _exit(130);
+    // The checkpoint protocol and SQLite's journal make this safe at any instant: an unfinished
+    // save is never chosen, an unfinished transaction is rolled back by the next open.
+    _exit(128 + sig);
   }
 }
 
@@ -65,11 +72,20 @@ void install(int sig, void (*handler)(int), int flags) {
 }  // namespace
 
 void install_stop_signals() {
-  install(SIGINT, on_stop_signal, 0);
-  install(SIGTERM, on_stop_signal, 0);
+  const char* slurm = std::getenv("SLURM_JOB_ID");
+  const char* flag = std::getenv("DELTADECK_PREEMPTIBLE");
+  g_sigterm_preempts = flag ? std::strcmp(flag, "1") == 0 : (slurm && *slurm);
+  // SA_RESTART: the signal lands on whichever thread runs; a write, an fsync or a lock wait of a
+  // writer thread must go on rather than fail with EINTR.
+  install(SIGINT, on_stop_signal, SA_RESTART);
+  install(SIGTERM, on_stop_signal, SA_RESTART);
 }
 
 int stop_signals_received() { return static_cast<int>(g_stop_signals); }
+
+trainer::Command stop_command() {
+  return g_first_signal == SIGTERM && g_sigterm_preempts ? trainer::Command::Preempt : trainer::Command::Stop;
+}
 
 void set_terminal_restore(void (*restore)()) { g_restore = restore; }
 

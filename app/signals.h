@@ -1,17 +1,27 @@
-// Signals of a run: the first SIGINT/SIGTERM asks for a clean stop (checkpoint, status `stopped`);
-// a second SIGINT exits at once, leaving the last complete checkpoint as it is. With a terminal
+// Signals of a run: the first SIGINT/SIGTERM asks for a clean stop (checkpoint, status `stopped`,
+// or `preempted` when the launcher says a SIGTERM means preemption: SLURM_JOB_ID is set, or
+// DELTADECK_PREEMPTIBLE=1); a second SIGINT or SIGTERM exits at once (status 128 + signal), leaving
+// the last committed checkpoint and database transaction as they are. The handlers restart
+// interrupted system calls (SA_RESTART), so a signal landing on a writer thread never fails a write. With a terminal
 // dashboard open, every way out puts the terminal back first: the second SIGINT, a crash
 // (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL: restored, then the signal is raised again with its
 // default action, so the exit status and core dump stay those of the crash), and Ctrl-Z (restored
 // while stopped, dashboard mode entered again on SIGCONT). SIGWINCH is turned into a flag.
 #pragma once
 
+#include "trainer/api.h"
+
 namespace app {
 
-// Installs the stop handlers. Main thread, once per run.
+// Installs the stop handlers and reads whether a SIGTERM means preemption here. Main thread, once
+// per run.
 void install_stop_signals();
 // How many stop signals arrived so far (async-signal-safe counter).
 int stop_signals_received();
+// The command for the first stop signal: Preempt for a SIGTERM under a launcher that preempts
+// (SLURM_JOB_ID set, or DELTADECK_PREEMPTIBLE=1; DELTADECK_PREEMPTIBLE=0 turns it off), else Stop.
+// Any thread.
+trainer::Command stop_command();
 
 // The async-signal-safe function that puts the terminal back (ui::tui::Terminal::restore_now), or
 // nullptr. Called by the handlers below and by the second SIGINT before it exits.

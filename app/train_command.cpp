@@ -25,6 +25,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
 #include "trainer/device.h"
+#include "trainer/resume_check.h"
 #include "trainer/session.h"
 #include "ui/tui/terminal.h"
 
@@ -69,10 +70,14 @@ int prepare_new_run(const TrainArgs& args, int nnodes, PreparedRun& out) {
   return 0;
 }
 
-// --resume RUN|latest, read-only: the run, its recorded config (plus --set) and its newest complete
-// checkpoint. Every node of a multi-node run resolves the same (the runs folder is shared, as the
-// checkpoints must be); only node 0 then writes. `node0` also refuses a run still alive on this host.
-int resolve_resume(const TrainArgs& args, bool node0, PreparedRun& out, storage::RunSummary& run) {
+// --resume RUN|latest, read-only: the run, its recorded config (plus --set) and its newest usable
+// checkpoint (damaged ones and unfinished saves are skipped, and listed in `skipped`). Every node of
+// a multi-node run resolves the same (the runs folder is shared, as the checkpoints must be); only
+// node 0 then writes. `node0` also refuses a run still alive on this host. A checkpoint whose model
+// shape, vocabulary, dtype or world size differs from the run's is refused here, before the engine
+// allocates anything, naming the field and both values.
+int resolve_resume(const TrainArgs& args, bool node0, int nnodes, PreparedRun& out, storage::RunSummary& run,
+                   std::vector<std::string>* skipped = nullptr) {
   const bool read_only = args.dry_run;
   if (!args.config_path.empty()) {
     std::cerr << "deltadeck: --resume continues with the run's recorded config; change keys with --set, not "
@@ -120,7 +125,24 @@ int resolve_resume(const TrainArgs& args, bool node0, PreparedRun& out, storage:
     return 2;
   }
   try {
-    out.resume_from = trainer::find_checkpoint(out.run_dir);
+    const trainer::CheckpointChoice choice = trainer::choose_checkpoint(out.run_dir);
+    for (const std::string& s : choice.skipped) std::cerr << "warning: --resume: skipped " << s << "\n";
+    if (skipped) *skipped = choice.skipped;
+    if (choice.dir.empty()) {
+      std::cerr << "deltadeck: --resume " << args.resume << ": run '" << run.name << "': " << out.run_dir
+                << " holds no usable checkpoint\n";
+      return 2;
+    }
+    out.resume_from = choice.dir;
+    const int64_t world = static_cast<int64_t>(trainer::rank_devices(cfg.run.devices).size()) * nnodes;
+    const auto mismatches =
+        trainer::resume_mismatches(trainer::read_compat(out.resume_from), trainer::resume_fingerprint(cfg, world));
+    if (!mismatches.empty()) {
+      std::cerr << "deltadeck: --resume " << args.resume << ": " << out.resume_from
+                << " cannot be resumed with this config; nothing was started:\n";
+      for (const auto& m : mismatches) std::cerr << "  " << m << "\n";
+      return 2;
+    }
   } catch (const std::exception& e) {
     std::cerr << "deltadeck: --resume " << args.resume << ": run '" << run.name << "': " << e.what() << "\n";
     return 2;
@@ -130,18 +152,32 @@ int resolve_resume(const TrainArgs& args, bool node0, PreparedRun& out, storage:
 }
 
 // --resume on node 0: resolve, then reopen the same run record; metric rows after the checkpoint's
-// step are recomputed, so the interrupted attempt's rows are replaced.
-int prepare_resume(const TrainArgs& args, PreparedRun& out) {
+// step are recomputed, so the interrupted attempt's rows are marked superseded (kept, never read
+// as current): exactly one current row per (run, step, metric).
+int prepare_resume(const TrainArgs& args, int nnodes, PreparedRun& out) {
   storage::RunSummary run;
-  if (int rc = resolve_resume(args, /*node0=*/true, out, run); rc != 0) return rc;
+  std::vector<std::string> skipped;
+  if (int rc = resolve_resume(args, /*node0=*/true, nnodes, out, run, &skipped); rc != 0) return rc;
   const int64_t step = std::stoll(out.resume_from.substr(out.resume_from.rfind("step_") + 5));
   out.store->reopen_run(run.id);
-  const int64_t dropped = out.store->remove_metrics_after(run.id, step);
+  for (const std::string& s : skipped) out.store->add_event({run.id, step, "warn", "resume skipped " + s, ""});
+  const int64_t superseded = out.store->supersede_metrics_after(run.id, step);
   out.store->add_event({run.id, step, "info",
-                        "resumed from " + out.resume_from + " (" + std::to_string(dropped) +
-                            " metric rows after step " + std::to_string(step) + " replaced by the resumed run)",
+                        "resumed from " + out.resume_from + " (" + std::to_string(superseded) +
+                            " metric rows after step " + std::to_string(step) +
+                            " marked superseded; the resumed run writes them again)",
                         ""});
   return 0;
+}
+
+// The exit code of a run that ended: 0 finished, stopped or preempted; 1 failed; 3 diverged
+// (train.max_nonfinite_steps skipped steps in a row). README "Exit codes" lists them all.
+int exit_code(trainer::RunStatus s) {
+  switch (s) {
+    case trainer::RunStatus::Failed: return 1;
+    case trainer::RunStatus::Diverged: return 3;
+    default: return 0;
+  }
 }
 
 }  // namespace
@@ -160,7 +196,7 @@ int run_worker_node(const TrainArgs& args, const trainer::ClusterSpec& cluster) 
     PreparedRun prep;
     storage::RunSummary run;
     try {
-      if (int rc = resolve_resume(args, /*node0=*/false, prep, run); rc != 0) return rc;
+      if (int rc = resolve_resume(args, /*node0=*/false, cluster.nnodes, prep, run); rc != 0) return rc;
     } catch (const std::exception& e) {
       std::cerr << "deltadeck: " << e.what() << "\n";
       return 1;
@@ -193,7 +229,7 @@ int run_worker_node(const TrainArgs& args, const trainer::ClusterSpec& cluster) 
     // A signal to this node alone (a launcher stopping one node) reaches node 0 through the engine.
     if (!stop_sent && stop_signals_received() > 0) {
       say("stop requested: node 0 will stop every rank at the next step boundary");
-      session.send(trainer::Command::Stop);
+      session.send(stop_command());
       stop_sent = true;
     }
     auto ev = session.events().pop_for(std::chrono::milliseconds(100));
@@ -209,8 +245,9 @@ int run_worker_node(const TrainArgs& args, const trainer::ClusterSpec& cluster) 
                            trainer::status_name(ended.status) + " at step " + std::to_string(ended.step) + ": " +
                            ended.message;
   say(last);
-  if (ended.status == trainer::RunStatus::Failed) std::cerr << "deltadeck: " << last << " (log: " << log_path << ")\n";
-  return ended.status == trainer::RunStatus::Failed ? 1 : 0;
+  if (ended.status == trainer::RunStatus::Failed || ended.status == trainer::RunStatus::Diverged)
+    std::cerr << "deltadeck: " << last << " (log: " << log_path << ")\n";
+  return exit_code(ended.status);
 }
 
 // --dry-run: the same config (or resumed run) the train command would start, validated and
@@ -226,7 +263,7 @@ int dry_run_train(const TrainArgs& args, const trainer::ClusterSpec& cluster) {
     } else {
       PreparedRun prep;
       storage::RunSummary run;
-      if (int rc = resolve_resume(args, /*node0=*/true, prep, run); rc != 0) return rc;
+      if (int rc = resolve_resume(args, /*node0=*/true, cluster.nnodes, prep, run); rc != 0) return rc;
       cfg = std::move(prep.cfg);
       cfg.name = run.name;
       info.where = "run '" + run.name + "' (id " + std::to_string(run.id) + ")";
@@ -255,7 +292,8 @@ int run_train(const TrainArgs& args) {
   if (cluster.node_rank > 0) return run_worker_node(args, cluster);
   PreparedRun prep;
   try {
-    const int rc = args.resume.empty() ? prepare_new_run(args, cluster.nnodes, prep) : prepare_resume(args, prep);
+    const int rc =
+        args.resume.empty() ? prepare_new_run(args, cluster.nnodes, prep) : prepare_resume(args, cluster.nnodes, prep);
     if (rc != 0) return rc;
   } catch (const std::exception& e) {
     std::cerr << "deltadeck: " << e.what() << "\n";
@@ -266,6 +304,12 @@ int run_train(const TrainArgs& args) {
   RunHostOptions opts;
   opts.cluster = cluster;
   opts.keep_records = !dashboard;
+  // The engine sees the first SIGINT/SIGTERM at its next step boundary (the front end's 100 ms poll
+  // also sends the command, for the view's status).
+  opts.poll_stop = []() -> std::optional<trainer::Command> {
+    if (stop_signals_received() == 0) return std::nullopt;
+    return stop_command();
+  };
   RunHost host(std::move(prep), opts);
   const std::string name = host.run().store->run(host.run().run_id)->name;
 
@@ -282,7 +326,7 @@ int run_train(const TrainArgs& args) {
   if (format == LogFormat::Text)
     std::cout << "run '" << name << "' " << trainer::status_name(ended.status) << " at step " << ended.step << ": "
               << ended.message << "\n";
-  return ended.status == trainer::RunStatus::Failed ? 1 : 0;
+  return exit_code(ended.status);
 }
 
 }  // namespace app

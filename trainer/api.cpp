@@ -8,6 +8,8 @@ const char* status_name(RunStatus s) {
     case RunStatus::Finished: return "finished";
     case RunStatus::Stopped: return "stopped";
     case RunStatus::Failed: return "failed";
+    case RunStatus::Preempted: return "preempted";
+    case RunStatus::Diverged: return "diverged";
   }
   return "failed";
 }

@@ -62,6 +62,22 @@ struct TrainConfig {
   // lr × mup_base_width / model.d, so a width tuned at the base width transfers; embeddings,
   // norms and gates keep lr. 0 = off.
   int64_t mup_base_width = 0;
+  // A step whose loss or gradients are not finite (docs/reliability.md):
+  //   skip  its update is skipped on every rank (weights and optimizer state untouched), decided
+  //         before the update: on a GPU that reads the loss and grad norm back within the step
+  //         (one host synchronisation per step, which loss scaling pays anyway);
+  //   fail  the run fails naming the step, the values read one step late (no synchronisation);
+  //   auto  skip on the CPU and whenever loss scaling is on, fail on a GPU otherwise.
+  std::string nonfinite = "auto";
+  // After this many skipped steps in a row (non-finite, or spikes with spike_action = "skip") the
+  // run stops with status "diverged" (exit code 3) instead of skipping forever. 0 = never.
+  int64_t max_nonfinite_steps = 20;
+  // Loss spikes: a finite loss more than spike_zscore standard deviations above the mean of the
+  // last spike_window finite losses (after warmup_steps) is flagged, and with spike_action =
+  // "skip" its update is skipped like a non-finite one. The window is saved in checkpoints.
+  double spike_zscore = 6.0;             // 0 turns detection off
+  int64_t spike_window = 100;
+  std::string spike_action = "flag";     // flag | skip
 };
 
 // [run]
@@ -80,6 +96,10 @@ struct RunSection {
   bool zero1 = false;                    // ZeRO-1: AdamW's state sharded across the ranks
   double peak_tflops = 0;                // the device's peak for MFU; 0 = the known dense peak of the GPU
                                          // for the precision (bf16, or fp8), none on the CPU
+  // A checkpoint that cannot be written (a full disk): retried this many times, save_retry_delay_s
+  // apart, before the run stops as failed; the previous checkpoint stays the resume target.
+  int64_t save_retries = 0;
+  double save_retry_delay_s = 5;
 };
 
 struct RunConfig {
@@ -93,7 +113,10 @@ struct RunConfig {
 
 // ---- events: trainer -> app (values only, never tensors or pointers into trainer memory)
 
-enum class RunStatus { Running, Finished, Stopped, Failed };
+// Preempted: stopped (with a checkpoint) because the launcher said the job is being preempted
+// (SIGTERM under Slurm, or DELTADECK_PREEMPTIBLE=1). Diverged: stopped after
+// train.max_nonfinite_steps skipped steps in a row. Both are additive to the original four.
+enum class RunStatus { Running, Finished, Stopped, Failed, Preempted, Diverged };
 const char* status_name(RunStatus s);
 
 struct MetricsEvent {
@@ -123,9 +146,16 @@ struct EndedEvent {
   int64_t step = 0;
   std::string message;
 };
-using Event = std::variant<StartedEvent, MetricsEvent, CheckpointEvent, LogEvent, EndedEvent>;
+// Never emitted by the engine: a marker a front end queues behind the engine's events on the same
+// channel to learn when it has handled every event before it (app::RunHost waits for one before a
+// checkpoint is committed). Front ends that did not queue one never see one.
+struct MarkerEvent {
+  uint64_t id = 0;
+};
+using Event = std::variant<StartedEvent, MetricsEvent, CheckpointEvent, LogEvent, EndedEvent, MarkerEvent>;
 
 // ---- commands: app -> trainer, applied at the next step boundary
-enum class Command { Pause, Resume, SaveNow, Stop };
+// Preempt: Stop, ending with status Preempted (the launcher is taking the machine back).
+enum class Command { Pause, Resume, SaveNow, Stop, Preempt };
 
 }  // namespace trainer

@@ -2,11 +2,14 @@
 
 #include <torch/torch.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -52,6 +55,11 @@ at::ScalarType torch_dtype(const std::string& d, const std::string& file) {
 
 int64_t write_weights_file(const std::string& path, const NamedTensors& tensors,
                            const std::map<std::string, std::string>& meta) {
+  return write_weights_file(storage::posix_io(), path, tensors, meta, nullptr);
+}
+
+int64_t write_weights_file(storage::FileIo& io, const std::string& path, const NamedTensors& tensors,
+                           const std::map<std::string, std::string>& meta, std::string* sha256) {
   // Contiguous CPU copies must outlive the views handed to the writer.
   std::vector<at::Tensor> keep;
   std::vector<storage::TensorView> views;
@@ -62,7 +70,7 @@ int64_t write_weights_file(const std::string& path, const NamedTensors& tensors,
     views.push_back({name, safetensors_dtype(c.scalar_type()), c.sizes().vec(), c.data_ptr(),
                      static_cast<size_t>(c.nbytes())});
   }
-  return storage::write_safetensors(path, views, meta);
+  return storage::write_safetensors(io, path, views, meta, sha256);
 }
 
 namespace {
@@ -86,17 +94,106 @@ std::string step_dir_name(int64_t step) {
 
 }  // namespace
 
-SavedCheckpoint save_checkpoint(const std::string& root, const CheckpointData& data) {
-  files::make_dirs(root);
+namespace {
+
+// A small text file through io: created, written, fsynced, closed.
+void write_text_file(storage::FileIo& io, const std::string& path, const std::string& text) {
+  const int fd = io.create(path);
+  try {
+    io.write(fd, path, text.data(), text.size(), 0);
+    io.fsync(fd, path);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  io.close(fd, path);
+}
+
+std::vector<uint8_t> read_file(const std::string& path) {
+  std::vector<uint8_t> bytes;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error(path + ": missing (" + errno_text() + ")");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const std::string why = errno_text();
+    ::close(fd);
+    throw std::runtime_error(path + ": cannot stat (" + why + ")");
+  }
+  bytes.resize(static_cast<size_t>(st.st_size));
+  size_t got = 0;
+  while (got < bytes.size()) {
+    const ssize_t r = ::read(fd, bytes.data() + got, bytes.size() - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      const std::string why = errno_text();
+      ::close(fd);
+      throw std::runtime_error(path + ": read failed (" + why + ")");
+    }
+    if (r == 0) break;
+    got += static_cast<size_t>(r);
+  }
+  ::close(fd);
+  bytes.resize(got);
+  return bytes;
+}
+
+// The manifest of dir, checked for shape; throws naming the manifest and what is wrong with it.
+nlohmann::json read_manifest(const std::string& dir) {
+  const std::string path = dir + "/manifest.json";
+  if (!files::exists(path))
+    throw std::runtime_error(path + ": missing; the save did not finish (no committed manifest)");
+  const int64_t size = files::file_size(path);
+  if (size == 0) throw std::runtime_error(path + ": empty (0 bytes); the checkpoint cannot be verified");
+  const std::vector<uint8_t> bytes = read_file(path);
+  nlohmann::json manifest;
+  try {
+    manifest = nlohmann::json::parse(bytes.begin(), bytes.end());
+  } catch (const std::exception& e) {
+    throw std::runtime_error(path + ": not valid JSON (" + e.what() + ")");
+  }
+  if (!manifest.is_object() || manifest.value("format", "") != "deltadeck-checkpoint")
+    throw std::runtime_error(path + ": not a deltadeck checkpoint manifest");
+  if (manifest.value("version", 0) != CHECKPOINT_VERSION)
+    throw std::runtime_error(path + ": version " + std::to_string(manifest.value("version", 0)) +
+                             ", this program reads version " + std::to_string(CHECKPOINT_VERSION));
+  for (const char* file : {"model.safetensors", "state.safetensors"}) {
+    if (!manifest.contains("files") || !manifest["files"].contains(file) ||
+        !manifest["files"][file].contains("bytes") || !manifest["files"][file].contains("sha256"))
+      throw std::runtime_error(path + ": lists no bytes and sha256 for " + file);
+  }
+  if (!manifest.contains("step") || !manifest["step"].is_number_integer())
+    throw std::runtime_error(path + ": has no step");
+  return manifest;
+}
+
+// Throws naming the file when its size or digest differs from the manifest's entry.
+void check_file(const std::string& path, const nlohmann::json& entry, int64_t size, const std::string& digest) {
+  const int64_t expected_bytes = entry.at("bytes").get<int64_t>();
+  if (size != expected_bytes)
+    throw std::runtime_error(path + ": size " + std::to_string(size) + " bytes, the manifest expects " +
+                             std::to_string(expected_bytes) + " (truncated or replaced)");
+  const std::string expected = entry.at("sha256").get<std::string>();
+  if (digest != expected)
+    throw std::runtime_error(path + ": checksum mismatch (expected sha256 " + expected + ", actual " + digest + ")");
+}
+
+}  // namespace
+
+SavedCheckpoint save_checkpoint(const std::string& root, const CheckpointData& data, storage::FileIo& io,
+                                const std::function<void()>& before_commit) {
+  io.make_dirs(root);
   const std::string final_dir = root + "/" + step_dir_name(data.step);
   const std::string tmp_dir = final_dir + ".tmp";
-  files::remove_tree(tmp_dir);  // a leftover of a crashed save
-  files::make_dirs(tmp_dir);
+  const std::string old_dir = final_dir + ".old";
+  // A leftover of a crashed or failed save of this step: saving the same step again starts clean.
+  io.remove_tree(tmp_dir);
+  io.make_dirs(tmp_dir);
 
   nlohmann::json manifest;
   manifest["format"] = "deltadeck-checkpoint";
   manifest["version"] = CHECKPOINT_VERSION;
   manifest["step"] = data.step;
+  if (!data.compat.empty()) manifest["compat"] = data.compat;
   std::map<std::string, std::string> weights_meta{{"format", "deltadeck-weights"},
                                                   {"version", std::to_string(CHECKPOINT_VERSION)}};
   if (!data.config_toml.empty()) weights_meta["config.toml"] = data.config_toml;
@@ -106,96 +203,146 @@ SavedCheckpoint save_checkpoint(const std::string& root, const CheckpointData& d
   state_meta["step"] = std::to_string(data.step);
 
   SavedCheckpoint saved;
-  for (const auto& [file, tensors, meta] :
-       {std::tuple{std::string("model.safetensors"), &data.weights, &weights_meta},
-        std::tuple{std::string("state.safetensors"), &data.state, &state_meta}}) {
-    const std::string path = tmp_dir + "/" + file;
-    const int64_t bytes = write_weights_file(path, *tensors, *meta);  // fsyncs the file
-    const std::string sha = storage::sha256_file(path);
-    manifest["files"][file] = {{"bytes", bytes}, {"sha256", sha}};
-    saved.bytes += bytes;
-    if (file == "model.safetensors") saved.sha256 = sha;
+  bool moved_aside = false;
+  try {
+    for (const auto& [file, tensors, meta] :
+         {std::tuple{std::string("model.safetensors"), &data.weights, &weights_meta},
+          std::tuple{std::string("state.safetensors"), &data.state, &state_meta}}) {
+      const std::string path = tmp_dir + "/" + file;
+      std::string sha;
+      const int64_t bytes = write_weights_file(io, path, *tensors, *meta, &sha);  // fsyncs the file
+      manifest["files"][file] = {{"bytes", bytes}, {"sha256", sha}};
+      saved.bytes += bytes;
+      if (file == "model.safetensors") saved.sha256 = sha;
+    }
+    // The manifest goes in by rename, so a manifest.json is always whole.
+    const std::string manifest_tmp = tmp_dir + "/manifest.json.tmp";
+    write_text_file(io, manifest_tmp, manifest.dump(2) + "\n");
+    io.rename(manifest_tmp, tmp_dir + "/manifest.json");
+    io.fsync_dir(tmp_dir);
+    if (before_commit) before_commit();
+    // An existing checkpoint of the same step is moved aside only now that the new one is complete.
+    if (files::exists(final_dir)) {
+      io.remove_tree(old_dir);
+      io.rename(final_dir, old_dir);
+      moved_aside = true;
+    }
+    io.rename(tmp_dir, final_dir);
+    io.fsync_dir(root);
+  } catch (...) {
+    // Best effort: a process that is going down (or a disk that refuses) leaves these to the next save.
+    try {
+      io.remove_tree(tmp_dir);
+      if (moved_aside && !files::exists(final_dir)) io.rename(old_dir, final_dir);
+    } catch (const std::exception&) {
+    }
+    throw;
   }
-
-  const std::string manifest_path = tmp_dir + "/manifest.json";
-  {
-    std::ofstream out(manifest_path, std::ios::binary | std::ios::trunc);
-    out << manifest.dump(2) << "\n";
-    out.flush();
-    if (!out) throw std::runtime_error(manifest_path + ": write failed (" + errno_text() + ")");
+  if (moved_aside) {
+    try {
+      io.remove_tree(old_dir);
+    } catch (const std::exception&) {
+      // Committed already; a stray ".old" directory is never chosen and is removed by the next save.
+    }
   }
-  files::fsync_path(manifest_path);
-  files::fsync_path(tmp_dir);
-
-  // Move an existing checkpoint of the same step aside only now that the new one is complete.
-  const std::string old_dir = final_dir + ".old";
-  const bool replacing = files::exists(final_dir);
-  if (replacing) {
-    files::remove_tree(old_dir);
-    if (::rename(final_dir.c_str(), old_dir.c_str()) != 0)
-      throw std::runtime_error(final_dir + ": cannot move aside (" + errno_text() + ")");
-  }
-  if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0)
-    throw std::runtime_error(final_dir + ": cannot rename into place (" + errno_text() + ")");
-  files::fsync_path(root);
-  if (replacing) files::remove_tree(old_dir);
   saved.dir = final_dir;
   return saved;
 }
 
 CheckpointData load_checkpoint(const std::string& dir) {
-  const std::string manifest_path = dir + "/manifest.json";
-  std::ifstream in(manifest_path, std::ios::binary);
-  if (!in) throw std::runtime_error(manifest_path + ": missing (" + errno_text() + "); the checkpoint is incomplete");
-  nlohmann::json manifest;
-  try {
-    in >> manifest;
-  } catch (const std::exception& e) {
-    throw std::runtime_error(manifest_path + ": not valid JSON (" + e.what() + ")");
-  }
-  if (manifest.value("format", "") != "deltadeck-checkpoint")
-    throw std::runtime_error(manifest_path + ": not a deltadeck checkpoint manifest");
-  if (manifest.value("version", 0) != CHECKPOINT_VERSION)
-    throw std::runtime_error(manifest_path + ": version " + std::to_string(manifest.value("version", 0)) +
-                             ", this program reads version " + std::to_string(CHECKPOINT_VERSION));
-  for (const char* file : {"model.safetensors", "state.safetensors"}) {
-    const std::string path = dir + "/" + file;
-    if (!manifest.contains("files") || !manifest["files"].contains(file))
-      throw std::runtime_error(manifest_path + ": lists no " + file);
-    const auto& entry = manifest["files"][file];
-    const int64_t size = files::file_size(path);
-    if (size < 0) throw std::runtime_error(path + ": missing (" + errno_text() + ")");
-    const int64_t expected_bytes = entry.at("bytes").get<int64_t>();
-    if (size != expected_bytes)
-      throw std::runtime_error(path + ": size " + std::to_string(size) + " bytes, manifest says " +
-                               std::to_string(expected_bytes));
-    const std::string actual = storage::sha256_file(path);
-    const std::string expected = entry.at("sha256").get<std::string>();
-    if (actual != expected)
-      throw std::runtime_error(path + ": checksum mismatch (expected sha256 " + expected + ", got " + actual + ")");
-  }
+  const nlohmann::json manifest = read_manifest(dir);
   CheckpointData data;
   data.step = manifest.at("step").get<int64_t>();
-  const std::string wpath = dir + "/model.safetensors", spath = dir + "/state.safetensors";
-  auto wf = storage::SafetensorsFile::read(wpath);
-  auto sf = storage::SafetensorsFile::read(spath);
-  data.weights = read_tensors(wf, wpath);
-  data.state = read_tensors(sf, spath);
+  std::map<std::string, storage::SafetensorsFile> parsed;
+  for (const char* file : {"model.safetensors", "state.safetensors"}) {
+    const std::string path = dir + "/" + file;
+    if (!files::exists(path)) throw std::runtime_error(path + ": missing (listed in the manifest)");
+    std::vector<uint8_t> bytes = read_file(path);
+    check_file(path, manifest["files"][file], static_cast<int64_t>(bytes.size()),
+               storage::sha256_hex(bytes.data(), bytes.size()));
+    parsed.emplace(file, storage::SafetensorsFile::parse(path, std::move(bytes)));
+  }
+  const auto& wf = parsed.at("model.safetensors");
+  const auto& sf = parsed.at("state.safetensors");
+  data.weights = read_tensors(wf, dir + "/model.safetensors");
+  data.state = read_tensors(sf, dir + "/state.safetensors");
   data.meta = sf.metadata();
   const auto& wmeta = wf.metadata();
   if (auto it = wmeta.find("config.toml"); it != wmeta.end()) data.config_toml = it->second;
+  if (manifest.contains("compat")) data.compat = manifest["compat"].get<std::map<std::string, std::string>>();
   return data;
 }
 
-std::string find_checkpoint(const std::string& path) {
-  if (files::exists(path + "/manifest.json")) return path;
+std::string checkpoint_problem(const std::string& dir) {
+  try {
+    const nlohmann::json manifest = read_manifest(dir);
+    for (const char* file : {"model.safetensors", "state.safetensors"}) {
+      const std::string path = dir + "/" + file;
+      const int64_t size = files::file_size(path);
+      if (size < 0) return path + ": missing (listed in the manifest)";
+      check_file(path, manifest["files"][file], size,
+                 size == manifest["files"][file].at("bytes").get<int64_t>() ? storage::sha256_file(path) : "");
+    }
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+std::map<std::string, std::string> read_compat(const std::string& dir) {
+  const nlohmann::json manifest = read_manifest(dir);
+  if (!manifest.contains("compat") || !manifest["compat"].is_object()) return {};
+  std::map<std::string, std::string> out;
+  for (auto it = manifest["compat"].begin(); it != manifest["compat"].end(); ++it)
+    if (it.value().is_string()) out[it.key()] = it.value().get<std::string>();
+  return out;
+}
+
+CheckpointChoice choose_checkpoint(const std::string& path) {
+  CheckpointChoice out;
+  if (files::exists(path + "/manifest.json")) {
+    out.dir = path;
+    return out;
+  }
   if (!files::is_dir(path)) throw std::runtime_error(path + ": no such checkpoint or run directory");
   for (const std::string& root : {path + "/checkpoints", path}) {
+    std::vector<std::string> unfinished;
+    for (const auto& name : files::list_dir(root)) {
+      if (name.rfind("step_", 0) == 0 && name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0)
+        unfinished.push_back(name);
+    }
+    std::sort(unfinished.rbegin(), unfinished.rend());
+    for (const auto& name : unfinished)
+      out.skipped.push_back(root + "/" + name + ": an unfinished save (never committed); ignored");
+    // Directories named step_X without a manifest were not committed by this program's saves
+    // (or lost it since): listed as skipped too.
+    for (const auto& name : files::list_dir(root)) {
+      const std::string dir = root + "/" + name;
+      if (name.rfind("step_", 0) == 0 && name.find('.') == std::string::npos && files::is_dir(dir) &&
+          !files::exists(dir + "/manifest.json"))
+        out.skipped.push_back(dir + "/manifest.json: missing; the save did not finish (no committed manifest)");
+    }
     auto all = list_checkpoints(root);
-    if (!all.empty()) return all.back().second;
+    for (auto it = all.rbegin(); it != all.rend(); ++it) {
+      const std::string problem = checkpoint_problem(it->second);
+      if (problem.empty()) {
+        out.dir = it->second;
+        return out;
+      }
+      out.skipped.push_back(problem);
+    }
+    if (!all.empty()) return out;
   }
-  throw std::runtime_error(path + ": holds no complete checkpoint (expected step_XXXXXXXX/manifest.json under it or "
-                           "under its checkpoints/ folder)");
+  return out;
+}
+
+std::string find_checkpoint(const std::string& path) {
+  const CheckpointChoice c = choose_checkpoint(path);
+  if (!c.dir.empty()) return c.dir;
+  std::string why;
+  for (const auto& s : c.skipped) why += "\n  skipped " + s;
+  throw std::runtime_error(path + ": holds no usable checkpoint (expected step_XXXXXXXX/manifest.json under it or "
+                           "under its checkpoints/ folder)" + why);
 }
 
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& root) {
@@ -203,6 +350,7 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
   for (const auto& name : files::list_dir(root)) {
     const std::string path = root + "/" + name;
     if (name.rfind("step_", 0) != 0 || name.find('.') != std::string::npos || !files::is_dir(path)) continue;
+    if (!files::exists(path + "/manifest.json")) continue;
     try {
       out.emplace_back(std::stoll(name.substr(5)), path);
     } catch (const std::exception&) {
@@ -213,12 +361,24 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
   return out;
 }
 
-std::vector<int64_t> prune_checkpoints(const std::string& root, int64_t keep, int64_t protected_step) {
+std::vector<int64_t> prune_checkpoints(const std::string& root, int64_t keep, int64_t protected_step,
+                                       storage::FileIo& io) {
   auto all = list_checkpoints(root);
   std::vector<int64_t> removed;
   for (size_t i = 0; i + static_cast<size_t>(std::max<int64_t>(keep, 1)) < all.size(); ++i) {
     if (all[i].first == protected_step) continue;
-    if (files::remove_tree(all[i].second)) removed.push_back(all[i].first);
+    try {
+      io.remove_tree(all[i].second);
+      removed.push_back(all[i].first);
+    } catch (const std::exception&) {
+      // Left for the next save's pruning; the newer checkpoints are what a resume needs.
+    }
+  }
+  if (!removed.empty()) {
+    try {
+      io.fsync_dir(root);
+    } catch (const std::exception&) {
+    }
   }
   return removed;
 }

@@ -129,6 +129,11 @@ const std::vector<Field>& fields() {
       DD_CONFIG_FIELD("train", "loss_scale_growth_interval", train.loss_scale_growth_interval),
       DD_CONFIG_FIELD("train", "eval_batches", train.eval_batches),
       DD_CONFIG_FIELD("train", "mup_base_width", train.mup_base_width),
+      DD_CONFIG_FIELD("train", "nonfinite", train.nonfinite),
+      DD_CONFIG_FIELD("train", "max_nonfinite_steps", train.max_nonfinite_steps),
+      DD_CONFIG_FIELD("train", "spike_zscore", train.spike_zscore),
+      DD_CONFIG_FIELD("train", "spike_window", train.spike_window),
+      DD_CONFIG_FIELD("train", "spike_action", train.spike_action),
 
       DD_CONFIG_FIELD("run", "devices", run.devices),
       DD_CONFIG_FIELD("run", "runs_dir", run.runs_dir),
@@ -141,6 +146,8 @@ const std::vector<Field>& fields() {
       DD_CONFIG_FIELD("run", "collective_timeout_s", run.collective_timeout_s),
       DD_CONFIG_FIELD("run", "bucket_mb", run.bucket_mb),
       DD_CONFIG_FIELD("run", "zero1", run.zero1),
+      DD_CONFIG_FIELD("run", "save_retries", run.save_retries),
+      DD_CONFIG_FIELD("run", "save_retry_delay_s", run.save_retry_delay_s),
   };
   return all;
 }
@@ -723,6 +730,13 @@ std::vector<std::string> validate(const RunConfig& c) {
   k.unit_open("train.ema_decay", t.ema_decay);
   k.at_least("train.eval_batches", t.eval_batches, 1);
   k.at_least("train.mup_base_width", t.mup_base_width, 0);
+  k.one_of("train.nonfinite", t.nonfinite, {"auto", "skip", "fail"});
+  k.at_least("train.max_nonfinite_steps", t.max_nonfinite_steps, 0);
+  k.non_negative("train.spike_zscore", t.spike_zscore);
+  k.at_least("train.spike_window", t.spike_window, 2);
+  k.one_of("train.spike_action", t.spike_action, {"flag", "skip"});
+  if (t.spike_action == "skip" && t.spike_zscore == 0)
+    k.fail("train.spike_action", "\"skip\" needs spike detection on: set train.spike_zscore > 0 (got 0)");
 
   const RunSection& r = c.run;
   check_devices(k, r.devices);
@@ -737,6 +751,14 @@ std::vector<std::string> validate(const RunConfig& c) {
   k.non_negative("run.peak_tflops", r.peak_tflops);
   k.positive("run.collective_timeout_s", r.collective_timeout_s);
   k.at_least("run.bucket_mb", r.bucket_mb, 1);
+  k.at_least("run.save_retries", r.save_retries, 0);
+  k.non_negative("run.save_retry_delay_s", r.save_retry_delay_s);
+  // Other ranks wait at the next step boundary while rank 0 retries; they must not time out first.
+  if (r.save_retries > 0 && std::isfinite(r.save_retry_delay_s) &&
+      static_cast<double>(r.save_retries) * r.save_retry_delay_s >= r.collective_timeout_s)
+    k.fail("run.save_retry_delay_s", "save_retries x save_retry_delay_s must stay below run.collective_timeout_s (got " +
+                                         std::to_string(r.save_retries) + " x " + format_double(r.save_retry_delay_s) +
+                                         " >= " + format_double(r.collective_timeout_s) + ")");
   if (r.zero1 && (c.train.optimizer != "adamw" || c.train.mup_base_width > 0))
     k.fail("run.zero1", "shards AdamW's state only: use train.optimizer = \"adamw\" without train.mup_base_width");
   return k.out;

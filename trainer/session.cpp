@@ -168,6 +168,10 @@ struct Session::Impl {
     EndedEvent ended{RunStatus::Failed, 0, "no rank ran"};
     try {
       const std::vector<c10::Device> devices = rank_devices(cfg.run.devices);
+      // After a failed multi-rank GPU run this process does no more CUDA work (see run_rank).
+      if (const std::string why = cuda_blocked_reason(); !why.empty() && devices.front().is_cuda())
+        throw std::runtime_error("this process can no longer use the GPU: " + why +
+                                 "; resume the run in a new deltadeck process");
       const int local_world = static_cast<int>(devices.size());
       const ClusterSpec& node = opts.cluster;
       const int world = local_world * node.nnodes;

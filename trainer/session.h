@@ -4,7 +4,10 @@
 // No torch in this header, so app/ and ui/ include it cheaply.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,7 +30,22 @@ struct SessionOptions {
   int64_t profile_steps = 0;
   std::string profile_trace;
   ClusterSpec cluster;        // this process's node; several nodes meet at cluster.master_addr:port
+  // Called on rank 0's thread once a checkpoint of `step` is written and fsynced and before the
+  // rename that commits it; returns when the metrics the run emitted so far are durable (the app
+  // flushes its database writer), so no metric row up to a committed checkpoint is ever lost.
+  // Empty: no wait.
+  std::function<void(int64_t step)> before_checkpoint_commit;
+  // Polled by rank 0 at every step boundary (must be cheap and never block): a Stop or Preempt it
+  // returns ends the run at that very boundary, as the command would, without waiting for a front
+  // end's next poll (the app: the first SIGINT/SIGTERM). Empty: none.
+  std::function<std::optional<Command>()> poll_stop;
 };
+
+// Why this process may no longer run CUDA work ("" when it may): set after a multi-rank GPU run
+// failed, since its NCCL communicator may be wedged with kernels still queued on the device; any
+// further CUDA call could hang. A front end that keeps running (the desktop app) shows this and
+// offers to resume the run in a fresh process. Any thread.
+std::string cuda_blocked_reason();
 
 // Completes a validated config for this build: fills model.vocab_size from the tokenizer when 0,
 // rejects a tokenizer vocabulary larger than the model's, settings this build does not have yet,

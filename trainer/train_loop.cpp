@@ -2,8 +2,13 @@
 // training should continue: poll commands, step, maybe log, maybe evaluate, maybe checkpoint.
 // The run trains on one device (run.devices); batches arrive pinned and are copied asynchronously.
 // A step's loss and grad norm stay on the device and are read one step later (StepValues), so the
-// host queues step s+1 while the GPU still computes step s; only the loss scaler's finiteness check
-// (fp16/fp8) reads back within the step.
+// host queues step s+1 while the GPU still computes step s; only the step guard's decision reads
+// back within the step, and only where it is free or asked for (CPU ranks, loss scaling, which reads
+// back anyway, or train.nonfinite / train.spike_action = "skip"; see decide_in_step_).
+// Reliability (docs/reliability.md): a step with a non-finite loss or gradient, or a loss spike, is
+// judged by StepGuard from all-reduced values, so every rank skips the same steps; saves go through
+// storage::checkpoint_io() (observable and fault-injectable) and are retried as run.save_retries
+// says; a stop, a preemption and a divergence end the run at a step boundary every rank agrees on.
 #include "trainer/train_loop.h"
 
 #include <c10/core/Event.h>
@@ -37,6 +42,8 @@
 #include "trainer/precision.h"
 #include "trainer/fault_inject.h"
 #include "trainer/grad_buckets.h"
+#include "trainer/resume_check.h"
+#include "trainer/step_guard.h"
 #include "trainer/step_profile.h"
 #include "trainer/zero1.h"
 
@@ -50,6 +57,13 @@ using Clock = std::chrono::steady_clock;
 std::string format_exact(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+// "12.3" for messages.
+std::string fixed(double v, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
   return buf;
 }
 
@@ -71,14 +85,30 @@ LossScalerOptions scaler_options(const TrainConfig& t) {
 std::mutex init_mutex;
 
 // What rank 0 tells every rank at a step boundary.
-enum StepDecision : int64_t { kContinue = 0, kSaveNow = 1, kStop = 2, kPausedTick = 3 };
+enum StepDecision : int64_t { kContinue = 0, kSaveNow = 1, kStop = 2, kPausedTick = 3, kPreempt = 4 };
+
+StepGuardOptions guard_options(const TrainConfig& t) {
+  StepGuardOptions o;
+  o.zscore = t.spike_zscore;
+  o.window = t.spike_window;
+  o.skip_spikes = t.spike_action == "skip";
+  o.max_skipped = t.max_nonfinite_steps;
+  o.warmup_steps = t.warmup_steps;
+  return o;
+}
+
+std::string join_lines(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : "; ") + s;
+  return out;
+}
 
 class TrainLoop {
  public:
   TrainLoop(const RunConfig& cfg, const SessionOptions& opts, Channel<Event>& events, Channel<Command>& commands,
             RunProgress& progress, const RankContext& rank)
       : cfg_(cfg), opts_(opts), events_(events), commands_(commands), progress_(progress), rank_(rank),
-        comm_(*rank.comm), lead_(rank.comm->rank() == 0) {}
+        comm_(*rank.comm), lead_(rank.comm->rank() == 0), guard_(guard_options(cfg.train)) {}
 
   EndedEvent run() {
     const int64_t threads = cfg_.run.threads > 0
@@ -91,6 +121,10 @@ class TrainLoop {
     CheckpointData resume;
     std::string loader_state;
     if (!opts_.resume_from.empty()) {
+      // Shape, vocabulary, dtype and world size from the manifest alone, before a tensor is read.
+      const auto mismatches = resume_mismatches(read_compat(opts_.resume_from), resume_fingerprint(cfg_, world));
+      if (!mismatches.empty())
+        throw std::runtime_error(opts_.resume_from + ": cannot be resumed by this run: " + join_lines(mismatches));
       resume = load_checkpoint(opts_.resume_from);
       const int saved_world = resume.meta.count("world_size") ? std::stoi(resume.meta.at("world_size")) : 1;
       if (saved_world != world)
@@ -154,6 +188,13 @@ class TrainLoop {
       opt_hidden_ = std::make_unique<AdamW>(hidden_params, hidden_decay, adam_opts);
     }
     scaler_ = std::make_unique<LossScaler>(scaler_options(cfg_.train));
+    // Skip decisions are taken inside the step (before the update) where reading the loss and the
+    // grad norm back costs nothing (CPU), is paid already (the loss scaler reads back), or is asked
+    // for; on a GPU otherwise the values are judged one step late and a non-finite loss fails the run.
+    nonfinite_skips_ = cfg_.train.nonfinite == "skip" ||
+                       (cfg_.train.nonfinite == "auto" && (!device_.is_cuda() || scaler_->enabled()));
+    decide_in_step_ = !device_.is_cuda() || scaler_->enabled() || cfg_.train.nonfinite == "skip" ||
+                      cfg_.train.spike_action == "skip";
     if (cfg_.train.ema_decay > 0) ema_ = std::make_unique<Ema>(params_, cfg_.train.ema_decay);
     if (!opts_.resume_from.empty()) restore(resume, opts_.resume_from);
     loader_state_ = loader_state;
@@ -177,12 +218,20 @@ class TrainLoop {
     tokens_at_last_log_ = tokens_;
     const int64_t total = cfg_.train.steps;
     while (step_ < total) {
-      if (!agree_on_commands()) {
-        save("stop requested");
-        return {RunStatus::Stopped, step_, "stopped by request"};
+      if (const int64_t d = agree_on_commands(); d != kContinue) {
+        const bool preempted = d == kPreempt;
+        save(preempted ? "preempted" : "stop requested");
+        return {preempted ? RunStatus::Preempted : RunStatus::Stopped, step_,
+                preempted ? "preempted (the launcher asked this job to stop)" : "stopped by request"};
       }
       profile_boundary();
       train_step();  // queues this step's values; the previous step's are read below
+      if (!diverged_.empty()) {
+        // Every rank judged the same all-reduced values, so every rank ends here at this step. No
+        // checkpoint: the last one holds the weights before the skipped steps.
+        settle_step_values();
+        return {RunStatus::Diverged, step_, diverged_};
+      }
       if (lead_) {
         progress_.step = step_;
         progress_.tokens = tokens_;
@@ -210,8 +259,8 @@ class TrainLoop {
 
   // Rank 0 reads the command channel; every rank then acts on its decision at the same step
   // boundary. While paused, rank 0 sends a tick every second so the others never reach the
-  // collective timeout. Returns false when the run must stop.
-  bool agree_on_commands() {
+  // collective timeout. Returns kContinue, or kStop / kPreempt when the run must end.
+  int64_t agree_on_commands() {
     forward_stop_to_node0();
     for (;;) {
       int64_t decision = kContinue;
@@ -227,8 +276,9 @@ class TrainLoop {
         ++command_round_;
       }
       switch (decision) {
-        case kContinue: return true;
-        case kStop: return false;
+        case kContinue: return kContinue;
+        case kStop: return kStop;
+        case kPreempt: return kPreempt;
         case kSaveNow: save("save requested"); break;
         case kPausedTick: break;
       }
@@ -241,8 +291,9 @@ class TrainLoop {
     const int nodes = static_cast<int>(opts_.cluster.nnodes);
     if (nodes <= 1 || lead_ || comm_.rank() % (comm_.world() / nodes) != 0 || stop_forwarded_) return;
     while (auto cmd = commands_.try_pop()) {
-      if (*cmd != Command::Stop) continue;  // pause and save-now are node 0's (the app's) to give
-      comm_.raise_flag("stop", "node " + std::to_string(opts_.cluster.node_rank));
+      if (*cmd != Command::Stop && *cmd != Command::Preempt) continue;  // pause and save-now are node 0's to give
+      comm_.raise_flag("stop", std::string(*cmd == Command::Preempt ? "preempt: " : "") + "node " +
+                                   std::to_string(opts_.cluster.node_rank));
       stop_forwarded_ = true;
       return;
     }
@@ -250,10 +301,20 @@ class TrainLoop {
 
   // Rank 0: the next decision from the queued commands. Blocks at most a second while paused.
   int64_t next_decision() {
+    if (opts_.poll_stop) {
+      if (const std::optional<Command> c = opts_.poll_stop(); c && (*c == Command::Stop || *c == Command::Preempt)) {
+        if (!stop_polled_)
+          log("info", std::string(*c == Command::Preempt ? "preemption" : "stop") + " signal: stopping at step " +
+                          std::to_string(step_));
+        stop_polled_ = true;
+        return *c == Command::Preempt ? kPreempt : kStop;
+      }
+    }
     if (opts_.cluster.nnodes > 1) {
       if (auto who = comm_.flag("stop")) {
-        log("info", "stop requested on " + *who);
-        return kStop;
+        const bool preempt = who->rfind("preempt: ", 0) == 0;
+        log("info", std::string(preempt ? "preemption" : "stop") + " requested on " + who->substr(preempt ? 9 : 0));
+        return preempt ? kPreempt : kStop;
       }
     }
     for (;;) {
@@ -276,6 +337,8 @@ class TrainLoop {
           return kSaveNow;
         case Command::Stop:
           return kStop;
+        case Command::Preempt:
+          return kPreempt;
       }
     }
   }
@@ -289,12 +352,17 @@ class TrainLoop {
     at::Tensor loss_sum, aux_sum;  // on the device
     double wait_s = 0;
     int64_t pieces = 0, rows = 0, step_tokens = 0;
+    const int rank = comm_.rank();
+    const int64_t number = step_ + 1;  // this step as logged and checkpointed
     for (int64_t micro = 0; micro < cfg_.train.grad_accum; ++micro) {
       data::Batch b = loader_->next(&wait_s);
+      if (micro == 0) fault_point("forward", rank, number);
       auto parts = forward(b);
+      inject_data_faults(parts, number);
       auto loss = parts.total / static_cast<double>(cfg_.train.grad_accum);
       // Data parallel: the last micro-step's backward starts averaging each bucket as it fills.
       if (buckets_ && micro == cfg_.train.grad_accum - 1) buckets_->arm();
+      if (micro == 0) fault_point("backward", rank, number);
       scaler_->scale_loss(loss).backward();
       auto ce = parts.ce.detach().to(torch::kFloat64) / static_cast<double>(cfg_.train.grad_accum);
       auto aux = parts.aux.detach().to(torch::kFloat64) / static_cast<double>(cfg_.train.grad_accum);
@@ -320,20 +388,47 @@ class TrainLoop {
     const double max_norm = cfg_.train.grad_clip > 0 ? cfg_.train.grad_clip : INFINITY;
     bool found_inf = false;
     at::Tensor grad_norm;
+    std::optional<StepVerdict> verdict;  // set when decided within the step
     if (zero_) {
-      // Averaging, unscaling, the inf/NaN check, clipping and the update, on this rank's slice.
-      const auto r = zero_->step(lr, scaler_->enabled() ? scaler_->scale() : 1.0, max_norm);
-      found_inf = r.found_inf;
-      grad_norm = torch::tensor(r.grad_norm, torch::kFloat64);
-      if (!found_inf && ema_) ema_->update();
+      // Averaging, unscaling, the inf/NaN check, clipping and the update, on this rank's slice. A
+      // loss that must be skipped is known before (the loss is all-reduced already): every rank then
+      // leaves the optimizer alone, so ZeRO-1's collectives stay matched.
+      double loss_host = 0;
+      bool skip_before = false;
+      if (decide_in_step_) {
+        loss_host = losses[0].item<double>();
+        skip_before = guard_.loss_skips(number, loss_host);
+      }
+      fault_point("optimizer", rank, number);
+      if (skip_before) {
+        found_inf = !std::isfinite(loss_host);  // the scaler backs off for a non-finite loss
+        grad_norm = torch::tensor(NAN, torch::kFloat64);  // not computed
+        // A finite stand-in for the norm, so a spike is recorded as a spike, not as non-finite.
+        verdict = guard_.record(number, loss_host, std::isfinite(loss_host) ? 0.0 : NAN);
+      } else {
+        const auto r = zero_->step(lr, scaler_->enabled() ? scaler_->scale() : 1.0, max_norm);
+        found_inf = r.found_inf;
+        grad_norm = torch::tensor(r.grad_norm, torch::kFloat64);
+        if (decide_in_step_) verdict = guard_.record(number, loss_host, r.grad_norm);
+        if (!found_inf && ema_) ema_->update();
+      }
     } else {
       // Unscale before clipping; a non-finite gradient skips the update (weights untouched).
       found_inf = scaler_->enabled() && scaler_->unscale_and_check(grads_of);
-      if (found_inf) {
-        grad_norm = torch::tensor(INFINITY, torch::kFloat64);  // reported as such; counted in skipped_steps
-      } else {
-        // The norm is reported before clipping; a clip of 0 only measures it.
-        grad_norm = clip_grad_norm_async(grads_of, max_norm);
+      // The norm is reported before clipping; a clip of 0 only measures it. Clipping a non-finite
+      // gradient scrambles it, which does not matter: such a step is skipped and its gradients zeroed.
+      grad_norm = found_inf ? torch::tensor(INFINITY, torch::kFloat64) : clip_grad_norm_async(grads_of, max_norm);
+      bool skip = found_inf;
+      if (decide_in_step_) {
+        // The step's one read-back: loss and grad norm, both identical on every rank.
+        const at::Tensor host = torch::stack({losses[0].to(torch::kFloat64),
+                                              grad_norm.to(losses.device(), torch::kFloat64).reshape({})})
+                                    .to(torch::kCPU);
+        verdict = guard_.record(number, host[0].item<double>(), host[1].item<double>());
+        skip = verdict->skip;
+      }
+      fault_point("optimizer", rank, number);
+      if (!skip) {
         opt_->step(lr);
         if (opt_hidden_) opt_hidden_->step(lr * hidden_lr_mult_);
         if (muon_) muon_->step(lr * cfg_.train.muon_lr / cfg_.train.lr * hidden_lr_mult_);
@@ -341,6 +436,7 @@ class TrainLoop {
       }
     }
     scaler_->update(found_inf);
+    if (verdict) act_on(*verdict, number, found_inf && scaler_->enabled());
     if (buckets_) {
       buckets_->zero();
     } else {
@@ -412,11 +508,58 @@ class TrainLoop {
         if (cfg_.model.moe_experts > 0) v.row->values.emplace_back("aux_loss", aux);
         push(std::move(*v.row));
       }
-      if (!std::isfinite(loss) && !scaler_->enabled()) {
-        throw std::runtime_error("loss is " + std::to_string(loss) + " at step " + std::to_string(v.step) +
-                                 "; lower train.lr or enable gradient clipping");
-      }
+      // Judged here, one step late, only when not decided within the step (a GPU without loss
+      // scaling): a non-finite loss then fails the run, a spike is flagged.
+      if (!decide_in_step_) act_on(guard_.record(v.step, loss, norm), v.step, false);
     }
+  }
+
+  // Applies a StepGuard verdict of step `number`: logs a skip or a spike (rank 0), fails the run for
+  // a non-finite step when train.nonfinite says so, and marks the run diverged after
+  // train.max_nonfinite_steps skips in a row (run() then ends it). `scaler_skip`: the loss scaler
+  // skipped it (routine with fp16/fp8; the scaler's back-off events report those).
+  void act_on(const StepVerdict& v, int64_t number, bool scaler_skip) {
+    if (v.nonfinite && !nonfinite_skips_ && !scaler_skip) {
+      throw std::runtime_error("the loss or gradient is not finite at step " + std::to_string(number) +
+                               "; lower train.lr or enable gradient clipping (train.nonfinite = \"skip\" skips such "
+                               "steps instead)");
+    }
+    const std::string in_a_row = std::to_string(guard_.skipped_in_a_row()) + " in a row, " +
+                                 std::to_string(guard_.skipped_total()) + " in total";
+    if (v.skip && !scaler_skip) {
+      const std::string why = v.nonfinite ? "non-finite loss or gradients"
+                                          : "loss spike (z = " + fixed(v.zscore, 1) + ")";
+      log_at(number, "warn", "step " + std::to_string(number) + " skipped: " + why +
+                                 "; weights and optimizer state unchanged (" + in_a_row + ")");
+    } else if (v.spike) {
+      log_at(number, "warn", "loss spike at step " + std::to_string(number) + ": " + fixed(v.zscore, 1) +
+                                 " standard deviations above the mean " + fixed(v.mean, 4) + " of the last " +
+                                 std::to_string(cfg_.train.spike_window) + " steps (flagged; train.spike_action = " +
+                                 "\"skip\" skips such steps)");
+    }
+    if (v.diverged) {
+      diverged_ = "diverged: " + std::to_string(guard_.skipped_in_a_row()) +
+                  " skipped steps in a row (non-finite or spiking loss) reached train.max_nonfinite_steps = " +
+                  std::to_string(cfg_.train.max_nonfinite_steps) + " at step " + std::to_string(number) +
+                  "; the last checkpoint holds the weights from before them";
+      log_at(number, "error", diverged_);
+    }
+  }
+
+  // Test-only data faults (DELTADECK_FAULT nan/spike@loss, inf@grad; trainer/fault_inject.h).
+  void inject_data_faults(model::LossParts& parts, int64_t number) {
+    const int rank = comm_.rank();
+    if (fault_fires("nan", "loss", rank, number)) {
+      parts.total = parts.total * NAN;
+      parts.ce = parts.ce * NAN;
+    }
+    if (fault_fires("spike", "loss", rank, number)) {
+      parts.total = parts.total * 20.0;
+      parts.ce = parts.ce * 20.0;
+    }
+    // d(total)/d(p0) becomes +inf for one element of the first parameter; the reported loss stays finite.
+    if (fault_fires("inf", "grad", rank, number))
+      parts.total = parts.total + params_.front().second.reshape({-1})[0] * INFINITY;
   }
 
   // The loss of one batch on the run's device under train.precision. The cu_seqlens stay on the
@@ -445,7 +588,9 @@ class TrainLoop {
     // Data: time this step waited for batches, batches ready in the queue, and packing density
     // (packing never pads, so the padding fraction is 0 by construction and reported as such).
     m.values.emplace_back("loss_scale", scaler_->scale());
-    m.values.emplace_back("skipped_steps", static_cast<double>(scaler_->skipped_steps()));
+    // Every skipped step: the loss scaler's, non-finite ones and skipped spikes (StepGuard counts all).
+    m.values.emplace_back("skipped_steps", static_cast<double>(decide_in_step_ ? guard_.skipped_total()
+                                                                               : scaler_->skipped_steps()));
     m.values.emplace_back("data_wait_ms", data_wait_s_ * 1e3);
     m.values.emplace_back("loader_queue", static_cast<double>(loader_->queue_depth()));
     m.values.emplace_back("docs_per_row", docs_per_row_);
@@ -553,12 +698,40 @@ class TrainLoop {
     }
     d.meta["best.step"] = std::to_string(best_step_);
     d.meta["best.val_loss"] = format_exact(best_val_);
+    d.meta["guard.state"] = guard_.state();
+    d.compat = resume_fingerprint(cfg_, comm_.world());
     const std::string root = opts_.run_dir + "/checkpoints";
-    auto saved = save_checkpoint(root, d);
+    const SavedCheckpoint saved = save_with_retries(root, d);
     last_saved_step_ = step_;
     push(CheckpointEvent{step_, saved.dir, saved.bytes, saved.sha256});
     if (!why.empty()) log("info", why + ": checkpoint at step " + std::to_string(step_));
     prune_checkpoints(root, cfg_.run.keep_checkpoints, best_step_);
+  }
+
+  // save_checkpoint, retried run.save_retries times save_retry_delay_s apart (a full disk that
+  // someone clears). The last failure fails the run naming the file, the reason and the checkpoint
+  // a resume would use. Rank 0.
+  SavedCheckpoint save_with_retries(const std::string& root, const CheckpointData& d) {
+    // The app waits here until the metrics up to this step are committed, so no row up to a
+    // committed checkpoint's step is ever lost to a crash right after the commit.
+    const auto before_commit = [this] {
+      if (opts_.before_checkpoint_commit) opts_.before_checkpoint_commit(step_);
+    };
+    for (int64_t attempt = 0;; ++attempt) {
+      try {
+        return save_checkpoint(root, d, storage::checkpoint_io(), before_commit);
+      } catch (const std::exception& e) {
+        const std::string what = "checkpoint at step " + std::to_string(step_) + " not written: " + e.what();
+        if (attempt >= cfg_.run.save_retries) {
+          const auto kept = list_checkpoints(root);
+          throw std::runtime_error(what + "; " + (kept.empty() ? std::string("no earlier checkpoint exists")
+                                                                 : "the resume target stays " + kept.back().second));
+        }
+        log("warn", what + "; retry " + std::to_string(attempt + 1) + " of " + std::to_string(cfg_.run.save_retries) +
+                        " in " + fixed(cfg_.run.save_retry_delay_s, 1) + " s");
+        std::this_thread::sleep_for(std::chrono::duration<double>(cfg_.run.save_retry_delay_s));
+      }
+    }
   }
 
   void restore(const CheckpointData& d, const std::string& dir) {
@@ -601,12 +774,19 @@ class TrainLoop {
       best_step_ = meta_int("best.step");
       best_val_ = std::stod(d.meta.at("best.val_loss"));
     }
+    // Checkpoints from before the step guard carry no state: it starts empty.
+    if (auto it = d.meta.find("guard.state"); it != d.meta.end()) guard_.load_state(it->second);
   }
 
   void log(const std::string& level, const std::string& text) { push(LogEvent{step_, level, text}); }
+  void log_at(int64_t step, const std::string& level, const std::string& text) { push(LogEvent{step, level, text}); }
 
  public:
   int64_t step() const { return step_; }
+
+  // Stops the data loader's threads (CPU only; they read the run's config). For a loop that is
+  // about to be abandoned rather than destroyed (run_rank).
+  void stop_loader() { loader_.reset(); }
 
  private:
 
@@ -630,6 +810,7 @@ class TrainLoop {
   // Store keys of the latest command agreements; the oldest is deleted once every rank is past it.
   std::deque<std::string> command_keys_;
   bool stop_forwarded_ = false;
+  bool stop_polled_ = false;
   int64_t command_round_ = 0;
   std::deque<StepValues> pending_;  // steps whose values are still on their way to the host
   Clock::time_point t_prev_step_{};
@@ -643,6 +824,10 @@ class TrainLoop {
   std::unique_ptr<Muon> muon_;          // optimizer = "muon": the hidden matrices
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<Ema> ema_;            // ema_decay > 0
+  StepGuard guard_;                     // non-finite steps, spikes, skips in a row (checkpointed)
+  bool decide_in_step_ = false;         // StepGuard judges before the update (see run())
+  bool nonfinite_skips_ = false;        // train.nonfinite resolved: skip (true) or fail
+  std::string diverged_;                // set by act_on when the run must end as diverged
   int64_t step_ = 0, tokens_ = 0, last_saved_step_ = -1, tokens_at_last_log_ = 0;
   double data_wait_s_ = 0, docs_per_row_ = 0, lr_ = 0, step_time_s_ = 0, wall_offset_ = 0, wall_at_resume_ = 0;
   Clock::time_point t_start_, t_last_log_;
@@ -650,14 +835,42 @@ class TrainLoop {
 
 }  // namespace
 
+namespace {
+std::mutex cuda_block_mu;
+std::string cuda_block_reason;
+}  // namespace
+
+void block_cuda(const std::string& why) {
+  std::lock_guard<std::mutex> lk(cuda_block_mu);
+  if (cuda_block_reason.empty()) cuda_block_reason = why;
+}
+
+std::string cuda_blocked_reason() {
+  std::lock_guard<std::mutex> lk(cuda_block_mu);
+  return cuda_block_reason;
+}
+
 EndedEvent run_rank(const RunConfig& cfg, const SessionOptions& opts, Channel<Event>& events,
                     Channel<Command>& commands, RunProgress& progress, const RankContext& rank) {
-  TrainLoop loop(cfg, opts, events, commands, progress, rank);
+  auto loop = std::make_unique<TrainLoop>(cfg, opts, events, commands, progress, rank);
   try {
-    return loop.run();
+    return loop->run();
   } catch (const std::exception& e) {
-    events.push(LogEvent{loop.step(), "error", e.what()});
-    return EndedEvent{RunStatus::Failed, loop.step(), e.what()};
+    const int64_t step = loop->step();
+    events.push(LogEvent{step, "error", e.what()});
+    if (rank.device.is_cuda() && rank.comm->world() > 1) {
+      // After a communicator error the GPU engine does no further CUDA work in this process: the
+      // NCCL communicator may be aborted or wedged with kernels still queued on this device's
+      // streams, and a synchronize, an event destroyed or a free reaching the driver could hang
+      // forever. So the loop is leaked, not destroyed (its model, optimizer state, pending events
+      // and gradient buckets with it; only its CPU loader threads are stopped), and later runs in
+      // this process refuse CUDA (Session checks cuda_blocked_reason). A front end that stays open
+      // (the desktop app) shows the failure and offers to resume in a fresh process.
+      block_cuda("rank " + std::to_string(rank.comm->rank()) + " failed in a multi-GPU run (" + e.what() + ")");
+      loop->stop_loader();
+      static_cast<void>(loop.release());  // leaked on purpose
+    }
+    return EndedEvent{RunStatus::Failed, step, e.what()};
   }
 }
 

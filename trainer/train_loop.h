@@ -34,4 +34,7 @@ struct RankContext {
 EndedEvent run_rank(const RunConfig& cfg, const SessionOptions& opts, Channel<Event>& events,
                     Channel<Command>& commands, RunProgress& progress, const RankContext& rank);
 
+// Records why this process must not run CUDA work any more (cuda_blocked_reason() in session.h).
+void block_cuda(const std::string& why);
+
 }  // namespace trainer

@@ -213,7 +213,8 @@ std::vector<LogRecord> apply_event(RunView& v, const trainer::Event& e) {
     v.end_message = en->message;
     v.step = std::max(v.step, en->step);
     v.eta_s = -1;
-    LogRecord r = record("ended", en->step, v.tokens, v.elapsed_s, en->status == trainer::RunStatus::Failed ? "error" : "info");
+    const bool bad = en->status == trainer::RunStatus::Failed || en->status == trainer::RunStatus::Diverged;
+    LogRecord r = record("ended", en->step, v.tokens, v.elapsed_s, bad ? "error" : "info");
     r.status = v.status;
     r.text = en->message;
     out.push_back(r);

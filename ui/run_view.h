@@ -105,7 +105,10 @@ struct RunView {
   static const std::vector<std::string>& series_keys();
   const Series* series(const std::string& key) const;
   Series* series(const std::string& key);
-  bool ended() const { return status == "finished" || status == "stopped" || status == "failed"; }
+  bool ended() const {
+    return status == "finished" || status == "stopped" || status == "failed" || status == "preempted" ||
+           status == "diverged";
+  }
 };
 
 // Folds one engine event into the view and returns the log records it gives (in order; a

@@ -100,7 +100,7 @@ expect 0 finished.out "$bin" runs list --status finished --runs-dir runs
 has finished.out "base-2"
 grep -q " other " finished.out && fail "--status finished lists a failed run"
 expect 2 badstatus.out "$bin" runs list --status done --runs-dir runs
-has badstatus.out "--status: must be one of running, finished, stopped, failed, interrupted (got \"done\")"
+has badstatus.out "--status: must be one of running, finished, stopped, failed, interrupted, preempted, diverged (got \"done\")"
 expect 1 nodb.out "$bin" runs list --runs-dir "$work/nowhere"
 has nodb.out "no run database at $work/nowhere/deltadeck.db"
 

@@ -439,8 +439,8 @@ TEST(Config, JsonHasEveryKeyNested) {
   EXPECT_EQ(j["data"]["train"][0], "text:/tmp/*.txt");
   EXPECT_EQ(j["data"]["val"], 0.01);
   EXPECT_EQ(j["data"].size(), 12u);
-  EXPECT_EQ(j["train"].size(), 23u);
-  EXPECT_EQ(j["run"].size(), 11u);
+  EXPECT_EQ(j["train"].size(), 28u);
+  EXPECT_EQ(j["run"].size(), 13u);
 }
 
 // data.val is a fraction or a list of sources, and round-trips through TOML either way.

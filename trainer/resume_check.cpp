@@ -1,0 +1,52 @@
+// The fingerprint comes from to_json(), the same field table that writes the run's config, so a
+// [model] key added later is compared by default; only the keys below, which change no parameter's
+// shape, are left out.
+#include "trainer/resume_check.h"
+
+#include <nlohmann/json.hpp>
+
+#include <set>
+
+#include "trainer/config.h"
+
+namespace trainer {
+
+namespace {
+
+const std::set<std::string>& behaviour_only_model_keys() {
+  static const std::set<std::string> keys = {
+      "preset",           // a name; the fields it resolved to are compared
+      "logit_softcap",    "loss_chunk_tokens", "rope_theta", "init_std", "max_seq_len",
+      "activation_checkpointing", "gdn_chunk", "gdn_neg_eig", "moe_norm_topk", "moe_aux_coef",
+  };
+  return keys;
+}
+
+}  // namespace
+
+std::map<std::string, std::string> resume_fingerprint(const RunConfig& cfg, int64_t world_size) {
+  std::map<std::string, std::string> out;
+  const nlohmann::json j = nlohmann::json::parse(to_json(cfg));
+  for (auto it = j["model"].begin(); it != j["model"].end(); ++it) {
+    if (behaviour_only_model_keys().count(it.key())) continue;
+    out["model." + it.key()] = it.value().dump();
+  }
+  out["train.precision"] = j["train"]["precision"].dump();
+  out["world_size"] = std::to_string(world_size);
+  return out;
+}
+
+std::vector<std::string> resume_mismatches(const std::map<std::string, std::string>& checkpoint,
+                                           const std::map<std::string, std::string>& run) {
+  std::vector<std::string> out;
+  for (const auto& [key, have] : checkpoint) {
+    auto it = run.find(key);
+    if (it == run.end() || it->second == have) continue;
+    std::string line = key + ": the checkpoint has " + have + ", this run has " + it->second;
+    if (key == "world_size") line += " (each rank's data position is saved; resume on as many ranks)";
+    out.push_back(line);
+  }
+  return out;
+}
+
+}  // namespace trainer
