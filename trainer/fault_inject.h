@@ -13,6 +13,8 @@
 //             group), "step" (the start of a training step), "forward", "backward", "optimizer"
 //             (before each of those parts of a step), "loss" and "grad" (for nan, inf and spike)
 //
+// step=S: at the point "step", S steps are complete (the boundary before step S+1); at every other
+// point, S is the number of the step being computed, as it is logged and checkpointed.
 // With rank/step left out the fault fires on every rank / at every step it reaches (the process
 // actions throw, crash, hang and signals end that anyway). Several faults are separated by ';'.
 #pragma once

@@ -20,14 +20,14 @@ commit4=$(op_of 'rename .*/step_00000004$')
 first6=$(op_of 'step_00000006')
 [ -n "$first2" ] && [ -n "$commit2" ] && [ -n "$commit4" ] && [ -n "$first6" ] \
   || { cat "$work/trace.err"; fail "could not find the saves' operations in the trace"; }
-points="$first2 $((commit2 - 1)) $commit2 $(seq "$first4" $((first6 - 1)))"
+points="$first2 $((commit2 - 1)) $commit2 $(seq -s " " "$first4" $((first6 - 1)))"
 echo "second save: ops $first4..$((first6 - 1)), committed by op $commit4; sweeping: $points"
 
 for k in $points; do
   d="$work/k$k"
   set +e
-  # In a subshell whose stderr is dropped: bash reports the SIGKILL there ("Killed").
-  ( DELTADECK_IO_FAULT="kill@op=$k" "$bin" "${run[@]}" --runs-dir "$d" --set seed=$((k % 3 + 1)) > "$d.out" 2>&1 ) \
+  # The group's stderr is dropped: bash reports the SIGKILL there ("Killed").
+  { DELTADECK_IO_FAULT="kill@op=$k" "$bin" "${run[@]}" --runs-dir "$d" --set seed=$((k % 3 + 1)) > "$d.out" 2>&1; } \
     2> /dev/null
   rc=$?
   set -e
