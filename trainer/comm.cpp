@@ -185,7 +185,12 @@ class C10dGroup : public Communicator {
     guarded("gathering " + key, [&] {
       put_text(*store_, "gather/" + key + "/" + std::to_string(rank_), text);
       if (rank_ != 0) return;
-      for (int r = 0; r < world_; ++r) out.push_back(wait_text(*store_, "gather/" + key + "/" + std::to_string(r), timeout_));
+      for (int r = 0; r < world_; ++r) {
+        const std::string k = "gather/" + key + "/" + std::to_string(r);
+        out.push_back(wait_text(*store_, k, timeout_));
+        // Only rank 0 reads these keys: drop them so the store does not grow with the run.
+        store_->deleteKey(k);
+      }
     });
     return out;
   }

@@ -605,7 +605,24 @@ class TrainLoop {
     }
     if (cfg_.train.precision == "fp8")
       m.values.emplace_back("fp8_saturations", static_cast<double>(model::take_fp8_saturations(device_)));
+    if (comm_.world() > 1) add_rank_timings(m);
     return m;
+  }
+
+  // Every rank's step time and data wait as rank<r>.step_time_ms / rank<r>.data_wait_ms, so a
+  // straggling GPU or node stands out. Every rank calls this at the same logged step; rank 0
+  // gathers the values through the rendezvous store (no device synchronisation).
+  void add_rank_timings(MetricsEvent& m) {
+    char mine[64];
+    std::snprintf(mine, sizeof mine, "%.17g %.17g", step_time_s_ * 1e3, data_wait_s_ * 1e3);
+    const auto all = comm_.gather_text("timing/" + std::to_string(step_), mine);
+    for (size_t r = 0; r < all.size(); ++r) {
+      double step_ms = 0, wait_ms = 0;
+      if (std::sscanf(all[r].c_str(), "%lf %lf", &step_ms, &wait_ms) != 2) continue;
+      const std::string prefix = "rank" + std::to_string(r) + ".";
+      m.values.emplace_back(prefix + "step_time_ms", step_ms);
+      m.values.emplace_back(prefix + "data_wait_ms", wait_ms);
+    }
   }
 
   // Mean validation cross-entropy over the fixed batches, weighted by rows. Rank r evaluates

@@ -85,6 +85,19 @@ void expect_matches_reference(int world, std::vector<std::string> extra, double 
   auto r = run(cfg, dir.path() + "/ddp");
   ASSERT_EQ(r.ended.status, trainer::RunStatus::Finished) << r.ended.message;
   ASSERT_EQ(r.checkpoints.size(), 1u);
+  // Every logged step carries every rank's step time and data wait (the per-rank view), no more.
+  for (int k = 0; k <= world; ++k) {
+    for (const char* what : {".step_time_ms", ".data_wait_ms"}) {
+      const auto it = r.metrics.find("rank" + std::to_string(k) + what);
+      if (k == world) {
+        EXPECT_TRUE(it == r.metrics.end()) << "rank" << k << what;
+        continue;
+      }
+      ASSERT_TRUE(it != r.metrics.end()) << "rank" << k << what;
+      EXPECT_EQ(it->second.size(), r.metrics.at("loss").size()) << "rank" << k << what;
+      for (double v : it->second) EXPECT_GE(v, 0.0) << "rank" << k << what;
+    }
+  }
   auto ck = trainer::load_checkpoint(r.checkpoints[0]);
   EXPECT_EQ(ck.meta.at("world_size"), std::to_string(world));
   for (int k = 0; k < world; ++k) EXPECT_EQ(ck.meta.count("loader.state." + std::to_string(k)), 1u) << k;
