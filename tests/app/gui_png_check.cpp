@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -64,11 +65,22 @@ int main(int argc, char** argv) {
     // A pixel "of" a colour is within a small distance of it (anti-aliased edges are not counted).
     std::vector<int> hits(colours.size(), 0);
     int uniform = 0;
-    const unsigned char* corner = px + (static_cast<size_t>(y0 + 2) * w + x0 + 2) * 3;
+    // The background is the area's most common colour (a corner pixel may lie on a grid line when a
+    // tick falls on the plot's edge).
+    std::map<int, int> counts;
     for (int y = y0 + 1; y < y1 - 1; ++y)
       for (int x = x0 + 1; x < x1 - 1; ++x) {
         const unsigned char* p = px + (static_cast<size_t>(y) * w + x) * 3;
-        if (distance(p, {corner[0], corner[1], corner[2]}) < 6) ++uniform;
+        ++counts[(p[0] << 16) | (p[1] << 8) | p[2]];
+      }
+    int bg = 0, bg_count = -1;
+    for (const auto& [c, k] : counts)
+      if (k > bg_count) bg = c, bg_count = k;
+    const Rgb background{(bg >> 16) & 0xFF, (bg >> 8) & 0xFF, bg & 0xFF};
+    for (int y = y0 + 1; y < y1 - 1; ++y)
+      for (int x = x0 + 1; x < x1 - 1; ++x) {
+        const unsigned char* p = px + (static_cast<size_t>(y) * w + x) * 3;
+        if (distance(p, background) < 6) ++uniform;
         for (size_t c = 0; c < colours.size(); ++c)
           if (distance(p, colours[c]) <= 45) ++hits[c];
       }
