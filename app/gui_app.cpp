@@ -32,6 +32,7 @@ constexpr float BASE_FONT_PX = 16.0f;     // at content scale 1
 constexpr int SETTLE_FRAMES = 3;          // frames drawn after an input event
 constexpr double IDLE_WAIT_S = 2.0;       // the longest sleep without events
 constexpr double CLOCK_REDRAW_S = 0.5;    // a training run's elapsed/ETA text redraws this often
+constexpr double CLOSING_REDRAW_S = 0.25; // the closing dialog's clock while a run stops
 
 // The built-in benchmark: a 1M-point live run in the dashboard; frame time with the cursor moving
 // over a plot (cached reduction) and while panning (every series reduced again each frame); then
@@ -208,6 +209,7 @@ int run_gui(const GuiArgs& args) {
       ImGui_ImplGlfw_NewFrame();
       float mx = 0, my = 0;
       if (sc && sc->mouse_override(mx, my)) io.MousePos = ImVec2(mx, my);
+      if (sc) sc->press_keys();
       ImGui::NewFrame();
       if (sc) sc->in_frame();
       ui::draw_main(s);
@@ -228,7 +230,13 @@ int run_gui(const GuiArgs& args) {
     int settle = SETTLE_FRAMES;
     double last_draw = 0;
     bool unthrottled = false;
+    // While the window waits for a run to stop it redraws more often: the closing dialog counts the
+    // seconds. The figures of that wait are printed for tests (frames drawn, the longest gap).
+    double close_started = -1, close_gap = 0;
+    uint64_t close_frames = 0;
+    int64_t close_from_step = 0;
     while (exit_code == 0) {
+      const double redraw_s = s.close.closing ? CLOSING_REDRAW_S : CLOCK_REDRAW_S;
       // Sleep until something happens, at most until the next poll or clock tick.
       const double now0 = glfwGetTime();
       const bool script_busy = scripted && script.active() && !script.measuring_idle();
@@ -236,7 +244,7 @@ int run_gui(const GuiArgs& args) {
         glfwPollEvents();
       } else {
         double wait = std::min(IDLE_WAIT_S, ctl.next_poll_in(now0));
-        if (ctl.run_active()) wait = std::min(wait, std::max(0.0, last_draw + CLOCK_REDRAW_S - now0));
+        if (ctl.run_active() || s.close.closing) wait = std::min(wait, std::max(0.0, last_draw + redraw_s - now0));
         if (script_busy) wait = std::min(wait, 0.02);
         if (script.measuring_idle()) wait = std::min(wait, std::max(0.0, script.idle_until() - now0));
         glfwWaitEventsTimeout(std::max(wait, 0.001));
@@ -248,14 +256,11 @@ int run_gui(const GuiArgs& args) {
       }
       if (stop_signals_received() > signals_seen) {
         signals_seen = stop_signals_received();
-        if (ctl.run_active()) s.actions.push_back(ui::act::SendCommand{trainer::Command::Stop});
-        s.quit = true;
-        ctl.handle_actions();
+        ctl.stop_and_close();
       }
       if (ev.close_clicked) {
         ev.close_clicked = false;
-        if (ctl.run_active()) s.close_requested = true;
-        else s.quit = true;
+        ctl.request_close();
       }
       if (ev.rescale) {
         ev.rescale = false;
@@ -264,12 +269,21 @@ int run_gui(const GuiArgs& args) {
         ImGui_ImplOpenGL3_CreateFontsTexture();
       }
       if (ctl.update(now)) settle = std::max(settle, 1);
-      if (ctl.run_active() && now - last_draw >= CLOCK_REDRAW_S) settle = std::max(settle, 1);
+      if ((ctl.run_active() || s.close.closing) && now - last_draw >= redraw_s) settle = std::max(settle, 1);
       if (scripted) {
         script.tick(ctl, now);
         if (script.failed()) exit_code = 3;
-        if (!script.active() && !script.wants_frame()) break;
+        // The script is done: close as the window's close button would after confirming (a run
+        // still training stops with a checkpoint first; the window keeps drawing meanwhile).
+        if (!script.active() && !script.wants_frame() && !s.quit) ctl.stop_and_close();
       }
+      if (s.quit && close_started < 0 && s.close.closing) {
+        close_started = now;
+        close_frames = 0;
+        close_gap = 0;
+        close_from_step = s.live.view.step;
+      }
+      if (ctl.quit_now()) break;
       if (ctl.ready_to_quit()) break;
       if (glfwGetWindowAttrib(window, GLFW_ICONIFIED) && !script.wants_frame()) continue;
       if (settle <= 0 && !script.wants_frame()) continue;
@@ -294,13 +308,17 @@ int run_gui(const GuiArgs& args) {
       }
       glfwSwapBuffers(window);
       ++frames;
+      if (close_started >= 0) {
+        ++close_frames;
+        close_gap = std::max(close_gap, glfwGetTime() - std::max(last_draw, close_started));
+      }
       last_draw = glfwGetTime();
       --settle;
       script.after_frame(s, frame_s, cpu_done - t0, frames);
       ctl.handle_actions();
     }
     // --screenshot: the final state, after the script.
-    if (!args.screenshot.empty() && exit_code == 0) {
+    if (!args.screenshot.empty() && exit_code == 0 && !ctl.quit_now()) {
       for (int i = 0; i < 3; ++i) {
         glfwPollEvents();
         ctl.update(glfwGetTime());
@@ -313,7 +331,32 @@ int run_gui(const GuiArgs& args) {
         glfwSwapBuffers(window);
       }
     }
-    // A run still training is stopped with a checkpoint by ~GuiController (RunHost's destructor).
+    if (close_started >= 0 && scripted) {
+      const double t = glfwGetTime();
+      std::printf("gui close: waited %.2f s after the close (run step %lld -> %lld, %s); %llu frames drawn "
+                  "meanwhile, longest gap between frames %.2f s%s\n",
+                  t - close_started, static_cast<long long>(close_from_step), static_cast<long long>(s.live.view.step),
+                  s.live.active ? s.live.view.status.c_str() : "no run", static_cast<unsigned long long>(close_frames),
+                  std::max(close_gap, t - std::max(last_draw, close_started)), ctl.quit_now() ? "; quit at once" : "");
+      std::fflush(stdout);
+    }
+    if (ctl.quit_now()) {
+      // Left at once while the run was still stopping: the run host must not be destroyed (its
+      // destructor waits for the run), and nothing may run static destructors under the engine's
+      // threads. As with a second stop signal (signals.cpp), the process ends here; what the run
+      // committed (checkpoints, database transactions) is intact, and it shows as interrupted.
+      std::fprintf(stderr, "deltadeck: closed before run '%s' had stopped; its last committed checkpoint is kept\n",
+                   s.live.view.run_name.c_str());
+      ImGui_ImplOpenGL3_Shutdown();
+      ImGui_ImplGlfw_Shutdown();
+      ImGui::DestroyContext();
+      glfwDestroyWindow(window);
+      glfwTerminate();
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(exit_code);
+    }
+    // Only an ended run (or none) is left here: ~GuiController does not wait on a training run.
   }
   ImGui_ImplOpenGL3_Shutdown();
   ImGui_ImplGlfw_Shutdown();

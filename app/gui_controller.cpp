@@ -10,6 +10,8 @@
 // a frame (the frame keeps drawing what it has until the poll's result arrives).
 #include "app/gui_controller.h"
 
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <fstream>
 #include <sstream>
@@ -24,7 +26,9 @@
 #include "storage/sha256.h"
 #include "trainer/config.h"
 #include "trainer/export.h"
+#include "trainer/session.h"
 #include "ui/gui/config_diff.h"
+#include "ui/gui/recovery.h"
 #include "ui/log/log_line.h"
 
 namespace app {
@@ -43,11 +47,14 @@ struct PollRequest {
   bool force = false;
   struct Run {
     int64_t id = 0;
+    uint64_t generation = 0;
     int64_t after = 0;
     bool must = false;  // read even if the database did not change (first read, or more to come)
   };
   std::vector<Run> runs;
   int64_t live_id = 0, live_after = 0;
+  uint64_t live_generation = 0;
+  bool force_live = false;    // the last read of an ended live run: read even if nothing changed
   std::vector<int64_t> details;
   bool details_must = false;  // read details even if the database did not change (a run just opened)
 };
@@ -58,12 +65,20 @@ struct RunDetails {
   std::string config_toml;
 };
 
+struct MetricsRead {
+  uint64_t generation = 0;
+  int64_t after = 0;
+  std::vector<storage::MetricRowRead> rows;
+};
+
 struct PollResult {
   std::string db_status;
   bool rows_fresh = false;
   std::vector<ui::RunRow> rows;
-  std::map<int64_t, std::pair<int64_t, std::vector<storage::MetricRowRead>>> metrics;  // id -> (after, rows)
+  std::map<int64_t, MetricsRead> metrics;  // by run id
   std::vector<storage::MetricRowRead> live;
+  int64_t live_id = 0;
+  uint64_t live_generation = 0;
   std::map<int64_t, RunDetails> details;
   bool more = false;
 };
@@ -153,10 +168,12 @@ struct GuiController::DbContext {
         if (!changed && !run.must) continue;
         auto got = storage::metrics_after(conn.get(), run.id, run.after, ROWS_PER_POLL);
         res.more |= static_cast<int64_t>(got.size()) == ROWS_PER_POLL;
-        res.metrics[run.id] = {run.after, std::move(got)};
+        res.metrics[run.id] = {run.generation, run.after, std::move(got)};
       }
-      if (req.live_id != 0 && changed) {
+      if (req.live_id != 0 && (changed || req.force_live)) {
         res.live = storage::metrics_after(conn.get(), req.live_id, req.live_after, ROWS_PER_POLL);
+        res.live_id = req.live_id;
+        res.live_generation = req.live_generation;
         res.more |= static_cast<int64_t>(res.live.size()) == ROWS_PER_POLL;
       }
       for (int64_t id : req.details) {
@@ -180,8 +197,32 @@ struct GuiController::DbContext {
 
 namespace {
 
-// Returns whether anything changed that the window shows.
-bool apply_poll(ui::GuiState& s, PollResult& r) {
+// True when `rows` (new rows of a run, in write order) start the run over: a training loss at a
+// step the history has already gone past means the run was resumed from an earlier checkpoint, and
+// the points read before were marked superseded by then (the resume marks them before the engine
+// writes a row). Evaluations and telemetry do not count: a step may log several of those.
+bool resumed_since(const ui::RunHistory& h, const std::vector<storage::MetricRowRead>& rows) {
+  const ui::MetricSeries* loss = h.find("loss");
+  if (!loss || loss->size() == 0) return false;
+  const double last = h.timeline().step[loss->t.back()];
+  for (const auto& m : rows)
+    if (m.point.key == "loss") return static_cast<double>(m.point.step) <= last;
+  return false;
+}
+
+// Forgets what was read of a run, to read it again from its first (current) row.
+void forget_history(ui::LoadedRun& lr) {
+  lr.history.clear();
+  lr.smoothed.clear();
+  lr.last_rowid = 0;
+  lr.loaded_once = false;
+  lr.loading = false;
+  ++lr.generation;
+}
+
+// Returns whether anything changed that the window shows; `reread` is set when a run must be read
+// again from its start.
+bool apply_poll(ui::GuiState& s, PollResult& r, bool& reread, uint64_t live_generation) {
   bool changed = s.db_status != r.db_status || r.rows_fresh || !r.details.empty();
   s.db_status = r.db_status;
   if (r.rows_fresh) {
@@ -198,16 +239,24 @@ bool apply_poll(ui::GuiState& s, PollResult& r) {
   }
   for (auto& [id, got] : r.metrics) {
     auto it = s.loaded.find(id);
-    // A run reopened or deleted meanwhile asked again from another row; this answer is stale.
-    if (it == s.loaded.end() || it->second.last_rowid != got.first) continue;
+    // A run reopened, reread or deleted meanwhile asked again from another row; this answer is stale.
+    if (it == s.loaded.end() || it->second.generation != got.generation || it->second.last_rowid != got.after) continue;
     ui::LoadedRun& lr = it->second;
-    changed |= !got.second.empty() || !lr.loaded_once;
-    for (const auto& m : got.second) lr.history.append(m.point.step, m.point.tokens, m.point.wall_s, m.point.key, m.point.value);
-    if (!got.second.empty()) lr.last_rowid = got.second.back().rowid;
+    if (resumed_since(lr.history, got.rows)) {
+      // Resumed by another process (or this one): what was read after its checkpoint is superseded.
+      forget_history(lr);
+      reread = true;
+      changed = true;
+      continue;
+    }
+    changed |= !got.rows.empty() || !lr.loaded_once;
+    for (const auto& m : got.rows) lr.history.append(m.point.step, m.point.tokens, m.point.wall_s, m.point.key, m.point.value);
+    if (!got.rows.empty()) lr.last_rowid = got.rows.back().rowid;
     lr.loaded_once = true;
     lr.loading = false;
   }
-  if (!r.live.empty() && s.live.active) {
+  // Rows of the run that trains here; dropped when another run has been adopted since they were asked for.
+  if (!r.live.empty() && s.live.active && r.live_id == s.live.view.run_id && r.live_generation == live_generation) {
     const auto& keys = ui::RunView::series_keys();
     for (const auto& m : r.live) {
       // The snapshot carries these series already (sooner); the database adds the rest.
@@ -256,6 +305,8 @@ GuiController::GuiController(GuiOptions opts, std::function<void()> wake) : opts
   state_.db_path = db_->path;
   db_worker_ = std::make_unique<Worker>("gui-db");
   file_worker_ = std::make_unique<Worker>("gui-files");
+  launch_worker_ = std::make_unique<Worker>("gui-launch");
+  state_.exe_path = self_exe();
   init_launcher();
   if (!opts_.resume.empty()) {
     try {
@@ -278,7 +329,9 @@ GuiController::GuiController(GuiOptions opts, std::function<void()> wake) : opts
 }
 
 GuiController::~GuiController() {
-  // Workers first (they may be mid-read); then the host stops and records a run still going.
+  // Workers first (they may be mid-read); then the host stops and records a run still going. A
+  // resume prepared but never adopted is closed by its RunHost's destructor in the mailbox.
+  launch_worker_.reset();
   db_worker_.reset();
   file_worker_.reset();
   host_.reset();
@@ -349,12 +402,17 @@ void GuiController::post_poll(bool force) {
   req.force = force;
   for (auto& [id, lr] : state_.loaded) {
     const bool must = !lr.loaded_once || poll_again_;
-    req.runs.push_back({id, lr.last_rowid, must});
+    req.runs.push_back({id, lr.generation, lr.last_rowid, must});
     lr.loading = must;
   }
-  if (state_.live.active && !state_.live.view.ended() && state_.live.view.run_id != 0) {
+  // While the run trains, and once more after its host has ended (the writer's last commit may have
+  // come after the previous read); not later, when another process may resume the same run.
+  if (state_.live.active && state_.live.view.run_id != 0 && !live_tail_read_) {
     req.live_id = state_.live.view.run_id;
     req.live_after = state_.live.last_rowid;
+    req.live_generation = live_generation_;
+    req.force_live = !run_active();
+    live_tail_read_ = !run_active();
   }
   // Details of the run in focus and of the live run (its checkpoints table).
   if (state_.runs.focused) req.details.push_back(state_.runs.focused);
@@ -374,8 +432,10 @@ void GuiController::post_poll(bool force) {
     auto res = std::make_shared<PollResult>(db_->poll(req));
     mailbox_->push([this, res](ui::GuiState& s) {
       poll_in_flight_ = false;
-      if (res->more) poll_again_ = true;
-      return apply_poll(s, *res);
+      bool reread = false;
+      const bool changed = apply_poll(s, *res, reread, live_generation_);
+      if (res->more || reread) poll_again_ = true;
+      return changed;
     });
   });
 }
@@ -388,6 +448,24 @@ bool GuiController::update(double now) {
     changed |= state_.live.seen_version != before;
   }
   changed |= mailbox_->drain(state_);
+  std::string blocked = cuda_blocked_test_.empty() ? trainer::cuda_blocked_reason() : cuda_blocked_test_;
+  if (blocked != state_.cuda_blocked) {
+    state_.cuda_blocked = std::move(blocked);
+    changed = true;
+  }
+  const size_t tasks = file_worker_->pending();
+  if (tasks != state_.file_tasks) {
+    state_.file_tasks = tasks;
+    changed = true;
+  }
+  if (!state_.children.empty()) {
+    const size_t before = std::count_if(state_.children.begin(), state_.children.end(), [](const auto& c) { return c.running; });
+    reap_children();
+    changed |= before != static_cast<size_t>(std::count_if(state_.children.begin(), state_.children.end(),
+                                                           [](const auto& c) { return c.running; }));
+  }
+  // Closing: no more reads; the window only waits for the run, the exports and the edits.
+  if (state_.quit) return changed;
   if (!poll_in_flight_ && (poll_again_ || force_poll_ || now - last_poll_ >= (run_active() ? 0.5 : 1.0))) {
     post_poll(force_poll_);
     force_poll_ = false;
@@ -403,7 +481,28 @@ double GuiController::next_poll_in(double now) const {
 
 bool GuiController::run_active() const { return host_ && !host_->ended(); }
 
-bool GuiController::ready_to_quit() const { return state_.quit && !run_active(); }
+bool GuiController::ready_to_quit() const {
+  return state_.quit && !run_active() && !launch_pending() && file_worker_->pending() == 0 && db_worker_->pending() == 0;
+}
+
+void GuiController::request_close() {
+  ui::CloseState& c = state_.close;
+  if (c.closing && !ready_to_quit()) {
+    // A second close while the run stops: the committed checkpoint and rows are safe as they are.
+    c.quit_now = true;
+    return;
+  }
+  if (run_active() || file_worker_->pending() > 0 || launch_pending()) c.requested = true;
+  else state_.quit = true;
+}
+
+void GuiController::stop_and_close() {
+  ui::CloseState& c = state_.close;
+  c.requested = false;
+  if (run_active()) host_->send(trainer::Command::Stop);
+  state_.quit = true;
+  c.closing = run_active() || file_worker_->pending() > 0 || launch_pending();
+}
 
 size_t GuiController::pending_tasks() const { return db_worker_->pending() + file_worker_->pending(); }
 
@@ -415,6 +514,8 @@ void GuiController::adopt_host(std::unique_ptr<RunHost> host) {
   host_.reset();  // a previous run has ended (the launcher allows no second live run)
   host_ = std::move(host);
   host_->start();
+  ++live_generation_;
+  live_tail_read_ = false;
   state_.live = ui::LiveRun{};
   state_.live.active = true;
   state_.dashboard.x.auto_fit = true;
@@ -425,7 +526,7 @@ void GuiController::adopt_host(std::unique_ptr<RunHost> host) {
 
 void GuiController::start_run() {
   ui::LauncherPanel& p = state_.launcher;
-  if (run_active()) return;
+  if (run_active() || launch_pending()) return;
   trainer::RunConfig cfg = p.draft;
   cfg.run.runs_dir = opts_.runs_dir;
   // The window's frame loop keeps a core: ATen takes the others (STYLE.md §5).
@@ -434,6 +535,12 @@ void GuiController::start_run() {
   p.errors = trainer::validate(cfg);
   if (!p.errors.empty()) {
     state_.set_status("The config has problems; nothing was started.", true);
+    return;
+  }
+  // After a multi-GPU failure this process refuses the GPU (the launcher shows why next to Start).
+  if (const std::string why = ui::gpu_refusal(cfg.run.devices, p.devices, state_.cuda_blocked); !why.empty()) {
+    p.start_errors = {"run.devices: " + why};
+    state_.set_status("Not started: " + why, true);
     return;
   }
   p.start_errors = check_runnable(cfg);
@@ -451,20 +558,147 @@ void GuiController::start_run() {
   }
 }
 
+// Forgets what was read of a run so the next poll reads it again from its first current row.
+void GuiController::reload_run(int64_t run_id) {
+  auto it = state_.loaded.find(run_id);
+  if (it == state_.loaded.end()) return;
+  forget_history(it->second);
+  force_poll_ = true;
+}
+
+namespace {
+// A resume prepared on the launch thread, on its way to the main thread.
+struct PreparedLaunch {
+  ResumeOutcome outcome;
+  std::unique_ptr<RunHost> host;
+};
+}  // namespace
+
 void GuiController::resume_run(int64_t run_id, int64_t step, const std::vector<std::string>& overrides) {
   if (run_active()) {
     state_.set_status("A run is training in this window; resume when it has ended.", true);
     return;
   }
+  if (launch_pending()) return;
+  const ui::RunRow* row = state_.row(run_id);
+  if (row) {
+    auto dev = row->config.find("run.devices");
+    const std::string why =
+        ui::gpu_refusal(dev == row->config.end() ? "auto" : dev->second, state_.launcher.devices, state_.cuda_blocked);
+    if (!why.empty()) {
+      ui::ResumeNotice n;
+      n.open = n.refused = n.gpu_blocked = true;
+      n.run_id = run_id;
+      n.run_name = row->name;
+      n.error = "Run '" + row->name + "' trains on the GPU, and " + why;
+      state_.resume_notice = n;
+      state_.set_status("Not resumed here: " + why, true);
+      return;
+    }
+  }
+  state_.launching = "Preparing the resume of '" + (row ? row->name : std::to_string(run_id)) +
+                     "': verifying its checkpoints...";
+  const std::string db = db_->path;
+  // Choosing a checkpoint hashes its files and reopening the run writes to the database: neither
+  // may hold up a frame.
+  launch_worker_->post([this, db, run_id, step, overrides] {
+    auto launch = std::make_shared<PreparedLaunch>();
+    launch->outcome = prepare_resume(db, run_id, step, overrides);
+    if (launch->outcome.prep) {
+      try {
+        launch->host = std::make_unique<RunHost>(std::move(*launch->outcome.prep));
+      } catch (const std::exception& e) {
+        launch->outcome.error = e.what();
+      }
+      launch->outcome.prep.reset();
+    }
+    mailbox_->push([this, launch, run_id](ui::GuiState& s) {
+      s.launching.clear();
+      const ResumeOutcome& o = launch->outcome;
+      ui::ResumeNotice n;
+      n.run_id = run_id;
+      n.run_name = o.run_name.empty() ? std::to_string(run_id) : o.run_name;
+      n.checkpoint = o.checkpoint;
+      n.skipped = o.skipped;
+      n.mismatches = o.mismatches;
+      n.error = o.error;
+      n.gpu_blocked = o.gpu_blocked;
+      n.refused = !launch->host;
+      n.open = n.refused || !n.skipped.empty();
+      s.resume_notice = n;
+      if (n.refused) {
+        s.set_status("Not resumed: " + (!o.error.empty() ? o.error
+                                        : !o.mismatches.empty() ? "the checkpoint does not fit: " + o.mismatches.front()
+                                                                : std::string("refused")),
+                     true);
+        return true;
+      }
+      if (s.quit || run_active()) {
+        // Closing meanwhile: the run is not started (its host records that it never was).
+        launch->host.reset();
+        return true;
+      }
+      // The resumed history supersedes the rows after the checkpoint; views read it again.
+      reload_run(run_id);
+      adopt_host(std::move(launch->host));
+      std::string msg = "Resumed from " + o.checkpoint;
+      if (!o.skipped.empty()) msg += "; skipped " + std::to_string(o.skipped.size()) + " damaged or unfinished";
+      if (!o.set_aside.empty())
+        msg += "; set aside " + std::to_string(o.set_aside.size()) + " later checkpoint(s) of the abandoned attempt (" +
+               o.set_aside.front() + (o.set_aside.size() > 1 ? ", ..." : "") + ")";
+      s.set_status(msg, !o.skipped.empty());
+      return true;
+    });
+  });
+}
+
+void GuiController::resume_in_new_process(int64_t run_id) {
+  const ui::RunRow* row = state_.row(run_id);
+  const std::string name = row ? row->name : std::to_string(run_id);
+  for (const auto& c : state_.children)
+    if (c.run_id == run_id && c.running) return;
+  if (state_.live.active && state_.live.view.run_id == run_id && run_active()) {
+    state_.set_status("Run '" + name + "' is training in this window.", true);
+    return;
+  }
+  const std::string exe = state_.exe_path;
+  if (exe.empty()) {
+    state_.set_status("Cannot find this program's path to start it again; run: " +
+                          ui::resume_command("deltadeck", run_id, opts_.runs_dir),
+                      true);
+    return;
+  }
+  ui::ChildRun c;
+  c.run_id = run_id;
+  c.run_name = name;
+  c.log_path = opts_.runs_dir + "/" + name + ".resume.log";
+  c.command = ui::resume_command(exe, run_id, opts_.runs_dir) + " --no-gui >> " + ui::shell_quote(c.log_path) + " 2>&1";
   try {
-    PreparedRun prep = prepare_resume(db_->path, run_id, step, overrides);
-    const std::string from = prep.resume_from;
-    // The resumed history replaces rows after the checkpoint; reread it from scratch.
-    state_.loaded.erase(run_id);
-    adopt_host(std::make_unique<RunHost>(std::move(prep)));
-    state_.set_status("Resumed from " + from);
+    c.pid = spawn_resume_process(exe, run_id, opts_.runs_dir, c.log_path);
   } catch (const std::exception& e) {
-    state_.set_status(std::string("Could not resume: ") + e.what(), true);
+    state_.set_status(std::string("Could not start the resume process: ") + e.what(), true);
+    return;
+  }
+  state_.set_status("Resuming '" + name + "' in process " + std::to_string(c.pid) + " (log: " + c.log_path +
+                    "); follow it in Runs.");
+  state_.children.push_back(std::move(c));
+  // Its rows supersede what was read after the checkpoint; the next polls notice and read again.
+  force_poll_ = true;
+}
+
+void GuiController::reap_children() {
+  for (auto& c : state_.children) {
+    if (!c.running) continue;
+    int status = 0;
+    const pid_t got = waitpid(static_cast<pid_t>(c.pid), &status, WNOHANG);
+    if (got == 0) continue;
+    c.running = false;
+    if (got < 0) c.outcome = "ended (its status is unknown)";
+    else if (WIFEXITED(status)) c.outcome = "exited with status " + std::to_string(WEXITSTATUS(status));
+    else if (WIFSIGNALED(status)) c.outcome = "was killed by signal " + std::to_string(WTERMSIG(status));
+    const bool ok = got > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    state_.set_status("The resume process of '" + c.run_name + "' " + c.outcome + " (log: " + c.log_path + ")", !ok);
+    force_poll_ = true;
   }
 }
 
@@ -609,6 +843,12 @@ void GuiController::handle_actions() {
       open_run(x->run_id);
     } else if (std::get_if<ui::act::RefreshRuns>(&a)) {
       force_poll_ = true;
+    } else if (auto* x = std::get_if<ui::act::ResumeInNewProcess>(&a)) {
+      resume_in_new_process(x->run_id);
+    } else if (std::get_if<ui::act::StopAndClose>(&a)) {
+      stop_and_close();
+    } else if (std::get_if<ui::act::QuitNow>(&a)) {
+      state_.close.quit_now = true;
     }
   }
 }

@@ -1,5 +1,6 @@
 #include "app/gui_script.h"
 
+#include <dirent.h>
 #include <sys/resource.h>
 
 #include <imgui.h>
@@ -13,6 +14,8 @@
 #include <random>
 #include <sstream>
 #include <thread>
+
+#include "ui/gui/metric_plots.h"
 
 namespace app {
 
@@ -82,6 +85,20 @@ void make_synthetic_run(ui::GuiState& s, int64_t n) {
   s.tab = ui::Tab::Live;
   s.select_tab = true;
   s.dashboard.smoothing = 0.6;
+}
+
+// An unfinished save under a checkpoints folder (a "step_X.tmp" directory); "" when none.
+std::string find_unfinished_save(const std::string& dir) {
+  DIR* d = opendir(dir.c_str());
+  if (!d) return "";
+  std::string found;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind("step_", 0) == 0 && name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0)
+      found = dir + "/" + name;
+  }
+  closedir(d);
+  return found;
 }
 
 }  // namespace
@@ -309,16 +326,31 @@ bool GuiScript::step_command(GuiController& ctl, double now) {
       fail(cmd + ": no run in focus (use `focus latest` first)");
       return false;
     }
-    if (cmd == "resume") s.actions.push_back(ui::act::ResumeRun{id, static_cast<int64_t>(arg(1, -1))});
-    else if (cmd == "tag") s.actions.push_back(ui::act::AddTag{id, rest});
+    if (cmd == "resume") {
+      // The resume is prepared off the main thread: queue it once, then wait for its outcome.
+      // resume STEP expect_refused: it must be refused (nothing starts).
+      const bool expect_refused = w.size() > 2 && w[2] == "expect_refused";
+      if (!resume_sent_) {
+        s.actions.push_back(ui::act::ResumeRun{id, static_cast<int64_t>(arg(1, -1))});
+        ctl.handle_actions();
+        resume_sent_ = true;
+      }
+      if (!wait(!ctl.launch_pending(), arg(3, 120))) return false;
+      resume_sent_ = false;
+      if (expect_refused != s.resume_notice.refused || ctl.run_active() == expect_refused) {
+        fail(line + ": " + (s.resume_notice.refused ? "refused: " + s.status : "it started"));
+        return false;
+      }
+      std::printf("gui script: resume %s: %s\n", s.resume_notice.refused ? "refused" : "started", s.status.c_str());
+      std::fflush(stdout);
+      frames_left_ = 2;
+      return false;
+    }
+    if (cmd == "tag") s.actions.push_back(ui::act::AddTag{id, rest});
     else if (cmd == "rename") s.actions.push_back(ui::act::RenameRun{id, rest});
     else if (cmd == "note") s.actions.push_back(ui::act::SetNote{id, rest});
     else s.actions.push_back(ui::act::ExportCsv{id, rest});
     ctl.handle_actions();
-    if (cmd == "resume" && !ctl.run_active()) {
-      fail("resume: " + s.status);
-      return false;
-    }
   } else if (cmd == "checkpoint") {
     // checkpoint verify STEP | checkpoint export STEP DIR | checkpoint expect STEP ok|mismatch|missing
     const int64_t id = s.runs.focused;
@@ -365,9 +397,104 @@ bool GuiScript::step_command(GuiController& ctl, double now) {
     s.compare.smoothing = arg(1, 0.6);
     frames_left_ = 2;
   } else if (cmd == "close") {
-    if (ctl.run_active()) s.close_requested = true;
-    else s.quit = true;
+    ctl.request_close();
     frames_left_ = 2;
+  } else if (cmd == "key") {
+    const std::string k = w.size() > 1 ? w[1] : "";
+    const ImGuiKey_ key = k == "enter" ? ImGuiKey_Enter : k == "escape" ? ImGuiKey_Escape : ImGuiKey_Space;
+    key_ = ImGui::GetIO().KeyMap[key];
+    frames_left_ = 2;  // pressed in the first, released before the second
+  } else if (cmd == "wait_saving") {
+    // A checkpoint save of the live run is under way: its step_X.tmp directory exists.
+    const std::string dir = s.live.active ? s.live.view.run_dir + "/checkpoints" : "";
+    const std::string tmp = dir.empty() ? "" : find_unfinished_save(dir);
+    if (!tmp.empty()) {
+      std::printf("gui script: a save in flight at step %lld: %s\n", static_cast<long long>(s.live.view.step), tmp.c_str());
+      std::fflush(stdout);
+    }
+    return wait(!tmp.empty(), arg(1, 60));
+  } else if (cmd == "expect_saving") {
+    // The save seen by wait_saving (or another) is still unfinished now.
+    const std::string tmp = s.live.active ? find_unfinished_save(s.live.view.run_dir + "/checkpoints") : "";
+    std::printf("gui script: save in flight now: %s\n", tmp.empty() ? "none" : tmp.c_str());
+    std::fflush(stdout);
+  } else if (cmd == "expect_series") {
+    // expect_series live|focused KEY [N [TIMEOUT_S]]: the series as plotted has one point per step,
+    // in order, and (waiting for reads to arrive) N points.
+    const bool live = w.size() > 1 && w[1] == "live";
+    const std::string key = w.size() > 2 ? w[2] : "loss";
+    const ui::RunHistory* h = live ? &s.live.history : nullptr;
+    if (!live) {
+      auto it = s.loaded.find(s.runs.focused);
+      if (it != s.loaded.end()) h = &it->second.history;
+    }
+    const ui::MetricSeries* ms = h ? h->find(key) : nullptr;
+    const size_t n = ms ? ms->size() : 0;
+    double prev = -1;
+    for (size_t i = 0; i < n; ++i) {
+      const double st = h->timeline().step[ms->t[i]];
+      if (st <= prev) {
+        fail(line + ": step " + std::to_string(static_cast<int64_t>(st)) + " follows step " +
+             std::to_string(static_cast<int64_t>(prev)) + " (a value per step expected)");
+        return false;
+      }
+      prev = st;
+    }
+    const bool ok = static_cast<double>(n) == arg(3, static_cast<double>(n));
+    if (ok) {
+      std::printf("gui script: %s %s: %zu points, one per step, last step %lld\n", live ? "live" : "focused",
+                  key.c_str(), n, static_cast<long long>(prev));
+      std::fflush(stdout);
+    }
+    if (!wait(ok, arg(4, 30))) {
+      if (failed_) std::fprintf(stderr, "gui script: %s has %zu points, last step %lld\n", key.c_str(), n, static_cast<long long>(prev));
+      return false;
+    }
+    return true;
+  } else if (cmd == "expect_ranks") {
+    // expect_ranks live|focused N: the per-rank view has step time and data wait of ranks 0..N-1.
+    const bool live = w.size() > 1 && w[1] == "live";
+    const ui::RunHistory* h = live ? &s.live.history : nullptr;
+    if (!live) {
+      auto it = s.loaded.find(s.runs.focused);
+      if (it != s.loaded.end()) h = &it->second.history;
+    }
+    const size_t want = static_cast<size_t>(arg(2, 2));
+    bool ok = h && ui::indexed_keys(*h, "rank", ".step_time_ms").size() == want &&
+              ui::indexed_keys(*h, "rank", ".data_wait_ms").size() == want;
+    for (size_t r = 0; ok && r < want; ++r) ok = h->find("rank" + std::to_string(r) + ".step_time_ms") != nullptr;
+    if (ok) {
+      std::printf("gui script: %s per-rank view: %zu ranks, step time", live ? "live" : "focused", want);
+      for (size_t r = 0; r < want; ++r)
+        std::printf(" %.1f", ui::last_value(*h, "rank" + std::to_string(r) + ".step_time_ms"));
+      std::printf(" ms\n");
+      std::fflush(stdout);
+    }
+    return wait(ok, arg(3, 30));
+  } else if (cmd == "fake_gpu_block") {
+    // The state after a failed multi-GPU run, on a machine without a GPU: the engine's CUDA block
+    // (trainer::cuda_blocked_reason) and a GPU in the device list, so runs on "auto" count as GPU runs.
+    const std::string why = w.size() > 1 ? line.substr(line.find(w[1], line.find(cmd) + cmd.size())) : "test";
+    ctl.set_cuda_blocked_for_test(why);
+    s.launcher.devices.push_back("cuda:0 (a GPU faked by the test script)");
+    frames_left_ = 2;
+  } else if (cmd == "resume_new_process") {
+    const int64_t id = s.live.active ? s.live.view.run_id : s.runs.focused;
+    s.actions.push_back(ui::act::ResumeInNewProcess{id});
+    ctl.handle_actions();
+    if (s.children.empty() || s.children.back().run_id != id) {
+      fail("resume_new_process: " + s.status);
+      return false;
+    }
+  } else if (cmd == "wait_children") {
+    bool running = false;
+    for (const auto& c : s.children) running |= c.running;
+    if (!running)
+      for (const auto& c : s.children) {
+        std::printf("gui script: resume process %d of run '%s' %s\n", c.pid, c.run_name.c_str(), c.outcome.c_str());
+        std::fflush(stdout);
+      }
+    return wait(!running, arg(1, 120));
   } else if (cmd == "print") {
     std::printf("%s\n", line.substr(line.find("print") + 6).c_str());
     std::fflush(stdout);
@@ -380,6 +507,11 @@ bool GuiScript::step_command(GuiController& ctl, double now) {
   }
   ++pc_;
   return frames_left_ == 0;
+}
+
+void GuiScript::press_keys() {
+  if (key_ < 0) return;
+  ImGui::GetIO().KeysDown[key_] = !key_released_;
 }
 
 bool GuiScript::mouse_override(float& x, float& y) const {
@@ -405,6 +537,15 @@ std::string GuiScript::take_screenshot_request() {
 void GuiScript::after_frame(ui::GuiState& s, double frame_s, double build_s, uint64_t frames_total) {
   frames_total_ = frames_total;
   if (frames_left_ > 0) --frames_left_;
+  if (key_ >= 0) {
+    // Down for one frame (IsKeyPressed fires there), then up for one, then done.
+    if (key_released_) {
+      key_ = -1;
+      key_released_ = false;
+    } else {
+      key_released_ = true;
+    }
+  }
   if (bench_left_ <= 0) return;
   frame_times_.push_back(frame_s);
   build_times_.push_back(build_s);

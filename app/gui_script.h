@@ -10,7 +10,8 @@
 //   tab launch|live|runs|compare  switch the view
 //   compare all                   put every run into Compare (and read their metrics)
 //   focus latest                  show the newest run's details in Runs
-//   resume STEP                   resume the focused run from its checkpoint of STEP (-1: newest)
+//   resume STEP                   resume the focused run from its checkpoint of STEP (-1: newest);
+//                                 waits until the resume is prepared and has started
 //   tag TAG | rename NAME | note TEXT | export_csv PATH
 //                                 the focused run's edits and export, as the Runs view's buttons do
 //   checkpoint verify STEP | checkpoint export STEP DIR | checkpoint expect STEP ok|mismatch|missing
@@ -29,7 +30,21 @@
 //   bench_idle SECONDS            no input, no new data: print CPU use and frames drawn
 //   mouse X Y | mouse off         put the cursor there for the following frames (hover readouts)
 //   smoothing W                   the dashboard's and compare's EMA weight (0 = raw only)
-//   close                         press the window's close button (asks first while a run trains)
+//   close                         press the window's close button (asks first while a run trains;
+//                                 while the window waits for a run to stop: quit at once)
+//   key enter|escape|space        press a key for one frame (the dialogs' default and cancel)
+//   wait_saving [TIMEOUT_S]       until the live run has a checkpoint save under way (step_X.tmp)
+//   expect_saving                 print whether a save is still under way
+//   expect_series live|focused KEY [N]
+//                                 the live (or focused run's) series KEY has one point per step,
+//                                 steps increasing, and N points
+//   expect_ranks live|focused N [TIMEOUT_S]
+//                                 the per-rank view has step time and data wait of ranks 0..N-1
+//   resume STEP expect_refused    the resume must be refused (its notice says why)
+//   fake_gpu_block TEXT           act as after a failed multi-GPU run: the GPU is blocked for this
+//                                 process with reason TEXT, and a (fake) GPU is listed
+//   resume_new_process            resume the live (else the focused) run in a new process
+//   wait_children [TIMEOUT_S]     until every resume process has ended; prints how each ended
 //   print TEXT                    echo
 //   quit
 // A wait that times out fails the script (exit code 3) with the line that failed.
@@ -64,6 +79,8 @@ class GuiScript {
   // Called once per drawn frame with its duration and the part spent building it (ImGui, before
   // OpenGL), in seconds, for bench_frames.
   void after_frame(ui::GuiState& s, double frame_s, double build_s, uint64_t frames_total);
+  // Before NewFrame: holds down the key a `key` command pressed (one frame down, one up).
+  void press_keys();
   // A mouse position to use instead of the real one (bench_frames sweeps the cursor over a plot so
   // the hover readout is part of the measured frame); false when the real one stands.
   bool mouse_override(float& x, float& y) const;
@@ -89,6 +106,9 @@ class GuiScript {
   int stall_ms_ = 0;
   bool mouse_set_ = false;
   float mouse_x_ = 0, mouse_y_ = 0;
+  int key_ = -1;                // io.KeysDown index pressed by `key`
+  bool key_released_ = false;
+  bool resume_sent_ = false;    // `resume` queued its action and waits for the outcome
   bool stall_report_ = false;   // print how far training went while the frame was stalled
   int64_t stall_step_before_ = 0;
   double stall_started_ = 0;

@@ -77,8 +77,27 @@ checkpoint expect 100 ok
 rename gui-renamed
 wait_tasks 30
 resume 100
-wait_step 150 60
+wait_step 130 60
+command stop
 wait_end 120
+tab runs
+wait_rows 2 60
+# The Runs view read this run to step 200 before the resume; after it, only the current rows: the
+# evaluations at 50 and 100 (those at 150 and 200 were superseded), one loss per step.
+expect_series focused val_loss 2 30
+expect_series focused loss
+expect_series live loss
+resume -1
+wait_end 120
+tab live
+smoothing 0
+frames 3
+screenshot $work/resumed.png
+tab runs
+wait_rows 2 60
+expect_series live loss 100 30
+expect_series focused loss 100 30
+expect_series focused val_loss 4 30
 stats
 quit
 SCRIPT
@@ -87,7 +106,7 @@ xvfb-run -a -s "-screen 0 1600x1000x24" "$bin" gui --runs-dir "$work/runs" --con
   --gui-test-script "$work/script.txt" > "$work/gui.out" 2>&1 || { cat "$work/gui.out"; fail "the app exited with $?"; }
 echo "app ran $(( $(date +%s) - start )) s"
 cat "$work/gui.out"
-for shot in live runs compare; do
+for shot in live runs compare resumed; do
   grep -q "^screenshot $work/$shot.png 1440x900" "$work/gui.out" || fail "no $shot screenshot"
 done
 
@@ -97,9 +116,13 @@ done
 "$check" "$work/compare.png" 2 || fail "compare screenshot"
 grep -c . "$work/compare.png.plots" > /dev/null
 awk '{ if (NF < 7) bad = 1 } END { exit bad }' "$work/compare.png.plots" || fail "a compare plot shows fewer than 2 runs"
+# After resuming from step 100, stopping, and resuming again to the end, the dashboard plots one
+# value per logged step: 100 loss points (2..200), 4 evaluations.
+grep -q '^loss .* [0-9A-F]*:100 [0-9A-F]*:4$' "$work/resumed.png.plots" \
+  || { cat "$work/resumed.png.plots"; fail "the resumed run's loss plot does not hold one point per step"; }
 
-# 4. The database: the app's run (tagged, annotated, renamed, then resumed from its step-100
-# checkpoint) finished with every logged step once, its evaluations and checkpoints.
+# 4. The database: the app's run (tagged, annotated, renamed, resumed from its step-100 checkpoint,
+# stopped, resumed again) finished with every logged step once, its evaluations and checkpoints.
 db="$work/runs/deltadeck.db"
 [ "$(sqlite3 "$db" 'PRAGMA integrity_check')" = ok ] || fail "integrity_check"
 [ "$(sqlite3 "$db" "SELECT status FROM runs WHERE name='gui-renamed'")" = finished ] || fail "gui-renamed not finished"
@@ -107,6 +130,11 @@ id=$(sqlite3 "$db" "SELECT id FROM runs WHERE name='gui-renamed'")
 [ "$(sqlite3 "$db" "SELECT tag FROM tags WHERE run_id=$id")" = e2e-tag ] || fail "tag not recorded"
 [ "$(sqlite3 "$db" "SELECT note FROM runs WHERE id=$id")" = "written by the gui test" ] || fail "note not recorded"
 sqlite3 "$db" "SELECT text FROM events WHERE run_id=$id" | grep -q "resumed from .*step_00000100" || fail "no resume event"
+# The abandoned attempt's checkpoint of step 200 was set aside (kept, never chosen) when the run
+# resumed from step 100, so the second resume continued from the stop's checkpoint, not from it.
+ls -d "$work/runs/gui-renamed/checkpoints/step_00000200.superseded" > /dev/null || fail "step 200 not set aside"
+sqlite3 "$db" "SELECT text FROM events WHERE run_id=$id" | grep -q "set aside the abandoned attempt's .*step_00000200.superseded" \
+  || fail "no event for the checkpoint set aside"
 # Rows an abandoned attempt logged after the checkpoint are deleted, or (newer schemas) kept and
 # marked superseded; either way the run's current history has each logged step once.
 live_rows="1"
@@ -123,7 +151,8 @@ head -1 "$work/gui-e2e.csv" | grep -qx "step,tokens,wall_s,key,value" || fail "C
   || fail "expected 100 logged loss steps (2..200)"
 [ "$(sqlite3 "$db" "SELECT count(*) FROM metrics WHERE run_id=$id AND key='val_loss' AND $live_rows")" = 4 ] \
   || fail "expected 4 val_loss rows"
-[ "$(sqlite3 "$db" "SELECT count(*) FROM checkpoints WHERE run_id=$id")" = 2 ] || fail "expected 2 checkpoints"
+# 100, the stop's, 200 (the abandoned attempt's 200 was set aside; the resumed run saved its own).
+[ "$(sqlite3 "$db" "SELECT count(*) FROM checkpoints WHERE run_id=$id")" = 3 ] || fail "expected 3 checkpoints"
 # The app records the cores it leaves to ATen (one kept for the frame loop) in the run's config.
 sqlite3 "$db" "SELECT config_toml FROM runs WHERE id=$id" | grep -q "threads = 1" || fail "config not recorded"
 echo "PASS"

@@ -10,6 +10,7 @@
 #include "ui/gui/metric_plots.h"
 #include "ui/gui/panels.h"
 #include "ui/gui/plot_math.h"
+#include "ui/gui/recovery.h"
 #include "ui/log/log_line.h"
 
 namespace ui {
@@ -28,9 +29,15 @@ void checksum_cell(ChecksumState st) {
 
 }  // namespace
 
+std::string resume_blocker(const GuiState& s, const std::string& run_devices) {
+  if (s.live.active && !s.live.view.ended()) return "a run is training in this window; resume when it has ended";
+  if (!s.launching.empty()) return s.launching;
+  return gpu_refusal(run_devices, s.launcher.devices, s.cuda_blocked);
+}
+
 void draw_checkpoints(GuiState& s, int64_t run_id, const std::vector<storage::CheckpointRecord>& checkpoints,
-                      const std::map<int64_t, ChecksumState>* checksum, const RunHistory* history, bool can_resume,
-                      std::string& export_dir) {
+                      const std::map<int64_t, ChecksumState>* checksum, const RunHistory* history,
+                      const std::string& no_resume, std::string& export_dir) {
   if (checkpoints.empty()) {
     ImGui::TextDisabled("No checkpoints recorded.");
     return;
@@ -67,11 +74,11 @@ void draw_checkpoints(GuiState& s, int64_t run_id, const std::vector<storage::Ch
     }
     checksum_cell(st);
     ImGui::TableNextColumn();
-    ImGui::BeginDisabled(!can_resume);
+    ImGui::BeginDisabled(!no_resume.empty());
     if (ImGui::SmallButton("resume")) s.actions.push_back(act::ResumeRun{run_id, c.step});
     ImGui::EndDisabled();
-    if (!can_resume && ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled))
-      ImGui::SetTooltip("A run is training in this window; resume when it has ended.");
+    if (!no_resume.empty() && ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled))
+      ImGui::SetTooltip("%s", no_resume.c_str());
     ImGui::SameLine();
     ImGui::BeginDisabled(export_dir.empty());
     if (ImGui::SmallButton("export")) s.actions.push_back(act::ExportCheckpoint{run_id, c.step, c.path, export_dir});

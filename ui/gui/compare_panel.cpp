@@ -13,6 +13,7 @@
 #include "ui/gui/metric_plots.h"
 #include "ui/gui/panels.h"
 #include "ui/gui/plot_math.h"
+#include "ui/gui/status_style.h"
 #include "ui/log/log_line.h"
 
 namespace ui {
@@ -108,7 +109,7 @@ void draw_summary(GuiState& s) {
     color_swatch(series_color(i));
     ImGui::TextUnformatted(r->name.c_str());
     ImGui::TableNextColumn();
-    ImGui::TextUnformatted(r->status.c_str());
+    ImGui::TextColored(status_color(r->status), "%s", r->status.c_str());
     ImGui::TableNextColumn();
     ImGui::Text("%lld", static_cast<long long>(r->steps));
     ImGui::TableNextColumn();

@@ -3,13 +3,17 @@
 // pause, resume, save a checkpoint now and stop, by button or shortcut (Space, Ctrl+S, Ctrl+Q).
 #include <imgui.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "ui/gui/markers.h"
 #include "ui/gui/metric_plots.h"
 #include "ui/gui/panels.h"
 #include "ui/gui/plot_math.h"
+#include "ui/gui/recovery.h"
+#include "ui/gui/status_style.h"
 #include "ui/log/log_line.h"
 
 namespace ui {
@@ -24,13 +28,6 @@ constexpr int KEY_Q = 'Q';
 const ImU32 CHECKPOINT_COLOR = IM_COL32(120, 200, 255, 255);
 const ImU32 SKIP_COLOR = IM_COL32(255, 80, 80, 255);
 const ImU32 BACKOFF_COLOR = IM_COL32(255, 170, 60, 255);
-
-ImVec4 status_color(const std::string& status) {
-  if (status == "running") return ImVec4(0.4f, 0.85f, 0.45f, 1);
-  if (status == "paused" || status == "stopping" || status == "starting") return ImVec4(1.0f, 0.8f, 0.3f, 1);
-  if (status == "failed") return ImVec4(1.0f, 0.4f, 0.4f, 1);
-  return ImVec4(0.7f, 0.7f, 0.75f, 1);
-}
 
 void draw_controls(GuiState& s) {
   DashboardPanel& d = s.dashboard;
@@ -78,6 +75,7 @@ void draw_header(GuiState& s) {
   ImGui::Text("%s", v.run_name.c_str());
   ImGui::SameLine();
   ImGui::TextColored(status_color(v.status), "[%s]", v.status.c_str());
+  if (const char* help = status_help(v.status); help && ImGui::IsItemHovered()) ImGui::SetTooltip("%s", help);
   ImGui::SameLine();
   ImGui::TextDisabled("%s, %s parameters, %s", v.model.c_str(), format_count(static_cast<double>(v.params)).c_str(),
                       v.device.empty() ? v.devices.c_str() : v.device.c_str());
@@ -89,7 +87,8 @@ void draw_header(GuiState& s) {
   ImGui::SameLine();
   ImGui::Text("%s tokens   elapsed %s   ETA %s", format_count(static_cast<double>(v.tokens)).c_str(),
               format_duration(v.elapsed_s).c_str(), v.eta_s >= 0 ? format_duration(v.eta_s).c_str() : "-");
-  if (!v.end_message.empty()) {
+  // A failure's message stands in the box below the header.
+  if (!v.end_message.empty() && !status_is_failure(v.status)) {
     ImGui::SameLine();
     ImGui::TextDisabled("(%s)", v.end_message.c_str());
   }
@@ -128,6 +127,78 @@ std::vector<PlotMarker> checkpoint_markers(const LiveRun& live, XAxis axis) {
   return out;
 }
 
+// The newest checkpoint the live run recorded; -1 when none.
+int64_t newest_checkpoint(const RunView& v) {
+  int64_t step = -1;
+  for (const auto& c : v.checkpoints) step = std::max(step, c.step);
+  return step;
+}
+
+// A run that failed (or diverged): what happened and the ways on. After a multi-GPU failure this
+// process may not use the GPU again, so a GPU run is offered a new process instead of a resume here.
+void draw_failure(GuiState& s) {
+  const RunView& v = s.live.view;
+  if (!status_is_failure(v.status)) return;
+  const bool gpu_run = devices_use_gpu(v.devices, s.launcher.devices);
+  const bool blocked = gpu_run && !s.cuda_blocked.empty();
+  const int64_t ckpt = newest_checkpoint(v);
+  // The run record moves on when another process resumes the run (the database is the truth).
+  const RunRow* row = s.row(v.run_id);
+  const bool moved_on = row && row->status != v.status && row->status != "failed";
+  size_t children = 0;
+  for (const auto& c : s.children) children += c.run_id == v.run_id;
+  const ImVec4 red(1.0f, 0.45f, 0.4f, 1);
+  ImGui::PushID("failure");
+  ImGui::PushStyleColor(ImGuiCol_ChildBg, ImVec4(0.28f, 0.1f, 0.1f, 0.55f));
+  const ImGuiStyle& style = ImGui::GetStyle();
+  const float lines = 1.0f + (blocked ? 1.0f : 0.0f) + (moved_on ? 1.0f : ckpt < 0 ? 1.0f : 2.0f) + static_cast<float>(children);
+  ImGui::BeginChild("failure", ImVec2(0, lines * ImGui::GetFrameHeightWithSpacing() + style.WindowPadding.y * 2), true);
+  ImGui::PushTextWrapPos(0.0f);
+  ImGui::TextColored(red, "The run %s at step %lld: %s", v.status.c_str(), static_cast<long long>(v.step),
+                     v.end_message.empty() ? "(no message)" : v.end_message.c_str());
+  if (blocked) ImGui::TextColored(red, "This process can no longer use the GPU: %s", s.cuda_blocked.c_str());
+  ImGui::PopTextWrapPos();
+  if (moved_on) {
+    ImGui::TextColored(status_color(row->status), "It has been resumed since: now %s at step %lld (see Runs).",
+                       row->status.c_str(), static_cast<long long>(row->steps));
+  } else if (ckpt < 0) {
+    ImGui::TextDisabled("It saved no checkpoint, so there is nothing to resume from.");
+  } else {
+    const bool busy = !s.launching.empty();
+    bool child_running = false;
+    for (const auto& c : s.children) child_running |= c.run_id == v.run_id && c.running;
+    ImGui::BeginDisabled(busy || child_running);
+    if (ImGui::Button("Resume in a new process")) s.actions.push_back(act::ResumeInNewProcess{v.run_id});
+    ImGui::EndDisabled();
+    if (ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled))
+      ImGui::SetTooltip("Runs `deltadeck train --resume` as a process of its own (it keeps training if this window\n"
+                        "closes); follow it in the Runs tab.");
+    ImGui::SameLine();
+    ImGui::BeginDisabled(blocked || busy || child_running);
+    char label[64];
+    std::snprintf(label, sizeof label, "Resume here from step %lld", static_cast<long long>(ckpt));
+    if (ImGui::Button(label)) s.actions.push_back(act::ResumeRun{v.run_id, -1});
+    ImGui::EndDisabled();
+    if (blocked && ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled))
+      ImGui::SetTooltip("This process can no longer use the GPU: %s", s.cuda_blocked.c_str());
+    const std::string cmd = resume_command(s.exe_path.empty() ? "deltadeck" : s.exe_path, v.run_id,
+                                           s.launcher.runs_dir.empty() ? "runs" : s.launcher.runs_dir);
+    ImGui::TextDisabled("or in a terminal (or after restarting the app):");
+    ImGui::SameLine();
+    ImGui::TextUnformatted(cmd.c_str());
+    ImGui::SameLine();
+    if (ImGui::SmallButton("copy")) ImGui::SetClipboardText(cmd.c_str());
+  }
+  for (const auto& c : s.children) {
+    if (c.run_id != v.run_id) continue;
+    if (c.running) ImGui::TextColored(status_color("running"), "Resuming in process %d; log: %s", c.pid, c.log_path.c_str());
+    else ImGui::TextDisabled("The resume process %d %s; log: %s", c.pid, c.outcome.c_str(), c.log_path.c_str());
+  }
+  ImGui::EndChild();
+  ImGui::PopStyleColor();
+  ImGui::PopID();
+}
+
 struct PlotSpec {
   const char* title;
   std::vector<std::string> keys;
@@ -145,7 +216,7 @@ void draw_event_log(DashboardPanel& d, const RunView& v) {
     for (int i = clip.DisplayStart; i < clip.DisplayEnd; ++i) {
       const LogRecord& r = v.events[static_cast<size_t>(i)];
       ImVec4 col = ImGui::GetStyleColorVec4(ImGuiCol_Text);
-      if (r.level == "error" || r.status == "failed") col = ImVec4(1.0f, 0.45f, 0.4f, 1);
+      if (r.level == "error" || status_is_failure(r.status)) col = ImVec4(1.0f, 0.45f, 0.4f, 1);
       else if (r.level == "warn" || r.kind == "skipped" || r.kind == "backoff") col = ImVec4(1.0f, 0.75f, 0.35f, 1);
       else if (r.kind == "checkpoint") col = ImVec4(0.55f, 0.8f, 1.0f, 1);
       std::string text = r.text;
@@ -174,6 +245,7 @@ void draw_dashboard(GuiState& s) {
   }
   const RunView& v = live.view;
   draw_header(s);
+  draw_failure(s);
   draw_toolbar(d);
 
   const RunHistory& h = live.history;
@@ -195,6 +267,10 @@ void draw_dashboard(GuiState& s) {
   }
   if (h.find("data_wait_ms")) specs.push_back({"data wait (ms)", {"data_wait_ms"}});
 
+  // A multi-rank run's ranks side by side, above the plots so a straggler shows without scrolling.
+  if (const RunRow* row = s.row(v.run_id); row && row->world_size > 1) {
+    if (ImGui::CollapsingHeader("Ranks", ImGuiTreeNodeFlags_DefaultOpen)) draw_rank_view(h, row->world_size);
+  }
   const float log_h = ImGui::GetFontSize() * 9;
   ImGui::BeginChild("plots", ImVec2(0, -log_h), false);
   const auto ckpt_markers = checkpoint_markers(live, axis);
@@ -247,19 +323,22 @@ void draw_dashboard(GuiState& s) {
   if (open_marker_menu) ImGui::OpenPopup("checkpoint-actions");
   if (ImGui::BeginPopup("checkpoint-actions")) {
     ImGui::Text("Checkpoint at step %lld", static_cast<long long>(d.marker_step));
-    ImGui::BeginDisabled(!v.ended());
+    const std::string why_not = resume_blocker(s, v.devices);
+    ImGui::BeginDisabled(!why_not.empty());
     if (ImGui::MenuItem("Resume from here")) s.actions.push_back(act::ResumeRun{v.run_id, d.marker_step});
     ImGui::EndDisabled();
-    if (!v.ended()) ImGui::TextDisabled("(stop the run first)");
+    if (!why_not.empty()) {
+      ImGui::PushTextWrapPos(ImGui::GetFontSize() * 30);
+      ImGui::TextDisabled("(%s)", why_not.c_str());
+      ImGui::PopTextWrapPos();
+    }
     ImGui::EndPopup();
-  }
-  if (const RunRow* row = s.row(v.run_id); row && row->world_size > 1) {
-    if (ImGui::CollapsingHeader("Ranks", ImGuiTreeNodeFlags_DefaultOpen)) draw_rank_view(h, row->world_size);
   }
   if (ImGui::CollapsingHeader("Checkpoints")) {
     auto it = s.loaded.find(v.run_id);
     if (it != s.loaded.end())
-      draw_checkpoints(s, v.run_id, it->second.checkpoints, &it->second.checksum, &h, v.ended(), s.runs.export_dir);
+      draw_checkpoints(s, v.run_id, it->second.checkpoints, &it->second.checksum, &h, resume_blocker(s, v.devices),
+                       s.runs.export_dir);
   }
   ImGui::EndChild();
   draw_event_log(d, v);

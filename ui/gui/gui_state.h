@@ -33,6 +33,9 @@ enum class ChecksumState { Unchecked, Checking, Ok, Mismatch, Missing };
 struct LoadedRun {
   int64_t id = 0;
   RunHistory history;
+  // Bumped when the history is read again from the run's first row (the run was resumed: rows read
+  // before were marked superseded); a read asked for under an older generation is dropped.
+  uint64_t generation = 0;
   int64_t last_rowid = 0;       // metric rows read up to here
   bool loading = false;         // a read is on its way
   bool loaded_once = false;     // the first read finished (an empty history means: no metrics)
@@ -75,10 +78,16 @@ struct ExportCheckpoint { int64_t run_id = 0; int64_t step = 0; std::string dir;
 struct VerifyCheckpoint { int64_t run_id = 0; int64_t step = 0; std::string dir; std::string sha256; };
 struct OpenRun { int64_t run_id = 0; };                // read its metrics and details
 struct RefreshRuns {};
+// `deltadeck train --resume RUN` in a new process of its own (its own session, output to a log
+// file), for a run this process cannot continue (the GPU is blocked here) or should not.
+struct ResumeInNewProcess { int64_t run_id = 0; };
+struct StopAndClose {};                                // the close dialog's default
+struct QuitNow {};                                     // leave at once, not waiting for the run to stop
 }  // namespace act
 using Action = std::variant<act::LoadConfigFile, act::SaveConfig, act::StartRun, act::SendCommand, act::ResumeRun,
                             act::RenameRun, act::SetNote, act::AddTag, act::RemoveTag, act::DeleteRun, act::ExportCsv,
-                            act::ExportCheckpoint, act::VerifyCheckpoint, act::OpenRun, act::RefreshRuns>;
+                            act::ExportCheckpoint, act::VerifyCheckpoint, act::OpenRun, act::RefreshRuns,
+                            act::ResumeInNewProcess, act::StopAndClose, act::QuitNow>;
 
 // ---- panel state
 
@@ -133,6 +142,39 @@ struct ComparePanel {
   std::string add_metric;
 };
 
+// What a resume found when it was refused, or passed over on its way (damaged or unfinished
+// checkpoints): shown in a dialog until dismissed.
+struct ResumeNotice {
+  bool open = false;
+  int64_t run_id = 0;
+  std::string run_name;
+  bool refused = false;                      // nothing was started
+  std::string checkpoint;                    // the checkpoint chosen (or refused)
+  std::vector<std::string> skipped;          // "<dir>: <why>" for each checkpoint passed over
+  std::vector<std::string> mismatches;       // "model.d: the checkpoint has 64, this run has 128"
+  std::string error;                         // any other reason it was refused
+  bool gpu_blocked = false;                  // refused because this process may not use the GPU
+};
+
+// A `deltadeck train --resume` this app started as a process of its own.
+struct ChildRun {
+  int64_t run_id = 0;
+  std::string run_name;
+  int pid = 0;
+  std::string command;                       // what it runs, as a shell line
+  std::string log_path;                      // its output
+  bool running = true;
+  std::string outcome;                       // once it ended: "exited with status 0", "killed by signal 9"
+};
+
+// The window's close button (or a stop signal) while something is still going.
+struct CloseState {
+  bool requested = false;                    // the confirmation dialog is up
+  bool closing = false;                      // confirmed: the run was asked to stop; close once it has
+  double closing_since = -1;                 // ImGui::GetTime() when the closing dialog first showed
+  bool quit_now = false;                     // a second close while stopping: leave at once
+};
+
 enum class Tab { Launch, Live, Runs, Compare };
 
 struct GuiState {
@@ -153,8 +195,16 @@ struct GuiState {
 
   std::string status;                        // the status bar: last action's outcome
   bool status_is_error = false;
-  bool close_requested = false;              // the window's close button during a live run
-  bool quit = false;                         // the app may exit now
+  CloseState close;
+  bool quit = false;                         // the app exits once nothing is left running
+  size_t file_tasks = 0;                     // exports and checksums queued or running (set by app/)
+  std::string launching;                     // a resume being prepared off the main thread ("" when none)
+  ResumeNotice resume_notice;
+  // Why this process may no longer run CUDA work (trainer::cuda_blocked_reason(), copied by app/
+  // every frame); "" when it may.
+  std::string cuda_blocked;
+  std::string exe_path;                      // this program, for the resume command shown to the user
+  std::vector<ChildRun> children;
   std::vector<Action> actions;               // emitted this frame; app drains them
 
   const RunRow* row(int64_t id) const {

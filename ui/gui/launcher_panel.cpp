@@ -11,6 +11,7 @@
 #include "model/model_config.h"
 #include "trainer/config.h"
 #include "ui/gui/panels.h"
+#include "ui/gui/recovery.h"
 #include "ui/log/log_line.h"
 
 namespace ui {
@@ -247,10 +248,19 @@ void draw_launcher(GuiState& s) {
   for (const auto& e : others) ImGui::TextColored(ERROR_COLOR, "%s", e.c_str());
   ImGui::Spacing();
   const bool running = s.live.active && !s.live.view.ended();
-  ImGui::BeginDisabled(problems > 0 || running);
+  // After a multi-GPU failure this process refuses the GPU; the reason stands next to Start.
+  const std::string refusal = gpu_refusal(c.run.devices, p.devices, s.cuda_blocked);
+  ImGui::BeginDisabled(problems > 0 || running || !s.launching.empty() || !refusal.empty());
   if (ImGui::Button("Start run", ImVec2(ImGui::GetFontSize() * 10, 0))) s.actions.push_back(act::StartRun{});
   ImGui::EndDisabled();
+  if (!refusal.empty()) {
+    ImGui::SameLine();
+    ImGui::PushTextWrapPos(0.0f);
+    ImGui::TextColored(ERROR_COLOR, "Not here: %s", refusal.c_str());
+    ImGui::PopTextWrapPos();
+  }
   if (running) ImGui::TextDisabled("A run is training in this window (see Live run).");
+  else if (!s.launching.empty()) ImGui::TextDisabled("%s", s.launching.c_str());
   ImGui::Spacing();
   ImGui::SetNextItemWidth(ImGui::GetFontSize() * 16);
   ImGui::InputTextWithHint("##save", "save as path.toml", &p.save_path);

@@ -15,12 +15,17 @@ void draw_dashboard(GuiState& s);
 void draw_runs(GuiState& s);
 void draw_compare(GuiState& s);
 
+// Why a run with run.devices `run_devices` cannot be resumed in this window now ("" when it can):
+// a run is training or being prepared here, or the run would need the GPU this process may no
+// longer use (GuiState::cuda_blocked).
+std::string resume_blocker(const GuiState& s, const std::string& run_devices);
+
 // A run's checkpoints: step, size, validation loss, checksum; resume, export, verify.
-// `history` gives the validation loss at each step (may be null); `can_resume` is false while a run
-// is training in this process.
+// `history` gives the validation loss at each step (may be null); `no_resume` says why the resume
+// buttons are off ("" when they are on; resume_blocker).
 void draw_checkpoints(GuiState& s, int64_t run_id, const std::vector<storage::CheckpointRecord>& checkpoints,
-                      const std::map<int64_t, ChecksumState>* checksum, const RunHistory* history, bool can_resume,
-                      std::string& export_dir);
+                      const std::map<int64_t, ChecksumState>* checksum, const RunHistory* history,
+                      const std::string& no_resume, std::string& export_dir);
 // Per-rank step time and data wait of a multi-rank run (keys rank<r>.step_time_ms, rank<r>.data_wait_ms).
 void draw_rank_view(const RunHistory& h, int64_t world_size);
 

@@ -10,6 +10,8 @@
 #include "trainer/config.h"
 #include "ui/gui/metric_plots.h"
 #include "ui/gui/panels.h"
+#include "ui/gui/recovery.h"
+#include "ui/gui/status_style.h"
 #include "ui/log/log_line.h"
 
 namespace ui {
@@ -38,12 +40,10 @@ const ColumnDef COLUMNS[] = {
 };
 constexpr int N_COLUMNS = sizeof(COLUMNS) / sizeof(COLUMNS[0]);
 
-ImVec4 status_color(const std::string& st) {
-  if (st == "running") return ImVec4(0.4f, 0.85f, 0.45f, 1);
-  if (st == "failed") return ImVec4(1.0f, 0.4f, 0.4f, 1);
-  if (st == "interrupted") return ImVec4(1.0f, 0.65f, 0.25f, 1);
-  if (st == "stopped") return ImVec4(0.85f, 0.85f, 0.5f, 1);
-  return ImVec4(0.75f, 0.75f, 0.8f, 1);
+// The run's run.devices as recorded ("auto" for runs recorded without it).
+std::string run_devices(const RunRow& r) {
+  auto it = r.config.find("run.devices");
+  return it == r.config.end() ? "auto" : it->second;
 }
 
 void read_sort_specs(RunsPanel& p) {
@@ -75,11 +75,10 @@ void cell_text(const RunRow& r, RunColumn c) {
     case RunColumn::Status:
       ImGui::TextColored(status_color(r.status), "%s", r.status.c_str());
       if (ImGui::IsItemHovered()) {
-        if (r.status == "interrupted")
-          ImGui::SetTooltip("The process went away without closing the run (a crash, a kill, a lost machine).\n"
-                            "Its last complete checkpoint can be resumed.");
-        else if (!r.message.empty())
-          ImGui::SetTooltip("%s", r.message.c_str());
+        const char* help = status_help(r.status);
+        if (help && !r.message.empty()) ImGui::SetTooltip("%s\n\n%s", help, r.message.c_str());
+        else if (help) ImGui::SetTooltip("%s", help);
+        else if (!r.message.empty()) ImGui::SetTooltip("%s", r.message.c_str());
       }
       break;
     case RunColumn::Model: ImGui::TextUnformatted(r.model.c_str()); break;
@@ -219,6 +218,7 @@ void draw_details(GuiState& s) {
   ImGui::Text("Run %lld: %s", static_cast<long long>(r->id), r->name.c_str());
   ImGui::SameLine();
   ImGui::TextColored(status_color(r->status), "[%s]", r->status.c_str());
+  if (const char* help = status_help(r->status); help && ImGui::IsItemHovered()) ImGui::SetTooltip("%s", help);
   if (!r->message.empty()) {
     ImGui::SameLine();
     ImGui::TextDisabled("%s", r->message.c_str());
@@ -281,10 +281,30 @@ void draw_details(GuiState& s) {
   auto it = s.loaded.find(r->id);
   const LoadedRun* lr = it == s.loaded.end() ? nullptr : &it->second;
   if (ImGui::CollapsingHeader("Checkpoints", ImGuiTreeNodeFlags_DefaultOpen)) {
-    if (lr) draw_checkpoints(s, r->id, lr->checkpoints, &lr->checksum, &lr->history, !live_here && !(s.live.active && !s.live.view.ended()), p.export_dir);
-    else ImGui::TextDisabled("loading...");
+    if (lr) {
+      const std::string no_resume = live_here ? "this run is training in this window" : resume_blocker(s, run_devices(*r));
+      // A run of another process (or one the GPU block keeps out of this one) can be resumed by a
+      // new deltadeck process of its own.
+      bool child_running = false;
+      for (const auto& c : s.children) child_running |= c.run_id == r->id && c.running;
+      const bool resumable = r->status == "failed" || r->status == "stopped" || r->status == "preempted" ||
+                             r->status == "interrupted" || r->status == "diverged";
+      if (resumable && !live_here && !lr->checkpoints.empty()) {
+        ImGui::BeginDisabled(child_running);
+        if (ImGui::SmallButton("resume newest in a new process")) s.actions.push_back(act::ResumeInNewProcess{r->id});
+        ImGui::EndDisabled();
+        if (ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled))
+          ImGui::SetTooltip("%s", resume_command(s.exe_path.empty() ? "deltadeck" : s.exe_path, r->id,
+                                                 s.launcher.runs_dir.empty() ? "runs" : s.launcher.runs_dir)
+                                      .c_str());
+      }
+      draw_checkpoints(s, r->id, lr->checkpoints, &lr->checksum, &lr->history, no_resume, p.export_dir);
+    } else {
+      ImGui::TextDisabled("loading...");
+    }
   }
-  if (r->world_size > 1 && lr && ImGui::CollapsingHeader("Ranks")) draw_rank_view(lr->history, r->world_size);
+  if (r->world_size > 1 && lr && ImGui::CollapsingHeader("Ranks", ImGuiTreeNodeFlags_DefaultOpen))
+    draw_rank_view(lr->history, r->world_size);
   if (ImGui::CollapsingHeader("Events") && lr) {
     ImGui::BeginChild("events", ImVec2(0, ImGui::GetFontSize() * 10), true);
     ImGuiListClipper clip;

@@ -112,7 +112,10 @@ const MetricSeries* RunHistory::find(const std::string& key) const {
 
 void RunHistory::clear() {
   timeline_ = Timeline{};
-  series_.clear();
+  // Each series is emptied, not erased: its truncation count moves on, so every cache keyed on a
+  // series' size and truncations (smoothing, plot reductions) starts over even if the history is
+  // read back to the same number of points.
+  for (auto& [key, s] : series_) s.truncate(0);
   points_ = 0;
   ++version_;
 }

@@ -103,6 +103,7 @@ class RunHistory {
   uint64_t version() const { return version_; }
   // Points across all series.
   size_t points() const { return points_; }
+  // Forgets every point (to read the run again from its first row); series keep their keys, empty.
   void clear();
 
  private:
