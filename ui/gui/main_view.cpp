@@ -164,7 +164,10 @@ void draw_resume_notice(GuiState& s) {
   if (!n.skipped.empty()) {
     ImGui::TextColored(amber, "Skipped %zu damaged or unfinished checkpoint(s):", n.skipped.size());
     ImGui::PushTextWrapPos(ImGui::GetFontSize() * 45);
-    for (const auto& k : n.skipped) ImGui::BulletText("%s", k.c_str());
+    for (const auto& k : n.skipped) {
+      ImGui::Bullet();
+      ImGui::TextWrapped("%s", k.c_str());
+    }
     ImGui::PopTextWrapPos();
   }
   ImGui::Spacing();
