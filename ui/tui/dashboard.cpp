@@ -25,8 +25,9 @@ Style status_style(const std::string& status) {
   Color c = Color::Default;
   if (status == "running" || status == "finished") c = Color::Green;
   else if (status == "paused" || status == "stopping" || status == "starting") c = Color::Yellow;
-  else if (status == "stopped") c = Color::Blue;
-  else if (status == "failed") c = Color::Red;
+  else if (status == "stopped" || status == "preempted") c = Color::Blue;
+  else if (status == "failed" || status == "diverged") c = Color::Red;
+  else if (status == "interrupted") c = Color::Magenta;
   return Style{c, true, true};
 }
 
