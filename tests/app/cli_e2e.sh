@@ -2,17 +2,9 @@
 # The command line end to end: a headless run records its config, one loss row per logged step,
 # its checkpoint and status in SQLite; `runs list/show` read it back; a bad config exits 2 and
 # writes nothing.
-set -euo pipefail
-bin=$1
+source "$(dirname "${BASH_SOURCE[0]}")/e2e_common.sh"
 python=${2:-}   # a Python with the safetensors library (the project's .venv); checks skipped without it
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-
-mkdir -p "$work/corpus"
-for i in $(seq 1 200); do
-  printf 'the quick brown fox jumps over the lazy dog %d\n%%\n' "$i" >> "$work/corpus/fox.txt"
-done
+make_corpus "$work/corpus/fox.txt" 200 'the quick brown fox jumps over the lazy dog'
 cat > "$work/run.toml" <<TOML
 name = "e2e"
 [model]

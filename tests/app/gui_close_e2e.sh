@@ -7,17 +7,9 @@
 # 2. A second close while the run stops quits at once: what was committed stays usable (the save it
 #    cut short is skipped by a resume, the earlier checkpoint is chosen, the database is intact).
 # The model is big enough (13M parameters, 170 MB a checkpoint) for a save to take about a second.
-set -euo pipefail
-bin=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-command -v xvfb-run > /dev/null || fail "xvfb-run is missing (scripts/setup installs xvfb)"
-
-mkdir -p "$work/corpus"
-for i in $(seq 1 300); do
-  printf 'pack my box with five dozen liquor jugs %d\n%%\n' "$i" >> "$work/corpus/box.txt"
-done
+source "$(dirname "${BASH_SOURCE[0]}")/e2e_common.sh"
+need_xvfb
+make_corpus "$work/corpus/box.txt" 300 'pack my box with five dozen liquor jugs'
 cat > "$work/run.toml" <<TOML
 name = "closing"
 [model]

@@ -4,18 +4,10 @@
 # their curves over each other in Compare. Each screenshot's plot areas must hold pixels of their
 # series' colours (gui_png_check); the database must hold the finished run, every logged step and
 # its checkpoints.
-set -euo pipefail
-bin=$1
-check=$2
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-command -v xvfb-run > /dev/null || fail "xvfb-run is missing (scripts/setup installs xvfb)"
-
-mkdir -p "$work/corpus"
-for i in $(seq 1 200); do
-  printf 'the quick brown fox jumps over the lazy dog %d\n%%\n' "$i" >> "$work/corpus/fox.txt"
-done
+source "$(dirname "${BASH_SOURCE[0]}")/e2e_common.sh"
+check=$2   # the gui_png_check program
+need_xvfb
+make_corpus "$work/corpus/fox.txt" 200 'the quick brown fox jumps over the lazy dog'
 cat > "$work/run.toml" <<TOML
 name = "gui-e2e"
 [model]

@@ -8,17 +8,9 @@
 #    own. It must finish the run (without the fault, which is not passed on), the database must
 #    hold every step once, and the app's Runs view must show the resumed history, a value per step.
 # 2. A 2-rank CPU run: the per-rank view shows both ranks' step time and data wait, live and in Runs.
-set -euo pipefail
-bin=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-command -v xvfb-run > /dev/null || fail "xvfb-run is missing (scripts/setup installs xvfb)"
-
-mkdir -p "$work/corpus"
-for i in $(seq 1 200); do
-  printf 'the quick brown fox jumps over the lazy dog %d\n%%\n' "$i" >> "$work/corpus/fox.txt"
-done
+source "$(dirname "${BASH_SOURCE[0]}")/e2e_common.sh"
+need_xvfb
+make_corpus "$work/corpus/fox.txt" 200 'the quick brown fox jumps over the lazy dog'
 config() {  # config NAME DEVICES STEPS
   cat <<TOML
 name = "$1"

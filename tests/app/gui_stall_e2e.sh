@@ -3,17 +3,9 @@
 # inside a frame, three times (the `stall` hook). Training must keep its pace through each stall,
 # every logged step and evaluation must still reach the database with no pause in the run's own
 # clock, and the only loss is UI snapshots the stalled frame loop never looked at.
-set -euo pipefail
-bin=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-command -v xvfb-run > /dev/null || fail "xvfb-run is missing (scripts/setup installs xvfb)"
-
-mkdir -p "$work/corpus"
-for i in $(seq 1 300); do
-  printf 'pack my box with five dozen liquor jugs %d\n%%\n' "$i" >> "$work/corpus/box.txt"
-done
+source "$(dirname "${BASH_SOURCE[0]}")/e2e_common.sh"
+need_xvfb
+make_corpus "$work/corpus/box.txt" 300 'pack my box with five dozen liquor jugs'
 steps=300
 cat > "$work/run.toml" <<TOML
 name = "stall"

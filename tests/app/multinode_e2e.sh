@@ -4,18 +4,9 @@
 # stops within the collective timeout with an error naming the rank and operation, the run is
 # recorded as failed and its last checkpoint stays loadable. Last, SIGTERM reaches node 1 alone:
 # node 0 learns of it through the store and the whole run stops at one step with a checkpoint.
-set -euo pipefail
-bin=$1
+source "$(dirname "${BASH_SOURCE[0]}")/e2e_common.sh"
 python=${2:-}
-work=$(mktemp -d)
-pids=()
-trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-
-mkdir -p "$work/corpus"
-for i in $(seq 1 300); do
-  printf 'pack my box with five dozen liquor jugs %d\n%%\n' "$i" >> "$work/corpus/jugs.txt"
-done
+make_corpus "$work/corpus/jugs.txt" 300 'pack my box with five dozen liquor jugs'
 cat > "$work/run.toml" <<TOML
 name = "multi"
 [model]
