@@ -35,4 +35,15 @@ struct BenchDataArgs {
 // prints tokens/s; returns the exit code (1 when the data cannot be read). Main thread.
 int bench_data(const BenchDataArgs& args);
 
+struct BenchGdrArgs {
+  int64_t batch = 8, seq = 2048, heads = 16, head_dim = 128, chunk = 64;
+  std::string dtype = "bf16";  // bf16 | fp32 (the inputs; the core computes in fp32)
+  int repeats = 20;
+  bool profile = false;  // also print where the GPU time goes (kernel scan), per component and kernel
+};
+
+// Times the chunked gated delta rule forward and forward+backward, scan kernel vs ATen loop, on
+// the GPU when there is one. Returns the exit code (2 for bad arguments). Main thread.
+int bench_gdr(const BenchGdrArgs& args);
+
 }  // namespace app

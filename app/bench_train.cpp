@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/gdr_scan.h"
 #include "storage/file_util.h"
 #include "trainer/config.h"
 #include "trainer/session.h"
@@ -33,6 +34,11 @@ int bench_train(const BenchTrainArgs& a) {
     std::cerr << "deltadeck: bench train: --steps must be >= 1 and --warmup >= 0\n";
     return 2;
   }
+  if (a.gdr_scan != "kernel" && a.gdr_scan != "aten") {
+    std::cerr << "deltadeck: bench train: --gdr-scan: expected kernel or aten, got \"" << a.gdr_scan << "\"\n";
+    return 2;
+  }
+  model::gdr_scan_use_kernel(a.gdr_scan == "kernel");
   const std::string tmp = storage::files::make_temp_dir("deltadeck-bench");
   std::vector<std::string> o = {
       "name=\"bench\"",
@@ -114,6 +120,7 @@ int bench_train(const BenchTrainArgs& a) {
   j["preset"] = a.preset;
   j["family"] = a.family;
   j["precision"] = a.precision;
+  j["gdr_scan"] = a.gdr_scan;
   j["devices"] = a.devices;
   j["device"] = device;
   j["params"] = params;

@@ -120,6 +120,18 @@ int main(int argc, char** argv) {
   bench_model_cmd->add_option("--repeats", bench.repeats, "Timed runs per length (best reported)")->capture_default_str();
   bench_model_cmd->add_option("--threads", bench.threads, "CPU threads (default: all)");
 
+  app::BenchGdrArgs bench_gdr;
+  auto* bench_gdr_cmd = bench_cmd->add_subcommand(
+      "gdr", "The chunked gated delta rule alone, forward and forward+backward: scan kernel vs ATen loop");
+  bench_gdr_cmd->add_option("--batch", bench_gdr.batch, "Rows B")->capture_default_str();
+  bench_gdr_cmd->add_option("--seq", bench_gdr.seq, "Row length T")->capture_default_str();
+  bench_gdr_cmd->add_option("--heads", bench_gdr.heads, "Heads H")->capture_default_str();
+  bench_gdr_cmd->add_option("--head-dim", bench_gdr.head_dim, "Key and value head size")->capture_default_str();
+  bench_gdr_cmd->add_option("--chunk", bench_gdr.chunk, "Chunk size C")->capture_default_str();
+  bench_gdr_cmd->add_option("--dtype", bench_gdr.dtype, "bf16 | fp32 inputs")->capture_default_str();
+  bench_gdr_cmd->add_option("--repeats", bench_gdr.repeats, "Timed runs (median reported)")->capture_default_str();
+  bench_gdr_cmd->add_flag("--profile", bench_gdr.profile, "Also print the GPU time by component and kernel");
+
   app::BenchDataArgs bench_data;
   auto* bench_data_cmd = bench_cmd->add_subcommand("data", "The training data loader alone: tokens/s from a source");
   bench_data_cmd->add_option("--source", bench_data.sources, "A data.train source, e.g. llmc:/data/*.bin (repeatable)")
@@ -147,6 +159,9 @@ int main(int argc, char** argv) {
   bench_train_cmd->add_option("--batch", bench_train.batch_size, "Rows per rank")->capture_default_str();
   bench_train_cmd->add_option("--seq-len", bench_train.seq_len, "Row length T")->capture_default_str();
   bench_train_cmd->add_option("-s,--set", bench_train.overrides, "Override a config key: section.key=value");
+  bench_train_cmd->add_option("--gdr-scan", bench_train.gdr_scan,
+                              "kernel | aten: the delta rule's chunk-state scan (to measure the kernel)")
+      ->capture_default_str();
   bench_train_cmd->add_option("--json", bench_train.json_path, "Also write the figures as JSON to this file");
   bench_train_cmd->add_flag("--profile", bench_train.profile,
                             "Then profile 3 more steps: GPU time per step by component and by kernel");
@@ -207,6 +222,7 @@ int main(int argc, char** argv) {
     if (*bench_model_cmd) return app::bench_model(bench);
     if (*tok_train_cmd) return app::tokenizer_train(tok_train);
     if (*bench_data_cmd) return app::bench_data(bench_data);
+    if (*bench_gdr_cmd) return app::bench_gdr(bench_gdr);
     if (*bench_train_cmd) return app::bench_train(bench_train);
     if (*export_cmd) return app::run_export(export_args);
   } catch (const std::exception& e) {

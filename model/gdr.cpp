@@ -14,6 +14,7 @@
 #include <numeric>
 #include <vector>
 
+#include "model/gdr_scan.h"
 #include "model/layers.h"
 
 namespace model {
@@ -242,45 +243,17 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
   auto WU_parts = WU.split_with_sizes({dk, dv}, -1);
   auto Wc = WU_parts[0].reshape({N * H, C, dk});
   auto Uc = WU_parts[1].reshape({N * H, C, dv});
-  auto Kd3 = Kd.view({N * H, C, dk});
-  auto decay3 = decay.view({N * H, 1, 1});
-  // Each scan step's rows of the chunk list, as one split: its backward concatenates the steps'
-  // gradients once. Narrowing the whole list per step instead makes autograd zero-fill and add a
-  // full-size gradient for every step (thousands of kernels per layer at T = 2048).
-  std::vector<int64_t> step_rows;
-  for (const int64_t cnt : plan.step_count) step_rows.push_back(cnt * H);
-  const auto Wc_m = Wc.split_with_sizes(step_rows, 0), Uc_m = Uc.split_with_sizes(step_rows, 0);
-  const auto Kd_m = Kd3.split_with_sizes(step_rows, 0), decay_m = decay3.split_with_sizes(step_rows, 0);
-
-  // Sequential scan over chunk steps; documents that have run out of chunks leave the prefix.
-  torch::Tensor h;  // [n_running·H, dk, dv] in sorted document order
+  torch::Tensor h0s;  // [n_docs·H, dk, dv] in sorted document order
   if (h0.defined()) {
-    h = to_dtype(varlen ? h0.index_select(0, torch::tensor(plan.order, torch::kInt64).to(h0.device())) : h0, dt);
-    h = h.reshape({plan.n_seq * H, dk, dv});
+    h0s = to_dtype(varlen ? h0.index_select(0, torch::tensor(plan.order, torch::kInt64).to(h0.device())) : h0, dt);
+    h0s = h0s.reshape({plan.n_seq * H, dk, dv});
   } else {
-    h = torch::zeros({plan.n_seq * H, dk, dv}, q.options().dtype(dt));
+    h0s = torch::zeros({plan.n_seq * H, dk, dv}, q.options().dtype(dt));
   }
-  std::vector<torch::Tensor> h_in, v_new, finished;
-  const size_t n_steps = plan.step_count.size();
-  h_in.reserve(n_steps);
-  v_new.reserve(n_steps);
-  for (size_t m = 0; m < n_steps; ++m) {
-    const int64_t cnt = plan.step_count[m] * H;
-    h_in.push_back(h);
-    // Vn = Uc − Wc h: values corrected against the chunk-entry state.
-    auto vn = torch::baddbmm(Uc_m[m], Wc_m[m], h, 1.0, -1.0);
-    v_new.push_back(vn);
-    h = torch::baddbmm(decay_m[m] * h, Kd_m[m].transpose(1, 2), vn);
-    const int64_t next = (m + 1 < n_steps ? plan.step_count[m + 1] : 0) * H;
-    if (next < cnt) {
-      auto parts = h.split_with_sizes({next, cnt - next}, 0);
-      finished.push_back(parts[1]);
-      h = parts[0];
-    }
-  }
-  // Finished states came off the end of the sorted order first.
-  std::reverse(finished.begin(), finished.end());
-  auto h_final = (finished.size() == 1 ? finished[0] : torch::cat(finished, 0)).view({plan.n_seq, H, dk, dv});
+  // The sequential scan over chunk steps (a CUDA kernel on the GPU; model/gdr_scan.h).
+  const GdrScanPlan scan_plan{plan.n_seq, H, plan.step_count, plan.step_off};
+  const auto scan = gdr_scan(Wc, Uc, Kd.view({N * H, C, dk}), decay.view({N * H}), h0s, scan_plan);
+  auto h_final = scan.h_final.view({plan.n_seq, H, dk, dv});
   if (varlen) {
     std::vector<int64_t> inv(plan.order.size());
     for (size_t s = 0; s < plan.order.size(); ++s) inv[plan.order[s]] = static_cast<int64_t>(s);
@@ -289,9 +262,8 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
 
   // O = scale · (diag(e^γ) Q h_in + ((Q Kᵀ) ⊙ D) Vn), batched over every chunk.
   auto P = (torch::matmul(Q, K.transpose(-1, -2)) * Dm).view({N * H, C, C});
-  auto Hin = n_steps == 1 ? h_in[0] : torch::cat(h_in, 0);  // [N·H, dk, dv]
-  auto Vn = n_steps == 1 ? v_new[0] : torch::cat(v_new, 0);  // [N·H, C, dv]
-  auto O = torch::baddbmm(torch::bmm(P, Vn), (eg.unsqueeze(-1) * Q).view({N * H, C, dk}), Hin, scale, scale);
+  auto O = torch::baddbmm(torch::bmm(P, scan.v_new), (eg.unsqueeze(-1) * Q).view({N * H, C, dk}), scan.h_in, scale,
+                          scale);
   return {scatter_chunks(O.view({N, H, C, dv}), plan, slot, B, T, C), h_final};
 }
 

@@ -3,10 +3,10 @@
 // runs; the reference is the ground truth every fast path (this one, and a future fused CUDA
 // kernel) is tested against (tests/model/test_gdr.cpp).
 //
-// Device note: both functions are plain LibTorch ops and run on whatever device the inputs live on
-// (CPU or CUDA); the only host-side work is reading cu_seqlens (int64, on the CPU) to plan the
-// chunk layout. There is no CUDA kernel here. A fused kernel would take the same arguments, keep
-// the [B,H,dk,dv] key-major state layout, and be tested against gdr_forward_ref (MODEL.md §11.18).
+// Device note: both functions run on whatever device the inputs live on (CPU or CUDA); the only
+// host-side work is reading cu_seqlens (int64, on the CPU) to plan the chunk layout. The chunked
+// form's intra-chunk work is batched ATen ops; its sequential state scan is one CUDA kernel each
+// way on a GPU (model/gdr_scan.h), tested against the ATen loop and against gdr_forward_ref.
 #pragma once
 
 #include <torch/types.h>

@@ -1,12 +1,12 @@
 #!/bin/bash
-# GPU machine: build one CMake target, much faster than ../shared/gpu's build.sh (which builds
+# GPU machine: build CMake targets, much faster than ../shared/gpu's build.sh (which builds
 # everything). Run with carry [".gpu"] (staged by ../shared/gpu/stage.sh):
 #   bash scripts/gpu/build_target.sh deltadeck                 # this tree -> build-gpu/
 #   SRC=.before BUILD=build-before bash scripts/gpu/build_target.sh deltadeck
 # The second form builds an older commit for a before/after comparison in the same call: locally
 # `git worktree add .before <commit>` (.before/ is ignored) and carry [".gpu", ".before"].
 set -euo pipefail
-target=${1:?usage: build_target.sh TARGET}
+targets=("${@:?usage: build_target.sh TARGET...}")
 src=${SRC:-.}
 build=${BUILD:-build-gpu}
 prefix=/tmp/gpu-prefix
@@ -18,6 +18,6 @@ export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 export CPATH="$prefix/usr/include${nccl_root:+:$nccl_root/include}:${CPATH:-}"
 cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DDELTADECK_GUI=OFF \
   > "$build.configure.log" 2>&1 || { tail -30 "$build.configure.log"; exit 1; }
-cmake --build "$build" -j 16 --target "$target" > "$build.build.log" 2>&1 \
+cmake --build "$build" -j 16 --target "${targets[@]}" > "$build.build.log" 2>&1 \
   || { grep -E -A6 "error|FAILED" "$build.build.log" | head -40; exit 1; }
-echo "built $target in $build/"
+echo "built ${targets[*]} in $build/"

@@ -1,0 +1,110 @@
+// `deltadeck bench gdr`: the chunked gated delta rule alone (model/gdr.h) at a given shape, the
+// forward and the forward+backward, with the chunk-state scan as the CUDA kernel and as the ATen
+// loop, so the kernel's effect is measured in one process. Inputs are made like the layer makes
+// them (L2-normalised q and k, β in (0,1), log-decay ≤ 0) in the chosen dtype; the core computes in
+// fp32 as in training. Times are medians over --repeats runs after two warm-ups, synchronised.
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <vector>
+
+#include "app/bench_command.h"
+#include "model/gdr.h"
+#include "model/gdr_scan.h"
+#include "trainer/step_profile.h"
+
+namespace app {
+
+namespace {
+
+void sync(const torch::Device& dev) {
+  if (dev.is_cuda()) torch::cuda::synchronize(dev.index());
+}
+
+template <typename F>
+double median_ms(const torch::Device& dev, int repeats, F&& fn) {
+  std::vector<double> ms;
+  for (int r = -2; r < repeats; ++r) {
+    sync(dev);
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    sync(dev);
+    const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (r >= 0) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int bench_gdr(const BenchGdrArgs& a) {
+  if (a.batch < 1 || a.seq < 1 || a.heads < 1 || a.head_dim < 1 || a.chunk < 1 || a.repeats < 1) {
+    std::cerr << "deltadeck: bench gdr: --batch, --seq, --heads, --head-dim, --chunk and --repeats must be >= 1\n";
+    return 2;
+  }
+  torch::ScalarType dt;
+  if (a.dtype == "bf16") {
+    dt = torch::kBFloat16;
+  } else if (a.dtype == "fp32") {
+    dt = torch::kFloat32;
+  } else {
+    std::cerr << "deltadeck: bench gdr: --dtype: expected bf16 or fp32, got \"" << a.dtype << "\"\n";
+    return 2;
+  }
+  const torch::Device dev = torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  torch::manual_seed(0);
+  const int64_t B = a.batch, T = a.seq, H = a.heads, D = a.head_dim;
+  auto opt = torch::TensorOptions().device(dev).dtype(torch::kFloat32);
+  auto unit = [](const torch::Tensor& x) { return x / x.norm(2, -1, true); };
+  auto q = unit(torch::randn({B, T, H, D}, opt)).to(dt), k = unit(torch::randn({B, T, H, D}, opt)).to(dt);
+  auto v = torch::randn({B, T, H, D}, opt).to(dt);
+  auto beta = torch::rand({B, T, H}, opt).to(dt);
+  auto g = torch::nn::functional::logsigmoid(torch::randn({B, T, H}, opt) + 4.0).to(dt);  // mostly near 0, ≤ 0
+  auto grad_o = torch::randn({B, T, H, D}, opt).to(dt);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+
+  std::printf("gated delta rule, chunked: B=%lld T=%lld H=%lld dk=dv=%lld C=%lld, inputs %s, %s\n",
+              static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(H),
+              static_cast<long long>(D), static_cast<long long>(a.chunk), a.dtype.c_str(),
+              dev.is_cuda() ? "GPU" : "CPU");
+  std::printf("%-22s %12s %16s %8s\n", "scan", "forward ms", "fwd+bwd ms", "ratio");
+  // The kernel runs on a GPU only; on the CPU both would be the ATen loop.
+  const std::vector<bool> modes = dev.is_cuda() ? std::vector<bool>{true, false} : std::vector<bool>{false};
+  for (const bool kernel : modes) {
+    model::gdr_scan_use_kernel(kernel);
+    auto forward = [&] {
+      torch::NoGradGuard no_grad;
+      model::gdr_forward_chunked(q, k, v, beta, g, scale, {}, {}, a.chunk);
+    };
+    const double fwd = median_ms(dev, a.repeats, forward);
+    auto fwd_bwd = [&] {
+      auto qq = q.detach().requires_grad_(true), kk = k.detach().requires_grad_(true);
+      auto vv = v.detach().requires_grad_(true), bb = beta.detach().requires_grad_(true);
+      auto gg = g.detach().requires_grad_(true);
+      auto out = model::gdr_forward_chunked(qq, kk, vv, bb, gg, scale, {}, {}, a.chunk);
+      out.o.backward(grad_o.to(out.o.scalar_type()));
+    };
+    const double both = median_ms(dev, a.repeats, fwd_bwd);
+    std::printf("%-22s %12.3f %16.3f %7.2fx\n", kernel ? "kernel (GPU fp32)" : "ATen loop", fwd, both, both / fwd);
+    std::fflush(stdout);
+    if (a.profile && kernel && dev.is_cuda()) {
+      for (const bool backward : {false, true}) {
+        constexpr int kRuns = 3;
+        auto prof = trainer::StepProfile::start(dev.index());
+        for (int r = 0; r < kRuns; ++r) backward ? fwd_bwd() : forward();
+        sync(dev);
+        std::printf("\nprofile, %s (kernel scan), per run:\n%s", backward ? "forward+backward" : "forward",
+                    prof->stop("", kRuns, backward ? both : fwd).c_str());
+      }
+    }
+  }
+  model::gdr_scan_use_kernel(true);
+  return 0;
+}
+
+}  // namespace app

@@ -1,0 +1,55 @@
+// The sequential part of the chunked gated delta rule (model/gdr.cpp, MODEL.md §4): the scan of
+// the state over chunk index, forward and backward, as one kernel launch instead of a few ATen
+// launches per chunk (the hybrid was launch-bound there). Raw fp32 pointers, no torch.
+//
+// Both directions have the same shape, so one kernel does both ("linear scan"):
+//   for each step of a document's chunk list (forward order, or reverse):
+//     out_state[r] = S
+//     y            = A[r] + sign_p · P[r] S             [C, dv]   (P [C, dk], S [dk, dv])
+//     out_y[r]     = y
+//     S            = decay[r] · S + sign_q · Q[r]ᵀ y + E[r]
+//   final[doc] = S
+// Forward:  A = U,   P = W,  Q = Kd, sign_p = −1, sign_q = +1, no E; S = h, y = the new values.
+// Backward: A = dVn, P = Kd, Q = W,  sign_p = +1, sign_q = −1, E = dHin; S = dh, y = dU, reverse.
+//
+// Layout: r = chunk · H + head indexes the chunk list; the chunk of sorted document s at scan step
+// m is step_off[m] + s, for m < n_chunks[s] (model/gdr.cpp's step-major plan). init and final are
+// [n_docs · H, dk, dv] in sorted document order. Columns of S evolve independently, so blocks
+// split dv; dk must be a multiple of 4 and at most 256, the chunk at most 128 (176 KiB of shared
+// memory at both limits).
+// The reference is model/gdr_scan.h's gdr_scan_reference (ATen, the same loop).
+#pragma once
+
+#include <cstdint>
+
+namespace kernels {
+
+struct GdrScanArgs {
+  const float* A = nullptr;      // [R, C, dv]
+  const float* P = nullptr;      // [R, C, dk]
+  const float* Q = nullptr;      // [R, C, dk]
+  const float* decay = nullptr;  // [R]
+  const float* E = nullptr;      // [R, dk, dv] or null (zero)
+  const float* init = nullptr;   // [n_docs·H, dk, dv] or null (zero)
+  float* out_state = nullptr;    // [R, dk, dv]
+  float* out_y = nullptr;        // [R, C, dv]
+  float* final_state = nullptr;  // [n_docs·H, dk, dv]
+  const int32_t* step_off = nullptr;  // [n_steps], device memory
+  const int32_t* n_chunks = nullptr;  // [n_docs], device memory
+  float sign_p = -1.f, sign_q = 1.f;
+  bool reverse = false;
+  int64_t n_docs = 0, H = 0, C = 0, dk = 0, dv = 0;
+};
+
+// Shared memory of one block: the state and y columns, and one staged [C, dk] tile.
+inline int64_t gdr_scan_smem_bytes(int64_t C, int64_t dk) { return (32 * (dk + C) + C * dk) * 4; }
+
+// True when the kernel takes these sizes (otherwise use the reference).
+inline bool gdr_scan_supports(int64_t C, int64_t dk) { return C >= 1 && C <= 128 && dk >= 4 && dk <= 256 && dk % 4 == 0; }
+
+#ifdef DD_HAVE_CUDA
+// Returns the cudaError_t of the launch (0 = success).
+int gdr_scan(const GdrScanArgs& a, void* stream);
+#endif
+
+}  // namespace kernels

@@ -1,0 +1,175 @@
+// The kernel's backward is the same scan run in reverse on the gradients (kernels/gdr_scan.h);
+// the three per-chunk weight gradients are then batched matmuls over the saved states:
+//   dU = dy,  dW = −dy · h_inᵀ,  dKd = v_new · dh_nextᵀ,  ddecay = Σ h_in ⊙ dh_next
+// where dh_next is the gradient of the state each chunk ends in (the reverse scan's out_state).
+#include "model/gdr_scan.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <atomic>
+
+#if defined(DD_HAVE_CUDA)
+#include <c10/cuda/CUDAStream.h>
+
+#include "kernels/gdr_scan.h"
+#include "model/kernel_dtype.h"
+#endif
+
+namespace model {
+
+namespace {
+std::atomic<bool> g_use_kernel{true};
+}  // namespace
+
+void gdr_scan_use_kernel(bool on) { g_use_kernel = on; }
+
+GdrScanResult gdr_scan_reference(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& Kd,
+                                 const torch::Tensor& decay, const torch::Tensor& h0, const GdrScanPlan& plan) {
+  const int64_t H = plan.heads;
+  // Each scan step's rows of the chunk list, as one split: its backward concatenates the steps'
+  // gradients once. Narrowing the whole list per step instead makes autograd zero-fill and add a
+  // full-size gradient for every step (thousands of kernels per layer at T = 2048).
+  std::vector<int64_t> step_rows;
+  for (const int64_t cnt : plan.step_count) step_rows.push_back(cnt * H);
+  const auto W_m = W.split_with_sizes(step_rows, 0), U_m = U.split_with_sizes(step_rows, 0);
+  const auto Kd_m = Kd.split_with_sizes(step_rows, 0);
+  const auto decay_m = decay.view({-1, 1, 1}).split_with_sizes(step_rows, 0);
+
+  torch::Tensor h = h0;  // [n_running·H, dk, dv] in sorted document order
+  std::vector<torch::Tensor> h_in, v_new, finished;
+  const size_t n_steps = plan.step_count.size();
+  for (size_t m = 0; m < n_steps; ++m) {
+    const int64_t cnt = plan.step_count[m] * H;
+    h_in.push_back(h);
+    // Vn = U − W h: values corrected against the chunk-entry state.
+    auto vn = torch::baddbmm(U_m[m], W_m[m], h, 1.0, -1.0);
+    v_new.push_back(vn);
+    h = torch::baddbmm(decay_m[m] * h, Kd_m[m].transpose(1, 2), vn);
+    const int64_t next = (m + 1 < n_steps ? plan.step_count[m + 1] : 0) * H;
+    if (next < cnt) {  // documents that have run out of chunks leave the prefix
+      auto parts = h.split_with_sizes({next, cnt - next}, 0);
+      finished.push_back(parts[1]);
+      h = parts[0];
+    }
+  }
+  // Finished states came off the end of the sorted order first.
+  std::reverse(finished.begin(), finished.end());
+  GdrScanResult out;
+  out.h_in = n_steps == 1 ? h_in[0] : torch::cat(h_in, 0);
+  out.v_new = n_steps == 1 ? v_new[0] : torch::cat(v_new, 0);
+  out.h_final = finished.size() == 1 ? finished[0] : torch::cat(finished, 0);
+  return out;
+}
+
+#if defined(DD_HAVE_CUDA)
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The plan as the kernel reads it: step offsets and per-document chunk counts, int32 on the device.
+struct DevicePlan {
+  torch::Tensor step_off, n_chunks;
+};
+
+DevicePlan device_plan(const GdrScanPlan& p, const torch::Device& dev) {
+  std::vector<int32_t> off(p.step_off.begin(), p.step_off.end()), nch(static_cast<size_t>(p.n_docs), 0);
+  for (const int64_t cnt : p.step_count) {
+    for (int64_t s = 0; s < cnt; ++s) ++nch[static_cast<size_t>(s)];
+  }
+  auto cpu = torch::TensorOptions().dtype(torch::kInt32);
+  DevicePlan d;
+  d.step_off = torch::from_blob(off.data(), {static_cast<int64_t>(off.size())}, cpu).to(dev);
+  d.n_chunks = torch::from_blob(nch.data(), {static_cast<int64_t>(nch.size())}, cpu).to(dev);
+  return d;
+}
+
+const float* ptr_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
+
+// One launch of the scan (either direction). Returns {out_state, out_y, final}.
+std::vector<torch::Tensor> run_scan(const torch::Tensor& A, const torch::Tensor& P, const torch::Tensor& Q,
+                                    const torch::Tensor& decay, const torch::Tensor& E, const torch::Tensor& init,
+                                    const DevicePlan& dp, int64_t n_docs, int64_t H, float sign_p, float sign_q,
+                                    bool reverse) {
+  const int64_t R = A.size(0), C = A.size(1), dv = A.size(2), dk = P.size(2);
+  auto out_state = torch::empty({R, dk, dv}, A.options());
+  auto out_y = torch::empty({R, C, dv}, A.options());
+  auto fin = torch::empty({n_docs * H, dk, dv}, A.options());
+  kernels::GdrScanArgs a;
+  a.A = A.data_ptr<float>();
+  a.P = P.data_ptr<float>();
+  a.Q = Q.data_ptr<float>();
+  a.decay = decay.data_ptr<float>();
+  a.E = ptr_or_null(E);
+  a.init = ptr_or_null(init);
+  a.out_state = out_state.data_ptr<float>();
+  a.out_y = out_y.data_ptr<float>();
+  a.final_state = fin.data_ptr<float>();
+  a.step_off = dp.step_off.data_ptr<int32_t>();
+  a.n_chunks = dp.n_chunks.data_ptr<int32_t>();
+  a.sign_p = sign_p;
+  a.sign_q = sign_q;
+  a.reverse = reverse;
+  a.n_docs = n_docs;
+  a.H = H;
+  a.C = C;
+  a.dk = dk;
+  a.dv = dv;
+  check_kernel_launch(kernels::gdr_scan(a, c10::cuda::getCurrentCUDAStream(A.device().index()).stream()),
+                      "gated delta rule scan");
+  return {out_state, out_y, fin};
+}
+
+torch::Tensor contiguous_or_undefined(const torch::Tensor& t) { return t.defined() ? t.contiguous() : t; }
+
+class GdrScanFn : public torch::autograd::Function<GdrScanFn> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& W, const torch::Tensor& U,
+                               const torch::Tensor& Kd, const torch::Tensor& decay, const torch::Tensor& h0,
+                               const GdrScanPlan& plan) {
+    ctx->set_materialize_grads(false);  // unused outputs' gradients stay undefined (no zero tensors)
+    auto dp = device_plan(plan, W.device());
+    auto Wc = W.contiguous(), Uc = U.contiguous(), Kc = Kd.contiguous(), dc = decay.contiguous();
+    auto outs = run_scan(Uc, Wc, Kc, dc, {}, h0.contiguous(), dp, plan.n_docs, plan.heads, -1.f, 1.f, false);
+    ctx->save_for_backward({Wc, Kc, dc, outs[0], outs[1]});
+    ctx->saved_data["step_off"] = dp.step_off;
+    ctx->saved_data["n_chunks"] = dp.n_chunks;
+    ctx->saved_data["n_docs"] = plan.n_docs;
+    ctx->saved_data["heads"] = plan.heads;
+    return outs;  // h_in, v_new, h_final
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &W = saved[0], &Kd = saved[1], &decay = saved[2], &h_in = saved[3], &v_new = saved[4];
+    DevicePlan dp{ctx->saved_data["step_off"].toTensor(), ctx->saved_data["n_chunks"].toTensor()};
+    const int64_t n_docs = ctx->saved_data["n_docs"].toInt(), H = ctx->saved_data["heads"].toInt();
+    auto d_vnew = grads[1].defined() ? grads[1].contiguous() : torch::zeros_like(v_new);
+    auto outs = run_scan(d_vnew, Kd, W, decay, contiguous_or_undefined(grads[0]), contiguous_or_undefined(grads[2]),
+                         dp, n_docs, H, 1.f, -1.f, true);
+    const auto &dh_next = outs[0], &dU = outs[1], &dh0 = outs[2];
+    auto dW = -torch::bmm(dU, h_in.transpose(1, 2));
+    auto dKd = torch::bmm(v_new, dh_next.transpose(1, 2));
+    auto ddecay = (h_in * dh_next).sum({1, 2});
+    return {dW, dU, dKd, ddecay, dh0, torch::Tensor()};
+  }
+};
+
+}  // namespace
+#endif
+
+GdrScanResult gdr_scan(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& Kd,
+                       const torch::Tensor& decay, const torch::Tensor& h0, const GdrScanPlan& plan) {
+#if defined(DD_HAVE_CUDA)
+  if (g_use_kernel && W.is_cuda() && W.scalar_type() == torch::kFloat32 && U.scalar_type() == torch::kFloat32 &&
+      Kd.scalar_type() == torch::kFloat32 && decay.scalar_type() == torch::kFloat32 &&
+      h0.scalar_type() == torch::kFloat32 && kernels::gdr_scan_supports(W.size(1), W.size(2)) && W.size(0) > 0) {
+    auto outs = GdrScanFn::apply(W, U, Kd, decay, h0, plan);
+    return {outs[0], outs[1], outs[2]};
+  }
+#endif
+  return gdr_scan_reference(W, U, Kd, decay, h0, plan);
+}
+
+}  // namespace model

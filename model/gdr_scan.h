@@ -1,0 +1,42 @@
+// The inter-chunk state scan of the chunked gated delta rule (model/gdr.cpp), split out so it has
+// a fast path: on a GPU in fp32 it is one CUDA kernel each way (kernels/gdr_scan.h) instead of a
+// few ATen launches per chunk step; elsewhere, and as the reference the kernel is tested against,
+// it is the ATen loop gdr_scan_reference. Both are differentiable.
+//
+// Per step m of the plan, for the chunks still running (rows r = chunk · H + head):
+//   h_in[r] = h;   v_new[r] = U[r] − W[r] h;   h = decay[r] · h + Kd[r]ᵀ v_new[r]
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace model {
+
+// The step-major chunk list of model/gdr.cpp: at step m the first step_count[m] documents (in
+// sorted order) are running and their chunks are step_off[m] + 0, 1, ...
+struct GdrScanPlan {
+  int64_t n_docs = 0;
+  int64_t heads = 0;
+  std::vector<int64_t> step_count;
+  std::vector<int64_t> step_off;
+};
+
+struct GdrScanResult {
+  torch::Tensor h_in;     // [R, dk, dv]: the state each chunk starts from
+  torch::Tensor v_new;    // [R, C, dv]
+  torch::Tensor h_final;  // [n_docs · H, dk, dv] in sorted document order
+};
+
+// W, Kd [R, C, dk], U [R, C, dv], decay [R], h0 [n_docs · H, dk, dv]; one dtype throughout.
+GdrScanResult gdr_scan_reference(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& Kd,
+                                 const torch::Tensor& decay, const torch::Tensor& h0, const GdrScanPlan& plan);
+// Same result; through the kernel for fp32 CUDA tensors of sizes it takes (unless switched off).
+GdrScanResult gdr_scan(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& Kd,
+                       const torch::Tensor& decay, const torch::Tensor& h0, const GdrScanPlan& plan);
+
+// Process-wide switch for benchmarks that time the kernel against the ATen loop (default on).
+void gdr_scan_use_kernel(bool on);
+
+}  // namespace model
