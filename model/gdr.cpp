@@ -16,6 +16,7 @@
 
 #include "model/gdr_scan.h"
 #include "model/layers.h"
+#include "model/tril_solve.h"
 
 namespace model {
 namespace {
@@ -236,10 +237,10 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
   auto decay = glast.exp();                                              // [N,H,1]
 
   // [Wc | Uc] = (I + A)^−1 [diag(b e^γ) K | diag(b) V] with A = strictly_lower(diag(b) (K Kᵀ) ⊙ D).
-  // solve_triangular reads only the strict lower triangle (unitriangular), so A keeps its diagonal.
+  // The solve reads only the strict lower triangle (unit diagonal), so A keeps its diagonal.
   auto A = b.unsqueeze(-1) * torch::matmul(K, K.transpose(-1, -2)) * Dm;
   auto rhs = torch::cat({(b * eg).unsqueeze(-1) * K, b.unsqueeze(-1) * V}, -1);  // [N,H,C,dk+dv]
-  auto WU = torch::linalg_solve_triangular(A, rhs, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
+  auto WU = unit_lower_solve(A, rhs);
   auto WU_parts = WU.split_with_sizes({dk, dv}, -1);
   auto Wc = WU_parts[0].reshape({N * H, C, dk});
   auto Uc = WU_parts[1].reshape({N * H, C, dv});

@@ -1,7 +1,9 @@
-// The gated delta rule's chunk-state scan kernel (model/gdr_scan.h) against its ATen reference on
-// the same GPU: outputs and every input gradient, on dense and ragged (varlen) chunk plans, with
-// head sizes that are not multiples of the kernel's 32-column blocks and chunk sizes up to its
-// limit. Fresh random inputs each run, seeded from GoogleTest's seed. Skips without a GPU.
+// The gated delta rule's CUDA pieces against their ATen references on the same GPU, outputs and
+// every input gradient: the chunk-state scan kernel (model/gdr_scan.h) on dense and ragged
+// (varlen) chunk plans, with head sizes that are not multiples of its 32-column blocks and chunk
+// sizes up to its limit; and the unit lower-triangular solve through the inverse kernel
+// (model/tril_solve.h). Fresh random inputs each run, seeded from GoogleTest's seed. Skips
+// without a GPU.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -12,6 +14,7 @@
 
 #include "model/gdr.h"
 #include "model/gdr_scan.h"
+#include "model/tril_solve.h"
 
 namespace {
 
@@ -137,4 +140,53 @@ TEST(GdrScanCuda, ChunkedRuleWithKernelMatchesStepByStep) {
   std::printf("[gdr_scan] chunked (GPU fp32) vs step-by-step (CPU fp64): o %.1e h %.1e\n", eo, eh);
   EXPECT_LT(eo, 1e-5);
   EXPECT_LT(eh, 1e-5);
+}
+
+// The solve's matrices as the delta rule builds them: A = β (K Kᵀ) ⊙ decay with unit-norm keys,
+// plus a diagonal and upper triangle of noise that both paths must ignore. fp32 on both sides
+// (cuBLAS trsm vs inverse-then-matmul): 1e-5 relative.
+TEST(TrilSolveCuda, InverseKernelPathMatchesTriangularSolve) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 913);
+  auto opt = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+  struct Shape {
+    std::vector<int64_t> batch;
+    int64_t C, n;
+  };
+  for (const Shape& sh : {Shape{{300}, 64, 256}, Shape{{3, 5}, 17, 40}, Shape{{7}, 1, 3}, Shape{{2, 2}, 33, 1}}) {
+    auto bshape = sh.batch;
+    auto with = [&](std::vector<int64_t> tail) {
+      auto v = bshape;
+      v.insert(v.end(), tail.begin(), tail.end());
+      return v;
+    };
+    auto K = torch::randn(with({sh.C, 128}), opt);
+    K = K / K.norm(2, -1, true);
+    auto beta = torch::rand(with({sh.C, 1}), opt);
+    auto decay = torch::rand(with({sh.C, sh.C}), opt);
+    auto noise = torch::randn(with({sh.C, sh.C}), opt).triu();
+    auto A0 = beta * torch::matmul(K, K.transpose(-1, -2)) * decay.tril(-1) + noise;
+    auto B0 = torch::randn(with({sh.C, sh.n}), opt);
+    auto dX = torch::randn(with({sh.C, sh.n}), opt);
+    auto run = [&](bool kernel) {
+      auto A = A0.clone().requires_grad_(true), B = B0.clone().requires_grad_(true);
+      auto X = kernel ? model::unit_lower_solve(A, B) : model::unit_lower_solve_reference(A, B);
+      (X * dX).sum().backward();
+      return std::vector<torch::Tensor>{X.detach(), A.grad(), B.grad()};
+    };
+    const auto want = run(false), got = run(true);
+    const std::string what = "C=" + std::to_string(sh.C) + " n=" + std::to_string(sh.n);
+    const char* names[] = {"X", "dA", "dB"};
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double e = rel(got[i], want[i]);
+      EXPECT_LT(e, 1e-5) << what << ": " << names[i];
+      std::printf("[tril_solve] %s %s: %.1e\n", what.c_str(), names[i], e);
+    }
+    // The gradient of A is confined to its strict lower triangle (the rest was never read).
+    EXPECT_EQ(got[1].triu().abs().max().item<float>(), 0.f) << what;
+    // And T (I + strict_lower(A)) = I.
+    auto T = model::unit_lower_inverse(A0);
+    auto eye = torch::eye(sh.C, opt).expand(T.sizes());
+    EXPECT_LT((torch::matmul(T, eye + A0.tril(-1)) - eye).abs().max().item<float>(), 1e-5) << what;
+  }
 }
