@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "model/gdr.h"
+#include "model/linear.h"
 
 namespace model {
 namespace {
@@ -107,21 +108,22 @@ void GatedDeltaNetImpl::reset_parameters(double std0, double std_out) {
   norm_w.fill_(1.0);
 }
 
-GatedDeltaNetImpl::Gates GatedDeltaNetImpl::gates(const torch::Tensor& u) {
-  const auto ft = float_dtype(u);
-  auto beta = torch::sigmoid(to_dtype(wb(u), ft));
+GatedDeltaNetImpl::Gates GatedDeltaNetImpl::gates(const torch::Tensor& a, const torch::Tensor& b,
+                                                   torch::ScalarType ft) {
+  auto beta = torch::sigmoid(to_dtype(b, ft));
   if (neg_eig_) beta = beta * 2.0;
-  auto g = -to_dtype(A_log, ft).exp() * torch::softplus(to_dtype(wa(u), ft) + to_dtype(dt_bias, ft));
+  auto g = -to_dtype(A_log, ft).exp() * torch::softplus(to_dtype(a, ft) + to_dtype(dt_bias, ft));
   return {beta, g};
 }
 
-torch::Tensor GatedDeltaNetImpl::output(const torch::Tensor& o, const torch::Tensor& u) {
+torch::Tensor GatedDeltaNetImpl::output(const torch::Tensor& o, const torch::Tensor& z_proj,
+                                        torch::ScalarType out_dtype) {
   const int64_t B = o.size(0), T = o.size(1);
   const auto ft = o.scalar_type();
-  auto z = to_dtype(wg(u).view({B, T, H_, dv_}), ft);
+  auto z = to_dtype(z_proj.reshape({B, T, H_, dv_}), ft);
   // Per-head RMSNorm over dv with the shared weight, gated by silu(z); fp32 (fp64) math.
   auto y = o * torch::rsqrt(o.square().mean(-1, /*keepdim=*/true) + 1e-6) * to_dtype(norm_w, ft) * torch::silu(z);
-  return wo(to_dtype(y.reshape({B, T, H_ * dv_}), u.scalar_type()));
+  return wo(to_dtype(y.reshape({B, T, H_ * dv_}), out_dtype));
 }
 
 torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& u, const Positions& p) {
@@ -134,13 +136,21 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& u, const Positions
     return forward(u.reshape({1, B * T, d_}), flat).view({B, T, d_});
   }
   const auto ft = float_dtype(u);
-  auto q = l2_norm(short_conv(wq(u), conv_q, p).view({B, T, H_, dk_}), ft);
-  auto k = l2_norm(short_conv(wk(u), conv_k, p).view({B, T, H_, dk_}), ft);
-  auto v = short_conv(wv(u), conv_v, p).view({B, T, H_, dv_});
-  auto gt = gates(u);
+  const int64_t Kg = H_ * dk_, Vg = H_ * dv_;
+  // All six input projections as one matmul (each part's gradient still reaches its own weight),
+  // and one short conv over the q|k|v channels with the three conv weights side by side: a few
+  // large launches instead of six matmuls and three convs of W taps each.
+  auto proj = linear_cat(u, {wq->weight, wk->weight, wv->weight, wg->weight, wa->weight, wb->weight});
+  auto parts = proj.split_with_sizes({2 * Kg + Vg, Vg, H_, H_}, -1);  // q|k|v, z, a, b
+  auto qkv = short_conv(parts[0], torch::cat({conv_q, conv_k, conv_v}, 0), p);
+  auto qkv_parts = qkv.split_with_sizes({Kg, Kg, Vg}, -1);
+  auto q = l2_norm(qkv_parts[0].reshape({B, T, H_, dk_}), ft);
+  auto k = l2_norm(qkv_parts[1].reshape({B, T, H_, dk_}), ft);
+  auto v = qkv_parts[2].reshape({B, T, H_, dv_});
+  auto gt = gates(parts[2], parts[3], ft);
   auto r = use_reference ? gdr_forward_ref(q, k, v, gt.beta, gt.g, scale_, {}, p.cu_seqlens)
                          : gdr_forward_chunked(q, k, v, gt.beta, gt.g, scale_, {}, p.cu_seqlens, chunk_);
-  return output(r.o, u);
+  return output(r.o, parts[1], u.scalar_type());
 }
 
 torch::Tensor GatedDeltaNetImpl::step(const torch::Tensor& u, MixerCache& cache) {
@@ -151,11 +161,11 @@ torch::Tensor GatedDeltaNetImpl::step(const torch::Tensor& u, MixerCache& cache)
   auto q = l2_norm(conv_step(wq(u), cache.conv_q, conv_q).view({B, 1, H_, dk_}), ft);
   auto k = l2_norm(conv_step(wk(u), cache.conv_k, conv_k).view({B, 1, H_, dk_}), ft);
   auto v = conv_step(wv(u), cache.conv_v, conv_v).view({B, 1, H_, dv_});
-  auto gt = gates(u);
+  auto gt = gates(wa(u), wb(u), ft);
   auto r = gdr_forward_ref(q, k, v, gt.beta, gt.g, scale_, cache.state, {});
   cache.state = r.h;
   cache.pos += 1;
-  return output(r.o, u);
+  return output(r.o, wg(u), u.scalar_type());
 }
 
 }  // namespace model

@@ -56,9 +56,11 @@ class GatedDeltaNetImpl : public torch::nn::Module {
     torch::Tensor beta;  // [B,T,H] compute dtype
     torch::Tensor g;     // [B,T,H] compute dtype, ≤ 0
   };
-  Gates gates(const torch::Tensor& u);
-  // Gated RMSNorm and output projection: o [B,T,H,dv] (compute dtype) -> [B,T,d] in u's dtype.
-  torch::Tensor output(const torch::Tensor& o, const torch::Tensor& u);
+  // From the projections a = u W_aᵀ and b = u W_bᵀ [B,T,H], in the compute dtype `ft`.
+  Gates gates(const torch::Tensor& a, const torch::Tensor& b, torch::ScalarType ft);
+  // Gated RMSNorm and output projection: o [B,T,H,dv] (compute dtype) and the gate projection
+  // z = u W_gᵀ [B,T,Vg] -> [B,T,d] in `out_dtype`.
+  torch::Tensor output(const torch::Tensor& o, const torch::Tensor& z, torch::ScalarType out_dtype);
 
   int64_t d_, H_, dk_, dv_, W_, chunk_;
   bool neg_eig_;
