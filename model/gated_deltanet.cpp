@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/fused_rmsnorm.h"
 #include "model/gdr.h"
 #include "model/linear.h"
 
@@ -121,8 +122,9 @@ torch::Tensor GatedDeltaNetImpl::output(const torch::Tensor& o, const torch::Ten
   const int64_t B = o.size(0), T = o.size(1);
   const auto ft = o.scalar_type();
   auto z = to_dtype(z_proj.reshape({B, T, H_, dv_}), ft);
-  // Per-head RMSNorm over dv with the shared weight, gated by silu(z); fp32 (fp64) math.
-  auto y = o * torch::rsqrt(o.square().mean(-1, /*keepdim=*/true) + 1e-6) * to_dtype(norm_w, ft) * torch::silu(z);
+  // Per-head RMSNorm over dv with the shared weight (one fused kernel each way on a GPU; the same
+  // ATen formula elsewhere), gated by silu(z); fp32 (fp64) math.
+  auto y = fused_rms_norm(o, to_dtype(norm_w, ft), 1e-6) * torch::silu(z);
   return wo(to_dtype(y.reshape({B, T, H_ * dv_}), out_dtype));
 }
 

@@ -17,21 +17,17 @@
 #include "model/fused_swiglu.h"
 #include "model/layers.h"
 #include "model/linear.h"
+#include "tests/support/torch_compare.h"
 
 namespace {
+
+using testing_support::rel_norm_diff;
 
 #define DD_REQUIRE_GPU() \
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine"
 
 void seed_from_gtest(uint64_t salt) {
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + salt);
-}
-
-// ‖a − b‖ / ‖b‖ in fp64 (an all-zero reference compares absolutely).
-double rel(const torch::Tensor& a, const torch::Tensor& b) {
-  auto a64 = a.detach().to(torch::kCPU, torch::kFloat64), b64 = b.detach().to(torch::kCPU, torch::kFloat64);
-  EXPECT_EQ(a64.sizes(), b64.sizes());
-  return ((a64 - b64).norm() / b64.norm().clamp_min(1e-30)).item<double>();
 }
 
 // Tolerance of a result stored in `t`: fp32 differs by summation order only; bf16/fp16 by one
@@ -90,19 +86,19 @@ TEST(FusedOpsCuda, AddRmsNormMatchesReference) {
           };
           auto f = run(true), r = run(false);
           EXPECT_EQ(f[0].scalar_type(), cb.y) << what;
-          EXPECT_LT(rel(f[0], r[0]), tol_for(cb.y)) << what << " y";
-          EXPECT_LT(rel(f[1], r[1]), tol_for(cb.x)) << what << " h";
+          EXPECT_LT(rel_norm_diff(f[0], r[0]), tol_for(cb.y)) << what << " y";
+          EXPECT_LT(rel_norm_diff(f[1], r[1]), tol_for(cb.x)) << what << " h";
           // dx: the fused kernel and autograd both compute it in fp32 from the same dy.
-          EXPECT_LT(rel(f[2], r[2]), tol_for(cb.x) * 2) << what << " dx";
+          EXPECT_LT(rel_norm_diff(f[2], r[2]), tol_for(cb.x) * 2) << what << " dx";
           if (with_b) {
-            EXPECT_LT(rel(f[3], r[3]), tol_for(cb.b) * 2) << what << " db";
+            EXPECT_LT(rel_norm_diff(f[3], r[3]), tol_for(cb.b) * 2) << what << " db";
           }
           if (with_w) {
-            EXPECT_LT(rel(f[4], r[4]), cb.y == torch::kFloat32 ? 1e-5 : 1e-2) << what << " dw";
+            EXPECT_LT(rel_norm_diff(f[4], r[4]), cb.y == torch::kFloat32 ? 1e-5 : 1e-2) << what << " dw";
           }
           if (sh.C == 4097 && with_b && with_w)
             std::printf("[measured] fused add+RMSNorm %s: y %.3g h %.3g dx %.3g db %.3g dw %.3g\n", what.c_str(),
-                        rel(f[0], r[0]), rel(f[1], r[1]), rel(f[2], r[2]), rel(f[3], r[3]), rel(f[4], r[4]));
+                        rel_norm_diff(f[0], r[0]), rel_norm_diff(f[1], r[1]), rel_norm_diff(f[2], r[2]), rel_norm_diff(f[3], r[3]), rel_norm_diff(f[4], r[4]));
         }
       }
     }
@@ -153,10 +149,10 @@ TEST(FusedOpsCuda, RopeMatchesReference) {
         auto f = run(true), r = run(false);
         EXPECT_EQ(f[0].scalar_type(), dtype) << what;
         const double tol = dtype == torch::kFloat32 ? 1e-6 : tol_for(dtype);
-        EXPECT_LT(rel(f[0], r[0]), tol) << what << " y";
-        EXPECT_LT(rel(f[1], r[1]), tol) << what << " dx";
+        EXPECT_LT(rel_norm_diff(f[0], r[0]), tol) << what << " y";
+        EXPECT_LT(rel_norm_diff(f[1], r[1]), tol) << what << " dx";
         if (sh.T == 1000)
-          std::printf("[measured] fused RoPE %s: y %.3g dx %.3g\n", what.c_str(), rel(f[0], r[0]), rel(f[1], r[1]));
+          std::printf("[measured] fused RoPE %s: y %.3g dx %.3g\n", what.c_str(), rel_norm_diff(f[0], r[0]), rel_norm_diff(f[1], r[1]));
       }
     }
   }
@@ -183,10 +179,10 @@ TEST(FusedOpsCuda, SwigluMatchesReference) {
       EXPECT_EQ(f[0].scalar_type(), dtype) << what;
       // bf16: the reference rounds silu(g) to bf16 before the product, the kernel does not.
       const double tol = dtype == torch::kFloat32 ? 1e-5 : 1e-2;
-      EXPECT_LT(rel(f[0], r[0]), tol) << what << " h";
-      EXPECT_LT(rel(f[1], r[1]), tol) << what << " dgu";
+      EXPECT_LT(rel_norm_diff(f[0], r[0]), tol) << what << " h";
+      EXPECT_LT(rel_norm_diff(f[1], r[1]), tol) << what << " dgu";
       if (sh.F == 4097)
-        std::printf("[measured] fused SwiGLU %s: h %.3g dgu %.3g\n", what.c_str(), rel(f[0], r[0]), rel(f[1], r[1]));
+        std::printf("[measured] fused SwiGLU %s: h %.3g dgu %.3g\n", what.c_str(), rel_norm_diff(f[0], r[0]), rel_norm_diff(f[1], r[1]));
     }
   }
 }
@@ -219,7 +215,7 @@ TEST(FusedOpsCuda, TinyModelsLossAndGradientsMatchCpu) {
     double worst = 0;
     auto pc = cpu->named_parameters(), pg = gpu->named_parameters();
     for (const auto& item : pc) {
-      const double e = rel(pg[item.key()].grad(), item.value().grad());
+      const double e = rel_norm_diff(pg[item.key()].grad(), item.value().grad());
       worst = std::max(worst, e);
       EXPECT_LT(e, 1e-4) << name << " " << item.key();
     }
@@ -249,7 +245,7 @@ TEST(FusedOpsCuda, GemmAccumulateMatchesFp64) {
         ref += torch::mm(a.to(torch::kFloat64).t(), b.to(torch::kFloat64));
       }
       // Exact bf16/fp16 products summed in fp32: error ~ K · 2^-24 relative to the row norms.
-      const double e = rel(c, ref);
+      const double e = rel_norm_diff(c, ref);
       EXPECT_LT(e, 1e-5) << what;
       if (sh.K == 1334) std::printf("[measured] fp32-accumulating GEMM %s vs fp64: %.3g\n", what.c_str(), e);
     }
@@ -329,11 +325,11 @@ TEST(FusedOpsCuda, RopeQkNormMatchesReference) {
       EXPECT_EQ(f[0].scalar_type(), dtype) << what;
       // bf16: the reference rounds the rotation to bf16 before normalising, the kernel does not.
       const double tol = dtype == torch::kFloat32 ? 1e-5 : 1e-2;
-      EXPECT_LT(rel(f[0], r[0]), tol) << what << " y";
-      EXPECT_LT(rel(f[1], r[1]), tol) << what << " dx";
+      EXPECT_LT(rel_norm_diff(f[0], r[0]), tol) << what << " y";
+      EXPECT_LT(rel_norm_diff(f[1], r[1]), tol) << what << " dx";
       if (sh.T == 700)
-        std::printf("[measured] fused RoPE + QK-norm %s: y %.3g dx %.3g\n", what.c_str(), rel(f[0], r[0]),
-                    rel(f[1], r[1]));
+        std::printf("[measured] fused RoPE + QK-norm %s: y %.3g dx %.3g\n", what.c_str(), rel_norm_diff(f[0], r[0]),
+                    rel_norm_diff(f[1], r[1]));
     }
   }
 }

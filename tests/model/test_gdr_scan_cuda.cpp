@@ -15,15 +15,11 @@
 #include "model/gdr.h"
 #include "model/gdr_scan.h"
 #include "model/tril_solve.h"
+#include "tests/support/torch_compare.h"
 
 namespace {
 
-// ‖a − b‖ / ‖b‖ in fp64.
-double rel(const torch::Tensor& a, const torch::Tensor& b) {
-  auto a64 = a.detach().to(torch::kCPU, torch::kFloat64), b64 = b.detach().to(torch::kCPU, torch::kFloat64);
-  EXPECT_EQ(a64.sizes(), b64.sizes());
-  return ((a64 - b64).norm() / b64.norm().clamp_min(1e-30)).item<double>();
-}
+using testing_support::rel_norm_diff;
 
 // A step-major plan for documents with these chunk counts (sorted longest first, as model/gdr.cpp
 // sorts them). Returns the number of chunks through `n_chunks`.
@@ -99,8 +95,8 @@ TEST(GdrScanCuda, KernelMatchesReferenceForwardAndBackward) {
     };
     const Run want = run(false), got = run(true);
     const std::string what = describe(c);
-    const double e_hin = rel(got.out.h_in, want.out.h_in), e_vn = rel(got.out.v_new, want.out.v_new);
-    const double e_fin = rel(got.out.h_final, want.out.h_final);
+    const double e_hin = rel_norm_diff(got.out.h_in, want.out.h_in), e_vn = rel_norm_diff(got.out.v_new, want.out.v_new);
+    const double e_fin = rel_norm_diff(got.out.h_final, want.out.h_final);
     EXPECT_LT(e_hin, tol) << what << ": h_in";
     EXPECT_LT(e_vn, tol) << what << ": v_new";
     EXPECT_LT(e_fin, tol) << what << ": h_final";
@@ -108,7 +104,7 @@ TEST(GdrScanCuda, KernelMatchesReferenceForwardAndBackward) {
     double worst = 0;
     for (size_t i = 0; i < got.grads.size(); ++i) {
       ASSERT_TRUE(got.grads[i].defined()) << what << ": " << names[i] << " missing";
-      const double e = rel(got.grads[i], want.grads[i]);
+      const double e = rel_norm_diff(got.grads[i], want.grads[i]);
       worst = std::max(worst, e);
       EXPECT_LT(e, tol) << what << ": " << names[i];
     }
@@ -136,7 +132,7 @@ TEST(GdrScanCuda, ChunkedRuleWithKernelMatchesStepByStep) {
   auto want = model::gdr_forward_ref(q, k, v, beta, g, scale, h0, cu);
   auto gpu = [](const torch::Tensor& t) { return t.to(torch::kCUDA, torch::kFloat32); };
   auto got = model::gdr_forward_chunked(gpu(q), gpu(k), gpu(v), gpu(beta), gpu(g), scale, gpu(h0), cu, 64);
-  const double eo = rel(got.o, want.o), eh = rel(got.h, want.h);
+  const double eo = rel_norm_diff(got.o, want.o), eh = rel_norm_diff(got.h, want.h);
   std::printf("[gdr_scan] chunked (GPU fp32) vs step-by-step (CPU fp64): o %.1e h %.1e\n", eo, eh);
   EXPECT_LT(eo, 1e-5);
   EXPECT_LT(eh, 1e-5);
@@ -178,7 +174,7 @@ TEST(TrilSolveCuda, InverseKernelPathMatchesTriangularSolve) {
     const std::string what = "C=" + std::to_string(sh.C) + " n=" + std::to_string(sh.n);
     const char* names[] = {"X", "dA", "dB"};
     for (size_t i = 0; i < want.size(); ++i) {
-      const double e = rel(got[i], want[i]);
+      const double e = rel_norm_diff(got[i], want[i]);
       EXPECT_LT(e, 1e-5) << what << ": " << names[i];
       std::printf("[tril_solve] %s %s: %.1e\n", what.c_str(), names[i], e);
     }

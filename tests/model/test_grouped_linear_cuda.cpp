@@ -11,14 +11,11 @@
 #include <vector>
 
 #include "model/grouped_linear.h"
+#include "tests/support/torch_compare.h"
 
 namespace {
 
-double rel(const torch::Tensor& a, const torch::Tensor& b) {
-  auto a64 = a.detach().to(torch::kCPU, torch::kFloat64), b64 = b.detach().to(torch::kCPU, torch::kFloat64);
-  EXPECT_EQ(a64.sizes(), b64.sizes());
-  return ((a64 - b64).norm() / b64.norm().clamp_min(1e-30)).item<double>();
-}
+using testing_support::rel_norm_diff;
 
 }  // namespace
 
@@ -54,7 +51,7 @@ TEST(GroupedLinearCuda, GroupedGemmMatchesPerGroupMatmuls) {
       for (const int64_t r : c.rows) what += " " + std::to_string(r);
       const char* names[] = {"y", "dx", "dw"};
       for (size_t i = 0; i < 3; ++i) {
-        const double e = rel(got[i], want[i]);
+        const double e = rel_norm_diff(got[i], want[i]);
         EXPECT_LT(e, tol) << what << ": " << names[i];
         std::printf("[grouped_linear] %s %s: %.1e\n", what.c_str(), names[i], e);
       }
