@@ -139,17 +139,18 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& u, const Positions
   }
   const auto ft = float_dtype(u);
   const int64_t Kg = H_ * dk_, Vg = H_ * dv_;
-  // All six input projections as one matmul (each part's gradient still reaches its own weight),
-  // and one short conv over the q|k|v channels with the three conv weights side by side: a few
-  // large launches instead of six matmuls and three convs of W taps each.
-  auto proj = linear_cat(u, {wq->weight, wk->weight, wv->weight, wg->weight, wa->weight, wb->weight});
-  auto parts = proj.split_with_sizes({2 * Kg + Vg, Vg, H_, H_}, -1);  // q|k|v, z, a, b
+  // The input projections as two matmuls (each part's gradient still reaches its own weight), and
+  // one short conv over the q|k|v channels with the three conv weights side by side: a few large
+  // launches instead of six matmuls and three convs of W taps each. The H-wide gate projections
+  // stay apart from the wide ones so that those keep sizes FP8 matmuls accept (multiples of 16).
+  auto parts = linear_cat(u, {wq->weight, wk->weight, wv->weight, wg->weight}).split_with_sizes({2 * Kg + Vg, Vg}, -1);
+  auto gate_parts = linear_cat(u, {wa->weight, wb->weight}).split_with_sizes({H_, H_}, -1);  // a, b
   auto qkv = short_conv(parts[0], torch::cat({conv_q, conv_k, conv_v}, 0), p);
   auto qkv_parts = qkv.split_with_sizes({Kg, Kg, Vg}, -1);
   auto q = l2_norm(qkv_parts[0].reshape({B, T, H_, dk_}), ft);
   auto k = l2_norm(qkv_parts[1].reshape({B, T, H_, dk_}), ft);
   auto v = qkv_parts[2].reshape({B, T, H_, dv_});
-  auto gt = gates(parts[2], parts[3], ft);
+  auto gt = gates(gate_parts[0], gate_parts[1], ft);
   auto r = use_reference ? gdr_forward_ref(q, k, v, gt.beta, gt.g, scale_, {}, p.cu_seqlens)
                          : gdr_forward_chunked(q, k, v, gt.beta, gt.g, scale_, {}, p.cu_seqlens, chunk_);
   return output(r.o, parts[1], u.scalar_type());
