@@ -11,12 +11,7 @@ make_corpus "$work/corpus/fox.txt" 200 'the quick brown fox jumps over the lazy 
 cat > "$work/run.toml" <<TOML
 name = "gui-e2e"
 [model]
-d = 64
-L = 2
-attn_heads = 2
-attn_kv_heads = 1
-attn_head_dim = 32
-ffn_hidden = 128
+$TINY_MODEL_KEYS
 [data]
 train = ["text:$work/corpus/*.txt"]
 val = 0.05

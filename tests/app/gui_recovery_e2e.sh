@@ -15,12 +15,7 @@ config() {  # config NAME DEVICES STEPS
   cat <<TOML
 name = "$1"
 [model]
-d = 64
-L = 2
-attn_heads = 2
-attn_kv_heads = 1
-attn_head_dim = 32
-ffn_hidden = 128
+$TINY_MODEL_KEYS
 [data]
 train = ["text:$work/corpus/*.txt"]
 val = 0.05

@@ -1,11 +1,6 @@
 # Sourced by the faults e2e scripts (argument 1: the deltadeck binary): a work folder removed on exit
 # (KEEP=1 keeps it), a tiny corpus, the settings of a tiny CPU run, and helpers.
-set -euo pipefail
-bin=$1
-work=$(mktemp -d)
-pids=()
-trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/../support/e2e_base.sh" "$1"
 mkdir -p "$work/corpus"
 for i in $(seq 1 300); do printf 'sphinx of black quartz, judge my vow %d\n%%\n' "$i" >> "$work/corpus/q.txt"; done
 # A tiny GPT on the CPU: a step takes ~10 ms on 2 cores, a whole run about a second.
