@@ -14,4 +14,11 @@ attn_heads = 2
 attn_kv_heads = 1
 attn_head_dim = 32
 ffn_hidden = 128'
+# run_gui RUNS_DIR CONFIG SCRIPT OUT: the app under Xvfb on a test script, its output to OUT and
+# printed; a non-zero exit fails the test.
+run_gui() {
+  xvfb-run -a -s "-screen 0 1600x1000x24" "$bin" gui --runs-dir "$1" --config "$2" --gui-test-script "$3" \
+    > "$4" 2>&1 || { local rc=$?; cat "$4"; fail "the app exited with $rc"; }
+  cat "$4"
+}
 need_xvfb() { command -v xvfb-run > /dev/null || fail "xvfb-run is missing (scripts/setup installs xvfb)"; }

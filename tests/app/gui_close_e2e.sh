@@ -36,9 +36,7 @@ eval_interval = 0
 save_interval = 5
 TOML
 app() {  # app RUNS_DIR SCRIPT OUT
-  xvfb-run -a -s "-screen 0 1600x1000x24" "$bin" gui --runs-dir "$1" --config "$work/run.toml" \
-    --gui-test-script "$2" > "$3" 2>&1 || { cat "$3"; fail "the app exited with $?"; }
-  cat "$3"
+  run_gui "$1" "$work/run.toml" "$2" "$3"
 }
 
 # ---- 1. close during a save, stop and save

@@ -89,10 +89,8 @@ stats
 quit
 SCRIPT
 start=$(date +%s)
-xvfb-run -a -s "-screen 0 1600x1000x24" "$bin" gui --runs-dir "$work/runs" --config "$work/run.toml" \
-  --gui-test-script "$work/script.txt" > "$work/gui.out" 2>&1 || { cat "$work/gui.out"; fail "the app exited with $?"; }
+run_gui "$work/runs" "$work/run.toml" "$work/script.txt" "$work/gui.out"
 echo "app ran $(( $(date +%s) - start )) s"
-cat "$work/gui.out"
 for shot in live runs compare resumed; do
   grep -q "^screenshot $work/$shot.png 1440x900" "$work/gui.out" || fail "no $shot screenshot"
 done

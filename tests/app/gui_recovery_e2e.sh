@@ -34,9 +34,7 @@ threads = 1
 TOML
 }
 app() {  # app CONFIG SCRIPT OUT
-  xvfb-run -a -s "-screen 0 1600x1000x24" "$bin" gui --runs-dir "$work/runs" --config "$1" \
-    --gui-test-script "$2" > "$3" 2>&1 || { cat "$3"; fail "the app exited with $?"; }
-  cat "$3"
+  run_gui "$work/runs" "$1" "$2" "$3"
 }
 
 # ---- 1. a failure, the GPU blocked, a resume in a new process

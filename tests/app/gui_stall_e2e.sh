@@ -38,9 +38,7 @@ wait_end 240
 stats
 quit
 SCRIPT
-xvfb-run -a -s "-screen 0 1600x1000x24" "$bin" gui --runs-dir "$work/runs" --config "$work/run.toml" \
-  --gui-test-script "$work/script.txt" > "$work/gui.out" 2>&1 || { cat "$work/gui.out"; fail "the app exited with $?"; }
-cat "$work/gui.out"
+run_gui "$work/runs" "$work/run.toml" "$work/script.txt" "$work/gui.out"
 
 db="$work/runs/deltadeck.db"
 [ "$(sqlite3 "$db" "SELECT status FROM runs WHERE name='stall'")" = finished ] || fail "run not finished"
