@@ -23,13 +23,25 @@ AdamW::AdamW(std::vector<std::pair<std::string, at::Tensor>> named_params, std::
                                     params_.front().second.device().str() + " like the others");
       step_counts_.push_back(torch::zeros({}, p.options()));
     }
+    lr_device_ = torch::zeros({}, params_.front().second.options());
   }
 }
 
 void AdamW::step(double lr) {
-  torch::NoGradGuard no_grad;
+  begin_step(lr);
+  update();
+}
+
+void AdamW::begin_step(double lr) {
   ++steps_;
-  if (fused_) return fused_step(lr);
+  lr_ = lr;
+  if (fused_) lr_device_.fill_(lr);
+}
+
+void AdamW::update() {
+  torch::NoGradGuard no_grad;
+  if (fused_) return fused_update();
+  const double lr = lr_;
   const double bc1 = 1.0 - std::pow(opt_.beta1, static_cast<double>(steps_));
   const double bc2 = 1.0 - std::pow(opt_.beta2, static_cast<double>(steps_));
   const double step_size = lr / bc1;
@@ -48,8 +60,9 @@ void AdamW::step(double lr) {
 }
 
 // torch.optim.AdamW(fused=True): one multi-tensor kernel per weight-decay group. The kernel reads
-// the per-tensor step counts (bias correction) after we advance them.
-void AdamW::fused_step(double lr) {
+// the per-tensor step counts (bias correction) after we advance them, and the lr from the device,
+// so a replayed graph of this update follows the schedule.
+void AdamW::fused_update() {
   for (bool with_decay : {true, false}) {
     std::vector<at::Tensor> p, g, m, v, steps;
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -63,7 +76,7 @@ void AdamW::fused_step(double lr) {
     }
     if (p.empty()) continue;
     at::_foreach_add_(steps, 1.0);
-    at::_fused_adamw_(p, g, m, v, {}, steps, lr, opt_.beta1, opt_.beta2, with_decay ? opt_.weight_decay : 0.0,
+    at::_fused_adamw_(p, g, m, v, {}, steps, lr_device_, opt_.beta1, opt_.beta2, with_decay ? opt_.weight_decay : 0.0,
                       opt_.eps, /*amsgrad=*/false, /*maximize=*/false);
   }
 }

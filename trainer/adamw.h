@@ -22,8 +22,13 @@ class AdamW {
   // named_params: (name, parameter) pairs; decay[i] says whether parameter i gets weight decay.
   AdamW(std::vector<std::pair<std::string, at::Tensor>> named_params, std::vector<bool> decay, AdamWOptions opt);
   // One update with learning rate lr from the parameters' current .grad(); parameters without a
-  // grad are skipped. Worker thread only.
+  // grad are skipped. Worker thread only. The same as begin_step(lr) then update().
   void step(double lr);
+  // The two halves of step(), for a step captured as a CUDA graph: begin_step counts the step and
+  // writes lr where the update reads it (on a GPU, a device scalar), every step outside the graph;
+  // update() launches the update itself, the part a graph records and replays.
+  void begin_step(double lr);
+  void update();
   void zero_grad();
   int64_t steps_taken() const { return steps_; }
   // "exp_avg.<name>" and "exp_avg_sq.<name>" for every parameter, for checkpoints.
@@ -35,11 +40,13 @@ class AdamW {
  private:
   std::vector<std::pair<std::string, at::Tensor>> params_;
   std::vector<bool> decay_;
-  void fused_step(double lr);
+  void fused_update();
 
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
   bool fused_ = false;                 // CUDA parameters: the fused kernel
   std::vector<at::Tensor> step_counts_;  // fused path: per-parameter step counts on the device
+  at::Tensor lr_device_;                 // fused path: fp32 scalar the kernel reads the lr from
+  double lr_ = 0;                        // the lr of the current step (begin_step)
   AdamWOptions opt_;
   int64_t steps_ = 0;
 };

@@ -78,6 +78,13 @@ struct TrainConfig {
   double spike_zscore = 6.0;             // 0 turns detection off
   int64_t spike_window = 100;
   std::string spike_action = "flag";     // flag | skip
+  // The training step (forward, backward, clipping, AdamW, EMA) captured once as a CUDA graph and
+  // replayed, which removes the host's kernel launches from every step:
+  //   auto  when the run allows it (one GPU, fixed-shape batches, no loss scaling, AdamW, no MoE;
+  //         trainer/step_graph_policy.h), else the step runs eagerly and the log says why;
+  //   on    the same, but a run that does not allow it fails at start naming the reason;
+  //   off   never.
+  std::string cuda_graph = "auto";
 };
 
 // [run]

@@ -134,6 +134,7 @@ const std::vector<Field>& fields() {
       DD_CONFIG_FIELD("train", "spike_zscore", train.spike_zscore),
       DD_CONFIG_FIELD("train", "spike_window", train.spike_window),
       DD_CONFIG_FIELD("train", "spike_action", train.spike_action),
+      DD_CONFIG_FIELD("train", "cuda_graph", train.cuda_graph),
 
       DD_CONFIG_FIELD("run", "devices", run.devices),
       DD_CONFIG_FIELD("run", "runs_dir", run.runs_dir),
@@ -720,6 +721,7 @@ std::vector<std::string> validate(const RunConfig& c) {
   k.one_of("train.schedule", t.schedule, {"cosine", "wsd", "constant"});
   k.positive("train.muon_lr", t.muon_lr);
   k.one_of("train.loss_scaling", t.loss_scaling, {"auto", "dynamic", "off"});
+  k.one_of("train.cuda_graph", t.cuda_graph, {"auto", "on", "off"});
   k.positive("train.loss_scale_init", t.loss_scale_init);
   k.at_least("train.loss_scale_growth_interval", t.loss_scale_growth_interval, 1);
   k.at_least("train.warmup_steps", t.warmup_steps, 0);

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <deque>
 #include <mutex>
@@ -43,6 +44,8 @@
 #include "trainer/fault_inject.h"
 #include "trainer/grad_buckets.h"
 #include "trainer/resume_check.h"
+#include "trainer/step_graph.h"
+#include "trainer/step_graph_policy.h"
 #include "trainer/step_guard.h"
 #include "trainer/step_profile.h"
 #include "trainer/zero1.h"
@@ -197,6 +200,16 @@ class TrainLoop {
                       cfg_.train.spike_action == "skip";
     if (cfg_.train.ema_decay > 0) ema_ = std::make_unique<Ema>(params_, cfg_.train.ema_decay);
     if (!opts_.resume_from.empty()) restore(resume, opts_.resume_from);
+    const std::string graph_blocker =
+        step_graph_blocker(cfg_, StepGraphFacts{device_.is_cuda(), world, scaler_->enabled(), decide_in_step_,
+                                                std::getenv("DELTADECK_FAULT") != nullptr});
+    if (graph_blocker.empty()) {
+      graph_ = std::make_unique<StepGraph>(device_.index());
+    } else if (cfg_.train.cuda_graph == "on") {
+      throw std::runtime_error("train.cuda_graph = \"on\", but the step cannot be captured: " + graph_blocker);
+    } else if (device_.is_cuda() && cfg_.train.cuda_graph == "auto") {
+      log("info", "CUDA graph step off: " + graph_blocker);
+    }
     loader_state_ = loader_state;
 
     int64_t n_params = 0;
@@ -346,6 +359,7 @@ class TrainLoop {
   // One optimizer step. Its loss, aux loss and grad norm are queued to the host (StepValues) and
   // read by settle_step_values, at the latest one step later.
   void train_step() {
+    if (graph_mode()) return train_step_graphed();
     fault_point("step", comm_.rank(), step_);
     const auto t0 = Clock::now();
     const double lr = lr_at(cfg_.train, step_);
@@ -449,6 +463,112 @@ class TrainLoop {
     step_time_s_ = t_prev_step_ == Clock::time_point{} ? seconds_since(t0) : seconds_since(t_prev_step_);
     t_prev_step_ = Clock::now();
     queue_step_values(torch::cat({losses.to(torch::kFloat64), grad_norm.to(losses.device()).reshape({1})}));
+  }
+
+  // ---- The step as a CUDA graph (train.cuda_graph; the run allows it, see run()) ----
+  // Each step the host takes the batches into fixed device tensors and the learning rate into the
+  // optimizers; the device work then runs eagerly on the graph's stream for kGraphWarmupSteps steps,
+  // is captured at the next one, and is replayed from then on. If the capture fails under "auto",
+  // the same device work runs eagerly for the rest of the run and the log says why.
+  static constexpr int64_t kGraphWarmupSteps = 2;
+
+  bool graph_mode() const { return graph_ != nullptr || graph_fallback_; }
+
+  void train_step_graphed() {
+    const int rank = comm_.rank();
+    fault_point("step", rank, step_);
+    const auto t0 = Clock::now();
+    const double lr = lr_at(cfg_.train, step_);
+    const int64_t number = step_ + 1;
+    double wait_s = 0;
+    int64_t pieces = 0, rows = 0, step_tokens = 0;
+    for (int64_t micro = 0; micro < cfg_.train.grad_accum; ++micro) {
+      data::Batch b = loader_->next(&wait_s);
+      take_into_graph_inputs(b, micro);
+      pieces += b.pieces;
+      rows += b.inputs.size(0);
+      step_tokens += b.inputs.numel();
+      loader_state_ = std::move(b.state_after);
+    }
+    data_wait_s_ = wait_s;
+    docs_per_row_ = static_cast<double>(pieces) / static_cast<double>(std::max<int64_t>(1, rows));
+    opt_->begin_step(lr);
+    if (opt_hidden_) opt_hidden_->begin_step(lr * hidden_lr_mult_);
+    if (graph_ && graph_->captured()) {
+      graph_->replay();
+    } else if (graph_ && graph_warmups_ < kGraphWarmupSteps) {
+      graph_->run_on_graph_stream([&] {
+        graph_values_ = step_device_work();
+        model_->zero_grad();
+      });
+      ++graph_warmups_;
+    } else if (graph_) {
+      try {
+        model_->zero_grad();  // the captured backward then writes every gradient, never adds to one
+        graph_->capture([&] { graph_values_ = step_device_work(); });
+        log("info", "CUDA graph: step " + std::to_string(number) + " captured; every step from here replays it");
+        graph_->replay();
+      } catch (const std::exception& e) {
+        if (cfg_.train.cuda_graph == "on") throw std::runtime_error(std::string("CUDA graph capture failed: ") + e.what());
+        log("warn", std::string("CUDA graph capture failed, the step runs eagerly: ") + e.what());
+        graph_.reset();
+        graph_fallback_ = true;
+        model_->zero_grad();
+      }
+    }
+    if (!graph_) {
+      graph_values_ = step_device_work();
+      model_->zero_grad();
+    }
+    ++step_;
+    tokens_ += step_tokens;
+    lr_ = lr;
+    step_time_s_ = t_prev_step_ == Clock::time_point{} ? seconds_since(t0) : seconds_since(t_prev_step_);
+    t_prev_step_ = Clock::now();
+    queue_step_values(graph_values_);
+  }
+
+  // Copies batch `micro` into the fixed input tensors the graph reads (allocated at the first batch).
+  void take_into_graph_inputs(const data::Batch& b, int64_t micro) {
+    if (graph_inputs_.size() <= static_cast<size_t>(micro)) {
+      graph_inputs_.push_back(torch::empty(b.inputs.sizes(), b.inputs.options().device(device_).pinned_memory(false)));
+      graph_labels_.push_back(torch::empty(b.labels.sizes(), b.labels.options().device(device_).pinned_memory(false)));
+    }
+    auto& in = graph_inputs_[static_cast<size_t>(micro)];
+    if (b.inputs.sizes() != in.sizes() || b.cu_seqlens.defined())
+      throw std::runtime_error("CUDA graph step: batch " + std::to_string(micro) + " has shape " +
+                               c10::str(b.inputs.sizes()) + (b.cu_seqlens.defined() ? " with document boundaries" : "") +
+                               ", the captured step takes " + c10::str(in.sizes()) + " (set train.cuda_graph = \"off\")");
+    in.copy_(b.inputs, /*non_blocking=*/true);
+    graph_labels_[static_cast<size_t>(micro)].copy_(b.labels, /*non_blocking=*/true);
+  }
+
+  // Everything a step does on the device, from the fixed inputs: forward and backward of every
+  // micro-batch, the grad norm and clipping, the updates (at the lr begin_step wrote), the EMA.
+  // Returns [loss, aux loss, grad norm] (fp64). No host synchronisation and no host decision.
+  at::Tensor step_device_work() {
+    const double accum = static_cast<double>(cfg_.train.grad_accum);
+    at::Tensor loss_sum, aux_sum;
+    for (size_t micro = 0; micro < graph_inputs_.size(); ++micro) {
+      model::LossParts parts;
+      {
+        ForwardPrecision precision(cfg_.train.precision, device_);
+        parts = model_->loss_parts(graph_inputs_[micro], graph_labels_[micro], {});
+      }
+      (parts.total / accum).backward();
+      auto ce = parts.ce.detach().to(torch::kFloat64) / accum;
+      auto aux = parts.aux.detach().to(device_, torch::kFloat64) / accum;
+      loss_sum = loss_sum.defined() ? loss_sum + ce : ce;
+      aux_sum = aux_sum.defined() ? aux_sum + aux : aux;
+    }
+    std::vector<torch::Tensor> grads_of;
+    for (auto& [n, p] : params_) grads_of.push_back(p);
+    const double max_norm = cfg_.train.grad_clip > 0 ? cfg_.train.grad_clip : INFINITY;
+    auto grad_norm = clip_grad_norm_async(grads_of, max_norm);
+    opt_->update();
+    if (opt_hidden_) opt_hidden_->update();
+    if (ema_) ema_->update();
+    return torch::stack({loss_sum.reshape({}), aux_sum.reshape({}), grad_norm.to(torch::kFloat64).reshape({})});
   }
 
   // Starts or stops the step profiler (bench train --profile) at its step boundaries, with the device
@@ -601,7 +721,10 @@ class TrainLoop {
       const DeviceMemory mem = device_memory(device_, /*reset_peak=*/true);
       m.values.emplace_back("mem_allocated_gib", mem.allocated_gib);
       m.values.emplace_back("mem_reserved_gib", mem.reserved_gib);
-      m.values.emplace_back("mem_peak_gib", mem.peak_gib);
+      // A replayed graph's activations sit idle in its pool between replays (reserved, not allocated).
+      const double graph_idle_gib =
+          graph_ ? static_cast<double>(graph_->pool_idle_bytes()) / (1024.0 * 1024.0 * 1024.0) : 0.0;
+      m.values.emplace_back("mem_peak_gib", mem.peak_gib + graph_idle_gib);
     }
     if (cfg_.train.precision == "fp8")
       m.values.emplace_back("fp8_saturations", static_cast<double>(model::take_fp8_saturations(device_)));
@@ -841,6 +964,11 @@ class TrainLoop {
   std::unique_ptr<Muon> muon_;          // optimizer = "muon": the hidden matrices
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<Ema> ema_;            // ema_decay > 0
+  std::unique_ptr<StepGraph> graph_;    // the step as a CUDA graph (train.cuda_graph), until a capture fails
+  bool graph_fallback_ = false;         // a capture failed: the graph path's device work runs eagerly
+  int64_t graph_warmups_ = 0;           // eager steps on the graph's stream before the capture
+  std::vector<at::Tensor> graph_inputs_, graph_labels_;  // fixed device tensors, one per micro-batch
+  at::Tensor graph_values_;             // [loss, aux, grad norm] of the latest step (the graph's output)
   StepGuard guard_;                     // non-finite steps, spikes, skips in a row (checkpointed)
   bool decide_in_step_ = false;         // StepGuard judges before the update (see run())
   bool nonfinite_skips_ = false;        // train.nonfinite resolved: skip (true) or fail

@@ -189,3 +189,18 @@ TEST(TrainOptions, TelemetryMetricNames) {
                 samples[0].sm_clock_mhz);
   }
 }
+
+// train.cuda_graph = "on" where the step cannot be captured (here: the CPU) fails the run before its
+// first step, naming the key and the reason; "auto" trains eagerly.
+TEST(TrainOptions, CudaGraphOnFailsWhereTheStepCannotBeCaptured) {
+  TempDir dir;
+  auto cfg = make_config(dir, 3, {"train.cuda_graph=\"on\"", "train.warmup_steps=1"});
+  auto r = run(cfg, dir.path() + "/on");
+  EXPECT_EQ(r.ended.status, trainer::RunStatus::Failed);
+  EXPECT_NE(r.ended.message.find("train.cuda_graph"), std::string::npos) << r.ended.message;
+  EXPECT_NE(r.ended.message.find("CPU"), std::string::npos) << r.ended.message;
+  EXPECT_TRUE(r.losses.empty());
+  auto ok = run(make_config(dir, 3, {"train.cuda_graph=\"auto\"", "train.warmup_steps=1"}), dir.path() + "/auto");
+  EXPECT_EQ(ok.ended.status, trainer::RunStatus::Finished) << ok.ended.message;
+  EXPECT_EQ(ok.losses.size(), 3u);
+}

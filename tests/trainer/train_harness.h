@@ -58,6 +58,7 @@ struct RunResult {
   std::vector<double> val_losses;
   std::map<std::string, std::vector<double>> metrics;  // every value by key, in order
   std::vector<std::string> checkpoints;
+  std::vector<std::string> logs;  // "level: text" of every log event
   trainer::EndedEvent ended;
 };
 
@@ -78,6 +79,8 @@ inline RunResult run(const trainer::RunConfig& cfg, const std::string& run_dir, 
         s.send(trainer::Command::Stop);
         stop_sent = true;
       }
+    } else if (auto* l = std::get_if<trainer::LogEvent>(&*ev)) {
+      r.logs.push_back(l->level + ": " + l->text);
     } else if (auto* c = std::get_if<trainer::CheckpointEvent>(&*ev)) {
       r.checkpoints.push_back(c->path);
     } else if (auto* e = std::get_if<trainer::EndedEvent>(&*ev)) {

@@ -1,0 +1,27 @@
+#include "trainer/step_graph_policy.h"
+
+namespace trainer {
+
+std::string step_graph_blocker(const RunConfig& cfg, const StepGraphFacts& f) {
+  if (cfg.train.cuda_graph == "off") return "train.cuda_graph is \"off\"";
+  if (!f.cuda) return "the run trains on the CPU";
+  if (f.world > 1)
+    return "the run has " + std::to_string(f.world) + " ranks (its gradient all-reduce runs outside a graph)";
+  if (f.loss_scaling)
+    return "dynamic loss scaling is on (train.precision \"" + cfg.train.precision +
+           "\" or train.loss_scaling): it decides each step's skip on the host";
+  if (f.decide_in_step)
+    return "train.nonfinite or train.spike_action is \"skip\": the skip is decided on the host inside the step";
+  if (cfg.train.optimizer != "adamw")
+    return "train.optimizer is \"" + cfg.train.optimizer + "\" (only AdamW takes its learning rate from the device)";
+  if (cfg.train.phases.size() > 1) return "train.phases changes the batch shape during the run";
+  if (cfg.data.document_attention)
+    return "data.document_attention is on: packed batches plan their documents on the host every step "
+           "(data.document_attention = false gives fixed-shape batches)";
+  if (cfg.model.moe_experts > 0)
+    return "model.moe_experts > 0: the experts' token counts are read on the host every step";
+  if (f.faults_armed) return "DELTADECK_FAULT is set";
+  return "";
+}
+
+}  // namespace trainer
