@@ -84,6 +84,11 @@ LossParts DecoderLMImpl::loss_parts(const torch::Tensor& tokens, const torch::Te
   TORCH_CHECK(tokens.dim() == 2, "model: expected tokens [B,T], got ", tokens.sizes());
   auto p = cu_seqlens.defined() ? packed_positions(cu_seqlens, tokens.size(0), tokens.size(1), tokens.device())
                                 : dense_positions(tokens.size(0), tokens.size(1), tokens.device());
+  return loss_parts_at(tokens, targets, p);
+}
+
+LossParts DecoderLMImpl::loss_parts_at(const torch::Tensor& tokens, const torch::Tensor& targets, const Positions& p) {
+  TORCH_CHECK(tokens.dim() == 2, "model: expected tokens [B,T], got ", tokens.sizes());
   auto out = hidden(tokens, p);
   if (cfg_.loss_chunk_tokens < 0) {
     auto logits = head(out.normed);

@@ -49,6 +49,9 @@ class DecoderLMImpl : public torch::nn::Module {
   // Cross-entropy (fp32) + aux. cu_seqlens undefined for dense [B,T] batches.
   LossParts loss_parts(const torch::Tensor& tokens, const torch::Tensor& targets,
                        const torch::Tensor& cu_seqlens = {});
+  // The same at positions built by the caller (a captured CUDA-graph step keeps them in fixed
+  // device tensors, see trainer/step_graph.h).
+  LossParts loss_parts_at(const torch::Tensor& tokens, const torch::Tensor& targets, const Positions& p);
   torch::Tensor loss(const torch::Tensor& tokens, const torch::Tensor& targets);
 
   // Token-by-token decoding: tokens [B,1] -> logits [B,1,V]; each layer's cache grows by one

@@ -135,6 +135,7 @@ const std::vector<Field>& fields() {
       DD_CONFIG_FIELD("train", "spike_window", train.spike_window),
       DD_CONFIG_FIELD("train", "spike_action", train.spike_action),
       DD_CONFIG_FIELD("train", "cuda_graph", train.cuda_graph),
+      DD_CONFIG_FIELD("train", "cuda_graph_pieces", train.cuda_graph_pieces),
 
       DD_CONFIG_FIELD("run", "devices", run.devices),
       DD_CONFIG_FIELD("run", "runs_dir", run.runs_dir),
@@ -722,6 +723,10 @@ std::vector<std::string> validate(const RunConfig& c) {
   k.positive("train.muon_lr", t.muon_lr);
   k.one_of("train.loss_scaling", t.loss_scaling, {"auto", "dynamic", "off"});
   k.one_of("train.cuda_graph", t.cuda_graph, {"auto", "on", "off"});
+  if (t.cuda_graph_pieces != 0 && t.cuda_graph_pieces < t.batch_size)
+    k.fail("train.cuda_graph_pieces", "must be 0 (automatic) or at least train.batch_size = " +
+                                          std::to_string(t.batch_size) + " (one piece per row), got " +
+                                          std::to_string(t.cuda_graph_pieces));
   k.positive("train.loss_scale_init", t.loss_scale_init);
   k.at_least("train.loss_scale_growth_interval", t.loss_scale_growth_interval, 1);
   k.at_least("train.warmup_steps", t.warmup_steps, 0);

@@ -15,9 +15,10 @@ std::string step_graph_blocker(const RunConfig& cfg, const StepGraphFacts& f) {
   if (cfg.train.optimizer != "adamw")
     return "train.optimizer is \"" + cfg.train.optimizer + "\" (only AdamW takes its learning rate from the device)";
   if (cfg.train.phases.size() > 1) return "train.phases changes the batch shape during the run";
-  if (cfg.data.document_attention)
-    return "data.document_attention is on: packed batches plan their documents on the host every step "
-           "(data.document_attention = false gives fixed-shape batches)";
+  if (cfg.data.document_attention && cfg.model.pattern.find('G') != std::string::npos)
+    return "data.document_attention is on and model.pattern has Gated DeltaNet layers (G), whose "
+           "per-document chunk plan is made on the host every step (data.document_attention = false "
+           "gives fixed-shape batches)";
   if (cfg.model.moe_experts > 0)
     return "model.moe_experts > 0: the experts' token counts are read on the host every step";
   if (f.faults_armed) return "DELTADECK_FAULT is set";

@@ -1,6 +1,7 @@
 // When the training step may run as a captured CUDA graph (train.cuda_graph, trainer/step_graph.h).
 // A graph replays the kernels and the device addresses it recorded, so every step must have the
-// same shapes and make no decision on the host between its kernels. Torch-free, so the rules are
+// same shapes and make no decision on the host between its kernels. Packed batches qualify for
+// attention-only models (their cu_seqlens are padded to a fixed length, trainer/graph_inputs.h). Torch-free, so the rules are
 // tested on any machine (tests/trainer/test_config.cpp).
 #pragma once
 

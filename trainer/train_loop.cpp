@@ -43,6 +43,7 @@
 #include "trainer/precision.h"
 #include "trainer/fault_inject.h"
 #include "trainer/grad_buckets.h"
+#include "trainer/graph_inputs.h"
 #include "trainer/resume_check.h"
 #include "trainer/step_graph.h"
 #include "trainer/step_graph_policy.h"
@@ -466,10 +467,12 @@ class TrainLoop {
   }
 
   // ---- The step as a CUDA graph (train.cuda_graph; the run allows it, see run()) ----
-  // Each step the host takes the batches into fixed device tensors and the learning rate into the
-  // optimizers; the device work then runs eagerly on the graph's stream for kGraphWarmupSteps steps,
-  // is captured at the next one, and is replayed from then on. If the capture fails under "auto",
-  // the same device work runs eagerly for the rest of the run and the log says why.
+  // Each step the host copies the batches into fixed device tensors (GraphInputs) and the learning
+  // rate into the optimizers; the device work then runs on the graph's stream for kGraphWarmupSteps
+  // steps, is captured at the next one, and is replayed from then on. A packed batch with more
+  // document pieces than the inputs have room for runs eagerly at its exact positions (that step
+  // only). If the capture fails under "auto", the device work runs eagerly for the rest of the run
+  // and the log says why.
   static constexpr int64_t kGraphWarmupSteps = 2;
 
   bool graph_mode() const { return graph_ != nullptr || graph_fallback_; }
@@ -482,9 +485,29 @@ class TrainLoop {
     const int64_t number = step_ + 1;
     double wait_s = 0;
     int64_t pieces = 0, rows = 0, step_tokens = 0;
+    // Positions per micro-batch: the fixed ones, or a batch's own where it did not fit.
+    std::vector<model::Positions> own_positions(static_cast<size_t>(cfg_.train.grad_accum));
+    bool all_fit = true;
     for (int64_t micro = 0; micro < cfg_.train.grad_accum; ++micro) {
       data::Batch b = loader_->next(&wait_s);
-      take_into_graph_inputs(b, micro);
+      if (graph_inputs_.size() <= static_cast<size_t>(micro)) {
+        const int64_t B = b.inputs.size(0), T = b.inputs.size(1);
+        const int64_t room = cfg_.train.cuda_graph_pieces > 0 ? std::max(B, cfg_.train.cuda_graph_pieces)
+                                                              : graph_piece_room(B, b.pieces);
+        graph_inputs_.push_back(std::make_unique<GraphInputs>(B, T, b.cu_seqlens.defined(), room, device_));
+      }
+      if (!graph_inputs_[static_cast<size_t>(micro)]->take(b)) {
+        all_fit = false;
+        own_positions[static_cast<size_t>(micro)] =
+            model::packed_positions(b.cu_seqlens, b.inputs.size(0), b.inputs.size(1), device_);
+        if (!graph_overflow_logged_) {
+          log("info", "CUDA graph: step " + std::to_string(number) + " has " + std::to_string(b.pieces) +
+                          " document pieces in a micro-batch, more than the captured step's room for " +
+                          std::to_string(graph_inputs_[static_cast<size_t>(micro)]->max_pieces()) +
+                          "; such steps run eagerly (logged once)");
+          graph_overflow_logged_ = true;
+        }
+      }
       pieces += b.pieces;
       rows += b.inputs.size(0);
       step_tokens += b.inputs.numel();
@@ -494,66 +517,64 @@ class TrainLoop {
     docs_per_row_ = static_cast<double>(pieces) / static_cast<double>(std::max<int64_t>(1, rows));
     opt_->begin_step(lr);
     if (opt_hidden_) opt_hidden_->begin_step(lr * hidden_lr_mult_);
-    if (graph_ && graph_->captured()) {
+    at::Tensor values;
+    if (!all_fit || !graph_) {
+      values = step_eagerly(own_positions);
+    } else if (graph_->captured()) {
       graph_->replay();
-    } else if (graph_ && graph_warmups_ < kGraphWarmupSteps) {
-      graph_->run_on_graph_stream([&] {
-        graph_values_ = step_device_work();
-        model_->zero_grad();
-      });
+      values = graph_out_;
+    } else if (graph_warmups_ < kGraphWarmupSteps) {
+      graph_->run_on_graph_stream([&] { values = step_eagerly(own_positions); });
       ++graph_warmups_;
-    } else if (graph_) {
+    } else {
       try {
         model_->zero_grad();  // the captured backward then writes every gradient, never adds to one
-        graph_->capture([&] { graph_values_ = step_device_work(); });
+        graph_->capture([&] { graph_out_ = step_device_work(own_positions); });
+        for (auto& [n, p] : params_) graph_grads_.push_back(p.grad());
         log("info", "CUDA graph: step " + std::to_string(number) + " captured; every step from here replays it");
         graph_->replay();
+        values = graph_out_;
       } catch (const std::exception& e) {
         if (cfg_.train.cuda_graph == "on") throw std::runtime_error(std::string("CUDA graph capture failed: ") + e.what());
         log("warn", std::string("CUDA graph capture failed, the step runs eagerly: ") + e.what());
         graph_.reset();
         graph_fallback_ = true;
+        graph_grads_.clear();
         model_->zero_grad();
+        values = step_eagerly(own_positions);
       }
-    }
-    if (!graph_) {
-      graph_values_ = step_device_work();
-      model_->zero_grad();
     }
     ++step_;
     tokens_ += step_tokens;
     lr_ = lr;
     step_time_s_ = t_prev_step_ == Clock::time_point{} ? seconds_since(t0) : seconds_since(t_prev_step_);
     t_prev_step_ = Clock::now();
-    queue_step_values(graph_values_);
+    queue_step_values(values);  // copied out before the next replay overwrites graph_out_
   }
 
-  // Copies batch `micro` into the fixed input tensors the graph reads (allocated at the first batch).
-  void take_into_graph_inputs(const data::Batch& b, int64_t micro) {
-    if (graph_inputs_.size() <= static_cast<size_t>(micro)) {
-      graph_inputs_.push_back(torch::empty(b.inputs.sizes(), b.inputs.options().device(device_).pinned_memory(false)));
-      graph_labels_.push_back(torch::empty(b.labels.sizes(), b.labels.options().device(device_).pinned_memory(false)));
-    }
-    auto& in = graph_inputs_[static_cast<size_t>(micro)];
-    if (b.inputs.sizes() != in.sizes() || b.cu_seqlens.defined())
-      throw std::runtime_error("CUDA graph step: batch " + std::to_string(micro) + " has shape " +
-                               c10::str(b.inputs.sizes()) + (b.cu_seqlens.defined() ? " with document boundaries" : "") +
-                               ", the captured step takes " + c10::str(in.sizes()) + " (set train.cuda_graph = \"off\")");
-    in.copy_(b.inputs, /*non_blocking=*/true);
-    graph_labels_[static_cast<size_t>(micro)].copy_(b.labels, /*non_blocking=*/true);
+  // The step's device work run eagerly, into fresh gradients: a captured graph's gradient tensors
+  // (its fixed addresses) are set aside for the step and put back after it.
+  at::Tensor step_eagerly(const std::vector<model::Positions>& own_positions) {
+    for (auto& [n, p] : params_) p.mutable_grad() = at::Tensor();
+    auto values = step_device_work(own_positions);
+    for (size_t i = 0; i < params_.size(); ++i) params_[i].second.mutable_grad() = i < graph_grads_.size() ? graph_grads_[i] : at::Tensor();
+    return values;
   }
 
   // Everything a step does on the device, from the fixed inputs: forward and backward of every
   // micro-batch, the grad norm and clipping, the updates (at the lr begin_step wrote), the EMA.
-  // Returns [loss, aux loss, grad norm] (fp64). No host synchronisation and no host decision.
-  at::Tensor step_device_work() {
+  // own_positions[m], where defined, replaces micro-batch m's fixed positions. Returns [loss, aux
+  // loss, grad norm] (fp64). No host synchronisation and no host decision.
+  at::Tensor step_device_work(const std::vector<model::Positions>& own_positions) {
     const double accum = static_cast<double>(cfg_.train.grad_accum);
     at::Tensor loss_sum, aux_sum;
     for (size_t micro = 0; micro < graph_inputs_.size(); ++micro) {
+      const GraphInputs& in = *graph_inputs_[micro];
+      const model::Positions& pos = own_positions[micro].pos.defined() ? own_positions[micro] : in.positions();
       model::LossParts parts;
       {
         ForwardPrecision precision(cfg_.train.precision, device_);
-        parts = model_->loss_parts(graph_inputs_[micro], graph_labels_[micro], {});
+        parts = model_->loss_parts_at(in.tokens(), in.labels(), pos);
       }
       (parts.total / accum).backward();
       auto ce = parts.ce.detach().to(torch::kFloat64) / accum;
@@ -967,8 +988,10 @@ class TrainLoop {
   std::unique_ptr<StepGraph> graph_;    // the step as a CUDA graph (train.cuda_graph), until a capture fails
   bool graph_fallback_ = false;         // a capture failed: the graph path's device work runs eagerly
   int64_t graph_warmups_ = 0;           // eager steps on the graph's stream before the capture
-  std::vector<at::Tensor> graph_inputs_, graph_labels_;  // fixed device tensors, one per micro-batch
-  at::Tensor graph_values_;             // [loss, aux, grad norm] of the latest step (the graph's output)
+  std::vector<std::unique_ptr<GraphInputs>> graph_inputs_;  // fixed device inputs, one per micro-batch
+  std::vector<at::Tensor> graph_grads_; // the captured step's gradient tensors (params_ order)
+  at::Tensor graph_out_;                // [loss, aux, grad norm], written by every replay
+  bool graph_overflow_logged_ = false;  // a batch with more pieces than the room was logged
   StepGuard guard_;                     // non-finite steps, spikes, skips in a row (checkpointed)
   bool decide_in_step_ = false;         // StepGuard judges before the update (see run())
   bool nonfinite_skips_ = false;        // train.nonfinite resolved: skip (true) or fail

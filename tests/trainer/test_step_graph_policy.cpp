@@ -14,7 +14,7 @@ using trainer::RunConfig;
 using trainer::StepGraphFacts;
 using trainer::step_graph_blocker;
 
-// A run that may be captured: one GPU, fixed-shape batches, bf16, AdamW, no MoE.
+// A run that may be captured: one GPU, fixed-shape batches, bf16, AdamW, no MoE (a GPT: pattern S).
 RunConfig graphable() {
   auto r = trainer::parse_config("[data]\ntrain = [\"text:/tmp/*.txt\"]\n", "test.toml",
                                  {"data.document_attention=false", "train.precision=\"bf16\""});
@@ -78,9 +78,15 @@ TEST(StepGraphPolicy, NamesWhatKeepsTheStepEager) {
     EXPECT_TRUE(mentions(step_graph_blocker(cfg, one_gpu()), "train.phases"));
   }
   {
+    // Packed batches: padded to a fixed shape for attention, but not for the delta rule's host plan.
     auto cfg = graphable();
     cfg.data.document_attention = true;
-    EXPECT_TRUE(mentions(step_graph_blocker(cfg, one_gpu()), "data.document_attention"));
+    EXPECT_EQ(step_graph_blocker(cfg, one_gpu()), "");
+    cfg.model.pattern = "GGA";
+    const auto why = step_graph_blocker(cfg, one_gpu());
+    EXPECT_TRUE(mentions(why, "data.document_attention") && mentions(why, "model.pattern")) << why;
+    cfg.data.document_attention = false;
+    EXPECT_EQ(step_graph_blocker(cfg, one_gpu()), "");
   }
   {
     auto cfg = graphable();
@@ -102,6 +108,12 @@ TEST(StepGraphPolicy, ConfigKeyTakesAutoOnOff) {
     EXPECT_TRUE(r.ok()) << v;
     EXPECT_EQ(r.config.train.cuda_graph, v);
   }
+  auto room = trainer::parse_config(base, "t.toml", {"train.batch_size=8", "train.cuda_graph_pieces=24"});
+  EXPECT_TRUE(room.ok());
+  EXPECT_EQ(room.config.train.cuda_graph_pieces, 24);
+  auto small = trainer::parse_config(base, "t.toml", {"train.batch_size=8", "train.cuda_graph_pieces=4"});
+  ASSERT_FALSE(small.ok());
+  EXPECT_EQ(small.errors[0].rfind("train.cuda_graph_pieces:", 0), 0u) << small.errors[0];
   auto bad = trainer::parse_config(base, "t.toml", {"train.cuda_graph=\"always\""});
   ASSERT_FALSE(bad.ok());
   bool named = false;
