@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "model/fused_rmsnorm.h"
+#include "model/fused_short_conv.h"
 #include "model/gdr.h"
 #include "model/linear.h"
 
@@ -145,7 +146,7 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& u, const Positions
   // stay apart from the wide ones so that those keep sizes FP8 matmuls accept (multiples of 16).
   auto parts = linear_cat(u, {wq->weight, wk->weight, wv->weight, wg->weight}).split_with_sizes({2 * Kg + Vg, Vg}, -1);
   auto gate_parts = linear_cat(u, {wa->weight, wb->weight}).split_with_sizes({H_, H_}, -1);  // a, b
-  auto qkv = short_conv(parts[0], torch::cat({conv_q, conv_k, conv_v}, 0), p);
+  auto qkv = fused_short_conv(parts[0], torch::cat({conv_q, conv_k, conv_v}, 0), p);
   auto qkv_parts = qkv.split_with_sizes({Kg, Kg, Vg}, -1);
   auto q = l2_norm(qkv_parts[0].reshape({B, T, H_, dk_}), ft);
   auto k = l2_norm(qkv_parts[1].reshape({B, T, H_, dk_}), ft);

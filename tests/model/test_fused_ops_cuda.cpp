@@ -14,6 +14,8 @@
 #include "model/fp8_linear.h"
 #include "model/fused_rmsnorm.h"
 #include "model/fused_rope.h"
+#include "model/fused_short_conv.h"
+#include "model/gated_deltanet.h"
 #include "model/fused_swiglu.h"
 #include "model/layers.h"
 #include "model/linear.h"
@@ -330,6 +332,51 @@ TEST(FusedOpsCuda, RopeQkNormMatchesReference) {
       if (sh.T == 700)
         std::printf("[measured] fused RoPE + QK-norm %s: y %.3g dx %.3g\n", what.c_str(), rel_norm_diff(f[0], r[0]),
                     rel_norm_diff(f[1], r[1]));
+    }
+  }
+}
+
+// The Gated DeltaNet short conv + SiLU kernel against the ATen shifted-sum reference: output, input
+// gradient and weight gradient, on a column slice of a wider tensor (as the layer feeds it), for
+// dense rows and for one packed row whose taps must stop at document starts, W = 4 and 3, odd
+// channel counts, fp32 and bf16. The reference rounds every tap's partial sum to bf16, so bf16 is
+// compared at a few bf16 steps; the kernel's weight gradient is an fp32 sum of every token.
+TEST(FusedOpsCuda, ShortConvMatchesReference) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(41);
+  struct Case {
+    int64_t B, T, C, W;
+    bool packed;
+  };
+  for (const Case c : {Case{2, 300, 333, 4, false}, Case{3, 129, 96, 3, false}, Case{1, 517, 130, 4, true}}) {
+    for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
+      auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(dt);
+      auto wide = torch::randn({c.B, c.T, c.C + 7}, opts);
+      auto w32 = torch::randn({c.C, c.W}, torch::kCUDA) * 0.5;
+      model::Positions p = model::dense_positions(c.B, c.T, torch::kCUDA);
+      if (c.packed) {
+        auto cu = torch::tensor({int64_t{0}, int64_t{1}, int64_t{40}, int64_t{42}, int64_t{300}, c.T}, torch::kInt64);
+        p = model::packed_positions(cu, c.T, torch::kCUDA);
+      }
+      auto run = [&](bool fused) {
+        auto x = wide.detach().clone().requires_grad_(true);
+        auto w = w32.detach().clone().requires_grad_(true);
+        auto xs = x.narrow(2, 3, c.C);  // unit channel stride, token stride C + 7
+        auto y = fused ? model::fused_short_conv(xs, w, p) : model::short_conv(xs, w, p);
+        auto gy = torch::ones_like(y) + torch::arange(y.numel(), opts).view(y.sizes()).remainder(7) * 0.1;
+        (y.to(torch::kFloat32) * gy.to(torch::kFloat32)).sum().backward();
+        return std::vector<torch::Tensor>{y.detach(), x.grad(), w.grad()};
+      };
+      const auto got = run(true), want = run(false);
+      const double ey = rel_norm_diff(got[0], want[0]), edx = rel_norm_diff(got[1], want[1]),
+                   edw = rel_norm_diff(got[2], want[2]);
+      std::printf("short conv B%lld T%lld C%lld W%lld %s %s: y %.1e, dx %.1e, dw %.1e\n", (long long)c.B,
+                  (long long)c.T, (long long)c.C, (long long)c.W, c.packed ? "packed" : "dense", name_of(dt), ey, edx,
+                  edw);
+      const double tol = dt == torch::kFloat32 ? 1e-5 : 2e-2;
+      EXPECT_LT(ey, tol);
+      EXPECT_LT(edx, tol);
+      EXPECT_LT(edw, tol);
     }
   }
 }

@@ -1,0 +1,27 @@
+// The Gated DeltaNet layer's causal short convolution with SiLU (MODEL.md §4), forward and backward.
+// Raw pointers, no torch. Per channel c of x [R rows, T tokens, C] (token stride ld ≥ C, unit
+// channel stride), with W taps and tap i reaching i tokens back:
+//   s[t,c] = Σ_{i<W, ok(t,i)} w[c, W−1−i] · x[t−i, c],   y = silu(s)            y [R,T,C] contiguous
+//   ok(t,i) = t − i ≥ 0 within the row, and pos[t] ≥ i when pos (the position of every token in its
+//   document, [R·T]) is given: no tap reaches into the previous document of a packed row.
+// Backward, with ds = dy · silu'(s) (s recomputed from x):
+//   dx[t,c] = Σ_{i, ok(t+i,i)} ds[t+i,c] · w[c, W−1−i]                            dx [R,T,C] contiguous
+//   dw[c, W−1−i] += Σ_t ds[t,c] · x[t−i,c] · ok(t,i)          dw fp32 [C,W], accumulated (zero it first)
+// Math in fp32; w is fp32. The reference is model/gated_deltanet.h's short_conv.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace kernels {
+
+#ifdef DD_HAVE_CUDA
+// Return the cudaError_t of the launch (0 = success). x, y, dy and dx have dtype `dt`; W ≤ 8.
+int short_conv_forward(void* y, const void* x, DType dt, const float* w, const int64_t* pos, int64_t R, int64_t T,
+                       int64_t C, int64_t ld, int W, void* stream);
+int short_conv_backward(void* dx, float* dw, const void* dy, const void* x, DType dt, const float* w,
+                        const int64_t* pos, int64_t R, int64_t T, int64_t C, int64_t ld, int W, void* stream);
+#endif
+
+}  // namespace kernels
