@@ -789,10 +789,12 @@ class TrainLoop {
     }
     model_->train();
     if (comm_.world() > 1) {
-      std::vector<at::Tensor> t{torch::tensor({sum, weight}, torch::kFloat64)};
+      // On the ranks' device: NCCL reduces only device tensors.
+      std::vector<at::Tensor> t{torch::tensor({sum, weight}, torch::kFloat64).to(device_)};
       comm_.all_reduce_sum(t, "summing the validation loss");
-      sum = t[0][0].item<double>();
-      weight = t[0][1].item<double>();
+      const auto host = t[0].to(torch::kCPU);
+      sum = host[0].item<double>();
+      weight = host[1].item<double>();
     }
     return sum / weight;
   }
