@@ -201,3 +201,19 @@ TEST(TrainerCuda, CudaGraphStepMatchesTheEagerStep) {
     EXPECT_LT(graph.losses.back(), graph.losses.front() - 1.0) << c.name << ": the replayed steps did not learn";
   }
 }
+
+// Two GPUs as two rank threads (NCCL), on a machine that has them: the run ends with its validation
+// (summed across ranks on the devices) and learns; it trains the tokens of both ranks.
+TEST(TrainerCuda, TwoGpuRunValidatesAndLearns) {
+  DD_REQUIRE_GPU();
+  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs two GPUs";
+  TempDir dir;
+  auto cfg = make_config(dir, 40, {"run.devices=\"0,1\"", "train.precision=\"bf16\"", "run.eval_interval=20"});
+  auto r = run(cfg, dir.path() + "/two");
+  ASSERT_EQ(r.ended.status, trainer::RunStatus::Finished) << r.ended.message;
+  ASSERT_GE(r.val_losses.size(), 2u);  // at step 20 and at the end
+  std::printf("2 GPUs: loss %.3f -> %.3f, val %.3f -> %.3f\n", r.losses.front(), r.losses.back(), r.val_losses.front(),
+              r.val_losses.back());
+  EXPECT_LT(r.losses.back(), r.losses.front() - 2.0);
+  EXPECT_LT(r.val_losses.back(), r.val_losses.front());
+}
