@@ -365,12 +365,11 @@ class TrainLoop {
     const auto t0 = Clock::now();
     const double lr = lr_at(cfg_.train, step_);
     at::Tensor loss_sum, aux_sum;  // on the device
-    double wait_s = 0;
-    int64_t pieces = 0, rows = 0, step_tokens = 0;
+    StepData fed;  // this step's batches, as the host counts them
     const int rank = comm_.rank();
     const int64_t number = step_ + 1;  // this step as logged and checkpointed
     for (int64_t micro = 0; micro < cfg_.train.grad_accum; ++micro) {
-      data::Batch b = loader_->next(&wait_s);
+      data::Batch b = loader_->next(&fed.wait_s);
       if (micro == 0) fault_point("forward", rank, number);
       auto parts = forward(b);
       inject_data_faults(parts, number);
@@ -383,13 +382,10 @@ class TrainLoop {
       auto aux = parts.aux.detach().to(torch::kFloat64) / static_cast<double>(cfg_.train.grad_accum);
       loss_sum = loss_sum.defined() ? loss_sum + ce : ce;
       aux_sum = aux_sum.defined() ? aux_sum + aux : aux;
-      pieces += b.pieces;
-      rows += b.inputs.size(0);
-      step_tokens += b.inputs.numel();
-      loader_state_ = std::move(b.state_after);
+      consume(b, fed);
     }
-    data_wait_s_ = wait_s;
-    docs_per_row_ = static_cast<double>(pieces) / static_cast<double>(std::max<int64_t>(1, rows));
+    record(fed);
+    int64_t step_tokens = fed.tokens;
     auto losses = torch::stack({loss_sum.reshape({}), aux_sum.to(loss_sum.device()).reshape({})});
     if (comm_.world() > 1) {
       if (buckets_) buckets_->finish();  // ZeRO-1 reduce-scatters inside its step
@@ -457,13 +453,39 @@ class TrainLoop {
     } else {
       model_->zero_grad();
     }
+    finish_step(t0, lr, step_tokens,
+                torch::cat({losses.to(torch::kFloat64), grad_norm.to(losses.device()).reshape({1})}));
+  }
+
+  // The host's account of one step's batches (its data metrics).
+  struct StepData {
+    double wait_s = 0;  // time spent waiting for batches
+    int64_t pieces = 0, rows = 0, tokens = 0;
+  };
+
+  // Counts batch b into d and moves the loader position past it.
+  void consume(data::Batch& b, StepData& d) {
+    d.pieces += b.pieces;
+    d.rows += b.inputs.size(0);
+    d.tokens += b.inputs.numel();
+    loader_state_ = std::move(b.state_after);
+  }
+
+  void record(const StepData& d) {
+    data_wait_s_ = d.wait_s;
+    docs_per_row_ = static_cast<double>(d.pieces) / static_cast<double>(std::max<int64_t>(1, d.rows));
+  }
+
+  // The bookkeeping that ends every step: counters, the step time, and its [loss, aux, grad norm]
+  // queued to the host.
+  void finish_step(Clock::time_point t0, double lr, int64_t step_tokens, const at::Tensor& values) {
     ++step_;
     tokens_ += step_tokens;
     lr_ = lr;
     // The loop's period: once the host runs a step ahead, it is the device's step time.
     step_time_s_ = t_prev_step_ == Clock::time_point{} ? seconds_since(t0) : seconds_since(t_prev_step_);
     t_prev_step_ = Clock::now();
-    queue_step_values(torch::cat({losses.to(torch::kFloat64), grad_norm.to(losses.device()).reshape({1})}));
+    queue_step_values(values);
   }
 
   // ---- The step as a CUDA graph (train.cuda_graph; the run allows it, see run()) ----
@@ -483,13 +505,12 @@ class TrainLoop {
     const auto t0 = Clock::now();
     const double lr = lr_at(cfg_.train, step_);
     const int64_t number = step_ + 1;
-    double wait_s = 0;
-    int64_t pieces = 0, rows = 0, step_tokens = 0;
+    StepData fed;  // this step's batches, as the host counts them
     // Positions per micro-batch: the fixed ones, or a batch's own where it did not fit.
     std::vector<model::Positions> own_positions(static_cast<size_t>(cfg_.train.grad_accum));
     bool all_fit = true;
     for (int64_t micro = 0; micro < cfg_.train.grad_accum; ++micro) {
-      data::Batch b = loader_->next(&wait_s);
+      data::Batch b = loader_->next(&fed.wait_s);
       if (graph_inputs_.size() <= static_cast<size_t>(micro)) {
         const int64_t B = b.inputs.size(0), T = b.inputs.size(1);
         const int64_t room = cfg_.train.cuda_graph_pieces > 0 ? std::max(B, cfg_.train.cuda_graph_pieces)
@@ -508,13 +529,9 @@ class TrainLoop {
           graph_overflow_logged_ = true;
         }
       }
-      pieces += b.pieces;
-      rows += b.inputs.size(0);
-      step_tokens += b.inputs.numel();
-      loader_state_ = std::move(b.state_after);
+      consume(b, fed);
     }
-    data_wait_s_ = wait_s;
-    docs_per_row_ = static_cast<double>(pieces) / static_cast<double>(std::max<int64_t>(1, rows));
+    record(fed);
     opt_->begin_step(lr);
     if (opt_hidden_) opt_hidden_->begin_step(lr * hidden_lr_mult_);
     at::Tensor values;
@@ -544,12 +561,7 @@ class TrainLoop {
         values = step_eagerly(own_positions);
       }
     }
-    ++step_;
-    tokens_ += step_tokens;
-    lr_ = lr;
-    step_time_s_ = t_prev_step_ == Clock::time_point{} ? seconds_since(t0) : seconds_since(t_prev_step_);
-    t_prev_step_ = Clock::now();
-    queue_step_values(values);  // copied out before the next replay overwrites graph_out_
+    finish_step(t0, lr, fed.tokens, values);  // values are copied out before the next replay overwrites graph_out_
   }
 
   // The step's device work run eagerly, into fresh gradients: a captured graph's gradient tensors
