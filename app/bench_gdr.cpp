@@ -14,7 +14,7 @@
 
 #include "app/bench_command.h"
 #include "model/gdr.h"
-#include "model/gdr_scan.h"
+#include "model/gdr_chunk_core.h"
 #include "trainer/step_profile.h"
 
 namespace app {
@@ -72,11 +72,11 @@ int bench_gdr(const BenchGdrArgs& a) {
               static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(H),
               static_cast<long long>(D), static_cast<long long>(a.chunk), a.dtype.c_str(),
               dev.is_cuda() ? "GPU" : "CPU");
-  std::printf("%-22s %12s %16s %8s\n", "scan", "forward ms", "fwd+bwd ms", "ratio");
+  std::printf("%-22s %12s %16s %8s\n", "chunk core", "forward ms", "fwd+bwd ms", "ratio");
   // The kernel runs on a GPU only; on the CPU both would be the ATen loop.
   const std::vector<bool> modes = dev.is_cuda() ? std::vector<bool>{true, false} : std::vector<bool>{false};
   for (const bool kernel : modes) {
-    model::gdr_scan_use_kernel(kernel);
+    model::gdr_use_kernels(kernel);
     auto forward = [&] {
       torch::NoGradGuard no_grad;
       model::gdr_forward_chunked(q, k, v, beta, g, scale, {}, {}, a.chunk);
@@ -90,7 +90,7 @@ int bench_gdr(const BenchGdrArgs& a) {
       out.o.backward(grad_o.to(out.o.scalar_type()));
     };
     const double both = median_ms(dev, a.repeats, fwd_bwd);
-    std::printf("%-22s %12.3f %16.3f %7.2fx\n", kernel ? "kernel (GPU fp32)" : "ATen loop", fwd, both, both / fwd);
+    std::printf("%-22s %12.3f %16.3f %7.2fx\n", kernel ? "kernels (GPU fp32)" : "ATen pieces", fwd, both, both / fwd);
     std::fflush(stdout);
     if (a.profile && kernel && dev.is_cuda()) {
       for (const bool backward : {false, true}) {
@@ -98,12 +98,12 @@ int bench_gdr(const BenchGdrArgs& a) {
         auto prof = trainer::StepProfile::start(dev.index());
         for (int r = 0; r < kRuns; ++r) backward ? fwd_bwd() : forward();
         sync(dev);
-        std::printf("\nprofile, %s (kernel scan), per run:\n%s", backward ? "forward+backward" : "forward",
+        std::printf("\nprofile, %s (kernels), per run:\n%s", backward ? "forward+backward" : "forward",
                     prof->stop("", kRuns, backward ? both : fwd).c_str());
       }
     }
   }
-  model::gdr_scan_use_kernel(true);
+  model::gdr_use_kernels(true);
   return 0;
 }
 

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/gdr_scan.h"
+#include "model/gdr_chunk_core.h"
 #include "storage/file_util.h"
 #include "trainer/config.h"
 #include "trainer/session.h"
@@ -38,7 +38,7 @@ int bench_train(const BenchTrainArgs& a) {
     std::cerr << "deltadeck: bench train: --gdr-scan: expected kernel or aten, got \"" << a.gdr_scan << "\"\n";
     return 2;
   }
-  model::gdr_scan_use_kernel(a.gdr_scan == "kernel");
+  model::gdr_use_kernels(a.gdr_scan == "kernel");
   const std::string tmp = storage::files::make_temp_dir("deltadeck-bench");
   std::vector<std::string> o = {
       "name=\"bench\"",

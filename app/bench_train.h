@@ -22,7 +22,7 @@ struct BenchTrainArgs {
   std::string json_path;                // also write the JSON object here
   bool profile = false;                 // after the timed steps, profile 3 more and print the breakdown
   std::string profile_trace;            // and save the profiler's trace here (JSON)
-  std::string gdr_scan = "kernel";      // kernel | aten: the delta rule's chunk-state scan (measures the kernel)
+  std::string gdr_scan = "kernel";      // kernel | aten: the delta rule core's CUDA kernels, or their ATen twins
 };
 
 // Returns the exit code: 0 measured, 2 bad arguments or config, 1 the run failed.

@@ -5,8 +5,9 @@
 //
 // Device note: both functions run on whatever device the inputs live on (CPU or CUDA); the only
 // host-side work is reading cu_seqlens (int64, on the CPU) to plan the chunk layout. The chunked
-// form's intra-chunk work is batched ATen ops; its sequential state scan is one CUDA kernel each
-// way on a GPU (model/gdr_scan.h), tested against the ATen loop and against gdr_forward_ref.
+// form is one op with a hand-written backward (model/gdr_chunk_core.h): cuBLAS products around
+// CUDA kernels for the gather, the gate math, the masks and the state scan on a GPU in fp32, and
+// their ATen twins elsewhere; both are tested against gdr_forward_ref.
 #pragma once
 
 #include <torch/types.h>

@@ -66,6 +66,44 @@ GdrScanResult gdr_scan_reference(const torch::Tensor& W, const torch::Tensor& U,
   return out;
 }
 
+GdrScanGrads gdr_scan_backward_reference(const torch::Tensor& W, const torch::Tensor& Kd, const torch::Tensor& decay,
+                                         const torch::Tensor& d_hin, const torch::Tensor& d_vnew,
+                                         const torch::Tensor& d_hfinal, const GdrScanPlan& plan) {
+  const int64_t H = plan.heads, dk = W.size(2), dv = d_vnew.size(2);
+  std::vector<int64_t> step_rows;
+  for (const int64_t cnt : plan.step_count) step_rows.push_back(cnt * H);
+  const auto W_m = W.split_with_sizes(step_rows, 0), Kd_m = Kd.split_with_sizes(step_rows, 0);
+  const auto decay_m = decay.view({-1, 1, 1}).split_with_sizes(step_rows, 0);
+  const auto dvn_m = d_vnew.split_with_sizes(step_rows, 0);
+  std::vector<torch::Tensor> dhin_m;
+  if (d_hin.defined()) dhin_m = d_hin.split_with_sizes(step_rows, 0);
+
+  // Walking backwards, documents join the running prefix at their last chunk, starting from their
+  // final state's gradient (rows [s·H, (s+1)·H) of d_hfinal, sorted order).
+  const size_t n_steps = plan.step_count.size();
+  std::vector<torch::Tensor> dh_next(n_steps), dU(n_steps);
+  torch::Tensor dh = torch::zeros({0, dk, dv}, W.options());
+  for (size_t m = n_steps; m-- > 0;) {
+    const int64_t rows = plan.step_count[m] * H;
+    if (dh.size(0) < rows) {
+      const int64_t have = dh.size(0);
+      auto joining = d_hfinal.defined() ? d_hfinal.narrow(0, have, rows - have)
+                                        : torch::zeros({rows - have, dk, dv}, W.options());
+      dh = torch::cat({dh, joining}, 0);
+    }
+    dh_next[m] = dh;
+    auto du = torch::baddbmm(dvn_m[m], Kd_m[m], dh);
+    dU[m] = du;
+    dh = torch::baddbmm(decay_m[m] * dh, W_m[m].transpose(1, 2), du, 1.0, -1.0);
+    if (d_hin.defined()) dh = dh + dhin_m[m];
+  }
+  GdrScanGrads out;
+  out.dh_next = n_steps == 1 ? dh_next[0] : torch::cat(dh_next, 0);
+  out.dU = n_steps == 1 ? dU[0] : torch::cat(dU, 0);
+  out.dh0 = dh;
+  return out;
+}
+
 #if defined(DD_HAVE_CUDA)
 namespace {
 
@@ -172,20 +210,41 @@ class GdrScanFn : public torch::autograd::Function<GdrScanFn> {
   }
 };
 
+bool kernel_takes(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& Kd, const torch::Tensor& decay,
+                  const torch::Tensor& h0) {
+  return g_use_kernel && W.is_cuda() && W.scalar_type() == torch::kFloat32 && U.scalar_type() == torch::kFloat32 &&
+         Kd.scalar_type() == torch::kFloat32 && decay.scalar_type() == torch::kFloat32 &&
+         (!h0.defined() || h0.scalar_type() == torch::kFloat32) && kernels::gdr_scan_supports(W.size(1), W.size(2)) &&
+         W.size(0) > 0;
+}
+
 }  // namespace
 #endif
 
 GdrScanResult gdr_scan(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& Kd,
                        const torch::Tensor& decay, const torch::Tensor& h0, const GdrScanPlan& plan) {
 #if defined(DD_HAVE_CUDA)
-  if (g_use_kernel && W.is_cuda() && W.scalar_type() == torch::kFloat32 && U.scalar_type() == torch::kFloat32 &&
-      Kd.scalar_type() == torch::kFloat32 && decay.scalar_type() == torch::kFloat32 &&
-      h0.scalar_type() == torch::kFloat32 && kernels::gdr_scan_supports(W.size(1), W.size(2)) && W.size(0) > 0) {
+  if (kernel_takes(W, U, Kd, decay, h0)) {
     auto outs = GdrScanFn::apply(W, U, Kd, decay, h0, plan);
     return {outs[0], outs[1], outs[2]};
   }
 #endif
   return gdr_scan_reference(W, U, Kd, decay, h0, plan);
+}
+
+GdrScanGrads gdr_scan_backward(const torch::Tensor& W, const torch::Tensor& Kd, const torch::Tensor& decay,
+                               const torch::Tensor& d_hin, const torch::Tensor& d_vnew, const torch::Tensor& d_hfinal,
+                               const GdrScanPlan& plan) {
+#if defined(DD_HAVE_CUDA)
+  if (kernel_takes(W, d_vnew, Kd, decay, d_hfinal)) {
+    auto dp = device_plan(plan, W.device());
+    auto outs = run_scan(d_vnew.contiguous(), Kd.contiguous(), W.contiguous(), decay.contiguous(),
+                         contiguous_or_undefined(d_hin), contiguous_or_undefined(d_hfinal), dp, plan.n_docs,
+                         plan.heads, 1.f, -1.f, true);
+    return {outs[0], outs[1], outs[2]};
+  }
+#endif
+  return gdr_scan_backward_reference(W, Kd, decay, d_hin, d_vnew, d_hfinal, plan);
 }
 
 }  // namespace model

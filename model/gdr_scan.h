@@ -36,6 +36,25 @@ GdrScanResult gdr_scan_reference(const torch::Tensor& W, const torch::Tensor& U,
 GdrScanResult gdr_scan(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& Kd,
                        const torch::Tensor& decay, const torch::Tensor& h0, const GdrScanPlan& plan);
 
+// The scan's backward without autograd, for callers with a hand-written backward
+// (model/gdr_chunk_core.h): the same scan run in reverse on the gradients,
+//   dh = dh_final;  for chunks in reverse: dh_next[r] = dh;  dU[r] = dVn[r] + Kd[r] dh;
+//                                          dh = decay[r] · dh − W[r]ᵀ dU[r] + dHin[r]
+// and dh0 is the last dh. d_hin and d_hfinal may be undefined (zero). Gradients of W, Kd and decay
+// follow from the result: dW = −dU h_inᵀ, dKd = v_new dh_nextᵀ, ddecay = Σ h_in ⊙ dh_next.
+struct GdrScanGrads {
+  torch::Tensor dh_next;  // [R, dk, dv]: gradient of the state each chunk ends in
+  torch::Tensor dU;       // [R, C, dv]
+  torch::Tensor dh0;      // [n_docs · H, dk, dv] in sorted document order
+};
+GdrScanGrads gdr_scan_backward_reference(const torch::Tensor& W, const torch::Tensor& Kd, const torch::Tensor& decay,
+                                         const torch::Tensor& d_hin, const torch::Tensor& d_vnew,
+                                         const torch::Tensor& d_hfinal, const GdrScanPlan& plan);
+// Same result; through the kernel where gdr_scan would use it.
+GdrScanGrads gdr_scan_backward(const torch::Tensor& W, const torch::Tensor& Kd, const torch::Tensor& decay,
+                               const torch::Tensor& d_hin, const torch::Tensor& d_vnew, const torch::Tensor& d_hfinal,
+                               const GdrScanPlan& plan);
+
 // Process-wide switch for benchmarks that time the kernel against the ATen loop (default on).
 void gdr_scan_use_kernel(bool on);
 

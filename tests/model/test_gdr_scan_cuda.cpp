@@ -1,18 +1,20 @@
 // The gated delta rule's CUDA pieces against their ATen references on the same GPU, outputs and
 // every input gradient: the chunk-state scan kernel (model/gdr_scan.h) on dense and ragged
 // (varlen) chunk plans, with head sizes that are not multiples of its 32-column blocks and chunk
-// sizes up to its limit; and the unit lower-triangular solve through the inverse kernel
-// (model/tril_solve.h). Fresh random inputs each run, seeded from GoogleTest's seed. Skips
+// sizes up to its limit; the unit lower-triangular solve through the inverse kernel
+// (model/tril_solve.h); and the chunk core's kernels (model/gdr_chunk_core.h). Fresh random inputs each run, seeded from GoogleTest's seed. Skips
 // without a GPU.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "model/gdr.h"
+#include "model/gdr_chunk_core.h"
 #include "model/gdr_scan.h"
 #include "model/tril_solve.h"
 #include "tests/support/torch_compare.h"
@@ -108,7 +110,17 @@ TEST(GdrScanCuda, KernelMatchesReferenceForwardAndBackward) {
       worst = std::max(worst, e);
       EXPECT_LT(e, tol) << what << ": " << names[i];
     }
-    std::printf("[gdr_scan] %s: fwd %.1e %.1e %.1e, worst grad %.1e\n", what.c_str(), e_hin, e_vn, e_fin, worst);
+    // The backward without autograd (what the chunk core's hand-written backward calls).
+    const auto bw_want = model::gdr_scan_backward_reference(W0, K0, d0, g_hin, g_vn, g_fin, plan);
+    const auto bw_got = model::gdr_scan_backward(W0, K0, d0, g_hin, g_vn, g_fin, plan);
+    const double e_bw = std::max({rel_norm_diff(bw_got.dh_next, bw_want.dh_next), rel_norm_diff(bw_got.dU, bw_want.dU),
+                                  rel_norm_diff(bw_got.dh0, bw_want.dh0)});
+    EXPECT_LT(e_bw, tol) << what << ": gdr_scan_backward";
+    // And the reference backward agrees with autograd through the reference forward.
+    EXPECT_LT(rel_norm_diff(bw_want.dU, want.grads[1]), tol) << what << ": reference dU vs autograd";
+    EXPECT_LT(rel_norm_diff(bw_want.dh0, want.grads[4]), tol) << what << ": reference dh0 vs autograd";
+    std::printf("[gdr_scan] %s: fwd %.1e %.1e %.1e, worst grad %.1e, backward-only %.1e\n", what.c_str(), e_hin, e_vn,
+                e_fin, worst, e_bw);
   }
 }
 
@@ -129,13 +141,34 @@ TEST(GdrScanCuda, ChunkedRuleWithKernelMatchesStepByStep) {
   auto cu = torch::tensor({0, 17, 150, 151, 300}, torch::kInt64);
   auto h0 = torch::randn({4, H, dk, dv}, f64) * 0.1;
   const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
-  auto want = model::gdr_forward_ref(q, k, v, beta, g, scale, h0, cu);
-  auto gpu = [](const torch::Tensor& t) { return t.to(torch::kCUDA, torch::kFloat32); };
-  auto got = model::gdr_forward_chunked(gpu(q), gpu(k), gpu(v), gpu(beta), gpu(g), scale, gpu(h0), cu, 64);
-  const double eo = rel_norm_diff(got.o, want.o), eh = rel_norm_diff(got.h, want.h);
+  // Gradients too: the chunk core's hand-written backward (with the reverse scan kernel) against
+  // autograd through the step-by-step reference, for every input and the initial state.
+  auto dO = torch::randn({1, T, H, dv}, f64), dH = torch::randn({4, H, dk, dv}, f64);
+  auto grads_of = [&](bool gpu) {
+    std::vector<torch::Tensor> in{q, k, v, beta, g, h0};
+    for (auto& t : in) t = (gpu ? t.to(torch::kCUDA, torch::kFloat32) : t.clone()).requires_grad_(true);
+    auto out = gpu ? model::gdr_forward_chunked(in[0], in[1], in[2], in[3], in[4], scale, in[5], cu, 64)
+                   : model::gdr_forward_ref(in[0], in[1], in[2], in[3], in[4], scale, in[5], cu);
+    ((out.o * dO.to(out.o.device(), out.o.scalar_type())).sum() +
+     (out.h * dH.to(out.h.device(), out.h.scalar_type())).sum())
+        .backward();
+    std::vector<torch::Tensor> res{out.o.detach().cpu(), out.h.detach().cpu()};
+    for (auto& t : in) res.push_back(t.grad().cpu());
+    return res;
+  };
+  const auto want = grads_of(false), got = grads_of(true);
+  const double eo = rel_norm_diff(got[0], want[0]), eh = rel_norm_diff(got[1], want[1]);
   std::printf("[gdr_scan] chunked (GPU fp32) vs step-by-step (CPU fp64): o %.1e h %.1e\n", eo, eh);
   EXPECT_LT(eo, 1e-5);
   EXPECT_LT(eh, 1e-5);
+  const char* names[] = {"dq", "dk", "dv", "dbeta", "dg", "dh0"};
+  double worst = 0;
+  for (size_t i = 2; i < want.size(); ++i) {
+    const double e = rel_norm_diff(got[i], want[i]);
+    worst = std::max(worst, e);
+    EXPECT_LT(e, 1e-5) << names[i - 2];
+  }
+  std::printf("[gdr_scan] chunked gradients (GPU fp32) vs step-by-step (CPU fp64): worst %.1e\n", worst);
 }
 
 // The solve's matrices as the delta rule builds them: A = β (K Kᵀ) ⊙ decay with unit-norm keys,
@@ -184,5 +217,70 @@ TEST(TrilSolveCuda, InverseKernelPathMatchesTriangularSolve) {
     auto T = model::unit_lower_inverse(A0);
     auto eye = torch::eye(sh.C, opt).expand(T.sizes());
     EXPECT_LT((torch::matmul(T, eye + A0.tril(-1)) - eye).abs().max().item<float>(), 1e-5) << what;
+  }
+}
+
+// The chunk core's CUDA kernels (gather and gate math, masks, their backward; kernels/gdr_chunk.h)
+// against its ATen pieces on the same GPU: outputs and every input gradient. Both sides compute in
+// fp32 and differ only in summation order: 1e-5 relative for fp32 inputs; with bf16 q, k, v the
+// gradients of q, k, v are rounded to bf16 on both sides, so a rounding-boundary flip of one ulp
+// (2^-8 relative) is allowed for those.
+TEST(GdrScanCuda, ChunkKernelsMatchAtenPieces) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 917);
+  struct ChunkCase {
+    int64_t B, T, H, dk, dv, C;
+    std::vector<int64_t> cu;  // empty: dense
+    bool bf16, h0;
+  };
+  const ChunkCase cases[] = {
+      {2, 150, 3, 128, 128, 64, {}, true, false},                 // the model's sizes, a ragged last chunk
+      {1, 300, 2, 36, 40, 32, {0, 17, 150, 151, 300}, false, true},  // packed; rows not multiples of 32
+      {1, 70, 1, 64, 33, 16, {}, false, true},                    // small chunks
+      {3, 64, 2, 128, 64, 64, {}, false, false},                  // one chunk per row
+  };
+  auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+  for (const ChunkCase& c : cases) {
+    const bool varlen = !c.cu.empty();
+    const int64_t n_state = varlen ? static_cast<int64_t>(c.cu.size()) - 1 : c.B;
+    auto unit = [](const torch::Tensor& x) { return x / x.norm(2, -1, true); };
+    const auto in_dt = c.bf16 ? torch::kBFloat16 : torch::kFloat32;
+    auto q0 = unit(torch::randn({c.B, c.T, c.H, c.dk}, f32)).to(in_dt);
+    auto k0 = unit(torch::randn({c.B, c.T, c.H, c.dk}, f32)).to(in_dt);
+    auto v0 = torch::randn({c.B, c.T, c.H, c.dv}, f32).to(in_dt);
+    auto beta0 = torch::sigmoid(torch::randn({c.B, c.T, c.H}, f32));
+    auto g0 = -torch::rand({c.B, c.T, c.H}, f32) * 0.5;
+    auto h00 = c.h0 ? torch::randn({n_state, c.H, c.dk, c.dv}, f32) * 0.1 : torch::Tensor();
+    auto dO = torch::randn({c.B, c.T, c.H, c.dv}, f32), dH = torch::randn({n_state, c.H, c.dk, c.dv}, f32);
+    const torch::Tensor cu = varlen ? torch::tensor(c.cu, torch::kInt64) : torch::Tensor();
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.dk));
+    auto run = [&](bool kernels) {
+      model::gdr_use_kernels(kernels);
+      std::vector<torch::Tensor> in{q0, k0, v0, beta0, g0};
+      if (c.h0) in.push_back(h00);
+      for (auto& t : in) t = t.clone().requires_grad_(true);
+      auto out = model::gdr_forward_chunked(in[0], in[1], in[2], in[3], in[4], scale, c.h0 ? in[5] : torch::Tensor(),
+                                            cu, c.C);
+      ((out.o * dO).sum() + (out.h * dH).sum()).backward();
+      std::vector<torch::Tensor> res{out.o.detach(), out.h.detach()};
+      for (auto& t : in) res.push_back(t.grad());
+      return res;
+    };
+    const auto want = run(false), got = run(true);
+    model::gdr_use_kernels(true);
+    const char* names[] = {"o", "h", "dq", "dk", "dv", "dbeta", "dg", "dh0"};
+    std::string what = "B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) +
+                       " dk=" + std::to_string(c.dk) + " dv=" + std::to_string(c.dv) + " C=" + std::to_string(c.C) +
+                       (varlen ? " packed" : "") + (c.bf16 ? " bf16" : " fp32");
+    double worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_TRUE(got[i].defined()) << what << ": " << names[i] << " missing";
+      EXPECT_EQ(got[i].scalar_type(), want[i].scalar_type()) << what << ": " << names[i];
+      const double e = rel_norm_diff(got[i], want[i]);
+      const double tol = (c.bf16 && i >= 2 && i <= 4) ? 4e-3 : 1e-5;
+      EXPECT_LT(e, tol) << what << ": " << names[i];
+      worst = std::max(worst, e);
+    }
+    std::printf("[gdr_chunk] kernels vs ATen pieces, %s: worst %.1e\n", what.c_str(), worst);
   }
 }

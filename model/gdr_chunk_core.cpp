@@ -1,0 +1,493 @@
+// Backward of the chunk-local math (notation of the header; s = scale, e = e^γ, κ = e^{γ_last − γ},
+// Qg = diag(e) Q, P = (Q Kᵀ) ⊙ D, R_w = diag(b e) K, R_u = diag(b) V):
+//   from O:      dP = s dO Vnᵀ,  dVn = s Pᵀ dO,  dQg = s dO h_inᵀ,  dh_in = s Qgᵀ dO
+//   scan:        reverse scan -> dh_next, dU, dh0;  dW = −dU h_inᵀ,  dKd = Vn dh_nextᵀ
+//   solve:       dR = Tmᵀ [dW|dU],  dA = −strict_lower(Tmᵀ ([dW|dU] [R_w|R_u]ᵀ) Tmᵀ)
+//   A, P -> K, Q, b, D:   dS = dA ⊙ b_i ⊙ D (S = K Kᵀ, symmetric),  dK ∋ (dS + dSᵀ) K,
+//                         dQ ∋ (dP ⊙ D) K,  dK ∋ (dP ⊙ D)ᵀ Q,  db ∋ Σ_j dA ⊙ S ⊙ D
+//   D -> γ:      Z = (dA ⊙ b_i S + dP ⊙ (Q Kᵀ)) ⊙ D;  dγ ∋ rowsum(Z) − colsum(Z)
+//   the rest is elementwise (R_w, R_u, Kd, decay, Qg), then dg = reverse cumsum of dγ.
+// Four pieces have a kernel and an ATen twin with the same inputs and outputs: the gather with the
+// gate math (prep), the masks, the masks' backward and the input gradients (kernels/gdr_chunk.h).
+#include "model/gdr_chunk_core.h"
+
+#include <torch/torch.h>
+
+#include <atomic>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "model/layers.h"
+#include "model/tril_solve.h"
+
+#if defined(DD_HAVE_CUDA)
+#include <c10/cuda/CUDAStream.h>
+
+#include "kernels/gdr_chunk.h"
+#include "model/kernel_dtype.h"
+#endif
+
+namespace model {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+std::atomic<bool> g_use_kernels{true};
+
+torch::Tensor col(const torch::Tensor& x) { return x.unsqueeze(-1); }  // [N,H,C] -> [N,H,C,1]
+torch::Tensor tr(const torch::Tensor& x) { return x.transpose(-1, -2); }
+// [N,H,C,d] -> [N·H, C, d]: the scan works on rows r = chunk · H + head.
+torch::Tensor rows(const torch::Tensor& x) { return x.reshape({-1, x.size(-2), x.size(-1)}); }
+
+// D[i,j] = e^{γ_i − γ_j} for i ≥ j, else 0 [N,H,C,C]. The upper triangle is masked to −inf before
+// exp: there γ_i − γ_j ≥ 0 and can overflow.
+torch::Tensor decay_mask(const torch::Tensor& gam) {
+  const int64_t C = gam.size(-1);
+  auto causal = torch::ones({C, C}, torch::TensorOptions().dtype(torch::kBool).device(gam.device())).tril();
+  return (gam.unsqueeze(-1) - gam.unsqueeze(-2)).masked_fill(causal.logical_not(), -INFINITY).exp();
+}
+
+// What a run of the op needs besides tensors: the layout's sizes, and for the kernels the chunk
+// table on the device.
+struct Ctx {
+  GdrChunkLayout l;
+  torch::ScalarType dt = torch::kFloat32;
+  bool kernels = false;
+  torch::Tensor table;  // [2, N] int32 on the device: chunk_start, chunk_len (kernels only)
+  int64_t H = 0, dk = 0, dv = 0;
+};
+
+// The gather and everything derived from the gates; see kernels/gdr_chunk.h.
+struct Prep {
+  torch::Tensor X;             // [N,H,2C,dk]: Q rows, then K rows
+  torch::Tensor Rw, Ru, Kd, Qg;  // [N,H,C,dk|dv]
+  torch::Tensor gam, b;        // [N,H,C]
+  torch::Tensor decay;         // [N,H]
+  torch::Tensor Q() const { return X.narrow(2, 0, X.size(2) / 2); }
+  torch::Tensor K() const { return X.narrow(2, X.size(2) / 2, X.size(2) / 2); }
+};
+
+Prep prep_reference(const Ctx& c, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                    const torch::Tensor& beta, const torch::Tensor& g) {
+  const int64_t C = c.l.C;
+  Prep p;
+  auto Q = gdr_gather_chunks(q, c.l, c.dt), K = gdr_gather_chunks(k, c.l, c.dt);
+  auto V = gdr_gather_chunks(v, c.l, c.dt);
+  p.b = gdr_gather_chunks(beta.unsqueeze(-1), c.l, c.dt).squeeze(-1);
+  p.gam = gdr_gather_chunks(g.unsqueeze(-1), c.l, c.dt).squeeze(-1).cumsum(-1);
+  auto e = p.gam.exp();
+  auto glast = p.gam.narrow(-1, C - 1, 1);
+  p.X = torch::cat({Q, K}, 2);
+  p.Rw = col(p.b * e) * K;
+  p.Ru = col(p.b) * V;
+  p.Kd = col((glast - p.gam).exp()) * K;
+  p.Qg = col(e) * Q;
+  p.decay = glast.exp().squeeze(-1);
+  return p;
+}
+
+// P = (Q Kᵀ) ⊙ D and A = strict_lower(diag(b) (K Kᵀ) ⊙ D) from G = X Kᵀ [N,H,2C,C].
+std::pair<torch::Tensor, torch::Tensor> masks_reference(const torch::Tensor& G, const Prep& p) {
+  const int64_t C = G.size(-1);
+  auto Dm = decay_mask(p.gam);
+  auto P = G.narrow(2, 0, C) * Dm;
+  auto A = (col(p.b) * G.narrow(2, C, C) * Dm).tril(-1);
+  return {P, A};
+}
+
+struct MasksGrads {
+  torch::Tensor dS_sym, dPm;  // [N,H,C,C]
+  torch::Tensor db_A, dgam;   // [N,H,C]
+};
+
+MasksGrads masks_backward_reference(const torch::Tensor& dA_raw, const torch::Tensor& dP_raw, const torch::Tensor& G,
+                                    const Prep& p, double s) {
+  const int64_t C = G.size(-1);
+  auto Dm = decay_mask(p.gam);
+  auto QK = G.narrow(2, 0, C), S = G.narrow(2, C, C);
+  auto dA = -dA_raw.tril(-1);
+  MasksGrads m;
+  auto dS = dA * col(p.b) * Dm;
+  m.dS_sym = dS + tr(dS);
+  m.dPm = dP_raw.defined() ? s * dP_raw * Dm : torch::zeros_like(dA);
+  auto Z = dA * col(p.b) * S * Dm + m.dPm * QK;
+  m.db_A = (dA * S * Dm).sum(-1);
+  m.dgam = Z.sum(-1) - Z.sum(-2);
+  return m;
+}
+
+struct Upstream {  // the gradients reaching the prep outputs, plus what the last step needs
+  torch::Tensor dQ_mm, dK_mm, dQg, dRw, dRu, dKd, ddecay;
+  MasksGrads m;
+};
+
+variable_list input_grads_reference(const Ctx& c, const Prep& p, const Upstream& u, const torch::Tensor& q,
+                                    const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& beta,
+                                    const torch::Tensor& g) {
+  const int64_t C = c.l.C;
+  auto e = p.gam.exp();
+  auto glast = p.gam.narrow(-1, C - 1, 1);
+  auto kappa = (glast - p.gam).exp();
+  auto Q = p.Q(), K = p.K();
+  auto V = gdr_gather_chunks(v, c.l, c.dt);
+  auto dQ = u.dQg.defined() ? u.dQ_mm + col(e) * u.dQg : u.dQ_mm;
+  auto dK = u.dK_mm + col(p.b * e) * u.dRw + col(kappa) * u.dKd;
+  auto dV = col(p.b) * u.dRu;
+  auto rw_k = (u.dRw * K).sum(-1);
+  auto db = u.m.db_A + e * rw_k + (u.dRu * V).sum(-1);
+  auto dgam = u.m.dgam + p.b * e * rw_k;
+  if (u.dQg.defined()) dgam = dgam + e * (u.dQg * Q).sum(-1);
+  auto c_kappa = kappa * (u.dKd * K).sum(-1);
+  dgam = dgam - c_kappa;
+  dgam.narrow(-1, C - 1, 1).add_(col(c_kappa.sum(-1) + u.ddecay * p.decay));
+  // γ = cumsum(g): dg_t = Σ_{i ≥ t} dγ_i.
+  auto dg = dgam.flip(-1).cumsum(-1).flip(-1);
+  auto out = [&](const torch::Tensor& x, const torch::Tensor& like) {
+    return gdr_scatter_chunks(x, c.l).to(like.scalar_type());
+  };
+  return {out(dQ, q), out(dK, k), out(dV, v), out(col(db), beta).squeeze(-1), out(col(dg), g).squeeze(-1)};
+}
+
+#if defined(DD_HAVE_CUDA)
+kernels::GdrChunkList chunk_list(const Ctx& c) {
+  kernels::GdrChunkList l;
+  l.chunk_start = c.table.data_ptr<int32_t>();
+  l.chunk_len = l.chunk_start + c.l.n_chunks;
+  l.N = c.l.n_chunks;
+  l.H = c.H;
+  l.C = c.l.C;
+  l.dk = c.dk;
+  l.dv = c.dv;
+  return l;
+}
+
+void* stream_of(const torch::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+
+// The chunk table on the device, copied once per distinct layout: a step captured as a CUDA graph
+// may not copy from pageable host memory, and dense batches repeat their layout every step.
+torch::Tensor device_table(const GdrChunkLayout& l, const torch::Device& dev) {
+  using Key = std::tuple<int, std::vector<int32_t>, std::vector<int32_t>>;
+  static std::mutex mu;
+  static std::map<Key, torch::Tensor> cache;
+  constexpr size_t kMaxTables = 64;
+  Key key{dev.index(), l.chunk_start, l.chunk_len};
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  if (cache.size() >= kMaxTables) cache.clear();
+  std::vector<int32_t> host(l.chunk_start);
+  host.insert(host.end(), l.chunk_len.begin(), l.chunk_len.end());
+  auto t = torch::from_blob(host.data(), {2, l.n_chunks}, torch::TensorOptions().dtype(torch::kInt32)).to(dev);
+  cache.emplace(std::move(key), t);
+  return t;
+}
+
+// The token-layout inputs as the kernels read them: q, k, v contiguous in one dtype, β and g fp32.
+struct KernelInputs {
+  torch::Tensor q, k, v, beta, g;
+  kernels::DType in = kernels::DType::F32;
+};
+
+KernelInputs kernel_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                           const torch::Tensor& beta, const torch::Tensor& g) {
+  KernelInputs ki;
+  auto dt = q.scalar_type();
+  if (k.scalar_type() != dt || v.scalar_type() != dt || !kernel_dtype(dt, ki.in)) {
+    dt = torch::kFloat32;
+    ki.in = kernels::DType::F32;
+  }
+  ki.q = q.to(dt).contiguous();
+  ki.k = k.to(dt).contiguous();
+  ki.v = v.to(dt).contiguous();
+  ki.beta = beta.to(torch::kFloat32).contiguous();
+  ki.g = g.to(torch::kFloat32).contiguous();
+  return ki;
+}
+
+Prep prep_kernel(const Ctx& c, const KernelInputs& ki) {
+  const int64_t N = c.l.n_chunks, H = c.H, C = c.l.C;
+  auto opt = ki.beta.options();
+  Prep p;
+  p.X = torch::empty({N, H, 2 * C, c.dk}, opt);
+  p.Rw = torch::empty({N, H, C, c.dk}, opt);
+  p.Ru = torch::empty({N, H, C, c.dv}, opt);
+  p.Kd = torch::empty({N, H, C, c.dk}, opt);
+  p.Qg = torch::empty({N, H, C, c.dk}, opt);
+  p.gam = torch::empty({N, H, C}, opt);
+  p.b = torch::empty({N, H, C}, opt);
+  p.decay = torch::empty({N, H}, opt);
+  kernels::GdrChunkPrepArgs a;
+  a.q = ki.q.data_ptr();
+  a.k = ki.k.data_ptr();
+  a.v = ki.v.data_ptr();
+  a.beta = ki.beta.data_ptr<float>();
+  a.g = ki.g.data_ptr<float>();
+  a.in = ki.in;
+  a.X = p.X.data_ptr<float>();
+  a.Rw = p.Rw.data_ptr<float>();
+  a.Ru = p.Ru.data_ptr<float>();
+  a.Kd = p.Kd.data_ptr<float>();
+  a.Qg = p.Qg.data_ptr<float>();
+  a.gam = p.gam.data_ptr<float>();
+  a.b = p.b.data_ptr<float>();
+  a.decay = p.decay.data_ptr<float>();
+  check_kernel_launch(kernels::gdr_chunk_prep_forward(chunk_list(c), a, stream_of(p.X)), "gated delta rule prep");
+  return p;
+}
+
+std::pair<torch::Tensor, torch::Tensor> masks_kernel(const Ctx& c, const torch::Tensor& G, const Prep& p) {
+  auto P = torch::empty({c.l.n_chunks, c.H, c.l.C, c.l.C}, G.options()), A = torch::empty_like(P);
+  kernels::GdrChunkMasksArgs a;
+  a.G = G.data_ptr<float>();
+  a.gam = p.gam.data_ptr<float>();
+  a.b = p.b.data_ptr<float>();
+  a.P = P.data_ptr<float>();
+  a.A = A.data_ptr<float>();
+  check_kernel_launch(kernels::gdr_chunk_masks_forward(chunk_list(c), a, stream_of(G)), "gated delta rule masks");
+  return {P, A};
+}
+
+MasksGrads masks_backward_kernel(const Ctx& c, const torch::Tensor& dA_raw, const torch::Tensor& dP_raw,
+                                 const torch::Tensor& G, const Prep& p, double s) {
+  MasksGrads m;
+  auto dA = dA_raw.contiguous();
+  auto dP = dP_raw.defined() ? dP_raw.contiguous() : dP_raw;
+  m.dS_sym = torch::empty_like(dA);
+  m.dPm = torch::empty_like(dA);
+  m.db_A = torch::empty_like(p.gam);
+  m.dgam = torch::empty_like(p.gam);
+  kernels::GdrChunkMasksBackwardArgs a;
+  a.dA_raw = dA.data_ptr<float>();
+  a.dP_raw = dP.defined() ? dP.data_ptr<float>() : nullptr;
+  a.G = G.data_ptr<float>();
+  a.gam = p.gam.data_ptr<float>();
+  a.b = p.b.data_ptr<float>();
+  a.scale = static_cast<float>(s);
+  a.dS_sym = m.dS_sym.data_ptr<float>();
+  a.dPm = m.dPm.data_ptr<float>();
+  a.db_A = m.db_A.data_ptr<float>();
+  a.dgam = m.dgam.data_ptr<float>();
+  check_kernel_launch(kernels::gdr_chunk_masks_backward(chunk_list(c), a, stream_of(G)),
+                      "gated delta rule masks backward");
+  return m;
+}
+
+variable_list input_grads_kernel(const Ctx& c, const Prep& p, const Upstream& u, const KernelInputs& ki,
+                                 const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                 const torch::Tensor& beta, const torch::Tensor& g) {
+  auto dq = torch::empty_like(ki.q), dk = torch::empty_like(ki.k), dv = torch::empty_like(ki.v);
+  auto dbeta = torch::empty_like(ki.beta), dg = torch::empty_like(ki.g);
+  auto dQ_mm = u.dQ_mm.contiguous(), dK_mm = u.dK_mm.contiguous();
+  auto dQg = u.dQg.defined() ? u.dQg.contiguous() : u.dQg;
+  auto dRw = u.dRw.contiguous(), dRu = u.dRu.contiguous(), dKd = u.dKd.contiguous();
+  auto ddecay = u.ddecay.contiguous();
+  kernels::GdrChunkInputGradsArgs a;
+  a.dQ_mm = dQ_mm.data_ptr<float>();
+  a.dK_mm = dK_mm.data_ptr<float>();
+  a.dQg = dQg.defined() ? dQg.data_ptr<float>() : nullptr;
+  a.dRw = dRw.data_ptr<float>();
+  a.dRu = dRu.data_ptr<float>();
+  a.dKd = dKd.data_ptr<float>();
+  a.X = p.X.data_ptr<float>();
+  a.gam = p.gam.data_ptr<float>();
+  a.b = p.b.data_ptr<float>();
+  a.decay = p.decay.data_ptr<float>();
+  a.ddecay = ddecay.data_ptr<float>();
+  a.db_A = u.m.db_A.data_ptr<float>();
+  a.dgam = u.m.dgam.data_ptr<float>();
+  a.v = ki.v.data_ptr();
+  a.in = ki.in;
+  a.dq = dq.data_ptr();
+  a.dk = dk.data_ptr();
+  a.dv = dv.data_ptr();
+  a.dbeta = dbeta.data_ptr<float>();
+  a.dg = dg.data_ptr<float>();
+  check_kernel_launch(kernels::gdr_chunk_input_grads(chunk_list(c), a, stream_of(dq)),
+                      "gated delta rule input gradients");
+  return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dbeta.to(beta.scalar_type()),
+          dg.to(g.scalar_type())};
+}
+#endif
+
+// The forward up to the scan's inputs, through the kernels or the ATen pieces.
+struct Front {
+  Prep p;
+  torch::Tensor G;  // [N,H,2C,C] = X Kᵀ
+  torch::Tensor P, A;
+#if defined(DD_HAVE_CUDA)
+  KernelInputs ki;
+#endif
+};
+
+Front front(const Ctx& c, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+            const torch::Tensor& beta, const torch::Tensor& g) {
+  Front f;
+#if defined(DD_HAVE_CUDA)
+  if (c.kernels) {
+    f.ki = kernel_inputs(q, k, v, beta, g);
+    f.p = prep_kernel(c, f.ki);
+    f.G = torch::matmul(f.p.X, tr(f.p.K()));
+    std::tie(f.P, f.A) = masks_kernel(c, f.G, f.p);
+    return f;
+  }
+#endif
+  f.p = prep_reference(c, q, k, v, beta, g);
+  f.G = torch::matmul(f.p.X, tr(f.p.K()));
+  std::tie(f.P, f.A) = masks_reference(f.G, f.p);
+  return f;
+}
+
+Ctx make_ctx(const GdrChunkLayout& l, const torch::Tensor& q, const torch::Tensor& v, const torch::Tensor& h0) {
+  Ctx c;
+  c.l = l;
+  c.dt = h0.scalar_type();
+  c.H = q.size(2);
+  c.dk = q.size(3);
+  c.dv = v.size(3);
+#if defined(DD_HAVE_CUDA)
+  c.kernels = g_use_kernels && q.is_cuda() && c.dt == torch::kFloat32 && kernels::gdr_chunk_supports(l.C);
+  if (c.kernels) c.table = device_table(l, q.device());
+#endif
+  return c;
+}
+
+class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, const torch::Tensor& beta, const torch::Tensor& g,
+                               const torch::Tensor& h0, const GdrChunkLayout& l, double scale) {
+    ctx->set_materialize_grads(false);
+    const Ctx c = make_ctx(l, q, v, h0);
+    const Front f = front(c, q, k, v, beta, g);
+    auto Tm = unit_lower_inverse(f.A);
+    auto W = torch::matmul(Tm, f.p.Rw);
+    auto U = torch::matmul(Tm, f.p.Ru);
+    const auto scan = gdr_scan(rows(W), rows(U), rows(f.p.Kd), f.p.decay.reshape({-1}), h0, l.scan);
+    auto O = torch::baddbmm(torch::bmm(rows(f.P), scan.v_new), rows(f.p.Qg), scan.h_in, scale, scale);
+    ctx->save_for_backward({q, k, v, beta, g, Tm, W, scan.h_in, scan.v_new});
+    auto& sd = ctx->saved_data;
+    sd["n_docs"] = l.scan.n_docs;
+    sd["heads"] = l.scan.heads;
+    sd["step_count"] = l.scan.step_count;
+    sd["step_off"] = l.scan.step_off;
+    sd["B"] = l.B;
+    sd["T"] = l.T;
+    sd["C"] = l.C;
+    sd["n_chunks"] = l.n_chunks;
+    sd["token_slot"] = l.token_slot;
+    sd["table"] = c.table;
+    sd["kernels"] = c.kernels;
+    sd["dt"] = static_cast<int64_t>(c.dt);
+    sd["scale"] = scale;
+    return {O.view({l.n_chunks, c.H, l.C, c.dv}), scan.h_final};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    AutocastOff fp32_core;
+    const auto sv = ctx->get_saved_variables();
+    const auto &q = sv[0], &k = sv[1], &v = sv[2], &beta = sv[3], &g = sv[4], &Tm = sv[5], &W = sv[6];
+    const auto &h_in = sv[7], &v_new = sv[8];
+    auto& sd = ctx->saved_data;
+    Ctx c;
+    c.l.scan.n_docs = sd["n_docs"].toInt();
+    c.l.scan.heads = sd["heads"].toInt();
+    c.l.scan.step_count = sd["step_count"].toIntVector();
+    c.l.scan.step_off = sd["step_off"].toIntVector();
+    c.l.B = sd["B"].toInt();
+    c.l.T = sd["T"].toInt();
+    c.l.C = sd["C"].toInt();
+    c.l.n_chunks = sd["n_chunks"].toInt();
+    c.l.token_slot = sd["token_slot"].toTensor();
+    c.table = sd["table"].toTensor();
+    c.kernels = sd["kernels"].toBool();
+    c.dt = static_cast<torch::ScalarType>(sd["dt"].toInt());
+    c.H = q.size(2);
+    c.dk = q.size(3);
+    c.dv = v.size(3);
+    const double s = sd["scale"].toDouble();
+    const int64_t N = c.l.n_chunks, H = c.H, C = c.l.C, dk = c.dk, dv = c.dv;
+    const auto& dO = grads[0];
+    const auto& dh_final = grads[1];
+
+    // Recompute the cheap front (gather, gates, products, masks) instead of saving it.
+    const Front f = front(c, q, k, v, beta, g);
+    const Prep& p = f.p;
+
+    // From O = s (Qg h_in + P Vn): gradients into P, Vn, Qg and h_in.
+    torch::Tensor dP_raw, dQg, d_vnew, d_hin;
+    if (dO.defined()) {
+      auto dOr = rows(dO);
+      dP_raw = torch::bmm(dOr, tr(v_new)).view({N, H, C, C});
+      d_vnew = s * torch::bmm(tr(rows(f.P)), dOr);
+      dQg = (s * torch::bmm(dOr, tr(h_in))).view({N, H, C, dk});
+      d_hin = s * torch::bmm(tr(rows(p.Qg)), dOr);
+    } else {
+      d_vnew = torch::zeros({N * H, C, dv}, Tm.options());
+    }
+    const auto sg = gdr_scan_backward(rows(W), rows(p.Kd), p.decay.reshape({-1}), d_hin, d_vnew, dh_final, c.l.scan);
+    Upstream u;
+    u.dKd = torch::bmm(v_new, tr(sg.dh_next)).view({N, H, C, dk});
+    u.ddecay = (h_in * sg.dh_next).sum({1, 2}).view({N, H});
+    auto dW = -torch::bmm(sg.dU, tr(h_in)).view({N, H, C, dk});
+    auto dU = sg.dU.view({N, H, C, dv});
+    u.dQg = dQg;
+
+    // Through the solve: W = Tm R_w, U = Tm R_u.
+    auto dTm = torch::matmul(dW, tr(p.Rw)) + torch::matmul(dU, tr(p.Ru));
+    auto Tmt = tr(Tm);
+    auto dA_raw = torch::matmul(Tmt, torch::matmul(dTm, Tmt));
+    u.dRw = torch::matmul(Tmt, dW);
+    u.dRu = torch::matmul(Tmt, dU);
+
+    // Through A = b_i S ⊙ D and P = QKᵀ ⊙ D into the products and the gates.
+#if defined(DD_HAVE_CUDA)
+    u.m = c.kernels ? masks_backward_kernel(c, dA_raw, dP_raw, f.G, p, s)
+                    : masks_backward_reference(dA_raw, dP_raw, f.G, p, s);
+#else
+    u.m = masks_backward_reference(dA_raw, dP_raw, f.G, p, s);
+#endif
+    auto K = p.K();
+    u.dQ_mm = torch::matmul(u.m.dPm, K);
+    u.dK_mm = torch::matmul(u.m.dS_sym, K) + torch::matmul(tr(u.m.dPm), p.Q());
+    variable_list dx;
+#if defined(DD_HAVE_CUDA)
+    dx = c.kernels ? input_grads_kernel(c, p, u, f.ki, q, k, v, beta, g)
+                   : input_grads_reference(c, p, u, q, k, v, beta, g);
+#else
+    dx = input_grads_reference(c, p, u, q, k, v, beta, g);
+#endif
+    return {dx[0], dx[1], dx[2], dx[3], dx[4], sg.dh0, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+void gdr_use_kernels(bool on) {
+  g_use_kernels = on;
+  gdr_scan_use_kernel(on);
+}
+
+GdrChunkCoreOutput gdr_chunk_core(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                  const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0,
+                                  const GdrChunkLayout& l, double scale) {
+  TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 && v.sizes().slice(0, 3) == q.sizes().slice(0, 3),
+              "gdr_chunk_core: expected q, k [B,T,H,dk] and v [B,T,H,dv], got ", q.sizes(), ", ", k.sizes(), ", ",
+              v.sizes());
+  TORCH_CHECK(beta.sizes() == q.sizes().slice(0, 3) && g.sizes() == beta.sizes(),
+              "gdr_chunk_core: expected beta, g [B,T,H], got ", beta.sizes(), ", ", g.sizes());
+  TORCH_CHECK(q.size(0) == l.B && q.size(1) == l.T && q.size(2) == l.scan.heads,
+              "gdr_chunk_core: inputs ", q.sizes(), " do not match the chunk layout (B=", l.B, ", T=", l.T,
+              ", H=", l.scan.heads, ")");
+  TORCH_CHECK(h0.dim() == 3 && h0.size(0) == l.scan.n_docs * q.size(2) && h0.size(1) == q.size(3) &&
+                  h0.size(2) == v.size(3),
+              "gdr_chunk_core: expected h0 [n_docs·H, dk, dv], got ", h0.sizes());
+  // The core stays in fp32 under bf16 autocast (MODEL.md §0).
+  AutocastOff fp32_core;
+  auto outs = GdrChunkCoreFn::apply(q, k, v, beta, g, h0, l, scale);
+  return {outs[0], outs[1]};
+}
+
+}  // namespace model

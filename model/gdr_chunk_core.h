@@ -1,0 +1,40 @@
+// The chunked gated delta rule (MODEL.md §4) from the token layout to the chunk list's outputs, as
+// one differentiable op with a hand-written backward. Autograd through the same forward recorded
+// ~40 ops per layer and saved their intermediates ([N,H,C,C] masks, products, the solve's
+// operands); this saves the inputs, (I + A)⁻¹, W and the scan's outputs, recomputes the cheap rest
+// in the backward, and runs the state scan's backward once, in reverse.
+//
+// Per chunk (rows i, j of the chunk; b = β, γ = cumsum(g), D[i,j] = e^{γ_i − γ_j} for i ≥ j):
+//   A = strict_lower(diag(b) K Kᵀ ⊙ D);  Tm = (I + A)⁻¹
+//   W = Tm diag(b e^γ) K;  U = Tm diag(b) V;  Kd = diag(e^{γ_last − γ}) K;  decay = e^{γ_last}
+//   scan (model/gdr_scan.h): h_in, Vn = U − W h_in, h_next = decay h_in + Kdᵀ Vn
+//   O = scale · (diag(e^γ) Q h_in + ((Q Kᵀ) ⊙ D) Vn)
+// On a GPU in fp32 with C ≤ 64 the gather, the gate math, the masks and the backward's elementwise
+// work are CUDA kernels (kernels/gdr_chunk.h) around cuBLAS products; elsewhere each piece is its
+// ATen twin (gdr_chunk_core.cpp). Both are tested against autograd through gdr_forward_ref
+// (tests/model/test_gdr.cpp on the CPU, tests/model/test_gdr_scan_cuda.cpp on the GPU).
+#pragma once
+
+#include <torch/types.h>
+
+#include "model/gdr_chunk_layout.h"
+
+namespace model {
+
+struct GdrChunkCoreOutput {
+  torch::Tensor O;        // [N, H, C, dv] in the compute dtype
+  torch::Tensor h_final;  // [n_docs · H, dk, dv] in sorted document order
+};
+
+// q, k [B,T,H,dk], v [B,T,H,dv], beta and g [B,T,H] in the token layout of `l`; h0 [n_docs · H,
+// dk, dv] in the compute dtype (fp32 or fp64), which the inputs are cast to. Differentiable in all
+// six. Any thread may call it; bad shapes throw c10::Error.
+GdrChunkCoreOutput gdr_chunk_core(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                  const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0,
+                                  const GdrChunkLayout& l, double scale);
+
+// Process-wide switch for benchmarks and tests that compare the kernels with the ATen pieces
+// (default on). Covers the chunk kernels and the scan kernel (model/gdr_scan.h).
+void gdr_use_kernels(bool on);
+
+}  // namespace model

@@ -1,0 +1,119 @@
+#include "model/gdr_chunk_layout.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <numeric>
+
+namespace model {
+namespace {
+
+// x as a contiguous tensor of dtype dt, in at most one copy (a cast and a relayout together).
+torch::Tensor contiguous_as(const torch::Tensor& x, torch::ScalarType dt) {
+  if (x.scalar_type() == dt) return x.contiguous();
+  auto out = torch::empty(x.sizes(), x.options().dtype(dt));
+  out.copy_(x);
+  return out;
+}
+
+void plan_dense(GdrChunkLayout& l) {
+  const int64_t nc = (l.T + l.C - 1) / l.C;
+  l.scan.n_docs = l.B;
+  l.n_chunks = nc * l.B;
+  for (int64_t m = 0; m < nc; ++m) {
+    l.scan.step_count.push_back(l.B);
+    l.scan.step_off.push_back(m * l.B);
+    for (int64_t b = 0; b < l.B; ++b) {  // chunk m·B + b
+      l.chunk_start.push_back(static_cast<int32_t>(b * l.T + m * l.C));
+      l.chunk_len.push_back(static_cast<int32_t>(std::min(l.C, l.T - m * l.C)));
+    }
+  }
+}
+
+void plan_varlen(GdrChunkLayout& l, const torch::Tensor& cu_seqlens) {
+  auto cu_t = cu_seqlens.contiguous();
+  const int64_t* cu = cu_t.data_ptr<int64_t>();
+  const int64_t n_seq = cu_t.size(0) - 1, C = l.C;
+  l.scan.n_docs = n_seq;
+  TORCH_CHECK(cu[0] == 0 && cu[n_seq] == l.T, "gdr: cu_seqlens must run from 0 to T=", l.T);
+  std::vector<int64_t> nch(static_cast<size_t>(n_seq));
+  for (int64_t n = 0; n < n_seq; ++n) {
+    const int64_t len = cu[n + 1] - cu[n];
+    TORCH_CHECK(len > 0, "gdr: cu_seqlens must be strictly increasing (entry ", n + 1, ")");
+    nch[n] = (len + C - 1) / C;
+    l.n_chunks += nch[n];
+  }
+  l.order.resize(static_cast<size_t>(n_seq));
+  std::iota(l.order.begin(), l.order.end(), 0);
+  std::stable_sort(l.order.begin(), l.order.end(), [&](int64_t a, int64_t b) { return nch[a] > nch[b]; });
+  const int64_t max_nc = nch[l.order[0]];
+  int64_t off = 0;
+  for (int64_t m = 0; m < max_nc; ++m) {
+    int64_t cnt = 0;
+    while (cnt < n_seq && nch[l.order[cnt]] > m) ++cnt;
+    l.scan.step_count.push_back(cnt);
+    l.scan.step_off.push_back(off);
+    for (int64_t s = 0; s < cnt; ++s) {
+      const int64_t doc = l.order[s], first = cu[doc] + m * C;
+      l.chunk_start.push_back(static_cast<int32_t>(first));
+      l.chunk_len.push_back(static_cast<int32_t>(std::min(C, cu[doc + 1] - first)));
+    }
+    off += cnt;
+  }
+  auto slot_t = torch::empty({l.T}, torch::kInt64);
+  int64_t* slot = slot_t.data_ptr<int64_t>();
+  for (int64_t s = 0; s < n_seq; ++s) {
+    const int64_t n = l.order[s];
+    for (int64_t t = cu[n]; t < cu[n + 1]; ++t) {
+      const int64_t pos = t - cu[n], m = pos / C, i = pos % C;
+      slot[t] = (l.scan.step_off[m] + s) * C + i;
+    }
+  }
+  l.token_slot = slot_t;
+}
+
+}  // namespace
+
+GdrChunkLayout gdr_chunk_layout(int64_t B, int64_t T, int64_t H, int64_t C, const torch::Tensor& cu_seqlens,
+                                const torch::Device& device) {
+  TORCH_CHECK(B * T < (int64_t{1} << 31), "gdr: at most 2^31 tokens per call, got ", B * T);
+  GdrChunkLayout l;
+  l.B = B;
+  l.T = T;
+  l.C = C;
+  l.scan.heads = H;
+  if (cu_seqlens.defined()) {
+    plan_varlen(l, cu_seqlens);
+    l.token_slot = l.token_slot.to(device);
+  } else {
+    plan_dense(l);
+  }
+  return l;
+}
+
+torch::Tensor gdr_gather_chunks(const torch::Tensor& x, const GdrChunkLayout& l, torch::ScalarType dt) {
+  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3), C = l.C, N = l.n_chunks;
+  if (!l.token_slot.defined()) {
+    const int64_t nc = N / B;
+    auto xp = nc * C == T ? x : torch::constant_pad_nd(x, {0, 0, 0, 0, 0, nc * C - T});
+    // [B,NC,C,H,D] -> [NC,B,H,C,D]: step-major, chunk n = m·B + b.
+    auto xs = xp.view({B, nc, C, H, D}).permute({1, 0, 3, 2, 4});
+    return contiguous_as(xs, dt).view({N, H, C, D});
+  }
+  auto rows = torch::zeros({N * C, H, D}, x.options().dtype(dt));
+  rows = rows.index_copy(0, l.token_slot, x.select(0, 0).to(dt));
+  return rows.view({N, C, H, D}).permute({0, 2, 1, 3}).contiguous();
+}
+
+torch::Tensor gdr_scatter_chunks(const torch::Tensor& o, const GdrChunkLayout& l) {
+  const int64_t H = o.size(1), C = o.size(2), D = o.size(3), B = l.B, T = l.T, N = l.n_chunks;
+  if (!l.token_slot.defined()) {
+    const int64_t nc = N / B;
+    auto y = o.view({nc, B, H, C, D}).permute({1, 0, 3, 2, 4}).reshape({B, nc * C, H, D});
+    return nc * C == T ? y : y.narrow(1, 0, T);
+  }
+  auto rows = o.permute({0, 2, 1, 3}).reshape({N * C, H, D});
+  return rows.index_select(0, l.token_slot).unsqueeze(0);
+}
+
+}  // namespace model
