@@ -51,7 +51,7 @@ __device__ void load_gates(Gates& s, const float* gam, const float* b, int64_t r
   __syncthreads();
 }
 
-template <typename T>
+template <typename T, typename TV>
 __global__ void __launch_bounds__(kThreads) gdr_chunk_prep_kernel(GdrChunkList l, GdrChunkPrepArgs a) {
   __shared__ float g_s[kMaxC];
   __shared__ Gates s;
@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kThreads) gdr_chunk_prep_kernel(GdrChunkList l
   __syncthreads();
   const T* q = static_cast<const T*>(a.q);
   const T* k = static_cast<const T*>(a.k);
-  const T* v = static_cast<const T*>(a.v);
+  const TV* v = static_cast<const TV*>(a.v);
   for (int el = t; el < C * dk; el += kThreads) {
     const int i = el / dk, d = el % dk;
     const bool valid = i < len;
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(kThreads) gdr_chunk_masks_backward_kernel(GdrC
   }
 }
 
-template <typename T>
+template <typename T, typename TV>
 __global__ void __launch_bounds__(kThreads) gdr_chunk_input_grads_kernel(GdrChunkList l, GdrChunkInputGradsArgs a) {
   __shared__ Gates s;
   __shared__ float rw_k[kMaxC], ru_v[kMaxC], qg_q[kMaxC], kd_k[kMaxC], dgam_s[kMaxC];
@@ -184,8 +184,8 @@ __global__ void __launch_bounds__(kThreads) gdr_chunk_input_grads_kernel(GdrChun
     add_row(qg_q, i, dqg * qv, warp_rows_k);
     add_row(kd_k, i, dkd * kv, warp_rows_k);
   }
-  const T* v = static_cast<const T*>(a.v);
-  T* dvv = static_cast<T*>(a.dv);
+  const TV* v = static_cast<const TV*>(a.v);
+  TV* dvv = static_cast<TV*>(a.dv);
   for (int el = t; el < C * dv; el += kThreads) {
     const int i = el / dv, d = el % dv;
     const float dru = a.dRu[(r * C + i) * dv + d];
@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(kThreads) gdr_chunk_input_grads_kernel(GdrChun
     if (i < len) {
       const int64_t tok = ((start + i) * l.H + h) * dv + d;
       vv = to_f32(v[tok]);
-      dvv[tok] = from_f32<T>(s.b[i] * dru);
+      dvv[tok] = from_f32<TV>(s.b[i] * dru);
     }
     add_row(ru_v, i, dru * vv, warp_rows_v);
   }
@@ -220,6 +220,20 @@ __global__ void __launch_bounds__(kThreads) gdr_chunk_input_grads_kernel(GdrChun
   }
 }
 
+// Runs CALL(T, TV) for the element types of q|k and of v (each fp32, bf16 or fp16).
+#define DD_GDR_CHUNK_DISPATCH_V(T, DT_V, CALL)            \
+  switch (DT_V) {                                          \
+    case DType::F32: CALL(T, float); break;                \
+    case DType::BF16: CALL(T, __nv_bfloat16); break;       \
+    case DType::F16: CALL(T, __half); break;               \
+  }
+#define DD_GDR_CHUNK_DISPATCH(DT_QK, DT_V, CALL)                                   \
+  switch (DT_QK) {                                                                  \
+    case DType::F32: DD_GDR_CHUNK_DISPATCH_V(float, DT_V, CALL) break;              \
+    case DType::BF16: DD_GDR_CHUNK_DISPATCH_V(__nv_bfloat16, DT_V, CALL) break;     \
+    case DType::F16: DD_GDR_CHUNK_DISPATCH_V(__half, DT_V, CALL) break;             \
+  }
+
 bool takes(const GdrChunkList& l) {
   return gdr_chunk_supports(l.C) && l.N * l.H >= 1 && l.N * l.H <= 2147483647LL && l.dk >= 1 && l.dv >= 1;
 }
@@ -228,13 +242,10 @@ bool takes(const GdrChunkList& l) {
 
 int gdr_chunk_prep_forward(const GdrChunkList& l, const GdrChunkPrepArgs& a, void* stream) {
   if (!takes(l)) return static_cast<int>(cudaErrorInvalidValue);
-  auto st = static_cast<cudaStream_t>(stream);
   const unsigned grid = static_cast<unsigned>(l.N * l.H);
-  switch (a.in) {
-    case DType::F32: gdr_chunk_prep_kernel<float><<<grid, kThreads, 0, st>>>(l, a); break;
-    case DType::BF16: gdr_chunk_prep_kernel<__nv_bfloat16><<<grid, kThreads, 0, st>>>(l, a); break;
-    case DType::F16: gdr_chunk_prep_kernel<__half><<<grid, kThreads, 0, st>>>(l, a); break;
-  }
+#define DD_LAUNCH(T, TV) gdr_chunk_prep_kernel<T, TV><<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(l, a)
+  DD_GDR_CHUNK_DISPATCH(a.in_qk, a.in_v, DD_LAUNCH);
+#undef DD_LAUNCH
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -253,14 +264,15 @@ int gdr_chunk_masks_backward(const GdrChunkList& l, const GdrChunkMasksBackwardA
 
 int gdr_chunk_input_grads(const GdrChunkList& l, const GdrChunkInputGradsArgs& a, void* stream) {
   if (!takes(l)) return static_cast<int>(cudaErrorInvalidValue);
-  auto st = static_cast<cudaStream_t>(stream);
   const unsigned grid = static_cast<unsigned>(l.N * l.H);
-  switch (a.in) {
-    case DType::F32: gdr_chunk_input_grads_kernel<float><<<grid, kThreads, 0, st>>>(l, a); break;
-    case DType::BF16: gdr_chunk_input_grads_kernel<__nv_bfloat16><<<grid, kThreads, 0, st>>>(l, a); break;
-    case DType::F16: gdr_chunk_input_grads_kernel<__half><<<grid, kThreads, 0, st>>>(l, a); break;
-  }
+#define DD_LAUNCH(T, TV) \
+  gdr_chunk_input_grads_kernel<T, TV><<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(l, a)
+  DD_GDR_CHUNK_DISPATCH(a.in_qk, a.in_v, DD_LAUNCH);
+#undef DD_LAUNCH
   return static_cast<int>(cudaGetLastError());
 }
+
+#undef DD_GDR_CHUNK_DISPATCH
+#undef DD_GDR_CHUNK_DISPATCH_V
 
 }  // namespace kernels

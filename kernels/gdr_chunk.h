@@ -30,12 +30,12 @@ struct GdrChunkList {
 inline bool gdr_chunk_supports(int64_t C) { return C >= 1 && C <= 64; }
 
 struct GdrChunkPrepArgs {
-  const void* q = nullptr;      // [tokens, H, dk], dtype `in`
-  const void* k = nullptr;      // [tokens, H, dk], dtype `in`
-  const void* v = nullptr;      // [tokens, H, dv], dtype `in`
+  const void* q = nullptr;      // [tokens, H, dk], dtype in_qk
+  const void* k = nullptr;      // [tokens, H, dk], dtype in_qk
+  const void* v = nullptr;      // [tokens, H, dv], dtype in_v
   const float* beta = nullptr;  // [tokens, H]
   const float* g = nullptr;     // [tokens, H]
-  DType in = DType::F32;
+  DType in_qk = DType::F32, in_v = DType::F32;
   float* X = nullptr;      // [N, H, 2C, dk]: Q rows then K rows
   float* Rw = nullptr;     // [N, H, C, dk]
   float* Ru = nullptr;     // [N, H, C, dv]
@@ -94,11 +94,11 @@ struct GdrChunkInputGradsArgs {
   const float* ddecay = nullptr;  // [N, H]
   const float* db_A = nullptr;    // [N, H, C]
   const float* dgam = nullptr;    // [N, H, C]
-  const void* v = nullptr;        // [tokens, H, dv], dtype `in`
-  DType in = DType::F32;
-  void* dq = nullptr;             // [tokens, H, dk], dtype `in`
-  void* dk = nullptr;             // [tokens, H, dk], dtype `in`
-  void* dv = nullptr;             // [tokens, H, dv], dtype `in`
+  const void* v = nullptr;        // [tokens, H, dv], dtype in_v
+  DType in_qk = DType::F32, in_v = DType::F32;
+  void* dq = nullptr;             // [tokens, H, dk], dtype in_qk
+  void* dk = nullptr;             // [tokens, H, dk], dtype in_qk
+  void* dv = nullptr;             // [tokens, H, dv], dtype in_v
   float* dbeta = nullptr;         // [tokens, H]
   float* dg = nullptr;            // [tokens, H]
 };

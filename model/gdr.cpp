@@ -116,7 +116,7 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
   const int64_t n_seq = layout.scan.n_docs;
   torch::Tensor h0s;  // [n_docs·H, dk, dv] in sorted document order
   if (h0.defined()) {
-    h0s = to_dtype(varlen ? h0.index_select(0, torch::tensor(layout.order, torch::kInt64).to(h0.device())) : h0, dt);
+    h0s = to_dtype(varlen ? h0.index_select(0, host_to_device(torch::tensor(layout.order, torch::kInt64), h0.device())) : h0, dt);
     h0s = h0s.reshape({n_seq * H, dk, dv});
   } else {
     h0s = torch::zeros({n_seq * H, dk, dv}, q.options().dtype(dt));
@@ -126,7 +126,7 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
   if (varlen) {
     std::vector<int64_t> inv(layout.order.size());
     for (size_t s = 0; s < layout.order.size(); ++s) inv[layout.order[s]] = static_cast<int64_t>(s);
-    h_final = h_final.index_select(0, torch::tensor(inv, torch::kInt64).to(q.device()));
+    h_final = h_final.index_select(0, host_to_device(torch::tensor(inv, torch::kInt64), q.device()));
   }
   return {gdr_scatter_chunks(core.O, layout), h_final};
 }

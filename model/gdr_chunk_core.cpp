@@ -180,28 +180,34 @@ torch::Tensor device_table(const GdrChunkLayout& l, const torch::Device& dev) {
   if (cache.size() >= kMaxTables) cache.clear();
   std::vector<int32_t> host(l.chunk_start);
   host.insert(host.end(), l.chunk_len.begin(), l.chunk_len.end());
-  auto t = torch::from_blob(host.data(), {2, l.n_chunks}, torch::TensorOptions().dtype(torch::kInt32)).to(dev);
+  auto host_t = torch::from_blob(host.data(), {2, l.n_chunks}, torch::TensorOptions().dtype(torch::kInt32));
+  auto t = host_to_device(host_t, dev);
   cache.emplace(std::move(key), t);
   return t;
 }
 
-// The token-layout inputs as the kernels read them: q, k, v contiguous in one dtype, β and g fp32.
+// The token-layout inputs as the kernels read them: q and k contiguous in one dtype, v contiguous in
+// its own (the layer's q and k leave their fp32 L2Norm, v its bf16 short conv), β and g fp32.
 struct KernelInputs {
   torch::Tensor q, k, v, beta, g;
-  kernels::DType in = kernels::DType::F32;
+  kernels::DType in_qk = kernels::DType::F32, in_v = kernels::DType::F32;
 };
 
 KernelInputs kernel_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                            const torch::Tensor& beta, const torch::Tensor& g) {
   KernelInputs ki;
-  auto dt = q.scalar_type();
-  if (k.scalar_type() != dt || v.scalar_type() != dt || !kernel_dtype(dt, ki.in)) {
-    dt = torch::kFloat32;
-    ki.in = kernels::DType::F32;
+  auto qk_dt = q.scalar_type(), v_dt = v.scalar_type();
+  if (k.scalar_type() != qk_dt || !kernel_dtype(qk_dt, ki.in_qk)) {
+    qk_dt = torch::kFloat32;
+    ki.in_qk = kernels::DType::F32;
   }
-  ki.q = q.to(dt).contiguous();
-  ki.k = k.to(dt).contiguous();
-  ki.v = v.to(dt).contiguous();
+  if (!kernel_dtype(v_dt, ki.in_v)) {
+    v_dt = torch::kFloat32;
+    ki.in_v = kernels::DType::F32;
+  }
+  ki.q = q.to(qk_dt).contiguous();
+  ki.k = k.to(qk_dt).contiguous();
+  ki.v = v.to(v_dt).contiguous();
   ki.beta = beta.to(torch::kFloat32).contiguous();
   ki.g = g.to(torch::kFloat32).contiguous();
   return ki;
@@ -225,7 +231,8 @@ Prep prep_kernel(const Ctx& c, const KernelInputs& ki) {
   a.v = ki.v.data_ptr();
   a.beta = ki.beta.data_ptr<float>();
   a.g = ki.g.data_ptr<float>();
-  a.in = ki.in;
+  a.in_qk = ki.in_qk;
+  a.in_v = ki.in_v;
   a.X = p.X.data_ptr<float>();
   a.Rw = p.Rw.data_ptr<float>();
   a.Ru = p.Ru.data_ptr<float>();
@@ -299,7 +306,8 @@ variable_list input_grads_kernel(const Ctx& c, const Prep& p, const Upstream& u,
   a.db_A = u.m.db_A.data_ptr<float>();
   a.dgam = u.m.dgam.data_ptr<float>();
   a.v = ki.v.data_ptr();
-  a.in = ki.in;
+  a.in_qk = ki.in_qk;
+  a.in_v = ki.in_v;
   a.dq = dq.data_ptr();
   a.dk = dk.data_ptr();
   a.dv = dv.data_ptr();

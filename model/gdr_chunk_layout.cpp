@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include "model/layers.h"
+
 namespace model {
 namespace {
 
@@ -84,7 +86,7 @@ GdrChunkLayout gdr_chunk_layout(int64_t B, int64_t T, int64_t H, int64_t C, cons
   l.scan.heads = H;
   if (cu_seqlens.defined()) {
     plan_varlen(l, cu_seqlens);
-    l.token_slot = l.token_slot.to(device);
+    l.token_slot = host_to_device(l.token_slot, device);
   } else {
     plan_dense(l);
   }

@@ -17,6 +17,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "kernels/gdr_scan.h"
+#include "model/layers.h"
 #include "model/kernel_dtype.h"
 #endif
 
@@ -133,8 +134,8 @@ DevicePlan device_plan(const GdrScanPlan& p, const torch::Device& dev) {
   if (cache.size() >= kMaxPlans) cache.clear();
   auto cpu = torch::TensorOptions().dtype(torch::kInt32);
   DevicePlan d;
-  d.step_off = torch::from_blob(off.data(), {static_cast<int64_t>(off.size())}, cpu).to(dev);
-  d.n_chunks = torch::from_blob(nch.data(), {static_cast<int64_t>(nch.size())}, cpu).to(dev);
+  d.step_off = host_to_device(torch::from_blob(off.data(), {static_cast<int64_t>(off.size())}, cpu), dev);
+  d.n_chunks = host_to_device(torch::from_blob(nch.data(), {static_cast<int64_t>(nch.size())}, cpu), dev);
   cache.emplace(std::move(key), d);
   return d;
 }

@@ -13,6 +13,11 @@
 
 namespace model {
 
+torch::Tensor host_to_device(const torch::Tensor& host, const torch::Device& device) {
+  if (device.is_cpu()) return host;
+  return host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
 AutocastOff::AutocastOff()
     : was_enabled_(at::autocast::is_autocast_enabled(at::kCUDA)),
       was_enabled_cpu_(at::autocast::is_autocast_enabled(at::kCPU)) {

@@ -12,6 +12,12 @@
 
 namespace model {
 
+// A CPU tensor copied to `device` without making the host wait for the GPU: staged through pinned
+// memory and copied non-blocking (the caching host allocator keeps the pinned block until the copy
+// has run). A pageable copy would drain the device's queue first — a host sync per call. Returns
+// `host` itself for a CPU device. Any thread; not inside a CUDA graph capture.
+torch::Tensor host_to_device(const torch::Tensor& host, const torch::Device& device);
+
 // Turns autocast (CUDA and CPU) off for a scope and restores it after: the parts MODEL.md §0 keeps in fp32
 // (the gated-delta-rule core, the MoE router) must not have their matmuls cast down to bf16.
 class AutocastOff {
