@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/fused_gated_norm.h"
 #include "model/fused_rmsnorm.h"
 #include "model/fused_short_conv.h"
 #include "model/gdr.h"
@@ -126,12 +127,10 @@ GatedDeltaNetImpl::Gates GatedDeltaNetImpl::gates(const torch::Tensor& a, const 
 torch::Tensor GatedDeltaNetImpl::output(const torch::Tensor& o, const torch::Tensor& z_proj,
                                         torch::ScalarType out_dtype) {
   const int64_t B = o.size(0), T = o.size(1);
-  const auto ft = o.scalar_type();
-  auto z = to_dtype(z_proj.reshape({B, T, H_, dv_}), ft);
-  // Per-head RMSNorm over dv with the shared weight (one fused kernel each way on a GPU; the same
-  // ATen formula elsewhere), gated by silu(z); fp32 (fp64) math.
-  auto y = fused_rms_norm(o, to_dtype(norm_w, ft), 1e-6) * torch::silu(z);
-  return wo(to_dtype(y.reshape({B, T, H_ * dv_}), out_dtype));
+  // Per-head RMSNorm over dv with the shared weight, gated by silu(z); fp32 (fp64) math, emitted in
+  // the output projection's dtype (one fused kernel each way on a GPU; the ATen formula elsewhere).
+  auto y = gated_rms_norm(o, z_proj, norm_w, 1e-6, out_dtype);
+  return wo(y.reshape({B, T, H_ * dv_}));
 }
 
 torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& u, const Positions& p) {

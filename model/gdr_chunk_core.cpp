@@ -40,8 +40,15 @@ std::atomic<bool> g_use_kernels{true};
 
 torch::Tensor col(const torch::Tensor& x) { return x.unsqueeze(-1); }  // [N,H,C] -> [N,H,C,1]
 torch::Tensor tr(const torch::Tensor& x) { return x.transpose(-1, -2); }
-// [N,H,C,d] -> [N·H, C, d]: the scan works on rows r = chunk · H + head.
+// [N,H,C,d] -> [N·H, C, d]: the scan works on rows r = chunk · H + head. A view for the layouts here
+// (contiguous, or a narrow of dim 2), so the batched products below read their operands in place.
 torch::Tensor rows(const torch::Tensor& x) { return x.reshape({-1, x.size(-2), x.size(-1)}); }
+
+// alpha · a b as one cuBLAS call (beta = 0 ignores the uninitialised input): the scale folded into
+// the product instead of an extra pass over its result.
+torch::Tensor bmm_scaled(const torch::Tensor& a, const torch::Tensor& b, double alpha) {
+  return torch::baddbmm(torch::empty({a.size(0), a.size(1), b.size(2)}, a.options()), a, b, 0.0, alpha);
+}
 
 // D[i,j] = e^{γ_i − γ_j} for i ≥ j, else 0 [N,H,C,C]. The upper triangle is masked to −inf before
 // exp: there γ_i − γ_j ≥ 0 and can overflow.
@@ -337,13 +344,13 @@ Front front(const Ctx& c, const torch::Tensor& q, const torch::Tensor& k, const 
   if (c.kernels) {
     f.ki = kernel_inputs(q, k, v, beta, g);
     f.p = prep_kernel(c, f.ki);
-    f.G = torch::matmul(f.p.X, tr(f.p.K()));
+    f.G = torch::bmm(rows(f.p.X), tr(rows(f.p.K()))).view({c.l.n_chunks, c.H, 2 * c.l.C, c.l.C});
     std::tie(f.P, f.A) = masks_kernel(c, f.G, f.p);
     return f;
   }
 #endif
   f.p = prep_reference(c, q, k, v, beta, g);
-  f.G = torch::matmul(f.p.X, tr(f.p.K()));
+  f.G = torch::bmm(rows(f.p.X), tr(rows(f.p.K()))).view({c.l.n_chunks, c.H, 2 * c.l.C, c.l.C});
   std::tie(f.P, f.A) = masks_reference(f.G, f.p);
   return f;
 }
@@ -429,22 +436,23 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     if (dO.defined()) {
       auto dOr = rows(dO);
       dP_raw = torch::bmm(dOr, tr(v_new)).view({N, H, C, C});
-      d_vnew = s * torch::bmm(tr(rows(f.P)), dOr);
-      dQg = (s * torch::bmm(dOr, tr(h_in))).view({N, H, C, dk});
-      d_hin = s * torch::bmm(tr(rows(p.Qg)), dOr);
+      d_vnew = bmm_scaled(tr(rows(f.P)), dOr, s);
+      dQg = bmm_scaled(dOr, tr(h_in), s).view({N, H, C, dk});
+      d_hin = bmm_scaled(tr(rows(p.Qg)), dOr, s);
     } else {
       d_vnew = torch::zeros({N * H, C, dv}, Tm.options());
     }
     const auto sg = gdr_scan_backward(rows(W), rows(p.Kd), p.decay.reshape({-1}), d_hin, d_vnew, dh_final, c.l.scan);
     Upstream u;
     u.dKd = torch::bmm(v_new, tr(sg.dh_next)).view({N, H, C, dk});
-    u.ddecay = (h_in * sg.dh_next).sum({1, 2}).view({N, H});
-    auto dW = -torch::bmm(sg.dU, tr(h_in)).view({N, H, C, dk});
+    // Σ h_in ⊙ dh_next per row, as a batched dot product (no [R, dk, dv] temporary).
+    u.ddecay = torch::bmm(h_in.view({N * H, 1, dk * dv}), sg.dh_next.view({N * H, dk * dv, 1})).view({N, H});
+    auto dW = bmm_scaled(sg.dU, tr(h_in), -1.0).view({N, H, C, dk});
     auto dU = sg.dU.view({N, H, C, dv});
     u.dQg = dQg;
 
     // Through the solve: W = Tm R_w, U = Tm R_u.
-    auto dTm = torch::matmul(dW, tr(p.Rw)) + torch::matmul(dU, tr(p.Ru));
+    auto dTm = torch::baddbmm(torch::bmm(rows(dW), tr(rows(p.Rw))), sg.dU, tr(rows(p.Ru))).view({N, H, C, C});
     auto Tmt = tr(Tm);
     auto dA_raw = torch::matmul(Tmt, torch::matmul(dTm, Tmt));
     u.dRw = torch::matmul(Tmt, dW);
@@ -458,8 +466,9 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     u.m = masks_backward_reference(dA_raw, dP_raw, f.G, p, s);
 #endif
     auto K = p.K();
-    u.dQ_mm = torch::matmul(u.m.dPm, K);
-    u.dK_mm = torch::matmul(u.m.dS_sym, K) + torch::matmul(tr(u.m.dPm), p.Q());
+    u.dQ_mm = torch::bmm(rows(u.m.dPm), rows(K)).view({N, H, C, dk});
+    u.dK_mm = torch::baddbmm(torch::bmm(rows(u.m.dS_sym), rows(K)), tr(rows(u.m.dPm)), rows(p.Q()))
+                  .view({N, H, C, dk});
     variable_list dx;
 #if defined(DD_HAVE_CUDA)
     dx = c.kernels ? input_grads_kernel(c, p, u, f.ki, q, k, v, beta, g)

@@ -12,6 +12,7 @@
 
 #include "model/decoder_lm.h"
 #include "model/fp8_linear.h"
+#include "model/fused_gated_norm.h"
 #include "model/fused_rmsnorm.h"
 #include "model/fused_rope.h"
 #include "model/fused_short_conv.h"
@@ -377,6 +378,47 @@ TEST(FusedOpsCuda, ShortConvMatchesReference) {
       EXPECT_LT(ey, tol);
       EXPECT_LT(edx, tol);
       EXPECT_LT(edw, tol);
+    }
+  }
+}
+
+// The Gated DeltaNet's output norm kernel against the ATen formula: o fp32, the gate z a column
+// slice of a wider projection (as in the layer), y and dy in fp32 or bf16, D a multiple of 32 and
+// not, packed into one row and over a batch. fp32 differs by summation order (1e-5); bf16 y and dz
+// by one rounding of the same value (8e-3), and do / dw carry dy's bf16 rounding only on both sides.
+TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(43);
+  struct Case {
+    int64_t B, T, H, D;
+  };
+  for (const Case c : {Case{2, 150, 6, 128}, Case{1, 333, 3, 40}, Case{3, 17, 1, 1024}}) {
+    for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
+      auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+      auto o0 = torch::randn({c.B, c.T, c.H, c.D}, f32) * 3.0;
+      auto wide0 = (torch::randn({c.B, c.T, c.H * c.D + 11}, f32) * 2.0).to(dt);
+      auto w0 = torch::rand({c.D}, f32) + 0.5;
+      auto gy = torch::randn({c.B, c.T, c.H, c.D}, f32).to(dt);
+      auto run = [&](bool fused) {
+        auto o = o0.clone().requires_grad_(true), wide = wide0.clone().requires_grad_(true);
+        auto w = w0.clone().requires_grad_(true);
+        auto z = wide.narrow(2, 5, c.H * c.D);
+        auto y = fused ? model::gated_rms_norm(o, z, w, 1e-6, dt) : model::gated_rms_norm_reference(o, z, w, 1e-6, dt);
+        (y.to(torch::kFloat32) * gy.to(torch::kFloat32)).sum().backward();
+        return std::vector<torch::Tensor>{y.detach(), o.grad(), wide.grad(), w.grad()};
+      };
+      const auto got = run(true), want = run(false);
+      const char* names[] = {"y", "do", "dz", "dw"};
+      const double tol = tol_for(dt);
+      std::string what = "B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " H" + std::to_string(c.H) + " D" +
+                         std::to_string(c.D) + " " + name_of(dt);
+      double e[4];
+      for (int i = 0; i < 4; ++i) {
+        EXPECT_EQ(got[i].scalar_type(), want[i].scalar_type()) << what << " " << names[i];
+        e[i] = rel_norm_diff(got[i], want[i]);
+        EXPECT_LT(e[i], tol) << what << " " << names[i];
+      }
+      std::printf("[measured] gated RMSNorm %s: y %.1e do %.1e dz %.1e dw %.1e\n", what.c_str(), e[0], e[1], e[2], e[3]);
     }
   }
 }

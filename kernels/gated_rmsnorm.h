@@ -1,0 +1,39 @@
+// The Gated DeltaNet's output norm (MODEL.md §4): per row n (one head of one token, D wide),
+//   y = ô · w ⊙ silu(z),  ô = o · r,  r = 1/sqrt(mean(o²) + eps)
+// and its backward, with s = silu(z), σ = sigmoid(z):
+//   g = dy ⊙ s ⊙ w;  do = r · (g − ô · mean(g ⊙ ô));  dz = dy ⊙ ô ⊙ w ⊙ σ (1 + z (1 − σ));  dw = Σ_rows dy ⊙ s ⊙ ô
+// One kernel each way instead of the RMSNorm kernel plus ATen's cast, silu, product and their
+// backward. o and do are fp32 (the delta rule's output); z is read in place from the gate
+// projection's column slice: row n sits at (n / z_heads) · z_ld + (n % z_heads) · D (z_heads rows per
+// token, token stride z_ld); dz is written contiguous [N, D] in z's dtype; y, dy in the output dtype;
+// w [D], rstd [N] and all statistics fp32. One warp per row, D ≤ 1024. Raw pointers, no torch; the
+// reference is model/fused_gated_norm.h's ATen formula.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace kernels {
+
+struct GatedNormRows {
+  int64_t N = 0, D = 0;
+  int64_t z_heads = 1, z_ld = 0;
+};
+
+inline bool gated_rmsnorm_supports(int64_t D) { return D >= 1 && D <= 1024; }
+
+#ifdef DD_HAVE_CUDA
+// Each returns the cudaError_t of the launch (0 = success); unsupported sizes are cudaErrorInvalidValue.
+int gated_rmsnorm_forward(void* y, DType y_dt, float* rstd, const float* o, const void* z, DType z_dt,
+                          const float* w, const GatedNormRows& rows, float eps, void* stream);
+
+// Rows of dw's partial sums the backward writes: dw = dw_partial[0:rows].sum(0).
+int64_t gated_rmsnorm_backward_partial_rows(int64_t N);
+
+int gated_rmsnorm_backward(float* d_o, void* dz, float* dw_partial, const void* dy, DType y_dt, const float* o,
+                           const void* z, DType z_dt, const float* w, const float* rstd, const GatedNormRows& rows,
+                           void* stream);
+#endif
+
+}  // namespace kernels

@@ -1,0 +1,19 @@
+// The Gated DeltaNet's output norm, y_h = RMSNorm(o_h; w) ⊙ silu(z_h) per head (MODEL.md §4), as one
+// op: on a GPU one CUDA kernel each way (kernels/gated_rmsnorm.h) reading the gate z in place from
+// its projection's column slice and writing y straight in the dtype of the output projection that
+// follows; elsewhere, and as the reference it is tested against, the ATen formula.
+#pragma once
+
+#include <torch/types.h>
+
+namespace model {
+
+// o [B,T,H,D] (fp32 or fp64: the delta rule's output), z [B,T,H·D] (any dtype; may be a column slice
+// of a wider tensor), w [D]. Returns y [B,T,H,D] in out_dtype; fp32 (fp64) math. Differentiable in
+// o, z and w. Any thread; bad shapes throw c10::Error.
+torch::Tensor gated_rms_norm_reference(const torch::Tensor& o, const torch::Tensor& z, const torch::Tensor& w,
+                                       double eps, torch::ScalarType out_dtype);
+torch::Tensor gated_rms_norm(const torch::Tensor& o, const torch::Tensor& z, const torch::Tensor& w, double eps,
+                             torch::ScalarType out_dtype);
+
+}  // namespace model
