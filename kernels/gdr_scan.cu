@@ -1,11 +1,11 @@
-// The chunk-state scan of the gated delta rule (kernels/gdr_scan.h). One block owns one
-// (document, head) and 32 columns of the state, one column per lane, and walks that document's
+// The chunk-state scan of the gated delta rule (kernels/gdr_scan.h). One block (8 or 16 warps) owns
+// one (document, head) and 32 columns of the state, one column per lane, and walks that document's
 // chunks in order. The state lives in shared memory ([dk][32], one row per 128 bytes, so a warp's
 // reads of a column are conflict-free); every thread owns a fixed run of state rows for its column.
 // Per step:
 //   phase 0  write the state this step starts from (out_state);
 //   phase 1  stage P [C, dk] in shared memory (all threads, coalesced float4), then
-//            y = A + sign_p · P S: warp w computes chunk rows w, w+8, ...;
+//            y = A + sign_p · P S: warp w computes chunk rows w, w + warps, ...;
 //   phase 2  stage Q in the same buffer, then S = decay · S + sign_q · Qᵀ y + E, each thread
 //            updating its own state rows.
 // Staging matters: read straight from global memory, every inner-loop iteration waited on an L2
@@ -21,18 +21,20 @@ namespace kernels {
 namespace {
 
 constexpr int kLanes = 32;  // state columns per block
-constexpr int kWarps = 8;   // 256 threads
 
 // Copies n4 float4 from global to shared memory, all threads of the block.
 __device__ __forceinline__ void stage_tile(float* dst, const float* src, int n4) {
   const float4* s4 = reinterpret_cast<const float4*>(src);
   float4* d4 = reinterpret_cast<float4*>(dst);
-  for (int k = threadIdx.x; k < n4; k += kLanes * kWarps) d4[k] = __ldg(s4 + k);
+  for (int k = threadIdx.x; k < n4; k += blockDim.x) d4[k] = __ldg(s4 + k);
 }
 
-// RC: chunk rows per warp in phase 1 (C ≤ 8·RC). RPW: state rows per warp in phase 2 (dk ≤ 8·RPW,
-// a multiple of 4 so a thread's rows are whole float4s of Q).
-template <int RC, int RPW>
+// kWarps: warps per block (8, or 16 when there are too few blocks to fill the GPU: each step is a
+// chain of dependent phases, so with few blocks per SM the step's latency is the time, and more
+// warps split each phase's work thinner). RC: chunk rows per warp in phase 1 (C ≤ kWarps·RC). RPW:
+// state rows per warp in phase 2 (dk ≤ kWarps·RPW, a multiple of 4 so a thread's rows are whole
+// float4s of Q).
+template <int kWarps, int RC, int RPW>
 __global__ void __launch_bounds__(kLanes* kWarps) gdr_scan_kernel(GdrScanArgs a) {
   extern __shared__ float smem[];
   const int dk = static_cast<int>(a.dk), C = static_cast<int>(a.C);
@@ -141,29 +143,39 @@ __global__ void __launch_bounds__(kLanes* kWarps) gdr_scan_kernel(GdrScanArgs a)
   }
 }
 
-template <int RC>
-int launch_rpw(const GdrScanArgs& a, dim3 grid, size_t smem, cudaStream_t st) {
-  const dim3 block(kLanes * kWarps);
-  // Opt in to more than 48 KiB of shared memory for every instance that can be launched.
+// Opts an instance in to more than 48 KiB of shared memory (once) and launches it.
+template <int kWarps, int RC, int RPW>
+void launch(const GdrScanArgs& a, dim3 grid, size_t smem, cudaStream_t st) {
   static const bool opted_in = [] {
-    const int most = static_cast<int>(gdr_scan_smem_bytes(128, 256));
-    cudaFuncSetAttribute(gdr_scan_kernel<RC, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
-    cudaFuncSetAttribute(gdr_scan_kernel<RC, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
-    cudaFuncSetAttribute(gdr_scan_kernel<RC, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
-    cudaFuncSetAttribute(gdr_scan_kernel<RC, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
+    cudaFuncSetAttribute(gdr_scan_kernel<kWarps, RC, RPW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(gdr_scan_smem_bytes(128, 256)));
     return true;
   }();
   (void)opted_in;
-  if (a.dk <= 8 * 4) {
-    gdr_scan_kernel<RC, 4><<<grid, block, smem, st>>>(a);
-  } else if (a.dk <= 8 * 8) {
-    gdr_scan_kernel<RC, 8><<<grid, block, smem, st>>>(a);
-  } else if (a.dk <= 8 * 16) {
-    gdr_scan_kernel<RC, 16><<<grid, block, smem, st>>>(a);
+  gdr_scan_kernel<kWarps, RC, RPW><<<grid, kLanes * kWarps, smem, st>>>(a);
+}
+
+// RC = C / kWarps rounded up to 8 or 16 rows (8 warps) or 4 or 8 (16 warps); RPW covers dk.
+template <int kWarps, int RC>
+int launch_rpw(const GdrScanArgs& a, dim3 grid, size_t smem, cudaStream_t st) {
+  if (a.dk <= kWarps * 4) {
+    launch<kWarps, RC, 4>(a, grid, smem, st);
+  } else if (a.dk <= kWarps * 8) {
+    launch<kWarps, RC, 8>(a, grid, smem, st);
+  } else if (a.dk <= kWarps * 16) {
+    launch<kWarps, RC, 16>(a, grid, smem, st);
   } else {
-    gdr_scan_kernel<RC, 32><<<grid, block, smem, st>>>(a);
+    launch<kWarps, RC, 32>(a, grid, smem, st);
   }
   return static_cast<int>(cudaGetLastError());
+}
+
+// Blocks that fill the GPU's SMs twice: fewer than that and the wide (16-warp) blocks are used.
+int64_t blocks_to_fill() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    return 0;
+  return 2 * static_cast<int64_t>(sms);
 }
 
 }  // namespace
@@ -175,7 +187,10 @@ int gdr_scan(const GdrScanArgs& a, void* stream) {
   const dim3 grid(static_cast<unsigned>(a.n_docs * a.H), static_cast<unsigned>((a.dv + kLanes - 1) / kLanes));
   const size_t smem = gdr_scan_smem_bytes(a.C, a.dk);  // ≤ 176 KiB by the limits
   auto st = static_cast<cudaStream_t>(stream);
-  return a.C <= 8 * 8 ? launch_rpw<8>(a, grid, smem, st) : launch_rpw<16>(a, grid, smem, st);
+  const int64_t blocks = static_cast<int64_t>(grid.x) * grid.y;
+  const bool wide = a.wide_blocks == 1 || (a.wide_blocks < 0 && blocks < blocks_to_fill());
+  if (wide) return a.C <= 16 * 4 ? launch_rpw<16, 4>(a, grid, smem, st) : launch_rpw<16, 8>(a, grid, smem, st);
+  return a.C <= 8 * 8 ? launch_rpw<8, 8>(a, grid, smem, st) : launch_rpw<8, 16>(a, grid, smem, st);
 }
 
 }  // namespace kernels

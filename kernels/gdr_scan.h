@@ -38,6 +38,9 @@ struct GdrScanArgs {
   const int32_t* n_chunks = nullptr;  // [n_docs], device memory
   float sign_p = -1.f, sign_q = 1.f;
   bool reverse = false;
+  // Blocks of 16 warps instead of 8: −1 picks them when the grid would not fill the GPU twice over
+  // (few documents × heads); 0 and 1 force a choice (tests cover both).
+  int wide_blocks = -1;
   int64_t n_docs = 0, H = 0, C = 0, dk = 0, dv = 0;
 };
 

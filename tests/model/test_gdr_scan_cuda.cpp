@@ -68,60 +68,65 @@ TEST(GdrScanCuda, KernelMatchesReferenceForwardAndBackward) {
       {{1}, 4, 7, 4, 1},                  // a single step, tiny sizes
   };
   const double tol = 2e-5;
-  for (const Case& c : cases) {
-    int64_t N = 0;
-    const auto plan = make_plan(c.chunk_counts, c.H, N);
-    const int64_t R = N * c.H, S = plan.n_docs * c.H;
-    auto opt = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
-    // Magnitudes like the model's: W and Kd rows of L2-normalised keys times β ≤ 1 and decay ≤ 1.
-    auto W0 = torch::randn({R, c.C, c.dk}, opt) / std::sqrt(static_cast<double>(c.dk));
-    auto U0 = torch::randn({R, c.C, c.dv}, opt);
-    auto K0 = torch::randn({R, c.C, c.dk}, opt) / std::sqrt(static_cast<double>(c.dk));
-    auto d0 = torch::rand({R}, opt) * 0.5 + 0.5;
-    auto h00 = torch::randn({S, c.dk, c.dv}, opt);
-    auto g_hin = torch::randn({R, c.dk, c.dv}, opt), g_vn = torch::randn({R, c.C, c.dv}, opt);
-    auto g_fin = torch::randn({S, c.dk, c.dv}, opt);
-    struct Run {
-      model::GdrScanResult out;
-      std::vector<torch::Tensor> grads;
-    };
-    auto run = [&](bool kernel) {
-      auto W = W0.clone().requires_grad_(true), U = U0.clone().requires_grad_(true);
-      auto K = K0.clone().requires_grad_(true), d = d0.clone().requires_grad_(true);
-      auto h0 = h00.clone().requires_grad_(true);
-      Run r;
-      r.out = kernel ? model::gdr_scan(W, U, K, d, h0, plan) : model::gdr_scan_reference(W, U, K, d, h0, plan);
-      ((r.out.h_in * g_hin).sum() + (r.out.v_new * g_vn).sum() + (r.out.h_final * g_fin).sum()).backward();
-      r.grads = {W.grad(), U.grad(), K.grad(), d.grad(), h0.grad()};
-      return r;
-    };
-    const Run want = run(false), got = run(true);
-    const std::string what = describe(c);
-    const double e_hin = rel_norm_diff(got.out.h_in, want.out.h_in), e_vn = rel_norm_diff(got.out.v_new, want.out.v_new);
-    const double e_fin = rel_norm_diff(got.out.h_final, want.out.h_final);
-    EXPECT_LT(e_hin, tol) << what << ": h_in";
-    EXPECT_LT(e_vn, tol) << what << ": v_new";
-    EXPECT_LT(e_fin, tol) << what << ": h_final";
-    const char* names[] = {"dW", "dU", "dKd", "ddecay", "dh0"};
-    double worst = 0;
-    for (size_t i = 0; i < got.grads.size(); ++i) {
-      ASSERT_TRUE(got.grads[i].defined()) << what << ": " << names[i] << " missing";
-      const double e = rel_norm_diff(got.grads[i], want.grads[i]);
-      worst = std::max(worst, e);
-      EXPECT_LT(e, tol) << what << ": " << names[i];
+  // Both block widths on every case (8 and 16 warps), and the automatic choice on the last pass.
+  for (const int wide : {0, 1, -1}) {
+    for (const Case& c : cases) {
+      model::gdr_scan_wide_blocks(wide);
+      int64_t N = 0;
+      const auto plan = make_plan(c.chunk_counts, c.H, N);
+      const int64_t R = N * c.H, S = plan.n_docs * c.H;
+      auto opt = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+      // Magnitudes like the model's: W and Kd rows of L2-normalised keys times β ≤ 1 and decay ≤ 1.
+      auto W0 = torch::randn({R, c.C, c.dk}, opt) / std::sqrt(static_cast<double>(c.dk));
+      auto U0 = torch::randn({R, c.C, c.dv}, opt);
+      auto K0 = torch::randn({R, c.C, c.dk}, opt) / std::sqrt(static_cast<double>(c.dk));
+      auto d0 = torch::rand({R}, opt) * 0.5 + 0.5;
+      auto h00 = torch::randn({S, c.dk, c.dv}, opt);
+      auto g_hin = torch::randn({R, c.dk, c.dv}, opt), g_vn = torch::randn({R, c.C, c.dv}, opt);
+      auto g_fin = torch::randn({S, c.dk, c.dv}, opt);
+      struct Run {
+        model::GdrScanResult out;
+        std::vector<torch::Tensor> grads;
+      };
+      auto run = [&](bool kernel) {
+        auto W = W0.clone().requires_grad_(true), U = U0.clone().requires_grad_(true);
+        auto K = K0.clone().requires_grad_(true), d = d0.clone().requires_grad_(true);
+        auto h0 = h00.clone().requires_grad_(true);
+        Run r;
+        r.out = kernel ? model::gdr_scan(W, U, K, d, h0, plan) : model::gdr_scan_reference(W, U, K, d, h0, plan);
+        ((r.out.h_in * g_hin).sum() + (r.out.v_new * g_vn).sum() + (r.out.h_final * g_fin).sum()).backward();
+        r.grads = {W.grad(), U.grad(), K.grad(), d.grad(), h0.grad()};
+        return r;
+      };
+      const Run want = run(false), got = run(true);
+      const std::string what = describe(c);
+      const double e_hin = rel_norm_diff(got.out.h_in, want.out.h_in), e_vn = rel_norm_diff(got.out.v_new, want.out.v_new);
+      const double e_fin = rel_norm_diff(got.out.h_final, want.out.h_final);
+      EXPECT_LT(e_hin, tol) << what << ": h_in";
+      EXPECT_LT(e_vn, tol) << what << ": v_new";
+      EXPECT_LT(e_fin, tol) << what << ": h_final";
+      const char* names[] = {"dW", "dU", "dKd", "ddecay", "dh0"};
+      double worst = 0;
+      for (size_t i = 0; i < got.grads.size(); ++i) {
+        ASSERT_TRUE(got.grads[i].defined()) << what << ": " << names[i] << " missing";
+        const double e = rel_norm_diff(got.grads[i], want.grads[i]);
+        worst = std::max(worst, e);
+        EXPECT_LT(e, tol) << what << ": " << names[i];
+      }
+      // The backward without autograd (what the chunk core's hand-written backward calls).
+      const auto bw_want = model::gdr_scan_backward_reference(W0, K0, d0, g_hin, g_vn, g_fin, plan);
+      const auto bw_got = model::gdr_scan_backward(W0, K0, d0, g_hin, g_vn, g_fin, plan);
+      const double e_bw = std::max({rel_norm_diff(bw_got.dh_next, bw_want.dh_next), rel_norm_diff(bw_got.dU, bw_want.dU),
+                                    rel_norm_diff(bw_got.dh0, bw_want.dh0)});
+      EXPECT_LT(e_bw, tol) << what << ": gdr_scan_backward";
+      // And the reference backward agrees with autograd through the reference forward.
+      EXPECT_LT(rel_norm_diff(bw_want.dU, want.grads[1]), tol) << what << ": reference dU vs autograd";
+      EXPECT_LT(rel_norm_diff(bw_want.dh0, want.grads[4]), tol) << what << ": reference dh0 vs autograd";
+      std::printf("[gdr_scan] %s, %s blocks: fwd %.1e %.1e %.1e, worst grad %.1e, backward-only %.1e\n", what.c_str(),
+                  wide == 0 ? "8-warp" : wide == 1 ? "16-warp" : "auto", e_hin, e_vn, e_fin, worst, e_bw);
     }
-    // The backward without autograd (what the chunk core's hand-written backward calls).
-    const auto bw_want = model::gdr_scan_backward_reference(W0, K0, d0, g_hin, g_vn, g_fin, plan);
-    const auto bw_got = model::gdr_scan_backward(W0, K0, d0, g_hin, g_vn, g_fin, plan);
-    const double e_bw = std::max({rel_norm_diff(bw_got.dh_next, bw_want.dh_next), rel_norm_diff(bw_got.dU, bw_want.dU),
-                                  rel_norm_diff(bw_got.dh0, bw_want.dh0)});
-    EXPECT_LT(e_bw, tol) << what << ": gdr_scan_backward";
-    // And the reference backward agrees with autograd through the reference forward.
-    EXPECT_LT(rel_norm_diff(bw_want.dU, want.grads[1]), tol) << what << ": reference dU vs autograd";
-    EXPECT_LT(rel_norm_diff(bw_want.dh0, want.grads[4]), tol) << what << ": reference dh0 vs autograd";
-    std::printf("[gdr_scan] %s: fwd %.1e %.1e %.1e, worst grad %.1e, backward-only %.1e\n", what.c_str(), e_hin, e_vn,
-                e_fin, worst, e_bw);
   }
+  model::gdr_scan_wide_blocks(-1);
 }
 
 // The whole chunked delta rule on the GPU (scan kernel inside) against the step-by-step reference
