@@ -34,9 +34,11 @@ torch::Tensor BlockImpl::mix(const torch::Tensor& u, const Positions& p) {
 }
 
 BlockOutput BlockImpl::forward_plain(const torch::Tensor& x, const torch::Tensor& branch, const Positions& p) {
-  // Norms whose output feeds one matmul (the S mixer's fused qkv, SwiGLU's fused gate|up) emit it
-  // in the matmul's dtype; the others keep fp32 for their several readers (and MoE's fp32 router).
-  auto n1 = norm1->add_forward(x, branch, /*for_matmul=*/mixer_ == 'S');
+  // Norms whose output is read only by matmuls (every mixer's input projections, SwiGLU's fused
+  // gate|up) emit it in the matmul's dtype: autocast would round it to that dtype for each matmul
+  // anyway, and the casts and their fp32 gradients go away. MoE's router reads norm2's output in
+  // fp32, so that one keeps it.
+  auto n1 = norm1->add_forward(x, branch, /*for_matmul=*/true);
   auto n2 = norm2->add_forward(n1.h, mix(n1.y, p), /*for_matmul=*/!moe);
   if (moe) {
     auto r = moe(n2.y);
