@@ -31,12 +31,12 @@ __device__ __forceinline__ void add_row(float* s, int i, float x, bool warp_rows
   }
 }
 
-// Stages γ = cumsum(g) (from `g_tok`, token layout, when given; else from `gam`), β, e^γ and
-// κ = e^{γ_last − γ} of chunk-row r into shared memory. Rows past len are padding (g = β = 0).
+// The per-row gate values of one chunk in shared memory: γ = cumsum(g), β, e^γ, κ = e^{γ_last − γ}.
 struct Gates {
   float gam[kMaxC], b[kMaxC], e[kMaxC], kap[kMaxC];
 };
 
+// Stages the gates of chunk-row r from prep's γ and β (rows past a chunk's length hold zeros).
 __device__ void load_gates(Gates& s, const float* gam, const float* b, int64_t r, int C) {
   const int i = threadIdx.x;
   if (i < C) {

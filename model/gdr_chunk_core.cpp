@@ -15,8 +15,6 @@
 
 #include <atomic>
 #include <cmath>
-#include <map>
-#include <mutex>
 #include <tuple>
 #include <vector>
 
@@ -174,23 +172,11 @@ kernels::GdrChunkList chunk_list(const Ctx& c) {
 
 void* stream_of(const torch::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 
-// The chunk table on the device, copied once per distinct layout: a step captured as a CUDA graph
-// may not copy from pageable host memory, and dense batches repeat their layout every step.
+// The chunk table on the device: [2, N] int32, chunk starts then lengths.
 torch::Tensor device_table(const GdrChunkLayout& l, const torch::Device& dev) {
-  using Key = std::tuple<int, std::vector<int32_t>, std::vector<int32_t>>;
-  static std::mutex mu;
-  static std::map<Key, torch::Tensor> cache;
-  constexpr size_t kMaxTables = 64;
-  Key key{dev.index(), l.chunk_start, l.chunk_len};
-  std::lock_guard<std::mutex> lock(mu);
-  if (auto it = cache.find(key); it != cache.end()) return it->second;
-  if (cache.size() >= kMaxTables) cache.clear();
   std::vector<int32_t> host(l.chunk_start);
   host.insert(host.end(), l.chunk_len.begin(), l.chunk_len.end());
-  auto host_t = torch::from_blob(host.data(), {2, l.n_chunks}, torch::TensorOptions().dtype(torch::kInt32));
-  auto t = host_to_device(host_t, dev);
-  cache.emplace(std::move(key), t);
-  return t;
+  return cached_device_ints(host, dev).view({2, l.n_chunks});
 }
 
 // The token-layout inputs as the kernels read them: q and k contiguous in one dtype, v contiguous in

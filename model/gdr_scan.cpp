@@ -8,9 +8,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <map>
-#include <mutex>
-#include <tuple>
 #include <vector>
 
 #if defined(DD_HAVE_CUDA)
@@ -118,28 +115,12 @@ struct DevicePlan {
   torch::Tensor step_off, n_chunks;
 };
 
-// Plans repeat from step to step (a dense batch always has the same one), and a step captured as a
-// CUDA graph may not copy from pageable host memory: each plan is copied to its device once and
-// reused. Packed batches bring new plans, so the cache is emptied when it grows past a bound.
 DevicePlan device_plan(const GdrScanPlan& p, const torch::Device& dev) {
   std::vector<int32_t> off(p.step_off.begin(), p.step_off.end()), nch(static_cast<size_t>(p.n_docs), 0);
   for (const int64_t cnt : p.step_count) {
     for (int64_t s = 0; s < cnt; ++s) ++nch[static_cast<size_t>(s)];
   }
-  using Key = std::tuple<int, std::vector<int32_t>, std::vector<int32_t>>;
-  static std::mutex mu;
-  static std::map<Key, DevicePlan> cache;
-  constexpr size_t kMaxPlans = 64;
-  Key key{dev.index(), off, nch};
-  std::lock_guard<std::mutex> lock(mu);
-  if (auto it = cache.find(key); it != cache.end()) return it->second;
-  if (cache.size() >= kMaxPlans) cache.clear();
-  auto cpu = torch::TensorOptions().dtype(torch::kInt32);
-  DevicePlan d;
-  d.step_off = host_to_device(torch::from_blob(off.data(), {static_cast<int64_t>(off.size())}, cpu), dev);
-  d.n_chunks = host_to_device(torch::from_blob(nch.data(), {static_cast<int64_t>(nch.size())}, cpu), dev);
-  cache.emplace(std::move(key), d);
-  return d;
+  return {cached_device_ints(off, dev), cached_device_ints(nch, dev)};
 }
 
 const float* ptr_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }

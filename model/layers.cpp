@@ -10,12 +10,30 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <utility>
 
 namespace model {
 
 torch::Tensor host_to_device(const torch::Tensor& host, const torch::Device& device) {
   if (device.is_cpu()) return host;
   return host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
+torch::Tensor cached_device_ints(const std::vector<int32_t>& values, const torch::Device& device) {
+  using Key = std::pair<int, std::vector<int32_t>>;
+  static std::mutex mu;
+  static std::map<Key, torch::Tensor> cache;
+  constexpr size_t kMaxTables = 256;
+  Key key{device.is_cpu() ? -1 : device.index(), values};
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  if (cache.size() >= kMaxTables) cache.clear();
+  auto host = torch::tensor(values, torch::TensorOptions().dtype(torch::kInt32));
+  auto t = host_to_device(host, device);
+  cache.emplace(std::move(key), t);
+  return t;
 }
 
 AutocastOff::AutocastOff()

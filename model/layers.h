@@ -6,6 +6,9 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include <cstdint>
+#include <vector>
+
 #include "model/fused_rmsnorm.h"
 #include "model/linear.h"
 #include "model/model_config.h"
@@ -17,6 +20,12 @@ namespace model {
 // has run). A pageable copy would drain the device's queue first — a host sync per call. Returns
 // `host` itself for a CPU device. Any thread; not inside a CUDA graph capture.
 torch::Tensor host_to_device(const torch::Tensor& host, const torch::Device& device);
+
+// A device copy of small int32 tables (kernel plans) that repeat from step to step, made once per
+// distinct content and device and then reused: dense batches repeat their plans every step, and a
+// step captured as a CUDA graph may not copy from the host at all. Packed batches bring new ones,
+// so the cache is emptied when it grows past a bound. Any thread.
+torch::Tensor cached_device_ints(const std::vector<int32_t>& values, const torch::Device& device);
 
 // Turns autocast (CUDA and CPU) off for a scope and restores it after: the parts MODEL.md §0 keeps in fp32
 // (the gated-delta-rule core, the MoE router) must not have their matmuls cast down to bf16.
