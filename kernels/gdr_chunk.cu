@@ -6,6 +6,8 @@
 // each summing in the same order as the ATen reference's sequential scan.
 #include <cuda_runtime.h>
 
+#include <initializer_list>
+
 #include "kernels/elem.cuh"
 #include "kernels/gdr_chunk.h"
 
@@ -31,6 +33,37 @@ __device__ __forceinline__ void add_row(float* s, int i, float x, bool warp_rows
   }
 }
 
+// VW consecutive elements of a row: loaded as fp32 (zeros where !valid) and stored from fp32, as
+// one 16-byte access for VW = 4 (fp32) or 8-byte (bf16/fp16) when the host found them aligned.
+template <int VW, typename T>
+__device__ __forceinline__ void load_n(float* out, const T* p, bool valid) {
+  if (!valid) {
+#pragma unroll
+    for (int j = 0; j < VW; ++j) out[j] = 0.f;
+  } else if constexpr (VW == 4) {
+    Vec<T, 4> x;
+    x.load(p);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out[j] = x.get(j);
+  } else {
+#pragma unroll
+    for (int j = 0; j < VW; ++j) out[j] = to_f32(p[j]);
+  }
+}
+
+template <int VW, typename T>
+__device__ __forceinline__ void store_n(T* p, const float* in) {
+  if constexpr (VW == 4) {
+    Vec<T, 4> x;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) x.set(j, in[j]);
+    x.store(p);
+  } else {
+#pragma unroll
+    for (int j = 0; j < VW; ++j) p[j] = from_f32<T>(in[j]);
+  }
+}
+
 // The per-row gate values of one chunk in shared memory: γ = cumsum(g), β, e^γ, κ = e^{γ_last − γ}.
 struct Gates {
   float gam[kMaxC], b[kMaxC], e[kMaxC], kap[kMaxC];
@@ -51,7 +84,7 @@ __device__ void load_gates(Gates& s, const float* gam, const float* b, int64_t r
   __syncthreads();
 }
 
-template <typename T, typename TV>
+template <typename T, typename TV, int VW>
 __global__ void __launch_bounds__(kThreads) gdr_chunk_prep_kernel(GdrChunkList l, GdrChunkPrepArgs a) {
   __shared__ float g_s[kMaxC];
   __shared__ Gates s;
@@ -83,22 +116,34 @@ __global__ void __launch_bounds__(kThreads) gdr_chunk_prep_kernel(GdrChunkList l
   const T* q = static_cast<const T*>(a.q);
   const T* k = static_cast<const T*>(a.k);
   const TV* v = static_cast<const TV*>(a.v);
-  for (int el = t; el < C * dk; el += kThreads) {
-    const int i = el / dk, d = el % dk;
+  const int dk_n = dk / VW, dv_n = dv / VW;
+  for (int el = t; el < C * dk_n; el += kThreads) {
+    const int i = el / dk_n, d = (el % dk_n) * VW;
     const bool valid = i < len;
     const int64_t src = ((start + i) * l.H + h) * dk + d;
-    const float qv = valid ? to_f32(q[src]) : 0.f, kv = valid ? to_f32(k[src]) : 0.f;
+    float qv[VW], kv[VW], rw[VW], kd[VW], qg[VW];
+    load_n<VW>(qv, q + src, valid);
+    load_n<VW>(kv, k + src, valid);
+#pragma unroll
+    for (int j = 0; j < VW; ++j) {
+      rw[j] = (s.b[i] * s.e[i]) * kv[j];
+      kd[j] = s.kap[i] * kv[j];
+      qg[j] = s.e[i] * qv[j];
+    }
     const int64_t row = (r * C + i) * dk + d;
-    a.X[(r * 2 * C + i) * dk + d] = qv;
-    a.X[(r * 2 * C + C + i) * dk + d] = kv;
-    a.Rw[row] = (s.b[i] * s.e[i]) * kv;
-    a.Kd[row] = s.kap[i] * kv;
-    a.Qg[row] = s.e[i] * qv;
+    store_n<VW>(a.X + (r * 2 * C + i) * dk + d, qv);
+    store_n<VW>(a.X + (r * 2 * C + C + i) * dk + d, kv);
+    store_n<VW>(a.Rw + row, rw);
+    store_n<VW>(a.Kd + row, kd);
+    store_n<VW>(a.Qg + row, qg);
   }
-  for (int el = t; el < C * dv; el += kThreads) {
-    const int i = el / dv, d = el % dv;
-    const float vv = i < len ? to_f32(v[((start + i) * l.H + h) * dv + d]) : 0.f;
-    a.Ru[(r * C + i) * dv + d] = s.b[i] * vv;
+  for (int el = t; el < C * dv_n; el += kThreads) {
+    const int i = el / dv_n, d = (el % dv_n) * VW;
+    float vv[VW];
+    load_n<VW>(vv, v + ((start + i) * l.H + h) * dv + d, i < len);
+#pragma unroll
+    for (int j = 0; j < VW; ++j) vv[j] *= s.b[i];
+    store_n<VW>(a.Ru + (r * C + i) * dv + d, vv);
   }
 }
 
@@ -154,7 +199,7 @@ __global__ void __launch_bounds__(kThreads) gdr_chunk_masks_backward_kernel(GdrC
   }
 }
 
-template <typename T, typename TV>
+template <typename T, typename TV, int VW>
 __global__ void __launch_bounds__(kThreads) gdr_chunk_input_grads_kernel(GdrChunkList l, GdrChunkInputGradsArgs a) {
   __shared__ Gates s;
   __shared__ float rw_k[kMaxC], ru_v[kMaxC], qg_q[kMaxC], kd_k[kMaxC], dgam_s[kMaxC];
@@ -169,33 +214,57 @@ __global__ void __launch_bounds__(kThreads) gdr_chunk_input_grads_kernel(GdrChun
   const float* K = Q + C * dk;
   T* dq = static_cast<T*>(a.dq);
   T* dkk = static_cast<T*>(a.dk);
-  const bool warp_rows_k = dk % 32 == 0, warp_rows_v = dv % 32 == 0;
-  for (int el = t; el < C * dk; el += kThreads) {
-    const int i = el / dk, d = el % dk;
+  // Rows of dk / VW (dv / VW) vectors: a warp shares one row when that is a multiple of 32.
+  const int dk_n = dk / VW, dv_n = dv / VW;
+  const bool warp_rows_k = dk_n % 32 == 0, warp_rows_v = dv_n % 32 == 0;
+  for (int el = t; el < C * dk_n; el += kThreads) {
+    const int i = el / dk_n, d = (el % dk_n) * VW;
     const int64_t row = (r * C + i) * dk + d;
-    const float dqg = a.dQg ? a.dQg[row] : 0.f, drw = a.dRw[row], dkd = a.dKd[row];
-    const float kv = K[el], qv = Q[el];
-    if (i < len) {
-      const int64_t dst = ((start + i) * l.H + h) * dk + d;
-      dq[dst] = from_f32<T>(a.dQ_mm[row] + s.e[i] * dqg);
-      dkk[dst] = from_f32<T>(a.dK_mm[row] + (s.b[i] * s.e[i]) * drw + s.kap[i] * dkd);
+    float dqg[VW], drw[VW], dkd[VW], kv[VW], qv[VW], dqm[VW], dkm[VW];
+    load_n<VW>(dqg, a.dQg != nullptr ? a.dQg + row : nullptr, a.dQg != nullptr);
+    load_n<VW>(drw, a.dRw + row, true);
+    load_n<VW>(dkd, a.dKd + row, true);
+    load_n<VW>(kv, K + i * dk + d, true);
+    load_n<VW>(qv, Q + i * dk + d, true);
+    float s_rw = 0.f, s_qg = 0.f, s_kd = 0.f;
+#pragma unroll
+    for (int j = 0; j < VW; ++j) {
+      s_rw += drw[j] * kv[j];
+      s_qg += dqg[j] * qv[j];
+      s_kd += dkd[j] * kv[j];
     }
-    add_row(rw_k, i, drw * kv, warp_rows_k);
-    add_row(qg_q, i, dqg * qv, warp_rows_k);
-    add_row(kd_k, i, dkd * kv, warp_rows_k);
+    if (i < len) {
+      load_n<VW>(dqm, a.dQ_mm + row, true);
+      load_n<VW>(dkm, a.dK_mm + row, true);
+#pragma unroll
+      for (int j = 0; j < VW; ++j) {
+        dqm[j] += s.e[i] * dqg[j];
+        dkm[j] += (s.b[i] * s.e[i]) * drw[j] + s.kap[i] * dkd[j];
+      }
+      const int64_t dst = ((start + i) * l.H + h) * dk + d;
+      store_n<VW>(dq + dst, dqm);
+      store_n<VW>(dkk + dst, dkm);
+    }
+    add_row(rw_k, i, s_rw, warp_rows_k);
+    add_row(qg_q, i, s_qg, warp_rows_k);
+    add_row(kd_k, i, s_kd, warp_rows_k);
   }
   const TV* v = static_cast<const TV*>(a.v);
   TV* dvv = static_cast<TV*>(a.dv);
-  for (int el = t; el < C * dv; el += kThreads) {
-    const int i = el / dv, d = el % dv;
-    const float dru = a.dRu[(r * C + i) * dv + d];
-    float vv = 0.f;
-    if (i < len) {
-      const int64_t tok = ((start + i) * l.H + h) * dv + d;
-      vv = to_f32(v[tok]);
-      dvv[tok] = from_f32<TV>(s.b[i] * dru);
+  for (int el = t; el < C * dv_n; el += kThreads) {
+    const int i = el / dv_n, d = (el % dv_n) * VW;
+    float dru[VW], vv[VW];
+    load_n<VW>(dru, a.dRu + (r * C + i) * dv + d, true);
+    const int64_t tok = ((start + i) * l.H + h) * dv + d;
+    load_n<VW>(vv, v + tok, i < len);
+    float s_ru = 0.f;
+#pragma unroll
+    for (int j = 0; j < VW; ++j) {
+      s_ru += dru[j] * vv[j];
+      dru[j] *= s.b[i];
     }
-    add_row(ru_v, i, dru * vv, warp_rows_v);
+    if (i < len) store_n<VW>(dvv + tok, dru);
+    add_row(ru_v, i, s_ru, warp_rows_v);
   }
   __syncthreads();
   float db = 0.f;
@@ -234,6 +303,21 @@ __global__ void __launch_bounds__(kThreads) gdr_chunk_input_grads_kernel(GdrChun
     case DType::F16: DD_GDR_CHUNK_DISPATCH_V(__half, DT_V, CALL) break;             \
   }
 
+int elem_bytes(DType t) { return t == DType::F32 ? 4 : 2; }
+
+// Whether rows can move as 4-element vectors: dk and dv multiples of 4 and every pointer aligned.
+bool vectorizable(const GdrChunkList& l, DType qk, DType v, std::initializer_list<const void*> f32,
+                  std::initializer_list<const void*> qk_ptrs, std::initializer_list<const void*> v_ptrs) {
+  if (l.dk % 4 != 0 || l.dv % 4 != 0) return false;
+  for (const void* p : f32)
+    if (!aligned_to(16, p)) return false;
+  for (const void* p : qk_ptrs)
+    if (!aligned_to(4 * elem_bytes(qk), p)) return false;
+  for (const void* p : v_ptrs)
+    if (!aligned_to(4 * elem_bytes(v), p)) return false;
+  return true;
+}
+
 bool takes(const GdrChunkList& l) {
   return gdr_chunk_supports(l.C) && l.N * l.H >= 1 && l.N * l.H <= 2147483647LL && l.dk >= 1 && l.dv >= 1;
 }
@@ -243,7 +327,10 @@ bool takes(const GdrChunkList& l) {
 int gdr_chunk_prep_forward(const GdrChunkList& l, const GdrChunkPrepArgs& a, void* stream) {
   if (!takes(l)) return static_cast<int>(cudaErrorInvalidValue);
   const unsigned grid = static_cast<unsigned>(l.N * l.H);
-#define DD_LAUNCH(T, TV) gdr_chunk_prep_kernel<T, TV><<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(l, a)
+  const bool vec = vectorizable(l, a.in_qk, a.in_v, {a.X, a.Rw, a.Ru, a.Kd, a.Qg}, {a.q, a.k}, {a.v});
+#define DD_LAUNCH(T, TV)                                                                                 \
+  if (vec) gdr_chunk_prep_kernel<T, TV, 4><<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(l, a); \
+  else gdr_chunk_prep_kernel<T, TV, 1><<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(l, a)
   DD_GDR_CHUNK_DISPATCH(a.in_qk, a.in_v, DD_LAUNCH);
 #undef DD_LAUNCH
   return static_cast<int>(cudaGetLastError());
@@ -265,8 +352,11 @@ int gdr_chunk_masks_backward(const GdrChunkList& l, const GdrChunkMasksBackwardA
 int gdr_chunk_input_grads(const GdrChunkList& l, const GdrChunkInputGradsArgs& a, void* stream) {
   if (!takes(l)) return static_cast<int>(cudaErrorInvalidValue);
   const unsigned grid = static_cast<unsigned>(l.N * l.H);
-#define DD_LAUNCH(T, TV) \
-  gdr_chunk_input_grads_kernel<T, TV><<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(l, a)
+  const bool vec = vectorizable(l, a.in_qk, a.in_v, {a.dQ_mm, a.dK_mm, a.dQg, a.dRw, a.dRu, a.dKd, a.X},
+                                {a.dq, a.dk}, {a.v, a.dv});
+#define DD_LAUNCH(T, TV)                                                                                        \
+  if (vec) gdr_chunk_input_grads_kernel<T, TV, 4><<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(l, a); \
+  else gdr_chunk_input_grads_kernel<T, TV, 1><<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(l, a)
   DD_GDR_CHUNK_DISPATCH(a.in_qk, a.in_v, DD_LAUNCH);
 #undef DD_LAUNCH
   return static_cast<int>(cudaGetLastError());
