@@ -12,7 +12,6 @@ namespace kernels {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kMaxPerLane = 32;  // D ≤ 32 · 32
 constexpr int kBackwardBlocks = 512;
 
 __device__ __forceinline__ float warp_sum(float x) {
@@ -46,7 +45,9 @@ __global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_forward_kernel(TY* 
   }
 }
 
-template <typename TY, typename TZ>
+// PER_LANE: columns per lane, ⌈D / 32⌉ rounded up to a power of two (the unrolled loop and the
+// weight-gradient registers are sized by it, so a 128-wide head does not walk 32 idle slots).
+template <typename TY, typename TZ, int PER_LANE>
 __global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_backward_kernel(float* d_o, TZ* dz, float* dw_partial,
                                                                              const TY* dy, const float* o, const TZ* z,
                                                                              const float* w, const float* rstd,
@@ -54,9 +55,9 @@ __global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_backward_kernel(flo
   const int lane = threadIdx.x % 32;
   const int D = static_cast<int>(rows.D);
   const int64_t warp_id = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
-  float acc[kMaxPerLane];
+  float acc[PER_LANE];
 #pragma unroll
-  for (int k = 0; k < kMaxPerLane; ++k) acc[k] = 0.f;
+  for (int k = 0; k < PER_LANE; ++k) acc[k] = 0.f;
   for (int64_t n = warp_id; n < rows.N; n += static_cast<int64_t>(gridDim.x) * kWarps) {
     const float* orow = o + n * D;
     const TZ* zrow = z + z_row(rows, n);
@@ -70,7 +71,7 @@ __global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_backward_kernel(flo
     }
     const float mean = warp_sum(dot) / static_cast<float>(D);
 #pragma unroll
-    for (int k = 0; k < kMaxPerLane; ++k) {
+    for (int k = 0; k < PER_LANE; ++k) {
       const int c = lane + 32 * k;
       if (c < D) {
         const float zv = to_f32(zrow[c]), dyv = to_f32(dyrow[c]), oh = orow[c] * r, wc = w[c];
@@ -82,7 +83,7 @@ __global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_backward_kernel(flo
     }
   }
 #pragma unroll
-  for (int k = 0; k < kMaxPerLane; ++k) {
+  for (int k = 0; k < PER_LANE; ++k) {
     const int c = lane + 32 * k;
     if (c < D) dw_partial[warp_id * D + c] = acc[k];
   }
@@ -132,11 +133,19 @@ int gated_rmsnorm_backward(float* d_o, void* dz, float* dw_partial, const void* 
   if (rows.N == 0) return 0;
   const unsigned grid = static_cast<unsigned>(gated_rmsnorm_backward_partial_rows(rows.N) / kWarps);
   auto st = static_cast<cudaStream_t>(stream);
-#define DD_LAUNCH(TY, TZ)                                                                            \
-  gated_rmsnorm_backward_kernel<TY, TZ><<<grid, kWarps * 32, 0, st>>>(                              \
+#define DD_LAUNCH_K(TY, TZ, K)                                                                        \
+  gated_rmsnorm_backward_kernel<TY, TZ, K><<<grid, kWarps * 32, 0, st>>>(                            \
       d_o, static_cast<TZ*>(dz), dw_partial, static_cast<const TY*>(dy), o, static_cast<const TZ*>(z), w, rstd, rows)
+#define DD_LAUNCH(TY, TZ)                    \
+  if (rows.D <= 32) DD_LAUNCH_K(TY, TZ, 1);  \
+  else if (rows.D <= 64) DD_LAUNCH_K(TY, TZ, 2);  \
+  else if (rows.D <= 128) DD_LAUNCH_K(TY, TZ, 4); \
+  else if (rows.D <= 256) DD_LAUNCH_K(TY, TZ, 8); \
+  else if (rows.D <= 512) DD_LAUNCH_K(TY, TZ, 16); \
+  else DD_LAUNCH_K(TY, TZ, 32)
   DD_GATED_NORM_DISPATCH(y_dt, z_dt, DD_LAUNCH)
 #undef DD_LAUNCH
+#undef DD_LAUNCH_K
   return static_cast<int>(cudaGetLastError());
 }
 
