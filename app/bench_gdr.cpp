@@ -1,6 +1,6 @@
 // `deltadeck bench gdr`: the chunked gated delta rule alone (model/gdr.h) at a given shape, the
-// forward and the forward+backward, with the chunk-state scan as the CUDA kernel and as the ATen
-// loop, so the kernel's effect is measured in one process. Inputs are made like the layer makes
+// forward and the forward+backward, with the delta rule's CUDA kernels (chunk kernels and scan) and
+// with their ATen twins, so the kernels' effect is measured in one process. Inputs are made like the layer makes
 // them (L2-normalised q and k, β in (0,1), log-decay ≤ 0) in the chosen dtype; the core computes in
 // fp32 as in training. Times are medians over --repeats runs after two warm-ups, synchronised.
 #include <torch/cuda.h>
@@ -73,7 +73,7 @@ int bench_gdr(const BenchGdrArgs& a) {
               static_cast<long long>(D), static_cast<long long>(a.chunk), a.dtype.c_str(),
               dev.is_cuda() ? "GPU" : "CPU");
   std::printf("%-22s %12s %16s %8s\n", "chunk core", "forward ms", "fwd+bwd ms", "ratio");
-  // The kernel runs on a GPU only; on the CPU both would be the ATen loop.
+  // The kernels run on a GPU only; on the CPU both rows would be the ATen twins.
   const std::vector<bool> modes = dev.is_cuda() ? std::vector<bool>{true, false} : std::vector<bool>{false};
   for (const bool kernel : modes) {
     model::gdr_use_kernels(kernel);

@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
 
   app::BenchGdrArgs bench_gdr;
   auto* bench_gdr_cmd = bench_cmd->add_subcommand(
-      "gdr", "The chunked gated delta rule alone, forward and forward+backward: scan kernel vs ATen loop");
+      "gdr", "The chunked gated delta rule alone, forward and forward+backward: CUDA kernels vs ATen twins");
   bench_gdr_cmd->add_option("--batch", bench_gdr.batch, "Rows B")->capture_default_str();
   bench_gdr_cmd->add_option("--seq", bench_gdr.seq, "Row length T")->capture_default_str();
   bench_gdr_cmd->add_option("--heads", bench_gdr.heads, "Heads H")->capture_default_str();
