@@ -43,6 +43,12 @@ inline bool aligned_to(int bytes, const void* a, const void* b = nullptr, const 
   return ok(a) && ok(b) && ok(c);
 }
 
+// Sum over the warp; every lane gets the result (all 32 lanes take part).
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
 // Sum over the block; every thread gets the result. `scratch` holds 32 floats; blockDim.x is a
 // multiple of 32.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {

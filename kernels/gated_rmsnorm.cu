@@ -14,11 +14,6 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kBackwardBlocks = 512;
 
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
-  return x;
-}
-
 __device__ __forceinline__ int64_t z_row(const GatedNormRows& r, int64_t n) {
   return (n / r.z_heads) * r.z_ld + (n % r.z_heads) * r.D;
 }
@@ -89,20 +84,6 @@ __global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_backward_kernel(flo
   }
 }
 
-// Runs CALL(TY, TZ) for the output and gate dtypes (each fp32, bf16 or fp16).
-#define DD_GATED_NORM_DISPATCH_Z(TY, DT_Z, CALL)       \
-  switch (DT_Z) {                                       \
-    case DType::F32: CALL(TY, float); break;            \
-    case DType::BF16: CALL(TY, __nv_bfloat16); break;   \
-    case DType::F16: CALL(TY, __half); break;           \
-  }
-#define DD_GATED_NORM_DISPATCH(DT_Y, DT_Z, CALL)                                  \
-  switch (DT_Y) {                                                                  \
-    case DType::F32: DD_GATED_NORM_DISPATCH_Z(float, DT_Z, CALL) break;            \
-    case DType::BF16: DD_GATED_NORM_DISPATCH_Z(__nv_bfloat16, DT_Z, CALL) break;   \
-    case DType::F16: DD_GATED_NORM_DISPATCH_Z(__half, DT_Z, CALL) break;           \
-  }
-
 int64_t forward_blocks(int64_t N) { return (N + kWarps - 1) / kWarps < 65535 ? (N + kWarps - 1) / kWarps : 65535; }
 
 }  // namespace
@@ -118,11 +99,14 @@ int gated_rmsnorm_forward(void* y, DType y_dt, float* rstd, const float* o, cons
   if (rows.N == 0) return 0;
   const unsigned grid = static_cast<unsigned>(forward_blocks(rows.N));
   auto st = static_cast<cudaStream_t>(stream);
-#define DD_LAUNCH(TY, TZ)                                                                                  \
-  gated_rmsnorm_forward_kernel<TY, TZ><<<grid, kWarps * 32, 0, st>>>(static_cast<TY*>(y), rstd, o,        \
-                                                                     static_cast<const TZ*>(z), w, rows, eps)
-  DD_GATED_NORM_DISPATCH(y_dt, z_dt, DD_LAUNCH)
-#undef DD_LAUNCH
+  dispatch_dtype(y_dt, [&](auto y_tag) {
+    dispatch_dtype(z_dt, [&](auto z_tag) {
+      using TY = decltype(y_tag);
+      using TZ = decltype(z_tag);
+      gated_rmsnorm_forward_kernel<TY, TZ><<<grid, kWarps * 32, 0, st>>>(static_cast<TY*>(y), rstd, o,
+                                                                         static_cast<const TZ*>(z), w, rows, eps);
+    });
+  });
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -133,23 +117,32 @@ int gated_rmsnorm_backward(float* d_o, void* dz, float* dw_partial, const void* 
   if (rows.N == 0) return 0;
   const unsigned grid = static_cast<unsigned>(gated_rmsnorm_backward_partial_rows(rows.N) / kWarps);
   auto st = static_cast<cudaStream_t>(stream);
-#define DD_LAUNCH_K(TY, TZ, K)                                                                        \
-  gated_rmsnorm_backward_kernel<TY, TZ, K><<<grid, kWarps * 32, 0, st>>>(                            \
-      d_o, static_cast<TZ*>(dz), dw_partial, static_cast<const TY*>(dy), o, static_cast<const TZ*>(z), w, rstd, rows)
-#define DD_LAUNCH(TY, TZ)                    \
-  if (rows.D <= 32) DD_LAUNCH_K(TY, TZ, 1);  \
-  else if (rows.D <= 64) DD_LAUNCH_K(TY, TZ, 2);  \
-  else if (rows.D <= 128) DD_LAUNCH_K(TY, TZ, 4); \
-  else if (rows.D <= 256) DD_LAUNCH_K(TY, TZ, 8); \
-  else if (rows.D <= 512) DD_LAUNCH_K(TY, TZ, 16); \
-  else DD_LAUNCH_K(TY, TZ, 32)
-  DD_GATED_NORM_DISPATCH(y_dt, z_dt, DD_LAUNCH)
-#undef DD_LAUNCH
-#undef DD_LAUNCH_K
+  dispatch_dtype(y_dt, [&](auto y_tag) {
+    dispatch_dtype(z_dt, [&](auto z_tag) {
+      using TY = decltype(y_tag);
+      using TZ = decltype(z_tag);
+      const TY* dyp = static_cast<const TY*>(dy);
+      const TZ* zp = static_cast<const TZ*>(z);
+      TZ* dzp = static_cast<TZ*>(dz);
+      const dim3 block(kWarps * 32);
+      if (rows.D <= 32) {
+        gated_rmsnorm_backward_kernel<TY, TZ, 1><<<grid, block, 0, st>>>(d_o, dzp, dw_partial, dyp, o, zp, w, rstd, rows);
+      } else if (rows.D <= 64) {
+        gated_rmsnorm_backward_kernel<TY, TZ, 2><<<grid, block, 0, st>>>(d_o, dzp, dw_partial, dyp, o, zp, w, rstd, rows);
+      } else if (rows.D <= 128) {
+        gated_rmsnorm_backward_kernel<TY, TZ, 4><<<grid, block, 0, st>>>(d_o, dzp, dw_partial, dyp, o, zp, w, rstd, rows);
+      } else if (rows.D <= 256) {
+        gated_rmsnorm_backward_kernel<TY, TZ, 8><<<grid, block, 0, st>>>(d_o, dzp, dw_partial, dyp, o, zp, w, rstd, rows);
+      } else if (rows.D <= 512) {
+        gated_rmsnorm_backward_kernel<TY, TZ, 16><<<grid, block, 0, st>>>(d_o, dzp, dw_partial, dyp, o, zp, w, rstd,
+                                                                         rows);
+      } else {
+        gated_rmsnorm_backward_kernel<TY, TZ, 32><<<grid, block, 0, st>>>(d_o, dzp, dw_partial, dyp, o, zp, w, rstd,
+                                                                         rows);
+      }
+    });
+  });
   return static_cast<int>(cudaGetLastError());
 }
-
-#undef DD_GATED_NORM_DISPATCH
-#undef DD_GATED_NORM_DISPATCH_Z
 
 }  // namespace kernels

@@ -18,11 +18,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxC = 64;
 
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
-  return x;
-}
-
 // Adds x to s[i]. With warp_rows, the whole warp shares row i (and takes this call together).
 __device__ __forceinline__ void add_row(float* s, int i, float x, bool warp_rows) {
   if (warp_rows) {
@@ -289,20 +284,6 @@ __global__ void __launch_bounds__(kThreads) gdr_chunk_input_grads_kernel(GdrChun
   }
 }
 
-// Runs CALL(T, TV) for the element types of q|k and of v (each fp32, bf16 or fp16).
-#define DD_GDR_CHUNK_DISPATCH_V(T, DT_V, CALL)            \
-  switch (DT_V) {                                          \
-    case DType::F32: CALL(T, float); break;                \
-    case DType::BF16: CALL(T, __nv_bfloat16); break;       \
-    case DType::F16: CALL(T, __half); break;               \
-  }
-#define DD_GDR_CHUNK_DISPATCH(DT_QK, DT_V, CALL)                                   \
-  switch (DT_QK) {                                                                  \
-    case DType::F32: DD_GDR_CHUNK_DISPATCH_V(float, DT_V, CALL) break;              \
-    case DType::BF16: DD_GDR_CHUNK_DISPATCH_V(__nv_bfloat16, DT_V, CALL) break;     \
-    case DType::F16: DD_GDR_CHUNK_DISPATCH_V(__half, DT_V, CALL) break;             \
-  }
-
 int elem_bytes(DType t) { return t == DType::F32 ? 4 : 2; }
 
 // Whether rows can move as 4-element vectors: dk and dv multiples of 4 and every pointer aligned.
@@ -328,11 +309,18 @@ int gdr_chunk_prep_forward(const GdrChunkList& l, const GdrChunkPrepArgs& a, voi
   if (!takes(l)) return static_cast<int>(cudaErrorInvalidValue);
   const unsigned grid = static_cast<unsigned>(l.N * l.H);
   const bool vec = vectorizable(l, a.in_qk, a.in_v, {a.X, a.Rw, a.Ru, a.Kd, a.Qg}, {a.q, a.k}, {a.v});
-#define DD_LAUNCH(T, TV)                                                                                 \
-  if (vec) gdr_chunk_prep_kernel<T, TV, 4><<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(l, a); \
-  else gdr_chunk_prep_kernel<T, TV, 1><<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(l, a)
-  DD_GDR_CHUNK_DISPATCH(a.in_qk, a.in_v, DD_LAUNCH);
-#undef DD_LAUNCH
+  auto st = static_cast<cudaStream_t>(stream);
+  dispatch_dtype(a.in_qk, [&](auto qk_tag) {
+    dispatch_dtype(a.in_v, [&](auto v_tag) {
+      using T = decltype(qk_tag);
+      using TV = decltype(v_tag);
+      if (vec) {
+        gdr_chunk_prep_kernel<T, TV, 4><<<grid, kThreads, 0, st>>>(l, a);
+      } else {
+        gdr_chunk_prep_kernel<T, TV, 1><<<grid, kThreads, 0, st>>>(l, a);
+      }
+    });
+  });
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -354,15 +342,19 @@ int gdr_chunk_input_grads(const GdrChunkList& l, const GdrChunkInputGradsArgs& a
   const unsigned grid = static_cast<unsigned>(l.N * l.H);
   const bool vec = vectorizable(l, a.in_qk, a.in_v, {a.dQ_mm, a.dK_mm, a.dQg, a.dRw, a.dRu, a.dKd, a.X},
                                 {a.dq, a.dk}, {a.v, a.dv});
-#define DD_LAUNCH(T, TV)                                                                                        \
-  if (vec) gdr_chunk_input_grads_kernel<T, TV, 4><<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(l, a); \
-  else gdr_chunk_input_grads_kernel<T, TV, 1><<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(l, a)
-  DD_GDR_CHUNK_DISPATCH(a.in_qk, a.in_v, DD_LAUNCH);
-#undef DD_LAUNCH
+  auto st = static_cast<cudaStream_t>(stream);
+  dispatch_dtype(a.in_qk, [&](auto qk_tag) {
+    dispatch_dtype(a.in_v, [&](auto v_tag) {
+      using T = decltype(qk_tag);
+      using TV = decltype(v_tag);
+      if (vec) {
+        gdr_chunk_input_grads_kernel<T, TV, 4><<<grid, kThreads, 0, st>>>(l, a);
+      } else {
+        gdr_chunk_input_grads_kernel<T, TV, 1><<<grid, kThreads, 0, st>>>(l, a);
+      }
+    });
+  });
   return static_cast<int>(cudaGetLastError());
 }
-
-#undef DD_GDR_CHUNK_DISPATCH
-#undef DD_GDR_CHUNK_DISPATCH_V
 
 }  // namespace kernels

@@ -40,11 +40,7 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-kernels::DType dtype_of(torch::ScalarType t) {
-  kernels::DType d{};
-  TORCH_CHECK(kernel_dtype(t, d), "gated RMSNorm kernels: unsupported dtype ", t);
-  return d;
-}
+kernels::DType dtype_of(torch::ScalarType t) { return checked_kernel_dtype(t, "gated RMSNorm kernels"); }
 
 // z's rows as the kernels address them: H rows of D per token, tokens z.stride(1) apart.
 kernels::GatedNormRows rows_of(const torch::Tensor& o, const torch::Tensor& z) {

@@ -31,11 +31,7 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-kernels::DType dtype_of(torch::ScalarType t) {
-  kernels::DType d{};
-  TORCH_CHECK(kernel_dtype(t, d), "RMSNorm kernels: unsupported dtype ", t);
-  return d;
-}
+kernels::DType dtype_of(torch::ScalarType t) { return checked_kernel_dtype(t, "RMSNorm kernels"); }
 
 void* ptr_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 

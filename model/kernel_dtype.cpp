@@ -4,6 +4,12 @@
 
 namespace model {
 
+kernels::DType checked_kernel_dtype(c10::ScalarType t, const char* what) {
+  kernels::DType d{};
+  TORCH_CHECK(kernel_dtype(t, d), what, ": unsupported dtype ", t);
+  return d;
+}
+
 void check_kernel_launch(int err, const char* what) {
   TORCH_CHECK(err == 0, what, ": kernel launch failed (cudaError ", err, ")");
 }

@@ -18,6 +18,10 @@ inline bool kernel_dtype(c10::ScalarType t, kernels::DType& out) {
   }
 }
 
+// The kernels' DType of `t`, for callers that checked it before (throws c10::Error naming `what`
+// when it is not one of the kernels' types).
+kernels::DType checked_kernel_dtype(c10::ScalarType t, const char* what);
+
 // A kernel launcher's cudaError_t (0 = success) as a c10::Error naming the op.
 void check_kernel_launch(int err, const char* what);
 
