@@ -101,4 +101,32 @@ torch::Tensor grouped_linear(const torch::Tensor& x, const torch::Tensor& w, con
   return grouped_linear_reference(x, w, rows);
 }
 
+bool grouped_mm_device_ok(int device_index) {
+#if defined(DD_HAVE_CUDA)
+  const auto* p = at::cuda::getDeviceProperties(device_index);
+  return p->major == 9 || p->major == 10;
+#else
+  (void)device_index;
+  return false;
+#endif
+}
+
+bool grouped_linear_offsets_supported(const torch::Tensor& x, const torch::Tensor& w) {
+  return x.is_cuda() && w.device() == x.device() && x.scalar_type() == torch::kBFloat16 &&
+         w.scalar_type() == torch::kBFloat16 && x.dim() == 2 && w.dim() == 3 && x.size(1) == w.size(2) &&
+         w.size(1) % 8 == 0 && w.size(2) % 8 == 0 && grouped_mm_device_ok(x.device().index());
+}
+
+torch::Tensor grouped_linear_offsets(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& offsets) {
+  TORCH_CHECK(grouped_linear_offsets_supported(x, w), "grouped_linear_offsets: needs bf16 x [M,K] and w [E,N,K] on one ",
+              "sm90/sm100 GPU with K, N multiples of 8; got x ", x.sizes(), " ", x.scalar_type(), " on ", x.device(),
+              ", w ", w.sizes(), " ", w.scalar_type());
+  TORCH_CHECK(offsets.dim() == 1 && offsets.size(0) == w.size(0) && offsets.scalar_type() == torch::kInt32 &&
+                  offsets.device() == x.device(),
+              "grouped_linear_offsets: expected int32 offsets [", w.size(0), "] on ", x.device(), ", got ",
+              offsets.sizes(), " ", offsets.scalar_type(), " on ", offsets.device());
+  // _grouped_mm multiplies by mat_b [E,K,N]; w's transpose is that, column-major, which it takes.
+  return at::_grouped_mm(x.contiguous(), w.contiguous().transpose(1, 2), offsets);
+}
+
 }  // namespace model

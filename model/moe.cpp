@@ -1,7 +1,9 @@
 // MoE feed-forward (MODEL.md §3). The fast path sorts the N·k (token, expert) pairs by expert so
 // every expert's rows are one contiguous slice (no padding, no capacity, nothing dropped) and runs
-// all experts in one grouped GEMM per weight (model/grouped_linear.h); the slice sizes need one
-// device-to-host copy of the counts. It must keep matching forward_reference().
+// all experts in one grouped GEMM per weight (model/grouped_linear.h). In bf16 on Hopper the
+// slices are given to the GEMM as device offsets, so the layer never waits for the GPU (and a step
+// can be captured as a CUDA graph); elsewhere their sizes need one device-to-host copy of the
+// counts. It must keep matching forward_reference().
 // (Padding every expert to the largest count, for plain batched matmuls, was tried: at moe-1b's
 // start one expert drew ~60% of the tokens, the padded block was 6× the work and ran out of memory.)
 #include "model/moe.h"
@@ -26,6 +28,12 @@ torch::Tensor as_dtype(const torch::Tensor& t, torch::ScalarType s) {
 torch::Tensor expert_swiglu(const torch::Tensor& x, const torch::Tensor& g, const torch::Tensor& u,
                             const torch::Tensor& dn) {
   return torch::matmul(torch::silu(torch::matmul(x, g.t())) * torch::matmul(x, u.t()), dn.t());
+}
+
+// Assignments per expert, [E] int64 on flat's device. Not bincount: on a GPU that reads the
+// input's max and min back to the host.
+torch::Tensor expert_counts(const torch::Tensor& flat, int64_t E) {
+  return torch::zeros({E}, flat.options()).scatter_add_(0, flat, torch::ones_like(flat));
 }
 
 }  // namespace
@@ -72,7 +80,7 @@ MoERouting MoEImpl::route(const torch::Tensor& u2) {
 torch::Tensor MoEImpl::aux_loss(const MoERouting& r) const {
   const int64_t N = r.probs.size(0);
   // f_e counts assignments: integer bincount, so no gradient can flow through it.
-  auto counts = torch::bincount(r.topk_idx.reshape({-1}), {}, E_).to(r.probs.scalar_type());  // [E]
+  auto counts = expert_counts(r.topk_idx.reshape({-1}), E_).to(r.probs.scalar_type());  // [E]
   auto f = counts * (static_cast<double>(E_) / static_cast<double>(k_ * std::max<int64_t>(N, 1)));
   auto P = r.probs.mean(0);                                                                       // [E]
   return alpha_ * (f * P).sum();
@@ -85,16 +93,29 @@ MoEOutput MoEImpl::forward(const torch::Tensor& u) {
   auto r = route(u2);
   auto flat = r.topk_idx.reshape({-1});  // [N·k] expert of each (token, slot) pair
   auto order = std::get<1>(torch::sort(flat, /*stable=*/true, /*dim=*/0, /*descending=*/false));  // expert order
-  auto counts = torch::bincount(flat, {}, E_).cpu();                   // [E]: the one host sync
-  const std::vector<int64_t> rows(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + E_);
+  auto counts = expert_counts(flat, E_);  // [E], on the device
   // Gather each (token, slot) row exactly once, so no backward scatters onto repeated indices
   // (atomics on CUDA would make it run-to-run nondeterministic); expand's backward sums the k rows.
   const auto mdt = matmul_dtype(u2);
   auto xs = as_dtype(u2, mdt).unsqueeze(1).expand({N, k_, d_}).reshape({Nk, d_}).index_select(0, order);  // [N·k,d]
-  // Every expert's rows through its gate|up and down weights: one grouped GEMM each on a GPU.
+  // Every expert's rows through its gate|up and down weights: one grouped GEMM each on a GPU, with
+  // the slices as device offsets where the GEMM takes them, else as host counts (read once).
+  torch::Tensor offsets;
+  std::vector<int64_t> rows;
+  auto grouped = [&](const torch::Tensor& x, const torch::Tensor& w) {
+    if (grouped_linear_offsets_supported(x, w)) {
+      if (!offsets.defined()) offsets = counts.cumsum(0).to(torch::kInt32);
+      return grouped_linear_offsets(x, w, offsets);
+    }
+    if (rows.empty()) {
+      const auto host = counts.cpu();  // the host sync of this path
+      rows.assign(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + E_);
+    }
+    return grouped_linear(x, w, rows);
+  };
   auto gate_up = torch::cat({as_dtype(gate, mdt), as_dtype(up, mdt)}, 1);  // [E,2fe,d]
-  auto h = swiglu(grouped_linear(xs, gate_up, rows));                      // [N·k,fe]
-  auto ys = grouped_linear(h, as_dtype(down, mdt), rows);                  // [N·k,d] expert order
+  auto h = swiglu(grouped(xs, gate_up));                                   // [N·k,fe]
+  auto ys = grouped(h, as_dtype(down, mdt));                               // [N·k,d] expert order
   // Back to (token, slot) order with unique destinations, then the γ-weighted sum over the k slots.
   auto yt = ys.new_empty(ys.sizes()).index_copy(0, order, ys).view({N, k_, d_});
   auto y = (yt * as_dtype(r.topk_w, ys.scalar_type()).unsqueeze(-1)).sum(1);  // [N,d]

@@ -29,8 +29,9 @@ class MoEImpl : public torch::nn::Module {
   // Parameters are drawn by reset_parameters(c.init_std, c.init_std / sqrt(2L)).
   explicit MoEImpl(const ModelConfig& c);
 
-  // u [..., d] -> y like u, plus the aux loss over the flattened tokens. Fast dispatch: one
-  // device-to-host copy of the per-expert token counts per call. Fails (TORCH_CHECK) on a wrong width.
+  // u [..., d] -> y like u, plus the aux loss over the flattened tokens. Fast dispatch: no host
+  // sync in bf16 on sm90/sm100 (grouped_linear_offsets), else one device-to-host copy of the
+  // per-expert token counts per call. Fails (TORCH_CHECK) on a wrong width.
   MoEOutput forward(const torch::Tensor& u);
   // MODEL.md §3 reference: for each expert, index_add γ·SwiGLU_e(u[idx]) into y[idx].
   MoEOutput forward_reference(const torch::Tensor& u);

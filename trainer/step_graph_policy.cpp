@@ -19,8 +19,9 @@ std::string step_graph_blocker(const RunConfig& cfg, const StepGraphFacts& f) {
     return "data.document_attention is on and model.pattern has Gated DeltaNet layers (G), whose "
            "per-document chunk plan is made on the host every step (data.document_attention = false "
            "gives fixed-shape batches)";
-  if (cfg.model.moe_experts > 0)
-    return "model.moe_experts > 0: the experts' token counts are read on the host every step";
+  if (cfg.model.moe_experts > 0 && !f.moe_counts_on_device)
+    return "model.moe_experts > 0 and the experts' grouped GEMMs need their token counts on the host "
+           "(they stay on the device only in bf16 on sm90/sm100 GPUs)";
   if (f.faults_armed) return "DELTADECK_FAULT is set";
   return "";
 }

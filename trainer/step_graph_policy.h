@@ -19,6 +19,9 @@ struct StepGraphFacts {
   bool loss_scaling = false;    // the dynamic loss scaler is on (fp16, fp8, or train.loss_scaling)
   bool decide_in_step = false;  // the step guard reads the loss back before the update
   bool faults_armed = false;    // DELTADECK_FAULT is set (test faults act between the step's kernels)
+  // The MoE layers' grouped GEMMs take device offsets (bf16 on sm90/sm100, model/grouped_linear.h),
+  // so no token count is read on the host.
+  bool moe_counts_on_device = false;
 };
 
 // Empty when the step can be captured; otherwise why not, naming the config key or condition, in
