@@ -10,6 +10,7 @@
 
 #include "model/fused_swiglu.h"
 #include "model/grouped_linear.h"
+#include "model/moe_dispatch.h"
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/torch.h>
@@ -89,15 +90,14 @@ torch::Tensor MoEImpl::aux_loss(const MoERouting& r) const {
 MoEOutput MoEImpl::forward(const torch::Tensor& u) {
   TORCH_CHECK(u.size(-1) == d_, "moe: expected u [..., ", d_, "], got ", u.sizes());
   auto u2 = u.reshape({-1, d_});  // [N,d]
-  const int64_t N = u2.size(0), Nk = N * k_;
+  const int64_t N = u2.size(0);
   auto r = route(u2);
   auto flat = r.topk_idx.reshape({-1});  // [N·k] expert of each (token, slot) pair
-  auto order = std::get<1>(torch::sort(flat, /*stable=*/true, /*dim=*/0, /*descending=*/false));  // expert order
+  const auto order = expert_order(flat, k_);
   auto counts = expert_counts(flat, E_);  // [E], on the device
-  // Gather each (token, slot) row exactly once, so no backward scatters onto repeated indices
-  // (atomics on CUDA would make it run-to-run nondeterministic); expand's backward sums the k rows.
+  // Rows move by gathers both ways (model/moe_dispatch.h): no atomics, deterministic.
   const auto mdt = matmul_dtype(u2);
-  auto xs = as_dtype(u2, mdt).unsqueeze(1).expand({N, k_, d_}).reshape({Nk, d_}).index_select(0, order);  // [N·k,d]
+  auto xs = dispatch_rows(as_dtype(u2, mdt), order, k_);  // [N·k,d] expert order
   // Every expert's rows through its gate|up and down weights: one grouped GEMM each on a GPU, with
   // the slices as device offsets where the GEMM takes them, else as host counts (read once).
   torch::Tensor offsets;
@@ -116,8 +116,8 @@ MoEOutput MoEImpl::forward(const torch::Tensor& u) {
   auto gate_up = torch::cat({as_dtype(gate, mdt), as_dtype(up, mdt)}, 1);  // [E,2fe,d]
   auto h = swiglu(grouped(xs, gate_up));                                   // [N·k,fe]
   auto ys = grouped(h, as_dtype(down, mdt));                               // [N·k,d] expert order
-  // Back to (token, slot) order with unique destinations, then the γ-weighted sum over the k slots.
-  auto yt = ys.new_empty(ys.sizes()).index_copy(0, order, ys).view({N, k_, d_});
+  // Back to (token, slot) order, then the γ-weighted sum over the k slots.
+  auto yt = combine_rows(ys, order).view({N, k_, d_});
   auto y = (yt * as_dtype(r.topk_w, ys.scalar_type()).unsqueeze(-1)).sum(1);  // [N,d]
   if (!shared.is_empty()) y = shared(u2) + y;
   return {y.view(u.sizes()), aux_loss(r)};
