@@ -303,8 +303,9 @@ TEST(Moe, GroupedLinearReferenceAndErrors) {
 }
 
 // dispatch_rows / combine_rows against explicit loops over the pairs, values and gradients (fp64;
-// rows exact, dx up to summation order): dispatch puts token t's row at the expert-order position of each of its k pairs, and its
-// backward sums those k rows; combine undoes the expert order, and its backward redoes it.
+// rows exact, dx up to summation order): dispatch puts token t's row at the expert-order position
+// of each of its k pairs, and its backward sums those k rows; combine undoes the expert order, and
+// its backward redoes it.
 TEST(Moe, DispatchAndCombineMoveRowsExactly) {
   torch::manual_seed(7);
   const int64_t N = 13, k = 3, d = 5, E = 4;
