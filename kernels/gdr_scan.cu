@@ -46,9 +46,8 @@ __device__ __forceinline__ void stage_columns(float* y_s, const float* src, int 
   }
 }
 
-// kWarps: warps per block (8, or 16 when there are too few blocks to fill the GPU: each step is a
-// chain of dependent phases, so with few blocks per SM the step's latency is the time, and more
-// warps split each phase's work thinner). RC: chunk rows per warp in phase 1 (C ≤ kWarps·RC). RPW:
+// kWarps: warps per block (16, or 8 on request: each step is a chain of dependent phases, so the
+// step's latency is the time, and more warps split each phase's work thinner). RC: chunk rows per warp in phase 1 (C ≤ kWarps·RC). RPW:
 // state rows per warp in phase 2 (dk ≤ kWarps·RPW, a multiple of 4 so a thread's rows are whole
 // float4s of Q).
 template <int kWarps, int RC, int RPW>
@@ -201,14 +200,6 @@ int launch_rpw(const GdrScanArgs& a, dim3 grid, size_t smem, cudaStream_t st) {
   return static_cast<int>(cudaGetLastError());
 }
 
-// Blocks that fill the GPU's SMs twice: fewer than that and the wide (16-warp) blocks are used.
-int64_t blocks_to_fill() {
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    return 0;
-  return 2 * static_cast<int64_t>(sms);
-}
-
 }  // namespace
 
 int gdr_scan(const GdrScanArgs& a, void* stream) {
@@ -218,9 +209,7 @@ int gdr_scan(const GdrScanArgs& a, void* stream) {
   const dim3 grid(static_cast<unsigned>(a.n_docs * a.H), static_cast<unsigned>((a.dv + kLanes - 1) / kLanes));
   const size_t smem = gdr_scan_smem_bytes(a.C, a.dk);  // ≤ 176 KiB by the limits
   auto st = static_cast<cudaStream_t>(stream);
-  const int64_t blocks = static_cast<int64_t>(grid.x) * grid.y;
-  const bool wide = a.wide_blocks == 1 || (a.wide_blocks < 0 && blocks < blocks_to_fill());
-  if (wide) return a.C <= 16 * 4 ? launch_rpw<16, 4>(a, grid, smem, st) : launch_rpw<16, 8>(a, grid, smem, st);
+  if (a.wide_blocks != 0) return a.C <= 16 * 4 ? launch_rpw<16, 4>(a, grid, smem, st) : launch_rpw<16, 8>(a, grid, smem, st);
   return a.C <= 8 * 8 ? launch_rpw<8, 8>(a, grid, smem, st) : launch_rpw<8, 16>(a, grid, smem, st);
 }
 

@@ -38,9 +38,10 @@ struct GdrScanArgs {
   const int32_t* n_chunks = nullptr;  // [n_docs], device memory
   float sign_p = -1.f, sign_q = 1.f;
   bool reverse = false;
-  // Blocks of 16 warps instead of 8: −1 picks them when the grid would not fill the GPU twice over
-  // (few documents × heads); 0 and 1 force a choice (tests cover both).
-  int wide_blocks = -1;
+  // Blocks of 16 warps (1, the default) or 8 (0; kept for the tests and comparisons). 16 measured
+  // faster on every grid tried, large ones included (docs/perf.md, stop 19): each step is a chain
+  // of dependent phases, and more warps split each phase thinner.
+  int wide_blocks = 1;
   int64_t n_docs = 0, H = 0, C = 0, dk = 0, dv = 0;
 };
 

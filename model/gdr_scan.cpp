@@ -22,7 +22,7 @@ namespace model {
 
 namespace {
 std::atomic<bool> g_use_kernel{true};
-std::atomic<int> g_wide_blocks{-1};
+std::atomic<int> g_wide_blocks{1};
 }  // namespace
 
 void gdr_scan_use_kernel(bool on) { g_use_kernel = on; }

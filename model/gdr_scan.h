@@ -58,8 +58,8 @@ GdrScanGrads gdr_scan_backward(const torch::Tensor& W, const torch::Tensor& Kd, 
 // Process-wide switch for benchmarks that time the kernel against the ATen loop (default on).
 void gdr_scan_use_kernel(bool on);
 
-// Process-wide choice of the kernel's block width, for tests that cover both: −1 (default) picks
-// 16-warp blocks when the grid is too small to fill the GPU, 0 always 8 warps, 1 always 16.
+// Process-wide choice of the kernel's block width, for tests that cover both: 1 (default) 16-warp
+// blocks, 0 8-warp blocks.
 void gdr_scan_wide_blocks(int mode);
 
 }  // namespace model
