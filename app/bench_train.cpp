@@ -86,6 +86,7 @@ int bench_train(const BenchTrainArgs& a) {
   std::string device;
   int64_t params = 0, tokens_per_step = 0, last_tokens = 0;
   trainer::EndedEvent ended;
+  std::string cuda_graph = "off";  // the CPU, or a step that was never captured
   while (auto ev = session.events().pop()) {
     if (auto* m = std::get_if<trainer::MetricsEvent>(&*ev)) {
       if (m->step <= a.warmup || m->step > a.warmup + a.steps) {
@@ -100,6 +101,10 @@ int bench_train(const BenchTrainArgs& a) {
     } else if (auto* l = std::get_if<trainer::LogEvent>(&*ev)) {
       if (l->level == "error") std::cerr << "error: " << l->text << "\n";
       if (l->level == "profile") profile_report = l->text;
+      // Whether the timed steps replayed a captured CUDA graph (trainer/step_graph.h), and if not why.
+      if (l->text.rfind("CUDA graph step off: ", 0) == 0) cuda_graph = "off: " + l->text.substr(21);
+      if (l->text.find("CUDA graph: step") == 0 && l->text.find(" captured;") != std::string::npos) cuda_graph = "on";
+      if (l->text.rfind("CUDA graph capture failed", 0) == 0) cuda_graph = "off: " + l->text;
     } else if (auto* e = std::get_if<trainer::EndedEvent>(&*ev)) {
       ended = *e;
     }
@@ -130,12 +135,13 @@ int bench_train(const BenchTrainArgs& a) {
   j["tokens_per_s"] = tok_s;
   j["mfu"] = mfu;
   j["peak_mem_gib"] = peak;
+  j["cuda_graph"] = cuda_graph;
   std::printf("| model | precision | devices | tokens/step | median step | tokens/s | MFU | peak mem |\n"
               "|---|---|---|---|---|---|---|---|\n"
               "| %s/%s | %s | %s | %lld | %.1f ms | %.0f | %.1f%% | %.2f GiB |\n",
               a.family.c_str(), a.preset.c_str(), a.precision.c_str(), a.devices.c_str(),
               static_cast<long long>(tokens_per_step), step_ms, tok_s, 100 * mfu, peak);
-  std::printf("on %s\n%s\n", device.c_str(), j.dump().c_str());
+  std::printf("on %s; CUDA graph step: %s\n%s\n", device.c_str(), cuda_graph.c_str(), j.dump().c_str());
   if (a.profile) std::printf("\n%s", profile_report.empty() ? "(no profile was recorded)\n" : profile_report.c_str());
   if (!a.json_path.empty()) {
     std::ofstream f(a.json_path);

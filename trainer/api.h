@@ -80,8 +80,9 @@ struct TrainConfig {
   std::string spike_action = "flag";     // flag | skip
   // The training step (forward, backward, clipping, AdamW, EMA) captured once as a CUDA graph and
   // replayed, which removes the host's kernel launches from every step:
-  //   auto  when the run allows it (one GPU, no loss scaling, AdamW, no MoE, no train.phases, and
-  //         packed batches only without Gated DeltaNet layers; trainer/step_graph_policy.h), else
+  //   auto  when the run allows it (one GPU, no loss scaling, AdamW, MoE only in bf16 on sm90/sm100,
+  //         no train.phases, and packed batches only without Gated DeltaNet layers;
+  //         trainer/step_graph_policy.h), else
   //         the step runs eagerly and the log says why;
   //   on    the same, but a run that does not allow it fails at start naming the reason;
   //   off   never.

@@ -124,4 +124,10 @@ PY
 else
   echo "cli e2e: no Python safetensors library given; skipped the Python reader check"
 fi
+# `bench train` on the CPU: the table, and the JSON with its figures and no CUDA graph step.
+"$bin" bench train --preset tiny --family gpt --batch 2 --seq-len 32 --steps 2 --warmup 1 \
+  --json "$work/bench.json" > "$work/bench.out" 2>&1 || { cat "$work/bench.out"; fail "bench train failed"; }
+grep -q "CUDA graph step: off$" "$work/bench.out" || fail "bench: $(cat "$work/bench.out")"
+grep -q '"cuda_graph": "off"' "$work/bench.json" || fail "bench json: $(cat "$work/bench.json")"
+grep -qE '"tokens_per_s": [0-9.]*[1-9]' "$work/bench.json" || fail "bench json without tokens/s: $(cat "$work/bench.json")"
 echo "cli e2e: ok"
