@@ -111,10 +111,14 @@ bool grouped_mm_device_ok(int device_index) {
 #endif
 }
 
+bool grouped_linear_offsets_supported(const c10::Device& device, c10::ScalarType dtype, int64_t N, int64_t K) {
+  return device.is_cuda() && dtype == torch::kBFloat16 && N % 8 == 0 && K % 8 == 0 &&
+         grouped_mm_device_ok(device.has_index() ? device.index() : 0);
+}
+
 bool grouped_linear_offsets_supported(const torch::Tensor& x, const torch::Tensor& w) {
-  return x.is_cuda() && w.device() == x.device() && x.scalar_type() == torch::kBFloat16 &&
-         w.scalar_type() == torch::kBFloat16 && x.dim() == 2 && w.dim() == 3 && x.size(1) == w.size(2) &&
-         w.size(1) % 8 == 0 && w.size(2) % 8 == 0 && grouped_mm_device_ok(x.device().index());
+  return w.device() == x.device() && x.scalar_type() == w.scalar_type() && x.dim() == 2 && w.dim() == 3 &&
+         x.size(1) == w.size(2) && grouped_linear_offsets_supported(x.device(), x.scalar_type(), w.size(1), w.size(2));
 }
 
 torch::Tensor grouped_linear_offsets(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& offsets) {

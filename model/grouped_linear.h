@@ -25,6 +25,8 @@ torch::Tensor grouped_linear(const torch::Tensor& x, const torch::Tensor& w, con
 // True when grouped_linear_offsets takes these operands: bf16 x and w on one sm90/sm100 GPU, K and
 // N multiples of 8 (16-byte rows). On the device alone: no tensor data is read.
 bool grouped_linear_offsets_supported(const torch::Tensor& x, const torch::Tensor& w);
+// The same rule from the product's sizes and operand dtype, before any tensor exists (w [E,N,K]).
+bool grouped_linear_offsets_supported(const c10::Device& device, c10::ScalarType dtype, int64_t N, int64_t K);
 // Whether a GPU of this device index runs the device-offset grouped GEMM (sm90/sm100).
 bool grouped_mm_device_ok(int device_index);
 // offsets [E] int32 on x's device: offsets[e] is the end row of group e (the inclusive cumsum of

@@ -64,6 +64,11 @@ void MoEImpl::reset_parameters(double std0, double std_out) {
   }
 }
 
+bool MoEImpl::counts_stay_on_device(const ModelConfig& c, const c10::Device& device, c10::ScalarType dtype) {
+  return grouped_linear_offsets_supported(device, dtype, 2 * c.moe_expert_hidden, c.d) &&  // gate|up
+         grouped_linear_offsets_supported(device, dtype, c.d, c.moe_expert_hidden);        // down
+}
+
 MoERouting MoEImpl::route(const torch::Tensor& u2) {
   TORCH_CHECK(u2.dim() == 2 && u2.size(1) == d_ && u2.size(0) > 0, "moe: expected tokens [N>0,", d_, "], got ",
               u2.sizes());
@@ -80,7 +85,7 @@ MoERouting MoEImpl::route(const torch::Tensor& u2) {
 
 torch::Tensor MoEImpl::aux_loss(const MoERouting& r) const {
   const int64_t N = r.probs.size(0);
-  // f_e counts assignments: integer bincount, so no gradient can flow through it.
+  // f_e counts assignments: integer counts, so no gradient can flow through it.
   auto counts = expert_counts(r.topk_idx.reshape({-1}), E_).to(r.probs.scalar_type());  // [E]
   auto f = counts * (static_cast<double>(E_) / static_cast<double>(k_ * std::max<int64_t>(N, 1)));
   auto P = r.probs.mean(0);                                                                       // [E]

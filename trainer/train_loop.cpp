@@ -28,7 +28,7 @@
 
 #include "model/decoder_lm.h"
 #include "model/fp8_linear.h"
-#include "model/grouped_linear.h"
+#include "model/moe.h"
 #include "trainer/adamw.h"
 #include "trainer/checkpoint.h"
 #include "trainer/comm.h"
@@ -202,10 +202,10 @@ class TrainLoop {
                       cfg_.train.spike_action == "skip";
     if (cfg_.train.ema_decay > 0) ema_ = std::make_unique<Ema>(params_, cfg_.train.ema_decay);
     if (!opts_.resume_from.empty()) restore(resume, opts_.resume_from);
-    // The experts run in bf16 under bf16 autocast; their widths must suit the grouped GEMM's rows.
-    const auto& mc = cfg_.model;
-    const bool moe_on_device = device_.is_cuda() && cfg_.train.precision == "bf16" && mc.d % 8 == 0 &&
-                               mc.moe_expert_hidden % 8 == 0 && model::grouped_mm_device_ok(device_.index());
+    // The experts run in bf16 under bf16 autocast, in fp32 in fp32 runs (fp16 and fp8 scale losses,
+    // which blocks the graph anyway).
+    const bool moe_on_device = model::MoEImpl::counts_stay_on_device(
+        cfg_.model, device_, cfg_.train.precision == "bf16" ? torch::kBFloat16 : torch::kFloat32);
     const std::string graph_blocker =
         step_graph_blocker(cfg_, StepGraphFacts{device_.is_cuda(), world, scaler_->enabled(), decide_in_step_,
                                                 std::getenv("DELTADECK_FAULT") != nullptr, moe_on_device});
