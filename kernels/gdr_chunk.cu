@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <initializer_list>
+#include <type_traits>
 
 #include "kernels/elem.cuh"
 #include "kernels/gdr_chunk.h"
@@ -303,6 +304,21 @@ bool takes(const GdrChunkList& l) {
   return gdr_chunk_supports(l.C) && l.N * l.H >= 1 && l.N * l.H <= 2147483647LL && l.dk >= 1 && l.dv >= 1;
 }
 
+// Calls launch(q|k element tag, v element tag, row width) for the two dtypes and 4-element rows
+// when `vec`, else 1: the dispatch both token-layout kernels share.
+template <class Launch>
+void dispatch_two_dtypes(DType qk, DType v, bool vec, Launch&& launch) {
+  dispatch_dtype(qk, [&](auto qk_tag) {
+    dispatch_dtype(v, [&](auto v_tag) {
+      if (vec) {
+        launch(qk_tag, v_tag, std::integral_constant<int, 4>{});
+      } else {
+        launch(qk_tag, v_tag, std::integral_constant<int, 1>{});
+      }
+    });
+  });
+}
+
 }  // namespace
 
 int gdr_chunk_prep_forward(const GdrChunkList& l, const GdrChunkPrepArgs& a, void* stream) {
@@ -310,16 +326,8 @@ int gdr_chunk_prep_forward(const GdrChunkList& l, const GdrChunkPrepArgs& a, voi
   const unsigned grid = static_cast<unsigned>(l.N * l.H);
   const bool vec = vectorizable(l, a.in_qk, a.in_v, {a.X, a.Rw, a.Ru, a.Kd, a.Qg}, {a.q, a.k}, {a.v});
   auto st = static_cast<cudaStream_t>(stream);
-  dispatch_dtype(a.in_qk, [&](auto qk_tag) {
-    dispatch_dtype(a.in_v, [&](auto v_tag) {
-      using T = decltype(qk_tag);
-      using TV = decltype(v_tag);
-      if (vec) {
-        gdr_chunk_prep_kernel<T, TV, 4><<<grid, kThreads, 0, st>>>(l, a);
-      } else {
-        gdr_chunk_prep_kernel<T, TV, 1><<<grid, kThreads, 0, st>>>(l, a);
-      }
-    });
+  dispatch_two_dtypes(a.in_qk, a.in_v, vec, [&](auto qk_tag, auto v_tag, auto width) {
+    gdr_chunk_prep_kernel<decltype(qk_tag), decltype(v_tag), decltype(width)::value><<<grid, kThreads, 0, st>>>(l, a);
   });
   return static_cast<int>(cudaGetLastError());
 }
@@ -343,16 +351,9 @@ int gdr_chunk_input_grads(const GdrChunkList& l, const GdrChunkInputGradsArgs& a
   const bool vec = vectorizable(l, a.in_qk, a.in_v, {a.dQ_mm, a.dK_mm, a.dQg, a.dRw, a.dRu, a.dKd, a.X},
                                 {a.dq, a.dk}, {a.v, a.dv});
   auto st = static_cast<cudaStream_t>(stream);
-  dispatch_dtype(a.in_qk, [&](auto qk_tag) {
-    dispatch_dtype(a.in_v, [&](auto v_tag) {
-      using T = decltype(qk_tag);
-      using TV = decltype(v_tag);
-      if (vec) {
-        gdr_chunk_input_grads_kernel<T, TV, 4><<<grid, kThreads, 0, st>>>(l, a);
-      } else {
-        gdr_chunk_input_grads_kernel<T, TV, 1><<<grid, kThreads, 0, st>>>(l, a);
-      }
-    });
+  dispatch_two_dtypes(a.in_qk, a.in_v, vec, [&](auto qk_tag, auto v_tag, auto width) {
+    gdr_chunk_input_grads_kernel<decltype(qk_tag), decltype(v_tag), decltype(width)::value>
+        <<<grid, kThreads, 0, st>>>(l, a);
   });
   return static_cast<int>(cudaGetLastError());
 }
