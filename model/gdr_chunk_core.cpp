@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "model/bmm_fp32.h"
 #include "model/layers.h"
 #include "model/tril_solve.h"
 
@@ -42,10 +43,15 @@ torch::Tensor tr(const torch::Tensor& x) { return x.transpose(-1, -2); }
 // (contiguous, or a narrow of dim 2), so the batched products below read their operands in place.
 torch::Tensor rows(const torch::Tensor& x) { return x.reshape({-1, x.size(-2), x.size(-1)}); }
 
-// alpha · a b as one cuBLAS call (beta = 0 ignores the uninitialised input): the scale folded into
-// the product instead of an extra pass over its result.
-torch::Tensor bmm_scaled(const torch::Tensor& a, const torch::Tensor& b, double alpha) {
-  return torch::baddbmm(torch::empty({a.size(0), a.size(1), b.size(2)}, a.options()), a, b, 0.0, alpha);
+// alpha · a b for [..., M, K] and [..., K, N] batches with the same leading dims, as one batched
+// fp32 product (tensor cores at fp32 accuracy on a GPU, model/bmm_fp32.h); scales ride in alpha
+// instead of an extra pass over the result. Returns [..., M, N].
+torch::Tensor prod(const torch::Tensor& a, const torch::Tensor& b, double alpha = 1.0) {
+  auto out = bmm_fp32(rows(a), rows(b), alpha);
+  if (a.dim() == 3) return out;
+  auto shape = a.sizes().vec();
+  shape.back() = b.size(-1);
+  return out.view(shape);
 }
 
 // D[i,j] = e^{γ_i − γ_j} for i ≥ j, else 0 [N,H,C,C]. The upper triangle is masked to −inf before
@@ -330,13 +336,13 @@ Front front(const Ctx& c, const torch::Tensor& q, const torch::Tensor& k, const 
   if (c.kernels) {
     f.ki = kernel_inputs(q, k, v, beta, g);
     f.p = prep_kernel(c, f.ki);
-    f.G = torch::bmm(rows(f.p.X), tr(rows(f.p.K()))).view({c.l.n_chunks, c.H, 2 * c.l.C, c.l.C});
+    f.G = prod(f.p.X, tr(f.p.K()));
     std::tie(f.P, f.A) = masks_kernel(c, f.G, f.p);
     return f;
   }
 #endif
   f.p = prep_reference(c, q, k, v, beta, g);
-  f.G = torch::bmm(rows(f.p.X), tr(rows(f.p.K()))).view({c.l.n_chunks, c.H, 2 * c.l.C, c.l.C});
+  f.G = prod(f.p.X, tr(f.p.K()));
   std::tie(f.P, f.A) = masks_reference(f.G, f.p);
   return f;
 }
@@ -364,10 +370,12 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     const Ctx c = make_ctx(l, q, v, h0);
     const Front f = front(c, q, k, v, beta, g);
     auto Tm = unit_lower_inverse(f.A);
-    auto W = torch::matmul(Tm, f.p.Rw);
-    auto U = torch::matmul(Tm, f.p.Ru);
+    auto W = prod(Tm, f.p.Rw);
+    auto U = prod(Tm, f.p.Ru);
     const auto scan = gdr_scan(rows(W), rows(U), rows(f.p.Kd), f.p.decay.reshape({-1}), h0, l.scan);
-    auto O = torch::baddbmm(torch::bmm(rows(f.P), scan.v_new), rows(f.p.Qg), scan.h_in, scale, scale);
+    auto O = prod(f.P, scan.v_new.view({l.n_chunks, c.H, l.C, c.dv}), scale);
+    auto O_rows = rows(O);
+    bmm_fp32_accumulate(O_rows, rows(f.p.Qg), scan.h_in, scale, 1.0);
     ctx->save_for_backward({q, k, v, beta, g, Tm, W, scan.h_in, scan.v_new});
     auto& sd = ctx->saved_data;
     sd["n_docs"] = l.scan.n_docs;
@@ -421,28 +429,30 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     torch::Tensor dP_raw, dQg, d_vnew, d_hin;
     if (dO.defined()) {
       auto dOr = rows(dO);
-      dP_raw = torch::bmm(dOr, tr(v_new)).view({N, H, C, C});
-      d_vnew = bmm_scaled(tr(rows(f.P)), dOr, s);
-      dQg = bmm_scaled(dOr, tr(h_in), s).view({N, H, C, dk});
-      d_hin = bmm_scaled(tr(rows(p.Qg)), dOr, s);
+      dP_raw = prod(dOr, tr(v_new)).view({N, H, C, C});
+      d_vnew = prod(tr(rows(f.P)), dOr, s);
+      dQg = prod(dOr, tr(h_in), s).view({N, H, C, dk});
+      d_hin = prod(tr(rows(p.Qg)), dOr, s);
     } else {
       d_vnew = torch::zeros({N * H, C, dv}, Tm.options());
     }
     const auto sg = gdr_scan_backward(rows(W), rows(p.Kd), p.decay.reshape({-1}), d_hin, d_vnew, dh_final, c.l.scan);
     Upstream u;
-    u.dKd = torch::bmm(v_new, tr(sg.dh_next)).view({N, H, C, dk});
+    u.dKd = prod(v_new, tr(sg.dh_next)).view({N, H, C, dk});
     // Σ h_in ⊙ dh_next per row, as a batched dot product (no [R, dk, dv] temporary).
     u.ddecay = torch::bmm(h_in.view({N * H, 1, dk * dv}), sg.dh_next.view({N * H, dk * dv, 1})).view({N, H});
-    auto dW = bmm_scaled(sg.dU, tr(h_in), -1.0).view({N, H, C, dk});
+    auto dW = prod(sg.dU, tr(h_in), -1.0).view({N, H, C, dk});
     auto dU = sg.dU.view({N, H, C, dv});
     u.dQg = dQg;
 
     // Through the solve: W = Tm R_w, U = Tm R_u.
-    auto dTm = torch::baddbmm(torch::bmm(rows(dW), tr(rows(p.Rw))), sg.dU, tr(rows(p.Ru))).view({N, H, C, C});
+    auto dTm = prod(dW, tr(p.Rw));
+    auto dTm_rows = rows(dTm);
+    bmm_fp32_accumulate(dTm_rows, sg.dU, tr(rows(p.Ru)), 1.0, 1.0);
     auto Tmt = tr(Tm);
-    auto dA_raw = torch::matmul(Tmt, torch::matmul(dTm, Tmt));
-    u.dRw = torch::matmul(Tmt, dW);
-    u.dRu = torch::matmul(Tmt, dU);
+    auto dA_raw = prod(Tmt, prod(dTm, Tmt));
+    u.dRw = prod(Tmt, dW);
+    u.dRu = prod(Tmt, dU);
 
     // Through A = b_i S ⊙ D and P = QKᵀ ⊙ D into the products and the gates.
 #if defined(DD_HAVE_CUDA)
@@ -452,9 +462,10 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     u.m = masks_backward_reference(dA_raw, dP_raw, f.G, p, s);
 #endif
     auto K = p.K();
-    u.dQ_mm = torch::bmm(rows(u.m.dPm), rows(K)).view({N, H, C, dk});
-    u.dK_mm = torch::baddbmm(torch::bmm(rows(u.m.dS_sym), rows(K)), tr(rows(u.m.dPm)), rows(p.Q()))
-                  .view({N, H, C, dk});
+    u.dQ_mm = prod(u.m.dPm, K);
+    u.dK_mm = prod(u.m.dS_sym, K);
+    auto dK_rows = rows(u.dK_mm);
+    bmm_fp32_accumulate(dK_rows, tr(rows(u.m.dPm)), rows(p.Q()), 1.0, 1.0);
     variable_list dx;
 #if defined(DD_HAVE_CUDA)
     dx = c.kernels ? input_grads_kernel(c, p, u, f.ki, q, k, v, beta, g)

@@ -1,0 +1,56 @@
+// Batched fp32 products on tensor cores with fp32 accuracy ("3×TF32"): each operand element x is
+// split into a TF32 part and a TF32 remainder, x = big + small, and a·b is accumulated in fp32 as
+// small_a·big_b + big_a·small_b + big_a·big_b. A TF32 × TF32 product is exact in fp32, so what is
+// lost is small_a·small_b and the remainders' own TF32 rounding: about 2⁻²¹ relative per product,
+// against 2⁻²⁴ for an fp32 SIMT GEMM and 2⁻¹¹ for plain TF32 (measured on K ≤ 260 sums: 2.3e-6 of
+// the largest output, against 8e-7 for cuBLAS fp32). The gated delta rule's core is fp32 by spec
+// (MODEL.md §0, test 18's 1e-5), and its batched chunk products ran as cuBLAS fp32 SIMT GEMMs.
+// Three tensor-core passes cost less than one SIMT pass, which leaves these small products bound
+// by their fp32 memory traffic (docs/perf.md has the measurements).
+// Raw pointers, no torch; the reference is an fp32 (or fp64) GEMM (model/bmm_fp32.h).
+#pragma once
+
+#include <cstdint>
+
+namespace kernels {
+
+// One operand as the product reads it: element (r, c) of batch i is at ptr[i·batch + r·row + c·col].
+// One of row/col must be 1 (the contiguous dimension).
+struct GemmOperand {
+  const float* ptr = nullptr;
+  int64_t batch = 0;  // elements between batch items (0: the same matrix for every item)
+  int64_t row = 0;    // elements between rows
+  int64_t col = 0;    // elements between columns
+};
+
+// out[i] = alpha · a[i] b[i] + beta · out[i]: a [M, K], b [K, N], out [M, N] with unit column
+// stride. beta = 0 never reads out (it may be uninitialised).
+struct GemmTf32x3Args {
+  int64_t batch = 0, M = 0, N = 0, K = 0;
+  GemmOperand a, b;
+  float* out = nullptr;
+  int64_t out_batch = 0, out_row = 0;
+  float alpha = 1.0f, beta = 0.0f;
+};
+
+// Whether the kernel takes these operands: each one has a unit-stride dimension whose extent is a
+// multiple of 4, its other strides and its pointer are 16-byte aligned, and the batch fits a grid.
+// Otherwise use the reference.
+inline bool gemm_tf32x3_supports(const GemmTf32x3Args& args) {
+  auto operand_ok = [](const GemmOperand& o, int64_t rows, int64_t cols) {
+    if (reinterpret_cast<uintptr_t>(o.ptr) % 16 != 0 || o.batch % 4 != 0) return false;
+    if (o.col == 1) return cols % 4 == 0 && o.row % 4 == 0;
+    if (o.row == 1) return rows % 4 == 0 && o.col % 4 == 0;
+    return false;
+  };
+  return args.batch >= 1 && args.batch < (int64_t{1} << 31) && args.M >= 1 && args.N >= 1 && args.K >= 1 &&
+         args.M < (int64_t{1} << 20) && args.N < (int64_t{1} << 20) && operand_ok(args.a, args.M, args.K) &&
+         operand_ok(args.b, args.K, args.N) && args.out != nullptr;
+}
+
+#ifdef DD_HAVE_CUDA
+// Launches on `stream` (a cudaStream_t). Returns the cudaError_t of the launch (0 = success).
+int gemm_tf32x3(const GemmTf32x3Args& args, void* stream);
+#endif
+
+}  // namespace kernels

@@ -1,0 +1,26 @@
+// Batched fp32 products for the fp32 cores (the gated delta rule's chunk math): on a GPU they run
+// on tensor cores as split-TF32 ("3×TF32", kernels/gemm_tf32x3.h) with fp32 accuracy, anywhere else
+// — and for operand layouts the kernel does not take — as ATen's fp32 bmm/baddbmm, which is also
+// the reference the kernel is tested against. No autograd: callers are hand-written backwards.
+#pragma once
+
+#include <torch/types.h>
+
+namespace model {
+
+// alpha · a b for a [R, M, K] and b [K, N] batches [R, K, N] (transposed views are fine).
+// Returns a new contiguous [R, M, N]. Throws c10::Error on mismatched shapes.
+torch::Tensor bmm_fp32(const torch::Tensor& a, const torch::Tensor& b, double alpha = 1.0);
+
+// out = alpha · a b + beta · out, in place on a contiguous fp32 `out` [R, M, N]; returns it.
+torch::Tensor& bmm_fp32_accumulate(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, double alpha,
+                                   double beta);
+
+// The plain ATen product (TF32 off is the process's setting), for tests and measurements.
+torch::Tensor bmm_fp32_reference(const torch::Tensor& a, const torch::Tensor& b, double alpha = 1.0);
+
+// Turns the tensor-core path off (false) or back on; for tests and before/after measurements.
+// Any thread; takes effect at the next call.
+void bmm_fp32_use_kernel(bool on);
+
+}  // namespace model
