@@ -95,7 +95,6 @@ torch::Tensor MoEImpl::aux_loss(const MoERouting& r) const {
 MoEOutput MoEImpl::forward(const torch::Tensor& u) {
   TORCH_CHECK(u.size(-1) == d_, "moe: expected u [..., ", d_, "], got ", u.sizes());
   auto u2 = u.reshape({-1, d_});  // [N,d]
-  const int64_t N = u2.size(0);
   auto r = route(u2);
   auto flat = r.topk_idx.reshape({-1});  // [N·k] expert of each (token, slot) pair
   const auto order = expert_order(flat, k_);
@@ -121,9 +120,8 @@ MoEOutput MoEImpl::forward(const torch::Tensor& u) {
   auto gate_up = torch::cat({as_dtype(gate, mdt), as_dtype(up, mdt)}, 1);  // [E,2fe,d]
   auto h = swiglu(grouped(xs, gate_up));                                   // [N·k,fe]
   auto ys = grouped(h, as_dtype(down, mdt));                               // [N·k,d] expert order
-  // Back to (token, slot) order, then the γ-weighted sum over the k slots.
-  auto yt = combine_rows(ys, order).view({N, k_, d_});
-  auto y = (yt * as_dtype(r.topk_w, ys.scalar_type()).unsqueeze(-1)).sum(1);  // [N,d]
+  // Back to token order, weighted by γ and summed over the k slots.
+  auto y = combine_weighted(ys, order, r.topk_w);  // [N,d]
   if (!shared.is_empty()) y = shared(u2) + y;
   return {y.view(u.sizes()), aux_loss(r)};
 }

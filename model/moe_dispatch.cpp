@@ -2,11 +2,42 @@
 
 #include <torch/torch.h>
 
+#if defined(DD_HAVE_CUDA)
+#include <c10/cuda/CUDAStream.h>
+
+#include "kernels/moe_combine.h"
+#include "model/kernel_dtype.h"
+#endif
+
 namespace model {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+#if defined(DD_HAVE_CUDA)
+// Whether the combine kernels take rows `x` [.., d] with k slots and weights of dtype `w`.
+bool combine_kernel_takes(const torch::Tensor& x, int64_t k, c10::ScalarType w = torch::kFloat32) {
+  kernels::DType dt;
+  return x.is_cuda() && kernel_dtype(x.scalar_type(), dt) && w == torch::kFloat32 && kernels::moe_combine_supports(k) &&
+         x.numel() > 0;
+}
+
+void* stream_of(const torch::Tensor& x) { return c10::cuda::getCurrentCUDAStream(x.device().index()).stream(); }
+
+// out [N, d] = Σ_j w[t·k + j] · src[idx[t·k + j]] (w undefined: weights 1), by the kernel.
+torch::Tensor gather_sum_kernel(const torch::Tensor& src, const torch::Tensor& idx, const torch::Tensor& w, int64_t k) {
+  auto s = src.contiguous();
+  const int64_t N = idx.size(0) / k, d = s.size(1);
+  auto out = torch::empty({N, d}, s.options());
+  check_kernel_launch(kernels::moe_combine_forward(out.data_ptr(), s.data_ptr(), idx.data_ptr<int64_t>(),
+                                                   w.defined() ? w.data_ptr<float>() : nullptr, N, k, d,
+                                                   checked_kernel_dtype(s.scalar_type(), "moe combine"),
+                                                   stream_of(s)),
+                      "moe combine forward");
+  return out;
+}
+#endif
 
 class DispatchRowsFn : public torch::autograd::Function<DispatchRowsFn> {
  public:
@@ -20,6 +51,9 @@ class DispatchRowsFn : public torch::autograd::Function<DispatchRowsFn> {
     const auto inverse = ctx->saved_data["inverse"].toTensor();
     const int64_t k = ctx->saved_data["k"].toInt();
     const auto& g = grads[0];  // [N·k, d] expert order
+#if defined(DD_HAVE_CUDA)
+    if (combine_kernel_takes(g, k)) return {gather_sum_kernel(g, inverse, torch::Tensor(), k), {}, {}, {}};
+#endif
     auto dx = g.index_select(0, inverse).view({-1, k, g.size(1)}).sum(1);
     return {dx, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
@@ -37,6 +71,34 @@ class CombineRowsFn : public torch::autograd::Function<CombineRowsFn> {
     return {grads[0].index_select(0, order), torch::Tensor(), torch::Tensor()};
   }
 };
+
+#if defined(DD_HAVE_CUDA)
+class CombineWeightedFn : public torch::autograd::Function<CombineWeightedFn> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& ys, const torch::Tensor& gamma,
+                               const torch::Tensor& inverse) {
+    auto ysc = ys.contiguous();
+    auto g = gamma.contiguous();
+    ctx->save_for_backward({ysc, g, inverse});
+    return gather_sum_kernel(ysc, inverse, g.view({-1}), g.size(1));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto sv = ctx->get_saved_variables();
+    const auto &ys = sv[0], &gamma = sv[1], &inverse = sv[2];
+    auto dy = grads[0].contiguous();
+    const int64_t N = gamma.size(0), k = gamma.size(1), d = ys.size(1);
+    auto dys = torch::empty_like(ys);
+    auto dgamma = torch::empty({N, k}, gamma.options());
+    check_kernel_launch(kernels::moe_combine_backward(dys.data_ptr(), dgamma.data_ptr<float>(), dy.data_ptr(),
+                                                      ys.data_ptr(), inverse.data_ptr<int64_t>(),
+                                                      gamma.data_ptr<float>(), N, k, d,
+                                                      checked_kernel_dtype(ys.scalar_type(), "moe combine"),
+                                                      stream_of(ys)),
+                        "moe combine backward");
+    return {dys, dgamma, torch::Tensor()};
+  }
+};
+#endif
 
 }  // namespace
 
@@ -61,6 +123,22 @@ torch::Tensor combine_rows(const torch::Tensor& ys, const ExpertOrder& o) {
   TORCH_CHECK(ys.dim() == 2 && ys.size(0) == o.order.size(0), "combine_rows: expected ys [", o.order.size(0),
               ", d], got ", ys.sizes());
   return CombineRowsFn::apply(ys, o.order, o.inverse);
+}
+
+torch::Tensor combine_weighted_reference(const torch::Tensor& ys, const ExpertOrder& o, const torch::Tensor& gamma) {
+  const int64_t k = gamma.size(1);
+  auto yt = combine_rows(ys, o).view({-1, k, ys.size(1)});
+  return (yt * gamma.to(ys.scalar_type()).unsqueeze(-1)).sum(1);
+}
+
+torch::Tensor combine_weighted(const torch::Tensor& ys, const ExpertOrder& o, const torch::Tensor& gamma) {
+  TORCH_CHECK(gamma.dim() == 2 && gamma.numel() == o.order.size(0) && ys.dim() == 2 && ys.size(0) == gamma.numel(),
+              "combine_weighted: expected ys [N·k, d] and gamma [N, k] with N·k = ", o.order.size(0), ", got ",
+              ys.sizes(), " and ", gamma.sizes());
+#if defined(DD_HAVE_CUDA)
+  if (combine_kernel_takes(ys, gamma.size(1), gamma.scalar_type())) return CombineWeightedFn::apply(ys, gamma, o.inverse);
+#endif
+  return combine_weighted_reference(ys, o, gamma);
 }
 
 }  // namespace model

@@ -24,4 +24,12 @@ torch::Tensor dispatch_rows(const torch::Tensor& x, const ExpertOrder& o, int64_
 // ys [N·k, d] in expert order -> [N·k, d] in pair order. Backward: the gather the other way.
 torch::Tensor combine_rows(const torch::Tensor& ys, const ExpertOrder& o);
 
+// y [N, d] = Σ_j γ[t, j] · ys[inverse[t·k + j]]: the expert rows back in token order, weighted by
+// the router's γ [N, k] and summed over the k slots, in ys' dtype. On a GPU (fp32 γ, k ≤ 16) one
+// kernel each way (kernels/moe_combine.h), summing in fp32; elsewhere the reference. Differentiable
+// in ys and γ.
+torch::Tensor combine_weighted(const torch::Tensor& ys, const ExpertOrder& o, const torch::Tensor& gamma);
+// The same as ATen ops: combine_rows, a multiply by γ (cast to ys' dtype) and a sum over k.
+torch::Tensor combine_weighted_reference(const torch::Tensor& ys, const ExpertOrder& o, const torch::Tensor& gamma);
+
 }  // namespace model
