@@ -78,6 +78,7 @@ int bench_train(const BenchTrainArgs& a) {
     so.profile_from_step = a.warmup + a.steps;
     so.profile_steps = kProfileSteps;
     so.profile_trace = a.profile_trace;
+    so.profile_top = a.profile_top;
   }
   std::string profile_report;
   trainer::Session session(cfg, so);

@@ -22,6 +22,7 @@ struct BenchTrainArgs {
   std::string json_path;                // also write the JSON object here
   bool profile = false;                 // after the timed steps, profile 3 more and print the breakdown
   std::string profile_trace;            // and save the profiler's trace here (JSON)
+  int64_t profile_top = 20;             // kernels listed in the profile, the most GPU time first
   std::string gdr_scan = "kernel";      // kernel | aten: the delta rule core's CUDA kernels, or their ATen twins
 };
 

@@ -167,6 +167,9 @@ int main(int argc, char** argv) {
                             "Then profile 3 more steps: GPU time per step by component and by kernel");
   bench_train_cmd->add_option("--profile-trace", bench_train.profile_trace,
                               "With --profile: save the profiler trace (chrome://tracing, Perfetto) here");
+  bench_train_cmd->add_option("--profile-top", bench_train.profile_top, "With --profile: how many kernels to list")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
 
   app::TokenizerTrainArgs tok_train;
   auto* tokenizer_cmd = cli.add_subcommand("tokenizer", "Train tokenizers");

@@ -29,6 +29,7 @@ struct SessionOptions {
   int64_t profile_from_step = -1;
   int64_t profile_steps = 0;
   std::string profile_trace;
+  int64_t profile_top = 20;  // kernels listed in the report, the most GPU time first
   ClusterSpec cluster;        // this process's node; several nodes meet at cluster.master_addr:port
   // Called on rank 0's thread once a checkpoint of `step` is written and fsynced and before the
   // rename that commits it; returns when the metrics the run emitted so far are durable (the app

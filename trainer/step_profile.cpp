@@ -54,7 +54,7 @@ StepProfile::~StepProfile() {
   if (running_) torch::autograd::profiler::disableProfiler();
 }
 
-std::string StepProfile::stop(const std::string& trace_path, int64_t steps, double wall_ms_per_step) {
+std::string StepProfile::stop(const std::string& trace_path, int64_t steps, double wall_ms_per_step, int64_t top) {
   auto result = torch::autograd::profiler::disableProfiler();
   running_ = false;
   if (!trace_path.empty()) result->save(trace_path);
@@ -109,10 +109,12 @@ std::string StepProfile::stop(const std::string& trace_path, int64_t steps, doub
                 std::max(0.0, wall_ms_per_step - gpu_ms / n),
                 wall_ms_per_step > 0 ? 100.0 * std::max(0.0, wall_ms_per_step - gpu_ms / n) / wall_ms_per_step : 0.0);
   out += line;
-  out += "\n| kernel (top 20) | ms / step | calls / step |\n|---|---|---|\n";
-  int shown = 0;
+  std::snprintf(line, sizeof line, "\n| kernel (top %lld) | ms / step | calls / step |\n|---|---|---|\n",
+                static_cast<long long>(top));
+  out += line;
+  int64_t shown = 0;
   for (const auto& [k, s] : sorted(by_kernel)) {
-    if (shown++ == 20) break;
+    if (shown++ == top) break;
     std::string name = k.size() > 90 ? k.substr(0, 87) + "..." : k;
     std::snprintf(line, sizeof line, "| `%s` | %.2f | %.0f |\n", name.c_str(), s.ms / n, s.count / n);
     out += line;

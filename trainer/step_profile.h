@@ -15,8 +15,9 @@ class StepProfile {
   // report counts the kernels of that GPU only (other ranks' GPUs run the same work).
   static std::unique_ptr<StepProfile> start(int gpu_index);
   ~StepProfile();
-  // Stops, writes the trace to trace_path (JSON) and returns the table, times per step.
-  std::string stop(const std::string& trace_path, int64_t steps, double wall_ms_per_step);
+  // Stops, writes the trace to trace_path (JSON) and returns the table, times per step, listing
+  // the `top` kernels with the most GPU time.
+  std::string stop(const std::string& trace_path, int64_t steps, double wall_ms_per_step, int64_t top = 20);
 
  private:
   StepProfile() = default;

@@ -622,7 +622,7 @@ class TrainLoop {
       t_profile_ = Clock::now();
     } else {
       const double ms = seconds_since(t_profile_) * 1e3 / static_cast<double>(opts_.profile_steps);
-      log("profile", profile_->stop(opts_.profile_trace, opts_.profile_steps, ms));
+      log("profile", profile_->stop(opts_.profile_trace, opts_.profile_steps, ms, opts_.profile_top));
       profile_.reset();
     }
   }
