@@ -65,8 +65,14 @@ __global__ void __launch_bounds__(512) add_norm_backward_kernel(TX* dx, TB* db, 
   }
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
     const float r = rstd[row];
-    float hh[kPer], g[kPer];
+    float hh[kPer], g[kPer], dhv[kPer];
     float dot = 0.f;  // Σ g · ĥ
+    // dh is loaded with h and dy, before the block sum: the row's loads make one round trip.
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      dhv[k] = (dh && c < C) ? to_f32(dh[row * C + c]) : 0.f;
+    }
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
       const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
@@ -85,8 +91,7 @@ __global__ void __launch_bounds__(512) add_norm_backward_kernel(TX* dx, TB* db, 
     for (int k = 0; k < kPer; ++k) {
       const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
       if (c < C) {
-        float v = r * (g[k] - hh[k] * mean_dot);
-        if (dh) v += to_f32(dh[row * C + c]);
+        const float v = r * (g[k] - hh[k] * mean_dot) + dhv[k];
         dx[row * C + c] = from_f32<TX>(v);
         if (db) db[row * C + c] = from_f32<TB>(v);
       }
