@@ -348,11 +348,15 @@ TEST(FusedOpsCuda, ShortConvMatchesReference) {
   struct Case {
     int64_t B, T, C, W;
     bool packed;
+    int64_t pad = 7, off = 3;  // x is a column slice [off, off + C) of rows C + pad wide
   };
-  for (const Case c : {Case{2, 300, 333, 4, false}, Case{3, 129, 96, 3, false}, Case{1, 517, 130, 4, true}}) {
+  // The first three slices are misaligned (the kernels stage them element by element), the last
+  // two allow 16-byte loads.
+  for (const Case c : {Case{2, 300, 333, 4, false}, Case{3, 129, 96, 3, false}, Case{1, 517, 130, 4, true},
+                       Case{1, 517, 256, 4, true, 16, 8}, Case{2, 300, 512, 3, false, 8, 0}}) {
     for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
       auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(dt);
-      auto wide = torch::randn({c.B, c.T, c.C + 7}, opts);
+      auto wide = torch::randn({c.B, c.T, c.C + c.pad}, opts);
       auto w32 = torch::randn({c.C, c.W}, torch::kCUDA) * 0.5;
       model::Positions p = model::dense_positions(c.B, c.T, torch::kCUDA);
       if (c.packed) {
@@ -362,7 +366,7 @@ TEST(FusedOpsCuda, ShortConvMatchesReference) {
       auto run = [&](bool fused) {
         auto x = wide.detach().clone().requires_grad_(true);
         auto w = w32.detach().clone().requires_grad_(true);
-        auto xs = x.narrow(2, 3, c.C);  // unit channel stride, token stride C + 7
+        auto xs = x.narrow(2, c.off, c.C);  // unit channel stride, token stride C + pad
         auto y = fused ? model::fused_short_conv(xs, w, p) : model::short_conv(xs, w, p);
         auto gy = torch::ones_like(y) + torch::arange(y.numel(), opts).view(y.sizes()).remainder(7) * 0.1;
         (y.to(torch::kFloat32) * gy.to(torch::kFloat32)).sum().backward();
