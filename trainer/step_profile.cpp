@@ -115,7 +115,7 @@ std::string StepProfile::stop(const std::string& trace_path, int64_t steps, doub
   int64_t shown = 0;
   for (const auto& [k, s] : sorted(by_kernel)) {
     if (shown++ == top) break;
-    std::string name = k.size() > 90 ? k.substr(0, 87) + "..." : k;
+    std::string name = k.size() > 170 ? k.substr(0, 167) + "..." : k;
     std::snprintf(line, sizeof line, "| `%s` | %.2f | %.0f |\n", name.c_str(), s.ms / n, s.count / n);
     out += line;
   }
