@@ -18,6 +18,28 @@ torch::Tensor contiguous_as(const torch::Tensor& x, torch::ScalarType dt) {
   return out;
 }
 
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Rows of x [R, D] picked by idx [M] (each row at most once), and in the backward the gradient
+// written back to those rows (zeros elsewhere) by a plain scatter: index_select's own backward is
+// an index_add with atomics over a [R, D] zero tensor.
+class PickRowsFn : public torch::autograd::Function<PickRowsFn> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& idx) {
+    ctx->saved_data["idx"] = idx;
+    ctx->saved_data["rows"] = x.size(0);
+    return x.index_select(0, idx);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto idx = ctx->saved_data["idx"].toTensor();
+    const auto& g = grads[0];
+    auto dx = torch::zeros({ctx->saved_data["rows"].toInt(), g.size(1)}, g.options());
+    dx.index_copy_(0, idx, g.contiguous());
+    return {dx, torch::Tensor()};
+  }
+};
+
 void plan_dense(GdrChunkLayout& l) {
   const int64_t nc = (l.T + l.C - 1) / l.C;
   l.scan.n_docs = l.B;
@@ -114,8 +136,12 @@ torch::Tensor gdr_scatter_chunks(const torch::Tensor& o, const GdrChunkLayout& l
     auto y = o.view({nc, B, H, C, D}).permute({1, 0, 3, 2, 4}).reshape({B, nc * C, H, D});
     return nc * C == T ? y : y.narrow(1, 0, T);
   }
-  auto rows = o.permute({0, 2, 1, 3}).reshape({N * C, H, D});
-  return rows.index_select(0, l.token_slot).unsqueeze(0);
+  // Token t of head h is row (n·H + h)·C + c of o [N·H·C, D], where its slot is n·C + c: picked in
+  // place, without first copying o into token-slot order.
+  auto n = l.token_slot.div(C, "floor"), c = l.token_slot.remainder(C);  // [T]
+  auto idx = ((n * H).unsqueeze(1) + torch::arange(H, n.options()).unsqueeze(0)) * C + c.unsqueeze(1);  // [T, H]
+  auto picked = PickRowsFn::apply(o.contiguous().view({N * H * C, D}), idx.view({-1}));
+  return picked.view({1, -1, H, D});
 }
 
 }  // namespace model
