@@ -9,7 +9,7 @@
 
 namespace model {
 
-// alpha · a b for a [R, M, K] and b [K, N] batches [R, K, N] (transposed views are fine).
+// alpha · a b for batches a [R, M, K] and b [R, K, N] (transposed views are fine).
 // Returns a new contiguous [R, M, N]. Throws c10::Error on mismatched shapes.
 torch::Tensor bmm_fp32(const torch::Tensor& a, const torch::Tensor& b, double alpha = 1.0);
 

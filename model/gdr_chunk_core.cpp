@@ -44,7 +44,7 @@ torch::Tensor tr(const torch::Tensor& x) { return x.transpose(-1, -2); }
 torch::Tensor rows(const torch::Tensor& x) { return x.reshape({-1, x.size(-2), x.size(-1)}); }
 
 // alpha · a b for [..., M, K] and [..., K, N] batches with the same leading dims, as one batched
-// fp32 product (tensor cores at fp32 accuracy on a GPU, model/bmm_fp32.h); scales ride in alpha
+// fp32 product (split TF32 on a GPU's tensor cores, model/bmm_fp32.h); scales ride in alpha
 // instead of an extra pass over the result. Returns [..., M, N].
 torch::Tensor prod(const torch::Tensor& a, const torch::Tensor& b, double alpha = 1.0) {
   auto out = bmm_fp32(rows(a), rows(b), alpha);
