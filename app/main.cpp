@@ -168,7 +168,7 @@ int main(int argc, char** argv) {
   bench_train_cmd->add_option("--profile-trace", bench_train.profile_trace,
                               "With --profile: save the profiler trace (chrome://tracing, Perfetto) here");
   bench_train_cmd->add_option("--profile-top", bench_train.profile_top, "With --profile: how many kernels to list")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(int64_t{1}, int64_t{100000}))
       ->capture_default_str();
 
   app::TokenizerTrainArgs tok_train;

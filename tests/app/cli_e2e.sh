@@ -130,4 +130,11 @@ fi
 grep -q "CUDA graph step: off$" "$work/bench.out" || fail "bench: $(cat "$work/bench.out")"
 grep -q '"cuda_graph": "off"' "$work/bench.json" || fail "bench json: $(cat "$work/bench.json")"
 grep -qE '"tokens_per_s": [0-9.]*[1-9]' "$work/bench.json" || fail "bench json without tokens/s: $(cat "$work/bench.json")"
+# --profile-top takes a positive count; a bad one is refused by name before anything runs.
+set +e
+"$bin" bench train --preset tiny --family gpt --steps 1 --warmup 0 --profile --profile-top 0 > "$work/top.out" 2>&1
+rc=$?
+set -e
+[ "$rc" = 2 ] || { cat "$work/top.out"; fail "--profile-top 0 exited $rc, expected 2"; }
+grep -q -- "--profile-top" "$work/top.out" || fail "the --profile-top error does not name the flag: $(cat "$work/top.out")"
 echo "cli e2e: ok"
