@@ -5,8 +5,6 @@
 #include <atomic>
 
 #if defined(DD_HAVE_CUDA)
-#include <c10/cuda/CUDAStream.h>
-
 #include "kernels/gemm_tf32x3.h"
 #include "model/kernel_dtype.h"
 #endif
@@ -58,8 +56,7 @@ bool kernel_args(const torch::Tensor& out, const torch::Tensor& a, const torch::
 }
 
 void launch(const kernels::GemmTf32x3Args& g, const torch::Tensor& a) {
-  check_kernel_launch(kernels::gemm_tf32x3(g, c10::cuda::getCurrentCUDAStream(a.device().index()).stream()),
-                      "3xTF32 batched GEMM");
+  check_kernel_launch(kernels::gemm_tf32x3(g, stream_of(a)), "3xTF32 batched GEMM");
 }
 #endif
 

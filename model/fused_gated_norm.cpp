@@ -5,8 +5,6 @@
 #include "model/fused_rmsnorm.h"
 
 #if defined(DD_HAVE_CUDA)
-#include <c10/cuda/CUDAStream.h>
-
 #include "kernels/gated_rmsnorm.h"
 #include "model/kernel_dtype.h"
 #endif
@@ -52,7 +50,6 @@ kernels::GatedNormRows rows_of(const torch::Tensor& o, const torch::Tensor& z) {
   return r;
 }
 
-void* stream_of(const torch::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 
 class GatedRmsNormFn : public torch::autograd::Function<GatedRmsNormFn> {
  public:

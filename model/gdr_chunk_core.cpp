@@ -23,8 +23,6 @@
 #include "model/tril_solve.h"
 
 #if defined(DD_HAVE_CUDA)
-#include <c10/cuda/CUDAStream.h>
-
 #include "kernels/gdr_chunk.h"
 #include "model/kernel_dtype.h"
 #endif
@@ -176,7 +174,6 @@ kernels::GdrChunkList chunk_list(const Ctx& c) {
   return l;
 }
 
-void* stream_of(const torch::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 
 // The chunk table on the device: [2, N] int32, chunk starts then lengths.
 torch::Tensor device_table(const GdrChunkLayout& l, const torch::Device& dev) {

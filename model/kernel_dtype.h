@@ -2,6 +2,7 @@
 // call kernels/. Only the dtypes the training kernels take map; the rest fall back to ATen.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 
 #include "kernels/dtype.h"
@@ -24,5 +25,10 @@ kernels::DType checked_kernel_dtype(c10::ScalarType t, const char* what);
 
 // A kernel launcher's cudaError_t (0 = success) as a c10::Error naming the op.
 void check_kernel_launch(int err, const char* what);
+
+#if defined(DD_HAVE_CUDA)
+// The current CUDA stream of t's device, as the launchers take it (a cudaStream_t). Any thread.
+void* stream_of(const at::Tensor& t);
+#endif
 
 }  // namespace model

@@ -3,8 +3,6 @@
 #include <torch/torch.h>
 
 #if defined(DD_HAVE_CUDA)
-#include <c10/cuda/CUDAStream.h>
-
 #include "kernels/moe_combine.h"
 #include "model/kernel_dtype.h"
 #endif
@@ -23,7 +21,6 @@ bool combine_kernel_takes(const torch::Tensor& x, int64_t k, c10::ScalarType w =
          x.numel() > 0;
 }
 
-void* stream_of(const torch::Tensor& x) { return c10::cuda::getCurrentCUDAStream(x.device().index()).stream(); }
 
 // out [N, d] = Σ_j w[t·k + j] · src[idx[t·k + j]] (w undefined: weights 1), by the kernel.
 torch::Tensor gather_sum_kernel(const torch::Tensor& src, const torch::Tensor& idx, const torch::Tensor& w, int64_t k) {
