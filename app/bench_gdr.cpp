@@ -15,6 +15,7 @@
 #include "app/bench_command.h"
 #include "model/gdr.h"
 #include "model/gdr_chunk_core.h"
+#include "model/gdr_scan.h"
 #include "trainer/step_profile.h"
 
 namespace app {
@@ -73,10 +74,20 @@ int bench_gdr(const BenchGdrArgs& a) {
               static_cast<long long>(D), static_cast<long long>(a.chunk), a.dtype.c_str(),
               dev.is_cuda() ? "GPU" : "CPU");
   std::printf("%-22s %12s %16s %8s\n", "chunk core", "forward ms", "fwd+bwd ms", "ratio");
-  // The kernels run on a GPU only; on the CPU both rows would be the ATen twins.
-  const std::vector<bool> modes = dev.is_cuda() ? std::vector<bool>{true, false} : std::vector<bool>{false};
-  for (const bool kernel : modes) {
-    model::gdr_use_kernels(kernel);
+  // The kernels run on a GPU only; on the CPU every row would be the ATen twins. The second row is
+  // the same kernels with the state scan in fp32 FMA instead of on tensor cores.
+  struct Mode {
+    const char* name;
+    bool kernels;
+    int scan_variant;  // kernels::GdrScanVariant
+  };
+  const std::vector<Mode> modes = dev.is_cuda() ? std::vector<Mode>{{"kernels (GPU fp32)", true, 2},
+                                                                    {"kernels, FMA scan", true, 1},
+                                                                    {"ATen pieces", false, 2}}
+                                                : std::vector<Mode>{{"ATen pieces", false, 2}};
+  for (const Mode& mode : modes) {
+    model::gdr_use_kernels(mode.kernels);
+    model::gdr_scan_variant(mode.scan_variant);
     auto forward = [&] {
       torch::NoGradGuard no_grad;
       model::gdr_forward_chunked(q, k, v, beta, g, scale, {}, {}, a.chunk);
@@ -90,9 +101,9 @@ int bench_gdr(const BenchGdrArgs& a) {
       out.o.backward(grad_o.to(out.o.scalar_type()));
     };
     const double both = median_ms(dev, a.repeats, fwd_bwd);
-    std::printf("%-22s %12.3f %16.3f %7.2fx\n", kernel ? "kernels (GPU fp32)" : "ATen pieces", fwd, both, both / fwd);
+    std::printf("%-22s %12.3f %16.3f %7.2fx\n", mode.name, fwd, both, both / fwd);
     std::fflush(stdout);
-    if (a.profile && kernel && dev.is_cuda()) {
+    if (a.profile && mode.kernels && mode.scan_variant == 2 && dev.is_cuda()) {
       for (const bool backward : {false, true}) {
         constexpr int kRuns = 3;
         auto prof = trainer::StepProfile::start(dev.index());
@@ -103,6 +114,7 @@ int bench_gdr(const BenchGdrArgs& a) {
       }
     }
   }
+  model::gdr_scan_variant(2);
   model::gdr_use_kernels(true);
   return 0;
 }

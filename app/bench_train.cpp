@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/gdr_chunk_core.h"
+#include "model/gdr_scan.h"
 #include "storage/file_util.h"
 #include "trainer/config.h"
 #include "trainer/session.h"
@@ -34,11 +35,13 @@ int bench_train(const BenchTrainArgs& a) {
     std::cerr << "deltadeck: bench train: --steps must be >= 1 and --warmup >= 0\n";
     return 2;
   }
-  if (a.gdr_scan != "kernel" && a.gdr_scan != "aten") {
-    std::cerr << "deltadeck: bench train: --gdr-scan: expected kernel or aten, got \"" << a.gdr_scan << "\"\n";
+  if (a.gdr_scan != "kernel" && a.gdr_scan != "fma-scan" && a.gdr_scan != "aten") {
+    std::cerr << "deltadeck: bench train: --gdr-scan: expected kernel, fma-scan or aten, got \"" << a.gdr_scan << "\"\n";
     return 2;
   }
-  model::gdr_use_kernels(a.gdr_scan == "kernel");
+  model::gdr_use_kernels(a.gdr_scan != "aten");
+  // fma-scan: the chunk kernels with the state scan in fp32 FMA instead of on tensor cores.
+  model::gdr_scan_variant(a.gdr_scan == "fma-scan" ? 1 : 2);
   const std::string tmp = storage::files::make_temp_dir("deltadeck-bench");
   std::vector<std::string> o = {
       "name=\"bench\"",

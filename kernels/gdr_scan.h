@@ -24,6 +24,8 @@
 
 namespace kernels {
 
+enum GdrScanVariant : int { kGdrScanSimt8 = 0, kGdrScanSimt16 = 1, kGdrScanTensorCores = 2 };
+
 struct GdrScanArgs {
   const float* A = nullptr;      // [R, C, dv]
   const float* P = nullptr;      // [R, C, dk]
@@ -38,10 +40,11 @@ struct GdrScanArgs {
   const int32_t* n_chunks = nullptr;  // [n_docs], device memory
   float sign_p = -1.f, sign_q = 1.f;
   bool reverse = false;
-  // Blocks of 16 warps (1, the default) or 8 (0; kept for the tests and comparisons). 16 measured
-  // faster on every grid tried, large ones included (docs/perf.md, stop 19): each step is a chain
-  // of dependent phases, and more warps split each phase thinner.
-  int wide_blocks = 1;
+  // Which kernel runs the scan (docs/perf.md has the comparisons):
+  //   kTensorCores (default): split-TF32 mma.sync products (gdr_scan_mma.cu), for the sizes
+  //                           gdr_scan_mma_supports takes; other sizes get kSimt16;
+  //   kSimt16: fp32 FMA, blocks of 16 warps; kSimt8: the same with 8 warps (kept for the tests).
+  int variant = kGdrScanTensorCores;
   int64_t n_docs = 0, H = 0, C = 0, dk = 0, dv = 0;
 };
 
@@ -51,9 +54,21 @@ inline int64_t gdr_scan_smem_bytes(int64_t C, int64_t dk) { return (32 * (dk + C
 // True when the kernel takes these sizes (otherwise use the reference).
 inline bool gdr_scan_supports(int64_t C, int64_t dk) { return C >= 1 && C <= 128 && dk >= 4 && dk <= 256 && dk % 4 == 0; }
 
+// The tensor-core variant: shared memory of one block (the state, y and A's columns [·][40], and
+// P and Q [C][dk + pad]), its limit, and the sizes it takes (16-row mma tiles over C and dk,
+// 16-byte copies of v's columns).
+constexpr int64_t kGdrScanMmaMaxSmem = 227 * 1024;
+inline int64_t gdr_scan_mma_smem_bytes(int64_t C, int64_t dk) { return (40 * (dk + 2 * C) + C * (2 * dk + 12)) * 4; }
+inline bool gdr_scan_mma_supports(int64_t C, int64_t dk, int64_t dv) {
+  return C >= 16 && C <= 128 && C % 16 == 0 && dk >= 16 && dk <= 256 && dk % 16 == 0 && dv >= 4 && dv % 4 == 0 &&
+         gdr_scan_mma_smem_bytes(C, dk) <= kGdrScanMmaMaxSmem;
+}
+
 #ifdef DD_HAVE_CUDA
 // Returns the cudaError_t of the launch (0 = success).
 int gdr_scan(const GdrScanArgs& a, void* stream);
+// The tensor-core variant alone (gdr_scan calls it); sizes must pass gdr_scan_mma_supports.
+int gdr_scan_tensor_cores(const GdrScanArgs& a, void* stream);
 #endif
 
 }  // namespace kernels

@@ -22,11 +22,11 @@ namespace model {
 
 namespace {
 std::atomic<bool> g_use_kernel{true};
-std::atomic<int> g_wide_blocks{1};
+std::atomic<int> g_variant{2};
 }  // namespace
 
 void gdr_scan_use_kernel(bool on) { g_use_kernel = on; }
-void gdr_scan_wide_blocks(int mode) { g_wide_blocks = mode; }
+void gdr_scan_variant(int variant) { g_variant = variant; }
 
 GdrScanResult gdr_scan_reference(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& Kd,
                                  const torch::Tensor& decay, const torch::Tensor& h0, const GdrScanPlan& plan) {
@@ -149,7 +149,7 @@ std::vector<torch::Tensor> run_scan(const torch::Tensor& A, const torch::Tensor&
   a.sign_p = sign_p;
   a.sign_q = sign_q;
   a.reverse = reverse;
-  a.wide_blocks = g_wide_blocks;
+  a.variant = g_variant;
   a.n_docs = n_docs;
   a.H = H;
   a.C = C;

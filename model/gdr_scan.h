@@ -58,8 +58,9 @@ GdrScanGrads gdr_scan_backward(const torch::Tensor& W, const torch::Tensor& Kd, 
 // Process-wide switch for benchmarks that time the kernel against the ATen loop (default on).
 void gdr_scan_use_kernel(bool on);
 
-// Process-wide choice of the kernel's block width, for tests that cover both: 1 (default) 16-warp
-// blocks, 0 8-warp blocks.
-void gdr_scan_wide_blocks(int mode);
+// Process-wide choice of the scan kernel, for tests and benchmarks that cover each
+// (kernels::GdrScanVariant): 2 (default) tensor cores where the sizes allow, else 1; 1 fp32 FMA in
+// 16-warp blocks; 0 the same in 8-warp blocks.
+void gdr_scan_variant(int variant);
 
 }  // namespace model

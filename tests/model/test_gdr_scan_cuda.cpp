@@ -55,8 +55,9 @@ std::string describe(const Case& c) {
 
 }  // namespace
 
-// fp32 on both sides; they differ only in summation order over dk and C (≤ 256 terms) and its
-// growth through up to 9 chain steps: 2e-5 relative is about 100 ulp of headroom.
+// fp32 on both sides; they differ in summation order over dk and C (≤ 256 terms) and its growth
+// through up to 9 chain steps, and the tensor-core variant's split-TF32 products add ~1e-6 (its
+// worst case measured 1.3e-6): 2e-5 relative is about 100 fp32 ulp of headroom.
 TEST(GdrScanCuda, KernelMatchesReferenceForwardAndBackward) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 907);
@@ -66,12 +67,21 @@ TEST(GdrScanCuda, KernelMatchesReferenceForwardAndBackward) {
       {{5, 2}, 1, 100, 64, 33},           // a chunk past 64 rows (the 16-rows-per-warp path)
       {{2, 3}, 2, 128, 256, 64},          // the kernel's largest chunk and key size
       {{1}, 4, 7, 4, 1},                  // a single step, tiny sizes
+      // sizes the tensor-core variant takes, besides the first case: a column block past dv, the
+      // smallest tiles, two 16-row tiles of y per warp (C 128), two state-row tiles per warp (dk 256)
+      {{3, 6, 1}, 2, 32, 80, 36},
+      {{4, 2}, 3, 16, 16, 8},
+      {{2, 2}, 2, 48, 48, 68},
+      {{3, 2}, 2, 128, 128, 64},
+      {{3, 1}, 2, 64, 256, 40},
   };
   const double tol = 2e-5;
-  // Both block widths on every case: 16 warps (the default) and 8.
-  for (const int wide : {0, 1}) {
+  // Every kernel variant on every case: tensor cores (the default, where the sizes allow, else the
+  // next), fp32 FMA in 16-warp blocks and in 8-warp blocks.
+  const char* variant_names[] = {"8-warp", "16-warp", "tensor-core"};
+  for (const int variant : {0, 1, 2}) {
     for (const Case& c : cases) {
-      model::gdr_scan_wide_blocks(wide);
+      model::gdr_scan_variant(variant);
       int64_t N = 0;
       const auto plan = make_plan(c.chunk_counts, c.H, N);
       const int64_t R = N * c.H, S = plan.n_docs * c.H;
@@ -123,10 +133,10 @@ TEST(GdrScanCuda, KernelMatchesReferenceForwardAndBackward) {
       EXPECT_LT(rel_norm_diff(bw_want.dU, want.grads[1]), tol) << what << ": reference dU vs autograd";
       EXPECT_LT(rel_norm_diff(bw_want.dh0, want.grads[4]), tol) << what << ": reference dh0 vs autograd";
       std::printf("[gdr_scan] %s, %s blocks: fwd %.1e %.1e %.1e, worst grad %.1e, backward-only %.1e\n", what.c_str(),
-                  wide == 0 ? "8-warp" : "16-warp", e_hin, e_vn, e_fin, worst, e_bw);
+                  variant_names[variant], e_hin, e_vn, e_fin, worst, e_bw);
     }
   }
-  model::gdr_scan_wide_blocks(1);
+  model::gdr_scan_variant(2);
 }
 
 // The whole chunked delta rule on the GPU (scan kernel inside) against the step-by-step reference

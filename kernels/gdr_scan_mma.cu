@@ -1,0 +1,357 @@
+// The chunk-state scan of the gated delta rule on tensor cores (kernels/gdr_scan.h, variant
+// kTensorCores). Same loop and layouts as the SIMT kernel in gdr_scan.cu; what differs is how the
+// two products of a step are taken:
+//   y = A + sign_p · P S        [C, 32] = [C, dk] · [dk, 32]
+//   S = decay · S + sign_q · Qᵀ y + E    [dk, 32] += [dk, C] · [C, 32]
+// Both are mma.sync m16n8k8 TF32 products with the operands split into a TF32 part and a TF32
+// remainder (big·big + big·small + small·big), so the result keeps close to fp32 accuracy while
+// the SIMT kernel's shared-memory loads per multiply-add (its limit) drop about fourfold.
+//
+// One block of 8 warps owns one (document, head) and 32 columns of the state. The state lives in
+// two places: each warp holds its rows of S as mma accumulators in registers (phase 2 updates them
+// there), and a copy in shared memory [dk][32 + 8] is phase 1's B operand and the source of the
+// coalesced out_state writes. Per step:
+//   phase 0  write the state this step starts from (out_state); load the values of A, E and decay
+//            each thread needs later into registers;
+//   phase 1  warp w takes 16-row tiles of y (units w, w + 8, ... of the C/16 × 2 (row tile, column
+//            pair) units), writes y to out_y and sign_q · y to shared memory already split in its
+//            two TF32 parts: all 8 warps read every y element in phase 2, and would each split it;
+//   phase 2  warp w updates state rows 16w.., 16(w + 8).. and copies them to shared memory.
+// P and Q come in by cp.async, P as soon as phase 1 of the step before has read it, Q after
+// phase 2 before. Each staged tile has its own pad so the eight rows and four columns of a
+// fragment load fall in 32 different banks; P's fragments come in one ldmatrix each (four 8 × 4
+// fp32 blocks are four 8 × 8 b16 matrices, and ldmatrix hands them out in the TF32 A layout).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/gdr_scan.h"
+
+namespace kernels {
+
+namespace {
+
+constexpr int kWarps = 8, kThreads = 32 * kWarps;
+constexpr int kCols = 32;          // state columns per block: four 8-column mma tiles
+constexpr int kColPitch = kCols + 8;  // row length of S, y and A's columns in shared memory
+
+__device__ __forceinline__ void cp_async16_zfill(float* smem_dst, const float* src, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  const int bytes = valid ? 16 : 0;  // 0: fill the 16 bytes with zeros, read nothing
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// x = big + small, both TF32 (fp32 bit patterns with the low 13 mantissa bits zero).
+__device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& small) {
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(big) : "f"(x));
+  const float rest = x - __uint_as_float(big);
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(small) : "f"(rest));
+}
+
+// d += a b for one 16 × 8 × 8 tile (PTX fragment layouts: a row-major, b column-major).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Four 8 × 8 b16 matrices from shared memory; lane l gives the address of row l % 8 of matrix
+// l / 8. Read as fp32, each is an 8 × 4 block, and lane 4g + t receives element (g, t) of each.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const float* smem_row) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem_row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// One operand fragment split in two TF32 parts.
+struct FragA {
+  uint32_t big[4], small[4];
+};
+struct FragB {
+  uint32_t big[2], small[2];
+};
+
+// The three products of a split pair. Big·big goes to its own accumulator: two shorter dependency
+// chains instead of one, and the small cross terms are summed apart from the large one.
+__device__ __forceinline__ void mma3(float (&d_big)[4], float (&d_cross)[4], const FragA& a, const FragB& b) {
+  mma_tf32(d_big, a.big, b.big);
+  mma_tf32(d_cross, a.big, b.small);
+  mma_tf32(d_cross, a.small, b.big);
+}
+
+// B fragment of a row-major [k][n] tile in shared memory (pitch kColPitch): rows k0 + t, k0 + t + 4,
+// column n0 + g, for lane = 4g + t.
+__device__ __forceinline__ FragB load_b(const float* tile, int k0, int n0, int g, int t) {
+  FragB f;
+  split_tf32(tile[(k0 + t) * kColPitch + n0 + g], f.big[0], f.small[0]);
+  split_tf32(tile[(k0 + t + 4) * kColPitch + n0 + g], f.big[1], f.small[1]);
+  return f;
+}
+
+// Copies rows × (4·n4) floats from global memory (row stride ld) into shared memory (row length
+// pitch), zero-filling 4-float pieces at or past `valid_cols`.
+__device__ __forceinline__ void stage_rows(float* dst, int pitch, const float* src, int64_t ld, int rows, int n4,
+                                           int64_t valid_cols) {
+  for (int p = threadIdx.x; p < rows * n4; p += kThreads) {
+    const int r = p / n4, c = 4 * (p % n4);
+    const bool valid = c < valid_cols;
+    cp_async16_zfill(dst + r * pitch + c, valid ? src + r * ld + c : src, valid);
+  }
+}
+
+// kUnits: phase-1 units per warp (C/16 · 2 ≤ 8 · kUnits). kRowTiles: 16-row state tiles per warp
+// in phase 2 (dk/16 ≤ 8 · kRowTiles).
+template <int kUnits, int kRowTiles>
+__global__ void __launch_bounds__(kThreads, kRowTiles == 1 ? 2 : 1) gdr_scan_mma_kernel(GdrScanArgs a) {
+  extern __shared__ __align__(16) float smem[];
+  const int dk = static_cast<int>(a.dk), C = static_cast<int>(a.C);
+  const int64_t dv = a.dv;
+  const int pitch_p = dk + 4, pitch_q = dk + 8;
+  float* S_s = smem;                                                 // [dk][kColPitch]
+  uint32_t* yb_s = reinterpret_cast<uint32_t*>(S_s + dk * kColPitch);  // [C][kColPitch]: sign_q · y, big
+  uint32_t* ys_s = yb_s + C * kColPitch;                             // [C][kColPitch]: sign_q · y, small
+  float* P_s = reinterpret_cast<float*>(ys_s + C * kColPitch);       // [C][dk + 4]
+  float* Q_s = P_s + C * pitch_p;       // [C][dk + 8]
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t = lane % 4;  // fragment row group and column pair
+  const int64_t doc_head = blockIdx.x;
+  const int64_t s = doc_head / a.H, head = doc_head % a.H;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.y) * kCols;
+  const int64_t cols = dv - j0 < kCols ? dv - j0 : kCols;  // valid columns of this block (a multiple of 4)
+  const int n_units = (C / 16) * 2;
+
+  // Coalesced copies between the shared state [dk][kColPitch] and a global [dk, dv] state.
+  auto state_from_global = [&](const float* src) {
+    for (int p = threadIdx.x; p < dk * (kCols / 4); p += kThreads) {
+      const int i = p / (kCols / 4), c = 4 * (p % (kCols / 4));
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (src != nullptr && c < cols) v = *reinterpret_cast<const float4*>(src + i * dv + j0 + c);
+      *reinterpret_cast<float4*>(S_s + i * kColPitch + c) = v;
+    }
+  };
+  auto state_to_global = [&](float* dst) {
+    for (int p = threadIdx.x; p < dk * (kCols / 4); p += kThreads) {
+      const int i = p / (kCols / 4), c = 4 * (p % (kCols / 4));
+      if (c < cols) *reinterpret_cast<float4*>(dst + i * dv + j0 + c) = *reinterpret_cast<const float4*>(S_s + i * kColPitch + c);
+    }
+  };
+
+  state_from_global(a.init != nullptr ? a.init + doc_head * dk * dv : nullptr);
+  __syncthreads();
+
+  // This warp's state rows as accumulators: tile rt covers rows 16(warp + 8 rt) .. + 15, all four
+  // column tiles; element e of a column tile is row (e < 2 ? g : g + 8), column 2t + e % 2.
+  float S_r[kRowTiles][4][4];
+#pragma unroll
+  for (int rt = 0; rt < kRowTiles; ++rt) {
+    const int m0 = 16 * (warp + kWarps * rt);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        S_r[rt][nt][e] = m0 < dk ? S_s[(m0 + g + (e < 2 ? 0 : 8)) * kColPitch + 8 * nt + 2 * t + e % 2] : 0.f;
+      }
+    }
+  }
+
+  const int n = a.n_chunks[s];
+  auto row_of_step = [&](int step) {
+    const int m = a.reverse ? n - 1 - step : step;
+    return (static_cast<int64_t>(a.step_off[m]) + s) * a.H + head;
+  };
+  auto stage_p = [&](int64_t r) { stage_rows(P_s, pitch_p, a.P + r * C * dk, dk, C, dk / 4, dk); };
+  auto stage_q = [&](int64_t r) { stage_rows(Q_s, pitch_q, a.Q + r * C * dk, dk, C, dk / 4, dk); };
+  if (n > 0) {
+    stage_p(row_of_step(0));
+    cp_async_commit();
+    stage_q(row_of_step(0));
+    cp_async_commit();
+  }
+
+  for (int step = 0; step < n; ++step) {
+    const int64_t r = row_of_step(step);
+
+    // Phase 0: the state this step starts from; E and decay start loading for phase 2.
+    state_to_global(a.out_state + r * dk * dv);
+    float E_r[kRowTiles][4][4];
+#pragma unroll
+    for (int rt = 0; rt < kRowTiles; ++rt) {
+      const int m0 = 16 * (warp + kWarps * rt);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int c = 8 * nt + 2 * t;
+          float2 e = make_float2(0.f, 0.f);
+          if (a.E != nullptr && m0 < dk && c < cols) {
+            e = *reinterpret_cast<const float2*>(a.E + (r * dk + m0 + g + 8 * h) * dv + j0 + c);
+          }
+          E_r[rt][nt][2 * h] = e.x;
+          E_r[rt][nt][2 * h + 1] = e.y;
+        }
+      }
+    }
+    const float dec = __ldg(a.decay + r);
+    // A's values at this thread's y positions (unit u, column tile h, row half): [u][h][half].
+    float2 A_r[kUnits][2][2];
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      const int unit = warp + kWarps * u;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = 16 * (unit / 2) + g + 8 * half, c = 16 * (unit % 2) + 8 * h + 2 * t;
+          A_r[u][h][half] = (unit < n_units && c < cols)
+                                ? *reinterpret_cast<const float2*>(a.A + (r * C + row) * dv + j0 + c)
+                                : make_float2(0.f, 0.f);
+        }
+      }
+    }
+
+    // Phase 1: y = A + sign_p · P S.
+    cp_async_wait<1>();  // P (Q may still be in flight)
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      const int unit = warp + kWarps * u;
+      if (unit < n_units) {
+        const int m0 = 16 * (unit / 2), n0 = 16 * (unit % 2);
+        float big[2][4] = {}, cross[2][4] = {};
+        for (int k0 = 0; k0 < dk; k0 += 8) {
+          // Lane l addresses row (l % 8) + 8 (l / 8 % 2) at column k0 + 4 (l / 16) of the tile.
+          const float* p = P_s + (m0 + lane % 8 + 8 * (lane / 8 % 2)) * pitch_p + k0 + 4 * (lane / 16);
+          uint32_t raw[4];
+          ldmatrix_x4(raw, p);
+          FragA fa;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) split_tf32(__uint_as_float(raw[e]), fa.big[e], fa.small[e]);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) mma3(big[h], cross[h], fa, load_b(S_s, k0, n0 + 8 * h, g, t));
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int c = n0 + 8 * h + 2 * t;
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int row = m0 + g + 8 * half;
+            const float2 av = A_r[u][h][half];
+            float2 y;
+            y.x = av.x + a.sign_p * (big[h][2 * half] + cross[h][2 * half]);
+            y.y = av.y + a.sign_p * (big[h][2 * half + 1] + cross[h][2 * half + 1]);
+            uint2 yb, ys;
+            split_tf32(a.sign_q * y.x, yb.x, ys.x);
+            split_tf32(a.sign_q * y.y, yb.y, ys.y);
+            *reinterpret_cast<uint2*>(yb_s + row * kColPitch + c) = yb;
+            *reinterpret_cast<uint2*>(ys_s + row * kColPitch + c) = ys;
+            if (c < cols) *reinterpret_cast<float2*>(a.out_y + (r * C + row) * dv + j0 + c) = y;
+          }
+        }
+      }
+    }
+    __syncthreads();  // y is complete; P is read
+    if (step + 1 < n) stage_p(row_of_step(step + 1));
+    cp_async_commit();
+    cp_async_wait<1>();  // Q of this step
+    __syncthreads();
+
+    // Phase 2: S = decay · S + E + Qᵀ (sign_q · y) for this warp's rows.
+    float cross_s[kRowTiles][4][4];
+#pragma unroll
+    for (int rt = 0; rt < kRowTiles; ++rt) {
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          S_r[rt][nt][e] = dec * S_r[rt][nt][e] + E_r[rt][nt][e];
+          cross_s[rt][nt][e] = 0.f;
+        }
+      }
+    }
+    for (int k0 = 0; k0 < C; k0 += 8) {
+      FragB fb[4];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int at0 = (k0 + t) * kColPitch + 8 * nt + g, at1 = at0 + 4 * kColPitch;
+        fb[nt].big[0] = yb_s[at0];
+        fb[nt].big[1] = yb_s[at1];
+        fb[nt].small[0] = ys_s[at0];
+        fb[nt].small[1] = ys_s[at1];
+      }
+#pragma unroll
+      for (int rt = 0; rt < kRowTiles; ++rt) {
+        const int m0 = 16 * (warp + kWarps * rt);
+        if (m0 < dk) {
+          // Qᵀ as the A operand: element (row i, column c) is Q[c][i].
+          const float* q = Q_s + (k0 + t) * pitch_q + m0 + g;
+          FragA fa;
+          split_tf32(q[0], fa.big[0], fa.small[0]);
+          split_tf32(q[8], fa.big[1], fa.small[1]);
+          split_tf32(q[4 * pitch_q], fa.big[2], fa.small[2]);
+          split_tf32(q[4 * pitch_q + 8], fa.big[3], fa.small[3]);
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) mma3(S_r[rt][nt], cross_s[rt][nt], fa, fb[nt]);
+        }
+      }
+    }
+#pragma unroll
+    for (int rt = 0; rt < kRowTiles; ++rt) {
+      const int m0 = 16 * (warp + kWarps * rt);
+      if (m0 < dk) {
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            S_r[rt][nt][2 * half] += cross_s[rt][nt][2 * half];
+            S_r[rt][nt][2 * half + 1] += cross_s[rt][nt][2 * half + 1];
+            *reinterpret_cast<float2*>(S_s + (m0 + g + 8 * half) * kColPitch + 8 * nt + 2 * t) =
+                make_float2(S_r[rt][nt][2 * half], S_r[rt][nt][2 * half + 1]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // the state is final; Q and y are read
+    if (step + 1 < n) stage_q(row_of_step(step + 1));
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+  state_to_global(a.final_state + doc_head * dk * dv);
+}
+
+template <int kUnits, int kRowTiles>
+int launch(const GdrScanArgs& a, dim3 grid, size_t smem, cudaStream_t st) {
+  static const bool opted_in = [] {
+    cudaFuncSetAttribute(gdr_scan_mma_kernel<kUnits, kRowTiles>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(kGdrScanMmaMaxSmem));
+    return true;
+  }();
+  (void)opted_in;
+  gdr_scan_mma_kernel<kUnits, kRowTiles><<<grid, kThreads, smem, st>>>(a);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace
+
+int gdr_scan_tensor_cores(const GdrScanArgs& a, void* stream) {
+  if (!gdr_scan_mma_supports(a.C, a.dk, a.dv) || a.n_docs < 1 || a.H < 1) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  const dim3 grid(static_cast<unsigned>(a.n_docs * a.H), static_cast<unsigned>((a.dv + kCols - 1) / kCols));
+  const size_t smem = gdr_scan_mma_smem_bytes(a.C, a.dk);
+  auto st = static_cast<cudaStream_t>(stream);
+  const bool two_units = a.C > 64, two_row_tiles = a.dk > 128;
+  if (two_units) return two_row_tiles ? launch<2, 2>(a, grid, smem, st) : launch<2, 1>(a, grid, smem, st);
+  return two_row_tiles ? launch<1, 2>(a, grid, smem, st) : launch<1, 1>(a, grid, smem, st);
+}
+
+}  // namespace kernels
