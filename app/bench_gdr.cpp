@@ -75,16 +75,18 @@ int bench_gdr(const BenchGdrArgs& a) {
               dev.is_cuda() ? "GPU" : "CPU");
   std::printf("%-22s %12s %16s %8s\n", "chunk core", "forward ms", "fwd+bwd ms", "ratio");
   // The kernels run on a GPU only; on the CPU every row would be the ATen twins. The second row is
-  // the same kernels with the state scan in fp32 FMA instead of on tensor cores.
+  // the same kernels with the tensor-core scan in 32-column blocks, the third with the state scan
+  // in fp32 FMA instead of on tensor cores.
   struct Mode {
     const char* name;
     bool kernels;
     int scan_variant;  // kernels::GdrScanVariant
   };
-  const std::vector<Mode> modes = dev.is_cuda() ? std::vector<Mode>{{"kernels (GPU fp32)", true, 2},
+  const std::vector<Mode> modes = dev.is_cuda() ? std::vector<Mode>{{"kernels (GPU fp32)", true, 4},
+                                                                    {"kernels, 32-col scan", true, 2},
                                                                     {"kernels, FMA scan", true, 1},
-                                                                    {"ATen pieces", false, 2}}
-                                                : std::vector<Mode>{{"ATen pieces", false, 2}};
+                                                                    {"ATen pieces", false, 4}}
+                                                : std::vector<Mode>{{"ATen pieces", false, 4}};
   for (const Mode& mode : modes) {
     model::gdr_use_kernels(mode.kernels);
     model::gdr_scan_variant(mode.scan_variant);
@@ -103,7 +105,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     const double both = median_ms(dev, a.repeats, fwd_bwd);
     std::printf("%-22s %12.3f %16.3f %7.2fx\n", mode.name, fwd, both, both / fwd);
     std::fflush(stdout);
-    if (a.profile && mode.kernels && mode.scan_variant == 2 && dev.is_cuda()) {
+    if (a.profile && mode.kernels && mode.scan_variant == 4 && dev.is_cuda()) {
       for (const bool backward : {false, true}) {
         constexpr int kRuns = 3;
         auto prof = trainer::StepProfile::start(dev.index());
@@ -114,7 +116,7 @@ int bench_gdr(const BenchGdrArgs& a) {
       }
     }
   }
-  model::gdr_scan_variant(2);
+  model::gdr_scan_variant(4);
   model::gdr_use_kernels(true);
   return 0;
 }

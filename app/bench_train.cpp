@@ -35,13 +35,15 @@ int bench_train(const BenchTrainArgs& a) {
     std::cerr << "deltadeck: bench train: --steps must be >= 1 and --warmup >= 0\n";
     return 2;
   }
-  if (a.gdr_scan != "kernel" && a.gdr_scan != "fma-scan" && a.gdr_scan != "aten") {
-    std::cerr << "deltadeck: bench train: --gdr-scan: expected kernel, fma-scan or aten, got \"" << a.gdr_scan << "\"\n";
+  if (a.gdr_scan != "kernel" && a.gdr_scan != "narrow-scan" && a.gdr_scan != "fma-scan" && a.gdr_scan != "aten") {
+    std::cerr << "deltadeck: bench train: --gdr-scan: expected kernel, narrow-scan, fma-scan or aten, got \""
+              << a.gdr_scan << "\"\n";
     return 2;
   }
   model::gdr_use_kernels(a.gdr_scan != "aten");
-  // fma-scan: the chunk kernels with the state scan in fp32 FMA instead of on tensor cores.
-  model::gdr_scan_variant(a.gdr_scan == "fma-scan" ? 1 : 2);
+  // narrow-scan: the tensor-core state scan in 32-column blocks; fma-scan: in fp32 FMA instead
+  // (kernels::GdrScanVariant).
+  model::gdr_scan_variant(a.gdr_scan == "fma-scan" ? 1 : a.gdr_scan == "narrow-scan" ? 2 : 4);
   const std::string tmp = storage::files::make_temp_dir("deltadeck-bench");
   std::vector<std::string> o = {
       "name=\"bench\"",

@@ -24,7 +24,13 @@
 
 namespace kernels {
 
-enum GdrScanVariant : int { kGdrScanSimt8 = 0, kGdrScanSimt16 = 1, kGdrScanTensorCores = 2 };
+enum GdrScanVariant : int {
+  kGdrScanSimt8 = 0,
+  kGdrScanSimt16 = 1,
+  kGdrScanTensorCores32 = 2,
+  kGdrScanTensorCores64 = 3,
+  kGdrScanAuto = 4,
+};
 
 struct GdrScanArgs {
   const float* A = nullptr;      // [R, C, dv]
@@ -41,10 +47,13 @@ struct GdrScanArgs {
   float sign_p = -1.f, sign_q = 1.f;
   bool reverse = false;
   // Which kernel runs the scan (docs/perf.md has the comparisons):
-  //   kTensorCores (default): split-TF32 mma.sync products (gdr_scan_mma.cu), for the sizes
-  //                           gdr_scan_mma_supports takes; other sizes get kSimt16;
+  //   kAuto (default): kTensorCores64 where its sizes allow and dv ≥ 64, else kTensorCores32
+  //                    where its sizes allow, else kSimt16;
+  //   kTensorCores32: split-TF32 mma.sync products (gdr_scan_mma.cu), 8-warp blocks of 32 state
+  //                   columns, for the sizes gdr_scan_mma_supports takes (else kSimt16);
+  //   kTensorCores64: the same with 16-warp blocks of 64 columns (else kSimt16);
   //   kSimt16: fp32 FMA, blocks of 16 warps; kSimt8: the same with 8 warps (kept for the tests).
-  int variant = kGdrScanTensorCores;
+  int variant = kGdrScanAuto;
   int64_t n_docs = 0, H = 0, C = 0, dk = 0, dv = 0;
 };
 
@@ -54,21 +63,24 @@ inline int64_t gdr_scan_smem_bytes(int64_t C, int64_t dk) { return (32 * (dk + C
 // True when the kernel takes these sizes (otherwise use the reference).
 inline bool gdr_scan_supports(int64_t C, int64_t dk) { return C >= 1 && C <= 128 && dk >= 4 && dk <= 256 && dk % 4 == 0; }
 
-// The tensor-core variant: shared memory of one block (the state, y and A's columns [·][40], and
-// P and Q [C][dk + pad]), its limit, and the sizes it takes (16-row mma tiles over C and dk,
-// 16-byte copies of v's columns).
+// The tensor-core variants, blocks of `cols` state columns (32 or 64): shared memory of one block
+// (the state and y's two parts [·][cols + 8], P and Q [C][dk + pad]), its limit, and the sizes
+// they take (16-row mma tiles over C and dk, 16-byte copies of columns).
 constexpr int64_t kGdrScanMmaMaxSmem = 227 * 1024;
-inline int64_t gdr_scan_mma_smem_bytes(int64_t C, int64_t dk) { return (40 * (dk + 2 * C) + C * (2 * dk + 12)) * 4; }
-inline bool gdr_scan_mma_supports(int64_t C, int64_t dk, int64_t dv) {
+inline int64_t gdr_scan_mma_smem_bytes(int64_t C, int64_t dk, int64_t cols = 32) {
+  return ((cols + 8) * (dk + 2 * C) + C * (2 * dk + 12)) * 4;
+}
+inline bool gdr_scan_mma_supports(int64_t C, int64_t dk, int64_t dv, int64_t cols = 32) {
   return C >= 16 && C <= 128 && C % 16 == 0 && dk >= 16 && dk <= 256 && dk % 16 == 0 && dv >= 4 && dv % 4 == 0 &&
-         gdr_scan_mma_smem_bytes(C, dk) <= kGdrScanMmaMaxSmem;
+         gdr_scan_mma_smem_bytes(C, dk, cols) <= kGdrScanMmaMaxSmem;
 }
 
 #ifdef DD_HAVE_CUDA
 // Returns the cudaError_t of the launch (0 = success).
 int gdr_scan(const GdrScanArgs& a, void* stream);
-// The tensor-core variant alone (gdr_scan calls it); sizes must pass gdr_scan_mma_supports.
-int gdr_scan_tensor_cores(const GdrScanArgs& a, void* stream);
+// The tensor-core kernel alone in blocks of `cols` (32 or 64) state columns (gdr_scan calls it);
+// sizes must pass gdr_scan_mma_supports for that width.
+int gdr_scan_tensor_cores(const GdrScanArgs& a, int cols, void* stream);
 #endif
 
 }  // namespace kernels

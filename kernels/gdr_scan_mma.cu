@@ -7,16 +7,17 @@
 // remainder (big·big + big·small + small·big), so the result keeps close to fp32 accuracy while
 // the SIMT kernel's shared-memory loads per multiply-add (its limit) drop about fourfold.
 //
-// One block of 8 warps owns one (document, head) and 32 columns of the state. The state lives in
-// two places: each warp holds its rows of S as mma accumulators in registers (phase 2 updates them
-// there), and a copy in shared memory [dk][32 + 8] is phase 1's B operand and the source of the
-// coalesced out_state writes. Per step:
+// One block of 8 warps owns one (document, head) and 32 columns of the state (or 16 warps and 64
+// columns). The state lives in two places: each warp holds its part of S as mma accumulators in
+// registers (phase 2 updates them there), and a copy in shared memory [dk][cols + 8] is phase 1's
+// B operand and the source of the coalesced out_state writes. Per step:
 //   phase 0  write the state this step starts from (out_state); load the values of A, E and decay
 //            each thread needs later into registers;
-//   phase 1  warp w takes 16-row tiles of y (units w, w + 8, ... of the C/16 × 2 (row tile, column
+//   phase 1  each warp takes 16 × 16 tiles of y (units w, w + warps, ... of the (row tile, column
 //            pair) units), writes y to out_y and sign_q · y to shared memory already split in its
-//            two TF32 parts: all 8 warps read every y element in phase 2, and would each split it;
-//   phase 2  warp w updates state rows 16w.., 16(w + 8).. and copies them to shared memory.
+//            two TF32 parts: 8 warps read every y element in phase 2, and would each split it;
+//   phase 2  warp w updates state rows 16 (w % 8).., 16 (w % 8 + 8).. of its 32 columns and copies
+//            them to shared memory.
 // P and Q come in by cp.async, P as soon as phase 1 of the step before has read it, Q after
 // phase 2 before. Each staged tile has its own pad so the eight rows and four columns of a
 // fragment load fall in 32 different banks; P's fragments come in one ldmatrix each (four 8 × 4
@@ -31,9 +32,11 @@ namespace kernels {
 
 namespace {
 
-constexpr int kWarps = 8, kThreads = 32 * kWarps;
-constexpr int kCols = 32;          // state columns per block: four 8-column mma tiles
-constexpr int kColPitch = kCols + 8;  // row length of S, y and A's columns in shared memory
+// A block of kWarps (8 or 16) warps owns 4 · kWarps state columns (32 or 64): 8 warps along the
+// state's rows in phase 2 times kWarps / 8 groups of 32 columns. Shared rows of S and y are
+// kCols + 8 long, so a fragment's eight columns and four rows fall in 32 different banks.
+__host__ __device__ constexpr int cols_of(int warps) { return 4 * warps; }
+__host__ __device__ constexpr int pitch_of(int warps) { return cols_of(warps) + 8; }
 
 __device__ __forceinline__ void cp_async16_zfill(float* smem_dst, const float* src, bool valid) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
@@ -88,12 +91,12 @@ __device__ __forceinline__ void mma3(float (&d_big)[4], float (&d_cross)[4], con
   mma_tf32(d_cross, a.small, b.big);
 }
 
-// B fragment of a row-major [k][n] tile in shared memory (pitch kColPitch): rows k0 + t, k0 + t + 4,
-// column n0 + g, for lane = 4g + t.
-__device__ __forceinline__ FragB load_b(const float* tile, int k0, int n0, int g, int t) {
+// B fragment of a row-major [k][n] tile in shared memory (row length pitch): rows k0 + t,
+// k0 + t + 4, column n0 + g, for lane = 4g + t.
+__device__ __forceinline__ FragB load_b(const float* tile, int pitch, int k0, int n0, int g, int t) {
   FragB f;
-  split_tf32(tile[(k0 + t) * kColPitch + n0 + g], f.big[0], f.small[0]);
-  split_tf32(tile[(k0 + t + 4) * kColPitch + n0 + g], f.big[1], f.small[1]);
+  split_tf32(tile[(k0 + t) * pitch + n0 + g], f.big[0], f.small[0]);
+  split_tf32(tile[(k0 + t + 4) * pitch + n0 + g], f.big[1], f.small[1]);
   return f;
 }
 
@@ -101,17 +104,19 @@ __device__ __forceinline__ FragB load_b(const float* tile, int k0, int n0, int g
 // pitch), zero-filling 4-float pieces at or past `valid_cols`.
 __device__ __forceinline__ void stage_rows(float* dst, int pitch, const float* src, int64_t ld, int rows, int n4,
                                            int64_t valid_cols) {
-  for (int p = threadIdx.x; p < rows * n4; p += kThreads) {
+  for (int p = threadIdx.x; p < rows * n4; p += blockDim.x) {
     const int r = p / n4, c = 4 * (p % n4);
     const bool valid = c < valid_cols;
     cp_async16_zfill(dst + r * pitch + c, valid ? src + r * ld + c : src, valid);
   }
 }
 
-// kUnits: phase-1 units per warp (C/16 · 2 ≤ 8 · kUnits). kRowTiles: 16-row state tiles per warp
-// in phase 2 (dk/16 ≤ 8 · kRowTiles).
-template <int kUnits, int kRowTiles>
-__global__ void __launch_bounds__(kThreads, kRowTiles == 1 ? 2 : 1) gdr_scan_mma_kernel(GdrScanArgs a) {
+// kUnits: phase-1 units per warp ((C/16) · (kCols/16) ≤ kWarps · kUnits). kRowTiles: 16-row state
+// tiles per warp in phase 2 (dk/16 ≤ 8 · kRowTiles).
+template <int kWarps, int kUnits, int kRowTiles>
+__global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2 : 1)
+    gdr_scan_mma_kernel(GdrScanArgs a) {
+  constexpr int kCols = cols_of(kWarps), kColPitch = pitch_of(kWarps), kPairs = kCols / 16;
   extern __shared__ __align__(16) float smem[];
   const int dk = static_cast<int>(a.dk), C = static_cast<int>(a.C);
   const int64_t dv = a.dv;
@@ -124,15 +129,17 @@ __global__ void __launch_bounds__(kThreads, kRowTiles == 1 ? 2 : 1) gdr_scan_mma
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;  // fragment row group and column pair
+  // Phase 2: this warp's state rows are 16 (row_warp + 8 rt) .., its columns col0 .. col0 + 31.
+  const int row_warp = warp % 8, col0 = 32 * (warp / 8);
   const int64_t doc_head = blockIdx.x;
   const int64_t s = doc_head / a.H, head = doc_head % a.H;
   const int64_t j0 = static_cast<int64_t>(blockIdx.y) * kCols;
   const int64_t cols = dv - j0 < kCols ? dv - j0 : kCols;  // valid columns of this block (a multiple of 4)
-  const int n_units = (C / 16) * 2;
+  const int n_units = (C / 16) * kPairs;
 
   // Coalesced copies between the shared state [dk][kColPitch] and a global [dk, dv] state.
   auto state_from_global = [&](const float* src) {
-    for (int p = threadIdx.x; p < dk * (kCols / 4); p += kThreads) {
+    for (int p = threadIdx.x; p < dk * (kCols / 4); p += 32 * kWarps) {
       const int i = p / (kCols / 4), c = 4 * (p % (kCols / 4));
       float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
       if (src != nullptr && c < cols) v = *reinterpret_cast<const float4*>(src + i * dv + j0 + c);
@@ -140,7 +147,7 @@ __global__ void __launch_bounds__(kThreads, kRowTiles == 1 ? 2 : 1) gdr_scan_mma
     }
   };
   auto state_to_global = [&](float* dst) {
-    for (int p = threadIdx.x; p < dk * (kCols / 4); p += kThreads) {
+    for (int p = threadIdx.x; p < dk * (kCols / 4); p += 32 * kWarps) {
       const int i = p / (kCols / 4), c = 4 * (p % (kCols / 4));
       if (c < cols) *reinterpret_cast<float4*>(dst + i * dv + j0 + c) = *reinterpret_cast<const float4*>(S_s + i * kColPitch + c);
     }
@@ -149,17 +156,18 @@ __global__ void __launch_bounds__(kThreads, kRowTiles == 1 ? 2 : 1) gdr_scan_mma
   state_from_global(a.init != nullptr ? a.init + doc_head * dk * dv : nullptr);
   __syncthreads();
 
-  // This warp's state rows as accumulators: tile rt covers rows 16(warp + 8 rt) .. + 15, all four
-  // column tiles; element e of a column tile is row (e < 2 ? g : g + 8), column 2t + e % 2.
+  // This warp's state as accumulators: tile rt covers rows 16 (row_warp + 8 rt) .. + 15 and four
+  // 8-column tiles from col0; element e of a tile is row (e < 2 ? g : g + 8), column 2t + e % 2.
   float S_r[kRowTiles][4][4];
 #pragma unroll
   for (int rt = 0; rt < kRowTiles; ++rt) {
-    const int m0 = 16 * (warp + kWarps * rt);
+    const int m0 = 16 * (row_warp + 8 * rt);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        S_r[rt][nt][e] = m0 < dk ? S_s[(m0 + g + (e < 2 ? 0 : 8)) * kColPitch + 8 * nt + 2 * t + e % 2] : 0.f;
+        S_r[rt][nt][e] =
+            m0 < dk ? S_s[(m0 + g + (e < 2 ? 0 : 8)) * kColPitch + col0 + 8 * nt + 2 * t + e % 2] : 0.f;
       }
     }
   }
@@ -186,12 +194,12 @@ __global__ void __launch_bounds__(kThreads, kRowTiles == 1 ? 2 : 1) gdr_scan_mma
     float E_r[kRowTiles][4][4];
 #pragma unroll
     for (int rt = 0; rt < kRowTiles; ++rt) {
-      const int m0 = 16 * (warp + kWarps * rt);
+      const int m0 = 16 * (row_warp + 8 * rt);
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int c = 8 * nt + 2 * t;
+          const int c = col0 + 8 * nt + 2 * t;
           float2 e = make_float2(0.f, 0.f);
           if (a.E != nullptr && m0 < dk && c < cols) {
             e = *reinterpret_cast<const float2*>(a.E + (r * dk + m0 + g + 8 * h) * dv + j0 + c);
@@ -211,7 +219,7 @@ __global__ void __launch_bounds__(kThreads, kRowTiles == 1 ? 2 : 1) gdr_scan_mma
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int row = 16 * (unit / 2) + g + 8 * half, c = 16 * (unit % 2) + 8 * h + 2 * t;
+          const int row = 16 * (unit / kPairs) + g + 8 * half, c = 16 * (unit % kPairs) + 8 * h + 2 * t;
           A_r[u][h][half] = (unit < n_units && c < cols)
                                 ? *reinterpret_cast<const float2*>(a.A + (r * C + row) * dv + j0 + c)
                                 : make_float2(0.f, 0.f);
@@ -226,7 +234,7 @@ __global__ void __launch_bounds__(kThreads, kRowTiles == 1 ? 2 : 1) gdr_scan_mma
     for (int u = 0; u < kUnits; ++u) {
       const int unit = warp + kWarps * u;
       if (unit < n_units) {
-        const int m0 = 16 * (unit / 2), n0 = 16 * (unit % 2);
+        const int m0 = 16 * (unit / kPairs), n0 = 16 * (unit % kPairs);
         float big[2][4] = {}, cross[2][4] = {};
         for (int k0 = 0; k0 < dk; k0 += 8) {
           // Lane l addresses row (l % 8) + 8 (l / 8 % 2) at column k0 + 4 (l / 16) of the tile.
@@ -237,7 +245,7 @@ __global__ void __launch_bounds__(kThreads, kRowTiles == 1 ? 2 : 1) gdr_scan_mma
 #pragma unroll
           for (int e = 0; e < 4; ++e) split_tf32(__uint_as_float(raw[e]), fa.big[e], fa.small[e]);
 #pragma unroll
-          for (int h = 0; h < 2; ++h) mma3(big[h], cross[h], fa, load_b(S_s, k0, n0 + 8 * h, g, t));
+          for (int h = 0; h < 2; ++h) mma3(big[h], cross[h], fa, load_b(S_s, kColPitch, k0, n0 + 8 * h, g, t));
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -282,7 +290,7 @@ __global__ void __launch_bounds__(kThreads, kRowTiles == 1 ? 2 : 1) gdr_scan_mma
       FragB fb[4];
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
-        const int at0 = (k0 + t) * kColPitch + 8 * nt + g, at1 = at0 + 4 * kColPitch;
+        const int at0 = (k0 + t) * kColPitch + col0 + 8 * nt + g, at1 = at0 + 4 * kColPitch;
         fb[nt].big[0] = yb_s[at0];
         fb[nt].big[1] = yb_s[at1];
         fb[nt].small[0] = ys_s[at0];
@@ -290,7 +298,7 @@ __global__ void __launch_bounds__(kThreads, kRowTiles == 1 ? 2 : 1) gdr_scan_mma
       }
 #pragma unroll
       for (int rt = 0; rt < kRowTiles; ++rt) {
-        const int m0 = 16 * (warp + kWarps * rt);
+        const int m0 = 16 * (row_warp + 8 * rt);
         if (m0 < dk) {
           // Qᵀ as the A operand: element (row i, column c) is Q[c][i].
           const float* q = Q_s + (k0 + t) * pitch_q + m0 + g;
@@ -306,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, kRowTiles == 1 ? 2 : 1) gdr_scan_mma
     }
 #pragma unroll
     for (int rt = 0; rt < kRowTiles; ++rt) {
-      const int m0 = 16 * (warp + kWarps * rt);
+      const int m0 = 16 * (row_warp + 8 * rt);
       if (m0 < dk) {
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
@@ -314,7 +322,7 @@ __global__ void __launch_bounds__(kThreads, kRowTiles == 1 ? 2 : 1) gdr_scan_mma
           for (int half = 0; half < 2; ++half) {
             S_r[rt][nt][2 * half] += cross_s[rt][nt][2 * half];
             S_r[rt][nt][2 * half + 1] += cross_s[rt][nt][2 * half + 1];
-            *reinterpret_cast<float2*>(S_s + (m0 + g + 8 * half) * kColPitch + 8 * nt + 2 * t) =
+            *reinterpret_cast<float2*>(S_s + (m0 + g + 8 * half) * kColPitch + col0 + 8 * nt + 2 * t) =
                 make_float2(S_r[rt][nt][2 * half], S_r[rt][nt][2 * half + 1]);
           }
         }
@@ -328,30 +336,38 @@ __global__ void __launch_bounds__(kThreads, kRowTiles == 1 ? 2 : 1) gdr_scan_mma
   state_to_global(a.final_state + doc_head * dk * dv);
 }
 
-template <int kUnits, int kRowTiles>
+template <int kWarps, int kUnits, int kRowTiles>
 int launch(const GdrScanArgs& a, dim3 grid, size_t smem, cudaStream_t st) {
   static const bool opted_in = [] {
-    cudaFuncSetAttribute(gdr_scan_mma_kernel<kUnits, kRowTiles>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaFuncSetAttribute(gdr_scan_mma_kernel<kWarps, kUnits, kRowTiles>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          static_cast<int>(kGdrScanMmaMaxSmem));
     return true;
   }();
   (void)opted_in;
-  gdr_scan_mma_kernel<kUnits, kRowTiles><<<grid, kThreads, smem, st>>>(a);
+  gdr_scan_mma_kernel<kWarps, kUnits, kRowTiles><<<grid, 32 * kWarps, smem, st>>>(a);
   return static_cast<int>(cudaGetLastError());
+}
+
+template <int kWarps>
+int launch_sized(const GdrScanArgs& a, cudaStream_t st) {
+  const dim3 grid(static_cast<unsigned>(a.n_docs * a.H),
+                  static_cast<unsigned>((a.dv + cols_of(kWarps) - 1) / cols_of(kWarps)));
+  const size_t smem = gdr_scan_mma_smem_bytes(a.C, a.dk, cols_of(kWarps));
+  const bool two_units = a.C > 64, two_row_tiles = a.dk > 128;
+  if (two_units) {
+    return two_row_tiles ? launch<kWarps, 2, 2>(a, grid, smem, st) : launch<kWarps, 2, 1>(a, grid, smem, st);
+  }
+  return two_row_tiles ? launch<kWarps, 1, 2>(a, grid, smem, st) : launch<kWarps, 1, 1>(a, grid, smem, st);
 }
 
 }  // namespace
 
-int gdr_scan_tensor_cores(const GdrScanArgs& a, void* stream) {
-  if (!gdr_scan_mma_supports(a.C, a.dk, a.dv) || a.n_docs < 1 || a.H < 1) {
+int gdr_scan_tensor_cores(const GdrScanArgs& a, int cols, void* stream) {
+  if ((cols != 32 && cols != 64) || !gdr_scan_mma_supports(a.C, a.dk, a.dv, cols) || a.n_docs < 1 || a.H < 1) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
-  const dim3 grid(static_cast<unsigned>(a.n_docs * a.H), static_cast<unsigned>((a.dv + kCols - 1) / kCols));
-  const size_t smem = gdr_scan_mma_smem_bytes(a.C, a.dk);
   auto st = static_cast<cudaStream_t>(stream);
-  const bool two_units = a.C > 64, two_row_tiles = a.dk > 128;
-  if (two_units) return two_row_tiles ? launch<2, 2>(a, grid, smem, st) : launch<2, 1>(a, grid, smem, st);
-  return two_row_tiles ? launch<1, 2>(a, grid, smem, st) : launch<1, 1>(a, grid, smem, st);
+  return cols == 64 ? launch_sized<16>(a, st) : launch_sized<8>(a, st);
 }
 
 }  // namespace kernels

@@ -6,6 +6,7 @@
 
 #if defined(DD_HAVE_CUDA)
 #include "kernels/gemm_tf32x3.h"
+#include "kernels/row_dot.h"
 #include "model/kernel_dtype.h"
 #endif
 
@@ -98,6 +99,29 @@ torch::Tensor& bmm_fp32_accumulate(torch::Tensor& out, const torch::Tensor& a, c
   }
 #endif
   return out.baddbmm_(a, b, beta, alpha);
+}
+
+torch::Tensor row_dot_fp32_reference(const torch::Tensor& a, const torch::Tensor& b) {
+  TORCH_CHECK(a.dim() >= 1 && a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type(),
+              "row_dot_fp32: expected a and b of one shape [R, ...] and dtype, got ", a.sizes(), " ", a.scalar_type(),
+              " and ", b.sizes(), " ", b.scalar_type());
+  const int64_t R = a.size(0), n = R == 0 ? 0 : a.numel() / R;
+  return torch::bmm(a.reshape({R, 1, n}), b.reshape({R, n, 1})).view({R});
+}
+
+torch::Tensor row_dot_fp32(const torch::Tensor& a, const torch::Tensor& b) {
+#if defined(DD_HAVE_CUDA)
+  if (g_use_kernel && a.is_cuda() && a.scalar_type() == torch::kFloat32 && a.dim() >= 1 && a.sizes() == b.sizes() &&
+      b.scalar_type() == torch::kFloat32 && a.device() == b.device() && a.is_contiguous() && b.is_contiguous()) {
+    const int64_t R = a.size(0), n = R == 0 ? 0 : a.numel() / R;
+    auto out = torch::empty({R}, a.options());
+    check_kernel_launch(kernels::row_dot_fp32(out.data_ptr<float>(), a.data_ptr<float>(), b.data_ptr<float>(), R, n,
+                                              stream_of(a)),
+                        "row dot product");
+    return out;
+  }
+#endif
+  return row_dot_fp32_reference(a, b);
 }
 
 }  // namespace model

@@ -17,10 +17,17 @@ torch::Tensor bmm_fp32(const torch::Tensor& a, const torch::Tensor& b, double al
 torch::Tensor& bmm_fp32_accumulate(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, double alpha,
                                    double beta);
 
+// Per-row dot products of two fp32 batches of one shape [R, ...]: out [R] = Σ a[r] ⊙ b[r] over all
+// other dims, with no [R, ...] temporary. On a GPU one kernel (kernels/row_dot.h) for contiguous
+// operands; elsewhere, or with the kernel off, the reference below.
+torch::Tensor row_dot_fp32(const torch::Tensor& a, const torch::Tensor& b);
+// The same as one batched product [R, 1, n] · [R, n, 1] in ATen.
+torch::Tensor row_dot_fp32_reference(const torch::Tensor& a, const torch::Tensor& b);
+
 // The plain ATen product (TF32 off is the process's setting), for tests and measurements.
 torch::Tensor bmm_fp32_reference(const torch::Tensor& a, const torch::Tensor& b, double alpha = 1.0);
 
-// Turns the tensor-core path off (false) or back on; for tests and before/after measurements.
+// Turns the tensor-core path and the row-dot kernel off (false) or back on; for tests and before/after measurements.
 // Any thread; takes effect at the next call.
 void bmm_fp32_use_kernel(bool on);
 

@@ -436,8 +436,8 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     const auto sg = gdr_scan_backward(rows(W), rows(p.Kd), p.decay.reshape({-1}), d_hin, d_vnew, dh_final, c.l.scan);
     Upstream u;
     u.dKd = prod(v_new, tr(sg.dh_next)).view({N, H, C, dk});
-    // Σ h_in ⊙ dh_next per row, as a batched dot product (no [R, dk, dv] temporary).
-    u.ddecay = torch::bmm(h_in.view({N * H, 1, dk * dv}), sg.dh_next.view({N * H, dk * dv, 1})).view({N, H});
+    // Σ h_in ⊙ dh_next per row (no [R, dk, dv] temporary).
+    u.ddecay = row_dot_fp32(h_in, sg.dh_next).view({N, H});
     auto dW = prod(sg.dU, tr(h_in), -1.0).view({N, H, C, dk});
     auto dU = sg.dU.view({N, H, C, dv});
     u.dQg = dQg;

@@ -22,7 +22,7 @@ namespace model {
 
 namespace {
 std::atomic<bool> g_use_kernel{true};
-std::atomic<int> g_variant{2};
+std::atomic<int> g_variant{4};
 }  // namespace
 
 void gdr_scan_use_kernel(bool on) { g_use_kernel = on; }

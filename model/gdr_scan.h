@@ -59,8 +59,9 @@ GdrScanGrads gdr_scan_backward(const torch::Tensor& W, const torch::Tensor& Kd, 
 void gdr_scan_use_kernel(bool on);
 
 // Process-wide choice of the scan kernel, for tests and benchmarks that cover each
-// (kernels::GdrScanVariant): 2 (default) tensor cores where the sizes allow, else 1; 1 fp32 FMA in
-// 16-warp blocks; 0 the same in 8-warp blocks.
+// (kernels::GdrScanVariant): 4 (default) the widest tensor-core blocks the sizes allow, else 1;
+// 3 tensor cores in 64-column blocks, 2 in 32-column blocks (else 1); 1 fp32 FMA in 16-warp
+// blocks; 0 the same in 8-warp blocks.
 void gdr_scan_variant(int variant);
 
 }  // namespace model

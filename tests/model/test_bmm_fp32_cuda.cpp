@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <vector>
 
 #include "model/bmm_fp32.h"
 
@@ -82,4 +83,41 @@ TEST(BmmFp32Cuda, LayoutsTheKernelRefusesFallBackToAten) {
   model::bmm_fp32_use_kernel(true);
   EXPECT_TRUE(torch::equal(off, torch::bmm(a3, b3)));
   EXPECT_THROW(model::bmm_fp32(a3, b3.transpose(1, 2)), c10::Error);
+}
+
+// Per-row dot products (model/bmm_fp32.h row_dot_fp32, kernels/row_dot.*) against fp64 sums of the
+// same fp32 inputs: the delta rule's [R, dk, dv] states, a row length that is not a multiple of 4
+// (scalar path), a misaligned view (scalar path), rows shorter than one block's stride, and none.
+// Both are fp32 sums of ≤ 16384 products in different orders; relative to Σ |a ⊙ b| the error of
+// either stays near n · 2⁻²⁴ at worst, so 1e-5 of that scale per row is the bound.
+TEST(BmmFp32Cuda, RowDotMatchesFp64Sums) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 31);
+  auto opt = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+  struct Case {
+    std::vector<int64_t> shape;
+    bool offset;  // view the data one float in (not 16-byte aligned)
+  };
+  const Case cases[] = {{{300, 128, 128}, false}, {{77, 96, 192}, false}, {{33, 1001}, false},
+                        {{41, 64, 36}, true},     {{5, 3}, false},         {{0, 16}, false}};
+  for (const Case& c : cases) {
+    int64_t numel = 1;
+    for (const int64_t s : c.shape) numel *= s;
+    auto base_a = torch::randn({numel + 1}, opt), base_b = torch::randn({numel + 1}, opt);
+    const int64_t o = c.offset ? 1 : 0;
+    auto a = base_a.narrow(0, o, numel).view(c.shape), b = base_b.narrow(0, o, numel).view(c.shape);
+    const auto got = model::row_dot_fp32(a, b);
+    ASSERT_EQ(got.dim(), 1);
+    ASSERT_EQ(got.size(0), c.shape[0]);
+    if (c.shape[0] == 0) continue;
+    const int64_t R = c.shape[0];
+    auto a64 = a.to(torch::kCPU, torch::kFloat64).reshape({R, -1}), b64 = b.to(torch::kCPU, torch::kFloat64).reshape({R, -1});
+    auto want = (a64 * b64).sum(1), scale = (a64 * b64).abs().sum(1);
+    const double err = ((got.to(torch::kCPU, torch::kFloat64) - want).abs() / scale).max().item<double>();
+    const double err_ref =
+        ((model::row_dot_fp32_reference(a, b).to(torch::kCPU, torch::kFloat64) - want).abs() / scale).max().item<double>();
+    std::printf("[row_dot] shape %s%s: kernel %.1e, ATen %.1e (of sum |a b| per row)\n",
+                c10::str(c.shape).c_str(), c.offset ? " misaligned" : "", err, err_ref);
+    EXPECT_LT(err, 1e-5);
+  }
 }

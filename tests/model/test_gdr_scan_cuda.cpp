@@ -76,10 +76,11 @@ TEST(GdrScanCuda, KernelMatchesReferenceForwardAndBackward) {
       {{3, 1}, 2, 64, 256, 40},
   };
   const double tol = 2e-5;
-  // Every kernel variant on every case: tensor cores (the default, where the sizes allow, else the
-  // next), fp32 FMA in 16-warp blocks and in 8-warp blocks.
-  const char* variant_names[] = {"8-warp", "16-warp", "tensor-core"};
-  for (const int variant : {0, 1, 2}) {
+  // Every kernel variant on every case (kernels::GdrScanVariant): fp32 FMA in 8-warp and 16-warp
+  // blocks, tensor cores in blocks of 32 columns and of 64 (the default picks between those); a
+  // tensor-core variant runs the 16-warp FMA kernel where the sizes do not allow it.
+  const char* variant_names[] = {"8-warp FMA", "16-warp FMA", "tensor-core", "tensor-core 64-column"};
+  for (const int variant : {0, 1, 2, 3}) {
     for (const Case& c : cases) {
       model::gdr_scan_variant(variant);
       int64_t N = 0;
@@ -136,7 +137,7 @@ TEST(GdrScanCuda, KernelMatchesReferenceForwardAndBackward) {
                   variant_names[variant], e_hin, e_vn, e_fin, worst, e_bw);
     }
   }
-  model::gdr_scan_variant(2);
+  model::gdr_scan_variant(4);
 }
 
 // The whole chunked delta rule on the GPU (scan kernel inside) against the step-by-step reference
