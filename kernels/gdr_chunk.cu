@@ -112,6 +112,7 @@ __global__ void __launch_bounds__(kThreads) gdr_chunk_prep_kernel(GdrChunkList l
   const T* q = static_cast<const T*>(a.q);
   const T* k = static_cast<const T*>(a.k);
   const TV* v = static_cast<const TV*>(a.v);
+  const int64_t v_stride = a.v_token_stride != 0 ? a.v_token_stride : l.H * dv;
   const int dk_n = dk / VW, dv_n = dv / VW;
   for (int el = t; el < C * dk_n; el += kThreads) {
     const int i = el / dk_n, d = (el % dk_n) * VW;
@@ -136,7 +137,7 @@ __global__ void __launch_bounds__(kThreads) gdr_chunk_prep_kernel(GdrChunkList l
   for (int el = t; el < C * dv_n; el += kThreads) {
     const int i = el / dv_n, d = (el % dv_n) * VW;
     float vv[VW];
-    load_n<VW>(vv, v + ((start + i) * l.H + h) * dv + d, i < len);
+    load_n<VW>(vv, v + (start + i) * v_stride + h * dv + d, i < len);
 #pragma unroll
     for (int j = 0; j < VW; ++j) vv[j] *= s.b[i];
     store_n<VW>(a.Ru + (r * C + i) * dv + d, vv);
@@ -246,13 +247,14 @@ __global__ void __launch_bounds__(kThreads) gdr_chunk_input_grads_kernel(GdrChun
     add_row(kd_k, i, s_kd, warp_rows_k);
   }
   const TV* v = static_cast<const TV*>(a.v);
+  const int64_t v_stride = a.v_token_stride != 0 ? a.v_token_stride : l.H * dv;
   TV* dvv = static_cast<TV*>(a.dv);
   for (int el = t; el < C * dv_n; el += kThreads) {
     const int i = el / dv_n, d = (el % dv_n) * VW;
     float dru[VW], vv[VW];
     load_n<VW>(dru, a.dRu + (r * C + i) * dv + d, true);
     const int64_t tok = ((start + i) * l.H + h) * dv + d;
-    load_n<VW>(vv, v + tok, i < len);
+    load_n<VW>(vv, v + (start + i) * v_stride + h * dv + d, i < len);
     float s_ru = 0.f;
 #pragma unroll
     for (int j = 0; j < VW; ++j) {
@@ -287,10 +289,12 @@ __global__ void __launch_bounds__(kThreads) gdr_chunk_input_grads_kernel(GdrChun
 
 int elem_bytes(DType t) { return t == DType::F32 ? 4 : 2; }
 
-// Whether rows can move as 4-element vectors: dk and dv multiples of 4 and every pointer aligned.
+// Whether rows can move as 4-element vectors: dk, dv and v's token stride multiples of 4 and every
+// pointer aligned.
 bool vectorizable(const GdrChunkList& l, DType qk, DType v, std::initializer_list<const void*> f32,
-                  std::initializer_list<const void*> qk_ptrs, std::initializer_list<const void*> v_ptrs) {
-  if (l.dk % 4 != 0 || l.dv % 4 != 0) return false;
+                  std::initializer_list<const void*> qk_ptrs, std::initializer_list<const void*> v_ptrs,
+                  int64_t v_token_stride) {
+  if (l.dk % 4 != 0 || l.dv % 4 != 0 || v_token_stride % 4 != 0) return false;
   for (const void* p : f32)
     if (!aligned_to(16, p)) return false;
   for (const void* p : qk_ptrs)
@@ -324,7 +328,8 @@ void dispatch_two_dtypes(DType qk, DType v, bool vec, Launch&& launch) {
 int gdr_chunk_prep_forward(const GdrChunkList& l, const GdrChunkPrepArgs& a, void* stream) {
   if (!takes(l)) return static_cast<int>(cudaErrorInvalidValue);
   const unsigned grid = static_cast<unsigned>(l.N * l.H);
-  const bool vec = vectorizable(l, a.in_qk, a.in_v, {a.X, a.Rw, a.Ru, a.Kd, a.Qg}, {a.q, a.k}, {a.v});
+  const bool vec = vectorizable(l, a.in_qk, a.in_v, {a.X, a.Rw, a.Ru, a.Kd, a.Qg}, {a.q, a.k}, {a.v},
+                                a.v_token_stride);
   auto st = static_cast<cudaStream_t>(stream);
   dispatch_two_dtypes(a.in_qk, a.in_v, vec, [&](auto qk_tag, auto v_tag, auto width) {
     gdr_chunk_prep_kernel<decltype(qk_tag), decltype(v_tag), decltype(width)::value><<<grid, kThreads, 0, st>>>(l, a);
@@ -349,7 +354,7 @@ int gdr_chunk_input_grads(const GdrChunkList& l, const GdrChunkInputGradsArgs& a
   if (!takes(l)) return static_cast<int>(cudaErrorInvalidValue);
   const unsigned grid = static_cast<unsigned>(l.N * l.H);
   const bool vec = vectorizable(l, a.in_qk, a.in_v, {a.dQ_mm, a.dK_mm, a.dQg, a.dRw, a.dRu, a.dKd, a.X},
-                                {a.dq, a.dk}, {a.v, a.dv});
+                                {a.dq, a.dk}, {a.v, a.dv}, a.v_token_stride);
   auto st = static_cast<cudaStream_t>(stream);
   dispatch_two_dtypes(a.in_qk, a.in_v, vec, [&](auto qk_tag, auto v_tag, auto width) {
     gdr_chunk_input_grads_kernel<decltype(qk_tag), decltype(v_tag), decltype(width)::value>

@@ -32,7 +32,8 @@ inline bool gdr_chunk_supports(int64_t C) { return C >= 1 && C <= 64; }
 struct GdrChunkPrepArgs {
   const void* q = nullptr;      // [tokens, H, dk], dtype in_qk
   const void* k = nullptr;      // [tokens, H, dk], dtype in_qk
-  const void* v = nullptr;      // [tokens, H, dv], dtype in_v
+  const void* v = nullptr;      // [tokens, H, dv], dtype in_v; token t at v + t · v_token_stride
+  int64_t v_token_stride = 0;   // elements between tokens of v (0: H · dv, contiguous)
   const float* beta = nullptr;  // [tokens, H]
   const float* g = nullptr;     // [tokens, H]
   DType in_qk = DType::F32, in_v = DType::F32;
@@ -94,11 +95,12 @@ struct GdrChunkInputGradsArgs {
   const float* ddecay = nullptr;  // [N, H]
   const float* db_A = nullptr;    // [N, H, C]
   const float* dgam = nullptr;    // [N, H, C]
-  const void* v = nullptr;        // [tokens, H, dv], dtype in_v
+  const void* v = nullptr;        // [tokens, H, dv], dtype in_v; token t at v + t · v_token_stride
+  int64_t v_token_stride = 0;     // elements between tokens of v (0: H · dv, contiguous)
   DType in_qk = DType::F32, in_v = DType::F32;
   void* dq = nullptr;             // [tokens, H, dk], dtype in_qk
   void* dk = nullptr;             // [tokens, H, dk], dtype in_qk
-  void* dv = nullptr;             // [tokens, H, dv], dtype in_v
+  void* dv = nullptr;             // [tokens, H, dv], dtype in_v, contiguous
   float* dbeta = nullptr;         // [tokens, H]
   float* dg = nullptr;            // [tokens, H]
 };

@@ -182,12 +182,25 @@ torch::Tensor device_table(const GdrChunkLayout& l, const torch::Device& dev) {
   return cached_device_ints(host, dev).view({2, l.n_chunks});
 }
 
-// The token-layout inputs as the kernels read them: q and k contiguous in one dtype, v contiguous in
-// its own (the layer's q and k leave their fp32 L2Norm, v its bf16 short conv), β and g fp32.
+// The token-layout inputs as the kernels read them: q and k contiguous in one dtype, v in its own
+// (the layer's q and k leave their fp32 L2Norm, v its bf16 short conv), β and g fp32. v is read in
+// place when only its token stride differs from a contiguous [B, T, H, dv] (the layer's v is a
+// column slice of the conv's q|k|v output); otherwise it is copied.
 struct KernelInputs {
   torch::Tensor q, k, v, beta, g;
+  int64_t v_token_stride = 0;  // 0: contiguous
   kernels::DType in_qk = kernels::DType::F32, in_v = kernels::DType::F32;
 };
+
+// The stride between tokens of a [B, T, H, dv] tensor whose tokens are evenly spaced rows of
+// contiguous heads, else 0.
+int64_t token_stride(const torch::Tensor& x) {
+  const int64_t T = x.size(1), H = x.size(2), D = x.size(3);
+  if (x.stride(3) != 1 || (H > 1 && x.stride(2) != D)) return 0;
+  const int64_t s = x.stride(1);
+  if (s < H * D || (x.size(0) > 1 && x.stride(0) != T * s)) return 0;
+  return s;
+}
 
 KernelInputs kernel_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                            const torch::Tensor& beta, const torch::Tensor& g) {
@@ -203,7 +216,9 @@ KernelInputs kernel_inputs(const torch::Tensor& q, const torch::Tensor& k, const
   }
   ki.q = q.to(qk_dt).contiguous();
   ki.k = k.to(qk_dt).contiguous();
-  ki.v = v.to(v_dt).contiguous();
+  ki.v = v.to(v_dt);
+  ki.v_token_stride = ki.v.is_contiguous() ? 0 : token_stride(ki.v);
+  if (!ki.v.is_contiguous() && ki.v_token_stride == 0) ki.v = ki.v.contiguous();
   ki.beta = beta.to(torch::kFloat32).contiguous();
   ki.g = g.to(torch::kFloat32).contiguous();
   return ki;
@@ -225,6 +240,7 @@ Prep prep_kernel(const Ctx& c, const KernelInputs& ki) {
   a.q = ki.q.data_ptr();
   a.k = ki.k.data_ptr();
   a.v = ki.v.data_ptr();
+  a.v_token_stride = ki.v_token_stride;
   a.beta = ki.beta.data_ptr<float>();
   a.g = ki.g.data_ptr<float>();
   a.in_qk = ki.in_qk;
@@ -281,7 +297,8 @@ MasksGrads masks_backward_kernel(const Ctx& c, const torch::Tensor& dA_raw, cons
 variable_list input_grads_kernel(const Ctx& c, const Prep& p, const Upstream& u, const KernelInputs& ki,
                                  const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                  const torch::Tensor& beta, const torch::Tensor& g) {
-  auto dq = torch::empty_like(ki.q), dk = torch::empty_like(ki.k), dv = torch::empty_like(ki.v);
+  auto dq = torch::empty_like(ki.q), dk = torch::empty_like(ki.k);
+  auto dv = torch::empty(ki.v.sizes(), ki.v.options());  // contiguous, whatever v's layout
   auto dbeta = torch::empty_like(ki.beta), dg = torch::empty_like(ki.g);
   auto dQ_mm = u.dQ_mm.contiguous(), dK_mm = u.dK_mm.contiguous();
   auto dQg = u.dQg.defined() ? u.dQg.contiguous() : u.dQg;
@@ -302,6 +319,7 @@ variable_list input_grads_kernel(const Ctx& c, const Prep& p, const Upstream& u,
   a.db_A = u.m.db_A.data_ptr<float>();
   a.dgam = u.m.dgam.data_ptr<float>();
   a.v = ki.v.data_ptr();
+  a.v_token_stride = ki.v_token_stride;
   a.in_qk = ki.in_qk;
   a.in_v = ki.in_v;
   a.dq = dq.data_ptr();

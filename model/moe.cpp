@@ -84,9 +84,13 @@ MoERouting MoEImpl::route(const torch::Tensor& u2) {
 }
 
 torch::Tensor MoEImpl::aux_loss(const MoERouting& r) const {
+  return aux_loss(r, expert_counts(r.topk_idx.reshape({-1}), E_));
+}
+
+torch::Tensor MoEImpl::aux_loss(const MoERouting& r, const torch::Tensor& counts_per_expert) const {
   const int64_t N = r.probs.size(0);
   // f_e counts assignments: integer counts, so no gradient can flow through it.
-  auto counts = expert_counts(r.topk_idx.reshape({-1}), E_).to(r.probs.scalar_type());  // [E]
+  auto counts = counts_per_expert.to(r.probs.scalar_type());  // [E]
   auto f = counts * (static_cast<double>(E_) / static_cast<double>(k_ * std::max<int64_t>(N, 1)));
   auto P = r.probs.mean(0);                                                                       // [E]
   return alpha_ * (f * P).sum();
@@ -98,7 +102,7 @@ MoEOutput MoEImpl::forward(const torch::Tensor& u) {
   auto r = route(u2);
   auto flat = r.topk_idx.reshape({-1});  // [N·k] expert of each (token, slot) pair
   const auto order = expert_order(flat, k_);
-  auto counts = expert_counts(flat, E_);  // [E], on the device
+  auto counts = expert_counts_sorted(order.sorted, E_);  // [E], on the device
   // Rows move by gathers both ways (model/moe_dispatch.h): no atomics, deterministic.
   const auto mdt = matmul_dtype(u2);
   auto xs = dispatch_rows(as_dtype(u2, mdt), order, k_);  // [N·k,d] expert order
@@ -123,7 +127,7 @@ MoEOutput MoEImpl::forward(const torch::Tensor& u) {
   // Back to token order, weighted by γ and summed over the k slots.
   auto y = combine_weighted(ys, order, r.topk_w);  // [N,d]
   if (!shared.is_empty()) y = shared(u2) + y;
-  return {y.view(u.sizes()), aux_loss(r)};
+  return {y.view(u.sizes()), aux_loss(r, counts)};
 }
 
 MoEOutput MoEImpl::forward_reference(const torch::Tensor& u) {

@@ -39,6 +39,8 @@ class MoEImpl : public torch::nn::Module {
   MoERouting route(const torch::Tensor& u2);
   // α Σ_e f_e P_e with f_e = E/(kN)·#{t: e ∈ I_t} (no gradient) and P_e = mean_t probs[t,e].
   torch::Tensor aux_loss(const MoERouting& r) const;
+  // The same from the assignments per expert [E] (int64), when the caller has them.
+  torch::Tensor aux_loss(const MoERouting& r, const torch::Tensor& counts_per_expert) const;
   // Whether forward() keeps the expert counts on the device (no host sync) for experts running in
   // `dtype` on `device`: both grouped products take device offsets (model/grouped_linear.h).
   static bool counts_stay_on_device(const ModelConfig& c, const c10::Device& device, c10::ScalarType dtype);

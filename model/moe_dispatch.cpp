@@ -104,10 +104,21 @@ ExpertOrder expert_order(const torch::Tensor& flat, int64_t k) {
               "expert_order: expected int64 experts [N·k] with k = ", k, ", got ", flat.sizes(), " ",
               flat.scalar_type());
   ExpertOrder o;
-  o.order = std::get<1>(torch::sort(flat, /*stable=*/true, /*dim=*/0, /*descending=*/false));
+  auto sorted = torch::sort(flat, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  o.sorted = std::get<0>(sorted);
+  o.order = std::get<1>(sorted);
   o.inverse = torch::empty_like(o.order).scatter_(0, o.order, torch::arange(flat.size(0), o.order.options()));
   o.token = o.order.div(k, "floor");
   return o;
+}
+
+torch::Tensor expert_counts_sorted(const torch::Tensor& sorted, int64_t E) {
+  TORCH_CHECK(sorted.dim() == 1 && sorted.scalar_type() == torch::kInt64 && E > 0,
+              "expert_counts_sorted: expected ascending int64 experts [N·k] and E > 0, got ", sorted.sizes(), " ",
+              sorted.scalar_type(), ", E = ", E);
+  // first[e] = the first position holding expert ≥ e, for e = 0..E; counts are the differences.
+  auto first = torch::searchsorted(sorted, torch::arange(E + 1, sorted.options()));
+  return first.narrow(0, 1, E) - first.narrow(0, 0, E);
 }
 
 torch::Tensor dispatch_rows(const torch::Tensor& x, const ExpertOrder& o, int64_t k) {

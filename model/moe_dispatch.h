@@ -12,7 +12,14 @@ struct ExpertOrder {
   torch::Tensor order;    // [N·k] int64: the pair at each expert-order position (stable by pair)
   torch::Tensor inverse;  // [N·k] int64: the expert-order position of each pair
   torch::Tensor token;    // [N·k] int64: order / k, the token of each expert-order position
+  torch::Tensor sorted;   // [N·k] int64: the expert at each expert-order position (ascending)
 };
+
+// Assignments per expert [E] int64 from the sorted experts: the run lengths, found by binary
+// search for each expert's first position. On a GPU this is two small kernels with no atomics
+// (a scatter_add of N·k ones into E bins contends on E addresses: 36 µs per call at moe-1b's
+// 98k pairs) and no host sync (bincount reads the max back).
+torch::Tensor expert_counts_sorted(const torch::Tensor& sorted, int64_t E);
 
 // flat [N·k] int64: the expert of each pair. Sorted stably, so equal experts keep pair order.
 ExpertOrder expert_order(const torch::Tensor& flat, int64_t k);

@@ -248,6 +248,7 @@ TEST(GdrScanCuda, ChunkKernelsMatchAtenPieces) {
     int64_t B, T, H, dk, dv, C;
     std::vector<int64_t> cu;  // empty: dense
     bool qk_bf16, v_bf16, h0;
+    int64_t v_pad = 0;  // > 0: v is a column slice of a [B, T, H·dv + v_pad] tensor (read in place)
   };
   const ChunkCase cases[] = {
       {2, 150, 3, 128, 128, 64, {}, true, true, false},   // the model's sizes, a ragged last chunk
@@ -255,6 +256,10 @@ TEST(GdrScanCuda, ChunkKernelsMatchAtenPieces) {
       {1, 300, 2, 36, 40, 32, {0, 17, 150, 151, 300}, false, false, true},   // packed; rows not multiples of 32
       {1, 70, 1, 64, 33, 16, {}, false, false, true},     // small chunks
       {3, 64, 2, 128, 64, 64, {}, false, false, false},   // one chunk per row
+      // v read in place from a wider tensor, as the layer's conv output: a token stride that allows
+      // 4-element rows, and one that does not
+      {1, 300, 2, 128, 128, 64, {0, 17, 150, 151, 300}, false, true, false, 8},
+      {2, 150, 3, 64, 40, 64, {}, false, false, false, 3},
   };
   auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
   for (const ChunkCase& c : cases) {
@@ -277,7 +282,14 @@ TEST(GdrScanCuda, ChunkKernelsMatchAtenPieces) {
       std::vector<torch::Tensor> in{q0, k0, v0, beta0, g0};
       if (c.h0) in.push_back(h00);
       for (auto& t : in) t = t.clone().requires_grad_(true);
-      auto out = model::gdr_forward_chunked(in[0], in[1], in[2], in[3], in[4], scale, c.h0 ? in[5] : torch::Tensor(),
+      torch::Tensor v = in[2];
+      if (c.v_pad > 0) {  // columns v_pad / 2 .. of a wider tensor; gradients reach in[2] through the copy
+        auto wide = torch::zeros({c.B, c.T, c.H * c.dv + c.v_pad}, v.options());
+        wide.narrow(-1, c.v_pad / 2, c.H * c.dv).copy_(v.reshape({c.B, c.T, c.H * c.dv}));
+        v = wide.narrow(-1, c.v_pad / 2, c.H * c.dv).view({c.B, c.T, c.H, c.dv});
+        EXPECT_FALSE(v.is_contiguous());
+      }
+      auto out = model::gdr_forward_chunked(in[0], in[1], v, in[3], in[4], scale, c.h0 ? in[5] : torch::Tensor(),
                                             cu, c.C);
       ((out.o * dO).sum() + (out.h * dH).sum()).backward();
       std::vector<torch::Tensor> res{out.o.detach(), out.h.detach()};
@@ -290,7 +302,7 @@ TEST(GdrScanCuda, ChunkKernelsMatchAtenPieces) {
     std::string what = "B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) +
                        " dk=" + std::to_string(c.dk) + " dv=" + std::to_string(c.dv) + " C=" + std::to_string(c.C) +
                        (varlen ? " packed" : "") + (c.qk_bf16 ? " q,k bf16" : " q,k fp32") +
-                       (c.v_bf16 ? " v bf16" : " v fp32");
+                       (c.v_bf16 ? " v bf16" : " v fp32") + (c.v_pad > 0 ? " strided" : "");
     double worst = 0;
     for (size_t i = 0; i < want.size(); ++i) {
       ASSERT_TRUE(got[i].defined()) << what << ": " << names[i] << " missing";

@@ -62,7 +62,9 @@ TEST(GroupedLinearCuda, GroupedGemmMatchesPerGroupMatmuls) {
       }
       // Experts without rows get an exactly zero weight gradient.
       for (int64_t e = 0; e < E; ++e) {
-        if (c.rows[static_cast<size_t>(e)] == 0) EXPECT_EQ(got[2][e].abs().max().item<float>(), 0.f) << what;
+        if (c.rows[static_cast<size_t>(e)] == 0) {
+          EXPECT_EQ(got[2][e].abs().max().item<float>(), 0.f) << what;
+        }
       }
     }
   }
@@ -105,7 +107,9 @@ TEST(GroupedLinearCuda, DeviceOffsetsMatchPerGroupMatmuls) {
       std::printf("[grouped_linear offsets] %s %s: %.1e\n", what.c_str(), names[i], e);
     }
     for (int64_t e = 0; e < E; ++e) {
-      if (c.rows[static_cast<size_t>(e)] == 0) EXPECT_EQ(got[2][e].abs().max().item<float>(), 0.f) << what;
+      if (c.rows[static_cast<size_t>(e)] == 0) {
+        EXPECT_EQ(got[2][e].abs().max().item<float>(), 0.f) << what;
+      }
     }
   }
   // Operands it does not take get a clear error.

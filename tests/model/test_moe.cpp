@@ -315,7 +315,9 @@ TEST(Moe, DispatchAndCombineMoveRowsExactly) {
   auto ord = o.order.accessor<int64_t, 1>(), inv = o.inverse.accessor<int64_t, 1>();
   for (int64_t p = 0; p < N * k; ++p) {
     EXPECT_EQ(inv[ord[p]], p);
-    if (p > 0) EXPECT_TRUE(fl[ord[p - 1]] < fl[ord[p]] || (fl[ord[p - 1]] == fl[ord[p]] && ord[p - 1] < ord[p]));
+    if (p > 0) {
+      EXPECT_TRUE(fl[ord[p - 1]] < fl[ord[p]] || (fl[ord[p - 1]] == fl[ord[p]] && ord[p - 1] < ord[p]));
+    }
   }
   auto opt = torch::TensorOptions().dtype(torch::kFloat64);
   auto x = torch::randn({N, d}, opt).requires_grad_(true);
@@ -339,4 +341,21 @@ TEST(Moe, DispatchAndCombineMoveRowsExactly) {
   }
   EXPECT_THROW(model::dispatch_rows(torch::zeros({N + 1, d}, opt), o, k), c10::Error);
   EXPECT_THROW(model::expert_order(flat.to(torch::kInt32), k), c10::Error);
+}
+
+// Assignments per expert from the sorted experts (what the layer's forward uses) against a direct
+// count, with experts that get no pair at the start, middle and end of the range.
+TEST(Moe, ExpertCountsFromSortedOrderMatchACount) {
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 17);
+  const int64_t E = 9, k = 3;
+  auto flat = torch::randint(1, E - 1, {40 * k}, torch::kInt64);  // experts 0 and E − 1 never hit
+  flat.masked_fill_(flat == 4, 5);                                 // nor expert 4
+  const auto order = model::expert_order(flat, k);
+  const auto got = model::expert_counts_sorted(order.sorted, E);
+  ASSERT_EQ(got.sizes(), torch::IntArrayRef({E}));
+  for (int64_t e = 0; e < E; ++e) {
+    EXPECT_EQ(got[e].item<int64_t>(), (flat == e).sum().item<int64_t>()) << "expert " << e;
+  }
+  EXPECT_TRUE(torch::equal(order.sorted, flat.index_select(0, order.order)));
+  EXPECT_THROW(model::expert_counts_sorted(order.sorted.to(torch::kInt32), E), c10::Error);
 }
