@@ -1,8 +1,8 @@
-// The chunk-state scan of the gated delta rule on tensor cores (kernels/gdr_scan.h, variant
-// kTensorCores). Same loop and layouts as the SIMT kernel in gdr_scan.cu; what differs is how the
-// two products of a step are taken:
-//   y = A + sign_p · P S        [C, 32] = [C, dk] · [dk, 32]
-//   S = decay · S + sign_q · Qᵀ y + E    [dk, 32] += [dk, C] · [C, 32]
+// The chunk-state scan of the gated delta rule on tensor cores (kernels/gdr_scan.h, variants
+// kTensorCores32 and kTensorCores64). Same loop and layouts as the SIMT kernel in gdr_scan.cu;
+// what differs is how the two products of a step are taken (for a block's `cols` columns):
+//   y = A + sign_p · P S                 [C, cols] = [C, dk] · [dk, cols]
+//   S = decay · S + sign_q · Qᵀ y + E    [dk, cols] += [dk, C] · [C, cols]
 // Both are mma.sync m16n8k8 TF32 products with the operands split into a TF32 part and a TF32
 // remainder (big·big + big·small + small·big), so the result keeps close to fp32 accuracy while
 // the SIMT kernel's shared-memory loads per multiply-add (its limit) drop about fourfold.
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
   uint32_t* yb_s = reinterpret_cast<uint32_t*>(S_s + dk * kColPitch);  // [C][kColPitch]: sign_q · y, big
   uint32_t* ys_s = yb_s + C * kColPitch;                             // [C][kColPitch]: sign_q · y, small
   float* P_s = reinterpret_cast<float*>(ys_s + C * kColPitch);       // [C][dk + 4]
-  float* Q_s = P_s + C * pitch_p;       // [C][dk + 8]
+  float* Q_s = P_s + C * pitch_p;                                    // [C][dk + 8]
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;  // fragment row group and column pair
