@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "kernels/gdr_scan.h"
+#include "kernels/tf32_mma.cuh"
 
 namespace kernels {
 
@@ -37,33 +38,6 @@ namespace {
 // kCols + 8 long, so a fragment's eight columns and four rows fall in 32 different banks.
 __host__ __device__ constexpr int cols_of(int warps) { return 4 * warps; }
 __host__ __device__ constexpr int pitch_of(int warps) { return cols_of(warps) + 8; }
-
-__device__ __forceinline__ void cp_async16_zfill(float* smem_dst, const float* src, bool valid) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  const int bytes = valid ? 16 : 0;  // 0: fill the 16 bytes with zeros, read nothing
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// x = big + small, both TF32 (fp32 bit patterns with the low 13 mantissa bits zero).
-__device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& small) {
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(big) : "f"(x));
-  const float rest = x - __uint_as_float(big);
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(small) : "f"(rest));
-}
-
-// d += a b for one 16 × 8 × 8 tile (PTX fragment layouts: a row-major, b column-major).
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 
 // Four 8 × 8 b16 matrices from shared memory; lane l gives the address of row l % 8 of matrix
 // l / 8. Read as fp32, each is an 8 × 4 block, and lane 4g + t receives element (g, t) of each.
