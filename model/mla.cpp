@@ -77,15 +77,18 @@ MLAProjections MLAImpl::project(const torch::Tensor& u, const Positions& p) {
   const int64_t B = u.size(0), T = u.size(1);
   // pos(t) <= t in dense and packed rows, so T positions always suffice.
   ensure_rope(T);
-  auto q = project_q(u);                                        // [B,T,nh,dqk]
-  auto a = wkv_a(u);                                            // [B,T,rkv+dr]
-  auto c = kv_norm(a.narrow(-1, 0, rkv_));                      // [B,T,rkv]
-  auto k_r = rope(a.narrow(-1, rkv_, dr_).unsqueeze(2), p.pos, rope_);  // [B,T,1,dr]
-  auto kv = wkv_b(c).view({B, T, nh_, dn_ + dva_});
-  auto q_r = rope(q.narrow(-1, dn_, dr_), p.pos, rope_);  // [B,T,nh,dr]
-  auto Q = torch::cat({q.narrow(-1, 0, dn_), q_r}, -1);
-  auto K = torch::cat({kv.narrow(-1, 0, dn_), k_r.expand({B, T, nh_, dr_})}, -1);
-  auto V = kv.narrow(-1, dn_, dva_);
+  // Each projection is cut into its parts by one split rather than two narrows: the backward is
+  // then one concatenation of the parts' gradients, not a zero-filled full-size gradient per
+  // part and their sum.
+  auto q = project_q(u).split_with_sizes({dn_, dr_}, -1);        // [B,T,nh,dn], [B,T,nh,dr]
+  auto a = wkv_a(u).split_with_sizes({rkv_, dr_}, -1);          // [B,T,rkv], [B,T,dr]
+  auto c = kv_norm(a[0]);                                        // [B,T,rkv]
+  auto k_r = rope(a[1].unsqueeze(2), p.pos, rope_);              // [B,T,1,dr]
+  auto kv = wkv_b(c).view({B, T, nh_, dn_ + dva_}).split_with_sizes({dn_, dva_}, -1);
+  auto q_r = rope(q[1], p.pos, rope_);  // [B,T,nh,dr]
+  auto Q = torch::cat({q[0], q_r}, -1);
+  auto K = torch::cat({kv[0], k_r.expand({B, T, nh_, dr_})}, -1);
+  auto V = kv[1];
   return {Q.transpose(1, 2), K.transpose(1, 2), V.transpose(1, 2)};
 }
 
