@@ -15,6 +15,7 @@
 #include "app/bench_command.h"
 #include "model/gdr.h"
 #include "model/gdr_chunk_core.h"
+#include "kernels/gdr_scan.h"
 #include "model/gdr_scan.h"
 #include "trainer/step_profile.h"
 
@@ -82,11 +83,12 @@ int bench_gdr(const BenchGdrArgs& a) {
     bool kernels;
     int scan_variant;  // kernels::GdrScanVariant
   };
-  const std::vector<Mode> modes = dev.is_cuda() ? std::vector<Mode>{{"kernels (GPU fp32)", true, 4},
-                                                                    {"kernels, 32-col scan", true, 2},
-                                                                    {"kernels, FMA scan", true, 1},
-                                                                    {"ATen pieces", false, 4}}
-                                                : std::vector<Mode>{{"ATen pieces", false, 4}};
+  const std::vector<Mode> modes =
+      dev.is_cuda() ? std::vector<Mode>{{"kernels (GPU fp32)", true, kernels::kGdrScanAuto},
+                                        {"kernels, 32-col scan", true, kernels::kGdrScanTensorCores32},
+                                        {"kernels, FMA scan", true, kernels::kGdrScanSimt16},
+                                        {"ATen pieces", false, kernels::kGdrScanAuto}}
+                    : std::vector<Mode>{{"ATen pieces", false, kernels::kGdrScanAuto}};
   for (const Mode& mode : modes) {
     model::gdr_use_kernels(mode.kernels);
     model::gdr_scan_variant(mode.scan_variant);
@@ -105,7 +107,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     const double both = median_ms(dev, a.repeats, fwd_bwd);
     std::printf("%-22s %12.3f %16.3f %7.2fx\n", mode.name, fwd, both, both / fwd);
     std::fflush(stdout);
-    if (a.profile && mode.kernels && mode.scan_variant == 4 && dev.is_cuda()) {
+    if (a.profile && mode.kernels && mode.scan_variant == kernels::kGdrScanAuto && dev.is_cuda()) {
       for (const bool backward : {false, true}) {
         constexpr int kRuns = 3;
         auto prof = trainer::StepProfile::start(dev.index());
@@ -116,7 +118,7 @@ int bench_gdr(const BenchGdrArgs& a) {
       }
     }
   }
-  model::gdr_scan_variant(4);
+  model::gdr_scan_variant(kernels::kGdrScanAuto);
   model::gdr_use_kernels(true);
   return 0;
 }

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/gdr_chunk_core.h"
+#include "kernels/gdr_scan.h"
 #include "model/gdr_scan.h"
 #include "storage/file_util.h"
 #include "trainer/config.h"
@@ -43,7 +44,9 @@ int bench_train(const BenchTrainArgs& a) {
   model::gdr_use_kernels(a.gdr_scan != "aten");
   // narrow-scan: the tensor-core state scan in 32-column blocks; fma-scan: in fp32 FMA instead
   // (kernels::GdrScanVariant).
-  model::gdr_scan_variant(a.gdr_scan == "fma-scan" ? 1 : a.gdr_scan == "narrow-scan" ? 2 : 4);
+  model::gdr_scan_variant(a.gdr_scan == "fma-scan"      ? kernels::kGdrScanSimt16
+                          : a.gdr_scan == "narrow-scan" ? kernels::kGdrScanTensorCores32
+                                                        : kernels::kGdrScanAuto);
   const std::string tmp = storage::files::make_temp_dir("deltadeck-bench");
   std::vector<std::string> o = {
       "name=\"bench\"",

@@ -10,10 +10,11 @@
 #include <atomic>
 #include <vector>
 
+#include "kernels/gdr_scan.h"  // the scan variants (the kernel itself only with CUDA)
+
 #if defined(DD_HAVE_CUDA)
 #include <c10/cuda/CUDAStream.h>
 
-#include "kernels/gdr_scan.h"
 #include "model/layers.h"
 #include "model/kernel_dtype.h"
 #endif
@@ -22,7 +23,7 @@ namespace model {
 
 namespace {
 std::atomic<bool> g_use_kernel{true};
-std::atomic<int> g_variant{4};
+std::atomic<int> g_variant{kernels::kGdrScanAuto};
 }  // namespace
 
 void gdr_scan_use_kernel(bool on) { g_use_kernel = on; }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/gdr_scan.h"
 #include "model/gdr.h"
 #include "model/gdr_chunk_core.h"
 #include "model/gdr_scan.h"
@@ -137,7 +138,7 @@ TEST(GdrScanCuda, KernelMatchesReferenceForwardAndBackward) {
                   variant_names[variant], e_hin, e_vn, e_fin, worst, e_bw);
     }
   }
-  model::gdr_scan_variant(4);
+  model::gdr_scan_variant(kernels::kGdrScanAuto);
 }
 
 // The whole chunked delta rule on the GPU (scan kernel inside) against the step-by-step reference
