@@ -49,22 +49,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const float* smem_
                : "memory");
 }
 
-// One operand fragment split in two TF32 parts.
-struct FragA {
-  uint32_t big[4], small[4];
-};
-struct FragB {
-  uint32_t big[2], small[2];
-};
-
-// The three products of a split pair. Big·big goes to its own accumulator: two shorter dependency
-// chains instead of one, and the small cross terms are summed apart from the large one.
-__device__ __forceinline__ void mma3(float (&d_big)[4], float (&d_cross)[4], const FragA& a, const FragB& b) {
-  mma_tf32(d_big, a.big, b.big);
-  mma_tf32(d_cross, a.big, b.small);
-  mma_tf32(d_cross, a.small, b.big);
-}
-
 // B fragment of a row-major [k][n] tile in shared memory (row length pitch): rows k0 + t,
 // k0 + t + 4, column n0 + g, for lane = 4g + t.
 __device__ __forceinline__ FragB load_b(const float* tile, int pitch, int k0, int n0, int g, int t) {

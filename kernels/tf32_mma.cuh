@@ -1,8 +1,8 @@
-// Device helpers of the split-TF32 tensor-core kernels (gemm_tf32x3.cu, gdr_scan_mma.cu):
-// asynchronous 16-byte copies into shared memory, the split of an fp32 value into two TF32 parts,
-// and one m16n8k8 TF32 mma.sync. Each fp32 operand x = big + small; a product of two split
-// operands is taken as big·big + big·small + small·big (about 2⁻²¹ relative error, where plain
-// TF32 has 2⁻¹¹).
+// Device helpers of the split-TF32 tensor-core kernels (gemm_tf32x3.cu, gdr_scan_mma.cu,
+// gdr_chunk_front.cu): asynchronous 16-byte copies into shared memory, the split of an fp32 value
+// into two TF32 parts, one m16n8k8 TF32 mma.sync, and the three products of two split fragments.
+// Each fp32 operand x = big + small; a product of two split operands is taken as big·big +
+// big·small + small·big (about 2⁻²¹ relative error, where plain TF32 has 2⁻¹¹).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -36,6 +36,22 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// One operand fragment split in two TF32 parts.
+struct FragA {
+  uint32_t big[4], small[4];
+};
+struct FragB {
+  uint32_t big[2], small[2];
+};
+
+// The three products of a split pair. Big·big goes to its own accumulator: two shorter dependency
+// chains instead of one, and the small cross terms are summed apart from the large one.
+__device__ __forceinline__ void mma3(float (&d_big)[4], float (&d_cross)[4], const FragA& a, const FragB& b) {
+  mma_tf32(d_big, a.big, b.big);
+  mma_tf32(d_cross, a.big, b.small);
+  mma_tf32(d_cross, a.small, b.big);
 }
 
 }  // namespace kernels
