@@ -24,6 +24,7 @@
 
 #if defined(DD_HAVE_CUDA)
 #include "kernels/gdr_chunk.h"
+#include "kernels/gdr_chunk_front.h"
 #include "model/kernel_dtype.h"
 #endif
 
@@ -34,6 +35,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 std::atomic<bool> g_use_kernels{true};
+std::atomic<bool> g_use_fused_front{true};
 
 torch::Tensor col(const torch::Tensor& x) { return x.unsqueeze(-1); }  // [N,H,C] -> [N,H,C,1]
 torch::Tensor tr(const torch::Tensor& x) { return x.transpose(-1, -2); }
@@ -128,6 +130,13 @@ MasksGrads masks_backward_reference(const torch::Tensor& dA_raw, const torch::Te
   m.dgam = Z.sum(-1) - Z.sum(-2);
   return m;
 }
+
+// What the forward's scan and output products take, and what the backward keeps (Tm, W).
+struct ForwardFront {
+  torch::Tensor W, U, Kd, Qg;  // [N,H,C,dk|dv]
+  torch::Tensor P, Tm;         // [N,H,C,C]
+  torch::Tensor decay;         // [N,H]
+};
 
 struct Upstream {  // the gradients reaching the prep outputs, plus what the last step needs
   torch::Tensor dQ_mm, dK_mm, dQg, dRw, dRu, dKd, ddecay;
@@ -332,6 +341,39 @@ variable_list input_grads_kernel(const Ctx& c, const Prep& p, const Upstream& u,
   return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dbeta.to(beta.scalar_type()),
           dg.to(g.scalar_type())};
 }
+
+
+ForwardFront forward_front_kernel(const Ctx& c, const KernelInputs& ki) {
+  const int64_t N = c.l.n_chunks, H = c.H, C = c.l.C;
+  auto opt = ki.beta.options();
+  ForwardFront f;
+  f.W = torch::empty({N, H, C, c.dk}, opt);
+  f.U = torch::empty({N, H, C, c.dv}, opt);
+  f.Kd = torch::empty({N, H, C, c.dk}, opt);
+  f.Qg = torch::empty({N, H, C, c.dk}, opt);
+  f.P = torch::empty({N, H, C, C}, opt);
+  f.Tm = torch::empty({N, H, C, C}, opt);
+  f.decay = torch::empty({N, H}, opt);
+  kernels::GdrChunkFrontArgs a;
+  a.q = ki.q.data_ptr();
+  a.k = ki.k.data_ptr();
+  a.v = ki.v.data_ptr();
+  a.v_token_stride = ki.v_token_stride;
+  a.beta = ki.beta.data_ptr<float>();
+  a.g = ki.g.data_ptr<float>();
+  a.in_qk = ki.in_qk;
+  a.in_v = ki.in_v;
+  a.W = f.W.data_ptr<float>();
+  a.U = f.U.data_ptr<float>();
+  a.Kd = f.Kd.data_ptr<float>();
+  a.Qg = f.Qg.data_ptr<float>();
+  a.P = f.P.data_ptr<float>();
+  a.Tm = f.Tm.data_ptr<float>();
+  a.decay = f.decay.data_ptr<float>();
+  check_kernel_launch(kernels::gdr_chunk_front_forward(chunk_list(c), a, stream_of(f.W)),
+                      "gated delta rule fused front");
+  return f;
+}
 #endif
 
 // The forward up to the scan's inputs, through the kernels or the ATen pieces.
@@ -362,6 +404,27 @@ Front front(const Ctx& c, const torch::Tensor& q, const torch::Tensor& k, const 
   return f;
 }
 
+// The forward's front: the fused kernel where it takes the sizes, else the separate pieces (the
+// reference for the fused kernel, and what the backward recomputes).
+ForwardFront forward_front(const Ctx& c, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                           const torch::Tensor& beta, const torch::Tensor& g) {
+#if defined(DD_HAVE_CUDA)
+  if (c.kernels && g_use_fused_front && kernels::gdr_chunk_front_supports(c.l.C, c.dk, c.dv)) {
+    return forward_front_kernel(c, kernel_inputs(q, k, v, beta, g));
+  }
+#endif
+  const Front f = front(c, q, k, v, beta, g);
+  ForwardFront o;
+  o.Tm = unit_lower_inverse(f.A);
+  o.W = prod(o.Tm, f.p.Rw);
+  o.U = prod(o.Tm, f.p.Ru);
+  o.Kd = f.p.Kd;
+  o.Qg = f.p.Qg;
+  o.P = f.P;
+  o.decay = f.p.decay;
+  return o;
+}
+
 Ctx make_ctx(const GdrChunkLayout& l, const torch::Tensor& q, const torch::Tensor& v, const torch::Tensor& h0) {
   Ctx c;
   c.l = l;
@@ -383,15 +446,12 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
                                const torch::Tensor& h0, const GdrChunkLayout& l, double scale) {
     ctx->set_materialize_grads(false);
     const Ctx c = make_ctx(l, q, v, h0);
-    const Front f = front(c, q, k, v, beta, g);
-    auto Tm = unit_lower_inverse(f.A);
-    auto W = prod(Tm, f.p.Rw);
-    auto U = prod(Tm, f.p.Ru);
-    const auto scan = gdr_scan(rows(W), rows(U), rows(f.p.Kd), f.p.decay.reshape({-1}), h0, l.scan);
+    const ForwardFront f = forward_front(c, q, k, v, beta, g);
+    const auto scan = gdr_scan(rows(f.W), rows(f.U), rows(f.Kd), f.decay.reshape({-1}), h0, l.scan);
     auto O = prod(f.P, scan.v_new.view({l.n_chunks, c.H, l.C, c.dv}), scale);
     auto O_rows = rows(O);
-    bmm_fp32_accumulate(O_rows, rows(f.p.Qg), scan.h_in, scale, 1.0);
-    ctx->save_for_backward({q, k, v, beta, g, Tm, W, scan.h_in, scan.v_new});
+    bmm_fp32_accumulate(O_rows, rows(f.Qg), scan.h_in, scale, 1.0);
+    ctx->save_for_backward({q, k, v, beta, g, f.Tm, f.W, scan.h_in, scan.v_new});
     auto& sd = ctx->saved_data;
     sd["n_docs"] = l.scan.n_docs;
     sd["heads"] = l.scan.heads;
@@ -498,6 +558,8 @@ void gdr_use_kernels(bool on) {
   g_use_kernels = on;
   gdr_scan_use_kernel(on);
 }
+
+void gdr_use_fused_front(bool on) { g_use_fused_front = on; }
 
 GdrChunkCoreOutput gdr_chunk_core(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                   const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0,

@@ -10,8 +10,9 @@
 //   scan (model/gdr_scan.h): h_in, Vn = U − W h_in, h_next = decay h_in + Kdᵀ Vn
 //   O = scale · (diag(e^γ) Q h_in + ((Q Kᵀ) ⊙ D) Vn)
 // On a GPU in fp32 with C ≤ 64 the gather, the gate math, the masks and the backward's elementwise
-// work are CUDA kernels (kernels/gdr_chunk.h) around cuBLAS products; elsewhere each piece is its
-// ATen twin (gdr_chunk_core.cpp). Both are tested against autograd through gdr_forward_ref
+// work are CUDA kernels (kernels/gdr_chunk.h) around split-TF32 products; at C = 64 the forward's
+// whole front (gather to W, U, P and Tm) is one kernel (kernels/gdr_chunk_front.h). Elsewhere each
+// piece is its ATen twin (gdr_chunk_core.cpp). Both are tested against autograd through gdr_forward_ref
 // (tests/model/test_gdr.cpp on the CPU, tests/model/test_gdr_scan_cuda.cpp on the GPU).
 #pragma once
 
@@ -36,5 +37,9 @@ GdrChunkCoreOutput gdr_chunk_core(const torch::Tensor& q, const torch::Tensor& k
 // Process-wide switch for benchmarks and tests that compare the kernels with the ATen pieces
 // (default on). Covers the chunk kernels and the scan kernel (model/gdr_scan.h).
 void gdr_use_kernels(bool on);
+
+// Process-wide switch (default on) between the forward's fused front kernel and its six separate
+// launches (prep, X Kᵀ, masks, inverse, two products), for the test and benchmarks comparing them.
+void gdr_use_fused_front(bool on);
 
 }  // namespace model

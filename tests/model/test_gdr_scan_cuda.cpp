@@ -2,8 +2,9 @@
 // every input gradient: the chunk-state scan kernel (model/gdr_scan.h) on dense and ragged
 // (varlen) chunk plans, with head sizes that are not multiples of its 32-column blocks and chunk
 // sizes up to its limit; the unit lower-triangular solve through the inverse kernel
-// (model/tril_solve.h); and the chunk core's kernels (model/gdr_chunk_core.h). Fresh random inputs each run, seeded from GoogleTest's seed. Skips
-// without a GPU.
+// (model/tril_solve.h); and the chunk core's kernels (model/gdr_chunk_core.h), the forward's fused
+// front among them. Fresh random inputs each run, seeded from GoogleTest's seed. Skips without a
+// GPU.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -237,20 +238,94 @@ TEST(TrilSolveCuda, InverseKernelPathMatchesTriangularSolve) {
   }
 }
 
-// The chunk core's CUDA kernels (gather and gate math, masks, their backward; kernels/gdr_chunk.h)
-// against its ATen pieces on the same GPU: outputs and every input gradient. Both sides compute in
-// fp32 and differ only in summation order: 1e-5 relative; the gradients of inputs given in bf16 are
-// rounded to bf16 on both sides, so a rounding-boundary flip of one ulp (2^-8 relative) is allowed
-// for those.
+// A chunked delta rule case on the GPU, for the tests that run one case two ways.
+struct ChunkCase {
+  int64_t B, T, H, dk, dv, C;
+  std::vector<int64_t> cu;  // empty: dense
+  bool qk_bf16, v_bf16, h0;
+  int64_t v_pad = 0;  // > 0: v is a column slice of a [B, T, H·dv + v_pad] tensor (read in place)
+
+  std::string name() const {
+    std::string s = "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
+                    " dk=" + std::to_string(dk) + " dv=" + std::to_string(dv) + " C=" + std::to_string(C);
+    return s + (cu.empty() ? "" : " packed") + (qk_bf16 ? " q,k bf16" : " q,k fp32") + (v_bf16 ? " v bf16" : " v fp32") +
+           (v_pad > 0 ? " strided" : "");
+  }
+};
+
+const char* const kChunkOutputNames[] = {"o", "h", "dq", "dk", "dv", "dbeta", "dg", "dh0"};
+
+// Random inputs for a case, drawn once; run(c) returns o, h and the gradient of every input under
+// whatever switches the caller has set, for a fixed random loss Σ o ⊙ dO + Σ h ⊙ dH.
+class ChunkCaseRun {
+ public:
+  explicit ChunkCaseRun(const ChunkCase& c) : c_(c) {
+    auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+    const int64_t n_state = c.cu.empty() ? c.B : static_cast<int64_t>(c.cu.size()) - 1;
+    auto unit = [](const torch::Tensor& x) { return x / x.norm(2, -1, true); };
+    const auto qk_dt = c.qk_bf16 ? torch::kBFloat16 : torch::kFloat32;
+    in_.push_back(unit(torch::randn({c.B, c.T, c.H, c.dk}, f32)).to(qk_dt));
+    in_.push_back(unit(torch::randn({c.B, c.T, c.H, c.dk}, f32)).to(qk_dt));
+    in_.push_back(torch::randn({c.B, c.T, c.H, c.dv}, f32).to(c.v_bf16 ? torch::kBFloat16 : torch::kFloat32));
+    in_.push_back(torch::sigmoid(torch::randn({c.B, c.T, c.H}, f32)));
+    in_.push_back(-torch::rand({c.B, c.T, c.H}, f32) * 0.5);
+    if (c.h0) in_.push_back(torch::randn({n_state, c.H, c.dk, c.dv}, f32) * 0.1);
+    dO_ = torch::randn({c.B, c.T, c.H, c.dv}, f32);
+    dH_ = torch::randn({n_state, c.H, c.dk, c.dv}, f32);
+  }
+
+  std::vector<torch::Tensor> run() const {
+    std::vector<torch::Tensor> in;
+    for (const auto& t : in_) in.push_back(t.clone().requires_grad_(true));
+    torch::Tensor v = in[2];
+    if (c_.v_pad > 0) {  // columns v_pad / 2 .. of a wider tensor; gradients reach in[2] through the copy
+      auto wide = torch::zeros({c_.B, c_.T, c_.H * c_.dv + c_.v_pad}, v.options());
+      wide.narrow(-1, c_.v_pad / 2, c_.H * c_.dv).copy_(v.reshape({c_.B, c_.T, c_.H * c_.dv}));
+      v = wide.narrow(-1, c_.v_pad / 2, c_.H * c_.dv).view({c_.B, c_.T, c_.H, c_.dv});
+      EXPECT_FALSE(v.is_contiguous());
+    }
+    const torch::Tensor cu = c_.cu.empty() ? torch::Tensor() : torch::tensor(c_.cu, torch::kInt64);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c_.dk));
+    auto out = model::gdr_forward_chunked(in[0], in[1], v, in[3], in[4], scale, c_.h0 ? in[5] : torch::Tensor(), cu,
+                                          c_.C);
+    ((out.o * dO_).sum() + (out.h * dH_).sum()).backward();
+    std::vector<torch::Tensor> res{out.o.detach(), out.h.detach()};
+    for (auto& t : in) res.push_back(t.grad());
+    return res;
+  }
+
+ private:
+  ChunkCase c_;
+  std::vector<torch::Tensor> in_;
+  torch::Tensor dO_, dH_;
+};
+
+// Compares two runs of a case output by output: 1e-5 relative, except the gradients of inputs
+// given in bf16, rounded to bf16 on both sides, where a rounding-boundary flip of one ulp (2^-8
+// relative) is allowed. Returns the worst error.
+double expect_runs_match(const ChunkCase& c, const std::vector<torch::Tensor>& got,
+                         const std::vector<torch::Tensor>& want) {
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!got[i].defined()) {
+      ADD_FAILURE() << c.name() << ": " << kChunkOutputNames[i] << " missing";
+      continue;
+    }
+    EXPECT_EQ(got[i].scalar_type(), want[i].scalar_type()) << c.name() << ": " << kChunkOutputNames[i];
+    const double e = rel_norm_diff(got[i], want[i]);
+    const bool rounded = (i == 2 || i == 3) ? c.qk_bf16 : (i == 4 && c.v_bf16);
+    EXPECT_LT(e, rounded ? 4e-3 : 1e-5) << c.name() << ": " << kChunkOutputNames[i];
+    worst = std::max(worst, e);
+  }
+  return worst;
+}
+
+// The chunk core's CUDA kernels (gather and gate math, masks, their backward; kernels/gdr_chunk.h;
+// the fused front at C = 64) against its ATen pieces on the same GPU: outputs and every input
+// gradient. Both sides compute in fp32 and differ only in summation order.
 TEST(GdrScanCuda, ChunkKernelsMatchAtenPieces) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 917);
-  struct ChunkCase {
-    int64_t B, T, H, dk, dv, C;
-    std::vector<int64_t> cu;  // empty: dense
-    bool qk_bf16, v_bf16, h0;
-    int64_t v_pad = 0;  // > 0: v is a column slice of a [B, T, H·dv + v_pad] tensor (read in place)
-  };
   const ChunkCase cases[] = {
       {2, 150, 3, 128, 128, 64, {}, true, true, false},   // the model's sizes, a ragged last chunk
       {1, 300, 2, 128, 128, 64, {0, 17, 150, 151, 300}, false, true, false},  // as the layer: fp32 q, k; bf16 v
@@ -262,58 +337,41 @@ TEST(GdrScanCuda, ChunkKernelsMatchAtenPieces) {
       {1, 300, 2, 128, 128, 64, {0, 17, 150, 151, 300}, false, true, false, 8},
       {2, 150, 3, 64, 40, 64, {}, false, false, false, 3},
   };
-  auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
   for (const ChunkCase& c : cases) {
-    const bool varlen = !c.cu.empty();
-    const int64_t n_state = varlen ? static_cast<int64_t>(c.cu.size()) - 1 : c.B;
-    auto unit = [](const torch::Tensor& x) { return x / x.norm(2, -1, true); };
-    const auto qk_dt = c.qk_bf16 ? torch::kBFloat16 : torch::kFloat32;
-    const auto v_dt = c.v_bf16 ? torch::kBFloat16 : torch::kFloat32;
-    auto q0 = unit(torch::randn({c.B, c.T, c.H, c.dk}, f32)).to(qk_dt);
-    auto k0 = unit(torch::randn({c.B, c.T, c.H, c.dk}, f32)).to(qk_dt);
-    auto v0 = torch::randn({c.B, c.T, c.H, c.dv}, f32).to(v_dt);
-    auto beta0 = torch::sigmoid(torch::randn({c.B, c.T, c.H}, f32));
-    auto g0 = -torch::rand({c.B, c.T, c.H}, f32) * 0.5;
-    auto h00 = c.h0 ? torch::randn({n_state, c.H, c.dk, c.dv}, f32) * 0.1 : torch::Tensor();
-    auto dO = torch::randn({c.B, c.T, c.H, c.dv}, f32), dH = torch::randn({n_state, c.H, c.dk, c.dv}, f32);
-    const torch::Tensor cu = varlen ? torch::tensor(c.cu, torch::kInt64) : torch::Tensor();
-    const double scale = 1.0 / std::sqrt(static_cast<double>(c.dk));
-    auto run = [&](bool kernels) {
-      model::gdr_use_kernels(kernels);
-      std::vector<torch::Tensor> in{q0, k0, v0, beta0, g0};
-      if (c.h0) in.push_back(h00);
-      for (auto& t : in) t = t.clone().requires_grad_(true);
-      torch::Tensor v = in[2];
-      if (c.v_pad > 0) {  // columns v_pad / 2 .. of a wider tensor; gradients reach in[2] through the copy
-        auto wide = torch::zeros({c.B, c.T, c.H * c.dv + c.v_pad}, v.options());
-        wide.narrow(-1, c.v_pad / 2, c.H * c.dv).copy_(v.reshape({c.B, c.T, c.H * c.dv}));
-        v = wide.narrow(-1, c.v_pad / 2, c.H * c.dv).view({c.B, c.T, c.H, c.dv});
-        EXPECT_FALSE(v.is_contiguous());
-      }
-      auto out = model::gdr_forward_chunked(in[0], in[1], v, in[3], in[4], scale, c.h0 ? in[5] : torch::Tensor(),
-                                            cu, c.C);
-      ((out.o * dO).sum() + (out.h * dH).sum()).backward();
-      std::vector<torch::Tensor> res{out.o.detach(), out.h.detach()};
-      for (auto& t : in) res.push_back(t.grad());
-      return res;
-    };
-    const auto want = run(false), got = run(true);
+    const ChunkCaseRun r(c);
+    model::gdr_use_kernels(false);
+    const auto want = r.run();
     model::gdr_use_kernels(true);
-    const char* names[] = {"o", "h", "dq", "dk", "dv", "dbeta", "dg", "dh0"};
-    std::string what = "B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) +
-                       " dk=" + std::to_string(c.dk) + " dv=" + std::to_string(c.dv) + " C=" + std::to_string(c.C) +
-                       (varlen ? " packed" : "") + (c.qk_bf16 ? " q,k bf16" : " q,k fp32") +
-                       (c.v_bf16 ? " v bf16" : " v fp32") + (c.v_pad > 0 ? " strided" : "");
-    double worst = 0;
-    for (size_t i = 0; i < want.size(); ++i) {
-      ASSERT_TRUE(got[i].defined()) << what << ": " << names[i] << " missing";
-      EXPECT_EQ(got[i].scalar_type(), want[i].scalar_type()) << what << ": " << names[i];
-      const double e = rel_norm_diff(got[i], want[i]);
-      const bool rounded = (i == 2 || i == 3) ? c.qk_bf16 : (i == 4 && c.v_bf16);
-      const double tol = rounded ? 4e-3 : 1e-5;
-      EXPECT_LT(e, tol) << what << ": " << names[i];
-      worst = std::max(worst, e);
-    }
-    std::printf("[gdr_chunk] kernels vs ATen pieces, %s: worst %.1e\n", what.c_str(), worst);
+    const auto got = r.run();
+    std::printf("[gdr_chunk] kernels vs ATen pieces, %s: worst %.1e\n", c.name().c_str(),
+                expect_runs_match(c, got, want));
+  }
+}
+
+// The forward's fused front kernel (kernels/gdr_chunk_front.h) against the six launches it replaces,
+// through the whole op: the output and final state read its W, U, Kd, Qg, P and decay, and every
+// gradient reads its Tm and W (saved for the backward). Sizes it takes: C = 64, dk a multiple of 16
+// up to 128, dv a multiple of 16 (in panels of 128 columns: 256 takes two).
+TEST(GdrScanCuda, FusedFrontMatchesSeparateKernels) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 311);
+  const ChunkCase cases[] = {
+      {2, 150, 3, 128, 128, 64, {}, true, true, false},                        // bf16 inputs, a ragged chunk
+      {1, 300, 2, 128, 128, 64, {0, 17, 150, 151, 300}, false, true, false},  // packed, as the layer
+      {1, 300, 2, 128, 256, 64, {0, 1, 64, 65, 300}, false, false, true},     // two V panels, h0
+      {2, 200, 2, 64, 48, 64, {}, false, false, true},                        // narrower heads
+      {1, 130, 3, 16, 16, 64, {}, true, false, false},                        // the smallest sizes taken
+      {2, 129, 1, 48, 144, 64, {}, false, true, false},                       // a 16-column second panel
+      {1, 300, 2, 128, 128, 64, {0, 17, 150, 151, 300}, false, true, false, 8},  // strided v, 4-element rows
+      {2, 150, 3, 64, 64, 64, {}, false, false, false, 6},                    // strided v, scalar rows
+  };
+  for (const ChunkCase& c : cases) {
+    const ChunkCaseRun r(c);
+    model::gdr_use_fused_front(false);
+    const auto want = r.run();
+    model::gdr_use_fused_front(true);
+    const auto got = r.run();
+    std::printf("[gdr_chunk] fused front vs separate kernels, %s: worst %.1e\n", c.name().c_str(),
+                expect_runs_match(c, got, want));
   }
 }

@@ -1,0 +1,436 @@
+// The fused front of the chunked gated delta rule (kernels/gdr_chunk_front.h): one block of 8 warps
+// per (chunk, head), about 107 KiB of shared memory at dk = 128, two blocks per SM.
+//
+//   gates   γ = cumsum(g) (one thread per row, in the order prep sums), e, κ, β e, decay;
+//   load    Q and K into shared memory as fp32; Kd = κ K and Qg = e Q go out on the way;
+//   G       warp w takes the 16-row strip w % 4 of Q (w < 4) or K (w ≥ 4) against Kᵀ, only the
+//           column tiles at or left of the diagonal; the epilogue applies the decay mask in
+//           registers and writes P to global memory, A to shared memory;
+//   inverse (I + A)⁻¹ by 16 × 16 blocks: warps 0–1 solve the four diagonal blocks by forward
+//           substitution (one column per thread) while warps 2–7 load V's first panel; then the
+//           off-diagonal blocks by block diagonals, T_ij = −T_ii Σ_{j ≤ k < i} A_ik T_kj, one warp
+//           per block, three levels;
+//   W, U    warp w takes row strip w % 4 and half the columns: W = (Tm diag(β e)) K and
+//           U = (Tm diag(β)) V, the diagonal scales applied to Tm's fragments as they load, and
+//           only the k-steps left of the strip's diagonal block (Tm is lower triangular).
+// Every product is split-TF32 (three mma.sync per tile, kernels/tf32_mma.cuh), except that an
+// operand read from bf16 or fp16 inputs is a TF32 value already: its remainder is zero, and the
+// products with it are skipped (G takes one mma per tile for bf16 q and k). Shared rows are
+// padded so that a fragment's 32 loads fall in 32 banks where the tile is read in one orientation;
+// K is read both as [n][k] (for G) and [k][n] (for W), and takes 2-way conflicts in the second.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/gdr_chunk_front.h"
+#include "kernels/gdr_chunk_io.cuh"
+#include "kernels/tf32_mma.cuh"
+
+namespace kernels {
+
+namespace {
+
+using namespace gdr_chunk_io;
+
+constexpr int kC = 64;
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kPanel = 128;         // columns of V per panel
+constexpr int kTPitch = kC + 4;     // rows of A and Tm (read as [m][k])
+constexpr int kVPitch = kPanel + 8;  // rows of a V panel (read as [k][n])
+constexpr int kMPitch = 16 + 8;     // a 16 × 16 block of the inverse, read as [k][n]
+
+// Shared memory in floats for key size dk (≤ 128, so Q's rows of dk + 4 fit in a V panel's rows).
+__host__ __device__ constexpr int smem_floats(int dk) {
+  return kC * (dk + 4)       // K
+         + kC * kVPitch      // Q, then V's panels
+         + 2 * kC * kTPitch  // A, Tm
+         + 3 * 16 * kMPitch  // one block per warp of a level of the inverse
+         + 5 * kC;           // γ, β, e, κ, β e
+}
+
+// An fp32 value as fragment parts. kExact: the value came from bf16 or fp16, so it is already a
+// TF32 value and its remainder is zero: no split, and the products with that remainder are skipped.
+template <bool kExact>
+__device__ __forceinline__ void to_parts(float x, uint32_t& big, uint32_t& small) {
+  if constexpr (kExact) {
+    big = __float_as_uint(x);
+    small = 0;
+  } else {
+    split_tf32(x, big, small);
+  }
+}
+
+// A fragment of a row-major [m][k] tile: rows m0 + g, m0 + g + 8, columns k0 + t, k0 + t + 4, each
+// element times col_scale[column] when col_scale is given.
+template <bool kExact = false>
+__device__ __forceinline__ FragA frag_a(const float* s, int pitch, int m0, int k0, int g, int t,
+                                        const float* col_scale = nullptr) {
+  float x[4] = {s[(m0 + g) * pitch + k0 + t], s[(m0 + g + 8) * pitch + k0 + t], s[(m0 + g) * pitch + k0 + t + 4],
+                s[(m0 + g + 8) * pitch + k0 + t + 4]};
+  if (col_scale != nullptr) {
+    const float c0 = col_scale[k0 + t], c1 = col_scale[k0 + t + 4];
+    x[0] *= c0;
+    x[1] *= c0;
+    x[2] *= c1;
+    x[3] *= c1;
+  }
+  FragA f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) to_parts<kExact>(x[i], f.big[i], f.small[i]);
+  return f;
+}
+
+// B fragment (rows k0 + t, k0 + t + 4; column n0 + g) of B = Xᵀ, X a row-major [n][k] tile.
+template <bool kExact = false>
+__device__ __forceinline__ FragB frag_b_nk(const float* s, int pitch, int k0, int n0, int g, int t) {
+  FragB f;
+  to_parts<kExact>(s[(n0 + g) * pitch + k0 + t], f.big[0], f.small[0]);
+  to_parts<kExact>(s[(n0 + g) * pitch + k0 + t + 4], f.big[1], f.small[1]);
+  return f;
+}
+
+// B fragment of a row-major [k][n] tile.
+template <bool kExact = false>
+__device__ __forceinline__ FragB frag_b_kn(const float* s, int pitch, int k0, int n0, int g, int t) {
+  FragB f;
+  to_parts<kExact>(s[(k0 + t) * pitch + n0 + g], f.big[0], f.small[0]);
+  to_parts<kExact>(s[(k0 + t + 4) * pitch + n0 + g], f.big[1], f.small[1]);
+  return f;
+}
+
+// The products of two fragments that are not known to be zero: mma3's three when both are split,
+// two when one operand is exact, one when both are.
+template <bool kAExact, bool kBExact>
+__device__ __forceinline__ void mma_parts(float (&d_big)[4], float (&d_cross)[4], const FragA& a, const FragB& b) {
+  mma_tf32(d_big, a.big, b.big);
+  if constexpr (!kBExact) mma_tf32(d_cross, a.big, b.small);
+  if constexpr (!kAExact) mma_tf32(d_cross, a.small, b.big);
+}
+
+// acc[n] = Σ_{k0 in [k_begin, k_end), step 8} a(k0) · b(k0, n) for the kTiles column tiles of one
+// 16-row strip: a(k0) gives the strip's A fragment, b(k0, n) tile n's B fragment. The tile count is
+// a compile-time constant and every tile is computed: a branch per tile would put each tile's
+// loads, splits and products in a block of its own, one after another with no overlap (measured
+// 2× slower). Callers point b at valid memory for tiles they do not store. kAExact, kBExact: the
+// operand's values are TF32 already (from bf16 or fp16 inputs), see mma_parts.
+template <int kTiles, bool kAExact = false, bool kBExact = false, class LoadA, class LoadB>
+__device__ __forceinline__ void strip_product(float (&acc)[kTiles][4], int k_begin, int k_end, LoadA a_at,
+                                              LoadB b_at) {
+  float cross[kTiles][4];
+#pragma unroll
+  for (int n = 0; n < kTiles; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[n][i] = cross[n][i] = 0.f;
+  }
+  for (int k0 = k_begin; k0 < k_end; k0 += 8) {
+    const FragA a = a_at(k0);
+#pragma unroll
+    for (int n = 0; n < kTiles; ++n) mma_parts<kAExact, kBExact>(acc[n], cross[n], a, b_at(k0, n));
+  }
+#pragma unroll
+  for (int n = 0; n < kTiles; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[n][i] += cross[n][i];
+  }
+}
+
+// Calls f(std::integral_constant<int, n>) for n in 1..5 (a tile count known only at run time).
+template <class F>
+__device__ __forceinline__ void with_tile_count(int n, F f) {
+  switch (n) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    default: break;
+  }
+}
+
+// A VW-element piece as stored (not yet converted), zeros where !valid: a batch of these is
+// loaded before any is used, so the loads are in flight together.
+template <int VW, typename T>
+__device__ __forceinline__ Vec<T, VW> load_raw(const T* p, bool valid) {
+  Vec<T, VW> x;
+  if (valid) {
+    x.load(p);
+  } else {
+#pragma unroll
+    for (int j = 0; j < VW; ++j) x.set(j, 0.f);
+  }
+  return x;
+}
+
+// Writes a strip's kTiles accumulator tiles to a row-major [·][pitch] array at (m0, c0), scaled.
+template <int kTiles>
+__device__ __forceinline__ void store_strip(float* dst, int64_t pitch, int m0, int c0, const float (&acc)[kTiles][4],
+                                            float scale, int g, int t) {
+#pragma unroll
+  for (int n = 0; n < kTiles; ++n) {
+    const int c = c0 + 8 * n + 2 * t;
+    *reinterpret_cast<float2*>(dst + (m0 + g) * pitch + c) = make_float2(scale * acc[n][0], scale * acc[n][1]);
+    *reinterpret_cast<float2*>(dst + (m0 + g + 8) * pitch + c) = make_float2(scale * acc[n][2], scale * acc[n][3]);
+  }
+}
+
+template <typename T, typename TV, int VW>
+__global__ void __launch_bounds__(kThreads, 2) gdr_chunk_front_kernel(GdrChunkList l, GdrChunkFrontArgs a) {
+  // Inputs given in bf16 or fp16 are TF32 values: their products skip the remainders' terms.
+  constexpr bool kQkExact = !std::is_same<T, float>::value, kVExact = !std::is_same<TV, float>::value;
+  extern __shared__ __align__(16) float smem[];
+  const int dk = static_cast<int>(l.dk), dv = static_cast<int>(l.dv), pk = dk + 4;
+  float* K_s = smem;                 // [C][dk + 4]
+  float* QV_s = K_s + kC * pk;       // Q [C][dk + 4], then a V panel [C][kVPitch]
+  float* A_s = QV_s + kC * kVPitch;  // [C][kTPitch]
+  float* T_s = A_s + kC * kTPitch;   // [C][kTPitch]
+  float* M_s = T_s + kC * kTPitch;   // [3][16][kMPitch]
+  float* gam_s = M_s + 3 * 16 * kMPitch;
+  float* b_s = gam_s + kC;
+  float* e_s = b_s + kC;
+  float* kap_s = e_s + kC;
+  float* be_s = kap_s + kC;
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, t = lane % 4;  // fragment row group and column pair
+  const int64_t r = blockIdx.x, n = r / l.H, h = r % l.H;
+  const int64_t start = l.chunk_start[n];
+  const int len = l.chunk_len[n];
+
+  // Gates: γ = cumsum(g) as a scan over warps 0–1 (32 rows each, then warp 0's total carried into
+  // warp 1). Rows past the chunk's length have g = β = 0 (and zero q, k, v below).
+  for (int e = tid; e < kC * kTPitch; e += kThreads) T_s[e] = 0.f;
+  if (tid < kC) {
+    const bool valid = tid < len;
+    float x = valid ? a.g[(start + tid) * l.H + h] : 0.f;
+    b_s[tid] = valid ? a.beta[(start + tid) * l.H + h] : 0.f;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const float y = __shfl_up_sync(0xffffffffu, x, off);
+      if (lane >= off) x += y;
+    }
+    gam_s[tid] = x;
+  }
+  __syncthreads();
+  if (tid >= 32 && tid < kC) gam_s[tid] += gam_s[31];
+  __syncthreads();
+  if (tid < kC) {
+    e_s[tid] = expf(gam_s[tid]);
+    kap_s[tid] = expf(gam_s[kC - 1] - gam_s[tid]);
+    be_s[tid] = b_s[tid] * e_s[tid];
+    if (tid == 0) a.decay[r] = expf(gam_s[kC - 1]);
+  }
+  __syncthreads();
+
+  // Q and K into shared memory; Kd and Qg out. Four pieces of each per thread are loaded before
+  // any is used.
+  const T* q = static_cast<const T*>(a.q);
+  const T* k = static_cast<const T*>(a.k);
+  float* Q_s = QV_s;
+  const int dk_n = dk / VW;
+  for (int base = tid; base < kC * dk_n; base += 4 * kThreads) {
+    Vec<T, VW> qr[4], kr[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int el = base + u * kThreads, i = el / dk_n;
+      const int64_t src = ((start + i) * l.H + h) * dk + (el % dk_n) * VW;
+      const bool valid = el < kC * dk_n && i < len;
+      qr[u] = load_raw<VW>(q + src, valid);
+      kr[u] = load_raw<VW>(k + src, valid);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int el = base + u * kThreads, i = el / dk_n, d = (el % dk_n) * VW;
+      if (el >= kC * dk_n) continue;
+      float qv[VW], kv[VW], qg[VW], kd[VW];
+#pragma unroll
+      for (int j = 0; j < VW; ++j) {
+        qv[j] = qr[u].get(j);
+        kv[j] = kr[u].get(j);
+        qg[j] = e_s[i] * qv[j];
+        kd[j] = kap_s[i] * kv[j];
+      }
+      store_n<VW>(Q_s + i * pk + d, qv);
+      store_n<VW>(K_s + i * pk + d, kv);
+      store_n<VW>(a.Qg + (r * kC + i) * dk + d, qg);
+      store_n<VW>(a.Kd + (r * kC + i) * dk + d, kd);
+    }
+  }
+  // P above the diagonal blocks is zero (those tiles are not computed below).
+  for (int e = tid; e < kC * kC / 4; e += kThreads) {
+    const int i = e / (kC / 4), j = 4 * (e % (kC / 4));
+    if (j >= 16 * (i / 16 + 1)) *reinterpret_cast<float4*>(a.P + (r * kC + i) * kC + j) = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  __syncthreads();
+
+  // G = [Q; K] Kᵀ on the 20 tiles of each matrix at or left of the diagonal blocks, masked in
+  // registers: P to global memory, A to shared memory. Warps 0–3 take Q, 4–7 K; within a matrix,
+  // warps 2p and 2p + 1 share the strips p and 3 − p (2p + 2 and 8 − 2p tiles, 10 in all), 5 tiles
+  // each: the first 5 of the pair's tiles (strip p's, then strip 3 − p's), or the last 5.
+  {
+    const bool is_q = warp < 4;
+    const float* X_s = is_q ? Q_s : K_s;
+    const int p = (warp % 4) / 2, second = warp % 2, tiles_a = 2 * p + 2;
+    auto segment = [&](int mt, int n_first, int n_tiles) {
+      with_tile_count(n_tiles, [&](auto count) {
+        constexpr int kN = decltype(count)::value;
+        const int m0 = 16 * mt;
+        float acc[kN][4];
+        strip_product<kN, kQkExact, kQkExact>(
+            acc, 0, dk, [&](int k0) { return frag_a<kQkExact>(X_s, pk, m0, k0, g, t); },
+            [&](int k0, int nt) { return frag_b_nk<kQkExact>(K_s, pk, k0, 8 * (n_first + nt), g, t); });
+#pragma unroll
+        for (int nt = 0; nt < kN; ++nt) {
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            const int i = m0 + g + 8 * hr, j = 8 * (n_first + nt) + 2 * t;
+            const float D0 = i >= j ? expf(gam_s[i] - gam_s[j]) : 0.f;
+            const float D1 = i >= j + 1 ? expf(gam_s[i] - gam_s[j + 1]) : 0.f;
+            const float g0 = acc[nt][2 * hr], g1 = acc[nt][2 * hr + 1];
+            if (is_q) {
+              *reinterpret_cast<float2*>(a.P + (r * kC + i) * kC + j) = make_float2(g0 * D0, g1 * D1);
+            } else {
+              *reinterpret_cast<float2*>(A_s + i * kTPitch + j) =
+                  make_float2(i > j ? b_s[i] * g0 * D0 : 0.f, i > j + 1 ? b_s[i] * g1 * D1 : 0.f);
+            }
+          }
+        }
+      });
+    };
+    if (second == 0) {
+      segment(p, 0, tiles_a);
+      segment(3 - p, 0, 5 - tiles_a);
+    } else {
+      segment(3 - p, 5 - tiles_a, 5);
+    }
+  }
+  __syncthreads();
+
+  // V's panels come into Q's place (Q is no longer needed).
+  const TV* v = static_cast<const TV*>(a.v);
+  const int64_t v_stride = a.v_token_stride != 0 ? a.v_token_stride : l.H * dv;
+  float* V_s = QV_s;
+  auto load_v_panel = [&](int p0, int pw, int first_thread, int n_threads) {
+    const int pw_n = pw / VW;
+    for (int base = tid - first_thread; base < kC * pw_n; base += 4 * n_threads) {
+      Vec<TV, VW> vr[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int el = base + u * n_threads, i = el / pw_n;
+        vr[u] = load_raw<VW>(v + (start + i) * v_stride + h * dv + p0 + (el % pw_n) * VW, el < kC * pw_n && i < len);
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int el = base + u * n_threads;
+        if (el >= kC * pw_n) continue;
+        float x[VW];
+#pragma unroll
+        for (int j = 0; j < VW; ++j) x[j] = vr[u].get(j);
+        store_n<VW>(V_s + (el / pw_n) * kVPitch + (el % pw_n) * VW, x);
+      }
+    }
+  };
+
+  // Diagonal 16 × 16 blocks of (I + A)⁻¹ on warps 0–1, one column per thread: x_i = δ_ic −
+  // Σ_{j<i} A_ij x_j (the entries above the diagonal stay the zeros T_s was filled with).
+  if (warp < 2) {
+    const int base = 16 * (tid / 16), c = tid % 16;
+    float x[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      float acc = 0.f;
+#pragma unroll
+      for (int j = 0; j < i; ++j) acc += A_s[(base + i) * kTPitch + base + j] * x[j];
+      x[i] = (i == c ? 1.f : 0.f) - acc;
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) T_s[(base + i) * kTPitch + base + c] = x[i];
+  } else {
+    load_v_panel(0, dv < kPanel ? dv : kPanel, 64, kThreads - 64);
+  }
+  __syncthreads();
+
+  // The blocks below the diagonal, one block diagonal at a time (each reads the ones before it).
+  for (int d = 1; d < 4; ++d) {
+    if (warp < 4 - d) {
+      const int bj = warp, bi = warp + d;
+      float* M = M_s + warp * 16 * kMPitch;
+      float acc[2][4];
+      strip_product<2>(
+          acc, 16 * bj, 16 * bi, [&](int k0) { return frag_a(A_s, kTPitch, 16 * bi, k0, g, t); },
+          [&](int k0, int nt) { return frag_b_kn(T_s, kTPitch, k0, 16 * bj + 8 * nt, g, t); });
+      store_strip<2>(M, kMPitch, 0, 0, acc, 1.f, g, t);
+      __syncwarp();
+      strip_product<2>(
+          acc, 0, 16, [&](int k0) { return frag_a(T_s, kTPitch, 16 * bi, 16 * bi + k0, g, t); },
+          [&](int k0, int nt) { return frag_b_kn(M, kMPitch, k0, 8 * nt, g, t); });
+      store_strip<2>(T_s, kTPitch, 16 * bi, 16 * bj, acc, -1.f, g, t);
+    }
+    __syncthreads();
+  }
+
+  for (int e = tid; e < kC * kC / 4; e += kThreads) {
+    const int i = e / (kC / 4), j = 4 * (e % (kC / 4));
+    *reinterpret_cast<float4*>(a.Tm + (r * kC + i) * kC + j) = *reinterpret_cast<const float4*>(T_s + i * kTPitch + j);
+  }
+
+  // W = (Tm diag(β e)) K and U = (Tm diag(β)) V. Row strip mt needs the k-steps left of its
+  // diagonal block only (Tm is lower triangular), 2 (mt + 1) of them, so warp w takes the strips
+  // p = w % 2 and 3 − p (10 k-steps together) on the 8-column tiles w / 2, w / 2 + 4, ...
+  const int p = warp % 2, tile0 = warp / 2;
+  auto tm_product = [&](auto b_exact, const float* B_s, int b_pitch, int width, const float* scale, float* dst, int64_t pitch) {
+    const int n_tiles = (width / 8 - tile0 + 3) / 4;  // tiles tile0 + 4 j < width / 8
+    if (n_tiles <= 0) return;
+    for (int strip = 0; strip < 2; ++strip) {
+      const int mt = strip == 0 ? p : 3 - p;
+      float acc[4][4];
+      // Tiles past n_tiles (narrow heads) repeat the last one and are not stored.
+      constexpr bool kBExact = decltype(b_exact)::value;
+      strip_product<4, false, kBExact>(
+          acc, 0, 16 * (mt + 1), [&](int k0) { return frag_a(T_s, kTPitch, 16 * mt, k0, g, t, scale); },
+          [&](int k0, int nt) {
+            return frag_b_kn<kBExact>(B_s, b_pitch, k0, 8 * (tile0 + 4 * (nt < n_tiles ? nt : n_tiles - 1)), g, t);
+          });
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        if (nt >= n_tiles) continue;
+        const int c = 8 * (tile0 + 4 * nt) + 2 * t;
+        *reinterpret_cast<float2*>(dst + (16 * mt + g) * pitch + c) = make_float2(acc[nt][0], acc[nt][1]);
+        *reinterpret_cast<float2*>(dst + (16 * mt + g + 8) * pitch + c) = make_float2(acc[nt][2], acc[nt][3]);
+      }
+    }
+  };
+  tm_product(std::integral_constant<bool, kQkExact>{}, K_s, pk, dk, be_s, a.W + r * kC * dk, dk);
+  for (int p0 = 0; p0 < dv; p0 += kPanel) {
+    const int pw = dv - p0 < kPanel ? dv - p0 : kPanel;
+    if (p0 > 0) {
+      __syncthreads();  // every warp is done with the panel before
+      load_v_panel(p0, pw, 0, kThreads);
+      __syncthreads();
+    }
+    tm_product(std::integral_constant<bool, kVExact>{}, V_s, kVPitch, pw, b_s, a.U + r * kC * dv + p0, dv);
+  }
+}
+
+}  // namespace
+
+int gdr_chunk_front_forward(const GdrChunkList& l, const GdrChunkFrontArgs& a, void* stream) {
+  if (!gdr_chunk_front_supports(l.C, l.dk, l.dv) || l.N * l.H < 1 || l.N * l.H > 2147483647LL) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  const unsigned grid = static_cast<unsigned>(l.N * l.H);
+  const bool vec = vectorizable(l, a.in_qk, a.in_v, {a.Kd, a.Qg}, {a.q, a.k}, {a.v}, a.v_token_stride);
+  const size_t smem = sizeof(float) * static_cast<size_t>(smem_floats(static_cast<int>(l.dk)));
+  auto st = static_cast<cudaStream_t>(stream);
+  int err = 0;
+  dispatch_two_dtypes(a.in_qk, a.in_v, vec, [&](auto qk_tag, auto v_tag, auto width) {
+    auto kernel = gdr_chunk_front_kernel<decltype(qk_tag), decltype(v_tag), decltype(width)::value>;
+    err = static_cast<int>(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    if (err == 0) kernel<<<grid, kThreads, smem, st>>>(l, a);
+  });
+  if (err != 0) return err;
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace kernels

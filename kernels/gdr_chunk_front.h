@@ -1,0 +1,50 @@
+// The forward's chunk-local front of the chunked gated delta rule as one kernel: everything the
+// scan and the output products need, from the token-layout inputs, with no [N, H, ·] fp32
+// intermediate in global memory. One block per (chunk, head) computes, in the notation of
+// kernels/gdr_chunk.h (γ = cumsum(g), e = e^γ, κ = e^{γ_last − γ}, D[i,j] = e^{γ_i − γ_j} for i ≥ j):
+//   Kd = diag(κ) K,  Qg = diag(e) Q,  decay = e^{γ_last}
+//   P  = (Q Kᵀ) ⊙ D,  A = strict_lower(diag(β) (K Kᵀ) ⊙ D),  Tm = (I + A)⁻¹
+//   W  = Tm diag(β e) K,  U = Tm diag(β) V
+// This is what prep, the X Kᵀ product, the masks, the triangular inverse and the two products
+// Tm R_w, Tm R_u compute as six launches (model/gdr_chunk_core.cpp), which stay as the reference
+// and for the backward's recompute. Products are split-TF32 mma.sync (kernels/tf32_mma.cuh), so
+// the results keep close to fp32 accuracy (MODEL.md §0: the core runs in fp32).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/gdr_chunk.h"
+
+namespace kernels {
+
+// Sizes the fused kernel takes: C = 64 (the model's chunk size; its tiles are 16 rows), dk a
+// multiple of 16 up to 128 (Q and K stay in shared memory), dv a multiple of 16 (V is taken in
+// panels of up to 128 columns).
+inline bool gdr_chunk_front_supports(int64_t C, int64_t dk, int64_t dv) {
+  return C == 64 && dk >= 16 && dk <= 128 && dk % 16 == 0 && dv >= 16 && dv % 16 == 0;
+}
+
+struct GdrChunkFrontArgs {
+  const void* q = nullptr;      // [tokens, H, dk], dtype in_qk
+  const void* k = nullptr;      // [tokens, H, dk], dtype in_qk
+  const void* v = nullptr;      // [tokens, H, dv], dtype in_v; token t at v + t · v_token_stride
+  int64_t v_token_stride = 0;   // elements between tokens of v (0: H · dv, contiguous)
+  const float* beta = nullptr;  // [tokens, H]
+  const float* g = nullptr;     // [tokens, H]
+  DType in_qk = DType::F32, in_v = DType::F32;
+  float* W = nullptr;      // [N, H, C, dk]
+  float* U = nullptr;      // [N, H, C, dv]
+  float* Kd = nullptr;     // [N, H, C, dk]
+  float* Qg = nullptr;     // [N, H, C, dk]
+  float* P = nullptr;      // [N, H, C, C]
+  float* Tm = nullptr;     // [N, H, C, C]
+  float* decay = nullptr;  // [N, H]
+};
+
+#ifdef DD_HAVE_CUDA
+// Returns the cudaError_t of the launch (0 = success); cudaErrorInvalidValue for sizes
+// gdr_chunk_front_supports refuses.
+int gdr_chunk_front_forward(const GdrChunkList& l, const GdrChunkFrontArgs& a, void* stream);
+#endif
+
+}  // namespace kernels
