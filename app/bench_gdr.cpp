@@ -76,25 +76,25 @@ int bench_gdr(const BenchGdrArgs& a) {
               dev.is_cuda() ? "GPU" : "CPU");
   std::printf("%-22s %12s %16s %8s\n", "chunk core", "forward ms", "fwd+bwd ms", "ratio");
   // The kernels run on a GPU only; on the CPU every row would be the ATen twins. The second row is
-  // the same kernels with the forward's front as six launches instead of the fused kernel, the
-  // third with the tensor-core scan in 32-column blocks, the fourth with the state scan in fp32
-  // FMA instead of on tensor cores.
+  // the same kernels without the fused ones (the forward's front and the backward through the
+  // solve as the separate launches they replace), the third with the tensor-core scan in 32-column
+  // blocks, the fourth with the state scan in fp32 FMA instead of on tensor cores.
   struct Mode {
     const char* name;
     bool kernels;
-    bool fused_front;
+    bool fused;
     int scan_variant;  // kernels::GdrScanVariant
   };
   const std::vector<Mode> modes =
       dev.is_cuda() ? std::vector<Mode>{{"kernels (GPU fp32)", true, true, kernels::kGdrScanAuto},
-                                        {"kernels, unfused front", true, false, kernels::kGdrScanAuto},
+                                        {"kernels, unfused", true, false, kernels::kGdrScanAuto},
                                         {"kernels, 32-col scan", true, true, kernels::kGdrScanTensorCores32},
                                         {"kernels, FMA scan", true, true, kernels::kGdrScanSimt16},
                                         {"ATen pieces", false, false, kernels::kGdrScanAuto}}
                     : std::vector<Mode>{{"ATen pieces", false, false, kernels::kGdrScanAuto}};
   for (const Mode& mode : modes) {
     model::gdr_use_kernels(mode.kernels);
-    model::gdr_use_fused_front(mode.fused_front);
+    model::gdr_use_fused_kernels(mode.fused);
     model::gdr_scan_variant(mode.scan_variant);
     auto forward = [&] {
       torch::NoGradGuard no_grad;
@@ -111,7 +111,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     const double both = median_ms(dev, a.repeats, fwd_bwd);
     std::printf("%-22s %12.3f %16.3f %7.2fx\n", mode.name, fwd, both, both / fwd);
     std::fflush(stdout);
-    if (a.profile && mode.kernels && mode.fused_front && mode.scan_variant == kernels::kGdrScanAuto && dev.is_cuda()) {
+    if (a.profile && mode.kernels && mode.fused && mode.scan_variant == kernels::kGdrScanAuto && dev.is_cuda()) {
       for (const bool backward : {false, true}) {
         constexpr int kRuns = 3;
         auto prof = trainer::StepProfile::start(dev.index());
@@ -123,7 +123,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     }
   }
   model::gdr_scan_variant(kernels::kGdrScanAuto);
-  model::gdr_use_fused_front(true);
+  model::gdr_use_fused_kernels(true);
   model::gdr_use_kernels(true);
   return 0;
 }

@@ -36,16 +36,16 @@ int bench_train(const BenchTrainArgs& a) {
     std::cerr << "deltadeck: bench train: --steps must be >= 1 and --warmup >= 0\n";
     return 2;
   }
-  if (a.gdr_scan != "kernel" && a.gdr_scan != "unfused-front" && a.gdr_scan != "narrow-scan" &&
+  if (a.gdr_scan != "kernel" && a.gdr_scan != "unfused" && a.gdr_scan != "narrow-scan" &&
       a.gdr_scan != "fma-scan" && a.gdr_scan != "aten") {
-    std::cerr << "deltadeck: bench train: --gdr-scan: expected kernel, unfused-front, narrow-scan, fma-scan or aten, "
+    std::cerr << "deltadeck: bench train: --gdr-scan: expected kernel, unfused, narrow-scan, fma-scan or aten, "
                  "got \""
               << a.gdr_scan << "\"\n";
     return 2;
   }
   model::gdr_use_kernels(a.gdr_scan != "aten");
   // unfused-front: the forward's front as six launches instead of the fused kernel.
-  model::gdr_use_fused_front(a.gdr_scan != "unfused-front");
+  model::gdr_use_fused_kernels(a.gdr_scan != "unfused");
   // narrow-scan: the tensor-core state scan in 32-column blocks; fma-scan: in fp32 FMA instead
   // (kernels::GdrScanVariant).
   model::gdr_scan_variant(a.gdr_scan == "fma-scan"      ? kernels::kGdrScanSimt16

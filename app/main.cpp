@@ -160,9 +160,9 @@ int main(int argc, char** argv) {
   bench_train_cmd->add_option("--seq-len", bench_train.seq_len, "Row length T")->capture_default_str();
   bench_train_cmd->add_option("-s,--set", bench_train.overrides, "Override a config key: section.key=value");
   bench_train_cmd->add_option("--gdr-scan", bench_train.gdr_scan,
-                              "kernel | unfused-front | narrow-scan | fma-scan | aten: the delta rule core's CUDA "
-                              "kernels, the same with the forward's front as six launches instead of one fused kernel, "
-                              "with the state scan in 32-column blocks or in fp32 FMA instead of tensor cores, or their "
+                              "kernel | unfused | narrow-scan | fma-scan | aten: the delta rule core's CUDA kernels, the "
+                              "same without the fused ones (forward front, backward through the solve), with the state "
+                              "scan in 32-column blocks or in fp32 FMA instead of tensor cores, or their "
                               "ATen twins (to measure the kernels)")
       ->capture_default_str();
   bench_train_cmd->add_option("--json", bench_train.json_path, "Also write the figures as JSON to this file");

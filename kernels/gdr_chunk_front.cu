@@ -1,36 +1,40 @@
 // The fused front of the chunked gated delta rule (kernels/gdr_chunk_front.h): one block of 8 warps
 // per (chunk, head), about 107 KiB of shared memory at dk = 128, two blocks per SM.
 //
-//   gates   γ = cumsum(g) (one thread per row, in the order prep sums), e, κ, β e, decay;
-//   load    Q and K into shared memory as fp32; Kd = κ K and Qg = e Q go out on the way;
-//   G       warp w takes the 16-row strip w % 4 of Q (w < 4) or K (w ≥ 4) against Kᵀ, only the
-//           column tiles at or left of the diagonal; the epilogue applies the decay mask in
+//   gates   γ = cumsum(g) as a warp scan, e, κ, β e, decay;
+//   load    Q and K into shared memory as fp32, four pieces per thread in flight at once; Kd = κ K
+//           and Qg = e Q go out on the way;
+//   G       [Q; K] Kᵀ on the 20 tiles of each matrix at or left of the diagonal blocks, five per
+//           warp (strips p and 3 − p share two warps); the epilogue applies the decay mask in
 //           registers and writes P to global memory, A to shared memory;
 //   inverse (I + A)⁻¹ by 16 × 16 blocks: warps 0–1 solve the four diagonal blocks by forward
 //           substitution (one column per thread) while warps 2–7 load V's first panel; then the
 //           off-diagonal blocks by block diagonals, T_ij = −T_ii Σ_{j ≤ k < i} A_ik T_kj, one warp
 //           per block, three levels;
-//   W, U    warp w takes row strip w % 4 and half the columns: W = (Tm diag(β e)) K and
-//           U = (Tm diag(β)) V, the diagonal scales applied to Tm's fragments as they load, and
-//           only the k-steps left of the strip's diagonal block (Tm is lower triangular).
-// Every product is split-TF32 (three mma.sync per tile, kernels/tf32_mma.cuh), except that an
-// operand read from bf16 or fp16 inputs is a TF32 value already: its remainder is zero, and the
-// products with it are skipped (G takes one mma per tile for bf16 q and k). Shared rows are
-// padded so that a fragment's 32 loads fall in 32 banks where the tile is read in one orientation;
-// K is read both as [n][k] (for G) and [k][n] (for W), and takes 2-way conflicts in the second.
+//   W, U    W = (Tm diag(β e)) K and U = (Tm diag(β)) V, the diagonal scales applied to Tm's
+//           fragments as they load, only the k-steps left of each strip's diagonal block (Tm is
+//           lower triangular): warp w takes strips w % 2 and 3 − w % 2 (10 k-steps together) on
+//           every fourth 8-column tile.
+// Products are split-TF32 mma.sync (kernels/gdr_chunk_mma.cuh); an operand read from bf16 or fp16
+// inputs is a TF32 value already, so the products with its zero remainder are skipped (G takes one
+// mma per tile for bf16 q and k). Shared rows are padded so that a fragment's 32 loads fall in 32
+// banks where the tile is read in one orientation; K is read both as [n][k] (for G) and [k][n] (for
+// W), and takes 2-way conflicts in the second. Per block and phase (clock64, bench gdr's shape,
+// bf16 inputs): gates 3k cycles, load 10k, G 8k, inverse 13k, W 5k, U 6k.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "kernels/gdr_chunk_front.h"
 #include "kernels/gdr_chunk_io.cuh"
-#include "kernels/tf32_mma.cuh"
+#include "kernels/gdr_chunk_mma.cuh"
 
 namespace kernels {
 
 namespace {
 
 using namespace gdr_chunk_io;
+using namespace gdr_chunk_mma;
 
 constexpr int kC = 64;
 constexpr int kWarps = 8;
@@ -47,131 +51,6 @@ __host__ __device__ constexpr int smem_floats(int dk) {
          + 2 * kC * kTPitch  // A, Tm
          + 3 * 16 * kMPitch  // one block per warp of a level of the inverse
          + 5 * kC;           // γ, β, e, κ, β e
-}
-
-// An fp32 value as fragment parts. kExact: the value came from bf16 or fp16, so it is already a
-// TF32 value and its remainder is zero: no split, and the products with that remainder are skipped.
-template <bool kExact>
-__device__ __forceinline__ void to_parts(float x, uint32_t& big, uint32_t& small) {
-  if constexpr (kExact) {
-    big = __float_as_uint(x);
-    small = 0;
-  } else {
-    split_tf32(x, big, small);
-  }
-}
-
-// A fragment of a row-major [m][k] tile: rows m0 + g, m0 + g + 8, columns k0 + t, k0 + t + 4, each
-// element times col_scale[column] when col_scale is given.
-template <bool kExact = false>
-__device__ __forceinline__ FragA frag_a(const float* s, int pitch, int m0, int k0, int g, int t,
-                                        const float* col_scale = nullptr) {
-  float x[4] = {s[(m0 + g) * pitch + k0 + t], s[(m0 + g + 8) * pitch + k0 + t], s[(m0 + g) * pitch + k0 + t + 4],
-                s[(m0 + g + 8) * pitch + k0 + t + 4]};
-  if (col_scale != nullptr) {
-    const float c0 = col_scale[k0 + t], c1 = col_scale[k0 + t + 4];
-    x[0] *= c0;
-    x[1] *= c0;
-    x[2] *= c1;
-    x[3] *= c1;
-  }
-  FragA f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) to_parts<kExact>(x[i], f.big[i], f.small[i]);
-  return f;
-}
-
-// B fragment (rows k0 + t, k0 + t + 4; column n0 + g) of B = Xᵀ, X a row-major [n][k] tile.
-template <bool kExact = false>
-__device__ __forceinline__ FragB frag_b_nk(const float* s, int pitch, int k0, int n0, int g, int t) {
-  FragB f;
-  to_parts<kExact>(s[(n0 + g) * pitch + k0 + t], f.big[0], f.small[0]);
-  to_parts<kExact>(s[(n0 + g) * pitch + k0 + t + 4], f.big[1], f.small[1]);
-  return f;
-}
-
-// B fragment of a row-major [k][n] tile.
-template <bool kExact = false>
-__device__ __forceinline__ FragB frag_b_kn(const float* s, int pitch, int k0, int n0, int g, int t) {
-  FragB f;
-  to_parts<kExact>(s[(k0 + t) * pitch + n0 + g], f.big[0], f.small[0]);
-  to_parts<kExact>(s[(k0 + t + 4) * pitch + n0 + g], f.big[1], f.small[1]);
-  return f;
-}
-
-// The products of two fragments that are not known to be zero: mma3's three when both are split,
-// two when one operand is exact, one when both are.
-template <bool kAExact, bool kBExact>
-__device__ __forceinline__ void mma_parts(float (&d_big)[4], float (&d_cross)[4], const FragA& a, const FragB& b) {
-  mma_tf32(d_big, a.big, b.big);
-  if constexpr (!kBExact) mma_tf32(d_cross, a.big, b.small);
-  if constexpr (!kAExact) mma_tf32(d_cross, a.small, b.big);
-}
-
-// acc[n] = Σ_{k0 in [k_begin, k_end), step 8} a(k0) · b(k0, n) for the kTiles column tiles of one
-// 16-row strip: a(k0) gives the strip's A fragment, b(k0, n) tile n's B fragment. The tile count is
-// a compile-time constant and every tile is computed: a branch per tile would put each tile's
-// loads, splits and products in a block of its own, one after another with no overlap (measured
-// 2× slower). Callers point b at valid memory for tiles they do not store. kAExact, kBExact: the
-// operand's values are TF32 already (from bf16 or fp16 inputs), see mma_parts.
-template <int kTiles, bool kAExact = false, bool kBExact = false, class LoadA, class LoadB>
-__device__ __forceinline__ void strip_product(float (&acc)[kTiles][4], int k_begin, int k_end, LoadA a_at,
-                                              LoadB b_at) {
-  float cross[kTiles][4];
-#pragma unroll
-  for (int n = 0; n < kTiles; ++n) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[n][i] = cross[n][i] = 0.f;
-  }
-  for (int k0 = k_begin; k0 < k_end; k0 += 8) {
-    const FragA a = a_at(k0);
-#pragma unroll
-    for (int n = 0; n < kTiles; ++n) mma_parts<kAExact, kBExact>(acc[n], cross[n], a, b_at(k0, n));
-  }
-#pragma unroll
-  for (int n = 0; n < kTiles; ++n) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[n][i] += cross[n][i];
-  }
-}
-
-// Calls f(std::integral_constant<int, n>) for n in 1..5 (a tile count known only at run time).
-template <class F>
-__device__ __forceinline__ void with_tile_count(int n, F f) {
-  switch (n) {
-    case 1: f(std::integral_constant<int, 1>{}); break;
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    case 3: f(std::integral_constant<int, 3>{}); break;
-    case 4: f(std::integral_constant<int, 4>{}); break;
-    case 5: f(std::integral_constant<int, 5>{}); break;
-    default: break;
-  }
-}
-
-// A VW-element piece as stored (not yet converted), zeros where !valid: a batch of these is
-// loaded before any is used, so the loads are in flight together.
-template <int VW, typename T>
-__device__ __forceinline__ Vec<T, VW> load_raw(const T* p, bool valid) {
-  Vec<T, VW> x;
-  if (valid) {
-    x.load(p);
-  } else {
-#pragma unroll
-    for (int j = 0; j < VW; ++j) x.set(j, 0.f);
-  }
-  return x;
-}
-
-// Writes a strip's kTiles accumulator tiles to a row-major [·][pitch] array at (m0, c0), scaled.
-template <int kTiles>
-__device__ __forceinline__ void store_strip(float* dst, int64_t pitch, int m0, int c0, const float (&acc)[kTiles][4],
-                                            float scale, int g, int t) {
-#pragma unroll
-  for (int n = 0; n < kTiles; ++n) {
-    const int c = c0 + 8 * n + 2 * t;
-    *reinterpret_cast<float2*>(dst + (m0 + g) * pitch + c) = make_float2(scale * acc[n][0], scale * acc[n][1]);
-    *reinterpret_cast<float2*>(dst + (m0 + g + 8) * pitch + c) = make_float2(scale * acc[n][2], scale * acc[n][3]);
-  }
 }
 
 template <typename T, typename TV, int VW>

@@ -25,6 +25,7 @@
 #if defined(DD_HAVE_CUDA)
 #include "kernels/gdr_chunk.h"
 #include "kernels/gdr_chunk_front.h"
+#include "kernels/gdr_chunk_solve_backward.h"
 #include "model/kernel_dtype.h"
 #endif
 
@@ -35,7 +36,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 std::atomic<bool> g_use_kernels{true};
-std::atomic<bool> g_use_fused_front{true};
+std::atomic<bool> g_use_fused_kernels{true};
 
 torch::Tensor col(const torch::Tensor& x) { return x.unsqueeze(-1); }  // [N,H,C] -> [N,H,C,1]
 torch::Tensor tr(const torch::Tensor& x) { return x.transpose(-1, -2); }
@@ -374,6 +375,34 @@ ForwardFront forward_front_kernel(const Ctx& c, const KernelInputs& ki) {
                       "gated delta rule fused front");
   return f;
 }
+
+// dA_raw, dRw, dRu from Tm, dW and dU in one kernel (kernels/gdr_chunk_solve_backward.h). dA_raw
+// holds its strictly lower triangle (all the masks' backward reads) and zeros above it within the
+// diagonal blocks; the blocks above those are left unwritten.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> solve_backward_kernel(const Ctx& c, const KernelInputs& ki,
+                                                                              const torch::Tensor& Tm,
+                                                                              const torch::Tensor& dW,
+                                                                              const torch::Tensor& dU) {
+  auto Tm_c = Tm.contiguous(), dW_c = dW.contiguous(), dU_c = dU.contiguous();
+  auto dA_raw = torch::empty_like(Tm_c), dRw = torch::empty_like(dW_c), dRu = torch::empty_like(dU_c);
+  kernels::GdrChunkSolveBackwardArgs a;
+  a.k = ki.k.data_ptr();
+  a.v = ki.v.data_ptr();
+  a.v_token_stride = ki.v_token_stride;
+  a.beta = ki.beta.data_ptr<float>();
+  a.g = ki.g.data_ptr<float>();
+  a.in_qk = ki.in_qk;
+  a.in_v = ki.in_v;
+  a.Tm = Tm_c.data_ptr<float>();
+  a.dW = dW_c.data_ptr<float>();
+  a.dU = dU_c.data_ptr<float>();
+  a.dA_raw = dA_raw.data_ptr<float>();
+  a.dRw = dRw.data_ptr<float>();
+  a.dRu = dRu.data_ptr<float>();
+  check_kernel_launch(kernels::gdr_chunk_solve_backward(chunk_list(c), a, stream_of(dA_raw)),
+                      "gated delta rule solve backward");
+  return {dA_raw, dRw, dRu};
+}
 #endif
 
 // The forward up to the scan's inputs, through the kernels or the ATen pieces.
@@ -409,7 +438,7 @@ Front front(const Ctx& c, const torch::Tensor& q, const torch::Tensor& k, const 
 ForwardFront forward_front(const Ctx& c, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                            const torch::Tensor& beta, const torch::Tensor& g) {
 #if defined(DD_HAVE_CUDA)
-  if (c.kernels && g_use_fused_front && kernels::gdr_chunk_front_supports(c.l.C, c.dk, c.dv)) {
+  if (c.kernels && g_use_fused_kernels && kernels::gdr_chunk_front_supports(c.l.C, c.dk, c.dv)) {
     return forward_front_kernel(c, kernel_inputs(q, k, v, beta, g));
   }
 #endif
@@ -521,13 +550,21 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     u.dQg = dQg;
 
     // Through the solve: W = Tm R_w, U = Tm R_u.
-    auto dTm = prod(dW, tr(p.Rw));
-    auto dTm_rows = rows(dTm);
-    bmm_fp32_accumulate(dTm_rows, sg.dU, tr(rows(p.Ru)), 1.0, 1.0);
-    auto Tmt = tr(Tm);
-    auto dA_raw = prod(Tmt, prod(dTm, Tmt));
-    u.dRw = prod(Tmt, dW);
-    u.dRu = prod(Tmt, dU);
+    torch::Tensor dA_raw;
+#if defined(DD_HAVE_CUDA)
+    if (c.kernels && g_use_fused_kernels && kernels::gdr_chunk_solve_backward_supports(C, dk, dv)) {
+      std::tie(dA_raw, u.dRw, u.dRu) = solve_backward_kernel(c, f.ki, Tm, dW, dU);
+    }
+#endif
+    if (!dA_raw.defined()) {
+      auto dTm = prod(dW, tr(p.Rw));
+      auto dTm_rows = rows(dTm);
+      bmm_fp32_accumulate(dTm_rows, sg.dU, tr(rows(p.Ru)), 1.0, 1.0);
+      auto Tmt = tr(Tm);
+      dA_raw = prod(Tmt, prod(dTm, Tmt));
+      u.dRw = prod(Tmt, dW);
+      u.dRu = prod(Tmt, dU);
+    }
 
     // Through A = b_i S ⊙ D and P = QKᵀ ⊙ D into the products and the gates.
 #if defined(DD_HAVE_CUDA)
@@ -559,7 +596,7 @@ void gdr_use_kernels(bool on) {
   gdr_scan_use_kernel(on);
 }
 
-void gdr_use_fused_front(bool on) { g_use_fused_front = on; }
+void gdr_use_fused_kernels(bool on) { g_use_fused_kernels = on; }
 
 GdrChunkCoreOutput gdr_chunk_core(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                   const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0,

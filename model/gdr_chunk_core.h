@@ -11,8 +11,9 @@
 //   O = scale · (diag(e^γ) Q h_in + ((Q Kᵀ) ⊙ D) Vn)
 // On a GPU in fp32 with C ≤ 64 the gather, the gate math, the masks and the backward's elementwise
 // work are CUDA kernels (kernels/gdr_chunk.h) around split-TF32 products; at C = 64 the forward's
-// whole front (gather to W, U, P and Tm) is one kernel (kernels/gdr_chunk_front.h). Elsewhere each
-// piece is its ATen twin (gdr_chunk_core.cpp). Both are tested against autograd through gdr_forward_ref
+// whole front (gather to W, U, P and Tm) is one kernel (kernels/gdr_chunk_front.h), and so is the
+// backward through the solve (kernels/gdr_chunk_solve_backward.h). Elsewhere each piece is its ATen
+// twin (gdr_chunk_core.cpp). Both are tested against autograd through gdr_forward_ref
 // (tests/model/test_gdr.cpp on the CPU, tests/model/test_gdr_scan_cuda.cpp on the GPU).
 #pragma once
 
@@ -38,8 +39,10 @@ GdrChunkCoreOutput gdr_chunk_core(const torch::Tensor& q, const torch::Tensor& k
 // (default on). Covers the chunk kernels and the scan kernel (model/gdr_scan.h).
 void gdr_use_kernels(bool on);
 
-// Process-wide switch (default on) between the forward's fused front kernel and its six separate
-// launches (prep, X Kᵀ, masks, inverse, two products), for the test and benchmarks comparing them.
-void gdr_use_fused_front(bool on);
+// Process-wide switch (default on) between the fused chunk kernels and the separate launches they
+// replace, for the test and benchmarks comparing them: the forward's front (prep, X Kᵀ, masks,
+// inverse and two products in kernels/gdr_chunk_front.h) and the backward through the solve (six
+// products, kernels/gdr_chunk_solve_backward.h).
+void gdr_use_fused_kernels(bool on);
 
 }  // namespace model

@@ -321,7 +321,7 @@ double expect_runs_match(const ChunkCase& c, const std::vector<torch::Tensor>& g
 }
 
 // The chunk core's CUDA kernels (gather and gate math, masks, their backward; kernels/gdr_chunk.h;
-// the fused front at C = 64) against its ATen pieces on the same GPU: outputs and every input
+// the fused ones at C = 64) against its ATen pieces on the same GPU: outputs and every input
 // gradient. Both sides compute in fp32 and differ only in summation order.
 TEST(GdrScanCuda, ChunkKernelsMatchAtenPieces) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
@@ -348,11 +348,13 @@ TEST(GdrScanCuda, ChunkKernelsMatchAtenPieces) {
   }
 }
 
-// The forward's fused front kernel (kernels/gdr_chunk_front.h) against the six launches it replaces,
-// through the whole op: the output and final state read its W, U, Kd, Qg, P and decay, and every
-// gradient reads its Tm and W (saved for the backward). Sizes it takes: C = 64, dk a multiple of 16
-// up to 128, dv a multiple of 16 (in panels of 128 columns: 256 takes two).
-TEST(GdrScanCuda, FusedFrontMatchesSeparateKernels) {
+// The fused kernels against the separate launches they replace, through the whole op: the
+// forward's front (kernels/gdr_chunk_front.h; the output and final state read its W, U, Kd, Qg, P
+// and decay, every gradient its Tm and W) and the backward through the solve
+// (kernels/gdr_chunk_solve_backward.h; every input gradient reads its dA_raw, dRw and dRu). Sizes
+// they take: C = 64, dk a multiple of 16 up to 128, dv a multiple of 16 (in panels of 128 columns:
+// 256 takes two).
+TEST(GdrScanCuda, FusedKernelsMatchSeparateOnes) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 311);
   const ChunkCase cases[] = {
@@ -367,11 +369,11 @@ TEST(GdrScanCuda, FusedFrontMatchesSeparateKernels) {
   };
   for (const ChunkCase& c : cases) {
     const ChunkCaseRun r(c);
-    model::gdr_use_fused_front(false);
+    model::gdr_use_fused_kernels(false);
     const auto want = r.run();
-    model::gdr_use_fused_front(true);
+    model::gdr_use_fused_kernels(true);
     const auto got = r.run();
-    std::printf("[gdr_chunk] fused front vs separate kernels, %s: worst %.1e\n", c.name().c_str(),
+    std::printf("[gdr_chunk] fused vs separate kernels, %s: worst %.1e\n", c.name().c_str(),
                 expect_runs_match(c, got, want));
   }
 }

@@ -1,0 +1,266 @@
+// Backward of the chunked gated delta rule's solve (kernels/gdr_chunk_solve_backward.h): one block
+// of 8 warps per (chunk, head), about 105 KiB of shared memory, two blocks per SM.
+//
+//   gates   γ = cumsum(g) as a warp scan, b, b e;
+//   stage   Tm and dW by cp.async, K converted to fp32;
+//   dW      warps 0–3: dTm = (dW Kᵀ) diag(b e) on the 20 tiles of the lower block triangle, five
+//           per warp (as the fused front's G), only the strictly lower entries kept;
+//           warps 4–7 meanwhile: dRw = Tmᵀ dW, strips p and 3 − p per warp (Tmᵀ is upper
+//           triangular, so strip mt takes the k-steps from its diagonal block on);
+//   V panels for each panel of up to 128 columns of dU and V: the same two jobs, dTm += (dU Vᵀ)
+//           diag(b) into the same tiles (the same warp, in panel order: deterministic) and dRu;
+//   X       X = dTm Tmᵀ on the lower block triangle (the rows dA needs), 8 warps;
+//   dA      dA_raw = Tmᵀ X on the lower block triangle, written with zeros at and above the
+//           diagonal.
+// Products are split-TF32 mma.sync (kernels/gdr_chunk_mma.cuh); K and V read from bf16 or fp16
+// are TF32 values already, so the products with their zero remainders are skipped.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/gdr_chunk_io.cuh"
+#include "kernels/gdr_chunk_mma.cuh"
+#include "kernels/gdr_chunk_solve_backward.h"
+
+namespace kernels {
+
+namespace {
+
+using namespace gdr_chunk_io;
+using namespace gdr_chunk_mma;
+
+constexpr int kC = 64;
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kPanel = 128;         // columns of dU and V per panel (and dk ≤ 128)
+constexpr int kTPitch = kC + 4;     // rows of Tm and dTm (read as [m][k] and [n][k])
+constexpr int kGPitch = kPanel + 8;  // rows of dW, dU (read as [m][k] and [k][n]); X (as [k][n])
+constexpr int kBPitch = kPanel + 4;  // rows of K, V (read as [n][k])
+
+constexpr int kSmemFloats = 2 * kC * kTPitch + kC * kGPitch + kC * kBPitch + 2 * kC;
+
+// Copies rows × width floats (width a multiple of 4) from global memory (row stride ld) into shared
+// rows of `pitch` by 16-byte cp.async.
+__device__ __forceinline__ void stage_f32(float* dst, int pitch, const float* src, int64_t ld, int rows, int width) {
+  const int n4 = width / 4;
+  for (int p = threadIdx.x; p < rows * n4; p += kThreads) {
+    const int r = p / n4, c = 4 * (p % n4);
+    cp_async16_zfill(dst + r * pitch + c, src + r * ld + c, true);
+  }
+}
+
+template <typename T, typename TV, int VW>
+__global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(GdrChunkList l,
+                                                                              GdrChunkSolveBackwardArgs a) {
+  constexpr bool kKExact = !std::is_same<T, float>::value, kVExact = !std::is_same<TV, float>::value;
+  extern __shared__ __align__(16) float smem[];
+  const int dk = static_cast<int>(l.dk), dv = static_cast<int>(l.dv);
+  float* T_s = smem;                   // Tm [C][kTPitch]
+  float* dTm_s = T_s + kC * kTPitch;   // dTm [C][kTPitch]
+  float* G_s = dTm_s + kC * kTPitch;   // dW, then dU panels, then X [C][kGPitch]
+  float* B_s = G_s + kC * kGPitch;     // K, then V panels [C][kBPitch]
+  float* b_s = B_s + kC * kBPitch;
+  float* be_s = b_s + kC;
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t r = blockIdx.x, n = r / l.H, h = r % l.H;
+  const int64_t start = l.chunk_start[n];
+  const int len = l.chunk_len[n];
+
+  // Tm and dW by cp.async while the gates and K are read.
+  stage_f32(T_s, kTPitch, a.Tm + r * kC * kC, kC, kC, kC);
+  stage_f32(G_s, kGPitch, a.dW + r * kC * dk, dk, kC, dk);
+  cp_async_commit();
+
+  // Gates: γ = cumsum(g) by a warp scan over warps 0–1 (warp 0's total carried into warp 1).
+  __shared__ float gam_s[kC];
+  if (tid < kC) {
+    const bool valid = tid < len;
+    float x = valid ? a.g[(start + tid) * l.H + h] : 0.f;
+    b_s[tid] = valid ? a.beta[(start + tid) * l.H + h] : 0.f;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const float y = __shfl_up_sync(0xffffffffu, x, off);
+      if (lane >= off) x += y;
+    }
+    gam_s[tid] = x;
+  }
+  __syncthreads();
+  if (tid >= 32 && tid < kC) gam_s[tid] += gam_s[31];
+  __syncthreads();
+  if (tid < kC) be_s[tid] = b_s[tid] * expf(gam_s[tid]);
+
+  // Rows of a token-layout tensor (K, or a panel of V) into B_s as fp32, four pieces per thread in
+  // flight at once; rows past the chunk's length are zeros.
+  auto load_rows = [&](const auto* src, int64_t token_stride, int64_t col0, int width) {
+    using E = std::remove_cv_t<std::remove_pointer_t<decltype(src)>>;
+    const int w_n = width / VW;
+    for (int base = tid; base < kC * w_n; base += 4 * kThreads) {
+      Vec<E, VW> x[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int el = base + u * kThreads, i = el / w_n;
+        x[u] = load_raw<VW>(src + (start + i) * token_stride + col0 + (el % w_n) * VW, el < kC * w_n && i < len);
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int el = base + u * kThreads;
+        if (el >= kC * w_n) continue;
+        float f[VW];
+#pragma unroll
+        for (int j = 0; j < VW; ++j) f[j] = x[u].get(j);
+        store_n<VW>(B_s + (el / w_n) * kBPitch + (el % w_n) * VW, f);
+      }
+    }
+  };
+  const T* k = static_cast<const T*>(a.k);
+  load_rows(k, l.H * dk, h * dk, dk);
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // Warps 0–3: dTm's 20 lower tiles, five per warp: warps 2p and 2p + 1 share strips p and 3 − p
+  // (2p + 2 and 8 − 2p tiles), the first five of the pair's tiles or the last five. `first` writes
+  // the tiles, later calls add to them; entries at and above the diagonal stay zero.
+  auto dTm_part = [&](auto b_exact, int width, const float* scale, bool first) {
+    constexpr bool kBExact = decltype(b_exact)::value;
+    const int p = warp / 2, tiles_a = 2 * p + 2;
+    auto segment = [&](int mt, int n_first, int n_tiles) {
+      with_tile_count(n_tiles, [&](auto count) {
+        constexpr int kN = decltype(count)::value;
+        const int m0 = 16 * mt;
+        float acc[kN][4];
+        strip_product<kN, false, kBExact>(
+            acc, 0, width, [&](int k0) { return frag_a(G_s, kGPitch, m0, k0, g, t); },
+            [&](int k0, int nt) { return frag_b_nk<kBExact>(B_s, kBPitch, k0, 8 * (n_first + nt), g, t); });
+#pragma unroll
+        for (int nt = 0; nt < kN; ++nt) {
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            const int i = m0 + g + 8 * hr, j = 8 * (n_first + nt) + 2 * t;
+            float2* dst = reinterpret_cast<float2*>(dTm_s + i * kTPitch + j);
+            const float2 old = first ? make_float2(0.f, 0.f) : *dst;
+            *dst = make_float2(j < i ? old.x + scale[j] * acc[nt][2 * hr] : 0.f,
+                               j + 1 < i ? old.y + scale[j + 1] * acc[nt][2 * hr + 1] : 0.f);
+          }
+        }
+      });
+    };
+    if (warp % 2 == 0) {
+      segment(p, 0, tiles_a);
+      segment(3 - p, 0, 5 - tiles_a);
+    } else {
+      segment(3 - p, 5 - tiles_a, 5);
+    }
+  };
+
+  // Warps 4–7: Tmᵀ G_s for `width` columns into dst (row stride pitch). Strip mt takes the k-steps
+  // from 16 mt on; warp 4 + w' takes strips w' % 2 and 3 − w' % 2 (10 k-steps together) on every
+  // second 8-column tile from w' / 2.
+  auto tm_t_product = [&](int width, float* dst, int64_t pitch) {
+    const int w4 = warp - 4, p = w4 % 2, tile0 = w4 / 2, n_all = (width / 8 - tile0 + 1) / 2;
+    for (int strip = 0; strip < 2; ++strip) {
+      const int mt = strip == 0 ? p : 3 - p;
+      for (int pass = 0; pass * 4 < n_all; ++pass) {
+        const int n_tiles = n_all - 4 * pass < 4 ? n_all - 4 * pass : 4;
+        auto col = [&](int nt) { return 8 * (tile0 + 2 * (4 * pass + (nt < n_tiles ? nt : n_tiles - 1))); };
+        float acc[4][4];
+        strip_product<4>(
+            acc, 16 * mt, kC, [&](int k0) { return frag_at(T_s, kTPitch, 16 * mt, k0, g, t); },
+            [&](int k0, int nt) { return frag_b_kn(G_s, kGPitch, k0, col(nt), g, t); });
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          if (nt >= n_tiles) continue;
+          const int c = col(nt) + 2 * t;
+          *reinterpret_cast<float2*>(dst + (16 * mt + g) * pitch + c) = make_float2(acc[nt][0], acc[nt][1]);
+          *reinterpret_cast<float2*>(dst + (16 * mt + g + 8) * pitch + c) = make_float2(acc[nt][2], acc[nt][3]);
+        }
+      }
+    }
+  };
+
+  if (warp < 4) {
+    dTm_part(std::integral_constant<bool, kKExact>{}, dk, be_s, true);
+  } else {
+    tm_t_product(dk, a.dRw + r * kC * dk, dk);
+  }
+
+  const TV* v = static_cast<const TV*>(a.v);
+  const int64_t v_stride = a.v_token_stride != 0 ? a.v_token_stride : l.H * dv;
+  for (int p0 = 0; p0 < dv; p0 += kPanel) {
+    const int pw = dv - p0 < kPanel ? dv - p0 : kPanel;
+    __syncthreads();  // every warp is done with what G_s and B_s held
+    stage_f32(G_s, kGPitch, a.dU + r * kC * dv + p0, dv, kC, pw);
+    cp_async_commit();
+    load_rows(v, v_stride, h * dv + p0, pw);
+    cp_async_wait<0>();
+    __syncthreads();
+    if (warp < 4) {
+      dTm_part(std::integral_constant<bool, kVExact>{}, pw, b_s, false);
+    } else {
+      tm_t_product(pw, a.dRu + r * kC * dv + p0, dv);
+    }
+  }
+  __syncthreads();
+
+  // X = dTm Tmᵀ on the lower block triangle: strip mt has 2 mt + 2 tiles, warp w takes half of
+  // strip w % 4's; dTm's strip mt is zero from column 16 (mt + 1) on.
+  float* X_s = G_s;  // [C][kGPitch]
+  auto lower_half_strip = [&](auto produce) {
+    const int mt = warp % 4, n_first = (warp / 4) * (mt + 1);
+    with_tile_count(mt + 1, [&](auto count) { produce(mt, n_first, count); });
+  };
+  lower_half_strip([&](int mt, int n_first, auto count) {
+    constexpr int kN = decltype(count)::value;
+    float acc[kN][4];
+    strip_product<kN>(
+        acc, 0, 16 * (mt + 1), [&](int k0) { return frag_a(dTm_s, kTPitch, 16 * mt, k0, g, t); },
+        [&](int k0, int nt) { return frag_b_nk(T_s, kTPitch, k0, 8 * (n_first + nt), g, t); });
+    store_strip<kN>(X_s, kGPitch, 16 * mt, 8 * n_first, acc, 1.f, g, t);
+  });
+  __syncthreads();
+
+  // dA_raw = Tmᵀ X on the lower block triangle (X's rows from 16 mt on), zeros at and above the
+  // diagonal.
+  lower_half_strip([&](int mt, int n_first, auto count) {
+    constexpr int kN = decltype(count)::value;
+    float acc[kN][4];
+    strip_product<kN>(
+        acc, 16 * mt, kC, [&](int k0) { return frag_at(T_s, kTPitch, 16 * mt, k0, g, t); },
+        [&](int k0, int nt) { return frag_b_kn(X_s, kGPitch, k0, 8 * (n_first + nt), g, t); });
+#pragma unroll
+    for (int nt = 0; nt < kN; ++nt) {
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int i = 16 * mt + g + 8 * hr, j = 8 * (n_first + nt) + 2 * t;
+        *reinterpret_cast<float2*>(a.dA_raw + (r * kC + i) * kC + j) =
+            make_float2(j < i ? acc[nt][2 * hr] : 0.f, j + 1 < i ? acc[nt][2 * hr + 1] : 0.f);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+int gdr_chunk_solve_backward(const GdrChunkList& l, const GdrChunkSolveBackwardArgs& a, void* stream) {
+  if (!gdr_chunk_solve_backward_supports(l.C, l.dk, l.dv) || l.N * l.H < 1 || l.N * l.H > 2147483647LL) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  // cp.async moves Tm, dW and dU in 16-byte pieces.
+  if (!aligned_to(16, a.Tm, a.dW, a.dU)) return static_cast<int>(cudaErrorInvalidValue);
+  const unsigned grid = static_cast<unsigned>(l.N * l.H);
+  const bool vec = vectorizable(l, a.in_qk, a.in_v, {a.dRw, a.dRu}, {a.k}, {a.v}, a.v_token_stride);
+  const size_t smem = sizeof(float) * static_cast<size_t>(kSmemFloats);
+  auto st = static_cast<cudaStream_t>(stream);
+  int err = 0;
+  dispatch_two_dtypes(a.in_qk, a.in_v, vec, [&](auto qk_tag, auto v_tag, auto width) {
+    auto kernel = gdr_chunk_solve_backward_kernel<decltype(qk_tag), decltype(v_tag), decltype(width)::value>;
+    err = static_cast<int>(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    if (err == 0) kernel<<<grid, kThreads, smem, st>>>(l, a);
+  });
+  if (err != 0) return err;
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace kernels

@@ -1,0 +1,45 @@
+// Backward of the chunked gated delta rule's solve (W = Tm R_w, U = Tm R_u, Tm = (I + A)⁻¹) as one
+// kernel, one block per (chunk, head), in the notation of kernels/gdr_chunk.h (b = β, e = e^γ):
+//   dRw = Tmᵀ dW,   dRu = Tmᵀ dU
+//   dTm = dW R_wᵀ + dU R_uᵀ = (dW Kᵀ) diag(b e) + (dU Vᵀ) diag(b)
+//   dA_raw = Tmᵀ dTm Tmᵀ
+// which model/gdr_chunk_core.cpp otherwise takes as six batched products (the reference, and the
+// path for sizes this kernel does not take). R_w and R_u are rebuilt from k, v and the gates. Only
+// dA_raw's strictly lower triangle is used (dA = −strict_lower(dA_raw)), and only that is computed:
+// Tmᵀ is upper triangular, so the entries of dTm at and above its diagonal add nothing there.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/gdr_chunk.h"
+
+namespace kernels {
+
+// The same sizes as the fused front (kernels/gdr_chunk_front.h): C = 64, dk a multiple of 16 up
+// to 128, dv a multiple of 16.
+inline bool gdr_chunk_solve_backward_supports(int64_t C, int64_t dk, int64_t dv) {
+  return C == 64 && dk >= 16 && dk <= 128 && dk % 16 == 0 && dv >= 16 && dv % 16 == 0;
+}
+
+struct GdrChunkSolveBackwardArgs {
+  const void* k = nullptr;      // [tokens, H, dk], dtype in_qk
+  const void* v = nullptr;      // [tokens, H, dv], dtype in_v; token t at v + t · v_token_stride
+  int64_t v_token_stride = 0;   // elements between tokens of v (0: H · dv, contiguous)
+  const float* beta = nullptr;  // [tokens, H]
+  const float* g = nullptr;     // [tokens, H]
+  DType in_qk = DType::F32, in_v = DType::F32;
+  const float* Tm = nullptr;  // [N, H, C, C]
+  const float* dW = nullptr;  // [N, H, C, dk]
+  const float* dU = nullptr;  // [N, H, C, dv]
+  float* dA_raw = nullptr;    // [N, H, C, C]: the strictly lower triangle is written, nothing else
+  float* dRw = nullptr;       // [N, H, C, dk]
+  float* dRu = nullptr;       // [N, H, C, dv]
+};
+
+#ifdef DD_HAVE_CUDA
+// Returns the cudaError_t of the launch (0 = success); cudaErrorInvalidValue for sizes
+// gdr_chunk_solve_backward_supports refuses.
+int gdr_chunk_solve_backward(const GdrChunkList& l, const GdrChunkSolveBackwardArgs& a, void* stream);
+#endif
+
+}  // namespace kernels
