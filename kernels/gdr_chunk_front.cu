@@ -184,6 +184,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_front_kernel(GdrChunkLi
     }
   }
   __syncthreads();
+  if (a.W == nullptr) return;  // the backward's recompute: P, Kd, Qg and decay are all it needs
 
   // V's panels come into Q's place (Q is no longer needed).
   const TV* v = static_cast<const TV*>(a.v);

@@ -6,9 +6,10 @@
 //   P  = (Q Kᵀ) ⊙ D,  A = strict_lower(diag(β) (K Kᵀ) ⊙ D),  Tm = (I + A)⁻¹
 //   W  = Tm diag(β e) K,  U = Tm diag(β) V
 // This is what prep, the X Kᵀ product, the masks, the triangular inverse and the two products
-// Tm R_w, Tm R_u compute as six launches (model/gdr_chunk_core.cpp), which stay as the reference
-// and for the backward's recompute. Products are split-TF32 mma.sync (kernels/tf32_mma.cuh), so
-// the results keep close to fp32 accuracy (MODEL.md §0: the core runs in fp32).
+// Tm R_w, Tm R_u compute as six launches (model/gdr_chunk_core.cpp), which stay as the reference.
+// The backward's recompute takes the same kernel without the inverse, W and U. Products are
+// split-TF32 mma.sync (kernels/gdr_chunk_mma.cuh), so the results keep close to fp32 accuracy
+// (MODEL.md §0: the core runs in fp32).
 #pragma once
 
 #include <cstdint>
@@ -32,6 +33,7 @@ struct GdrChunkFrontArgs {
   const float* beta = nullptr;  // [tokens, H]
   const float* g = nullptr;     // [tokens, H]
   DType in_qk = DType::F32, in_v = DType::F32;
+  // W, U and Tm null together: only Kd, Qg, P and decay (the backward's recompute).
   float* W = nullptr;      // [N, H, C, dk]
   float* U = nullptr;      // [N, H, C, dv]
   float* Kd = nullptr;     // [N, H, C, dk]

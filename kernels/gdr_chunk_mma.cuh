@@ -85,20 +85,20 @@ __device__ __forceinline__ void mma_parts(float (&d_big)[4], float (&d_cross)[4]
   if constexpr (!kAExact) mma_tf32(d_cross, a.small, b.big);
 }
 
-// acc[n] = Σ_{k0 in [k_begin, k_end), step 8} a(k0) · b(k0, n) for the kTiles column tiles of one
+// acc[n] += Σ_{k0 in [k_begin, k_end), step 8} a(k0) · b(k0, n) for the kTiles column tiles of one
 // 16-row strip: a(k0) gives the strip's A fragment, b(k0, n) tile n's B fragment. The tile count is
 // a compile-time constant and every tile is computed: a branch per tile would put each tile's
 // loads, splits and products in a block of its own, one after another with no overlap (measured
 // 2× slower). Callers point b at valid memory for tiles they do not store. kAExact, kBExact: the
 // operand's values are TF32 already (from bf16 or fp16 inputs), see mma_parts.
 template <int kTiles, bool kAExact = false, bool kBExact = false, class LoadA, class LoadB>
-__device__ __forceinline__ void strip_product(float (&acc)[kTiles][4], int k_begin, int k_end, LoadA a_at,
-                                              LoadB b_at) {
+__device__ __forceinline__ void strip_accumulate(float (&acc)[kTiles][4], int k_begin, int k_end, LoadA a_at,
+                                                 LoadB b_at) {
   float cross[kTiles][4];
 #pragma unroll
   for (int n = 0; n < kTiles; ++n) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[n][i] = cross[n][i] = 0.f;
+    for (int i = 0; i < 4; ++i) cross[n][i] = 0.f;
   }
   for (int k0 = k_begin; k0 < k_end; k0 += 8) {
     const FragA a = a_at(k0);
@@ -110,6 +110,18 @@ __device__ __forceinline__ void strip_product(float (&acc)[kTiles][4], int k_beg
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[n][i] += cross[n][i];
   }
+}
+
+// strip_accumulate into zeros.
+template <int kTiles, bool kAExact = false, bool kBExact = false, class LoadA, class LoadB>
+__device__ __forceinline__ void strip_product(float (&acc)[kTiles][4], int k_begin, int k_end, LoadA a_at,
+                                              LoadB b_at) {
+#pragma unroll
+  for (int n = 0; n < kTiles; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[n][i] = 0.f;
+  }
+  strip_accumulate<kTiles, kAExact, kBExact>(acc, k_begin, k_end, a_at, b_at);
 }
 
 // Calls f(std::integral_constant<int, n>) for n in 1..5 (a tile count known only at run time).

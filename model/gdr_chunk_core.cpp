@@ -24,6 +24,7 @@
 
 #if defined(DD_HAVE_CUDA)
 #include "kernels/gdr_chunk.h"
+#include "kernels/gdr_chunk_backward_tail.h"
 #include "kernels/gdr_chunk_front.h"
 #include "kernels/gdr_chunk_solve_backward.h"
 #include "model/kernel_dtype.h"
@@ -344,16 +345,19 @@ variable_list input_grads_kernel(const Ctx& c, const Prep& p, const Upstream& u,
 }
 
 
-ForwardFront forward_front_kernel(const Ctx& c, const KernelInputs& ki) {
+// with_solve = false (the backward's recompute): Kd, Qg, P and decay only.
+ForwardFront forward_front_kernel(const Ctx& c, const KernelInputs& ki, bool with_solve) {
   const int64_t N = c.l.n_chunks, H = c.H, C = c.l.C;
   auto opt = ki.beta.options();
   ForwardFront f;
-  f.W = torch::empty({N, H, C, c.dk}, opt);
-  f.U = torch::empty({N, H, C, c.dv}, opt);
+  if (with_solve) {
+    f.W = torch::empty({N, H, C, c.dk}, opt);
+    f.U = torch::empty({N, H, C, c.dv}, opt);
+    f.Tm = torch::empty({N, H, C, C}, opt);
+  }
   f.Kd = torch::empty({N, H, C, c.dk}, opt);
   f.Qg = torch::empty({N, H, C, c.dk}, opt);
   f.P = torch::empty({N, H, C, C}, opt);
-  f.Tm = torch::empty({N, H, C, C}, opt);
   f.decay = torch::empty({N, H}, opt);
   kernels::GdrChunkFrontArgs a;
   a.q = ki.q.data_ptr();
@@ -364,14 +368,14 @@ ForwardFront forward_front_kernel(const Ctx& c, const KernelInputs& ki) {
   a.g = ki.g.data_ptr<float>();
   a.in_qk = ki.in_qk;
   a.in_v = ki.in_v;
-  a.W = f.W.data_ptr<float>();
-  a.U = f.U.data_ptr<float>();
+  a.W = with_solve ? f.W.data_ptr<float>() : nullptr;
+  a.U = with_solve ? f.U.data_ptr<float>() : nullptr;
   a.Kd = f.Kd.data_ptr<float>();
   a.Qg = f.Qg.data_ptr<float>();
   a.P = f.P.data_ptr<float>();
-  a.Tm = f.Tm.data_ptr<float>();
+  a.Tm = with_solve ? f.Tm.data_ptr<float>() : nullptr;
   a.decay = f.decay.data_ptr<float>();
-  check_kernel_launch(kernels::gdr_chunk_front_forward(chunk_list(c), a, stream_of(f.W)),
+  check_kernel_launch(kernels::gdr_chunk_front_forward(chunk_list(c), a, stream_of(f.P)),
                       "gated delta rule fused front");
   return f;
 }
@@ -403,6 +407,47 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> solve_backward_kernel(co
                       "gated delta rule solve backward");
   return {dA_raw, dRw, dRu};
 }
+
+// The input gradients from the solve's and the output products' gradients in one kernel
+// (kernels/gdr_chunk_backward_tail.h). dP_raw and dQg may be undefined (no output gradient).
+variable_list backward_tail_kernel(const Ctx& c, const KernelInputs& ki, double scale, const torch::Tensor& dA_raw,
+                                   const torch::Tensor& dP_raw, const torch::Tensor& dQg, const torch::Tensor& dRw,
+                                   const torch::Tensor& dRu, const torch::Tensor& dKd, const torch::Tensor& ddecay,
+                                   const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                   const torch::Tensor& beta, const torch::Tensor& g) {
+  auto dq = torch::empty_like(ki.q), dk = torch::empty_like(ki.k);
+  auto dv = torch::empty(ki.v.sizes(), ki.v.options());  // contiguous, whatever v's layout
+  auto dbeta = torch::empty_like(ki.beta), dg = torch::empty_like(ki.g);
+  auto dA_c = dA_raw.contiguous(), dRw_c = dRw.contiguous(), dRu_c = dRu.contiguous(), dKd_c = dKd.contiguous();
+  auto ddecay_c = ddecay.contiguous();
+  auto dP_c = dP_raw.defined() ? dP_raw.contiguous() : dP_raw, dQg_c = dQg.defined() ? dQg.contiguous() : dQg;
+  kernels::GdrChunkBackwardTailArgs a;
+  a.q = ki.q.data_ptr();
+  a.k = ki.k.data_ptr();
+  a.v = ki.v.data_ptr();
+  a.v_token_stride = ki.v_token_stride;
+  a.beta = ki.beta.data_ptr<float>();
+  a.g = ki.g.data_ptr<float>();
+  a.in_qk = ki.in_qk;
+  a.in_v = ki.in_v;
+  a.scale = static_cast<float>(scale);
+  a.dA_raw = dA_c.data_ptr<float>();
+  a.dP_raw = dP_c.defined() ? dP_c.data_ptr<float>() : nullptr;
+  a.dQg = dQg_c.defined() ? dQg_c.data_ptr<float>() : nullptr;
+  a.dRw = dRw_c.data_ptr<float>();
+  a.dRu = dRu_c.data_ptr<float>();
+  a.dKd = dKd_c.data_ptr<float>();
+  a.ddecay = ddecay_c.data_ptr<float>();
+  a.dq = dq.data_ptr();
+  a.dk = dk.data_ptr();
+  a.dv = dv.data_ptr();
+  a.dbeta = dbeta.data_ptr<float>();
+  a.dg = dg.data_ptr<float>();
+  check_kernel_launch(kernels::gdr_chunk_backward_tail(chunk_list(c), a, stream_of(dq)),
+                      "gated delta rule backward tail");
+  return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dbeta.to(beta.scalar_type()),
+          dg.to(g.scalar_type())};
+}
 #endif
 
 // The forward up to the scan's inputs, through the kernels or the ATen pieces.
@@ -433,13 +478,26 @@ Front front(const Ctx& c, const torch::Tensor& q, const torch::Tensor& k, const 
   return f;
 }
 
+// Whether the fused kernels take this run: the forward's front, and in the backward the front's
+// recompute, the solve's backward and the tail (all or none, so each path is one tested whole).
+bool fused_kernels(const Ctx& c) {
+#if defined(DD_HAVE_CUDA)
+  return c.kernels && g_use_fused_kernels && kernels::gdr_chunk_front_supports(c.l.C, c.dk, c.dv) &&
+         kernels::gdr_chunk_solve_backward_supports(c.l.C, c.dk, c.dv) &&
+         kernels::gdr_chunk_backward_tail_supports(c.l.C, c.dk, c.dv);
+#else
+  (void)c;
+  return false;
+#endif
+}
+
 // The forward's front: the fused kernel where it takes the sizes, else the separate pieces (the
 // reference for the fused kernel, and what the backward recomputes).
 ForwardFront forward_front(const Ctx& c, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                            const torch::Tensor& beta, const torch::Tensor& g) {
 #if defined(DD_HAVE_CUDA)
-  if (c.kernels && g_use_fused_kernels && kernels::gdr_chunk_front_supports(c.l.C, c.dk, c.dv)) {
-    return forward_front_kernel(c, kernel_inputs(q, k, v, beta, g));
+  if (fused_kernels(c)) {
+    return forward_front_kernel(c, kernel_inputs(q, k, v, beta, g), true);
   }
 #endif
   const Front f = front(c, q, k, v, beta, g);
@@ -525,22 +583,38 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     const auto& dO = grads[0];
     const auto& dh_final = grads[1];
 
-    // Recompute the cheap front (gather, gates, products, masks) instead of saving it.
-    const Front f = front(c, q, k, v, beta, g);
-    const Prep& p = f.p;
+    // Recompute the cheap front instead of saving it: with the fused kernels only Kd, Qg, P and
+    // decay (the tail recomputes the rest from q and k); else the whole of prep, the masks and
+    // X Kᵀ.
+    const bool fused = fused_kernels(c);
+    Front f;
+    ForwardFront ff;
+#if defined(DD_HAVE_CUDA)
+    if (fused) {
+      f.ki = kernel_inputs(q, k, v, beta, g);
+      ff = forward_front_kernel(c, f.ki, false);
+    }
+#endif
+    if (!fused) {
+      f = front(c, q, k, v, beta, g);
+      ff.Kd = f.p.Kd;
+      ff.Qg = f.p.Qg;
+      ff.P = f.P;
+      ff.decay = f.p.decay;
+    }
 
     // From O = s (Qg h_in + P Vn): gradients into P, Vn, Qg and h_in.
     torch::Tensor dP_raw, dQg, d_vnew, d_hin;
     if (dO.defined()) {
       auto dOr = rows(dO);
       dP_raw = prod(dOr, tr(v_new)).view({N, H, C, C});
-      d_vnew = prod(tr(rows(f.P)), dOr, s);
+      d_vnew = prod(tr(rows(ff.P)), dOr, s);
       dQg = prod(dOr, tr(h_in), s).view({N, H, C, dk});
-      d_hin = prod(tr(rows(p.Qg)), dOr, s);
+      d_hin = prod(tr(rows(ff.Qg)), dOr, s);
     } else {
       d_vnew = torch::zeros({N * H, C, dv}, Tm.options());
     }
-    const auto sg = gdr_scan_backward(rows(W), rows(p.Kd), p.decay.reshape({-1}), d_hin, d_vnew, dh_final, c.l.scan);
+    const auto sg = gdr_scan_backward(rows(W), rows(ff.Kd), ff.decay.reshape({-1}), d_hin, d_vnew, dh_final, c.l.scan);
     Upstream u;
     u.dKd = prod(v_new, tr(sg.dh_next)).view({N, H, C, dk});
     // Σ h_in ⊙ dh_next per row (no [R, dk, dv] temporary).
@@ -548,43 +622,44 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     auto dW = prod(sg.dU, tr(h_in), -1.0).view({N, H, C, dk});
     auto dU = sg.dU.view({N, H, C, dv});
     u.dQg = dQg;
-
-    // Through the solve: W = Tm R_w, U = Tm R_u.
-    torch::Tensor dA_raw;
+    variable_list dx;
 #if defined(DD_HAVE_CUDA)
-    if (c.kernels && g_use_fused_kernels && kernels::gdr_chunk_solve_backward_supports(C, dk, dv)) {
+    if (fused) {
+      torch::Tensor dA_raw;
       std::tie(dA_raw, u.dRw, u.dRu) = solve_backward_kernel(c, f.ki, Tm, dW, dU);
+      dx = backward_tail_kernel(c, f.ki, s, dA_raw, dP_raw, dQg, u.dRw, u.dRu, u.dKd, u.ddecay, q, k, v, beta, g);
     }
 #endif
-    if (!dA_raw.defined()) {
+    if (!fused) {
+      const Prep& p = f.p;
+      // Through the solve: W = Tm R_w, U = Tm R_u.
       auto dTm = prod(dW, tr(p.Rw));
       auto dTm_rows = rows(dTm);
       bmm_fp32_accumulate(dTm_rows, sg.dU, tr(rows(p.Ru)), 1.0, 1.0);
       auto Tmt = tr(Tm);
-      dA_raw = prod(Tmt, prod(dTm, Tmt));
+      auto dA_raw = prod(Tmt, prod(dTm, Tmt));
       u.dRw = prod(Tmt, dW);
       u.dRu = prod(Tmt, dU);
-    }
 
-    // Through A = b_i S ⊙ D and P = QKᵀ ⊙ D into the products and the gates.
+      // Through A = b_i S ⊙ D and P = QKᵀ ⊙ D into the products and the gates.
 #if defined(DD_HAVE_CUDA)
-    u.m = c.kernels ? masks_backward_kernel(c, dA_raw, dP_raw, f.G, p, s)
-                    : masks_backward_reference(dA_raw, dP_raw, f.G, p, s);
+      u.m = c.kernels ? masks_backward_kernel(c, dA_raw, dP_raw, f.G, p, s)
+                      : masks_backward_reference(dA_raw, dP_raw, f.G, p, s);
 #else
-    u.m = masks_backward_reference(dA_raw, dP_raw, f.G, p, s);
+      u.m = masks_backward_reference(dA_raw, dP_raw, f.G, p, s);
 #endif
-    auto K = p.K();
-    u.dQ_mm = prod(u.m.dPm, K);
-    u.dK_mm = prod(u.m.dS_sym, K);
-    auto dK_rows = rows(u.dK_mm);
-    bmm_fp32_accumulate(dK_rows, tr(rows(u.m.dPm)), rows(p.Q()), 1.0, 1.0);
-    variable_list dx;
+      auto K = p.K();
+      u.dQ_mm = prod(u.m.dPm, K);
+      u.dK_mm = prod(u.m.dS_sym, K);
+      auto dK_rows = rows(u.dK_mm);
+      bmm_fp32_accumulate(dK_rows, tr(rows(u.m.dPm)), rows(p.Q()), 1.0, 1.0);
 #if defined(DD_HAVE_CUDA)
-    dx = c.kernels ? input_grads_kernel(c, p, u, f.ki, q, k, v, beta, g)
-                   : input_grads_reference(c, p, u, q, k, v, beta, g);
+      dx = c.kernels ? input_grads_kernel(c, p, u, f.ki, q, k, v, beta, g)
+                     : input_grads_reference(c, p, u, q, k, v, beta, g);
 #else
-    dx = input_grads_reference(c, p, u, q, k, v, beta, g);
+      dx = input_grads_reference(c, p, u, q, k, v, beta, g);
 #endif
+    }
     return {dx[0], dx[1], dx[2], dx[3], dx[4], sg.dh0, torch::Tensor(), torch::Tensor()};
   }
 };

@@ -1,0 +1,373 @@
+// The end of the chunked gated delta rule's backward (kernels/gdr_chunk_backward_tail.h): one block
+// of 8 warps per (chunk, head), about 104 KiB of shared memory, two blocks per SM.
+//
+//   gates   γ = cumsum(g) as a warp scan, b, e, κ, b e, decay;
+//   load    Q and K into shared memory as fp32, four pieces per thread in flight at once;
+//   masks   S = K Kᵀ and QK = Q Kᵀ on the lower block triangle, five tiles per warp (as the fused
+//           front's G). In registers: dS = dA b_i D and Z's part dS ⊙ S on the K warps, dPm and
+//           Z's part dPm ⊙ QK on the Q warps; dS and dPm go to shared memory, Z's row and column
+//           sums and Σ_j dA S D to per-row accumulators;
+//   dq, dk  warp w takes row strip w % 4 and half the columns: dq = dPm K (k-steps left of the
+//           diagonal block), dk = (dS + dSᵀ) K (all k-steps) + dPmᵀ Q (from the diagonal block on),
+//           nine k-blocks per strip whichever strip; the epilogue adds e dQg, b e dRw and κ dKd
+//           read at the fragments' positions, writes rows below the chunk's length to the token
+//           layout, and sums dRw ⊙ K, dQg ⊙ Q and dKd ⊙ K per row;
+//   dv      dv = b dRu and Σ(dRu ⊙ V) per row, elementwise;
+//   rows    dβ, dγ, and dg as the reverse cumsum of dγ.
+// Per-row sums go through shared-memory atomics, as in the masks' backward kernel (gdr_chunk.cu).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/gdr_chunk_backward_tail.h"
+#include "kernels/gdr_chunk_io.cuh"
+#include "kernels/gdr_chunk_mma.cuh"
+
+namespace kernels {
+
+namespace {
+
+using namespace gdr_chunk_io;
+using namespace gdr_chunk_mma;
+
+constexpr int kC = 64;
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kTPitch = kC + 4;  // rows of dS and dPm (read as [m][k] and, transposed, as [k][m])
+
+// Shared memory in floats for key size dk ≤ 128.
+__host__ __device__ constexpr int smem_floats(int dk) { return 2 * kC * (dk + 4) + 2 * kC * kTPitch + 12 * kC; }
+
+// Two consecutive elements of a row, stored as T.
+template <typename T>
+__device__ __forceinline__ void store2(T* p, float x, float y) {
+  p[0] = from_f32<T>(x);
+  p[1] = from_f32<T>(y);
+}
+template <>
+__device__ __forceinline__ void store2<float>(float* p, float x, float y) {
+  *reinterpret_cast<float2*>(p) = make_float2(x, y);
+}
+
+// Sum over the 4 lanes of a fragment row group (lanes 4g .. 4g + 3).
+__device__ __forceinline__ float sum_over_t(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+// Sum over the 8 row groups of a fragment column (lanes t, t + 4, ..., t + 28).
+__device__ __forceinline__ float sum_over_g(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 4);
+  x += __shfl_xor_sync(0xffffffffu, x, 8);
+  return x + __shfl_xor_sync(0xffffffffu, x, 16);
+}
+
+template <typename T, typename TV, int VW>
+__global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(GdrChunkList l,
+                                                                             GdrChunkBackwardTailArgs a) {
+  constexpr bool kQkExact = !std::is_same<T, float>::value;
+  extern __shared__ __align__(16) float smem[];
+  const int dk = static_cast<int>(l.dk), dv = static_cast<int>(l.dv), pk = dk + 4;
+  float* Q_s = smem;                 // [C][dk + 4]
+  float* K_s = Q_s + kC * pk;        // [C][dk + 4]
+  float* dS_s = K_s + kC * pk;       // [C][kTPitch]
+  float* dPm_s = dS_s + kC * kTPitch;  // [C][kTPitch]
+  float* gam_s = dPm_s + kC * kTPitch;
+  float* b_s = gam_s + kC;
+  float* e_s = b_s + kC;
+  float* kap_s = e_s + kC;
+  float* be_s = kap_s + kC;
+  float* row_z = be_s + kC;   // Σ_j Z[i][j]
+  float* col_z = row_z + kC;  // Σ_i Z[i][j]
+  float* row_db = col_z + kC;  // Σ_j dA S D
+  float* rw_k = row_db + kC;  // Σ dRw ⊙ K
+  float* qg_q = rw_k + kC;    // Σ dQg ⊙ Q
+  float* kd_k = qg_q + kC;    // Σ dKd ⊙ K
+  float* ru_v = kd_k + kC;    // Σ dRu ⊙ V
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t r = blockIdx.x, n = r / l.H, h = r % l.H;
+  const int64_t start = l.chunk_start[n];
+  const int len = l.chunk_len[n];
+
+  // Gates, and zeros for the accumulators and for dS (its blocks above the diagonal are read as
+  // dSᵀ) and dPm.
+  for (int e = tid; e < 2 * kC * kTPitch; e += kThreads) dS_s[e] = 0.f;
+  if (tid < kC) {
+    row_z[tid] = col_z[tid] = row_db[tid] = rw_k[tid] = qg_q[tid] = kd_k[tid] = ru_v[tid] = 0.f;
+    const bool valid = tid < len;
+    float x = valid ? a.g[(start + tid) * l.H + h] : 0.f;
+    b_s[tid] = valid ? a.beta[(start + tid) * l.H + h] : 0.f;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const float y = __shfl_up_sync(0xffffffffu, x, off);
+      if (lane >= off) x += y;
+    }
+    gam_s[tid] = x;
+  }
+  __syncthreads();
+  if (tid >= 32 && tid < kC) gam_s[tid] += gam_s[31];
+  __syncthreads();
+  if (tid < kC) {
+    e_s[tid] = expf(gam_s[tid]);
+    kap_s[tid] = expf(gam_s[kC - 1] - gam_s[tid]);
+    be_s[tid] = b_s[tid] * e_s[tid];
+  }
+
+  // Q and K into shared memory.
+  const T* q = static_cast<const T*>(a.q);
+  const T* k = static_cast<const T*>(a.k);
+  const int dk_n = dk / VW;
+  for (int base = tid; base < kC * dk_n; base += 4 * kThreads) {
+    Vec<T, VW> qr[4], kr[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int el = base + u * kThreads, i = el / dk_n;
+      const int64_t src = ((start + i) * l.H + h) * dk + (el % dk_n) * VW;
+      const bool valid = el < kC * dk_n && i < len;
+      qr[u] = load_raw<VW>(q + src, valid);
+      kr[u] = load_raw<VW>(k + src, valid);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int el = base + u * kThreads, i = el / dk_n, d = (el % dk_n) * VW;
+      if (el >= kC * dk_n) continue;
+      float qv[VW], kv[VW];
+#pragma unroll
+      for (int j = 0; j < VW; ++j) {
+        qv[j] = qr[u].get(j);
+        kv[j] = kr[u].get(j);
+      }
+      store_n<VW>(Q_s + i * pk + d, qv);
+      store_n<VW>(K_s + i * pk + d, kv);
+    }
+  }
+  __syncthreads();
+
+  // The masks' backward on S = K Kᵀ (warps 4–7) and QK = Q Kᵀ (warps 0–3), lower block triangle.
+  {
+    const bool is_q = warp < 4;
+    const float* X_s = is_q ? Q_s : K_s;
+    const float* dA_raw = a.dA_raw + r * kC * kC;
+    const float* dP_raw = a.dP_raw != nullptr ? a.dP_raw + r * kC * kC : nullptr;
+    const int p = (warp % 4) / 2, tiles_a = 2 * p + 2;
+    auto segment = [&](int mt, int n_first, int n_tiles) {
+      with_tile_count(n_tiles, [&](auto count) {
+        constexpr int kN = decltype(count)::value;
+        const int m0 = 16 * mt;
+        float acc[kN][4];
+        strip_product<kN, kQkExact, kQkExact>(
+            acc, 0, dk, [&](int k0) { return frag_a<kQkExact>(X_s, pk, m0, k0, g, t); },
+            [&](int k0, int nt) { return frag_b_nk<kQkExact>(K_s, pk, k0, 8 * (n_first + nt), g, t); });
+        float zr[2] = {0.f, 0.f}, dbr[2] = {0.f, 0.f};  // this lane's part of rows m0 + g, m0 + g + 8
+#pragma unroll
+        for (int nt = 0; nt < kN; ++nt) {
+          const int j = 8 * (n_first + nt) + 2 * t;
+          float zc[2] = {0.f, 0.f};  // this lane's part of columns j, j + 1
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            const int i = m0 + g + 8 * hr;
+            float out[2];
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const float x = acc[nt][2 * hr + c];
+              float z = 0.f, o = 0.f;
+              if (is_q) {
+                if (dP_raw != nullptr && i >= j + c) {
+                  o = a.scale * dP_raw[i * kC + j + c] * expf(gam_s[i] - gam_s[j + c]);  // dPm
+                  z = o * x;
+                }
+              } else if (i > j + c) {
+                const float D = expf(gam_s[i] - gam_s[j + c]);
+                const float dA = -dA_raw[i * kC + j + c];
+                o = dA * b_s[i] * D;  // dS
+                z = o * x;
+                dbr[hr] += dA * x * D;
+              }
+              out[c] = o;
+              zr[hr] += z;
+              zc[c] += z;
+            }
+            *reinterpret_cast<float2*>((is_q ? dPm_s : dS_s) + i * kTPitch + j) = make_float2(out[0], out[1]);
+          }
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const float s = sum_over_g(zc[c]);
+            if (g == 0) atomicAdd(col_z + j + c, s);
+          }
+        }
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const float s = sum_over_t(zr[hr]), sdb = sum_over_t(dbr[hr]);
+          if (t == 0) {
+            atomicAdd(row_z + m0 + g + 8 * hr, s);
+            if (!is_q) atomicAdd(row_db + m0 + g + 8 * hr, sdb);
+          }
+        }
+      });
+    };
+    if (warp % 2 == 0) {
+      segment(p, 0, tiles_a);
+      segment(3 - p, 0, 5 - tiles_a);
+    } else {
+      segment(3 - p, 5 - tiles_a, 5);
+    }
+  }
+  __syncthreads();
+
+  // dq = dPm K + e dQg and dk = (dS + dSᵀ) K + dPmᵀ Q + b e dRw + κ dKd: warp w takes row strip
+  // w % 4 and half of dk's columns, in passes of up to four 8-column tiles.
+  {
+    const int mt = warp % 4, m0 = 16 * mt, half = warp / 4;
+    const int n_half = dk / 16;  // tiles per half
+    T* dq = static_cast<T*>(a.dq);
+    T* dkk = static_cast<T*>(a.dk);
+    float srw[2] = {0.f, 0.f}, sqg[2] = {0.f, 0.f}, skd[2] = {0.f, 0.f};
+    for (int pass = 0; pass * 4 < n_half; ++pass) {
+      const int n_tiles = n_half - 4 * pass < 4 ? n_half - 4 * pass : 4;
+      auto col = [&](int nt) { return half * (dk / 2) + 8 * (4 * pass + (nt < n_tiles ? nt : n_tiles - 1)); };
+      // dq first, then dk: one set of accumulators live at a time.
+      float acc[4][4];
+      strip_product<4, false, kQkExact>(
+          acc, 0, m0 + 16, [&](int k0) { return frag_a(dPm_s, kTPitch, m0, k0, g, t); },
+          [&](int k0, int nt) { return frag_b_kn<kQkExact>(K_s, pk, k0, col(nt), g, t); });
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        if (nt >= n_tiles) continue;
+        const int c = col(nt) + 2 * t;
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int i = m0 + g + 8 * hr;
+          const float2 qg = a.dQg != nullptr ? *reinterpret_cast<const float2*>(a.dQg + (r * kC + i) * dk + c)
+                                             : make_float2(0.f, 0.f);
+          sqg[hr] += qg.x * Q_s[i * pk + c] + qg.y * Q_s[i * pk + c + 1];
+          if (i < len) {
+            store2(dq + ((start + i) * l.H + h) * dk + c, acc[nt][2 * hr] + e_s[i] * qg.x,
+                   acc[nt][2 * hr + 1] + e_s[i] * qg.y);
+          }
+        }
+      }
+      // (dS + dSᵀ) as the A operand: both halves loaded and added before the split.
+      strip_product<4, false, kQkExact>(
+          acc, 0, kC,
+          [&](int k0) {
+            FragA f;
+            const int rr[4] = {m0 + g, m0 + g + 8, m0 + g, m0 + g + 8}, cc[4] = {k0 + t, k0 + t, k0 + t + 4, k0 + t + 4};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              split_tf32(dS_s[rr[e] * kTPitch + cc[e]] + dS_s[cc[e] * kTPitch + rr[e]], f.big[e], f.small[e]);
+            }
+            return f;
+          },
+          [&](int k0, int nt) { return frag_b_kn<kQkExact>(K_s, pk, k0, col(nt), g, t); });
+      strip_accumulate<4, false, kQkExact>(
+          acc, m0, kC, [&](int k0) { return frag_at(dPm_s, kTPitch, m0, k0, g, t); },
+          [&](int k0, int nt) { return frag_b_kn<kQkExact>(Q_s, pk, k0, col(nt), g, t); });
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        if (nt >= n_tiles) continue;
+        const int c = col(nt) + 2 * t;
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int i = m0 + g + 8 * hr;
+          const int64_t row = (r * kC + i) * dk + c;
+          const float2 rw = *reinterpret_cast<const float2*>(a.dRw + row);
+          const float2 kd = *reinterpret_cast<const float2*>(a.dKd + row);
+          const float k0v = K_s[i * pk + c], k1v = K_s[i * pk + c + 1];
+          srw[hr] += rw.x * k0v + rw.y * k1v;
+          skd[hr] += kd.x * k0v + kd.y * k1v;
+          if (i < len) {
+            store2(dkk + ((start + i) * l.H + h) * dk + c, acc[nt][2 * hr] + be_s[i] * rw.x + kap_s[i] * kd.x,
+                   acc[nt][2 * hr + 1] + be_s[i] * rw.y + kap_s[i] * kd.y);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const float a_rw = sum_over_t(srw[hr]), a_qg = sum_over_t(sqg[hr]), a_kd = sum_over_t(skd[hr]);
+      if (t == 0) {
+        atomicAdd(rw_k + m0 + g + 8 * hr, a_rw);
+        atomicAdd(qg_q + m0 + g + 8 * hr, a_qg);
+        atomicAdd(kd_k + m0 + g + 8 * hr, a_kd);
+      }
+    }
+  }
+
+  // dv = b dRu, and Σ dRu ⊙ V per row.
+  {
+    const TV* v = static_cast<const TV*>(a.v);
+    TV* dvv = static_cast<TV*>(a.dv);
+    const int64_t v_stride = a.v_token_stride != 0 ? a.v_token_stride : l.H * dv;
+    const int dv_n = dv / VW;
+    const bool warp_rows = dv_n % 32 == 0;
+    for (int el = tid; el < kC * dv_n; el += kThreads) {
+      const int i = el / dv_n, d = (el % dv_n) * VW;
+      float dru[VW], vv[VW];
+      load_n<VW>(dru, a.dRu + (r * kC + i) * dv + d, true);
+      load_n<VW>(vv, v + (start + i) * v_stride + h * dv + d, i < len);
+      float s = 0.f;
+#pragma unroll
+      for (int j = 0; j < VW; ++j) {
+        s += dru[j] * vv[j];
+        dru[j] *= b_s[i];
+      }
+      if (i < len) store_n<VW>(dvv + ((start + i) * l.H + h) * dv + d, dru);
+      if (warp_rows) {
+        s = warp_sum(s);
+        if (lane == 0) atomicAdd(ru_v + i, s);
+      } else {
+        atomicAdd(ru_v + i, s);
+      }
+    }
+  }
+  __syncthreads();
+
+  // Per row: dβ and dγ, then dg = reverse cumsum of dγ (row_db's storage reused for dγ).
+  float db = 0.f;
+  float* dgam_s = row_z;
+  if (tid < kC) {
+    const float e = e_s[tid];
+    db = row_db[tid] + e * rw_k[tid] + ru_v[tid];
+    dgam_s[tid] = row_z[tid] - col_z[tid] + b_s[tid] * e * rw_k[tid] + e * qg_q[tid] - kap_s[tid] * kd_k[tid];
+  }
+  __syncthreads();
+  if (tid < 32) {
+    float x = kap_s[tid] * kd_k[tid] + kap_s[tid + 32] * kd_k[tid + 32];
+    x = warp_sum(x);
+    if (tid == 0) dgam_s[kC - 1] += x + a.ddecay[r] * expf(gam_s[kC - 1]);
+  }
+  __syncthreads();
+  if (tid < len) {
+    float acc = 0.f;
+    for (int j = kC - 1; j >= tid; --j) acc += dgam_s[j];
+    const int64_t tok = (start + tid) * l.H + h;
+    a.dg[tok] = acc;
+    a.dbeta[tok] = db;
+  }
+}
+
+}  // namespace
+
+int gdr_chunk_backward_tail(const GdrChunkList& l, const GdrChunkBackwardTailArgs& a, void* stream) {
+  if (!gdr_chunk_backward_tail_supports(l.C, l.dk, l.dv) || l.N * l.H < 1 || l.N * l.H > 2147483647LL) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  // dRw, dKd, dQg are read two floats at a time at the fragments' positions.
+  if (!aligned_to(8, a.dRw, a.dKd, a.dQg)) return static_cast<int>(cudaErrorInvalidValue);
+  const unsigned grid = static_cast<unsigned>(l.N * l.H);
+  const bool vec = vectorizable(l, a.in_qk, a.in_v, {a.dRu}, {a.q, a.k}, {a.v, a.dv}, a.v_token_stride);
+  const size_t smem = sizeof(float) * static_cast<size_t>(smem_floats(static_cast<int>(l.dk)));
+  auto st = static_cast<cudaStream_t>(stream);
+  int err = 0;
+  dispatch_two_dtypes(a.in_qk, a.in_v, vec, [&](auto qk_tag, auto v_tag, auto width) {
+    auto kernel = gdr_chunk_backward_tail_kernel<decltype(qk_tag), decltype(v_tag), decltype(width)::value>;
+    err = static_cast<int>(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    if (err == 0) kernel<<<grid, kThreads, smem, st>>>(l, a);
+  });
+  if (err != 0) return err;
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace kernels

@@ -1,0 +1,58 @@
+// The end of the chunked gated delta rule's backward as one kernel, one block per (chunk, head):
+// from the gradients reaching the solve's inputs and the output products to the gradients of the
+// layer's inputs, in the notation of kernels/gdr_chunk.h (b = β, e = e^γ, κ = e^{γ_last − γ},
+// D[i,j] = e^{γ_i − γ_j} for i ≥ j, s the output scale):
+//   S = K Kᵀ, QK = Q Kᵀ (recomputed from q and k)
+//   dA = −strict_lower(dA_raw),  dS = dA ⊙ b_i ⊙ D,  dPm = s · lower(dP_raw) ⊙ D
+//   dq = dPm K + e ⊙ dQg
+//   dk = (dS + dSᵀ) K + dPmᵀ Q + b e ⊙ dRw + κ ⊙ dKd
+//   dv = b ⊙ dRu
+//   dβ = Σ_j dA S D + e Σ(dRw ⊙ K) + Σ(dRu ⊙ V)
+//   dγ = rowsum(Z) − colsum(Z) + b e Σ(dRw ⊙ K) + e Σ(dQg ⊙ Q) − κ Σ(dKd ⊙ K), Z = dS ⊙ S + dPm ⊙ QK,
+//        and dγ_last += Σ_i κ_i Σ(dKd ⊙ K)_i + ddecay · decay;  dg = reverse cumsum of dγ.
+// model/gdr_chunk_core.cpp otherwise takes this as the recomputed X Kᵀ product, the masks' backward
+// kernel, three batched products and the input-gradient kernel (kernels/gdr_chunk.h), which stay
+// as the reference and for the sizes this kernel does not take.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/gdr_chunk.h"
+
+namespace kernels {
+
+// The same sizes as the fused front (kernels/gdr_chunk_front.h).
+inline bool gdr_chunk_backward_tail_supports(int64_t C, int64_t dk, int64_t dv) {
+  return C == 64 && dk >= 16 && dk <= 128 && dk % 16 == 0 && dv >= 16 && dv % 16 == 0;
+}
+
+struct GdrChunkBackwardTailArgs {
+  const void* q = nullptr;      // [tokens, H, dk], dtype in_qk
+  const void* k = nullptr;      // [tokens, H, dk], dtype in_qk
+  const void* v = nullptr;      // [tokens, H, dv], dtype in_v; token t at v + t · v_token_stride
+  int64_t v_token_stride = 0;   // elements between tokens of v (0: H · dv, contiguous)
+  const float* beta = nullptr;  // [tokens, H]
+  const float* g = nullptr;     // [tokens, H]
+  DType in_qk = DType::F32, in_v = DType::F32;
+  float scale = 1.f;
+  const float* dA_raw = nullptr;  // [N, H, C, C]: only the strictly lower triangle is read
+  const float* dP_raw = nullptr;  // [N, H, C, C] or null (no output gradient)
+  const float* dQg = nullptr;     // [N, H, C, dk] or null (no output gradient)
+  const float* dRw = nullptr;     // [N, H, C, dk]
+  const float* dRu = nullptr;     // [N, H, C, dv]
+  const float* dKd = nullptr;     // [N, H, C, dk]
+  const float* ddecay = nullptr;  // [N, H]
+  void* dq = nullptr;             // [tokens, H, dk], dtype in_qk
+  void* dk = nullptr;             // [tokens, H, dk], dtype in_qk
+  void* dv = nullptr;             // [tokens, H, dv], dtype in_v, contiguous
+  float* dbeta = nullptr;         // [tokens, H]
+  float* dg = nullptr;            // [tokens, H]
+};
+
+#ifdef DD_HAVE_CUDA
+// Returns the cudaError_t of the launch (0 = success); cudaErrorInvalidValue for sizes
+// gdr_chunk_backward_tail_supports refuses.
+int gdr_chunk_backward_tail(const GdrChunkList& l, const GdrChunkBackwardTailArgs& a, void* stream);
+#endif
+
+}  // namespace kernels
