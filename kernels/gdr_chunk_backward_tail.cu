@@ -2,17 +2,18 @@
 // of 8 warps per (chunk, head), about 104 KiB of shared memory, two blocks per SM.
 //
 //   gates   γ = cumsum(g) as a warp scan, b, e, κ, b e, decay;
-//   load    Q and K into shared memory as fp32, four pieces per thread in flight at once;
+//   load    Q and K into shared memory as fp32, four pieces per thread in flight at once; dA_raw
+//           and dP_raw's lower block triangles by cp.async meanwhile;
 //   masks   S = K Kᵀ and QK = Q Kᵀ on the lower block triangle, five tiles per warp (as the fused
 //           front's G). In registers: dS = dA b_i D and Z's part dS ⊙ S on the K warps, dPm and
-//           Z's part dPm ⊙ QK on the Q warps; dS and dPm go to shared memory, Z's row and column
-//           sums and Σ_j dA S D to per-row accumulators;
+//           Z's part dPm ⊙ QK on the Q warps; dS and dPm replace dA_raw and dP_raw in shared
+//           memory, Z's row and column sums and Σ_j dA S D go to per-row accumulators;
 //   dq, dk  warp w takes row strip w % 4 and half the columns: dq = dPm K (k-steps left of the
 //           diagonal block), dk = (dS + dSᵀ) K (all k-steps) + dPmᵀ Q (from the diagonal block on),
 //           nine k-blocks per strip whichever strip; the epilogue adds e dQg, b e dRw and κ dKd
 //           read at the fragments' positions, writes rows below the chunk's length to the token
 //           layout, and sums dRw ⊙ K, dQg ⊙ Q and dKd ⊙ K per row;
-//   dv      dv = b dRu and Σ(dRu ⊙ V) per row, elementwise;
+//   dv      dv = b dRu and Σ(dRu ⊙ V) per row, a warp per row;
 //   rows    dβ, dγ, and dg as the reverse cumsum of dγ.
 // Per-row sums go through shared-memory atomics, as in the masks' backward kernel (gdr_chunk.cu).
 #include <cuda_runtime.h>
@@ -47,6 +48,16 @@ __device__ __forceinline__ void store2(T* p, float x, float y) {
 template <>
 __device__ __forceinline__ void store2<float>(float* p, float x, float y) {
   *reinterpret_cast<float2*>(p) = make_float2(x, y);
+}
+
+// Tiles per pass when a warp covers n 8-column tiles: n itself up to 4, else the largest of 4, 3, 2
+// that divides n (no pass computes clamped tiles it does not store), else 4.
+__device__ __forceinline__ int pass_tiles(int n) {
+  if (n <= 4) return n;
+  for (int w = 4; w >= 2; --w) {
+    if (n % w == 0) return w;
+  }
+  return 4;
 }
 
 // Sum over the 4 lanes of a fragment row group (lanes 4g .. 4g + 3).
@@ -90,9 +101,21 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
   const int64_t start = l.chunk_start[n];
   const int len = l.chunk_len[n];
 
-  // Gates, and zeros for the accumulators and for dS (its blocks above the diagonal are read as
-  // dSᵀ) and dPm.
-  for (int e = tid; e < 2 * kC * kTPitch; e += kThreads) dS_s[e] = 0.f;
+  // dA_raw and dP_raw's lower block triangles into dS_s and dPm_s by cp.async (the masks' backward
+  // turns them into dS and dPm in place); zeros above it, where dS is read as dSᵀ.
+  {
+    const float* dA_raw = a.dA_raw + r * kC * kC;
+    const float* dP_raw = a.dP_raw != nullptr ? a.dP_raw + r * kC * kC : nullptr;
+    for (int e = tid; e < kC * kC / 4; e += kThreads) {
+      const int i = e / (kC / 4), c = 4 * (e % (kC / 4));
+      const bool lower = c < 16 * (i / 16 + 1);
+      cp_async16_zfill(dS_s + i * kTPitch + c, dA_raw + i * kC + c, lower);
+      cp_async16_zfill(dPm_s + i * kTPitch + c, dP_raw != nullptr ? dP_raw + i * kC + c : dA_raw, lower && dP_raw != nullptr);
+    }
+    cp_async_commit();
+  }
+
+  // Gates, and zeros for the accumulators.
   if (tid < kC) {
     row_z[tid] = col_z[tid] = row_db[tid] = rw_k[tid] = qg_q[tid] = kd_k[tid] = ru_v[tid] = 0.f;
     const bool valid = tid < len;
@@ -142,14 +165,13 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
       store_n<VW>(K_s + i * pk + d, kv);
     }
   }
+  cp_async_wait<0>();
   __syncthreads();
 
   // The masks' backward on S = K Kᵀ (warps 4–7) and QK = Q Kᵀ (warps 0–3), lower block triangle.
   {
-    const bool is_q = warp < 4;
+    const bool is_q = warp < 4, have_dP = a.dP_raw != nullptr;
     const float* X_s = is_q ? Q_s : K_s;
-    const float* dA_raw = a.dA_raw + r * kC * kC;
-    const float* dP_raw = a.dP_raw != nullptr ? a.dP_raw + r * kC * kC : nullptr;
     const int p = (warp % 4) / 2, tiles_a = 2 * p + 2;
     auto segment = [&](int mt, int n_first, int n_tiles) {
       with_tile_count(n_tiles, [&](auto count) {
@@ -167,19 +189,22 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
 #pragma unroll
           for (int hr = 0; hr < 2; ++hr) {
             const int i = m0 + g + 8 * hr;
+            float2* io = reinterpret_cast<float2*>((is_q ? dPm_s : dS_s) + i * kTPitch + j);
+            const float2 staged = *io;  // dP_raw (Q warps) or dA_raw (K warps)
+            const float in[2] = {staged.x, staged.y};
             float out[2];
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
               const float x = acc[nt][2 * hr + c];
               float z = 0.f, o = 0.f;
               if (is_q) {
-                if (dP_raw != nullptr && i >= j + c) {
-                  o = a.scale * dP_raw[i * kC + j + c] * expf(gam_s[i] - gam_s[j + c]);  // dPm
+                if (have_dP && i >= j + c) {
+                  o = a.scale * in[c] * expf(gam_s[i] - gam_s[j + c]);  // dPm
                   z = o * x;
                 }
               } else if (i > j + c) {
                 const float D = expf(gam_s[i] - gam_s[j + c]);
-                const float dA = -dA_raw[i * kC + j + c];
+                const float dA = -in[c];
                 o = dA * b_s[i] * D;  // dS
                 z = o * x;
                 dbr[hr] += dA * x * D;
@@ -188,7 +213,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
               zr[hr] += z;
               zc[c] += z;
             }
-            *reinterpret_cast<float2*>((is_q ? dPm_s : dS_s) + i * kTPitch + j) = make_float2(out[0], out[1]);
+            *io = make_float2(out[0], out[1]);
           }
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
@@ -216,23 +241,25 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
   __syncthreads();
 
   // dq = dPm K + e dQg and dk = (dS + dSᵀ) K + dPmᵀ Q + b e dRw + κ dKd: warp w takes row strip
-  // w % 4 and half of dk's columns, in passes of up to four 8-column tiles.
+  // w % 4 and half of dk's columns, in passes of up to four 8-column tiles (pass_tiles).
   {
     const int mt = warp % 4, m0 = 16 * mt, half = warp / 4;
     const int n_half = dk / 16;  // tiles per half
     T* dq = static_cast<T*>(a.dq);
     T* dkk = static_cast<T*>(a.dk);
     float srw[2] = {0.f, 0.f}, sqg[2] = {0.f, 0.f}, skd[2] = {0.f, 0.f};
-    for (int pass = 0; pass * 4 < n_half; ++pass) {
-      const int n_tiles = n_half - 4 * pass < 4 ? n_half - 4 * pass : 4;
-      auto col = [&](int nt) { return half * (dk / 2) + 8 * (4 * pass + (nt < n_tiles ? nt : n_tiles - 1)); };
+    with_tile_count(pass_tiles(n_half), [&](auto count) {
+    constexpr int kW = decltype(count)::value;
+    for (int pass = 0; pass * kW < n_half; ++pass) {
+      const int n_tiles = n_half - kW * pass < kW ? n_half - kW * pass : kW;
+      auto col = [&](int nt) { return half * (dk / 2) + 8 * (kW * pass + (nt < n_tiles ? nt : n_tiles - 1)); };
       // dq first, then dk: one set of accumulators live at a time.
-      float acc[4][4];
-      strip_product<4, false, kQkExact>(
+      float acc[kW][4];
+      strip_product<kW, false, kQkExact>(
           acc, 0, m0 + 16, [&](int k0) { return frag_a(dPm_s, kTPitch, m0, k0, g, t); },
           [&](int k0, int nt) { return frag_b_kn<kQkExact>(K_s, pk, k0, col(nt), g, t); });
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
+      for (int nt = 0; nt < kW; ++nt) {
         if (nt >= n_tiles) continue;
         const int c = col(nt) + 2 * t;
 #pragma unroll
@@ -248,7 +275,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
         }
       }
       // (dS + dSᵀ) as the A operand: both halves loaded and added before the split.
-      strip_product<4, false, kQkExact>(
+      strip_product<kW, false, kQkExact>(
           acc, 0, kC,
           [&](int k0) {
             FragA f;
@@ -260,11 +287,11 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
             return f;
           },
           [&](int k0, int nt) { return frag_b_kn<kQkExact>(K_s, pk, k0, col(nt), g, t); });
-      strip_accumulate<4, false, kQkExact>(
+      strip_accumulate<kW, false, kQkExact>(
           acc, m0, kC, [&](int k0) { return frag_at(dPm_s, kTPitch, m0, k0, g, t); },
           [&](int k0, int nt) { return frag_b_kn<kQkExact>(Q_s, pk, k0, col(nt), g, t); });
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
+      for (int nt = 0; nt < kW; ++nt) {
         if (nt >= n_tiles) continue;
         const int c = col(nt) + 2 * t;
 #pragma unroll
@@ -283,6 +310,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
         }
       }
     }
+    });
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       const float a_rw = sum_over_t(srw[hr]), a_qg = sum_over_t(sqg[hr]), a_kd = sum_over_t(skd[hr]);
@@ -294,30 +322,44 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
     }
   }
 
-  // dv = b dRu, and Σ dRu ⊙ V per row.
+  // dv = b dRu, and Σ dRu ⊙ V per row: warp w takes rows w, w + 8, ..., two at a time, each lane
+  // the row's pieces lane, lane + 32, ...; a row's sum is the warp's, so no atomics. (A flat loop
+  // over pieces with a shared atomic per piece serialised on the row's address when rows are not
+  // a multiple of 32 pieces long: 60k cycles per block at dv = 192.)
   {
     const TV* v = static_cast<const TV*>(a.v);
     TV* dvv = static_cast<TV*>(a.dv);
     const int64_t v_stride = a.v_token_stride != 0 ? a.v_token_stride : l.H * dv;
     const int dv_n = dv / VW;
-    const bool warp_rows = dv_n % 32 == 0;
-    for (int el = tid; el < kC * dv_n; el += kThreads) {
-      const int i = el / dv_n, d = (el % dv_n) * VW;
-      float dru[VW], vv[VW];
-      load_n<VW>(dru, a.dRu + (r * kC + i) * dv + d, true);
-      load_n<VW>(vv, v + (start + i) * v_stride + h * dv + d, i < len);
-      float s = 0.f;
+    for (int i0 = warp; i0 < kC; i0 += 2 * kWarps) {
+      for (int pb = 0; pb < dv_n; pb += 64) {  // uniform over the warp (warp_sum below)
+        const int p0 = pb + lane;
+        // Up to two pieces of each of the two rows in flight.
+        float dru[4][VW];
+        Vec<TV, VW> vr[4];
 #pragma unroll
-      for (int j = 0; j < VW; ++j) {
-        s += dru[j] * vv[j];
-        dru[j] *= b_s[i];
-      }
-      if (i < len) store_n<VW>(dvv + ((start + i) * l.H + h) * dv + d, dru);
-      if (warp_rows) {
-        s = warp_sum(s);
-        if (lane == 0) atomicAdd(ru_v + i, s);
-      } else {
-        atomicAdd(ru_v + i, s);
+        for (int u = 0; u < 4; ++u) {
+          const int i = i0 + kWarps * (u / 2), pc = p0 + 32 * (u % 2);
+          const bool in = pc < dv_n;
+          load_n<VW>(dru[u], a.dRu + (r * kC + i) * dv + pc * VW, in);
+          vr[u] = load_raw<VW>(v + (start + i) * v_stride + h * dv + pc * VW, in && i < len);
+        }
+        float sum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int i = i0 + kWarps * (u / 2), pc = p0 + 32 * (u % 2);
+#pragma unroll
+          for (int j = 0; j < VW; ++j) {
+            sum[u / 2] += dru[u][j] * vr[u].get(j);
+            dru[u][j] *= b_s[i];
+          }
+          if (pc < dv_n && i < len) store_n<VW>(dvv + ((start + i) * l.H + h) * dv + pc * VW, dru[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const float s = warp_sum(sum[u]);
+          if (lane == 0) ru_v[i0 + kWarps * u] += s;
+        }
       }
     }
   }
@@ -353,8 +395,11 @@ int gdr_chunk_backward_tail(const GdrChunkList& l, const GdrChunkBackwardTailArg
   if (!gdr_chunk_backward_tail_supports(l.C, l.dk, l.dv) || l.N * l.H < 1 || l.N * l.H > 2147483647LL) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
-  // dRw, dKd, dQg are read two floats at a time at the fragments' positions.
-  if (!aligned_to(8, a.dRw, a.dKd, a.dQg)) return static_cast<int>(cudaErrorInvalidValue);
+  // dRw, dKd, dQg are read two floats at a time at the fragments' positions; dA_raw and dP_raw
+  // move by 16-byte cp.async.
+  if (!aligned_to(8, a.dRw, a.dKd, a.dQg) || !aligned_to(16, a.dA_raw, a.dP_raw)) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
   const unsigned grid = static_cast<unsigned>(l.N * l.H);
   const bool vec = vectorizable(l, a.in_qk, a.in_v, {a.dRu}, {a.q, a.k}, {a.v, a.dv}, a.v_token_stride);
   const size_t smem = sizeof(float) * static_cast<size_t>(smem_floats(static_cast<int>(l.dk)));
