@@ -244,19 +244,20 @@ struct ChunkCase {
   std::vector<int64_t> cu;  // empty: dense
   bool qk_bf16, v_bf16, h0;
   int64_t v_pad = 0;  // > 0: v is a column slice of a [B, T, H·dv + v_pad] tensor (read in place)
+  bool state_loss_only = false;  // the loss reads the final state only: no gradient reaches o
 
   std::string name() const {
     std::string s = "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
                     " dk=" + std::to_string(dk) + " dv=" + std::to_string(dv) + " C=" + std::to_string(C);
     return s + (cu.empty() ? "" : " packed") + (qk_bf16 ? " q,k bf16" : " q,k fp32") + (v_bf16 ? " v bf16" : " v fp32") +
-           (v_pad > 0 ? " strided" : "");
+           (v_pad > 0 ? " strided" : "") + (state_loss_only ? " loss on h only" : "");
   }
 };
 
 const char* const kChunkOutputNames[] = {"o", "h", "dq", "dk", "dv", "dbeta", "dg", "dh0"};
 
 // Random inputs for a case, drawn once; run(c) returns o, h and the gradient of every input under
-// whatever switches the caller has set, for a fixed random loss Σ o ⊙ dO + Σ h ⊙ dH.
+// whatever switches the caller has set, for a fixed random loss Σ o ⊙ dO + Σ h ⊙ dH (or Σ h ⊙ dH).
 class ChunkCaseRun {
  public:
   explicit ChunkCaseRun(const ChunkCase& c) : c_(c) {
@@ -288,7 +289,11 @@ class ChunkCaseRun {
     const double scale = 1.0 / std::sqrt(static_cast<double>(c_.dk));
     auto out = model::gdr_forward_chunked(in[0], in[1], v, in[3], in[4], scale, c_.h0 ? in[5] : torch::Tensor(), cu,
                                           c_.C);
-    ((out.o * dO_).sum() + (out.h * dH_).sum()).backward();
+    if (c_.state_loss_only) {
+      (out.h * dH_).sum().backward();
+    } else {
+      ((out.o * dO_).sum() + (out.h * dH_).sum()).backward();
+    }
     std::vector<torch::Tensor> res{out.o.detach(), out.h.detach()};
     for (auto& t : in) res.push_back(t.grad());
     return res;
@@ -366,6 +371,7 @@ TEST(GdrScanCuda, FusedKernelsMatchSeparateOnes) {
       {2, 129, 1, 48, 144, 64, {}, false, true, false},                       // a 16-column second panel
       {1, 300, 2, 128, 128, 64, {0, 17, 150, 151, 300}, false, true, false, 8},  // strided v, 4-element rows
       {2, 150, 3, 64, 64, 64, {}, false, false, false, 6},                    // strided v, scalar rows
+      {1, 300, 2, 96, 192, 64, {0, 17, 150, 151, 300}, false, true, true, 0, true},  // hybrid base's heads, no dO
   };
   for (const ChunkCase& c : cases) {
     const ChunkCaseRun r(c);
