@@ -23,6 +23,7 @@
 #include "kernels/gdr_chunk_backward_tail.h"
 #include "kernels/gdr_chunk_io.cuh"
 #include "kernels/gdr_chunk_mma.cuh"
+#include "kernels/gdr_chunk_stage.cuh"
 
 namespace kernels {
 
@@ -30,6 +31,7 @@ namespace {
 
 using namespace gdr_chunk_io;
 using namespace gdr_chunk_mma;
+using namespace gdr_chunk_stage;
 
 constexpr int kC = 64;
 constexpr int kWarps = 8;
@@ -116,21 +118,8 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
   }
 
   // Gates, and zeros for the accumulators.
-  if (tid < kC) {
-    row_z[tid] = col_z[tid] = row_db[tid] = rw_k[tid] = qg_q[tid] = kd_k[tid] = ru_v[tid] = 0.f;
-    const bool valid = tid < len;
-    float x = valid ? a.g[(start + tid) * l.H + h] : 0.f;
-    b_s[tid] = valid ? a.beta[(start + tid) * l.H + h] : 0.f;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const float y = __shfl_up_sync(0xffffffffu, x, off);
-      if (lane >= off) x += y;
-    }
-    gam_s[tid] = x;
-  }
-  __syncthreads();
-  if (tid >= 32 && tid < kC) gam_s[tid] += gam_s[31];
-  __syncthreads();
+  if (tid < kC) row_z[tid] = col_z[tid] = row_db[tid] = rw_k[tid] = qg_q[tid] = kd_k[tid] = ru_v[tid] = 0.f;
+  stage_gates(a.g, a.beta, start, len, l.H, h, gam_s, b_s);
   if (tid < kC) {
     e_s[tid] = expf(gam_s[tid]);
     kap_s[tid] = expf(gam_s[kC - 1] - gam_s[tid]);
@@ -138,33 +127,8 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
   }
 
   // Q and K into shared memory.
-  const T* q = static_cast<const T*>(a.q);
-  const T* k = static_cast<const T*>(a.k);
-  const int dk_n = dk / VW;
-  for (int base = tid; base < kC * dk_n; base += 4 * kThreads) {
-    Vec<T, VW> qr[4], kr[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int el = base + u * kThreads, i = el / dk_n;
-      const int64_t src = ((start + i) * l.H + h) * dk + (el % dk_n) * VW;
-      const bool valid = el < kC * dk_n && i < len;
-      qr[u] = load_raw<VW>(q + src, valid);
-      kr[u] = load_raw<VW>(k + src, valid);
-    }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int el = base + u * kThreads, i = el / dk_n, d = (el % dk_n) * VW;
-      if (el >= kC * dk_n) continue;
-      float qv[VW], kv[VW];
-#pragma unroll
-      for (int j = 0; j < VW; ++j) {
-        qv[j] = qr[u].get(j);
-        kv[j] = kr[u].get(j);
-      }
-      store_n<VW>(Q_s + i * pk + d, qv);
-      store_n<VW>(K_s + i * pk + d, kv);
-    }
-  }
+  stage_qk<VW>(static_cast<const T*>(a.q), static_cast<const T*>(a.k), l.H, h, dk, start, len, Q_s, K_s, pk,
+               [](int, int, const float*, const float*) {});
   cp_async_wait<0>();
   __syncthreads();
 

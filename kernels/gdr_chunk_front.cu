@@ -28,6 +28,7 @@
 #include "kernels/gdr_chunk_front.h"
 #include "kernels/gdr_chunk_io.cuh"
 #include "kernels/gdr_chunk_mma.cuh"
+#include "kernels/gdr_chunk_stage.cuh"
 
 namespace kernels {
 
@@ -35,6 +36,7 @@ namespace {
 
 using namespace gdr_chunk_io;
 using namespace gdr_chunk_mma;
+using namespace gdr_chunk_stage;
 
 constexpr int kC = 64;
 constexpr int kWarps = 8;
@@ -76,23 +78,9 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_front_kernel(GdrChunkLi
   const int64_t start = l.chunk_start[n];
   const int len = l.chunk_len[n];
 
-  // Gates: γ = cumsum(g) as a scan over warps 0–1 (32 rows each, then warp 0's total carried into
-  // warp 1). Rows past the chunk's length have g = β = 0 (and zero q, k, v below).
+  // Gates. Rows past the chunk's length have g = β = 0 (and zero q, k, v below).
   for (int e = tid; e < kC * kTPitch; e += kThreads) T_s[e] = 0.f;
-  if (tid < kC) {
-    const bool valid = tid < len;
-    float x = valid ? a.g[(start + tid) * l.H + h] : 0.f;
-    b_s[tid] = valid ? a.beta[(start + tid) * l.H + h] : 0.f;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const float y = __shfl_up_sync(0xffffffffu, x, off);
-      if (lane >= off) x += y;
-    }
-    gam_s[tid] = x;
-  }
-  __syncthreads();
-  if (tid >= 32 && tid < kC) gam_s[tid] += gam_s[31];
-  __syncthreads();
+  stage_gates(a.g, a.beta, start, len, l.H, h, gam_s, b_s);
   if (tid < kC) {
     e_s[tid] = expf(gam_s[tid]);
     kap_s[tid] = expf(gam_s[kC - 1] - gam_s[tid]);
@@ -101,40 +89,19 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_front_kernel(GdrChunkLi
   }
   __syncthreads();
 
-  // Q and K into shared memory; Kd and Qg out. Four pieces of each per thread are loaded before
-  // any is used.
-  const T* q = static_cast<const T*>(a.q);
-  const T* k = static_cast<const T*>(a.k);
+  // Q and K into shared memory; Kd and Qg out.
   float* Q_s = QV_s;
-  const int dk_n = dk / VW;
-  for (int base = tid; base < kC * dk_n; base += 4 * kThreads) {
-    Vec<T, VW> qr[4], kr[4];
+  stage_qk<VW>(static_cast<const T*>(a.q), static_cast<const T*>(a.k), l.H, h, dk, start, len, Q_s, K_s, pk,
+               [&](int i, int d, const float* qv, const float* kv) {
+                 float qg[VW], kd[VW];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int el = base + u * kThreads, i = el / dk_n;
-      const int64_t src = ((start + i) * l.H + h) * dk + (el % dk_n) * VW;
-      const bool valid = el < kC * dk_n && i < len;
-      qr[u] = load_raw<VW>(q + src, valid);
-      kr[u] = load_raw<VW>(k + src, valid);
-    }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int el = base + u * kThreads, i = el / dk_n, d = (el % dk_n) * VW;
-      if (el >= kC * dk_n) continue;
-      float qv[VW], kv[VW], qg[VW], kd[VW];
-#pragma unroll
-      for (int j = 0; j < VW; ++j) {
-        qv[j] = qr[u].get(j);
-        kv[j] = kr[u].get(j);
-        qg[j] = e_s[i] * qv[j];
-        kd[j] = kap_s[i] * kv[j];
-      }
-      store_n<VW>(Q_s + i * pk + d, qv);
-      store_n<VW>(K_s + i * pk + d, kv);
-      store_n<VW>(a.Qg + (r * kC + i) * dk + d, qg);
-      store_n<VW>(a.Kd + (r * kC + i) * dk + d, kd);
-    }
-  }
+                 for (int j = 0; j < VW; ++j) {
+                   qg[j] = e_s[i] * qv[j];
+                   kd[j] = kap_s[i] * kv[j];
+                 }
+                 store_n<VW>(a.Qg + (r * kC + i) * dk + d, qg);
+                 store_n<VW>(a.Kd + (r * kC + i) * dk + d, kd);
+               });
   // P above the diagonal blocks is zero (those tiles are not computed below).
   for (int e = tid; e < kC * kC / 4; e += kThreads) {
     const int i = e / (kC / 4), j = 4 * (e % (kC / 4));
@@ -191,24 +158,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_front_kernel(GdrChunkLi
   const int64_t v_stride = a.v_token_stride != 0 ? a.v_token_stride : l.H * dv;
   float* V_s = QV_s;
   auto load_v_panel = [&](int p0, int pw, int first_thread, int n_threads) {
-    const int pw_n = pw / VW;
-    for (int base = tid - first_thread; base < kC * pw_n; base += 4 * n_threads) {
-      Vec<TV, VW> vr[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int el = base + u * n_threads, i = el / pw_n;
-        vr[u] = load_raw<VW>(v + (start + i) * v_stride + h * dv + p0 + (el % pw_n) * VW, el < kC * pw_n && i < len);
-      }
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int el = base + u * n_threads;
-        if (el >= kC * pw_n) continue;
-        float x[VW];
-#pragma unroll
-        for (int j = 0; j < VW; ++j) x[j] = vr[u].get(j);
-        store_n<VW>(V_s + (el / pw_n) * kVPitch + (el % pw_n) * VW, x);
-      }
-    }
+    stage_rows<VW>(v, v_stride, h * dv + p0, pw, start, len, tid - first_thread, n_threads, V_s, kVPitch);
   };
 
   // Diagonal 16 × 16 blocks of (I + A)⁻¹ on warps 0–1, one column per thread: x_i = δ_ic −

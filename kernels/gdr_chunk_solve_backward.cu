@@ -20,6 +20,7 @@
 
 #include "kernels/gdr_chunk_io.cuh"
 #include "kernels/gdr_chunk_mma.cuh"
+#include "kernels/gdr_chunk_stage.cuh"
 #include "kernels/gdr_chunk_solve_backward.h"
 
 namespace kernels {
@@ -28,6 +29,7 @@ namespace {
 
 using namespace gdr_chunk_io;
 using namespace gdr_chunk_mma;
+using namespace gdr_chunk_stage;
 
 constexpr int kC = 64;
 constexpr int kWarps = 8;
@@ -73,46 +75,14 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
   stage_f32(G_s, kGPitch, a.dW + r * kC * dk, dk, kC, dk);
   cp_async_commit();
 
-  // Gates: γ = cumsum(g) by a warp scan over warps 0–1 (warp 0's total carried into warp 1).
+  // Gates.
   __shared__ float gam_s[kC];
-  if (tid < kC) {
-    const bool valid = tid < len;
-    float x = valid ? a.g[(start + tid) * l.H + h] : 0.f;
-    b_s[tid] = valid ? a.beta[(start + tid) * l.H + h] : 0.f;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const float y = __shfl_up_sync(0xffffffffu, x, off);
-      if (lane >= off) x += y;
-    }
-    gam_s[tid] = x;
-  }
-  __syncthreads();
-  if (tid >= 32 && tid < kC) gam_s[tid] += gam_s[31];
-  __syncthreads();
+  stage_gates(a.g, a.beta, start, len, l.H, h, gam_s, b_s);
   if (tid < kC) be_s[tid] = b_s[tid] * expf(gam_s[tid]);
 
-  // Rows of a token-layout tensor (K, or a panel of V) into B_s as fp32, four pieces per thread in
-  // flight at once; rows past the chunk's length are zeros.
+  // K, or a panel of V, into B_s as fp32.
   auto load_rows = [&](const auto* src, int64_t token_stride, int64_t col0, int width) {
-    using E = std::remove_cv_t<std::remove_pointer_t<decltype(src)>>;
-    const int w_n = width / VW;
-    for (int base = tid; base < kC * w_n; base += 4 * kThreads) {
-      Vec<E, VW> x[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int el = base + u * kThreads, i = el / w_n;
-        x[u] = load_raw<VW>(src + (start + i) * token_stride + col0 + (el % w_n) * VW, el < kC * w_n && i < len);
-      }
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int el = base + u * kThreads;
-        if (el >= kC * w_n) continue;
-        float f[VW];
-#pragma unroll
-        for (int j = 0; j < VW; ++j) f[j] = x[u].get(j);
-        store_n<VW>(B_s + (el / w_n) * kBPitch + (el % w_n) * VW, f);
-      }
-    }
+    stage_rows<VW>(src, token_stride, col0, width, start, len, tid, kThreads, B_s, kBPitch);
   };
   const T* k = static_cast<const T*>(a.k);
   load_rows(k, l.H * dk, h * dk, dk);

@@ -1,0 +1,104 @@
+// Staging one chunk of the gated delta rule into shared memory, shared by the fused chunk kernels
+// (gdr_chunk_front.cu, gdr_chunk_solve_backward.cu, gdr_chunk_backward_tail.cu): the gates'
+// cumulative sum, and token-layout rows converted to fp32 with several loads per thread in flight.
+// Rows past the chunk's length read as zeros (g = β = 0, and zero q, k, v), as in prep.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/elem.cuh"
+#include "kernels/gdr_chunk_io.cuh"
+#include "kernels/gdr_chunk_mma.cuh"
+
+namespace kernels {
+namespace gdr_chunk_stage {
+
+constexpr int kRows = 64;  // the chunk size C the fused kernels take
+
+// γ = cumsum(g) into gam_s and β into b_s for the chunk's kRows rows (token t's gate at
+// g[t · H + h]): a warp scan on warps 0–1, then warp 0's total carried into warp 1. Every thread
+// of the block calls it; it ends with a barrier.
+__device__ __forceinline__ void stage_gates(const float* g, const float* beta, int64_t start, int len, int64_t H,
+                                            int64_t h, float* gam_s, float* b_s) {
+  const int tid = threadIdx.x, lane = tid % 32;
+  if (tid < kRows) {
+    const bool valid = tid < len;
+    float x = valid ? g[(start + tid) * H + h] : 0.f;
+    b_s[tid] = valid ? beta[(start + tid) * H + h] : 0.f;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const float y = __shfl_up_sync(0xffffffffu, x, off);
+      if (lane >= off) x += y;
+    }
+    gam_s[tid] = x;
+  }
+  __syncthreads();
+  if (tid >= 32 && tid < kRows) gam_s[tid] += gam_s[31];
+  __syncthreads();
+}
+
+// Columns [col0, col0 + width) of the chunk's rows of a token-layout tensor (token t's row at
+// src + t · token_stride) into dst [kRows][pitch] as fp32. Threads first, first + stride, ... take
+// the VW-element pieces, four each loaded before any is stored.
+template <int VW, typename E>
+__device__ __forceinline__ void stage_rows(const E* src, int64_t token_stride, int64_t col0, int width, int64_t start,
+                                           int len, int first, int stride, float* dst, int pitch) {
+  const int w_n = width / VW;
+  for (int base = first; base < kRows * w_n; base += 4 * stride) {
+    Vec<E, VW> x[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int el = base + u * stride, i = el / w_n;
+      x[u] = gdr_chunk_mma::load_raw<VW>(src + (start + i) * token_stride + col0 + (el % w_n) * VW,
+                                         el < kRows * w_n && i < len);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int el = base + u * stride;
+      if (el >= kRows * w_n) continue;
+      float f[VW];
+#pragma unroll
+      for (int j = 0; j < VW; ++j) f[j] = x[u].get(j);
+      gdr_chunk_io::store_n<VW>(dst + (el / w_n) * pitch + (el % w_n) * VW, f);
+    }
+  }
+}
+
+// The chunk's q and k rows of head h ([tokens, H, dk]) into Q_s and K_s [kRows][pitch] as fp32, by
+// all threads of the block, four pieces of each per thread in flight at once. Calls
+// also(i, d, q_piece, k_piece) for every piece, for work on the values as they pass.
+template <int VW, typename T, class Also>
+__device__ __forceinline__ void stage_qk(const T* q, const T* k, int64_t H, int64_t h, int dk, int64_t start, int len,
+                                         float* Q_s, float* K_s, int pitch, Also also) {
+  const int dk_n = dk / VW, stride = blockDim.x;
+  for (int base = threadIdx.x; base < kRows * dk_n; base += 4 * stride) {
+    Vec<T, VW> qr[4], kr[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int el = base + u * stride, i = el / dk_n;
+      const int64_t src = ((start + i) * H + h) * dk + (el % dk_n) * VW;
+      const bool valid = el < kRows * dk_n && i < len;
+      qr[u] = gdr_chunk_mma::load_raw<VW>(q + src, valid);
+      kr[u] = gdr_chunk_mma::load_raw<VW>(k + src, valid);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int el = base + u * stride, i = el / dk_n, d = (el % dk_n) * VW;
+      if (el >= kRows * dk_n) continue;
+      float qv[VW], kv[VW];
+#pragma unroll
+      for (int j = 0; j < VW; ++j) {
+        qv[j] = qr[u].get(j);
+        kv[j] = kr[u].get(j);
+      }
+      gdr_chunk_io::store_n<VW>(Q_s + i * pitch + d, qv);
+      gdr_chunk_io::store_n<VW>(K_s + i * pitch + d, kv);
+      also(i, d, qv, kv);
+    }
+  }
+}
+
+}  // namespace gdr_chunk_stage
+}  // namespace kernels
