@@ -9,6 +9,8 @@
 //   the rest is elementwise (R_w, R_u, Kd, decay, Qg), then dg = reverse cumsum of dγ.
 // Four pieces have a kernel and an ATen twin with the same inputs and outputs: the gather with the
 // gate math (prep), the masks, the masks' backward and the input gradients (kernels/gdr_chunk.h).
+// At C = 64 three fused kernels take larger spans, each tested against the separate kernels
+// (fused_kernels): the forward's front, the backward through the solve and the backward's tail.
 #include "model/gdr_chunk_core.h"
 
 #include <torch/torch.h>
