@@ -29,6 +29,13 @@ struct GdrChunkList {
 // The kernels take C ≤ 64 (one [C, C] tile per block in shared memory) and any dk, dv ≥ 1.
 inline bool gdr_chunk_supports(int64_t C) { return C >= 1 && C <= 64; }
 
+// The fused kernels (gdr_chunk_front.h, gdr_chunk_solve_backward.h, gdr_chunk_backward_tail.h)
+// take C = 64 (their tiles are 16 rows), dk a multiple of 16 up to 128 (Q and K stay in shared
+// memory) and dv a multiple of 16 (taken in panels of up to 128 columns): the presets' sizes.
+inline bool gdr_chunk_fused_supports(int64_t C, int64_t dk, int64_t dv) {
+  return C == 64 && dk >= 16 && dk <= 128 && dk % 16 == 0 && dv >= 16 && dv % 16 == 0;
+}
+
 struct GdrChunkPrepArgs {
   const void* q = nullptr;      // [tokens, H, dk], dtype in_qk
   const void* k = nullptr;      // [tokens, H, dk], dtype in_qk

@@ -21,11 +21,6 @@
 
 namespace kernels {
 
-// The same sizes as the fused front (kernels/gdr_chunk_front.h).
-inline bool gdr_chunk_backward_tail_supports(int64_t C, int64_t dk, int64_t dv) {
-  return C == 64 && dk >= 16 && dk <= 128 && dk % 16 == 0 && dv >= 16 && dv % 16 == 0;
-}
-
 struct GdrChunkBackwardTailArgs {
   const void* q = nullptr;      // [tokens, H, dk], dtype in_qk
   const void* k = nullptr;      // [tokens, H, dk], dtype in_qk
@@ -51,7 +46,7 @@ struct GdrChunkBackwardTailArgs {
 
 #ifdef DD_HAVE_CUDA
 // Returns the cudaError_t of the launch (0 = success); cudaErrorInvalidValue for sizes
-// gdr_chunk_backward_tail_supports refuses.
+// gdr_chunk_fused_supports refuses.
 int gdr_chunk_backward_tail(const GdrChunkList& l, const GdrChunkBackwardTailArgs& a, void* stream);
 #endif
 

@@ -18,13 +18,6 @@
 
 namespace kernels {
 
-// Sizes the fused kernel takes: C = 64 (the model's chunk size; its tiles are 16 rows), dk a
-// multiple of 16 up to 128 (Q and K stay in shared memory), dv a multiple of 16 (V is taken in
-// panels of up to 128 columns).
-inline bool gdr_chunk_front_supports(int64_t C, int64_t dk, int64_t dv) {
-  return C == 64 && dk >= 16 && dk <= 128 && dk % 16 == 0 && dv >= 16 && dv % 16 == 0;
-}
-
 struct GdrChunkFrontArgs {
   const void* q = nullptr;      // [tokens, H, dk], dtype in_qk
   const void* k = nullptr;      // [tokens, H, dk], dtype in_qk
@@ -45,7 +38,7 @@ struct GdrChunkFrontArgs {
 
 #ifdef DD_HAVE_CUDA
 // Returns the cudaError_t of the launch (0 = success); cudaErrorInvalidValue for sizes
-// gdr_chunk_front_supports refuses.
+// gdr_chunk_fused_supports refuses.
 int gdr_chunk_front_forward(const GdrChunkList& l, const GdrChunkFrontArgs& a, void* stream);
 #endif
 

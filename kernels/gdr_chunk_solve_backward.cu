@@ -213,24 +213,15 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
 }  // namespace
 
 int gdr_chunk_solve_backward(const GdrChunkList& l, const GdrChunkSolveBackwardArgs& a, void* stream) {
-  if (!gdr_chunk_solve_backward_supports(l.C, l.dk, l.dv) || l.N * l.H < 1 || l.N * l.H > 2147483647LL) {
-    return static_cast<int>(cudaErrorInvalidValue);
-  }
   // cp.async moves Tm, dW and dU in 16-byte pieces.
   if (!aligned_to(16, a.Tm, a.dW, a.dU)) return static_cast<int>(cudaErrorInvalidValue);
-  const unsigned grid = static_cast<unsigned>(l.N * l.H);
   const bool vec = vectorizable(l, a.in_qk, a.in_v, {a.dRw, a.dRu}, {a.k}, {a.v}, a.v_token_stride);
-  const size_t smem = sizeof(float) * static_cast<size_t>(kSmemFloats);
-  auto st = static_cast<cudaStream_t>(stream);
-  int err = 0;
-  dispatch_two_dtypes(a.in_qk, a.in_v, vec, [&](auto qk_tag, auto v_tag, auto width) {
-    auto kernel = gdr_chunk_solve_backward_kernel<decltype(qk_tag), decltype(v_tag), decltype(width)::value>;
-    err = static_cast<int>(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    if (err == 0) kernel<<<grid, kThreads, smem, st>>>(l, a);
-  });
-  if (err != 0) return err;
-  return static_cast<int>(cudaGetLastError());
+  return launch_fused(
+      l, a.in_qk, a.in_v, vec, kThreads, sizeof(float) * static_cast<size_t>(kSmemFloats), stream,
+      [](auto qk, auto v, auto w) {
+        return gdr_chunk_solve_backward_kernel<decltype(qk), decltype(v), decltype(w)::value>;
+      },
+      a);
 }
 
 }  // namespace kernels

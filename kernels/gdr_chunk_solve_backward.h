@@ -15,12 +15,6 @@
 
 namespace kernels {
 
-// The same sizes as the fused front (kernels/gdr_chunk_front.h): C = 64, dk a multiple of 16 up
-// to 128, dv a multiple of 16.
-inline bool gdr_chunk_solve_backward_supports(int64_t C, int64_t dk, int64_t dv) {
-  return C == 64 && dk >= 16 && dk <= 128 && dk % 16 == 0 && dv >= 16 && dv % 16 == 0;
-}
-
 struct GdrChunkSolveBackwardArgs {
   const void* k = nullptr;      // [tokens, H, dk], dtype in_qk
   const void* v = nullptr;      // [tokens, H, dv], dtype in_v; token t at v + t · v_token_stride
@@ -38,7 +32,7 @@ struct GdrChunkSolveBackwardArgs {
 
 #ifdef DD_HAVE_CUDA
 // Returns the cudaError_t of the launch (0 = success); cudaErrorInvalidValue for sizes
-// gdr_chunk_solve_backward_supports refuses.
+// gdr_chunk_fused_supports refuses.
 int gdr_chunk_solve_backward(const GdrChunkList& l, const GdrChunkSolveBackwardArgs& a, void* stream);
 #endif
 

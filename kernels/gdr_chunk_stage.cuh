@@ -1,6 +1,7 @@
 // Staging one chunk of the gated delta rule into shared memory, shared by the fused chunk kernels
 // (gdr_chunk_front.cu, gdr_chunk_solve_backward.cu, gdr_chunk_backward_tail.cu): the gates'
-// cumulative sum, and token-layout rows converted to fp32 with several loads per thread in flight.
+// cumulative sum, token-layout rows converted to fp32 with several loads per thread in flight, and
+// the launch.
 // Rows past the chunk's length read as zeros (g = β = 0, and zero q, k, v), as in prep.
 #pragma once
 
@@ -98,6 +99,28 @@ __device__ __forceinline__ void stage_qk(const T* q, const T* k, int64_t H, int6
       also(i, d, qv, kv);
     }
   }
+}
+
+// Host side: launches one of the fused kernels, one block of `threads` per (chunk, head) with
+// `smem` bytes of dynamic shared memory, on the instance kernel_of(q|k tag, v tag, row width)
+// picks for the inputs' dtypes and vector width. Returns the cudaError_t (0 = success);
+// cudaErrorInvalidValue for sizes gdr_chunk_fused_supports refuses.
+template <class KernelOf, class Args>
+int launch_fused(const GdrChunkList& l, DType in_qk, DType in_v, bool vec, int threads, size_t smem, void* stream,
+                 KernelOf kernel_of, const Args& a) {
+  if (!gdr_chunk_fused_supports(l.C, l.dk, l.dv) || l.N * l.H < 1 || l.N * l.H > 2147483647LL) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  const unsigned grid = static_cast<unsigned>(l.N * l.H);
+  int err = 0;
+  gdr_chunk_io::dispatch_two_dtypes(in_qk, in_v, vec, [&](auto qk_tag, auto v_tag, auto width) {
+    auto kernel = kernel_of(qk_tag, v_tag, width);
+    err = static_cast<int>(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    if (err == 0) kernel<<<grid, threads, smem, static_cast<cudaStream_t>(stream)>>>(l, a);
+  });
+  if (err != 0) return err;
+  return static_cast<int>(cudaGetLastError());
 }
 
 }  // namespace gdr_chunk_stage

@@ -484,9 +484,7 @@ Front front(const Ctx& c, const torch::Tensor& q, const torch::Tensor& k, const 
 // recompute, the solve's backward and the tail (all or none, so each path is one tested whole).
 bool fused_kernels(const Ctx& c) {
 #if defined(DD_HAVE_CUDA)
-  return c.kernels && g_use_fused_kernels && kernels::gdr_chunk_front_supports(c.l.C, c.dk, c.dv) &&
-         kernels::gdr_chunk_solve_backward_supports(c.l.C, c.dk, c.dv) &&
-         kernels::gdr_chunk_backward_tail_supports(c.l.C, c.dk, c.dv);
+  return c.kernels && g_use_fused_kernels && kernels::gdr_chunk_fused_supports(c.l.C, c.dk, c.dv);
 #else
   (void)c;
   return false;
