@@ -37,6 +37,7 @@ int bench_data(const BenchDataArgs& args);
 
 struct BenchGdrArgs {
   int64_t batch = 8, seq = 2048, heads = 16, head_dim = 128, chunk = 64;
+  int64_t value_dim = 0;  // dv; 0: the same as head_dim
   std::string dtype = "bf16";  // bf16 | fp32 (the inputs; the core computes in fp32)
   int repeats = 20;
   bool profile = false;  // also print where the GPU time goes (kernel scan), per component and kernel

@@ -49,6 +49,10 @@ int bench_gdr(const BenchGdrArgs& a) {
     std::cerr << "deltadeck: bench gdr: --batch, --seq, --heads, --head-dim, --chunk and --repeats must be >= 1\n";
     return 2;
   }
+  if (a.value_dim < 0) {
+    std::cerr << "deltadeck: bench gdr: --value-dim must be >= 1 (or 0 for --head-dim's value)\n";
+    return 2;
+  }
   torch::ScalarType dt;
   if (a.dtype == "bf16") {
     dt = torch::kBFloat16;
@@ -60,25 +64,26 @@ int bench_gdr(const BenchGdrArgs& a) {
   }
   const torch::Device dev = torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
   torch::manual_seed(0);
-  const int64_t B = a.batch, T = a.seq, H = a.heads, D = a.head_dim;
+  const int64_t B = a.batch, T = a.seq, H = a.heads, D = a.head_dim, Dv = a.value_dim > 0 ? a.value_dim : D;
   auto opt = torch::TensorOptions().device(dev).dtype(torch::kFloat32);
   auto unit = [](const torch::Tensor& x) { return x / x.norm(2, -1, true); };
   auto q = unit(torch::randn({B, T, H, D}, opt)).to(dt), k = unit(torch::randn({B, T, H, D}, opt)).to(dt);
-  auto v = torch::randn({B, T, H, D}, opt).to(dt);
+  auto v = torch::randn({B, T, H, Dv}, opt).to(dt);
   auto beta = torch::rand({B, T, H}, opt).to(dt);
   auto g = torch::nn::functional::logsigmoid(torch::randn({B, T, H}, opt) + 4.0).to(dt);  // mostly near 0, ≤ 0
-  auto grad_o = torch::randn({B, T, H, D}, opt).to(dt);
+  auto grad_o = torch::randn({B, T, H, Dv}, opt).to(dt);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
 
-  std::printf("gated delta rule, chunked: B=%lld T=%lld H=%lld dk=dv=%lld C=%lld, inputs %s, %s\n",
+  std::printf("gated delta rule, chunked: B=%lld T=%lld H=%lld dk=%lld dv=%lld C=%lld, inputs %s, %s\n",
               static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(H),
-              static_cast<long long>(D), static_cast<long long>(a.chunk), a.dtype.c_str(),
+              static_cast<long long>(D), static_cast<long long>(Dv), static_cast<long long>(a.chunk), a.dtype.c_str(),
               dev.is_cuda() ? "GPU" : "CPU");
   std::printf("%-22s %12s %16s %8s\n", "chunk core", "forward ms", "fwd+bwd ms", "ratio");
   // The kernels run on a GPU only; on the CPU every row would be the ATen twins. The second row is
   // the same kernels without the fused ones (the forward's front and the backward through the
-  // solve as the separate launches they replace), the third with the tensor-core scan in 32-column
-  // blocks, the fourth with the state scan in fp32 FMA instead of on tensor cores.
+  // solve as the separate launches they replace); then the tensor-core scan in blocks of each
+  // fixed width of state columns (the first row's picks one by kernels::gdr_scan_mma_width), and
+  // the state scan in fp32 FMA instead of on tensor cores.
   struct Mode {
     const char* name;
     bool kernels;
@@ -89,6 +94,9 @@ int bench_gdr(const BenchGdrArgs& a) {
       dev.is_cuda() ? std::vector<Mode>{{"kernels (GPU fp32)", true, true, kernels::kGdrScanAuto},
                                         {"kernels, unfused", true, false, kernels::kGdrScanAuto},
                                         {"kernels, 32-col scan", true, true, kernels::kGdrScanTensorCores32},
+                                        {"kernels, 64-col scan", true, true, kernels::kGdrScanTensorCores64},
+                                        {"kernels, 96-col scan", true, true, kernels::kGdrScanTensorCores96},
+                                        {"kernels, 128-col scan", true, true, kernels::kGdrScanTensorCores128},
                                         {"kernels, FMA scan", true, true, kernels::kGdrScanSimt16},
                                         {"ATen pieces", false, false, kernels::kGdrScanAuto}}
                     : std::vector<Mode>{{"ATen pieces", false, false, kernels::kGdrScanAuto}};

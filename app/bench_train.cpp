@@ -36,21 +36,23 @@ int bench_train(const BenchTrainArgs& a) {
     std::cerr << "deltadeck: bench train: --steps must be >= 1 and --warmup >= 0\n";
     return 2;
   }
-  if (a.gdr_scan != "kernel" && a.gdr_scan != "unfused" && a.gdr_scan != "narrow-scan" &&
-      a.gdr_scan != "fma-scan" && a.gdr_scan != "aten") {
-    std::cerr << "deltadeck: bench train: --gdr-scan: expected kernel, unfused, narrow-scan, fma-scan or aten, "
-                 "got \""
+  // The state scan's kernel per --gdr-scan value (kernels::GdrScanVariant); the others take the default.
+  const std::map<std::string, int> scan_variants = {{"narrow-scan", kernels::kGdrScanTensorCores32},
+                                                    {"scan-64", kernels::kGdrScanTensorCores64},
+                                                    {"scan-96", kernels::kGdrScanTensorCores96},
+                                                    {"scan-128", kernels::kGdrScanTensorCores128},
+                                                    {"fma-scan", kernels::kGdrScanSimt16}};
+  if (a.gdr_scan != "kernel" && a.gdr_scan != "unfused" && a.gdr_scan != "aten" && scan_variants.count(a.gdr_scan) == 0) {
+    std::cerr << "deltadeck: bench train: --gdr-scan: expected kernel, unfused, narrow-scan, scan-64, scan-96, "
+                 "scan-128, fma-scan or aten, got \""
               << a.gdr_scan << "\"\n";
     return 2;
   }
   model::gdr_use_kernels(a.gdr_scan != "aten");
   // unfused-front: the forward's front as six launches instead of the fused kernel.
   model::gdr_use_fused_kernels(a.gdr_scan != "unfused");
-  // narrow-scan: the tensor-core state scan in 32-column blocks; fma-scan: in fp32 FMA instead
-  // (kernels::GdrScanVariant).
-  model::gdr_scan_variant(a.gdr_scan == "fma-scan"      ? kernels::kGdrScanSimt16
-                          : a.gdr_scan == "narrow-scan" ? kernels::kGdrScanTensorCores32
-                                                        : kernels::kGdrScanAuto);
+  const auto variant = scan_variants.find(a.gdr_scan);
+  model::gdr_scan_variant(variant != scan_variants.end() ? variant->second : kernels::kGdrScanAuto);
   const std::string tmp = storage::files::make_temp_dir("deltadeck-bench");
   std::vector<std::string> o = {
       "name=\"bench\"",

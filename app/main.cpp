@@ -126,7 +126,9 @@ int main(int argc, char** argv) {
   bench_gdr_cmd->add_option("--batch", bench_gdr.batch, "Rows B")->capture_default_str();
   bench_gdr_cmd->add_option("--seq", bench_gdr.seq, "Row length T")->capture_default_str();
   bench_gdr_cmd->add_option("--heads", bench_gdr.heads, "Heads H")->capture_default_str();
-  bench_gdr_cmd->add_option("--head-dim", bench_gdr.head_dim, "Key and value head size")->capture_default_str();
+  bench_gdr_cmd->add_option("--head-dim", bench_gdr.head_dim, "Key head size dk (and dv unless --value-dim)")
+      ->capture_default_str();
+  bench_gdr_cmd->add_option("--value-dim", bench_gdr.value_dim, "Value head size dv (default: --head-dim)");
   bench_gdr_cmd->add_option("--chunk", bench_gdr.chunk, "Chunk size C")->capture_default_str();
   bench_gdr_cmd->add_option("--dtype", bench_gdr.dtype, "bf16 | fp32 inputs")->capture_default_str();
   bench_gdr_cmd->add_option("--repeats", bench_gdr.repeats, "Timed runs (median reported)")->capture_default_str();
@@ -160,10 +162,11 @@ int main(int argc, char** argv) {
   bench_train_cmd->add_option("--seq-len", bench_train.seq_len, "Row length T")->capture_default_str();
   bench_train_cmd->add_option("-s,--set", bench_train.overrides, "Override a config key: section.key=value");
   bench_train_cmd->add_option("--gdr-scan", bench_train.gdr_scan,
-                              "kernel | unfused | narrow-scan | fma-scan | aten: the delta rule core's CUDA kernels, the "
-                              "same without the fused ones (forward front, backward through the solve), with the state "
-                              "scan in 32-column blocks or in fp32 FMA instead of tensor cores, or their "
-                              "ATen twins (to measure the kernels)")
+                              "kernel | unfused | narrow-scan | scan-64 | scan-96 | scan-128 | fma-scan | aten: the "
+                              "delta rule core's CUDA kernels, the same without the fused ones (forward front, "
+                              "backward through the solve), with the state scan in blocks of 32, 64, 96 or 128 "
+                              "columns instead of the width picked for the shape, or in fp32 FMA instead of tensor "
+                              "cores, or their ATen twins (to measure the kernels)")
       ->capture_default_str();
   bench_train_cmd->add_option("--json", bench_train.json_path, "Also write the figures as JSON to this file");
   bench_train_cmd->add_flag("--profile", bench_train.profile,

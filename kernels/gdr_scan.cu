@@ -209,10 +209,18 @@ int gdr_scan(const GdrScanArgs& a, void* stream) {
   const dim3 grid(static_cast<unsigned>(a.n_docs * a.H), static_cast<unsigned>((a.dv + kLanes - 1) / kLanes));
   const size_t smem = gdr_scan_smem_bytes(a.C, a.dk);  // ≤ 176 KiB by the limits
   auto st = static_cast<cudaStream_t>(stream);
-  const bool tc64 = gdr_scan_mma_supports(a.C, a.dk, a.dv, 64), tc32 = gdr_scan_mma_supports(a.C, a.dk, a.dv, 32);
-  if (a.variant == kGdrScanAuto && (tc64 || tc32)) return gdr_scan_tensor_cores(a, a.dv >= 64 && tc64 ? 64 : 32, stream);
-  if (a.variant == kGdrScanTensorCores64 && tc64) return gdr_scan_tensor_cores(a, 64, stream);
-  if (a.variant == kGdrScanTensorCores32 && tc32) return gdr_scan_tensor_cores(a, 32, stream);
+  if (a.variant == kGdrScanAuto) {
+    const int cols = gdr_scan_mma_width(a);
+    if (cols > 0) return gdr_scan_tensor_cores(a, cols, stream);
+  }
+  const int fixed_cols = a.variant == kGdrScanTensorCores32    ? 32
+                         : a.variant == kGdrScanTensorCores64  ? 64
+                         : a.variant == kGdrScanTensorCores96  ? 96
+                         : a.variant == kGdrScanTensorCores128 ? 128
+                                                               : 0;
+  if (fixed_cols > 0 && gdr_scan_mma_supports(a.C, a.dk, a.dv, fixed_cols)) {
+    return gdr_scan_tensor_cores(a, fixed_cols, stream);
+  }
   if (a.variant != kGdrScanSimt8) return a.C <= 16 * 4 ? launch_rpw<16, 4>(a, grid, smem, st) : launch_rpw<16, 8>(a, grid, smem, st);
   return a.C <= 8 * 8 ? launch_rpw<8, 8>(a, grid, smem, st) : launch_rpw<8, 16>(a, grid, smem, st);
 }

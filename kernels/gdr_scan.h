@@ -30,6 +30,8 @@ enum GdrScanVariant : int {
   kGdrScanTensorCores32 = 2,
   kGdrScanTensorCores64 = 3,
   kGdrScanAuto = 4,
+  kGdrScanTensorCores96 = 5,
+  kGdrScanTensorCores128 = 6,
 };
 
 struct GdrScanArgs {
@@ -47,40 +49,70 @@ struct GdrScanArgs {
   float sign_p = -1.f, sign_q = 1.f;
   bool reverse = false;
   // Which kernel runs the scan (docs/perf.md has the comparisons):
-  //   kAuto (default): kTensorCores64 where its sizes allow and dv ≥ 64, else kTensorCores32
-  //                    where its sizes allow, else kSimt16;
+  //   kAuto (default): the tensor-core kernel in the block width gdr_scan_mma_width picks for
+  //                    these sizes and this GPU, else kSimt16;
   //   kTensorCores32: split-TF32 mma.sync products (gdr_scan_mma.cu), 8-warp blocks of 32 state
   //                   columns, for the sizes gdr_scan_mma_supports takes (else kSimt16);
-  //   kTensorCores64: the same with 16-warp blocks of 64 columns (else kSimt16);
+  //   kTensorCores64, 96, 128: the same with 16-, 24- and 32-warp blocks of 64, 96 and 128
+  //                   columns (else kSimt16);
   //   kSimt16: fp32 FMA, blocks of 16 warps; kSimt8: the same with 8 warps (kept for the tests).
   int variant = kGdrScanAuto;
   int64_t n_docs = 0, H = 0, C = 0, dk = 0, dv = 0;
 };
 
-// Shared memory of one block: the state and y columns, and one staged [C, dk] tile.
+// Shared memory of one block (the FMA kernels): the state and y columns, and one staged [C, dk] tile.
 inline int64_t gdr_scan_smem_bytes(int64_t C, int64_t dk) { return (32 * (dk + C) + C * dk) * 4; }
 
 // True when the kernel takes these sizes (otherwise use the reference).
 inline bool gdr_scan_supports(int64_t C, int64_t dk) { return C >= 1 && C <= 128 && dk >= 4 && dk <= 256 && dk % 4 == 0; }
 
-// The tensor-core variants, blocks of `cols` state columns (32 or 64): shared memory of one block
-// (the state and y's two parts [·][cols + 8], P and Q [C][dk + pad]), its limit, and the sizes
-// they take (16-row mma tiles over C and dk, 16-byte copies of columns).
+// The tensor-core variants, blocks of `cols` state columns (32, 64, 96 or 128): shared memory of
+// one block (the state and y's two parts [·][cols + 8], P and Q [C][dk + pad]), its limit, and the
+// sizes they take (16-row mma tiles over C and dk, 16-byte copies of columns). The 24- and 32-warp
+// blocks (96 and 128 columns) have 80 and 64 registers a thread, which fit one 16-row tile of y and
+// of the state per warp without spilling: C ≤ 64 and dk ≤ 128.
 constexpr int64_t kGdrScanMmaMaxSmem = 227 * 1024;
 inline int64_t gdr_scan_mma_smem_bytes(int64_t C, int64_t dk, int64_t cols = 32) {
   return ((cols + 8) * (dk + 2 * C) + C * (2 * dk + 12)) * 4;
 }
 inline bool gdr_scan_mma_supports(int64_t C, int64_t dk, int64_t dv, int64_t cols = 32) {
   return C >= 16 && C <= 128 && C % 16 == 0 && dk >= 16 && dk <= 256 && dk % 16 == 0 && dv >= 4 && dv % 4 == 0 &&
-         gdr_scan_mma_smem_bytes(C, dk, cols) <= kGdrScanMmaMaxSmem;
+         (cols <= 64 || (C <= 64 && dk <= 128)) && gdr_scan_mma_smem_bytes(C, dk, cols) <= kGdrScanMmaMaxSmem;
+}
+
+// The block width the default takes (0: no tensor-core width takes these sizes), for `doc_heads`
+// (document, head) pairs on a GPU of `sms` SMs. Measured on an H100 (docs/perf.md), the scan is
+// bound by each SM's throughput more than by a step's latency: one 64-column block alone on an SM
+// and two 32-column blocks sharing one take about the same time per step, a 128-column block about
+// twice that. So the time follows the columns the busiest SM scans, ceil(blocks / SMs) · width,
+// and the width that spreads the blocks best wins: for hybrid `base`'s 48 pairs of dv 192, 96
+// columns (96 blocks, one per SM) against 64 (144 blocks, two on some SMs). Ties go to 64 columns,
+// then 96, 32, 128: narrower blocks stage P and Q once per 32 columns, and the 32-warp block
+// spills registers in the backward.
+inline int gdr_scan_mma_width_for(int64_t C, int64_t dk, int64_t dv, int64_t doc_heads, int sms) {
+  if (sms < 1 || doc_heads < 1) return 0;
+  int best = 0;
+  int64_t best_load = 0;
+  for (const int cols : {64, 96, 32, 128}) {
+    if (!gdr_scan_mma_supports(C, dk, dv, cols)) continue;
+    const int64_t blocks = doc_heads * ((dv + cols - 1) / cols);
+    const int64_t load = (blocks + sms - 1) / sms * cols;
+    if (best == 0 || load < best_load) {
+      best = cols;
+      best_load = load;
+    }
+  }
+  return best;
 }
 
 #ifdef DD_HAVE_CUDA
 // Returns the cudaError_t of the launch (0 = success).
 int gdr_scan(const GdrScanArgs& a, void* stream);
-// The tensor-core kernel alone in blocks of `cols` (32 or 64) state columns (gdr_scan calls it);
-// sizes must pass gdr_scan_mma_supports for that width.
+// The tensor-core kernel alone in blocks of `cols` (32, 64, 96 or 128) state columns (gdr_scan
+// calls it); sizes must pass gdr_scan_mma_supports for that width.
 int gdr_scan_tensor_cores(const GdrScanArgs& a, int cols, void* stream);
+// gdr_scan_mma_width_for on the current device.
+int gdr_scan_mma_width(const GdrScanArgs& a);
 #endif
 
 }  // namespace kernels

@@ -1,5 +1,5 @@
 // The chunk-state scan of the gated delta rule on tensor cores (kernels/gdr_scan.h, variants
-// kTensorCores32 and kTensorCores64). Same loop and layouts as the SIMT kernel in gdr_scan.cu;
+// kTensorCores32 to kTensorCores128). Same loop and layouts as the SIMT kernel in gdr_scan.cu;
 // what differs is how the two products of a step are taken (for a block's `cols` columns):
 //   y = A + sign_p · P S                 [C, cols] = [C, dk] · [dk, cols]
 //   S = decay · S + sign_q · Qᵀ y + E    [dk, cols] += [dk, C] · [C, cols]
@@ -7,10 +7,11 @@
 // remainder (big·big + big·small + small·big), so the result keeps close to fp32 accuracy while
 // the SIMT kernel's shared-memory loads per multiply-add (its limit) drop about fourfold.
 //
-// One block of 8 warps owns one (document, head) and 32 columns of the state (or 16 warps and 64
-// columns). The state lives in two places: each warp holds its part of S as mma accumulators in
-// registers (phase 2 updates them there), and a copy in shared memory [dk][cols + 8] is phase 1's
-// B operand and the source of the coalesced out_state writes. Per step:
+// One block of 8 warps owns one (document, head) and 32 columns of the state (or 16, 24, 32 warps
+// and 64, 96, 128 columns; gdr_scan_mma_width picks the width). The state lives in two places:
+// each warp holds its part of S as mma accumulators in registers (phase 2 updates them there),
+// and a copy in shared memory [dk][cols + 8] is phase 1's B operand and the source of the
+// coalesced out_state writes. Per step:
 //   phase 0  write the state this step starts from (out_state); load the values of A, E and decay
 //            each thread needs later into registers;
 //   phase 1  each warp takes 16 × 16 tiles of y (units w, w + warps, ... of the (row tile, column
@@ -33,7 +34,7 @@ namespace kernels {
 
 namespace {
 
-// A block of kWarps (8 or 16) warps owns 4 · kWarps state columns (32 or 64): 8 warps along the
+// A block of kWarps (8, 16, 24 or 32) warps owns 4 · kWarps state columns: 8 warps along the
 // state's rows in phase 2 times kWarps / 8 groups of 32 columns. Shared rows of S and y are
 // kCols + 8 long, so a fragment's eight columns and four rows fall in 32 different banks.
 __host__ __device__ constexpr int cols_of(int warps) { return 4 * warps; }
@@ -71,7 +72,8 @@ __device__ __forceinline__ void stage_rows(float* dst, int pitch, const float* s
 
 // kUnits: phase-1 units per warp ((C/16) · (kCols/16) ≤ kWarps · kUnits). kRowTiles: 16-row state
 // tiles per warp in phase 2 (dk/16 ≤ 8 · kRowTiles).
-template <int kWarps, int kUnits, int kRowTiles>
+// kHasE: E is read (the backward).
+template <int kWarps, int kUnits, int kRowTiles, bool kHasE>
 __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2 : 1)
     gdr_scan_mma_kernel(GdrScanArgs a) {
   constexpr int kCols = cols_of(kWarps), kColPitch = pitch_of(kWarps), kPairs = kCols / 16;
@@ -147,26 +149,32 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
   for (int step = 0; step < n; ++step) {
     const int64_t r = row_of_step(step);
 
-    // Phase 0: the state this step starts from; E and decay start loading for phase 2.
+    // Phase 0: the state this step starts from; E (in blocks of up to 16 warps) and decay start
+    // loading for phase 2. The 24- and 32-warp blocks have too few registers to carry E through
+    // phase 1, so they load it as phase 2 starts.
     state_to_global(a.out_state + r * dk * dv);
     float E_r[kRowTiles][4][4];
+    auto load_e = [&] {
 #pragma unroll
-    for (int rt = 0; rt < kRowTiles; ++rt) {
-      const int m0 = 16 * (row_warp + 8 * rt);
+      for (int rt = 0; rt < kRowTiles; ++rt) {
+        const int m0 = 16 * (row_warp + 8 * rt);
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
+        for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int c = col0 + 8 * nt + 2 * t;
-          float2 e = make_float2(0.f, 0.f);
-          if (a.E != nullptr && m0 < dk && c < cols) {
-            e = *reinterpret_cast<const float2*>(a.E + (r * dk + m0 + g + 8 * h) * dv + j0 + c);
+          for (int h = 0; h < 2; ++h) {
+            const int c = col0 + 8 * nt + 2 * t;
+            float2 e = make_float2(0.f, 0.f);
+            if (kHasE && m0 < dk && c < cols) {
+              e = *reinterpret_cast<const float2*>(a.E + (r * dk + m0 + g + 8 * h) * dv + j0 + c);
+            }
+            E_r[rt][nt][2 * h] = e.x;
+            E_r[rt][nt][2 * h + 1] = e.y;
           }
-          E_r[rt][nt][2 * h] = e.x;
-          E_r[rt][nt][2 * h + 1] = e.y;
         }
       }
-    }
+    };
+    constexpr bool kEarlyE = kWarps <= 16;
+    if (kEarlyE) load_e();
     const float dec = __ldg(a.decay + r);
     // A's values at this thread's y positions (unit u, column tile h, row half): [u][h][half].
     float2 A_r[kUnits][2][2];
@@ -232,6 +240,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
     __syncthreads();
 
     // Phase 2: S = decay · S + E + Qᵀ (sign_q · y) for this warp's rows.
+    if (!kEarlyE) load_e();
     float cross_s[kRowTiles][4][4];
 #pragma unroll
     for (int rt = 0; rt < kRowTiles; ++rt) {
@@ -294,38 +303,70 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
   state_to_global(a.final_state + doc_head * dk * dv);
 }
 
-template <int kWarps, int kUnits, int kRowTiles>
-int launch(const GdrScanArgs& a, dim3 grid, size_t smem, cudaStream_t st) {
-  static const bool opted_in = [] {
-    cudaFuncSetAttribute(gdr_scan_mma_kernel<kWarps, kUnits, kRowTiles>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(kGdrScanMmaMaxSmem));
-    return true;
+using ScanKernel = void (*)(GdrScanArgs);
+
+// The kernel for these template sizes, allowed the shared memory it needs (once per process).
+template <int kWarps, int kUnits, int kRowTiles, bool kHasE>
+ScanKernel opted_in_kernel() {
+  static const ScanKernel fn = [] {
+    ScanKernel f = gdr_scan_mma_kernel<kWarps, kUnits, kRowTiles, kHasE>;
+    cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kGdrScanMmaMaxSmem));
+    return f;
   }();
-  (void)opted_in;
-  gdr_scan_mma_kernel<kWarps, kUnits, kRowTiles><<<grid, 32 * kWarps, smem, st>>>(a);
-  return static_cast<int>(cudaGetLastError());
+  return fn;
 }
 
+// The instantiation for a's sizes in kWarps-warp blocks. The forward scan has no E, and its kernel
+// keeps no registers for it. The 24- and 32-warp blocks take one unit and one row tile only
+// (gdr_scan_mma_supports).
 template <int kWarps>
-int launch_sized(const GdrScanArgs& a, cudaStream_t st) {
-  const dim3 grid(static_cast<unsigned>(a.n_docs * a.H),
-                  static_cast<unsigned>((a.dv + cols_of(kWarps) - 1) / cols_of(kWarps)));
-  const size_t smem = gdr_scan_mma_smem_bytes(a.C, a.dk, cols_of(kWarps));
-  const bool two_units = a.C > 64, two_row_tiles = a.dk > 128;
-  if (two_units) {
-    return two_row_tiles ? launch<kWarps, 2, 2>(a, grid, smem, st) : launch<kWarps, 2, 1>(a, grid, smem, st);
+ScanKernel kernel_sized(const GdrScanArgs& a) {
+  const bool e = a.E != nullptr;
+  if constexpr (kWarps > 16) {
+    return e ? opted_in_kernel<kWarps, 1, 1, true>() : opted_in_kernel<kWarps, 1, 1, false>();
+  } else {
+    const bool two_units = a.C > 64, two_row_tiles = a.dk > 128;
+    if (two_units) {
+      if (two_row_tiles) return e ? opted_in_kernel<kWarps, 2, 2, true>() : opted_in_kernel<kWarps, 2, 2, false>();
+      return e ? opted_in_kernel<kWarps, 2, 1, true>() : opted_in_kernel<kWarps, 2, 1, false>();
+    }
+    if (two_row_tiles) return e ? opted_in_kernel<kWarps, 1, 2, true>() : opted_in_kernel<kWarps, 1, 2, false>();
+    return e ? opted_in_kernel<kWarps, 1, 1, true>() : opted_in_kernel<kWarps, 1, 1, false>();
   }
-  return two_row_tiles ? launch<kWarps, 1, 2>(a, grid, smem, st) : launch<kWarps, 1, 1>(a, grid, smem, st);
+}
+
+ScanKernel kernel_for_width(const GdrScanArgs& a, int cols) {
+  switch (cols) {
+    case 128: return kernel_sized<32>(a);
+    case 96: return kernel_sized<24>(a);
+    case 64: return kernel_sized<16>(a);
+    default: return kernel_sized<8>(a);
+  }
 }
 
 }  // namespace
 
 int gdr_scan_tensor_cores(const GdrScanArgs& a, int cols, void* stream) {
-  if ((cols != 32 && cols != 64) || !gdr_scan_mma_supports(a.C, a.dk, a.dv, cols) || a.n_docs < 1 || a.H < 1) {
+  if ((cols != 32 && cols != 64 && cols != 96 && cols != 128) || !gdr_scan_mma_supports(a.C, a.dk, a.dv, cols) ||
+      a.n_docs < 1 || a.H < 1) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
-  auto st = static_cast<cudaStream_t>(stream);
-  return cols == 64 ? launch_sized<16>(a, st) : launch_sized<8>(a, st);
+  const dim3 grid(static_cast<unsigned>(a.n_docs * a.H), static_cast<unsigned>((a.dv + cols - 1) / cols));
+  const dim3 block(static_cast<unsigned>(8 * cols));  // 32 · kWarps threads, kWarps = cols / 4
+  GdrScanArgs args = a;
+  void* params[] = {&args};
+  return static_cast<int>(cudaLaunchKernel(reinterpret_cast<const void*>(kernel_for_width(a, cols)), grid, block, params,
+                                           gdr_scan_mma_smem_bytes(a.C, a.dk, cols),
+                                           static_cast<cudaStream_t>(stream)));
+}
+
+int gdr_scan_mma_width(const GdrScanArgs& a) {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    return 0;
+  }
+  return gdr_scan_mma_width_for(a.C, a.dk, a.dv, a.n_docs * a.H, sms);
 }
 
 }  // namespace kernels

@@ -76,13 +76,15 @@ TEST(GdrScanCuda, KernelMatchesReferenceForwardAndBackward) {
       {{2, 2}, 2, 48, 48, 68},
       {{3, 2}, 2, 128, 128, 64},
       {{3, 1}, 2, 64, 256, 40},
+      {{3, 2}, 2, 64, 96, 192},  // hybrid base's head: two 96-column blocks, or 128 + a half-empty one
   };
   const double tol = 2e-5;
   // Every kernel variant on every case (kernels::GdrScanVariant): fp32 FMA in 8-warp and 16-warp
-  // blocks, tensor cores in blocks of 32 columns and of 64 (the default picks between those); a
+  // blocks, tensor cores in blocks of 32, 64, 96 and 128 columns, and the default's pick; a
   // tensor-core variant runs the 16-warp FMA kernel where the sizes do not allow it.
-  const char* variant_names[] = {"8-warp FMA", "16-warp FMA", "tensor-core", "tensor-core 64-column"};
-  for (const int variant : {0, 1, 2, 3}) {
+  const char* variant_names[] = {"8-warp FMA",  "16-warp FMA", "tensor-core 32-column", "tensor-core 64-column",
+                                 "auto-width", "tensor-core 96-column", "tensor-core 128-column"};
+  for (const int variant : {0, 1, 2, 3, 4, 5, 6}) {
     for (const Case& c : cases) {
       model::gdr_scan_variant(variant);
       int64_t N = 0;

@@ -1,0 +1,48 @@
+// The state scan's block-width rule (kernels::gdr_scan_mma_width_for) on the shapes whose timings
+// set it (docs/perf.md, issue 7, stop 23: one H100, 132 SMs, every width measured): the rule must
+// pick the width that was fastest there, and none where no tensor-core width takes the sizes.
+// Pure host arithmetic, so it runs without a GPU.
+#include <gtest/gtest.h>
+
+#include "kernels/gdr_scan.h"
+
+namespace {
+
+constexpr int kH100Sms = 132;
+
+TEST(GdrScanWidth, PicksTheWidthMeasuredFastest) {
+  // bench gdr's shape: 8 documents × 16 heads, dk = dv = 128. 64 (256 blocks, two on each SM)
+  // measured 0.65 ms, 32 0.69, 128 0.64 with a slower backward, 96 0.91.
+  EXPECT_EQ(kernels::gdr_scan_mma_width_for(64, 128, 128, 8 * 16, kH100Sms), 64);
+  // hybrid base, 8 documents × 6 heads, dk 96, dv 192: 96 columns, one block per SM.
+  EXPECT_EQ(kernels::gdr_scan_mma_width_for(64, 96, 192, 8 * 6, kH100Sms), 96);
+  // the same with 16 documents: 32 columns (576 blocks, at most 5 per SM).
+  EXPECT_EQ(kernels::gdr_scan_mma_width_for(64, 96, 192, 16 * 6, kH100Sms), 32);
+  // moe-1b, 8 documents × 6 heads, dk 128, dv 256: 32 columns (384 blocks, at most 3 per SM).
+  EXPECT_EQ(kernels::gdr_scan_mma_width_for(64, 128, 256, 8 * 6, kH100Sms), 32);
+}
+
+TEST(GdrScanWidth, OnlyWidthsThatTakeTheSizes) {
+  // C 128 and dk 256 are too large for the 24- and 32-warp blocks: 32 or 64 columns only.
+  for (const int64_t doc_heads : {1, 7, 48, 130, 1000}) {
+    const int w_c = kernels::gdr_scan_mma_width_for(128, 64, 128, doc_heads, kH100Sms);
+    const int w_dk = kernels::gdr_scan_mma_width_for(64, 256, 128, doc_heads, kH100Sms);
+    EXPECT_TRUE(w_c == 32 || w_c == 64) << doc_heads << " pairs, C 128: " << w_c;
+    EXPECT_TRUE(w_dk == 32 || w_dk == 64) << doc_heads << " pairs, dk 256: " << w_dk;
+  }
+  // No tensor-core width: C not a multiple of 16, dk not a multiple of 16, dv not of 4.
+  EXPECT_EQ(kernels::gdr_scan_mma_width_for(40, 64, 64, 8, kH100Sms), 0);
+  EXPECT_EQ(kernels::gdr_scan_mma_width_for(64, 36, 64, 8, kH100Sms), 0);
+  EXPECT_EQ(kernels::gdr_scan_mma_width_for(64, 64, 30, 8, kH100Sms), 0);
+  // No device or no work: none.
+  EXPECT_EQ(kernels::gdr_scan_mma_width_for(64, 64, 64, 8, 0), 0);
+  EXPECT_EQ(kernels::gdr_scan_mma_width_for(64, 64, 64, 0, kH100Sms), 0);
+  // One pair on a big GPU: every block gets an SM of its own, so the narrowest blocks win.
+  EXPECT_EQ(kernels::gdr_scan_mma_width_for(64, 64, 64, 1, kH100Sms), 32);
+  EXPECT_EQ(kernels::gdr_scan_mma_width_for(64, 64, 256, 1, kH100Sms), 32);
+  // Blocks that fill the SMs evenly in every width: the tie goes to 64 (264 pairs of dv 64 are
+  // 264 blocks of 64, two per SM, or 528 of 32, four per SM).
+  EXPECT_EQ(kernels::gdr_scan_mma_width_for(64, 64, 64, 264, kH100Sms), 64);
+}
+
+}  // namespace
