@@ -59,9 +59,10 @@ GdrScanGrads gdr_scan_backward(const torch::Tensor& W, const torch::Tensor& Kd, 
 void gdr_scan_use_kernel(bool on);
 
 // Process-wide choice of the scan kernel, for tests and benchmarks that cover each
-// (kernels::GdrScanVariant): 4 (default) the widest tensor-core blocks the sizes allow, else 1;
-// 3 tensor cores in 64-column blocks, 2 in 32-column blocks (else 1); 1 fp32 FMA in 16-warp
-// blocks; 0 the same in 8-warp blocks.
+// (kernels::GdrScanVariant): 4 (default) tensor cores in the block width that spreads the blocks
+// best over the GPU's SMs (kernels::gdr_scan_mma_width_for), else 1; 2, 3, 5, 6 tensor cores in
+// blocks of 32, 64, 96, 128 columns (else 1); 1 fp32 FMA in 16-warp blocks; 0 the same in 8-warp
+// blocks.
 void gdr_scan_variant(int variant);
 
 }  // namespace model
