@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "app/bench_command.h"
+#include "model/bmm_fp32.h"
 #include "model/gdr.h"
 #include "model/gdr_chunk_core.h"
 #include "kernels/gdr_scan.h"
@@ -81,7 +82,8 @@ int bench_gdr(const BenchGdrArgs& a) {
   std::printf("%-22s %12s %16s %8s\n", "chunk core", "forward ms", "fwd+bwd ms", "ratio");
   // The kernels run on a GPU only; on the CPU every row would be the ATen twins. The second row is
   // the same kernels without the fused ones (the forward's front and the backward through the
-  // solve as the separate launches they replace); then the tensor-core scan in blocks of each
+  // solve as the separate launches they replace), the third with the batched products against the
+  // states in 64-column block tiles; then the tensor-core scan in blocks of each
   // fixed width of state columns (the first row's picks one by kernels::gdr_scan_mma_width), and
   // the state scan in fp32 FMA instead of on tensor cores.
   struct Mode {
@@ -89,10 +91,12 @@ int bench_gdr(const BenchGdrArgs& a) {
     bool kernels;
     bool fused;
     int scan_variant;  // kernels::GdrScanVariant
+    bool wide_products = true;  // the batched products in block tiles as wide as N takes
   };
   const std::vector<Mode> modes =
       dev.is_cuda() ? std::vector<Mode>{{"kernels (GPU fp32)", true, true, kernels::kGdrScanAuto},
                                         {"kernels, unfused", true, false, kernels::kGdrScanAuto},
+                                        {"kernels, 64-wide products", true, true, kernels::kGdrScanAuto, false},
                                         {"kernels, 32-col scan", true, true, kernels::kGdrScanTensorCores32},
                                         {"kernels, 64-col scan", true, true, kernels::kGdrScanTensorCores64},
                                         {"kernels, 96-col scan", true, true, kernels::kGdrScanTensorCores96},
@@ -104,6 +108,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     model::gdr_use_kernels(mode.kernels);
     model::gdr_use_fused_kernels(mode.fused);
     model::gdr_scan_variant(mode.scan_variant);
+    model::bmm_fp32_wide_tiles(mode.wide_products);
     auto forward = [&] {
       torch::NoGradGuard no_grad;
       model::gdr_forward_chunked(q, k, v, beta, g, scale, {}, {}, a.chunk);
@@ -119,7 +124,8 @@ int bench_gdr(const BenchGdrArgs& a) {
     const double both = median_ms(dev, a.repeats, fwd_bwd);
     std::printf("%-22s %12.3f %16.3f %7.2fx\n", mode.name, fwd, both, both / fwd);
     std::fflush(stdout);
-    if (a.profile && mode.kernels && mode.fused && mode.scan_variant == kernels::kGdrScanAuto && dev.is_cuda()) {
+    if (a.profile && mode.kernels && mode.fused && mode.wide_products && mode.scan_variant == kernels::kGdrScanAuto &&
+        dev.is_cuda()) {
       for (const bool backward : {false, true}) {
         constexpr int kRuns = 3;
         auto prof = trainer::StepProfile::start(dev.index());
@@ -131,6 +137,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     }
   }
   model::gdr_scan_variant(kernels::kGdrScanAuto);
+  model::bmm_fp32_wide_tiles(true);
   model::gdr_use_fused_kernels(true);
   model::gdr_use_kernels(true);
   return 0;

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/bmm_fp32.h"
 #include "model/gdr_chunk_core.h"
 #include "kernels/gdr_scan.h"
 #include "model/gdr_scan.h"
@@ -42,15 +43,18 @@ int bench_train(const BenchTrainArgs& a) {
                                                     {"scan-96", kernels::kGdrScanTensorCores96},
                                                     {"scan-128", kernels::kGdrScanTensorCores128},
                                                     {"fma-scan", kernels::kGdrScanSimt16}};
-  if (a.gdr_scan != "kernel" && a.gdr_scan != "unfused" && a.gdr_scan != "aten" && scan_variants.count(a.gdr_scan) == 0) {
-    std::cerr << "deltadeck: bench train: --gdr-scan: expected kernel, unfused, narrow-scan, scan-64, scan-96, "
-                 "scan-128, fma-scan or aten, got \""
+  if (a.gdr_scan != "kernel" && a.gdr_scan != "unfused" && a.gdr_scan != "aten" && a.gdr_scan != "narrow-products" &&
+      scan_variants.count(a.gdr_scan) == 0) {
+    std::cerr << "deltadeck: bench train: --gdr-scan: expected kernel, unfused, narrow-products, narrow-scan, scan-64, "
+                 "scan-96, scan-128, fma-scan or aten, got \""
               << a.gdr_scan << "\"\n";
     return 2;
   }
   model::gdr_use_kernels(a.gdr_scan != "aten");
   // unfused-front: the forward's front as six launches instead of the fused kernel.
   model::gdr_use_fused_kernels(a.gdr_scan != "unfused");
+  // narrow-products: the batched fp32 products in 64-column block tiles (model/bmm_fp32.h).
+  model::bmm_fp32_wide_tiles(a.gdr_scan != "narrow-products");
   const auto variant = scan_variants.find(a.gdr_scan);
   model::gdr_scan_variant(variant != scan_variants.end() ? variant->second : kernels::kGdrScanAuto);
   const std::string tmp = storage::files::make_temp_dir("deltadeck-bench");

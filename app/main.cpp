@@ -162,11 +162,12 @@ int main(int argc, char** argv) {
   bench_train_cmd->add_option("--seq-len", bench_train.seq_len, "Row length T")->capture_default_str();
   bench_train_cmd->add_option("-s,--set", bench_train.overrides, "Override a config key: section.key=value");
   bench_train_cmd->add_option("--gdr-scan", bench_train.gdr_scan,
-                              "kernel | unfused | narrow-scan | scan-64 | scan-96 | scan-128 | fma-scan | aten: the "
-                              "delta rule core's CUDA kernels, the same without the fused ones (forward front, "
-                              "backward through the solve), with the state scan in blocks of 32, 64, 96 or 128 "
-                              "columns instead of the width picked for the shape, or in fp32 FMA instead of tensor "
-                              "cores, or their ATen twins (to measure the kernels)")
+                              "kernel | unfused | narrow-products | narrow-scan | scan-64 | scan-96 | scan-128 | "
+                              "fma-scan | aten: the delta rule core's CUDA kernels, the same without the fused ones "
+                              "(forward front, backward through the solve), with its batched products in 64-column "
+                              "block tiles, with the state scan in blocks of 32, 64, 96 or 128 columns instead of "
+                              "the width picked for the shape, or in fp32 FMA instead of tensor cores, or their ATen "
+                              "twins (to measure the kernels)")
       ->capture_default_str();
   bench_train_cmd->add_option("--json", bench_train.json_path, "Also write the figures as JSON to this file");
   bench_train_cmd->add_flag("--profile", bench_train.profile,

@@ -1,11 +1,15 @@
-// Batched 3×TF32 GEMM (kernels/gemm_tf32x3.h). One block of 4 warps computes a 64 × 64 tile of one
-// batch item; each warp a 32 × 32 quarter as 2 × 4 tensor-core tiles (mma.sync m16n8k8, TF32 in,
-// fp32 accumulate). K advances 32 at a time through two shared-memory stages filled by cp.async,
-// so the next slice is in flight while this one is multiplied.
+// Batched 3×TF32 GEMM (kernels/gemm_tf32x3.h). One block of 2 · kNW warps computes a 64 × 32·kNW
+// tile of one batch item (kNW = 2 to 6: 64 to 192 columns); each warp a 32 × 32 part as 2 × 4
+// tensor-core tiles (mma.sync m16n8k8, TF32 in, fp32 accumulate). K advances 32 at a time through
+// two shared-memory stages filled by cp.async, so the next slice is in flight while this one is
+// multiplied. Wide tiles matter because these products are bound by L2 traffic, not arithmetic:
+// with 64 columns a [64, K] slice of A is read once per 64 columns of the output (three times for
+// the delta rule's dv = 192), with the whole width once.
 // Operands are staged in their global orientation (no transposing copy): a K-contiguous A tile is
-// [64 m][32 k + 4], an M-contiguous one [32 k][64 m + 8], and B likewise. The pads put the eight
-// rows and four columns of a fragment load in 32 different banks. Each fragment element is split
-// into big + small in registers right before its three products.
+// [64 m][32 k + 4], an M-contiguous one [32 k][64 m + 8], and B likewise ([32 k][BN + 8] or
+// [BN n][32 k + 4]). The pads put the eight rows and four columns of a fragment load in 32
+// different banks. Each fragment element is split into big + small in registers right before its
+// three products.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -17,16 +21,21 @@ namespace kernels {
 
 namespace {
 
-constexpr int kBM = 64, kBN = 64, kBK = 32, kThreads = 128;
-constexpr int kPadK = kBK + 4;              // row length of a tile stored [64][32 + 4]
-constexpr int kPadMN = kBM + 8;             // row length of a tile stored [32][64 + 8]
-constexpr int kTileFloats = kBK * kPadMN;   // = 64 · 36 = 2304: either orientation fits
-static_assert(kBM * kPadK == kTileFloats, "both tile orientations take the same shared memory");
+constexpr int kBM = 64, kBK = 32;
+constexpr int kPadK = kBK + 4;              // row length of a tile stored [rows][32 + 4]
+constexpr int kTileA = kBK * (kBM + 8);     // = 64 · 36 = 2304: either orientation of A fits
+static_assert(kBM * kPadK == kTileA, "both orientations of an A tile take the same shared memory");
+
+// Shared memory of a block with kNW warp strips: two stages of an A and a B tile.
+__host__ __device__ constexpr int b_tile_floats(int kNW) {
+  return kBK * (32 * kNW + 8) > 32 * kNW * kPadK ? kBK * (32 * kNW + 8) : 32 * kNW * kPadK;
+}
+__host__ __device__ constexpr int smem_bytes(int kNW) { return 2 * (kTileA + b_tile_floats(kNW)) * 4; }
 
 // Copies the [rows × cols] slice at (r0, c0) of a matrix whose columns are contiguous (row stride
-// ld) into dst [rows][pitch], 4 columns per copy; out-of-range pieces become zeros. cols_total is a
-// multiple of 4, so a piece is wholly inside or wholly outside.
-template <int kRows, int kCols, int kPitch>
+// ld) into dst [rows][pitch], 4 columns per copy, kThreads threads; out-of-range pieces become
+// zeros. cols_total is a multiple of 4, so a piece is wholly inside or wholly outside.
+template <int kRows, int kCols, int kPitch, int kThreads>
 __device__ __forceinline__ void stage_slice(float* dst, const float* src, int64_t ld, int64_t r0, int64_t c0,
                                             int64_t rows_total, int64_t cols_total) {
   constexpr int kPieces = kRows * (kCols / 4);
@@ -39,30 +48,38 @@ __device__ __forceinline__ void stage_slice(float* dst, const float* src, int64_
 }
 
 // kAK: A is K-contiguous (a.col == 1), else M-contiguous. kBNc: B is N-contiguous (b.col == 1),
-// else K-contiguous.
-template <bool kAK, bool kBNc>
-__global__ void __launch_bounds__(kThreads) gemm_tf32x3_kernel(GemmTf32x3Args g) {
-  __shared__ __align__(16) float a_s[2][kTileFloats];
-  __shared__ __align__(16) float b_s[2][kTileFloats];
+// else K-contiguous. kNW: 32-column warp strips per block (the block tile is 64 × 32·kNW).
+// At least 16 warps per SM (2 · kNW per block) to hide the staging's latency, as the 64-column
+// version had with 4 blocks.
+__host__ __device__ constexpr int min_blocks(int kNW) { return (16 + 2 * kNW - 1) / (2 * kNW); }
+
+template <bool kAK, bool kBNc, int kNW>
+__global__ void __launch_bounds__(64 * kNW, min_blocks(kNW)) gemm_tf32x3_kernel(GemmTf32x3Args g) {
+  constexpr int kThreads = 64 * kNW, kBN = 32 * kNW, kPadN = kBN + 8, kTileB = b_tile_floats(kNW);
+  extern __shared__ __align__(16) float smem[];
+  float* a_s = smem;                 // [2][kTileA]
+  float* b_s = smem + 2 * kTileA;    // [2][kTileB]
   const int64_t item = blockIdx.x;
   const int64_t n0 = int64_t{blockIdx.y} * kBN, m0 = int64_t{blockIdx.z} * kBM;
   const float* A = g.a.ptr + item * g.a.batch;
   const float* B = g.b.ptr + item * g.b.batch;
 
   auto stage = [&](int buf, int64_t k0) {
-    if (kAK) stage_slice<kBM, kBK, kPadK>(a_s[buf], A, g.a.row, m0, k0, g.M, g.K);
-    else stage_slice<kBK, kBM, kPadMN>(a_s[buf], A, g.a.col, k0, m0, g.K, g.M);
-    if (kBNc) stage_slice<kBK, kBN, kPadMN>(b_s[buf], B, g.b.row, k0, n0, g.K, g.N);
-    else stage_slice<kBN, kBK, kPadK>(b_s[buf], B, g.b.col, n0, k0, g.N, g.K);
+    float* at = a_s + buf * kTileA;
+    float* bt = b_s + buf * kTileB;
+    if (kAK) stage_slice<kBM, kBK, kPadK, kThreads>(at, A, g.a.row, m0, k0, g.M, g.K);
+    else stage_slice<kBK, kBM, kBM + 8, kThreads>(at, A, g.a.col, k0, m0, g.K, g.M);
+    if (kBNc) stage_slice<kBK, kBN, kPadN, kThreads>(bt, B, g.b.row, k0, n0, g.K, g.N);
+    else stage_slice<kBN, kBK, kPadK, kThreads>(bt, B, g.b.col, n0, k0, g.N, g.K);
     cp_async_commit();
   };
   // Element (m, k) of the staged A tile and (k, n) of the staged B tile, tile-local indices.
-  auto a_at = [](const float* t, int m, int k) { return kAK ? t[m * kPadK + k] : t[k * kPadMN + m]; };
-  auto b_at = [](const float* t, int k, int n) { return kBNc ? t[k * kPadMN + n] : t[n * kPadK + k]; };
+  auto a_at = [](const float* t, int m, int k) { return kAK ? t[m * kPadK + k] : t[k * (kBM + 8) + m]; };
+  auto b_at = [](const float* t, int k, int n) { return kBNc ? t[k * kPadN + n] : t[n * kPadK + k]; };
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int grp = lane / 4, tig = lane % 4;                 // fragment row group, thread in group
-  const int wm = (warp / 2) * 32, wn = (warp % 2) * 32;     // the warp's quarter of the tile
+  const int grp = lane / 4, tig = lane % 4;                   // fragment row group, thread in group
+  const int wm = (warp / kNW) * 32, wn = (warp % kNW) * 32;  // the warp's part of the tile
   float acc[2][4][4] = {};
 
   const int64_t k_steps = (g.K + kBK - 1) / kBK;
@@ -76,8 +93,8 @@ __global__ void __launch_bounds__(kThreads) gemm_tf32x3_kernel(GemmTf32x3Args g)
       cp_async_wait<0>();
     }
     __syncthreads();
-    const float* at = a_s[buf];
-    const float* bt = b_s[buf];
+    const float* at = a_s + buf * kTileA;
+    const float* bt = b_s + buf * kTileB;
 #pragma unroll
     for (int kk = 0; kk < kBK; kk += 8) {
       uint32_t a_big[2][4], a_small[2][4], b_big[4][2], b_small[4][2];
@@ -131,19 +148,43 @@ __global__ void __launch_bounds__(kThreads) gemm_tf32x3_kernel(GemmTf32x3Args g)
   }
 }
 
+template <bool kAK, bool kBNc, int kNW>
+int launch(const GemmTf32x3Args& args, cudaStream_t s) {
+  static const bool opted_in = [] {
+    cudaFuncSetAttribute(gemm_tf32x3_kernel<kAK, kBNc, kNW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         smem_bytes(kNW));
+    return true;
+  }();
+  (void)opted_in;
+  const dim3 grid(static_cast<unsigned>(args.batch), static_cast<unsigned>((args.N + 32 * kNW - 1) / (32 * kNW)),
+                  static_cast<unsigned>((args.M + kBM - 1) / kBM));
+  gemm_tf32x3_kernel<kAK, kBNc, kNW><<<grid, 64 * kNW, smem_bytes(kNW), s>>>(args);
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <int kNW>
+int launch_layout(const GemmTf32x3Args& args, cudaStream_t s) {
+  const bool a_k = args.a.col == 1, b_n = args.b.col == 1;
+  if (a_k && b_n) return launch<true, true, kNW>(args, s);
+  if (a_k) return launch<true, false, kNW>(args, s);
+  if (b_n) return launch<false, true, kNW>(args, s);
+  return launch<false, false, kNW>(args, s);
+}
+
 }  // namespace
 
 int gemm_tf32x3(const GemmTf32x3Args& args, void* stream) {
-  if (!gemm_tf32x3_supports(args)) return static_cast<int>(cudaErrorInvalidValue);
-  const dim3 grid(static_cast<unsigned>(args.batch), static_cast<unsigned>((args.N + kBN - 1) / kBN),
-                  static_cast<unsigned>((args.M + kBM - 1) / kBM));
+  if (!gemm_tf32x3_supports(args) || args.n_strips < 0 || args.n_strips == 1 || args.n_strips > 6) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
   auto s = static_cast<cudaStream_t>(stream);
-  const bool a_k = args.a.col == 1, b_n = args.b.col == 1;
-  if (a_k && b_n) gemm_tf32x3_kernel<true, true><<<grid, kThreads, 0, s>>>(args);
-  else if (a_k) gemm_tf32x3_kernel<true, false><<<grid, kThreads, 0, s>>>(args);
-  else if (b_n) gemm_tf32x3_kernel<false, true><<<grid, kThreads, 0, s>>>(args);
-  else gemm_tf32x3_kernel<false, false><<<grid, kThreads, 0, s>>>(args);
-  return static_cast<int>(cudaGetLastError());
+  switch (args.n_strips > 0 ? args.n_strips : gemm_tf32x3_strips_for(args.N)) {
+    case 6: return launch_layout<6>(args, s);
+    case 5: return launch_layout<5>(args, s);
+    case 4: return launch_layout<4>(args, s);
+    case 3: return launch_layout<3>(args, s);
+    default: return launch_layout<2>(args, s);
+  }
 }
 
 }  // namespace kernels

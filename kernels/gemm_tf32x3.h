@@ -31,7 +31,25 @@ struct GemmTf32x3Args {
   float* out = nullptr;
   int64_t out_batch = 0, out_row = 0;
   float alpha = 1.0f, beta = 0.0f;
+  // 32-column warp strips per block, 2 to 6 (block tiles 64 × 64 to 64 × 192); 0: gemm_tf32x3_strips_for(N).
+  int n_strips = 0;
 };
+
+// The block width for N output columns: the fewest padded columns ceil(N / (32 s)) · 32 s over
+// s = 2..6, and among those the widest block (each block reads its slice of A once, and these
+// products are bound by L2 traffic): N 64 → 2, 96 → 3, 128 → 4, 160 → 5, 192 → 6, 256 → 4.
+inline int gemm_tf32x3_strips_for(int64_t N) {
+  int best = 2;
+  int64_t best_cols = (N + 63) / 64 * 64;
+  for (int s = 3; s <= 6; ++s) {
+    const int64_t cols = (N + 32 * s - 1) / (32 * s) * (32 * s);
+    if (cols <= best_cols) {
+      best = s;
+      best_cols = cols;
+    }
+  }
+  return best;
+}
 
 // Whether the kernel takes these operands: each one has a unit-stride dimension whose extent is a
 // multiple of 4, its other strides and its pointer are 16-byte aligned, and the batch fits a grid.

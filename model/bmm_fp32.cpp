@@ -14,6 +14,7 @@ namespace model {
 namespace {
 
 std::atomic<bool> g_use_kernel{true};
+std::atomic<bool> g_wide_tiles{true};
 
 void check_operands(const torch::Tensor& a, const torch::Tensor& b, const char* what) {
   TORCH_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(1), what,
@@ -53,6 +54,7 @@ bool kernel_args(const torch::Tensor& out, const torch::Tensor& a, const torch::
   g.out_row = out.stride(1);
   g.alpha = static_cast<float>(alpha);
   g.beta = static_cast<float>(beta);
+  g.n_strips = g_wide_tiles ? 0 : 2;
   return out.stride(2) == 1 && kernels::gemm_tf32x3_supports(g);
 }
 
@@ -64,6 +66,7 @@ void launch(const kernels::GemmTf32x3Args& g, const torch::Tensor& a) {
 }  // namespace
 
 void bmm_fp32_use_kernel(bool on) { g_use_kernel = on; }
+void bmm_fp32_wide_tiles(bool on) { g_wide_tiles = on; }
 
 torch::Tensor bmm_fp32_reference(const torch::Tensor& a, const torch::Tensor& b, double alpha) {
   check_operands(a, b, "bmm_fp32_reference");

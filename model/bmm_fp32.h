@@ -30,5 +30,8 @@ torch::Tensor bmm_fp32_reference(const torch::Tensor& a, const torch::Tensor& b,
 // Turns the tensor-core path and the row-dot kernel off (false) or back on; for tests and before/after measurements.
 // Any thread; takes effect at the next call.
 void bmm_fp32_use_kernel(bool on);
+// The tensor-core products in block tiles as wide as N takes (default, kernels::gemm_tf32x3_strips_for)
+// or always 64 columns wide (false); for tests and before/after measurements. Any thread.
+void bmm_fp32_wide_tiles(bool on);
 
 }  // namespace model

@@ -33,14 +33,19 @@ TEST(BmmFp32Cuda, SplitTf32ProductsHaveFp32Accuracy) {
   struct Case {
     int64_t R, M, N, K;
   };
-  // The delta rule's shapes (chunk 64, head dims 128), and partial tiles in M, N and K. M = 37 is
-  // taken only K-contiguous (the M-contiguous layout of it falls back to ATen).
+  // The delta rule's shapes (chunk 64, head dims 128; hybrid base's dk 96, dv 192; moe-1b's dv
+  // 256, so every block width 64 to 192 runs), and partial tiles in M, N and K. M = 37 is taken
+  // only K-contiguous (the M-contiguous layout of it falls back to ATen). Each case in the block
+  // width N picks and in 64-column blocks.
   const Case cases[] = {{64, 128, 64, 128}, {96, 64, 128, 64}, {3, 64, 128, 128}, {5, 37, 20, 44},
-                        {2, 132, 68, 96},   {1, 4, 8, 4},       {7, 100, 4, 260}};
+                        {2, 132, 68, 96},   {1, 4, 8, 4},       {7, 100, 4, 260}, {6, 64, 192, 96},
+                        {5, 96, 192, 64},   {4, 64, 96, 192},   {3, 64, 160, 36}, {2, 72, 256, 64},
+                        {3, 40, 140, 24}};
   double worst = 0, worst_cublas = 0;
   for (const Case& c : cases) {
-    for (int layout = 0; layout < 4; ++layout) {
-      const bool a_t = layout & 1, b_t = layout & 2;
+    for (int layout = 0; layout < 8; ++layout) {
+      model::bmm_fp32_wide_tiles(layout < 4);
+      const bool a_t = layout & 1, b_t = layout & 2, wide = layout < 4;
       auto a = make_operand(c.R, c.M, c.K, a_t);
       auto b = make_operand(c.R, c.K, c.N, b_t);
       auto ref = torch::bmm(a.to(torch::kFloat64), b.to(torch::kFloat64));
@@ -52,7 +57,7 @@ TEST(BmmFp32Cuda, SplitTf32ProductsHaveFp32Accuracy) {
       // Each split product carries about 2⁻²¹ relative error (the remainders' own TF32 rounding):
       // measured ≤ 2.3e-6 here, against 8e-7 for cuBLAS's fp32 SIMT GEMM and ~1e-3 for plain TF32.
       EXPECT_LT(err, 5e-6) << "R=" << c.R << " M=" << c.M << " N=" << c.N << " K=" << c.K << " a_t=" << a_t
-                           << " b_t=" << b_t;
+                           << " b_t=" << b_t << " wide=" << wide;
       // alpha, then in place: out = 0.5 · a b − 2 · out.
       auto scaled = model::bmm_fp32(a, b, -0.25);
       EXPECT_LT(max_rel(scaled, ref * -0.25), 5e-6);
@@ -62,6 +67,7 @@ TEST(BmmFp32Cuda, SplitTf32ProductsHaveFp32Accuracy) {
       EXPECT_LT(max_rel(out, ref * 0.5 - 2.0 * out0.to(torch::kFloat64)), 5e-6);
     }
   }
+  model::bmm_fp32_wide_tiles(true);
   std::printf("3xTF32 bmm vs fp64: worst %.2e (cuBLAS fp32: %.2e)\n", worst, worst_cublas);
 }
 
