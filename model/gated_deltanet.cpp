@@ -12,7 +12,7 @@
 #include <cmath>
 
 #include "model/fused_gated_norm.h"
-#include "model/fused_rmsnorm.h"
+#include "model/fused_l2norm.h"
 #include "model/fused_short_conv.h"
 #include "model/gdr.h"
 #include "model/linear.h"
@@ -28,16 +28,9 @@ torch::Tensor to_dtype(const torch::Tensor& x, torch::ScalarType dt) {
   return x.scalar_type() == dt ? x : x.to(dt);
 }
 
-// L2Norm(x) = x / sqrt(Σ x² + 1e-6) over the last dim D, in `dt`. It is RMSNorm with eps 1e-6/D
-// and the constant weight 1/√D, so it runs through the fused RMSNorm kernel: one kernel forward and
-// one backward on a GPU instead of ATen's square, sum, rsqrt, multiply and their backward; the
-// same formula in ATen elsewhere.
-torch::Tensor l2_norm(const torch::Tensor& x, torch::ScalarType dt) {
-  const int64_t D = x.size(-1);
-  auto xf = to_dtype(x, dt);
-  auto w = torch::full({D}, 1.0 / std::sqrt(static_cast<double>(D)), xf.options());
-  return fused_rms_norm(xf, w, 1e-6 / static_cast<double>(D));
-}
+// L2Norm(x) = x / sqrt(Σ x² + 1e-6) over the last dim D, in `dt`: on a GPU one kernel each way,
+// reading x in place in its own dtype (model/fused_l2norm.h); the ATen formula elsewhere.
+torch::Tensor l2_norm(const torch::Tensor& x, torch::ScalarType dt) { return fused_l2_norm(x, 1e-6, dt); }
 
 // One token through the short conv: x [B,1,C] pre-conv input, state [B,W-1,C] the previous
 // W-1 pre-conv inputs (zeros when undefined), w [C,W]. Returns silu(conv) [B,1,C]; replaces state.

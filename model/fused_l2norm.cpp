@@ -1,0 +1,96 @@
+#include "model/fused_l2norm.h"
+
+#include <torch/torch.h>
+
+#if defined(DD_HAVE_CUDA)
+#include "kernels/l2_norm.h"
+#include "model/kernel_dtype.h"
+#endif
+
+namespace model {
+
+namespace {
+
+void check_shape(const torch::Tensor& x) {
+  TORCH_CHECK(x.dim() == 4 && x.size(3) > 0, "l2_norm: expected x [B,T,H,D] with D > 0, got ", x.sizes());
+}
+
+}  // namespace
+
+torch::Tensor l2_norm_reference(const torch::Tensor& x, double eps, torch::ScalarType out_dtype) {
+  check_shape(x);
+  auto xf = x.scalar_type() == out_dtype ? x : x.to(out_dtype);
+  return xf * torch::rsqrt(xf.square().sum(-1, /*keepdim=*/true) + eps);
+}
+
+#if defined(DD_HAVE_CUDA)
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+kernels::DType dtype_of(torch::ScalarType t) { return checked_kernel_dtype(t, "L2Norm kernels"); }
+
+// Whether the kernels read x as it lies: unit column stride, the heads of a token side by side, and
+// a token stride that covers the batch (x[b, t] at (b·T + t) · stride(1)).
+bool rows_in_place(const torch::Tensor& x) {
+  return x.stride(3) == 1 && (x.size(2) == 1 || x.stride(2) == x.size(3)) &&
+         (x.size(0) == 1 || x.stride(0) == x.size(1) * x.stride(1));
+}
+
+kernels::L2NormRows rows_of(const torch::Tensor& x) {
+  kernels::L2NormRows r;
+  r.D = x.size(3);
+  r.N = x.numel() / r.D;
+  r.heads = x.size(2);
+  r.ld = x.size(1) == 1 && x.size(0) == 1 ? x.size(2) * x.size(3) : x.stride(1);
+  return r;
+}
+
+class FusedL2NormFn : public torch::autograd::Function<FusedL2NormFn> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, double eps) {
+    auto xr = rows_in_place(x) ? x : x.contiguous();
+    const auto rows = rows_of(xr);
+    auto y = torch::empty(x.sizes(), x.options().dtype(torch::kFloat32));
+    auto rstd = torch::empty({rows.N}, x.options().dtype(torch::kFloat32));
+    check_kernel_launch(kernels::l2_norm_forward(y.data_ptr<float>(), rstd.data_ptr<float>(), xr.data_ptr(),
+                                                 dtype_of(xr.scalar_type()), rows, static_cast<float>(eps),
+                                                 stream_of(xr)),
+                        "L2Norm forward");
+    // x is saved as the view it is: its storage (the short conv's output) is kept for the delta
+    // rule's v in any case, so no copy of q or k is held.
+    ctx->save_for_backward({xr, rstd});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &rstd = saved[1];
+    auto dy = grads[0].to(torch::kFloat32).contiguous();
+    auto dx = torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
+    check_kernel_launch(kernels::l2_norm_backward(dx.data_ptr(), dy.data_ptr<float>(), x.data_ptr(),
+                                                  dtype_of(x.scalar_type()), rstd.data_ptr<float>(), rows_of(x),
+                                                  stream_of(x)),
+                        "L2Norm backward");
+    return {dx, torch::Tensor()};
+  }
+};
+
+bool kernels_apply(const torch::Tensor& x, torch::ScalarType out) {
+  kernels::DType d{};
+  return x.is_cuda() && out == torch::kFloat32 && kernel_dtype(x.scalar_type(), d) && x.numel() > 0;
+}
+
+}  // namespace
+#endif
+
+torch::Tensor fused_l2_norm(const torch::Tensor& x, double eps, torch::ScalarType out_dtype) {
+  check_shape(x);
+#if defined(DD_HAVE_CUDA)
+  if (kernels_apply(x, out_dtype)) return FusedL2NormFn::apply(x, eps);
+#endif
+  return l2_norm_reference(x, eps, out_dtype);
+}
+
+}  // namespace model
