@@ -96,7 +96,7 @@ int bench_gdr(const BenchGdrArgs& a) {
   const std::vector<Mode> modes =
       dev.is_cuda() ? std::vector<Mode>{{"kernels (GPU fp32)", true, true, kernels::kGdrScanAuto},
                                         {"kernels, unfused", true, false, kernels::kGdrScanAuto},
-                                        {"kernels, 64-wide products", true, true, kernels::kGdrScanAuto, false},
+                                        {"kernels, 64-col GEMMs", true, true, kernels::kGdrScanAuto, false},
                                         {"kernels, 32-col scan", true, true, kernels::kGdrScanTensorCores32},
                                         {"kernels, 64-col scan", true, true, kernels::kGdrScanTensorCores64},
                                         {"kernels, 96-col scan", true, true, kernels::kGdrScanTensorCores96},
