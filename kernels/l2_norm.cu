@@ -3,6 +3,8 @@
 // the presets (96 and 128); wider rows take the looped kernel.
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "kernels/elem.cuh"
 #include "kernels/l2_norm.h"
 
@@ -101,37 +103,35 @@ void with_per_lane(int64_t D, F&& f) {
   else f(std::integral_constant<int, 0>{});
 }
 
-}  // namespace
-
-int l2_norm_forward(float* y, float* rstd, const void* x, DType x_dt, const L2NormRows& rows, float eps, void* stream) {
+// Checks the rows, then calls launch(x's dtype tag, PER_LANE constant, grid, stream) for x_dt and
+// D; returns the launch's cudaError_t.
+template <typename F>
+int launch_rows(DType x_dt, const L2NormRows& rows, void* stream, F&& launch) {
   if (rows.D < 1 || rows.heads < 1 || rows.N < 0) return static_cast<int>(cudaErrorInvalidValue);
   if (rows.N == 0) return 0;
   const unsigned grid = static_cast<unsigned>(blocks_for(rows.N));
   auto st = static_cast<cudaStream_t>(stream);
-  dispatch_dtype(x_dt, [&](auto x_tag) {
-    using TX = decltype(x_tag);
-    with_per_lane(rows.D, [&](auto per) {
-      l2_norm_forward_kernel<TX, decltype(per)::value>
-          <<<grid, kWarps * 32, 0, st>>>(y, rstd, static_cast<const TX*>(x), rows, eps);
-    });
-  });
+  dispatch_dtype(x_dt, [&](auto x_tag) { with_per_lane(rows.D, [&](auto per) { launch(x_tag, per, grid, st); }); });
   return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace
+
+int l2_norm_forward(float* y, float* rstd, const void* x, DType x_dt, const L2NormRows& rows, float eps, void* stream) {
+  return launch_rows(x_dt, rows, stream, [&](auto x_tag, auto per, unsigned grid, cudaStream_t st) {
+    using TX = decltype(x_tag);
+    l2_norm_forward_kernel<TX, decltype(per)::value>
+        <<<grid, kWarps * 32, 0, st>>>(y, rstd, static_cast<const TX*>(x), rows, eps);
+  });
 }
 
 int l2_norm_backward(void* dx, const float* dy, const void* x, DType x_dt, const float* rstd, const L2NormRows& rows,
                      void* stream) {
-  if (rows.D < 1 || rows.heads < 1 || rows.N < 0) return static_cast<int>(cudaErrorInvalidValue);
-  if (rows.N == 0) return 0;
-  const unsigned grid = static_cast<unsigned>(blocks_for(rows.N));
-  auto st = static_cast<cudaStream_t>(stream);
-  dispatch_dtype(x_dt, [&](auto x_tag) {
+  return launch_rows(x_dt, rows, stream, [&](auto x_tag, auto per, unsigned grid, cudaStream_t st) {
     using TX = decltype(x_tag);
-    with_per_lane(rows.D, [&](auto per) {
-      l2_norm_backward_kernel<TX, decltype(per)::value>
-          <<<grid, kWarps * 32, 0, st>>>(static_cast<TX*>(dx), dy, static_cast<const TX*>(x), rstd, rows);
-    });
+    l2_norm_backward_kernel<TX, decltype(per)::value>
+        <<<grid, kWarps * 32, 0, st>>>(static_cast<TX*>(dx), dy, static_cast<const TX*>(x), rstd, rows);
   });
-  return static_cast<int>(cudaGetLastError());
 }
 
 }  // namespace kernels
