@@ -23,9 +23,9 @@ struct BenchTrainArgs {
   bool profile = false;                 // after the timed steps, profile 3 more and print the breakdown
   std::string profile_trace;            // and save the profiler's trace here (JSON)
   int64_t profile_top = 20;             // kernels listed in the profile, the most GPU time first
-  // kernel | narrow-scan | fma-scan | aten: the delta rule core's CUDA kernels (state scan on tensor
-  // cores), the same with the tensor-core scan in 32-column blocks or with the fp32 FMA scan
-  // kernel, or their ATen twins
+  // kernel | unfused | narrow-products | narrow-scan | scan-64 | scan-96 | scan-128 | fma-scan |
+  // aten: the delta rule core's CUDA kernels, or one of them swapped for the variant it is measured
+  // against (see the --gdr-scan help in app/main.cpp), or their ATen twins
   std::string gdr_scan = "kernel";
 };
 
