@@ -203,6 +203,19 @@ struct KernelInputs {
   torch::Tensor q, k, v, beta, g;
   int64_t v_token_stride = 0;  // 0: contiguous
   kernels::DType in_qk = kernels::DType::F32, in_v = kernels::DType::F32;
+
+  // Points a chunk kernel's arguments at these inputs: the fields every such struct has (k, v and
+  // its token stride, β, g, the dtypes). q is set by the callers whose struct reads it.
+  template <typename Args>
+  void point(Args& a) const {
+    a.k = k.data_ptr();
+    a.v = v.data_ptr();
+    a.v_token_stride = v_token_stride;
+    a.beta = beta.data_ptr<float>();
+    a.g = g.data_ptr<float>();
+    a.in_qk = in_qk;
+    a.in_v = in_v;
+  }
 };
 
 // The stride between tokens of a [B, T, H, dv] tensor whose tokens are evenly spaced rows of
@@ -251,13 +264,7 @@ Prep prep_kernel(const Ctx& c, const KernelInputs& ki) {
   p.decay = torch::empty({N, H}, opt);
   kernels::GdrChunkPrepArgs a;
   a.q = ki.q.data_ptr();
-  a.k = ki.k.data_ptr();
-  a.v = ki.v.data_ptr();
-  a.v_token_stride = ki.v_token_stride;
-  a.beta = ki.beta.data_ptr<float>();
-  a.g = ki.g.data_ptr<float>();
-  a.in_qk = ki.in_qk;
-  a.in_v = ki.in_v;
+  ki.point(a);
   a.X = p.X.data_ptr<float>();
   a.Rw = p.Rw.data_ptr<float>();
   a.Ru = p.Ru.data_ptr<float>();
@@ -363,13 +370,7 @@ ForwardFront forward_front_kernel(const Ctx& c, const KernelInputs& ki, bool wit
   f.decay = torch::empty({N, H}, opt);
   kernels::GdrChunkFrontArgs a;
   a.q = ki.q.data_ptr();
-  a.k = ki.k.data_ptr();
-  a.v = ki.v.data_ptr();
-  a.v_token_stride = ki.v_token_stride;
-  a.beta = ki.beta.data_ptr<float>();
-  a.g = ki.g.data_ptr<float>();
-  a.in_qk = ki.in_qk;
-  a.in_v = ki.in_v;
+  ki.point(a);
   a.W = with_solve ? f.W.data_ptr<float>() : nullptr;
   a.U = with_solve ? f.U.data_ptr<float>() : nullptr;
   a.Kd = f.Kd.data_ptr<float>();
@@ -392,13 +393,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> solve_backward_kernel(co
   auto Tm_c = Tm.contiguous(), dW_c = dW.contiguous(), dU_c = dU.contiguous();
   auto dA_raw = torch::empty_like(Tm_c), dRw = torch::empty_like(dW_c), dRu = torch::empty_like(dU_c);
   kernels::GdrChunkSolveBackwardArgs a;
-  a.k = ki.k.data_ptr();
-  a.v = ki.v.data_ptr();
-  a.v_token_stride = ki.v_token_stride;
-  a.beta = ki.beta.data_ptr<float>();
-  a.g = ki.g.data_ptr<float>();
-  a.in_qk = ki.in_qk;
-  a.in_v = ki.in_v;
+  ki.point(a);
   a.Tm = Tm_c.data_ptr<float>();
   a.dW = dW_c.data_ptr<float>();
   a.dU = dU_c.data_ptr<float>();
@@ -425,13 +420,7 @@ variable_list backward_tail_kernel(const Ctx& c, const KernelInputs& ki, double 
   auto dP_c = dP_raw.defined() ? dP_raw.contiguous() : dP_raw, dQg_c = dQg.defined() ? dQg.contiguous() : dQg;
   kernels::GdrChunkBackwardTailArgs a;
   a.q = ki.q.data_ptr();
-  a.k = ki.k.data_ptr();
-  a.v = ki.v.data_ptr();
-  a.v_token_stride = ki.v_token_stride;
-  a.beta = ki.beta.data_ptr<float>();
-  a.g = ki.g.data_ptr<float>();
-  a.in_qk = ki.in_qk;
-  a.in_v = ki.in_v;
+  ki.point(a);
   a.scale = static_cast<float>(scale);
   a.dA_raw = dA_c.data_ptr<float>();
   a.dP_raw = dP_c.defined() ? dP_c.data_ptr<float>() : nullptr;
