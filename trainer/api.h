@@ -54,7 +54,7 @@ struct TrainConfig {
   double grad_clip = 1.0;                // 0 turns clipping off
   double ema_decay = 0.0;
   double muon_lr = 0.02;                 // optimizer = "muon": peak lr of the hidden matrices (scheduled like lr)
-  std::string loss_scaling = "auto";     // auto (dynamic for fp16/fp8) | dynamic | off
+  std::string loss_scaling = "auto";     // auto (dynamic for fp16 only) | dynamic | off
   double loss_scale_init = 65536.0;
   int64_t loss_scale_growth_interval = 2000;
   int64_t eval_batches = 20;             // validation batches per evaluation

@@ -15,20 +15,25 @@ LossScaler::LossScaler(LossScalerOptions opt) : opt_(opt), scale_(opt.init_scale
                                 "growth_interval >= 1");
 }
 
+bool loss_scaling_enabled(const std::string& mode, const std::string& precision) {
+  return mode == "dynamic" || (mode == "auto" && precision == "fp16");
+}
+
 at::Tensor LossScaler::scale_loss(const at::Tensor& loss) const { return opt_.enabled ? loss * scale_ : loss; }
 
 bool LossScaler::unscale_and_check(const std::vector<at::Tensor>& params) const {
   torch::NoGradGuard no_grad;
-  at::Tensor bad;
-  const double inv = 1.0 / scale();
-  for (const auto& p : params) {
-    auto g = p.grad();
-    if (!g.defined()) continue;
-    if (opt_.enabled) g.mul_(inv);
-    auto b = torch::logical_not(torch::isfinite(g)).any();
-    bad = bad.defined() ? bad.logical_or(b) : b;
-  }
-  return bad.defined() && bad.item<bool>();
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  if (grads.empty()) return false;
+  // One pass multiplies by 1/scale and sets found_inf where a value is inf or NaN (before or after
+  // the multiplication), as torch.amp.GradScaler does; per-tensor ATen checks were ~8 kernels each.
+  auto f32 = grads.front().options().dtype(torch::kFloat);
+  auto found_inf = torch::zeros({1}, f32);
+  auto inv_scale = torch::full({1}, 1.0 / scale(), f32);
+  at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
+  return found_inf.item<float>() != 0.f;
 }
 
 void LossScaler::update(bool found_inf) {

@@ -7,9 +7,16 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace trainer {
+
+// Whether train.loss_scaling = `mode` ("auto" | "dynamic" | "off") scales the loss at `precision`.
+// "auto" scales fp16 only: fp16 gradients underflow without it, while bf16 has fp32's range and
+// fp8's gradients reach the products in bf16 and are scaled per tensor by their own amax when cast
+// to e5m2, so a global loss scale changes nothing there but costs a check and blocks the CUDA graph.
+bool loss_scaling_enabled(const std::string& mode, const std::string& precision);
 
 struct LossScalerOptions {
   bool enabled = false;
@@ -26,8 +33,9 @@ class LossScaler {
   double scale() const { return opt_.enabled ? scale_ : 1.0; }
   // loss × scale (the loss itself when disabled).
   at::Tensor scale_loss(const at::Tensor& loss) const;
-  // Divides every defined gradient by the scale in place and reports whether any is not finite.
-  // One host sync per call. Disabled: checks only, no division. Step-loop thread.
+  // Divides every defined gradient by the scale in place and reports whether any is not finite:
+  // one fused multi-tensor pass over the gradients (ATen's GradScaler kernel), one host sync.
+  // Disabled: checks only (the division is by 1). Step-loop thread.
   bool unscale_and_check(const std::vector<at::Tensor>& params) const;
   // After a step: found_inf halves the scale and counts a skipped step; otherwise counts a finite
   // step and doubles the scale every growth_interval of them. No-op when disabled.

@@ -8,8 +8,10 @@ std::string step_graph_blocker(const RunConfig& cfg, const StepGraphFacts& f) {
   if (f.world > 1)
     return "the run has " + std::to_string(f.world) + " ranks (its gradient all-reduce runs outside a graph)";
   if (f.loss_scaling)
-    return "dynamic loss scaling is on (train.precision \"" + cfg.train.precision +
-           "\" or train.loss_scaling): it decides each step's skip on the host";
+    return std::string("dynamic loss scaling is on (") +
+           (cfg.train.loss_scaling == "dynamic" ? "train.loss_scaling is \"dynamic\""
+                                                : "train.precision \"" + cfg.train.precision + "\" scales the loss") +
+           "): it decides each step's skip on the host";
   if (f.decide_in_step)
     return "train.nonfinite or train.spike_action is \"skip\": the skip is decided on the host inside the step";
   if (cfg.train.optimizer != "adamw")

@@ -16,7 +16,7 @@ namespace trainer {
 struct StepGraphFacts {
   bool cuda = false;            // the rank trains on a GPU
   int64_t world = 1;            // ranks in the run
-  bool loss_scaling = false;    // the dynamic loss scaler is on (fp16, fp8, or train.loss_scaling)
+  bool loss_scaling = false;    // the dynamic loss scaler is on (fp16, or train.loss_scaling = "dynamic")
   bool decide_in_step = false;  // the step guard reads the loss back before the update
   bool faults_armed = false;    // DELTADECK_FAULT is set (test faults act between the step's kernels)
   // The MoE layers' grouped GEMMs take device offsets (bf16 on sm90/sm100, model/grouped_linear.h),

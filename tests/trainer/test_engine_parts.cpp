@@ -70,6 +70,34 @@ TEST(LossScaler, NanGradientSkipsTheStepAndLeavesWeights) {
   EXPECT_EQ(s.skipped_steps(), 1);
 }
 
+// Every defined gradient is divided by the scale in one pass; an inf in any one of them is found,
+// and a parameter without a gradient is passed over.
+TEST(LossScaler, UnscalesEveryGradientAndFindsAnInfAnywhere) {
+  trainer::LossScaler s({true, 256.0, 2.0, 0.5, 2000});
+  auto a = torch::randn({5, 7}).requires_grad_(true);
+  auto b = torch::randn({33}).requires_grad_(true);
+  auto unused = torch::randn({2}).requires_grad_(true);
+  s.scale_loss((a * a).sum() + (3 * b).sum()).backward();
+  ASSERT_FALSE(s.unscale_and_check({a, unused, b}));
+  EXPECT_TRUE(torch::allclose(a.grad(), 2 * a.detach(), 0, 1e-6));
+  EXPECT_TRUE(torch::allclose(b.grad(), torch::full_like(b, 3.0), 0, 1e-6));
+  EXPECT_FALSE(unused.grad().defined());
+  b.mutable_grad().index_put_({32}, -INFINITY);
+  EXPECT_TRUE(s.unscale_and_check({a, unused, b}));
+}
+
+// "auto" scales the loss for fp16 only; "dynamic" always, "off" never.
+TEST(LossScaler, AutoScalesFp16Only) {
+  using trainer::loss_scaling_enabled;
+  EXPECT_TRUE(loss_scaling_enabled("auto", "fp16"));
+  for (const char* p : {"fp32", "bf16", "fp8"}) {
+    EXPECT_FALSE(loss_scaling_enabled("auto", p)) << p;
+    EXPECT_TRUE(loss_scaling_enabled("dynamic", p)) << p;
+    EXPECT_FALSE(loss_scaling_enabled("off", p)) << p;
+  }
+  EXPECT_FALSE(loss_scaling_enabled("off", "fp16"));
+}
+
 TEST(Ema, UpdateMatchesTheFormula) {
   auto p = torch::tensor({1.0f, 2.0f}).requires_grad_(true);
   trainer::Ema ema({{"w", p}}, 0.9);
