@@ -2,8 +2,10 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
 #include <map>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 
 #if defined(DD_HAVE_CUDA)
@@ -45,17 +47,31 @@ at::ScalarType product_dtype(at::ScalarType wanted) {
 
 // _scaled_mm takes its first operand row-major and its second column-major; each operand's
 // transpose is written by the quantisation itself, so no product needs a transposing copy.
+// One operand, with delayed scaling when the layer has a history (its tensors ride along in the
+// autograd context, so the backward finds the gradient's record).
+Fp8Operand quantize_for(const torch::Tensor& x, at::ScalarType fp8_type, Fp8History* h, Fp8History::Role role) {
+  return h ? quantize_fp8_operand_delayed(x, fp8_type, /*transposed=*/true, *h, role)
+           : quantize_fp8_operand(x, fp8_type, /*transposed=*/true);
+}
+
 struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight) {
+  // `history` may be nullptr (current scaling); it is not a differentiable input.
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
+                               Fp8History* history) {
     auto x2 = x.reshape({-1, x.size(-1)});
     if (x2.stride(1) != 1) x2 = x2.contiguous();
-    auto xo = quantize_fp8_operand(x2, at::kFloat8_e4m3fn, /*transposed=*/true);
-    auto wo = quantize_fp8_operand(weight, at::kFloat8_e4m3fn, /*transposed=*/true);
+    if (history) history->ensure(x.device());
+    auto xo = quantize_for(x2, at::kFloat8_e4m3fn, history, Fp8History::kInput);
+    auto wo = quantize_for(weight, at::kFloat8_e4m3fn, history, Fp8History::kWeight);
     // Forward products accumulate in fast mode as common FP8 recipes do; gradients do not.
     auto y = at::_scaled_mm(xo.q, wo.q.t(), xo.scale, wo.scale, {}, {}, at::kBFloat16, /*use_fast_accum=*/true);
     ctx->save_for_backward({xo.qt, xo.scale, wo.qt, wo.scale});
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["x_shape"] = x.sizes().vec();
+    if (history) {
+      ctx->saved_data["records"] = history->records;
+      ctx->saved_data["started"] = history->started;
+    }
     auto out_shape = x.sizes().vec();
     out_shape.back() = weight.size(0);
     return y.view(out_shape);
@@ -71,12 +87,18 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     const auto x_shape = ctx->saved_data["x_shape"].toIntVector();
     auto g2 = grads[0].reshape({-1, grads[0].size(-1)});
     if (g2.stride(1) != 1) g2 = g2.contiguous();
-    auto go = quantize_fp8_operand(g2, at::kFloat8_e5m2, /*transposed=*/true);
+    Fp8Operand go;
+    if (ctx->saved_data.count("records")) {
+      Fp8History h{ctx->saved_data["records"].toTensor(), ctx->saved_data["started"].toTensor()};
+      go = quantize_fp8_operand_delayed(g2, at::kFloat8_e5m2, /*transposed=*/true, h, Fp8History::kGradient);
+    } else {
+      go = quantize_fp8_operand(g2, at::kFloat8_e5m2, /*transposed=*/true);
+    }
     // dX = G W: [N,out] x [out,in], W column-major as (Wᵀ)ᵀ.
     auto dx = at::_scaled_mm(go.q, wqt.t(), go.scale, sw, {}, {}, product_dtype(x_dtype), false);
     // dW = Gᵀ X: [out,N] x [N,in], straight into the fp32 master weight's dtype.
     auto dw = at::_scaled_mm(go.qt, xqt.t(), go.scale, sx, {}, {}, at::kFloat, false);
-    return {dx.scalar_type() == x_dtype ? dx.view(x_shape) : dx.to(x_dtype).view(x_shape), dw};
+    return {dx.scalar_type() == x_dtype ? dx.view(x_shape) : dx.to(x_dtype).view(x_shape), dw, torch::Tensor()};
   }
 };
 
@@ -136,10 +158,90 @@ bool fp8_linear_fits(const torch::Tensor& x, const torch::Tensor& weight) {
   return x.is_cuda() && in % 16 == 0 && out % 16 == 0 && tokens % 16 == 0 && tokens > 0;
 }
 
-torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight) {
+torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, Fp8History* history) {
   TORCH_CHECK(fp8_linear_fits(x, weight), "fp8_linear: needs a CUDA input and sizes that are multiples of 16 (x ",
               x.sizes(), ", weight ", weight.sizes(), ")");
-  return Fp8LinearFunction::apply(x, weight);
+  return Fp8LinearFunction::apply(x, weight, history);
+}
+
+void Fp8History::ensure(const torch::Device& device) {
+  if (records.defined() && records.device() == device) return;
+  records = torch::zeros({3, kernels::kFp8RecordWords}, torch::TensorOptions().dtype(torch::kFloat).device(device));
+  started = torch::zeros({3}, torch::kBool);
+}
+
+void Fp8History::load(const torch::Tensor& saved, const torch::Device& device, const std::string& what) {
+  if (saved.dim() != 2 || saved.size(0) != 3 || saved.size(1) != kernels::kFp8RecordWords)
+    throw std::runtime_error(what + ": fp8 amax records have shape " + c10::str(saved.sizes()) + ", expected [3, " +
+                             std::to_string(kernels::kFp8RecordWords) + "]");
+  records = saved.to(device, torch::kFloat).clone();
+  // Between quantisations the pending words are zero; a saved record must say so too.
+  records.narrow(1, kernels::kFp8History, 2).zero_();
+  started = records.narrow(1, 0, kernels::kFp8History).amax(1).gt(0).to(torch::kCPU);
+}
+
+std::pair<torch::Tensor, torch::Tensor> quantize_fp8_delayed_reference(const torch::Tensor& x, at::ScalarType fp8_type,
+                                                                       torch::Tensor record, bool from_current) {
+  const double fmax = fp8_type == at::kFloat8_e5m2 ? kFp8E5m2Max : kFp8E4m3Max;
+  const int64_t H = kernels::kFp8History;
+  auto xf = x.detach().to(torch::kFloat);
+  auto amax = xf.abs().amax().to(record.device());
+  torch::Tensor scale;
+  if (from_current) {
+    scale = torch::where(amax > 0, amax / fmax, torch::ones_like(amax));
+  } else {
+    auto h = record.narrow(0, 0, H).amax();
+    // The kernel multiplies by margin / fmax rounded to fp32 once; so does this (an fp32 tensor times
+    // a scalar computes in fp32).
+    scale = torch::where(h > 0, h * static_cast<double>(static_cast<float>(kFp8DelayedMargin / fmax)),
+                         torch::ones_like(h));
+  }
+  auto q = (xf / scale.to(xf.device())).clamp_(-fmax, fmax).to(fp8_type);
+  const bool finite = std::isfinite(amax.item<float>());
+  bool saturated = !finite;
+  if (!from_current && finite) saturated = (amax / scale).item<float>() > static_cast<float>(fmax);
+  if (saturated) saturation_counter(x.device()).add_(1);
+  if (finite) {
+    auto older = record.narrow(0, 0, H - 1).clone();
+    record.narrow(0, 1, H - 1).copy_(older);
+    record[0] = amax;
+  }
+  return {q, scale};
+}
+
+Fp8Operand quantize_fp8_operand_delayed(const torch::Tensor& x, at::ScalarType fp8_type, bool transposed,
+                                        Fp8History& h, Fp8History::Role role) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "quantize_fp8_operand_delayed: expected a 2-D tensor with unit column "
+              "stride, got ", x.sizes(), " strides ", x.strides());
+  h.ensure(x.device());
+  bool& started = h.started.data_ptr<bool>()[role];
+  const bool from_current = !started;
+  started = true;
+  auto record = h.records[role];
+#if defined(DD_HAVE_CUDA)
+  kernels::DType dt{};
+  if (x.is_cuda() && kernel_dtype(x.scalar_type(), dt)) {
+    const int64_t rows = x.size(0), cols = x.size(1);
+    const double fmax = fp8_type == at::kFloat8_e5m2 ? kFp8E5m2Max : kFp8E4m3Max;
+    auto opts = x.options().dtype(fp8_type);
+    Fp8Operand o;
+    o.q = torch::empty({rows, cols}, opts);
+    if (transposed) o.qt = torch::empty({cols, rows}, opts);
+    o.scale = torch::empty({}, x.options().dtype(torch::kFloat));
+    auto counter = saturation_counter(x.device());
+    check_kernel_launch(
+        kernels::fp8_quantize_delayed(o.q.data_ptr(), transposed ? o.qt.data_ptr() : nullptr,
+                                      o.scale.data_ptr<float>(), record.data_ptr<float>(),
+                                      reinterpret_cast<unsigned long long*>(counter.data_ptr<int64_t>()), x.data_ptr(),
+                                      dt, rows, cols, x.stride(0), fp8_type == at::kFloat8_e5m2,
+                                      static_cast<float>(kFp8DelayedMargin / fmax), from_current,
+                                      c10::cuda::getCurrentCUDAStream(x.device().index()).stream()),
+        "fp8 quantisation (delayed scaling)");
+    return o;
+  }
+#endif
+  auto [q, scale] = quantize_fp8_delayed_reference(x, fp8_type, record, from_current);
+  return {q, transposed ? q.t().contiguous() : torch::Tensor(), scale};
 }
 
 int64_t take_fp8_saturations(const torch::Device& device) {

@@ -1,10 +1,18 @@
 // FP8 matrix products for the linear layers (train.precision = "fp8"): activations and weights are
-// quantised to float8 e4m3 with one scale per tensor taken from the current amax, gradients to e5m2,
-// and the products run through at::_scaled_mm. Master weights stay fp32; outputs are bf16.
+// quantised to float8 e4m3 with one scale per tensor, gradients to e5m2, and the products run
+// through at::_scaled_mm. Master weights stay fp32; outputs are bf16. The scales are delayed when
+// the layer keeps an Fp8History (the models' layers do): each comes from the amaxes the same tensor
+// had in the previous steps, with a margin, so quantising reads each tensor once; without one
+// they come from the tensor's current amax (a pass of its own).
 // The plain twin is at::linear under bf16 autocast; tests compare the two on the GPU.
 #pragma once
 
 #include <torch/types.h>
+
+#include <string>
+#include <utility>
+
+#include "kernels/fp8_quant.h"
 
 namespace model {
 
@@ -30,14 +38,46 @@ struct Fp8Operand {
 // and a transposing copy.
 Fp8Operand quantize_fp8_operand(const torch::Tensor& x, at::ScalarType fp8_type, bool transposed);
 
+// Delayed scaling's margin: the scale maps twice the largest recent amax onto the format's largest
+// value, so an amax may double from one step to the next before values clip.
+constexpr double kFp8DelayedMargin = 2.0;
+
+// The delayed-scaling state of one fp8 product (a Linear, or the first Linear of a linear_cat
+// group): amax records (kernels/fp8_quant.h) for its three quantised tensors.
+struct Fp8History {
+  enum Role : int64_t { kInput = 0, kWeight = 1, kGradient = 2 };
+  torch::Tensor records;  // [3, kernels::kFp8RecordWords] fp32 on the device; undefined until first used
+  torch::Tensor started;  // [3] bool on the CPU: the role was quantised once, so its history sets the scale
+  // Creates the records (zeros) on `device` if they are not there yet.
+  void ensure(const torch::Device& device);
+  // Takes records saved in a checkpoint; a role whose history holds an amax counts as started.
+  // Throws std::runtime_error naming `what` when the shape is not [3, kFp8RecordWords].
+  void load(const torch::Tensor& saved, const torch::Device& device, const std::string& what);
+};
+
+// quantize_fp8_operand with delayed scaling on `h`'s record of `role` (created on x's device if
+// needed): the role's first quantisation takes its scale from x's current amax, later ones from
+// the history (max · kFp8DelayedMargin / fmax); x's amax then joins the history. On a GPU through
+// kernels::fp8_quantize_delayed, else quantize_fp8_delayed_reference.
+Fp8Operand quantize_fp8_operand_delayed(const torch::Tensor& x, at::ScalarType fp8_type, bool transposed,
+                                        Fp8History& h, Fp8History::Role role);
+
+// The ATen reference of one delayed quantisation on `record` ([kFp8RecordWords] fp32, updated in
+// place as the kernel does): returns q and the scale, and counts a saturation (non-finite amax, or
+// a delayed scale that clipped) on x's device like the kernels.
+std::pair<torch::Tensor, torch::Tensor> quantize_fp8_delayed_reference(const torch::Tensor& x, at::ScalarType fp8_type,
+                                                                       torch::Tensor record, bool from_current);
+
 // y = x Wᵀ with both operands in e4m3; backward quantises the incoming gradient to e5m2.
 // x [..., in] (any float dtype), weight [out, in] fp32; in, out and the token count must be
-// multiples of 16 (fp8_linear_fits). Returns bf16 [..., out]. CUDA only.
-torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight);
+// multiples of 16 (fp8_linear_fits). Returns bf16 [..., out]. CUDA only. With `history`, the
+// scales are delayed (Fp8History); without, each comes from its tensor's current amax.
+torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, Fp8History* history = nullptr);
 bool fp8_linear_fits(const torch::Tensor& x, const torch::Tensor& weight);
 
-// Tensors on `device` whose amax was inf or NaN since the last call (the only way a cast scaled by
-// the current amax can saturate). Reads the device counter, so it synchronises.
+// Quantisations on `device` since the last call whose amax was inf or NaN, or whose delayed scale
+// was too small for their amax (values clipped to the format's largest). Reads the device counter,
+// so it synchronises.
 int64_t take_fp8_saturations(const torch::Device& device);
 
 }  // namespace model

@@ -141,8 +141,8 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& u, const Positions
   // one short conv over the q|k|v channels with the three conv weights side by side: a few large
   // launches instead of six matmuls and three convs of W taps each. The H-wide gate projections
   // stay apart from the wide ones so that those keep sizes FP8 matmuls accept (multiples of 16).
-  auto parts = linear_cat(u, {wq->weight, wk->weight, wv->weight, wg->weight}).split_with_sizes({2 * Kg + Vg, Vg}, -1);
-  auto gate_parts = linear_cat(u, {wa->weight, wb->weight}).split_with_sizes({H_, H_}, -1);  // a, b
+  auto parts = linear_cat(u, {wq, wk, wv, wg}).split_with_sizes({2 * Kg + Vg, Vg}, -1);
+  auto gate_parts = linear_cat(u, {wa, wb}).split_with_sizes({H_, H_}, -1);  // a, b
   auto qkv = fused_short_conv(parts[0], torch::cat({conv_q, conv_k, conv_v}, 0), p);
   auto qkv_parts = qkv.split_with_sizes({Kg, Kg, Vg}, -1);
   auto q = l2_norm(qkv_parts[0].reshape({B, T, H_, dk_}), ft);

@@ -110,7 +110,7 @@ SwiGLUImpl::SwiGLUImpl(int64_t d, int64_t hidden) {
 
 torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
   // gate and up as one matmul, the activation as one kernel over its [.., 2·hidden] output.
-  return down(swiglu(linear_cat(x, {gate->weight, up->weight})));
+  return down(swiglu(linear_cat(x, {gate, up})));
 }
 
 void SwiGLUImpl::reset_parameters(double std0, double std_out) {
@@ -138,7 +138,7 @@ AttentionImpl::AttentionImpl(const ModelConfig& c)
 torch::Tensor AttentionImpl::forward(const torch::Tensor& u, const Positions& p) {
   const int64_t B = u.size(0), T = u.size(1);
   // q, k and v from one matmul; split (not narrow) so backward concatenates their gradients once.
-  auto qkv = linear_cat(u, {wq->weight, wk->weight, wv->weight}).split_with_sizes({nh_ * dh_, nkv_ * dh_, nkv_ * dh_}, -1);
+  auto qkv = linear_cat(u, {wq, wk, wv}).split_with_sizes({nh_ * dh_, nkv_ * dh_, nkv_ * dh_}, -1);
   // RoPE, then QK-norm when on: one kernel each for q and k on a GPU.
   auto rotate = [&](const torch::Tensor& x) { return qk_norm_ ? rope_qk_norm(x, p.pos, rope_) : rope(x, p.pos, rope_); };
   auto q = rotate(qkv[0].view({B, T, nh_, dh_}));

@@ -31,14 +31,26 @@ void LinearImpl::reset_parameters() {
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
-  if (fp8_active && fp8_linear_fits(x, weight)) return fp8_linear(x, weight);
+  if (fp8_active && fp8_linear_fits(x, weight)) return fp8_linear(x, weight, &fp8);
   return torch::linear(x, weight);
 }
 
-torch::Tensor linear_cat(const torch::Tensor& x, const std::vector<torch::Tensor>& weights) {
+torch::Tensor linear_cat(const torch::Tensor& x, const std::vector<Linear>& layers) {
+  TORCH_CHECK(!layers.empty(), "linear_cat: no layers");
+  std::vector<torch::Tensor> weights;
+  for (const auto& l : layers) weights.push_back(l->weight);
   auto w = weights.size() == 1 ? weights[0] : torch::cat(weights, 0);
-  if (fp8_active && fp8_linear_fits(x, w)) return fp8_linear(x, w);
+  if (fp8_active && fp8_linear_fits(x, w)) return fp8_linear(x, w, &layers.front().ptr()->fp8);
   return torch::linear(x, w);
+}
+
+std::vector<std::pair<std::string, Fp8History*>> fp8_histories(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, Fp8History*>> out;
+  for (auto& item : model.named_modules()) {
+    auto* linear = dynamic_cast<LinearImpl*>(item.value().get());
+    if (linear && linear->fp8.records.defined()) out.emplace_back(item.key(), &linear->fp8);
+  }
+  return out;
 }
 
 void add_at_b_(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b) {

@@ -8,6 +8,8 @@
 
 #include <vector>
 
+#include "model/fp8_linear.h"
+
 namespace model {
 
 class LinearImpl : public torch::nn::Module {
@@ -19,14 +21,21 @@ class LinearImpl : public torch::nn::Module {
   // Kaiming-uniform like Linear; the models re-initialise per MODEL.md §7.
   void reset_parameters();
   torch::Tensor weight;  // [out, in]
+  // FP8 delayed scaling's amax records for this layer's product (also for a linear_cat group it
+  // leads); empty until the layer first runs in fp8. Checkpoints carry them (fp8_histories).
+  Fp8History fp8;
 };
 TORCH_MODULE(Linear);
 
 // y = x [W1; W2; ...]ᵀ: one matmul for projections that read the same input (q|k|v, gate|up),
-// in FP8 under an Fp8Scope like LinearImpl::forward. The concatenated weight is formed per call
-// (small next to the activations); each part's gradient flows back to its own parameter. One
-// matmul instead of several also means one gradient for x, not a sum of several.
-torch::Tensor linear_cat(const torch::Tensor& x, const std::vector<torch::Tensor>& weights);
+// in FP8 under an Fp8Scope like LinearImpl::forward (with the first layer's Fp8History). The
+// concatenated weight is formed per call (small next to the activations); each part's gradient
+// flows back to its own parameter. One matmul instead of several also means one gradient for x,
+// not a sum of several.
+torch::Tensor linear_cat(const torch::Tensor& x, const std::vector<Linear>& layers);
+
+// Every Linear of `model` that has run in fp8, by module path, with its Fp8History.
+std::vector<std::pair<std::string, Fp8History*>> fp8_histories(torch::nn::Module& model);
 
 // c += aᵀ · b for a weight gradient summed over chunks: c [M,N] fp32, a [K,M], b [K,N]. On a GPU
 // with bf16/fp16 a and b, one GEMM accumulates straight into c in fp32 (kernels/gemm_accumulate.h);

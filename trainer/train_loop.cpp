@@ -22,12 +22,14 @@
 #include <cstdlib>
 #include <cmath>
 #include <deque>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <thread>
 
 #include "model/decoder_lm.h"
 #include "model/fp8_linear.h"
+#include "model/linear.h"
 #include "model/moe.h"
 #include "trainer/adamw.h"
 #include "trainer/checkpoint.h"
@@ -78,8 +80,7 @@ double seconds_since(Clock::time_point t0) {
 
 LossScalerOptions scaler_options(const TrainConfig& t) {
   LossScalerOptions o;
-  o.enabled = t.loss_scaling == "dynamic" ||
-              (t.loss_scaling == "auto" && (t.precision == "fp16" || t.precision == "fp8"));
+  o.enabled = loss_scaling_enabled(t.loss_scaling, t.precision);
   o.init_scale = t.loss_scale_init;
   o.growth_interval = t.loss_scale_growth_interval;
   return o;
@@ -202,8 +203,9 @@ class TrainLoop {
                       cfg_.train.spike_action == "skip";
     if (cfg_.train.ema_decay > 0) ema_ = std::make_unique<Ema>(params_, cfg_.train.ema_decay);
     if (!opts_.resume_from.empty()) restore(resume, opts_.resume_from);
-    // The experts run in bf16 under bf16 autocast, in fp32 in fp32 runs (fp16 and fp8 scale losses,
-    // which blocks the graph anyway).
+    // The experts run in bf16 under bf16 autocast, in fp32 in fp32 runs (fp16 scales losses, which
+    // blocks the graph anyway). fp8 runs are judged as fp32 here, which can only keep an fp8 MoE step
+    // out of the graph, never put a host read into one.
     const bool moe_on_device = model::MoEImpl::counts_stay_on_device(
         cfg_.model, device_, cfg_.train.precision == "bf16" ? torch::kBFloat16 : torch::kFloat32);
     const std::string graph_blocker =
@@ -675,7 +677,7 @@ class TrainLoop {
   // Applies a StepGuard verdict of step `number`: logs a skip or a spike (rank 0), fails the run for
   // a non-finite step when train.nonfinite says so, and marks the run diverged after
   // train.max_nonfinite_steps skips in a row (run() then ends it). `scaler_skip`: the loss scaler
-  // skipped it (routine with fp16/fp8; the scaler's back-off events report those).
+  // skipped it (routine with fp16; the scaler's back-off events report those).
   void act_on(const StepVerdict& v, int64_t number, bool scaler_skip) {
     if (v.nonfinite && !nonfinite_skips_ && !scaler_skip) {
       throw std::runtime_error("the loss or gradient is not finite at step " + std::to_string(number) +
@@ -851,6 +853,9 @@ class TrainLoop {
     if (opt_hidden_) for (auto& t : opt_hidden_->state_tensors()) d.state.push_back(t);
     if (muon_) for (auto& t : muon_->state_tensors()) d.state.push_back(t);
     if (ema_) for (auto& t : ema_->state_tensors()) d.state.push_back(t);
+    // fp8's delayed scales come from these amaxes: without them a resumed run would quantise its
+    // first step differently. (Rank 0's; other ranks resume from them too.)
+    for (auto& [name, h] : model::fp8_histories(*model_)) d.state.emplace_back(kFp8StatePrefix + name, h->records);
     d.config_toml = to_toml(cfg_);
     {
       auto gen = at::detail::getDefaultCPUGenerator();
@@ -914,6 +919,18 @@ class TrainLoop {
     }
   }
 
+  // A Linear's fp8 amax records, saved as state "fp8_amax.<module path>".
+  static constexpr const char* kFp8StatePrefix = "fp8_amax.";
+
+  void restore_fp8_history(const std::string& module, const at::Tensor& records, const std::string& dir) {
+    const std::string what = dir + "/state.safetensors: '" + kFp8StatePrefix + module + "'";
+    auto modules = model_->named_modules();
+    auto* found = modules.find(module);
+    auto* linear = found ? dynamic_cast<model::LinearImpl*>(found->get()) : nullptr;
+    if (!linear) throw std::runtime_error(what + " names no linear layer of the configured model");
+    linear->fp8.load(records, device_, what);
+  }
+
   void restore(const CheckpointData& d, const std::string& dir) {
     std::map<std::string, at::Tensor> by_name(d.weights.begin(), d.weights.end());
     torch::NoGradGuard no_grad;
@@ -933,6 +950,8 @@ class TrainLoop {
         gen.set_state(t);
       } else if (name == "rng.device") {
         set_device_rng_state(device_, t);
+      } else if (name.rfind(kFp8StatePrefix, 0) == 0) {
+        restore_fp8_history(name.substr(std::strlen(kFp8StatePrefix)), t, dir);
       } else {
         opt_state.emplace_back(name, t);
       }

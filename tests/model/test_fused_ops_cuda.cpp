@@ -297,6 +297,65 @@ TEST(FusedOpsCuda, Fp8QuantizeMatchesReferenceBitForBit) {
   EXPECT_EQ(model::take_fp8_saturations(dev), 0);
 }
 
+// Delayed scaling (kernels::fp8_quantize_delayed) against its ATen reference over a sequence of
+// quantisations on one record: the first takes its scale from x's own amax, later ones from the
+// history (max × margin / fmax); the same q, qᵀ and scale bits, the same record words after every
+// call (history rolled, pending words zero), and the same saturation count: none while the amax
+// stays within the margin, one when it grows past it (values clip), one for a NaN (not filed).
+TEST(FusedOpsCuda, Fp8DelayedQuantizeMatchesReference) {
+  DD_REQUIRE_GPU();
+  if (!model::fp8_supported(torch::Device(torch::kCUDA, 0))) GTEST_SKIP() << "no fp8 on this GPU";
+  seed_from_gtest(76);
+  const torch::Device dev(torch::kCUDA, 0);
+  struct Shape {
+    int64_t rows, cols;
+  };
+  // Growth of x's magnitude per call: within the margin of 2, then past it, then a NaN.
+  const std::vector<double> growth = {1.0, 1.5, 0.5, 1.9, 4.0, 1.0, 0.0 /* NaN */, 1.0};
+  for (const auto dtype : {torch::kBFloat16, torch::kFloat32}) {
+    for (const auto fp8 : {at::kFloat8_e4m3fn, at::kFloat8_e5m2}) {
+      for (const Shape sh : {Shape{1000, 768}, Shape{37, 4097}, Shape{16, 16}, Shape{130, 65}}) {
+        const std::string what = std::string(name_of(dtype)) + (fp8 == at::kFloat8_e5m2 ? " e5m2" : " e4m3") +
+                                 " " + std::to_string(sh.rows) + "x" + std::to_string(sh.cols);
+        model::Fp8History h;
+        auto ref_record = torch::zeros({kernels::kFp8RecordWords}, torch::TensorOptions().dtype(torch::kFloat).device(dev));
+        double magnitude = 1.0;
+        float last_amax = 0.f;  // of the last x (in x's dtype)
+        model::take_fp8_saturations(dev);
+        for (size_t call = 0; call < growth.size(); ++call) {
+          const std::string at = what + " call " + std::to_string(call);
+          if (growth[call] > 0) magnitude *= growth[call];
+          // The largest |x| is pinned to `magnitude` so the growth per call is exact.
+          auto x = torch::randn({sh.rows, sh.cols + 3}, dev).clamp(-3, 3) * (magnitude / 3.0);
+          x[0][2] = magnitude;
+          if (growth[call] == 0) x[sh.rows / 2][2 + sh.cols / 2] = std::numeric_limits<float>::quiet_NaN();
+          x = x.narrow(1, 2, sh.cols).to(dtype);
+          last_amax = x.to(torch::kFloat).abs().amax().item<float>();
+          auto got = model::quantize_fp8_operand_delayed(x, fp8, /*transposed=*/true, h, model::Fp8History::kGradient);
+          const int64_t got_sat = model::take_fp8_saturations(dev);
+          auto [q_ref, s_ref] = model::quantize_fp8_delayed_reference(x, fp8, ref_record, /*from_current=*/call == 0);
+          const int64_t ref_sat = model::take_fp8_saturations(dev);
+          EXPECT_EQ(got.scale.item<float>(), s_ref.item<float>()) << at;
+          EXPECT_TRUE(torch::equal(got.q.view(torch::kUInt8), q_ref.view(torch::kUInt8))) << at << " q";
+          EXPECT_TRUE(torch::equal(got.qt.view(torch::kUInt8), q_ref.t().contiguous().view(torch::kUInt8))) << at << " qt";
+          EXPECT_TRUE(torch::equal(h.records[model::Fp8History::kGradient], ref_record)) << at << " record";
+          // Growth 4 outgrows the margin and clips; a NaN counts; the rest fit.
+          const int64_t want_sat = (growth[call] == 4.0 || growth[call] == 0) ? 1 : 0;
+          EXPECT_EQ(got_sat, want_sat) << at;
+          EXPECT_EQ(ref_sat, want_sat) << at;
+        }
+        // Eight calls, one NaN not filed: seven amaxes, the newest first.
+        auto hist = h.records[model::Fp8History::kGradient].cpu();
+        EXPECT_EQ(hist[0].item<float>(), last_amax) << what;
+        EXPECT_GT(hist[6].item<float>(), 0.f) << what;
+        EXPECT_EQ(hist[7].item<float>(), 0.f) << what;
+        EXPECT_EQ(hist[kernels::kFp8History].item<float>(), 0.f) << what;
+        EXPECT_EQ(hist[kernels::kFp8History + 1].item<float>(), 0.f) << what;
+      }
+    }
+  }
+}
+
 // RoPE + QK-norm in one kernel each way against rms_norm_plain(apply_rope(x)): head dims the
 // kernel takes (32, 64, 128) and one it leaves to the reference (34), strided q views, dense and
 // packed positions.

@@ -113,7 +113,7 @@ TEST(TrainerCuda, FusedAdamWMatchesTheReference) {
 }
 
 // The tiny GPT learns on CUDA in every precision; the run reports memory, MFU against the known peak,
-// the loss scale (fp16/fp8 scale dynamically) and no FP8 saturations.
+// the loss scale (fp16 scales dynamically, the others keep 1) and no FP8 saturations.
 TEST(TrainerCuda, TrainsInEveryPrecision) {
   DD_REQUIRE_GPU();
   for (const char* precision : {"fp32", "bf16", "fp16", "fp8"}) {
@@ -129,10 +129,11 @@ TEST(TrainerCuda, TrainsInEveryPrecision) {
     EXPECT_LT(last10, r.losses.front() - 2.0) << precision;
     EXPECT_FALSE(r.metrics["mem_peak_gib"].empty()) << precision;
     EXPECT_GT(r.metrics["mem_peak_gib"].back(), 0.0) << precision;
-    const bool scaled = std::string(precision) == "fp16" || std::string(precision) == "fp8";
-    if (scaled) {
-      const double scale = r.metrics["loss_scale"].back();
+    const double scale = r.metrics["loss_scale"].back();
+    if (std::string(precision) == "fp16") {
       EXPECT_TRUE(std::isfinite(scale) && scale >= 1.0) << precision << " scale " << scale;
+    } else {
+      EXPECT_EQ(scale, 1.0) << precision;
     }
     if (std::string(precision) == "fp8") {
       ASSERT_FALSE(r.metrics["fp8_saturations"].empty());
@@ -165,6 +166,11 @@ TEST(TrainerCuda, CudaGraphStepMatchesTheEagerStep) {
        false},
       {"gpt, packed", {"model.family=\"gpt\"", "data.document_attention=true", "train.grad_accum=1", "train.cuda_graph_pieces=16"},
        true},
+      // fp8: the quantisations' delayed scales and amax records live on the device, so replays
+      // update them as the eager steps do.
+      {"gpt fp8, fixed shape",
+       {"model.family=\"gpt\"", "data.document_attention=false", "train.grad_accum=2", "train.precision=\"fp8\""},
+       false},
   };
   for (const auto& c : cases) {
     if (std::string(c.name).find("MoE") != std::string::npos && !model::grouped_mm_device_ok(0)) {
@@ -211,6 +217,41 @@ TEST(TrainerCuda, CudaGraphStepMatchesTheEagerStep) {
     EXPECT_LT(worst_val, 1e-2) << c.name;
     EXPECT_LT(graph.losses.back(), graph.losses.front() - 1.0) << c.name << ": the replayed steps did not learn";
   }
+}
+
+// fp8 with delayed scaling resumes exactly: the checkpoint carries every fp8 layer's amax records.
+// The first resumed step's loss (a forward from the saved weights and records) matches the 2N-step
+// run's bit for bit; without the records it would take its scales from current amaxes instead and
+// differ. Later steps agree to the GPU backward's rounding (attention's backward sums in any order).
+TEST(TrainerCuda, Fp8ResumeIsBitIdentical) {
+  DD_REQUIRE_GPU();
+  if (!model::fp8_supported(torch::Device(torch::kCUDA, 0))) GTEST_SKIP() << "no fp8 on this GPU";
+  TempDir dir;
+  const int64_t N = 8;
+  auto cfg = make_config(dir, 2 * N, {"run.devices=\"0\"", "train.precision=\"fp8\"", "run.save_interval=8",
+                                      "data.document_attention=false"});
+  auto full = run(cfg, dir.path() + "/full");
+  ASSERT_EQ(full.ended.status, trainer::RunStatus::Finished) << full.ended.message;
+  ASSERT_EQ(full.checkpoints.size(), 2u);
+  auto mid = trainer::load_checkpoint(full.checkpoints[0]);
+  int records = 0;
+  for (const auto& [name, t] : mid.state) {
+    if (name.rfind("fp8_amax.", 0) != 0) continue;
+    ++records;
+    EXPECT_GT(t.narrow(1, 0, 1).min().item<float>(), 0.f) << name << ": no amax filed";
+  }
+  EXPECT_GE(records, 4) << "fp8 amax records in the checkpoint";  // per block: q|k|v, o, gate|up, down
+  auto resumed = run(cfg, dir.path() + "/resumed", full.checkpoints[0]);
+  ASSERT_EQ(resumed.ended.status, trainer::RunStatus::Finished) << resumed.ended.message;
+  ASSERT_EQ(resumed.losses.size(), static_cast<size_t>(N));
+  EXPECT_EQ(resumed.losses[0], full.losses[N]) << "step " << N + 1;
+  double worst = 0;
+  for (int64_t i = 0; i < N; ++i)
+    worst = std::max(worst, std::abs(resumed.losses[i] - full.losses[N + i]) / std::abs(full.losses[N + i]));
+  std::printf("fp8 resume: %d amax records; step %lld's loss %s, worst relative difference over steps %lld..%lld %.2e\n",
+              records, static_cast<long long>(N + 1), resumed.losses[0] == full.losses[N] ? "identical" : "DIFFERS",
+              static_cast<long long>(N + 1), static_cast<long long>(2 * N), worst);
+  EXPECT_LT(worst, 1e-3);
 }
 
 // Two GPUs as two rank threads (NCCL), on a machine that has them: the run ends with its validation
