@@ -14,8 +14,8 @@ namespace trainer {
 
 // Whether train.loss_scaling = `mode` ("auto" | "dynamic" | "off") scales the loss at `precision`.
 // "auto" scales fp16 only: fp16 gradients underflow without it, while bf16 has fp32's range and
-// fp8's gradients reach the products in bf16 and are scaled per tensor by their own amax when cast
-// to e5m2, so a global loss scale changes nothing there but costs a check and blocks the CUDA graph.
+// fp8's gradients reach the products in bf16 and are scaled per tensor (by their recent amaxes)
+// when cast to e5m2, so a global loss scale changes nothing there but costs a check and blocks the CUDA graph.
 bool loss_scaling_enabled(const std::string& mode, const std::string& precision);
 
 struct LossScalerOptions {
