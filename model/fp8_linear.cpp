@@ -45,8 +45,6 @@ at::ScalarType product_dtype(at::ScalarType wanted) {
   return wanted == at::kFloat || wanted == at::kHalf ? wanted : at::kBFloat16;
 }
 
-// _scaled_mm takes its first operand row-major and its second column-major; each operand's
-// transpose is written by the quantisation itself, so no product needs a transposing copy.
 // One operand, with delayed scaling when the layer has a history (its tensors ride along in the
 // autograd context, so the backward finds the gradient's record).
 Fp8Operand quantize_for(const torch::Tensor& x, at::ScalarType fp8_type, Fp8History* h, Fp8History::Role role) {
@@ -54,6 +52,8 @@ Fp8Operand quantize_for(const torch::Tensor& x, at::ScalarType fp8_type, Fp8Hist
            : quantize_fp8_operand(x, fp8_type, /*transposed=*/true);
 }
 
+// _scaled_mm takes its first operand row-major and its second column-major; each operand's
+// transpose is written by the quantisation itself, so no product needs a transposing copy.
 struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
   // `history` may be nullptr (current scaling); it is not a differentiable input.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
