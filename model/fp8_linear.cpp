@@ -45,6 +45,31 @@ at::ScalarType product_dtype(at::ScalarType wanted) {
   return wanted == at::kFloat || wanted == at::kHalf ? wanted : at::kBFloat16;
 }
 
+// The quantisers take x [rows, cols] with unit column stride.
+void check_operand(const torch::Tensor& x, const char* who) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, who, ": expected a 2-D tensor with unit column stride, got ", x.sizes(),
+              " strides ", x.strides());
+}
+
+#if defined(DD_HAVE_CUDA)
+// An operand for the quantising kernels to fill: q [rows, cols], qt [cols, rows] when `transposed`,
+// and a 0-dim fp32 scale, all on x's device.
+Fp8Operand empty_operand(const torch::Tensor& x, at::ScalarType fp8_type, bool transposed) {
+  const int64_t rows = x.size(0), cols = x.size(1);
+  auto opts = x.options().dtype(fp8_type);
+  Fp8Operand o;
+  o.q = torch::empty({rows, cols}, opts);
+  if (transposed) o.qt = torch::empty({cols, rows}, opts);
+  o.scale = torch::empty({}, x.options().dtype(torch::kFloat));
+  return o;
+}
+#endif
+
+// The CPU (or unsupported dtype) path's operand from a reference q.
+Fp8Operand reference_operand(const torch::Tensor& q, const torch::Tensor& scale, bool transposed) {
+  return {q, transposed ? q.t().contiguous() : torch::Tensor(), scale};
+}
+
 // One operand, with delayed scaling when the layer has a history (its tensors ride along in the
 // autograd context, so the backward finds the gradient's record).
 Fp8Operand quantize_for(const torch::Tensor& x, at::ScalarType fp8_type, Fp8History* h, Fp8History::Role role) {
@@ -125,19 +150,13 @@ std::pair<torch::Tensor, torch::Tensor> quantize_fp8(const torch::Tensor& x, at:
 }
 
 Fp8Operand quantize_fp8_operand(const torch::Tensor& x, at::ScalarType fp8_type, bool transposed) {
-  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "quantize_fp8_operand: expected a 2-D tensor with unit column stride, got ",
-              x.sizes(), " strides ", x.strides());
+  check_operand(x, "quantize_fp8_operand");
 #if defined(DD_HAVE_CUDA)
   kernels::DType dt{};
   if (x.is_cuda() && kernel_dtype(x.scalar_type(), dt)) {
     const int64_t rows = x.size(0), cols = x.size(1);
-    auto opts = x.options().dtype(fp8_type);
-    Fp8Operand o;
-    o.q = torch::empty({rows, cols}, opts);
-    if (transposed) o.qt = torch::empty({cols, rows}, opts);
-    auto f32 = x.options().dtype(torch::kFloat);
-    o.scale = torch::empty({}, f32);
-    auto amax = torch::empty({}, f32);
+    Fp8Operand o = empty_operand(x, fp8_type, transposed);
+    auto amax = torch::empty({}, x.options().dtype(torch::kFloat));
     auto counter = saturation_counter(x.device());
     check_kernel_launch(
         kernels::fp8_quantize(o.q.data_ptr(), transposed ? o.qt.data_ptr() : nullptr, o.scale.data_ptr<float>(),
@@ -149,7 +168,7 @@ Fp8Operand quantize_fp8_operand(const torch::Tensor& x, at::ScalarType fp8_type,
   }
 #endif
   auto [q, scale] = quantize_fp8(x, fp8_type);
-  return {q, transposed ? q.t().contiguous() : torch::Tensor(), scale};
+  return reference_operand(q, scale, transposed);
 }
 
 bool fp8_linear_fits(const torch::Tensor& x, const torch::Tensor& weight) {
@@ -211,8 +230,7 @@ std::pair<torch::Tensor, torch::Tensor> quantize_fp8_delayed_reference(const tor
 
 Fp8Operand quantize_fp8_operand_delayed(const torch::Tensor& x, at::ScalarType fp8_type, bool transposed,
                                         Fp8History& h, Fp8History::Role role) {
-  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "quantize_fp8_operand_delayed: expected a 2-D tensor with unit column "
-              "stride, got ", x.sizes(), " strides ", x.strides());
+  check_operand(x, "quantize_fp8_operand_delayed");
   h.ensure(x.device());
   bool& started = h.started.data_ptr<bool>()[role];
   const bool from_current = !started;
@@ -223,11 +241,7 @@ Fp8Operand quantize_fp8_operand_delayed(const torch::Tensor& x, at::ScalarType f
   if (x.is_cuda() && kernel_dtype(x.scalar_type(), dt)) {
     const int64_t rows = x.size(0), cols = x.size(1);
     const double fmax = fp8_type == at::kFloat8_e5m2 ? kFp8E5m2Max : kFp8E4m3Max;
-    auto opts = x.options().dtype(fp8_type);
-    Fp8Operand o;
-    o.q = torch::empty({rows, cols}, opts);
-    if (transposed) o.qt = torch::empty({cols, rows}, opts);
-    o.scale = torch::empty({}, x.options().dtype(torch::kFloat));
+    Fp8Operand o = empty_operand(x, fp8_type, transposed);
     auto counter = saturation_counter(x.device());
     check_kernel_launch(
         kernels::fp8_quantize_delayed(o.q.data_ptr(), transposed ? o.qt.data_ptr() : nullptr,
@@ -241,7 +255,7 @@ Fp8Operand quantize_fp8_operand_delayed(const torch::Tensor& x, at::ScalarType f
   }
 #endif
   auto [q, scale] = quantize_fp8_delayed_reference(x, fp8_type, record, from_current);
-  return {q, transposed ? q.t().contiguous() : torch::Tensor(), scale};
+  return reference_operand(q, scale, transposed);
 }
 
 int64_t take_fp8_saturations(const torch::Device& device) {
