@@ -1,8 +1,9 @@
 // Per-tensor FP8 quantisation for the fp8 linear layers, with the current amax:
 //   scale = amax(|x|) / fmax  (1 when x is all zeros),   q = saturate(x / scale) in e4m3 or e5m2
-// or with delayed scaling (fp8_quantize_delayed, below), in two kernels (the amax reduction, then one pass that writes q and, on request, its transpose
+// in two kernels (the amax reduction, then one pass that writes q and, on request, its transpose
 // qᵀ — the operand layout _scaled_mm wants for the backward products) instead of about eight
-// ATen passes and three transposing copies. A non-finite amax bumps a device counter (the only
+// ATen passes and three transposing copies; or with delayed scaling (fp8_quantize_delayed, below)
+// in the quantising pass alone. A non-finite amax bumps a device counter (the only
 // way a cast scaled by the current amax saturates). Raw pointers, no torch; the reference is
 // model/fp8_linear.h's quantize_fp8 (ATen ops), which the kernels match bit for bit.
 #pragma once

@@ -6,14 +6,14 @@
 
 namespace trainer {
 
-namespace {
-
 std::vector<at::Tensor> defined_grads(const std::vector<at::Tensor>& params) {
   std::vector<at::Tensor> grads;
   for (const auto& p : params)
     if (p.grad().defined()) grads.push_back(p.grad());
   return grads;
 }
+
+namespace {
 
 // Σ‖g‖² in fp64 on the gradients' device. On a GPU each tensor's norm is one fused multi-tensor
 // kernel (a tree reduction, accurate to fp32 rounding); on the CPU the pairwise `sum` of squares.

@@ -10,6 +10,9 @@
 
 namespace trainer {
 
+// The .grad() of every parameter that has one, in order.
+std::vector<at::Tensor> defined_grads(const std::vector<at::Tensor>& params);
+
 // ‖g‖₂ over every defined .grad() of params (read once from the device).
 double global_grad_norm(const std::vector<at::Tensor>& params);
 

@@ -6,6 +6,8 @@
 
 #include <stdexcept>
 
+#include "trainer/grad_clip.h"
+
 namespace trainer {
 
 LossScaler::LossScaler(LossScalerOptions opt) : opt_(opt), scale_(opt.init_scale) {
@@ -23,9 +25,7 @@ at::Tensor LossScaler::scale_loss(const at::Tensor& loss) const { return opt_.en
 
 bool LossScaler::unscale_and_check(const std::vector<at::Tensor>& params) const {
   torch::NoGradGuard no_grad;
-  std::vector<at::Tensor> grads;
-  for (const auto& p : params)
-    if (p.grad().defined()) grads.push_back(p.grad());
+  const std::vector<at::Tensor> grads = defined_grads(params);
   if (grads.empty()) return false;
   // One pass multiplies by 1/scale and sets found_inf where a value is inf or NaN (before or after
   // the multiplication), as torch.amp.GradScaler does; per-tensor ATen checks were ~8 kernels each.
