@@ -1,59 +1,151 @@
 // FP8 quantisation. amax: a grid-stride max of |x| (16-byte loads), one atomicMax per block on the
 // float's bits (non-negative floats order like their bit patterns, and a NaN's bits exceed +inf's,
-// so a NaN wins and is reported). quantise: 64 × 64 tiles, 8 elements per thread; each element is
-// divided by the scale exactly as the reference does (x / scale in fp32, then a saturating
-// round-to-nearest cast), written to q and kept in shared memory, from which the transposed tile
-// goes out in coalesced 8-byte pieces. Delayed scaling runs the quantising kernel alone: its
-// threads also take the max of |x| they read, and the grid's last block files it in the record.
+// so a NaN wins and is reported). quantise: 64 × 64 tiles, 8 elements per thread and row, both rows
+// of a thread loaded before either is converted; each element is divided by the scale exactly as
+// the reference does (x / scale in fp32, then a saturating round-to-nearest cast), written to q and
+// kept in shared memory, from which the transposed tile goes out in coalesced 8-byte pieces.
+// Delayed scaling runs the quantising kernel alone: its threads also take the max of |x| they
+// read, and the grid's last block files it in the record.
+//
+// What is quantised comes from a source: a plain tensor, or SwiGLU's activation or its gradient
+// computed from their inputs on the way in (so neither is ever written in bf16).
 #include <cuda_fp8.h>
 
 #include <algorithm>
 
 #include "kernels/elem.cuh"
 #include "kernels/fp8_quant.h"
+#include "kernels/swiglu_math.cuh"
 
 namespace kernels {
 
 namespace {
 
-constexpr int kTile = 64;      // a block quantises a 64 × 64 tile of x
-constexpr int kVec = 8;        // x elements per thread and load (16 bytes of bf16, two loads of fp32)
-constexpr int kThreads = 256;  // 8 threads per 64-wide row: 32 rows per pass, two passes per tile
-constexpr int kBlocksPerSm = 8;  // quantising blocks per SM (2048 threads), each walking tiles
+constexpr int kTile = 64;                                // a block quantises 64 × 64 tiles of the source
+constexpr int kVec = 8;                                  // elements per thread and load
+constexpr int kThreads = 256;                            // 8 threads per 64-wide row
+constexpr int kRowsPerPass = kThreads / (kTile / kVec);  // 32
+constexpr int kPasses = kTile / kRowsPerPass;            // 2 rows per thread and tile
+constexpr int kTileWords = kTile / 4 + 1;                // a tile row in shared memory, padded
 
+// Sources. Each gives, at (row r, column c) of its [rows, cols] index space, kOut values; value o
+// lands in q's column o·cols + c (q is [rows, kOut·cols]). load() takes kVec columns from c (the
+// caller checked vector alignment), at() one.
 template <typename T>
+struct PlainSource {
+  static constexpr int kOut = 1;
+  const T* x;
+  int64_t ld;
+  __device__ __forceinline__ void load(int64_t r, int64_t c, float (&v)[kOut][kVec]) const {
+    Vec<T, kVec> a;
+    a.load(x + r * ld + c);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) v[0][e] = a.get(e);
+  }
+  __device__ __forceinline__ void at(int64_t r, int64_t c, float (&v)[kOut]) const { v[0] = to_f32(x[r * ld + c]); }
+};
+
+// The row-wise concatenation of up to kFp8MaxParts contiguous [rows_i, cols] tensors, read where
+// they are (row r is in the first part whose end exceeds it).
+template <typename T>
+struct RowsSource {
+  static constexpr int kOut = 1;
+  const T* part[kFp8MaxParts];
+  int64_t end[kFp8MaxParts];  // cumulative rows
+  int n;
+  int64_t cols;
+  __device__ __forceinline__ const T* row(int64_t r) const {
+    int i = 0;
+    while (i + 1 < n && r >= end[i]) ++i;
+    return part[i] + (r - (i > 0 ? end[i - 1] : 0)) * cols;
+  }
+  __device__ __forceinline__ void load(int64_t r, int64_t c, float (&v)[kOut][kVec]) const {
+    Vec<T, kVec> a;
+    a.load(row(r) + c);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) v[0][e] = a.get(e);
+  }
+  __device__ __forceinline__ void at(int64_t r, int64_t c, float (&v)[kOut]) const { v[0] = to_f32(row(r)[c]); }
+};
+
+// h = silu(g) · u from gu [rows, ld]: g in columns [0, cols), u in [cols, 2·cols).
+template <typename T>
+struct SwigluSource {
+  static constexpr int kOut = 1;
+  const T* gu;
+  int64_t ld, F;
+  __device__ __forceinline__ void load(int64_t r, int64_t c, float (&v)[kOut][kVec]) const {
+    Vec<T, kVec> g, u;
+    g.load(gu + r * ld + c);
+    u.load(gu + r * ld + F + c);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) v[0][e] = swiglu_value(g.get(e), u.get(e));
+  }
+  __device__ __forceinline__ void at(int64_t r, int64_t c, float (&v)[kOut]) const {
+    v[0] = swiglu_value(to_f32(gu[r * ld + c]), to_f32(gu[r * ld + F + c]));
+  }
+};
+
+// [dg | du] from gu [rows, ld] and dh [rows, F] (contiguous): both halves of SwiGLU's gradient for
+// one (r, c), so g, u and dh are read once.
+template <typename T>
+struct SwigluGradSource {
+  static constexpr int kOut = 2;
+  const T* gu;
+  const T* dh;
+  int64_t ld, F;
+  __device__ __forceinline__ void load(int64_t r, int64_t c, float (&v)[kOut][kVec]) const {
+    Vec<T, kVec> g, u, d;
+    g.load(gu + r * ld + c);
+    u.load(gu + r * ld + F + c);
+    d.load(dh + r * F + c);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) swiglu_grads(g.get(e), u.get(e), d.get(e), v[0][e], v[1][e]);
+  }
+  __device__ __forceinline__ void at(int64_t r, int64_t c, float (&v)[kOut]) const {
+    swiglu_grads(to_f32(gu[r * ld + c]), to_f32(gu[r * ld + F + c]), to_f32(dh[r * F + c]), v[0], v[1]);
+  }
+};
+
 __device__ __forceinline__ float amax_step(float m, float v) {
   v = fabsf(v);
   // fmaxf would drop a NaN; keep it so the caller sees a non-finite amax.
   return (v > m || v != v) ? v : m;
 }
 
-template <typename T>
-__global__ void amax_kernel(float* amax, const T* x, int64_t rows, int64_t cols, int64_t ld, bool vec) {
+template <typename Src>
+__global__ void amax_kernel(float* amax, Src src, int64_t rows, int64_t cols, bool vec) {
   __shared__ float scratch[32];
   float m = 0.f;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (vec) {  // contiguous and aligned: kVec elements per load
-    const int64_t n = rows * cols / kVec;
+  if (vec) {  // kVec columns per load
+    const int64_t per_row = cols / kVec, n = rows * per_row;
     for (int64_t i = first; i < n; i += stride) {
-      Vec<T, kVec> v;
-      v.load(x + i * kVec);
+      float v[Src::kOut][kVec];
+      src.load(i / per_row, (i % per_row) * kVec, v);
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) m = amax_step<T>(m, v.get(e));
+      for (int o = 0; o < Src::kOut; ++o)
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) m = amax_step(m, v[o][e]);
     }
   } else {
     const int64_t n = rows * cols;
-    for (int64_t i = first; i < n; i += stride) m = amax_step<T>(m, to_f32(x[(i / cols) * ld + i % cols]));
+    for (int64_t i = first; i < n; i += stride) {
+      float v[Src::kOut];
+      src.at(i / cols, i % cols, v);
+#pragma unroll
+      for (int o = 0; o < Src::kOut; ++o) m = amax_step(m, v[o]);
+    }
   }
-  for (int off = 16; off > 0; off >>= 1) m = amax_step<T>(m, __shfl_xor_sync(0xffffffffu, m, off));
+  for (int off = 16; off > 0; off >>= 1) m = amax_step(m, __shfl_xor_sync(0xffffffffu, m, off));
   // One atomic per block: thousands of warps hitting one address serialise in L2.
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   if (lane == 0) scratch[warp] = m;
   __syncthreads();
   if (warp == 0) {
     m = lane < static_cast<int>(blockDim.x / 32) ? scratch[lane] : 0.f;
-    for (int off = 16; off > 0; off >>= 1) m = amax_step<T>(m, __shfl_xor_sync(0xffffffffu, m, off));
+    for (int off = 16; off > 0; off >>= 1) m = amax_step(m, __shfl_xor_sync(0xffffffffu, m, off));
     if (lane == 0) atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(m));
   }
 }
@@ -72,11 +164,11 @@ struct ScaleSource {
 // Block-wide max of |x| with amax_step's NaN rule; the result is valid in thread 0.
 __device__ float block_amax(float m) {
   __shared__ float per_warp[kThreads / 32];
-  for (int off = 16; off > 0; off >>= 1) m = amax_step<float>(m, __shfl_xor_sync(0xffffffffu, m, off));
+  for (int off = 16; off > 0; off >>= 1) m = amax_step(m, __shfl_xor_sync(0xffffffffu, m, off));
   if (threadIdx.x % 32 == 0) per_warp[threadIdx.x / 32] = m;
   __syncthreads();
   if (threadIdx.x == 0)
-    for (int w = 1; w < kThreads / 32; ++w) m = amax_step<float>(m, per_warp[w]);
+    for (int w = 1; w < kThreads / 32; ++w) m = amax_step(m, per_warp[w]);
   return m;
 }
 
@@ -107,130 +199,171 @@ __device__ void file_amax(const ScaleSource& src, float m, float scale, float fm
   words[kFp8History + 1] = 0u;
 }
 
-// Thread t of the block covers tile row (t / 8) + 32·pass, columns (t % 8)·kVec .. +kVec.
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    quantize_kernel(unsigned char* q, unsigned char* qt, float* scale_out, unsigned long long* saturations,
-                    ScaleSource src, const T* x, int64_t rows, int64_t cols, int64_t ld, float fmax, bool e5m2,
-                    bool vec) {
-  __shared__ __align__(16) unsigned char tile[kTile][kTile + 8];
-  const bool delayed = src.amax == nullptr;
-  float scale;
-  if (delayed) {
+__device__ float scale_of(const ScaleSource& src, float fmax, unsigned long long* saturations) {
+  if (src.amax == nullptr) {  // delayed
     float h = 0.f;
 #pragma unroll
     for (int i = 0; i < kFp8History; ++i) h = fmaxf(h, src.record[i]);
-    scale = h > 0.f ? h * src.scale_per_amax : 1.f;
-  } else {
-    const float amax = *src.amax;
-    // The reference's arithmetic: ATen divides by a scalar as a multiplication by its fp32 reciprocal.
-    const float inv_fmax = 1.f / fmax;
-    scale = amax > 0.f ? amax * inv_fmax : 1.f;  // NaN amax: 1; inf amax: inf, as in the reference
-    if (src.record == nullptr && blockIdx.x == 0 && threadIdx.x == 0 && !isfinite(amax))
-      atomicAdd(saturations, 1ull);
+    return h > 0.f ? h * src.scale_per_amax : 1.f;
   }
+  const float amax = *src.amax;
+  // The reference's arithmetic: ATen divides by a scalar as a multiplication by its fp32 reciprocal.
+  const float inv_fmax = 1.f / fmax;
+  if (src.record == nullptr && blockIdx.x == 0 && threadIdx.x == 0 && !isfinite(amax)) atomicAdd(saturations, 1ull);
+  return amax > 0.f ? amax * inv_fmax : 1.f;  // NaN amax: 1; inf amax: inf, as in the reference
+}
+
+// A grid of as many blocks as fit on the GPU at once walks the tiles (so delayed scaling's
+// per-block atomics on the record stay few, and no partial second wave trails). Thread t covers
+// tile rows t / 8 + 32·p (p < kPasses) and columns (t % 8)·kVec .. +kVec.
+template <typename Src>
+__global__ void __launch_bounds__(kThreads)
+    quantize_kernel(unsigned char* q, unsigned char* qt, float* scale_out, unsigned long long* saturations,
+                    ScaleSource scale_src, Src src, int64_t rows, int64_t cols, float fmax, bool e5m2, bool vec) {
+  constexpr int kOut = Src::kOut;
+  // Rows of 17 words: the transposed pass's word reads then hit 32 distinct banks per warp.
+  __shared__ unsigned int tile[kOut][kTile][kTileWords];
+  const float scale = scale_of(scale_src, fmax, saturations);
   if (blockIdx.x == 0 && threadIdx.x == 0) *scale_out = scale;
+  const int64_t q_cols = kOut * cols;
   const int tc = (threadIdx.x % (kTile / kVec)) * kVec;  // column within the tile
-  const int trow = threadIdx.x / (kTile / kVec);           // 0..31
-  const int tr = (threadIdx.x % (kTile / kVec)) * kVec;  // transposed pass: row offset within the tile
+  const int trow = threadIdx.x / (kTile / kVec);         // 0..31
+  // Transposed pass: thread t moves the 4 × 4 bytes at rows 4·rb.., columns 4·cb.. of the tile.
+  const int rb = threadIdx.x % 8 + 8 * (threadIdx.x / 128), cb = (threadIdx.x / 8) % 16;
   const int64_t tiles_x = (cols + kTile - 1) / kTile, tiles = tiles_x * ((rows + kTile - 1) / kTile);
-  float m = 0.f;  // delayed scaling: this thread's max |x|
-  // A grid of a few blocks per SM walks the tiles, so delayed scaling's per-block atomics on the
-  // record's two words stay few (one block per tile: 45k atomics per call on [16384 × 5632]).
+  float m = 0.f;  // delayed scaling: this thread's max |value|
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int64_t r0 = (t / tiles_x) * kTile, c0 = (t % tiles_x) * kTile;
     const bool full_cols = vec && c0 + kTile <= cols;
-    for (int k = trow; k < kTile; k += kThreads / (kTile / kVec)) {
-      const int64_t r = r0 + k;
-      if (r >= rows) break;
-      unsigned char b[kVec];
-      if (full_cols) {
-        Vec<T, kVec> v;
-        v.load(x + r * ld + c0 + tc);
+    // Both rows' loads first, so each thread has two in flight.
+    float v[kPasses][kOut][kVec];
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) {
-          const float f = v.get(e);
-          m = amax_step<T>(m, f);
-          b[e] = to_fp8(f / scale, e5m2);
-        }
-        // 8 bytes of q in one store (q rows are 16-byte aligned when vec is set).
-        uint2 packed;
-        memcpy(&packed, b, sizeof packed);
-        *reinterpret_cast<uint2*>(q + r * cols + c0 + tc) = packed;
+    for (int p = 0; p < kPasses; ++p) {
+      const int64_t r = r0 + trow + p * kRowsPerPass;
+      if (r < rows && full_cols) {
+        src.load(r, c0 + tc, v[p]);
       } else {
 #pragma unroll
         for (int e = 0; e < kVec; ++e) {
-          const int64_t c = c0 + tc + e;
-          b[e] = 0;
-          if (c < cols) {
-            const float f = to_f32(x[r * ld + c]);
-            m = amax_step<T>(m, f);
-            b[e] = to_fp8(f / scale, e5m2);
-            q[r * cols + c] = b[e];
-          }
+          float one[kOut] = {};
+          const bool in = r < rows && c0 + tc + e < cols;
+          if (in) src.at(r, c0 + tc + e, one);
+#pragma unroll
+          for (int o = 0; o < kOut; ++o) v[p][o][e] = in ? one[o] : 0.f;
         }
       }
+    }
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) tile[k][tc + e] = b[e];
+    for (int p = 0; p < kPasses; ++p) {
+      const int k = trow + p * kRowsPerPass;
+      const int64_t r = r0 + k;
+#pragma unroll
+      for (int o = 0; o < kOut; ++o) {
+        unsigned char b[kVec];
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          m = amax_step(m, v[p][o][e]);  // positions outside x hold 0
+          b[e] = to_fp8(v[p][o][e] / scale, e5m2);
+        }
+        unsigned char* q_row = q + r * q_cols + o * cols + c0 + tc;
+        if (r < rows && full_cols) {
+          // 8 bytes of q in one store (q rows are 8-byte aligned when vec is set).
+          uint2 packed;
+          memcpy(&packed, b, sizeof packed);
+          *reinterpret_cast<uint2*>(q_row) = packed;
+        } else if (r < rows) {
+#pragma unroll
+          for (int e = 0; e < kVec; ++e)
+            if (c0 + tc + e < cols) q_row[e] = b[e];
+        }
+        unsigned int words[2];
+        memcpy(words, b, sizeof words);
+        tile[o][k][tc / 4] = words[0];
+        tile[o][k][tc / 4 + 1] = words[1];
+      }
     }
     if (qt != nullptr) {
       __syncthreads();
-      // qᵀ row c0 + k (column k of the tile) holds rows r0.. of x: 8 threads × 8 bytes per row.
+      // qᵀ rows o·cols + c0 + 4·cb + j (j < 4) take the tile's column 4·cb + j at rows 4·rb..+3: four
+      // words read, transposed as 4 × 4 bytes in registers, written as four 4-byte pieces.
       const bool full_rows = vec && r0 + kTile <= rows;
-      for (int k = trow; k < kTile; k += kThreads / (kTile / kVec)) {
-        const int64_t cc = c0 + k;
-        if (cc >= cols) break;
-        unsigned char b[kVec];
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) b[e] = tile[tr + e][k];
-        if (full_rows) {
-          uint2 packed;
-          memcpy(&packed, b, sizeof packed);
-          *reinterpret_cast<uint2*>(qt + cc * rows + r0 + tr) = packed;
-        } else {
+      for (int o = 0; o < kOut; ++o) {
+        unsigned int w[4];
 #pragma unroll
-          for (int e = 0; e < kVec; ++e)
-            if (r0 + tr + e < rows) qt[cc * rows + r0 + tr + e] = b[e];
+        for (int i = 0; i < 4; ++i) w[i] = tile[o][4 * rb + i][cb];
+        const unsigned int lo01 = __byte_perm(w[0], w[1], 0x5140), lo23 = __byte_perm(w[2], w[3], 0x5140);
+        const unsigned int hi01 = __byte_perm(w[0], w[1], 0x7362), hi23 = __byte_perm(w[2], w[3], 0x7362);
+        const unsigned int col[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
+                                     __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int64_t cc = c0 + 4 * cb + j;
+          if (cc >= cols) break;
+          unsigned char* qt_row = qt + (o * cols + cc) * rows + r0 + 4 * rb;
+          if (full_rows) {
+            *reinterpret_cast<unsigned int*>(qt_row) = col[j];
+          } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+              if (r0 + 4 * rb + i < rows) qt_row[i] = static_cast<unsigned char>(col[j] >> (8 * i));
+          }
         }
       }
     }
     __syncthreads();  // the next tile overwrites `tile`
   }
-  if (src.record != nullptr) file_amax(src, m, scale, fmax, saturations);
+  if (scale_src.record != nullptr) file_amax(scale_src, m, scale, fmax, saturations);
 }
 
-}  // namespace
+// Blocks of quantize_kernel<Src> resident per SM, asked once per source type.
+template <typename Src>
+int resident_blocks_per_sm() {
+  static const int n = [] {
+    int blocks = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, quantize_kernel<Src>, kThreads, 0) != cudaSuccess)
+      blocks = 0;
+    return std::max(blocks, 1);
+  }();
+  return n;
+}
 
-namespace {
-
-// Both entry points: the amax pass when `amax_out` is set (the scale from this x), then the
-// quantising pass with the scale `src` names.
-int launch_quantize(void* q, void* qt, float* scale, float* amax_out, ScaleSource src,
-                    unsigned long long* saturations, const void* x, DType dt, int64_t rows, int64_t cols, int64_t ld,
-                    bool e5m2, cudaStream_t st) {
+// The amax pass when `amax_out` is set (the scale from this source's values), then the quantising
+// pass with the scale `scale_src` names. `vec`: whole kVec-element loads and 8-byte q/qᵀ stores.
+template <typename Src>
+int launch_quantize(void* q, void* qt, float* scale, float* amax_out, ScaleSource scale_src,
+                    unsigned long long* saturations, const Src& src, int64_t rows, int64_t cols, bool vec, bool e5m2,
+                    cudaStream_t st) {
   const float fmax = e5m2 ? 57344.f : 448.f;
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
     return static_cast<int>(cudaGetLastError());
-  dispatch_dtype(dt, [&](auto tag) {
-    using T = decltype(tag);
-    // Vector paths: rows of whole 16-byte x loads and 8-byte q/qᵀ stores.
-    const bool vec = cols % kVec == 0 && ld % kVec == 0 && rows % kVec == 0 &&
-                     aligned_to(static_cast<int>(sizeof(T)) * kVec, x) && aligned_to(16, q, qt);
-    if (amax_out != nullptr) {
-      const bool flat = vec && ld == cols;
-      const int64_t n = rows * cols / (flat ? kVec : 1);
-      const int64_t blocks = std::min<int64_t>((n + 255) / 256, 132 * 8);
-      amax_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, st>>>(amax_out, static_cast<const T*>(x), rows, cols,
-                                                                   ld, flat);
-    }
-    const int64_t tiles = ((cols + kTile - 1) / kTile) * ((rows + kTile - 1) / kTile);
-    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, static_cast<int64_t>(sms) * kBlocksPerSm));
-    quantize_kernel<T><<<grid, kThreads, 0, st>>>(static_cast<unsigned char*>(q), static_cast<unsigned char*>(qt),
-                                                  scale, saturations, src, static_cast<const T*>(x), rows, cols, ld,
-                                                  fmax, e5m2, vec);
-  });
+  if (amax_out != nullptr) {
+    const int64_t n = rows * cols / (vec ? kVec : 1);
+    const int64_t blocks = std::min<int64_t>((n + 255) / 256, static_cast<int64_t>(sms) * 8);
+    amax_kernel<Src><<<static_cast<unsigned>(blocks), 256, 0, st>>>(amax_out, src, rows, cols, vec);
+  }
+  const int64_t tiles = ((cols + kTile - 1) / kTile) * ((rows + kTile - 1) / kTile);
+  const int64_t resident = static_cast<int64_t>(sms) * resident_blocks_per_sm<Src>();
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, resident));
+  quantize_kernel<Src><<<grid, kThreads, 0, st>>>(static_cast<unsigned char*>(q), static_cast<unsigned char*>(qt),
+                                                  scale, saturations, scale_src, src, rows, cols, fmax, e5m2, vec);
   return static_cast<int>(cudaGetLastError());
+}
+
+// Delayed scaling on `record`: the first quantisation's amax pass writes the pending word (0
+// between calls), which is also where the quantising kernel files it from.
+template <typename Src>
+int launch_delayed(void* q, void* qt, float* scale, float* record, unsigned long long* saturations, const Src& src,
+                   int64_t rows, int64_t cols, bool vec, bool e5m2, float scale_per_amax, bool from_current,
+                   cudaStream_t st) {
+  ScaleSource scale_src;
+  scale_src.record = record;
+  scale_src.scale_per_amax = scale_per_amax;
+  float* pending = record + kFp8History;
+  if (from_current) scale_src.amax = pending;
+  return launch_quantize(q, qt, scale, from_current ? pending : nullptr, scale_src, saturations, src, rows, cols, vec,
+                         e5m2, st);
 }
 
 }  // namespace
@@ -241,24 +374,91 @@ int fp8_quantize(void* q, void* qt, float* scale, float* amax_scratch, unsigned 
   auto st = static_cast<cudaStream_t>(stream);
   cudaError_t err = cudaMemsetAsync(amax_scratch, 0, sizeof(float), st);
   if (err != cudaSuccess) return static_cast<int>(err);
-  ScaleSource src;
-  src.amax = amax_scratch;
-  return launch_quantize(q, qt, scale, amax_scratch, src, saturations, x, dt, rows, cols, ld, e5m2, st);
+  ScaleSource scale_src;
+  scale_src.amax = amax_scratch;
+  int status = 0;
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const bool vec = cols % kVec == 0 && ld % kVec == 0 && rows % kVec == 0 &&
+                     aligned_to(static_cast<int>(sizeof(T)) * kVec, x) && aligned_to(8, q, qt);
+    status = launch_quantize(q, qt, scale, amax_scratch, scale_src, saturations,
+                             PlainSource<T>{static_cast<const T*>(x), ld}, rows, cols, vec, e5m2, st);
+  });
+  return status;
 }
 
 int fp8_quantize_delayed(void* q, void* qt, float* scale, float* record, unsigned long long* saturations,
                          const void* x, DType dt, int64_t rows, int64_t cols, int64_t ld, bool e5m2,
                          float scale_per_amax, bool from_current, void* stream) {
   if (rows == 0 || cols == 0) return 0;
-  ScaleSource src;
-  src.record = record;
-  src.scale_per_amax = scale_per_amax;
-  // The first quantisation's amax pass writes the pending word (0 between calls), which is also
-  // where the quantising kernel files it from.
-  float* pending = record + kFp8History;
-  if (from_current) src.amax = pending;
-  return launch_quantize(q, qt, scale, from_current ? pending : nullptr, src, saturations, x, dt, rows, cols, ld,
-                         e5m2, static_cast<cudaStream_t>(stream));
+  int status = 0;
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const bool vec = cols % kVec == 0 && ld % kVec == 0 && rows % kVec == 0 &&
+                     aligned_to(static_cast<int>(sizeof(T)) * kVec, x) && aligned_to(8, q, qt);
+    status = launch_delayed(q, qt, scale, record, saturations, PlainSource<T>{static_cast<const T*>(x), ld}, rows, cols,
+                            vec, e5m2, scale_per_amax, from_current, static_cast<cudaStream_t>(stream));
+  });
+  return status;
+}
+
+int fp8_quantize_rows_delayed(void* q, void* qt, float* scale, float* record, unsigned long long* saturations,
+                              const void* const* parts, const int64_t* part_rows, int n_parts, DType dt, int64_t cols,
+                              bool e5m2, float scale_per_amax, bool from_current, void* stream) {
+  if (n_parts < 1 || n_parts > kFp8MaxParts) return static_cast<int>(cudaErrorInvalidValue);
+  int64_t rows = 0;
+  for (int i = 0; i < n_parts; ++i) rows += part_rows[i];
+  if (rows == 0 || cols == 0) return 0;
+  int status = 0;
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    RowsSource<T> src{};
+    bool aligned = aligned_to(8, q, qt);
+    int64_t end = 0;
+    for (int i = 0; i < n_parts; ++i) {
+      src.part[i] = static_cast<const T*>(parts[i]);
+      src.end[i] = end += part_rows[i];
+      aligned = aligned && aligned_to(static_cast<int>(sizeof(T)) * kVec, parts[i]);
+    }
+    src.n = n_parts;
+    src.cols = cols;
+    // A vector load never straddles two parts: cols is a multiple of kVec.
+    const bool vec = cols % kVec == 0 && rows % kVec == 0 && aligned;
+    status = launch_delayed(q, qt, scale, record, saturations, src, rows, cols, vec, e5m2, scale_per_amax,
+                            from_current, static_cast<cudaStream_t>(stream));
+  });
+  return status;
+}
+
+int fp8_quantize_swiglu_delayed(void* q, void* qt, float* scale, float* record, unsigned long long* saturations,
+                                const void* gu, DType dt, int64_t rows, int64_t F, int64_t ld, bool e5m2,
+                                float scale_per_amax, bool from_current, void* stream) {
+  if (rows == 0 || F == 0) return 0;
+  int status = 0;
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const bool vec = F % kVec == 0 && ld % kVec == 0 && rows % kVec == 0 &&
+                     aligned_to(static_cast<int>(sizeof(T)) * kVec, gu) && aligned_to(8, q, qt);
+    status = launch_delayed(q, qt, scale, record, saturations, SwigluSource<T>{static_cast<const T*>(gu), ld, F}, rows,
+                            F, vec, e5m2, scale_per_amax, from_current, static_cast<cudaStream_t>(stream));
+  });
+  return status;
+}
+
+int fp8_quantize_swiglu_grad_delayed(void* q, void* qt, float* scale, float* record, unsigned long long* saturations,
+                                     const void* gu, const void* dh, DType dt, int64_t rows, int64_t F, int64_t ld,
+                                     bool e5m2, float scale_per_amax, bool from_current, void* stream) {
+  if (rows == 0 || F == 0) return 0;
+  int status = 0;
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const bool vec = F % kVec == 0 && ld % kVec == 0 && rows % kVec == 0 &&
+                     aligned_to(static_cast<int>(sizeof(T)) * kVec, gu, dh) && aligned_to(8, q, qt);
+    status = launch_delayed(q, qt, scale, record, saturations,
+                            SwigluGradSource<T>{static_cast<const T*>(gu), static_cast<const T*>(dh), ld, F}, rows, F,
+                            vec, e5m2, scale_per_amax, from_current, static_cast<cudaStream_t>(stream));
+  });
+  return status;
 }
 
 }  // namespace kernels

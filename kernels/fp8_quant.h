@@ -24,6 +24,9 @@ namespace kernels {
 constexpr int kFp8History = 16;
 constexpr int kFp8RecordWords = kFp8History + 2;
 
+// Most parts fp8_quantize_rows_delayed takes.
+constexpr int kFp8MaxParts = 8;
+
 #ifdef DD_HAVE_CUDA
 // x [rows, cols] row-major (row stride ld ≥ cols) of dtype `dt`. Writes q [rows, cols] contiguous,
 // qt [cols, rows] contiguous when qt is not nullptr, the scale (one fp32 on the device) and the
@@ -42,6 +45,28 @@ int fp8_quantize(void* q, void* qt, float* scale, float* amax_scratch, unsigned 
 int fp8_quantize_delayed(void* q, void* qt, float* scale, float* record, unsigned long long* saturations,
                          const void* x, DType dt, int64_t rows, int64_t cols, int64_t ld, bool e5m2,
                          float scale_per_amax, bool from_current, void* stream);
+
+// fp8_quantize_delayed of the row-wise concatenation of `n_parts` (1..kFp8MaxParts) contiguous
+// tensors [part_rows[i], cols] of dtype `dt`, read where they are: the weights of projections that
+// share one product (q|k|v, gate|up) quantised without concatenating them first. q [Σ rows, cols],
+// qt [cols, Σ rows]. `parts` and `part_rows` are host arrays.
+int fp8_quantize_rows_delayed(void* q, void* qt, float* scale, float* record, unsigned long long* saturations,
+                              const void* const* parts, const int64_t* part_rows, int n_parts, DType dt, int64_t cols,
+                              bool e5m2, float scale_per_amax, bool from_current, void* stream);
+
+// fp8_quantize_delayed of SwiGLU's activation h = silu(g) · u [rows, F], computed from gu [rows, ld]
+// (g in columns [0, F), u in [F, 2F); kernels/swiglu.h's math) as it is quantised, so h is never
+// written: q [rows, F], qt [F, rows].
+int fp8_quantize_swiglu_delayed(void* q, void* qt, float* scale, float* record, unsigned long long* saturations,
+                                const void* gu, DType dt, int64_t rows, int64_t F, int64_t ld, bool e5m2,
+                                float scale_per_amax, bool from_current, void* stream);
+
+// fp8_quantize_delayed of SwiGLU's gradient [dg | du] [rows, 2F] (the layout swiglu_backward writes),
+// computed from gu [rows, ld] and dh [rows, F] (contiguous) as it is quantised: q [rows, 2F],
+// qt [2F, rows], one scale and one amax over both halves.
+int fp8_quantize_swiglu_grad_delayed(void* q, void* qt, float* scale, float* record, unsigned long long* saturations,
+                                     const void* gu, const void* dh, DType dt, int64_t rows, int64_t F, int64_t ld,
+                                     bool e5m2, float scale_per_amax, bool from_current, void* stream);
 #endif
 
 }  // namespace kernels

@@ -5,12 +5,11 @@
 
 #include "kernels/elem.cuh"
 #include "kernels/swiglu.h"
+#include "kernels/swiglu_math.cuh"
 
 namespace kernels {
 
 namespace {
-
-__device__ __forceinline__ float sigmoid(float g) { return 1.f / (1.f + __expf(-g)); }
 
 template <typename T, int V>
 __global__ void swiglu_forward_kernel(T* h, const T* gu, int64_t N, int64_t F, int64_t ld) {
@@ -22,10 +21,7 @@ __global__ void swiglu_forward_kernel(T* h, const T* gu, int64_t N, int64_t F, i
     g.load(gu + n * ld + f);
     u.load(gu + n * ld + F + f);
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const float gv = g.get(k);
-      o.set(k, gv * sigmoid(gv) * u.get(k));
-    }
+    for (int k = 0; k < V; ++k) o.set(k, swiglu_value(g.get(k), u.get(k)));
     o.store(h + n * F + f);
   }
 }
@@ -42,9 +38,10 @@ __global__ void swiglu_backward_kernel(T* dgu, const T* dh, const T* gu, int64_t
     d.load(dh + n * F + f);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      const float gv = g.get(k), s = sigmoid(gv), dv = d.get(k);
-      dg.set(k, dv * u.get(k) * s * (1.f + gv * (1.f - s)));
-      du.set(k, dv * gv * s);
+      float dgk, duk;
+      swiglu_grads(g.get(k), u.get(k), d.get(k), dgk, duk);
+      dg.set(k, dgk);
+      du.set(k, duk);
     }
     dg.store(dgu + n * 2 * F + f);
     du.store(dgu + n * 2 * F + F + f);
