@@ -41,10 +41,6 @@ void count_saturation(const torch::Tensor& amax) {
   count.add_(amax.isfinite().logical_not().to(torch::kInt64));
 }
 
-at::ScalarType product_dtype(at::ScalarType wanted) {
-  return wanted == at::kFloat || wanted == at::kHalf ? wanted : at::kBFloat16;
-}
-
 // The quantisers take x [rows, cols] with unit column stride.
 void check_operand(const torch::Tensor& x, const char* who) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, who, ": expected a 2-D tensor with unit column stride, got ", x.sizes(),
@@ -53,14 +49,14 @@ void check_operand(const torch::Tensor& x, const char* who) {
 
 #if defined(DD_HAVE_CUDA)
 // An operand for the quantising kernels to fill: q [rows, cols], qt [cols, rows] when `transposed`,
-// and a 0-dim fp32 scale, all on x's device.
-Fp8Operand empty_operand(const torch::Tensor& x, at::ScalarType fp8_type, bool transposed) {
-  const int64_t rows = x.size(0), cols = x.size(1);
-  auto opts = x.options().dtype(fp8_type);
+// and a 0-dim fp32 scale, all on `like`'s device.
+Fp8Operand empty_operand(const torch::Tensor& like, int64_t rows, int64_t cols, at::ScalarType fp8_type,
+                         bool transposed) {
+  auto opts = like.options().dtype(fp8_type);
   Fp8Operand o;
   o.q = torch::empty({rows, cols}, opts);
   if (transposed) o.qt = torch::empty({cols, rows}, opts);
-  o.scale = torch::empty({}, x.options().dtype(torch::kFloat));
+  o.scale = torch::empty({}, like.options().dtype(torch::kFloat));
   return o;
 }
 #endif
@@ -77,28 +73,38 @@ Fp8Operand quantize_for(const torch::Tensor& x, at::ScalarType fp8_type, Fp8Hist
            : quantize_fp8_operand(x, fp8_type, /*transposed=*/true);
 }
 
+std::vector<int64_t> row_counts(at::TensorList parts) {
+  std::vector<int64_t> rows;
+  for (const auto& p : parts) rows.push_back(p.size(0));
+  return rows;
+}
+
 // _scaled_mm takes its first operand row-major and its second column-major; each operand's
 // transpose is written by the quantisation itself, so no product needs a transposing copy.
 struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
-  // `history` may be nullptr (current scaling); it is not a differentiable input.
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
+  // `weights`: the row blocks of one weight [Σ out_i, in] (one block for a plain Linear); `history`
+  // may be nullptr (current scaling); it is not a differentiable input.
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, at::TensorList weights,
                                Fp8History* history) {
     auto x2 = x.reshape({-1, x.size(-1)});
     if (x2.stride(1) != 1) x2 = x2.contiguous();
     if (history) history->ensure(x.device());
     auto xo = quantize_for(x2, at::kFloat8_e4m3fn, history, Fp8History::kInput);
-    auto wo = quantize_for(weight, at::kFloat8_e4m3fn, history, Fp8History::kWeight);
+    auto wo = history ? quantize_fp8_rows_delayed(weights, at::kFloat8_e4m3fn, *history, Fp8History::kWeight)
+                      : quantize_fp8_operand(weights.size() == 1 ? weights[0] : torch::cat(weights, 0),
+                                             at::kFloat8_e4m3fn, /*transposed=*/true);
     // Forward products accumulate in fast mode as common FP8 recipes do; gradients do not.
     auto y = at::_scaled_mm(xo.q, wo.q.t(), xo.scale, wo.scale, {}, {}, at::kBFloat16, /*use_fast_accum=*/true);
     ctx->save_for_backward({xo.qt, xo.scale, wo.qt, wo.scale});
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["x_shape"] = x.sizes().vec();
+    ctx->saved_data["part_rows"] = row_counts(weights);
     if (history) {
       ctx->saved_data["records"] = history->records;
       ctx->saved_data["started"] = history->started;
     }
     auto out_shape = x.sizes().vec();
-    out_shape.back() = weight.size(0);
+    out_shape.back() = wo.q.size(0);
     return y.view(out_shape);
   }
 
@@ -120,10 +126,13 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
       go = quantize_fp8_operand(g2, at::kFloat8_e5m2, /*transposed=*/true);
     }
     // dX = G W: [N,out] x [out,in], W column-major as (Wᵀ)ᵀ.
-    auto dx = at::_scaled_mm(go.q, wqt.t(), go.scale, sw, {}, {}, product_dtype(x_dtype), false);
+    auto dx = at::_scaled_mm(go.q, wqt.t(), go.scale, sw, {}, {}, fp8_product_dtype(x_dtype), false);
     // dW = Gᵀ X: [out,N] x [N,in], straight into the fp32 master weight's dtype.
     auto dw = at::_scaled_mm(go.qt, xqt.t(), go.scale, sx, {}, {}, at::kFloat, false);
-    return {dx.scalar_type() == x_dtype ? dx.view(x_shape) : dx.to(x_dtype).view(x_shape), dw, torch::Tensor()};
+    tensor_list out = {dx.scalar_type() == x_dtype ? dx.view(x_shape) : dx.to(x_dtype).view(x_shape)};
+    for (auto& part : split_rows(dw, ctx->saved_data["part_rows"].toIntVector())) out.push_back(part);
+    out.push_back(torch::Tensor());
+    return out;
   }
 };
 
@@ -155,7 +164,7 @@ Fp8Operand quantize_fp8_operand(const torch::Tensor& x, at::ScalarType fp8_type,
   kernels::DType dt{};
   if (x.is_cuda() && kernel_dtype(x.scalar_type(), dt)) {
     const int64_t rows = x.size(0), cols = x.size(1);
-    Fp8Operand o = empty_operand(x, fp8_type, transposed);
+    Fp8Operand o = empty_operand(x, rows, cols, fp8_type, transposed);
     auto amax = torch::empty({}, x.options().dtype(torch::kFloat));
     auto counter = saturation_counter(x.device());
     check_kernel_launch(
@@ -171,16 +180,71 @@ Fp8Operand quantize_fp8_operand(const torch::Tensor& x, at::ScalarType fp8_type,
   return reference_operand(q, scale, transposed);
 }
 
-bool fp8_linear_fits(const torch::Tensor& x, const torch::Tensor& weight) {
-  const int64_t in = weight.size(1), out = weight.size(0);
+bool fp8_linear_fits(const torch::Tensor& x, const std::vector<torch::Tensor>& weights) {
+  if (weights.empty() || !x.is_cuda()) return false;
+  const int64_t in = weights[0].size(1);
+  int64_t out = 0;
+  for (const auto& w : weights) {
+    if (w.dim() != 2 || w.size(1) != in) return false;
+    out += w.size(0);
+  }
   const int64_t tokens = x.numel() / std::max<int64_t>(1, x.size(-1));
-  return x.is_cuda() && in % 16 == 0 && out % 16 == 0 && tokens % 16 == 0 && tokens > 0;
+  return x.size(-1) == in && in % 16 == 0 && out % 16 == 0 && tokens % 16 == 0 && tokens > 0;
+}
+
+bool fp8_linear_fits(const torch::Tensor& x, const torch::Tensor& weight) {
+  return fp8_linear_fits(x, std::vector<torch::Tensor>{weight});
+}
+
+torch::Tensor fp8_linear(const torch::Tensor& x, const std::vector<torch::Tensor>& weights, Fp8History* history) {
+  TORCH_CHECK(fp8_linear_fits(x, weights), "fp8_linear: needs a CUDA input, weights [out_i, in] with in = x's last size, "
+              "and in, Σ out_i and the token count multiples of 16 (x ", x.sizes(), ", first weight ",
+              weights.empty() ? c10::IntArrayRef{} : weights[0].sizes(), ", ", weights.size(), " weights)");
+  // An explicit TensorList, so the autograd function sees each weight as a differentiable input.
+  return Fp8LinearFunction::apply(x, at::TensorList(weights), history);
 }
 
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, Fp8History* history) {
-  TORCH_CHECK(fp8_linear_fits(x, weight), "fp8_linear: needs a CUDA input and sizes that are multiples of 16 (x ",
-              x.sizes(), ", weight ", weight.sizes(), ")");
-  return Fp8LinearFunction::apply(x, weight, history);
+  return fp8_linear(x, std::vector<torch::Tensor>{weight}, history);
+}
+
+std::vector<torch::Tensor> split_rows(const torch::Tensor& whole, const std::vector<int64_t>& part_rows) {
+  if (part_rows.size() == 1) return {whole};
+  return whole.split_with_sizes(part_rows, 0);
+}
+
+Fp8Operand quantize_fp8_rows_delayed(at::TensorList parts, at::ScalarType fp8_type, Fp8History& h,
+                                     Fp8History::Role role) {
+  TORCH_CHECK(!parts.empty(), "quantize_fp8_rows_delayed: no parts");
+  if (parts.size() == 1) return quantize_fp8_operand_delayed(parts[0], fp8_type, /*transposed=*/true, h, role);
+#if defined(DD_HAVE_CUDA)
+  kernels::DType dt{};
+  const auto& first = parts[0];
+  bool fits = static_cast<int>(parts.size()) <= kernels::kFp8MaxParts && first.is_cuda() &&
+              kernel_dtype(first.scalar_type(), dt);
+  int64_t rows = 0;
+  std::vector<const void*> ptrs;
+  std::vector<int64_t> part_rows;
+  for (const auto& p : parts) {
+    fits = fits && p.dim() == 2 && p.size(1) == first.size(1) && p.is_contiguous() &&
+           p.scalar_type() == first.scalar_type() && p.device() == first.device();
+    if (!fits) break;
+    rows += p.size(0);
+    ptrs.push_back(p.data_ptr());
+    part_rows.push_back(p.size(0));
+  }
+  if (fits) {
+    const int64_t cols = first.size(1);
+    auto l = prepare_fp8_delayed(first, rows, cols, fp8_type, h, role);
+    check_kernel_launch(kernels::fp8_quantize_rows_delayed(l.operand.q.data_ptr(), l.operand.qt.data_ptr(),
+                                                           l.operand.scale.data_ptr<float>(), l.record, l.saturations,
+                                                           ptrs.data(), part_rows.data(), static_cast<int>(ptrs.size()),
+                                                           dt, cols, l.e5m2, l.scale_per_amax, l.from_current, l.stream),
+                        "fp8 quantisation of row blocks (delayed scaling)");
+    return l.operand;
+  }
+#endif
+  return quantize_fp8_operand_delayed(torch::cat(parts, 0), fp8_type, /*transposed=*/true, h, role);
 }
 
 void Fp8History::ensure(const torch::Device& device) {
@@ -228,33 +292,46 @@ std::pair<torch::Tensor, torch::Tensor> quantize_fp8_delayed_reference(const tor
   return {q, scale};
 }
 
+#if defined(DD_HAVE_CUDA)
+Fp8DelayedLaunch prepare_fp8_delayed(const torch::Tensor& like, int64_t rows, int64_t cols, at::ScalarType fp8_type,
+                                     Fp8History& h, Fp8History::Role role, bool transposed) {
+  h.ensure(like.device());
+  bool& started = h.started.data_ptr<bool>()[role];
+  Fp8DelayedLaunch l;
+  l.from_current = !started;
+  started = true;
+  l.e5m2 = fp8_type == at::kFloat8_e5m2;
+  const double fmax = l.e5m2 ? kFp8E5m2Max : kFp8E4m3Max;
+  l.scale_per_amax = static_cast<float>(kFp8DelayedMargin / fmax);
+  l.operand = empty_operand(like, rows, cols, fp8_type, transposed);
+  l.record = h.records[role].data_ptr<float>();
+  l.saturations = reinterpret_cast<unsigned long long*>(saturation_counter(like.device()).data_ptr<int64_t>());
+  l.stream = c10::cuda::getCurrentCUDAStream(like.device().index()).stream();
+  return l;
+}
+#endif
+
 Fp8Operand quantize_fp8_operand_delayed(const torch::Tensor& x, at::ScalarType fp8_type, bool transposed,
                                         Fp8History& h, Fp8History::Role role) {
   check_operand(x, "quantize_fp8_operand_delayed");
-  h.ensure(x.device());
-  bool& started = h.started.data_ptr<bool>()[role];
-  const bool from_current = !started;
-  started = true;
-  auto record = h.records[role];
 #if defined(DD_HAVE_CUDA)
   kernels::DType dt{};
   if (x.is_cuda() && kernel_dtype(x.scalar_type(), dt)) {
     const int64_t rows = x.size(0), cols = x.size(1);
-    const double fmax = fp8_type == at::kFloat8_e5m2 ? kFp8E5m2Max : kFp8E4m3Max;
-    Fp8Operand o = empty_operand(x, fp8_type, transposed);
-    auto counter = saturation_counter(x.device());
-    check_kernel_launch(
-        kernels::fp8_quantize_delayed(o.q.data_ptr(), transposed ? o.qt.data_ptr() : nullptr,
-                                      o.scale.data_ptr<float>(), record.data_ptr<float>(),
-                                      reinterpret_cast<unsigned long long*>(counter.data_ptr<int64_t>()), x.data_ptr(),
-                                      dt, rows, cols, x.stride(0), fp8_type == at::kFloat8_e5m2,
-                                      static_cast<float>(kFp8DelayedMargin / fmax), from_current,
-                                      c10::cuda::getCurrentCUDAStream(x.device().index()).stream()),
-        "fp8 quantisation (delayed scaling)");
-    return o;
+    auto l = prepare_fp8_delayed(x, rows, cols, fp8_type, h, role, transposed);
+    check_kernel_launch(kernels::fp8_quantize_delayed(l.operand.q.data_ptr(), transposed ? l.operand.qt.data_ptr() : nullptr,
+                                                      l.operand.scale.data_ptr<float>(), l.record, l.saturations,
+                                                      x.data_ptr(), dt, rows, cols, x.stride(0), l.e5m2,
+                                                      l.scale_per_amax, l.from_current, l.stream),
+                        "fp8 quantisation (delayed scaling)");
+    return l.operand;
   }
 #endif
-  auto [q, scale] = quantize_fp8_delayed_reference(x, fp8_type, record, from_current);
+  h.ensure(x.device());
+  bool& started = h.started.data_ptr<bool>()[role];
+  const bool from_current = !started;
+  started = true;
+  auto [q, scale] = quantize_fp8_delayed_reference(x, fp8_type, h.records[role], from_current);
   return reference_operand(q, scale, transposed);
 }
 

@@ -11,6 +11,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "kernels/fp8_quant.h"
 
@@ -27,6 +28,12 @@ bool fp8_supported(const torch::Device& device);
 // largest value lands on the format's largest finite value. Returns (quantised, scale as a 0-dim
 // fp32 tensor on x's device).
 std::pair<torch::Tensor, torch::Tensor> quantize_fp8(const torch::Tensor& x, at::ScalarType fp8_type);
+
+// The output dtype an fp8 product writes for a result wanted in `wanted`: fp32 and fp16 as asked,
+// bf16 otherwise (_scaled_mm's choices).
+inline at::ScalarType fp8_product_dtype(at::ScalarType wanted) {
+  return wanted == at::kFloat || wanted == at::kHalf ? wanted : at::kBFloat16;
+}
 
 // An operand of the fp8 products: q [rows, cols] and, when asked for, its transpose qt [cols, rows]
 // (both contiguous float8), with the per-tensor scale (0-dim fp32).
@@ -62,6 +69,23 @@ struct Fp8History {
 Fp8Operand quantize_fp8_operand_delayed(const torch::Tensor& x, at::ScalarType fp8_type, bool transposed,
                                         Fp8History& h, Fp8History::Role role);
 
+// One delayed quantisation of a [rows, cols] value about to be launched by a quantising kernel on
+// `like`'s device: the operand to fill (q, qt when `transposed`, and the scale, allocated), the
+// role's record and the device's saturation counter as the kernels take them, and whether this is
+// the role's first quantisation (now marked started). Shared by quantize_fp8_operand_delayed and
+// the quantisers that compute what they quantise (model/fp8_swiglu_mlp.h); CUDA builds only.
+struct Fp8DelayedLaunch {
+  Fp8Operand operand;
+  float* record = nullptr;
+  unsigned long long* saturations = nullptr;
+  float scale_per_amax = 0.f;
+  bool from_current = false;
+  bool e5m2 = false;
+  void* stream = nullptr;
+};
+Fp8DelayedLaunch prepare_fp8_delayed(const torch::Tensor& like, int64_t rows, int64_t cols, at::ScalarType fp8_type,
+                                     Fp8History& h, Fp8History::Role role, bool transposed = true);
+
 // The ATen reference of one delayed quantisation on `record` ([kFp8RecordWords] fp32, updated in
 // place as the kernel does): returns q and the scale, and counts a saturation (non-finite amax, or
 // a delayed scale that clipped) on x's device like the kernels.
@@ -74,6 +98,22 @@ std::pair<torch::Tensor, torch::Tensor> quantize_fp8_delayed_reference(const tor
 // scales are delayed (Fp8History); without, each comes from its tensor's current amax.
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, Fp8History* history = nullptr);
 bool fp8_linear_fits(const torch::Tensor& x, const torch::Tensor& weight);
+
+// The same with W given as row blocks [W1; W2; ...] (projections that read the same x: q|k|v,
+// gate|up), each [out_i, in]: one product over the concatenation, which with a history is never
+// formed (quantize_fp8_rows_delayed reads the blocks where they are); each block's gradient is its
+// rows of the one dW.
+torch::Tensor fp8_linear(const torch::Tensor& x, const std::vector<torch::Tensor>& weights, Fp8History* history);
+bool fp8_linear_fits(const torch::Tensor& x, const std::vector<torch::Tensor>& weights);
+
+// quantize_fp8_operand_delayed (transposed) of the row-wise concatenation of `parts` (2-D, same
+// column count), without forming it on a GPU (kernels::fp8_quantize_rows_delayed: contiguous parts
+// of one kernel dtype, at most kernels::kFp8MaxParts); elsewhere of torch::cat(parts).
+Fp8Operand quantize_fp8_rows_delayed(at::TensorList parts, at::ScalarType fp8_type, Fp8History& h,
+                                     Fp8History::Role role);
+
+// `whole` split into consecutive row blocks of `part_rows` rows (views; `whole` itself for one).
+std::vector<torch::Tensor> split_rows(const torch::Tensor& whole, const std::vector<int64_t>& part_rows);
 
 // Quantisations on `device` since the last call whose amax was inf or NaN, or whose delayed scale
 // was too small for their amax (values clipped to the format's largest). Reads the device counter,

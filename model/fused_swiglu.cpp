@@ -14,6 +14,13 @@ torch::Tensor swiglu_reference(const torch::Tensor& gu) {
   return torch::silu(gu.narrow(-1, 0, F)) * gu.narrow(-1, F, F);
 }
 
+torch::Tensor swiglu_backward_reference(const torch::Tensor& gu, const torch::Tensor& dh) {
+  const int64_t F = gu.size(-1) / 2;
+  auto g = gu.narrow(-1, 0, F), u = gu.narrow(-1, F, F);
+  auto s = torch::sigmoid(g);
+  return torch::cat({dh * u * s * (1 + g * (1 - s)), dh * g * s}, -1);
+}
+
 #if defined(DD_HAVE_CUDA)
 namespace {
 

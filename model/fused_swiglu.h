@@ -10,6 +10,9 @@ namespace model {
 
 // gu [..., 2F] = [gate | up] -> silu(gate) · up [..., F], in gu's dtype.
 torch::Tensor swiglu_reference(const torch::Tensor& gu);
+// SwiGLU's gradient [dg | du] [..., 2F] for gu [..., 2F] and dh [..., F] by the ATen formula
+// (kernels/swiglu.h's), in the inputs' dtype: the reference of the kernels that write or quantise it.
+torch::Tensor swiglu_backward_reference(const torch::Tensor& gu, const torch::Tensor& dh);
 // Same result; through the kernels on a GPU for fp32/bf16/fp16.
 torch::Tensor swiglu(const torch::Tensor& gu);
 

@@ -3,6 +3,7 @@
 #include "model/layers.h"
 
 #include "model/fused_rope.h"
+#include "model/fp8_swiglu_mlp.h"
 #include "model/fused_swiglu.h"
 
 #include <ATen/autocast_mode.h>
@@ -109,6 +110,12 @@ SwiGLUImpl::SwiGLUImpl(int64_t d, int64_t hidden) {
 }
 
 torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
+  if (Fp8Scope::active() && fp8_swiglu_mlp_enabled()) {
+    // FP8: the whole feed-forward as one function that quantises SwiGLU's activation as it computes it.
+    const std::vector<torch::Tensor> w_gate_up = {gate->weight, up->weight};
+    if (fp8_swiglu_mlp_fits(x, w_gate_up, down->weight))
+      return fp8_swiglu_mlp(x, w_gate_up, down->weight, gate->fp8, down->fp8);
+  }
   // gate and up as one matmul, the activation as one kernel over its [.., 2·hidden] output.
   return down(swiglu(linear_cat(x, {gate, up})));
 }

@@ -39,9 +39,9 @@ torch::Tensor linear_cat(const torch::Tensor& x, const std::vector<Linear>& laye
   TORCH_CHECK(!layers.empty(), "linear_cat: no layers");
   std::vector<torch::Tensor> weights;
   for (const auto& l : layers) weights.push_back(l->weight);
-  auto w = weights.size() == 1 ? weights[0] : torch::cat(weights, 0);
-  if (fp8_active && fp8_linear_fits(x, w)) return fp8_linear(x, w, &layers.front().ptr()->fp8);
-  return torch::linear(x, w);
+  // FP8 reads the weights where they are; the plain product concatenates them.
+  if (fp8_active && fp8_linear_fits(x, weights)) return fp8_linear(x, weights, &layers.front().ptr()->fp8);
+  return torch::linear(x, weights.size() == 1 ? weights[0] : torch::cat(weights, 0));
 }
 
 std::vector<std::pair<std::string, Fp8History*>> fp8_histories(torch::nn::Module& model) {

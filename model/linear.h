@@ -28,9 +28,9 @@ class LinearImpl : public torch::nn::Module {
 TORCH_MODULE(Linear);
 
 // y = x [W1; W2; ...]ᵀ: one matmul for projections that read the same input (q|k|v, gate|up),
-// in FP8 under an Fp8Scope like LinearImpl::forward (with the first layer's Fp8History). The
-// concatenated weight is formed per call (small next to the activations); each part's gradient
-// flows back to its own parameter. One matmul instead of several also means one gradient for x,
+// in FP8 under an Fp8Scope like LinearImpl::forward (with the first layer's Fp8History). FP8
+// quantises the weights where they are; the plain product forms the concatenated weight per call
+// (small next to the activations). Each part's gradient flows back to its own parameter. One matmul instead of several also means one gradient for x,
 // not a sum of several.
 torch::Tensor linear_cat(const torch::Tensor& x, const std::vector<Linear>& layers);
 
