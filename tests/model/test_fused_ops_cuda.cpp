@@ -9,9 +9,12 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "model/decoder_lm.h"
 #include "model/fp8_linear.h"
+#include "model/fp8_swiglu_mlp.h"
 #include "model/fused_gated_norm.h"
 #include "model/fused_l2norm.h"
 #include "model/fused_rmsnorm.h"
@@ -352,6 +355,172 @@ TEST(FusedOpsCuda, Fp8DelayedQuantizeMatchesReference) {
         EXPECT_EQ(hist[kernels::kFp8History].item<float>(), 0.f) << what;
         EXPECT_EQ(hist[kernels::kFp8History + 1].item<float>(), 0.f) << what;
       }
+    }
+  }
+}
+
+namespace {
+
+// Two fp8 tensors of the same shape agree to within one step of the format: every element pair
+// differs by at most one unit in the last place of the larger (plus the smallest subnormal, for
+// values around zero), and at most `max_fraction` of them differ at all. Values computed by the
+// kernels (exp, products) and by ATen differ in the last fp32 bits, so a few land on the other side
+// of an fp8 rounding boundary; anything more is a bug.
+void expect_fp8_within_one_step(const torch::Tensor& got, const torch::Tensor& want, at::ScalarType fp8,
+                                double max_fraction, const std::string& what) {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  auto a = got.to(torch::kFloat).cpu(), b = want.to(torch::kFloat).cpu();
+  const double ulp = fp8 == at::kFloat8_e5m2 ? 0.25 : 0.125;        // 2^-mantissa bits
+  const double tiny = fp8 == at::kFloat8_e5m2 ? 1.53e-5 : 1.96e-3;  // smallest subnormal
+  auto diff = (a - b).abs();
+  auto bound = torch::maximum(a.abs(), b.abs()) * ulp + tiny;
+  EXPECT_EQ(diff.gt(bound).sum().item<int64_t>(), 0) << what << ": elements more than one fp8 step apart";
+  const double fraction = diff.gt(0).to(torch::kFloat).mean().item<double>();
+  EXPECT_LE(fraction, max_fraction) << what << ": fraction of elements that differ";
+}
+
+}  // namespace
+
+// The quantisers that compute SwiGLU's activation (or its gradient) on the way in, against
+// swiglu_reference (swiglu_backward_reference) in fp32 quantised by the delayed-scaling reference,
+// over three quantisations on one record (the first from the current amax, then delayed): q within
+// one fp8 step (the kernel's exp and ATen's differ in the last bits), qᵀ exactly q's transpose, the
+// scale and the record's amaxes within 1e-5 relative, the pending words cleared. Shapes: the vector
+// path (F and the row stride multiples of 8), a wider row stride, odd F, and rows not a multiple of 8.
+TEST(FusedOpsCuda, Fp8SwigluQuantizersMatchReference) {
+  DD_REQUIRE_GPU();
+  if (!model::fp8_supported(torch::Device(torch::kCUDA, 0))) GTEST_SKIP() << "no fp8 on this GPU";
+  seed_from_gtest(77);
+  const torch::Device dev(torch::kCUDA, 0);
+  struct Shape {
+    int64_t rows, F, pad;  // gu's row stride is 2F + pad
+  };
+  for (const bool grad : {false, true}) {
+    for (const auto dtype : {torch::kBFloat16, torch::kFloat32}) {
+      for (const auto fp8 : {at::kFloat8_e4m3fn, at::kFloat8_e5m2}) {
+        for (const Shape sh : {Shape{512, 384, 0}, Shape{256, 200, 8}, Shape{64, 100, 3}, Shape{130, 72, 0}}) {
+          const std::string what = std::string(grad ? "grad " : "act ") + name_of(dtype) +
+                                   (fp8 == at::kFloat8_e5m2 ? " e5m2 " : " e4m3 ") + std::to_string(sh.rows) + "x" +
+                                   std::to_string(sh.F) + " pad " + std::to_string(sh.pad);
+          model::Fp8History h;
+          auto ref_record = torch::zeros({kernels::kFp8RecordWords}, torch::TensorOptions().dtype(torch::kFloat).device(dev));
+          for (int call = 0; call < 3; ++call) {
+            const std::string at = what + " call " + std::to_string(call);
+            const double magnitude = call == 1 ? 1.5 : 1.0;
+            auto gu = (torch::randn({sh.rows, 2 * sh.F + sh.pad}, dev) * 2 * magnitude).narrow(1, 0, 2 * sh.F).to(dtype);
+            auto dh = (torch::randn({sh.rows, sh.F}, dev) * 1e-3).to(dtype);
+            model::Fp8Operand got;
+            torch::Tensor value;  // fp32, from the inputs as rounded to dtype
+            if (grad) {
+              got = model::quantize_swiglu_grad_fp8_delayed(gu, dh, fp8, h, model::Fp8History::kGradient);
+              value = model::swiglu_backward_reference(gu.to(torch::kFloat), dh.to(torch::kFloat));
+            } else {
+              got = model::quantize_swiglu_fp8_delayed(gu, fp8, h, model::Fp8History::kGradient);
+              value = model::swiglu_reference(gu.to(torch::kFloat));
+            }
+            ASSERT_EQ(got.q.size(1), grad ? 2 * sh.F : sh.F) << at;
+            auto [q_ref, s_ref] = model::quantize_fp8_delayed_reference(value, fp8, ref_record, call == 0);
+            const double s_got = got.scale.item<double>(), s_want = s_ref.item<double>();
+            EXPECT_NEAR(s_got, s_want, 1e-5 * s_want) << at << " scale";
+            expect_fp8_within_one_step(got.q, q_ref, fp8, 2e-3, at + " q");
+            EXPECT_TRUE(torch::equal(got.qt.view(torch::kUInt8), got.q.t().contiguous().view(torch::kUInt8))) << at << " qt";
+            auto rec = h.records[model::Fp8History::kGradient].cpu(), want = ref_record.cpu();
+            for (int i = 0; i < kernels::kFp8History; ++i)
+              EXPECT_NEAR(rec[i].item<double>(), want[i].item<double>(), 1e-5 * want[i].item<double>()) << at << " record " << i;
+            EXPECT_EQ(rec[kernels::kFp8History].item<float>(), 0.f) << at;
+            EXPECT_EQ(rec[kernels::kFp8History + 1].item<float>(), 0.f) << at;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The fused fp8 feed-forward (model/fp8_swiglu_mlp.h) against its plain twin, the unfused fp8 layers
+// (fp8_linear → swiglu → fp8_linear, each with its own histories), and both against the bf16
+// products, over three steps so delayed scaling takes over. The two fp8 paths differ only in
+// SwiGLU's activation and gradient being rounded to bf16 before they are quantised, which moves a
+// few values across an fp8 rounding boundary: fused vs unfused must stay under half of fp8's own
+// error (unfused vs bf16) and under 4% (output) / 6% (gradients); each fp8 path within 10% (output,
+// e4m3) / 20% (gradients, e5m2) of bf16. The figures are printed.
+TEST(FusedOpsCuda, Fp8SwigluMlpMatchesTheUnfusedLayers) {
+  DD_REQUIRE_GPU();
+  if (!model::fp8_supported(torch::Device(torch::kCUDA, 0))) GTEST_SKIP() << "no fp8 on this GPU";
+  seed_from_gtest(78);
+  const int64_t d = 256, F = 384;
+  // gate's and up's weights as two parameters, as the models hold them (read where they are).
+  auto w_g = (torch::randn({F, d}, torch::kCUDA) * 0.06).requires_grad_();
+  auto w_u = (torch::randn({F, d}, torch::kCUDA) * 0.06).requires_grad_();
+  auto w_down = (torch::randn({d, F}, torch::kCUDA) * 0.05).requires_grad_();
+  const std::vector<torch::Tensor> w_gu = {w_g, w_u};
+  model::Fp8History fused_gu, fused_down, plain_gu, plain_down;
+  for (int step = 0; step < 3; ++step) {
+    const std::string at = "step " + std::to_string(step);
+    auto x = torch::randn({4, 48, d}, torch::kCUDA).to(torch::kBFloat16).requires_grad_();
+    auto r = torch::randn({4, 48, d}, torch::kCUDA);
+    auto run = [&](int path) {
+      if (path == 0) return model::fp8_swiglu_mlp(x, w_gu, w_down, fused_gu, fused_down);
+      if (path == 1)
+        return model::fp8_linear(model::swiglu(model::fp8_linear(x, w_gu, &plain_gu)), w_down, &plain_down);
+      auto gu = torch::matmul(x, torch::cat(w_gu, 0).to(torch::kBFloat16).t());
+      return torch::matmul(model::swiglu(gu), w_down.to(torch::kBFloat16).t());
+    };
+    // Per path: y, dx, dW_gate, dW_up, dW_down.
+    std::vector<std::vector<torch::Tensor>> got;
+    for (int path = 0; path < 3; ++path) {
+      ASSERT_TRUE(model::fp8_swiglu_mlp_fits(x, w_gu, w_down));
+      auto out = run(path);
+      ASSERT_EQ(out.scalar_type(), torch::kBFloat16) << at;
+      auto g = torch::autograd::grad({(out.to(torch::kFloat) * r).sum()}, {x, w_g, w_u, w_down});
+      got.push_back({out, g[0], g[1], g[2], g[3]});
+    }
+    const char* names[] = {"y", "dx", "dW_gate", "dW_up", "dW_down"};
+    for (int k = 0; k < 5; ++k) {
+      EXPECT_EQ(got[0][k].sizes(), got[2][k].sizes()) << at << " " << names[k];
+      const double fused_plain = rel_norm_diff(got[0][k], got[1][k]), fused_bf16 = rel_norm_diff(got[0][k], got[2][k]),
+                   plain_bf16 = rel_norm_diff(got[1][k], got[2][k]);
+      std::printf("fp8 SwiGLU MLP %s %s: fused vs unfused %.4f, fused vs bf16 %.4f, unfused vs bf16 %.4f\n",
+                  at.c_str(), names[k], fused_plain, fused_bf16, plain_bf16);
+      const double own = k == 0 ? 0.10 : 0.20, apart = k == 0 ? 0.04 : 0.06;
+      EXPECT_LT(fused_plain, apart) << at << " " << names[k];
+      EXPECT_LT(fused_plain, 0.5 * plain_bf16) << at << " " << names[k];
+      EXPECT_LT(fused_bf16, own) << at << " " << names[k];
+      EXPECT_LT(plain_bf16, own) << at << " " << names[k];
+    }
+  }
+  // Both paths filed the same six records three times each, with the same amaxes to within fp8 noise.
+  EXPECT_LT(rel_norm_diff(fused_gu.records, plain_gu.records), 0.05);
+  EXPECT_LT(rel_norm_diff(fused_down.records, plain_down.records), 0.05);
+  EXPECT_GT(fused_down.records[model::Fp8History::kGradient][2].item<float>(), 0.f);
+}
+
+// quantize_fp8_rows_delayed (the weights of q|k|v or gate|up read where they are) against the
+// quantisation of their concatenation: the same q, qᵀ, scale and record bits over three calls, for
+// fp32 blocks on the vector path (columns a multiple of 8) and off it, with 2 to 4 blocks of uneven
+// heights.
+TEST(FusedOpsCuda, Fp8RowBlocksQuantizeAsTheirConcatenation) {
+  DD_REQUIRE_GPU();
+  if (!model::fp8_supported(torch::Device(torch::kCUDA, 0))) GTEST_SKIP() << "no fp8 on this GPU";
+  seed_from_gtest(79);
+  struct Case {
+    std::vector<int64_t> rows;
+    int64_t cols;
+  };
+  for (const Case& c : {Case{{96, 32}, 256}, Case{{40, 8, 16, 64}, 64}, Case{{37, 27, 64}, 100}}) {
+    model::Fp8History blocks, whole;
+    for (int call = 0; call < 3; ++call) {
+      const std::string at = std::to_string(c.rows.size()) + " blocks x " + std::to_string(c.cols) + " call " +
+                             std::to_string(call);
+      std::vector<torch::Tensor> parts;
+      for (size_t i = 0; i < c.rows.size(); ++i)
+        parts.push_back(torch::randn({c.rows[i], c.cols}, torch::kCUDA) * (0.1 * (i + 1) * (call + 1)));
+      auto got = model::quantize_fp8_rows_delayed(parts, at::kFloat8_e4m3fn, blocks, model::Fp8History::kWeight);
+      auto want = model::quantize_fp8_operand_delayed(torch::cat(parts, 0), at::kFloat8_e4m3fn, true, whole,
+                                                      model::Fp8History::kWeight);
+      EXPECT_EQ(got.scale.item<float>(), want.scale.item<float>()) << at;
+      EXPECT_TRUE(torch::equal(got.q.view(torch::kUInt8), want.q.view(torch::kUInt8))) << at << " q";
+      EXPECT_TRUE(torch::equal(got.qt.view(torch::kUInt8), want.qt.view(torch::kUInt8))) << at << " qt";
+      EXPECT_TRUE(torch::equal(blocks.records, whole.records)) << at << " records";
     }
   }
 }
