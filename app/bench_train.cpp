@@ -12,6 +12,7 @@
 #include "model/bmm_fp32.h"
 #include "model/gdr_chunk_core.h"
 #include "kernels/gdr_scan.h"
+#include "model/fp8_swiglu_mlp.h"
 #include "model/gdr_scan.h"
 #include "storage/file_util.h"
 #include "trainer/config.h"
@@ -50,6 +51,11 @@ int bench_train(const BenchTrainArgs& a) {
               << a.gdr_scan << "\"\n";
     return 2;
   }
+  if (a.fp8_ffn != "fused" && a.fp8_ffn != "unfused") {
+    std::cerr << "deltadeck: bench train: --fp8-ffn: expected fused or unfused, got \"" << a.fp8_ffn << "\"\n";
+    return 2;
+  }
+  model::fp8_swiglu_mlp_enabled(a.fp8_ffn == "fused");
   model::gdr_use_kernels(a.gdr_scan != "aten");
   // unfused-front: the forward's front as six launches instead of the fused kernel.
   model::gdr_use_fused_kernels(a.gdr_scan != "unfused");
@@ -145,6 +151,7 @@ int bench_train(const BenchTrainArgs& a) {
   j["family"] = a.family;
   j["precision"] = a.precision;
   j["gdr_scan"] = a.gdr_scan;
+  j["fp8_ffn"] = a.fp8_ffn;
   j["devices"] = a.devices;
   j["device"] = device;
   j["params"] = params;

@@ -27,6 +27,9 @@ struct BenchTrainArgs {
   // aten: the delta rule core's CUDA kernels, or one of them swapped for the variant it is measured
   // against (see the --gdr-scan help in app/main.cpp), or their ATen twins
   std::string gdr_scan = "kernel";
+  // fp8 only: "fused" (the SwiGLU feed-forward as one fp8 function, model/fp8_swiglu_mlp.h) or
+  // "unfused" (its three layers one by one), to measure the fusion.
+  std::string fp8_ffn = "fused";
 };
 
 // Returns the exit code: 0 measured, 2 bad arguments or config, 1 the run failed.

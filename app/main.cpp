@@ -169,6 +169,11 @@ int main(int argc, char** argv) {
                               "the width picked for the shape, or in fp32 FMA instead of tensor cores, or their ATen "
                               "twins (to measure the kernels)")
       ->capture_default_str();
+  bench_train_cmd->add_option("--fp8-ffn", bench_train.fp8_ffn,
+                              "fused | unfused: with --precision fp8, the SwiGLU feed-forward as one fp8 function "
+                              "that quantises SwiGLU's activation and gradient as it computes them, or as its three "
+                              "layers one by one (to measure the fusion)")
+      ->capture_default_str();
   bench_train_cmd->add_option("--json", bench_train.json_path, "Also write the figures as JSON to this file");
   bench_train_cmd->add_flag("--profile", bench_train.profile,
                             "Then profile 3 more steps: GPU time per step by component and by kernel");
