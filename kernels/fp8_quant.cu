@@ -68,6 +68,29 @@ struct RowsSource {
   __device__ __forceinline__ void at(int64_t r, int64_t c, float (&v)[kOut]) const { v[0] = to_f32(row(r)[c]); }
 };
 
+// The column-wise concatenation of up to kFp8MaxParts tensors [rows, cols_i] (row stride ld_i, unit
+// column stride), read where they are (column c is in the first part whose end exceeds it).
+template <typename T>
+struct ColsSource {
+  static constexpr int kOut = 1;
+  const T* part[kFp8MaxParts];
+  int64_t ld[kFp8MaxParts];
+  int64_t end[kFp8MaxParts];  // cumulative columns
+  int n;
+  __device__ __forceinline__ const T* at_ptr(int64_t r, int64_t c) const {
+    int i = 0;
+    while (i + 1 < n && c >= end[i]) ++i;
+    return part[i] + r * ld[i] + (c - (i > 0 ? end[i - 1] : 0));
+  }
+  __device__ __forceinline__ void load(int64_t r, int64_t c, float (&v)[kOut][kVec]) const {
+    Vec<T, kVec> a;
+    a.load(at_ptr(r, c));
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) v[0][e] = a.get(e);
+  }
+  __device__ __forceinline__ void at(int64_t r, int64_t c, float (&v)[kOut]) const { v[0] = to_f32(*at_ptr(r, c)); }
+};
+
 // h = silu(g) · u from gu [rows, ld]: g in columns [0, cols), u in [cols, 2·cols).
 template <typename T>
 struct SwigluSource {
@@ -424,6 +447,36 @@ int fp8_quantize_rows_delayed(void* q, void* qt, float* scale, float* record, un
     src.cols = cols;
     // A vector load never straddles two parts: cols is a multiple of kVec.
     const bool vec = cols % kVec == 0 && rows % kVec == 0 && aligned;
+    status = launch_delayed(q, qt, scale, record, saturations, src, rows, cols, vec, e5m2, scale_per_amax,
+                            from_current, static_cast<cudaStream_t>(stream));
+  });
+  return status;
+}
+
+int fp8_quantize_cols_delayed(void* q, void* qt, float* scale, float* record, unsigned long long* saturations,
+                              const void* const* parts, const int64_t* part_cols, const int64_t* part_ld, int n_parts,
+                              DType dt, int64_t rows, bool e5m2, float scale_per_amax, bool from_current,
+                              void* stream) {
+  if (n_parts < 1 || n_parts > kFp8MaxParts) return static_cast<int>(cudaErrorInvalidValue);
+  int64_t cols = 0;
+  for (int i = 0; i < n_parts; ++i) cols += part_cols[i];
+  if (rows == 0 || cols == 0) return 0;
+  int status = 0;
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    ColsSource<T> src{};
+    // Vector loads need every part's columns and row stride in whole vectors (so none straddles two
+    // parts) and aligned parts.
+    bool vec = rows % kVec == 0 && aligned_to(8, q, qt);
+    int64_t end = 0;
+    for (int i = 0; i < n_parts; ++i) {
+      src.part[i] = static_cast<const T*>(parts[i]);
+      src.ld[i] = part_ld[i];
+      src.end[i] = end += part_cols[i];
+      vec = vec && part_cols[i] % kVec == 0 && part_ld[i] % kVec == 0 &&
+            aligned_to(static_cast<int>(sizeof(T)) * kVec, parts[i]);
+    }
+    src.n = n_parts;
     status = launch_delayed(q, qt, scale, record, saturations, src, rows, cols, vec, e5m2, scale_per_amax,
                             from_current, static_cast<cudaStream_t>(stream));
   });

@@ -54,6 +54,15 @@ int fp8_quantize_rows_delayed(void* q, void* qt, float* scale, float* record, un
                               const void* const* parts, const int64_t* part_rows, int n_parts, DType dt, int64_t cols,
                               bool e5m2, float scale_per_amax, bool from_current, void* stream);
 
+// fp8_quantize_delayed of the column-wise concatenation of `n_parts` (1..kFp8MaxParts) tensors
+// [rows, part_cols[i]] with row strides part_ld[i] (unit column stride), read where they are: the
+// gradients of q, k and v quantised as the gradient of their one product without concatenating
+// them first. q [rows, Σ cols], qt [Σ cols, rows]. Host arrays.
+int fp8_quantize_cols_delayed(void* q, void* qt, float* scale, float* record, unsigned long long* saturations,
+                              const void* const* parts, const int64_t* part_cols, const int64_t* part_ld, int n_parts,
+                              DType dt, int64_t rows, bool e5m2, float scale_per_amax, bool from_current,
+                              void* stream);
+
 // fp8_quantize_delayed of SwiGLU's activation h = silu(g) · u [rows, F], computed from gu [rows, ld]
 // (g in columns [0, F), u in [F, 2F); kernels/swiglu.h's math) as it is quantised, so h is never
 // written: q [rows, F], qt [F, rows].
