@@ -81,11 +81,38 @@ std::vector<int64_t> row_counts(at::TensorList parts) {
 
 // _scaled_mm takes its first operand row-major and its second column-major; each operand's
 // transpose is written by the quantisation itself, so no product needs a transposing copy.
+// Column blocks of y [N, total] with x's leading shape: tensors that share y's storage without being
+// autograd views of it, so that each is an output of its own (with its own gradient, which the
+// backward reads where it is) and none is an in-place alias anyone writes through.
+std::vector<torch::Tensor> column_blocks(const torch::Tensor& y, std::vector<int64_t> lead,
+                                         const std::vector<int64_t>& cols) {
+  std::vector<torch::Tensor> out;
+  const int64_t total = y.size(1);
+  std::vector<int64_t> strides(lead.size() + 1, 1);
+  for (int64_t i = static_cast<int64_t>(lead.size()) - 1, s = total; i >= 0; --i) {
+    strides[i] = s;
+    s *= lead[i];
+  }
+  int64_t offset = 0;
+  for (int64_t c : cols) {
+    auto sizes = lead;
+    sizes.push_back(c);
+    auto block = torch::empty({0}, y.options());
+    block.set_(y.storage(), y.storage_offset() + offset, sizes, strides);
+    out.push_back(block);
+    offset += c;
+  }
+  return out;
+}
+
+// y = x Wᵀ, returned whole or as column blocks (`out_cols`, one per weight block for q|k|v), whose
+// gradients the backward then quantises where they are, as one.
 struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
   // `weights`: the row blocks of one weight [Σ out_i, in] (one block for a plain Linear); `history`
-  // may be nullptr (current scaling); it is not a differentiable input.
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, at::TensorList weights,
-                               Fp8History* history) {
+  // may be nullptr (current scaling); it is not a differentiable input. `split`: return one output
+  // per weight block instead of one for all.
+  static tensor_list forward(AutogradContext* ctx, const torch::Tensor& x, at::TensorList weights,
+                             Fp8History* history, bool split) {
     auto x2 = x.reshape({-1, x.size(-1)});
     if (x2.stride(1) != 1) x2 = x2.contiguous();
     if (history) history->ensure(x.device());
@@ -103,9 +130,11 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
       ctx->saved_data["records"] = history->records;
       ctx->saved_data["started"] = history->started;
     }
-    auto out_shape = x.sizes().vec();
-    out_shape.back() = wo.q.size(0);
-    return y.view(out_shape);
+    auto lead = x.sizes().vec();
+    lead.pop_back();
+    if (split && weights.size() > 1) return column_blocks(y, lead, row_counts(weights));
+    lead.push_back(wo.q.size(0));
+    return {y.view(lead)};
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
@@ -116,22 +145,33 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     const auto& sw = saved[3];
     const auto x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
     const auto x_shape = ctx->saved_data["x_shape"].toIntVector();
-    auto g2 = grads[0].reshape({-1, grads[0].size(-1)});
-    if (g2.stride(1) != 1) g2 = g2.contiguous();
+    const auto part_rows = ctx->saved_data["part_rows"].toIntVector();
+    const int64_t N = xqt.size(1);
+    // The incoming gradient as [N, cols] blocks with unit column stride (an unused block: zeros).
+    std::vector<torch::Tensor> g;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const int64_t cols = grads.size() == 1 ? wqt.size(1) : part_rows[i];
+      auto gi = grads[i].defined() ? grads[i].reshape({N, cols})
+                                   : torch::zeros({N, cols}, xqt.options().dtype(at::kBFloat16));
+      g.push_back(gi.stride(1) == 1 ? gi : gi.contiguous());
+    }
     Fp8Operand go;
     if (ctx->saved_data.count("records")) {
       Fp8History h{ctx->saved_data["records"].toTensor(), ctx->saved_data["started"].toTensor()};
-      go = quantize_fp8_operand_delayed(g2, at::kFloat8_e5m2, /*transposed=*/true, h, Fp8History::kGradient);
+      go = g.size() == 1 ? quantize_fp8_operand_delayed(g[0], at::kFloat8_e5m2, /*transposed=*/true, h,
+                                                        Fp8History::kGradient)
+                         : quantize_fp8_cols_delayed(g, at::kFloat8_e5m2, h, Fp8History::kGradient);
     } else {
-      go = quantize_fp8_operand(g2, at::kFloat8_e5m2, /*transposed=*/true);
+      go = quantize_fp8_operand(g.size() == 1 ? g[0] : torch::cat(g, 1), at::kFloat8_e5m2, /*transposed=*/true);
     }
     // dX = G W: [N,out] x [out,in], W column-major as (Wᵀ)ᵀ.
     auto dx = at::_scaled_mm(go.q, wqt.t(), go.scale, sw, {}, {}, fp8_product_dtype(x_dtype), false);
     // dW = Gᵀ X: [out,N] x [N,in], straight into the fp32 master weight's dtype.
     auto dw = at::_scaled_mm(go.qt, xqt.t(), go.scale, sx, {}, {}, at::kFloat, false);
     tensor_list out = {dx.scalar_type() == x_dtype ? dx.view(x_shape) : dx.to(x_dtype).view(x_shape)};
-    for (auto& part : split_rows(dw, ctx->saved_data["part_rows"].toIntVector())) out.push_back(part);
-    out.push_back(torch::Tensor());
+    for (auto& part : split_rows(dw, part_rows)) out.push_back(part);
+    out.push_back(torch::Tensor());  // history
+    out.push_back(torch::Tensor());  // split
     return out;
   }
 };
@@ -201,7 +241,15 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const std::vector<torch::Tensor
               "and in, Σ out_i and the token count multiples of 16 (x ", x.sizes(), ", first weight ",
               weights.empty() ? c10::IntArrayRef{} : weights[0].sizes(), ", ", weights.size(), " weights)");
   // An explicit TensorList, so the autograd function sees each weight as a differentiable input.
-  return Fp8LinearFunction::apply(x, at::TensorList(weights), history);
+  return Fp8LinearFunction::apply(x, at::TensorList(weights), history, false)[0];
+}
+
+std::vector<torch::Tensor> fp8_linear_split(const torch::Tensor& x, const std::vector<torch::Tensor>& weights,
+                                            Fp8History* history) {
+  TORCH_CHECK(fp8_linear_fits(x, weights), "fp8_linear_split: needs a CUDA input, weights [out_i, in] with in = x's "
+              "last size, and in, Σ out_i and the token count multiples of 16 (x ", x.sizes(), ", ", weights.size(),
+              " weights)");
+  return Fp8LinearFunction::apply(x, at::TensorList(weights), history, true);
 }
 
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, Fp8History* history) {
@@ -211,6 +259,42 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, Fp
 std::vector<torch::Tensor> split_rows(const torch::Tensor& whole, const std::vector<int64_t>& part_rows) {
   if (part_rows.size() == 1) return {whole};
   return whole.split_with_sizes(part_rows, 0);
+}
+
+Fp8Operand quantize_fp8_cols_delayed(at::TensorList parts, at::ScalarType fp8_type, Fp8History& h,
+                                     Fp8History::Role role) {
+  TORCH_CHECK(!parts.empty(), "quantize_fp8_cols_delayed: no parts");
+  if (parts.size() == 1) return quantize_fp8_operand_delayed(parts[0], fp8_type, /*transposed=*/true, h, role);
+#if defined(DD_HAVE_CUDA)
+  kernels::DType dt{};
+  const auto& first = parts[0];
+  bool fits = static_cast<int>(parts.size()) <= kernels::kFp8MaxParts && first.is_cuda() &&
+              kernel_dtype(first.scalar_type(), dt);
+  int64_t cols = 0;
+  std::vector<const void*> ptrs;
+  std::vector<int64_t> part_cols, part_ld;
+  for (const auto& p : parts) {
+    fits = fits && p.dim() == 2 && p.size(0) == first.size(0) && p.stride(1) == 1 &&
+           p.scalar_type() == first.scalar_type() && p.device() == first.device();
+    if (!fits) break;
+    cols += p.size(1);
+    ptrs.push_back(p.data_ptr());
+    part_cols.push_back(p.size(1));
+    part_ld.push_back(p.stride(0));
+  }
+  if (fits) {
+    const int64_t rows = first.size(0);
+    auto l = prepare_fp8_delayed(first, rows, cols, fp8_type, h, role);
+    check_kernel_launch(kernels::fp8_quantize_cols_delayed(l.operand.q.data_ptr(), l.operand.qt.data_ptr(),
+                                                           l.operand.scale.data_ptr<float>(), l.record, l.saturations,
+                                                           ptrs.data(), part_cols.data(), part_ld.data(),
+                                                           static_cast<int>(ptrs.size()), dt, rows, l.e5m2,
+                                                           l.scale_per_amax, l.from_current, l.stream),
+                        "fp8 quantisation of column blocks (delayed scaling)");
+    return l.operand;
+  }
+#endif
+  return quantize_fp8_operand_delayed(torch::cat(parts, 1), fp8_type, /*transposed=*/true, h, role);
 }
 
 Fp8Operand quantize_fp8_rows_delayed(at::TensorList parts, at::ScalarType fp8_type, Fp8History& h,

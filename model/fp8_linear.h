@@ -106,6 +106,18 @@ bool fp8_linear_fits(const torch::Tensor& x, const torch::Tensor& weight);
 torch::Tensor fp8_linear(const torch::Tensor& x, const std::vector<torch::Tensor>& weights, Fp8History* history);
 bool fp8_linear_fits(const torch::Tensor& x, const std::vector<torch::Tensor>& weights);
 
+// fp8_linear of row blocks, returning y's column blocks, one per weight ([..., out_i]; y whole for one
+// weight): q|k|v from one product. Their gradients are quantised where they are, as one, instead of
+// being concatenated first (quantize_fp8_cols_delayed).
+std::vector<torch::Tensor> fp8_linear_split(const torch::Tensor& x, const std::vector<torch::Tensor>& weights,
+                                            Fp8History* history);
+
+// quantize_fp8_operand_delayed (transposed) of the column-wise concatenation of `parts` (2-D, same
+// row count, unit column stride), without forming it on a GPU (kernels::fp8_quantize_cols_delayed:
+// one kernel dtype, at most kernels::kFp8MaxParts); elsewhere of torch::cat(parts, 1).
+Fp8Operand quantize_fp8_cols_delayed(at::TensorList parts, at::ScalarType fp8_type, Fp8History& h,
+                                     Fp8History::Role role);
+
 // quantize_fp8_operand_delayed (transposed) of the row-wise concatenation of `parts` (2-D, same
 // column count), without forming it on a GPU (kernels::fp8_quantize_rows_delayed: contiguous parts
 // of one kernel dtype, at most kernels::kFp8MaxParts); elsewhere of torch::cat(parts).

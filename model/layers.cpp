@@ -144,8 +144,9 @@ AttentionImpl::AttentionImpl(const ModelConfig& c)
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& u, const Positions& p) {
   const int64_t B = u.size(0), T = u.size(1);
-  // q, k and v from one matmul; split (not narrow) so backward concatenates their gradients once.
-  auto qkv = linear_cat(u, {wq, wk, wv}).split_with_sizes({nh_ * dh_, nkv_ * dh_, nkv_ * dh_}, -1);
+  // q, k and v from one matmul; split (not narrow) so backward concatenates their gradients once (or,
+  // in fp8, quantises them as one where they are).
+  auto qkv = linear_cat_split(u, {wq, wk, wv});
   // RoPE, then QK-norm when on: one kernel each for q and k on a GPU.
   auto rotate = [&](const torch::Tensor& x) { return qk_norm_ ? rope_qk_norm(x, p.pos, rope_) : rope(x, p.pos, rope_); };
   auto q = rotate(qkv[0].view({B, T, nh_, dh_}));

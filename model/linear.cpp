@@ -44,6 +44,18 @@ torch::Tensor linear_cat(const torch::Tensor& x, const std::vector<Linear>& laye
   return torch::linear(x, weights.size() == 1 ? weights[0] : torch::cat(weights, 0));
 }
 
+std::vector<torch::Tensor> linear_cat_split(const torch::Tensor& x, const std::vector<Linear>& layers) {
+  TORCH_CHECK(!layers.empty(), "linear_cat_split: no layers");
+  std::vector<torch::Tensor> weights;
+  std::vector<int64_t> outs;
+  for (const auto& l : layers) {
+    weights.push_back(l->weight);
+    outs.push_back(l->weight.size(0));
+  }
+  if (fp8_active && fp8_linear_fits(x, weights)) return fp8_linear_split(x, weights, &layers.front().ptr()->fp8);
+  return torch::linear(x, weights.size() == 1 ? weights[0] : torch::cat(weights, 0)).split_with_sizes(outs, -1);
+}
+
 std::vector<std::pair<std::string, Fp8History*>> fp8_histories(torch::nn::Module& model) {
   std::vector<std::pair<std::string, Fp8History*>> out;
   for (auto& item : model.named_modules()) {

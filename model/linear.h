@@ -34,6 +34,11 @@ TORCH_MODULE(Linear);
 // not a sum of several.
 torch::Tensor linear_cat(const torch::Tensor& x, const std::vector<Linear>& layers);
 
+// linear_cat's output split per layer ([..., out_i] each). Its backward concatenates the parts'
+// gradients (split's backward), except in FP8, where the product's backward quantises them where they
+// are (fp8_linear_split).
+std::vector<torch::Tensor> linear_cat_split(const torch::Tensor& x, const std::vector<Linear>& layers);
+
 // Every Linear of `model` that has run in fp8, by module path, with its Fp8History.
 std::vector<std::pair<std::string, Fp8History*>> fp8_histories(torch::nn::Module& model);
 
