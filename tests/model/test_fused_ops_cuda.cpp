@@ -525,6 +525,79 @@ TEST(FusedOpsCuda, Fp8RowBlocksQuantizeAsTheirConcatenation) {
   }
 }
 
+// quantize_fp8_cols_delayed (q's, k's and v's gradients read where they are) against the
+// quantisation of their concatenation: the same q, qᵀ, scale and record bits over three calls, for
+// bf16 blocks with row strides wider than their rows, on the vector path and off it (a block of
+// odd width), 2 and 3 blocks.
+TEST(FusedOpsCuda, Fp8ColumnBlocksQuantizeAsTheirConcatenation) {
+  DD_REQUIRE_GPU();
+  if (!model::fp8_supported(torch::Device(torch::kCUDA, 0))) GTEST_SKIP() << "no fp8 on this GPU";
+  seed_from_gtest(80);
+  struct Case {
+    int64_t rows;
+    std::vector<int64_t> cols;
+  };
+  for (const Case& c : {Case{256, {128, 64, 64}}, Case{96, {40, 24}}, Case{72, {64, 13, 32}}}) {
+    model::Fp8History blocks, whole;
+    for (int call = 0; call < 3; ++call) {
+      const std::string at = std::to_string(c.cols.size()) + " blocks x " + std::to_string(c.rows) + " rows, call " +
+                             std::to_string(call);
+      std::vector<torch::Tensor> parts;
+      for (size_t i = 0; i < c.cols.size(); ++i)
+        parts.push_back((torch::randn({c.rows, c.cols[i] + 8}, torch::kCUDA) * (0.5 * (i + 1) * (call + 1)))
+                            .narrow(1, 0, c.cols[i])
+                            .to(torch::kBFloat16));
+      auto got = model::quantize_fp8_cols_delayed(parts, at::kFloat8_e5m2, blocks, model::Fp8History::kGradient);
+      auto want = model::quantize_fp8_operand_delayed(torch::cat(parts, 1), at::kFloat8_e5m2, true, whole,
+                                                      model::Fp8History::kGradient);
+      EXPECT_EQ(got.scale.item<float>(), want.scale.item<float>()) << at;
+      EXPECT_TRUE(torch::equal(got.q.view(torch::kUInt8), want.q.view(torch::kUInt8))) << at << " q";
+      EXPECT_TRUE(torch::equal(got.qt.view(torch::kUInt8), want.qt.view(torch::kUInt8))) << at << " qt";
+      EXPECT_TRUE(torch::equal(blocks.records, whole.records)) << at << " records";
+    }
+  }
+}
+
+// fp8_linear_split (q|k|v as three outputs whose gradients are quantised where they are) against
+// fp8_linear of the same blocks followed by a split (whose backward concatenates the gradients):
+// the same outputs, input and weight gradients and records, bit for bit, over two steps; one output
+// left out of the loss (its gradient arrives undefined) in the second.
+TEST(FusedOpsCuda, Fp8LinearSplitMatchesTheSplitProduct) {
+  DD_REQUIRE_GPU();
+  if (!model::fp8_supported(torch::Device(torch::kCUDA, 0))) GTEST_SKIP() << "no fp8 on this GPU";
+  seed_from_gtest(81);
+  const int64_t d = 128;
+  std::vector<torch::Tensor> w = {(torch::randn({64, d}, torch::kCUDA) * 0.1).requires_grad_(),
+                                  (torch::randn({32, d}, torch::kCUDA) * 0.1).requires_grad_(),
+                                  (torch::randn({32, d}, torch::kCUDA) * 0.1).requires_grad_()};
+  model::Fp8History split_h, whole_h;
+  for (int step = 0; step < 2; ++step) {
+    const std::string at = "step " + std::to_string(step);
+    auto x = torch::randn({2, 40, d}, torch::kCUDA).to(torch::kBFloat16).requires_grad_();
+    std::vector<torch::Tensor> r = {torch::randn({2, 40, 64}, torch::kCUDA), torch::randn({2, 40, 32}, torch::kCUDA),
+                                    torch::randn({2, 40, 32}, torch::kCUDA)};
+    const size_t used = step == 0 ? 3 : 2;
+    auto loss_of = [&](const std::vector<torch::Tensor>& outs) {
+      auto loss = torch::zeros({}, torch::kCUDA);
+      for (size_t i = 0; i < used; ++i) loss = loss + (outs[i].to(torch::kFloat) * r[i]).sum();
+      return loss;
+    };
+    auto split = model::fp8_linear_split(x, w, &split_h);
+    auto whole = model::fp8_linear(x, w, &whole_h).split_with_sizes({64, 32, 32}, -1);
+    ASSERT_EQ(split.size(), 3u) << at;
+    std::vector<torch::Tensor> inputs = {x, w[0], w[1], w[2]};
+    auto g_split = torch::autograd::grad({loss_of(split)}, inputs);
+    auto g_whole = torch::autograd::grad({loss_of(whole)}, inputs);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(split[i].sizes(), whole[i].sizes()) << at << " output " << i;
+      EXPECT_TRUE(torch::equal(split[i], whole[i])) << at << " output " << i;
+    }
+    const char* names[] = {"dx", "dWq", "dWk", "dWv"};
+    for (size_t i = 0; i < inputs.size(); ++i) EXPECT_TRUE(torch::equal(g_split[i], g_whole[i])) << at << " " << names[i];
+    EXPECT_TRUE(torch::equal(split_h.records, whole_h.records)) << at << " records";
+  }
+}
+
 // RoPE + QK-norm in one kernel each way against rms_norm_plain(apply_rope(x)): head dims the
 // kernel takes (32, 64, 128) and one it leaves to the reference (34), strided q views, dense and
 // packed positions.
