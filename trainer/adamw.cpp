@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <map>
+#include <optional>
 #include <stdexcept>
 
 namespace trainer {
@@ -27,9 +28,9 @@ AdamW::AdamW(std::vector<std::pair<std::string, at::Tensor>> named_params, std::
   }
 }
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, const at::Tensor& grad_divisor) {
   begin_step(lr);
-  update();
+  update(grad_divisor);
 }
 
 void AdamW::begin_step(double lr) {
@@ -38,9 +39,9 @@ void AdamW::begin_step(double lr) {
   if (fused_) lr_device_.fill_(lr);
 }
 
-void AdamW::update() {
+void AdamW::update(const at::Tensor& grad_divisor) {
   torch::NoGradGuard no_grad;
-  if (fused_) return fused_update();
+  if (fused_) return fused_update(grad_divisor);
   const double lr = lr_;
   const double bc1 = 1.0 - std::pow(opt_.beta1, static_cast<double>(steps_));
   const double bc2 = 1.0 - std::pow(opt_.beta2, static_cast<double>(steps_));
@@ -48,8 +49,8 @@ void AdamW::update() {
   const double bc2_sqrt = std::sqrt(bc2);
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i].second;
-    const auto& g = p.grad();
-    if (!g.defined()) continue;
+    if (!p.grad().defined()) continue;
+    const auto g = grad_divisor.defined() ? p.grad() / grad_divisor.to(p.grad().device()) : p.grad();
     // Same order of operations as torch.optim.AdamW (single-tensor path).
     if (decay_[i] && opt_.weight_decay != 0) p.mul_(1.0 - lr * opt_.weight_decay);
     exp_avg_[i].lerp_(g, 1.0 - opt_.beta1);
@@ -61,8 +62,9 @@ void AdamW::update() {
 
 // torch.optim.AdamW(fused=True): one multi-tensor kernel per weight-decay group. The kernel reads
 // the per-tensor step counts (bias correction) after we advance them, and the lr from the device,
-// so a replayed graph of this update follows the schedule.
-void AdamW::fused_update() {
+// so a replayed graph of this update follows the schedule. A divisor rides in as the kernel's
+// grad_scale (the kernel divides each gradient by it as it reads it).
+void AdamW::fused_update(const at::Tensor& grad_divisor) {
   for (bool with_decay : {true, false}) {
     std::vector<at::Tensor> p, g, m, v, steps;
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -77,7 +79,8 @@ void AdamW::fused_update() {
     if (p.empty()) continue;
     at::_foreach_add_(steps, 1.0);
     at::_fused_adamw_(p, g, m, v, {}, steps, lr_device_, opt_.beta1, opt_.beta2, with_decay ? opt_.weight_decay : 0.0,
-                      opt_.eps, /*amsgrad=*/false, /*maximize=*/false);
+                      opt_.eps, /*amsgrad=*/false, /*maximize=*/false,
+                      grad_divisor.defined() ? std::optional<at::Tensor>(grad_divisor) : std::nullopt);
   }
 }
 

@@ -22,13 +22,17 @@ class AdamW {
   // named_params: (name, parameter) pairs; decay[i] says whether parameter i gets weight decay.
   AdamW(std::vector<std::pair<std::string, at::Tensor>> named_params, std::vector<bool> decay, AdamWOptions opt);
   // One update with learning rate lr from the parameters' current .grad(); parameters without a
-  // grad are skipped. Worker thread only. The same as begin_step(lr) then update().
-  void step(double lr);
+  // grad are skipped. Worker thread only. The same as begin_step(lr) then update(grad_divisor).
+  void step(double lr, const at::Tensor& grad_divisor = {});
   // The two halves of step(), for a step captured as a CUDA graph: begin_step counts the step and
   // writes lr where the update reads it (on a GPU, a device scalar), every step outside the graph;
   // update() launches the update itself, the part a graph records and replays.
+  // `grad_divisor` (0-dim fp32 on the parameters' device, optional): the update reads every gradient
+  // divided by it — gradient clipping without a pass of its own (grad_clip.h).
   void begin_step(double lr);
-  void update();
+  void update(const at::Tensor& grad_divisor = {});
+  // Whether the update is the fused CUDA kernel.
+  bool fused() const { return fused_; }
   void zero_grad();
   int64_t steps_taken() const { return steps_; }
   // "exp_avg.<name>" and "exp_avg_sq.<name>" for every parameter, for checkpoints.
@@ -40,7 +44,7 @@ class AdamW {
  private:
   std::vector<std::pair<std::string, at::Tensor>> params_;
   std::vector<bool> decay_;
-  void fused_update();
+  void fused_update(const at::Tensor& grad_divisor);
 
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
   bool fused_ = false;                 // CUDA parameters: the fused kernel

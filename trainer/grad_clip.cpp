@@ -42,6 +42,18 @@ at::Tensor clip_grad_norm_async(const std::vector<at::Tensor>& params, double ma
   return norm;
 }
 
+std::pair<at::Tensor, at::Tensor> grad_norm_and_clip_divisor_async(const std::vector<at::Tensor>& params,
+                                                                   double max_norm) {
+  torch::NoGradGuard no_grad;
+  auto grads = defined_grads(params);
+  if (grads.empty()) return {torch::zeros({}, torch::kFloat64), at::Tensor()};
+  auto norm = sum_of_squares(grads).sqrt();
+  if (!std::isfinite(max_norm)) return {norm, at::Tensor()};
+  // The same coefficient as clip_grad_norm_async; its reciprocal is exactly 1 when it is.
+  auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0).to(torch::kFloat);
+  return {norm, coef.reciprocal()};
+}
+
 double global_grad_norm(const std::vector<at::Tensor>& params) {
   torch::NoGradGuard no_grad;
   auto grads = defined_grads(params);

@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <utility>
 #include <vector>
 
 namespace trainer {
@@ -19,6 +20,14 @@ double global_grad_norm(const std::vector<at::Tensor>& params);
 // The same on the gradients' device without reading anything back (no host synchronisation): returns
 // the norm as a 0-dim fp64 tensor there.
 at::Tensor clip_grad_norm_async(const std::vector<at::Tensor>& params, double max_norm);
+
+// The global norm as clip_grad_norm_async takes it, without scaling the gradients: returns (norm,
+// divisor), the divisor 1 / min(1, max_norm / (norm + 1e-6)) as a 0-dim fp32 tensor on the
+// gradients' device (exactly 1 when no clipping is needed), for an optimizer that divides the
+// gradients as it reads them (AdamW::update) — one pass over every gradient fewer. An undefined
+// divisor when max_norm is inf (nothing to clip) or there are no gradients.
+std::pair<at::Tensor, at::Tensor> grad_norm_and_clip_divisor_async(const std::vector<at::Tensor>& params,
+                                                                   double max_norm);
 
 // Scales the grads by max_norm / (norm + 1e-6) when that is below 1, as clip_grad_norm_ does;
 // max_norm = inf only measures. Returns the norm before clipping.

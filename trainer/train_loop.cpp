@@ -26,6 +26,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <tuple>
 
 #include "model/decoder_lm.h"
 #include "model/fp8_linear.h"
@@ -435,7 +436,10 @@ class TrainLoop {
       found_inf = scaler_->enabled() && scaler_->unscale_and_check(grads_of);
       // The norm is reported before clipping; a clip of 0 only measures it. Clipping a non-finite
       // gradient scrambles it, which does not matter: such a step is skipped and its gradients zeroed.
-      grad_norm = found_inf ? torch::tensor(INFINITY, torch::kFloat64) : clip_grad_norm_async(grads_of, max_norm);
+      at::Tensor clip_divisor;  // clipping folded into the fused AdamW, when it is the only optimizer
+      if (found_inf) grad_norm = torch::tensor(INFINITY, torch::kFloat64);
+      else if (clip_in_update()) std::tie(grad_norm, clip_divisor) = grad_norm_and_clip_divisor_async(grads_of, max_norm);
+      else grad_norm = clip_grad_norm_async(grads_of, max_norm);
       bool skip = found_inf;
       if (decide_in_step_) {
         // The step's one read-back: loss and grad norm, both identical on every rank.
@@ -447,7 +451,7 @@ class TrainLoop {
       }
       fault_point("optimizer", rank, number);
       if (!skip) {
-        opt_->step(lr);
+        opt_->step(lr, clip_divisor);
         if (opt_hidden_) opt_hidden_->step(lr * hidden_lr_mult_);
         if (muon_) muon_->step(lr * cfg_.train.muon_lr / cfg_.train.lr * hidden_lr_mult_);
         if (ema_) ema_->update();
@@ -604,12 +608,19 @@ class TrainLoop {
     std::vector<torch::Tensor> grads_of;
     for (auto& [n, p] : params_) grads_of.push_back(p);
     const double max_norm = cfg_.train.grad_clip > 0 ? cfg_.train.grad_clip : INFINITY;
-    auto grad_norm = clip_grad_norm_async(grads_of, max_norm);
-    opt_->update();
+    at::Tensor grad_norm, clip_divisor;
+    if (clip_in_update()) std::tie(grad_norm, clip_divisor) = grad_norm_and_clip_divisor_async(grads_of, max_norm);
+    else grad_norm = clip_grad_norm_async(grads_of, max_norm);
+    opt_->update(clip_divisor);
     if (opt_hidden_) opt_hidden_->update();
     if (ema_) ema_->update();
     return torch::stack({loss_sum.reshape({}), aux_sum.reshape({}), grad_norm.to(torch::kFloat64).reshape({})});
   }
+
+  // Whether gradient clipping rides in the optimizer's update (AdamW divides each gradient as its
+  // fused kernel reads it) instead of a pass of its own over every gradient: when the fused AdamW
+  // is the only optimizer reading the gradients.
+  bool clip_in_update() const { return opt_ && opt_->fused() && !opt_hidden_ && !muon_; }
 
   // Starts or stops the step profiler (bench train --profile) at its step boundaries, with the device
   // drained on both sides so the window holds exactly those steps.

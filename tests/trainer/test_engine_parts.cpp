@@ -234,3 +234,48 @@ TEST(GradClip, AccurateGlobalNormAndClip) {
   const double after = trainer::global_grad_norm({big, small});
   EXPECT_NEAR(after, 1.0, 1e-5);
 }
+
+// Clipping folded into AdamW: grad_norm_and_clip_divisor_async measures the same norm as
+// clip_grad_norm_async and leaves the gradients alone; AdamW dividing by the divisor as it reads
+// them lands where clipping first and updating after does — bit for bit when no clipping is needed
+// (the divisor is exactly 1), to fp32 rounding (1e-6) when it is.
+TEST(GradClip, DivisorInTheUpdateMatchesClippingFirst) {
+  for (const double max_norm : {1e9, 0.5}) {
+    torch::manual_seed(6);
+    std::vector<std::pair<std::string, at::Tensor>> a, b;
+    std::vector<at::Tensor> grads;
+    for (const auto& shape : std::vector<std::vector<int64_t>>{{40, 24}, {17}}) {
+      auto p = torch::randn(shape);
+      grads.push_back(torch::randn(shape));
+      a.emplace_back("p" + std::to_string(a.size()), p.clone().requires_grad_(true));
+      b.emplace_back("p" + std::to_string(b.size()), p.clone().requires_grad_(true));
+    }
+    trainer::AdamW clip_first(a, {true, false}, {0.9, 0.95, 1e-8, 0.1}), divide(b, {true, false}, {0.9, 0.95, 1e-8, 0.1});
+    for (int step = 0; step < 3; ++step) {
+      std::vector<at::Tensor> pa, pb;
+      for (size_t i = 0; i < grads.size(); ++i) {
+        a[i].second.mutable_grad() = grads[i] * (step + 1);
+        b[i].second.mutable_grad() = grads[i] * (step + 1);
+        pa.push_back(a[i].second);
+        pb.push_back(b[i].second);
+      }
+      const double norm_a = trainer::clip_grad_norm(pa, max_norm);
+      auto [norm_b, divisor] = trainer::grad_norm_and_clip_divisor_async(pb, max_norm);
+      EXPECT_EQ(norm_a, norm_b.item<double>());
+      ASSERT_TRUE(divisor.defined());
+      if (max_norm > 1e8) EXPECT_EQ(divisor.item<float>(), 1.0f);
+      else EXPECT_NEAR(divisor.item<double>(), norm_a / max_norm, 1e-5 * norm_a / max_norm);
+      EXPECT_TRUE(torch::equal(b[0].second.grad(), grads[0] * (step + 1))) << "the gradients stay as they are";
+      clip_first.step(1e-2);
+      divide.step(1e-2, divisor);
+      for (size_t i = 0; i < grads.size(); ++i) {
+        const double diff = (a[i].second - b[i].second).abs().max().item<double>();
+        if (max_norm > 1e8) EXPECT_EQ(diff, 0.0) << "step " << step;
+        else EXPECT_LT(diff, 1e-6) << "step " << step;
+      }
+    }
+  }
+  auto p = torch::zeros({3}).requires_grad_(true);
+  p.mutable_grad() = torch::ones({3});
+  EXPECT_FALSE(trainer::grad_norm_and_clip_divisor_async({p}, INFINITY).second.defined());
+}

@@ -81,7 +81,8 @@ TEST(TrainerCuda, Fp8LinearMatchesFp32Products) {
 }
 
 // The fused kernel (CUDA parameters) against the single-tensor path (the same values on the CPU),
-// five steps with weight decay on some tensors: equal to 1e-6.
+// five steps with weight decay on some tensors, two of them with a gradient divisor (the kernel's
+// grad_scale): equal to 1e-6.
 TEST(TrainerCuda, FusedAdamWMatchesTheReference) {
   DD_REQUIRE_GPU();
   torch::manual_seed(3);
@@ -103,12 +104,19 @@ TEST(TrainerCuda, FusedAdamWMatchesTheReference) {
       cpu[i].second.mutable_grad() = g.clone();
       gpu[i].second.mutable_grad() = g.to(torch::kCUDA);
     }
-    fused.step(1e-2);
-    ref.step(1e-2);
+    // Steps 3 and 4 divide the gradients as they are read (clipping folded into the update).
+    const double divisor = step == 3 ? 2.5 : step == 4 ? 1.0 : 0.0;
+    if (divisor > 0) {
+      fused.step(1e-2, torch::full({}, divisor, torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA)));
+      ref.step(1e-2, torch::full({}, divisor, torch::kFloat));
+    } else {
+      fused.step(1e-2);
+      ref.step(1e-2);
+    }
     for (size_t i = 0; i < shapes.size(); ++i)
       worst = std::max(worst, (gpu[i].second.detach().cpu() - cpu[i].second.detach()).abs().max().item<double>());
   }
-  std::printf("fused AdamW vs reference, 5 steps: max |diff| %.3g\n", worst);
+  std::printf("fused AdamW vs reference, 5 steps (two with a gradient divisor): max |diff| %.3g\n", worst);
   EXPECT_LT(worst, 1e-6);
 }
 
