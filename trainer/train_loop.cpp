@@ -39,6 +39,7 @@
 #include "trainer/data/loader.h"
 #include "trainer/device.h"
 #include "trainer/ema.h"
+#include "trainer/fp8_checkpoint.h"
 #include "trainer/grad_clip.h"
 #include "trainer/loss_scaler.h"
 #include "trainer/muon.h"
@@ -853,7 +854,9 @@ class TrainLoop {
     if (step_ == last_saved_step_) return;
     const std::vector<std::string> positions = comm_.gather_text("loader/" + std::to_string(step_), loader_state_);
     NamedTensors optimizer_state = zero_ ? zero_->state_tensors() : NamedTensors{};  // a collective: every rank
-    NamedTensors fp8_other_ranks = gather_fp8_records();  // a collective too; filled on the lead
+    std::vector<std::pair<std::string, at::Tensor>> fp8_records;
+    for (auto& [name, h] : model::fp8_histories(*model_)) fp8_records.emplace_back(name, h->records);
+    NamedTensors fp8_state = fp8_record_state(fp8_records, comm_);  // a collective too; filled on the lead
     if (!lead_) {
       last_saved_step_ = step_;
       return;
@@ -865,11 +868,9 @@ class TrainLoop {
     if (opt_hidden_) for (auto& t : opt_hidden_->state_tensors()) d.state.push_back(t);
     if (muon_) for (auto& t : muon_->state_tensors()) d.state.push_back(t);
     if (ema_) for (auto& t : ema_->state_tensors()) d.state.push_back(t);
-    // fp8's delayed scales come from these amaxes: without them a resumed run would quantise its
-    // first step differently. Rank 0's under fp8_amax.<module>, every other rank's (its own data's
-    // amaxes) under fp8_amax_rank<r>.<module>.
-    for (auto& [name, h] : model::fp8_histories(*model_)) d.state.emplace_back(kFp8StatePrefix + name, h->records);
-    for (auto& t : fp8_other_ranks) d.state.push_back(std::move(t));
+    // fp8's delayed scales come from these amaxes (every rank's): without them a resumed run would
+    // quantise its first step differently.
+    for (auto& t : fp8_state) d.state.push_back(std::move(t));
     d.config_toml = to_toml(cfg_);
     {
       auto gen = at::detail::getDefaultCPUGenerator();
@@ -933,38 +934,8 @@ class TrainLoop {
     }
   }
 
-  // A Linear's fp8 amax records, saved as state "fp8_amax.<module path>" (rank 0's) and
-  // "fp8_amax_rank<r>.<module path>" (rank r's, r ≥ 1).
-  static constexpr const char* kFp8StatePrefix = "fp8_amax.";
-  static constexpr const char* kFp8RankStatePrefix = "fp8_amax_rank";
-
-  // Every rank's fp8 amax records, gathered onto the lead as fp8_amax_rank<r>.<module> for r ≥ 1
-  // (empty elsewhere, with one rank, or before the first fp8 step). A collective: every rank calls
-  // it at the same point of save(); every rank holds the same fp8 layers in the same order.
-  NamedTensors gather_fp8_records() {
-    const auto histories = model::fp8_histories(*model_);
-    const int world = comm_.world();
-    if (world == 1 || histories.empty()) return {};
-    std::vector<at::Tensor> mine;
-    for (const auto& [name, h] : histories) mine.push_back(h->records.reshape({-1}));
-    const auto flat = torch::cat(mine);
-    auto all = torch::empty({world * flat.numel()}, flat.options());
-    comm_.all_gather(all, flat, "gathering the fp8 amax records for a checkpoint");
-    if (!lead_) return {};
-    NamedTensors out;
-    for (int r = 1; r < world; ++r) {
-      int64_t offset = r * flat.numel();
-      for (const auto& [name, h] : histories) {
-        const int64_t n = h->records.numel();
-        out.emplace_back(kFp8RankStatePrefix + std::to_string(r) + "." + name,
-                         all.narrow(0, offset, n).view(h->records.sizes()).clone());
-        offset += n;
-      }
-    }
-    return out;
-  }
-
-  // `state_name`: the checkpoint entry the records came from, for errors.
+  // A Linear's fp8 amax records from a checkpoint (trainer/fp8_checkpoint.h); `state_name` is the
+  // entry they came from, for errors.
   void restore_fp8_history(const std::string& state_name, const std::string& module, const at::Tensor& records,
                            const std::string& dir) {
     const std::string what = dir + "/state.safetensors: '" + state_name + "'";
@@ -986,7 +957,7 @@ class TrainLoop {
                                  ", the configured model needs " + c10::str(p.sizes()));
       p.copy_(it->second);
     }
-    NamedTensors opt_state, own_fp8;
+    NamedTensors opt_state;
     for (auto& [name, t] : d.state) {
       if (name == "rng.cpu") {
         auto gen = at::detail::getDefaultCPUGenerator();
@@ -994,22 +965,13 @@ class TrainLoop {
         gen.set_state(t);
       } else if (name == "rng.device") {
         set_device_rng_state(device_, t);
-      } else if (name.rfind(kFp8StatePrefix, 0) == 0) {
-        restore_fp8_history(name, name.substr(std::strlen(kFp8StatePrefix)), t, dir);
-      } else if (name.rfind(kFp8RankStatePrefix, 0) == 0) {
-        // rank<r>.<module>: this rank's own records replace rank 0's after the loop.
-        const std::string rest = name.substr(std::strlen(kFp8RankStatePrefix));
-        const size_t dot = rest.find('.');
-        if (dot == std::string::npos || dot == 0 || rest.find_first_not_of("0123456789") != dot)
-          throw std::runtime_error(dir + "/state.safetensors: '" + name + "' is not fp8_amax_rank<r>.<module>");
-        if (std::stoi(rest.substr(0, dot)) == comm_.rank()) own_fp8.emplace_back(name, t);
-      } else {
+      } else if (!is_fp8_record_state(name)) {  // fp8 records: this rank's own, below
         opt_state.emplace_back(name, t);
       }
     }
-    // (A resume keeps the world size, so every rank r ≥ 1 finds its own.)
-    for (auto& [name, t] : own_fp8)
-      restore_fp8_history(name, name.substr(name.find('.') + 1), t, dir);
+    // This rank's own amax records (a resume keeps the world size, so every rank finds its own).
+    for (const auto& e : fp8_records_for_rank(d.state, comm_.rank(), dir + "/state.safetensors"))
+      restore_fp8_history(e.state_name, e.module, e.records, dir);
     auto meta_int = [&](const std::string& k) { return std::stoll(d.meta.at(k)); };
     if (zero_) zero_->load_state(opt_state, meta_int("optimizer.steps"));
     else opt_->load_state(opt_state, meta_int("optimizer.steps"));

@@ -4,12 +4,18 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
+#include <map>
 #include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "trainer/adamw.h"
 #include "trainer/comm.h"
 #include "trainer/ema.h"
+#include "trainer/fp8_checkpoint.h"
 #include "trainer/grad_clip.h"
 #include "trainer/loss_scaler.h"
 #include "trainer/muon.h"
@@ -278,4 +284,61 @@ TEST(GradClip, DivisorInTheUpdateMatchesClippingFirst) {
   auto p = torch::zeros({3}).requires_grad_(true);
   p.mutable_grad() = torch::ones({3});
   EXPECT_FALSE(trainer::grad_norm_and_clip_divisor_async({p}, INFINITY).second.defined());
+}
+
+// fp8 amax records in multi-rank checkpoints (trainer/fp8_checkpoint.h), on two CPU ranks (Gloo,
+// threads): rank 0 receives every rank's records (its own as fp8_amax.<module>, rank 1's as
+// fp8_amax_rank1.<module>, rank 1's values), rank 1 none; each rank resumes from its own, rank 0's
+// where the state holds none for it; a malformed rank entry is refused naming it.
+TEST(Fp8Checkpoint, EveryRanksRecordsAndEachResumesFromItsOwn) {
+  auto rendezvous = trainer::Rendezvous::in_process();
+  std::vector<trainer::NamedTensors> got(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        auto comm = trainer::Communicator::join(rendezvous, r, 2, c10::Device(c10::kCPU), std::chrono::seconds(30));
+        // Two layers' [3, 18] records whose values say which rank and layer they are.
+        std::vector<std::pair<std::string, at::Tensor>> records = {
+            {"blocks.0.attn.wq", torch::full({3, 18}, 10.0 * (r + 1) + 1)},
+            {"blocks.0.ffn.down", torch::full({3, 18}, 10.0 * (r + 1) + 2)}};
+        got[r] = trainer::fp8_record_state(records, *comm);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+  EXPECT_TRUE(got[1].empty());
+  std::map<std::string, float> value;
+  for (const auto& [name, t] : got[0]) value[name] = t[2][17].item<float>();
+  const std::map<std::string, float> want = {{"fp8_amax.blocks.0.attn.wq", 11.f},
+                                             {"fp8_amax.blocks.0.ffn.down", 12.f},
+                                             {"fp8_amax_rank1.blocks.0.attn.wq", 21.f},
+                                             {"fp8_amax_rank1.blocks.0.ffn.down", 22.f}};
+  EXPECT_EQ(value, want);
+  for (const auto& [name, t] : got[0]) EXPECT_TRUE(trainer::is_fp8_record_state(name)) << name;
+  EXPECT_FALSE(trainer::is_fp8_record_state("exp_avg.blocks.0.attn.wq.weight"));
+
+  for (int rank : {0, 1, 2}) {
+    auto entries = trainer::fp8_records_for_rank(got[0], rank, "ckpt/state.safetensors");
+    ASSERT_EQ(entries.size(), 2u) << "rank " << rank;
+    for (const auto& e : entries) {
+      // Rank 2 (not in this checkpoint) falls back on rank 0's.
+      const float own = (rank == 1 ? 20.f : 10.f) + (e.module == "blocks.0.attn.wq" ? 1.f : 2.f);
+      EXPECT_EQ(e.records[0][0].item<float>(), own) << "rank " << rank << " " << e.module << " from " << e.state_name;
+    }
+  }
+  auto bad = got[0];
+  bad.emplace_back("fp8_amax_rankX.blocks.0.attn.wq", torch::zeros({3, 18}));
+  try {
+    trainer::fp8_records_for_rank(bad, 0, "ckpt/state.safetensors");
+    ADD_FAILURE() << "a malformed entry was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("fp8_amax_rankX.blocks.0.attn.wq"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("ckpt/state.safetensors"), std::string::npos) << e.what();
+  }
 }
