@@ -261,34 +261,56 @@ std::vector<torch::Tensor> split_rows(const torch::Tensor& whole, const std::vec
   return whole.split_with_sizes(part_rows, 0);
 }
 
+#if defined(DD_HAVE_CUDA)
+namespace {
+
+// Blocks of one operand, as the block quantisers (kernels::fp8_quantize_rows_delayed and
+// fp8_quantize_cols_delayed) take them: their pointers, their sizes along the concatenation's axis
+// and row strides, and the operand's size along it.
+struct Blocks {
+  std::vector<const void*> ptrs;
+  std::vector<int64_t> sizes, ld;
+  int64_t total = 0;
+  kernels::DType dt{};
+};
+
+// Whether `parts` concatenated along `axis` (0: rows, 1: columns) fit the block quantisers: CUDA,
+// one kernel dtype and device, at most kFp8MaxParts 2-D parts of the same size across the axis,
+// contiguous (rows) or of unit column stride (columns). Fills `out` when they do.
+bool as_blocks(at::TensorList parts, int axis, Blocks& out) {
+  const auto& first = parts[0];
+  if (static_cast<int>(parts.size()) > kernels::kFp8MaxParts || !first.is_cuda() ||
+      !kernel_dtype(first.scalar_type(), out.dt))
+    return false;
+  for (const auto& p : parts) {
+    const bool layout = axis == 0 ? p.is_contiguous() : p.stride(1) == 1;
+    if (p.dim() != 2 || p.size(1 - axis) != first.size(1 - axis) || !layout ||
+        p.scalar_type() != first.scalar_type() || p.device() != first.device())
+      return false;
+    out.ptrs.push_back(p.data_ptr());
+    out.sizes.push_back(p.size(axis));
+    out.ld.push_back(p.stride(0));
+    out.total += p.size(axis);
+  }
+  return true;
+}
+
+}  // namespace
+#endif
+
 Fp8Operand quantize_fp8_cols_delayed(at::TensorList parts, at::ScalarType fp8_type, Fp8History& h,
                                      Fp8History::Role role) {
   TORCH_CHECK(!parts.empty(), "quantize_fp8_cols_delayed: no parts");
   if (parts.size() == 1) return quantize_fp8_operand_delayed(parts[0], fp8_type, /*transposed=*/true, h, role);
 #if defined(DD_HAVE_CUDA)
-  kernels::DType dt{};
-  const auto& first = parts[0];
-  bool fits = static_cast<int>(parts.size()) <= kernels::kFp8MaxParts && first.is_cuda() &&
-              kernel_dtype(first.scalar_type(), dt);
-  int64_t cols = 0;
-  std::vector<const void*> ptrs;
-  std::vector<int64_t> part_cols, part_ld;
-  for (const auto& p : parts) {
-    fits = fits && p.dim() == 2 && p.size(0) == first.size(0) && p.stride(1) == 1 &&
-           p.scalar_type() == first.scalar_type() && p.device() == first.device();
-    if (!fits) break;
-    cols += p.size(1);
-    ptrs.push_back(p.data_ptr());
-    part_cols.push_back(p.size(1));
-    part_ld.push_back(p.stride(0));
-  }
-  if (fits) {
-    const int64_t rows = first.size(0);
-    auto l = prepare_fp8_delayed(first, rows, cols, fp8_type, h, role);
+  Blocks b;
+  if (as_blocks(parts, 1, b)) {
+    const int64_t rows = parts[0].size(0);
+    auto l = prepare_fp8_delayed(parts[0], rows, b.total, fp8_type, h, role);
     check_kernel_launch(kernels::fp8_quantize_cols_delayed(l.operand.q.data_ptr(), l.operand.qt.data_ptr(),
                                                            l.operand.scale.data_ptr<float>(), l.record, l.saturations,
-                                                           ptrs.data(), part_cols.data(), part_ld.data(),
-                                                           static_cast<int>(ptrs.size()), dt, rows, l.e5m2,
+                                                           b.ptrs.data(), b.sizes.data(), b.ld.data(),
+                                                           static_cast<int>(b.ptrs.size()), b.dt, rows, l.e5m2,
                                                            l.scale_per_amax, l.from_current, l.stream),
                         "fp8 quantisation of column blocks (delayed scaling)");
     return l.operand;
@@ -302,28 +324,15 @@ Fp8Operand quantize_fp8_rows_delayed(at::TensorList parts, at::ScalarType fp8_ty
   TORCH_CHECK(!parts.empty(), "quantize_fp8_rows_delayed: no parts");
   if (parts.size() == 1) return quantize_fp8_operand_delayed(parts[0], fp8_type, /*transposed=*/true, h, role);
 #if defined(DD_HAVE_CUDA)
-  kernels::DType dt{};
-  const auto& first = parts[0];
-  bool fits = static_cast<int>(parts.size()) <= kernels::kFp8MaxParts && first.is_cuda() &&
-              kernel_dtype(first.scalar_type(), dt);
-  int64_t rows = 0;
-  std::vector<const void*> ptrs;
-  std::vector<int64_t> part_rows;
-  for (const auto& p : parts) {
-    fits = fits && p.dim() == 2 && p.size(1) == first.size(1) && p.is_contiguous() &&
-           p.scalar_type() == first.scalar_type() && p.device() == first.device();
-    if (!fits) break;
-    rows += p.size(0);
-    ptrs.push_back(p.data_ptr());
-    part_rows.push_back(p.size(0));
-  }
-  if (fits) {
-    const int64_t cols = first.size(1);
-    auto l = prepare_fp8_delayed(first, rows, cols, fp8_type, h, role);
+  Blocks b;
+  if (as_blocks(parts, 0, b)) {
+    const int64_t cols = parts[0].size(1);
+    auto l = prepare_fp8_delayed(parts[0], b.total, cols, fp8_type, h, role);
     check_kernel_launch(kernels::fp8_quantize_rows_delayed(l.operand.q.data_ptr(), l.operand.qt.data_ptr(),
                                                            l.operand.scale.data_ptr<float>(), l.record, l.saturations,
-                                                           ptrs.data(), part_rows.data(), static_cast<int>(ptrs.size()),
-                                                           dt, cols, l.e5m2, l.scale_per_amax, l.from_current, l.stream),
+                                                           b.ptrs.data(), b.sizes.data(), static_cast<int>(b.ptrs.size()),
+                                                           b.dt, cols, l.e5m2, l.scale_per_amax, l.from_current,
+                                                           l.stream),
                         "fp8 quantisation of row blocks (delayed scaling)");
     return l.operand;
   }
