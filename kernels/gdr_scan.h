@@ -57,6 +57,10 @@ struct GdrScanArgs {
   //                   columns (else kSimt16);
   //   kSimt16: fp32 FMA, blocks of 16 warps; kSimt8: the same with 8 warps (kept for the tests).
   int variant = kGdrScanAuto;
+  // The tensor-core variants' products: true, split TF32 (three mma per product, about 2⁻²¹
+  // relative error, close to fp32); false, the operands rounded to TF32 and one mma (about 2⁻¹¹,
+  // as cuBLAS with TF32 allowed). The FMA variants compute in fp32 either way.
+  bool tf32x3 = true;
   int64_t n_docs = 0, H = 0, C = 0, dk = 0, dv = 0;
 };
 

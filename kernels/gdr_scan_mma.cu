@@ -5,7 +5,9 @@
 //   S = decay · S + sign_q · Qᵀ y + E    [dk, cols] += [dk, C] · [C, cols]
 // Both are mma.sync m16n8k8 TF32 products with the operands split into a TF32 part and a TF32
 // remainder (big·big + big·small + small·big), so the result keeps close to fp32 accuracy while
-// the SIMT kernel's shared-memory loads per multiply-add (its limit) drop about fourfold.
+// the SIMT kernel's shared-memory loads per multiply-add (its limit) drop about fourfold. With
+// GdrScanArgs::tf32x3 off the operands are rounded to TF32 and each product is one mma: a third
+// of the tensor-core work on the step's critical path (docs/perf.md, stop 26).
 //
 // One block of 8 warps owns one (document, head) and 32 columns of the state (or 16, 24, 32 warps
 // and 64, 96, 128 columns; gdr_scan_mma_width picks the width). The state lives in two places:
@@ -52,10 +54,11 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const float* smem_
 
 // B fragment of a row-major [k][n] tile in shared memory (row length pitch): rows k0 + t,
 // k0 + t + 4, column n0 + g, for lane = 4g + t.
+template <bool kSplit>
 __device__ __forceinline__ FragB load_b(const float* tile, int pitch, int k0, int n0, int g, int t) {
   FragB f;
-  split_tf32(tile[(k0 + t) * pitch + n0 + g], f.big[0], f.small[0]);
-  split_tf32(tile[(k0 + t + 4) * pitch + n0 + g], f.big[1], f.small[1]);
+  to_tf32<kSplit>(tile[(k0 + t) * pitch + n0 + g], f.big[0], f.small[0]);
+  to_tf32<kSplit>(tile[(k0 + t + 4) * pitch + n0 + g], f.big[1], f.small[1]);
   return f;
 }
 
@@ -72,8 +75,9 @@ __device__ __forceinline__ void stage_rows(float* dst, int pitch, const float* s
 
 // kUnits: phase-1 units per warp ((C/16) · (kCols/16) ≤ kWarps · kUnits). kRowTiles: 16-row state
 // tiles per warp in phase 2 (dk/16 ≤ 8 · kRowTiles).
-// kHasE: E is read (the backward).
-template <int kWarps, int kUnits, int kRowTiles, bool kHasE>
+// kHasE: E is read (the backward). kSplit: split-TF32 products (GdrScanArgs::tf32x3), else one
+// TF32 product each; y's small parts in shared memory are then neither written nor read.
+template <int kWarps, int kUnits, int kRowTiles, bool kHasE, bool kSplit>
 __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2 : 1)
     gdr_scan_mma_kernel(GdrScanArgs a) {
   constexpr int kCols = cols_of(kWarps), kColPitch = pitch_of(kWarps), kPairs = kCols / 16;
@@ -209,9 +213,11 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
           ldmatrix_x4(raw, p);
           FragA fa;
 #pragma unroll
-          for (int e = 0; e < 4; ++e) split_tf32(__uint_as_float(raw[e]), fa.big[e], fa.small[e]);
+          for (int e = 0; e < 4; ++e) to_tf32<kSplit>(__uint_as_float(raw[e]), fa.big[e], fa.small[e]);
 #pragma unroll
-          for (int h = 0; h < 2; ++h) mma3(big[h], cross[h], fa, load_b(S_s, kColPitch, k0, n0 + 8 * h, g, t));
+          for (int h = 0; h < 2; ++h) {
+            mma_products<kSplit>(big[h], cross[h], fa, load_b<kSplit>(S_s, kColPitch, k0, n0 + 8 * h, g, t));
+          }
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -224,10 +230,10 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
             y.x = av.x + a.sign_p * (big[h][2 * half] + cross[h][2 * half]);
             y.y = av.y + a.sign_p * (big[h][2 * half + 1] + cross[h][2 * half + 1]);
             uint2 yb, ys;
-            split_tf32(a.sign_q * y.x, yb.x, ys.x);
-            split_tf32(a.sign_q * y.y, yb.y, ys.y);
+            to_tf32<kSplit>(a.sign_q * y.x, yb.x, ys.x);
+            to_tf32<kSplit>(a.sign_q * y.y, yb.y, ys.y);
             *reinterpret_cast<uint2*>(yb_s + row * kColPitch + c) = yb;
-            *reinterpret_cast<uint2*>(ys_s + row * kColPitch + c) = ys;
+            if (kSplit) *reinterpret_cast<uint2*>(ys_s + row * kColPitch + c) = ys;
             if (c < cols) *reinterpret_cast<float2*>(a.out_y + (r * C + row) * dv + j0 + c) = y;
           }
         }
@@ -260,8 +266,10 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
         const int at0 = (k0 + t) * kColPitch + col0 + 8 * nt + g, at1 = at0 + 4 * kColPitch;
         fb[nt].big[0] = yb_s[at0];
         fb[nt].big[1] = yb_s[at1];
-        fb[nt].small[0] = ys_s[at0];
-        fb[nt].small[1] = ys_s[at1];
+        if (kSplit) {
+          fb[nt].small[0] = ys_s[at0];
+          fb[nt].small[1] = ys_s[at1];
+        }
       }
 #pragma unroll
       for (int rt = 0; rt < kRowTiles; ++rt) {
@@ -270,12 +278,12 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
           // Qᵀ as the A operand: element (row i, column c) is Q[c][i].
           const float* q = Q_s + (k0 + t) * pitch_q + m0 + g;
           FragA fa;
-          split_tf32(q[0], fa.big[0], fa.small[0]);
-          split_tf32(q[8], fa.big[1], fa.small[1]);
-          split_tf32(q[4 * pitch_q], fa.big[2], fa.small[2]);
-          split_tf32(q[4 * pitch_q + 8], fa.big[3], fa.small[3]);
+          to_tf32<kSplit>(q[0], fa.big[0], fa.small[0]);
+          to_tf32<kSplit>(q[8], fa.big[1], fa.small[1]);
+          to_tf32<kSplit>(q[4 * pitch_q], fa.big[2], fa.small[2]);
+          to_tf32<kSplit>(q[4 * pitch_q + 8], fa.big[3], fa.small[3]);
 #pragma unroll
-          for (int nt = 0; nt < 4; ++nt) mma3(S_r[rt][nt], cross_s[rt][nt], fa, fb[nt]);
+          for (int nt = 0; nt < 4; ++nt) mma_products<kSplit>(S_r[rt][nt], cross_s[rt][nt], fa, fb[nt]);
         }
       }
     }
@@ -306,32 +314,38 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
 using ScanKernel = void (*)(GdrScanArgs);
 
 // The kernel for these template sizes, allowed the shared memory it needs (once per process).
-template <int kWarps, int kUnits, int kRowTiles, bool kHasE>
+template <int kWarps, int kUnits, int kRowTiles, bool kHasE, bool kSplit>
 ScanKernel opted_in_kernel() {
   static const ScanKernel fn = [] {
-    ScanKernel f = gdr_scan_mma_kernel<kWarps, kUnits, kRowTiles, kHasE>;
+    ScanKernel f = gdr_scan_mma_kernel<kWarps, kUnits, kRowTiles, kHasE, kSplit>;
     cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kGdrScanMmaMaxSmem));
     return f;
   }();
   return fn;
 }
 
-// The instantiation for a's sizes in kWarps-warp blocks. The forward scan has no E, and its kernel
-// keeps no registers for it. The 24- and 32-warp blocks take one unit and one row tile only
-// (gdr_scan_mma_supports).
+// The instantiation for a's E (the forward scan has none, and its kernel keeps no registers for
+// it) and product mode.
+template <int kWarps, int kUnits, int kRowTiles>
+ScanKernel kernel_flagged(const GdrScanArgs& a) {
+  if (a.E != nullptr) {
+    return a.tf32x3 ? opted_in_kernel<kWarps, kUnits, kRowTiles, true, true>()
+                    : opted_in_kernel<kWarps, kUnits, kRowTiles, true, false>();
+  }
+  return a.tf32x3 ? opted_in_kernel<kWarps, kUnits, kRowTiles, false, true>()
+                  : opted_in_kernel<kWarps, kUnits, kRowTiles, false, false>();
+}
+
+// The instantiation for a's sizes in kWarps-warp blocks. The 24- and 32-warp blocks take one unit
+// and one row tile only (gdr_scan_mma_supports).
 template <int kWarps>
 ScanKernel kernel_sized(const GdrScanArgs& a) {
-  const bool e = a.E != nullptr;
   if constexpr (kWarps > 16) {
-    return e ? opted_in_kernel<kWarps, 1, 1, true>() : opted_in_kernel<kWarps, 1, 1, false>();
+    return kernel_flagged<kWarps, 1, 1>(a);
   } else {
     const bool two_units = a.C > 64, two_row_tiles = a.dk > 128;
-    if (two_units) {
-      if (two_row_tiles) return e ? opted_in_kernel<kWarps, 2, 2, true>() : opted_in_kernel<kWarps, 2, 2, false>();
-      return e ? opted_in_kernel<kWarps, 2, 1, true>() : opted_in_kernel<kWarps, 2, 1, false>();
-    }
-    if (two_row_tiles) return e ? opted_in_kernel<kWarps, 1, 2, true>() : opted_in_kernel<kWarps, 1, 2, false>();
-    return e ? opted_in_kernel<kWarps, 1, 1, true>() : opted_in_kernel<kWarps, 1, 1, false>();
+    if (two_units) return two_row_tiles ? kernel_flagged<kWarps, 2, 2>(a) : kernel_flagged<kWarps, 2, 1>(a);
+    return two_row_tiles ? kernel_flagged<kWarps, 1, 2>(a) : kernel_flagged<kWarps, 1, 1>(a);
   }
 }
 

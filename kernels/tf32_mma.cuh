@@ -29,6 +29,24 @@ __device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& sma
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(small) : "f"(rest));
 }
 
+// x rounded to the nearest TF32 value (ties away from zero).
+__device__ __forceinline__ uint32_t round_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// kSplit: x = big + small as split_tf32. Otherwise big is x rounded to TF32 and small is left
+// unset: the single-product mode (mma_products<false>) never reads it.
+template <bool kSplit>
+__device__ __forceinline__ void to_tf32(float x, uint32_t& big, uint32_t& small) {
+  if constexpr (kSplit) {
+    split_tf32(x, big, small);
+  } else {
+    big = round_tf32(x);
+  }
+}
+
 // d += a b for one 16 × 8 × 8 tile (PTX fragment layouts: a row-major, b column-major).
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   asm volatile(
@@ -52,6 +70,17 @@ __device__ __forceinline__ void mma3(float (&d_big)[4], float (&d_cross)[4], con
   mma_tf32(d_big, a.big, b.big);
   mma_tf32(d_cross, a.big, b.small);
   mma_tf32(d_cross, a.small, b.big);
+}
+
+// kSplit: mma3's three products (about 2⁻²¹ relative error). Otherwise the one product of the
+// TF32 values (about 2⁻¹¹, as cuBLAS with TF32 allowed), a third of the tensor-core work.
+template <bool kSplit>
+__device__ __forceinline__ void mma_products(float (&d_big)[4], float (&d_cross)[4], const FragA& a, const FragB& b) {
+  if constexpr (kSplit) {
+    mma3(d_big, d_cross, a, b);
+  } else {
+    mma_tf32(d_big, a.big, b.big);
+  }
 }
 
 }  // namespace kernels
