@@ -70,8 +70,10 @@ torch::Tensor short_conv(const torch::Tensor& x, const torch::Tensor& w, const P
 
 GatedDeltaNetImpl::GatedDeltaNetImpl(const ModelConfig& c)
     : d_(c.d), H_(c.gdn_heads), dk_(c.gdn_dk), dv_(c.gdn_dv), W_(c.gdn_conv), chunk_(c.gdn_chunk),
-      neg_eig_(c.gdn_neg_eig), scale_(1.0 / std::sqrt(static_cast<double>(c.gdn_dk))) {
+      neg_eig_(c.gdn_neg_eig), scan_precision_(c.gdn_scan_precision),
+      scale_(1.0 / std::sqrt(static_cast<double>(c.gdn_dk))) {
   TORCH_CHECK(H_ > 0 && dk_ > 0 && dv_ > 0 && W_ > 0 && chunk_ > 0, "gdn: sizes must be positive");
+  gdr_scan_uses_tf32(scan_precision_, torch::kFloat32);  // throws for a value that is not a precision
   const int64_t Kg = H_ * dk_, Vg = H_ * dv_;
   auto lin = [](int64_t in, int64_t out) { return Linear(in, out); };
   wq = register_module("wq", lin(d_, Kg));
@@ -150,7 +152,8 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& u, const Positions
   auto v = qkv_parts[2].reshape({B, T, H_, dv_});
   auto gt = gates(gate_parts[0], gate_parts[1], ft);
   auto r = use_reference ? gdr_forward_ref(q, k, v, gt.beta, gt.g, scale_, {}, p.cu_seqlens)
-                         : gdr_forward_chunked(q, k, v, gt.beta, gt.g, scale_, {}, p.cu_seqlens, chunk_);
+                         : gdr_forward_chunked(q, k, v, gt.beta, gt.g, scale_, {}, p.cu_seqlens, chunk_,
+                                               gdr_scan_uses_tf32(scan_precision_, matmul_dtype(u)));
   return output(r.o, parts[1], u.scalar_type());
 }
 

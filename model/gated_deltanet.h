@@ -8,6 +8,8 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include <string>
+
 #include "model/linear.h"
 #include "model/layers.h"
 #include "model/model_config.h"
@@ -64,6 +66,7 @@ class GatedDeltaNetImpl : public torch::nn::Module {
 
   int64_t d_, H_, dk_, dv_, W_, chunk_;
   bool neg_eig_;
+  std::string scan_precision_;  // model.gdn_scan_precision (model/gdr.h: gdr_scan_uses_tf32)
   double scale_;
 };
 TORCH_MODULE(GatedDeltaNet);

@@ -100,7 +100,8 @@ GdrOutput gdr_forward_ref(const torch::Tensor& q, const torch::Tensor& k, const 
 
 GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& beta, const torch::Tensor& g, double scale,
-                              const torch::Tensor& h0, const torch::Tensor& cu_seqlens, int64_t chunk) {
+                              const torch::Tensor& h0, const torch::Tensor& cu_seqlens, int64_t chunk,
+                              bool tf32_scan) {
   check_inputs("gdr_forward_chunked", q, k, v, beta, g, h0, cu_seqlens);
   TORCH_CHECK(chunk > 0, "gdr_forward_chunked: chunk must be > 0, got ", chunk);
   // The core stays in fp32 under bf16 autocast (MODEL.md §0): no matmul here may be cast down.
@@ -112,7 +113,8 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
     return {torch::zeros({B, 0, H, dv}, q.options().dtype(dt)), h};
   }
   const bool varlen = cu_seqlens.defined();
-  const GdrChunkLayout layout = gdr_chunk_layout(B, T, H, C, cu_seqlens, q.device());
+  GdrChunkLayout layout = gdr_chunk_layout(B, T, H, C, cu_seqlens, q.device());
+  layout.scan.tf32_products = tf32_scan;
   const int64_t n_seq = layout.scan.n_docs;
   torch::Tensor h0s;  // [n_docs·H, dk, dv] in sorted document order
   if (h0.defined()) {
@@ -129,6 +131,13 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
     h_final = h_final.index_select(0, host_to_device(torch::tensor(inv, torch::kInt64), q.device()));
   }
   return {gdr_scatter_chunks(core.O, layout), h_final};
+}
+
+bool gdr_scan_uses_tf32(const std::string& precision, torch::ScalarType matmul_dtype) {
+  if (precision == "tf32") return true;
+  if (precision == "fp32") return false;
+  TORCH_CHECK(precision == "auto", "model.gdn_scan_precision: expected auto, tf32 or fp32, got \"", precision, "\"");
+  return matmul_dtype == torch::kBFloat16 || matmul_dtype == torch::kHalf;
 }
 
 }  // namespace model

@@ -13,6 +13,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <string>
 
 namespace model {
 
@@ -38,8 +39,16 @@ GdrOutput gdr_forward_ref(const torch::Tensor& q, const torch::Tensor& k, const 
 // The chunkwise WY/UT form with chunk size `chunk`: all intra-chunk work batched over every chunk
 // of every document and head, then one sequential scan over chunk index for the state. Chunks never
 // straddle documents. Differentiable through autograd (saves the per-chunk entry states).
+// tf32_scan: the state scan's kernel takes its products in plain TF32 (GdrScanPlan::tf32_products).
 GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& beta, const torch::Tensor& g, double scale,
-                              const torch::Tensor& h0, const torch::Tensor& cu_seqlens, int64_t chunk);
+                              const torch::Tensor& h0, const torch::Tensor& cu_seqlens, int64_t chunk,
+                              bool tf32_scan = false);
+
+// What the scan's products should be for the config value model.gdn_scan_precision ("tf32",
+// "fp32" or "auto") when the layer's matmuls run in `matmul_dtype`: "auto" is TF32 when they run in
+// a 16-bit type (bf16 or fp8 training), where the products' 2⁻¹¹ is far below the inputs'
+// rounding, and split TF32 in fp32 and fp64. Throws c10::Error for any other value.
+bool gdr_scan_uses_tf32(const std::string& precision, torch::ScalarType matmul_dtype);
 
 }  // namespace model

@@ -130,7 +130,7 @@ const float* ptr_or_null(const torch::Tensor& t) { return t.defined() ? t.data_p
 std::vector<torch::Tensor> run_scan(const torch::Tensor& A, const torch::Tensor& P, const torch::Tensor& Q,
                                     const torch::Tensor& decay, const torch::Tensor& E, const torch::Tensor& init,
                                     const DevicePlan& dp, int64_t n_docs, int64_t H, float sign_p, float sign_q,
-                                    bool reverse) {
+                                    bool reverse, bool tf32_products) {
   const int64_t R = A.size(0), C = A.size(1), dv = A.size(2), dk = P.size(2);
   auto out_state = torch::empty({R, dk, dv}, A.options());
   auto out_y = torch::empty({R, C, dv}, A.options());
@@ -151,6 +151,7 @@ std::vector<torch::Tensor> run_scan(const torch::Tensor& A, const torch::Tensor&
   a.sign_q = sign_q;
   a.reverse = reverse;
   a.variant = g_variant;
+  a.tf32x3 = !tf32_products;
   a.n_docs = n_docs;
   a.H = H;
   a.C = C;
@@ -171,12 +172,14 @@ class GdrScanFn : public torch::autograd::Function<GdrScanFn> {
     ctx->set_materialize_grads(false);  // unused outputs' gradients stay undefined (no zero tensors)
     auto dp = device_plan(plan, W.device());
     auto Wc = W.contiguous(), Uc = U.contiguous(), Kc = Kd.contiguous(), dc = decay.contiguous();
-    auto outs = run_scan(Uc, Wc, Kc, dc, {}, h0.contiguous(), dp, plan.n_docs, plan.heads, -1.f, 1.f, false);
+    auto outs = run_scan(Uc, Wc, Kc, dc, {}, h0.contiguous(), dp, plan.n_docs, plan.heads, -1.f, 1.f, false,
+                         plan.tf32_products);
     ctx->save_for_backward({Wc, Kc, dc, outs[0], outs[1]});
     ctx->saved_data["step_off"] = dp.step_off;
     ctx->saved_data["n_chunks"] = dp.n_chunks;
     ctx->saved_data["n_docs"] = plan.n_docs;
     ctx->saved_data["heads"] = plan.heads;
+    ctx->saved_data["tf32_products"] = plan.tf32_products;
     return outs;  // h_in, v_new, h_final
   }
 
@@ -187,7 +190,7 @@ class GdrScanFn : public torch::autograd::Function<GdrScanFn> {
     const int64_t n_docs = ctx->saved_data["n_docs"].toInt(), H = ctx->saved_data["heads"].toInt();
     auto d_vnew = grads[1].defined() ? grads[1].contiguous() : torch::zeros_like(v_new);
     auto outs = run_scan(d_vnew, Kd, W, decay, contiguous_or_undefined(grads[0]), contiguous_or_undefined(grads[2]),
-                         dp, n_docs, H, 1.f, -1.f, true);
+                         dp, n_docs, H, 1.f, -1.f, true, ctx->saved_data["tf32_products"].toBool());
     const auto &dh_next = outs[0], &dU = outs[1], &dh0 = outs[2];
     auto dW = -torch::bmm(dU, h_in.transpose(1, 2));
     auto dKd = torch::bmm(v_new, dh_next.transpose(1, 2));
@@ -226,7 +229,7 @@ GdrScanGrads gdr_scan_backward(const torch::Tensor& W, const torch::Tensor& Kd, 
     auto dp = device_plan(plan, W.device());
     auto outs = run_scan(d_vnew.contiguous(), Kd.contiguous(), W.contiguous(), decay.contiguous(),
                          contiguous_or_undefined(d_hin), contiguous_or_undefined(d_hfinal), dp, plan.n_docs,
-                         plan.heads, 1.f, -1.f, true);
+                         plan.heads, 1.f, -1.f, true, plan.tf32_products);
     return {outs[0], outs[1], outs[2]};
   }
 #endif

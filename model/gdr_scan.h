@@ -21,6 +21,10 @@ struct GdrScanPlan {
   int64_t heads = 0;
   std::vector<int64_t> step_count;
   std::vector<int64_t> step_off;
+  // The scan kernel's products in plain TF32 (one mma, about 2⁻¹¹ relative error per product, as
+  // cuBLAS with TF32 allowed) instead of split TF32 (close to fp32): a faster scan for training in
+  // bf16 or fp8 (kernels::GdrScanArgs::tf32x3). The ATen loop computes in fp32 either way.
+  bool tf32_products = false;
 };
 
 struct GdrScanResult {

@@ -324,6 +324,10 @@ std::vector<std::string> validate(const ModelConfig& c) {
     s << "model.gdn_chunk: must be 16, 32, 64 or 128 (got " << c.gdn_chunk << ")";
     out.push_back(s.str());
   }
+  if (c.gdn_scan_precision != "auto" && c.gdn_scan_precision != "tf32" && c.gdn_scan_precision != "fp32") {
+    out.push_back("model.gdn_scan_precision: must be \"auto\", \"tf32\" or \"fp32\" (got \"" + c.gdn_scan_precision +
+                  "\")");
+  }
 
   check_min(out, "mla_heads", c.mla_heads, 1);
   check_min(out, "mla_q_rank", c.mla_q_rank, 0);

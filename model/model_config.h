@@ -45,6 +45,10 @@ struct ModelConfig {
   int64_t gdn_conv = 4;       // W
   int64_t gdn_chunk = 64;     // C
   bool gdn_neg_eig = false;
+  // The state scan's tensor-core products on a GPU: "tf32" (one TF32 product, about 2⁻¹¹ relative
+  // error each), "fp32" (split TF32, close to fp32) or "auto" (tf32 when the matmuls run in bf16,
+  // fp16 or fp8; fp32 otherwise). The state itself is fp32 either way (MODEL.md §0).
+  std::string gdn_scan_precision = "auto";
 
   // A: Multi-head Latent Attention mixer.
   int64_t mla_heads = 4;      // nh

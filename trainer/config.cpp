@@ -79,6 +79,7 @@ const std::vector<Field>& fields() {
       DD_CONFIG_FIELD("model", "gdn_conv", model.gdn_conv),
       DD_CONFIG_FIELD("model", "gdn_chunk", model.gdn_chunk),
       DD_CONFIG_FIELD("model", "gdn_neg_eig", model.gdn_neg_eig),
+      DD_CONFIG_FIELD("model", "gdn_scan_precision", model.gdn_scan_precision),
       DD_CONFIG_FIELD("model", "mla_heads", model.mla_heads),
       DD_CONFIG_FIELD("model", "mla_q_rank", model.mla_q_rank),
       DD_CONFIG_FIELD("model", "mla_kv_rank", model.mla_kv_rank),

@@ -255,3 +255,22 @@ TEST(Gdr, ChunkedGradientsMatchReference) {
   }
   std::printf("[gdr] gradients chunked vs ref (fp64, T=70, C=16): max %.2e\n", worst);
 }
+
+// model.gdn_scan_precision: "auto" takes the scan's plain-TF32 products exactly when the layer's
+// matmuls run in a 16-bit type; the explicit values ignore the dtype; anything else is refused by
+// name.
+TEST(Gdr, ScanPrecisionSetting) {
+  EXPECT_TRUE(model::gdr_scan_uses_tf32("auto", torch::kBFloat16));
+  EXPECT_TRUE(model::gdr_scan_uses_tf32("auto", torch::kHalf));
+  EXPECT_FALSE(model::gdr_scan_uses_tf32("auto", torch::kFloat32));
+  EXPECT_FALSE(model::gdr_scan_uses_tf32("auto", torch::kFloat64));
+  EXPECT_TRUE(model::gdr_scan_uses_tf32("tf32", torch::kFloat32));
+  EXPECT_FALSE(model::gdr_scan_uses_tf32("fp32", torch::kBFloat16));
+  try {
+    model::gdr_scan_uses_tf32("bf16", torch::kBFloat16);
+    ADD_FAILURE() << "an unknown precision was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.gdn_scan_precision"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
+  }
+}

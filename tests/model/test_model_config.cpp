@@ -183,6 +183,7 @@ TEST(ModelConfig, ValidateRejects) {
       {"lowercase", [](ModelConfig& c) { c.pattern = "gga"; }, "model.pattern:", "gga"},
       {"dk zero", [](ModelConfig& c) { c.gdn_dk = 0; }, "model.gdn_dk:", "0"},
       {"chunk 48", [](ModelConfig& c) { c.gdn_chunk = 48; }, "model.gdn_chunk:", "48"},
+      {"scan precision", [](ModelConfig& c) { c.gdn_scan_precision = "bf16"; }, "model.gdn_scan_precision:", "bf16"},
       {"top_k 0", [](ModelConfig& c) { c.moe_experts = 8; c.moe_top_k = 0; }, "model.moe_top_k:", "0"},
       {"top_k > E", [](ModelConfig& c) { c.moe_experts = 8; c.moe_top_k = 9; }, "model.moe_top_k:", "9"},
       {"init_std", [](ModelConfig& c) { c.init_std = 0; }, "model.init_std:", "0"},

@@ -390,7 +390,7 @@ TEST(Config, TomlRoundTrip) {
                                       "model.family=hybrid", "model.preset=tiny-moe", "model.vocab_size=0",
                                       "model.d=96", "model.pattern=GAS", "model.logit_softcap=15.5",
                                       "model.init_std=0.0123456789", "model.rope_theta=500000",
-                                      "model.gdn_neg_eig=true", "model.moe_aux_coef=1e-3",
+                                      "model.gdn_neg_eig=true", "model.gdn_scan_precision=\"tf32\"", "model.moe_aux_coef=1e-3",
                                       "data.exclude=[\"*.dat\", \"*.u8\"]", "data.separator=\"\"",
                                       "data.val=0.1", "train.lr=3e-4", "train.eps=1e-8",
                                       "train.beta2=0.999", "train.schedule=constant", "train.seq_len=96",
@@ -434,8 +434,8 @@ TEST(Config, JsonHasEveryKeyNested) {
   EXPECT_EQ(j["seed"], 1337);
   EXPECT_EQ(j["model"]["family"], "gpt");
   EXPECT_EQ(j["model"]["L"], r.config.model.n_layers);
-  // family, preset and the 36 ModelConfig keys.
-  EXPECT_EQ(j["model"].size(), 38u);
+  // family, preset and the 37 ModelConfig keys.
+  EXPECT_EQ(j["model"].size(), 39u);
   EXPECT_EQ(j["data"]["train"][0], "text:/tmp/*.txt");
   EXPECT_EQ(j["data"]["val"], 0.01);
   EXPECT_EQ(j["data"].size(), 12u);
