@@ -75,26 +75,32 @@ int bench_gdr(const BenchGdrArgs& a) {
   auto grad_o = torch::randn({B, T, H, Dv}, opt).to(dt);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
 
-  std::printf("gated delta rule, chunked: B=%lld T=%lld H=%lld dk=%lld dv=%lld C=%lld, inputs %s, %s\n",
+  // The scan's products as training takes them for inputs of this dtype (model.gdn_scan_precision
+  // "auto": plain TF32 for bf16, split TF32 for fp32); one row runs the other kind.
+  const bool tf32_default = model::gdr_scan_uses_tf32("auto", dt);
+  std::printf("gated delta rule, chunked: B=%lld T=%lld H=%lld dk=%lld dv=%lld C=%lld, inputs %s, %s, scan products %s\n",
               static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(H),
               static_cast<long long>(D), static_cast<long long>(Dv), static_cast<long long>(a.chunk), a.dtype.c_str(),
-              dev.is_cuda() ? "GPU" : "CPU");
+              dev.is_cuda() ? "GPU" : "CPU", tf32_default ? "TF32" : "split TF32");
   std::printf("%-22s %12s %16s %8s\n", "chunk core", "forward ms", "fwd+bwd ms", "ratio");
   // The kernels run on a GPU only; on the CPU every row would be the ATen twins. The second row is
   // the same kernels without the fused ones (the forward's front and the backward through the
   // solve as the separate launches they replace), the third with the batched products against the
   // states in 64-column block tiles; then the tensor-core scan in blocks of each
-  // fixed width of state columns (the first row's picks one by kernels::gdr_scan_mma_width), and
-  // the state scan in fp32 FMA instead of on tensor cores.
+  // fixed width of state columns (the first row's picks one by kernels::gdr_scan_mma_width), the
+  // state scan in fp32 FMA instead of on tensor cores, and the scan's products of the other kind.
   struct Mode {
     const char* name;
     bool kernels;
     bool fused;
     int scan_variant;  // kernels::GdrScanVariant
     bool wide_products = true;  // the batched products in block tiles as wide as N takes
+    bool other_scan_products = false;  // the scan's products not as tf32_default says
   };
+  const char* other_products = tf32_default ? "kernels, split-TF32 scan" : "kernels, TF32 scan";
   const std::vector<Mode> modes =
-      dev.is_cuda() ? std::vector<Mode>{{"kernels (GPU fp32)", true, true, kernels::kGdrScanAuto},
+      dev.is_cuda() ? std::vector<Mode>{{"kernels (default)", true, true, kernels::kGdrScanAuto},
+                                        {other_products, true, true, kernels::kGdrScanAuto, true, true},
                                         {"kernels, unfused", true, false, kernels::kGdrScanAuto},
                                         {"kernels, 64-col GEMMs", true, true, kernels::kGdrScanAuto, false},
                                         {"kernels, 32-col scan", true, true, kernels::kGdrScanTensorCores32},
@@ -109,23 +115,24 @@ int bench_gdr(const BenchGdrArgs& a) {
     model::gdr_use_fused_kernels(mode.fused);
     model::gdr_scan_variant(mode.scan_variant);
     model::bmm_fp32_wide_tiles(mode.wide_products);
+    const bool tf32_scan = mode.other_scan_products ? !tf32_default : tf32_default;
     auto forward = [&] {
       torch::NoGradGuard no_grad;
-      model::gdr_forward_chunked(q, k, v, beta, g, scale, {}, {}, a.chunk);
+      model::gdr_forward_chunked(q, k, v, beta, g, scale, {}, {}, a.chunk, tf32_scan);
     };
     const double fwd = median_ms(dev, a.repeats, forward);
     auto fwd_bwd = [&] {
       auto qq = q.detach().requires_grad_(true), kk = k.detach().requires_grad_(true);
       auto vv = v.detach().requires_grad_(true), bb = beta.detach().requires_grad_(true);
       auto gg = g.detach().requires_grad_(true);
-      auto out = model::gdr_forward_chunked(qq, kk, vv, bb, gg, scale, {}, {}, a.chunk);
+      auto out = model::gdr_forward_chunked(qq, kk, vv, bb, gg, scale, {}, {}, a.chunk, tf32_scan);
       out.o.backward(grad_o.to(out.o.scalar_type()));
     };
     const double both = median_ms(dev, a.repeats, fwd_bwd);
     std::printf("%-22s %12.3f %16.3f %7.2fx\n", mode.name, fwd, both, both / fwd);
     std::fflush(stdout);
     if (a.profile && mode.kernels && mode.fused && mode.wide_products && mode.scan_variant == kernels::kGdrScanAuto &&
-        dev.is_cuda()) {
+        !mode.other_scan_products && dev.is_cuda()) {
       for (const bool backward : {false, true}) {
         constexpr int kRuns = 3;
         auto prof = trainer::StepProfile::start(dev.index());
