@@ -5,6 +5,7 @@
 #   SRC=.before BUILD=build-before bash scripts/gpu/build_target.sh deltadeck
 # The second form builds an older commit for a before/after comparison in the same call: locally
 # `git worktree add .before <commit>` (.before/ is ignored) and carry [".gpu", ".before"].
+# CMAKE_EXTRA adds configure arguments, e.g. CMAKE_EXTRA=-DCMAKE_CUDA_FLAGS=-DNAME for a variant.
 set -euo pipefail
 targets=("${@:?usage: build_target.sh TARGET...}")
 src=${SRC:-.}
@@ -17,7 +18,7 @@ export CMAKE_PREFIX_PATH="$torch_cmake:$prefix/usr:$prefix/usr/lib/x86_64-linux-
 export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 export CPATH="$prefix/usr/include${nccl_root:+:$nccl_root/include}:${CPATH:-}"
 cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DDELTADECK_GUI=OFF \
-  > "$build.configure.log" 2>&1 || { tail -30 "$build.configure.log"; exit 1; }
+  ${CMAKE_EXTRA:-} > "$build.configure.log" 2>&1 || { tail -30 "$build.configure.log"; exit 1; }
 cmake --build "$build" -j 16 --target "${targets[@]}" > "$build.build.log" 2>&1 \
   || { grep -E -A6 "error|FAILED" "$build.build.log" | head -40; exit 1; }
 echo "built ${targets[*]} in $build/"
