@@ -533,6 +533,7 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     sd["heads"] = l.scan.heads;
     sd["step_count"] = l.scan.step_count;
     sd["step_off"] = l.scan.step_off;
+    sd["tf32_products"] = l.scan.tf32_products;  // the reverse scan takes the forward's product mode
     sd["B"] = l.B;
     sd["T"] = l.T;
     sd["C"] = l.C;
@@ -556,6 +557,7 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     c.l.scan.heads = sd["heads"].toInt();
     c.l.scan.step_count = sd["step_count"].toIntVector();
     c.l.scan.step_off = sd["step_off"].toIntVector();
+    c.l.scan.tf32_products = sd["tf32_products"].toBool();
     c.l.B = sd["B"].toInt();
     c.l.T = sd["T"].toInt();
     c.l.C = sd["C"].toInt();

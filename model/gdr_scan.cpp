@@ -24,10 +24,13 @@ namespace model {
 namespace {
 std::atomic<bool> g_use_kernel{true};
 std::atomic<int> g_variant{kernels::kGdrScanAuto};
+std::atomic<int64_t> g_split_launches{0}, g_tf32_launches{0};  // gdr_scan_launch_counts
 }  // namespace
 
 void gdr_scan_use_kernel(bool on) { g_use_kernel = on; }
 void gdr_scan_variant(int variant) { g_variant = variant; }
+
+GdrScanLaunchCounts gdr_scan_launch_counts() { return {g_split_launches.load(), g_tf32_launches.load()}; }
 
 GdrScanResult gdr_scan_reference(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& Kd,
                                  const torch::Tensor& decay, const torch::Tensor& h0, const GdrScanPlan& plan) {
@@ -159,6 +162,7 @@ std::vector<torch::Tensor> run_scan(const torch::Tensor& A, const torch::Tensor&
   a.dv = dv;
   check_kernel_launch(kernels::gdr_scan(a, c10::cuda::getCurrentCUDAStream(A.device().index()).stream()),
                       "gated delta rule scan");
+  ++(tf32_products ? g_tf32_launches : g_split_launches);
   return {out_state, out_y, fin};
 }
 

@@ -62,6 +62,15 @@ GdrScanGrads gdr_scan_backward(const torch::Tensor& W, const torch::Tensor& Kd, 
 // Process-wide switch for benchmarks that time the kernel against the ATen loop (default on).
 void gdr_scan_use_kernel(bool on);
 
+// How many scan kernels this process has launched asking for each product mode (both directions;
+// the FMA variants compute in fp32 whatever is asked), so a test or a benchmark can see which mode
+// a training step's forward and backward ran in.
+struct GdrScanLaunchCounts {
+  int64_t split_tf32 = 0;
+  int64_t tf32 = 0;
+};
+GdrScanLaunchCounts gdr_scan_launch_counts();
+
 // Process-wide choice of the scan kernel, for tests and benchmarks that cover each
 // (kernels::GdrScanVariant): 4 (default) tensor cores in the block width that spreads the blocks
 // best over the GPU's SMs (kernels::gdr_scan_mma_width_for), else 1; 2, 3, 5, 6 tensor cores in

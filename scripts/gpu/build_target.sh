@@ -1,6 +1,7 @@
 #!/bin/bash
 # GPU machine: build CMake targets, much faster than ../shared/gpu's build.sh (which builds
-# everything). Run with carry [".gpu"] (staged by ../shared/gpu/stage.sh):
+# everything). Run with carry [".gpu"], staged by `GPU_DEBS="libgloo-dev libgloo0" bash ../shared/gpu/stage.sh`
+# (trainer/comm.cpp includes c10d's Gloo header, which needs gloo's own headers):
 #   bash scripts/gpu/build_target.sh deltadeck                 # this tree -> build-gpu/
 #   SRC=.before BUILD=build-before bash scripts/gpu/build_target.sh deltadeck
 # The second form builds an older commit for a before/after comparison in the same call: locally
@@ -11,7 +12,11 @@ targets=("${@:?usage: build_target.sh TARGET...}")
 src=${SRC:-.}
 build=${BUILD:-build-gpu}
 prefix=/tmp/gpu-prefix
-if [ ! -d $prefix ]; then mkdir -p $prefix; for d in .gpu/debs/*.deb; do dpkg -x "$d" $prefix; done; fi
+# Unpack each staged package once (one staged later, on a warm machine, is unpacked then).
+mkdir -p $prefix/.unpacked
+for d in .gpu/debs/*.deb; do
+  [ -f "$prefix/.unpacked/$(basename "$d")" ] || { dpkg -x "$d" $prefix && touch "$prefix/.unpacked/$(basename "$d")"; }
+done
 torch_cmake=$(python3 -c "import torch; print(torch.utils.cmake_prefix_path)")
 nccl_root=$(python3 -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])" 2>/dev/null || true)
 export CMAKE_PREFIX_PATH="$torch_cmake:$prefix/usr:$prefix/usr/lib/x86_64-linux-gnu/cmake"

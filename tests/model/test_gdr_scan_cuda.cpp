@@ -170,11 +170,17 @@ TEST(GdrScanCuda, ChunkedRuleWithKernelMatchesStepByStep) {
   auto grads_of = [&](bool gpu, bool tf32_scan) {
     std::vector<torch::Tensor> in{q, k, v, beta, g, h0};
     for (auto& t : in) t = (gpu ? t.to(torch::kCUDA, torch::kFloat32) : t.clone()).requires_grad_(true);
+    const auto launches_before = model::gdr_scan_launch_counts();
     auto out = gpu ? model::gdr_forward_chunked(in[0], in[1], in[2], in[3], in[4], scale, in[5], cu, 64, tf32_scan)
                    : model::gdr_forward_ref(in[0], in[1], in[2], in[3], in[4], scale, in[5], cu);
     ((out.o * dO.to(out.o.device(), out.o.scalar_type())).sum() +
      (out.h * dH.to(out.h.device(), out.h.scalar_type())).sum())
         .backward();
+    if (gpu) {  // one forward and one reverse scan, both in the mode asked for
+      const auto launches = model::gdr_scan_launch_counts();
+      EXPECT_EQ(launches.tf32 - launches_before.tf32, tf32_scan ? 2 : 0);
+      EXPECT_EQ(launches.split_tf32 - launches_before.split_tf32, tf32_scan ? 0 : 2);
+    }
     std::vector<torch::Tensor> res{out.o.detach().cpu(), out.h.detach().cpu()};
     for (auto& t : in) res.push_back(t.grad().cpu());
     return res;
