@@ -18,6 +18,10 @@ __device__ __forceinline__ int64_t z_row(const GatedNormRows& r, int64_t n) {
   return (n / r.z_heads) * r.z_ld + (n % r.z_heads) * r.D;
 }
 
+__device__ __forceinline__ int64_t o_offset(const GatedNormRows& r, int64_t n) {
+  return (r.o_row != nullptr ? static_cast<int64_t>(r.o_row[n]) : n) * r.D;
+}
+
 template <typename TY, typename TZ>
 __global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_forward_kernel(TY* y, float* rstd, const float* o,
                                                                             const TZ* z, const float* w,
@@ -26,7 +30,7 @@ __global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_forward_kernel(TY* 
   const int D = static_cast<int>(rows.D);
   for (int64_t n = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32; n < rows.N;
        n += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const float* orow = o + n * D;
+    const float* orow = o + o_offset(rows, n);
     float ss = 0.f;
     for (int c = lane; c < D; c += 32) ss += orow[c] * orow[c];
     const float r = rsqrtf(warp_sum(ss) / static_cast<float>(D) + eps);
@@ -54,7 +58,7 @@ __global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_backward_kernel(flo
 #pragma unroll
   for (int k = 0; k < PER_LANE; ++k) acc[k] = 0.f;
   for (int64_t n = warp_id; n < rows.N; n += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const float* orow = o + n * D;
+    const float* orow = o + o_offset(rows, n);
     const TZ* zrow = z + z_row(rows, n);
     const TY* dyrow = dy + n * D;
     const float r = rstd[n];
@@ -65,13 +69,14 @@ __global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_backward_kernel(flo
       dot += to_f32(dyrow[c]) * s * w[c] * (orow[c] * r);
     }
     const float mean = warp_sum(dot) / static_cast<float>(D);
+    float* d_orow = d_o + o_offset(rows, n);
 #pragma unroll
     for (int k = 0; k < PER_LANE; ++k) {
       const int c = lane + 32 * k;
       if (c < D) {
         const float zv = to_f32(zrow[c]), dyv = to_f32(dyrow[c]), oh = orow[c] * r, wc = w[c];
         const float sg = 1.f / (1.f + expf(-zv)), s = zv * sg;
-        d_o[n * D + c] = r * (dyv * s * wc - oh * mean);
+        d_orow[c] = r * (dyv * s * wc - oh * mean);
         dz[n * D + c] = from_f32<TZ>(dyv * oh * wc * sg * (1.f + zv * (1.f - sg)));
         acc[k] += dyv * s * oh;
       }

@@ -19,6 +19,10 @@ namespace kernels {
 struct GatedNormRows {
   int64_t N = 0, D = 0;
   int64_t z_heads = 1, z_ld = 0;
+  // Where row n of o (and of d_o) is: row o_row[n] of a row list in another order (the delta
+  // rule's chunk layout, so its output is never copied into token order); nullptr: row n. y, dy,
+  // z, dz and rstd stay in token order.
+  const int32_t* o_row = nullptr;
 };
 
 inline bool gated_rmsnorm_supports(int64_t D) { return D >= 1 && D <= 1024; }

@@ -13,23 +13,44 @@ namespace model {
 
 namespace {
 
-void check_shapes(const torch::Tensor& o, const torch::Tensor& z, const torch::Tensor& w) {
-  TORCH_CHECK(o.dim() == 4, "gated_rms_norm: expected o [B,T,H,D], got ", o.sizes());
-  TORCH_CHECK(z.dim() == 3 && z.size(0) == o.size(0) && z.size(1) == o.size(1) && z.size(2) == o.size(2) * o.size(3),
-              "gated_rms_norm: expected z [B,T,H·D] for o ", o.sizes(), ", got ", z.sizes());
-  TORCH_CHECK(w.dim() == 1 && w.size(0) == o.size(3), "gated_rms_norm: expected w [", o.size(3), "], got ",
-              w.sizes());
+// o: o's sizes in token order, [B,T,H,D].
+void check_shapes(at::IntArrayRef o, const torch::Tensor& z, const torch::Tensor& w) {
+  TORCH_CHECK(o.size() == 4, "gated_rms_norm: expected o [B,T,H,D], got ", o);
+  TORCH_CHECK(z.dim() == 3 && z.size(0) == o[0] && z.size(1) == o[1] && z.size(2) == o[2] * o[3],
+              "gated_rms_norm: expected z [B,T,H·D] for o ", o, ", got ", z.sizes());
+  TORCH_CHECK(w.dim() == 1 && w.size(0) == o[3], "gated_rms_norm: expected w [", o[3], "], got ", w.sizes());
+}
+
+void check_rows(const torch::Tensor& o_rows, const torch::Tensor& o_row) {
+  TORCH_CHECK(o_rows.dim() == 2, "gated_rms_norm_rows: expected o_rows [M,D], got ", o_rows.sizes());
+  TORCH_CHECK(o_row.dim() == 3 && o_row.scalar_type() == torch::kInt32,
+              "gated_rms_norm_rows: expected o_row [B,T,H] int32, got ", o_row.sizes(), " ", o_row.scalar_type());
+}
+
+// o_rows' rows in token order: [B,T,H,D].
+torch::Tensor gather_rows(const torch::Tensor& o_rows, const torch::Tensor& o_row) {
+  auto idx = o_row.reshape({-1}).to(torch::kInt64);
+  auto sizes = o_row.sizes().vec();
+  sizes.push_back(o_rows.size(1));
+  return o_rows.index_select(0, idx).view(sizes);
 }
 
 }  // namespace
 
 torch::Tensor gated_rms_norm_reference(const torch::Tensor& o, const torch::Tensor& z, const torch::Tensor& w,
                                        double eps, torch::ScalarType out_dtype) {
-  check_shapes(o, z, w);
+  check_shapes(o.sizes(), z, w);
   const auto ft = o.scalar_type();
   auto zf = z.reshape(o.sizes()).to(ft);
   auto y = rms_norm_reference(o, w.to(ft), eps) * torch::silu(zf);
   return y.to(out_dtype);
+}
+
+torch::Tensor gated_rms_norm_rows_reference(const torch::Tensor& o_rows, const torch::Tensor& o_row,
+                                            const torch::Tensor& z, const torch::Tensor& w, double eps,
+                                            torch::ScalarType out_dtype) {
+  check_rows(o_rows, o_row);
+  return gated_rms_norm_reference(gather_rows(o_rows, o_row), z, w, eps, out_dtype);
 }
 
 #if defined(DD_HAVE_CUDA)
@@ -40,26 +61,36 @@ using torch::autograd::variable_list;
 
 kernels::DType dtype_of(torch::ScalarType t) { return checked_kernel_dtype(t, "gated RMSNorm kernels"); }
 
-// z's rows as the kernels address them: H rows of D per token, tokens z.stride(1) apart.
-kernels::GatedNormRows rows_of(const torch::Tensor& o, const torch::Tensor& z) {
+// The rows as the kernels address them: H rows of D per token, z's tokens z.stride(1) apart; o's
+// rows where o_row says (when defined) or in token order. y_sizes: [B,T,H,D].
+kernels::GatedNormRows rows_of(at::IntArrayRef y_sizes, const torch::Tensor& z, const torch::Tensor& o_row) {
   kernels::GatedNormRows r;
-  r.N = o.numel() / o.size(3);
-  r.D = o.size(3);
-  r.z_heads = o.size(2);
+  r.D = y_sizes[3];
+  r.N = y_sizes[0] * y_sizes[1] * y_sizes[2];
+  r.z_heads = y_sizes[2];
   r.z_ld = z.stride(1);
+  r.o_row = o_row.defined() ? o_row.data_ptr<int32_t>() : nullptr;
   return r;
 }
 
 
+// o: [B,T,H,D] in token order (o_row undefined), or rows [M,D] with o_row [B,T,H] int32 saying
+// where each (token, head) is.
 class GatedRmsNormFn : public torch::autograd::Function<GatedRmsNormFn> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& o, const torch::Tensor& z,
-                               const torch::Tensor& w, double eps, int64_t out_dtype) {
+                               const torch::Tensor& w, double eps, int64_t out_dtype, const torch::Tensor& o_row) {
     const auto yt = static_cast<torch::ScalarType>(out_dtype);
     auto oc = o.contiguous();
+    auto row = o_row.defined() ? o_row.contiguous() : o_row;
     auto wf = w.to(torch::kFloat32).contiguous();
-    auto y = torch::empty(o.sizes(), o.options().dtype(yt));
-    const auto rows = rows_of(o, z);
+    std::vector<int64_t> y_sizes = o.sizes().vec();
+    if (row.defined()) {
+      y_sizes = row.sizes().vec();
+      y_sizes.push_back(o.size(1));
+    }
+    auto y = torch::empty(y_sizes, o.options().dtype(yt));
+    const auto rows = rows_of(y.sizes(), z, row);
     auto rstd = torch::empty({rows.N}, o.options().dtype(torch::kFloat32));
     check_kernel_launch(kernels::gated_rmsnorm_forward(y.data_ptr(), dtype_of(yt), rstd.data_ptr<float>(),
                                                        oc.data_ptr<float>(), z.data_ptr(), dtype_of(z.scalar_type()),
@@ -68,15 +99,19 @@ class GatedRmsNormFn : public torch::autograd::Function<GatedRmsNormFn> {
                         "gated RMSNorm forward");
     ctx->save_for_backward({oc, z, wf, rstd});
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
+    if (row.defined()) ctx->saved_data["o_row"] = row;
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto &o = saved[0], &z = saved[1], &wf = saved[2], &rstd = saved[3];
+    const auto row = ctx->saved_data.count("o_row") ? ctx->saved_data["o_row"].toTensor() : torch::Tensor();
     auto dy = grads[0].contiguous();
-    const auto rows = rows_of(o, z);
-    auto d_o = torch::empty_like(o);
+    const auto rows = rows_of(dy.sizes(), z, row);
+    // Rows of o no (token, head) reads (chunk padding) get zero gradient; a permutation of o's
+    // rows writes every one.
+    auto d_o = row.defined() && rows.N != o.size(0) ? torch::zeros_like(o) : torch::empty_like(o);
     auto dz = torch::empty(z.sizes(), z.options().memory_format(torch::MemoryFormat::Contiguous));
     auto partial = torch::empty({kernels::gated_rmsnorm_backward_partial_rows(rows.N), rows.D},
                                 o.options().dtype(torch::kFloat32));
@@ -86,7 +121,7 @@ class GatedRmsNormFn : public torch::autograd::Function<GatedRmsNormFn> {
                                                         rstd.data_ptr<float>(), rows, stream_of(o)),
                         "gated RMSNorm backward");
     auto dw = partial.sum(0).to(static_cast<torch::ScalarType>(ctx->saved_data["w_dtype"].toInt()));
-    return {d_o, dz, dw, torch::Tensor(), torch::Tensor()};
+    return {d_o, dz, dw, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -96,8 +131,8 @@ bool kernels_apply(const torch::Tensor& o, const torch::Tensor& z, const torch::
   kernels::DType d{};
   return o.is_cuda() && z.is_cuda() && w.is_cuda() && o.scalar_type() == torch::kFloat32 &&
          kernel_dtype(z.scalar_type(), d) && kernel_dtype(out, d) && z.stride(2) == 1 &&
-         (z.size(0) == 1 || z.stride(0) == z.size(1) * z.stride(1)) && kernels::gated_rmsnorm_supports(o.size(3)) &&
-         o.numel() > 0;
+         (z.size(0) == 1 || z.stride(0) == z.size(1) * z.stride(1)) &&
+         kernels::gated_rmsnorm_supports(o.size(o.dim() - 1)) && o.numel() > 0;
 }
 
 }  // namespace
@@ -105,11 +140,27 @@ bool kernels_apply(const torch::Tensor& o, const torch::Tensor& z, const torch::
 
 torch::Tensor gated_rms_norm(const torch::Tensor& o, const torch::Tensor& z, const torch::Tensor& w, double eps,
                              torch::ScalarType out_dtype) {
-  check_shapes(o, z, w);
+  check_shapes(o.sizes(), z, w);
 #if defined(DD_HAVE_CUDA)
-  if (kernels_apply(o, z, w, out_dtype)) return GatedRmsNormFn::apply(o, z, w, eps, static_cast<int64_t>(out_dtype));
+  if (kernels_apply(o, z, w, out_dtype)) {
+    return GatedRmsNormFn::apply(o, z, w, eps, static_cast<int64_t>(out_dtype), torch::Tensor());
+  }
 #endif
   return gated_rms_norm_reference(o, z, w, eps, out_dtype);
+}
+
+torch::Tensor gated_rms_norm_rows(const torch::Tensor& o_rows, const torch::Tensor& o_row, const torch::Tensor& z,
+                                  const torch::Tensor& w, double eps, torch::ScalarType out_dtype) {
+  check_rows(o_rows, o_row);
+#if defined(DD_HAVE_CUDA)
+  if (o_row.is_cuda() && o_row.numel() > 0 && kernels_apply(o_rows, z, w, out_dtype)) {
+    auto sizes = o_row.sizes().vec();
+    sizes.push_back(o_rows.size(1));
+    check_shapes(sizes, z, w);
+    return GatedRmsNormFn::apply(o_rows, z, w, eps, static_cast<int64_t>(out_dtype), o_row);
+  }
+#endif
+  return gated_rms_norm_rows_reference(o_rows, o_row, z, w, eps, out_dtype);
 }
 
 }  // namespace model

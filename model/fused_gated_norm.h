@@ -16,4 +16,15 @@ torch::Tensor gated_rms_norm_reference(const torch::Tensor& o, const torch::Tens
 torch::Tensor gated_rms_norm(const torch::Tensor& o, const torch::Tensor& z, const torch::Tensor& w, double eps,
                              torch::ScalarType out_dtype);
 
+// The same norm of o given as rows in another order: o_rows [M, D] (fp32 or fp64) and o_row
+// [B,T,H] int32, the row of o_rows that holds head h of token (b, t); rows no entry names (the
+// delta rule's chunk padding) are read by nobody and get zero gradient. On a GPU the kernels read
+// and write those rows in place, so o never exists in token order; elsewhere, and as the
+// reference, o_rows.index_select(0, o_row) and the formula above.
+torch::Tensor gated_rms_norm_rows_reference(const torch::Tensor& o_rows, const torch::Tensor& o_row,
+                                            const torch::Tensor& z, const torch::Tensor& w, double eps,
+                                            torch::ScalarType out_dtype);
+torch::Tensor gated_rms_norm_rows(const torch::Tensor& o_rows, const torch::Tensor& o_row, const torch::Tensor& z,
+                                  const torch::Tensor& w, double eps, torch::ScalarType out_dtype);
+
 }  // namespace model

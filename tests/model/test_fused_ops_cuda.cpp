@@ -692,16 +692,22 @@ TEST(FusedOpsCuda, ShortConvMatchesReference) {
 // slice of a wider projection (as in the layer), y and dy in fp32 or bf16, D a multiple of 32 and
 // not, packed into one row and over a batch. fp32 differs by summation order (1e-5); bf16 y and dz
 // by one rounding of the same value (8e-3), and do / dw carry dy's bf16 rounding only on both sides.
+// Rows form (gated_rms_norm_rows): o is [M, D] rows in a shuffled order with 7 rows no token reads
+// (the chunk layout's padding), whose gradient must be exactly zero.
 TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
   DD_REQUIRE_GPU();
   seed_from_gtest(43);
   struct Case {
     int64_t B, T, H, D;
   };
-  for (const Case c : {Case{2, 150, 6, 128}, Case{1, 333, 3, 40}, Case{3, 17, 1, 1024}}) {
+  for (const Case c : {Case{2, 150, 6, 128}, Case{1, 333, 3, 40}, Case{3, 17, 1, 1024}})
+  for (const bool rows : {false, true}) {
     for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
       auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
-      auto o0 = torch::randn({c.B, c.T, c.H, c.D}, f32) * 3.0;
+      const int64_t N = c.B * c.T * c.H, M = rows ? N + 7 : N;
+      auto o0 = rows ? torch::randn({M, c.D}, f32) * 3.0 : torch::randn({c.B, c.T, c.H, c.D}, f32) * 3.0;
+      auto perm = torch::randperm(M, f32.dtype(torch::kInt64));
+      auto o_row = perm.narrow(0, 0, N).to(torch::kInt32).view({c.B, c.T, c.H});
       auto wide0 = (torch::randn({c.B, c.T, c.H * c.D + 11}, f32) * 2.0).to(dt);
       auto w0 = torch::rand({c.D}, f32) + 0.5;
       auto gy = torch::randn({c.B, c.T, c.H, c.D}, f32).to(dt);
@@ -709,15 +715,25 @@ TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
         auto o = o0.clone().requires_grad_(true), wide = wide0.clone().requires_grad_(true);
         auto w = w0.clone().requires_grad_(true);
         auto z = wide.narrow(2, 5, c.H * c.D);
-        auto y = fused ? model::gated_rms_norm(o, z, w, 1e-6, dt) : model::gated_rms_norm_reference(o, z, w, 1e-6, dt);
+        torch::Tensor y;
+        if (rows) {
+          y = fused ? model::gated_rms_norm_rows(o, o_row, z, w, 1e-6, dt)
+                    : model::gated_rms_norm_rows_reference(o, o_row, z, w, 1e-6, dt);
+        } else {
+          y = fused ? model::gated_rms_norm(o, z, w, 1e-6, dt) : model::gated_rms_norm_reference(o, z, w, 1e-6, dt);
+        }
         (y.to(torch::kFloat32) * gy.to(torch::kFloat32)).sum().backward();
         return std::vector<torch::Tensor>{y.detach(), o.grad(), wide.grad(), w.grad()};
       };
       const auto got = run(true), want = run(false);
+      if (rows) {
+        auto unread = perm.narrow(0, N, M - N);
+        EXPECT_EQ(got[1].index_select(0, unread).abs().max().item<float>(), 0.f) << "padding rows' gradient";
+      }
       const char* names[] = {"y", "do", "dz", "dw"};
       const double tol = tol_for(dt);
       std::string what = "B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " H" + std::to_string(c.H) + " D" +
-                         std::to_string(c.D) + " " + name_of(dt);
+                         std::to_string(c.D) + " " + name_of(dt) + (rows ? " rows" : "");
       double e[4];
       for (int i = 0; i < 4; ++i) {
         EXPECT_EQ(got[i].scalar_type(), want[i].scalar_type()) << what << " " << names[i];
