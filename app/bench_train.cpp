@@ -13,6 +13,7 @@
 #include "model/gdr_chunk_core.h"
 #include "kernels/gdr_scan.h"
 #include "model/fp8_swiglu_mlp.h"
+#include "model/gdr.h"
 #include "model/gdr_scan.h"
 #include "storage/file_util.h"
 #include "trainer/config.h"
@@ -45,9 +46,9 @@ int bench_train(const BenchTrainArgs& a) {
                                                     {"scan-128", kernels::kGdrScanTensorCores128},
                                                     {"fma-scan", kernels::kGdrScanSimt16}};
   if (a.gdr_scan != "kernel" && a.gdr_scan != "unfused" && a.gdr_scan != "aten" && a.gdr_scan != "narrow-products" &&
-      scan_variants.count(a.gdr_scan) == 0) {
+      a.gdr_scan != "token-order" && scan_variants.count(a.gdr_scan) == 0) {
     std::cerr << "deltadeck: bench train: --gdr-scan: expected kernel, unfused, narrow-products, narrow-scan, scan-64, "
-                 "scan-96, scan-128, fma-scan or aten, got \""
+                 "scan-96, scan-128, fma-scan, token-order or aten, got \""
               << a.gdr_scan << "\"\n";
     return 2;
   }
@@ -61,6 +62,8 @@ int bench_train(const BenchTrainArgs& a) {
   model::gdr_use_fused_kernels(a.gdr_scan != "unfused");
   // narrow-products: the batched fp32 products in 64-column block tiles (model/bmm_fp32.h).
   model::bmm_fp32_wide_tiles(a.gdr_scan != "narrow-products");
+  // token-order: the delta rule's output copied into token order before the output norm.
+  model::gdr_output_as_rows(a.gdr_scan != "token-order");
   const auto variant = scan_variants.find(a.gdr_scan);
   model::gdr_scan_variant(variant != scan_variants.end() ? variant->second : kernels::kGdrScanAuto);
   const std::string tmp = storage::files::make_temp_dir("deltadeck-bench");

@@ -119,12 +119,14 @@ GatedDeltaNetImpl::Gates GatedDeltaNetImpl::gates(const torch::Tensor& a, const 
   return {beta, g};
 }
 
-torch::Tensor GatedDeltaNetImpl::output(const torch::Tensor& o, const torch::Tensor& z_proj,
+torch::Tensor GatedDeltaNetImpl::output(const GdrOutput& r, const torch::Tensor& z_proj,
                                         torch::ScalarType out_dtype) {
-  const int64_t B = o.size(0), T = o.size(1);
+  const int64_t B = z_proj.size(0), T = z_proj.size(1);
   // Per-head RMSNorm over dv with the shared weight, gated by silu(z); fp32 (fp64) math, emitted in
   // the output projection's dtype (one fused kernel each way on a GPU; the ATen formula elsewhere).
-  auto y = gated_rms_norm(o, z_proj, norm_w, 1e-6, out_dtype);
+  // The chunked rule hands over its output in chunk layout, read in place by index.
+  auto y = r.o_rows.defined() ? gated_rms_norm_rows(r.o_rows, r.o_row, z_proj, norm_w, 1e-6, out_dtype)
+                              : gated_rms_norm(r.o, z_proj, norm_w, 1e-6, out_dtype);
   return wo(y.reshape({B, T, H_ * dv_}));
 }
 
@@ -153,8 +155,9 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& u, const Positions
   auto gt = gates(gate_parts[0], gate_parts[1], ft);
   auto r = use_reference ? gdr_forward_ref(q, k, v, gt.beta, gt.g, scale_, {}, p.cu_seqlens)
                          : gdr_forward_chunked(q, k, v, gt.beta, gt.g, scale_, {}, p.cu_seqlens, chunk_,
-                                               gdr_scan_uses_tf32(scan_precision_, matmul_dtype(u)));
-  return output(r.o, parts[1], u.scalar_type());
+                                               gdr_scan_uses_tf32(scan_precision_, matmul_dtype(u)),
+                                               /*o_as_rows=*/gdr_output_as_rows());
+  return output(r, parts[1], u.scalar_type());
 }
 
 torch::Tensor GatedDeltaNetImpl::step(const torch::Tensor& u, MixerCache& cache) {
@@ -169,7 +172,7 @@ torch::Tensor GatedDeltaNetImpl::step(const torch::Tensor& u, MixerCache& cache)
   auto r = gdr_forward_ref(q, k, v, gt.beta, gt.g, scale_, cache.state, {});
   cache.state = r.h;
   cache.pos += 1;
-  return output(r.o, wg(u), u.scalar_type());
+  return output(r, wg(u), u.scalar_type());
 }
 
 }  // namespace model

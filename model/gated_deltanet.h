@@ -16,6 +16,8 @@
 
 namespace model {
 
+struct GdrOutput;  // model/gdr.h
+
 // silu(depthwise causal conv) over x [B,T,C] with taps w [C,W] (w[:,W-1] multiplies the current
 // token). Taps never reach before the start of a row or, for packed rows (p.varlen()), of the
 // token's document. Returns [B,T,C] in x's dtype (w is cast to it if needed).
@@ -60,9 +62,9 @@ class GatedDeltaNetImpl : public torch::nn::Module {
   };
   // From the projections a = u W_aᵀ and b = u W_bᵀ [B,T,H], in the compute dtype `ft`.
   Gates gates(const torch::Tensor& a, const torch::Tensor& b, torch::ScalarType ft);
-  // Gated RMSNorm and output projection: o [B,T,H,dv] (compute dtype) and the gate projection
-  // z = u W_gᵀ [B,T,Vg] -> [B,T,d] in `out_dtype`.
-  torch::Tensor output(const torch::Tensor& o, const torch::Tensor& z, torch::ScalarType out_dtype);
+  // Gated RMSNorm and output projection: the delta rule's output (o [B,T,H,dv] in the compute
+  // dtype, or its rows by index) and the gate projection z = u W_gᵀ [B,T,Vg] -> [B,T,d] in `out_dtype`.
+  torch::Tensor output(const GdrOutput& r, const torch::Tensor& z, torch::ScalarType out_dtype);
 
   int64_t d_, H_, dk_, dv_, W_, chunk_;
   bool neg_eig_;

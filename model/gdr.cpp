@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <vector>
 
 #include "model/gdr_chunk_core.h"
@@ -101,7 +102,7 @@ GdrOutput gdr_forward_ref(const torch::Tensor& q, const torch::Tensor& k, const 
 GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& beta, const torch::Tensor& g, double scale,
                               const torch::Tensor& h0, const torch::Tensor& cu_seqlens, int64_t chunk,
-                              bool tf32_scan) {
+                              bool tf32_scan, bool o_as_rows) {
   check_inputs("gdr_forward_chunked", q, k, v, beta, g, h0, cu_seqlens);
   TORCH_CHECK(chunk > 0, "gdr_forward_chunked: chunk must be > 0, got ", chunk);
   // The core stays in fp32 under bf16 autocast (MODEL.md §0): no matmul here may be cast down.
@@ -130,8 +131,22 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
     for (size_t s = 0; s < layout.order.size(); ++s) inv[layout.order[s]] = static_cast<int64_t>(s);
     h_final = h_final.index_select(0, host_to_device(torch::tensor(inv, torch::kInt64), q.device()));
   }
+  if (o_as_rows) {
+    GdrOutput out;
+    out.h = h_final;
+    out.o_rows = core.O.reshape({-1, dv});
+    out.o_row = gdr_chunk_token_rows(layout, H, q.device());
+    return out;
+  }
   return {gdr_scatter_chunks(core.O, layout), h_final};
 }
+
+namespace {
+std::atomic<bool> g_output_as_rows{true};
+}  // namespace
+
+void gdr_output_as_rows(bool on) { g_output_as_rows = on; }
+bool gdr_output_as_rows() { return g_output_as_rows; }
 
 bool gdr_scan_uses_tf32(const std::string& precision, torch::ScalarType matmul_dtype) {
   if (precision == "tf32") return true;

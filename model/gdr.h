@@ -18,8 +18,11 @@
 namespace model {
 
 struct GdrOutput {
-  torch::Tensor o;  // [B,T,H,dv] in the compute dtype
+  torch::Tensor o;  // [B,T,H,dv] in the compute dtype; undefined when o_rows is returned instead
   torch::Tensor h;  // final state [B or n_docs, H, dk, dv] (key-major), compute dtype
+  // gdr_forward_chunked with o_as_rows: o as the chunk layout's rows [M, dv] and o_row [B,T,H]
+  // int32, the row of each (token, head) (gated_rms_norm_rows reads them in place).
+  torch::Tensor o_rows{}, o_row{};
 };
 
 // Inputs of both functions:
@@ -40,10 +43,18 @@ GdrOutput gdr_forward_ref(const torch::Tensor& q, const torch::Tensor& k, const 
 // of every document and head, then one sequential scan over chunk index for the state. Chunks never
 // straddle documents. Differentiable through autograd (saves the per-chunk entry states).
 // tf32_scan: the state scan's kernel takes its products in plain TF32 (GdrScanPlan::tf32_products).
+// o_as_rows: return o_rows and o_row instead of o, saving the copy into token order (and its
+// gradient's copy back) for a consumer that reads rows by index.
 GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& beta, const torch::Tensor& g, double scale,
                               const torch::Tensor& h0, const torch::Tensor& cu_seqlens, int64_t chunk,
-                              bool tf32_scan = false);
+                              bool tf32_scan = false, bool o_as_rows = false);
+
+// Process-wide switch (default on), for benchmarks: whether the Gated DeltaNet layer takes the
+// chunked rule's output as rows (o_as_rows, read in place by its output norm) or copied into token
+// order.
+void gdr_output_as_rows(bool on);
+bool gdr_output_as_rows();
 
 // What the scan's products should be for the config value model.gdn_scan_precision ("tf32",
 // "fp32" or "auto") when the layer's matmuls run in `matmul_dtype`: "auto" is TF32 when they run in

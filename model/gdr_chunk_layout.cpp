@@ -96,6 +96,24 @@ void plan_varlen(GdrChunkLayout& l, const torch::Tensor& cu_seqlens) {
   l.token_slot = slot_t;
 }
 
+// Row of (token, head) in an output [N,H,C,D] viewed as [N·H·C, D], int64 [B·T, H]: token t at
+// chunk slot n·C + c (chunk n = m·B + b for dense rows, token_slot for a packed row) and head h
+// is row (n·H + h)·C + c.
+torch::Tensor token_rows(const GdrChunkLayout& l, int64_t H, const torch::Device& device) {
+  const int64_t C = l.C;
+  auto opt = torch::TensorOptions().dtype(torch::kInt64).device(device);
+  torch::Tensor n, c;  // [B·T]
+  if (l.token_slot.defined()) {
+    n = l.token_slot.div(C, "floor");
+    c = l.token_slot.remainder(C);
+  } else {
+    auto t = torch::arange(l.T, opt), b = torch::arange(l.B, opt);
+    n = ((t.div(C, "floor") * l.B).unsqueeze(0) + b.unsqueeze(1)).reshape({-1});
+    c = t.remainder(C).repeat({l.B});
+  }
+  return ((n * H).unsqueeze(1) + torch::arange(H, opt).unsqueeze(0)) * C + c.unsqueeze(1);
+}
+
 }  // namespace
 
 GdrChunkLayout gdr_chunk_layout(int64_t B, int64_t T, int64_t H, int64_t C, const torch::Tensor& cu_seqlens,
@@ -136,12 +154,16 @@ torch::Tensor gdr_scatter_chunks(const torch::Tensor& o, const GdrChunkLayout& l
     auto y = o.view({nc, B, H, C, D}).permute({1, 0, 3, 2, 4}).reshape({B, nc * C, H, D});
     return nc * C == T ? y : y.narrow(1, 0, T);
   }
-  // Token t of head h is row (n·H + h)·C + c of o [N·H·C, D], where its slot is n·C + c: picked in
-  // place, without first copying o into token-slot order.
-  auto n = l.token_slot.div(C, "floor"), c = l.token_slot.remainder(C);  // [T]
-  auto idx = ((n * H).unsqueeze(1) + torch::arange(H, n.options()).unsqueeze(0)) * C + c.unsqueeze(1);  // [T, H]
+  // Picked in place, without first copying o into token-slot order.
+  auto idx = token_rows(l, H, l.token_slot.device());
   auto picked = PickRowsFn::apply(o.contiguous().view({N * H * C, D}), idx.view({-1}));
   return picked.view({1, -1, H, D});
+}
+
+torch::Tensor gdr_chunk_token_rows(const GdrChunkLayout& l, int64_t H, const torch::Device& device) {
+  TORCH_CHECK(l.n_chunks * H * l.C < (int64_t{1} << 31), "gdr: at most 2^31 output rows per call, got ",
+              l.n_chunks * H * l.C);
+  return token_rows(l, H, device).to(torch::kInt32).view({l.B, l.T, H});
 }
 
 }  // namespace model

@@ -35,5 +35,8 @@ GdrChunkLayout gdr_chunk_layout(int64_t B, int64_t T, int64_t H, int64_t C, cons
 torch::Tensor gdr_gather_chunks(const torch::Tensor& x, const GdrChunkLayout& l, torch::ScalarType dt);
 // The inverse for outputs: o [N,H,C,D] -> [B,T,H,D] (padding rows dropped); differentiable.
 torch::Tensor gdr_scatter_chunks(const torch::Tensor& o, const GdrChunkLayout& l);
+// Where each (token, head) sits in an output [N,H,C,D] viewed as rows [N·H·C, D]: [B,T,H] int32 on
+// `device` (the index gdr_scatter_chunks reads by, for consumers that read the rows in place).
+torch::Tensor gdr_chunk_token_rows(const GdrChunkLayout& l, int64_t H, const torch::Device& device);
 
 }  // namespace model

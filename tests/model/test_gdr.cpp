@@ -274,3 +274,33 @@ TEST(Gdr, ScanPrecisionSetting) {
     EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
   }
 }
+
+// o_as_rows: the chunk layout's rows picked by o_row are exactly the token-order output, for dense
+// rows whose length is not a multiple of the chunk (padding rows exist) and for a packed row; every
+// (token, head) names its own row, and the final state does not change.
+TEST(Gdr, OutputAsChunkRowsMatchesTokenOrder) {
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 17);
+  const double scale = 0.3;
+  struct Case {
+    int64_t B, T;
+    std::vector<int64_t> cu;  // empty: dense
+  };
+  for (const Case& c : {Case{2, 150, {}}, Case{1, 300, {0, 17, 150, 151, 300}}}) {
+    const int64_t H = 3, dk = 8, dv = 5, C = 64;
+    const int64_t n_state = c.cu.empty() ? c.B : static_cast<int64_t>(c.cu.size()) - 1;
+    const auto in = random_inputs(c.B, c.T, H, dk, dv, false, n_state);
+    const auto cu = c.cu.empty() ? torch::Tensor() : torch::tensor(c.cu, torch::kInt64);
+    const auto plain = run_chunked(in, scale, in.h0, C, cu);
+    const auto rows = model::gdr_forward_chunked(in.q, in.k, in.v, in.beta, in.g, scale, in.h0, cu, C, false, true);
+    ASSERT_FALSE(rows.o.defined());
+    ASSERT_EQ(rows.o_row.sizes(), (std::vector<int64_t>{c.B, c.T, H}));
+    ASSERT_EQ(rows.o_row.scalar_type(), torch::kInt32);
+    const auto idx = rows.o_row.reshape({-1}).to(torch::kInt64);
+    const auto sorted = std::get<0>(idx.sort());
+    EXPECT_TRUE((sorted.slice(0, 1) > sorted.slice(0, 0, -1)).all().item<bool>()) << "two (token, head) pairs share a row";
+    EXPECT_GT(rows.o_rows.size(0), idx.numel()) << "the case should have padding rows";
+    const auto picked = rows.o_rows.index_select(0, idx).view({c.B, c.T, H, dv});
+    EXPECT_EQ(max_abs_diff(picked, plain.o), 0.0) << (c.cu.empty() ? "dense" : "packed");
+    EXPECT_EQ(max_abs_diff(rows.h, plain.h), 0.0);
+  }
+}
