@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <optional>
+
 #include "model/fused_rmsnorm.h"
 
 #if defined(DD_HAVE_CUDA)
@@ -74,15 +76,17 @@ kernels::GatedNormRows rows_of(at::IntArrayRef y_sizes, const torch::Tensor& z, 
 }
 
 
-// o: [B,T,H,D] in token order (o_row undefined), or rows [M,D] with o_row [B,T,H] int32 saying
-// where each (token, head) is.
+// o: [B,T,H,D] in token order (no o_row), or rows [M,D] with o_row [B,T,H] int32 saying where
+// each (token, head) is. (An optional, not an undefined tensor: autograd takes every tensor
+// argument for an input and asks it for its device.)
 class GatedRmsNormFn : public torch::autograd::Function<GatedRmsNormFn> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& o, const torch::Tensor& z,
-                               const torch::Tensor& w, double eps, int64_t out_dtype, const torch::Tensor& o_row) {
+                               const torch::Tensor& w, double eps, int64_t out_dtype,
+                               const std::optional<torch::Tensor>& o_row) {
     const auto yt = static_cast<torch::ScalarType>(out_dtype);
     auto oc = o.contiguous();
-    auto row = o_row.defined() ? o_row.contiguous() : o_row;
+    auto row = o_row.has_value() ? o_row->contiguous() : torch::Tensor();
     auto wf = w.to(torch::kFloat32).contiguous();
     std::vector<int64_t> y_sizes = o.sizes().vec();
     if (row.defined()) {
@@ -143,7 +147,7 @@ torch::Tensor gated_rms_norm(const torch::Tensor& o, const torch::Tensor& z, con
   check_shapes(o.sizes(), z, w);
 #if defined(DD_HAVE_CUDA)
   if (kernels_apply(o, z, w, out_dtype)) {
-    return GatedRmsNormFn::apply(o, z, w, eps, static_cast<int64_t>(out_dtype), torch::Tensor());
+    return GatedRmsNormFn::apply(o, z, w, eps, static_cast<int64_t>(out_dtype), std::nullopt);
   }
 #endif
   return gated_rms_norm_reference(o, z, w, eps, out_dtype);
@@ -157,7 +161,7 @@ torch::Tensor gated_rms_norm_rows(const torch::Tensor& o_rows, const torch::Tens
     auto sizes = o_row.sizes().vec();
     sizes.push_back(o_rows.size(1));
     check_shapes(sizes, z, w);
-    return GatedRmsNormFn::apply(o_rows, z, w, eps, static_cast<int64_t>(out_dtype), o_row);
+    return GatedRmsNormFn::apply(o_rows, z, w, eps, static_cast<int64_t>(out_dtype), std::optional<torch::Tensor>(o_row));
   }
 #endif
   return gated_rms_norm_rows_reference(o_rows, o_row, z, w, eps, out_dtype);
