@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <optional>
+#include <vector>
 
 #include "model/fused_rmsnorm.h"
 
@@ -29,12 +30,16 @@ void check_rows(const torch::Tensor& o_rows, const torch::Tensor& o_row) {
               "gated_rms_norm_rows: expected o_row [B,T,H] int32, got ", o_row.sizes(), " ", o_row.scalar_type());
 }
 
+// The token-order sizes [B,T,H,D] of rows of width D picked by o_row [B,T,H].
+std::vector<int64_t> token_order_sizes(const torch::Tensor& o_row, int64_t D) {
+  auto sizes = o_row.sizes().vec();
+  sizes.push_back(D);
+  return sizes;
+}
+
 // o_rows' rows in token order: [B,T,H,D].
 torch::Tensor gather_rows(const torch::Tensor& o_rows, const torch::Tensor& o_row) {
-  auto idx = o_row.reshape({-1}).to(torch::kInt64);
-  auto sizes = o_row.sizes().vec();
-  sizes.push_back(o_rows.size(1));
-  return o_rows.index_select(0, idx).view(sizes);
+  return o_rows.index_select(0, o_row.reshape({-1}).to(torch::kInt64)).view(token_order_sizes(o_row, o_rows.size(1)));
 }
 
 }  // namespace
@@ -88,11 +93,7 @@ class GatedRmsNormFn : public torch::autograd::Function<GatedRmsNormFn> {
     auto oc = o.contiguous();
     auto row = o_row.has_value() ? o_row->contiguous() : torch::Tensor();
     auto wf = w.to(torch::kFloat32).contiguous();
-    std::vector<int64_t> y_sizes = o.sizes().vec();
-    if (row.defined()) {
-      y_sizes = row.sizes().vec();
-      y_sizes.push_back(o.size(1));
-    }
+    const auto y_sizes = row.defined() ? token_order_sizes(row, o.size(1)) : o.sizes().vec();
     auto y = torch::empty(y_sizes, o.options().dtype(yt));
     const auto rows = rows_of(y.sizes(), z, row);
     auto rstd = torch::empty({rows.N}, o.options().dtype(torch::kFloat32));
@@ -158,9 +159,7 @@ torch::Tensor gated_rms_norm_rows(const torch::Tensor& o_rows, const torch::Tens
   check_rows(o_rows, o_row);
 #if defined(DD_HAVE_CUDA)
   if (o_row.is_cuda() && o_row.numel() > 0 && kernels_apply(o_rows, z, w, out_dtype)) {
-    auto sizes = o_row.sizes().vec();
-    sizes.push_back(o_rows.size(1));
-    check_shapes(sizes, z, w);
+    check_shapes(token_order_sizes(o_row, o_rows.size(1)), z, w);
     return GatedRmsNormFn::apply(o_rows, z, w, eps, static_cast<int64_t>(out_dtype), std::optional<torch::Tensor>(o_row));
   }
 #endif
