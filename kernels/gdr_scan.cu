@@ -16,6 +16,7 @@
 // broadcasts. All math in fp32 with fp32 accumulation.
 #include <cuda_runtime.h>
 
+#include "kernels/cp_async.cuh"
 #include "kernels/gdr_scan.h"
 
 namespace kernels {
@@ -23,14 +24,6 @@ namespace kernels {
 namespace {
 
 constexpr int kLanes = 32;  // state columns per block
-
-// One 16-byte asynchronous copy from global to shared memory (sm80+), and the wait for all of a
-// thread's copies; a __syncthreads after the wait makes every thread's copies visible.
-__device__ __forceinline__ void cp_async16(void* smem_dst, const void* src) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // Starts copying n4 float4 from global to shared memory, all threads of the block.
 __device__ __forceinline__ void stage_tile(float* dst, const float* src, int n4) {
