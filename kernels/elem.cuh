@@ -37,6 +37,32 @@ struct alignas(V * sizeof(T)) Vec {
   __device__ __forceinline__ void set(int i, float x) { v[i] = from_f32<T>(x); }
 };
 
+// The kVec values at row[c] .. row[c + kVec − 1] as fp32, one vector load when kVec > 1 (the caller
+// guarantees row + c is aligned to kVec elements), and the store of kVec fp32 values there.
+template <int kVec, typename T>
+__device__ __forceinline__ void load_run(const T* row, int64_t c, float* out) {
+  if constexpr (kVec == 1) {
+    out[0] = to_f32(row[c]);
+  } else {
+    Vec<T, kVec> v;
+    v.load(row + c);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) out[e] = v.get(e);
+  }
+}
+
+template <int kVec, typename T>
+__device__ __forceinline__ void store_run(T* row, int64_t c, const float* in) {
+  if constexpr (kVec == 1) {
+    row[c] = from_f32<T>(in[0]);
+  } else {
+    Vec<T, kVec> v;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) v.set(e, in[e]);
+    v.store(row + c);
+  }
+}
+
 // Whether every pointer is aligned to `bytes`.
 inline bool aligned_to(int bytes, const void* a, const void* b = nullptr, const void* c = nullptr) {
   auto ok = [bytes](const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0; };

@@ -2,7 +2,14 @@
 // its kPer elements of h in registers between the sum of squares and the write of y. Backward: a
 // grid-stride loop over rows so each block keeps its dw partial sums in registers and writes them
 // once (instead of a read-modify-write of global memory per row).
+// kVec: a thread's elements come in runs of kVec adjacent columns, moved as one vector (4 fp32 in
+// 16 bytes, 4 bf16 in 8) when C is a multiple of 4 and the rows are aligned; element k of a thread
+// is column kVec · (threadIdx.x + (k / kVec) · blockDim.x) + k % kVec. With one element per load
+// (kVec = 1) a warp's bf16 access is 64 bytes, and the kernels reached about 65% of the memory
+// bandwidth (docs/perf.md, stop 27).
+#include <initializer_list>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/elem.cuh"
 #include "kernels/rmsnorm_train.h"
@@ -15,9 +22,19 @@ namespace {
 // partial dw rows this leaves (≤ 1056 × C fp32) are summed by one small reduction.
 constexpr int kMaxBackwardBlocks = 132 * 8;
 
-template <typename TX, typename TY, typename TB, int kPer>
-__global__ void __launch_bounds__(512) add_norm_forward_kernel(TY* y, TX* h, float* rstd, const TX* x, const TB* b, const float* w,
-                                        int64_t C, float eps) {
+// Whether add_rmsnorm_forward/backward move kVec = 4 columns per load where they can (a switch for
+// measuring; on by default).
+bool g_vector_loads = true;
+
+// The column of this thread's element k (see the file comment).
+template <int kVec>
+__device__ __forceinline__ int64_t column_of(int k) {
+  return static_cast<int64_t>(kVec) * (threadIdx.x + static_cast<int64_t>(k / kVec) * blockDim.x) + k % kVec;
+}
+
+template <typename TX, typename TY, typename TB, int kPer, int kVec>
+__global__ void __launch_bounds__(512) add_norm_forward_kernel(TY* y, TX* h, float* rstd, const TX* x, const TB* b,
+                                                               const float* w, int64_t C, float eps) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const TX* xr = x + row * C;
@@ -26,28 +43,36 @@ __global__ void __launch_bounds__(512) add_norm_forward_kernel(TY* y, TX* h, flo
   float v[kPer];
   float ss = 0.f;
 #pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-    v[k] = 0.f;
-    if (c < C) {
-      float a = to_f32(xr[c]);
+  for (int k = 0; k < kPer; k += kVec) {
+    const int64_t c = column_of<kVec>(k);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) v[k + e] = 0.f;
+    if (c < C) {  // C % kVec == 0: a run is whole or past the row
+      load_run<kVec>(xr, c, v + k);
       if (br) {
+        float bv[kVec];
+        load_run<kVec>(br, c, bv);
         // The stored residual is rounded to x's dtype; normalise exactly what is stored.
-        const TX hv = from_f32<TX>(a + to_f32(br[c]));
-        hr[c] = hv;
-        a = to_f32(hv);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) v[k + e] = to_f32(from_f32<TX>(v[k + e] + bv[e]));
+        store_run<kVec>(hr, c, v + k);
       }
-      v[k] = a;
-      ss += a * a;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) ss += v[k + e] * v[k + e];
     }
   }
   const float r = rsqrtf(block_sum(ss, scratch) / static_cast<float>(C) + eps);
   if (threadIdx.x == 0) rstd[row] = r;
   TY* yr = y + row * C;
 #pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-    if (c < C) yr[c] = from_f32<TY>(v[k] * r * (w ? w[c] : 1.f));
+  for (int k = 0; k < kPer; k += kVec) {
+    const int64_t c = column_of<kVec>(k);
+    if (c < C) {
+      float out[kVec];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) out[e] = v[k + e] * r * (w ? w[c + e] : 1.f);
+      store_run<kVec>(yr, c, out);
+    }
   }
 }
 
@@ -78,16 +103,17 @@ __device__ __forceinline__ float2 block_sum2(float a, float b, float* scratch) {
 // Two rows per iteration (one for the widest rows, whose registers would spill): their loads are in
 // flight together and they share one block reduction. One row at a time, each block waited on a
 // memory round trip and two barriers per row, and the kernel ran at under half the memory bandwidth.
-template <typename TX, typename TY, typename TB, int kPer>
-__global__ void __launch_bounds__(512) add_norm_backward_kernel(TX* dx, TB* db, float* dw_partial, const TY* dy, const TX* dh, const TX* h,
-                                         const float* w, const float* rstd, int64_t N, int64_t C) {
+template <typename TX, typename TY, typename TB, int kPer, int kVec>
+__global__ void __launch_bounds__(512)
+    add_norm_backward_kernel(TX* dx, TB* db, float* dw_partial, const TY* dy, const TX* dh, const TX* h, const float* w,
+                             const float* rstd, int64_t N, int64_t C) {
   constexpr int kRows = kPer <= 8 ? 2 : 1;
   __shared__ float scratch[64];
   float dw_acc[kPer];
   float wv[kPer];
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
-    const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    const int64_t c = column_of<kVec>(k);
     dw_acc[k] = 0.f;
     wv[k] = (w && c < C) ? w[c] : 1.f;
   }
@@ -101,12 +127,15 @@ __global__ void __launch_bounds__(512) add_norm_backward_kernel(TX* dx, TB* db, 
       r[q] = valid ? rstd[row] : 0.f;
       dot[q] = 0.f;  // Σ g · ĥ
 #pragma unroll
-      for (int k = 0; k < kPer; ++k) {
-        const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-        const bool in = valid && c < C;
-        hh[q][k] = in ? to_f32(h[row * C + c]) : 0.f;
-        g[q][k] = in ? to_f32(dy[row * C + c]) : 0.f;
-        dhv[q][k] = (in && dh) ? to_f32(dh[row * C + c]) : 0.f;
+      for (int k = 0; k < kPer; k += kVec) {
+        const int64_t c = column_of<kVec>(k);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) hh[q][k + e] = g[q][k + e] = dhv[q][k + e] = 0.f;
+        if (valid && c < C) {
+          load_run<kVec>(h + row * C, c, hh[q] + k);
+          load_run<kVec>(dy + row * C, c, g[q] + k);
+          if (dh) load_run<kVec>(dh + row * C, c, dhv[q] + k);
+        }
       }
     }
 #pragma unroll
@@ -126,12 +155,14 @@ __global__ void __launch_bounds__(512) add_norm_backward_kernel(TX* dx, TB* db, 
       const int64_t row = row0 + q;
       if (row >= N) break;
 #pragma unroll
-      for (int k = 0; k < kPer; ++k) {
-        const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      for (int k = 0; k < kPer; k += kVec) {
+        const int64_t c = column_of<kVec>(k);
         if (c < C) {
-          const float v = r[q] * (g[q][k] - hh[q][k] * mean_dot[q]) + dhv[q][k];
-          dx[row * C + c] = from_f32<TX>(v);
-          if (db) db[row * C + c] = from_f32<TB>(v);
+          float out[kVec];
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) out[e] = r[q] * (g[q][k + e] - hh[q][k + e] * mean_dot[q]) + dhv[q][k + e];
+          store_run<kVec>(dx + row * C, c, out);
+          if (db) store_run<kVec>(db + row * C, c, out);
         }
       }
     }
@@ -139,7 +170,7 @@ __global__ void __launch_bounds__(512) add_norm_backward_kernel(TX* dx, TB* db, 
   if (w) {
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
-      const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      const int64_t c = column_of<kVec>(k);
       if (c < C) dw_partial[static_cast<int64_t>(blockIdx.x) * C + c] = dw_acc[k];
     }
   }
@@ -167,6 +198,16 @@ void with_per(int per, F&& f) {
   else f(std::integral_constant<int, 16>{});
 }
 
+// f(integral_constant<4>) when rows of C move in 4-column vectors: C % 4 == 0 and every pointer
+// aligned to 4 of its elements (bytes_per_4: 16 for fp32, 8 for 16-bit types); else f(<1>).
+template <typename F>
+void with_vec(int64_t C, std::initializer_list<std::pair<const void*, int>> ptrs, F&& f) {
+  bool vec = g_vector_loads && C % 4 == 0;
+  for (const auto& [p, bytes_per_4] : ptrs) vec = vec && aligned_to(bytes_per_4, p);
+  if (vec) f(std::integral_constant<int, 4>{});
+  else f(std::integral_constant<int, 1>{});
+}
+
 // Calls f(TX{}, TY{}, TB{}) for the supported dtype combinations; returns false for the others.
 template <typename F>
 bool dispatch_combo(DType x, DType y, DType b, F&& f) {
@@ -191,6 +232,8 @@ bool dispatch_combo(DType x, DType y, DType b, F&& f) {
 
 }  // namespace
 
+void add_rmsnorm_vector_loads(bool on) { g_vector_loads = on; }
+
 bool add_rmsnorm_supported(DType x_dt, DType y_dt, DType b_dt, int64_t C) {
   RowShape s;
   return row_shape(C, s) && dispatch_combo(x_dt, y_dt, b_dt, [](auto, auto, auto) {});
@@ -207,9 +250,12 @@ int add_rmsnorm_forward(void* y, DType y_dt, void* h, float* rstd, const void* x
     using TY = decltype(ty);
     using TB = decltype(tb);
     with_per(s.per, [&](auto per) {
-      add_norm_forward_kernel<TX, TY, TB, decltype(per)::value><<<static_cast<unsigned>(N), s.threads, 0, st>>>(
-          static_cast<TY*>(y), static_cast<TX*>(h), rstd, static_cast<const TX*>(x), static_cast<const TB*>(b), w, C,
-          eps);
+      with_vec(C, {{y, 4 * sizeof(TY)}, {h, 4 * sizeof(TX)}, {x, 4 * sizeof(TX)}, {b, 4 * sizeof(TB)}}, [&](auto vec) {
+        add_norm_forward_kernel<TX, TY, TB, decltype(per)::value, decltype(vec)::value>
+            <<<static_cast<unsigned>(N), s.threads, 0, st>>>(static_cast<TY*>(y), static_cast<TX*>(h), rstd,
+                                                             static_cast<const TX*>(x), static_cast<const TB*>(b), w,
+                                                             C, eps);
+      });
     });
   });
   if (!ok) return static_cast<int>(cudaErrorInvalidValue);
@@ -233,9 +279,15 @@ int add_rmsnorm_backward(void* dx, void* db, float* dw_partial, const void* dy, 
     using TY = decltype(ty);
     using TB = decltype(tb);
     with_per(s.per, [&](auto per) {
-      add_norm_backward_kernel<TX, TY, TB, decltype(per)::value><<<blocks, s.threads, 0, st>>>(
-          static_cast<TX*>(dx), static_cast<TB*>(db), dw_partial, static_cast<const TY*>(dy),
-          static_cast<const TX*>(dh), static_cast<const TX*>(h), w, rstd, N, C);
+      with_vec(C,
+               {{dx, 4 * sizeof(TX)}, {db, 4 * sizeof(TB)}, {dy, 4 * sizeof(TY)}, {dh, 4 * sizeof(TX)},
+                {h, 4 * sizeof(TX)}},
+               [&](auto vec) {
+                 add_norm_backward_kernel<TX, TY, TB, decltype(per)::value, decltype(vec)::value>
+                     <<<blocks, s.threads, 0, st>>>(static_cast<TX*>(dx), static_cast<TB*>(db), dw_partial,
+                                                    static_cast<const TY*>(dy), static_cast<const TX*>(dh),
+                                                    static_cast<const TX*>(h), w, rstd, N, C);
+               });
     });
   });
   if (!ok) return static_cast<int>(cudaErrorInvalidValue);

@@ -20,6 +20,10 @@ namespace kernels {
 // branch dtype, or x, y and b all of one dtype) and width (C <= 16384). Host function; any thread.
 bool add_rmsnorm_supported(DType x_dt, DType y_dt, DType b_dt, int64_t C);
 
+// Whether the kernels move 4 adjacent columns per load and store where the row allows it (the
+// default), or one: a process-wide switch for `bench train --row-kernels baseline` and the tests.
+void add_rmsnorm_vector_loads(bool on);
+
 // b may be nullptr (no add: h is x and is not written). w may be nullptr (weight-free).
 // Returns the cudaError_t of the launch (0 = success); an unsupported combination is refused
 // (cudaErrorInvalidValue).
