@@ -19,6 +19,10 @@ void cross_entropy_grad_inplace_ref(float* logits, float* loss, const int64_t* t
 // stride `ld` elements. Returns the cudaError_t of the launch (0 = success).
 int cross_entropy_grad_inplace(void* logits, bool is_bf16, int64_t ld, float* loss, const int64_t* targets,
                                int64_t N, int64_t V, float grad_scale, void* stream);
+
+// Whether bf16 rows that fit are staged in shared memory (the default) or kept in registers: a
+// process-wide switch for `bench train --row-kernels baseline` and the tests.
+void cross_entropy_staged_rows(bool on);
 #endif
 
 }  // namespace kernels
