@@ -32,6 +32,10 @@ inline bool gated_rmsnorm_supports(int64_t D) { return D >= 1 && D <= 1024; }
 int gated_rmsnorm_forward(void* y, DType y_dt, float* rstd, const float* o, const void* z, DType z_dt,
                           const float* w, const GatedNormRows& rows, float eps, void* stream);
 
+// Whether rows up to 512 wide take the register kernels (the default) or the looped ones: a
+// process-wide switch for `bench train --row-kernels baseline` and the tests.
+void gated_rmsnorm_register_rows(bool on);
+
 // Rows of dw's partial sums the backward writes: dw = dw_partial[0:rows].sum(0).
 int64_t gated_rmsnorm_backward_partial_rows(int64_t N);
 
