@@ -9,9 +9,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/gdr_scan.h"
 #include "model/bmm_fp32.h"
 #include "model/gdr_chunk_core.h"
-#include "kernels/gdr_scan.h"
+#if defined(DD_HAVE_CUDA)
+#include "kernels/cross_entropy.h"
+#include "kernels/gated_rmsnorm.h"
+#include "kernels/rmsnorm_train.h"
+#endif
 #include "model/fp8_swiglu_mlp.h"
 #include "model/gdr.h"
 #include "model/gdr_scan.h"
@@ -56,6 +61,16 @@ int bench_train(const BenchTrainArgs& a) {
     std::cerr << "deltadeck: bench train: --fp8-ffn: expected fused or unfused, got \"" << a.fp8_ffn << "\"\n";
     return 2;
   }
+  if (a.row_kernels != "default" && a.row_kernels != "baseline") {
+    std::cerr << "deltadeck: bench train: --row-kernels: expected default or baseline, got \"" << a.row_kernels
+              << "\"\n";
+    return 2;
+  }
+#if defined(DD_HAVE_CUDA)
+  kernels::add_rmsnorm_vector_loads(a.row_kernels == "default");
+  kernels::cross_entropy_staged_rows(a.row_kernels == "default");
+  kernels::gated_rmsnorm_register_rows(a.row_kernels == "default");
+#endif
   model::fp8_swiglu_mlp_enabled(a.fp8_ffn == "fused");
   model::gdr_use_kernels(a.gdr_scan != "aten");
   // unfused-front: the forward's front as six launches instead of the fused kernel.
@@ -155,6 +170,7 @@ int bench_train(const BenchTrainArgs& a) {
   j["precision"] = a.precision;
   j["gdr_scan"] = a.gdr_scan;
   j["fp8_ffn"] = a.fp8_ffn;
+  j["row_kernels"] = a.row_kernels;
   j["devices"] = a.devices;
   j["device"] = device;
   j["params"] = params;

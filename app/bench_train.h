@@ -30,6 +30,10 @@ struct BenchTrainArgs {
   // fp8 only: "fused" (the SwiGLU feed-forward as one fp8 function, model/fp8_swiglu_mlp.h) or
   // "unfused" (its three layers one by one), to measure the fusion.
   std::string fp8_ffn = "fused";
+  // "default", or "baseline": the add+RMSNorm kernels moving one column per load, the cross-entropy
+  // kernel keeping bf16 rows in registers and the gated norm's looped kernels (their stop-26
+  // forms), to measure the change.
+  std::string row_kernels = "default";
 };
 
 // Returns the exit code: 0 measured, 2 bad arguments or config, 1 the run failed.

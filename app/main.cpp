@@ -170,6 +170,11 @@ int main(int argc, char** argv) {
                               "with its output copied into token order before the output norm, or their ATen twins "
                               "(to measure the kernels)")
       ->capture_default_str();
+  bench_train_cmd->add_option("--row-kernels", bench_train.row_kernels,
+                              "default | baseline: the add+RMSNorm, gated RMSNorm and cross-entropy kernels as they "
+                              "are, or as they were before moving 4 columns per load, keeping gated-norm rows in "
+                              "registers and staging bf16 logits rows in shared memory (to measure that change)")
+      ->capture_default_str();
   bench_train_cmd->add_option("--fp8-ffn", bench_train.fp8_ffn,
                               "fused | unfused: with --precision fp8, the SwiGLU feed-forward as one fp8 function "
                               "that quantises SwiGLU's activation and gradient as it computes them, or as its three "

@@ -12,6 +12,8 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/gated_rmsnorm.h"
+#include "kernels/rmsnorm_train.h"
 #include "model/decoder_lm.h"
 #include "model/fp8_linear.h"
 #include "model/fp8_swiglu_mlp.h"
@@ -64,52 +66,60 @@ TEST(FusedOpsCuda, AddRmsNormMatchesReference) {
   struct Shape {
     int64_t rows, C;
   };
-  // C = 10000 is past the kernels' widest row: it checks the fallback to the reference.
-  for (const Combo cb : combos) {
-    for (const Shape sh : {Shape{1, 37}, Shape{1000, 768}, Shape{333, 4097}, Shape{64, 8000}, Shape{16, 10000}}) {
-      for (const bool with_b : {true, false}) {
-        for (const bool with_w : {true, false}) {
-          const std::string what = std::string("x ") + name_of(cb.x) + " y " + name_of(cb.y) + " b " +
-                                   (with_b ? name_of(cb.b) : "-") + " rows=" + std::to_string(sh.rows) +
-                                   " C=" + std::to_string(sh.C) + (with_w ? " w" : " no-w");
-          auto x0 = (torch::randn({sh.rows, sh.C + 3}, torch::kCUDA) * 2.0).narrow(1, 1, sh.C).to(cb.x);  // strided
-          auto b0 = with_b ? torch::randn({sh.rows, sh.C}, torch::kCUDA).to(cb.b) : torch::Tensor();
-          auto w0 = with_w ? torch::rand({sh.C}, torch::kCUDA) + 0.5 : torch::Tensor();
-          auto dy = torch::randn({sh.rows, sh.C}, torch::kCUDA).to(cb.y);
-          auto dh_in = torch::randn({sh.rows, sh.C}, torch::kCUDA).to(cb.x);
-          auto run = [&](bool fused) {
-            auto x = x0.detach().clone().requires_grad_(true);
-            auto b = with_b ? b0.detach().clone().requires_grad_(true) : torch::Tensor();
-            auto w = with_w ? w0.detach().clone().requires_grad_(true) : torch::Tensor();
-            auto out = fused ? model::fused_add_rms_norm(x, b, w, 1e-6, cb.y)
-                             : model::add_rms_norm_reference(x, b, w, 1e-6, cb.y);
-            // The residual h also flows on (its own gradient) when there is an add.
-            auto loss = (out.y.to(torch::kFloat32) * dy.to(torch::kFloat32)).sum();
-            if (with_b) loss = loss + (out.h.to(torch::kFloat32) * dh_in.to(torch::kFloat32)).sum();
-            loss.backward();
-            return std::vector<torch::Tensor>{out.y.detach(), out.h.detach(), x.grad(),
-                                              with_b ? b.grad() : torch::zeros({1}),
-                                              with_w ? w.grad() : torch::zeros({1})};
-          };
-          auto f = run(true), r = run(false);
-          EXPECT_EQ(f[0].scalar_type(), cb.y) << what;
-          EXPECT_LT(rel_norm_diff(f[0], r[0]), tol_for(cb.y)) << what << " y";
-          EXPECT_LT(rel_norm_diff(f[1], r[1]), tol_for(cb.x)) << what << " h";
-          // dx: the fused kernel and autograd both compute it in fp32 from the same dy.
-          EXPECT_LT(rel_norm_diff(f[2], r[2]), tol_for(cb.x) * 2) << what << " dx";
-          if (with_b) {
-            EXPECT_LT(rel_norm_diff(f[3], r[3]), tol_for(cb.b) * 2) << what << " db";
+  // C = 10000 is past the kernels' widest row: it checks the fallback to the reference. Rows whose
+  // width is a multiple of 4 move 4 columns per load, or 1 with the switch off (both are checked);
+  // 37 and 4097 always move 1.
+  for (const bool vec : {true, false}) {
+    kernels::add_rmsnorm_vector_loads(vec);
+    for (const Combo cb : combos) {
+      for (const Shape sh : {Shape{1, 37}, Shape{1000, 768}, Shape{5, 1028}, Shape{333, 4097}, Shape{64, 8000},
+                             Shape{16, 10000}}) {
+        for (const bool with_b : {true, false}) {
+          for (const bool with_w : {true, false}) {
+            const std::string what = std::string(vec ? "vec4" : "scalar") + " x " + name_of(cb.x) + " y " +
+                                     name_of(cb.y) + " b " + (with_b ? name_of(cb.b) : "-") +
+                                     " rows=" + std::to_string(sh.rows) + " C=" + std::to_string(sh.C) +
+                                     (with_w ? " w" : " no-w");
+            auto x0 = (torch::randn({sh.rows, sh.C + 3}, torch::kCUDA) * 2.0).narrow(1, 1, sh.C).to(cb.x);  // strided
+            auto b0 = with_b ? torch::randn({sh.rows, sh.C}, torch::kCUDA).to(cb.b) : torch::Tensor();
+            auto w0 = with_w ? torch::rand({sh.C}, torch::kCUDA) + 0.5 : torch::Tensor();
+            auto dy = torch::randn({sh.rows, sh.C}, torch::kCUDA).to(cb.y);
+            auto dh_in = torch::randn({sh.rows, sh.C}, torch::kCUDA).to(cb.x);
+            auto run = [&](bool fused) {
+              auto x = x0.detach().clone().requires_grad_(true);
+              auto b = with_b ? b0.detach().clone().requires_grad_(true) : torch::Tensor();
+              auto w = with_w ? w0.detach().clone().requires_grad_(true) : torch::Tensor();
+              auto out = fused ? model::fused_add_rms_norm(x, b, w, 1e-6, cb.y)
+                               : model::add_rms_norm_reference(x, b, w, 1e-6, cb.y);
+              // The residual h also flows on (its own gradient) when there is an add.
+              auto loss = (out.y.to(torch::kFloat32) * dy.to(torch::kFloat32)).sum();
+              if (with_b) loss = loss + (out.h.to(torch::kFloat32) * dh_in.to(torch::kFloat32)).sum();
+              loss.backward();
+              return std::vector<torch::Tensor>{out.y.detach(), out.h.detach(), x.grad(),
+                                                with_b ? b.grad() : torch::zeros({1}),
+                                                with_w ? w.grad() : torch::zeros({1})};
+            };
+            auto f = run(true), r = run(false);
+            EXPECT_EQ(f[0].scalar_type(), cb.y) << what;
+            EXPECT_LT(rel_norm_diff(f[0], r[0]), tol_for(cb.y)) << what << " y";
+            EXPECT_LT(rel_norm_diff(f[1], r[1]), tol_for(cb.x)) << what << " h";
+            // dx: the fused kernel and autograd both compute it in fp32 from the same dy.
+            EXPECT_LT(rel_norm_diff(f[2], r[2]), tol_for(cb.x) * 2) << what << " dx";
+            if (with_b) {
+              EXPECT_LT(rel_norm_diff(f[3], r[3]), tol_for(cb.b) * 2) << what << " db";
+            }
+            if (with_w) {
+              EXPECT_LT(rel_norm_diff(f[4], r[4]), cb.y == torch::kFloat32 ? 1e-5 : 1e-2) << what << " dw";
+            }
+            if ((sh.C == 4097 || sh.C == 1028) && with_b && with_w)
+              std::printf("[measured] fused add+RMSNorm %s: y %.3g h %.3g dx %.3g db %.3g dw %.3g\n", what.c_str(),
+                          rel_norm_diff(f[0], r[0]), rel_norm_diff(f[1], r[1]), rel_norm_diff(f[2], r[2]), rel_norm_diff(f[3], r[3]), rel_norm_diff(f[4], r[4]));
           }
-          if (with_w) {
-            EXPECT_LT(rel_norm_diff(f[4], r[4]), cb.y == torch::kFloat32 ? 1e-5 : 1e-2) << what << " dw";
-          }
-          if (sh.C == 4097 && with_b && with_w)
-            std::printf("[measured] fused add+RMSNorm %s: y %.3g h %.3g dx %.3g db %.3g dw %.3g\n", what.c_str(),
-                        rel_norm_diff(f[0], r[0]), rel_norm_diff(f[1], r[1]), rel_norm_diff(f[2], r[2]), rel_norm_diff(f[3], r[3]), rel_norm_diff(f[4], r[4]));
         }
       }
     }
   }
+  kernels::add_rmsnorm_vector_loads(true);
 }
 
 TEST(FusedOpsCuda, RopeMatchesReference) {
@@ -693,28 +703,37 @@ TEST(FusedOpsCuda, ShortConvMatchesReference) {
 // not, packed into one row and over a batch. fp32 differs by summation order (1e-5); bf16 y and dz
 // by one rounding of the same value (8e-3), and do / dw carry dy's bf16 rounding only on both sides.
 // Rows form (gated_rms_norm_rows): o is [M, D] rows in a shuffled order with 7 rows no token reads
-// (the chunk layout's padding), whose gradient must be exactly zero.
+// (the chunk layout's padding), whose gradient must be exactly zero. Rows up to 512 wide take the
+// register kernels (4-column vectors where z's slice is aligned, else one column per load); the
+// looped kernels run for D = 1024 and with the switch off.
 TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
   DD_REQUIRE_GPU();
   seed_from_gtest(43);
   struct Case {
     int64_t B, T, H, D;
   };
-  for (const Case c : {Case{2, 150, 6, 128}, Case{1, 333, 3, 40}, Case{3, 17, 1, 1024}})
+  const Case cases[] = {Case{2, 150, 6, 128}, Case{1, 333, 3, 40}, Case{2, 100, 6, 192}, Case{1, 90, 4, 256},
+                        Case{3, 17, 1, 1024}};
+  for (const bool registers : {true, false})
+  for (const bool aligned_z : {false, true})
+  for (const Case c : cases)
   for (const bool rows : {false, true}) {
+    kernels::gated_rmsnorm_register_rows(registers);
     for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
       auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
       const int64_t N = c.B * c.T * c.H, M = rows ? N + 7 : N;
       auto o0 = rows ? torch::randn({M, c.D}, f32) * 3.0 : torch::randn({c.B, c.T, c.H, c.D}, f32) * 3.0;
       auto perm = torch::randperm(M, f32.dtype(torch::kInt64));
       auto o_row = perm.narrow(0, 0, N).to(torch::kInt32).view({c.B, c.T, c.H});
-      auto wide0 = (torch::randn({c.B, c.T, c.H * c.D + 11}, f32) * 2.0).to(dt);
+      // z at column 5 of rows H·D + 11 wide, or at column 8 of rows H·D + 16 wide (4-column vectors).
+      const int64_t z_col = aligned_z ? 8 : 5, z_pad = aligned_z ? 16 : 11;
+      auto wide0 = (torch::randn({c.B, c.T, c.H * c.D + z_pad}, f32) * 2.0).to(dt);
       auto w0 = torch::rand({c.D}, f32) + 0.5;
       auto gy = torch::randn({c.B, c.T, c.H, c.D}, f32).to(dt);
       auto run = [&](bool fused) {
         auto o = o0.clone().requires_grad_(true), wide = wide0.clone().requires_grad_(true);
         auto w = w0.clone().requires_grad_(true);
-        auto z = wide.narrow(2, 5, c.H * c.D);
+        auto z = wide.narrow(2, z_col, c.H * c.D);
         torch::Tensor y;
         if (rows) {
           y = fused ? model::gated_rms_norm_rows(o, o_row, z, w, 1e-6, dt)
@@ -733,7 +752,8 @@ TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
       const char* names[] = {"y", "do", "dz", "dw"};
       const double tol = tol_for(dt);
       std::string what = "B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " H" + std::to_string(c.H) + " D" +
-                         std::to_string(c.D) + " " + name_of(dt) + (rows ? " rows" : "");
+                         std::to_string(c.D) + " " + name_of(dt) + (rows ? " rows" : "") +
+                         (registers ? " registers" : " looped") + (aligned_z ? " z aligned" : "");
       double e[4];
       for (int i = 0; i < 4; ++i) {
         EXPECT_EQ(got[i].scalar_type(), want[i].scalar_type()) << what << " " << names[i];
@@ -743,6 +763,7 @@ TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
       std::printf("[measured] gated RMSNorm %s: y %.1e do %.1e dz %.1e dw %.1e\n", what.c_str(), e[0], e[1], e[2], e[3]);
     }
   }
+  kernels::gated_rmsnorm_register_rows(true);
 }
 
 // The Gated DeltaNet's L2Norm kernel against the ATen formula: x a column slice of a wider
