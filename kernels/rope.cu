@@ -1,6 +1,7 @@
-// RoPE: one block per token (b, t); its threads walk the token's H · D/2 rotation pairs, V
-// consecutive pairs per thread through one aligned vector load of each half (8 bytes), so the
-// token's position is read once and a warp touches one contiguous stretch of each head.
+// RoPE: one block per token (b, t); its threads walk the token's rotation pairs of every part
+// (RopeParts: q and k, or q, k and v, in one launch), V consecutive pairs per thread through one
+// aligned vector load of each half (8 bytes), so the token's position is read once and a warp
+// touches one contiguous stretch of each head.
 #include <type_traits>
 
 #include "kernels/elem.cuh"
@@ -10,42 +11,47 @@ namespace kernels {
 
 namespace {
 
-template <typename T, int V>
-__global__ void rope_kernel(T* out, const T* x, const int64_t* pos, const double* cos_t, const double* sin_t,
-                            RopeShape s, float sign) {
-  const int64_t token = blockIdx.x;
-  const int64_t b = token / s.T, t = token % s.T;
-  const int64_t half = s.D / 2, per_head = half / V;
-  const int64_t p = pos[b * s.pos_sb + t * s.pos_st];
-  const T* xt = x + b * s.x_sb + t * s.x_st;
-  T* ot = out + token * s.H * s.D;
-  for (int64_t i = threadIdx.x; i < s.H * per_head; i += blockDim.x) {
-    const int64_t hd = i / per_head, j = (i % per_head) * V;
-    const T* xh = xt + hd * s.x_sh;
-    Vec<T, V> x1, x2, o1, o2;
-    x1.load(xh + j);
-    x2.load(xh + j + half);
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const float c = static_cast<float>(cos_t[p * half + j + k]);
-      const float sn = sign * static_cast<float>(sin_t[p * half + j + k]);
-      o1.set(k, x1.get(k) * c - x2.get(k) * sn);
-      o2.set(k, x2.get(k) * c + x1.get(k) * sn);
-    }
-    T* oh = ot + hd * s.D;
-    o1.store(oh + j);
-    o2.store(oh + j + half);
-  }
+// Part k of p, picked by branches: a dynamic index into the kernel's parameter array would copy
+// the array to local memory.
+__device__ __forceinline__ const RopePart& part_of(const RopeParts& p, int k) {
+  return k == 0 ? p.part[0] : (k == 1 ? p.part[1] : p.part[2]);
 }
 
 template <typename T, int V>
-void launch(void* out, const void* x, const int64_t* pos, const double* cos, const double* sin, const RopeShape& s,
-            float sign, cudaStream_t st) {
-  const int64_t work = s.H * (s.D / 2) / V;
-  const int threads = work >= 256 ? 256 : static_cast<int>((work + 31) / 32 * 32);
-  rope_kernel<T, V><<<static_cast<unsigned>(s.B * s.T), threads, 0, st>>>(static_cast<T*>(out),
-                                                                         static_cast<const T*>(x), pos, cos, sin, s,
-                                                                         sign);
+__global__ void rope_parts_kernel(RopeParts p, const int64_t* pos, const double* cos_t, const double* sin_t,
+                                  float sign) {
+  const int64_t token = blockIdx.x;
+  const int64_t b = token / p.T, t = token % p.T;
+  const int64_t half = p.D / 2, per_head = half / V;
+  const int64_t ps = pos[b * p.pos_sb + t * p.pos_st];
+  int64_t total = 0;
+  for (int k = 0; k < p.n; ++k) total += part_of(p, k).H * per_head;
+  for (int64_t i = threadIdx.x; i < total; i += blockDim.x) {
+    int k = 0;
+    int64_t w = i;
+    while (w >= part_of(p, k).H * per_head) w -= part_of(p, k).H * per_head, ++k;
+    const RopePart& pt = part_of(p, k);
+    const int64_t hd = w / per_head, j = (w % per_head) * V;
+    const T* xh = static_cast<const T*>(pt.x) + b * pt.x_sb + t * pt.x_st + hd * pt.x_sh;
+    Vec<T, V> x1, x2, o1, o2;
+    x1.load(xh + j);
+    x2.load(xh + j + half);
+    if (pt.rotate) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float c = static_cast<float>(cos_t[ps * half + j + e]);
+        const float sn = sign * static_cast<float>(sin_t[ps * half + j + e]);
+        o1.set(e, x1.get(e) * c - x2.get(e) * sn);
+        o2.set(e, x2.get(e) * c + x1.get(e) * sn);
+      }
+    } else {
+      o1 = x1;
+      o2 = x2;
+    }
+    T* oh = static_cast<T*>(pt.out) + token * pt.out_st + hd * p.D;
+    o1.store(oh + j);
+    o2.store(oh + j + half);
+  }
 }
 
 // RoPE + per-head RMSNorm. G threads own one head (G = (D/2)/V, a power of two ≤ 32, so a head's
@@ -207,22 +213,46 @@ int rope_rmsnorm_backward(void* dx, const void* dy, const void* y, const float* 
   return static_cast<int>(cudaGetLastError());
 }
 
-int rope_apply(void* out, const void* x, DType dt, const int64_t* pos, const double* cos, const double* sin,
-               const RopeShape& s, bool inverse, void* stream) {
-  if (s.B * s.T == 0 || s.H == 0 || s.D == 0) return 0;
-  if (s.D % 2 != 0) return static_cast<int>(cudaErrorInvalidValue);
+int rope_apply_parts(const RopeParts& p, DType dt, const int64_t* pos, const double* cos, const double* sin,
+                     bool inverse, void* stream) {
+  if (p.n < 1 || p.n > 3 || p.D % 2 != 0) return static_cast<int>(cudaErrorInvalidValue);
+  int64_t pairs = 0;
+  for (int k = 0; k < p.n; ++k) pairs += p.part[k].H * (p.D / 2);
+  if (p.B * p.T == 0 || pairs == 0) return 0;
   auto st = static_cast<cudaStream_t>(stream);
   const float sign = inverse ? -1.f : 1.f;
   dispatch_dtype(dt, [&](auto tag) {
     using T = decltype(tag);
-    // 8-byte vectors when every row start and the half split are aligned to them; else scalars.
+    // 8-byte vectors when every row start, head start and the half split are aligned to them; else
+    // scalars.
     constexpr int V = 8 / sizeof(T);
-    const int64_t half = s.D / 2;
-    const bool vec = half % V == 0 && s.x_sb % V == 0 && s.x_st % V == 0 && s.x_sh % V == 0 && aligned_to(8, out, x);
-    if (vec) launch<T, V>(out, x, pos, cos, sin, s, sign, st);
-    else launch<T, 1>(out, x, pos, cos, sin, s, sign, st);
+    bool vec = (p.D / 2) % V == 0;
+    for (int k = 0; k < p.n; ++k) {
+      const RopePart& q = p.part[k];
+      vec = vec && q.x_sb % V == 0 && q.x_st % V == 0 && q.x_sh % V == 0 && q.out_st % V == 0 &&
+            aligned_to(8, q.out, q.x);
+    }
+    const int64_t work = pairs / (vec ? V : 1);
+    const int threads = work >= 256 ? 256 : static_cast<int>((work + 31) / 32 * 32);
+    const unsigned grid = static_cast<unsigned>(p.B * p.T);
+    if (vec) rope_parts_kernel<T, V><<<grid, threads, 0, st>>>(p, pos, cos, sin, sign);
+    else rope_parts_kernel<T, 1><<<grid, threads, 0, st>>>(p, pos, cos, sin, sign);
   });
   return static_cast<int>(cudaGetLastError());
+}
+
+int rope_apply(void* out, const void* x, DType dt, const int64_t* pos, const double* cos, const double* sin,
+               const RopeShape& s, bool inverse, void* stream) {
+  if (s.B * s.T == 0 || s.H == 0 || s.D == 0) return 0;
+  RopeParts p;
+  p.B = s.B;
+  p.T = s.T;
+  p.D = s.D;
+  p.pos_sb = s.pos_sb;
+  p.pos_st = s.pos_st;
+  p.n = 1;
+  p.part[0] = RopePart{x, s.x_sb, s.x_st, s.x_sh, s.H, out, s.H * s.D, true};
+  return rope_apply_parts(p, dt, pos, cos, sin, inverse, stream);
 }
 
 }  // namespace kernels

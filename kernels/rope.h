@@ -19,10 +19,33 @@ struct RopeShape {
   int64_t pos_sb, pos_st;    // element strides of the int64 positions [B,T] (0 for a broadcast row)
 };
 
+// Up to three parts of each token's row for one launch of rope_apply_parts (a fused q|k|v
+// projection's q and k, and in the backward v too): H heads of D read from x (element strides over
+// B, T, H; unit-stride last dim) and written to out (heads contiguous, out_st elements between
+// tokens), rotated, or copied as they are (rotate = false).
+struct RopePart {
+  const void* x = nullptr;
+  int64_t x_sb = 0, x_st = 0, x_sh = 0;
+  int64_t H = 0;
+  void* out = nullptr;
+  int64_t out_st = 0;
+  bool rotate = true;
+};
+struct RopeParts {
+  int64_t B = 0, T = 0, D = 0;
+  int64_t pos_sb = 0, pos_st = 0;  // element strides of the int64 positions [B,T]
+  int n = 0;                       // parts used, 1..3
+  RopePart part[3];
+};
+
 #ifdef DD_HAVE_CUDA
-// Returns the cudaError_t of the launch (0 = success). out and x have dtype `dt`.
+// Returns the cudaError_t of the launch (0 = success). out and x have dtype `dt`; out is contiguous.
 int rope_apply(void* out, const void* x, DType dt, const int64_t* pos, const double* cos, const double* sin,
                const RopeShape& s, bool inverse, void* stream);
+
+// Every part in one launch (one block per token). Returns the cudaError_t of the launch.
+int rope_apply_parts(const RopeParts& p, DType dt, const int64_t* pos, const double* cos, const double* sin,
+                     bool inverse, void* stream);
 
 // RoPE followed by the weight-free QK-norm of each head (the GPT mixer's qk_norm), in one pass:
 //   z = rope(x),  y = z · r,  r = 1/sqrt(mean(z²) + eps)  per (token, head)
