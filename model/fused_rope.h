@@ -19,6 +19,23 @@ bool fused_rope_applies(const torch::Tensor& x, const torch::Tensor& pos, const 
 // Positions must be below T (true of dense_positions and packed_positions).
 torch::Tensor rope(const torch::Tensor& x, const torch::Tensor& pos, const RopeTables& tables);
 
+// q, k and v from a fused q|k|v projection's output qkv [B, T, (nh + 2 nkv) · dh], with RoPE on q
+// and k (as `rope`) and v a view of qkv. Through the kernel (one autograd node) when qkv is
+// contiguous and fused_rope_applies: its backward writes the three gradients into one tensor of
+// qkv's shape, RoPE's inverse straight into the q and k columns, where rotating dq and dk into
+// their own tensors and concatenating the three (split's backward) moves the gradients twice.
+// Else split, `rope` on q and k and a view of v (apply_rope on the CPU, the reference).
+struct RopedQkv {
+  torch::Tensor q, k, v;  // [B, T, nh, dh], [B, T, nkv, dh], [B, T, nkv, dh]
+};
+RopedQkv rope_qkv(const torch::Tensor& qkv, int64_t nh, int64_t nkv, int64_t dh, const torch::Tensor& pos,
+                  const RopeTables& tables);
+
+// Whether rope_qkv takes its one-node kernel path where it applies (the default), or rotates q and
+// k each as `rope` and lets split's backward concatenate the gradients: a process-wide switch for
+// `bench train --rope-qkv split`.
+void rope_qkv_fused(bool on);
+
 // RoPE then the weight-free QK-norm of every head (rms_norm_plain(apply_rope(x)), the GPT mixer
 // with qk_norm): one kernel forward and one backward when fused_rope_applies and the head dim
 // suits the kernel, else exactly that reference. The kernel normalises the fp32 rotation before

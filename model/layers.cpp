@@ -144,14 +144,23 @@ AttentionImpl::AttentionImpl(const ModelConfig& c)
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& u, const Positions& p) {
   const int64_t B = u.size(0), T = u.size(1);
-  // q, k and v from one matmul; split (not narrow) so backward concatenates their gradients once (or,
-  // in fp8, quantises them as one where they are).
-  auto qkv = linear_cat_split(u, {wq, wk, wv});
-  // RoPE, then QK-norm when on: one kernel each for q and k on a GPU.
-  auto rotate = [&](const torch::Tensor& x) { return qk_norm_ ? rope_qk_norm(x, p.pos, rope_) : rope(x, p.pos, rope_); };
-  auto q = rotate(qkv[0].view({B, T, nh_, dh_}));
-  auto k = rotate(qkv[1].view({B, T, nkv_, dh_}));
-  auto v = qkv[2].view({B, T, nkv_, dh_});
+  torch::Tensor q, k, v;
+  if (!qk_norm_ && !Fp8Scope::active()) {
+    // One matmul, RoPE on q and k; the three gradients land in one tensor (model/fused_rope.h).
+    auto r = rope_qkv(linear_cat(u, {wq, wk, wv}), nh_, nkv_, dh_, p.pos, rope_);
+    q = r.q;
+    k = r.k;
+    v = r.v;
+  } else {
+    // q, k and v from one matmul; split (not narrow) so backward concatenates their gradients once
+    // (or, in fp8, quantises them as one where they are).
+    auto qkv = linear_cat_split(u, {wq, wk, wv});
+    // RoPE, then QK-norm when on: one kernel each for q and k on a GPU.
+    auto rotate = [&](const torch::Tensor& x) { return qk_norm_ ? rope_qk_norm(x, p.pos, rope_) : rope(x, p.pos, rope_); };
+    q = rotate(qkv[0].view({B, T, nh_, dh_}));
+    k = rotate(qkv[1].view({B, T, nkv_, dh_}));
+    v = qkv[2].view({B, T, nkv_, dh_});
+  }
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh_));
   auto o = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, p);
   return wo(o.transpose(1, 2).reshape({B, T, nh_ * dh_}));

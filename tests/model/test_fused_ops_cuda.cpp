@@ -175,6 +175,67 @@ TEST(FusedOpsCuda, RopeMatchesReference) {
   }
 }
 
+// rope_qkv (RoPE on q and k out of a fused q|k|v projection, one autograd node writing the three
+// gradients into one tensor) against split + apply_rope + a view of v. The upstream gradients
+// arrive in attention's transposed [B, H, T, D] layout (strided, as SDPA's backward hands them
+// back), and once with v unused (its gradient columns must be exactly zero). Grouped-query shapes
+// (nkv < nh), an odd head dim and a head dim that is not a multiple of 4 included.
+TEST(FusedOpsCuda, RopeQkvMatchesSplitAndRope) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(79);
+  struct Shape {
+    int64_t B, T, nh, nkv, dh;
+  };
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (const Shape sh : {Shape{2, 37, 4, 2, 64}, Shape{1, 300, 12, 12, 64}, Shape{3, 16, 3, 1, 34}}) {
+      for (const bool v_used : {true, false}) {
+        const std::string what = std::string(name_of(dtype)) + " B=" + std::to_string(sh.B) + " T=" +
+                                 std::to_string(sh.T) + " nh=" + std::to_string(sh.nh) + " nkv=" +
+                                 std::to_string(sh.nkv) + " dh=" + std::to_string(sh.dh) + (v_used ? "" : " v unused");
+        auto tables = model::make_rope_tables(sh.dh, 1024, 10000.0);
+        tables.cos = tables.cos.cuda();
+        tables.sin = tables.sin.cuda();
+        const auto p = model::dense_positions(sh.B, sh.T, torch::kCUDA);
+        const int64_t W = (sh.nh + 2 * sh.nkv) * sh.dh;
+        auto qkv0 = torch::randn({sh.B, sh.T, W}, torch::kCUDA).to(dtype);
+        auto gq = torch::randn({sh.B, sh.nh, sh.T, sh.dh}, torch::kCUDA).to(dtype);
+        auto gk = torch::randn({sh.B, sh.nkv, sh.T, sh.dh}, torch::kCUDA).to(dtype);
+        auto gv = torch::randn({sh.B, sh.nkv, sh.T, sh.dh}, torch::kCUDA).to(dtype);
+        auto run = [&](bool fused) {
+          auto qkv = qkv0.detach().clone().requires_grad_(true);
+          model::RopedQkv r;
+          if (fused) {
+            r = model::rope_qkv(qkv, sh.nh, sh.nkv, sh.dh, p.pos, tables);
+          } else {
+            auto parts = qkv.split_with_sizes({sh.nh * sh.dh, sh.nkv * sh.dh, sh.nkv * sh.dh}, -1);
+            r.q = model::apply_rope(parts[0].view({sh.B, sh.T, sh.nh, sh.dh}), p.pos, tables);
+            r.k = model::apply_rope(parts[1].view({sh.B, sh.T, sh.nkv, sh.dh}), p.pos, tables);
+            r.v = parts[2].view({sh.B, sh.T, sh.nkv, sh.dh});
+          }
+          auto f32 = [](const torch::Tensor& x) { return x.to(torch::kFloat32); };
+          auto loss = (f32(r.q.transpose(1, 2)) * f32(gq)).sum() + (f32(r.k.transpose(1, 2)) * f32(gk)).sum();
+          if (v_used) loss = loss + (f32(r.v.transpose(1, 2)) * f32(gv)).sum();
+          loss.backward();
+          return std::vector<torch::Tensor>{r.q.detach(), r.k.detach(), r.v.detach(), qkv.grad()};
+        };
+        auto f = run(true), r = run(false);
+        const double tol = dtype == torch::kFloat32 ? 1e-6 : tol_for(dtype);
+        const char* names[] = {"q", "k", "v", "dqkv"};
+        for (int i = 0; i < 4; ++i) {
+          EXPECT_EQ(f[i].sizes(), r[i].sizes()) << what << " " << names[i];
+          EXPECT_EQ(f[i].scalar_type(), dtype) << what << " " << names[i];
+          EXPECT_LT(rel_norm_diff(f[i], r[i]), tol) << what << " " << names[i];
+        }
+        if (!v_used) {
+          EXPECT_EQ(f[3].narrow(2, (sh.nh + sh.nkv) * sh.dh, sh.nkv * sh.dh).abs().max().item<float>(), 0.f) << what;
+        }
+        std::printf("[measured] RoPE q|k|v %s: q %.3g k %.3g dqkv %.3g\n", what.c_str(), rel_norm_diff(f[0], r[0]),
+                    rel_norm_diff(f[1], r[1]), rel_norm_diff(f[3], r[3]));
+      }
+    }
+  }
+}
+
 TEST(FusedOpsCuda, SwigluMatchesReference) {
   DD_REQUIRE_GPU();
   seed_from_gtest(73);
