@@ -7,6 +7,7 @@
 #include <map>
 #include <variant>
 
+#include <ATen/Context.h>
 #include <nlohmann/json.hpp>
 
 #include "kernels/gdr_scan.h"
@@ -18,6 +19,7 @@
 #include "kernels/rmsnorm_train.h"
 #endif
 #include "model/fp8_swiglu_mlp.h"
+#include "model/fused_rope.h"
 #include "model/gdr.h"
 #include "model/gdr_scan.h"
 #include "storage/file_util.h"
@@ -65,6 +67,20 @@ int bench_train(const BenchTrainArgs& a) {
     std::cerr << "deltadeck: bench train: --row-kernels: expected default or baseline, got \"" << a.row_kernels
               << "\"\n";
     return 2;
+  }
+  if (a.sdpa != "default" && a.sdpa != "flash" && a.sdpa != "cudnn") {
+    std::cerr << "deltadeck: bench train: --sdpa: expected default, flash or cudnn, got \"" << a.sdpa << "\"\n";
+    return 2;
+  }
+  if (a.rope_qkv != "fused" && a.rope_qkv != "split") {
+    std::cerr << "deltadeck: bench train: --rope-qkv: expected fused or split, got \"" << a.rope_qkv << "\"\n";
+    return 2;
+  }
+  model::rope_qkv_fused(a.rope_qkv == "fused");
+  if (a.sdpa == "flash") at::globalContext().setSDPUseCuDNN(false);
+  if (a.sdpa == "cudnn") {
+    at::globalContext().setSDPUseFlash(false);
+    at::globalContext().setSDPUseMemEfficient(false);
   }
 #if defined(DD_HAVE_CUDA)
   kernels::add_rmsnorm_vector_loads(a.row_kernels == "default");
@@ -171,6 +187,8 @@ int bench_train(const BenchTrainArgs& a) {
   j["gdr_scan"] = a.gdr_scan;
   j["fp8_ffn"] = a.fp8_ffn;
   j["row_kernels"] = a.row_kernels;
+  j["sdpa"] = a.sdpa;
+  j["rope_qkv"] = a.rope_qkv;
   j["devices"] = a.devices;
   j["device"] = device;
   j["params"] = params;

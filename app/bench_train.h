@@ -34,6 +34,12 @@ struct BenchTrainArgs {
   // kernel keeping bf16 rows in registers and the gated norm's looped kernels (their stop-26
   // forms), to measure the change.
   std::string row_kernels = "default";
+  // "default" (LibTorch's pick for dense attention: cuDNN on Hopper), "flash" or "cudnn": the
+  // scaled-dot-product attention backend of the dense path, to compare them.
+  std::string sdpa = "default";
+  // "fused" (model::rope_qkv's one autograd node) or "split" (RoPE on q and k each, split's backward
+  // concatenating the gradients), to measure the fusion.
+  std::string rope_qkv = "fused";
 };
 
 // Returns the exit code: 0 measured, 2 bad arguments or config, 1 the run failed.

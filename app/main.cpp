@@ -175,6 +175,16 @@ int main(int argc, char** argv) {
                               "are, or as they were before moving 4 columns per load, keeping gated-norm rows in "
                               "registers and staging bf16 logits rows in shared memory (to measure that change)")
       ->capture_default_str();
+  bench_train_cmd->add_option("--sdpa", bench_train.sdpa,
+                              "default | flash | cudnn: dense attention through LibTorch's pick (cuDNN on Hopper), "
+                              "or forced to the flash or the cuDNN kernels (to compare them; packed batches always "
+                              "take the flash varlen kernel)")
+      ->capture_default_str();
+  bench_train_cmd->add_option("--rope-qkv", bench_train.rope_qkv,
+                              "fused | split: the GPT attention's RoPE on q and k as one autograd node whose backward "
+                              "writes the q, k and v gradients into one tensor, or RoPE on each with split's backward "
+                              "concatenating them (to measure the fusion)")
+      ->capture_default_str();
   bench_train_cmd->add_option("--fp8-ffn", bench_train.fp8_ffn,
                               "fused | unfused: with --precision fp8, the SwiGLU feed-forward as one fp8 function "
                               "that quantises SwiGLU's activation and gradient as it computes them, or as its three "
