@@ -16,6 +16,7 @@
 
 #include "kernels/cp_async.cuh"
 #include "kernels/cross_entropy.h"
+#include "kernels/smem_opt_in.cuh"
 #include "kernels/elem.cuh"
 
 namespace kernels {
@@ -152,7 +153,8 @@ __global__ void __launch_bounds__(kSmemThreads, 2)
     for (int e = 0; e < E; ++e) s += __expf(v.get(e) - m);
   }
   const float lse = m + logf(block_sum(s, scratch));
-  if (threadIdx.x == 0) loss[row] = lse - to_f32(zs[t]);
+  // A target past the vocabulary (a tokenizer/model mismatch) gives a NaN loss, not a read past the row.
+  if (threadIdx.x == 0) loss[row] = t < V ? lse - to_f32(zs[t]) : NAN;
   for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
     Vec<T, E> v, g;
     v.load(zs + i * E);
@@ -173,11 +175,9 @@ bool launch_smem(T* logits, int64_t ld, float* loss, const int64_t* targets, int
   constexpr int E = 16 / sizeof(T);
   const int64_t bytes = V * static_cast<int64_t>(sizeof(T));
   if (!g_staged_rows || V % E != 0 || ld % E != 0 || !aligned_to(16, logits) || bytes > kMaxSmemRowBytes) return false;
-  static const bool opted_in = [] {
-    return cudaFuncSetAttribute(ce_grad_smem_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(kMaxSmemRowBytes)) == cudaSuccess;
-  }();
-  if (!opted_in) return false;
+  if (allow_dynamic_smem(reinterpret_cast<const void*>(ce_grad_smem_kernel<T>), static_cast<int>(bytes)) != 0) {
+    return false;  // this GPU cannot give a block the row: the register or two-pass kernel takes it
+  }
   ce_grad_smem_kernel<T><<<static_cast<unsigned>(N), kSmemThreads, static_cast<size_t>(bytes), st>>>(
       logits, ld, loss, targets, V, grad_scale);
   return true;

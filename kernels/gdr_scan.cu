@@ -18,6 +18,7 @@
 
 #include "kernels/cp_async.cuh"
 #include "kernels/gdr_scan.h"
+#include "kernels/smem_opt_in.cuh"
 
 namespace kernels {
 
@@ -166,15 +167,11 @@ __global__ void __launch_bounds__(kLanes* kWarps) gdr_scan_kernel(GdrScanArgs a)
   }
 }
 
-// Opts an instance in to more than 48 KiB of shared memory (once) and launches it.
+// Opts an instance in to more than 48 KiB of shared memory (once per device) and launches it.
 template <int kWarps, int RC, int RPW>
 void launch(const GdrScanArgs& a, dim3 grid, size_t smem, cudaStream_t st) {
-  static const bool opted_in = [] {
-    cudaFuncSetAttribute(gdr_scan_kernel<kWarps, RC, RPW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(gdr_scan_smem_bytes(128, 256)));
-    return true;
-  }();
-  (void)opted_in;
+  allow_dynamic_smem(reinterpret_cast<const void*>(gdr_scan_kernel<kWarps, RC, RPW>),
+                     static_cast<int>(gdr_scan_smem_bytes(128, 256)));
   gdr_scan_kernel<kWarps, RC, RPW><<<grid, kLanes * kWarps, smem, st>>>(a);
 }
 

@@ -30,6 +30,7 @@
 #include <cstdint>
 
 #include "kernels/gdr_scan.h"
+#include "kernels/smem_opt_in.cuh"
 #include "kernels/tf32_mma.cuh"
 
 namespace kernels {
@@ -313,15 +314,12 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
 
 using ScanKernel = void (*)(GdrScanArgs);
 
-// The kernel for these template sizes, allowed the shared memory it needs (once per process).
+// The kernel for these template sizes, allowed the shared memory it needs on the current device.
 template <int kWarps, int kUnits, int kRowTiles, bool kHasE, bool kSplit>
 ScanKernel opted_in_kernel() {
-  static const ScanKernel fn = [] {
-    ScanKernel f = gdr_scan_mma_kernel<kWarps, kUnits, kRowTiles, kHasE, kSplit>;
-    cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kGdrScanMmaMaxSmem));
-    return f;
-  }();
-  return fn;
+  ScanKernel f = gdr_scan_mma_kernel<kWarps, kUnits, kRowTiles, kHasE, kSplit>;
+  allow_dynamic_smem(reinterpret_cast<const void*>(f), static_cast<int>(kGdrScanMmaMaxSmem));
+  return f;
 }
 
 // The instantiation for a's E (the forward scan has none, and its kernel keeps no registers for

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "kernels/gemm_tf32x3.h"
+#include "kernels/smem_opt_in.cuh"
 #include "kernels/tf32_mma.cuh"
 
 namespace kernels {
@@ -150,12 +151,8 @@ __global__ void __launch_bounds__(64 * kNW, min_blocks(kNW)) gemm_tf32x3_kernel(
 
 template <bool kAK, bool kBNc, int kNW>
 int launch(const GemmTf32x3Args& args, cudaStream_t s) {
-  static const bool opted_in = [] {
-    cudaFuncSetAttribute(gemm_tf32x3_kernel<kAK, kBNc, kNW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         smem_bytes(kNW));
-    return true;
-  }();
-  (void)opted_in;
+  allow_dynamic_smem(reinterpret_cast<const void*>(gemm_tf32x3_kernel<kAK, kBNc, kNW>),
+                     static_cast<int>(smem_bytes(kNW)));
   const dim3 grid(static_cast<unsigned>(args.batch), static_cast<unsigned>((args.N + 32 * kNW - 1) / (32 * kNW)),
                   static_cast<unsigned>((args.M + kBM - 1) / kBM));
   gemm_tf32x3_kernel<kAK, kBNc, kNW><<<grid, 64 * kNW, smem_bytes(kNW), s>>>(args);

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #ifdef DD_HAVE_CUDA
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "kernels/cross_entropy.h"
@@ -22,9 +23,10 @@ void check(int64_t N, int64_t V, torch::ScalarType dtype, double tol_loss, doubl
   const double scale = 0.37;
   kernels::cross_entropy_grad_inplace_ref(ref.data_ptr<float>(), ref_loss.data_ptr<float>(), t.data_ptr<int64_t>(), N, V,
                                           scale);
-  auto zd = z.to(dtype).cuda().contiguous();
-  auto td = t.cuda();
-  auto loss = torch::empty({N}, torch::TensorOptions().device(torch::kCUDA));
+  const torch::Device dev(torch::kCUDA, c10::cuda::current_device());
+  auto zd = z.to(dtype).to(dev).contiguous();
+  auto td = t.to(dev);
+  auto loss = torch::empty({N}, torch::TensorOptions().device(dev));
   ASSERT_EQ(kernels::cross_entropy_grad_inplace(zd.data_ptr(), dtype == torch::kBFloat16, V, loss.data_ptr<float>(),
                                                 td.data_ptr<int64_t>(), N, V, static_cast<float>(scale),
                                                 c10::cuda::getCurrentCUDAStream().stream()),
@@ -64,5 +66,12 @@ TEST(CrossEntropyCuda, MatchesReference) {
   kernels::cross_entropy_staged_rows(true);
   check(5, 60000, torch::kBFloat16, 1e-4, 0.37 / 256);
   check(3, 131072, torch::kBFloat16, 1e-4, 0.37 / 256);
+  // Every GPU of the process (the trainer drives them from threads of one process): the staged
+  // rows' shared-memory opt-in is per device, so a second GPU must get its own.
+  for (int d = 1; d < static_cast<int>(torch::cuda::device_count()); ++d) {
+    c10::cuda::CUDAGuard on(static_cast<c10::DeviceIndex>(d));
+    std::printf("GPU %d:\n", d);
+    check(41, 50304, torch::kBFloat16, 1e-4, 0.37 / 256);
+  }
 #endif
 }
