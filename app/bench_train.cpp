@@ -77,7 +77,10 @@ int bench_train(const BenchTrainArgs& a) {
     return 2;
   }
   model::rope_qkv_fused(a.rope_qkv == "fused");
-  if (a.sdpa == "flash") at::globalContext().setSDPUseCuDNN(false);
+  if (a.sdpa == "flash") {
+    at::globalContext().setSDPUseCuDNN(false);
+    at::globalContext().setSDPUseMemEfficient(false);
+  }
   if (a.sdpa == "cudnn") {
     at::globalContext().setSDPUseFlash(false);
     at::globalContext().setSDPUseMemEfficient(false);

@@ -103,6 +103,7 @@ class FusedRopeQkvFn : public torch::autograd::Function<FusedRopeQkvFn> {
                                const torch::Tensor& cos, const torch::Tensor& sin, int64_t nh, int64_t nkv,
                                int64_t dh) {
     const int64_t B = qkv.size(0), T = qkv.size(1);
+    ctx->set_materialize_grads(false);  // an unused output's gradient stays undefined: its columns are zeroed
     ctx->save_for_backward({pos, cos, sin});
     ctx->saved_data["nh"] = nh;
     ctx->saved_data["nkv"] = nkv;
