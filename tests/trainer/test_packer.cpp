@@ -151,10 +151,13 @@ TEST(Packer, PiecesStayInRowsAndDocuments) {
           // Inside a document the label is its next token, or its EOT.
           EXPECT_TRUE(lab == in + 1 || lab == EOT) << in << " -> " << lab;
         }
-        if (i + 1 < b.inputs.size() && !cuts.count(static_cast<int32_t>(i + 1)) && !(mask && in == EOT))
+        if (i + 1 < b.inputs.size() && !cuts.count(static_cast<int32_t>(i + 1)) && !(mask && in == EOT)) {
           EXPECT_EQ(lab, b.inputs[i + 1]);
+        }
       }
-      if (!mask) EXPECT_EQ(b.ignored_labels, 0);
+      if (!mask) {
+        EXPECT_EQ(b.ignored_labels, 0);
+      }
     }
   }
 }
