@@ -16,8 +16,8 @@
 
 #include "kernels/cp_async.cuh"
 #include "kernels/cross_entropy.h"
-#include "kernels/smem_opt_in.cuh"
 #include "kernels/elem.cuh"
+#include "kernels/smem_opt_in.cuh"
 
 namespace kernels {
 
