@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -207,23 +208,22 @@ struct Session::Impl {
       auto ranks = std::make_shared<RankResults>(local_world);
       auto rank_body = [this, ranks, devices, rendezvous, first_rank, world, timeout](int r) {
         EndedEvent out;
+        std::unique_ptr<Communicator> comm;
         try {
           bind_thread(devices[r]);
-          auto comm = world > 1 ? Communicator::join(rendezvous, first_rank + r, world, devices[r], timeout)
-                                : Communicator::single();
+          comm = world > 1 ? Communicator::join(rendezvous, first_rank + r, world, devices[r], timeout)
+                           : Communicator::single();
           ranks->attach(r, comm.get());
-          try {
-            out = run_rank(cfg, opts, events, commands, progress, RankContext{devices[r], comm.get()});
-          } catch (...) {
-            ranks->attach(r, nullptr);
-            throw;
-          }
-          ranks->attach(r, nullptr);
+          out = run_rank(cfg, opts, events, commands, progress, RankContext{devices[r], comm.get()});
         } catch (const std::exception& e) {
           events.push(LogEvent{0, "error", e.what()});
           out = EndedEvent{RunStatus::Failed, 0, e.what()};
         }
+        ranks->attach(r, nullptr);
+        // Recorded before this rank's group closes: a peer waiting in a collective sees the closed
+        // connection and fails too, and a failure recorded first is taken as the run's cause.
         ranks->finish(r, std::move(out));
+        comm.reset();
       };
       std::vector<std::thread> threads;
       for (int r = 0; r < local_world; ++r) threads.emplace_back(rank_body, r);
