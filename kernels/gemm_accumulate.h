@@ -1,6 +1,7 @@
-// c += aᵀ · b with fp32 c and bf16/fp16 a, b, accumulated in fp32 inside one cuBLAS GEMM (beta = 1).
-// A weight gradient summed over chunks or micro-batches this way never passes through a bf16
-// product that is then cast to fp32 and added (two extra passes over the fp32 matrix per chunk).
+// c += aᵀ · b (or c = aᵀ · b) with fp32 c and bf16/fp16 a, b, accumulated in fp32 inside one cuBLAS
+// GEMM (beta = 1, or 0). A weight gradient summed over chunks or micro-batches this way never passes
+// through a bf16 product that is then cast to fp32 and added (two extra passes over the fp32 matrix
+// per chunk).
 // Host-side call into cuBLAS (no kernel of ours); raw pointers, no torch.
 #pragma once
 
@@ -16,6 +17,10 @@ namespace kernels {
 // the caller's stream. Returns the cublasStatus_t (0 = success).
 int gemm_at_b_accumulate_f32(void* cublas_handle, float* c, int64_t ldc, const void* a, int64_t lda, const void* b,
                              int64_t ldb, DType ab_dtype, int64_t K, int64_t M, int64_t N);
+// The same, overwriting c (beta = 0: c is not read, so it may be uninitialised) unless `accumulate`.
+// K = 0 without `accumulate` is refused (CUBLAS_STATUS_NOT_SUPPORTED): the caller zeroes c.
+int gemm_at_b_f32(void* cublas_handle, float* c, int64_t ldc, const void* a, int64_t lda, const void* b, int64_t ldb,
+                  DType ab_dtype, int64_t K, int64_t M, int64_t N, bool accumulate);
 #endif
 
 }  // namespace kernels

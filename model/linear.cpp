@@ -1,10 +1,12 @@
 #include "model/linear.h"
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <cmath>
 
 #include "model/fp8_linear.h"
+#include "model/mixed_linear.h"
 
 #if defined(DD_HAVE_CUDA)
 #include <ATen/cuda/CUDAContext.h>
@@ -32,6 +34,7 @@ void LinearImpl::reset_parameters() {
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   if (fp8_active && fp8_linear_fits(x, weight)) return fp8_linear(x, weight, &fp8);
+  if (mixed_linear_applies(x, weight)) return mixed_linear(x, weight, at::autocast::get_autocast_dtype(at::kCUDA));
   return torch::linear(x, weight);
 }
 
@@ -41,6 +44,7 @@ torch::Tensor linear_cat(const torch::Tensor& x, const std::vector<Linear>& laye
   for (const auto& l : layers) weights.push_back(l->weight);
   // FP8 reads the weights where they are; the plain product concatenates them.
   if (fp8_active && fp8_linear_fits(x, weights)) return fp8_linear(x, weights, &layers.front().ptr()->fp8);
+  if (mixed_linear_applies(x, weights)) return mixed_linear(x, weights, at::autocast::get_autocast_dtype(at::kCUDA));
   return torch::linear(x, weights.size() == 1 ? weights[0] : torch::cat(weights, 0));
 }
 
@@ -53,6 +57,8 @@ std::vector<torch::Tensor> linear_cat_split(const torch::Tensor& x, const std::v
     outs.push_back(l->weight.size(0));
   }
   if (fp8_active && fp8_linear_fits(x, weights)) return fp8_linear_split(x, weights, &layers.front().ptr()->fp8);
+  if (mixed_linear_applies(x, weights))
+    return mixed_linear(x, weights, at::autocast::get_autocast_dtype(at::kCUDA)).split_with_sizes(outs, -1);
   return torch::linear(x, weights.size() == 1 ? weights[0] : torch::cat(weights, 0)).split_with_sizes(outs, -1);
 }
 
@@ -65,25 +71,29 @@ std::vector<std::pair<std::string, Fp8History*>> fp8_histories(torch::nn::Module
   return out;
 }
 
-void add_at_b_(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b) {
+void add_at_b_(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b) { at_b_into_(c, a, b, true); }
+
+void at_b_into_(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b, bool accumulate) {
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2 && a.size(0) == b.size(0) && c.size(0) == a.size(1) &&
                   c.size(1) == b.size(1),
-              "add_at_b_: c ", c.sizes(), " += aᵀ b with a ", a.sizes(), ", b ", b.sizes());
+              "at_b_into_: c ", c.sizes(), (accumulate ? " +=" : " ="), " aᵀ b with a ", a.sizes(), ", b ", b.sizes());
 #if defined(DD_HAVE_CUDA)
   kernels::DType dt{};
   const bool fits = c.is_cuda() && c.scalar_type() == torch::kFloat32 && c.stride(1) == 1 &&
                     a.scalar_type() == b.scalar_type() && kernel_dtype(a.scalar_type(), dt) &&
                     dt != kernels::DType::F32 && a.stride(1) == 1 && b.stride(1) == 1 && a.device() == c.device() &&
-                    b.device() == c.device();
+                    b.device() == c.device() && a.size(0) > 0;
   if (fits) {
-    const int status = kernels::gemm_at_b_accumulate_f32(at::cuda::getCurrentCUDABlasHandle(), c.data_ptr<float>(),
-                                                         c.stride(0), a.data_ptr(), a.stride(0), b.data_ptr(),
-                                                         b.stride(0), dt, a.size(0), a.size(1), b.size(1));
-    TORCH_CHECK(status == 0, "add_at_b_: cublasGemmEx failed (status ", status, ")");
+    const int status = kernels::gemm_at_b_f32(at::cuda::getCurrentCUDABlasHandle(), c.data_ptr<float>(), c.stride(0),
+                                              a.data_ptr(), a.stride(0), b.data_ptr(), b.stride(0), dt, a.size(0),
+                                              a.size(1), b.size(1), accumulate);
+    TORCH_CHECK(status == 0, "at_b_into_: cublasGemmEx failed (status ", status, ")");
     return;
   }
 #endif
-  c.add_(torch::mm(a.t(), b).to(c.scalar_type()));
+  auto product = torch::mm(a.t(), b).to(c.scalar_type());
+  if (accumulate) c.add_(product);
+  else c.copy_(product);
 }
 
 Fp8Scope::Fp8Scope(bool on) : was_active_(fp8_active) { fp8_active = on; }

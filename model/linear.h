@@ -46,6 +46,8 @@ std::vector<std::pair<std::string, Fp8History*>> fp8_histories(torch::nn::Module
 // with bf16/fp16 a and b, one GEMM accumulates straight into c in fp32 (kernels/gemm_accumulate.h);
 // elsewhere c += (aᵀ b) converted to c's dtype. Throws on a shape mismatch.
 void add_at_b_(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b);
+// add_at_b_ when `accumulate`, else c = aᵀ · b (c's old values never read: it may be uninitialised).
+void at_b_into_(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b, bool accumulate);
 
 // While alive, this thread's Linear layers multiply in FP8 (train.precision = "fp8") when `on`, or
 // not when !on; restores the previous mode after. Nests.

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "model/linear.h"
+#include "model/mixed_linear.h"
 
 namespace trainer {
 
@@ -14,9 +15,11 @@ struct ForwardPrecision::State {
   bool was_enabled = false;
   at::ScalarType was_dtype = at::kBFloat16;
   std::optional<model::Fp8Scope> fp8;
+  std::optional<model::WeightGradInPlaceScope> weight_grads;
 };
 
-ForwardPrecision::ForwardPrecision(const std::string& precision, const c10::Device& device)
+ForwardPrecision::ForwardPrecision(const std::string& precision, const c10::Device& device,
+                                   bool weight_grads_in_place)
     : state_(std::make_unique<State>()) {
   if (precision == "fp32") return;
   State& s = *state_;
@@ -28,11 +31,13 @@ ForwardPrecision::ForwardPrecision(const std::string& precision, const c10::Devi
   at::autocast::set_autocast_dtype(s.type, precision == "fp16" ? at::kHalf : at::kBFloat16);
   at::autocast::increment_nesting();
   if (precision == "fp8") s.fp8.emplace(true);
+  s.weight_grads.emplace(weight_grads_in_place);
 }
 
 ForwardPrecision::~ForwardPrecision() {
   State& s = *state_;
   if (!s.autocast) return;
+  s.weight_grads.reset();
   s.fp8.reset();
   // Leaving the outermost autocast region drops the cached low-precision weight copies.
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();

@@ -1,6 +1,9 @@
 // train.precision applied to a forward pass: bf16/fp16 autocast on the run's device type, and for
 // fp8 bf16 autocast plus float8 products in the linear layers. The backward runs outside the scope
 // (autograd follows the forward's dtypes; activation checkpointing re-applies the forward's state).
+// `weight_grads_in_place`: the linear layers' low-precision products also write their weight
+// gradients straight into the fp32 .grad (model/mixed_linear.h); only where nothing hooks the
+// weights' gradient accumulation.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -12,7 +15,7 @@ namespace trainer {
 
 class ForwardPrecision {
  public:
-  ForwardPrecision(const std::string& precision, const c10::Device& device);
+  ForwardPrecision(const std::string& precision, const c10::Device& device, bool weight_grads_in_place = false);
   ~ForwardPrecision();
   ForwardPrecision(const ForwardPrecision&) = delete;
   ForwardPrecision& operator=(const ForwardPrecision&) = delete;

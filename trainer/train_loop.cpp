@@ -190,6 +190,10 @@ class TrainLoop {
       }
       opt_ = std::make_unique<AdamW>(adam_params, decay, adam_opts);
     }
+    // One rank: nothing hooks the weights' gradient accumulation, so the bf16/fp16 products may
+    // write their weight gradients into .grad themselves (model/mixed_linear.h). With several ranks
+    // the gradient buckets' hooks must see every gradient arrive.
+    weight_grads_in_place_ = world == 1 && device_.is_cuda();
     if (use_muon) {
       muon_ = std::make_unique<Muon>(hidden_params, MuonOptions{0.95, true, 5, cfg_.train.weight_decay});
     } else if (mup) {
@@ -597,7 +601,7 @@ class TrainLoop {
       const model::Positions& pos = own_positions[micro].pos.defined() ? own_positions[micro] : in.positions();
       model::LossParts parts;
       {
-        ForwardPrecision precision(cfg_.train.precision, device_);
+        ForwardPrecision precision(cfg_.train.precision, device_, weight_grads_in_place_);
         parts = model_->loss_parts_at(in.tokens(), in.labels(), pos);
       }
       (parts.total / accum).backward();
@@ -739,7 +743,7 @@ class TrainLoop {
   model::LossParts forward(const data::Batch& b) {
     auto inputs = b.inputs.to(device_, /*non_blocking=*/true);
     auto labels = b.labels.to(device_, /*non_blocking=*/true);
-    ForwardPrecision precision(cfg_.train.precision, device_);
+    ForwardPrecision precision(cfg_.train.precision, device_, weight_grads_in_place_);
     return model_->loss_parts(inputs, labels, b.cu_seqlens);
   }
 
@@ -1031,6 +1035,7 @@ class TrainLoop {
   Clock::time_point t_prev_step_{};
   std::unique_ptr<GradBuckets> buckets_;  // several ranks without ZeRO-1: gradients averaged during backward
   std::unique_ptr<ShardedAdamW> zero_;  // run.zero1 with several ranks: replaces opt_
+  bool weight_grads_in_place_ = false;   // forward passes open a model::WeightGradInPlaceScope
   std::unique_ptr<AdamW> opt_hidden_;   // mup_base_width > 0 with AdamW: the hidden matrices
   double hidden_lr_mult_ = 1.0;         // μP: mup_base_width / d_model, else 1
   double peak_tflops_ = 0, flops_per_token_ = 0;

@@ -1,0 +1,72 @@
+// One grid-stride pass over the concatenated elements: a thread finds its block by comparing its
+// element index with the blocks' cumulative ends (at most 4, by branches so the kernel's parameter
+// array is never indexed dynamically, which would copy it to local memory), loads 4 fp32 values
+// as one 16-byte vector where every block is aligned to it, and stores 4 rounded values.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "kernels/elem.cuh"
+#include "kernels/weight_cast.h"
+
+namespace kernels {
+
+namespace {
+
+struct BlockEnds {
+  const float* src[WeightBlocks::kMax];
+  int64_t end[WeightBlocks::kMax];  // cumulative element counts; unused blocks repeat the total
+};
+
+template <typename T, int V>
+__global__ void cast_weight_blocks_kernel(T* out, BlockEnds b, int64_t total) {
+  const int64_t runs = total / V;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < runs; r += stride) {
+    const int64_t e = r * V;
+    const float* src;
+    if (e < b.end[0]) src = b.src[0] + e;
+    else if (e < b.end[1]) src = b.src[1] + (e - b.end[0]);
+    else if (e < b.end[2]) src = b.src[2] + (e - b.end[1]);
+    else src = b.src[3] + (e - b.end[2]);
+    float v[V];
+    load_run<V>(src, 0, v);
+    store_run<V>(out, e, v);
+  }
+}
+
+}  // namespace
+
+int cast_weight_blocks(void* out, DType out_dt, const WeightBlocks& w, void* stream) {
+  if (w.n < 1 || w.n > WeightBlocks::kMax || out_dt == DType::F32) return static_cast<int>(cudaErrorInvalidValue);
+  BlockEnds b{};
+  int64_t total = 0;
+  bool vec = w.cols % 4 == 0 && aligned_to(8, out);
+  for (int i = 0; i < WeightBlocks::kMax; ++i) {
+    if (i < w.n) {
+      total += w.rows[i] * w.cols;
+      b.src[i] = w.src[i];
+      vec = vec && aligned_to(16, w.src[i]);
+    } else {
+      b.src[i] = w.src[w.n - 1];
+    }
+    b.end[i] = total;
+  }
+  if (total == 0) return 0;
+  auto st = static_cast<cudaStream_t>(stream);
+  dispatch_dtype(out_dt, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_same_v<T, float>) {
+      const int V = vec ? 4 : 1;
+      const int64_t runs = total / V;
+      // Grid-stride: at most 2048 blocks of 256, several waves on any current GPU.
+      const unsigned grid = static_cast<unsigned>(std::min<int64_t>((runs + 255) / 256, 2048));
+      if (vec) cast_weight_blocks_kernel<T, 4><<<grid, 256, 0, st>>>(static_cast<T*>(out), b, total);
+      else cast_weight_blocks_kernel<T, 1><<<grid, 256, 0, st>>>(static_cast<T*>(out), b, total);
+    }
+  });
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace kernels

@@ -1,0 +1,192 @@
+#include "model/mixed_linear.h"
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+#include <atomic>
+
+#include "model/linear.h"
+
+#if defined(DD_HAVE_CUDA)
+#include "kernels/weight_cast.h"
+#include "model/kernel_dtype.h"
+#endif
+
+namespace model {
+
+namespace {
+
+thread_local bool in_place_active = false;
+std::atomic<bool> in_place_allowed{true};
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+int64_t total_rows(const std::vector<at::Tensor>& weights) {
+  int64_t rows = 0;
+  for (const auto& w : weights) rows += w.size(0);
+  return rows;
+}
+
+// Whether every weight's .grad is the next row block of one fp32 buffer, in order (what
+// write_weight_grads leaves after a first backward): the product's gradient then adds in one GEMM.
+bool grads_are_one_buffer(const std::vector<at::Tensor>& weights) {
+  const at::Tensor& first = weights.front().grad();
+  int64_t offset = first.defined() ? first.storage_offset() : 0;
+  for (const auto& w : weights) {
+    const at::Tensor& g = w.grad();
+    if (!w.requires_grad() || !g.defined() || g.scalar_type() != at::kFloat || !g.is_contiguous() ||
+        g.sizes() != w.sizes() || !g.storage().is_alias_of(first.storage()) || g.storage_offset() != offset)
+      return false;
+    offset += g.numel();
+  }
+  return true;
+}
+
+// Each weight's block of g2ᵀ · x2 (g2 [N, Σ out_i], x2 [N, in]), written into its fp32 .grad when
+// that is undefined, added to it otherwise. When no weight has a gradient yet, one fp32 buffer
+// takes the whole product and each .grad becomes a view of its rows.
+void write_weight_grads(std::vector<at::Tensor>& weights, const at::Tensor& g2, const at::Tensor& x2) {
+  const int64_t in = x2.size(1);
+  bool none_defined = true, all_need = true;
+  for (const auto& w : weights) {
+    none_defined = none_defined && !w.grad().defined();
+    all_need = all_need && w.requires_grad();
+  }
+  if (x2.size(0) == 0) {
+    // No tokens: an empty sum. Undefined gradients become zeros, as autograd would make them.
+    for (auto& w : weights)
+      if (w.requires_grad() && !w.grad().defined()) w.mutable_grad() = torch::zeros_like(w);
+    return;
+  }
+  if (none_defined && all_need) {
+    auto whole = torch::empty({total_rows(weights), in}, x2.options().dtype(at::kFloat));
+    at_b_into_(whole, g2, x2, /*accumulate=*/false);
+    int64_t row = 0;
+    for (auto& w : weights) {
+      w.mutable_grad() = whole.narrow(0, row, w.size(0));
+      row += w.size(0);
+    }
+    return;
+  }
+  if (grads_are_one_buffer(weights)) {
+    auto whole = weights.front().grad().as_strided({total_rows(weights), in}, {in, 1});
+    at_b_into_(whole, g2, x2, /*accumulate=*/true);
+    return;
+  }
+  int64_t col = 0;
+  for (auto& w : weights) {
+    auto gi = g2.narrow(1, col, w.size(0));  // [N, out_i]
+    col += w.size(0);
+    if (!w.requires_grad()) continue;
+    at::Tensor& grad = w.mutable_grad();
+    if (!grad.defined()) {
+      grad = torch::empty_like(w, at::MemoryFormat::Contiguous);
+      at_b_into_(grad, gi, x2, /*accumulate=*/false);
+    } else if (grad.scalar_type() == at::kFloat && grad.is_contiguous()) {
+      at_b_into_(grad, gi, x2, /*accumulate=*/true);
+    } else {
+      grad.add_(torch::mm(gi.t(), x2).to(grad.scalar_type()));
+    }
+  }
+}
+
+struct MixedLinearFn : public torch::autograd::Function<MixedLinearFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights, int64_t dtype_code) {
+    const auto dtype = static_cast<at::ScalarType>(dtype_code);
+    const int64_t in = x.size(-1);
+    for (const auto& w : weights)
+      TORCH_CHECK(w.dim() == 2 && w.size(1) == in, "mixed_linear: weight ", w.sizes(), " for input ", x.sizes());
+    auto x2 = (x.scalar_type() == dtype ? x : x.to(dtype)).reshape({-1, in});
+    if (!x2.is_contiguous()) x2 = x2.contiguous();
+    auto wh = cast_weight_blocks(weights, dtype);  // [Σ out_i, in]
+    auto y = x2.mm(wh.t());
+    ctx->save_for_backward({x2, wh});
+    ctx->saved_data["weights"] = weights.vec();
+    ctx->saved_data["x_shape"] = x.sizes().vec();
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    auto shape = x.sizes().vec();
+    shape.back() = wh.size(0);
+    return y.view(shape);
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& x2 = saved[0];  // [N, in], the product's dtype
+    const at::Tensor& wh = saved[1];  // [Σ out_i, in]
+    auto weights = ctx->saved_data["weights"].toTensorVector();
+    tensor_list out(weights.size() + 2);  // x, each weight (their gradients went to .grad), dtype
+    if (!grads[0].defined()) return out;
+    auto g2 = grads[0].reshape({-1, wh.size(0)});
+    if (g2.scalar_type() != wh.scalar_type()) g2 = g2.to(wh.scalar_type());
+    if (!g2.is_contiguous()) g2 = g2.contiguous();
+    if (ctx->needs_input_grad(0)) {
+      const auto x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+      auto dx = g2.mm(wh).view(ctx->saved_data["x_shape"].toIntVector());
+      out[0] = dx.scalar_type() == x_dtype ? dx : dx.to(x_dtype);
+    }
+    write_weight_grads(weights, g2, x2);
+    return out;
+  }
+};
+
+}  // namespace
+
+WeightGradInPlaceScope::WeightGradInPlaceScope(bool on) : was_active_(in_place_active) {
+  in_place_active = on && in_place_allowed.load();
+}
+WeightGradInPlaceScope::~WeightGradInPlaceScope() { in_place_active = was_active_; }
+bool WeightGradInPlaceScope::active() { return in_place_active; }
+
+void weight_grads_in_place(bool on) { in_place_allowed = on; }
+
+bool mixed_linear_applies(const at::Tensor& x, at::TensorList weights) {
+  if (!in_place_active || !torch::GradMode::is_enabled() || weights.empty() || !x.defined() || !x.is_cuda()) return false;
+  if (!at::autocast::is_autocast_enabled(at::kCUDA)) return false;
+  const auto dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+  if (dtype != at::kBFloat16 && dtype != at::kHalf) return false;
+  const auto xt = x.scalar_type();
+  if ((xt != at::kFloat && xt != at::kBFloat16 && xt != at::kHalf) || x.dim() < 1) return false;
+  for (const auto& w : weights) {
+    if (!w.defined() || w.scalar_type() != at::kFloat || w.dim() != 2 || w.device() != x.device() ||
+        !w.requires_grad() || !w.is_leaf() || w.size(1) != x.size(-1))
+      return false;
+  }
+  return true;
+}
+
+at::Tensor mixed_linear(const at::Tensor& x, at::TensorList weights, at::ScalarType dtype) {
+  TORCH_CHECK(!weights.empty(), "mixed_linear: no weights");
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf, "mixed_linear: product dtype must be bf16 or fp16, got ",
+              dtype);
+  return MixedLinearFn::apply(x, weights, static_cast<int64_t>(dtype));
+}
+
+at::Tensor cast_weight_blocks(at::TensorList weights, at::ScalarType dtype) {
+  TORCH_CHECK(!weights.empty(), "cast_weight_blocks: no weights");
+#if defined(DD_HAVE_CUDA)
+  kernels::DType out_dt{};
+  bool fits = weights.size() <= static_cast<size_t>(kernels::WeightBlocks::kMax) && weights[0].is_cuda() &&
+              dtype != at::kFloat && kernel_dtype(dtype, out_dt);
+  for (const auto& w : weights)
+    fits = fits && w.scalar_type() == at::kFloat && w.dim() == 2 && w.is_contiguous() &&
+           w.device() == weights[0].device() && w.size(1) == weights[0].size(1);
+  if (fits) {
+    kernels::WeightBlocks b;
+    b.n = static_cast<int>(weights.size());
+    b.cols = weights[0].size(1);
+    int64_t rows = 0;
+    for (int i = 0; i < b.n; ++i) {
+      b.src[i] = weights[i].data_ptr<float>();
+      b.rows[i] = weights[i].size(0);
+      rows += b.rows[i];
+    }
+    auto out = torch::empty({rows, b.cols}, weights[0].options().dtype(dtype));
+    check_kernel_launch(kernels::cast_weight_blocks(out.data_ptr(), out_dt, b, stream_of(out)), "cast_weight_blocks");
+    return out;
+  }
+#endif
+  return (weights.size() == 1 ? weights[0] : torch::cat(weights, 0)).to(dtype);
+}
+
+}  // namespace model

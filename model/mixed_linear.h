@@ -1,0 +1,55 @@
+// A linear product in bf16/fp16 over fp32 weights, whose weight gradients go straight into the
+// weights' fp32 .grad: the weight-gradient GEMM writes its fp32 result there (the first backward
+// after the gradients were cleared) or adds it (gradient accumulation). Under autocast the same
+// product made a bf16 weight gradient that autograd then cast to fp32 (one more pass over it) and,
+// for a fused q|k|v or gate|up product, took out of the fp32 concatenation of the weights, which
+// the forward had built (a pass) before casting it (another). Here the forward casts the fp32
+// blocks straight into one low-precision matrix (kernels/weight_cast.h), and the backward's one
+// GEMM lands the fused product's gradient in one fp32 buffer whose row blocks become the weights'
+// .grad.
+//
+// The weights' gradients bypass autograd's accumulation: hooks on the weights do not see them and
+// torch::autograd::grad() does not return them. So the layers take this path only inside a
+// WeightGradInPlaceScope, which the trainer opens around its forward passes when nothing else
+// reads the gradients on their way (one rank: no data-parallel gradient buckets).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
+
+namespace model {
+
+// While alive, this thread's Linear layers and linear_cat products take mixed_linear where it
+// applies (when `on`, and the process-wide switch below is on). Restores the previous state. Nests.
+class WeightGradInPlaceScope {
+ public:
+  explicit WeightGradInPlaceScope(bool on = true);
+  ~WeightGradInPlaceScope();
+  WeightGradInPlaceScope(const WeightGradInPlaceScope&) = delete;
+  WeightGradInPlaceScope& operator=(const WeightGradInPlaceScope&) = delete;
+  static bool active();
+
+ private:
+  bool was_active_;
+};
+
+// Process-wide switch, on by default: off, scopes never activate and the products go through
+// autocast and autograd as before (`bench train --weight-grads autograd`, to measure the change).
+void weight_grads_in_place(bool on);
+
+// Whether the product x · [W1; W2; ...]ᵀ takes mixed_linear here: inside an active scope, grad mode
+// on, CUDA autocast on in bf16 or fp16, x on a GPU (fp32, bf16 or fp16) and every weight a 2-D fp32
+// leaf of x's device that requires grad, with x.size(-1) columns.
+bool mixed_linear_applies(const at::Tensor& x, at::TensorList weights);
+
+// y [..., Σ out_i] = x [..., in] · [W1; W2; ...]ᵀ in `dtype` (bf16 or fp16), the weights'
+// gradients written or added into their .grad in fp32 as described above; x's gradient flows back
+// through autograd in x's dtype. Any device (on the CPU through ATen, the reference the GPU test
+// compares with). Throws c10::Error on mismatched shapes.
+at::Tensor mixed_linear(const at::Tensor& x, at::TensorList weights, at::ScalarType dtype);
+
+// [W1; W2; ...] [Σ out_i, in] cast to `dtype`: one kernel on a GPU for up to 4 contiguous fp32
+// blocks, else torch::cat(weights).to(dtype) (the reference).
+at::Tensor cast_weight_blocks(at::TensorList weights, at::ScalarType dtype);
+
+}  // namespace model

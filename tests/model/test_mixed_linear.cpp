@@ -1,0 +1,182 @@
+// model::mixed_linear on the CPU (its ATen path, the logic the GPU shares): the product and x's
+// gradient against fp64 products of the same rounded operands, the weights' gradients written into
+// one fp32 buffer on the first backward and added on later ones, frozen weights, an empty batch,
+// and when the layers take it. Random inputs drawn fresh each run. The GPU kernels and the fp32
+// accumulation are tested in test_mixed_linear_cuda.cpp.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "model/linear.h"
+#include "model/mixed_linear.h"
+
+namespace {
+
+void seed(int salt) {
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + salt);
+}
+
+double rel(const torch::Tensor& a, const torch::Tensor& b) {
+  return ((a.to(torch::kFloat64) - b.to(torch::kFloat64)).norm() / b.to(torch::kFloat64).norm().clamp_min(1e-30))
+      .item<double>();
+}
+
+std::vector<torch::Tensor> make_weights(const std::vector<int64_t>& rows, int64_t in) {
+  std::vector<torch::Tensor> w;
+  for (int64_t r : rows) w.push_back((torch::randn({r, in}) * 0.2).requires_grad_(true));
+  return w;
+}
+
+// The exact products of the operands as the product sees them (rounded to `dtype`), in fp64.
+struct Truth {
+  torch::Tensor y, dx;
+  std::vector<torch::Tensor> dw;
+};
+Truth truth(const torch::Tensor& x, const std::vector<torch::Tensor>& w, const torch::Tensor& g, at::ScalarType dtype) {
+  const int64_t in = x.size(-1);
+  auto x2 = x.detach().to(dtype).to(torch::kFloat64).reshape({-1, in});
+  auto wc = torch::cat(w, 0).detach().to(dtype).to(torch::kFloat64);
+  auto g2 = g.to(dtype).to(torch::kFloat64).reshape({-1, wc.size(0)});
+  Truth t;
+  t.y = x2.mm(wc.t());
+  t.dx = g2.mm(wc);
+  int64_t col = 0;
+  for (const auto& wi : w) {
+    t.dw.push_back(g2.narrow(1, col, wi.size(0)).t().mm(x2));
+    col += wi.size(0);
+  }
+  return t;
+}
+
+// The CPU's bf16/fp16 products round their outputs, so each result is within a few units of the
+// format's precision of the truth (bf16: 2^-8 relative).
+double tolerance(at::ScalarType dtype) { return dtype == at::kBFloat16 ? 1e-2 : 2e-3; }
+
+}  // namespace
+
+TEST(MixedLinear, ProductAndGradientsMatchFp64) {
+  seed(31);
+  struct Case {
+    std::vector<int64_t> x_shape;
+    at::ScalarType x_dtype, dtype;
+    std::vector<int64_t> rows;
+  };
+  const std::vector<Case> cases = {
+      {{3, 5, 24}, at::kFloat, at::kBFloat16, {8}},
+      {{7, 16}, at::kBFloat16, at::kBFloat16, {8, 4, 4}},
+      {{2, 9, 13}, at::kFloat, at::kHalf, {5, 3}},
+      {{11, 32}, at::kHalf, at::kHalf, {6, 2, 2, 4}},
+  };
+  for (const auto& c : cases) {
+    const int64_t in = c.x_shape.back();
+    auto x = torch::randn(c.x_shape).to(c.x_dtype).requires_grad_(true);
+    auto w = make_weights(c.rows, in);
+    auto y = model::mixed_linear(x, w, c.dtype);
+    int64_t out = 0;
+    for (int64_t r : c.rows) out += r;
+    auto shape = c.x_shape;
+    shape.back() = out;
+    ASSERT_EQ(y.sizes().vec(), shape);
+    EXPECT_EQ(y.scalar_type(), c.dtype);
+    auto g = torch::randn(shape).to(c.dtype);
+    y.backward(g);
+    const Truth t = truth(x, w, g, c.dtype);
+    const double tol = tolerance(c.dtype);
+    EXPECT_LT(rel(y.reshape({-1, out}), t.y), tol);
+    ASSERT_TRUE(x.grad().defined());
+    EXPECT_EQ(x.grad().scalar_type(), c.x_dtype);
+    EXPECT_EQ(x.grad().sizes(), x.sizes());
+    EXPECT_LT(rel(x.grad().reshape({-1, in}), t.dx), tol);
+    int64_t offset = w[0].grad().storage_offset();
+    for (size_t i = 0; i < w.size(); ++i) {
+      const auto& dw = w[i].grad();
+      ASSERT_TRUE(dw.defined()) << "block " << i;
+      EXPECT_EQ(dw.scalar_type(), torch::kFloat32);
+      EXPECT_EQ(dw.sizes(), w[i].sizes());
+      EXPECT_LT(rel(dw, t.dw[i]), tol) << "block " << i;
+      // The first backward leaves every block's gradient in one buffer, in order.
+      EXPECT_TRUE(dw.storage().is_alias_of(w[0].grad().storage())) << "block " << i;
+      EXPECT_EQ(dw.storage_offset(), offset) << "block " << i;
+      offset += dw.numel();
+    }
+  }
+}
+
+TEST(MixedLinear, LaterBackwardsAddToTheGradients) {
+  seed(32);
+  const int64_t in = 20;
+  auto w = make_weights({6, 10}, in);
+  auto x1 = torch::randn({4, 7, in}), x2 = torch::randn({4, 7, in});
+  auto g1 = torch::randn({4, 7, 16}), g2 = torch::randn({4, 7, 16});
+  model::mixed_linear(x1, w, at::kBFloat16).backward(g1);
+  model::mixed_linear(x2, w, at::kBFloat16).backward(g2);  // the one-buffer path: one product added
+  const Truth t1 = truth(x1, w, g1, at::kBFloat16), t2 = truth(x2, w, g2, at::kBFloat16);
+  for (size_t i = 0; i < w.size(); ++i) EXPECT_LT(rel(w[i].grad(), t1.dw[i] + t2.dw[i]), 1e-2) << "block " << i;
+
+  // Gradients that are not one buffer (set by someone else): each block added on its own.
+  auto w2 = make_weights({6, 10}, in);
+  w2[0].mutable_grad() = torch::full({6, in}, 0.5);
+  w2[1].mutable_grad() = torch::full({10, in}, -0.25);
+  model::mixed_linear(x1, w2, at::kBFloat16).backward(g1);
+  const Truth t3 = truth(x1, w2, g1, at::kBFloat16);
+  EXPECT_LT(rel(w2[0].grad(), t3.dw[0] + 0.5), 1e-2);
+  EXPECT_LT(rel(w2[1].grad(), t3.dw[1] - 0.25), 1e-2);
+
+  // One block with a gradient, one without: the missing one is written, the other added to.
+  auto w3 = make_weights({6, 10}, in);
+  w3[1].mutable_grad() = torch::ones({10, in});
+  model::mixed_linear(x1, w3, at::kBFloat16).backward(g1);
+  const Truth t4 = truth(x1, w3, g1, at::kBFloat16);
+  EXPECT_LT(rel(w3[0].grad(), t4.dw[0]), 1e-2);
+  EXPECT_LT(rel(w3[1].grad(), t4.dw[1] + 1.0), 1e-2);
+}
+
+TEST(MixedLinear, FrozenWeightsAndEmptyBatches) {
+  seed(33);
+  const int64_t in = 12;
+  auto w = make_weights({4, 4}, in);
+  w[1].requires_grad_(false);
+  auto x = torch::randn({5, in}, torch::requires_grad());
+  auto g = torch::randn({5, 8});
+  model::mixed_linear(x, w, at::kBFloat16).backward(g);
+  EXPECT_FALSE(w[1].grad().defined());
+  EXPECT_LT(rel(w[0].grad(), truth(x, w, g, at::kBFloat16).dw[0]), 1e-2);
+
+  // No tokens: the gradients are zeros, as autograd leaves them.
+  auto we = make_weights({3, 5}, in);
+  auto xe = torch::randn({0, in}, torch::requires_grad());
+  model::mixed_linear(xe, we, at::kBFloat16).sum().backward();
+  for (const auto& wi : we) {
+    ASSERT_TRUE(wi.grad().defined());
+    EXPECT_EQ(wi.grad().abs().max().item<float>(), 0.f);
+  }
+  EXPECT_THROW(model::mixed_linear(x, {torch::randn({4, in + 1}, torch::requires_grad())}, at::kBFloat16),
+               c10::Error);
+  EXPECT_THROW(model::mixed_linear(x, w, at::kFloat), c10::Error);
+}
+
+TEST(MixedLinear, LayersTakeItOnlyInsideAnActiveScopeOnAGpu) {
+  auto x = torch::randn({2, 8});
+  auto w = torch::randn({4, 8}, torch::requires_grad());
+  EXPECT_FALSE(model::WeightGradInPlaceScope::active());
+  {
+    model::WeightGradInPlaceScope on;
+    EXPECT_TRUE(model::WeightGradInPlaceScope::active());
+    // The CPU keeps autocast's plain product.
+    EXPECT_FALSE(model::mixed_linear_applies(x, w));
+    {
+      model::WeightGradInPlaceScope off(false);
+      EXPECT_FALSE(model::WeightGradInPlaceScope::active());
+    }
+    EXPECT_TRUE(model::WeightGradInPlaceScope::active());
+  }
+  EXPECT_FALSE(model::WeightGradInPlaceScope::active());
+  // The process-wide switch keeps every scope inactive.
+  model::weight_grads_in_place(false);
+  {
+    model::WeightGradInPlaceScope on;
+    EXPECT_FALSE(model::WeightGradInPlaceScope::active());
+  }
+  model::weight_grads_in_place(true);
+}
