@@ -2,12 +2,24 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <optional>
 #include <stdexcept>
 
+#if defined(DD_HAVE_CUDA)
+#include "kernels/adamw.h"
+#include "model/kernel_dtype.h"
+#endif
+
 namespace trainer {
+
+namespace {
+std::atomic<bool> own_kernel{true};
+}  // namespace
+
+void AdamW::use_own_kernel(bool on) { own_kernel = on; }
 
 AdamW::AdamW(std::vector<std::pair<std::string, at::Tensor>> named_params, std::vector<bool> decay, AdamWOptions opt)
     : params_(std::move(named_params)), decay_(std::move(decay)), opt_(opt) {
@@ -22,9 +34,9 @@ AdamW::AdamW(std::vector<std::pair<std::string, at::Tensor>> named_params, std::
       if (!p.is_cuda() || p.scalar_type() != at::kFloat || p.device() != params_.front().second.device())
         throw std::invalid_argument("AdamW: parameter '" + name + "' is not fp32 on " +
                                     params_.front().second.device().str() + " like the others");
-      step_counts_.push_back(torch::zeros({}, p.options()));
     }
     lr_device_ = torch::zeros({}, params_.front().second.options());
+    step_device_ = torch::zeros({}, params_.front().second.options());
   }
 }
 
@@ -60,11 +72,13 @@ void AdamW::update(const at::Tensor& grad_divisor) {
   }
 }
 
-// torch.optim.AdamW(fused=True): one multi-tensor kernel per weight-decay group. The kernel reads
-// the per-tensor step counts (bias correction) after we advance them, and the lr from the device,
-// so a replayed graph of this update follows the schedule. A divisor rides in as the kernel's
-// grad_scale (the kernel divides each gradient by it as it reads it).
+// Our kernel (kernels/adamw.h) where it takes the tensors, else torch.optim.AdamW(fused=True): one
+// multi-tensor kernel per weight-decay group. Both read the step count (bias correction) after it
+// goes up here and the lr from the device, so a replayed graph of this update follows the schedule.
+// A divisor divides each gradient as the kernel reads it (ATen's kernel: its grad_scale).
 void AdamW::fused_update(const at::Tensor& grad_divisor) {
+  step_device_.add_(1.0);
+  if (own_kernel && own_kernel_update(grad_divisor)) return;
   for (bool with_decay : {true, false}) {
     std::vector<at::Tensor> p, g, m, v, steps;
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -74,14 +88,49 @@ void AdamW::fused_update(const at::Tensor& grad_divisor) {
       g.push_back(grad);
       m.push_back(exp_avg_[i]);
       v.push_back(exp_avg_sq_[i]);
-      steps.push_back(step_counts_[i]);
+      steps.push_back(step_device_);
     }
     if (p.empty()) continue;
-    at::_foreach_add_(steps, 1.0);
     at::_fused_adamw_(p, g, m, v, {}, steps, lr_device_, opt_.beta1, opt_.beta2, with_decay ? opt_.weight_decay : 0.0,
                       opt_.eps, /*amsgrad=*/false, /*maximize=*/false,
                       grad_divisor.defined() ? std::optional<at::Tensor>(grad_divisor) : std::nullopt);
   }
+}
+
+// Every parameter with a gradient in one table for kernels/adamw.h. Takes contiguous fp32 tensors
+// only (false, nothing launched, otherwise).
+bool AdamW::own_kernel_update(const at::Tensor& grad_divisor) {
+#if defined(DD_HAVE_CUDA)
+  std::vector<kernels::AdamWTensor> table;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto& p = params_[i].second;
+    const auto& g = p.grad();
+    if (!g.defined()) continue;
+    if (g.scalar_type() != at::kFloat || g.device() != p.device() || !g.is_contiguous() || !p.is_contiguous() ||
+        !exp_avg_[i].is_contiguous() || !exp_avg_sq_[i].is_contiguous() || g.numel() != p.numel())
+      return false;
+    kernels::AdamWTensor t;
+    t.p = p.data_ptr<float>();
+    t.g = g.data_ptr<float>();
+    t.m = exp_avg_[i].data_ptr<float>();
+    t.v = exp_avg_sq_[i].data_ptr<float>();
+    t.n = p.numel();
+    t.weight_decay = decay_[i] ? static_cast<float>(opt_.weight_decay) : 0.f;
+    table.push_back(t);
+  }
+  if (grad_divisor.defined() && (grad_divisor.scalar_type() != at::kFloat || grad_divisor.device() != lr_device_.device()))
+    return false;
+  const int err = kernels::adamw_update(table.data(), static_cast<int>(table.size()), lr_device_.data_ptr<float>(),
+                                        step_device_.data_ptr<float>(),
+                                        grad_divisor.defined() ? grad_divisor.data_ptr<float>() : nullptr,
+                                        static_cast<float>(opt_.beta1), static_cast<float>(opt_.beta2),
+                                        static_cast<float>(opt_.eps), model::stream_of(lr_device_));
+  model::check_kernel_launch(err, "AdamW update");
+  return true;
+#else
+  (void)grad_divisor;
+  return false;
+#endif
 }
 
 void AdamW::zero_grad() {
@@ -116,7 +165,7 @@ void AdamW::load_state(const std::vector<std::pair<std::string, at::Tensor>>& te
     }
   }
   steps_ = steps;
-  for (auto& c : step_counts_) c.fill_(static_cast<double>(steps));
+  if (step_device_.defined()) step_device_.fill_(static_cast<double>(steps));
 }
 
 }  // namespace trainer

@@ -1,7 +1,8 @@
 // AdamW with decoupled weight decay, written out so its state is plain named tensors that
 // checkpoints save and restore exactly (same update as torch.optim.AdamW, tested against it).
-// On CUDA the update is ATen's fused multi-tensor kernel (torch.optim.AdamW(fused=True)); the
-// written-out single-tensor path is its reference.
+// On CUDA the update is one multi-tensor kernel of ours (kernels/adamw.h), or ATen's fused one
+// (torch.optim.AdamW(fused=True)) where ours does not take the tensors; the written-out
+// single-tensor path is their reference.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -31,8 +32,11 @@ class AdamW {
   // divided by it — gradient clipping without a pass of its own (grad_clip.h).
   void begin_step(double lr);
   void update(const at::Tensor& grad_divisor = {});
-  // Whether the update is the fused CUDA kernel.
+  // Whether the update is a fused CUDA kernel.
   bool fused() const { return fused_; }
+  // Process-wide: whether CUDA updates take kernels/adamw.h's kernel (the default) or ATen's fused
+  // one (`bench train --adamw aten`, to measure the change). Set before training starts.
+  static void use_own_kernel(bool on);
   void zero_grad();
   int64_t steps_taken() const { return steps_; }
   // "exp_avg.<name>" and "exp_avg_sq.<name>" for every parameter, for checkpoints.
@@ -45,10 +49,12 @@ class AdamW {
   std::vector<std::pair<std::string, at::Tensor>> params_;
   std::vector<bool> decay_;
   void fused_update(const at::Tensor& grad_divisor);
+  bool own_kernel_update(const at::Tensor& grad_divisor);  // false: the tensors do not suit it
 
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
   bool fused_ = false;                 // CUDA parameters: the fused kernel
-  std::vector<at::Tensor> step_counts_;  // fused path: per-parameter step counts on the device
+  at::Tensor step_device_;               // fused paths: the step count, fp32 on the device (both kernels
+                                         // read it for the bias corrections; ATen's as every tensor's count)
   at::Tensor lr_device_;                 // fused path: fp32 scalar the kernel reads the lr from
   double lr_ = 0;                        // the lr of the current step (begin_step)
   AdamWOptions opt_;

@@ -81,44 +81,55 @@ TEST(TrainerCuda, Fp8LinearMatchesFp32Products) {
   EXPECT_TRUE(torch::allclose(odd(xo), torch::linear(xo, odd->weight)));
 }
 
-// The fused kernel (CUDA parameters) against the single-tensor path (the same values on the CPU),
-// five steps with weight decay on some tensors, two of them with a gradient divisor (the kernel's
-// grad_scale): equal to 1e-6.
+// Both fused kernels (ours, kernels/adamw.h, and ATen's) against the single-tensor path (the same
+// values on the CPU), five steps with weight decay on some tensors, two of them with a gradient
+// divisor: equal to 1e-6. The shapes cover several chunks per tensor, lengths not divisible by 4,
+// an unaligned tensor (a slice) and more tensors than one launch of ours takes.
 TEST(TrainerCuda, FusedAdamWMatchesTheReference) {
   DD_REQUIRE_GPU();
-  torch::manual_seed(3);
-  std::vector<std::vector<int64_t>> shapes = {{64, 48}, {129}, {7, 3, 5}, {1}};
-  std::vector<std::pair<std::string, at::Tensor>> gpu, cpu;
-  std::vector<bool> decay;
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    auto p = torch::randn(shapes[i]);
-    cpu.emplace_back("p" + std::to_string(i), p.clone().requires_grad_(true));
-    gpu.emplace_back("p" + std::to_string(i), p.to(torch::kCUDA).requires_grad_(true));
-    decay.push_back(i % 2 == 0);
-  }
-  trainer::AdamWOptions o{0.9, 0.95, 1e-8, 0.1};
-  trainer::AdamW fused(gpu, decay, o), ref(cpu, decay, o);
-  double worst = 0;
-  for (int step = 0; step < 5; ++step) {
+  for (const bool ours : {true, false}) {
+    trainer::AdamW::use_own_kernel(ours);
+    torch::manual_seed(3);
+    std::vector<std::vector<int64_t>> shapes = {{64, 48}, {129}, {7, 3, 5}, {1}, {40001}, {300, 129}};
+    for (int i = 0; i < 70; ++i) shapes.push_back({1 + i % 9});
+    std::vector<std::pair<std::string, at::Tensor>> gpu, cpu;
+    std::vector<bool> decay;
     for (size_t i = 0; i < shapes.size(); ++i) {
-      auto g = torch::randn(shapes[i]);
-      cpu[i].second.mutable_grad() = g.clone();
-      gpu[i].second.mutable_grad() = g.to(torch::kCUDA);
+      auto p = torch::randn(shapes[i]);
+      cpu.emplace_back("p" + std::to_string(i), p.clone().requires_grad_(true));
+      // One parameter starts 4 bytes past a 16-byte boundary: the element-wise path.
+      auto on_gpu = i == 1 ? torch::zeros({p.numel() + 1}, torch::kCUDA).narrow(0, 1, p.numel()).view(p.sizes())
+                           : torch::empty(p.sizes(), torch::kCUDA);
+      on_gpu.copy_(p);
+      gpu.emplace_back("p" + std::to_string(i), on_gpu.requires_grad_(true));
+      decay.push_back(i % 2 == 0);
     }
-    // Steps 3 and 4 divide the gradients as they are read (clipping folded into the update).
-    const double divisor = step == 3 ? 2.5 : step == 4 ? 1.0 : 0.0;
-    if (divisor > 0) {
-      fused.step(1e-2, torch::full({}, divisor, torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA)));
-      ref.step(1e-2, torch::full({}, divisor, torch::kFloat));
-    } else {
-      fused.step(1e-2);
-      ref.step(1e-2);
+    trainer::AdamWOptions o{0.9, 0.95, 1e-8, 0.1};
+    trainer::AdamW fused(gpu, decay, o), ref(cpu, decay, o);
+    double worst = 0;
+    for (int step = 0; step < 5; ++step) {
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        auto g = torch::randn(shapes[i]);
+        cpu[i].second.mutable_grad() = g.clone();
+        gpu[i].second.mutable_grad() = g.to(torch::kCUDA);
+      }
+      // Steps 3 and 4 divide the gradients as they are read (clipping folded into the update).
+      const double divisor = step == 3 ? 2.5 : step == 4 ? 1.0 : 0.0;
+      if (divisor > 0) {
+        fused.step(1e-2, torch::full({}, divisor, torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA)));
+        ref.step(1e-2, torch::full({}, divisor, torch::kFloat));
+      } else {
+        fused.step(1e-2);
+        ref.step(1e-2);
+      }
+      for (size_t i = 0; i < shapes.size(); ++i)
+        worst = std::max(worst, (gpu[i].second.detach().cpu() - cpu[i].second.detach()).abs().max().item<double>());
     }
-    for (size_t i = 0; i < shapes.size(); ++i)
-      worst = std::max(worst, (gpu[i].second.detach().cpu() - cpu[i].second.detach()).abs().max().item<double>());
+    std::printf("fused AdamW (%s kernel) vs reference, 5 steps (two with a gradient divisor): max |diff| %.3g\n",
+                ours ? "our" : "ATen's", worst);
+    EXPECT_LT(worst, 1e-6) << (ours ? "our kernel" : "ATen's kernel");
   }
-  std::printf("fused AdamW vs reference, 5 steps (two with a gradient divisor): max |diff| %.3g\n", worst);
-  EXPECT_LT(worst, 1e-6);
+  trainer::AdamW::use_own_kernel(true);
 }
 
 // The tiny GPT learns on CUDA in every precision; the run reports memory, MFU against the known peak,

@@ -1,0 +1,114 @@
+// Blocks walk chunks of kChunk elements; a block finds its tensor by a binary search over the
+// launch's cumulative chunk counts, which sit in the kernel's parameter space (__grid_constant__,
+// so indexing them does not copy the table to local memory). Chunk starts are multiples of kChunk,
+// so a tensor whose arrays are 16-byte aligned takes 4-element vectors throughout; the rest
+// (unaligned arrays, a tensor's last < 4 elements) go element by element.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/adamw.h"
+
+namespace kernels {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kChunk = 16384;
+
+struct AdamWLaunch {
+  AdamWTensor t[kAdamWTensorsPerLaunch];
+  int chunk_end[kAdamWTensorsPerLaunch];  // cumulative chunk counts
+  int count;
+};
+
+struct AdamWScalars {
+  float beta1, beta2, eps;
+};
+
+__device__ __forceinline__ void adamw_element(float& p, float g, float& m, float& v, float lr_wd, float beta1,
+                                              float beta2, float eps, float step_size, float bc2_sqrt) {
+  p -= lr_wd * p;
+  m = beta1 * m + (1.f - beta1) * g;
+  v = beta2 * v + (1.f - beta2) * g * g;
+  const float denom = sqrtf(v) / bc2_sqrt + eps;
+  p -= step_size * m / denom;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    adamw_kernel(const __grid_constant__ AdamWLaunch launch, const float* lr_ptr, const float* step_ptr,
+                 const float* divisor_ptr, AdamWScalars s) {
+  const int chunk = blockIdx.x;
+  int lo = 0, hi = launch.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (chunk < launch.chunk_end[mid]) hi = mid;
+    else lo = mid + 1;
+  }
+  const AdamWTensor& t = launch.t[lo];
+  const int64_t first = static_cast<int64_t>(chunk - (lo == 0 ? 0 : launch.chunk_end[lo - 1])) * kChunk;
+  const int64_t last = std::min(t.n, first + kChunk);
+  const float lr = *lr_ptr, step = *step_ptr;
+  const float divisor = divisor_ptr ? *divisor_ptr : 1.f;
+  // Bias corrections in double, rounded once (as ATen's fused kernel forms them).
+  const double bc1 = 1.0 - pow(static_cast<double>(s.beta1), static_cast<double>(step));
+  const double bc2 = 1.0 - pow(static_cast<double>(s.beta2), static_cast<double>(step));
+  const float step_size = static_cast<float>(lr / bc1);
+  const float bc2_sqrt = static_cast<float>(sqrt(bc2));
+  const float lr_wd = lr * t.weight_decay;
+  const bool vec = (reinterpret_cast<uintptr_t>(t.p) | reinterpret_cast<uintptr_t>(t.g) |
+                    reinterpret_cast<uintptr_t>(t.m) | reinterpret_cast<uintptr_t>(t.v)) % 16 == 0;
+  int64_t i = first;
+  if (vec) {
+    const int64_t vec_end = first + (last - first) / 4 * 4;
+    for (int64_t j = first + 4 * threadIdx.x; j < vec_end; j += 4 * kThreads) {
+      float4 p = *reinterpret_cast<const float4*>(t.p + j);
+      const float4 g = *reinterpret_cast<const float4*>(t.g + j);
+      float4 m = *reinterpret_cast<const float4*>(t.m + j);
+      float4 v = *reinterpret_cast<const float4*>(t.v + j);
+      adamw_element(p.x, g.x / divisor, m.x, v.x, lr_wd, s.beta1, s.beta2, s.eps, step_size, bc2_sqrt);
+      adamw_element(p.y, g.y / divisor, m.y, v.y, lr_wd, s.beta1, s.beta2, s.eps, step_size, bc2_sqrt);
+      adamw_element(p.z, g.z / divisor, m.z, v.z, lr_wd, s.beta1, s.beta2, s.eps, step_size, bc2_sqrt);
+      adamw_element(p.w, g.w / divisor, m.w, v.w, lr_wd, s.beta1, s.beta2, s.eps, step_size, bc2_sqrt);
+      *reinterpret_cast<float4*>(t.p + j) = p;
+      *reinterpret_cast<float4*>(t.m + j) = m;
+      *reinterpret_cast<float4*>(t.v + j) = v;
+    }
+    i = vec_end;
+  }
+  for (int64_t j = i + threadIdx.x; j < last; j += kThreads) {
+    float p = t.p[j], m = t.m[j], v = t.v[j];
+    adamw_element(p, t.g[j] / divisor, m, v, lr_wd, s.beta1, s.beta2, s.eps, step_size, bc2_sqrt);
+    t.p[j] = p;
+    t.m[j] = m;
+    t.v[j] = v;
+  }
+}
+
+}  // namespace
+
+int adamw_update(const AdamWTensor* tensors, int count, const float* lr, const float* step, const float* grad_divisor,
+                 float beta1, float beta2, float eps, void* stream) {
+  auto st = static_cast<cudaStream_t>(stream);
+  const AdamWScalars s{beta1, beta2, eps};
+  for (int base = 0; base < count;) {
+    AdamWLaunch launch{};
+    int chunks = 0;
+    while (base < count && launch.count < kAdamWTensorsPerLaunch) {
+      const AdamWTensor& t = tensors[base++];
+      if (t.n == 0) continue;
+      chunks += static_cast<int>((t.n + kChunk - 1) / kChunk);
+      launch.t[launch.count] = t;
+      launch.chunk_end[launch.count] = chunks;
+      ++launch.count;
+    }
+    if (chunks == 0) continue;
+    adamw_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, st>>>(launch, lr, step, grad_divisor, s);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return static_cast<int>(err);
+  }
+  return 0;
+}
+
+}  // namespace kernels

@@ -1,0 +1,33 @@
+// AdamW's update over many fp32 tensors in one launch (per up to kAdamWTensorsPerLaunch tensors):
+// each block updates one chunk of one tensor, reading p, g, m, v once and writing p, m, v once, 16
+// bytes per access. It replaces ATen's fused multi-tensor AdamW, which measured 2.3 TB/s on the
+// GPT-124M step's 124M parameters (the H100's 3.35 TB/s would take 1.05 ms for its 28 bytes per
+// parameter). The learning rate, the step count and the optional gradient divisor are read from
+// device memory, so a CUDA graph of the update follows the schedule. The same math as
+// torch.optim.AdamW; the reference is trainer/adamw.cpp's single-tensor path. Raw pointers, no torch.
+#pragma once
+
+#include <cstdint>
+
+namespace kernels {
+
+struct AdamWTensor {
+  float* p = nullptr;        // [n] parameter
+  const float* g = nullptr;  // [n] gradient
+  float* m = nullptr;        // [n] first moment
+  float* v = nullptr;        // [n] second moment
+  int64_t n = 0;
+  float weight_decay = 0;    // decoupled: p ← p · (1 − lr · weight_decay) before the step
+};
+
+constexpr int kAdamWTensorsPerLaunch = 64;
+
+#ifdef DD_HAVE_CUDA
+// One AdamW step of every tensor: lr and step (fp32 count, ≥ 1) are device scalars; grad_divisor, a
+// device scalar or nullptr, divides every gradient as it is read. Returns the cudaError_t of the
+// launches (0 = success).
+int adamw_update(const AdamWTensor* tensors, int count, const float* lr, const float* step, const float* grad_divisor,
+                 float beta1, float beta2, float eps, void* stream);
+#endif
+
+}  // namespace kernels
