@@ -1,7 +1,8 @@
 // RoPE: one block per token (b, t); its threads walk the token's rotation pairs of every part
 // (RopeParts: q and k, or q, k and v, in one launch), V consecutive pairs per thread through one
-// aligned vector load of each half (8 bytes), so the token's position is read once and a warp
-// touches one contiguous stretch of each head.
+// aligned vector load of each half (16 bytes where aligned, else 8, else scalars), so the token's
+// position and its cos/sin row are read once (staged in shared memory as fp32) and a warp touches
+// one contiguous stretch of each head.
 #include <type_traits>
 
 #include "kernels/elem.cuh"
@@ -20,18 +21,25 @@ __device__ __forceinline__ const RopePart& part_of(const RopeParts& p, int k) {
 template <typename T, int V>
 __global__ void rope_parts_kernel(RopeParts p, const int64_t* pos, const double* cos_t, const double* sin_t,
                                   float sign) {
+  // The token's cos and sign·sin as fp32, converted once here: every head of every part reads the
+  // same row, and converting the fp64 tables per element held the kernel well under the bandwidth.
+  extern __shared__ float table[];  // [2, D/2]
   const int64_t token = blockIdx.x;
   const int64_t b = token / p.T, t = token % p.T;
-  const int64_t half = p.D / 2, per_head = half / V;
+  const int half = static_cast<int>(p.D / 2), per_head = half / V;
   const int64_t ps = pos[b * p.pos_sb + t * p.pos_st];
-  int64_t total = 0;
-  for (int k = 0; k < p.n; ++k) total += part_of(p, k).H * per_head;
-  for (int64_t i = threadIdx.x; i < total; i += blockDim.x) {
-    int k = 0;
-    int64_t w = i;
-    while (w >= part_of(p, k).H * per_head) w -= part_of(p, k).H * per_head, ++k;
+  for (int j = threadIdx.x; j < half; j += blockDim.x) {
+    table[j] = static_cast<float>(cos_t[ps * half + j]);
+    table[half + j] = sign * static_cast<float>(sin_t[ps * half + j]);
+  }
+  __syncthreads();
+  int total = 0;
+  for (int k = 0; k < p.n; ++k) total += static_cast<int>(part_of(p, k).H) * per_head;
+  for (int i = threadIdx.x; i < total; i += blockDim.x) {
+    int k = 0, w = i;
+    while (w >= static_cast<int>(part_of(p, k).H) * per_head) w -= static_cast<int>(part_of(p, k).H) * per_head, ++k;
     const RopePart& pt = part_of(p, k);
-    const int64_t hd = w / per_head, j = (w % per_head) * V;
+    const int hd = w / per_head, j = (w % per_head) * V;
     const T* xh = static_cast<const T*>(pt.x) + b * pt.x_sb + t * pt.x_st + hd * pt.x_sh;
     Vec<T, V> x1, x2, o1, o2;
     x1.load(xh + j);
@@ -39,8 +47,7 @@ __global__ void rope_parts_kernel(RopeParts p, const int64_t* pos, const double*
     if (pt.rotate) {
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        const float c = static_cast<float>(cos_t[ps * half + j + e]);
-        const float sn = sign * static_cast<float>(sin_t[ps * half + j + e]);
+        const float c = table[j + e], sn = table[half + j + e];
         o1.set(e, x1.get(e) * c - x2.get(e) * sn);
         o2.set(e, x2.get(e) * c + x1.get(e) * sn);
       }
@@ -48,7 +55,7 @@ __global__ void rope_parts_kernel(RopeParts p, const int64_t* pos, const double*
       o1 = x1;
       o2 = x2;
     }
-    T* oh = static_cast<T*>(pt.out) + token * pt.out_st + hd * p.D;
+    T* oh = static_cast<T*>(pt.out) + token * pt.out_st + static_cast<int64_t>(hd) * p.D;
     o1.store(oh + j);
     o2.store(oh + j + half);
   }
@@ -223,20 +230,26 @@ int rope_apply_parts(const RopeParts& p, DType dt, const int64_t* pos, const dou
   const float sign = inverse ? -1.f : 1.f;
   dispatch_dtype(dt, [&](auto tag) {
     using T = decltype(tag);
-    // 8-byte vectors when every row start, head start and the half split are aligned to them; else
-    // scalars.
-    constexpr int V = 8 / sizeof(T);
-    bool vec = (p.D / 2) % V == 0;
-    for (int k = 0; k < p.n; ++k) {
-      const RopePart& q = p.part[k];
-      vec = vec && q.x_sb % V == 0 && q.x_st % V == 0 && q.x_sh % V == 0 && q.out_st % V == 0 &&
-            aligned_to(8, q.out, q.x);
-    }
-    const int64_t work = pairs / (vec ? V : 1);
+    // 16-byte vectors when every row start, head start and the half split are aligned to them, else
+    // 8-byte ones, else scalars.
+    auto fits = [&](int v) {
+      bool ok = (p.D / 2) % v == 0;
+      for (int k = 0; k < p.n; ++k) {
+        const RopePart& q = p.part[k];
+        ok = ok && q.x_sb % v == 0 && q.x_st % v == 0 && q.x_sh % v == 0 && q.out_st % v == 0 &&
+             aligned_to(v * static_cast<int>(sizeof(T)), q.out, q.x);
+      }
+      return ok;
+    };
+    constexpr int kWide = 16 / sizeof(T), kNarrow = 8 / sizeof(T);
+    const int v = fits(kWide) ? kWide : (fits(kNarrow) ? kNarrow : 1);
+    const int64_t work = pairs / v;
     const int threads = work >= 256 ? 256 : static_cast<int>((work + 31) / 32 * 32);
     const unsigned grid = static_cast<unsigned>(p.B * p.T);
-    if (vec) rope_parts_kernel<T, V><<<grid, threads, 0, st>>>(p, pos, cos, sin, sign);
-    else rope_parts_kernel<T, 1><<<grid, threads, 0, st>>>(p, pos, cos, sin, sign);
+    const size_t smem = sizeof(float) * static_cast<size_t>(p.D);
+    if (v == kWide) rope_parts_kernel<T, kWide><<<grid, threads, smem, st>>>(p, pos, cos, sin, sign);
+    else if (v == kNarrow) rope_parts_kernel<T, kNarrow><<<grid, threads, smem, st>>>(p, pos, cos, sin, sign);
+    else rope_parts_kernel<T, 1><<<grid, threads, smem, st>>>(p, pos, cos, sin, sign);
   });
   return static_cast<int>(cudaGetLastError());
 }

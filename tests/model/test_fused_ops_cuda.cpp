@@ -129,7 +129,9 @@ TEST(FusedOpsCuda, RopeMatchesReference) {
     int64_t B, T, H, D;
   };
   for (const auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kHalf}) {
-    for (const Shape sh : {Shape{2, 37, 3, 64}, Shape{1, 1000, 12, 64}, Shape{4, 128, 2, 34}, Shape{1, 300, 1, 32}}) {
+    // D 64 and 32 take 16-byte vectors, D 40 (half 20) 8-byte ones in bf16/fp16, D 34 scalars.
+    for (const Shape sh : {Shape{2, 37, 3, 64}, Shape{1, 1000, 12, 64}, Shape{4, 128, 2, 34}, Shape{1, 300, 1, 32},
+                           Shape{2, 50, 5, 40}}) {
       for (const bool packed : {false, true}) {
         const std::string what = std::string(name_of(dtype)) + " B=" + std::to_string(sh.B) + " T=" +
                                  std::to_string(sh.T) + " H=" + std::to_string(sh.H) + " D=" + std::to_string(sh.D) +
