@@ -85,7 +85,8 @@ class LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropy
     auto wc = w.to(cdt).contiguous();
     const int64_t N = hc.size(0), V = wc.size(0);
     auto dh = torch::empty_like(hc);
-    auto dw = torch::zeros(wc.sizes(), wc.options().dtype(sdt));
+    // Written by the first chunk's product (no zero fill), added to by the others.
+    auto dw = torch::empty(wc.sizes(), wc.options().dtype(sdt));
     auto loss_sum = torch::zeros({}, hc.options().dtype(sdt));
     const int64_t rows = rows_per_chunk(N, V, static_cast<int64_t>(c10::elementSize(cdt)), o);
     for (int64_t r0 = 0; r0 < N; r0 += rows) {
@@ -96,8 +97,9 @@ class LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropy
       loss_sum += chunk_loss(z, targets.narrow(0, r0, n), o, &dz).sum().to(sdt);
       auto dh_rows = dh.narrow(0, r0, n);
       torch::mm_out(dh_rows, dz, wc);
-      add_at_b_(dw, dz, hr);  // dw += dzᵀ hr, accumulated in fp32
+      at_b_into_(dw, dz, hr, /*accumulate=*/r0 > 0);  // dw (+)= dzᵀ hr, accumulated in fp32
     }
+    if (N == 0) dw.zero_();
     auto count = (targets >= 0).sum().to(sdt).clamp_min(1);
     ctx->save_for_backward({dh, dw, count});
     ctx->saved_data["h_dtype"] = static_cast<int64_t>(h.scalar_type());
