@@ -22,7 +22,9 @@
 #include "model/fused_rope.h"
 #include "model/gdr.h"
 #include "model/gdr_scan.h"
+#include "model/mixed_linear.h"
 #include "storage/file_util.h"
+#include "trainer/adamw.h"
 #include "trainer/config.h"
 #include "trainer/session.h"
 
@@ -77,6 +79,17 @@ int bench_train(const BenchTrainArgs& a) {
     return 2;
   }
   model::rope_qkv_fused(a.rope_qkv == "fused");
+  if (a.weight_grads != "in-place" && a.weight_grads != "autograd") {
+    std::cerr << "deltadeck: bench train: --weight-grads: expected in-place or autograd, got \"" << a.weight_grads
+              << "\"\n";
+    return 2;
+  }
+  model::weight_grads_in_place(a.weight_grads == "in-place");
+  if (a.adamw != "ours" && a.adamw != "aten") {
+    std::cerr << "deltadeck: bench train: --adamw: expected ours or aten, got \"" << a.adamw << "\"\n";
+    return 2;
+  }
+  trainer::AdamW::use_own_kernel(a.adamw == "ours");
   if (a.sdpa == "flash") {
     at::globalContext().setSDPUseCuDNN(false);
     at::globalContext().setSDPUseMemEfficient(false);
@@ -192,6 +205,8 @@ int bench_train(const BenchTrainArgs& a) {
   j["row_kernels"] = a.row_kernels;
   j["sdpa"] = a.sdpa;
   j["rope_qkv"] = a.rope_qkv;
+  j["weight_grads"] = a.weight_grads;
+  j["adamw"] = a.adamw;
   j["devices"] = a.devices;
   j["device"] = device;
   j["params"] = params;

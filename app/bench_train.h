@@ -40,6 +40,13 @@ struct BenchTrainArgs {
   // "fused" (model::rope_qkv's one autograd node) or "split" (RoPE on q and k each, split's backward
   // concatenating the gradients), to measure the fusion.
   std::string rope_qkv = "fused";
+  // "in-place" (the linear layers' bf16 products write their weight gradients into the fp32 .grad,
+  // model/mixed_linear.h) or "autograd" (autocast's products, their bf16 weight gradients cast to
+  // fp32 and accumulated by autograd), to measure the change.
+  std::string weight_grads = "in-place";
+  // "ours" (kernels/adamw.h) or "aten" (ATen's fused multi-tensor AdamW): the CUDA optimizer
+  // update, to measure the change.
+  std::string adamw = "ours";
 };
 
 // Returns the exit code: 0 measured, 2 bad arguments or config, 1 the run failed.

@@ -185,6 +185,15 @@ int main(int argc, char** argv) {
                               "writes the q, k and v gradients into one tensor, or RoPE on each with split's backward "
                               "concatenating them (to measure the fusion)")
       ->capture_default_str();
+  bench_train_cmd->add_option("--weight-grads", bench_train.weight_grads,
+                              "in-place | autograd: the linear layers' bf16 products write their weight gradients "
+                              "straight into the fp32 gradients, or go through autocast with autograd casting and "
+                              "accumulating bf16 weight gradients (to measure the change)")
+      ->capture_default_str();
+  bench_train_cmd->add_option("--adamw", bench_train.adamw,
+                              "ours | aten: the CUDA AdamW update as our multi-tensor kernel or ATen's fused one (to "
+                              "measure the change)")
+      ->capture_default_str();
   bench_train_cmd->add_option("--fp8-ffn", bench_train.fp8_ffn,
                               "fused | unfused: with --precision fp8, the SwiGLU feed-forward as one fp8 function "
                               "that quantises SwiGLU's activation and gradient as it computes them, or as its three "
