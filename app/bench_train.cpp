@@ -90,6 +90,12 @@ int bench_train(const BenchTrainArgs& a) {
     return 2;
   }
   trainer::AdamW::use_own_kernel(a.adamw == "ours");
+  if (a.weight_grad_stream != "on" && a.weight_grad_stream != "off") {
+    std::cerr << "deltadeck: bench train: --weight-grad-stream: expected on or off, got \"" << a.weight_grad_stream
+              << "\"\n";
+    return 2;
+  }
+  model::weight_grad_stream(a.weight_grad_stream == "on");
   if (a.sdpa == "flash") {
     at::globalContext().setSDPUseCuDNN(false);
     at::globalContext().setSDPUseMemEfficient(false);
@@ -207,6 +213,7 @@ int bench_train(const BenchTrainArgs& a) {
   j["rope_qkv"] = a.rope_qkv;
   j["weight_grads"] = a.weight_grads;
   j["adamw"] = a.adamw;
+  j["weight_grad_stream"] = a.weight_grad_stream;
   j["devices"] = a.devices;
   j["device"] = device;
   j["params"] = params;

@@ -47,6 +47,9 @@ struct BenchTrainArgs {
   // "ours" (kernels/adamw.h) or "aten" (ATen's fused multi-tensor AdamW): the CUDA optimizer
   // update, to measure the change.
   std::string adamw = "ours";
+  // "on" (the in-place weight gradients' GEMMs on a second stream, overlapping the backward) or
+  // "off" (on the backward's own stream), to measure the overlap.
+  std::string weight_grad_stream = "on";
 };
 
 // Returns the exit code: 0 measured, 2 bad arguments or config, 1 the run failed.

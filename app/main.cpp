@@ -190,6 +190,10 @@ int main(int argc, char** argv) {
                               "straight into the fp32 gradients, or go through autocast with autograd casting and "
                               "accumulating bf16 weight gradients (to measure the change)")
       ->capture_default_str();
+  bench_train_cmd->add_option("--weight-grad-stream", bench_train.weight_grad_stream,
+                              "on | off: with in-place weight gradients, their GEMMs on a second stream overlapping "
+                              "the backward, or on the backward's own stream (to measure the overlap)")
+      ->capture_default_str();
   bench_train_cmd->add_option("--adamw", bench_train.adamw,
                               "ours | aten: the CUDA AdamW update as our multi-tensor kernel or ATen's fused one (to "
                               "measure the change)")

@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include "model/fused_embedding.h"
 #include "model/linear_cross_entropy.h"
 
 #include <cmath>
@@ -55,7 +56,8 @@ LMOutput DecoderLMImpl::forward_with_aux(const torch::Tensor& tokens, const Posi
 
 DecoderLMImpl::Hidden DecoderLMImpl::hidden(const torch::Tensor& tokens, const Positions& p) {
   TORCH_CHECK(tokens.dim() == 2, "model: expected tokens [B,T], got ", tokens.sizes());
-  auto x = emb(tokens);
+  // In a WeightGradInPlaceScope the lookup's gradient is added into the weight's .grad in place.
+  auto x = embedding_in_place_applies(emb->weight, tokens) ? embedding_in_place(emb->weight, tokens) : emb(tokens);
   if (cfg_.embed_norm) x = rms_norm_plain(x);
   torch::Tensor aux, branch;
   for (auto& m : *blocks) {

@@ -3,6 +3,7 @@
 #if defined(DD_HAVE_CUDA)
 #include <c10/cuda/CUDAStream.h>
 
+#include "kernels/column_sum.h"
 #include "kernels/rmsnorm_train.h"
 #include "model/kernel_dtype.h"
 #endif
@@ -92,7 +93,13 @@ class FusedAddRmsNormFn : public torch::autograd::Function<FusedAddRmsNormFn> {
                                       c10::cuda::getCurrentCUDAStream(h.device().index()).stream()),
         "RMSNorm backward");
     torch::Tensor dw;
-    if (wf.defined()) dw = partial.sum(0).to(static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt()));
+    if (wf.defined()) {
+      dw = torch::empty({C}, partial.options());
+      check_kernel_launch(kernels::column_sum_f32(dw.data_ptr<float>(), partial.data_ptr<float>(), partial.size(0), C,
+                                                  c10::cuda::getCurrentCUDAStream(h.device().index()).stream()),
+                          "RMSNorm weight gradient");
+      dw = dw.to(static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt()));
+    }
     torch::Tensor dbv;
     if (has_b) dbv = (separate_db ? db : dx).view(shape);
     return {dx.view(shape), dbv, dw, torch::Tensor(), torch::Tensor()};

@@ -2,6 +2,7 @@
 
 #include "model/layers.h"
 #include "model/linear.h"
+#include "model/mixed_linear.h"
 
 #include <ATen/autocast_mode.h>
 
@@ -24,7 +25,10 @@ at::ScalarType stat_dtype(at::ScalarType t) { return t == torch::kFloat64 ? torc
 
 int64_t rows_per_chunk(int64_t N, int64_t V, int64_t elem_bytes, const LinearCrossEntropyOptions& o) {
   if (o.chunk_rows > 0) return std::min(N, o.chunk_rows);
-  return std::max<int64_t>(1, std::min(N, kChunkBytes / (V * elem_bytes)));
+  if (N == 0) return 1;
+  const int64_t fit = std::max<int64_t>(1, std::min(N, kChunkBytes / (V * elem_bytes)));
+  const int64_t chunks = (N + fit - 1) / fit;
+  return (N + chunks - 1) / chunks;
 }
 
 bool kernel_applies(const torch::Tensor& z, const LinearCrossEntropyOptions& o) {
@@ -104,6 +108,11 @@ class LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropy
     ctx->save_for_backward({dh, dw, count});
     ctx->saved_data["h_dtype"] = static_cast<int64_t>(h.scalar_type());
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
+    // In a WeightGradInPlaceScope the backward writes or adds w's gradient into w.grad itself
+    // (model/mixed_linear.h): a tied embedding's lookup then adds its rows to it there.
+    if (WeightGradInPlaceScope::active() && w.is_cuda() && w.is_leaf() && w.requires_grad() &&
+        w.scalar_type() == dw.scalar_type())
+      ctx->saved_data["w_in_place"] = w;
     return loss_sum / count;
   }
 
@@ -113,6 +122,13 @@ class LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropy
     const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
     auto scale = grads[0].to(saved[2].scalar_type()) / saved[2];  // d(mean)/d(Σ) × incoming
     auto dh = (saved[0] * scale.to(saved[0].scalar_type())).to(h_dtype);
+    if (ctx->saved_data.count("w_in_place")) {
+      auto w = ctx->saved_data["w_in_place"].toTensor();
+      at::Tensor& grad = w.mutable_grad();
+      if (!grad.defined()) grad = saved[1] * scale;
+      else grad.addcmul_(saved[1], scale.to(grad.scalar_type()));
+      return {dh, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    }
     auto dw = (saved[1] * scale).to(w_dtype);
     return {dh, dw, torch::Tensor(), torch::Tensor()};
   }

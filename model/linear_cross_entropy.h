@@ -12,13 +12,16 @@ namespace model {
 
 struct LinearCrossEntropyOptions {
   double softcap = 0;          // > 0: z ← c·tanh(z/c) before the softmax
-  int64_t chunk_rows = 0;      // rows per chunk; 0: as many as fit kChunkBytes of logits
+  int64_t chunk_rows = 0;      // rows per chunk; 0: even chunks of at most kChunkBytes of logits
   bool use_kernel = true;      // CUDA: the fused loss + gradient kernel (kernels/cross_entropy.h)
 };
 
-// About this much logit memory per chunk when chunk_rows = 0, in the logits' own dtype (bf16 under
-// autocast): larger chunks mean fewer passes of the fp32 dW accumulation over the [V, d] matrix.
-constexpr int64_t kChunkBytes = 256ll << 20;
+// At most this much logit memory per chunk when chunk_rows = 0, in the logits' own dtype (bf16
+// under autocast), the rows split evenly over the fewest chunks that fit: larger chunks mean fewer
+// passes of the fp32 dW accumulation over the [V, d] matrix and larger products (GPT-124M, 16k
+// tokens: two chunks of 8192 rows measured 1.4% faster per step than 256 MiB chunks, for 0.5 GiB
+// more peak memory).
+constexpr int64_t kChunkBytes = 1ll << 30;
 
 // h [N,d], w [V,d], targets [N] int64 (−1: ignored). The matmul runs in the autocast dtype when
 // autocast is on for h's device, else in h's dtype. Returns a 0-dim fp32 loss (fp64 for fp64 h).

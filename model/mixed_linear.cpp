@@ -4,10 +4,17 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <map>
+#include <mutex>
+#include <optional>
 
 #include "model/linear.h"
 
 #if defined(DD_HAVE_CUDA)
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
 #include "kernels/weight_cast.h"
 #include "model/kernel_dtype.h"
 #endif
@@ -17,7 +24,9 @@ namespace model {
 namespace {
 
 thread_local bool in_place_active = false;
+thread_local bool grad_stream_active = false;
 std::atomic<bool> in_place_allowed{true};
+std::atomic<bool> grad_stream_allowed{true};
 
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
@@ -29,7 +38,7 @@ int64_t total_rows(const std::vector<at::Tensor>& weights) {
 }
 
 // Whether every weight's .grad is the next row block of one fp32 buffer, in order (what
-// write_weight_grads leaves after a first backward): the product's gradient then adds in one GEMM.
+// plan_weight_grads leaves after a first backward): the product's gradient then adds in one GEMM.
 bool grads_are_one_buffer(const std::vector<at::Tensor>& weights) {
   const at::Tensor& first = weights.front().grad();
   int64_t offset = first.defined() ? first.storage_offset() : 0;
@@ -43,10 +52,20 @@ bool grads_are_one_buffer(const std::vector<at::Tensor>& weights) {
   return true;
 }
 
-// Each weight's block of g2ᵀ · x2 (g2 [N, Σ out_i], x2 [N, in]), written into its fp32 .grad when
-// that is undefined, added to it otherwise. When no weight has a gradient yet, one fp32 buffer
-// takes the whole product and each .grad becomes a view of its rows.
-void write_weight_grads(std::vector<at::Tensor>& weights, const at::Tensor& g2, const at::Tensor& x2) {
+// One product of the weight gradient: c (+)= g2[:, col : col + rows]ᵀ · x2, c fp32 (or, for a
+// gradient of another dtype or layout, c.add_ of the product cast to it).
+struct GradProduct {
+  at::Tensor c;
+  int64_t col = 0, rows = 0;
+  bool accumulate = false;
+  bool cast_add = false;
+};
+
+// The products that put each weight's block of g2ᵀ · x2 (g2 [N, Σ out_i], x2 [N, in]) into its
+// .grad: written where that is undefined, added otherwise. When no weight has a gradient yet, one
+// fp32 buffer takes the whole product and each .grad becomes a view of its rows. Every gradient
+// buffer is allocated here, on the caller's stream, so the products may run on another one.
+std::vector<GradProduct> plan_weight_grads(std::vector<at::Tensor>& weights, const at::Tensor& x2) {
   const int64_t in = x2.size(1);
   bool none_defined = true, all_need = true;
   for (const auto& w : weights) {
@@ -57,39 +76,91 @@ void write_weight_grads(std::vector<at::Tensor>& weights, const at::Tensor& g2, 
     // No tokens: an empty sum. Undefined gradients become zeros, as autograd would make them.
     for (auto& w : weights)
       if (w.requires_grad() && !w.grad().defined()) w.mutable_grad() = torch::zeros_like(w);
-    return;
+    return {};
   }
   if (none_defined && all_need) {
     auto whole = torch::empty({total_rows(weights), in}, x2.options().dtype(at::kFloat));
-    at_b_into_(whole, g2, x2, /*accumulate=*/false);
     int64_t row = 0;
     for (auto& w : weights) {
       w.mutable_grad() = whole.narrow(0, row, w.size(0));
       row += w.size(0);
     }
-    return;
+    return {GradProduct{whole, 0, whole.size(0), false, false}};
   }
   if (grads_are_one_buffer(weights)) {
     auto whole = weights.front().grad().as_strided({total_rows(weights), in}, {in, 1});
-    at_b_into_(whole, g2, x2, /*accumulate=*/true);
-    return;
+    return {GradProduct{whole, 0, whole.size(0), true, false}};
   }
+  std::vector<GradProduct> out;
   int64_t col = 0;
   for (auto& w : weights) {
-    auto gi = g2.narrow(1, col, w.size(0));  // [N, out_i]
-    col += w.size(0);
+    const int64_t rows = w.size(0);
+    col += rows;
     if (!w.requires_grad()) continue;
     at::Tensor& grad = w.mutable_grad();
     if (!grad.defined()) {
       grad = torch::empty_like(w, at::MemoryFormat::Contiguous);
-      at_b_into_(grad, gi, x2, /*accumulate=*/false);
-    } else if (grad.scalar_type() == at::kFloat && grad.is_contiguous()) {
-      at_b_into_(grad, gi, x2, /*accumulate=*/true);
+      out.push_back({grad, col - rows, rows, false, false});
     } else {
-      grad.add_(torch::mm(gi.t(), x2).to(grad.scalar_type()));
+      const bool plain = grad.scalar_type() == at::kFloat && grad.is_contiguous();
+      out.push_back({grad, col - rows, rows, true, !plain});
     }
   }
+  return out;
 }
+
+void run_grad_products(std::vector<GradProduct>& products, const at::Tensor& g2, const at::Tensor& x2) {
+  for (auto& p : products) {
+    auto gi = p.col == 0 && p.rows == g2.size(1) ? g2 : g2.narrow(1, p.col, p.rows);  // [N, rows]
+    if (p.cast_add) p.c.add_(torch::mm(gi.t(), x2).to(p.c.scalar_type()));
+    else at_b_into_(p.c, gi, x2, p.accumulate);
+  }
+}
+
+#if defined(DD_HAVE_CUDA)
+// The weight-gradient stream of each device: created on first use (never one of the pool's
+// streams, which other code may also hold), flagged while it has work the caller has not joined.
+struct GradStreams {
+  std::mutex mu;
+  std::map<int, c10::cuda::CUDAStream> stream;
+  std::map<int, bool> pending;
+};
+GradStreams& grad_streams() {
+  static GradStreams s;
+  return s;
+}
+
+c10::cuda::CUDAStream grad_stream_with_work(int device) {
+  auto& s = grad_streams();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.stream.find(device);
+  if (it == s.stream.end()) {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    cudaStream_t raw = nullptr;
+    C10_CUDA_CHECK(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking));
+    it = s.stream.emplace(device, c10::cuda::getStreamFromExternal(raw, static_cast<c10::DeviceIndex>(device))).first;
+  }
+  s.pending[device] = true;
+  return it->second;
+}
+
+// The products on the device's weight-gradient stream, after everything queued so far on the
+// caller's stream; g2 and x2 stay allocated until that stream is done with them.
+void run_grad_products_aside(std::vector<GradProduct>& products, const at::Tensor& g2, const at::Tensor& x2) {
+  const int device = g2.device().index();
+  auto main = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
+  auto side = grad_stream_with_work(device);
+  at::cuda::CUDAEvent inputs_ready;
+  inputs_ready.record(main);
+  inputs_ready.block(side);
+  {
+    c10::cuda::CUDAStreamGuard guard(side);
+    run_grad_products(products, g2, x2);
+  }
+  g2.record_stream(side);
+  x2.record_stream(side);
+}
+#endif
 
 struct MixedLinearFn : public torch::autograd::Function<MixedLinearFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights, int64_t dtype_code) {
@@ -105,6 +176,7 @@ struct MixedLinearFn : public torch::autograd::Function<MixedLinearFn> {
     ctx->saved_data["weights"] = weights.vec();
     ctx->saved_data["x_shape"] = x.sizes().vec();
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    if (grad_stream_active && x.is_cuda()) ctx->saved_data["grad_stream"] = true;
     auto shape = x.sizes().vec();
     shape.back() = wh.size(0);
     return y.view(shape);
@@ -125,20 +197,53 @@ struct MixedLinearFn : public torch::autograd::Function<MixedLinearFn> {
       auto dx = g2.mm(wh).view(ctx->saved_data["x_shape"].toIntVector());
       out[0] = dx.scalar_type() == x_dtype ? dx : dx.to(x_dtype);
     }
-    write_weight_grads(weights, g2, x2);
+    auto products = plan_weight_grads(weights, x2);
+#if defined(DD_HAVE_CUDA)
+    if (!products.empty() && ctx->saved_data.count("grad_stream")) {
+      run_grad_products_aside(products, g2, x2);
+      return out;
+    }
+#endif
+    run_grad_products(products, g2, x2);
     return out;
   }
 };
 
 }  // namespace
 
-WeightGradInPlaceScope::WeightGradInPlaceScope(bool on) : was_active_(in_place_active) {
+WeightGradInPlaceScope::WeightGradInPlaceScope(bool on, bool grad_stream)
+    : was_active_(in_place_active), was_stream_(grad_stream_active) {
   in_place_active = on && in_place_allowed.load();
+  grad_stream_active = in_place_active && grad_stream && grad_stream_allowed.load();
 }
-WeightGradInPlaceScope::~WeightGradInPlaceScope() { in_place_active = was_active_; }
+WeightGradInPlaceScope::~WeightGradInPlaceScope() {
+  in_place_active = was_active_;
+  grad_stream_active = was_stream_;
+}
 bool WeightGradInPlaceScope::active() { return in_place_active; }
 
 void weight_grads_in_place(bool on) { in_place_allowed = on; }
+void weight_grad_stream(bool on) { grad_stream_allowed = on; }
+
+void join_weight_grad_stream(const at::Device& device) {
+#if defined(DD_HAVE_CUDA)
+  if (!device.is_cuda()) return;
+  const int index = device.has_index() ? device.index() : c10::cuda::current_device();
+  auto& s = grad_streams();
+  std::optional<c10::cuda::CUDAStream> side;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.pending[index]) return;
+    s.pending[index] = false;
+    side = s.stream.at(index);
+  }
+  at::cuda::CUDAEvent done;
+  done.record(*side);
+  done.block(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(index)));
+#else
+  (void)device;
+#endif
+}
 
 bool mixed_linear_applies(const at::Tensor& x, at::TensorList weights) {
   if (!in_place_active || !torch::GradMode::is_enabled() || weights.empty() || !x.defined() || !x.is_cuda()) return false;

@@ -15,27 +15,41 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <c10/util/ArrayRef.h>
 
 namespace model {
 
 // While alive, this thread's Linear layers and linear_cat products take mixed_linear where it
 // applies (when `on`, and the process-wide switch below is on). Restores the previous state. Nests.
+// `grad_stream`: their backward also runs the weight-gradient GEMMs on a second stream of the
+// device (weight_grad_stream below), where they overlap the rest of the backward: nothing later in
+// the backward reads a weight gradient, and those GEMMs' small outputs fill few of the SMs. The
+// caller must then call join_weight_grad_stream after backward, before anything reads a gradient.
 class WeightGradInPlaceScope {
  public:
-  explicit WeightGradInPlaceScope(bool on = true);
+  explicit WeightGradInPlaceScope(bool on = true, bool grad_stream = false);
   ~WeightGradInPlaceScope();
   WeightGradInPlaceScope(const WeightGradInPlaceScope&) = delete;
   WeightGradInPlaceScope& operator=(const WeightGradInPlaceScope&) = delete;
   static bool active();
 
  private:
-  bool was_active_;
+  bool was_active_, was_stream_;
 };
 
 // Process-wide switch, on by default: off, scopes never activate and the products go through
 // autocast and autograd as before (`bench train --weight-grads autograd`, to measure the change).
 void weight_grads_in_place(bool on);
+
+// Process-wide switch, on by default: off, scopes never put the weight-gradient GEMMs on the second
+// stream (`bench train --weight-grad-stream off`, to measure it).
+void weight_grad_stream(bool on);
+
+// Makes the device's current stream wait for the weight-gradient GEMMs queued on its second
+// stream since the last join (nothing when there are none). Call after backward, on the thread
+// and stream that read the gradients next; captured into a CUDA graph like any stream wait.
+void join_weight_grad_stream(const at::Device& device);
 
 // Whether the product x · [W1; W2; ...]ᵀ takes mixed_linear here: inside an active scope, grad mode
 // on, CUDA autocast on in bf16 or fp16, x on a GPU (fp32, bf16 or fp16) and every weight a 2-D fp32

@@ -31,7 +31,8 @@ ForwardPrecision::ForwardPrecision(const std::string& precision, const c10::Devi
   at::autocast::set_autocast_dtype(s.type, precision == "fp16" ? at::kHalf : at::kBFloat16);
   at::autocast::increment_nesting();
   if (precision == "fp8") s.fp8.emplace(true);
-  s.weight_grads.emplace(weight_grads_in_place);
+  // The trainer joins the weight-gradient stream after every backward (train_loop.cpp).
+  s.weight_grads.emplace(weight_grads_in_place, /*grad_stream=*/weight_grads_in_place);
 }
 
 ForwardPrecision::~ForwardPrecision() {

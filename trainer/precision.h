@@ -2,8 +2,9 @@
 // fp8 bf16 autocast plus float8 products in the linear layers. The backward runs outside the scope
 // (autograd follows the forward's dtypes; activation checkpointing re-applies the forward's state).
 // `weight_grads_in_place`: the linear layers' low-precision products also write their weight
-// gradients straight into the fp32 .grad (model/mixed_linear.h); only where nothing hooks the
-// weights' gradient accumulation.
+// gradients straight into the fp32 .grad (model/mixed_linear.h), their GEMMs on the device's
+// weight-gradient stream; only where nothing hooks the weights' gradient accumulation, and the
+// caller joins that stream (model::join_weight_grad_stream) after backward.
 #pragma once
 
 #include <c10/core/Device.h>

@@ -31,6 +31,7 @@
 #include "model/decoder_lm.h"
 #include "model/fp8_linear.h"
 #include "model/linear.h"
+#include "model/mixed_linear.h"
 #include "model/moe.h"
 #include "trainer/adamw.h"
 #include "trainer/checkpoint.h"
@@ -397,6 +398,7 @@ class TrainLoop {
       aux_sum = aux_sum.defined() ? aux_sum + aux : aux;
       consume(b, fed);
     }
+    model::join_weight_grad_stream(device_);  // the weight gradients' GEMMs (model/mixed_linear.h)
     record(fed);
     int64_t step_tokens = fed.tokens;
     auto losses = torch::stack({loss_sum.reshape({}), aux_sum.to(loss_sum.device()).reshape({})});
@@ -610,6 +612,7 @@ class TrainLoop {
       loss_sum = loss_sum.defined() ? loss_sum + ce : ce;
       aux_sum = aux_sum.defined() ? aux_sum + aux : aux;
     }
+    model::join_weight_grad_stream(device_);  // the weight gradients' GEMMs (model/mixed_linear.h)
     std::vector<torch::Tensor> grads_of;
     for (auto& [n, p] : params_) grads_of.push_back(p);
     const double max_norm = cfg_.train.grad_clip > 0 ? cfg_.train.grad_clip : INFINITY;

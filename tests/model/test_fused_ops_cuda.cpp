@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/column_sum.h"
 #include "kernels/gated_rmsnorm.h"
 #include "kernels/rmsnorm_train.h"
 #include "model/decoder_lm.h"
@@ -24,6 +25,7 @@
 #include "model/fused_short_conv.h"
 #include "model/gated_deltanet.h"
 #include "model/fused_swiglu.h"
+#include "model/kernel_dtype.h"
 #include "model/layers.h"
 #include "model/linear.h"
 #include "tests/support/torch_compare.h"
@@ -301,6 +303,28 @@ TEST(FusedOpsCuda, TinyModelsLossAndGradientsMatchCpu) {
     }
     std::printf("[measured] tiny %s fp32 GPU (fused) vs CPU (reference): loss %.3g, worst gradient %.3g\n",
                 name.c_str(), std::abs(l_gpu.item<double>() - l_cpu.item<double>()), worst);
+  }
+}
+
+// The column sums that finish an RMSNorm weight's gradient (kernels/column_sum.h) against fp64 sums
+// row counts around the kernel's 32 row groups and 4-way unroll, column counts around its 32.
+TEST(FusedOpsCuda, ColumnSumMatchesFp64) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(75);
+  for (const int64_t R : {1, 31, 33, 129, 1056, 2000}) {
+    for (const int64_t C : {1, 37, 768, 1000}) {
+      auto in = torch::randn({R, C}, torch::kCUDA);
+      auto out = torch::full({C}, NAN, in.options());
+      model::check_kernel_launch(kernels::column_sum_f32(out.data_ptr<float>(), in.data_ptr<float>(), R, C,
+                                                         model::stream_of(in)),
+                                 "column_sum_f32");
+      // Per column against Σ|x| (a plain relative error blows up where a column's sum cancels): fp32
+      // sums of at most ~R/128 + 36 terms in a row stay within ~1e-5 of it.
+      auto ref = in.to(torch::kFloat64).sum(0);
+      const double err =
+          ((out.to(torch::kFloat64) - ref).abs() / in.to(torch::kFloat64).abs().sum(0).clamp_min(1e-30)).max().item<double>();
+      EXPECT_LT(err, 1e-5) << "R=" << R << " C=" << C;
+    }
   }
 }
 

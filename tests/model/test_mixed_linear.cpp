@@ -1,13 +1,15 @@
-// model::mixed_linear on the CPU (its ATen path, the logic the GPU shares): the product and x's
-// gradient against fp64 products of the same rounded operands, the weights' gradients written into
-// one fp32 buffer on the first backward and added on later ones, frozen weights, an empty batch,
-// and when the layers take it. Random inputs drawn fresh each run. The GPU kernels and the fp32
+// model::mixed_linear and model::embedding_in_place on the CPU (their ATen paths, the logic the
+// GPU shares): the product and x's gradient against fp64 products of the same rounded operands,
+// the weights' gradients written into one fp32 buffer on the first backward and added on later
+// ones, frozen weights, an empty batch, and when the layers take it; the embedding's gradient
+// against autograd's. Random inputs drawn fresh each run. The GPU kernels and the fp32
 // accumulation are tested in test_mixed_linear_cuda.cpp.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <vector>
 
+#include "model/fused_embedding.h"
 #include "model/linear.h"
 #include "model/mixed_linear.h"
 
@@ -179,4 +181,25 @@ TEST(MixedLinear, LayersTakeItOnlyInsideAnActiveScopeOnAGpu) {
     EXPECT_FALSE(model::WeightGradInPlaceScope::active());
   }
   model::weight_grads_in_place(true);
+}
+
+TEST(EmbeddingInPlace, GradientMatchesAutogradAndAddsToAnExistingOne) {
+  seed(34);
+  const int64_t V = 50, C = 12;
+  auto w0 = torch::randn({V, C});
+  auto tokens = torch::randint(0, V, {3, 40}, torch::kInt64);
+  tokens.index_put_({0, torch::indexing::Slice(0, 10)}, 7);  // a token repeated many times
+  auto dy = torch::randn({3, 40, C});
+  auto ref = w0.clone().requires_grad_(true);
+  torch::embedding(ref, tokens).backward(dy);
+  auto w = w0.clone().requires_grad_(true);
+  auto y = model::embedding_in_place(w, tokens);
+  EXPECT_TRUE(torch::equal(y.detach(), torch::embedding(w0, tokens)));
+  y.backward(dy);
+  ASSERT_TRUE(w.grad().defined());
+  EXPECT_LT(rel(w.grad(), ref.grad()), 1e-6);
+  // A second backward adds to the gradient there.
+  model::embedding_in_place(w, tokens).backward(dy);
+  EXPECT_LT(rel(w.grad(), 2 * ref.grad()), 1e-6);
+  EXPECT_FALSE(model::embedding_in_place_applies(w, tokens));  // the CPU, and no scope
 }

@@ -1,8 +1,9 @@
-// model::mixed_linear on the GPU: the weight-cast kernel bit for bit against torch::cat(...).to();
-// the product's weight gradients accumulated in fp32 against fp64 (where autocast's path rounds
-// them to bf16 first); and the Linear layers taking it inside a WeightGradInPlaceScope under
-// autocast, with the same results as outside it. Fresh random inputs each run, odd sizes
-// included. Skips without a GPU.
+// The in-place weight gradients on the GPU: mixed_linear's weight-cast kernel bit for bit against
+// torch::cat(...).to(); its weight gradients accumulated in fp32 against fp64 (where autocast's
+// path rounds them to bf16 first); the Linear layers taking it inside a WeightGradInPlaceScope
+// under autocast, with the same results as outside it; the embedding's backward kernel against
+// ATen's (and the same bits on a rerun); linear_cross_entropy writing and adding its weight
+// gradient in place. Fresh random inputs each run, odd sizes included. Skips without a GPU.
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -11,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "model/fused_embedding.h"
 #include "model/linear.h"
+#include "model/linear_cross_entropy.h"
 #include "model/mixed_linear.h"
 #include "tests/support/torch_compare.h"
 
@@ -136,4 +139,100 @@ TEST(MixedLinearCuda, LinearLayersTakeItInsideTheScope) {
     // Both sides round bf16 products; the in-place weight gradients skip one bf16 rounding.
     EXPECT_LT(rel_norm_diff(a[i], b[i]), 1e-2) << names[i];
   }
+}
+
+TEST(MixedLinearCuda, EmbeddingBackwardMatchesAtenAndRepeatsBitForBit) {
+  DD_REQUIRE_GPU();
+  seed(94);
+  // C 768 takes 16-byte vectors, C 37 single columns.
+  for (const int64_t C : {768, 37}) {
+    const int64_t V = 1000;
+    // Skewed tokens: a few very frequent ones, as in text, and absent ones.
+    auto tokens = (torch::randn({4, 1500}, torch::kCUDA).abs() * 60).to(torch::kInt64).clamp_max(V - 1);
+    auto dy = torch::randn({4, 1500, C}, torch::kCUDA);
+    auto w0 = torch::randn({V, C}, torch::kCUDA);
+    auto existing = torch::randn({V, C}, torch::kCUDA);
+    auto ref = at::embedding_dense_backward(dy.reshape({-1, C}), tokens.reshape({-1}), V, -1, false) + existing;
+    std::vector<torch::Tensor> runs;
+    for (int rep = 0; rep < 2; ++rep) {
+      auto w = w0.clone().requires_grad_(true);
+      w.mutable_grad() = existing.clone();
+      model::WeightGradInPlaceScope scope;
+      ASSERT_TRUE(model::embedding_in_place_applies(w, tokens));
+      auto y = model::embedding_in_place(w, tokens);
+      EXPECT_TRUE(torch::equal(y.detach(), torch::embedding(w0, tokens)));
+      y.backward(dy);
+      runs.push_back(w.grad().clone());
+    }
+    EXPECT_LT(rel_norm_diff(runs[0], ref), 1e-6) << "C=" << C;
+    EXPECT_TRUE(torch::equal(runs[0], runs[1])) << "C=" << C << ": not deterministic";
+  }
+  // Without a gradient there yet: zeros, then the rows.
+  const int64_t V = 300, C = 64;
+  auto tokens = torch::randint(0, V, {2000}, torch::TensorOptions().dtype(torch::kInt64).device(torch::kCUDA));
+  auto dy = torch::randn({2000, C}, torch::kCUDA);
+  auto w = torch::randn({V, C}, torch::kCUDA).requires_grad_(true);
+  {
+    model::WeightGradInPlaceScope scope;
+    model::embedding_in_place(w, tokens).backward(dy);
+  }
+  EXPECT_LT(rel_norm_diff(w.grad(), at::embedding_dense_backward(dy, tokens, V, -1, false)), 1e-6);
+}
+
+TEST(MixedLinearCuda, CrossEntropyWritesAndAddsItsWeightGradientInPlace) {
+  DD_REQUIRE_GPU();
+  seed(95);
+  const int64_t N = 777, d = 64, V = 1003;
+  auto h0 = torch::randn({N, d}, torch::kCUDA);
+  auto w0 = torch::randn({V, d}, torch::kCUDA) * 0.2;
+  auto t = torch::randint(0, V, {N}, torch::TensorOptions().dtype(torch::kInt64).device(torch::kCUDA));
+  auto run = [&](bool in_place, const torch::Tensor& existing) {
+    auto h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+    if (existing.defined()) w.mutable_grad() = existing.clone();
+    torch::Tensor loss;
+    {
+      CudaAutocast autocast(at::kBFloat16);
+      model::WeightGradInPlaceScope scope(in_place);
+      model::LinearCrossEntropyOptions o;
+      o.chunk_rows = 200;
+      loss = model::linear_cross_entropy(h, w, t, o);
+    }
+    (loss * 0.37).backward();
+    return std::make_pair(h.grad(), w.grad());
+  };
+  for (const bool with_existing : {false, true}) {
+    auto existing = with_existing ? torch::randn({V, d}, torch::kCUDA) : torch::Tensor();
+    auto a = run(true, existing), b = run(false, existing);
+    EXPECT_LT(rel_norm_diff(a.first, b.first), 1e-6) << "dh, existing " << with_existing;
+    EXPECT_LT(rel_norm_diff(a.second, b.second), 1e-6) << "dw, existing " << with_existing;
+  }
+}
+
+// The weight-gradient GEMMs on the device's second stream (a scope with grad_stream) give the same
+// gradients as on the backward's own stream, once joined; over two backwards (written, then added).
+TEST(MixedLinearCuda, WeightGradStreamGivesTheSameGradients) {
+  DD_REQUIRE_GPU();
+  seed(96);
+  const int64_t d = 128;
+  model::Linear a(d, 384), b(d, 256);
+  a->to(torch::kCUDA);
+  b->to(torch::kCUDA);
+  auto x0 = torch::randn({4, 257, d}, torch::kCUDA);
+  auto run = [&](bool aside) {
+    for (auto* l : {&a, &b}) (*l)->weight.mutable_grad() = torch::Tensor();
+    for (int rep = 0; rep < 2; ++rep) {
+      auto x = (x0 * (rep + 1)).requires_grad_(true);
+      torch::Tensor y;
+      {
+        CudaAutocast autocast(at::kBFloat16);
+        model::WeightGradInPlaceScope scope(true, aside);
+        y = b(model::linear_cat(x, {a}).narrow(-1, 0, d) * 2);
+      }
+      y.to(torch::kFloat).pow(2).sum().backward();
+    }
+    model::join_weight_grad_stream(torch::Device(torch::kCUDA, 0));
+    return std::vector<torch::Tensor>{a->weight.grad().clone(), b->weight.grad().clone()};
+  };
+  const auto same = run(false), aside = run(true);
+  for (size_t i = 0; i < same.size(); ++i) EXPECT_LT(rel_norm_diff(aside[i], same[i]), 1e-6) << "weight " << i;
 }
