@@ -33,13 +33,7 @@
 namespace {
 
 using testing_support::rel_norm_diff;
-
-#define DD_REQUIRE_GPU() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine"
-
-void seed_from_gtest(uint64_t salt) {
-  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + salt);
-}
+using testing_support::seed_from_gtest;
 
 // Tolerance of a result stored in `t`: fp32 differs by summation order only; bf16/fp16 by one
 // rounding of the same fp32 value (2^-8, 2^-11) where the two sides' fp32 values straddle it.

@@ -22,12 +22,7 @@ namespace {
 
 using testing_support::rel_norm_diff;
 
-#define DD_REQUIRE_GPU() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine"
-
-void seed(uint64_t salt) {
-  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + salt);
-}
+using testing_support::seed_from_gtest;
 
 // CUDA autocast to `dtype` while alive.
 struct CudaAutocast {
@@ -46,7 +41,7 @@ struct CudaAutocast {
 
 TEST(MixedLinearCuda, WeightCastMatchesCatAndCastBitForBit) {
   DD_REQUIRE_GPU();
-  seed(91);
+  seed_from_gtest(91);
   const std::vector<std::vector<int64_t>> row_sets = {{768}, {768, 256, 256}, {7, 5}, {3, 1, 4, 1}, {2, 2, 2, 2, 2}};
   for (const auto dtype : {at::kBFloat16, at::kHalf}) {
     for (const int64_t cols : {768, 37, 4}) {
@@ -68,7 +63,7 @@ TEST(MixedLinearCuda, WeightCastMatchesCatAndCastBitForBit) {
 
 TEST(MixedLinearCuda, WeightGradientsAccumulateInFp32) {
   DD_REQUIRE_GPU();
-  seed(92);
+  seed_from_gtest(92);
   const int64_t in = 96;
   const std::vector<int64_t> rows = {64, 32, 33};
   std::vector<torch::Tensor> w;
@@ -105,7 +100,7 @@ TEST(MixedLinearCuda, WeightGradientsAccumulateInFp32) {
 
 TEST(MixedLinearCuda, LinearLayersTakeItInsideTheScope) {
   DD_REQUIRE_GPU();
-  seed(93);
+  seed_from_gtest(93);
   const int64_t d = 64;
   model::Linear q(d, 96), k(d, 32), v(d, 32), o(96, d);
   for (auto* l : {&q, &k, &v, &o}) (*l)->to(torch::kCUDA);
@@ -143,7 +138,7 @@ TEST(MixedLinearCuda, LinearLayersTakeItInsideTheScope) {
 
 TEST(MixedLinearCuda, EmbeddingBackwardMatchesAtenAndRepeatsBitForBit) {
   DD_REQUIRE_GPU();
-  seed(94);
+  seed_from_gtest(94);
   // C 768 takes 16-byte vectors, C 37 single columns.
   for (const int64_t C : {768, 37}) {
     const int64_t V = 1000;
@@ -181,7 +176,7 @@ TEST(MixedLinearCuda, EmbeddingBackwardMatchesAtenAndRepeatsBitForBit) {
 
 TEST(MixedLinearCuda, CrossEntropyWritesAndAddsItsWeightGradientInPlace) {
   DD_REQUIRE_GPU();
-  seed(95);
+  seed_from_gtest(95);
   const int64_t N = 777, d = 64, V = 1003;
   auto h0 = torch::randn({N, d}, torch::kCUDA);
   auto w0 = torch::randn({V, d}, torch::kCUDA) * 0.2;
@@ -212,7 +207,7 @@ TEST(MixedLinearCuda, CrossEntropyWritesAndAddsItsWeightGradientInPlace) {
 // gradients as on the backward's own stream, once joined; over two backwards (written, then added).
 TEST(MixedLinearCuda, WeightGradStreamGivesTheSameGradients) {
   DD_REQUIRE_GPU();
-  seed(96);
+  seed_from_gtest(96);
   const int64_t d = 128;
   model::Linear a(d, 384), b(d, 256);
   a->to(torch::kCUDA);

@@ -23,11 +23,6 @@ using testing_support::numel_sum;
 
 using model::Family;
 
-bool have_gpu() { return torch::cuda::is_available(); }
-
-#define DD_REQUIRE_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no GPU on this machine"
-
 // bf16 autocast on CUDA for the scope, as the trainer will run it.
 struct AutocastBf16 {
   AutocastBf16() {

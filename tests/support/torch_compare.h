@@ -1,6 +1,6 @@
 // What the model tests share: parameter counts, the largest and the relative difference of two
-// tensors in fp64,
-// and a single-threaded ATen for test binaries of tiny shapes.
+// tensors in fp64, a single-threaded ATen for test binaries of tiny shapes, and for the GPU tests
+// a skip without a GPU and seeds drawn from GoogleTest's random seed.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -8,7 +8,17 @@
 
 #include <cstdint>
 
+// Skips the test where no GPU is present.
+#define DD_REQUIRE_GPU() \
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine"
+
 namespace testing_support {
+
+// Seeds torch from GoogleTest's random seed (printed with every run, so --gtest_random_seed repeats
+// a failing one) plus a per-test salt.
+inline void seed_from_gtest(uint64_t salt) {
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + salt);
+}
 
 // Σ numel over a module's parameters.
 inline int64_t numel_sum(torch::nn::Module& m) {
