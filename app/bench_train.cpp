@@ -96,6 +96,12 @@ int bench_train(const BenchTrainArgs& a) {
     return 2;
   }
   model::weight_grad_stream(a.weight_grad_stream == "on");
+  if (a.graph_gemms != "no-workspace" && a.graph_gemms != "workspace") {
+    std::cerr << "deltadeck: bench train: --graph-gemms: expected no-workspace or workspace, got \"" << a.graph_gemms
+              << "\"\n";
+    return 2;
+  }
+  model::gemms_without_workspace(a.graph_gemms == "no-workspace");
   if (a.sdpa == "flash") {
     at::globalContext().setSDPUseCuDNN(false);
     at::globalContext().setSDPUseMemEfficient(false);
@@ -214,6 +220,7 @@ int bench_train(const BenchTrainArgs& a) {
   j["weight_grads"] = a.weight_grads;
   j["adamw"] = a.adamw;
   j["weight_grad_stream"] = a.weight_grad_stream;
+  j["graph_gemms"] = a.graph_gemms;
   j["devices"] = a.devices;
   j["device"] = device;
   j["params"] = params;

@@ -50,6 +50,9 @@ struct BenchTrainArgs {
   // "on" (the in-place weight gradients' GEMMs on a second stream, overlapping the backward) or
   // "off" (on the backward's own stream), to measure the overlap.
   std::string weight_grad_stream = "on";
+  // "no-workspace" (a CUDA-graph step's in-place products run cuBLAS without its workspace, so
+  // without semaphore memsets) or "workspace", to measure it.
+  std::string graph_gemms = "no-workspace";
 };
 
 // Returns the exit code: 0 measured, 2 bad arguments or config, 1 the run failed.

@@ -194,6 +194,10 @@ int main(int argc, char** argv) {
                               "on | off: with in-place weight gradients, their GEMMs on a second stream overlapping "
                               "the backward, or on the backward's own stream (to measure the overlap)")
       ->capture_default_str();
+  bench_train_cmd->add_option("--graph-gemms", bench_train.graph_gemms,
+                              "no-workspace | workspace: in a step captured as a CUDA graph, the linear layers' GEMMs "
+                              "run cuBLAS without its workspace (no semaphore memsets) or with it (to measure it)")
+      ->capture_default_str();
   bench_train_cmd->add_option("--adamw", bench_train.adamw,
                               "ours | aten: the CUDA AdamW update as our multi-tensor kernel or ATen's fused one (to "
                               "measure the change)")

@@ -12,18 +12,32 @@ int gemm_at_b_accumulate_f32(void* cublas_handle, float* c, int64_t ldc, const v
 
 int gemm_at_b_f32(void* cublas_handle, float* c, int64_t ldc, const void* a, int64_t lda, const void* b, int64_t ldb,
                   DType ab_dtype, int64_t K, int64_t M, int64_t N, bool accumulate) {
+  return gemm_rowmajor(cublas_handle, c, DType::F32, ldc, a, lda, /*a_trans=*/true, b, ldb, /*b_trans=*/false, ab_dtype,
+                       M, N, K, accumulate, /*no_workspace=*/false);
+}
+
+int gemm_rowmajor(void* cublas_handle, void* c, DType c_dtype, int64_t ldc, const void* a, int64_t lda, bool a_trans,
+                  const void* b, int64_t ldb, bool b_trans, DType ab_dtype, int64_t M, int64_t N, int64_t K,
+                  bool accumulate, bool no_workspace) {
   if (M == 0 || N == 0) return 0;
   // An empty sum: c += 0 leaves c; c = 0 is the caller's to write (refused here).
   if (K == 0) return accumulate ? 0 : static_cast<int>(CUBLAS_STATUS_NOT_SUPPORTED);
-  if (ab_dtype == DType::F32) return static_cast<int>(CUBLAS_STATUS_NOT_SUPPORTED);
-  const cudaDataType_t t = ab_dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  if (ab_dtype == DType::F32 || (c_dtype != DType::F32 && c_dtype != ab_dtype))
+    return static_cast<int>(CUBLAS_STATUS_NOT_SUPPORTED);
+  auto handle = static_cast<cublasHandle_t>(cublas_handle);
+  if (no_workspace) {
+    const cublasStatus_t st = cublasSetWorkspace(handle, nullptr, 0);
+    if (st != CUBLAS_STATUS_SUCCESS) return static_cast<int>(st);
+  }
+  auto type_of = [](DType d) { return d == DType::BF16 ? CUDA_R_16BF : d == DType::F16 ? CUDA_R_16F : CUDA_R_32F; };
+  const cudaDataType_t t = type_of(ab_dtype);
   const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
-  // cuBLAS is column-major: row-major c [M,N] is column-major cᵀ [N,M] = bᵀ · a, where row-major
-  // b [K,N] reads as column-major bᵀ [N,K] (no transpose) and row-major a [K,M] as column-major
-  // aᵀ [M,K] (transposed back).
-  return static_cast<int>(cublasGemmEx(static_cast<cublasHandle_t>(cublas_handle), CUBLAS_OP_N, CUBLAS_OP_T,
+  // cuBLAS is column-major: row-major c [M,N] is column-major cᵀ [N,M] = op(b)ᵀ · op(a)ᵀ. A
+  // row-major matrix read column-major is its transpose, so b stored [K,N] is already op(b)ᵀ (no
+  // transpose) and b stored [N,K] needs one; likewise a.
+  return static_cast<int>(cublasGemmEx(handle, b_trans ? CUBLAS_OP_T : CUBLAS_OP_N, a_trans ? CUBLAS_OP_T : CUBLAS_OP_N,
                                        static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha, b, t,
-                                       static_cast<int>(ldb), a, t, static_cast<int>(lda), &beta, c, CUDA_R_32F,
+                                       static_cast<int>(ldb), a, t, static_cast<int>(lda), &beta, c, type_of(c_dtype),
                                        static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 

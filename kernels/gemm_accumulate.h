@@ -21,6 +21,17 @@ int gemm_at_b_accumulate_f32(void* cublas_handle, float* c, int64_t ldc, const v
 // K = 0 without `accumulate` is refused (CUBLAS_STATUS_NOT_SUPPORTED): the caller zeroes c.
 int gemm_at_b_f32(void* cublas_handle, float* c, int64_t ldc, const void* a, int64_t lda, const void* b, int64_t ldb,
                   DType ab_dtype, int64_t K, int64_t M, int64_t N, bool accumulate);
+
+// Row-major c [M, N] (+)= op(a) [M, K] · op(b) [K, N] with bf16/fp16 a and b, c of `c_dtype` (a and
+// b's dtype, or F32), fp32 accumulation. a is stored [M, K] (or [K, M] when a_trans), b [K, N] (or
+// [N, K] when b_trans), each with unit column stride and row stride lda / ldb; c's row stride ldc.
+// `no_workspace`: the call runs with no cuBLAS workspace (the handle's is restored by LibTorch
+// the next time it hands the handle out). cuBLAS then picks kernels that need no zeroed semaphore:
+// in a CUDA graph each of those memsets costs a node and the gaps around it. Returns the
+// cublasStatus_t (0 = success).
+int gemm_rowmajor(void* cublas_handle, void* c, DType c_dtype, int64_t ldc, const void* a, int64_t lda, bool a_trans,
+                  const void* b, int64_t ldb, bool b_trans, DType ab_dtype, int64_t M, int64_t N, int64_t K,
+                  bool accumulate, bool no_workspace);
 #endif
 
 }  // namespace kernels

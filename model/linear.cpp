@@ -73,7 +73,28 @@ std::vector<std::pair<std::string, Fp8History*>> fp8_histories(torch::nn::Module
 
 void add_at_b_(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b) { at_b_into_(c, a, b, true); }
 
-void at_b_into_(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b, bool accumulate) {
+torch::Tensor product(const torch::Tensor& a, const torch::Tensor& b, bool b_trans, bool no_workspace) {
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == (b_trans ? b.size(1) : b.size(0)), "product: a ",
+              a.sizes(), (b_trans ? " · bᵀ with b " : " · b with b "), b.sizes());
+#if defined(DD_HAVE_CUDA)
+  kernels::DType dt{};
+  if (no_workspace && a.is_cuda() && b.device() == a.device() && a.scalar_type() == b.scalar_type() &&
+      kernel_dtype(a.scalar_type(), dt) && dt != kernels::DType::F32 && a.is_contiguous() && b.is_contiguous() &&
+      a.size(1) > 0) {
+    const int64_t M = a.size(0), K = a.size(1), N = b_trans ? b.size(0) : b.size(1);
+    auto c = torch::empty({M, N}, a.options());
+    const int status = kernels::gemm_rowmajor(at::cuda::getCurrentCUDABlasHandle(), c.data_ptr(), dt, N, a.data_ptr(),
+                                              K, /*a_trans=*/false, b.data_ptr(), b.size(1), b_trans, dt, M, N, K,
+                                              /*accumulate=*/false, /*no_workspace=*/true);
+    TORCH_CHECK(status == 0, "product: cublasGemmEx failed (status ", status, ")");
+    return c;
+  }
+#endif
+  (void)no_workspace;
+  return b_trans ? torch::mm(a, b.t()) : torch::mm(a, b);
+}
+
+void at_b_into_(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b, bool accumulate, bool no_workspace) {
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2 && a.size(0) == b.size(0) && c.size(0) == a.size(1) &&
                   c.size(1) == b.size(1),
               "at_b_into_: c ", c.sizes(), (accumulate ? " +=" : " ="), " aᵀ b with a ", a.sizes(), ", b ", b.sizes());
@@ -84,16 +105,18 @@ void at_b_into_(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b
                     dt != kernels::DType::F32 && a.stride(1) == 1 && b.stride(1) == 1 && a.device() == c.device() &&
                     b.device() == c.device() && a.size(0) > 0;
   if (fits) {
-    const int status = kernels::gemm_at_b_f32(at::cuda::getCurrentCUDABlasHandle(), c.data_ptr<float>(), c.stride(0),
-                                              a.data_ptr(), a.stride(0), b.data_ptr(), b.stride(0), dt, a.size(0),
-                                              a.size(1), b.size(1), accumulate);
+    const int status = kernels::gemm_rowmajor(at::cuda::getCurrentCUDABlasHandle(), c.data_ptr<float>(),
+                                              kernels::DType::F32, c.stride(0), a.data_ptr(), a.stride(0),
+                                              /*a_trans=*/true, b.data_ptr(), b.stride(0), /*b_trans=*/false, dt,
+                                              a.size(1), b.size(1), a.size(0), accumulate, no_workspace);
     TORCH_CHECK(status == 0, "at_b_into_: cublasGemmEx failed (status ", status, ")");
     return;
   }
 #endif
-  auto product = torch::mm(a.t(), b).to(c.scalar_type());
-  if (accumulate) c.add_(product);
-  else c.copy_(product);
+  (void)no_workspace;
+  auto ab = torch::mm(a.t(), b).to(c.scalar_type());
+  if (accumulate) c.add_(ab);
+  else c.copy_(ab);
 }
 
 Fp8Scope::Fp8Scope(bool on) : was_active_(fp8_active) { fp8_active = on; }

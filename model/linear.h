@@ -47,7 +47,15 @@ std::vector<std::pair<std::string, Fp8History*>> fp8_histories(torch::nn::Module
 // elsewhere c += (aᵀ b) converted to c's dtype. Throws on a shape mismatch.
 void add_at_b_(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b);
 // add_at_b_ when `accumulate`, else c = aᵀ · b (c's old values never read: it may be uninitialised).
-void at_b_into_(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b, bool accumulate);
+// `no_workspace`: on a GPU, cuBLAS runs the product without its workspace (kernels/gemm_accumulate.h
+// gemm_rowmajor: no semaphore memsets, which a CUDA graph pays for).
+void at_b_into_(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b, bool accumulate,
+                bool no_workspace = false);
+
+// a [M, K] · b [K, N] (b_trans: b stored [N, K], the product a · bᵀ), a new [M, N] tensor of a's
+// dtype: torch::mm, or on a GPU with `no_workspace`, bf16/fp16 contiguous operands, cuBLAS without
+// its workspace as above.
+torch::Tensor product(const torch::Tensor& a, const torch::Tensor& b, bool b_trans, bool no_workspace);
 
 // While alive, this thread's Linear layers multiply in FP8 (train.precision = "fp8") when `on`, or
 // not when !on; restores the previous mode after. Nests.

@@ -25,8 +25,10 @@ namespace {
 
 thread_local bool in_place_active = false;
 thread_local bool grad_stream_active = false;
+thread_local bool no_workspace_active = false;
 std::atomic<bool> in_place_allowed{true};
 std::atomic<bool> grad_stream_allowed{true};
+std::atomic<bool> no_workspace_allowed{true};
 
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
@@ -109,11 +111,12 @@ std::vector<GradProduct> plan_weight_grads(std::vector<at::Tensor>& weights, con
   return out;
 }
 
-void run_grad_products(std::vector<GradProduct>& products, const at::Tensor& g2, const at::Tensor& x2) {
+void run_grad_products(std::vector<GradProduct>& products, const at::Tensor& g2, const at::Tensor& x2,
+                       bool no_workspace) {
   for (auto& p : products) {
     auto gi = p.col == 0 && p.rows == g2.size(1) ? g2 : g2.narrow(1, p.col, p.rows);  // [N, rows]
     if (p.cast_add) p.c.add_(torch::mm(gi.t(), x2).to(p.c.scalar_type()));
-    else at_b_into_(p.c, gi, x2, p.accumulate);
+    else at_b_into_(p.c, gi, x2, p.accumulate, no_workspace);
   }
 }
 
@@ -146,7 +149,8 @@ c10::cuda::CUDAStream grad_stream_with_work(int device) {
 
 // The products on the device's weight-gradient stream, after everything queued so far on the
 // caller's stream; g2 and x2 stay allocated until that stream is done with them.
-void run_grad_products_aside(std::vector<GradProduct>& products, const at::Tensor& g2, const at::Tensor& x2) {
+void run_grad_products_aside(std::vector<GradProduct>& products, const at::Tensor& g2, const at::Tensor& x2,
+                             bool no_workspace) {
   const int device = g2.device().index();
   auto main = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
   auto side = grad_stream_with_work(device);
@@ -155,7 +159,7 @@ void run_grad_products_aside(std::vector<GradProduct>& products, const at::Tenso
   inputs_ready.block(side);
   {
     c10::cuda::CUDAStreamGuard guard(side);
-    run_grad_products(products, g2, x2);
+    run_grad_products(products, g2, x2, no_workspace);
   }
   g2.record_stream(side);
   x2.record_stream(side);
@@ -171,12 +175,14 @@ struct MixedLinearFn : public torch::autograd::Function<MixedLinearFn> {
     auto x2 = (x.scalar_type() == dtype ? x : x.to(dtype)).reshape({-1, in});
     if (!x2.is_contiguous()) x2 = x2.contiguous();
     auto wh = cast_weight_blocks(weights, dtype);  // [Σ out_i, in]
-    auto y = x2.mm(wh.t());
+    const bool no_workspace = no_workspace_active && x.is_cuda();
+    auto y = product(x2, wh, /*b_trans=*/true, no_workspace);
     ctx->save_for_backward({x2, wh});
     ctx->saved_data["weights"] = weights.vec();
     ctx->saved_data["x_shape"] = x.sizes().vec();
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     if (grad_stream_active && x.is_cuda()) ctx->saved_data["grad_stream"] = true;
+    if (no_workspace) ctx->saved_data["no_workspace"] = true;
     auto shape = x.sizes().vec();
     shape.back() = wh.size(0);
     return y.view(shape);
@@ -189,41 +195,45 @@ struct MixedLinearFn : public torch::autograd::Function<MixedLinearFn> {
     auto weights = ctx->saved_data["weights"].toTensorVector();
     tensor_list out(weights.size() + 2);  // x, each weight (their gradients went to .grad), dtype
     if (!grads[0].defined()) return out;
+    const bool no_workspace = ctx->saved_data.count("no_workspace") > 0;
     auto g2 = grads[0].reshape({-1, wh.size(0)});
     if (g2.scalar_type() != wh.scalar_type()) g2 = g2.to(wh.scalar_type());
     if (!g2.is_contiguous()) g2 = g2.contiguous();
     if (ctx->needs_input_grad(0)) {
       const auto x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
-      auto dx = g2.mm(wh).view(ctx->saved_data["x_shape"].toIntVector());
+      auto dx = product(g2, wh, /*b_trans=*/false, no_workspace).view(ctx->saved_data["x_shape"].toIntVector());
       out[0] = dx.scalar_type() == x_dtype ? dx : dx.to(x_dtype);
     }
     auto products = plan_weight_grads(weights, x2);
 #if defined(DD_HAVE_CUDA)
     if (!products.empty() && ctx->saved_data.count("grad_stream")) {
-      run_grad_products_aside(products, g2, x2);
+      run_grad_products_aside(products, g2, x2, no_workspace);
       return out;
     }
 #endif
-    run_grad_products(products, g2, x2);
+    run_grad_products(products, g2, x2, no_workspace);
     return out;
   }
 };
 
 }  // namespace
 
-WeightGradInPlaceScope::WeightGradInPlaceScope(bool on, bool grad_stream)
-    : was_active_(in_place_active), was_stream_(grad_stream_active) {
+WeightGradInPlaceScope::WeightGradInPlaceScope(bool on, bool grad_stream, bool no_workspace)
+    : was_active_(in_place_active), was_stream_(grad_stream_active), was_no_workspace_(no_workspace_active) {
   in_place_active = on && in_place_allowed.load();
   grad_stream_active = in_place_active && grad_stream && grad_stream_allowed.load();
+  no_workspace_active = in_place_active && no_workspace && no_workspace_allowed.load();
 }
 WeightGradInPlaceScope::~WeightGradInPlaceScope() {
   in_place_active = was_active_;
   grad_stream_active = was_stream_;
+  no_workspace_active = was_no_workspace_;
 }
 bool WeightGradInPlaceScope::active() { return in_place_active; }
 
 void weight_grads_in_place(bool on) { in_place_allowed = on; }
 void weight_grad_stream(bool on) { grad_stream_allowed = on; }
+void gemms_without_workspace(bool on) { no_workspace_allowed = on; }
 
 void join_weight_grad_stream(const at::Device& device) {
 #if defined(DD_HAVE_CUDA)

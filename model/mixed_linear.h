@@ -26,16 +26,21 @@ namespace model {
 // device (weight_grad_stream below), where they overlap the rest of the backward: nothing later in
 // the backward reads a weight gradient, and those GEMMs' small outputs fill few of the SMs. The
 // caller must then call join_weight_grad_stream after backward, before anything reads a gradient.
+// `no_workspace`: the products' GEMMs (forward, input and weight gradients) run without cuBLAS's
+// workspace (model/linear.h product), for a step captured as a CUDA graph: the kernels cuBLAS
+// picks with its workspace each need a semaphore memset, a graph node with a gap on both sides
+// (GPT-124M: about 130 a step); without it, kernels that need none. Eager steps keep the
+// workspace: their memsets overlap the host's launches, and the split kernels are faster there.
 class WeightGradInPlaceScope {
  public:
-  explicit WeightGradInPlaceScope(bool on = true, bool grad_stream = false);
+  explicit WeightGradInPlaceScope(bool on = true, bool grad_stream = false, bool no_workspace = false);
   ~WeightGradInPlaceScope();
   WeightGradInPlaceScope(const WeightGradInPlaceScope&) = delete;
   WeightGradInPlaceScope& operator=(const WeightGradInPlaceScope&) = delete;
   static bool active();
 
  private:
-  bool was_active_, was_stream_;
+  bool was_active_, was_stream_, was_no_workspace_;
 };
 
 // Process-wide switch, on by default: off, scopes never activate and the products go through
@@ -45,6 +50,10 @@ void weight_grads_in_place(bool on);
 // Process-wide switch, on by default: off, scopes never put the weight-gradient GEMMs on the second
 // stream (`bench train --weight-grad-stream off`, to measure it).
 void weight_grad_stream(bool on);
+
+// Process-wide switch, on by default: off, scopes never run the GEMMs without cuBLAS's workspace
+// (`bench train --graph-gemms workspace`, to measure it).
+void gemms_without_workspace(bool on);
 
 // Makes the device's current stream wait for the weight-gradient GEMMs queued on its second
 // stream since the last join (nothing when there are none). Call after backward, on the thread

@@ -19,7 +19,7 @@ struct ForwardPrecision::State {
 };
 
 ForwardPrecision::ForwardPrecision(const std::string& precision, const c10::Device& device,
-                                   bool weight_grads_in_place)
+                                   bool weight_grads_in_place, bool graph_step)
     : state_(std::make_unique<State>()) {
   if (precision == "fp32") return;
   State& s = *state_;
@@ -32,7 +32,7 @@ ForwardPrecision::ForwardPrecision(const std::string& precision, const c10::Devi
   at::autocast::increment_nesting();
   if (precision == "fp8") s.fp8.emplace(true);
   // The trainer joins the weight-gradient stream after every backward (train_loop.cpp).
-  s.weight_grads.emplace(weight_grads_in_place, /*grad_stream=*/weight_grads_in_place);
+  s.weight_grads.emplace(weight_grads_in_place, /*grad_stream=*/weight_grads_in_place, /*no_workspace=*/graph_step);
 }
 
 ForwardPrecision::~ForwardPrecision() {

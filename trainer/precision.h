@@ -16,7 +16,10 @@ namespace trainer {
 
 class ForwardPrecision {
  public:
-  ForwardPrecision(const std::string& precision, const c10::Device& device, bool weight_grads_in_place = false);
+  // `graph_step`: the step is captured as a CUDA graph (the in-place products' GEMMs then run
+  // without cuBLAS's workspace, model/mixed_linear.h).
+  ForwardPrecision(const std::string& precision, const c10::Device& device, bool weight_grads_in_place = false,
+                   bool graph_step = false);
   ~ForwardPrecision();
   ForwardPrecision(const ForwardPrecision&) = delete;
   ForwardPrecision& operator=(const ForwardPrecision&) = delete;

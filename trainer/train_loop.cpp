@@ -603,7 +603,8 @@ class TrainLoop {
       const model::Positions& pos = own_positions[micro].pos.defined() ? own_positions[micro] : in.positions();
       model::LossParts parts;
       {
-        ForwardPrecision precision(cfg_.train.precision, device_, weight_grads_in_place_);
+        ForwardPrecision precision(cfg_.train.precision, device_, weight_grads_in_place_,
+                                   /*graph_step=*/graph_ != nullptr);
         parts = model_->loss_parts_at(in.tokens(), in.labels(), pos);
       }
       (parts.total / accum).backward();

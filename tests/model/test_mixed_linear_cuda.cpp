@@ -231,3 +231,41 @@ TEST(MixedLinearCuda, WeightGradStreamGivesTheSameGradients) {
   const auto same = run(false), aside = run(true);
   for (size_t i = 0; i < same.size(); ++i) EXPECT_LT(rel_norm_diff(aside[i], same[i]), 1e-6) << "weight " << i;
 }
+
+// The products without cuBLAS's workspace (model/linear.h product, at_b_into_ with no_workspace,
+// the scope's no_workspace) against torch::mm and fp64: the same products through other kernels.
+TEST(MixedLinearCuda, GemmsWithoutWorkspaceMatch) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(97);
+  for (const auto dtype : {at::kBFloat16, at::kHalf}) {
+    auto a = torch::randn({333, 96}, torch::kCUDA).to(dtype);
+    auto b_nk = torch::randn({130, 96}, torch::kCUDA).to(dtype);
+    auto b_kn = torch::randn({96, 130}, torch::kCUDA).to(dtype);
+    const auto f64 = [](const torch::Tensor& t) { return t.to(torch::kFloat64); };
+    EXPECT_LT(rel_norm_diff(model::product(a, b_nk, true, true), f64(a).mm(f64(b_nk).t())), 4e-3);
+    EXPECT_LT(rel_norm_diff(model::product(a, b_kn, false, true), f64(a).mm(f64(b_kn))), 4e-3);
+    auto c = torch::randn({96, 130}, torch::kCUDA);
+    auto g = torch::randn({333, 130}, torch::kCUDA).to(dtype);
+    auto c0 = c.clone();
+    model::at_b_into_(c, a, g, /*accumulate=*/true, /*no_workspace=*/true);
+    EXPECT_LT(rel_norm_diff(c, f64(c0) + f64(a).t().mm(f64(g))), 1e-5);
+  }
+  // A linear layer's gradients with and without the workspace.
+  model::Linear l(64, 160);
+  l->to(torch::kCUDA);
+  auto x0 = torch::randn({3, 77, 64}, torch::kCUDA);
+  auto run = [&](bool no_workspace) {
+    l->weight.mutable_grad() = torch::Tensor();
+    auto x = x0.clone().requires_grad_(true);
+    torch::Tensor y;
+    {
+      CudaAutocast autocast(at::kBFloat16);
+      model::WeightGradInPlaceScope scope(true, false, no_workspace);
+      y = l(x);
+    }
+    y.to(torch::kFloat).pow(2).sum().backward();
+    return std::vector<torch::Tensor>{y.detach(), x.grad(), l->weight.grad()};
+  };
+  const auto a = run(true), b = run(false);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_LT(rel_norm_diff(a[i], b[i]), 8e-3) << "output " << i;
+}
