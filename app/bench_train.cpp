@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <tuple>
 #include <variant>
 
 #include <ATen/Context.h>
@@ -61,46 +62,29 @@ int bench_train(const BenchTrainArgs& a) {
               << a.gdr_scan << "\"\n";
     return 2;
   }
-  if (a.fp8_ffn != "fused" && a.fp8_ffn != "unfused") {
-    std::cerr << "deltadeck: bench train: --fp8-ffn: expected fused or unfused, got \"" << a.fp8_ffn << "\"\n";
-    return 2;
-  }
-  if (a.row_kernels != "default" && a.row_kernels != "baseline") {
-    std::cerr << "deltadeck: bench train: --row-kernels: expected default or baseline, got \"" << a.row_kernels
-              << "\"\n";
-    return 2;
-  }
-  if (a.sdpa != "default" && a.sdpa != "flash" && a.sdpa != "cudnn") {
-    std::cerr << "deltadeck: bench train: --sdpa: expected default, flash or cudnn, got \"" << a.sdpa << "\"\n";
-    return 2;
-  }
-  if (a.rope_qkv != "fused" && a.rope_qkv != "split") {
-    std::cerr << "deltadeck: bench train: --rope-qkv: expected fused or split, got \"" << a.rope_qkv << "\"\n";
+  // The measuring switches: each flag and the values it takes, the first being the default.
+  const std::vector<std::tuple<const char*, const std::string*, std::vector<std::string>>> switches = {
+      {"--fp8-ffn", &a.fp8_ffn, {"fused", "unfused"}},
+      {"--row-kernels", &a.row_kernels, {"default", "baseline"}},
+      {"--sdpa", &a.sdpa, {"default", "flash", "cudnn"}},
+      {"--rope-qkv", &a.rope_qkv, {"fused", "split"}},
+      {"--weight-grads", &a.weight_grads, {"in-place", "autograd"}},
+      {"--adamw", &a.adamw, {"ours", "aten"}},
+      {"--weight-grad-stream", &a.weight_grad_stream, {"on", "off"}},
+      {"--graph-gemms", &a.graph_gemms, {"no-workspace", "workspace"}},
+  };
+  for (const auto& [flag, value, choices] : switches) {
+    if (std::find(choices.begin(), choices.end(), *value) != choices.end()) continue;
+    std::cerr << "deltadeck: bench train: " << flag << ": expected ";
+    for (size_t i = 0; i < choices.size(); ++i)
+      std::cerr << (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") << choices[i];
+    std::cerr << ", got \"" << *value << "\"\n";
     return 2;
   }
   model::rope_qkv_fused(a.rope_qkv == "fused");
-  if (a.weight_grads != "in-place" && a.weight_grads != "autograd") {
-    std::cerr << "deltadeck: bench train: --weight-grads: expected in-place or autograd, got \"" << a.weight_grads
-              << "\"\n";
-    return 2;
-  }
   model::weight_grads_in_place(a.weight_grads == "in-place");
-  if (a.adamw != "ours" && a.adamw != "aten") {
-    std::cerr << "deltadeck: bench train: --adamw: expected ours or aten, got \"" << a.adamw << "\"\n";
-    return 2;
-  }
   trainer::AdamW::use_own_kernel(a.adamw == "ours");
-  if (a.weight_grad_stream != "on" && a.weight_grad_stream != "off") {
-    std::cerr << "deltadeck: bench train: --weight-grad-stream: expected on or off, got \"" << a.weight_grad_stream
-              << "\"\n";
-    return 2;
-  }
   model::weight_grad_stream(a.weight_grad_stream == "on");
-  if (a.graph_gemms != "no-workspace" && a.graph_gemms != "workspace") {
-    std::cerr << "deltadeck: bench train: --graph-gemms: expected no-workspace or workspace, got \"" << a.graph_gemms
-              << "\"\n";
-    return 2;
-  }
   model::gemms_without_workspace(a.graph_gemms == "no-workspace");
   if (a.sdpa == "flash") {
     at::globalContext().setSDPUseCuDNN(false);
