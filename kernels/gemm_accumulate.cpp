@@ -5,17 +5,6 @@
 
 namespace kernels {
 
-int gemm_at_b_accumulate_f32(void* cublas_handle, float* c, int64_t ldc, const void* a, int64_t lda, const void* b,
-                             int64_t ldb, DType ab_dtype, int64_t K, int64_t M, int64_t N) {
-  return gemm_at_b_f32(cublas_handle, c, ldc, a, lda, b, ldb, ab_dtype, K, M, N, /*accumulate=*/true);
-}
-
-int gemm_at_b_f32(void* cublas_handle, float* c, int64_t ldc, const void* a, int64_t lda, const void* b, int64_t ldb,
-                  DType ab_dtype, int64_t K, int64_t M, int64_t N, bool accumulate) {
-  return gemm_rowmajor(cublas_handle, c, DType::F32, ldc, a, lda, /*a_trans=*/true, b, ldb, /*b_trans=*/false, ab_dtype,
-                       M, N, K, accumulate, /*no_workspace=*/false);
-}
-
 int gemm_rowmajor(void* cublas_handle, void* c, DType c_dtype, int64_t ldc, const void* a, int64_t lda, bool a_trans,
                   const void* b, int64_t ldb, bool b_trans, DType ab_dtype, int64_t M, int64_t N, int64_t K,
                   bool accumulate, bool no_workspace) {
