@@ -76,22 +76,34 @@ void add_at_b_(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b)
 torch::Tensor product(const torch::Tensor& a, const torch::Tensor& b, bool b_trans, bool no_workspace) {
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == (b_trans ? b.size(1) : b.size(0)), "product: a ",
               a.sizes(), (b_trans ? " · bᵀ with b " : " · b with b "), b.sizes());
+  auto c = torch::empty({a.size(0), b_trans ? b.size(0) : b.size(1)}, a.options());
+  product_into(c, a, b, b_trans, no_workspace);
+  return c;
+}
+
+void product_into(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b, bool b_trans, bool no_workspace) {
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2, "product_into: c, a and b must be 2-D, got ", c.sizes(),
+              ", ", a.sizes(), ", ", b.sizes());
+  const int64_t N = b.size(b_trans ? 0 : 1);
+  TORCH_CHECK(a.size(1) == (b_trans ? b.size(1) : b.size(0)) && c.size(0) == a.size(0) && c.size(1) == N,
+              "product_into: c ", c.sizes(), " = a ", a.sizes(), (b_trans ? " · bᵀ with b " : " · b with b "),
+              b.sizes());
 #if defined(DD_HAVE_CUDA)
   kernels::DType dt{};
-  if (no_workspace && a.is_cuda() && b.device() == a.device() && a.scalar_type() == b.scalar_type() &&
-      kernel_dtype(a.scalar_type(), dt) && dt != kernels::DType::F32 && a.is_contiguous() && b.is_contiguous() &&
-      a.size(1) > 0) {
-    const int64_t M = a.size(0), K = a.size(1), N = b_trans ? b.size(0) : b.size(1);
-    auto c = torch::empty({M, N}, a.options());
-    const int status = kernels::gemm_rowmajor(at::cuda::getCurrentCUDABlasHandle(), c.data_ptr(), dt, N, a.data_ptr(),
-                                              K, /*a_trans=*/false, b.data_ptr(), b.size(1), b_trans, dt, M, N, K,
-                                              /*accumulate=*/false, /*no_workspace=*/true);
+  if (no_workspace && a.is_cuda() && b.device() == a.device() && c.device() == a.device() &&
+      a.scalar_type() == b.scalar_type() && c.scalar_type() == a.scalar_type() && kernel_dtype(a.scalar_type(), dt) &&
+      dt != kernels::DType::F32 && a.is_contiguous() && b.is_contiguous() && c.stride(1) == 1 && a.size(1) > 0) {
+    const int64_t M = a.size(0), K = a.size(1);
+    const int status = kernels::gemm_rowmajor(at::cuda::getCurrentCUDABlasHandle(), c.data_ptr(), dt, c.stride(0),
+                                              a.data_ptr(), K, /*a_trans=*/false, b.data_ptr(), b.size(1), b_trans, dt,
+                                              M, N, K, /*accumulate=*/false, /*no_workspace=*/true);
     TORCH_CHECK(status == 0, "product: cublasGemmEx failed (status ", status, ")");
-    return c;
+    return;
   }
 #endif
   (void)no_workspace;
-  return b_trans ? torch::mm(a, b.t()) : torch::mm(a, b);
+  if (b_trans) torch::mm_out(c, a, b.t());
+  else torch::mm_out(c, a, b);
 }
 
 void at_b_into_(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b, bool accumulate, bool no_workspace) {

@@ -56,6 +56,8 @@ void at_b_into_(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b
 // dtype: torch::mm, or on a GPU with `no_workspace`, bf16/fp16 contiguous operands, cuBLAS without
 // its workspace as above.
 torch::Tensor product(const torch::Tensor& a, const torch::Tensor& b, bool b_trans, bool no_workspace);
+// product written into c [M, N] (a's dtype, rows contiguous: a row block of a larger matrix does).
+void product_into(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b, bool b_trans, bool no_workspace);
 
 // While alive, this thread's Linear layers multiply in FP8 (train.precision = "fp8") when `on`, or
 // not when !on; restores the previous mode after. Nests.

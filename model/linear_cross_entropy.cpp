@@ -93,15 +93,19 @@ class LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropy
     auto dw = torch::empty(wc.sizes(), wc.options().dtype(sdt));
     auto loss_sum = torch::zeros({}, hc.options().dtype(sdt));
     const int64_t rows = rows_per_chunk(N, V, static_cast<int64_t>(c10::elementSize(cdt)), o);
+    // In a CUDA-graph step's scope, the chunks' three GEMMs skip cuBLAS's workspace as the linear
+    // layers' do (model/mixed_linear.h): no semaphore memset nodes in the graph.
+    const bool no_workspace = WeightGradInPlaceScope::without_workspace() && hc.is_cuda();
     for (int64_t r0 = 0; r0 < N; r0 += rows) {
       const int64_t n = std::min(rows, N - r0);
       auto hr = hc.narrow(0, r0, n);
-      auto z = torch::mm(hr, wc.t());
+      auto z = product(hr, wc, /*b_trans=*/true, no_workspace);
       torch::Tensor dz;
       loss_sum += chunk_loss(z, targets.narrow(0, r0, n), o, &dz).sum().to(sdt);
       auto dh_rows = dh.narrow(0, r0, n);
-      torch::mm_out(dh_rows, dz, wc);
-      at_b_into_(dw, dz, hr, /*accumulate=*/r0 > 0);  // dw (+)= dzᵀ hr, accumulated in fp32
+      product_into(dh_rows, dz, wc, /*b_trans=*/false, no_workspace);
+      // dw (+)= dzᵀ hr, accumulated in fp32
+      at_b_into_(dw, dz, hr, /*accumulate=*/r0 > 0, no_workspace);
     }
     if (N == 0) dw.zero_();
     auto count = (targets >= 0).sum().to(sdt).clamp_min(1);

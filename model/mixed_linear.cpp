@@ -230,6 +230,7 @@ WeightGradInPlaceScope::~WeightGradInPlaceScope() {
   no_workspace_active = was_no_workspace_;
 }
 bool WeightGradInPlaceScope::active() { return in_place_active; }
+bool WeightGradInPlaceScope::without_workspace() { return no_workspace_active; }
 
 void weight_grads_in_place(bool on) { in_place_allowed = on; }
 void weight_grad_stream(bool on) { grad_stream_allowed = on; }

@@ -38,6 +38,9 @@ class WeightGradInPlaceScope {
   WeightGradInPlaceScope(const WeightGradInPlaceScope&) = delete;
   WeightGradInPlaceScope& operator=(const WeightGradInPlaceScope&) = delete;
   static bool active();
+  // Whether this thread's products run their GEMMs without cuBLAS's workspace now (`no_workspace`
+  // asked for, the scope active and the process-wide switch on). The LM head's loss reads it too.
+  static bool without_workspace();
 
  private:
   bool was_active_, was_stream_, was_no_workspace_;

@@ -181,13 +181,13 @@ TEST(MixedLinearCuda, CrossEntropyWritesAndAddsItsWeightGradientInPlace) {
   auto h0 = torch::randn({N, d}, torch::kCUDA);
   auto w0 = torch::randn({V, d}, torch::kCUDA) * 0.2;
   auto t = torch::randint(0, V, {N}, torch::TensorOptions().dtype(torch::kInt64).device(torch::kCUDA));
-  auto run = [&](bool in_place, const torch::Tensor& existing) {
+  auto run = [&](bool in_place, const torch::Tensor& existing, bool no_workspace = false) {
     auto h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
     if (existing.defined()) w.mutable_grad() = existing.clone();
     torch::Tensor loss;
     {
       CudaAutocast autocast(at::kBFloat16);
-      model::WeightGradInPlaceScope scope(in_place);
+      model::WeightGradInPlaceScope scope(in_place, false, no_workspace);
       model::LinearCrossEntropyOptions o;
       o.chunk_rows = 200;
       loss = model::linear_cross_entropy(h, w, t, o);
@@ -200,6 +200,11 @@ TEST(MixedLinearCuda, CrossEntropyWritesAndAddsItsWeightGradientInPlace) {
     auto a = run(true, existing), b = run(false, existing);
     EXPECT_LT(rel_norm_diff(a.first, b.first), 1e-6) << "dh, existing " << with_existing;
     EXPECT_LT(rel_norm_diff(a.second, b.second), 1e-6) << "dw, existing " << with_existing;
+    // A CUDA-graph step's scope: the chunks' GEMMs without cuBLAS's workspace (other kernels, so
+    // the bf16 logits may round differently).
+    auto c = run(true, existing, true);
+    EXPECT_LT(rel_norm_diff(c.first, b.first), 8e-3) << "dh without workspace, existing " << with_existing;
+    EXPECT_LT(rel_norm_diff(c.second, b.second), 8e-3) << "dw without workspace, existing " << with_existing;
   }
 }
 
@@ -244,6 +249,15 @@ TEST(MixedLinearCuda, GemmsWithoutWorkspaceMatch) {
     const auto f64 = [](const torch::Tensor& t) { return t.to(torch::kFloat64); };
     EXPECT_LT(rel_norm_diff(model::product(a, b_nk, true, true), f64(a).mm(f64(b_nk).t())), 4e-3);
     EXPECT_LT(rel_norm_diff(model::product(a, b_kn, false, true), f64(a).mm(f64(b_kn))), 4e-3);
+    // Into a row block and a column block of larger matrices (c's row stride is not N).
+    auto big = torch::zeros({400, 150}, torch::kCUDA).to(dtype);
+    auto rows_block = big.narrow(0, 50, 333).narrow(1, 0, 130);
+    model::product_into(rows_block, a, b_nk, true, true);
+    EXPECT_LT(rel_norm_diff(rows_block, f64(a).mm(f64(b_nk).t())), 4e-3);
+    auto cols_block = big.narrow(0, 0, 333).narrow(1, 20, 130);
+    model::product_into(cols_block, a, b_kn, false, true);
+    EXPECT_LT(rel_norm_diff(cols_block, f64(a).mm(f64(b_kn))), 4e-3);
+    EXPECT_EQ(big.narrow(0, 383, 17).abs().sum().item<double>(), 0.0) << "wrote outside c";
     auto c = torch::randn({96, 130}, torch::kCUDA);
     auto g = torch::randn({333, 130}, torch::kCUDA).to(dtype);
     auto c0 = c.clone();
