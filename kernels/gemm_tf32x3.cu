@@ -1,4 +1,5 @@
-// Batched 3×TF32 GEMM (kernels/gemm_tf32x3.h). One block of 2 · kNW warps computes a 64 × 32·kNW
+// Batched 3×TF32 GEMM (kernels/gemm_tf32x3.h), optionally the sum of two products over one output
+// (the second pair's K slices follow the first's through the same stages). One block of 2 · kNW warps computes a 64 × 32·kNW
 // tile of one batch item (kNW = 2 to 6: 64 to 192 columns); each warp a 32 × 32 part as 2 × 4
 // tensor-core tiles (mma.sync m16n8k8, TF32 in, fp32 accumulate). K advances 32 at a time through
 // two shared-memory stages filled by cp.async, so the next slice is in flight while this one is
@@ -62,16 +63,21 @@ __global__ void __launch_bounds__(64 * kNW, min_blocks(kNW)) gemm_tf32x3_kernel(
   float* b_s = smem + 2 * kTileA;    // [2][kTileB]
   const int64_t item = blockIdx.x;
   const int64_t n0 = int64_t{blockIdx.y} * kBN, m0 = int64_t{blockIdx.z} * kBM;
-  const float* A = g.a.ptr + item * g.a.batch;
-  const float* B = g.b.ptr + item * g.b.batch;
+  // K steps 0 .. k1_steps - 1 take the first pair, the rest the second (K2 > 0).
+  const int64_t k1_steps = (g.K + kBK - 1) / kBK;
+  const int64_t k_steps = k1_steps + (g.K2 + kBK - 1) / kBK;
 
-  auto stage = [&](int buf, int64_t k0) {
+  auto stage = [&](int buf, int64_t ks) {
     float* at = a_s + buf * kTileA;
     float* bt = b_s + buf * kTileB;
-    if (kAK) stage_slice<kBM, kBK, kPadK, kThreads>(at, A, g.a.row, m0, k0, g.M, g.K);
-    else stage_slice<kBK, kBM, kBM + 8, kThreads>(at, A, g.a.col, k0, m0, g.K, g.M);
-    if (kBNc) stage_slice<kBK, kBN, kPadN, kThreads>(bt, B, g.b.row, k0, n0, g.K, g.N);
-    else stage_slice<kBN, kBK, kPadK, kThreads>(bt, B, g.b.col, n0, k0, g.N, g.K);
+    const bool second = ks >= k1_steps;
+    const float* A = second ? g.a2.ptr + item * g.a2.batch : g.a.ptr + item * g.a.batch;
+    const float* B = second ? g.b2.ptr + item * g.b2.batch : g.b.ptr + item * g.b.batch;
+    const int64_t K = second ? g.K2 : g.K, k0 = (second ? ks - k1_steps : ks) * kBK;
+    if (kAK) stage_slice<kBM, kBK, kPadK, kThreads>(at, A, second ? g.a2.row : g.a.row, m0, k0, g.M, K);
+    else stage_slice<kBK, kBM, kBM + 8, kThreads>(at, A, second ? g.a2.col : g.a.col, k0, m0, K, g.M);
+    if (kBNc) stage_slice<kBK, kBN, kPadN, kThreads>(bt, B, second ? g.b2.row : g.b.row, k0, n0, K, g.N);
+    else stage_slice<kBN, kBK, kPadK, kThreads>(bt, B, second ? g.b2.col : g.b.col, n0, k0, g.N, K);
     cp_async_commit();
   };
   // Element (m, k) of the staged A tile and (k, n) of the staged B tile, tile-local indices.
@@ -83,12 +89,11 @@ __global__ void __launch_bounds__(64 * kNW, min_blocks(kNW)) gemm_tf32x3_kernel(
   const int wm = (warp / kNW) * 32, wn = (warp % kNW) * 32;  // the warp's part of the tile
   float acc[2][4][4] = {};
 
-  const int64_t k_steps = (g.K + kBK - 1) / kBK;
   stage(0, 0);
   for (int64_t ks = 0; ks < k_steps; ++ks) {
     const int buf = static_cast<int>(ks & 1);
     if (ks + 1 < k_steps) {
-      stage(buf ^ 1, (ks + 1) * kBK);
+      stage(buf ^ 1, ks + 1);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();

@@ -23,11 +23,15 @@ struct GemmOperand {
   int64_t col = 0;    // elements between columns
 };
 
-// out[i] = alpha · a[i] b[i] + beta · out[i]: a [M, K], b [K, N], out [M, N] with unit column
-// stride. beta = 0 never reads out (it may be uninitialised).
+// out[i] = alpha · (a[i] b[i] + a2[i] b2[i]) + beta · out[i]: a [M, K], b [K, N], out [M, N] with
+// unit column stride; the second pair a2 [M, K2], b2 [K2, N] only when K2 > 0 (one pass over out
+// instead of a second product adding to it: the delta rule's O = s (P Vn + Qg h_in)). beta = 0
+// never reads out (it may be uninitialised).
 struct GemmTf32x3Args {
   int64_t batch = 0, M = 0, N = 0, K = 0;
   GemmOperand a, b;
+  int64_t K2 = 0;
+  GemmOperand a2, b2;  // laid out as a and b are (a2.col == 1 exactly when a.col == 1; likewise b2)
   float* out = nullptr;
   int64_t out_batch = 0, out_row = 0;
   float alpha = 1.0f, beta = 0.0f;
@@ -61,9 +65,12 @@ inline bool gemm_tf32x3_supports(const GemmTf32x3Args& args) {
     if (o.row == 1) return rows % 4 == 0 && o.col % 4 == 0;
     return false;
   };
+  const bool second_ok = args.K2 == 0 || (args.K2 > 0 && operand_ok(args.a2, args.M, args.K2) &&
+                                           operand_ok(args.b2, args.K2, args.N) && (args.a2.col == 1) == (args.a.col == 1) &&
+                                           (args.b2.col == 1) == (args.b.col == 1));
   return args.batch >= 1 && args.batch < (int64_t{1} << 31) && args.M >= 1 && args.N >= 1 && args.K >= 1 &&
          args.M < (int64_t{1} << 20) && args.N < (int64_t{1} << 20) && operand_ok(args.a, args.M, args.K) &&
-         operand_ok(args.b, args.K, args.N) && args.out != nullptr;
+         operand_ok(args.b, args.K, args.N) && second_ok && args.out != nullptr;
 }
 
 #ifdef DD_HAVE_CUDA

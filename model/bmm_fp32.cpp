@@ -87,6 +87,31 @@ torch::Tensor bmm_fp32(const torch::Tensor& a, const torch::Tensor& b, double al
   return bmm_fp32_reference(a, b, alpha);
 }
 
+torch::Tensor bmm_fp32_sum(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& a2,
+                           const torch::Tensor& b2, double alpha) {
+  check_operands(a, b, "bmm_fp32_sum");
+  check_operands(a2, b2, "bmm_fp32_sum (second pair)");
+  TORCH_CHECK(a2.size(0) == a.size(0) && a2.size(1) == a.size(1) && b2.size(2) == b.size(2) &&
+                  a2.scalar_type() == a.scalar_type() && a2.device() == a.device(),
+              "bmm_fp32_sum: the pairs' products differ: ", a.sizes(), " · ", b.sizes(), " and ", a2.sizes(), " · ",
+              b2.sizes());
+#if defined(DD_HAVE_CUDA)
+  auto out = torch::empty({a.size(0), a.size(1), b.size(2)}, a.options());
+  kernels::GemmTf32x3Args g;
+  if (a2.size(2) > 0 && kernel_args(out, a, b, alpha, 0.0, g)) {
+    g.K2 = a2.size(2);
+    g.a2 = operand(a2);
+    g.b2 = operand(b2);
+    if (kernels::gemm_tf32x3_supports(g)) {
+      launch(g, a);
+      return out;
+    }
+  }
+#endif
+  auto sum = bmm_fp32(a, b, alpha);
+  return bmm_fp32_accumulate(sum, a2, b2, alpha, 1.0);
+}
+
 torch::Tensor& bmm_fp32_accumulate(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, double alpha,
                                    double beta) {
   check_operands(a, b, "bmm_fp32_accumulate");

@@ -13,6 +13,12 @@ namespace model {
 // Returns a new contiguous [R, M, N]. Throws c10::Error on mismatched shapes.
 torch::Tensor bmm_fp32(const torch::Tensor& a, const torch::Tensor& b, double alpha = 1.0);
 
+// alpha · (a b + a2 b2) for batches a [R, M, K], b [R, K, N], a2 [R, M, K2], b2 [R, K2, N]: on a GPU
+// one kernel pass over the output when both pairs' layouts fit it (kernels/gemm_tf32x3.h), else
+// bmm_fp32 then bmm_fp32_accumulate. Returns a new contiguous [R, M, N].
+torch::Tensor bmm_fp32_sum(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& a2,
+                           const torch::Tensor& b2, double alpha = 1.0);
+
 // out = alpha · a b + beta · out, in place on a contiguous fp32 `out` [R, M, N]; returns it.
 torch::Tensor& bmm_fp32_accumulate(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, double alpha,
                                    double beta);

@@ -524,9 +524,8 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     const Ctx c = make_ctx(l, q, v, h0);
     const ForwardFront f = forward_front(c, q, k, v, beta, g);
     const auto scan = gdr_scan(rows(f.W), rows(f.U), rows(f.Kd), f.decay.reshape({-1}), h0, l.scan);
-    auto O = prod(f.P, scan.v_new.view({l.n_chunks, c.H, l.C, c.dv}), scale);
-    auto O_rows = rows(O);
-    bmm_fp32_accumulate(O_rows, rows(f.Qg), scan.h_in, scale, 1.0);
+    // O = s (P Vn + Qg h_in), both products in one pass over O.
+    auto O = bmm_fp32_sum(rows(f.P), scan.v_new, rows(f.Qg), scan.h_in, scale);
     ctx->save_for_backward({q, k, v, beta, g, f.Tm, f.W, scan.h_in, scan.v_new});
     auto& sd = ctx->saved_data;
     sd["n_docs"] = l.scan.n_docs;

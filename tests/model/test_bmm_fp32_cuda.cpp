@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "kernels/gemm_tf32x3.h"
 #include "model/bmm_fp32.h"
 
 namespace {
@@ -69,6 +70,45 @@ TEST(BmmFp32Cuda, SplitTf32ProductsHaveFp32Accuracy) {
   }
   model::bmm_fp32_wide_tiles(true);
   std::printf("3xTF32 bmm vs fp64: worst %.2e (cuBLAS fp32: %.2e)\n", worst, worst_cublas);
+}
+
+// alpha · (a b + a2 b2) in one pass (the delta rule's output O = s (P Vn + Qg h_in)): both pairs in
+// each layout the kernel takes, K and K2 with partial slices, and pairs of different layouts, which
+// the kernel refuses and the two-launch fallback takes.
+TEST(BmmFp32Cuda, SumOfTwoProductsMatchesFp64) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 4244);
+  struct Case {
+    int64_t R, M, N, K, K2;
+  };
+  const Case cases[] = {{64, 64, 128, 64, 128}, {12, 64, 192, 64, 96}, {5, 37, 20, 44, 20}, {3, 64, 68, 36, 100}};
+  for (const Case& c : cases) {
+    for (int layout = 0; layout < 16; ++layout) {
+      const bool a_t = layout & 1, b_t = layout & 2, a2_t = layout & 4, b2_t = layout & 8;
+      if (c.M % 4 != 0 && (a_t || a2_t)) continue;  // an M-contiguous [37, K] falls back; covered above
+      auto a = make_operand(c.R, c.M, c.K, a_t), b = make_operand(c.R, c.K, c.N, b_t);
+      auto a2 = make_operand(c.R, c.M, c.K2, a2_t), b2 = make_operand(c.R, c.K2, c.N, b2_t);
+      const auto f64 = [](const torch::Tensor& x) { return x.to(torch::kFloat64); };
+      auto ref = (torch::bmm(f64(a), f64(b)) + torch::bmm(f64(a2), f64(b2))) * 0.375;
+      EXPECT_LT(max_rel(model::bmm_fp32_sum(a, b, a2, b2, 0.375), ref), 5e-6)
+          << "R=" << c.R << " M=" << c.M << " N=" << c.N << " K=" << c.K << " K2=" << c.K2 << " layout=" << layout;
+    }
+  }
+  // The delta rule's output shape takes the one-pass kernel (not the fallback).
+  kernels::GemmTf32x3Args g;
+  auto P = make_operand(8, 64, 64, false), Vn = make_operand(8, 64, 128, false);
+  auto Qg = make_operand(8, 64, 128, false), h = make_operand(8, 128, 128, false);
+  auto out = torch::empty({8, 64, 128}, P.options());
+  g.batch = 8, g.M = 64, g.N = 128, g.K = 64, g.K2 = 128;
+  g.a = {P.data_ptr<float>(), 64 * 64, 64, 1};
+  g.b = {Vn.data_ptr<float>(), 64 * 128, 128, 1};
+  g.a2 = {Qg.data_ptr<float>(), 64 * 128, 128, 1};
+  g.b2 = {h.data_ptr<float>(), 128 * 128, 128, 1};
+  g.out = out.data_ptr<float>();
+  g.out_batch = 64 * 128, g.out_row = 128;
+  EXPECT_TRUE(kernels::gemm_tf32x3_supports(g));
+  g.a2.col = 64, g.a2.row = 1;  // a2 M-contiguous while a is K-contiguous: refused
+  EXPECT_FALSE(kernels::gemm_tf32x3_supports(g));
 }
 
 TEST(BmmFp32Cuda, LayoutsTheKernelRefusesFallBackToAten) {
