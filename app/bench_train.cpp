@@ -24,6 +24,7 @@
 #include "model/gdr.h"
 #include "model/gdr_scan.h"
 #include "model/mixed_linear.h"
+#include "model/weight_shadow.h"
 #include "storage/file_util.h"
 #include "trainer/adamw.h"
 #include "trainer/config.h"
@@ -72,6 +73,7 @@ int bench_train(const BenchTrainArgs& a) {
       {"--adamw", &a.adamw, {"ours", "aten"}},
       {"--weight-grad-stream", &a.weight_grad_stream, {"on", "off"}},
       {"--graph-gemms", &a.graph_gemms, {"no-workspace", "workspace"}},
+      {"--weight-shadows", &a.weight_shadows, {"on", "off"}},
   };
   for (const auto& [flag, value, choices] : switches) {
     if (std::find(choices.begin(), choices.end(), *value) != choices.end()) continue;
@@ -86,6 +88,7 @@ int bench_train(const BenchTrainArgs& a) {
   trainer::AdamW::use_own_kernel(a.adamw == "ours");
   model::weight_grad_stream(a.weight_grad_stream == "on");
   model::gemms_without_workspace(a.graph_gemms == "no-workspace");
+  model::weight_shadows(a.weight_shadows == "on");
   if (a.sdpa == "flash") {
     at::globalContext().setSDPUseCuDNN(false);
     at::globalContext().setSDPUseMemEfficient(false);
@@ -205,6 +208,7 @@ int bench_train(const BenchTrainArgs& a) {
   j["adamw"] = a.adamw;
   j["weight_grad_stream"] = a.weight_grad_stream;
   j["graph_gemms"] = a.graph_gemms;
+  j["weight_shadows"] = a.weight_shadows;
   j["devices"] = a.devices;
   j["device"] = device;
   j["params"] = params;

@@ -53,6 +53,7 @@ struct BenchTrainArgs {
   // "no-workspace" (a CUDA-graph step's in-place products run cuBLAS without its workspace, so
   // without semaphore memsets) or "workspace", to measure it.
   std::string graph_gemms = "no-workspace";
+  std::string weight_shadows = "on";  // on | off: bf16 weight copies kept by AdamW (model/weight_shadow.h)
 };
 
 // Returns the exit code: 0 measured, 2 bad arguments or config, 1 the run failed.

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "kernels/adamw.h"
+#include "kernels/elem.cuh"
 
 namespace kernels {
 
@@ -36,6 +37,14 @@ __device__ __forceinline__ void adamw_element(float& p, float g, float& m, float
   p -= step_size * m / denom;
 }
 
+// p's 4 (or 1) updated values into the shadow copy at element j, if the tensor has one.
+template <int V>
+__device__ __forceinline__ void store_shadow(const AdamWTensor& t, int64_t j, const float* p) {
+  if (t.shadow == nullptr) return;
+  if (t.shadow_dt == DType::BF16) store_run<V>(static_cast<__nv_bfloat16*>(t.shadow), j, p);
+  else store_run<V>(static_cast<__half*>(t.shadow), j, p);
+}
+
 __global__ void __launch_bounds__(kThreads)
     adamw_kernel(const __grid_constant__ AdamWLaunch launch, const float* lr_ptr, const float* step_ptr,
                  const float* divisor_ptr, AdamWScalars s) {
@@ -58,7 +67,8 @@ __global__ void __launch_bounds__(kThreads)
   const float bc2_sqrt = static_cast<float>(sqrt(bc2));
   const float lr_wd = lr * t.weight_decay;
   const bool vec = (reinterpret_cast<uintptr_t>(t.p) | reinterpret_cast<uintptr_t>(t.g) |
-                    reinterpret_cast<uintptr_t>(t.m) | reinterpret_cast<uintptr_t>(t.v)) % 16 == 0;
+                    reinterpret_cast<uintptr_t>(t.m) | reinterpret_cast<uintptr_t>(t.v)) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(t.shadow) % 8 == 0;
   int64_t i = first;
   if (vec) {
     const int64_t vec_end = first + (last - first) / 4 * 4;
@@ -74,6 +84,8 @@ __global__ void __launch_bounds__(kThreads)
       *reinterpret_cast<float4*>(t.p + j) = p;
       *reinterpret_cast<float4*>(t.m + j) = m;
       *reinterpret_cast<float4*>(t.v + j) = v;
+      const float p4[4] = {p.x, p.y, p.z, p.w};
+      store_shadow<4>(t, j, p4);
     }
     i = vec_end;
   }
@@ -83,6 +95,7 @@ __global__ void __launch_bounds__(kThreads)
     t.p[j] = p;
     t.m[j] = m;
     t.v[j] = v;
+    store_shadow<1>(t, j, &p);
   }
 }
 

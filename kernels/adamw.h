@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "kernels/dtype.h"
+
 namespace kernels {
 
 struct AdamWTensor {
@@ -18,6 +20,11 @@ struct AdamWTensor {
   float* v = nullptr;        // [n] second moment
   int64_t n = 0;
   float weight_decay = 0;    // decoupled: p ← p · (1 − lr · weight_decay) before the step
+  // Optional [n] copy of the updated p in shadow_dt (BF16 or F16, rounded to nearest even as a cast
+  // rounds): the low-precision weight the next forward multiplies with (model/weight_shadow.h),
+  // written here for 2 bytes a parameter instead of a cast's 6 in the forward.
+  void* shadow = nullptr;
+  DType shadow_dt = DType::BF16;
 };
 
 constexpr int kAdamWTensorsPerLaunch = 64;

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "model/linear.h"
+#include "model/weight_shadow.h"
 
 #if defined(DD_HAVE_CUDA)
 #include <ATen/cuda/CUDAEvent.h>
@@ -174,7 +175,7 @@ struct MixedLinearFn : public torch::autograd::Function<MixedLinearFn> {
       TORCH_CHECK(w.dim() == 2 && w.size(1) == in, "mixed_linear: weight ", w.sizes(), " for input ", x.sizes());
     auto x2 = (x.scalar_type() == dtype ? x : x.to(dtype)).reshape({-1, in});
     if (!x2.is_contiguous()) x2 = x2.contiguous();
-    auto wh = cast_weight_blocks(weights, dtype);  // [Σ out_i, in]
+    auto wh = shadowed_weight_blocks(weights, dtype);  // [Σ out_i, in], kept current by AdamW
     const bool no_workspace = no_workspace_active && x.is_cuda();
     auto y = product(x2, wh, /*b_trans=*/true, no_workspace);
     ctx->save_for_backward({x2, wh});
@@ -280,29 +281,41 @@ at::Tensor mixed_linear(const at::Tensor& x, at::TensorList weights, at::ScalarT
 
 at::Tensor cast_weight_blocks(at::TensorList weights, at::ScalarType dtype) {
   TORCH_CHECK(!weights.empty(), "cast_weight_blocks: no weights");
+  auto out = torch::empty({total_rows(weights.vec()), weights[0].size(-1)}, weights[0].options().dtype(dtype));
+  cast_weight_blocks_into(out, weights);
+  return out;
+}
+
+void cast_weight_blocks_into(at::Tensor& out, at::TensorList weights) {
+  TORCH_CHECK(!weights.empty(), "cast_weight_blocks: no weights");
+  int64_t rows = 0;
+  for (const auto& w : weights) {
+    TORCH_CHECK(w.dim() == 2 && w.size(1) == weights[0].size(1), "cast_weight_blocks: weight ", w.sizes(),
+                " does not stack with ", weights[0].sizes());
+    rows += w.size(0);
+  }
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == rows && out.size(1) == weights[0].size(1) && out.is_contiguous(),
+              "cast_weight_blocks: out ", out.sizes(), " for [", rows, ", ", weights[0].size(1), "] weights");
 #if defined(DD_HAVE_CUDA)
   kernels::DType out_dt{};
   bool fits = weights.size() <= static_cast<size_t>(kernels::WeightBlocks::kMax) && weights[0].is_cuda() &&
-              dtype != at::kFloat && kernel_dtype(dtype, out_dt);
+              out.device() == weights[0].device() && out.scalar_type() != at::kFloat &&
+              kernel_dtype(out.scalar_type(), out_dt);
   for (const auto& w : weights)
-    fits = fits && w.scalar_type() == at::kFloat && w.dim() == 2 && w.is_contiguous() &&
-           w.device() == weights[0].device() && w.size(1) == weights[0].size(1);
+    fits = fits && w.scalar_type() == at::kFloat && w.is_contiguous() && w.device() == weights[0].device();
   if (fits) {
     kernels::WeightBlocks b;
     b.n = static_cast<int>(weights.size());
     b.cols = weights[0].size(1);
-    int64_t rows = 0;
     for (int i = 0; i < b.n; ++i) {
       b.src[i] = weights[i].data_ptr<float>();
       b.rows[i] = weights[i].size(0);
-      rows += b.rows[i];
     }
-    auto out = torch::empty({rows, b.cols}, weights[0].options().dtype(dtype));
     check_kernel_launch(kernels::cast_weight_blocks(out.data_ptr(), out_dt, b, stream_of(out)), "cast_weight_blocks");
-    return out;
+    return;
   }
 #endif
-  return (weights.size() == 1 ? weights[0] : torch::cat(weights, 0)).to(dtype);
+  out.copy_(weights.size() == 1 ? weights[0] : torch::cat(weights, 0));
 }
 
 }  // namespace model

@@ -13,6 +13,8 @@
 #include "model/kernel_dtype.h"
 #endif
 
+#include "model/weight_shadow.h"
+
 namespace trainer {
 
 namespace {
@@ -95,6 +97,8 @@ void AdamW::fused_update(const at::Tensor& grad_divisor) {
                       opt_.eps, /*amsgrad=*/false, /*maximize=*/false,
                       grad_divisor.defined() ? std::optional<at::Tensor>(grad_divisor) : std::nullopt);
   }
+  // ATen's kernel does not write the weights' shadows (model/weight_shadow.h): recast them.
+  model::invalidate_weight_shadows();
 }
 
 // Every parameter with a gradient in one table for kernels/adamw.h. Takes contiguous fp32 tensors
@@ -116,6 +120,16 @@ bool AdamW::own_kernel_update(const at::Tensor& grad_divisor) {
     t.v = exp_avg_sq_[i].data_ptr<float>();
     t.n = p.numel();
     t.weight_decay = decay_[i] ? static_cast<float>(opt_.weight_decay) : 0.f;
+    // The kernel writes p's raw memory, which no version counter sees: it must also write the
+    // weight's bf16/fp16 shadow, if it has one, or the next forward would multiply with stale values.
+    const at::Tensor shadow = model::weight_shadow_of(p);
+    if (shadow.defined()) {
+      if (!shadow.is_contiguous() || shadow.numel() != p.numel() ||
+          (shadow.scalar_type() != at::kBFloat16 && shadow.scalar_type() != at::kHalf))
+        return false;
+      t.shadow = shadow.data_ptr();
+      t.shadow_dt = shadow.scalar_type() == at::kBFloat16 ? kernels::DType::BF16 : kernels::DType::F16;
+    }
     table.push_back(t);
   }
   if (grad_divisor.defined() && (grad_divisor.scalar_type() != at::kFloat || grad_divisor.device() != lr_device_.device()))

@@ -33,6 +33,7 @@
 #include "model/linear.h"
 #include "model/mixed_linear.h"
 #include "model/moe.h"
+#include "model/weight_shadow.h"
 #include "trainer/adamw.h"
 #include "trainer/checkpoint.h"
 #include "trainer/comm.h"
@@ -556,6 +557,9 @@ class TrainLoop {
     if (!all_fit || !graph_) {
       values = step_eagerly(own_positions);
     } else if (graph_->captured()) {
+      // The graph's forward reads the weights' bf16 shadows without the host's checks: recast any
+      // that went stale since the last replay (a checkpoint load, an EMA swap left behind).
+      model::refresh_weight_shadows();
       graph_->replay();
       values = graph_out_;
     } else if (graph_warmups_ < kGraphWarmupSteps) {

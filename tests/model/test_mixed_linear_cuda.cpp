@@ -16,26 +16,14 @@
 #include "model/linear.h"
 #include "model/linear_cross_entropy.h"
 #include "model/mixed_linear.h"
+#include "model/weight_shadow.h"
 #include "tests/support/torch_compare.h"
 
 namespace {
 
+using testing_support::CudaAutocast;
 using testing_support::rel_norm_diff;
-
 using testing_support::seed_from_gtest;
-
-// CUDA autocast to `dtype` while alive.
-struct CudaAutocast {
-  explicit CudaAutocast(at::ScalarType dtype) {
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-    at::autocast::set_autocast_dtype(at::kCUDA, dtype);
-    at::autocast::increment_nesting();
-  }
-  ~CudaAutocast() {
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(at::kCUDA, false);
-  }
-};
 
 }  // namespace
 
@@ -282,4 +270,62 @@ TEST(MixedLinearCuda, GemmsWithoutWorkspaceMatch) {
   };
   const auto a = run(true), b = run(false);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_LT(rel_norm_diff(a[i], b[i]), 8e-3) << "output " << i;
+}
+
+// A group's bf16 shadow (model/weight_shadow.h): kept and reused while its weights are unchanged,
+// recast when a weight changes through ATen (its version), is swapped (set_data, as EMA does) or
+// the shadows are invalidated; refresh_weight_shadows recasts only stale ones. Every value it
+// hands out equals a fresh cast bit for bit.
+TEST(MixedLinearCuda, WeightShadowIsReusedAndRecastWhenAWeightChanges) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(98);
+  model::clear_weight_shadows();
+  auto a = torch::randn({96, 64}, torch::kCUDA), b = torch::randn({33, 64}, torch::kCUDA);
+  std::vector<torch::Tensor> group = {a, b};
+  auto fresh = [&] { return model::cast_weight_blocks(group, at::kBFloat16); };
+  const int64_t casts0 = model::weight_shadow_casts();
+  auto s1 = model::shadowed_weight_blocks(group, at::kBFloat16);
+  EXPECT_TRUE(torch::equal(s1, fresh()));
+  EXPECT_EQ(model::weight_shadow_casts(), casts0 + 1);
+  EXPECT_EQ(model::weight_shadow_groups(), 1);
+  auto s2 = model::shadowed_weight_blocks(group, at::kBFloat16);
+  EXPECT_EQ(s2.data_ptr(), s1.data_ptr()) << "the kept buffer";
+  EXPECT_EQ(model::weight_shadow_casts(), casts0 + 1) << "an unchanged group was recast";
+  // Each weight's shadow is its row block of the group's.
+  EXPECT_EQ(model::weight_shadow_of(b).data_ptr(), s1.narrow(0, 96, 33).data_ptr());
+  EXPECT_FALSE(model::weight_shadow_of(torch::randn({4, 64}, torch::kCUDA)).defined());
+
+  {
+    torch::NoGradGuard no_grad;
+    b.mul_(0.5);  // through ATen: the version goes up
+  }
+  auto s3 = model::shadowed_weight_blocks(group, at::kBFloat16);
+  EXPECT_EQ(model::weight_shadow_casts(), casts0 + 2);
+  EXPECT_TRUE(torch::equal(s3, fresh()));
+
+  auto other = torch::randn({96, 64}, torch::kCUDA);
+  a.set_data(other);  // a swap of storage (EMA's) keeps the version: the data pointer tells
+  EXPECT_TRUE(torch::equal(model::shadowed_weight_blocks(group, at::kBFloat16), fresh()));
+  EXPECT_EQ(model::weight_shadow_casts(), casts0 + 3);
+
+  model::invalidate_weight_shadows();
+  model::refresh_weight_shadows();
+  EXPECT_EQ(model::weight_shadow_casts(), casts0 + 4);
+  model::refresh_weight_shadows();
+  EXPECT_EQ(model::weight_shadow_casts(), casts0 + 4) << "refresh recast a current shadow";
+  {
+    torch::NoGradGuard no_grad;
+    a.add_(1.0);
+  }
+  model::refresh_weight_shadows();
+  EXPECT_EQ(model::weight_shadow_casts(), casts0 + 5);
+  EXPECT_TRUE(torch::equal(model::shadowed_weight_blocks(group, at::kBFloat16), fresh()));
+
+  model::weight_shadows(false);
+  auto off = model::shadowed_weight_blocks(group, at::kBFloat16);
+  EXPECT_NE(off.data_ptr(), s1.data_ptr()) << "switched off, a fresh cast";
+  EXPECT_FALSE(model::weight_shadow_of(a).defined());
+  model::weight_shadows(true);
+  model::clear_weight_shadows();
+  EXPECT_EQ(model::weight_shadow_groups(), 0);
 }

@@ -1,8 +1,9 @@
 // What the model tests share: parameter counts, the largest and the relative difference of two
 // tensors in fp64, a single-threaded ATen for test binaries of tiny shapes, and for the GPU tests
-// a skip without a GPU and seeds drawn from GoogleTest's random seed.
+// a skip without a GPU, seeds drawn from GoogleTest's random seed and a CUDA autocast scope.
 #pragma once
 
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -19,6 +20,21 @@ namespace testing_support {
 inline void seed_from_gtest(uint64_t salt) {
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + salt);
 }
+
+// CUDA autocast to `dtype` while alive.
+struct CudaAutocast {
+  explicit CudaAutocast(at::ScalarType dtype) {
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    at::autocast::set_autocast_dtype(at::kCUDA, dtype);
+    at::autocast::increment_nesting();
+  }
+  ~CudaAutocast() {
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(at::kCUDA, false);
+  }
+  CudaAutocast(const CudaAutocast&) = delete;
+  CudaAutocast& operator=(const CudaAutocast&) = delete;
+};
 
 // Σ numel over a module's parameters.
 inline int64_t numel_sum(torch::nn::Module& m) {

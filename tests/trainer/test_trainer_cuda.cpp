@@ -14,15 +14,15 @@
 #include "model/fp8_linear.h"
 #include "model/grouped_linear.h"
 #include "model/linear.h"
+#include "model/mixed_linear.h"
+#include "model/weight_shadow.h"
+#include "tests/support/torch_compare.h"
 #include "tests/trainer/train_harness.h"
 #include "trainer/adamw.h"
 
 using namespace train_harness;
 
 namespace {
-
-#define DD_REQUIRE_GPU() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine"
 
 double rel_error(const torch::Tensor& got, const torch::Tensor& want) {
   auto g = got.to(torch::kCPU, torch::kFloat64), w = want.to(torch::kCPU, torch::kFloat64);
@@ -130,6 +130,64 @@ TEST(TrainerCuda, FusedAdamWMatchesTheReference) {
     EXPECT_LT(worst, 1e-6) << (ours ? "our kernel" : "ATen's kernel");
   }
   trainer::AdamW::use_own_kernel(true);
+}
+
+// Our AdamW kernel keeps the linear layers' bf16 weight shadows current (model/weight_shadow.h):
+// after every step each shadow equals its updated weight cast to bf16, bit for bit, and the
+// forwards after the first reuse them without a cast. ATen's AdamW writes no shadows, so the
+// forward after it recasts, and the values stay right.
+TEST(TrainerCuda, AdamWKeepsTheWeightShadowsCurrent) {
+  DD_REQUIRE_GPU();
+  torch::manual_seed(11);
+  model::clear_weight_shadows();
+  model::Linear a(64, 96), b(64, 40);
+  a->to(torch::kCUDA);
+  b->to(torch::kCUDA);
+  trainer::AdamW opt({{"a", a->weight}, {"b", b->weight}}, {true, false}, trainer::AdamWOptions{});
+  auto x = torch::randn({5, 7, 64}, torch::kCUDA);
+  auto step = [&] {
+    torch::Tensor y;
+    {
+      testing_support::CudaAutocast autocast(at::kBFloat16);
+      model::WeightGradInPlaceScope scope;
+      y = model::linear_cat(x, {a, b});
+    }
+    y.to(torch::kFloat).pow(2).mean().backward();
+    opt.step(1e-2);
+    opt.zero_grad();
+    return y;
+  };
+  auto matches = [&] {
+    for (const auto& w : {a->weight, b->weight}) {
+      auto shadow = model::weight_shadow_of(w);
+      if (!shadow.defined() || !torch::equal(shadow, w.detach().to(torch::kBFloat16))) return false;
+    }
+    return true;
+  };
+  step();
+  const int64_t casts = model::weight_shadow_casts();
+  for (int i = 0; i < 3; ++i) {
+    step();
+    EXPECT_TRUE(matches()) << "after step " << i + 2;
+  }
+  EXPECT_EQ(model::weight_shadow_casts(), casts) << "a forward recast a shadow AdamW had kept current";
+  // The forward's output is the product with the current weights' cast.
+  // (A stale shadow, one step behind, would differ by about 10%; another GEMM kernel by bf16's rounding.)
+  torch::Tensor y;
+  {
+    testing_support::CudaAutocast autocast(at::kBFloat16);
+    model::WeightGradInPlaceScope scope;
+    y = model::linear_cat(x, {a, b}).detach();
+  }
+  auto want = torch::matmul(x.to(torch::kBFloat16), torch::cat({a->weight, b->weight}).detach().to(torch::kBFloat16).t());
+  EXPECT_LT(testing_support::rel_norm_diff(y, want), 5e-3);
+  trainer::AdamW::use_own_kernel(false);
+  step();
+  EXPECT_FALSE(matches()) << "ATen's AdamW does not write the shadows (else this test would not see the recast)";
+  step();
+  EXPECT_EQ(model::weight_shadow_casts(), casts + 1) << "the forward after ATen's AdamW did not recast";
+  trainer::AdamW::use_own_kernel(true);
+  model::clear_weight_shadows();
 }
 
 // The tiny GPT learns on CUDA in every precision; the run reports memory, MFU against the known peak,

@@ -1,0 +1,190 @@
+#include "model/weight_shadow.h"
+
+#include <torch/torch.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "model/mixed_linear.h"
+
+#if defined(DD_HAVE_CUDA)
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+
+#include "model/kernel_dtype.h"
+#endif
+
+namespace model {
+
+namespace {
+
+using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+
+// One product's weights and their shadow. The weights are held weakly: a shadow never keeps a
+// dropped model's parameters alive, and an expired one is pruned.
+struct Group {
+  std::vector<WeakImpl> weights;
+  std::vector<int64_t> versions;       // each weight's version when the shadow was last written whole
+  std::vector<const void*> data;       // and its data pointer then
+  std::vector<int64_t> row_offsets;    // each weight's first row in the buffer
+  at::Tensor buffer;                   // [Σ out_i, in] in the group's dtype
+  bool current = false;                // false: recast before the next use (invalidate_weight_shadows)
+};
+
+// Key: the first weight's TensorImpl, the number of weights, the dtype.
+using Key = std::tuple<const c10::TensorImpl*, size_t, at::ScalarType>;
+
+std::mutex mu;
+std::map<Key, Group> groups;
+// Each shadowed weight's group and place in it, for the optimizer's lookups (every step).
+std::map<const c10::TensorImpl*, std::pair<Key, size_t>> owners;
+std::atomic<bool> enabled{true};
+std::atomic<int64_t> casts{0};
+
+bool same_weights(const Group& g, at::TensorList weights) {
+  if (g.weights.size() != weights.size()) return false;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    auto held = g.weights[i].lock();
+    if (!held || held.get() != weights[i].unsafeGetTensorImpl()) return false;
+  }
+  return true;
+}
+
+// Whether the shadow still holds the weights' values (they are alive, unchanged through ATen, not swapped).
+bool up_to_date(const Group& g) {
+  if (!g.current) return false;
+  for (size_t i = 0; i < g.weights.size(); ++i) {
+    auto held = g.weights[i].lock();
+    if (!held) return false;
+    at::Tensor w(held);
+    if (w._version() != g.versions[i] || w.data_ptr() != g.data[i]) return false;
+  }
+  return true;
+}
+
+// Casts the weights into the group's buffer and records what it now matches.
+// The buffer's version goes up as an in-place op's would: a backward that saved the old shadow
+// then fails autograd's check instead of using the new values.
+void recast(Group& g, at::TensorList weights) {
+  cast_weight_blocks_into(g.buffer, weights);
+  g.buffer.unsafeGetTensorImpl()->bump_version();
+  for (size_t i = 0; i < weights.size(); ++i) {
+    g.versions[i] = weights[i]._version();
+    g.data[i] = weights[i].data_ptr();
+  }
+  g.current = true;
+  ++casts;
+}
+
+void erase_group(std::map<Key, Group>::iterator it) {
+  for (auto o = owners.begin(); o != owners.end();) o = o->second.first == it->first ? owners.erase(o) : std::next(o);
+  groups.erase(it);
+}
+
+void prune_expired() {
+  for (auto it = groups.begin(); it != groups.end();) {
+    bool expired = false;
+    for (const auto& w : it->second.weights) expired = expired || w.expired();
+    if (expired) erase_group(it++);
+    else ++it;
+  }
+}
+
+bool capturing() {
+#if defined(DD_HAVE_CUDA)
+  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+at::Tensor shadowed_weight_blocks(at::TensorList weights, at::ScalarType dtype) {
+  TORCH_CHECK(!weights.empty(), "shadowed_weight_blocks: no weights");
+  bool fits = enabled && weights[0].is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf);
+  for (const auto& w : weights)
+    fits = fits && w.scalar_type() == at::kFloat && w.dim() == 2 && w.is_contiguous() &&
+           w.device() == weights[0].device() && w.size(1) == weights[0].size(1);
+  if (!fits) return cast_weight_blocks(weights, dtype);
+  std::lock_guard<std::mutex> lock(mu);
+  const Key key{weights[0].unsafeGetTensorImpl(), weights.size(), dtype};
+  auto it = groups.find(key);
+  if (it != groups.end() && !same_weights(it->second, weights)) {
+    erase_group(it);  // a dropped model's group whose first weight's address was reused
+    it = groups.end();
+  }
+  if (it == groups.end()) {
+    // A graph being captured must not allocate memory that outlives it: cast as before.
+    if (capturing()) return cast_weight_blocks(weights, dtype);
+    prune_expired();
+    Group g;
+    int64_t rows = 0;
+    for (const auto& w : weights) {
+      g.weights.emplace_back(w.getIntrusivePtr());
+      g.row_offsets.push_back(rows);
+      rows += w.size(0);
+    }
+    g.versions.assign(weights.size(), -1);
+    g.data.assign(weights.size(), nullptr);
+    g.buffer = torch::empty({rows, weights[0].size(1)}, weights[0].options().dtype(dtype));
+    it = groups.emplace(key, std::move(g)).first;
+    for (size_t i = 0; i < weights.size(); ++i) owners[weights[i].unsafeGetTensorImpl()] = {key, i};
+  }
+  Group& g = it->second;
+  if (!up_to_date(g)) recast(g, weights);
+  return g.buffer;
+}
+
+at::Tensor weight_shadow_of(const at::Tensor& weight) {
+  if (!enabled || !weight.defined()) return {};
+  std::lock_guard<std::mutex> lock(mu);
+  const c10::TensorImpl* impl = weight.unsafeGetTensorImpl();
+  auto o = owners.find(impl);
+  if (o == owners.end()) return {};
+  auto it = groups.find(o->second.first);
+  const size_t i = o->second.second;
+  if (it == groups.end() || i >= it->second.weights.size()) return {};
+  auto held = it->second.weights[i].lock();
+  if (!held || held.get() != impl) return {};
+  return it->second.buffer.narrow(0, it->second.row_offsets[i], weight.size(0));
+}
+
+void refresh_weight_shadows() {
+  std::lock_guard<std::mutex> lock(mu);
+  prune_expired();
+  for (auto& [key, g] : groups) {
+    if (up_to_date(g)) continue;
+    std::vector<at::Tensor> weights;
+    for (const auto& w : g.weights) weights.emplace_back(w.lock());
+    recast(g, weights);
+  }
+}
+
+void invalidate_weight_shadows() {
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto& [key, g] : groups) g.current = false;
+}
+
+void weight_shadows(bool on) {
+  // Switched off, the optimizer stops writing the shadows: whatever is kept is stale from then on.
+  if (!on) invalidate_weight_shadows();
+  enabled = on;
+}
+
+void clear_weight_shadows() {
+  std::lock_guard<std::mutex> lock(mu);
+  owners.clear();
+  groups.clear();
+}
+
+int64_t weight_shadow_groups() {
+  std::lock_guard<std::mutex> lock(mu);
+  return static_cast<int64_t>(groups.size());
+}
+
+int64_t weight_shadow_casts() { return casts; }
+
+}  // namespace model
