@@ -161,6 +161,7 @@ int bench_train(const BenchTrainArgs& a) {
   int64_t params = 0, tokens_per_step = 0, last_tokens = 0;
   trainer::EndedEvent ended;
   std::string cuda_graph = "off";  // the CPU, or a step that was never captured
+  std::string graph_overflow;      // the trainer's note of the first step too large for the graph
   while (auto ev = session.events().pop()) {
     if (auto* m = std::get_if<trainer::MetricsEvent>(&*ev)) {
       if (m->step <= a.warmup || m->step > a.warmup + a.steps) {
@@ -179,6 +180,10 @@ int bench_train(const BenchTrainArgs& a) {
       if (l->text.rfind("CUDA graph step off: ", 0) == 0) cuda_graph = "off: " + l->text.substr(21);
       if (l->text.find("CUDA graph: step") == 0 && l->text.find(" captured;") != std::string::npos) cuda_graph = "on";
       if (l->text.rfind("CUDA graph capture failed", 0) == 0) cuda_graph = "off: " + l->text;
+      // A packed batch with more document pieces than the captured step has room for runs eagerly
+      // (logged once, at the first such step): the median may then mix replayed and eager steps.
+      if (l->text.rfind("CUDA graph: step", 0) == 0 && l->text.find("run eagerly") != std::string::npos)
+        graph_overflow = l->text.substr(std::string("CUDA graph: ").size());
     } else if (auto* e = std::get_if<trainer::EndedEvent>(&*ev)) {
       ended = *e;
     }
@@ -218,13 +223,18 @@ int bench_train(const BenchTrainArgs& a) {
   j["tokens_per_s"] = tok_s;
   j["mfu"] = mfu;
   j["peak_mem_gib"] = peak;
+  // Time the step waited for its batch (median): above zero, the loader, not the GPU, set the pace.
+  j["data_wait_ms"] = median(after_warmup["data_wait_ms"]);
   j["cuda_graph"] = cuda_graph;
+  if (!graph_overflow.empty()) j["cuda_graph_overflow"] = graph_overflow;
   std::printf("| model | precision | devices | tokens/step | median step | tokens/s | MFU | peak mem |\n"
               "|---|---|---|---|---|---|---|---|\n"
               "| %s/%s | %s | %s | %lld | %.1f ms | %.0f | %.1f%% | %.2f GiB |\n",
               a.family.c_str(), a.preset.c_str(), a.precision.c_str(), a.devices.c_str(),
               static_cast<long long>(tokens_per_step), step_ms, tok_s, 100 * mfu, peak);
-  std::printf("on %s; CUDA graph step: %s\n%s\n", device.c_str(), cuda_graph.c_str(), j.dump().c_str());
+  std::printf("on %s; CUDA graph step: %s%s; data wait %.2f ms a step (median)\n%s\n", device.c_str(),
+              cuda_graph.c_str(), graph_overflow.empty() ? "" : ("; " + graph_overflow).c_str(),
+              median(after_warmup["data_wait_ms"]), j.dump().c_str());
   if (a.profile) std::printf("\n%s", profile_report.empty() ? "(no profile was recorded)\n" : profile_report.c_str());
   if (!a.json_path.empty()) {
     std::ofstream f(a.json_path);
