@@ -23,9 +23,11 @@ struct AdamWTensor {
   // Optional [n] copy of the updated p in shadow_dt (BF16 or F16, rounded to nearest even as a cast
   // rounds): the low-precision weight the next forward multiplies with (model/weight_shadow.h),
   // written here for 2 bytes a parameter instead of a cast's 6 in the forward.
-  void* shadow = nullptr;
   DType shadow_dt = DType::BF16;
+  void* shadow = nullptr;
 };
+// 56 bytes: a launch's table (kernels/adamw.cu) stays under the classic 4 KiB of kernel parameters.
+static_assert(sizeof(AdamWTensor) == 56, "AdamWTensor grew: check the launch table's size");
 
 constexpr int kAdamWTensorsPerLaunch = 64;
 

@@ -65,17 +65,29 @@ bool up_to_date(const Group& g) {
 }
 
 // Casts the weights into the group's buffer and records what it now matches.
+bool capturing() {
+#if defined(DD_HAVE_CUDA)
+  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+#else
+  return false;
+#endif
+}
+
 // The buffer's version goes up as an in-place op's would: a backward that saved the old shadow
-// then fails autograd's check instead of using the new values.
+// then fails autograd's check instead of using the new values. While a CUDA graph is being
+// captured the cast is only recorded, not run: the group stays stale on the host (a failed
+// capture's eager fallback, or the refresh before the first replay, casts it for real).
 void recast(Group& g, at::TensorList weights) {
+  torch::NoGradGuard no_grad;  // the cat fallback must not record autograd history into the buffer
   cast_weight_blocks_into(g.buffer, weights);
   g.buffer.unsafeGetTensorImpl()->bump_version();
+  ++casts;
+  if (capturing()) return;
   for (size_t i = 0; i < weights.size(); ++i) {
     g.versions[i] = weights[i]._version();
     g.data[i] = weights[i].data_ptr();
   }
   g.current = true;
-  ++casts;
 }
 
 void erase_group(std::map<Key, Group>::iterator it) {
@@ -92,14 +104,6 @@ void prune_expired() {
   }
 }
 
-bool capturing() {
-#if defined(DD_HAVE_CUDA)
-  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
-#else
-  return false;
-#endif
-}
-
 }  // namespace
 
 at::Tensor shadowed_weight_blocks(at::TensorList weights, at::ScalarType dtype) {
@@ -112,13 +116,16 @@ at::Tensor shadowed_weight_blocks(at::TensorList weights, at::ScalarType dtype) 
   std::lock_guard<std::mutex> lock(mu);
   const Key key{weights[0].unsafeGetTensorImpl(), weights.size(), dtype};
   auto it = groups.find(key);
-  if (it != groups.end() && !same_weights(it->second, weights)) {
-    erase_group(it);  // a dropped model's group whose first weight's address was reused
-    it = groups.end();
-  }
+  // The same first weight in another grouping: no shadow (groups are never erased here, as a
+  // captured graph may hold their buffers).
+  if (it != groups.end() && !same_weights(it->second, weights)) return cast_weight_blocks(weights, dtype);
   if (it == groups.end()) {
     // A graph being captured must not allocate memory that outlives it: cast as before.
     if (capturing()) return cast_weight_blocks(weights, dtype);
+    // A weight already shadowed in another group: the optimizer writes one shadow per weight, so
+    // a second one would go stale unseen. Cast as before.
+    for (const auto& w : weights)
+      if (owners.count(w.unsafeGetTensorImpl())) return cast_weight_blocks(weights, dtype);
     prune_expired();
     Group g;
     int64_t rows = 0;
@@ -160,6 +167,18 @@ void refresh_weight_shadows() {
     std::vector<at::Tensor> weights;
     for (const auto& w : g.weights) weights.emplace_back(w.lock());
     recast(g, weights);
+  }
+}
+
+void release_weight_shadows(const std::vector<at::Tensor>& weights) {
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& w : weights) {
+    if (!w.defined()) continue;
+    auto o = owners.find(w.unsafeGetTensorImpl());
+    if (o == owners.end()) continue;
+    auto it = groups.find(o->second.first);
+    if (it != groups.end()) erase_group(it);
+    else owners.erase(o);
   }
 }
 

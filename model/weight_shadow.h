@@ -11,12 +11,16 @@
 // in-place op) bumps the version; EMA's swap (set_data) changes the data pointer; either makes the
 // next use cast again. Our AdamW kernel writes weights through raw pointers, which bumps nothing:
 // that is why it must write the shadow of every weight that has one (trainer::AdamW asks
-// weight_shadow_of for each), and why any other raw writer must call invalidate_weight_shadows.
+// weight_shadow_of for each; a weight belongs to one group at most), and why any other raw writer
+// (a `.data()` view, NCCL, a replayed graph's ATen update) must call invalidate_weight_shadows.
 // A CUDA graph's replay runs none of these host checks: the trainer calls refresh_weight_shadows
-// before each replay, which recasts any shadow gone stale in between.
+// before each replay, which recasts any shadow gone stale in between, and invalidates them all
+// before a step that runs eagerly once a graph exists.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+
+#include <vector>
 
 namespace model {
 
@@ -44,7 +48,12 @@ void invalidate_weight_shadows();
 // weight_shadow_of finds nothing (`bench train --weight-shadows off`, to measure the change).
 void weight_shadows(bool on);
 
-// Drops every shadow and its buffer (a finished run; tests).
+// Drops the shadows of the groups these weights belong to (a finished run's parameters: the
+// buffers are otherwise kept until the weights are gone and a new group prunes them). No CUDA
+// graph that reads them may be replayed afterwards.
+void release_weight_shadows(const std::vector<at::Tensor>& weights);
+
+// Drops every shadow and its buffer (tests).
 void clear_weight_shadows();
 
 // How many groups have a shadow now, and how many recasts (forward or refresh) have run since the

@@ -106,6 +106,7 @@ void AdamW::fused_update(const at::Tensor& grad_divisor) {
 bool AdamW::own_kernel_update(const at::Tensor& grad_divisor) {
 #if defined(DD_HAVE_CUDA)
   std::vector<kernels::AdamWTensor> table;
+  std::vector<at::Tensor> shadows;  // kept alive until the launch
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i].second;
     const auto& g = p.grad();
@@ -129,6 +130,7 @@ bool AdamW::own_kernel_update(const at::Tensor& grad_divisor) {
         return false;
       t.shadow = shadow.data_ptr();
       t.shadow_dt = shadow.scalar_type() == at::kBFloat16 ? kernels::DType::BF16 : kernels::DType::F16;
+      shadows.push_back(shadow);
     }
     table.push_back(t);
   }

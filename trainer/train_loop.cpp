@@ -120,6 +120,15 @@ class TrainLoop {
       : cfg_(cfg), opts_(opts), events_(events), commands_(commands), progress_(progress), rank_(rank),
         comm_(*rank.comm), lead_(rank.comm->rank() == 0), guard_(guard_options(cfg.train)) {}
 
+  // The linear layers' bf16 weight shadows (model/weight_shadow.h) go with the run's weights.
+  ~TrainLoop() {
+    std::vector<at::Tensor> weights;
+    for (const auto& [n, p] : params_) weights.push_back(p);
+    model::release_weight_shadows(weights);
+  }
+  TrainLoop(const TrainLoop&) = delete;
+  TrainLoop& operator=(const TrainLoop&) = delete;
+
   EndedEvent run() {
     const int64_t threads = cfg_.run.threads > 0
                                 ? cfg_.run.threads
@@ -555,6 +564,9 @@ class TrainLoop {
     if (opt_hidden_) opt_hidden_->begin_step(lr * hidden_lr_mult_);
     at::Tensor values;
     if (!all_fit || !graph_) {
+      // Replays update the weights without a version bump, and an update that is not our AdamW
+      // kernel's does not write the bf16 shadows either: an eager step after them recasts.
+      if (graph_ && graph_->captured()) model::invalidate_weight_shadows();
       values = step_eagerly(own_positions);
     } else if (graph_->captured()) {
       // The graph's forward reads the weights' bf16 shadows without the host's checks: recast any

@@ -321,11 +321,17 @@ TEST(MixedLinearCuda, WeightShadowIsReusedAndRecastWhenAWeightChanges) {
   EXPECT_EQ(model::weight_shadow_casts(), casts0 + 5);
   EXPECT_TRUE(torch::equal(model::shadowed_weight_blocks(group, at::kBFloat16), fresh()));
 
+  // b in another grouping: no second shadow of it (AdamW writes one per weight), a plain cast.
+  std::vector<torch::Tensor> b_alone = {b};
+  EXPECT_TRUE(torch::equal(model::shadowed_weight_blocks(b_alone, at::kBFloat16), b.to(at::kBFloat16)));
+  EXPECT_EQ(model::weight_shadow_groups(), 1);
+
   model::weight_shadows(false);
   auto off = model::shadowed_weight_blocks(group, at::kBFloat16);
   EXPECT_NE(off.data_ptr(), s1.data_ptr()) << "switched off, a fresh cast";
   EXPECT_FALSE(model::weight_shadow_of(a).defined());
   model::weight_shadows(true);
-  model::clear_weight_shadows();
+  model::release_weight_shadows({b});  // a run's end: the groups of its weights go
   EXPECT_EQ(model::weight_shadow_groups(), 0);
+  EXPECT_FALSE(model::weight_shadow_of(a).defined());
 }
