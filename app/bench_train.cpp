@@ -232,7 +232,7 @@ int bench_train(const BenchTrainArgs& a) {
               "| %s/%s | %s | %s | %lld | %.1f ms | %.0f | %.1f%% | %.2f GiB |\n",
               a.family.c_str(), a.preset.c_str(), a.precision.c_str(), a.devices.c_str(),
               static_cast<long long>(tokens_per_step), step_ms, tok_s, 100 * mfu, peak);
-  std::printf("on %s; CUDA graph step: %s%s; data wait %.2f ms a step (median)\n%s\n", device.c_str(),
+  std::printf("on %s; CUDA graph step: %s%s\ndata wait: %.2f ms a step (median)\n%s\n", device.c_str(),
               cuda_graph.c_str(), graph_overflow.empty() ? "" : ("; " + graph_overflow).c_str(),
               median(after_warmup["data_wait_ms"]), j.dump().c_str());
   if (a.profile) std::printf("\n%s", profile_report.empty() ? "(no profile was recorded)\n" : profile_report.c_str());
