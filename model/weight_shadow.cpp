@@ -82,7 +82,7 @@ void recast(Group& g, at::TensorList weights) {
   cast_weight_blocks_into(g.buffer, weights);
   g.buffer.unsafeGetTensorImpl()->bump_version();
   ++casts;
-  if (capturing()) return;
+  if (g.buffer.is_cuda() && capturing()) return;
   for (size_t i = 0; i < weights.size(); ++i) {
     g.versions[i] = weights[i]._version();
     g.data[i] = weights[i].data_ptr();
@@ -108,7 +108,9 @@ void prune_expired() {
 
 at::Tensor shadowed_weight_blocks(at::TensorList weights, at::ScalarType dtype) {
   TORCH_CHECK(!weights.empty(), "shadowed_weight_blocks: no weights");
-  bool fits = enabled && weights[0].is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf);
+  // Any device: the trainer only reaches this on a GPU (model/mixed_linear.h), and on the CPU the
+  // same bookkeeping is tested without one.
+  bool fits = enabled && (dtype == at::kBFloat16 || dtype == at::kHalf);
   for (const auto& w : weights)
     fits = fits && w.scalar_type() == at::kFloat && w.dim() == 2 && w.is_contiguous() &&
            w.device() == weights[0].device() && w.size(1) == weights[0].size(1);
@@ -121,7 +123,7 @@ at::Tensor shadowed_weight_blocks(at::TensorList weights, at::ScalarType dtype) 
   if (it != groups.end() && !same_weights(it->second, weights)) return cast_weight_blocks(weights, dtype);
   if (it == groups.end()) {
     // A graph being captured must not allocate memory that outlives it: cast as before.
-    if (capturing()) return cast_weight_blocks(weights, dtype);
+    if (weights[0].is_cuda() && capturing()) return cast_weight_blocks(weights, dtype);
     // A weight already shadowed in another group: the optimizer writes one shadow per weight, so
     // a second one would go stale unseen. Cast as before.
     for (const auto& w : weights)

@@ -26,9 +26,10 @@ namespace model {
 
 // [W1; W2; ...] [Σ out_i, in] in `dtype` (bf16 or fp16), the same values as
 // cast_weight_blocks(weights, dtype): the group's shadow when it is current, else the shadow
-// recast (one kernel) and then current. The first call for a group allocates its shadow. Falls
-// back to cast_weight_blocks (nothing kept) when shadows are off, on the CPU, while a CUDA graph is
-// being captured and the group has no shadow yet, or for weights the cast kernel does not take.
+// recast (one kernel on a GPU) and then current. The first call for a group allocates its shadow.
+// Falls back to cast_weight_blocks (nothing kept) when shadows are off, while a CUDA graph is being
+// captured and the group has no shadow yet, for a weight already shadowed in another group, or for
+// weights that are not 2-D contiguous fp32 of one device and width.
 at::Tensor shadowed_weight_blocks(at::TensorList weights, at::ScalarType dtype);
 
 // The shadow of one weight (a contiguous [out, in] row block of its group's shadow), or an

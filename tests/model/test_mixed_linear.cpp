@@ -2,8 +2,9 @@
 // GPU shares): the product and x's gradient against fp64 products of the same rounded operands,
 // the weights' gradients written into one fp32 buffer on the first backward and added on later
 // ones, frozen weights, an empty batch, and when the layers take it; the embedding's gradient
-// against autograd's. Random inputs drawn fresh each run. The GPU kernels and the fp32
-// accumulation are tested in test_mixed_linear_cuda.cpp.
+// against autograd's; the bf16 weight shadows' bookkeeping (model/weight_shadow.h). Random inputs
+// drawn fresh each run. The GPU kernels and the fp32 accumulation are tested in
+// test_mixed_linear_cuda.cpp, AdamW writing the shadows in test_trainer_cuda.cpp.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -12,6 +13,7 @@
 #include "model/fused_embedding.h"
 #include "model/linear.h"
 #include "model/mixed_linear.h"
+#include "model/weight_shadow.h"
 
 namespace {
 
@@ -202,4 +204,70 @@ TEST(EmbeddingInPlace, GradientMatchesAutogradAndAddsToAnExistingOne) {
   model::embedding_in_place(w, tokens).backward(dy);
   EXPECT_LT(rel(w.grad(), 2 * ref.grad()), 1e-6);
   EXPECT_FALSE(model::embedding_in_place_applies(w, tokens));  // the CPU, and no scope
+}
+
+// A group's shadow is kept while its weights are unchanged and recast when one changes through
+// ATen (version), is swapped (set_data, as EMA does) or all are invalidated; refresh recasts only
+// stale groups; a weight gets one shadow; releasing a run's weights drops their groups. Every
+// value handed out equals a fresh cast bit for bit.
+TEST(WeightShadow, KeptWhileCurrentRecastWhenAWeightChanges) {
+  seed(9);
+  model::clear_weight_shadows();
+  auto a = torch::randn({12, 8}), b = torch::randn({5, 8});
+  std::vector<torch::Tensor> group = {a, b};
+  auto fresh = [&] { return model::cast_weight_blocks(group, at::kBFloat16); };
+  const int64_t casts0 = model::weight_shadow_casts();
+  auto s1 = model::shadowed_weight_blocks(group, at::kBFloat16);
+  EXPECT_TRUE(torch::equal(s1, fresh()));
+  EXPECT_EQ(model::weight_shadow_groups(), 1);
+  auto s2 = model::shadowed_weight_blocks(group, at::kBFloat16);
+  EXPECT_EQ(s2.data_ptr(), s1.data_ptr());
+  EXPECT_EQ(model::weight_shadow_casts(), casts0 + 1) << "an unchanged group was recast";
+  EXPECT_EQ(model::weight_shadow_of(b).data_ptr(), s1.narrow(0, 12, 5).data_ptr());
+
+  {
+    torch::NoGradGuard no_grad;
+    b.mul_(0.5);
+  }
+  EXPECT_TRUE(torch::equal(model::shadowed_weight_blocks(group, at::kBFloat16), fresh()));
+  EXPECT_EQ(model::weight_shadow_casts(), casts0 + 2);
+
+  a.set_data(torch::randn({12, 8}));  // the version stays, the data pointer moves
+  EXPECT_TRUE(torch::equal(model::shadowed_weight_blocks(group, at::kBFloat16), fresh()));
+  EXPECT_EQ(model::weight_shadow_casts(), casts0 + 3);
+
+  model::invalidate_weight_shadows();
+  model::refresh_weight_shadows();
+  model::refresh_weight_shadows();
+  EXPECT_EQ(model::weight_shadow_casts(), casts0 + 4) << "refresh recast a current group";
+
+  std::vector<torch::Tensor> b_alone = {b};
+  EXPECT_TRUE(torch::equal(model::shadowed_weight_blocks(b_alone, at::kBFloat16), b.to(at::kBFloat16)));
+  EXPECT_EQ(model::weight_shadow_groups(), 1) << "b got a second shadow";
+
+  model::weight_shadows(false);
+  EXPECT_NE(model::shadowed_weight_blocks(group, at::kBFloat16).data_ptr(), s1.data_ptr());
+  EXPECT_FALSE(model::weight_shadow_of(a).defined());
+  model::weight_shadows(true);
+  EXPECT_TRUE(torch::equal(model::shadowed_weight_blocks(group, at::kBFloat16), fresh()))
+      << "switched back on, the shadow must be recast (nothing kept it current meanwhile)";
+
+  model::release_weight_shadows({a});
+  EXPECT_EQ(model::weight_shadow_groups(), 0);
+  EXPECT_FALSE(model::weight_shadow_of(b).defined());
+}
+
+// A group whose weights are gone is pruned when the next group is made: its buffer goes with it.
+TEST(WeightShadow, GroupsOfDroppedWeightsArePruned) {
+  seed(10);
+  model::clear_weight_shadows();
+  {
+    std::vector<torch::Tensor> gone = {torch::randn({4, 8})};
+    model::shadowed_weight_blocks(gone, at::kBFloat16);
+  }
+  EXPECT_EQ(model::weight_shadow_groups(), 1);
+  std::vector<torch::Tensor> kept = {torch::randn({6, 8})};
+  model::shadowed_weight_blocks(kept, at::kBFloat16);
+  EXPECT_EQ(model::weight_shadow_groups(), 1);
+  model::clear_weight_shadows();
 }
