@@ -12,8 +12,6 @@
 
 #if defined(DD_HAVE_CUDA)
 #include <c10/cuda/CUDAGraphsC10Utils.h>
-
-#include "model/kernel_dtype.h"
 #endif
 
 namespace model {
