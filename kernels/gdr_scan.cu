@@ -192,25 +192,27 @@ int launch_rpw(const GdrScanArgs& a, dim3 grid, size_t smem, cudaStream_t st) {
 
 }  // namespace
 
-int gdr_scan(const GdrScanArgs& a, void* stream) {
-  if (!gdr_scan_supports(a.C, a.dk) || a.n_docs < 1 || a.H < 1 || a.dv < 1) {
-    return static_cast<int>(cudaErrorInvalidValue);
-  }
-  const dim3 grid(static_cast<unsigned>(a.n_docs * a.H), static_cast<unsigned>((a.dv + kLanes - 1) / kLanes));
-  const size_t smem = gdr_scan_smem_bytes(a.C, a.dk);  // ≤ 176 KiB by the limits
-  auto st = static_cast<cudaStream_t>(stream);
-  if (a.variant == kGdrScanAuto) {
-    const int cols = gdr_scan_mma_width(a);
-    if (cols > 0) return gdr_scan_tensor_cores(a, cols, stream);
-  }
+int gdr_scan_tensor_core_width(const GdrScanArgs& a) {
+  if (a.variant == kGdrScanAuto) return gdr_scan_mma_width(a);
   const int fixed_cols = a.variant == kGdrScanTensorCores32    ? 32
                          : a.variant == kGdrScanTensorCores64  ? 64
                          : a.variant == kGdrScanTensorCores96  ? 96
                          : a.variant == kGdrScanTensorCores128 ? 128
                                                                : 0;
-  if (fixed_cols > 0 && gdr_scan_mma_supports(a.C, a.dk, a.dv, fixed_cols)) {
-    return gdr_scan_tensor_cores(a, fixed_cols, stream);
+  return fixed_cols > 0 && gdr_scan_mma_supports(a.C, a.dk, a.dv, fixed_cols) ? fixed_cols : 0;
+}
+
+int gdr_scan(const GdrScanArgs& a, void* stream) {
+  if (!gdr_scan_supports(a.C, a.dk) || a.n_docs < 1 || a.H < 1 || a.dv < 1) {
+    return static_cast<int>(cudaErrorInvalidValue);
   }
+  const int cols = gdr_scan_tensor_core_width(a);
+  if (cols > 0) return gdr_scan_tensor_cores(a, cols, stream);
+  // The FMA kernels write fp32 only.
+  if (a.out_state_bf16 != nullptr || a.out_y_bf16 != nullptr) return static_cast<int>(cudaErrorInvalidValue);
+  const dim3 grid(static_cast<unsigned>(a.n_docs * a.H), static_cast<unsigned>((a.dv + kLanes - 1) / kLanes));
+  const size_t smem = gdr_scan_smem_bytes(a.C, a.dk);  // ≤ 176 KiB by the limits
+  auto st = static_cast<cudaStream_t>(stream);
   if (a.variant != kGdrScanSimt8) return a.C <= 16 * 4 ? launch_rpw<16, 4>(a, grid, smem, st) : launch_rpw<16, 8>(a, grid, smem, st);
   return a.C <= 8 * 8 ? launch_rpw<8, 8>(a, grid, smem, st) : launch_rpw<8, 16>(a, grid, smem, st);
 }

@@ -44,6 +44,12 @@ struct GdrScanArgs {
   float* out_state = nullptr;    // [R, dk, dv]
   float* out_y = nullptr;        // [R, C, dv]
   float* final_state = nullptr;  // [n_docs·H, dk, dv]
+  // Instead of out_state and out_y, the same values rounded to bf16 (raw bits, round to nearest
+  // even), half the bytes written here and read by the products after the scan: only the forward
+  // (no E) with tf32x3 off, on the tensor-core kernel (gdr_scan_tensor_core_width > 0); the state
+  // itself stays fp32, and so does final_state.
+  uint16_t* out_state_bf16 = nullptr;  // [R, dk, dv]
+  uint16_t* out_y_bf16 = nullptr;      // [R, C, dv]
   const int32_t* step_off = nullptr;  // [n_steps], device memory
   const int32_t* n_chunks = nullptr;  // [n_docs], device memory
   float sign_p = -1.f, sign_q = 1.f;
@@ -117,6 +123,13 @@ int gdr_scan(const GdrScanArgs& a, void* stream);
 int gdr_scan_tensor_cores(const GdrScanArgs& a, int cols, void* stream);
 // gdr_scan_mma_width_for on the current device.
 int gdr_scan_mma_width(const GdrScanArgs& a);
+// The width of state columns of the tensor-core kernel gdr_scan runs for a's sizes and variant,
+// or 0 when it runs an FMA kernel.
+int gdr_scan_tensor_core_width(const GdrScanArgs& a);
+// Whether gdr_scan takes bf16 outputs (out_state_bf16, out_y_bf16) for these arguments.
+inline bool gdr_scan_takes_bf16_outputs(const GdrScanArgs& a) {
+  return a.E == nullptr && !a.tf32x3 && gdr_scan_supports(a.C, a.dk) && gdr_scan_tensor_core_width(a) > 0;
+}
 #endif
 
 }  // namespace kernels

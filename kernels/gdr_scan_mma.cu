@@ -21,10 +21,12 @@
 //            two TF32 parts: 8 warps read every y element in phase 2, and would each split it;
 //   phase 2  warp w updates state rows 16 (w % 8).., 16 (w % 8 + 8).. of its 32 columns and copies
 //            them to shared memory.
+// The forward in TF32 mode may write out_state and y rounded to bf16 (GdrScanArgs::out_state_bf16).
 // P and Q come in by cp.async, P as soon as phase 1 of the step before has read it, Q after
 // phase 2 before. Each staged tile has its own pad so the eight rows and four columns of a
 // fragment load fall in 32 different banks; P's fragments come in one ldmatrix each (four 8 × 4
 // fp32 blocks are four 8 × 8 b16 matrices, and ldmatrix hands them out in the TF32 A layout).
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -74,13 +76,37 @@ __device__ __forceinline__ void stage_rows(float* dst, int pitch, const float* s
   }
 }
 
+// Stores of the per-step outputs in fp32, or rounded to bf16 (GdrScanArgs::out_state_bf16).
+__device__ __forceinline__ void store4(float* dst, float4 v) { *reinterpret_cast<float4*>(dst) = v; }
+__device__ __forceinline__ void store4(uint16_t* dst, float4 v) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+  uint2 w;
+  w.x = *reinterpret_cast<const uint32_t*>(&lo);
+  w.y = *reinterpret_cast<const uint32_t*>(&hi);
+  *reinterpret_cast<uint2*>(dst) = w;
+}
+__device__ __forceinline__ void store2(float* dst, float2 v) { *reinterpret_cast<float2*>(dst) = v; }
+__device__ __forceinline__ void store2(uint16_t* dst, float2 v) {
+  *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(v.x, v.y);
+}
+
 // kUnits: phase-1 units per warp ((C/16) · (kCols/16) ≤ kWarps · kUnits). kRowTiles: 16-row state
 // tiles per warp in phase 2 (dk/16 ≤ 8 · kRowTiles).
 // kHasE: E is read (the backward). kSplit: split-TF32 products (GdrScanArgs::tf32x3), else one
 // TF32 product each; y's small parts in shared memory are then neither written nor read.
-template <int kWarps, int kUnits, int kRowTiles, bool kHasE, bool kSplit>
+// kBf16Out: out_state and y are written as bf16 (out_state_bf16, out_y_bf16).
+template <int kWarps, int kUnits, int kRowTiles, bool kHasE, bool kSplit, bool kBf16Out = false>
 __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2 : 1)
     gdr_scan_mma_kernel(GdrScanArgs a) {
+  // The output pointers, read from the kernel's parameters where they are used.
+  auto out_state = [&] {
+    if constexpr (kBf16Out) return a.out_state_bf16;
+    else return a.out_state;
+  };
+  auto out_y = [&] {
+    if constexpr (kBf16Out) return a.out_y_bf16;
+    else return a.out_y;
+  };
   constexpr int kCols = cols_of(kWarps), kColPitch = pitch_of(kWarps), kPairs = kCols / 16;
   extern __shared__ __align__(16) float smem[];
   const int dk = static_cast<int>(a.dk), C = static_cast<int>(a.C);
@@ -111,10 +137,10 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
       *reinterpret_cast<float4*>(S_s + i * kColPitch + c) = v;
     }
   };
-  auto state_to_global = [&](float* dst) {
+  auto state_to_global = [&](auto* dst) {
     for (int p = threadIdx.x; p < dk * (kCols / 4); p += 32 * kWarps) {
       const int i = p / (kCols / 4), c = 4 * (p % (kCols / 4));
-      if (c < cols) *reinterpret_cast<float4*>(dst + i * dv + j0 + c) = *reinterpret_cast<const float4*>(S_s + i * kColPitch + c);
+      if (c < cols) store4(dst + i * dv + j0 + c, *reinterpret_cast<const float4*>(S_s + i * kColPitch + c));
     }
   };
 
@@ -157,7 +183,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
     // Phase 0: the state this step starts from; E (in blocks of up to 16 warps) and decay start
     // loading for phase 2. The 24- and 32-warp blocks have too few registers to carry E through
     // phase 1, so they load it as phase 2 starts.
-    state_to_global(a.out_state + r * dk * dv);
+    state_to_global(out_state() + r * dk * dv);
     float E_r[kRowTiles][4][4];
     auto load_e = [&] {
 #pragma unroll
@@ -235,7 +261,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
             to_tf32<kSplit>(a.sign_q * y.y, yb.y, ys.y);
             *reinterpret_cast<uint2*>(yb_s + row * kColPitch + c) = yb;
             if (kSplit) *reinterpret_cast<uint2*>(ys_s + row * kColPitch + c) = ys;
-            if (c < cols) *reinterpret_cast<float2*>(a.out_y + (r * C + row) * dv + j0 + c) = y;
+            if (c < cols) store2(out_y() + (r * C + row) * dv + j0 + c, y);
           }
         }
       }
@@ -315,17 +341,21 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
 using ScanKernel = void (*)(GdrScanArgs);
 
 // The kernel for these template sizes, allowed the shared memory it needs on the current device.
-template <int kWarps, int kUnits, int kRowTiles, bool kHasE, bool kSplit>
+template <int kWarps, int kUnits, int kRowTiles, bool kHasE, bool kSplit, bool kBf16Out = false>
 ScanKernel opted_in_kernel() {
-  ScanKernel f = gdr_scan_mma_kernel<kWarps, kUnits, kRowTiles, kHasE, kSplit>;
+  ScanKernel f = gdr_scan_mma_kernel<kWarps, kUnits, kRowTiles, kHasE, kSplit, kBf16Out>;
   allow_dynamic_smem(reinterpret_cast<const void*>(f), static_cast<int>(kGdrScanMmaMaxSmem));
   return f;
 }
 
 // The instantiation for a's E (the forward scan has none, and its kernel keeps no registers for
-// it) and product mode.
+// it), product mode and output type (bf16 outputs: the forward in TF32 mode only; null otherwise).
 template <int kWarps, int kUnits, int kRowTiles>
 ScanKernel kernel_flagged(const GdrScanArgs& a) {
+  if (a.out_state_bf16 != nullptr || a.out_y_bf16 != nullptr) {
+    if (a.E != nullptr || a.tf32x3 || a.out_state_bf16 == nullptr || a.out_y_bf16 == nullptr) return nullptr;
+    return opted_in_kernel<kWarps, kUnits, kRowTiles, false, false, true>();
+  }
   if (a.E != nullptr) {
     return a.tf32x3 ? opted_in_kernel<kWarps, kUnits, kRowTiles, true, true>()
                     : opted_in_kernel<kWarps, kUnits, kRowTiles, true, false>();
@@ -365,9 +395,11 @@ int gdr_scan_tensor_cores(const GdrScanArgs& a, int cols, void* stream) {
   }
   const dim3 grid(static_cast<unsigned>(a.n_docs * a.H), static_cast<unsigned>((a.dv + cols - 1) / cols));
   const dim3 block(static_cast<unsigned>(8 * cols));  // 32 · kWarps threads, kWarps = cols / 4
+  const ScanKernel kernel = kernel_for_width(a, cols);
+  if (kernel == nullptr) return static_cast<int>(cudaErrorInvalidValue);
   GdrScanArgs args = a;
   void* params[] = {&args};
-  return static_cast<int>(cudaLaunchKernel(reinterpret_cast<const void*>(kernel_for_width(a, cols)), grid, block, params,
+  return static_cast<int>(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, block, params,
                                            gdr_scan_mma_smem_bytes(a.C, a.dk, cols),
                                            static_cast<cudaStream_t>(stream)));
 }

@@ -10,7 +10,10 @@
 // [64 m][32 k + 4], an M-contiguous one [32 k][64 m + 8], and B likewise ([32 k][BN + 8] or
 // [BN n][32 k + 4]). The pads put the eight rows and four columns of a fragment load in 32
 // different banks. Each fragment element is split into big + small in registers right before its
-// three products.
+// three products. A bf16 operand is staged as bf16 (half the bytes through L2 and shared memory)
+// in tiles of the same shape, padded by 16 bytes where fp32 is padded by 4 floats; its elements
+// widen to fp32 exactly, and the fp32 operand beside it is rounded to TF32, so each product is one
+// mma (TF32 accuracy, below the bf16 operand's own rounding).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -24,9 +27,23 @@ namespace kernels {
 namespace {
 
 constexpr int kBM = 64, kBK = 32;
-constexpr int kPadK = kBK + 4;              // row length of a tile stored [rows][32 + 4]
+constexpr int kPadK = kBK + 4;              // row length of an fp32 tile stored [rows][32 + 4]
 constexpr int kTileA = kBK * (kBM + 8);     // = 64 · 36 = 2304: either orientation of A fits
 static_assert(kBM * kPadK == kTileA, "both orientations of an A tile take the same shared memory");
+
+// Operand element types: fp32, or bf16 as its raw bits (Bf16Bits).
+struct Bf16Bits {
+  uint16_t bits;
+};
+__device__ __forceinline__ float widen(Bf16Bits x) { return __uint_as_float(static_cast<uint32_t>(x.bits) << 16); }
+template <typename T>
+constexpr bool kIsBf16 = sizeof(T) == 2;
+// Row length of a K-contiguous tile [rows][32 + pad]: 16 bytes of pad (4 fp32, 8 bf16) put a
+// fragment's eight rows and four columns in different banks for either type.
+template <typename T>
+constexpr int pad_k() {
+  return kBK + 16 / static_cast<int>(sizeof(T));
+}
 
 // Shared memory of a block with kNW warp strips: two stages of an A and a B tile.
 __host__ __device__ constexpr int b_tile_floats(int kNW) {
@@ -35,17 +52,31 @@ __host__ __device__ constexpr int b_tile_floats(int kNW) {
 __host__ __device__ constexpr int smem_bytes(int kNW) { return 2 * (kTileA + b_tile_floats(kNW)) * 4; }
 
 // Copies the [rows × cols] slice at (r0, c0) of a matrix whose columns are contiguous (row stride
-// ld) into dst [rows][pitch], 4 columns per copy, kThreads threads; out-of-range pieces become
-// zeros. cols_total is a multiple of 4, so a piece is wholly inside or wholly outside.
-template <int kRows, int kCols, int kPitch, int kThreads>
-__device__ __forceinline__ void stage_slice(float* dst, const float* src, int64_t ld, int64_t r0, int64_t c0,
+// ld) into dst [rows][pitch], 16 bytes (kV elements) per copy, kThreads threads; out-of-range
+// pieces become zeros. cols_total is a multiple of kV, so a piece is wholly inside or outside.
+template <typename T, int kRows, int kCols, int kPitch, int kThreads>
+__device__ __forceinline__ void stage_slice(T* dst, const T* src, int64_t ld, int64_t r0, int64_t c0,
                                             int64_t rows_total, int64_t cols_total) {
-  constexpr int kPieces = kRows * (kCols / 4);
+  constexpr int kV = 16 / static_cast<int>(sizeof(T));
+  constexpr int kPieces = kRows * (kCols / kV);
   for (int p = threadIdx.x; p < kPieces; p += kThreads) {
-    const int r = p / (kCols / 4), c = 4 * (p % (kCols / 4));
+    const int r = p / (kCols / kV), c = kV * (p % (kCols / kV));
     const bool valid = r0 + r < rows_total && c0 + c < cols_total;
-    const float* s = valid ? src + (r0 + r) * ld + (c0 + c) : src;
-    cp_async16_zfill(dst + r * kPitch + c, s, valid);
+    const T* s = valid ? src + (r0 + r) * ld + (c0 + c) : src;
+    cp_async16_zfill(reinterpret_cast<float*>(dst + r * kPitch + c), reinterpret_cast<const float*>(s), valid);
+  }
+}
+
+// A staged element as the products take it: split in two TF32 parts; or one part, exact for bf16,
+// rounded to TF32 for fp32 beside a bf16 operand (kOnePart).
+template <bool kOnePart, typename T>
+__device__ __forceinline__ void split_operand(T x, uint32_t& big, uint32_t& small) {
+  if constexpr (kIsBf16<T>) {
+    big = __float_as_uint(widen(x));
+  } else if constexpr (kOnePart) {
+    big = round_tf32(x);
+  } else {
+    split_tf32(x, big, small);
   }
 }
 
@@ -55,9 +86,15 @@ __device__ __forceinline__ void stage_slice(float* dst, const float* src, int64_
 // version had with 4 blocks.
 __host__ __device__ constexpr int min_blocks(int kNW) { return (16 + 2 * kNW - 1) / (2 * kNW); }
 
-template <bool kAK, bool kBNc, int kNW>
+// TA, TB: the operands' element types (float or Bf16Bits); staged tiles keep the fp32 tiles'
+// offsets, a bf16 tile using half of its room.
+template <bool kAK, bool kBNc, int kNW, typename TA, typename TB>
 __global__ void __launch_bounds__(64 * kNW, min_blocks(kNW)) gemm_tf32x3_kernel(GemmTf32x3Args g) {
   constexpr int kThreads = 64 * kNW, kBN = 32 * kNW, kPadN = kBN + 8, kTileB = b_tile_floats(kNW);
+  constexpr int kPadKA = pad_k<TA>(), kPadKB = pad_k<TB>();
+  // Beside a bf16 operand the fp32 one is rounded to TF32 and each product is one mma: its 2⁻¹¹
+  // relative error is below the 2⁻⁹ the bf16 operand carries from its own rounding.
+  constexpr bool kOneProduct = kIsBf16<TA> || kIsBf16<TB>;
   extern __shared__ __align__(16) float smem[];
   float* a_s = smem;                 // [2][kTileA]
   float* b_s = smem + 2 * kTileA;    // [2][kTileB]
@@ -68,21 +105,21 @@ __global__ void __launch_bounds__(64 * kNW, min_blocks(kNW)) gemm_tf32x3_kernel(
   const int64_t k_steps = k1_steps + (g.K2 + kBK - 1) / kBK;
 
   auto stage = [&](int buf, int64_t ks) {
-    float* at = a_s + buf * kTileA;
-    float* bt = b_s + buf * kTileB;
+    TA* at = reinterpret_cast<TA*>(a_s + buf * kTileA);
+    TB* bt = reinterpret_cast<TB*>(b_s + buf * kTileB);
     const bool second = ks >= k1_steps;
-    const float* A = second ? g.a2.ptr + item * g.a2.batch : g.a.ptr + item * g.a.batch;
-    const float* B = second ? g.b2.ptr + item * g.b2.batch : g.b.ptr + item * g.b.batch;
+    const TA* A = static_cast<const TA*>(second ? g.a2.ptr : g.a.ptr) + item * (second ? g.a2.batch : g.a.batch);
+    const TB* B = static_cast<const TB*>(second ? g.b2.ptr : g.b.ptr) + item * (second ? g.b2.batch : g.b.batch);
     const int64_t K = second ? g.K2 : g.K, k0 = (second ? ks - k1_steps : ks) * kBK;
-    if (kAK) stage_slice<kBM, kBK, kPadK, kThreads>(at, A, second ? g.a2.row : g.a.row, m0, k0, g.M, K);
-    else stage_slice<kBK, kBM, kBM + 8, kThreads>(at, A, second ? g.a2.col : g.a.col, k0, m0, K, g.M);
-    if (kBNc) stage_slice<kBK, kBN, kPadN, kThreads>(bt, B, second ? g.b2.row : g.b.row, k0, n0, K, g.N);
-    else stage_slice<kBN, kBK, kPadK, kThreads>(bt, B, second ? g.b2.col : g.b.col, n0, k0, g.N, K);
+    if (kAK) stage_slice<TA, kBM, kBK, kPadKA, kThreads>(at, A, second ? g.a2.row : g.a.row, m0, k0, g.M, K);
+    else stage_slice<TA, kBK, kBM, kBM + 8, kThreads>(at, A, second ? g.a2.col : g.a.col, k0, m0, K, g.M);
+    if (kBNc) stage_slice<TB, kBK, kBN, kPadN, kThreads>(bt, B, second ? g.b2.row : g.b.row, k0, n0, K, g.N);
+    else stage_slice<TB, kBN, kBK, kPadKB, kThreads>(bt, B, second ? g.b2.col : g.b.col, n0, k0, g.N, K);
     cp_async_commit();
   };
   // Element (m, k) of the staged A tile and (k, n) of the staged B tile, tile-local indices.
-  auto a_at = [](const float* t, int m, int k) { return kAK ? t[m * kPadK + k] : t[k * (kBM + 8) + m]; };
-  auto b_at = [](const float* t, int k, int n) { return kBNc ? t[k * kPadN + n] : t[n * kPadK + k]; };
+  auto a_at = [](const TA* t, int m, int k) { return kAK ? t[m * kPadKA + k] : t[k * (kBM + 8) + m]; };
+  auto b_at = [](const TB* t, int k, int n) { return kBNc ? t[k * kPadN + n] : t[n * kPadKB + k]; };
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int grp = lane / 4, tig = lane % 4;                   // fragment row group, thread in group
@@ -99,32 +136,34 @@ __global__ void __launch_bounds__(64 * kNW, min_blocks(kNW)) gemm_tf32x3_kernel(
       cp_async_wait<0>();
     }
     __syncthreads();
-    const float* at = a_s + buf * kTileA;
-    const float* bt = b_s + buf * kTileB;
+    const TA* at = reinterpret_cast<const TA*>(a_s + buf * kTileA);
+    const TB* bt = reinterpret_cast<const TB*>(b_s + buf * kTileB);
 #pragma unroll
     for (int kk = 0; kk < kBK; kk += 8) {
       uint32_t a_big[2][4], a_small[2][4], b_big[4][2], b_small[4][2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int m = wm + 16 * i + grp;
-        split_tf32(a_at(at, m, kk + tig), a_big[i][0], a_small[i][0]);
-        split_tf32(a_at(at, m + 8, kk + tig), a_big[i][1], a_small[i][1]);
-        split_tf32(a_at(at, m, kk + tig + 4), a_big[i][2], a_small[i][2]);
-        split_tf32(a_at(at, m + 8, kk + tig + 4), a_big[i][3], a_small[i][3]);
+        split_operand<kOneProduct>(a_at(at, m, kk + tig), a_big[i][0], a_small[i][0]);
+        split_operand<kOneProduct>(a_at(at, m + 8, kk + tig), a_big[i][1], a_small[i][1]);
+        split_operand<kOneProduct>(a_at(at, m, kk + tig + 4), a_big[i][2], a_small[i][2]);
+        split_operand<kOneProduct>(a_at(at, m + 8, kk + tig + 4), a_big[i][3], a_small[i][3]);
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int n = wn + 8 * j + grp;
-        split_tf32(b_at(bt, kk + tig, n), b_big[j][0], b_small[j][0]);
-        split_tf32(b_at(bt, kk + tig + 4, n), b_big[j][1], b_small[j][1]);
+        split_operand<kOneProduct>(b_at(bt, kk + tig, n), b_big[j][0], b_small[j][0]);
+        split_operand<kOneProduct>(b_at(bt, kk + tig + 4, n), b_big[j][1], b_small[j][1]);
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           // The small terms first: they are added to the accumulator before the large one.
-          mma_tf32(acc[i][j], a_small[i], b_big[j]);
-          mma_tf32(acc[i][j], a_big[i], b_small[j]);
+          if constexpr (!kOneProduct) {
+            mma_tf32(acc[i][j], a_small[i], b_big[j]);
+            mma_tf32(acc[i][j], a_big[i], b_small[j]);
+          }
           mma_tf32(acc[i][j], a_big[i], b_big[j]);
         }
       }
@@ -154,19 +193,27 @@ __global__ void __launch_bounds__(64 * kNW, min_blocks(kNW)) gemm_tf32x3_kernel(
   }
 }
 
-template <bool kAK, bool kBNc, int kNW>
+template <bool kAK, bool kBNc, int kNW, typename TA = float, typename TB = float>
 int launch(const GemmTf32x3Args& args, cudaStream_t s) {
-  allow_dynamic_smem(reinterpret_cast<const void*>(gemm_tf32x3_kernel<kAK, kBNc, kNW>),
-                     static_cast<int>(smem_bytes(kNW)));
+  auto kernel = gemm_tf32x3_kernel<kAK, kBNc, kNW, TA, TB>;
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), static_cast<int>(smem_bytes(kNW)));
   const dim3 grid(static_cast<unsigned>(args.batch), static_cast<unsigned>((args.N + 32 * kNW - 1) / (32 * kNW)),
                   static_cast<unsigned>((args.M + kBM - 1) / kBM));
-  gemm_tf32x3_kernel<kAK, kBNc, kNW><<<grid, 64 * kNW, smem_bytes(kNW), s>>>(args);
+  kernel<<<grid, 64 * kNW, smem_bytes(kNW), s>>>(args);
   return static_cast<int>(cudaGetLastError());
 }
 
+// A bf16 operand comes with a K-contiguous A only (gemm_tf32x3_supports), which halves the
+// instantiations it adds.
 template <int kNW>
 int launch_layout(const GemmTf32x3Args& args, cudaStream_t s) {
   const bool a_k = args.a.col == 1, b_n = args.b.col == 1;
+  if (args.a.bf16) {
+    return b_n ? launch<true, true, kNW, Bf16Bits, float>(args, s) : launch<true, false, kNW, Bf16Bits, float>(args, s);
+  }
+  if (args.b.bf16) {
+    return b_n ? launch<true, true, kNW, float, Bf16Bits>(args, s) : launch<true, false, kNW, float, Bf16Bits>(args, s);
+  }
   if (a_k && b_n) return launch<true, true, kNW>(args, s);
   if (a_k) return launch<true, false, kNW>(args, s);
   if (b_n) return launch<false, true, kNW>(args, s);

@@ -15,23 +15,28 @@
 namespace kernels {
 
 // One operand as the product reads it: element (r, c) of batch i is at ptr[i·batch + r·row + c·col].
-// One of row/col must be 1 (the contiguous dimension).
+// One of row/col must be 1 (the contiguous dimension). Elements are fp32, or bf16 (bf16 = true:
+// raw bit patterns, widened to fp32 exactly). Beside a bf16 operand the fp32 one is rounded to
+// TF32 and each product is one mma: about 2⁻¹¹ relative error, below the 2⁻⁹ of the bf16
+// operand's own rounding. The delta rule keeps its chunk states and corrected values in bf16
+// under 16-bit training (model/gdr_scan.h).
 struct GemmOperand {
-  const float* ptr = nullptr;
+  const void* ptr = nullptr;
   int64_t batch = 0;  // elements between batch items (0: the same matrix for every item)
   int64_t row = 0;    // elements between rows
   int64_t col = 0;    // elements between columns
+  bool bf16 = false;
 };
 
-// out[i] = alpha · (a[i] b[i] + a2[i] b2[i]) + beta · out[i]: a [M, K], b [K, N], out [M, N] with
-// unit column stride; the second pair a2 [M, K2], b2 [K2, N] only when K2 > 0 (one pass over out
-// instead of a second product adding to it: the delta rule's O = s (P Vn + Qg h_in)). beta = 0
-// never reads out (it may be uninitialised).
+// out[i] = alpha · (a[i] b[i] + a2[i] b2[i]) + beta · out[i]: a [M, K], b [K, N], out [M, N] (fp32)
+// with unit column stride; the second pair a2 [M, K2], b2 [K2, N] only when K2 > 0 (one pass over
+// out instead of a second product adding to it: the delta rule's O = s (P Vn + Qg h_in)). beta = 0
+// never reads out (it may be uninitialised). One of a and b may be bf16, with a K-contiguous (a.col == 1).
 struct GemmTf32x3Args {
   int64_t batch = 0, M = 0, N = 0, K = 0;
   GemmOperand a, b;
   int64_t K2 = 0;
-  GemmOperand a2, b2;  // laid out as a and b are (a2.col == 1 exactly when a.col == 1; likewise b2)
+  GemmOperand a2, b2;  // laid out and typed as a and b are (a2.col == 1 exactly when a.col == 1; likewise b2)
   float* out = nullptr;
   int64_t out_batch = 0, out_row = 0;
   float alpha = 1.0f, beta = 0.0f;
@@ -56,21 +61,25 @@ inline int gemm_tf32x3_strips_for(int64_t N) {
 }
 
 // Whether the kernel takes these operands: each one has a unit-stride dimension whose extent is a
-// multiple of 4, its other strides and its pointer are 16-byte aligned, and the batch fits a grid.
-// Otherwise use the reference.
+// multiple of 16 bytes' elements (4 fp32, 8 bf16), its other strides and its pointer are 16-byte
+// aligned, and the batch fits a grid; one of A and B may be bf16, with A K-contiguous. Otherwise
+// use the reference.
 inline bool gemm_tf32x3_supports(const GemmTf32x3Args& args) {
   auto operand_ok = [](const GemmOperand& o, int64_t rows, int64_t cols) {
-    if (reinterpret_cast<uintptr_t>(o.ptr) % 16 != 0 || o.batch % 4 != 0) return false;
-    if (o.col == 1) return cols % 4 == 0 && o.row % 4 == 0;
-    if (o.row == 1) return rows % 4 == 0 && o.col % 4 == 0;
+    const int64_t v = o.bf16 ? 8 : 4;  // elements in 16 bytes
+    if (reinterpret_cast<uintptr_t>(o.ptr) % 16 != 0 || o.batch % v != 0) return false;
+    if (o.col == 1) return cols % v == 0 && o.row % v == 0;
+    if (o.row == 1) return rows % v == 0 && o.col % v == 0;
     return false;
   };
+  const bool types_ok = !(args.a.bf16 && args.b.bf16) && (!(args.a.bf16 || args.b.bf16) || args.a.col == 1);
   const bool second_ok = args.K2 == 0 || (args.K2 > 0 && operand_ok(args.a2, args.M, args.K2) &&
                                            operand_ok(args.b2, args.K2, args.N) && (args.a2.col == 1) == (args.a.col == 1) &&
-                                           (args.b2.col == 1) == (args.b.col == 1));
+                                           (args.b2.col == 1) == (args.b.col == 1) && args.a2.bf16 == args.a.bf16 &&
+                                           args.b2.bf16 == args.b.bf16);
   return args.batch >= 1 && args.batch < (int64_t{1} << 31) && args.M >= 1 && args.N >= 1 && args.K >= 1 &&
          args.M < (int64_t{1} << 20) && args.N < (int64_t{1} << 20) && operand_ok(args.a, args.M, args.K) &&
-         operand_ok(args.b, args.K, args.N) && second_ok && args.out != nullptr;
+         operand_ok(args.b, args.K, args.N) && types_ok && second_ok && args.out != nullptr;
 }
 
 #ifdef DD_HAVE_CUDA

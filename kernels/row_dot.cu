@@ -12,32 +12,43 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// kVec: the row length is a multiple of 4 and the rows are 16-byte aligned (float4 loads).
-template <bool kVec>
-__global__ void __launch_bounds__(kThreads) row_dot_kernel(float* out, const float* a, const float* b, int64_t n) {
+__device__ __forceinline__ float bf16_bits_to_float(uint32_t bits) { return __uint_as_float(bits << 16); }
+
+// Four consecutive elements of a as fp32 (index i counts groups of four).
+__device__ __forceinline__ float4 load4(const float* a, int64_t i) { return __ldg(reinterpret_cast<const float4*>(a) + i); }
+__device__ __forceinline__ float4 load4(const uint16_t* a, int64_t i) {
+  const uint2 w = __ldg(reinterpret_cast<const uint2*>(a) + i);
+  return make_float4(bf16_bits_to_float(w.x & 0xffffu), bf16_bits_to_float(w.x >> 16), bf16_bits_to_float(w.y & 0xffffu),
+                     bf16_bits_to_float(w.y >> 16));
+}
+__device__ __forceinline__ float load1(const float* a, int64_t i) { return __ldg(a + i); }
+__device__ __forceinline__ float load1(const uint16_t* a, int64_t i) { return bf16_bits_to_float(__ldg(a + i)); }
+
+// TA: a's elements, float or bf16 bits (uint16_t). kVec: the row length is a multiple of 4 and
+// the rows are aligned for 4-element loads.
+template <typename TA, bool kVec>
+__global__ void __launch_bounds__(kThreads) row_dot_kernel(float* out, const TA* a, const float* b, int64_t n) {
   const int64_t r = blockIdx.x;
-  const float* ar = a + r * n;
+  const TA* ar = a + r * n;
   const float* br = b + r * n;
   float acc = 0.f;
   if (kVec) {
-    const float4* a4 = reinterpret_cast<const float4*>(ar);
-    const float4* b4 = reinterpret_cast<const float4*>(br);
     // Two loads in flight per iteration, so a thread does not wait out each memory round trip.
     int64_t i = threadIdx.x;
     float acc2 = 0.f;
     for (; i + kThreads < n / 4; i += 2 * kThreads) {
-      const float4 x = __ldg(a4 + i), y = __ldg(b4 + i);
-      const float4 x2 = __ldg(a4 + i + kThreads), y2 = __ldg(b4 + i + kThreads);
+      const float4 x = load4(ar, i), y = load4(br, i);
+      const float4 x2 = load4(ar, i + kThreads), y2 = load4(br, i + kThreads);
       acc += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
       acc2 += x2.x * y2.x + x2.y * y2.y + x2.z * y2.z + x2.w * y2.w;
     }
     if (i < n / 4) {
-      const float4 x = __ldg(a4 + i), y = __ldg(b4 + i);
+      const float4 x = load4(ar, i), y = load4(br, i);
       acc += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
     }
     acc += acc2;
   } else {
-    for (int64_t i = threadIdx.x; i < n; i += kThreads) acc += __ldg(ar + i) * __ldg(br + i);
+    for (int64_t i = threadIdx.x; i < n; i += kThreads) acc += load1(ar, i) * load1(br, i);
   }
   for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   __shared__ float warp_sums[kThreads / 32];
@@ -52,17 +63,29 @@ __global__ void __launch_bounds__(kThreads) row_dot_kernel(float* out, const flo
 
 }  // namespace
 
-int row_dot_fp32(float* out, const float* a, const float* b, int64_t R, int64_t n, void* stream) {
+namespace {
+template <typename TA>
+int launch(float* out, const TA* a, const float* b, int64_t R, int64_t n, void* stream) {
   if (R < 0 || n < 0 || R > 0x7fffffff) return static_cast<int>(cudaErrorInvalidValue);
   if (R == 0) return 0;
-  const bool vec = n % 4 == 0 && reinterpret_cast<uintptr_t>(a) % 16 == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0;
+  const bool vec = n % 4 == 0 && reinterpret_cast<uintptr_t>(a) % (4 * sizeof(TA)) == 0 &&
+                   reinterpret_cast<uintptr_t>(b) % 16 == 0;
   auto st = static_cast<cudaStream_t>(stream);
   if (vec) {
-    row_dot_kernel<true><<<static_cast<unsigned>(R), kThreads, 0, st>>>(out, a, b, n);
+    row_dot_kernel<TA, true><<<static_cast<unsigned>(R), kThreads, 0, st>>>(out, a, b, n);
   } else {
-    row_dot_kernel<false><<<static_cast<unsigned>(R), kThreads, 0, st>>>(out, a, b, n);
+    row_dot_kernel<TA, false><<<static_cast<unsigned>(R), kThreads, 0, st>>>(out, a, b, n);
   }
   return static_cast<int>(cudaGetLastError());
+}
+}  // namespace
+
+int row_dot_fp32(float* out, const float* a, const float* b, int64_t R, int64_t n, void* stream) {
+  return launch(out, a, b, R, n, stream);
+}
+
+int row_dot_bf16_fp32(float* out, const uint16_t* a, const float* b, int64_t R, int64_t n, void* stream) {
+  return launch(out, a, b, R, n, stream);
 }
 
 }  // namespace kernels

@@ -13,6 +13,9 @@ namespace kernels {
 // a, b: R rows of n floats, row r at a + r · n (contiguous). out [R]. Returns the cudaError_t of
 // the launch (0 = success).
 int row_dot_fp32(float* out, const float* a, const float* b, int64_t R, int64_t n, void* stream);
+// The same with a in bf16 (raw bits, widened exactly): the delta rule's saved states under 16-bit
+// training (model/gdr_scan.h).
+int row_dot_bf16_fp32(float* out, const uint16_t* a, const float* b, int64_t R, int64_t n, void* stream);
 #endif
 
 }  // namespace kernels

@@ -16,18 +16,33 @@ namespace {
 std::atomic<bool> g_use_kernel{true};
 std::atomic<bool> g_wide_tiles{true};
 
+bool is_bf16(const torch::Tensor& x) { return x.scalar_type() == torch::kBFloat16; }
+
+// The operands' dtypes: both as the result's (fp32, or fp64 for the references' tests), or one of
+// them bf16 next to an fp32 one.
 void check_operands(const torch::Tensor& a, const torch::Tensor& b, const char* what) {
   TORCH_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(1), what,
               ": expected a [R, M, K] and b [R, K, N], got ", a.sizes(), " and ", b.sizes());
-  TORCH_CHECK(a.scalar_type() == b.scalar_type() && a.device() == b.device(), what,
-              ": a and b differ in dtype or device (", a.scalar_type(), " on ", a.device(), ", ", b.scalar_type(),
-              " on ", b.device(), ")");
+  const bool mixed = (is_bf16(a) && b.scalar_type() == torch::kFloat32) ||
+                     (is_bf16(b) && a.scalar_type() == torch::kFloat32);
+  TORCH_CHECK((a.scalar_type() == b.scalar_type() && !is_bf16(a)) || mixed, what,
+              ": expected a and b of one dtype, or one bf16 and one fp32, got ", a.scalar_type(), " and ",
+              b.scalar_type());
+  TORCH_CHECK(a.device() == b.device(), what, ": a and b are on different devices (", a.device(), ", ", b.device(),
+              ")");
 }
+
+// The dtype of the products' results: fp32 for a bf16 operand, else the operands' own.
+torch::ScalarType result_dtype(const torch::Tensor& a) { return is_bf16(a) ? torch::kFloat32 : a.scalar_type(); }
+
+// An operand as ATen's fp32 products take it (a bf16 one widened, exactly).
+torch::Tensor widened(const torch::Tensor& x) { return is_bf16(x) ? x.to(torch::kFloat32) : x; }
 
 #if defined(DD_HAVE_CUDA)
 kernels::GemmOperand operand(const torch::Tensor& x) {
   kernels::GemmOperand o;
-  o.ptr = x.data_ptr<float>();
+  o.ptr = x.data_ptr();
+  o.bf16 = is_bf16(x);
   // A batch of one has an arbitrary batch stride; 0 keeps the alignment check meaningful.
   o.batch = x.size(0) == 1 ? 0 : x.stride(0);
   o.row = x.stride(1);
@@ -38,10 +53,11 @@ kernels::GemmOperand operand(const torch::Tensor& x) {
   return o;
 }
 
-// The kernel's arguments when it takes this product (fp32 CUDA tensors, supported layouts).
+// The kernel's arguments when it takes this product (fp32 CUDA tensors, or one operand bf16;
+// supported layouts).
 bool kernel_args(const torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, double alpha, double beta,
                  kernels::GemmTf32x3Args& g) {
-  if (!g_use_kernel || !a.is_cuda() || a.scalar_type() != torch::kFloat32 || out.numel() == 0 || a.size(2) == 0)
+  if (!g_use_kernel || !a.is_cuda() || out.scalar_type() != torch::kFloat32 || out.numel() == 0 || a.size(2) == 0)
     return false;
   g.batch = a.size(0);
   g.M = a.size(1);
@@ -70,14 +86,15 @@ void bmm_fp32_wide_tiles(bool on) { g_wide_tiles = on; }
 
 torch::Tensor bmm_fp32_reference(const torch::Tensor& a, const torch::Tensor& b, double alpha) {
   check_operands(a, b, "bmm_fp32_reference");
-  if (alpha == 1.0) return torch::bmm(a, b);
-  return torch::baddbmm(torch::empty({a.size(0), a.size(1), b.size(2)}, a.options()), a, b, 0.0, alpha);
+  const auto aw = widened(a), bw = widened(b);
+  if (alpha == 1.0) return torch::bmm(aw, bw);
+  return torch::baddbmm(torch::empty({a.size(0), a.size(1), b.size(2)}, aw.options()), aw, bw, 0.0, alpha);
 }
 
 torch::Tensor bmm_fp32(const torch::Tensor& a, const torch::Tensor& b, double alpha) {
   check_operands(a, b, "bmm_fp32");
 #if defined(DD_HAVE_CUDA)
-  auto out = torch::empty({a.size(0), a.size(1), b.size(2)}, a.options());
+  auto out = torch::empty({a.size(0), a.size(1), b.size(2)}, a.options().dtype(result_dtype(a)));
   kernels::GemmTf32x3Args g;
   if (kernel_args(out, a, b, alpha, 0.0, g)) {
     launch(g, a);
@@ -92,11 +109,11 @@ torch::Tensor bmm_fp32_sum(const torch::Tensor& a, const torch::Tensor& b, const
   check_operands(a, b, "bmm_fp32_sum");
   check_operands(a2, b2, "bmm_fp32_sum (second pair)");
   TORCH_CHECK(a2.size(0) == a.size(0) && a2.size(1) == a.size(1) && b2.size(2) == b.size(2) &&
-                  a2.scalar_type() == a.scalar_type() && a2.device() == a.device(),
+                  result_dtype(a2) == result_dtype(a) && a2.device() == a.device(),
               "bmm_fp32_sum: the pairs' products differ: ", a.sizes(), " · ", b.sizes(), " and ", a2.sizes(), " · ",
               b2.sizes());
 #if defined(DD_HAVE_CUDA)
-  auto out = torch::empty({a.size(0), a.size(1), b.size(2)}, a.options());
+  auto out = torch::empty({a.size(0), a.size(1), b.size(2)}, a.options().dtype(result_dtype(a)));
   kernels::GemmTf32x3Args g;
   if (a2.size(2) > 0 && kernel_args(out, a, b, alpha, 0.0, g)) {
     g.K2 = a2.size(2);
@@ -116,9 +133,9 @@ torch::Tensor& bmm_fp32_accumulate(torch::Tensor& out, const torch::Tensor& a, c
                                    double beta) {
   check_operands(a, b, "bmm_fp32_accumulate");
   TORCH_CHECK(out.dim() == 3 && out.size(0) == a.size(0) && out.size(1) == a.size(1) && out.size(2) == b.size(2) &&
-                  out.is_contiguous() && out.scalar_type() == a.scalar_type(),
+                  out.is_contiguous() && out.scalar_type() == result_dtype(a),
               "bmm_fp32_accumulate: expected a contiguous out [", a.size(0), ", ", a.size(1), ", ", b.size(2),
-              "] of a's dtype, got ", out.sizes(), " ", out.scalar_type());
+              "] of dtype ", result_dtype(a), ", got ", out.sizes(), " ", out.scalar_type());
 #if defined(DD_HAVE_CUDA)
   kernels::GemmTf32x3Args g;
   if (kernel_args(out, a, b, alpha, beta, g)) {
@@ -126,26 +143,31 @@ torch::Tensor& bmm_fp32_accumulate(torch::Tensor& out, const torch::Tensor& a, c
     return out;
   }
 #endif
-  return out.baddbmm_(a, b, beta, alpha);
+  return out.baddbmm_(widened(a), widened(b), beta, alpha);
 }
 
 torch::Tensor row_dot_fp32_reference(const torch::Tensor& a, const torch::Tensor& b) {
-  TORCH_CHECK(a.dim() >= 1 && a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type(),
-              "row_dot_fp32: expected a and b of one shape [R, ...] and dtype, got ", a.sizes(), " ", a.scalar_type(),
-              " and ", b.sizes(), " ", b.scalar_type());
+  TORCH_CHECK(a.dim() >= 1 && a.sizes() == b.sizes() &&
+                  (a.scalar_type() == b.scalar_type() || (is_bf16(a) && b.scalar_type() == torch::kFloat32)),
+              "row_dot_fp32: expected a and b of one shape [R, ...] and dtype (or a bf16 and b fp32), got ", a.sizes(),
+              " ", a.scalar_type(), " and ", b.sizes(), " ", b.scalar_type());
   const int64_t R = a.size(0), n = R == 0 ? 0 : a.numel() / R;
-  return torch::bmm(a.reshape({R, 1, n}), b.reshape({R, n, 1})).view({R});
+  return torch::bmm(widened(a).reshape({R, 1, n}), b.reshape({R, n, 1})).view({R});
 }
 
 torch::Tensor row_dot_fp32(const torch::Tensor& a, const torch::Tensor& b) {
 #if defined(DD_HAVE_CUDA)
-  if (g_use_kernel && a.is_cuda() && a.scalar_type() == torch::kFloat32 && a.dim() >= 1 && a.sizes() == b.sizes() &&
+  const bool a_ok = a.scalar_type() == torch::kFloat32 || is_bf16(a);
+  if (g_use_kernel && a.is_cuda() && a_ok && a.dim() >= 1 && a.sizes() == b.sizes() &&
       b.scalar_type() == torch::kFloat32 && a.device() == b.device() && a.is_contiguous() && b.is_contiguous()) {
     const int64_t R = a.size(0), n = R == 0 ? 0 : a.numel() / R;
-    auto out = torch::empty({R}, a.options());
-    check_kernel_launch(kernels::row_dot_fp32(out.data_ptr<float>(), a.data_ptr<float>(), b.data_ptr<float>(), R, n,
-                                              stream_of(a)),
-                        "row dot product");
+    auto out = torch::empty({R}, b.options());
+    const int err = is_bf16(a) ? kernels::row_dot_bf16_fp32(out.data_ptr<float>(),
+                                                            reinterpret_cast<const uint16_t*>(a.data_ptr()),
+                                                            b.data_ptr<float>(), R, n, stream_of(a))
+                               : kernels::row_dot_fp32(out.data_ptr<float>(), a.data_ptr<float>(), b.data_ptr<float>(),
+                                                       R, n, stream_of(a));
+    check_kernel_launch(err, "row dot product");
     return out;
   }
 #endif

@@ -3,6 +3,10 @@
 // product, where an fp32 GEMM has 2⁻²⁴ and plain TF32 2⁻¹¹. Anywhere else, and for operand layouts
 // the kernel does not take, they are ATen's fp32 bmm/baddbmm, which is also the reference the
 // kernel is tested against. No autograd: the callers are hand-written backwards.
+// Operands are fp32, or bf16 (the delta rule's saved states under 16-bit training, model/gdr_scan.h):
+// at most one of each product's two operands, widened exactly, and the result is fp32. Beside a
+// bf16 operand the kernel takes the fp32 one at TF32 accuracy (2⁻¹¹, below the bf16 operand's own
+// 2⁻⁹ rounding; kernels/gemm_tf32x3.h); the ATen path computes in fp32.
 #pragma once
 
 #include <torch/types.h>
@@ -23,11 +27,11 @@ torch::Tensor bmm_fp32_sum(const torch::Tensor& a, const torch::Tensor& b, const
 torch::Tensor& bmm_fp32_accumulate(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, double alpha,
                                    double beta);
 
-// Per-row dot products of two fp32 batches of one shape [R, ...]: out [R] = Σ a[r] ⊙ b[r] over all
-// other dims, with no [R, ...] temporary. On a GPU one kernel (kernels/row_dot.h) for contiguous
-// operands; elsewhere, or with the kernel off, the reference below.
+// Per-row dot products of two batches of one shape [R, ...]: out [R] = Σ a[r] ⊙ b[r] over all other
+// dims, with no [R, ...] temporary; b fp32, a fp32 or bf16, out fp32. On a GPU one kernel
+// (kernels/row_dot.h) for contiguous operands; elsewhere, or with the kernel off, the reference below.
 torch::Tensor row_dot_fp32(const torch::Tensor& a, const torch::Tensor& b);
-// The same as one batched product [R, 1, n] · [R, n, 1] in ATen.
+// The same as one batched product [R, 1, n] · [R, n, 1] in ATen (in fp32).
 torch::Tensor row_dot_fp32_reference(const torch::Tensor& a, const torch::Tensor& b);
 
 // The plain ATen product (TF32 off is the process's setting), for tests and measurements.

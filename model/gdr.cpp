@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/gdr_chunk_core.h"
+#include "model/gdr_scan.h"
 #include "model/layers.h"
 
 namespace model {
@@ -116,6 +117,7 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
   const bool varlen = cu_seqlens.defined();
   GdrChunkLayout layout = gdr_chunk_layout(B, T, H, C, cu_seqlens, q.device());
   layout.scan.tf32_products = tf32_scan;
+  layout.scan.bf16_states = tf32_scan && gdr_bf16_states();
   const int64_t n_seq = layout.scan.n_docs;
   torch::Tensor h0s;  // [n_docs·H, dk, dv] in sorted document order
   if (h0.defined()) {

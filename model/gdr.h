@@ -42,7 +42,9 @@ GdrOutput gdr_forward_ref(const torch::Tensor& q, const torch::Tensor& k, const 
 // The chunkwise WY/UT form with chunk size `chunk`: all intra-chunk work batched over every chunk
 // of every document and head, then one sequential scan over chunk index for the state. Chunks never
 // straddle documents. Differentiable through autograd (saves the per-chunk entry states).
-// tf32_scan: the state scan's kernel takes its products in plain TF32 (GdrScanPlan::tf32_products).
+// tf32_scan: the state scan's kernel takes its products in plain TF32 (GdrScanPlan::tf32_products)
+// and, on a GPU, keeps the chunk states and corrected values it saves in bf16 (bf16_states, unless
+// switched off by gdr_bf16_states).
 // o_as_rows: return o_rows and o_row instead of o, saving the copy into token order (and its
 // gradient's copy back) for a consumer that reads rows by index.
 GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

@@ -524,7 +524,8 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     const Ctx c = make_ctx(l, q, v, h0);
     const ForwardFront f = forward_front(c, q, k, v, beta, g);
     const auto scan = gdr_scan(rows(f.W), rows(f.U), rows(f.Kd), f.decay.reshape({-1}), h0, l.scan);
-    // O = s (P Vn + Qg h_in), both products in one pass over O.
+    // O = s (P Vn + Qg h_in), both products in one pass over O. h_in and v_new are bf16 under the
+    // plan's bf16_states (TF32 products on a GPU); the products here and in the backward read them so.
     auto O = bmm_fp32_sum(rows(f.P), scan.v_new, rows(f.Qg), scan.h_in, scale);
     ctx->save_for_backward({q, k, v, beta, g, f.Tm, f.W, scan.h_in, scan.v_new});
     auto& sd = ctx->saved_data;

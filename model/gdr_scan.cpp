@@ -25,9 +25,12 @@ namespace {
 std::atomic<bool> g_use_kernel{true};
 std::atomic<int> g_variant{kernels::kGdrScanAuto};
 std::atomic<int64_t> g_split_launches{0}, g_tf32_launches{0};  // gdr_scan_launch_counts
+std::atomic<bool> g_bf16_states{true};
 }  // namespace
 
 void gdr_scan_use_kernel(bool on) { g_use_kernel = on; }
+void gdr_bf16_states(bool on) { g_bf16_states = on; }
+bool gdr_bf16_states() { return g_bf16_states; }
 void gdr_scan_variant(int variant) { g_variant = variant; }
 
 GdrScanLaunchCounts gdr_scan_launch_counts() { return {g_split_launches.load(), g_tf32_launches.load()}; }
@@ -129,15 +132,13 @@ DevicePlan device_plan(const GdrScanPlan& p, const torch::Device& dev) {
 
 const float* ptr_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
 
-// One launch of the scan (either direction). Returns {out_state, out_y, final}.
+// One launch of the scan (either direction). Returns {out_state, out_y, final}; out_state and out_y
+// in bf16 when bf16_outputs is asked for and the kernel takes it (kernels::gdr_scan_takes_bf16_outputs).
 std::vector<torch::Tensor> run_scan(const torch::Tensor& A, const torch::Tensor& P, const torch::Tensor& Q,
                                     const torch::Tensor& decay, const torch::Tensor& E, const torch::Tensor& init,
                                     const DevicePlan& dp, int64_t n_docs, int64_t H, float sign_p, float sign_q,
-                                    bool reverse, bool tf32_products) {
+                                    bool reverse, bool tf32_products, bool bf16_outputs = false) {
   const int64_t R = A.size(0), C = A.size(1), dv = A.size(2), dk = P.size(2);
-  auto out_state = torch::empty({R, dk, dv}, A.options());
-  auto out_y = torch::empty({R, C, dv}, A.options());
-  auto fin = torch::empty({n_docs * H, dk, dv}, A.options());
   kernels::GdrScanArgs a;
   a.A = A.data_ptr<float>();
   a.P = P.data_ptr<float>();
@@ -145,9 +146,6 @@ std::vector<torch::Tensor> run_scan(const torch::Tensor& A, const torch::Tensor&
   a.decay = decay.data_ptr<float>();
   a.E = ptr_or_null(E);
   a.init = ptr_or_null(init);
-  a.out_state = out_state.data_ptr<float>();
-  a.out_y = out_y.data_ptr<float>();
-  a.final_state = fin.data_ptr<float>();
   a.step_off = dp.step_off.data_ptr<int32_t>();
   a.n_chunks = dp.n_chunks.data_ptr<int32_t>();
   a.sign_p = sign_p;
@@ -160,6 +158,19 @@ std::vector<torch::Tensor> run_scan(const torch::Tensor& A, const torch::Tensor&
   a.C = C;
   a.dk = dk;
   a.dv = dv;
+  const bool bf16 = bf16_outputs && kernels::gdr_scan_takes_bf16_outputs(a);
+  const auto out_opt = A.options().dtype(bf16 ? torch::kBFloat16 : torch::kFloat32);
+  auto out_state = torch::empty({R, dk, dv}, out_opt);
+  auto out_y = torch::empty({R, C, dv}, out_opt);
+  auto fin = torch::empty({n_docs * H, dk, dv}, A.options());
+  if (bf16) {
+    a.out_state_bf16 = reinterpret_cast<uint16_t*>(out_state.data_ptr());
+    a.out_y_bf16 = reinterpret_cast<uint16_t*>(out_y.data_ptr());
+  } else {
+    a.out_state = out_state.data_ptr<float>();
+    a.out_y = out_y.data_ptr<float>();
+  }
+  a.final_state = fin.data_ptr<float>();
   check_kernel_launch(kernels::gdr_scan(a, c10::cuda::getCurrentCUDAStream(A.device().index()).stream()),
                       "gated delta rule scan");
   ++(tf32_products ? g_tf32_launches : g_split_launches);
@@ -177,7 +188,7 @@ class GdrScanFn : public torch::autograd::Function<GdrScanFn> {
     auto dp = device_plan(plan, W.device());
     auto Wc = W.contiguous(), Uc = U.contiguous(), Kc = Kd.contiguous(), dc = decay.contiguous();
     auto outs = run_scan(Uc, Wc, Kc, dc, {}, h0.contiguous(), dp, plan.n_docs, plan.heads, -1.f, 1.f, false,
-                         plan.tf32_products);
+                         plan.tf32_products, plan.tf32_products && plan.bf16_states);
     ctx->save_for_backward({Wc, Kc, dc, outs[0], outs[1]});
     ctx->saved_data["step_off"] = dp.step_off;
     ctx->saved_data["n_chunks"] = dp.n_chunks;
@@ -189,7 +200,8 @@ class GdrScanFn : public torch::autograd::Function<GdrScanFn> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto &W = saved[0], &Kd = saved[1], &decay = saved[2], &h_in = saved[3], &v_new = saved[4];
+    const auto &W = saved[0], &Kd = saved[1], &decay = saved[2];
+    const auto h_in = saved[3].to(torch::kFloat32), v_new = saved[4].to(torch::kFloat32);  // bf16 under bf16_states
     DevicePlan dp{ctx->saved_data["step_off"].toTensor(), ctx->saved_data["n_chunks"].toTensor()};
     const int64_t n_docs = ctx->saved_data["n_docs"].toInt(), H = ctx->saved_data["heads"].toInt();
     auto d_vnew = grads[1].defined() ? grads[1].contiguous() : torch::zeros_like(v_new);

@@ -25,18 +25,24 @@ struct GdrScanPlan {
   // cuBLAS with TF32 allowed) instead of split TF32 (close to fp32): a faster scan for training in
   // bf16 or fp8 (kernels::GdrScanArgs::tf32x3). The ATen loop computes in fp32 either way.
   bool tf32_products = false;
+  // With tf32_products, the kernel's h_in and v_new rounded to bf16 (the running state stays fp32,
+  // h_final too): half the bytes the scan writes, the output products read and the backward keeps
+  // and reads. Their consumers take bf16 operands (model/bmm_fp32.h). Only where the forward runs
+  // on the tensor-core kernel (kernels::gdr_scan_takes_bf16_outputs); fp32 elsewhere.
+  bool bf16_states = false;
 };
 
 struct GdrScanResult {
-  torch::Tensor h_in;     // [R, dk, dv]: the state each chunk starts from
-  torch::Tensor v_new;    // [R, C, dv]
+  torch::Tensor h_in;     // [R, dk, dv]: the state each chunk starts from (fp32, or bf16: bf16_states)
+  torch::Tensor v_new;    // [R, C, dv] (likewise)
   torch::Tensor h_final;  // [n_docs · H, dk, dv] in sorted document order
 };
 
 // W, Kd [R, C, dk], U [R, C, dv], decay [R], h0 [n_docs · H, dk, dv]; one dtype throughout.
 GdrScanResult gdr_scan_reference(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& Kd,
                                  const torch::Tensor& decay, const torch::Tensor& h0, const GdrScanPlan& plan);
-// Same result; through the kernel for fp32 CUDA tensors of sizes it takes (unless switched off).
+// Same result; through the kernel for fp32 CUDA tensors of sizes it takes (unless switched off),
+// with h_in and v_new in bf16 where the plan asks for bf16_states and the kernel takes them.
 GdrScanResult gdr_scan(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& Kd,
                        const torch::Tensor& decay, const torch::Tensor& h0, const GdrScanPlan& plan);
 
@@ -61,6 +67,12 @@ GdrScanGrads gdr_scan_backward(const torch::Tensor& W, const torch::Tensor& Kd, 
 
 // Process-wide switch for benchmarks that time the kernel against the ATen loop (default on).
 void gdr_scan_use_kernel(bool on);
+
+// Process-wide switch (default on), for benchmarks and tests: whether the chunked rule asks for
+// bf16_states when its scan runs with TF32 products (model.gdn_scan_precision tf32, or auto under
+// 16-bit training); off keeps h_in and v_new in fp32.
+void gdr_bf16_states(bool on);
+bool gdr_bf16_states();
 
 // How many scan kernels this process has launched asking for each product mode (both directions;
 // the FMA variants compute in fp32 whatever is asked), so a test or a benchmark can see which mode

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "kernels/gemm_tf32x3.h"
@@ -165,5 +166,110 @@ TEST(BmmFp32Cuda, RowDotMatchesFp64Sums) {
     std::printf("[row_dot] shape %s%s: kernel %.1e, ATen %.1e (of sum |a b| per row)\n",
                 c10::str(c.shape).c_str(), c.offset ? " misaligned" : "", err, err_ref);
     EXPECT_LT(err, 1e-5);
+  }
+}
+
+namespace {
+
+// x rounded to TF32 as the tensor cores' conversion does (cvt.rna: nearest, ties away from zero):
+// the low 13 mantissa bits dropped after adding half of them.
+torch::Tensor round_tf32(const torch::Tensor& x) {
+  auto bits = x.contiguous().view(torch::kInt32);
+  return (bits + 0x1000).bitwise_and(~0x1FFF).view(torch::kFloat32).view(x.sizes());
+}
+
+}  // namespace
+
+// One operand in bf16 (the delta rule's saved states under 16-bit training): the kernel stages it
+// as bf16 and widens it exactly, and takes the fp32 operand beside it rounded to TF32, one mma per
+// product. So against an fp64 product of the widened bf16 values and the TF32-rounded fp32 ones
+// only fp32 accumulation remains (5e-6, as above); against the exact product the TF32 rounding
+// shows (2⁻¹¹ per element; 1e-3 of the largest output). bf16 A with either B layout, fp32 A with a
+// bf16 B in either layout, the one-pass sum with both B operands bf16; the layouts the kernel
+// refuses (a bf16 operand beside an M-contiguous A, two bf16 operands) fall back or throw.
+TEST(BmmFp32Cuda, Bf16OperandsMatchFp64) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 4245);
+  struct Case {
+    int64_t R, M, N, K;
+  };
+  // The delta rule's products against its states (C 64, dk and dv 128; hybrid base's dk 96, dv
+  // 192), and partial tiles in M, N and K with extents that are multiples of 8.
+  const Case cases[] = {{16, 64, 128, 128}, {6, 64, 96, 192}, {4, 64, 192, 96}, {3, 40, 24, 72}, {2, 64, 64, 128}};
+  const auto f64 = [](const torch::Tensor& x) { return x.to(torch::kFloat64); };
+  double worst = 0, worst_exact = 0;
+  for (const Case& c : cases) {
+    for (int layout = 0; layout < 4; ++layout) {
+      const bool b_t = layout & 1, a_is_bf16 = layout & 2;
+      auto a = make_operand(c.R, c.M, c.K, false), b = make_operand(c.R, c.K, c.N, b_t);
+      if (a_is_bf16) a = a.to(torch::kBFloat16);
+      else b = b.to(torch::kBFloat16);
+      const auto as_taken = [](const torch::Tensor& x) { return x.scalar_type() == torch::kFloat32 ? round_tf32(x) : x; };
+      auto ref = torch::bmm(f64(as_taken(a)), f64(as_taken(b)));
+      auto exact = torch::bmm(f64(a), f64(b));
+      auto got = model::bmm_fp32(a, b, 1.0);
+      ASSERT_EQ(got.scalar_type(), torch::kFloat32);
+      const double err = max_rel(got, ref), err_exact = max_rel(got, exact);
+      worst = std::max(worst, err);
+      worst_exact = std::max(worst_exact, err_exact);
+      const std::string what = "R=" + std::to_string(c.R) + " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) +
+                               " K=" + std::to_string(c.K) + " b_t=" + std::to_string(b_t) + " bf16 " +
+                               (a_is_bf16 ? "a" : "b");
+      EXPECT_LT(err, 5e-6) << what;
+      EXPECT_LT(err_exact, 1e-3) << what;
+      auto out0 = torch::randn({c.R, c.M, c.N}, a.options().dtype(torch::kFloat32));
+      auto out = out0.clone();
+      model::bmm_fp32_accumulate(out, a, b, -0.5, 2.0);
+      EXPECT_LT(max_rel(out, ref * -0.5 + 2.0 * f64(out0)), 5e-6) << what;
+    }
+    // O = s (P Vn + Qg h_in) with Vn and h_in in bf16.
+    auto P = make_operand(c.R, c.M, c.K, false), Qg = make_operand(c.R, c.M, c.N, false);
+    auto Vn = make_operand(c.R, c.K, c.N, false).to(torch::kBFloat16);
+    auto h = make_operand(c.R, c.N, c.N, false).to(torch::kBFloat16);
+    auto ref = (torch::bmm(f64(round_tf32(P)), f64(Vn)) + torch::bmm(f64(round_tf32(Qg)), f64(h))) * 0.125;
+    EXPECT_LT(max_rel(model::bmm_fp32_sum(P, Vn, Qg, h, 0.125), ref), 5e-6) << "sum, R=" << c.R;
+  }
+  // The kernel takes the delta rule's bf16 operands (not the fallback) and refuses the rest.
+  auto P = make_operand(8, 64, 64, false), Vn = make_operand(8, 64, 128, false).to(torch::kBFloat16);
+  auto out = torch::empty({8, 64, 128}, P.options());
+  kernels::GemmTf32x3Args g;
+  g.batch = 8, g.M = 64, g.N = 128, g.K = 64;
+  g.a = {P.data_ptr<float>(), 64 * 64, 64, 1};
+  g.b = {Vn.data_ptr(), 64 * 128, 128, 1, true};
+  g.out = out.data_ptr<float>();
+  g.out_batch = 64 * 128, g.out_row = 128;
+  EXPECT_TRUE(kernels::gemm_tf32x3_supports(g));
+  g.b.row = 132;  // 132 bf16 = 264 bytes: not 16-byte aligned rows
+  EXPECT_FALSE(kernels::gemm_tf32x3_supports(g));
+  g.b.row = 128;
+  g.a.bf16 = true;  // two bf16 operands
+  EXPECT_FALSE(kernels::gemm_tf32x3_supports(g));
+  g.a = {P.data_ptr<float>(), 64 * 64, 1, 64};  // M-contiguous A beside a bf16 B
+  EXPECT_FALSE(kernels::gemm_tf32x3_supports(g));
+  // The fallback (ATen, fp32) for an M-contiguous A beside a bf16 B, and two bf16 operands refused.
+  auto At = make_operand(4, 64, 64, true);
+  auto Bb = make_operand(4, 64, 32, false).to(torch::kBFloat16);
+  EXPECT_LT(max_rel(model::bmm_fp32(At, Bb), torch::bmm(f64(At), f64(Bb))), 5e-6);
+  EXPECT_THROW(model::bmm_fp32(At.to(torch::kBFloat16), Bb), c10::Error);
+  std::printf("bmm with a bf16 operand vs fp64: worst %.2e against the TF32-rounded operands, %.2e against the exact ones\n",
+              worst, worst_exact);
+}
+
+// The delta rule's decay gradient with its states in bf16: a bf16, b fp32, against fp64 sums of
+// the same (widened) values, on the vector and the scalar path.
+TEST(BmmFp32Cuda, RowDotWithBf16RowsMatchesFp64Sums) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 32);
+  auto opt = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{300, 128, 128}, {77, 96, 192}, {33, 1001}, {5, 3}}) {
+    auto a = torch::randn(shape, opt).to(torch::kBFloat16), b = torch::randn(shape, opt);
+    const auto got = model::row_dot_fp32(a, b);
+    ASSERT_EQ(got.scalar_type(), torch::kFloat32);
+    const int64_t R = shape[0];
+    auto a64 = a.to(torch::kCPU, torch::kFloat64).reshape({R, -1}), b64 = b.to(torch::kCPU, torch::kFloat64).reshape({R, -1});
+    auto want = (a64 * b64).sum(1), scale = (a64 * b64).abs().sum(1);
+    const double err = ((got.to(torch::kCPU, torch::kFloat64) - want).abs() / scale).max().item<double>();
+    std::printf("[row_dot] bf16 rows %s: kernel %.1e (of sum |a b| per row)\n", c10::str(shape).c_str(), err);
+    EXPECT_LT(err, 1e-5) << c10::str(shape);
   }
 }

@@ -148,7 +148,10 @@ TEST(GdrScanCuda, KernelMatchesReferenceForwardAndBackward) {
 // in fp64 on the CPU, ragged documents and a given initial state: the kernel is wired in right.
 // Both scan products: split TF32 within 1e-5; plain TF32 (model.gdn_scan_precision = "tf32")
 // within 3e-3, below bf16's rounding of the inputs it is meant for (2⁻⁸ = 3.9e-3), and measurably
-// less exact than split TF32 (at least 10×), so the mode is known to have taken effect.
+// less exact than split TF32 (at least 10×), so the mode is known to have taken effect; plain TF32
+// with the saved states in bf16 (how 16-bit training runs it) within 6e-3, bf16's rounding (2⁻⁸ =
+// 3.9e-3 at most per element) grown through the products those values feed (measured: o 1.8e-3,
+// worst gradient 2.2e-3).
 TEST(GdrScanCuda, ChunkedRuleWithKernelMatchesStepByStep) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 911);
@@ -187,23 +190,80 @@ TEST(GdrScanCuda, ChunkedRuleWithKernelMatchesStepByStep) {
   };
   const auto want = grads_of(false, false);
   const char* names[] = {"o", "h", "dq", "dk", "dv", "dbeta", "dg", "dh0"};
-  double worst_of[2] = {0, 0};
-  for (const bool tf32 : {false, true}) {
-    const auto got = grads_of(true, tf32);
-    const double tol = tf32 ? 3e-3 : 1e-5;
+  // Split TF32; plain TF32 with fp32 saved states; plain TF32 with the states and corrected values
+  // saved in bf16 (the default under 16-bit training, GdrScanPlan::bf16_states), which adds bf16's
+  // rounding (2⁻⁹ relative per element) to what those values feed: o and every gradient but h's.
+  struct Mode {
+    const char* name;
+    bool tf32, bf16_states;
+    double tol;
+  };
+  const Mode modes[] = {{"split-tf32", false, false, 1e-5}, {"tf32", true, false, 3e-3}, {"tf32, bf16 states", true, true, 6e-3}};
+  double worst_of[3] = {0, 0, 0};
+  for (int m = 0; m < 3; ++m) {
+    const Mode& mode = modes[m];
+    model::gdr_bf16_states(mode.bf16_states);
+    const auto got = grads_of(true, mode.tf32);
     double worst = 0, worst_grad = 0;
     for (size_t i = 0; i < want.size(); ++i) {
       const double e = rel_norm_diff(got[i], want[i]);
       worst = std::max(worst, e);
       if (i >= 2) worst_grad = std::max(worst_grad, e);
-      EXPECT_LT(e, tol) << names[i] << (tf32 ? " (tf32 scan)" : " (split-tf32 scan)");
+      EXPECT_LT(e, mode.tol) << names[i] << " (" << mode.name << " scan)";
     }
-    worst_of[tf32 ? 1 : 0] = worst;
+    worst_of[m] = worst;
     std::printf("[gdr_scan] chunked (GPU fp32, %s scan) vs step-by-step (CPU fp64): o %.1e h %.1e, worst gradient %.1e\n",
-                tf32 ? "tf32" : "split-tf32", rel_norm_diff(got[0], want[0]), rel_norm_diff(got[1], want[1]),
-                worst_grad);
+                mode.name, rel_norm_diff(got[0], want[0]), rel_norm_diff(got[1], want[1]), worst_grad);
   }
+  model::gdr_bf16_states(true);
   EXPECT_GT(worst_of[1], 10 * worst_of[0]) << "the tf32 scan should be measurably less exact than split TF32";
+}
+
+// The scan's bf16 outputs (GdrScanPlan::bf16_states) are its fp32 outputs rounded to bf16, bit for
+// bit: the same kernel with the same arithmetic, rounding only as it stores h_in and v_new (the
+// running state, and so h_final, stay fp32 and equal). Dense and ragged plans at the model's head
+// sizes, in every tensor-core block width; where a variant runs an FMA kernel, or the products
+// are split TF32, the outputs stay fp32.
+TEST(GdrScanCuda, Bf16StatesAreTheFp32StatesRounded) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 915);
+  const Case cases[] = {{{4, 4}, 3, 64, 128, 128}, {{9, 1, 3, 3, 2}, 2, 64, 96, 192}, {{3, 2}, 2, 64, 128, 256},
+                        {{3, 6, 1}, 2, 32, 80, 40}};
+  for (const int variant : {kernels::kGdrScanAuto, kernels::kGdrScanTensorCores32, kernels::kGdrScanTensorCores64,
+                            kernels::kGdrScanTensorCores96, kernels::kGdrScanTensorCores128, kernels::kGdrScanSimt16}) {
+    model::gdr_scan_variant(variant);
+    for (const Case& c : cases) {
+      int64_t N = 0;
+      auto plan = make_plan(c.chunk_counts, c.H, N);
+      const int64_t R = N * c.H, S = plan.n_docs * c.H;
+      auto opt = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+      auto W = torch::randn({R, c.C, c.dk}, opt) / std::sqrt(static_cast<double>(c.dk));
+      auto U = torch::randn({R, c.C, c.dv}, opt);
+      auto K = torch::randn({R, c.C, c.dk}, opt) / std::sqrt(static_cast<double>(c.dk));
+      auto d = torch::rand({R}, opt) * 0.5 + 0.5;
+      auto h0 = torch::randn({S, c.dk, c.dv}, opt);
+      plan.tf32_products = true;
+      plan.bf16_states = false;
+      const auto f32 = model::gdr_scan(W, U, K, d, h0, plan);
+      plan.bf16_states = true;
+      const auto b16 = model::gdr_scan(W, U, K, d, h0, plan);
+      const std::string what = describe(c) + ", variant " + std::to_string(variant);
+      ASSERT_EQ(f32.h_in.scalar_type(), torch::kFloat32) << what;
+      if (variant == kernels::kGdrScanSimt16) {
+        EXPECT_EQ(b16.h_in.scalar_type(), torch::kFloat32) << what << ": the FMA kernel writes fp32";
+        continue;
+      }
+      ASSERT_EQ(b16.h_in.scalar_type(), torch::kBFloat16) << what;
+      ASSERT_EQ(b16.v_new.scalar_type(), torch::kBFloat16) << what;
+      EXPECT_TRUE(torch::equal(b16.h_in, f32.h_in.to(torch::kBFloat16))) << what << ": h_in";
+      EXPECT_TRUE(torch::equal(b16.v_new, f32.v_new.to(torch::kBFloat16))) << what << ": v_new";
+      EXPECT_TRUE(torch::equal(b16.h_final, f32.h_final)) << what << ": h_final";
+      // Split TF32 products keep fp32 outputs.
+      plan.tf32_products = false;
+      EXPECT_EQ(model::gdr_scan(W, U, K, d, h0, plan).h_in.scalar_type(), torch::kFloat32) << what;
+    }
+  }
+  model::gdr_scan_variant(kernels::kGdrScanAuto);
 }
 
 // The solve's matrices as the delta rule builds them: A = β (K Kᵀ) ⊙ decay with unit-norm keys,

@@ -1,0 +1,96 @@
+// The batched fp32 products' host side (model/bmm_fp32.h): operands with one of them in bf16, as
+// the delta rule's saved states are under 16-bit training, on the ATen path every machine runs
+// (the GPU kernel against fp64 is in test_bmm_fp32_cuda.cpp), and the kernel's rules for which
+// bf16 operands it takes (kernels::gemm_tf32x3_supports, pure host arithmetic).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdint>
+
+#include "kernels/gemm_tf32x3.h"
+#include "model/bmm_fp32.h"
+
+namespace {
+
+torch::Tensor f64(const torch::Tensor& x) { return x.to(torch::kFloat64); }
+
+}  // namespace
+
+// A bf16 operand is widened exactly, so the fp32 result equals the fp32 product of the widened
+// values; the result is fp32 whichever operand is bf16.
+TEST(BmmFp32, Bf16OperandIsWidenedExactly) {
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 4246);
+  auto a = torch::randn({3, 5, 8}), b = torch::randn({3, 8, 6});
+  auto ab = a.to(torch::kBFloat16), bb = b.to(torch::kBFloat16);
+  const auto wa = ab.to(torch::kFloat32), wb = bb.to(torch::kFloat32);
+  auto r1 = model::bmm_fp32(ab, b, 0.5);
+  ASSERT_EQ(r1.scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(torch::allclose(r1, torch::bmm(wa, b) * 0.5, 1e-6, 1e-6));
+  auto r2 = model::bmm_fp32(a, bb.transpose(1, 2).contiguous().transpose(1, 2));
+  ASSERT_EQ(r2.scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(torch::allclose(r2, torch::bmm(a, wb), 1e-6, 1e-6));
+  // The one-pass sum with both right operands in bf16, and accumulating into an fp32 out.
+  auto a2 = torch::randn({3, 5, 4}), b2 = torch::randn({3, 4, 6}).to(torch::kBFloat16);
+  auto sum = model::bmm_fp32_sum(a, bb, a2, b2, 2.0);
+  EXPECT_TRUE(torch::allclose(sum, (torch::bmm(a, wb) + torch::bmm(a2, b2.to(torch::kFloat32))) * 2.0, 1e-5, 1e-5));
+  auto out = torch::randn({3, 5, 6});
+  const auto want = torch::bmm(wa, b) * -1.0 + out * 0.25;
+  model::bmm_fp32_accumulate(out, ab, b, -1.0, 0.25);
+  EXPECT_TRUE(torch::allclose(out, want, 1e-5, 1e-5));
+  // The row dot products with bf16 rows.
+  auto x = torch::randn({4, 3, 7}).to(torch::kBFloat16), y = torch::randn({4, 3, 7});
+  auto dots = model::row_dot_fp32(x, y);
+  ASSERT_EQ(dots.scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(torch::allclose(f64(dots), (f64(x) * f64(y)).sum({1, 2}), 1e-5, 1e-5));
+}
+
+TEST(BmmFp32, MismatchedOperandTypesAreRefusedByName) {
+  auto a = torch::randn({2, 4, 4}), b = torch::randn({2, 4, 4});
+  // Two bf16 operands, bf16 beside fp64, fp32 beside fp64: each refused, naming the dtypes.
+  try {
+    model::bmm_fp32(a.to(torch::kBFloat16), b.to(torch::kBFloat16));
+    ADD_FAILURE() << "two bf16 operands were taken";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("one bf16 and one fp32"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(model::bmm_fp32(a.to(torch::kBFloat16), b.to(torch::kFloat64)), c10::Error);
+  EXPECT_THROW(model::bmm_fp32(a, b.to(torch::kFloat64)), c10::Error);
+  auto out_bf16 = torch::zeros({2, 4, 4}, torch::kBFloat16);
+  EXPECT_THROW(model::bmm_fp32_accumulate(out_bf16, a.to(torch::kBFloat16), b, 1.0, 0.0), c10::Error);
+}
+
+// Which bf16 operands the kernel takes: one of A and B, with A K-contiguous, and 16-byte aligned
+// pieces (8 bf16 elements) along the contiguous dimension.
+TEST(BmmFp32, KernelTakesOneBf16OperandBesideAKContiguousA) {
+  const void* aligned = reinterpret_cast<const void*>(uintptr_t{4096});
+  kernels::GemmTf32x3Args g;
+  g.batch = 8, g.M = 64, g.N = 128, g.K = 64;
+  g.a = {aligned, 64 * 64, 64, 1};
+  g.b = {aligned, 64 * 128, 128, 1, true};
+  g.out = reinterpret_cast<float*>(uintptr_t{8192});
+  g.out_batch = 64 * 128, g.out_row = 128;
+  EXPECT_TRUE(kernels::gemm_tf32x3_supports(g));
+  g.b = {aligned, 64 * 128, 1, 64, true};  // K-contiguous bf16 B
+  EXPECT_TRUE(kernels::gemm_tf32x3_supports(g));
+  g.b.col = 68;  // rows of 68 bf16 (136 bytes) are not 16-byte aligned, though 68 fp32 would be
+  EXPECT_FALSE(kernels::gemm_tf32x3_supports(g));
+  g.b.bf16 = false;
+  EXPECT_TRUE(kernels::gemm_tf32x3_supports(g));
+  g.b = {aligned, 64 * 128, 128, 1};
+  g.a = {aligned, 64 * 64, 64, 1, true};  // bf16 A, fp32 B
+  EXPECT_TRUE(kernels::gemm_tf32x3_supports(g));
+  g.b.bf16 = true;  // both bf16
+  EXPECT_FALSE(kernels::gemm_tf32x3_supports(g));
+  g.b.bf16 = false;
+  g.a = {aligned, 64 * 64, 1, 64, true};  // M-contiguous bf16 A
+  EXPECT_FALSE(kernels::gemm_tf32x3_supports(g));
+  // The second pair must be typed as the first.
+  g.a = {aligned, 64 * 64, 64, 1};
+  g.b = {aligned, 64 * 128, 128, 1, true};
+  g.K2 = 128;
+  g.a2 = {aligned, 64 * 128, 128, 1};
+  g.b2 = {aligned, 128 * 128, 128, 1, true};
+  EXPECT_TRUE(kernels::gemm_tf32x3_supports(g));
+  g.b2.bf16 = false;
+  EXPECT_FALSE(kernels::gemm_tf32x3_supports(g));
+}
