@@ -182,7 +182,14 @@ __global__ void __launch_bounds__(64 * kNW, min_blocks(kNW)) gemm_tf32x3_kernel(
       for (int h = 0; h < 2; ++h) {
         const int64_t m = m0 + wm + 16 * i + grp + 8 * h;
         if (m >= g.M) continue;
-        float* o = out + m * g.out_row + n;
+        int64_t row = m;
+        float* base = out;
+        if (g.out_rows != nullptr) {
+          row = __ldg(g.out_rows + item * g.M + m);
+          if (row < 0) continue;
+          base = g.out;
+        }
+        float* o = base + row * g.out_row + n;
         for (int e = 0; e < 2; ++e) {
           if (n + e >= g.N) break;
           const float v = g.alpha * acc[i][j][2 * h + e];

@@ -39,6 +39,10 @@ struct GemmTf32x3Args {
   GemmOperand a2, b2;  // laid out and typed as a and b are (a2.col == 1 exactly when a.col == 1; likewise b2)
   float* out = nullptr;
   int64_t out_batch = 0, out_row = 0;
+  // When set (device memory, [batch · M]): row m of item i is written to out + out_rows[i·M + m] ·
+  // out_row instead, and not at all where the entry is negative; out_batch is unused. The delta
+  // rule's output goes from chunk rows straight to token order this way.
+  const int32_t* out_rows = nullptr;
   float alpha = 1.0f, beta = 0.0f;
   // 32-column warp strips per block, 2 to 6 (block tiles 64 × 64 to 64 × 192); 0: gemm_tf32x3_strips_for(N).
   int n_strips = 0;

@@ -129,6 +129,42 @@ torch::Tensor bmm_fp32_sum(const torch::Tensor& a, const torch::Tensor& b, const
   return bmm_fp32_accumulate(sum, a2, b2, alpha, 1.0);
 }
 
+torch::Tensor bmm_fp32_sum_scattered(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& a2,
+                                     const torch::Tensor& b2, double alpha, const torch::Tensor& out_rows,
+                                     int64_t n_rows) {
+  check_operands(a, b, "bmm_fp32_sum_scattered");
+  check_operands(a2, b2, "bmm_fp32_sum_scattered (second pair)");
+  const int64_t R = a.size(0), M = a.size(1), N = b.size(2);
+  TORCH_CHECK(out_rows.scalar_type() == torch::kInt32 && out_rows.numel() == R * M && out_rows.device() == a.device(),
+              "bmm_fp32_sum_scattered: expected out_rows int32 [", R * M, "] on ", a.device(), ", got ",
+              out_rows.scalar_type(), " ", out_rows.sizes(), " on ", out_rows.device());
+  auto out = torch::empty({n_rows, N}, a.options().dtype(result_dtype(a)));
+#if defined(DD_HAVE_CUDA)
+  kernels::GemmTf32x3Args g;
+  const auto rows = out_rows.contiguous();
+  if (a2.size(0) == R && a2.size(1) == M && b2.size(2) == N && a2.size(2) > 0 &&
+      kernel_args(out.view({1, n_rows, N}), a, b, alpha, 0.0, g)) {
+    g.K2 = a2.size(2);
+    g.a2 = operand(a2);
+    g.b2 = operand(b2);
+    g.out_batch = 0;
+    g.out_row = N;
+    g.out_rows = rows.data_ptr<int32_t>();
+    if (kernels::gemm_tf32x3_supports(g)) {
+      launch(g, a);
+      return out;
+    }
+  }
+#endif
+  // Dropped rows go to one spare row past the end (no data-dependent sizes, so no host sync).
+  const auto sum = bmm_fp32_sum(a, b, a2, b2, alpha).view({R * M, N});
+  auto rows64 = out_rows.reshape({-1}).to(torch::kInt64);
+  rows64 = torch::where(rows64.ge(0), rows64, torch::full_like(rows64, n_rows));
+  auto with_spare = torch::empty({n_rows + 1, N}, out.options());
+  with_spare.index_copy_(0, rows64, sum);
+  return with_spare.narrow(0, 0, n_rows);
+}
+
 torch::Tensor& bmm_fp32_accumulate(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, double alpha,
                                    double beta) {
   check_operands(a, b, "bmm_fp32_accumulate");

@@ -23,6 +23,14 @@ torch::Tensor bmm_fp32(const torch::Tensor& a, const torch::Tensor& b, double al
 torch::Tensor bmm_fp32_sum(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& a2,
                            const torch::Tensor& b2, double alpha = 1.0);
 
+// bmm_fp32_sum with its result's rows scattered into a new [n_rows, N]: row m of batch item i goes
+// to row out_rows[i·M + m] (int32 [R·M] on a's device), and nowhere where that is −1. Every output
+// row must be the target of exactly one result row (the rest of it is uninitialised). On a GPU the
+// kernel writes each row where it belongs (the delta rule's output into token order, no copy).
+torch::Tensor bmm_fp32_sum_scattered(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& a2,
+                                     const torch::Tensor& b2, double alpha, const torch::Tensor& out_rows,
+                                     int64_t n_rows);
+
 // out = alpha · a b + beta · out, in place on a contiguous fp32 `out` [R, M, N]; returns it.
 torch::Tensor& bmm_fp32_accumulate(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, double alpha,
                                    double beta);

@@ -126,7 +126,11 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
   } else {
     h0s = torch::zeros({n_seq * H, dk, dv}, q.options().dtype(dt));
   }
-  const auto core = gdr_chunk_core(q, k, v, beta, g, h0s, layout, scale);
+  // Token order (unless the caller reads the chunk rows in place): on a GPU the output product
+  // writes each row where it belongs; elsewhere the rows are copied there after it.
+  const bool direct_tokens = !o_as_rows && q.is_cuda();
+  const auto core = gdr_chunk_core(q, k, v, beta, g, h0s, layout, scale,
+                                   direct_tokens ? gdr_chunk_row_targets(layout, H, q.device()) : torch::Tensor());
   auto h_final = core.h_final.view({n_seq, H, dk, dv});
   if (varlen) {
     std::vector<int64_t> inv(layout.order.size());
@@ -140,7 +144,7 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
     out.o_row = gdr_chunk_token_rows(layout, H, q.device());
     return out;
   }
-  return {gdr_scatter_chunks(core.O, layout), h_final};
+  return {direct_tokens ? core.O : gdr_scatter_chunks(core.O, layout), h_final};
 }
 
 namespace {

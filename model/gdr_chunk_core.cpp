@@ -515,18 +515,30 @@ Ctx make_ctx(const GdrChunkLayout& l, const torch::Tensor& q, const torch::Tenso
   return c;
 }
 
+// Where the output's rows go (gdr_chunk_row_targets; undefined: the chunk layout). A struct, not a
+// tensor argument: autograd records every tensor argument as an input and refuses undefined ones.
+struct OutputTargets {
+  torch::Tensor rows;
+};
+
 class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
  public:
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, const torch::Tensor& beta, const torch::Tensor& g,
-                               const torch::Tensor& h0, const GdrChunkLayout& l, double scale) {
+                               const torch::Tensor& h0, const GdrChunkLayout& l, double scale,
+                               const OutputTargets& targets) {
+    const torch::Tensor& o_targets = targets.rows;
     ctx->set_materialize_grads(false);
     const Ctx c = make_ctx(l, q, v, h0);
     const ForwardFront f = forward_front(c, q, k, v, beta, g);
     const auto scan = gdr_scan(rows(f.W), rows(f.U), rows(f.Kd), f.decay.reshape({-1}), h0, l.scan);
     // O = s (P Vn + Qg h_in), both products in one pass over O. h_in and v_new are bf16 under the
     // plan's bf16_states (TF32 products on a GPU); the products here and in the backward read them so.
-    auto O = bmm_fp32_sum(rows(f.P), scan.v_new, rows(f.Qg), scan.h_in, scale);
+    // With o_targets, written straight into the token layout.
+    const bool tokens = o_targets.defined();
+    auto O = tokens ? bmm_fp32_sum_scattered(rows(f.P), scan.v_new, rows(f.Qg), scan.h_in, scale, o_targets,
+                                             l.B * l.T * c.H)
+                    : bmm_fp32_sum(rows(f.P), scan.v_new, rows(f.Qg), scan.h_in, scale);
     ctx->save_for_backward({q, k, v, beta, g, f.Tm, f.W, scan.h_in, scan.v_new});
     auto& sd = ctx->saved_data;
     sd["n_docs"] = l.scan.n_docs;
@@ -543,6 +555,8 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     sd["kernels"] = c.kernels;
     sd["dt"] = static_cast<int64_t>(c.dt);
     sd["scale"] = scale;
+    sd["o_tokens"] = tokens;
+    if (tokens) return {O.view({l.B, l.T, c.H, c.dv}), scan.h_final};
     return {O.view({l.n_chunks, c.H, l.C, c.dv}), scan.h_final};
   }
 
@@ -571,7 +585,9 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     c.dv = v.size(3);
     const double s = sd["scale"].toDouble();
     const int64_t N = c.l.n_chunks, H = c.H, C = c.l.C, dk = c.dk, dv = c.dv;
-    const auto& dO = grads[0];
+    // A token-layout output's gradient comes back in that layout: gathered into chunk rows here.
+    const auto dO = grads[0].defined() && sd["o_tokens"].toBool() ? gdr_gather_chunks(grads[0].contiguous(), c.l, c.dt)
+                                                                   : grads[0];
     const auto& dh_final = grads[1];
 
     // Recompute the cheap front instead of saving it: with the fused kernels only Kd, Qg, P and
@@ -651,7 +667,7 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
       dx = input_grads_reference(c, p, u, q, k, v, beta, g);
 #endif
     }
-    return {dx[0], dx[1], dx[2], dx[3], dx[4], sg.dh0, torch::Tensor(), torch::Tensor()};
+    return {dx[0], dx[1], dx[2], dx[3], dx[4], sg.dh0, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -666,7 +682,7 @@ void gdr_use_fused_kernels(bool on) { g_use_fused_kernels = on; }
 
 GdrChunkCoreOutput gdr_chunk_core(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                   const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0,
-                                  const GdrChunkLayout& l, double scale) {
+                                  const GdrChunkLayout& l, double scale, const torch::Tensor& o_targets) {
   TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 && v.sizes().slice(0, 3) == q.sizes().slice(0, 3),
               "gdr_chunk_core: expected q, k [B,T,H,dk] and v [B,T,H,dv], got ", q.sizes(), ", ", k.sizes(), ", ",
               v.sizes());
@@ -680,7 +696,7 @@ GdrChunkCoreOutput gdr_chunk_core(const torch::Tensor& q, const torch::Tensor& k
               "gdr_chunk_core: expected h0 [n_docs·H, dk, dv], got ", h0.sizes());
   // The core stays in fp32 under bf16 autocast (MODEL.md §0).
   AutocastOff fp32_core;
-  auto outs = GdrChunkCoreFn::apply(q, k, v, beta, g, h0, l, scale);
+  auto outs = GdrChunkCoreFn::apply(q, k, v, beta, g, h0, l, scale, OutputTargets{o_targets});
   return {outs[0], outs[1]};
 }
 

@@ -24,16 +24,18 @@
 namespace model {
 
 struct GdrChunkCoreOutput {
-  torch::Tensor O;        // [N, H, C, dv] in the compute dtype
+  torch::Tensor O;        // [N, H, C, dv] in the compute dtype, or [B, T, H, dv] with o_targets
   torch::Tensor h_final;  // [n_docs · H, dk, dv] in sorted document order
 };
 
 // q, k [B,T,H,dk], v [B,T,H,dv], beta and g [B,T,H] in the token layout of `l`; h0 [n_docs · H,
 // dk, dv] in the compute dtype (fp32 or fp64), which the inputs are cast to. Differentiable in all
 // six. Any thread may call it; bad shapes throw c10::Error.
+// o_targets (gdr_chunk_row_targets, optional): O comes back in the token layout [B, T, H, dv],
+// each chunk row written where it belongs by the output product (no copy after it).
 GdrChunkCoreOutput gdr_chunk_core(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                   const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0,
-                                  const GdrChunkLayout& l, double scale);
+                                  const GdrChunkLayout& l, double scale, const torch::Tensor& o_targets = {});
 
 // Process-wide switch for benchmarks and tests that compare the kernels with the ATen pieces
 // (default on). Covers the chunk kernels and the scan kernel (model/gdr_scan.h).

@@ -166,4 +166,13 @@ torch::Tensor gdr_chunk_token_rows(const GdrChunkLayout& l, int64_t H, const tor
   return token_rows(l, H, device).to(torch::kInt32).view({l.B, l.T, H});
 }
 
+torch::Tensor gdr_chunk_row_targets(const GdrChunkLayout& l, int64_t H, const torch::Device& device) {
+  const int64_t rows = l.n_chunks * H * l.C;
+  TORCH_CHECK(rows < (int64_t{1} << 31) && l.B * l.T * H < (int64_t{1} << 31),
+              "gdr: at most 2^31 output rows per call, got ", std::max(rows, l.B * l.T * H));
+  auto targets = torch::full({rows}, -1, torch::TensorOptions().dtype(torch::kInt32).device(device));
+  const auto token_head = torch::arange(l.B * l.T * H, targets.options());
+  return targets.index_copy_(0, token_rows(l, H, device).view({-1}), token_head);
+}
+
 }  // namespace model

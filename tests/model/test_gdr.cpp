@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "model/gdr.h"
+#include "model/gdr_chunk_core.h"
+#include "model/gdr_chunk_layout.h"
 #include "tests/support/torch_compare.h"
 
 namespace {
@@ -302,5 +304,51 @@ TEST(Gdr, OutputAsChunkRowsMatchesTokenOrder) {
     const auto picked = rows.o_rows.index_select(0, idx).view({c.B, c.T, H, dv});
     EXPECT_EQ(max_abs_diff(picked, plain.o), 0.0) << (c.cu.empty() ? "dense" : "packed");
     EXPECT_EQ(max_abs_diff(rows.h, plain.h), 0.0);
+  }
+}
+
+// The chunk core's output written straight into token order (how gdr_forward_chunked runs on a
+// GPU: the output product scatters its rows through gdr_chunk_row_targets) against the chunk-row
+// output copied into token order: bit for bit forward, and the same input gradients (the token
+// gradient gathered back into chunk rows), dense with a padded last chunk and packed.
+TEST(Gdr, OutputWrittenIntoTokenOrderMatchesTheCopy) {
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 19);
+  const double scale = 0.3;
+  struct Case {
+    int64_t B, T;
+    std::vector<int64_t> cu;  // empty: dense
+  };
+  for (const Case& c : {Case{2, 150, {}}, Case{1, 300, {0, 17, 150, 151, 300}}}) {
+    const int64_t H = 3, dk = 8, dv = 5, C = 64;
+    const int64_t n_state = c.cu.empty() ? c.B : static_cast<int64_t>(c.cu.size()) - 1;
+    const auto in = random_inputs(c.B, c.T, H, dk, dv, false, n_state);
+    const auto cu = c.cu.empty() ? torch::Tensor() : torch::tensor(c.cu, torch::kInt64);
+    const auto layout = model::gdr_chunk_layout(c.B, c.T, H, C, cu, torch::kCPU);
+    const auto targets = model::gdr_chunk_row_targets(layout, H, torch::kCPU);
+    ASSERT_EQ(targets.scalar_type(), torch::kInt32);
+    ASSERT_EQ(targets.numel(), layout.n_chunks * H * C);
+    // Every (token, head) row is the target of exactly one chunk row; the rest are padding (−1).
+    const auto kept = targets.masked_select(targets.ge(0)).to(torch::kInt64);
+    ASSERT_EQ(kept.numel(), c.B * c.T * H);
+    EXPECT_TRUE(torch::equal(std::get<0>(kept.sort()), torch::arange(c.B * c.T * H, torch::kInt64)));
+    const auto grad_o = torch::randn({c.B, c.T, H, dv}, F64);
+    auto run = [&](bool direct) {
+      std::vector<torch::Tensor> x{in.q.clone(), in.k.clone(), in.v.clone(), in.beta.clone(), in.g.clone()};
+      for (auto& t : x) t.requires_grad_(true);
+      const auto h0 = torch::zeros({layout.scan.n_docs * H, dk, dv}, F64);
+      auto core = model::gdr_chunk_core(x[0], x[1], x[2], x[3], x[4], h0, layout, scale,
+                                        direct ? targets : torch::Tensor());
+      auto o = direct ? core.O : model::gdr_scatter_chunks(core.O, layout);
+      (o * grad_o).sum().backward();
+      std::vector<torch::Tensor> out{o.detach()};
+      for (auto& t : x) out.push_back(t.grad());
+      return out;
+    };
+    const auto copied = run(false), direct = run(true);
+    ASSERT_EQ(direct[0].sizes(), (std::vector<int64_t>{c.B, c.T, H, dv}));
+    EXPECT_EQ(max_abs_diff(direct[0], copied[0]), 0.0) << (c.cu.empty() ? "dense" : "packed") << ": o";
+    for (size_t i = 1; i < direct.size(); ++i) {
+      EXPECT_EQ(max_abs_diff(direct[i], copied[i]), 0.0) << (c.cu.empty() ? "dense" : "packed") << ": gradient " << i;
+    }
   }
 }

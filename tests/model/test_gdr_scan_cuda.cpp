@@ -460,3 +460,53 @@ TEST(GdrScanCuda, FusedKernelsMatchSeparateOnes) {
                 expect_runs_match(c, got, want));
   }
 }
+
+// The output product writing straight into token order (gdr_chunk_row_targets, the epilogue's row
+// map) against the chunk rows copied into token order: bit for bit, forward and every input
+// gradient, dense with a padded last chunk and packed, with TF32 products and bf16 states (the
+// bf16-training path) and with split products.
+TEST(GdrScanCuda, OutputWrittenIntoTokenOrderMatchesTheCopy) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 917);
+  struct Shape {
+    int64_t B, T;
+    std::vector<int64_t> cu;  // empty: dense
+  };
+  auto opt = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+  for (const Shape& sh : {Shape{2, 200, {}}, Shape{1, 300, {0, 17, 150, 151, 300}}}) {
+    for (const bool tf32 : {true, false}) {
+      const int64_t H = 3, dk = 64, dv = 48, C = 64;
+      const auto cu = sh.cu.empty() ? torch::Tensor() : torch::tensor(sh.cu, torch::kInt64);
+      auto layout = model::gdr_chunk_layout(sh.B, sh.T, H, C, cu, torch::Device(torch::kCUDA));
+      layout.scan.tf32_products = tf32;
+      layout.scan.bf16_states = tf32;
+      const auto targets = model::gdr_chunk_row_targets(layout, H, torch::Device(torch::kCUDA));
+      auto unit = [](const torch::Tensor& x) { return x / x.norm(2, -1, true); };
+      const auto q = unit(torch::randn({sh.B, sh.T, H, dk}, opt)), k = unit(torch::randn({sh.B, sh.T, H, dk}, opt));
+      const auto v = torch::randn({sh.B, sh.T, H, dv}, opt), beta = torch::rand({sh.B, sh.T, H}, opt);
+      const auto g = -torch::rand({sh.B, sh.T, H}, opt) * 0.1;
+      const auto grad_o = torch::randn({sh.B, sh.T, H, dv}, opt);
+      auto run = [&](bool direct) {
+        std::vector<torch::Tensor> x{q.clone(), k.clone(), v.clone(), beta.clone(), g.clone()};
+        for (auto& t : x) t.requires_grad_(true);
+        const auto h0 = torch::zeros({layout.scan.n_docs * H, dk, dv}, opt);
+        auto core = model::gdr_chunk_core(x[0], x[1], x[2], x[3], x[4], h0, layout, 0.125,
+                                          direct ? targets : torch::Tensor());
+        auto o = direct ? core.O : model::gdr_scatter_chunks(core.O, layout);
+        (o * grad_o).sum().backward();
+        std::vector<torch::Tensor> out{o.detach()};
+        for (auto& t : x) out.push_back(t.grad());
+        return out;
+      };
+      const auto copied = run(false), direct = run(true);
+      const std::string what = std::string(sh.cu.empty() ? "dense" : "packed") + (tf32 ? ", tf32" : ", split");
+      ASSERT_EQ(direct[0].sizes(), (std::vector<int64_t>{sh.B, sh.T, H, dv})) << what;
+      EXPECT_TRUE(torch::equal(direct[0], copied[0])) << what << ": o";
+      // Some of the delta rule's backward kernels sum with atomics in whatever order the GPU runs
+      // them, so the gradients are compared to fp32 rounding rather than bit for bit.
+      for (size_t i = 1; i < direct.size(); ++i) {
+        EXPECT_LT(rel_norm_diff(direct[i], copied[i]), 1e-6) << what << ": gradient " << i;
+      }
+    }
+  }
+}
