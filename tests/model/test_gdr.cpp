@@ -14,6 +14,7 @@
 #include "model/gdr.h"
 #include "model/gdr_chunk_core.h"
 #include "model/gdr_chunk_layout.h"
+#include "tests/support/gdr_output_run.h"
 #include "tests/support/torch_compare.h"
 
 namespace {
@@ -277,21 +278,31 @@ TEST(Gdr, ScanPrecisionSetting) {
   }
 }
 
+namespace {
+
+// The output layouts' cases: dense rows whose length is not a multiple of the chunk (64), so
+// padding rows exist, and one packed row of four documents.
+struct OutputCase {
+  int64_t B, T;
+  std::vector<int64_t> cu;  // empty: dense
+  const char* name() const { return cu.empty() ? "dense" : "packed"; }
+  torch::Tensor cu_seqlens() const { return cu.empty() ? torch::Tensor() : torch::tensor(cu, torch::kInt64); }
+  int64_t n_states() const { return cu.empty() ? B : static_cast<int64_t>(cu.size()) - 1; }
+};
+const OutputCase kOutputCases[] = {{2, 150, {}}, {1, 300, {0, 17, 150, 151, 300}}};
+
+}  // namespace
+
 // o_as_rows: the chunk layout's rows picked by o_row are exactly the token-order output, for dense
 // rows whose length is not a multiple of the chunk (padding rows exist) and for a packed row; every
 // (token, head) names its own row, and the final state does not change.
 TEST(Gdr, OutputAsChunkRowsMatchesTokenOrder) {
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 17);
   const double scale = 0.3;
-  struct Case {
-    int64_t B, T;
-    std::vector<int64_t> cu;  // empty: dense
-  };
-  for (const Case& c : {Case{2, 150, {}}, Case{1, 300, {0, 17, 150, 151, 300}}}) {
+  for (const OutputCase& c : kOutputCases) {
     const int64_t H = 3, dk = 8, dv = 5, C = 64;
-    const int64_t n_state = c.cu.empty() ? c.B : static_cast<int64_t>(c.cu.size()) - 1;
-    const auto in = random_inputs(c.B, c.T, H, dk, dv, false, n_state);
-    const auto cu = c.cu.empty() ? torch::Tensor() : torch::tensor(c.cu, torch::kInt64);
+    const auto in = random_inputs(c.B, c.T, H, dk, dv, false, c.n_states());
+    const auto cu = c.cu_seqlens();
     const auto plain = run_chunked(in, scale, in.h0, C, cu);
     const auto rows = model::gdr_forward_chunked(in.q, in.k, in.v, in.beta, in.g, scale, in.h0, cu, C, false, true);
     ASSERT_FALSE(rows.o.defined());
@@ -302,7 +313,7 @@ TEST(Gdr, OutputAsChunkRowsMatchesTokenOrder) {
     EXPECT_TRUE((sorted.slice(0, 1) > sorted.slice(0, 0, -1)).all().item<bool>()) << "two (token, head) pairs share a row";
     EXPECT_GT(rows.o_rows.size(0), idx.numel()) << "the case should have padding rows";
     const auto picked = rows.o_rows.index_select(0, idx).view({c.B, c.T, H, dv});
-    EXPECT_EQ(max_abs_diff(picked, plain.o), 0.0) << (c.cu.empty() ? "dense" : "packed");
+    EXPECT_EQ(max_abs_diff(picked, plain.o), 0.0) << c.name();
     EXPECT_EQ(max_abs_diff(rows.h, plain.h), 0.0);
   }
 }
@@ -314,15 +325,10 @@ TEST(Gdr, OutputAsChunkRowsMatchesTokenOrder) {
 TEST(Gdr, OutputWrittenIntoTokenOrderMatchesTheCopy) {
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 19);
   const double scale = 0.3;
-  struct Case {
-    int64_t B, T;
-    std::vector<int64_t> cu;  // empty: dense
-  };
-  for (const Case& c : {Case{2, 150, {}}, Case{1, 300, {0, 17, 150, 151, 300}}}) {
+  for (const OutputCase& c : kOutputCases) {
     const int64_t H = 3, dk = 8, dv = 5, C = 64;
-    const int64_t n_state = c.cu.empty() ? c.B : static_cast<int64_t>(c.cu.size()) - 1;
-    const auto in = random_inputs(c.B, c.T, H, dk, dv, false, n_state);
-    const auto cu = c.cu.empty() ? torch::Tensor() : torch::tensor(c.cu, torch::kInt64);
+    const auto in = random_inputs(c.B, c.T, H, dk, dv, false, c.n_states());
+    const auto cu = c.cu_seqlens();
     const auto layout = model::gdr_chunk_layout(c.B, c.T, H, C, cu, torch::kCPU);
     const auto targets = model::gdr_chunk_row_targets(layout, H, torch::kCPU);
     ASSERT_EQ(targets.scalar_type(), torch::kInt32);
@@ -332,23 +338,11 @@ TEST(Gdr, OutputWrittenIntoTokenOrderMatchesTheCopy) {
     ASSERT_EQ(kept.numel(), c.B * c.T * H);
     EXPECT_TRUE(torch::equal(std::get<0>(kept.sort()), torch::arange(c.B * c.T * H, torch::kInt64)));
     const auto grad_o = torch::randn({c.B, c.T, H, dv}, F64);
-    auto run = [&](bool direct) {
-      std::vector<torch::Tensor> x{in.q.clone(), in.k.clone(), in.v.clone(), in.beta.clone(), in.g.clone()};
-      for (auto& t : x) t.requires_grad_(true);
-      const auto h0 = torch::zeros({layout.scan.n_docs * H, dk, dv}, F64);
-      auto core = model::gdr_chunk_core(x[0], x[1], x[2], x[3], x[4], h0, layout, scale,
-                                        direct ? targets : torch::Tensor());
-      auto o = direct ? core.O : model::gdr_scatter_chunks(core.O, layout);
-      (o * grad_o).sum().backward();
-      std::vector<torch::Tensor> out{o.detach()};
-      for (auto& t : x) out.push_back(t.grad());
-      return out;
-    };
-    const auto copied = run(false), direct = run(true);
+    const std::vector<torch::Tensor> x{in.q, in.k, in.v, in.beta, in.g};
+    const auto copied = testing_support::gdr_token_output_and_grads(x, layout, scale, grad_o, false);
+    const auto direct = testing_support::gdr_token_output_and_grads(x, layout, scale, grad_o, true);
     ASSERT_EQ(direct[0].sizes(), (std::vector<int64_t>{c.B, c.T, H, dv}));
-    EXPECT_EQ(max_abs_diff(direct[0], copied[0]), 0.0) << (c.cu.empty() ? "dense" : "packed") << ": o";
-    for (size_t i = 1; i < direct.size(); ++i) {
-      EXPECT_EQ(max_abs_diff(direct[i], copied[i]), 0.0) << (c.cu.empty() ? "dense" : "packed") << ": gradient " << i;
-    }
+    EXPECT_EQ(max_abs_diff(direct[0], copied[0]), 0.0) << c.name() << ": o";
+    for (size_t i = 1; i < direct.size(); ++i) EXPECT_EQ(max_abs_diff(direct[i], copied[i]), 0.0) << c.name() << ": gradient " << i;
   }
 }

@@ -19,6 +19,7 @@
 #include "model/gdr_chunk_core.h"
 #include "model/gdr_scan.h"
 #include "model/tril_solve.h"
+#include "tests/support/gdr_output_run.h"
 #include "tests/support/torch_compare.h"
 
 namespace {
@@ -47,6 +48,22 @@ struct Case {
   std::vector<int64_t> chunk_counts;
   int64_t H, C, dk, dv;
 };
+
+// The scan's inputs for R chunk rows and S initial states of case c, with magnitudes like the
+// model's: W and Kd rows of L2-normalised keys times β ≤ 1 and decay ≤ 1.
+struct ScanInputs {
+  torch::Tensor W, U, Kd, decay, h0;
+};
+ScanInputs random_scan_inputs(const Case& c, int64_t R, int64_t S) {
+  auto opt = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+  ScanInputs in;
+  in.W = torch::randn({R, c.C, c.dk}, opt) / std::sqrt(static_cast<double>(c.dk));
+  in.U = torch::randn({R, c.C, c.dv}, opt);
+  in.Kd = torch::randn({R, c.C, c.dk}, opt) / std::sqrt(static_cast<double>(c.dk));
+  in.decay = torch::rand({R}, opt) * 0.5 + 0.5;
+  in.h0 = torch::randn({S, c.dk, c.dv}, opt);
+  return in;
+}
 
 std::string describe(const Case& c) {
   std::string docs;
@@ -91,12 +108,8 @@ TEST(GdrScanCuda, KernelMatchesReferenceForwardAndBackward) {
       const auto plan = make_plan(c.chunk_counts, c.H, N);
       const int64_t R = N * c.H, S = plan.n_docs * c.H;
       auto opt = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
-      // Magnitudes like the model's: W and Kd rows of L2-normalised keys times β ≤ 1 and decay ≤ 1.
-      auto W0 = torch::randn({R, c.C, c.dk}, opt) / std::sqrt(static_cast<double>(c.dk));
-      auto U0 = torch::randn({R, c.C, c.dv}, opt);
-      auto K0 = torch::randn({R, c.C, c.dk}, opt) / std::sqrt(static_cast<double>(c.dk));
-      auto d0 = torch::rand({R}, opt) * 0.5 + 0.5;
-      auto h00 = torch::randn({S, c.dk, c.dv}, opt);
+      const ScanInputs in = random_scan_inputs(c, R, S);
+      const auto &W0 = in.W, &U0 = in.U, &K0 = in.Kd, &d0 = in.decay, &h00 = in.h0;
       auto g_hin = torch::randn({R, c.dk, c.dv}, opt), g_vn = torch::randn({R, c.C, c.dv}, opt);
       auto g_fin = torch::randn({S, c.dk, c.dv}, opt);
       struct Run {
@@ -236,12 +249,8 @@ TEST(GdrScanCuda, Bf16StatesAreTheFp32StatesRounded) {
       int64_t N = 0;
       auto plan = make_plan(c.chunk_counts, c.H, N);
       const int64_t R = N * c.H, S = plan.n_docs * c.H;
-      auto opt = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
-      auto W = torch::randn({R, c.C, c.dk}, opt) / std::sqrt(static_cast<double>(c.dk));
-      auto U = torch::randn({R, c.C, c.dv}, opt);
-      auto K = torch::randn({R, c.C, c.dk}, opt) / std::sqrt(static_cast<double>(c.dk));
-      auto d = torch::rand({R}, opt) * 0.5 + 0.5;
-      auto h0 = torch::randn({S, c.dk, c.dv}, opt);
+      const ScanInputs in = random_scan_inputs(c, R, S);
+      const auto &W = in.W, &U = in.U, &K = in.Kd, &d = in.decay, &h0 = in.h0;
       plan.tf32_products = true;
       plan.bf16_states = false;
       const auto f32 = model::gdr_scan(W, U, K, d, h0, plan);
@@ -480,25 +489,14 @@ TEST(GdrScanCuda, OutputWrittenIntoTokenOrderMatchesTheCopy) {
       auto layout = model::gdr_chunk_layout(sh.B, sh.T, H, C, cu, torch::Device(torch::kCUDA));
       layout.scan.tf32_products = tf32;
       layout.scan.bf16_states = tf32;
-      const auto targets = model::gdr_chunk_row_targets(layout, H, torch::Device(torch::kCUDA));
       auto unit = [](const torch::Tensor& x) { return x / x.norm(2, -1, true); };
       const auto q = unit(torch::randn({sh.B, sh.T, H, dk}, opt)), k = unit(torch::randn({sh.B, sh.T, H, dk}, opt));
       const auto v = torch::randn({sh.B, sh.T, H, dv}, opt), beta = torch::rand({sh.B, sh.T, H}, opt);
       const auto g = -torch::rand({sh.B, sh.T, H}, opt) * 0.1;
       const auto grad_o = torch::randn({sh.B, sh.T, H, dv}, opt);
-      auto run = [&](bool direct) {
-        std::vector<torch::Tensor> x{q.clone(), k.clone(), v.clone(), beta.clone(), g.clone()};
-        for (auto& t : x) t.requires_grad_(true);
-        const auto h0 = torch::zeros({layout.scan.n_docs * H, dk, dv}, opt);
-        auto core = model::gdr_chunk_core(x[0], x[1], x[2], x[3], x[4], h0, layout, 0.125,
-                                          direct ? targets : torch::Tensor());
-        auto o = direct ? core.O : model::gdr_scatter_chunks(core.O, layout);
-        (o * grad_o).sum().backward();
-        std::vector<torch::Tensor> out{o.detach()};
-        for (auto& t : x) out.push_back(t.grad());
-        return out;
-      };
-      const auto copied = run(false), direct = run(true);
+      const std::vector<torch::Tensor> x{q, k, v, beta, g};
+      const auto copied = testing_support::gdr_token_output_and_grads(x, layout, 0.125, grad_o, false);
+      const auto direct = testing_support::gdr_token_output_and_grads(x, layout, 0.125, grad_o, true);
       const std::string what = std::string(sh.cu.empty() ? "dense" : "packed") + (tf32 ? ", tf32" : ", split");
       ASSERT_EQ(direct[0].sizes(), (std::vector<int64_t>{sh.B, sh.T, H, dv})) << what;
       EXPECT_TRUE(torch::equal(direct[0], copied[0])) << what << ": o";
