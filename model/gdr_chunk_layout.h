@@ -39,7 +39,8 @@ torch::Tensor gdr_scatter_chunks(const torch::Tensor& o, const GdrChunkLayout& l
 // `device` (the index gdr_scatter_chunks reads by, for consumers that read the rows in place).
 torch::Tensor gdr_chunk_token_rows(const GdrChunkLayout& l, int64_t H, const torch::Device& device);
 // The other way: for each row of [N·H·C, D], its row in the token layout [B·T·H, D] (token · H +
-// head), or −1 for a padding row; int32 [N·H·C] on `device`.
+// head), or −1 for a padding row; int32 [N·H·C] on `device`. The last few maps are kept and
+// returned again for the same chunk table, heads and device (callers must not write to them).
 torch::Tensor gdr_chunk_row_targets(const GdrChunkLayout& l, int64_t H, const torch::Device& device);
 
 }  // namespace model

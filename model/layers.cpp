@@ -9,6 +9,10 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+#if defined(DD_HAVE_CUDA)
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -20,6 +24,14 @@ namespace model {
 torch::Tensor host_to_device(const torch::Tensor& host, const torch::Device& device) {
   if (device.is_cpu()) return host;
   return host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
+bool cuda_stream_capturing() {
+#if defined(DD_HAVE_CUDA)
+  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+#else
+  return false;
+#endif
 }
 
 torch::Tensor cached_device_ints(const std::vector<int32_t>& values, const torch::Device& device) {

@@ -27,6 +27,11 @@ torch::Tensor host_to_device(const torch::Tensor& host, const torch::Device& dev
 // so the cache is emptied when it grows past a bound. Any thread.
 torch::Tensor cached_device_ints(const std::vector<int32_t>& values, const torch::Device& device);
 
+// Whether the current CUDA stream is being captured into a graph (false without CUDA): kernels
+// launched now run only when the graph is replayed, so their results must not be cached for
+// eager use before that.
+bool cuda_stream_capturing();
+
 // Turns autocast (CUDA and CPU) off for a scope and restores it after: the parts MODEL.md §0 keeps in fp32
 // (the gated-delta-rule core, the MoE router) must not have their matmuls cast down to bf16.
 class AutocastOff {

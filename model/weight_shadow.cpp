@@ -10,9 +10,7 @@
 
 #include "model/mixed_linear.h"
 
-#if defined(DD_HAVE_CUDA)
-#include <c10/cuda/CUDAGraphsC10Utils.h>
-#endif
+#include "model/layers.h"
 
 namespace model {
 
@@ -63,14 +61,6 @@ bool up_to_date(const Group& g) {
 }
 
 // Casts the weights into the group's buffer and records what it now matches.
-bool capturing() {
-#if defined(DD_HAVE_CUDA)
-  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
-#else
-  return false;
-#endif
-}
-
 // The buffer's version goes up as an in-place op's would: a backward that saved the old shadow
 // then fails autograd's check instead of using the new values. While a CUDA graph is being
 // captured the cast is only recorded, not run: the group stays stale on the host (a failed
@@ -80,7 +70,7 @@ void recast(Group& g, at::TensorList weights) {
   cast_weight_blocks_into(g.buffer, weights);
   g.buffer.unsafeGetTensorImpl()->bump_version();
   ++casts;
-  if (g.buffer.is_cuda() && capturing()) return;
+  if (g.buffer.is_cuda() && cuda_stream_capturing()) return;
   for (size_t i = 0; i < weights.size(); ++i) {
     g.versions[i] = weights[i]._version();
     g.data[i] = weights[i].data_ptr();
@@ -121,7 +111,7 @@ at::Tensor shadowed_weight_blocks(at::TensorList weights, at::ScalarType dtype) 
   if (it != groups.end() && !same_weights(it->second, weights)) return cast_weight_blocks(weights, dtype);
   if (it == groups.end()) {
     // A graph being captured must not allocate memory that outlives it: cast as before.
-    if (weights[0].is_cuda() && capturing()) return cast_weight_blocks(weights, dtype);
+    if (weights[0].is_cuda() && cuda_stream_capturing()) return cast_weight_blocks(weights, dtype);
     // A weight already shadowed in another group: the optimizer writes one shadow per weight, so
     // a second one would go stale unseen. Cast as before.
     for (const auto& w : weights)

@@ -321,7 +321,8 @@ TEST(Gdr, OutputAsChunkRowsMatchesTokenOrder) {
 // The chunk core's output written straight into token order (how gdr_forward_chunked runs on a
 // GPU: the output product scatters its rows through gdr_chunk_row_targets) against the chunk-row
 // output copied into token order: bit for bit forward, and the same input gradients (the token
-// gradient gathered back into chunk rows), dense with a padded last chunk and packed.
+// gradient gathered back into chunk rows), dense with a padded last chunk and packed. The map
+// covers every (token, head) once and is kept for its layout.
 TEST(Gdr, OutputWrittenIntoTokenOrderMatchesTheCopy) {
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 19);
   const double scale = 0.3;
@@ -332,6 +333,9 @@ TEST(Gdr, OutputWrittenIntoTokenOrderMatchesTheCopy) {
     const auto layout = model::gdr_chunk_layout(c.B, c.T, H, C, cu, torch::kCPU);
     const auto targets = model::gdr_chunk_row_targets(layout, H, torch::kCPU);
     ASSERT_EQ(targets.scalar_type(), torch::kInt32);
+    // Kept: the same chunk table and heads give the same map back, other heads their own.
+    EXPECT_EQ(model::gdr_chunk_row_targets(layout, H, torch::kCPU).data_ptr(), targets.data_ptr());
+    EXPECT_EQ(model::gdr_chunk_row_targets(layout, H + 1, torch::kCPU).numel(), layout.n_chunks * (H + 1) * C);
     ASSERT_EQ(targets.numel(), layout.n_chunks * H * C);
     // Every (token, head) row is the target of exactly one chunk row; the rest are padding (−1).
     const auto kept = targets.masked_select(targets.ge(0)).to(torch::kInt64);
