@@ -10,7 +10,8 @@
 //   scan (model/gdr_scan.h): h_in, Vn = U − W h_in, h_next = decay h_in + Kdᵀ Vn
 //   O = scale · (diag(e^γ) Q h_in + ((Q Kᵀ) ⊙ D) Vn)
 // On a GPU in fp32 with C ≤ 64 the gather, the gate math, the masks and the backward's elementwise
-// work are CUDA kernels (kernels/gdr_chunk.h) around split-TF32 products; at C = 64 the forward's
+// work are CUDA kernels (kernels/gdr_chunk.h) around split-TF32 products (under TF32 scan products
+// the saved h_in and v_new are bf16 and the products against them take one mma, model/gdr_scan.h); at C = 64 the forward's
 // whole front (gather to W, U, P and Tm) is one kernel (kernels/gdr_chunk_front.h), and so is the
 // backward through the solve (kernels/gdr_chunk_solve_backward.h). Elsewhere each piece is its ATen
 // twin (gdr_chunk_core.cpp). Both are tested against autograd through gdr_forward_ref
