@@ -1,6 +1,7 @@
 // The sequential part of the chunked gated delta rule (model/gdr.cpp, MODEL.md §4): the scan of
 // the state over chunk index, forward and backward, as one kernel launch instead of a few ATen
-// launches per chunk (the hybrid was launch-bound there). Raw fp32 pointers, no torch.
+// launches per chunk (the hybrid was launch-bound there). Raw fp32 pointers (the forward's
+// per-step outputs optionally bf16), no torch.
 //
 // Both directions have the same shape, so one kernel does both ("linear scan"):
 //   for each step of a document's chunk list (forward order, or reverse):
