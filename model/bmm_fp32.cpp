@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <string>
 
 #if defined(DD_HAVE_CUDA)
 #include "kernels/gemm_tf32x3.h"
@@ -34,6 +35,18 @@ void check_operands(const torch::Tensor& a, const torch::Tensor& b, const char* 
 
 // The dtype of the products' results: fp32 for a bf16 operand, else the operands' own.
 torch::ScalarType result_dtype(const torch::Tensor& a) { return is_bf16(a) ? torch::kFloat32 : a.scalar_type(); }
+
+// The two pairs of a sum of products: each pair as check_operands takes it, and products of one
+// shape, result dtype and device.
+void check_pairs(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& a2, const torch::Tensor& b2,
+                 const std::string& what) {
+  check_operands(a, b, what.c_str());
+  check_operands(a2, b2, (what + " (second pair)").c_str());
+  TORCH_CHECK(a2.size(0) == a.size(0) && a2.size(1) == a.size(1) && b2.size(2) == b.size(2) &&
+                  result_dtype(a2) == result_dtype(a) && a2.device() == a.device(),
+              what, ": the pairs' products differ: ", a.sizes(), " · ", b.sizes(), " and ", a2.sizes(), " · ",
+              b2.sizes());
+}
 
 // An operand as ATen's fp32 products take it (a bf16 one widened, exactly).
 torch::Tensor widened(const torch::Tensor& x) { return is_bf16(x) ? x.to(torch::kFloat32) : x; }
@@ -106,12 +119,7 @@ torch::Tensor bmm_fp32(const torch::Tensor& a, const torch::Tensor& b, double al
 
 torch::Tensor bmm_fp32_sum(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& a2,
                            const torch::Tensor& b2, double alpha) {
-  check_operands(a, b, "bmm_fp32_sum");
-  check_operands(a2, b2, "bmm_fp32_sum (second pair)");
-  TORCH_CHECK(a2.size(0) == a.size(0) && a2.size(1) == a.size(1) && b2.size(2) == b.size(2) &&
-                  result_dtype(a2) == result_dtype(a) && a2.device() == a.device(),
-              "bmm_fp32_sum: the pairs' products differ: ", a.sizes(), " · ", b.sizes(), " and ", a2.sizes(), " · ",
-              b2.sizes());
+  check_pairs(a, b, a2, b2, "bmm_fp32_sum");
 #if defined(DD_HAVE_CUDA)
   auto out = torch::empty({a.size(0), a.size(1), b.size(2)}, a.options().dtype(result_dtype(a)));
   kernels::GemmTf32x3Args g;
@@ -132,8 +140,7 @@ torch::Tensor bmm_fp32_sum(const torch::Tensor& a, const torch::Tensor& b, const
 torch::Tensor bmm_fp32_sum_scattered(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& a2,
                                      const torch::Tensor& b2, double alpha, const torch::Tensor& out_rows,
                                      int64_t n_rows) {
-  check_operands(a, b, "bmm_fp32_sum_scattered");
-  check_operands(a2, b2, "bmm_fp32_sum_scattered (second pair)");
+  check_pairs(a, b, a2, b2, "bmm_fp32_sum_scattered");
   const int64_t R = a.size(0), M = a.size(1), N = b.size(2);
   TORCH_CHECK(out_rows.scalar_type() == torch::kInt32 && out_rows.numel() == R * M && out_rows.device() == a.device(),
               "bmm_fp32_sum_scattered: expected out_rows int32 [", R * M, "] on ", a.device(), ", got ",
@@ -142,8 +149,7 @@ torch::Tensor bmm_fp32_sum_scattered(const torch::Tensor& a, const torch::Tensor
 #if defined(DD_HAVE_CUDA)
   kernels::GemmTf32x3Args g;
   const auto rows = out_rows.contiguous();
-  if (a2.size(0) == R && a2.size(1) == M && b2.size(2) == N && a2.size(2) > 0 &&
-      kernel_args(out.view({1, n_rows, N}), a, b, alpha, 0.0, g)) {
+  if (a2.size(2) > 0 && kernel_args(out.view({1, n_rows, N}), a, b, alpha, 0.0, g)) {
     g.K2 = a2.size(2);
     g.a2 = operand(a2);
     g.b2 = operand(b2);
