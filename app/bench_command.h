@@ -41,6 +41,7 @@ struct BenchGdrArgs {
   std::string dtype = "bf16";  // bf16 | fp32 (the inputs; the core computes in fp32)
   int repeats = 20;
   bool profile = false;  // also print where the GPU time goes (kernel scan), per component and kernel
+  bool default_only = false;  // only the first row (the kernels as training runs them)
 };
 
 // Times the chunked gated delta rule forward and forward+backward, scan kernel vs ATen loop, on

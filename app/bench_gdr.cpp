@@ -131,7 +131,8 @@ int bench_gdr(const BenchGdrArgs& a) {
   // states in 64-column block tiles; then the tensor-core scan in blocks of each
   // fixed width of state columns (the first row's picks one by kernels::gdr_scan_mma_width), the
   // state scan in fp32 FMA instead of on tensor cores, the scan's products of the other kind, and
-  // (where the products are TF32) the states and corrected values kept in fp32 instead of bf16.
+  // (where the products are TF32) the states and corrected values kept in fp32 instead of bf16, and
+  // the fused front's outputs kept in fp32 instead of bf16.
   struct Mode {
     const char* name;
     bool kernels;
@@ -140,12 +141,15 @@ int bench_gdr(const BenchGdrArgs& a) {
     bool wide_products = true;  // the batched products in block tiles as wide as N takes
     bool other_scan_products = false;  // the scan's products not as tf32_default says
     bool fp32_states = false;          // h_in and v_new kept in fp32 under TF32 products (model::gdr_bf16_states)
+    bool fp32_front = false;           // the fused front's outputs kept in fp32 (model::gdr_bf16_front)
   };
   const char* other_products = tf32_default ? "kernels, split-TF32 scan" : "kernels, TF32 scan";
   const std::vector<Mode> modes =
       dev.is_cuda() ? std::vector<Mode>{{"kernels (default)", true, true, kernels::kGdrScanAuto},
                                         {other_products, true, true, kernels::kGdrScanAuto, true, true},
                                         {"kernels, fp32 states", true, true, kernels::kGdrScanAuto, true, false, true},
+                                        {"kernels, fp32 front", true, true, kernels::kGdrScanAuto, true, false, false,
+                                         true},
                                         {"kernels, unfused", true, false, kernels::kGdrScanAuto},
                                         {"kernels, 64-col GEMMs", true, true, kernels::kGdrScanAuto, false},
                                         {"kernels, 32-col scan", true, true, kernels::kGdrScanTensorCores32},
@@ -156,11 +160,13 @@ int bench_gdr(const BenchGdrArgs& a) {
                                         {"ATen pieces", false, false, kernels::kGdrScanAuto}}
                     : std::vector<Mode>{{"ATen pieces", false, false, kernels::kGdrScanAuto}};
   for (const Mode& mode : modes) {
+    if (a.default_only && &mode != &modes.front()) break;
     model::gdr_use_kernels(mode.kernels);
     model::gdr_use_fused_kernels(mode.fused);
     model::gdr_scan_variant(mode.scan_variant);
     model::bmm_fp32_wide_tiles(mode.wide_products);
     model::gdr_bf16_states(!mode.fp32_states);
+    model::gdr_bf16_front(!mode.fp32_front);
     const bool tf32_scan = mode.other_scan_products ? !tf32_default : tf32_default;
     auto forward = [&] {
       torch::NoGradGuard no_grad;
@@ -184,7 +190,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     }
     std::fflush(stdout);
     if (a.profile && mode.kernels && mode.fused && mode.wide_products && mode.scan_variant == kernels::kGdrScanAuto &&
-        !mode.other_scan_products && !mode.fp32_states && dev.is_cuda()) {
+        !mode.other_scan_products && !mode.fp32_states && !mode.fp32_front && dev.is_cuda()) {
       for (const bool backward : {false, true}) {
         constexpr int kRuns = 3;
         auto prof = trainer::StepProfile::start(dev.index());
@@ -197,6 +203,7 @@ int bench_gdr(const BenchGdrArgs& a) {
   }
   model::gdr_scan_variant(kernels::kGdrScanAuto);
   model::gdr_bf16_states(true);
+  model::gdr_bf16_front(true);
   model::bmm_fp32_wide_tiles(true);
   model::gdr_use_fused_kernels(true);
   model::gdr_use_kernels(true);

@@ -15,6 +15,7 @@
 //           fragments as they load, only the k-steps left of each strip's diagonal block (Tm is
 //           lower triangular): warp w takes strips w % 2 and 3 − w % 2 (10 k-steps together) on
 //           every fourth 8-column tile.
+// W, U, Kd, Qg and P are stored in fp32 or, with bf16_out, rounded to bf16 as they are stored.
 // Products are split-TF32 mma.sync (kernels/gdr_chunk_mma.cuh); an operand read from bf16 or fp16
 // inputs is a TF32 value already, so the products with its zero remainder are skipped (G takes one
 // mma per tile for bf16 q and k). Shared rows are padded so that a fragment's 32 loads fall in 32
@@ -89,6 +90,10 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_front_kernel(GdrChunkLi
   }
   __syncthreads();
 
+  // The outputs, fp32 or bf16 (GdrChunkFrontArgs::bf16_out).
+  const OutRows W_out{a.W, a.bf16_out}, U_out{a.U, a.bf16_out}, Kd_out{a.Kd, a.bf16_out};
+  const OutRows Qg_out{a.Qg, a.bf16_out}, P_out{a.P, a.bf16_out};
+
   // Q and K into shared memory; Kd and Qg out.
   float* Q_s = QV_s;
   stage_qk<VW>(static_cast<const T*>(a.q), static_cast<const T*>(a.k), l.H, h, dk, start, len, Q_s, K_s, pk,
@@ -99,13 +104,13 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_front_kernel(GdrChunkLi
                    qg[j] = e_s[i] * qv[j];
                    kd[j] = kap_s[i] * kv[j];
                  }
-                 store_n<VW>(a.Qg + (r * kC + i) * dk + d, qg);
-                 store_n<VW>(a.Kd + (r * kC + i) * dk + d, kd);
+                 Qg_out.store<VW>((r * kC + i) * dk + d, qg);
+                 Kd_out.store<VW>((r * kC + i) * dk + d, kd);
                });
   // P above the diagonal blocks is zero (those tiles are not computed below).
   for (int e = tid; e < kC * kC / 4; e += kThreads) {
     const int i = e / (kC / 4), j = 4 * (e % (kC / 4));
-    if (j >= 16 * (i / 16 + 1)) *reinterpret_cast<float4*>(a.P + (r * kC + i) * kC + j) = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (j >= 16 * (i / 16 + 1)) P_out.zero4((r * kC + i) * kC + j);
   }
   __syncthreads();
 
@@ -134,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_front_kernel(GdrChunkLi
             const float D1 = i >= j + 1 ? expf(gam_s[i] - gam_s[j + 1]) : 0.f;
             const float g0 = acc[nt][2 * hr], g1 = acc[nt][2 * hr + 1];
             if (is_q) {
-              *reinterpret_cast<float2*>(a.P + (r * kC + i) * kC + j) = make_float2(g0 * D0, g1 * D1);
+              P_out.store2((r * kC + i) * kC + j, g0 * D0, g1 * D1);
             } else {
               *reinterpret_cast<float2*>(A_s + i * kTPitch + j) =
                   make_float2(i > j ? b_s[i] * g0 * D0 : 0.f, i > j + 1 ? b_s[i] * g1 * D1 : 0.f);
@@ -208,7 +213,9 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_front_kernel(GdrChunkLi
   // diagonal block only (Tm is lower triangular), 2 (mt + 1) of them, so warp w takes the strips
   // p = w % 2 and 3 − p (10 k-steps together) on the 8-column tiles w / 2, w / 2 + 4, ...
   const int p = warp % 2, tile0 = warp / 2;
-  auto tm_product = [&](auto b_exact, const float* B_s, int b_pitch, int width, const float* scale, float* dst, int64_t pitch) {
+  // dst: the output, written from element offset `at` (rows of `pitch` elements).
+  auto tm_product = [&](auto b_exact, const float* B_s, int b_pitch, int width, const float* scale, const OutRows& dst,
+                        int64_t at, int64_t pitch) {
     const int n_tiles = (width / 8 - tile0 + 3) / 4;  // tiles tile0 + 4 j < width / 8
     if (n_tiles <= 0) return;
     for (int strip = 0; strip < 2; ++strip) {
@@ -225,12 +232,12 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_front_kernel(GdrChunkLi
       for (int nt = 0; nt < 4; ++nt) {
         if (nt >= n_tiles) continue;
         const int c = 8 * (tile0 + 4 * nt) + 2 * t;
-        *reinterpret_cast<float2*>(dst + (16 * mt + g) * pitch + c) = make_float2(acc[nt][0], acc[nt][1]);
-        *reinterpret_cast<float2*>(dst + (16 * mt + g + 8) * pitch + c) = make_float2(acc[nt][2], acc[nt][3]);
+        dst.store2(at + (16 * mt + g) * pitch + c, acc[nt][0], acc[nt][1]);
+        dst.store2(at + (16 * mt + g + 8) * pitch + c, acc[nt][2], acc[nt][3]);
       }
     }
   };
-  tm_product(std::integral_constant<bool, kQkExact>{}, K_s, pk, dk, be_s, a.W + r * kC * dk, dk);
+  tm_product(std::integral_constant<bool, kQkExact>{}, K_s, pk, dk, be_s, W_out, r * kC * dk, dk);
   for (int p0 = 0; p0 < dv; p0 += kPanel) {
     const int pw = dv - p0 < kPanel ? dv - p0 : kPanel;
     if (p0 > 0) {
@@ -238,7 +245,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_front_kernel(GdrChunkLi
       load_v_panel(p0, pw, 0, kThreads);
       __syncthreads();
     }
-    tm_product(std::integral_constant<bool, kVExact>{}, V_s, kVPitch, pw, b_s, a.U + r * kC * dv + p0, dv);
+    tm_product(std::integral_constant<bool, kVExact>{}, V_s, kVPitch, pw, b_s, U_out, r * kC * dv + p0, dv);
   }
 }
 

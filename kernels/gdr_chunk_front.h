@@ -27,13 +27,17 @@ struct GdrChunkFrontArgs {
   const float* g = nullptr;     // [tokens, H]
   DType in_qk = DType::F32, in_v = DType::F32;
   // W, U and Tm null together: only Kd, Qg, P and decay (the backward's recompute).
-  float* W = nullptr;      // [N, H, C, dk]
-  float* U = nullptr;      // [N, H, C, dv]
-  float* Kd = nullptr;     // [N, H, C, dk]
-  float* Qg = nullptr;     // [N, H, C, dk]
-  float* P = nullptr;      // [N, H, C, C]
+  // W, U, Kd, Qg and P are fp32, or with bf16_out their values rounded to bf16 (round to nearest
+  // even, as a cast: the same arithmetic, rounded only as it is stored), half the bytes written
+  // here and read by the scan and the products after it. Tm and decay stay fp32.
+  void* W = nullptr;       // [N, H, C, dk]
+  void* U = nullptr;       // [N, H, C, dv]
+  void* Kd = nullptr;      // [N, H, C, dk]
+  void* Qg = nullptr;      // [N, H, C, dk]
+  void* P = nullptr;       // [N, H, C, C]
   float* Tm = nullptr;     // [N, H, C, C]
   float* decay = nullptr;  // [N, H]
+  bool bf16_out = false;
 };
 
 #ifdef DD_HAVE_CUDA

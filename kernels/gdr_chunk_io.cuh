@@ -45,6 +45,31 @@ __device__ __forceinline__ void store_n(T* p, const float* in) {
   }
 }
 
+// A chunk-layout output written in fp32, or rounded to bf16 when `bf16` is set (the same values in
+// half the bytes, for consumers that read bf16). The flag is the same for the whole launch, so the
+// branch costs nothing but the test.
+struct OutRows {
+  void* base = nullptr;
+  bool bf16 = false;
+
+  // VW consecutive values at element offset `at`, as store_n stores them (one vector when VW = 4).
+  template <int VW>
+  __device__ __forceinline__ void store(int64_t at, const float* x) const {
+    if (bf16) store_n<VW>(static_cast<__nv_bfloat16*>(base) + at, x);
+    else store_n<VW>(static_cast<float*>(base) + at, x);
+  }
+  // Two consecutive values at `at` (even).
+  __device__ __forceinline__ void store2(int64_t at, float x, float y) const {
+    if (bf16) *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(base) + at) = __floats2bfloat162_rn(x, y);
+    else *reinterpret_cast<float2*>(static_cast<float*>(base) + at) = make_float2(x, y);
+  }
+  // Four zeros at `at` (a multiple of 4).
+  __device__ __forceinline__ void zero4(int64_t at) const {
+    if (bf16) *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(base) + at) = make_uint2(0u, 0u);
+    else *reinterpret_cast<float4*>(static_cast<float*>(base) + at) = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+};
+
 inline int elem_bytes(DType t) { return t == DType::F32 ? 4 : 2; }
 
 // Whether rows can move as 4-element vectors: dk, dv and v's token stride multiples of 4 and every

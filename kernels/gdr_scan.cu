@@ -208,8 +208,11 @@ int gdr_scan(const GdrScanArgs& a, void* stream) {
   }
   const int cols = gdr_scan_tensor_core_width(a);
   if (cols > 0) return gdr_scan_tensor_cores(a, cols, stream);
-  // The FMA kernels write fp32 only.
-  if (a.out_state_bf16 != nullptr || a.out_y_bf16 != nullptr) return static_cast<int>(cudaErrorInvalidValue);
+  // The FMA kernels read and write fp32 only.
+  if (a.out_state_bf16 != nullptr || a.out_y_bf16 != nullptr || a.P_bf16 != nullptr || a.Q_bf16 != nullptr ||
+      a.A_bf16 != nullptr) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
   const dim3 grid(static_cast<unsigned>(a.n_docs * a.H), static_cast<unsigned>((a.dv + kLanes - 1) / kLanes));
   const size_t smem = gdr_scan_smem_bytes(a.C, a.dk);  // ≤ 176 KiB by the limits
   auto st = static_cast<cudaStream_t>(stream);

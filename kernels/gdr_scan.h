@@ -51,6 +51,14 @@ struct GdrScanArgs {
   // itself stays fp32, and so does final_state.
   uint16_t* out_state_bf16 = nullptr;  // [R, dk, dv]
   uint16_t* out_y_bf16 = nullptr;      // [R, C, dv]
+  // bf16 inputs (raw bits), on the tensor-core kernel with tf32x3 off only: P_bf16 and Q_bf16
+  // instead of P and Q, staged as bf16 (half the bytes through L2 and shared memory) and widened
+  // exactly, a bf16 value being a TF32 one. Two forms (gdr_scan_bf16_inputs_ok): the forward (no
+  // E) also reads A_bf16 instead of A and writes bf16 outputs; the backward (with E) reads A and E
+  // in fp32 and writes fp32. Results equal those of fp32 inputs holding the same values, bit for bit.
+  const uint16_t* A_bf16 = nullptr;  // [R, C, dv]
+  const uint16_t* P_bf16 = nullptr;  // [R, C, dk]
+  const uint16_t* Q_bf16 = nullptr;  // [R, C, dk]
   const int32_t* step_off = nullptr;  // [n_steps], device memory
   const int32_t* n_chunks = nullptr;  // [n_docs], device memory
   float sign_p = -1.f, sign_q = 1.f;
@@ -78,13 +86,15 @@ inline int64_t gdr_scan_smem_bytes(int64_t C, int64_t dk) { return (32 * (dk + C
 inline bool gdr_scan_supports(int64_t C, int64_t dk) { return C >= 1 && C <= 128 && dk >= 4 && dk <= 256 && dk % 4 == 0; }
 
 // The tensor-core variants, blocks of `cols` state columns (32, 64, 96 or 128): shared memory of
-// one block (the state and y's two parts [·][cols + 8], P and Q [C][dk + pad]), its limit, and the
-// sizes they take (16-row mma tiles over C and dk, 16-byte copies of columns). The 24- and 32-warp
-// blocks (96 and 128 columns) have 80 and 64 registers a thread, which fit one 16-row tile of y and
-// of the state per warp without spilling: C ≤ 64 and dk ≤ 128.
+// one block (the state and y's two parts [·][cols + 8], P and Q [C][dk + pad], fp32 or with
+// bf16_in bf16), its limit, and the sizes they take (16-row mma tiles over C and dk, 16-byte
+// copies of columns). The 24- and 32-warp blocks (96 and 128 columns) have 80 and 64 registers a
+// thread, which fit one 16-row tile of y and of the state per warp without spilling: C ≤ 64 and
+// dk ≤ 128. bf16 inputs take less shared memory than fp32 ones, so the sizes are the same for both.
 constexpr int64_t kGdrScanMmaMaxSmem = 227 * 1024;
-inline int64_t gdr_scan_mma_smem_bytes(int64_t C, int64_t dk, int64_t cols = 32) {
-  return ((cols + 8) * (dk + 2 * C) + C * (2 * dk + 12)) * 4;
+inline int64_t gdr_scan_mma_smem_bytes(int64_t C, int64_t dk, int64_t cols = 32, bool bf16_in = false) {
+  const int64_t pq = bf16_in ? 2 * C * (dk + 8) * 2 : C * (2 * dk + 12) * 4;
+  return (cols + 8) * (dk + 2 * C) * 4 + pq;
 }
 inline bool gdr_scan_mma_supports(int64_t C, int64_t dk, int64_t dv, int64_t cols = 32) {
   return C >= 16 && C <= 128 && C % 16 == 0 && dk >= 16 && dk <= 256 && dk % 16 == 0 && dv >= 4 && dv % 4 == 0 &&
@@ -116,6 +126,17 @@ inline int gdr_scan_mma_width_for(int64_t C, int64_t dk, int64_t dv, int64_t doc
   return best;
 }
 
+// The pointers of one of the two bf16-input forms (GdrScanArgs::P_bf16), or of fp32 inputs.
+inline bool gdr_scan_bf16_inputs_ok(const GdrScanArgs& a) {
+  const bool any = a.P_bf16 != nullptr || a.Q_bf16 != nullptr || a.A_bf16 != nullptr;
+  if (!any) return a.A != nullptr && a.P != nullptr && a.Q != nullptr;
+  if (a.P_bf16 == nullptr || a.Q_bf16 == nullptr || a.P != nullptr || a.Q != nullptr) return false;
+  const bool bf16_out = a.out_state_bf16 != nullptr && a.out_y_bf16 != nullptr && a.out_state == nullptr &&
+                        a.out_y == nullptr;
+  if (a.E == nullptr) return a.A_bf16 != nullptr && a.A == nullptr && bf16_out;  // the forward form
+  return a.A != nullptr && a.A_bf16 == nullptr && a.out_state_bf16 == nullptr && a.out_y_bf16 == nullptr;
+}
+
 #ifdef DD_HAVE_CUDA
 // Returns the cudaError_t of the launch (0 = success).
 int gdr_scan(const GdrScanArgs& a, void* stream);
@@ -130,6 +151,11 @@ int gdr_scan_tensor_core_width(const GdrScanArgs& a);
 // Whether gdr_scan takes bf16 outputs (out_state_bf16, out_y_bf16) for these arguments.
 inline bool gdr_scan_takes_bf16_outputs(const GdrScanArgs& a) {
   return a.E == nullptr && !a.tf32x3 && gdr_scan_supports(a.C, a.dk) && gdr_scan_tensor_core_width(a) > 0;
+}
+// Whether gdr_scan takes bf16 inputs (P_bf16, Q_bf16, and in the forward A_bf16) for these
+// arguments' sizes and product mode, whichever form (the same condition as bf16 outputs, E aside).
+inline bool gdr_scan_takes_bf16_inputs(const GdrScanArgs& a) {
+  return !a.tf32x3 && gdr_scan_supports(a.C, a.dk) && gdr_scan_tensor_core_width(a) > 0;
 }
 #endif
 

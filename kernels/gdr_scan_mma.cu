@@ -21,7 +21,10 @@
 //            two TF32 parts: 8 warps read every y element in phase 2, and would each split it;
 //   phase 2  warp w updates state rows 16 (w % 8).., 16 (w % 8 + 8).. of its 32 columns and copies
 //            them to shared memory.
-// The forward in TF32 mode may write out_state and y rounded to bf16 (GdrScanArgs::out_state_bf16).
+// The forward in TF32 mode may write out_state and y rounded to bf16 (GdrScanArgs::out_state_bf16),
+// and in TF32 mode either direction may read P and Q (and the forward A) in bf16
+// (GdrScanArgs::P_bf16): staged as bf16 in rows padded by 16 bytes, each fragment element a 16-bit
+// load widened by a shift, which is exact (bf16 values are TF32 values).
 // P and Q come in by cp.async, P as soon as phase 1 of the step before has read it, Q after
 // phase 2 before. Each staged tile has its own pad so the eight rows and four columns of a
 // fragment load fall in 32 different banks; P's fragments come in one ldmatrix each (four 8 × 4
@@ -30,6 +33,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/gdr_scan.h"
 #include "kernels/smem_opt_in.cuh"
@@ -65,16 +69,21 @@ __device__ __forceinline__ FragB load_b(const float* tile, int pitch, int k0, in
   return f;
 }
 
-// Copies rows × (4·n4) floats from global memory (row stride ld) into shared memory (row length
-// pitch), zero-filling 4-float pieces at or past `valid_cols`.
-__device__ __forceinline__ void stage_rows(float* dst, int pitch, const float* src, int64_t ld, int rows, int n4,
-                                           int64_t valid_cols) {
-  for (int p = threadIdx.x; p < rows * n4; p += blockDim.x) {
-    const int r = p / n4, c = 4 * (p % n4);
-    const bool valid = c < valid_cols;
-    cp_async16_zfill(dst + r * pitch + c, valid ? src + r * ld + c : src, valid);
+// Copies rows × cols elements (fp32, or bf16 as raw bits) from global memory (row stride ld) into
+// shared memory (row length pitch), 16 bytes per copy; cols is a multiple of 16 bytes' elements.
+template <typename T>
+__device__ __forceinline__ void stage_rows(T* dst, int pitch, const T* src, int64_t ld, int rows, int cols) {
+  constexpr int kV = 16 / static_cast<int>(sizeof(T));
+  const int n_pieces = cols / kV;
+  for (int p = threadIdx.x; p < rows * n_pieces; p += blockDim.x) {
+    const int r = p / n_pieces, c = kV * (p % n_pieces);
+    cp_async16_zfill(reinterpret_cast<float*>(dst + r * pitch + c), reinterpret_cast<const float*>(src + r * ld + c),
+                     true);
   }
 }
+
+// A bf16 value (raw bits) as a TF32 operand: widened exactly (bf16's 8 significant bits fit TF32's 11).
+__device__ __forceinline__ uint32_t widen_bf16(uint16_t x) { return static_cast<uint32_t>(x) << 16; }
 
 // Stores of the per-step outputs in fp32, or rounded to bf16 (GdrScanArgs::out_state_bf16).
 __device__ __forceinline__ void store4(float* dst, float4 v) { *reinterpret_cast<float4*>(dst) = v; }
@@ -95,9 +104,22 @@ __device__ __forceinline__ void store2(uint16_t* dst, float2 v) {
 // kHasE: E is read (the backward). kSplit: split-TF32 products (GdrScanArgs::tf32x3), else one
 // TF32 product each; y's small parts in shared memory are then neither written nor read.
 // kBf16Out: out_state and y are written as bf16 (out_state_bf16, out_y_bf16).
-template <int kWarps, int kUnits, int kRowTiles, bool kHasE, bool kSplit, bool kBf16Out = false>
+// kBf16In: P and Q are bf16 (P_bf16, Q_bf16; TF32 products only), and A too when kBf16Out (the
+// forward form of GdrScanArgs::P_bf16).
+template <int kWarps, int kUnits, int kRowTiles, bool kHasE, bool kSplit, bool kBf16Out = false, bool kBf16In = false>
 __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2 : 1)
     gdr_scan_mma_kernel(GdrScanArgs a) {
+  static_assert(!kBf16In || !kSplit, "bf16 inputs come with TF32 products only");
+  using TIn = typename std::conditional<kBf16In, uint16_t, float>::type;
+  constexpr bool kBf16A = kBf16In && kBf16Out;
+  auto in_p = [&] {
+    if constexpr (kBf16In) return a.P_bf16;
+    else return a.P;
+  };
+  auto in_q = [&] {
+    if constexpr (kBf16In) return a.Q_bf16;
+    else return a.Q;
+  };
   // The output pointers, read from the kernel's parameters where they are used.
   auto out_state = [&] {
     if constexpr (kBf16Out) return a.out_state_bf16;
@@ -111,12 +133,14 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
   extern __shared__ __align__(16) float smem[];
   const int dk = static_cast<int>(a.dk), C = static_cast<int>(a.C);
   const int64_t dv = a.dv;
-  const int pitch_p = dk + 4, pitch_q = dk + 8;
+  // Rows padded by 16 bytes put a fragment's loads in different banks (P's ldmatrix in fp32 takes
+  // 4 floats of pad).
+  const int pitch_p = kBf16In ? dk + 8 : dk + 4, pitch_q = dk + 8;
   float* S_s = smem;                                                 // [dk][kColPitch]
   uint32_t* yb_s = reinterpret_cast<uint32_t*>(S_s + dk * kColPitch);  // [C][kColPitch]: sign_q · y, big
   uint32_t* ys_s = yb_s + C * kColPitch;                             // [C][kColPitch]: sign_q · y, small
-  float* P_s = reinterpret_cast<float*>(ys_s + C * kColPitch);       // [C][dk + 4]
-  float* Q_s = P_s + C * pitch_p;                                    // [C][dk + 8]
+  TIn* P_s = reinterpret_cast<TIn*>(ys_s + C * kColPitch);           // [C][pitch_p]
+  TIn* Q_s = P_s + C * pitch_p;                                      // [C][dk + 8]
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;  // fragment row group and column pair
@@ -168,8 +192,8 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
     const int m = a.reverse ? n - 1 - step : step;
     return (static_cast<int64_t>(a.step_off[m]) + s) * a.H + head;
   };
-  auto stage_p = [&](int64_t r) { stage_rows(P_s, pitch_p, a.P + r * C * dk, dk, C, dk / 4, dk); };
-  auto stage_q = [&](int64_t r) { stage_rows(Q_s, pitch_q, a.Q + r * C * dk, dk, C, dk / 4, dk); };
+  auto stage_p = [&](int64_t r) { stage_rows(P_s, pitch_p, in_p() + r * C * dk, dk, C, dk); };
+  auto stage_q = [&](int64_t r) { stage_rows(Q_s, pitch_q, in_q() + r * C * dk, dk, C, dk); };
   if (n > 0) {
     stage_p(row_of_step(0));
     cp_async_commit();
@@ -217,9 +241,13 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int row = 16 * (unit / kPairs) + g + 8 * half, c = 16 * (unit % kPairs) + 8 * h + 2 * t;
-          A_r[u][h][half] = (unit < n_units && c < cols)
-                                ? *reinterpret_cast<const float2*>(a.A + (r * C + row) * dv + j0 + c)
-                                : make_float2(0.f, 0.f);
+          float2 av = make_float2(0.f, 0.f);
+          if (unit < n_units && c < cols) {
+            const int64_t at = (r * C + row) * dv + j0 + c;
+            if constexpr (kBf16A) av = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(a.A_bf16 + at));
+            else av = *reinterpret_cast<const float2*>(a.A + at);
+          }
+          A_r[u][h][half] = av;
         }
       }
     }
@@ -234,13 +262,22 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
         const int m0 = 16 * (unit / kPairs), n0 = 16 * (unit % kPairs);
         float big[2][4] = {}, cross[2][4] = {};
         for (int k0 = 0; k0 < dk; k0 += 8) {
-          // Lane l addresses row (l % 8) + 8 (l / 8 % 2) at column k0 + 4 (l / 16) of the tile.
-          const float* p = P_s + (m0 + lane % 8 + 8 * (lane / 8 % 2)) * pitch_p + k0 + 4 * (lane / 16);
-          uint32_t raw[4];
-          ldmatrix_x4(raw, p);
           FragA fa;
+          if constexpr (kBf16In) {
+            // Rows m0 + g, m0 + g + 8 at columns k0 + t, k0 + t + 4, widened (exact TF32 values).
+            const uint16_t* p = P_s + (m0 + g) * pitch_p + k0 + t;
+            fa.big[0] = widen_bf16(p[0]);
+            fa.big[1] = widen_bf16(p[8 * pitch_p]);
+            fa.big[2] = widen_bf16(p[4]);
+            fa.big[3] = widen_bf16(p[8 * pitch_p + 4]);
+          } else {
+            // Lane l addresses row (l % 8) + 8 (l / 8 % 2) at column k0 + 4 (l / 16) of the tile.
+            const float* p = P_s + (m0 + lane % 8 + 8 * (lane / 8 % 2)) * pitch_p + k0 + 4 * (lane / 16);
+            uint32_t raw[4];
+            ldmatrix_x4(raw, p);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) to_tf32<kSplit>(__uint_as_float(raw[e]), fa.big[e], fa.small[e]);
+            for (int e = 0; e < 4; ++e) to_tf32<kSplit>(__uint_as_float(raw[e]), fa.big[e], fa.small[e]);
+          }
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             mma_products<kSplit>(big[h], cross[h], fa, load_b<kSplit>(S_s, kColPitch, k0, n0 + 8 * h, g, t));
@@ -303,12 +340,19 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
         const int m0 = 16 * (row_warp + 8 * rt);
         if (m0 < dk) {
           // Qᵀ as the A operand: element (row i, column c) is Q[c][i].
-          const float* q = Q_s + (k0 + t) * pitch_q + m0 + g;
+          const TIn* q = Q_s + (k0 + t) * pitch_q + m0 + g;
           FragA fa;
-          to_tf32<kSplit>(q[0], fa.big[0], fa.small[0]);
-          to_tf32<kSplit>(q[8], fa.big[1], fa.small[1]);
-          to_tf32<kSplit>(q[4 * pitch_q], fa.big[2], fa.small[2]);
-          to_tf32<kSplit>(q[4 * pitch_q + 8], fa.big[3], fa.small[3]);
+          if constexpr (kBf16In) {
+            fa.big[0] = widen_bf16(q[0]);
+            fa.big[1] = widen_bf16(q[8]);
+            fa.big[2] = widen_bf16(q[4 * pitch_q]);
+            fa.big[3] = widen_bf16(q[4 * pitch_q + 8]);
+          } else {
+            to_tf32<kSplit>(q[0], fa.big[0], fa.small[0]);
+            to_tf32<kSplit>(q[8], fa.big[1], fa.small[1]);
+            to_tf32<kSplit>(q[4 * pitch_q], fa.big[2], fa.small[2]);
+            to_tf32<kSplit>(q[4 * pitch_q + 8], fa.big[3], fa.small[3]);
+          }
 #pragma unroll
           for (int nt = 0; nt < 4; ++nt) mma_products<kSplit>(S_r[rt][nt], cross_s[rt][nt], fa, fb[nt]);
         }
@@ -341,17 +385,24 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
 using ScanKernel = void (*)(GdrScanArgs);
 
 // The kernel for these template sizes, allowed the shared memory it needs on the current device.
-template <int kWarps, int kUnits, int kRowTiles, bool kHasE, bool kSplit, bool kBf16Out = false>
+template <int kWarps, int kUnits, int kRowTiles, bool kHasE, bool kSplit, bool kBf16Out = false, bool kBf16In = false>
 ScanKernel opted_in_kernel() {
-  ScanKernel f = gdr_scan_mma_kernel<kWarps, kUnits, kRowTiles, kHasE, kSplit, kBf16Out>;
+  ScanKernel f = gdr_scan_mma_kernel<kWarps, kUnits, kRowTiles, kHasE, kSplit, kBf16Out, kBf16In>;
   allow_dynamic_smem(reinterpret_cast<const void*>(f), static_cast<int>(kGdrScanMmaMaxSmem));
   return f;
 }
 
 // The instantiation for a's E (the forward scan has none, and its kernel keeps no registers for
-// it), product mode and output type (bf16 outputs: the forward in TF32 mode only; null otherwise).
+// it), product mode, input and output types (bf16 outputs: the forward in TF32 mode only; bf16
+// inputs: the two forms of GdrScanArgs::P_bf16; null otherwise).
 template <int kWarps, int kUnits, int kRowTiles>
 ScanKernel kernel_flagged(const GdrScanArgs& a) {
+  if (!gdr_scan_bf16_inputs_ok(a)) return nullptr;
+  if (a.P_bf16 != nullptr) {
+    if (a.tf32x3) return nullptr;
+    return a.E == nullptr ? opted_in_kernel<kWarps, kUnits, kRowTiles, false, false, true, true>()
+                          : opted_in_kernel<kWarps, kUnits, kRowTiles, true, false, false, true>();
+  }
   if (a.out_state_bf16 != nullptr || a.out_y_bf16 != nullptr) {
     if (a.E != nullptr || a.tf32x3 || a.out_state_bf16 == nullptr || a.out_y_bf16 == nullptr) return nullptr;
     return opted_in_kernel<kWarps, kUnits, kRowTiles, false, false, true>();
@@ -400,7 +451,7 @@ int gdr_scan_tensor_cores(const GdrScanArgs& a, int cols, void* stream) {
   GdrScanArgs args = a;
   void* params[] = {&args};
   return static_cast<int>(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, block, params,
-                                           gdr_scan_mma_smem_bytes(a.C, a.dk, cols),
+                                           gdr_scan_mma_smem_bytes(a.C, a.dk, cols, a.P_bf16 != nullptr),
                                            static_cast<cudaStream_t>(stream)));
 }
 

@@ -13,7 +13,7 @@
 // three products. A bf16 operand is staged as bf16 (half the bytes through L2 and shared memory)
 // in tiles of the same shape, padded by 16 bytes where fp32 is padded by 4 floats; its elements
 // widen to fp32 exactly, and the fp32 operand beside it is rounded to TF32, so each product is one
-// mma (TF32 accuracy, below the bf16 operand's own rounding).
+// mma (TF32 accuracy, below the bf16 operand's own rounding; exact when both operands are bf16).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -210,12 +210,19 @@ int launch(const GemmTf32x3Args& args, cudaStream_t s) {
   return static_cast<int>(cudaGetLastError());
 }
 
-// A bf16 operand comes with a K-contiguous A only (gemm_tf32x3_supports), which halves the
-// instantiations it adds.
+// A bf16 B comes with a K-contiguous A only (gemm_tf32x3_supports), which saves the
+// instantiations nothing uses.
 template <int kNW>
 int launch_layout(const GemmTf32x3Args& args, cudaStream_t s) {
   const bool a_k = args.a.col == 1, b_n = args.b.col == 1;
+  if (args.a.bf16 && args.b.bf16) {
+    return b_n ? launch<true, true, kNW, Bf16Bits, Bf16Bits>(args, s)
+               : launch<true, false, kNW, Bf16Bits, Bf16Bits>(args, s);
+  }
   if (args.a.bf16) {
+    if (!a_k) {
+      return b_n ? launch<false, true, kNW, Bf16Bits, float>(args, s) : launch<false, false, kNW, Bf16Bits, float>(args, s);
+    }
     return b_n ? launch<true, true, kNW, Bf16Bits, float>(args, s) : launch<true, false, kNW, Bf16Bits, float>(args, s);
   }
   if (args.b.bf16) {

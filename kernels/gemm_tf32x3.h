@@ -18,8 +18,9 @@ namespace kernels {
 // One of row/col must be 1 (the contiguous dimension). Elements are fp32, or bf16 (bf16 = true:
 // raw bit patterns, widened to fp32 exactly). Beside a bf16 operand the fp32 one is rounded to
 // TF32 and each product is one mma: about 2⁻¹¹ relative error, below the 2⁻⁹ of the bf16
-// operand's own rounding. The delta rule keeps its chunk states and corrected values in bf16
-// under 16-bit training (model/gdr_scan.h).
+// operand's own rounding; two bf16 operands multiply exactly (fp32 accumulation only). The delta
+// rule keeps its chunk intermediates in bf16 under 16-bit training (model/gdr_scan.h,
+// model/gdr_chunk_core.h).
 struct GemmOperand {
   const void* ptr = nullptr;
   int64_t batch = 0;  // elements between batch items (0: the same matrix for every item)
@@ -31,7 +32,8 @@ struct GemmOperand {
 // out[i] = alpha · (a[i] b[i] + a2[i] b2[i]) + beta · out[i]: a [M, K], b [K, N], out [M, N] (fp32)
 // with unit column stride; the second pair a2 [M, K2], b2 [K2, N] only when K2 > 0 (one pass over
 // out instead of a second product adding to it: the delta rule's O = s (P Vn + Qg h_in)). beta = 0
-// never reads out (it may be uninitialised). One of a and b may be bf16, with a K-contiguous (a.col == 1).
+// never reads out (it may be uninitialised). Either or both of a and b may be bf16; a bf16 b needs a
+// K-contiguous a (a.col == 1).
 struct GemmTf32x3Args {
   int64_t batch = 0, M = 0, N = 0, K = 0;
   GemmOperand a, b;
@@ -66,8 +68,8 @@ inline int gemm_tf32x3_strips_for(int64_t N) {
 
 // Whether the kernel takes these operands: each one has a unit-stride dimension whose extent is a
 // multiple of 16 bytes' elements (4 fp32, 8 bf16), its other strides and its pointer are 16-byte
-// aligned, and the batch fits a grid; one of A and B may be bf16, with A K-contiguous. Otherwise
-// use the reference.
+// aligned, and the batch fits a grid; A and B may be bf16, B only beside a K-contiguous A.
+// Otherwise use the reference.
 inline bool gemm_tf32x3_supports(const GemmTf32x3Args& args) {
   auto operand_ok = [](const GemmOperand& o, int64_t rows, int64_t cols) {
     const int64_t v = o.bf16 ? 8 : 4;  // elements in 16 bytes
@@ -76,7 +78,7 @@ inline bool gemm_tf32x3_supports(const GemmTf32x3Args& args) {
     if (o.row == 1) return rows % v == 0 && o.col % v == 0;
     return false;
   };
-  const bool types_ok = !(args.a.bf16 && args.b.bf16) && (!(args.a.bf16 || args.b.bf16) || args.a.col == 1);
+  const bool types_ok = !args.b.bf16 || args.a.col == 1;
   const bool second_ok = args.K2 == 0 || (args.K2 > 0 && operand_ok(args.a2, args.M, args.K2) &&
                                            operand_ok(args.b2, args.K2, args.N) && (args.a2.col == 1) == (args.a.col == 1) &&
                                            (args.b2.col == 1) == (args.b.col == 1) && args.a2.bf16 == args.a.bf16 &&

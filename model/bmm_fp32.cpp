@@ -19,15 +19,15 @@ std::atomic<bool> g_wide_tiles{true};
 
 bool is_bf16(const torch::Tensor& x) { return x.scalar_type() == torch::kBFloat16; }
 
-// The operands' dtypes: both as the result's (fp32, or fp64 for the references' tests), or one of
-// them bf16 next to an fp32 one.
+// The operands' dtypes: both as the result's (fp32, or fp64 for the references' tests), or bf16
+// ones beside fp32 or bf16 (the result is then fp32).
 void check_operands(const torch::Tensor& a, const torch::Tensor& b, const char* what) {
   TORCH_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(1), what,
               ": expected a [R, M, K] and b [R, K, N], got ", a.sizes(), " and ", b.sizes());
-  const bool mixed = (is_bf16(a) && b.scalar_type() == torch::kFloat32) ||
-                     (is_bf16(b) && a.scalar_type() == torch::kFloat32);
-  TORCH_CHECK((a.scalar_type() == b.scalar_type() && !is_bf16(a)) || mixed, what,
-              ": expected a and b of one dtype, or one bf16 and one fp32, got ", a.scalar_type(), " and ",
+  auto f32_or_bf16 = [](const torch::Tensor& x) { return is_bf16(x) || x.scalar_type() == torch::kFloat32; };
+  const bool with_bf16 = (is_bf16(a) || is_bf16(b)) && f32_or_bf16(a) && f32_or_bf16(b);
+  TORCH_CHECK((a.scalar_type() == b.scalar_type() && !is_bf16(a)) || with_bf16, what,
+              ": expected a and b of one dtype, or bf16 beside fp32 or bf16, got ", a.scalar_type(), " and ",
               b.scalar_type());
   TORCH_CHECK(a.device() == b.device(), what, ": a and b are on different devices (", a.device(), ", ", b.device(),
               ")");
@@ -66,8 +66,8 @@ kernels::GemmOperand operand(const torch::Tensor& x) {
   return o;
 }
 
-// The kernel's arguments when it takes this product (fp32 CUDA tensors, or one operand bf16;
-// supported layouts).
+// The kernel's arguments when it takes this product (fp32 or bf16 CUDA tensors in supported
+// layouts).
 bool kernel_args(const torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, double alpha, double beta,
                  kernels::GemmTf32x3Args& g) {
   if (!g_use_kernel || !a.is_cuda() || out.scalar_type() != torch::kFloat32 || out.numel() == 0 || a.size(2) == 0)

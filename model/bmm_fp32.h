@@ -3,10 +3,11 @@
 // product, where an fp32 GEMM has 2⁻²⁴ and plain TF32 2⁻¹¹. Anywhere else, and for operand layouts
 // the kernel does not take, they are ATen's fp32 bmm/baddbmm, which is also the reference the
 // kernel is tested against. No autograd: the callers are hand-written backwards.
-// Operands are fp32, or bf16 (the delta rule's saved states under 16-bit training, model/gdr_scan.h):
-// at most one of each product's two operands, widened exactly, and the result is fp32. Beside a
-// bf16 operand the kernel takes the fp32 one at TF32 accuracy (2⁻¹¹, below the bf16 operand's own
-// 2⁻⁹ rounding; kernels/gemm_tf32x3.h); the ATen path computes in fp32.
+// Operands are fp32, or bf16 (the delta rule's intermediates under 16-bit training, model/gdr_scan.h,
+// model/gdr_chunk_core.h): either or both of a product's operands, widened exactly, and the result
+// is fp32. Beside a bf16 operand the kernel takes an fp32 one at TF32 accuracy (2⁻¹¹, below the
+// bf16 operand's own 2⁻⁹ rounding; kernels/gemm_tf32x3.h), and two bf16 operands exactly; the ATen
+// path computes in fp32.
 #pragma once
 
 #include <torch/types.h>

@@ -40,6 +40,7 @@ using torch::autograd::variable_list;
 
 std::atomic<bool> g_use_kernels{true};
 std::atomic<bool> g_use_fused_kernels{true};
+std::atomic<bool> g_bf16_front{true};
 
 torch::Tensor col(const torch::Tensor& x) { return x.unsqueeze(-1); }  // [N,H,C] -> [N,H,C,1]
 torch::Tensor tr(const torch::Tensor& x) { return x.transpose(-1, -2); }
@@ -354,30 +355,33 @@ variable_list input_grads_kernel(const Ctx& c, const Prep& p, const Upstream& u,
 }
 
 
-// with_solve = false (the backward's recompute): Kd, Qg, P and decay only.
-ForwardFront forward_front_kernel(const Ctx& c, const KernelInputs& ki, bool with_solve) {
+// with_solve = false (the backward's recompute): Kd, Qg, P and decay only. bf16: W, U, Kd, Qg and P
+// rounded to bf16 (Tm and decay stay fp32).
+ForwardFront forward_front_kernel(const Ctx& c, const KernelInputs& ki, bool with_solve, bool bf16) {
   const int64_t N = c.l.n_chunks, H = c.H, C = c.l.C;
   auto opt = ki.beta.options();
+  auto out_opt = bf16 ? opt.dtype(torch::kBFloat16) : opt;
   ForwardFront f;
   if (with_solve) {
-    f.W = torch::empty({N, H, C, c.dk}, opt);
-    f.U = torch::empty({N, H, C, c.dv}, opt);
+    f.W = torch::empty({N, H, C, c.dk}, out_opt);
+    f.U = torch::empty({N, H, C, c.dv}, out_opt);
     f.Tm = torch::empty({N, H, C, C}, opt);
   }
-  f.Kd = torch::empty({N, H, C, c.dk}, opt);
-  f.Qg = torch::empty({N, H, C, c.dk}, opt);
-  f.P = torch::empty({N, H, C, C}, opt);
+  f.Kd = torch::empty({N, H, C, c.dk}, out_opt);
+  f.Qg = torch::empty({N, H, C, c.dk}, out_opt);
+  f.P = torch::empty({N, H, C, C}, out_opt);
   f.decay = torch::empty({N, H}, opt);
   kernels::GdrChunkFrontArgs a;
   a.q = ki.q.data_ptr();
   ki.point(a);
-  a.W = with_solve ? f.W.data_ptr<float>() : nullptr;
-  a.U = with_solve ? f.U.data_ptr<float>() : nullptr;
-  a.Kd = f.Kd.data_ptr<float>();
-  a.Qg = f.Qg.data_ptr<float>();
-  a.P = f.P.data_ptr<float>();
+  a.W = with_solve ? f.W.data_ptr() : nullptr;
+  a.U = with_solve ? f.U.data_ptr() : nullptr;
+  a.Kd = f.Kd.data_ptr();
+  a.Qg = f.Qg.data_ptr();
+  a.P = f.P.data_ptr();
   a.Tm = with_solve ? f.Tm.data_ptr<float>() : nullptr;
   a.decay = f.decay.data_ptr<float>();
+  a.bf16_out = bf16;
   check_kernel_launch(kernels::gdr_chunk_front_forward(chunk_list(c), a, stream_of(f.P)),
                       "gated delta rule fused front");
   return f;
@@ -480,13 +484,23 @@ bool fused_kernels(const Ctx& c) {
 #endif
 }
 
-// The forward's front: the fused kernel where it takes the sizes, else the separate pieces (the
-// reference for the fused kernel, and what the backward recomputes).
+// Whether the fused front writes W, U, Kd, Qg and P in bf16 (and the backward's recompute its Kd,
+// Qg and P): under TF32 scan products with bf16 states, where the scan kernel reads bf16 inputs
+// for these sizes. Everything after the front then reads bf16: the scan, the output products and
+// the backward's products and reverse scan (model/gdr_scan.h, model/bmm_fp32.h).
+bool bf16_front(const Ctx& c) {
+  return g_bf16_front && fused_kernels(c) && c.l.scan.tf32_products && c.l.scan.bf16_states &&
+         gdr_scan_takes_bf16_inputs(c.l.scan, c.l.C, c.dk, c.dv);
+}
+
+// The forward's front: the fused kernel where it takes the sizes (its outputs in bf16 with
+// bf16_front), else the separate pieces (the reference for the fused kernel, and what the
+// backward recomputes), in fp32.
 ForwardFront forward_front(const Ctx& c, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                            const torch::Tensor& beta, const torch::Tensor& g) {
 #if defined(DD_HAVE_CUDA)
   if (fused_kernels(c)) {
-    return forward_front_kernel(c, kernel_inputs(q, k, v, beta, g), true);
+    return forward_front_kernel(c, kernel_inputs(q, k, v, beta, g), true, bf16_front(c));
   }
 #endif
   const Front f = front(c, q, k, v, beta, g);
@@ -530,7 +544,7 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     const torch::Tensor& o_targets = targets.rows;
     ctx->set_materialize_grads(false);
     const Ctx c = make_ctx(l, q, v, h0);
-    const ForwardFront f = forward_front(c, q, k, v, beta, g);
+    const ForwardFront f = forward_front(c, q, k, v, beta, g);  // W, U, Kd, Qg, P bf16 with bf16_front(c)
     const auto scan = gdr_scan(rows(f.W), rows(f.U), rows(f.Kd), f.decay.reshape({-1}), h0, l.scan);
     // O = s (P Vn + Qg h_in), both products in one pass over O. h_in and v_new are bf16 under the
     // plan's bf16_states (TF32 products on a GPU); the products here and in the backward read them so.
@@ -556,6 +570,7 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     sd["dt"] = static_cast<int64_t>(c.dt);
     sd["scale"] = scale;
     sd["o_tokens"] = tokens;
+    sd["bf16_front"] = f.W.scalar_type() == torch::kBFloat16;  // the backward's recompute writes the same
     if (tokens) return {O.view({l.B, l.T, c.H, c.dv}), scan.h_final};
     return {O.view({l.n_chunks, c.H, l.C, c.dv}), scan.h_final};
   }
@@ -591,15 +606,15 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     const auto& dh_final = grads[1];
 
     // Recompute the cheap front instead of saving it: with the fused kernels only Kd, Qg, P and
-    // decay (the tail recomputes the rest from q and k); else the whole of prep, the masks and
-    // X Kᵀ.
+    // decay (the tail recomputes the rest from q and k), in bf16 where the forward wrote bf16;
+    // else the whole of prep, the masks and X Kᵀ.
     const bool fused = fused_kernels(c);
     Front f;
     ForwardFront ff;
 #if defined(DD_HAVE_CUDA)
     if (fused) {
       f.ki = kernel_inputs(q, k, v, beta, g);
-      ff = forward_front_kernel(c, f.ki, false);
+      ff = forward_front_kernel(c, f.ki, false, sd["bf16_front"].toBool());
     }
 #endif
     if (!fused) {
@@ -679,6 +694,8 @@ void gdr_use_kernels(bool on) {
 }
 
 void gdr_use_fused_kernels(bool on) { g_use_fused_kernels = on; }
+
+void gdr_bf16_front(bool on) { g_bf16_front = on; }
 
 GdrChunkCoreOutput gdr_chunk_core(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                   const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0,

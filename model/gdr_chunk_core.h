@@ -11,7 +11,8 @@
 //   O = scale · (diag(e^γ) Q h_in + ((Q Kᵀ) ⊙ D) Vn)
 // On a GPU in fp32 with C ≤ 64 the gather, the gate math, the masks and the backward's elementwise
 // work are CUDA kernels (kernels/gdr_chunk.h) around split-TF32 products (under TF32 scan products
-// the saved h_in and v_new are bf16 and the products against them take one mma, model/gdr_scan.h); at C = 64 the forward's
+// the saved h_in and v_new are bf16 and the products against them take one mma, model/gdr_scan.h;
+// the fused front's W, U, Kd, Qg and P are bf16 too, gdr_bf16_front); at C = 64 the forward's
 // whole front (gather to W, U, P and Tm) is one kernel (kernels/gdr_chunk_front.h), and so is the
 // backward through the solve (kernels/gdr_chunk_solve_backward.h). Elsewhere each piece is its ATen
 // twin (gdr_chunk_core.cpp). Both are tested against autograd through gdr_forward_ref
@@ -47,5 +48,11 @@ void gdr_use_kernels(bool on);
 // inverse and two products in kernels/gdr_chunk_front.h) and the backward through the solve (six
 // products, kernels/gdr_chunk_solve_backward.h).
 void gdr_use_fused_kernels(bool on);
+
+// Process-wide switch (default on), for the benchmarks and tests comparing them: under TF32 scan
+// products with bf16 states (16-bit training), the fused front writes W, U, Kd, Qg and P in bf16
+// and everything after it reads them so (half their bytes, bf16's 2⁻⁹ rounding added); off keeps
+// them fp32.
+void gdr_bf16_front(bool on);
 
 }  // namespace model

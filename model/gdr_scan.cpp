@@ -131,18 +131,41 @@ DevicePlan device_plan(const GdrScanPlan& p, const torch::Device& dev) {
 }
 
 const float* ptr_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
+bool is_bf16(const torch::Tensor& t) { return t.scalar_type() == torch::kBFloat16; }
+const uint16_t* bf16_bits(const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr()); }
+
+// The kernel's arguments for a plan's sizes and product mode (no pointers yet).
+kernels::GdrScanArgs sized_args(const GdrScanPlan& plan, int64_t C, int64_t dk, int64_t dv) {
+  kernels::GdrScanArgs a;
+  a.variant = g_variant;
+  a.tf32x3 = !plan.tf32_products;
+  a.n_docs = plan.n_docs;
+  a.H = plan.heads;
+  a.C = C;
+  a.dk = dk;
+  a.dv = dv;
+  return a;
+}
 
 // One launch of the scan (either direction). Returns {out_state, out_y, final}; out_state and out_y
 // in bf16 when bf16_outputs is asked for and the kernel takes it (kernels::gdr_scan_takes_bf16_outputs).
+// P and Q may be bf16 (both), in the forward with a bf16 A and bf16 outputs, in the backward with
+// an fp32 A and E (kernels::GdrScanArgs::P_bf16); the callers check the kernel takes them.
 std::vector<torch::Tensor> run_scan(const torch::Tensor& A, const torch::Tensor& P, const torch::Tensor& Q,
                                     const torch::Tensor& decay, const torch::Tensor& E, const torch::Tensor& init,
                                     const DevicePlan& dp, int64_t n_docs, int64_t H, float sign_p, float sign_q,
                                     bool reverse, bool tf32_products, bool bf16_outputs = false) {
   const int64_t R = A.size(0), C = A.size(1), dv = A.size(2), dk = P.size(2);
   kernels::GdrScanArgs a;
-  a.A = A.data_ptr<float>();
-  a.P = P.data_ptr<float>();
-  a.Q = Q.data_ptr<float>();
+  if (is_bf16(P)) {
+    a.P_bf16 = bf16_bits(P);
+    a.Q_bf16 = bf16_bits(Q);
+  } else {
+    a.P = P.data_ptr<float>();
+    a.Q = Q.data_ptr<float>();
+  }
+  if (is_bf16(A)) a.A_bf16 = bf16_bits(A);
+  else a.A = A.data_ptr<float>();
   a.decay = decay.data_ptr<float>();
   a.E = ptr_or_null(E);
   a.init = ptr_or_null(init);
@@ -162,7 +185,7 @@ std::vector<torch::Tensor> run_scan(const torch::Tensor& A, const torch::Tensor&
   const auto out_opt = A.options().dtype(bf16 ? torch::kBFloat16 : torch::kFloat32);
   auto out_state = torch::empty({R, dk, dv}, out_opt);
   auto out_y = torch::empty({R, C, dv}, out_opt);
-  auto fin = torch::empty({n_docs * H, dk, dv}, A.options());
+  auto fin = torch::empty({n_docs * H, dk, dv}, A.options().dtype(torch::kFloat32));
   if (bf16) {
     a.out_state_bf16 = reinterpret_cast<uint16_t*>(out_state.data_ptr());
     a.out_y_bf16 = reinterpret_cast<uint16_t*>(out_y.data_ptr());
@@ -178,6 +201,14 @@ std::vector<torch::Tensor> run_scan(const torch::Tensor& A, const torch::Tensor&
 }
 
 torch::Tensor contiguous_or_undefined(const torch::Tensor& t) { return t.defined() ? t.contiguous() : t; }
+
+// The reverse scan's E (the gradient reaching h_in): undefined means zero, which the kernel's
+// fp32 form reads as no E; its bf16-input form always reads one, so it gets zeros.
+torch::Tensor backward_e(const torch::Tensor& d_hin, const torch::Tensor& W, int64_t dv) {
+  if (d_hin.defined()) return d_hin.contiguous();
+  if (!is_bf16(W)) return d_hin;
+  return torch::zeros({W.size(0), W.size(2), dv}, W.options().dtype(torch::kFloat32));
+}
 
 class GdrScanFn : public torch::autograd::Function<GdrScanFn> {
  public:
@@ -205,7 +236,7 @@ class GdrScanFn : public torch::autograd::Function<GdrScanFn> {
     DevicePlan dp{ctx->saved_data["step_off"].toTensor(), ctx->saved_data["n_chunks"].toTensor()};
     const int64_t n_docs = ctx->saved_data["n_docs"].toInt(), H = ctx->saved_data["heads"].toInt();
     auto d_vnew = grads[1].defined() ? grads[1].contiguous() : torch::zeros_like(v_new);
-    auto outs = run_scan(d_vnew, Kd, W, decay, contiguous_or_undefined(grads[0]), contiguous_or_undefined(grads[2]),
+    auto outs = run_scan(d_vnew, Kd, W, decay, backward_e(grads[0], W, v_new.size(2)), contiguous_or_undefined(grads[2]),
                          dp, n_docs, H, 1.f, -1.f, true, ctx->saved_data["tf32_products"].toBool());
     const auto &dh_next = outs[0], &dU = outs[1], &dh0 = outs[2];
     auto dW = -torch::bmm(dU, h_in.transpose(1, 2));
@@ -215,41 +246,68 @@ class GdrScanFn : public torch::autograd::Function<GdrScanFn> {
   }
 };
 
-bool kernel_takes(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& Kd, const torch::Tensor& decay,
-                  const torch::Tensor& h0) {
-  return g_use_kernel && W.is_cuda() && W.scalar_type() == torch::kFloat32 && U.scalar_type() == torch::kFloat32 &&
-         Kd.scalar_type() == torch::kFloat32 && decay.scalar_type() == torch::kFloat32 &&
-         (!h0.defined() || h0.scalar_type() == torch::kFloat32) && kernels::gdr_scan_supports(W.size(1), W.size(2)) &&
-         W.size(0) > 0;
+// Whether the kernel takes these inputs: fp32 throughout, or W and Kd in bf16 where the kernel
+// takes bf16 inputs for the plan (TF32 products on the tensor-core kernel), with A (U in the
+// forward) bf16 in the forward and fp32 (the values' gradient) in the backward.
+bool kernel_takes(const torch::Tensor& W, const torch::Tensor& A, const torch::Tensor& Kd, const torch::Tensor& decay,
+                  const torch::Tensor& h0, const GdrScanPlan& plan, bool forward) {
+  if (!g_use_kernel || !W.is_cuda() || W.size(0) == 0 || decay.scalar_type() != torch::kFloat32 ||
+      (h0.defined() && h0.scalar_type() != torch::kFloat32) || !kernels::gdr_scan_supports(W.size(1), W.size(2))) {
+    return false;
+  }
+  const auto f32 = torch::kFloat32;
+  if (W.scalar_type() == f32 && Kd.scalar_type() == f32) return A.scalar_type() == f32;
+  if (!is_bf16(W) || !is_bf16(Kd) || is_bf16(A) != forward || (!forward && A.scalar_type() != f32)) return false;
+  if (forward && !(plan.tf32_products && plan.bf16_states)) return false;  // bf16 inputs write bf16 outputs
+  return kernels::gdr_scan_takes_bf16_inputs(sized_args(plan, W.size(1), W.size(2), A.size(2)));
 }
 
 }  // namespace
 #endif
 
+namespace {
+// W, U, Kd widened to fp32 when given in bf16 to a path that takes fp32 only.
+torch::Tensor f32(const torch::Tensor& x) {
+  return x.defined() && x.scalar_type() == torch::kBFloat16 ? x.to(torch::kFloat32) : x;
+}
+}  // namespace
+
+bool gdr_scan_takes_bf16_inputs(const GdrScanPlan& plan, int64_t C, int64_t dk, int64_t dv) {
+#if defined(DD_HAVE_CUDA)
+  return g_use_kernel && plan.tf32_products && plan.n_docs > 0 && plan.heads > 0 &&
+         kernels::gdr_scan_takes_bf16_inputs(sized_args(plan, C, dk, dv));
+#else
+  (void)plan, (void)C, (void)dk, (void)dv;
+  return false;
+#endif
+}
+
 GdrScanResult gdr_scan(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& Kd,
                        const torch::Tensor& decay, const torch::Tensor& h0, const GdrScanPlan& plan) {
 #if defined(DD_HAVE_CUDA)
-  if (kernel_takes(W, U, Kd, decay, h0)) {
+  if (kernel_takes(W, U, Kd, decay, h0, plan, true)) {
     auto outs = GdrScanFn::apply(W, U, Kd, decay, h0, plan);
     return {outs[0], outs[1], outs[2]};
   }
+  if (W.scalar_type() == torch::kBFloat16) return gdr_scan(f32(W), f32(U), f32(Kd), decay, h0, plan);
 #endif
-  return gdr_scan_reference(W, U, Kd, decay, h0, plan);
+  return gdr_scan_reference(f32(W), f32(U), f32(Kd), decay, h0, plan);
 }
 
 GdrScanGrads gdr_scan_backward(const torch::Tensor& W, const torch::Tensor& Kd, const torch::Tensor& decay,
                                const torch::Tensor& d_hin, const torch::Tensor& d_vnew, const torch::Tensor& d_hfinal,
                                const GdrScanPlan& plan) {
 #if defined(DD_HAVE_CUDA)
-  if (kernel_takes(W, d_vnew, Kd, decay, d_hfinal)) {
+  if (kernel_takes(W, d_vnew, Kd, decay, d_hfinal, plan, false)) {
     auto dp = device_plan(plan, W.device());
     auto outs = run_scan(d_vnew.contiguous(), Kd.contiguous(), W.contiguous(), decay.contiguous(),
-                         contiguous_or_undefined(d_hin), contiguous_or_undefined(d_hfinal), dp, plan.n_docs,
+                         backward_e(d_hin, W, d_vnew.size(2)), contiguous_or_undefined(d_hfinal), dp, plan.n_docs,
                          plan.heads, 1.f, -1.f, true, plan.tf32_products);
     return {outs[0], outs[1], outs[2]};
   }
+  if (W.scalar_type() == torch::kBFloat16) return gdr_scan_backward(f32(W), f32(Kd), decay, d_hin, d_vnew, d_hfinal, plan);
 #endif
-  return gdr_scan_backward_reference(W, Kd, decay, d_hin, d_vnew, d_hfinal, plan);
+  return gdr_scan_backward_reference(f32(W), f32(Kd), decay, d_hin, d_vnew, d_hfinal, plan);
 }
 
 }  // namespace model

@@ -43,8 +43,16 @@ GdrScanResult gdr_scan_reference(const torch::Tensor& W, const torch::Tensor& U,
                                  const torch::Tensor& decay, const torch::Tensor& h0, const GdrScanPlan& plan);
 // Same result; through the kernel for fp32 CUDA tensors of sizes it takes (unless switched off),
 // with h_in and v_new in bf16 where the plan asks for bf16_states and the kernel takes them.
+// W, U and Kd may also come in bf16 (the chunk core's front writes them so under 16-bit training):
+// the kernel reads them as they are where gdr_scan_takes_bf16_inputs (with bf16_states), and every
+// other path widens them to fp32 first. h0 and decay are fp32.
 GdrScanResult gdr_scan(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& Kd,
                        const torch::Tensor& decay, const torch::Tensor& h0, const GdrScanPlan& plan);
+
+// Whether the kernel reads bf16 W, U and Kd itself (forward) and bf16 W and Kd (backward) for a
+// plan with these sizes on the current GPU: TF32 products on the tensor-core kernel, the same
+// condition as its bf16 outputs. False without CUDA.
+bool gdr_scan_takes_bf16_inputs(const GdrScanPlan& plan, int64_t C, int64_t dk, int64_t dv);
 
 // The scan's backward without autograd, for callers with a hand-written backward
 // (model/gdr_chunk_core.h): the same scan run in reverse on the gradients,
@@ -60,7 +68,8 @@ struct GdrScanGrads {
 GdrScanGrads gdr_scan_backward_reference(const torch::Tensor& W, const torch::Tensor& Kd, const torch::Tensor& decay,
                                          const torch::Tensor& d_hin, const torch::Tensor& d_vnew,
                                          const torch::Tensor& d_hfinal, const GdrScanPlan& plan);
-// Same result; through the kernel where gdr_scan would use it.
+// Same result; through the kernel where gdr_scan would use it (W and Kd in bf16 too, as gdr_scan
+// takes them; d_hin, d_vnew and d_hfinal are fp32).
 GdrScanGrads gdr_scan_backward(const torch::Tensor& W, const torch::Tensor& Kd, const torch::Tensor& decay,
                                const torch::Tensor& d_hin, const torch::Tensor& d_vnew, const torch::Tensor& d_hfinal,
                                const GdrScanPlan& plan);

@@ -1,5 +1,5 @@
-// The batched fp32 products' host side (model/bmm_fp32.h): operands with one of them in bf16, as
-// the delta rule's saved states are under 16-bit training, on the ATen path every machine runs
+// The batched fp32 products' host side (model/bmm_fp32.h): operands in bf16, as the delta rule's
+// intermediates are under 16-bit training, on the ATen path every machine runs
 // (the GPU kernel against fp64 is in test_bmm_fp32_cuda.cpp), and the kernel's rules for which
 // bf16 operands it takes (kernels::gemm_tf32x3_supports, pure host arithmetic).
 #include <gtest/gtest.h>
@@ -37,6 +37,14 @@ TEST(BmmFp32, Bf16OperandIsWidenedExactly) {
   const auto want = torch::bmm(wa, b) * -1.0 + out * 0.25;
   model::bmm_fp32_accumulate(out, ab, b, -1.0, 0.25);
   EXPECT_TRUE(torch::allclose(out, want, 1e-5, 1e-5));
+  // Two bf16 operands (the delta rule's chunk products under 16-bit training), in the one-pass sum too.
+  auto r3 = model::bmm_fp32(ab, bb, 0.25);
+  ASSERT_EQ(r3.scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(torch::allclose(r3, torch::bmm(wa, wb) * 0.25, 1e-6, 1e-6));
+  auto a2b = a2.to(torch::kBFloat16);
+  auto sum2 = model::bmm_fp32_sum(ab, bb, a2b, b2, 1.0);
+  EXPECT_TRUE(torch::allclose(sum2, torch::bmm(wa, wb) + torch::bmm(a2b.to(torch::kFloat32), b2.to(torch::kFloat32)),
+                              1e-5, 1e-5));
   // The row dot products with bf16 rows.
   auto x = torch::randn({4, 3, 7}).to(torch::kBFloat16), y = torch::randn({4, 3, 7});
   auto dots = model::row_dot_fp32(x, y);
@@ -46,22 +54,24 @@ TEST(BmmFp32, Bf16OperandIsWidenedExactly) {
 
 TEST(BmmFp32, MismatchedOperandTypesAreRefusedByName) {
   auto a = torch::randn({2, 4, 4}), b = torch::randn({2, 4, 4});
-  // Two bf16 operands, bf16 beside fp64, fp32 beside fp64: each refused, naming the dtypes.
+  // bf16 beside fp64, fp16 beside bf16, fp32 beside fp64: each refused, naming the dtypes.
   try {
-    model::bmm_fp32(a.to(torch::kBFloat16), b.to(torch::kBFloat16));
-    ADD_FAILURE() << "two bf16 operands were taken";
+    model::bmm_fp32(a.to(torch::kBFloat16), b.to(torch::kFloat64));
+    ADD_FAILURE() << "bf16 beside fp64 was taken";
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("one bf16 and one fp32"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bf16 beside fp32 or bf16"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Double"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(model::bmm_fp32(a.to(torch::kBFloat16), b.to(torch::kFloat64)), c10::Error);
+  EXPECT_THROW(model::bmm_fp32(a.to(torch::kHalf), b.to(torch::kBFloat16)), c10::Error);
   EXPECT_THROW(model::bmm_fp32(a, b.to(torch::kFloat64)), c10::Error);
   auto out_bf16 = torch::zeros({2, 4, 4}, torch::kBFloat16);
   EXPECT_THROW(model::bmm_fp32_accumulate(out_bf16, a.to(torch::kBFloat16), b, 1.0, 0.0), c10::Error);
 }
 
-// Which bf16 operands the kernel takes: one of A and B, with A K-contiguous, and 16-byte aligned
-// pieces (8 bf16 elements) along the contiguous dimension.
-TEST(BmmFp32, KernelTakesOneBf16OperandBesideAKContiguousA) {
+// Which bf16 operands the kernel takes: A in either layout, B only beside a K-contiguous A (so
+// both together with a K-contiguous A), and 16-byte aligned pieces (8 bf16 elements) along the
+// contiguous dimension.
+TEST(BmmFp32, KernelTakesBf16OperandsByTheirLayouts) {
   const void* aligned = reinterpret_cast<const void*>(uintptr_t{4096});
   kernels::GemmTf32x3Args g;
   g.batch = 8, g.M = 64, g.N = 128, g.K = 64;
@@ -79,10 +89,16 @@ TEST(BmmFp32, KernelTakesOneBf16OperandBesideAKContiguousA) {
   g.b = {aligned, 64 * 128, 128, 1};
   g.a = {aligned, 64 * 64, 64, 1, true};  // bf16 A, fp32 B
   EXPECT_TRUE(kernels::gemm_tf32x3_supports(g));
-  g.b.bf16 = true;  // both bf16
+  g.b.bf16 = true;  // both bf16 beside a K-contiguous A
+  EXPECT_TRUE(kernels::gemm_tf32x3_supports(g));
+  g.a = {aligned, 64 * 64, 1, 64, true};  // M-contiguous bf16 A beside a bf16 B
   EXPECT_FALSE(kernels::gemm_tf32x3_supports(g));
-  g.b.bf16 = false;
-  g.a = {aligned, 64 * 64, 1, 64, true};  // M-contiguous bf16 A
+  g.b.bf16 = false;  // ... beside an fp32 B
+  EXPECT_TRUE(kernels::gemm_tf32x3_supports(g));
+  g.a.col = 60;  // M-contiguous bf16 A with columns 120 bytes apart
+  EXPECT_FALSE(kernels::gemm_tf32x3_supports(g));
+  g.a = {aligned, 64 * 64, 1, 64};  // M-contiguous fp32 A beside a bf16 B
+  g.b.bf16 = true;
   EXPECT_FALSE(kernels::gemm_tf32x3_supports(g));
   // The second pair must be typed as the first.
   g.a = {aligned, 64 * 64, 64, 1};
@@ -93,4 +109,7 @@ TEST(BmmFp32, KernelTakesOneBf16OperandBesideAKContiguousA) {
   EXPECT_TRUE(kernels::gemm_tf32x3_supports(g));
   g.b2.bf16 = false;
   EXPECT_FALSE(kernels::gemm_tf32x3_supports(g));
+  g.b2.bf16 = true;
+  g.a.bf16 = g.a2.bf16 = true;  // the delta rule's output: every operand bf16
+  EXPECT_TRUE(kernels::gemm_tf32x3_supports(g));
 }

@@ -14,6 +14,7 @@
 #include "model/gdr.h"
 #include "model/gdr_chunk_core.h"
 #include "model/gdr_chunk_layout.h"
+#include "model/gdr_scan.h"
 #include "tests/support/gdr_output_run.h"
 #include "tests/support/torch_compare.h"
 
@@ -349,4 +350,37 @@ TEST(Gdr, OutputWrittenIntoTokenOrderMatchesTheCopy) {
     EXPECT_EQ(max_abs_diff(direct[0], copied[0]), 0.0) << c.name() << ": o";
     for (size_t i = 1; i < direct.size(); ++i) EXPECT_EQ(max_abs_diff(direct[i], copied[i]), 0.0) << c.name() << ": gradient " << i;
   }
+}
+
+// The state scan given W, U and Kd in bf16 (as the chunk core's fused front writes them under
+// 16-bit training) where only fp32 runs — the CPU, and the ATen loop everywhere: the inputs are
+// widened first, so the results equal those of the widened values exactly, forward and backward.
+TEST(Gdr, ScanWidensBf16InputsWhereOnlyFp32Runs) {
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 23);
+  const int64_t H = 2, C = 16, dk = 8, dv = 12;
+  // Two documents of 3 and 1 chunks, step-major: step 0 runs both, steps 1 and 2 the first.
+  model::GdrScanPlan plan;
+  plan.n_docs = 2;
+  plan.heads = H;
+  plan.step_count = {2, 1, 1};
+  plan.step_off = {0, 2, 3};
+  plan.tf32_products = true;
+  plan.bf16_states = true;
+  const int64_t R = 4 * H;
+  auto W = torch::randn({R, C, dk}).to(torch::kBFloat16), U = torch::randn({R, C, dv}).to(torch::kBFloat16);
+  auto Kd = torch::randn({R, C, dk}).to(torch::kBFloat16);
+  auto decay = torch::rand({R}) * 0.5 + 0.5, h0 = torch::randn({2 * H, dk, dv});
+  EXPECT_FALSE(model::gdr_scan_takes_bf16_inputs(plan, C, dk, dv));  // on the CPU
+  const auto f32 = [](const torch::Tensor& x) { return x.to(torch::kFloat32); };
+  const auto got = model::gdr_scan(W, U, Kd, decay, h0, plan);
+  const auto want = model::gdr_scan_reference(f32(W), f32(U), f32(Kd), decay, h0, plan);
+  EXPECT_TRUE(torch::equal(got.h_in, want.h_in));
+  EXPECT_TRUE(torch::equal(got.v_new, want.v_new));
+  EXPECT_TRUE(torch::equal(got.h_final, want.h_final));
+  auto d_vnew = torch::randn({R, C, dv}), d_hin = torch::randn({R, dk, dv}), d_hfinal = torch::randn({2 * H, dk, dv});
+  const auto bg = model::gdr_scan_backward(W, Kd, decay, d_hin, d_vnew, d_hfinal, plan);
+  const auto bw = model::gdr_scan_backward_reference(f32(W), f32(Kd), decay, d_hin, d_vnew, d_hfinal, plan);
+  EXPECT_TRUE(torch::equal(bg.dh_next, bw.dh_next));
+  EXPECT_TRUE(torch::equal(bg.dU, bw.dU));
+  EXPECT_TRUE(torch::equal(bg.dh0, bw.dh0));
 }

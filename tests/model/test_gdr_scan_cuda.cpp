@@ -8,12 +8,17 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#if defined(DD_HAVE_CUDA)
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "kernels/gdr_chunk_front.h"
 #include "kernels/gdr_scan.h"
 #include "model/gdr.h"
 #include "model/gdr_chunk_core.h"
@@ -162,9 +167,10 @@ TEST(GdrScanCuda, KernelMatchesReferenceForwardAndBackward) {
 // Both scan products: split TF32 within 1e-5; plain TF32 (model.gdn_scan_precision = "tf32")
 // within 3e-3, below bf16's rounding of the inputs it is meant for (2⁻⁸ = 3.9e-3), and measurably
 // less exact than split TF32 (at least 10×), so the mode is known to have taken effect; plain TF32
-// with the saved states in bf16 (how 16-bit training runs it) within 6e-3, bf16's rounding (2⁻⁸ =
-// 3.9e-3 at most per element) grown through the products those values feed (measured: o 1.8e-3,
-// worst gradient 2.2e-3).
+// with the saved states in bf16 within 6e-3, bf16's rounding (2⁻⁸ = 3.9e-3 at most per element)
+// grown through the products those values feed (measured: o 1.8e-3, worst gradient 2.2e-3); and
+// with the front's W, U, Kd, Qg and P in bf16 as well (how 16-bit training runs it) within 1e-2,
+// the same rounding on twice as many of the values the products read.
 TEST(GdrScanCuda, ChunkedRuleWithKernelMatchesStepByStep) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 911);
@@ -208,15 +214,21 @@ TEST(GdrScanCuda, ChunkedRuleWithKernelMatchesStepByStep) {
   // rounding (2⁻⁹ relative per element) to what those values feed: o and every gradient but h's.
   struct Mode {
     const char* name;
-    bool tf32, bf16_states;
+    bool tf32, bf16_states, bf16_front;
     double tol;
   };
-  const Mode modes[] = {{"split-tf32", false, false, 1e-5}, {"tf32", true, false, 3e-3}, {"tf32, bf16 states", true, true, 6e-3}};
-  double worst_of[3] = {0, 0, 0};
-  for (int m = 0; m < 3; ++m) {
+  const Mode modes[] = {{"split-tf32", false, false, false, 1e-5},
+                        {"tf32", true, false, false, 3e-3},
+                        {"tf32, bf16 states", true, true, false, 6e-3},
+                        {"tf32, bf16 states and front", true, true, true, 1e-2}};
+  double worst_of[4] = {0, 0, 0, 0};
+  std::vector<torch::Tensor> o_of(4);
+  for (int m = 0; m < 4; ++m) {
     const Mode& mode = modes[m];
     model::gdr_bf16_states(mode.bf16_states);
+    model::gdr_bf16_front(mode.bf16_front);
     const auto got = grads_of(true, mode.tf32);
+    o_of[m] = got[0];
     double worst = 0, worst_grad = 0;
     for (size_t i = 0; i < want.size(); ++i) {
       const double e = rel_norm_diff(got[i], want[i]);
@@ -229,7 +241,9 @@ TEST(GdrScanCuda, ChunkedRuleWithKernelMatchesStepByStep) {
                 mode.name, rel_norm_diff(got[0], want[0]), rel_norm_diff(got[1], want[1]), worst_grad);
   }
   model::gdr_bf16_states(true);
+  model::gdr_bf16_front(true);
   EXPECT_GT(worst_of[1], 10 * worst_of[0]) << "the tf32 scan should be measurably less exact than split TF32";
+  EXPECT_FALSE(torch::equal(o_of[3], o_of[2])) << "the front's bf16 outputs did not take effect";
 }
 
 // The scan's bf16 outputs (GdrScanPlan::bf16_states) are its fp32 outputs rounded to bf16, bit for
@@ -273,6 +287,132 @@ TEST(GdrScanCuda, Bf16StatesAreTheFp32StatesRounded) {
     }
   }
   model::gdr_scan_variant(kernels::kGdrScanAuto);
+}
+
+// W, U and Kd given in bf16 (the chunk core's fused front writes them so under 16-bit training):
+// the kernel stages them as bf16 and widens them exactly, so its results equal those from fp32
+// tensors holding the same values, bit for bit (a bf16 value is a TF32 value, and the TF32 products
+// round nothing), forward (bf16 outputs) and backward (bf16 W and Kd, fp32 gradients), in every
+// tensor-core block width and with no gradient reaching h_in. The FMA kernel reads fp32 only:
+// there the inputs are widened first, with the same result.
+TEST(GdrScanCuda, Bf16InputsMatchFp32InputsOfTheSameValues) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 919);
+  const Case cases[] = {{{4, 4}, 3, 64, 128, 128}, {{9, 1, 3, 3, 2}, 2, 64, 96, 192}, {{3, 2}, 2, 64, 128, 256},
+                        {{3, 6, 1}, 2, 32, 80, 40}};
+  const auto bf16 = [](const torch::Tensor& x) { return x.to(torch::kBFloat16); };
+  const auto widened = [](const torch::Tensor& x) { return x.to(torch::kBFloat16).to(torch::kFloat32); };
+  for (const int variant : {kernels::kGdrScanAuto, kernels::kGdrScanTensorCores32, kernels::kGdrScanTensorCores64,
+                            kernels::kGdrScanTensorCores96, kernels::kGdrScanTensorCores128, kernels::kGdrScanSimt16}) {
+    model::gdr_scan_variant(variant);
+    for (const Case& c : cases) {
+      int64_t N = 0;
+      auto plan = make_plan(c.chunk_counts, c.H, N);
+      plan.tf32_products = true;
+      plan.bf16_states = true;
+      const int64_t R = N * c.H, S = plan.n_docs * c.H;
+      const ScanInputs in = random_scan_inputs(c, R, S);
+      const std::string what = describe(c) + ", variant " + std::to_string(variant);
+      const bool takes = model::gdr_scan_takes_bf16_inputs(plan, c.C, c.dk, c.dv);
+      EXPECT_EQ(takes, variant != kernels::kGdrScanSimt16) << what;
+      const auto want = model::gdr_scan(widened(in.W), widened(in.U), widened(in.Kd), in.decay, in.h0, plan);
+      const auto got = model::gdr_scan(bf16(in.W), bf16(in.U), bf16(in.Kd), in.decay, in.h0, plan);
+      ASSERT_EQ(got.h_in.scalar_type(), want.h_in.scalar_type()) << what;
+      EXPECT_TRUE(torch::equal(got.h_in, want.h_in)) << what << ": h_in";
+      EXPECT_TRUE(torch::equal(got.v_new, want.v_new)) << what << ": v_new";
+      EXPECT_TRUE(torch::equal(got.h_final, want.h_final)) << what << ": h_final";
+      // The reverse scan, with and without a gradient reaching h_in.
+      auto opt = in.U.options();
+      const auto d_vnew = torch::randn({R, c.C, c.dv}, opt), d_hin = torch::randn({R, c.dk, c.dv}, opt);
+      const auto d_hfinal = torch::randn({S, c.dk, c.dv}, opt);
+      for (const bool with_hin : {true, false}) {
+        const auto dh = with_hin ? d_hin : torch::Tensor();
+        const auto bw = model::gdr_scan_backward(widened(in.W), widened(in.Kd), in.decay, dh, d_vnew, d_hfinal, plan);
+        const auto bg = model::gdr_scan_backward(bf16(in.W), bf16(in.Kd), in.decay, dh, d_vnew, d_hfinal, plan);
+        const std::string bwhat = what + (with_hin ? ", backward" : ", backward without d_hin");
+        EXPECT_TRUE(torch::equal(bg.dh_next, bw.dh_next)) << bwhat << ": dh_next";
+        EXPECT_TRUE(torch::equal(bg.dU, bw.dU)) << bwhat << ": dU";
+        EXPECT_TRUE(torch::equal(bg.dh0, bw.dh0)) << bwhat << ": dh0";
+      }
+    }
+  }
+  model::gdr_scan_variant(kernels::kGdrScanAuto);
+}
+
+// The fused front's bf16 outputs (GdrChunkFrontArgs::bf16_out) are its fp32 outputs rounded to
+// bf16, bit for bit: the same arithmetic, rounded only as W, U, Kd, Qg and P are stored; Tm and
+// decay stay fp32 and equal. A packed chunk list with ragged chunks, bf16 and fp32 inputs, two V
+// panels, and the backward's recompute form (no W, U, Tm).
+TEST(GdrChunkFrontCuda, Bf16OutputsAreTheFp32OutputsRounded) {
+#if !defined(DD_HAVE_CUDA)
+  GTEST_SKIP() << "built without CUDA";
+#else
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 921);
+  struct Shape {
+    int64_t H, dk, dv;
+    bool bf16_in;
+  };
+  // Chunks of three documents of 130, 64 and 20 tokens: starts and lengths.
+  const std::vector<int32_t> starts{0, 64, 128, 130, 194}, lens{64, 64, 2, 64, 20};
+  const int64_t tokens = 214, N = static_cast<int64_t>(starts.size()), C = 64;
+  auto i32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kInt32);
+  const auto table = torch::cat({torch::tensor(starts, torch::kInt32), torch::tensor(lens, torch::kInt32)}).to(i32.device());
+  for (const Shape& sh : {Shape{3, 128, 128, true}, Shape{2, 96, 192, true}, Shape{2, 64, 256, false}}) {
+    auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+    const auto in_dt = sh.bf16_in ? torch::kBFloat16 : torch::kFloat32;
+    auto unit = [](const torch::Tensor& x) { return x / x.norm(2, -1, true); };
+    const auto q = unit(torch::randn({tokens, sh.H, sh.dk}, f32)).to(in_dt);
+    const auto k = unit(torch::randn({tokens, sh.H, sh.dk}, f32)).to(in_dt);
+    const auto v = torch::randn({tokens, sh.H, sh.dv}, f32).to(in_dt);
+    const auto beta = torch::sigmoid(torch::randn({tokens, sh.H}, f32));
+    const auto g = -torch::rand({tokens, sh.H}, f32) * 0.5;
+    kernels::GdrChunkList l;
+    l.chunk_start = table.data_ptr<int32_t>();
+    l.chunk_len = l.chunk_start + N;
+    l.N = N, l.H = sh.H, l.C = C, l.dk = sh.dk, l.dv = sh.dv;
+    for (const bool with_solve : {true, false}) {
+      // Outputs in fp32, then in bf16: W, U, Kd, Qg, P, Tm, decay.
+      auto run = [&](bool bf16_out) {
+        auto o = bf16_out ? f32.dtype(torch::kBFloat16) : f32;
+        std::vector<torch::Tensor> t{torch::full({N, sh.H, C, sh.dk}, 7.0, o), torch::full({N, sh.H, C, sh.dv}, 7.0, o),
+                                     torch::full({N, sh.H, C, sh.dk}, 7.0, o), torch::full({N, sh.H, C, sh.dk}, 7.0, o),
+                                     torch::full({N, sh.H, C, C}, 7.0, o),     torch::full({N, sh.H, C, C}, 7.0, f32),
+                                     torch::full({N, sh.H}, 7.0, f32)};
+        kernels::GdrChunkFrontArgs a;
+        a.q = q.data_ptr();
+        a.k = k.data_ptr();
+        a.v = v.data_ptr();
+        a.beta = beta.data_ptr<float>();
+        a.g = g.data_ptr<float>();
+        a.in_qk = a.in_v = sh.bf16_in ? kernels::DType::BF16 : kernels::DType::F32;
+        a.W = with_solve ? t[0].data_ptr() : nullptr;
+        a.U = with_solve ? t[1].data_ptr() : nullptr;
+        a.Kd = t[2].data_ptr();
+        a.Qg = t[3].data_ptr();
+        a.P = t[4].data_ptr();
+        a.Tm = with_solve ? t[5].data_ptr<float>() : nullptr;
+        a.decay = t[6].data_ptr<float>();
+        a.bf16_out = bf16_out;
+        EXPECT_EQ(kernels::gdr_chunk_front_forward(l, a, c10::cuda::getCurrentCUDAStream().stream()), 0);
+        return t;
+      };
+      const auto f = run(false), b = run(true);
+      const char* names[] = {"W", "U", "Kd", "Qg", "P", "Tm", "decay"};
+      const std::string what = "H=" + std::to_string(sh.H) + " dk=" + std::to_string(sh.dk) + " dv=" +
+                               std::to_string(sh.dv) + (sh.bf16_in ? " bf16 inputs" : " fp32 inputs") +
+                               (with_solve ? "" : ", recompute form");
+      for (size_t i = 0; i < f.size(); ++i) {
+        if (!with_solve && (i == 0 || i == 1 || i == 5)) continue;
+        // Every element written (none left at the fill value), and the bf16 ones the fp32 ones rounded.
+        EXPECT_FALSE(f[i].eq(7.0).any().item<bool>()) << what << ": " << names[i] << " not all written";
+        const auto want = i < 5 ? f[i].to(torch::kBFloat16) : f[i];
+        EXPECT_EQ(b[i].scalar_type(), want.scalar_type()) << what << ": " << names[i];
+        EXPECT_TRUE(torch::equal(b[i], want)) << what << ": " << names[i];
+      }
+    }
+  }
+#endif
 }
 
 // The solve's matrices as the delta rule builds them: A = β (K Kᵀ) ⊙ decay with unit-norm keys,
