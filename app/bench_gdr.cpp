@@ -190,13 +190,13 @@ int bench_gdr(const BenchGdrArgs& a) {
     }
     std::fflush(stdout);
     if (a.profile && mode.kernels && mode.fused && mode.wide_products && mode.scan_variant == kernels::kGdrScanAuto &&
-        !mode.other_scan_products && !mode.fp32_states && !mode.fp32_front && dev.is_cuda()) {
+        !mode.other_scan_products && !mode.fp32_states && dev.is_cuda()) {
       for (const bool backward : {false, true}) {
         constexpr int kRuns = 3;
         auto prof = trainer::StepProfile::start(dev.index());
         for (int r = 0; r < kRuns; ++r) backward ? fwd_bwd() : forward();
         sync(dev);
-        std::printf("\nprofile, %s (kernels), per run:\n%s", backward ? "forward+backward" : "forward",
+        std::printf("\nprofile, %s (%s), per run:\n%s", backward ? "forward+backward" : "forward", mode.name,
                     prof->stop("", kRuns, backward ? both : fwd).c_str());
       }
     }

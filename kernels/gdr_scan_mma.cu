@@ -194,15 +194,20 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
   };
   auto stage_p = [&](int64_t r) { stage_rows(P_s, pitch_p, in_p() + r * C * dk, dk, C, dk); };
   auto stage_q = [&](int64_t r) { stage_rows(Q_s, pitch_q, in_q() + r * C * dk, dk, C, dk); };
+  // The chunk rows of this step and the next: the next one's offset is read from global memory as
+  // a step starts and first used after phase 1 (staging P), so its latency hides behind phases 0
+  // and 1 instead of stalling every thread before each staging.
+  int64_t r_next = n > 0 ? row_of_step(0) : 0;
   if (n > 0) {
-    stage_p(row_of_step(0));
+    stage_p(r_next);
     cp_async_commit();
-    stage_q(row_of_step(0));
+    stage_q(r_next);
     cp_async_commit();
   }
 
   for (int step = 0; step < n; ++step) {
-    const int64_t r = row_of_step(step);
+    const int64_t r = r_next;
+    r_next = step + 1 < n ? row_of_step(step + 1) : r;
 
     // Phase 0: the state this step starts from; E (in blocks of up to 16 warps) and decay start
     // loading for phase 2. The 24- and 32-warp blocks have too few registers to carry E through
@@ -231,8 +236,10 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
     constexpr bool kEarlyE = kWarps <= 16;
     if (kEarlyE) load_e();
     const float dec = __ldg(a.decay + r);
-    // A's values at this thread's y positions (unit u, column tile h, row half): [u][h][half].
-    float2 A_r[kUnits][2][2];
+    // A's values at this thread's y positions (unit u, column tile h, row half): [u][h][half]. bf16
+    // pairs stay raw until used after phase 1's products, so the loads are in flight through them
+    // (a conversion right after each load waited for it).
+    typename std::conditional<kBf16A, uint32_t, float2>::type A_r[kUnits][2][2];
 #pragma unroll
     for (int u = 0; u < kUnits; ++u) {
       const int unit = warp + kWarps * u;
@@ -241,13 +248,13 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int row = 16 * (unit / kPairs) + g + 8 * half, c = 16 * (unit % kPairs) + 8 * h + 2 * t;
-          float2 av = make_float2(0.f, 0.f);
-          if (unit < n_units && c < cols) {
-            const int64_t at = (r * C + row) * dv + j0 + c;
-            if constexpr (kBf16A) av = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(a.A_bf16 + at));
-            else av = *reinterpret_cast<const float2*>(a.A + at);
+          const bool valid = unit < n_units && c < cols;
+          const int64_t at = (r * C + row) * dv + j0 + c;
+          if constexpr (kBf16A) {
+            A_r[u][h][half] = valid ? *reinterpret_cast<const uint32_t*>(a.A_bf16 + at) : 0u;
+          } else {
+            A_r[u][h][half] = valid ? *reinterpret_cast<const float2*>(a.A + at) : make_float2(0.f, 0.f);
           }
-          A_r[u][h][half] = av;
         }
       }
     }
@@ -261,11 +268,11 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
       if (unit < n_units) {
         const int m0 = 16 * (unit / kPairs), n0 = 16 * (unit % kPairs);
         float big[2][4] = {}, cross[2][4] = {};
-        for (int k0 = 0; k0 < dk; k0 += 8) {
+        // The A fragment of the k-step at k0: rows m0 + g, m0 + g + 8 at columns k0 + t, k0 + t + 4.
+        auto a_frag = [&](int k0) {
           FragA fa;
           if constexpr (kBf16In) {
-            // Rows m0 + g, m0 + g + 8 at columns k0 + t, k0 + t + 4, widened (exact TF32 values).
-            const uint16_t* p = P_s + (m0 + g) * pitch_p + k0 + t;
+            const uint16_t* p = P_s + (m0 + g) * pitch_p + k0 + t;  // widened: exact TF32 values
             fa.big[0] = widen_bf16(p[0]);
             fa.big[1] = widen_bf16(p[8 * pitch_p]);
             fa.big[2] = widen_bf16(p[4]);
@@ -278,9 +285,24 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
 #pragma unroll
             for (int e = 0; e < 4; ++e) to_tf32<kSplit>(__uint_as_float(raw[e]), fa.big[e], fa.small[e]);
           }
+          return fa;
+        };
+        // Two k-steps per iteration (dk is a multiple of 16). With one product per k-step, the odd
+        // steps accumulate into `cross` (unused then): two dependency chains of dk / 16 products
+        // per tile instead of one of dk / 8.
+        for (int k0 = 0; k0 < dk; k0 += 16) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            mma_products<kSplit>(big[h], cross[h], fa, load_b<kSplit>(S_s, kColPitch, k0, n0 + 8 * h, g, t));
+          for (int kk = 0; kk < 16; kk += 8) {
+            const FragA fa = a_frag(k0 + kk);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const FragB fb = load_b<kSplit>(S_s, kColPitch, k0 + kk, n0 + 8 * h, g, t);
+              if constexpr (kSplit) {
+                mma_products<true>(big[h], cross[h], fa, fb);
+              } else {
+                mma_tf32(kk == 0 ? big[h] : cross[h], fa.big, fb.big);
+              }
+            }
           }
         }
 #pragma unroll
@@ -289,7 +311,13 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int row = m0 + g + 8 * half;
-            const float2 av = A_r[u][h][half];
+            float2 av;
+            if constexpr (kBf16A) {
+              const uint32_t bits = A_r[u][h][half];
+              av = make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
+            } else {
+              av = A_r[u][h][half];
+            }
             float2 y;
             y.x = av.x + a.sign_p * (big[h][2 * half] + cross[h][2 * half]);
             y.y = av.y + a.sign_p * (big[h][2 * half + 1] + cross[h][2 * half + 1]);
@@ -304,7 +332,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
       }
     }
     __syncthreads();  // y is complete; P is read
-    if (step + 1 < n) stage_p(row_of_step(step + 1));
+    if (step + 1 < n) stage_p(r_next);
     cp_async_commit();
     cp_async_wait<1>();  // Q of this step
     __syncthreads();
@@ -375,7 +403,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
       }
     }
     __syncthreads();  // the state is final; Q and y are read
-    if (step + 1 < n) stage_q(row_of_step(step + 1));
+    if (step + 1 < n) stage_q(r_next);
     cp_async_commit();
   }
   cp_async_wait<0>();
@@ -461,7 +489,7 @@ int gdr_scan_mma_width(const GdrScanArgs& a) {
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
     return 0;
   }
-  return gdr_scan_mma_width_for(a.C, a.dk, a.dv, a.n_docs * a.H, sms);
+  return gdr_scan_mma_width_for(a.C, a.dk, a.dv, a.n_docs * a.H, sms, a.P_bf16 != nullptr);
 }
 
 }  // namespace kernels
