@@ -84,12 +84,18 @@ __device__ __forceinline__ void split_operand(T x, uint32_t& big, uint32_t& smal
 // else K-contiguous. kNW: 32-column warp strips per block (the block tile is 64 × 32·kNW).
 // At least 16 warps per SM (2 · kNW per block) to hide the staging's latency, as the 64-column
 // version had with 4 blocks.
-__host__ __device__ constexpr int min_blocks(int kNW) { return (16 + 2 * kNW - 1) / (2 * kNW); }
+// Two bf16 operands in 128-column tiles (the delta rule's output at dv 128 and 256) take three
+// blocks, 80 registers a thread, which they fit without spilling (the other widths spill there):
+// more tiles in flight for these short-K, memory-bound products.
+__host__ __device__ constexpr int min_blocks(int kNW, bool both_bf16 = false) {
+  return both_bf16 && kNW == 4 ? 3 : (16 + 2 * kNW - 1) / (2 * kNW);
+}
 
 // TA, TB: the operands' element types (float or Bf16Bits); staged tiles keep the fp32 tiles'
 // offsets, a bf16 tile using half of its room.
 template <bool kAK, bool kBNc, int kNW, typename TA, typename TB>
-__global__ void __launch_bounds__(64 * kNW, min_blocks(kNW)) gemm_tf32x3_kernel(GemmTf32x3Args g) {
+__global__ void __launch_bounds__(64 * kNW, min_blocks(kNW, kIsBf16<TA> && kIsBf16<TB>))
+    gemm_tf32x3_kernel(GemmTf32x3Args g) {
   constexpr int kThreads = 64 * kNW, kBN = 32 * kNW, kPadN = kBN + 8, kTileB = b_tile_floats(kNW);
   constexpr int kPadKA = pad_k<TA>(), kPadKB = pad_k<TB>();
   // Beside a bf16 operand the fp32 one is rounded to TF32 and each product is one mma: its 2⁻¹¹
