@@ -266,10 +266,8 @@ bool kernel_takes(const torch::Tensor& W, const torch::Tensor& A, const torch::T
 #endif
 
 namespace {
-// W, U, Kd widened to fp32 when given in bf16 to a path that takes fp32 only.
-torch::Tensor f32(const torch::Tensor& x) {
-  return x.defined() && x.scalar_type() == torch::kBFloat16 ? x.to(torch::kFloat32) : x;
-}
+// W, U, Kd widened to fp32, for the paths that take fp32 only.
+torch::Tensor f32(const torch::Tensor& x) { return x.to(torch::kFloat32); }
 }  // namespace
 
 bool gdr_scan_takes_bf16_inputs(const GdrScanPlan& plan, int64_t C, int64_t dk, int64_t dv) {
@@ -289,9 +287,9 @@ GdrScanResult gdr_scan(const torch::Tensor& W, const torch::Tensor& U, const tor
     auto outs = GdrScanFn::apply(W, U, Kd, decay, h0, plan);
     return {outs[0], outs[1], outs[2]};
   }
-  if (W.scalar_type() == torch::kBFloat16) return gdr_scan(f32(W), f32(U), f32(Kd), decay, h0, plan);
 #endif
-  return gdr_scan_reference(f32(W), f32(U), f32(Kd), decay, h0, plan);
+  if (W.scalar_type() == torch::kBFloat16) return gdr_scan(f32(W), f32(U), f32(Kd), decay, h0, plan);
+  return gdr_scan_reference(W, U, Kd, decay, h0, plan);
 }
 
 GdrScanGrads gdr_scan_backward(const torch::Tensor& W, const torch::Tensor& Kd, const torch::Tensor& decay,
@@ -305,9 +303,9 @@ GdrScanGrads gdr_scan_backward(const torch::Tensor& W, const torch::Tensor& Kd, 
                          plan.heads, 1.f, -1.f, true, plan.tf32_products);
     return {outs[0], outs[1], outs[2]};
   }
-  if (W.scalar_type() == torch::kBFloat16) return gdr_scan_backward(f32(W), f32(Kd), decay, d_hin, d_vnew, d_hfinal, plan);
 #endif
-  return gdr_scan_backward_reference(f32(W), f32(Kd), decay, d_hin, d_vnew, d_hfinal, plan);
+  if (W.scalar_type() == torch::kBFloat16) return gdr_scan_backward(f32(W), f32(Kd), decay, d_hin, d_vnew, d_hfinal, plan);
+  return gdr_scan_backward_reference(W, Kd, decay, d_hin, d_vnew, d_hfinal, plan);
 }
 
 }  // namespace model

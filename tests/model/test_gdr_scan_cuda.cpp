@@ -70,6 +70,15 @@ ScanInputs random_scan_inputs(const Case& c, int64_t R, int64_t S) {
   return in;
 }
 
+// Dense and ragged plans at the model's head sizes (bench gdr's, hybrid and moe-1b's) and a narrow
+// one, and every scan kernel: the tensor-core widths the default picks from, fixed widths, and the FMA kernel.
+const Case kModelHeadCases[] = {{{4, 4}, 3, 64, 128, 128},
+                                {{9, 1, 3, 3, 2}, 2, 64, 96, 192},
+                                {{3, 2}, 2, 64, 128, 256},
+                                {{3, 6, 1}, 2, 32, 80, 40}};
+const int kScanVariants[] = {kernels::kGdrScanAuto,          kernels::kGdrScanTensorCores32, kernels::kGdrScanTensorCores64,
+                             kernels::kGdrScanTensorCores96, kernels::kGdrScanTensorCores128, kernels::kGdrScanSimt16};
+
 std::string describe(const Case& c) {
   std::string docs;
   for (const int64_t n : c.chunk_counts) docs += (docs.empty() ? "" : ",") + std::to_string(n);
@@ -254,12 +263,9 @@ TEST(GdrScanCuda, ChunkedRuleWithKernelMatchesStepByStep) {
 TEST(GdrScanCuda, Bf16StatesAreTheFp32StatesRounded) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 915);
-  const Case cases[] = {{{4, 4}, 3, 64, 128, 128}, {{9, 1, 3, 3, 2}, 2, 64, 96, 192}, {{3, 2}, 2, 64, 128, 256},
-                        {{3, 6, 1}, 2, 32, 80, 40}};
-  for (const int variant : {kernels::kGdrScanAuto, kernels::kGdrScanTensorCores32, kernels::kGdrScanTensorCores64,
-                            kernels::kGdrScanTensorCores96, kernels::kGdrScanTensorCores128, kernels::kGdrScanSimt16}) {
+  for (const int variant : kScanVariants) {
     model::gdr_scan_variant(variant);
-    for (const Case& c : cases) {
+    for (const Case& c : kModelHeadCases) {
       int64_t N = 0;
       auto plan = make_plan(c.chunk_counts, c.H, N);
       const int64_t R = N * c.H, S = plan.n_docs * c.H;
@@ -298,14 +304,11 @@ TEST(GdrScanCuda, Bf16StatesAreTheFp32StatesRounded) {
 TEST(GdrScanCuda, Bf16InputsMatchFp32InputsOfTheSameValues) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 919);
-  const Case cases[] = {{{4, 4}, 3, 64, 128, 128}, {{9, 1, 3, 3, 2}, 2, 64, 96, 192}, {{3, 2}, 2, 64, 128, 256},
-                        {{3, 6, 1}, 2, 32, 80, 40}};
   const auto bf16 = [](const torch::Tensor& x) { return x.to(torch::kBFloat16); };
   const auto widened = [](const torch::Tensor& x) { return x.to(torch::kBFloat16).to(torch::kFloat32); };
-  for (const int variant : {kernels::kGdrScanAuto, kernels::kGdrScanTensorCores32, kernels::kGdrScanTensorCores64,
-                            kernels::kGdrScanTensorCores96, kernels::kGdrScanTensorCores128, kernels::kGdrScanSimt16}) {
+  for (const int variant : kScanVariants) {
     model::gdr_scan_variant(variant);
-    for (const Case& c : cases) {
+    for (const Case& c : kModelHeadCases) {
       int64_t N = 0;
       auto plan = make_plan(c.chunk_counts, c.H, N);
       plan.tf32_products = true;
