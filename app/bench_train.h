@@ -24,8 +24,9 @@ struct BenchTrainArgs {
   std::string profile_trace;            // and save the profiler's trace here (JSON)
   int64_t profile_top = 20;             // kernels listed in the profile, the most GPU time first
   // kernel | unfused | narrow-products | narrow-scan | scan-64 | scan-96 | scan-128 | fma-scan |
-  // token-order | fp32-states | fp32-front | aten: the delta rule core's CUDA kernels, or one of them swapped for the variant it is measured
-  // against (see the --gdr-scan help in app/main.cpp), or their ATen twins
+  // token-order | fp32-states | fp32-front | aten: the delta rule core's CUDA kernels, or one of
+  // them swapped for the variant it is measured against (see the --gdr-scan help in app/main.cpp),
+  // or their ATen twins
   std::string gdr_scan = "kernel";
   // fp8 only: "fused" (the SwiGLU feed-forward as one fp8 function, model/fp8_swiglu_mlp.h) or
   // "unfused" (its three layers one by one), to measure the fusion.

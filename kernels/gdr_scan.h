@@ -151,15 +151,13 @@ int gdr_scan_mma_width(const GdrScanArgs& a);
 // The width of state columns of the tensor-core kernel gdr_scan runs for a's sizes and variant,
 // or 0 when it runs an FMA kernel.
 int gdr_scan_tensor_core_width(const GdrScanArgs& a);
-// Whether gdr_scan takes bf16 outputs (out_state_bf16, out_y_bf16) for these arguments.
-inline bool gdr_scan_takes_bf16_outputs(const GdrScanArgs& a) {
-  return a.E == nullptr && !a.tf32x3 && gdr_scan_supports(a.C, a.dk) && gdr_scan_tensor_core_width(a) > 0;
-}
 // Whether gdr_scan takes bf16 inputs (P_bf16, Q_bf16, and in the forward A_bf16) for these
-// arguments' sizes and product mode, whichever form (the same condition as bf16 outputs, E aside).
+// arguments' sizes and product mode, whichever form: TF32 products on the tensor-core kernel.
 inline bool gdr_scan_takes_bf16_inputs(const GdrScanArgs& a) {
   return !a.tf32x3 && gdr_scan_supports(a.C, a.dk) && gdr_scan_tensor_core_width(a) > 0;
 }
+// Whether gdr_scan takes bf16 outputs (out_state_bf16, out_y_bf16): the same, in the forward (no E).
+inline bool gdr_scan_takes_bf16_outputs(const GdrScanArgs& a) { return a.E == nullptr && gdr_scan_takes_bf16_inputs(a); }
 #endif
 
 }  // namespace kernels
