@@ -1,12 +1,14 @@
 // The fused front of the chunked gated delta rule (kernels/gdr_chunk_front.h): one block of 8 warps
-// per (chunk, head), about 107 KiB of shared memory at dk = 128, two blocks per SM.
+// per (chunk, head). With bf16 or fp16 q, k and v (16-bit training) they are staged in shared
+// memory as they come, 73.75 KiB a block at dk = 128 and three blocks per SM; fp32 inputs are
+// staged in fp32, 107 KiB and two blocks.
 //
 //   gates   γ = cumsum(g) as a warp scan, e, κ, β e, decay;
-//   load    Q and K into shared memory as fp32, four pieces per thread in flight at once; Kd = κ K
-//           and Qg = e Q go out on the way;
+//   load    Q and K into shared memory, four pieces per thread in flight at once; Kd = κ K and
+//           Qg = e Q go out on the way;
 //   G       [Q; K] Kᵀ on the 20 tiles of each matrix at or left of the diagonal blocks, five per
-//           warp (strips p and 3 − p share two warps); the epilogue applies the decay mask in
-//           registers and writes P to global memory, A to shared memory;
+//           warp (strips p and 3 − p share two warps), by 16-bit mma on 16-bit rows; the epilogue
+//           applies the decay mask in registers and writes P to global memory, A to shared memory;
 //   inverse (I + A)⁻¹ by 16 × 16 blocks: warps 0–1 solve the four diagonal blocks by forward
 //           substitution (one column per thread) while warps 2–7 load V's first panel; then the
 //           off-diagonal blocks by block diagonals, T_ij = −T_ii Σ_{j ≤ k < i} A_ik T_kj, one warp
@@ -16,12 +18,12 @@
 //           lower triangular): warp w takes strips w % 2 and 3 − w % 2 (10 k-steps together) on
 //           every fourth 8-column tile.
 // W, U, Kd, Qg and P are stored in fp32 or, with bf16_out, rounded to bf16 as they are stored.
-// Products are split-TF32 mma.sync (kernels/gdr_chunk_mma.cuh); an operand read from bf16 or fp16
-// inputs is a TF32 value already, so the products with its zero remainder are skipped (G takes one
-// mma per tile for bf16 q and k). Shared rows are padded so that a fragment's 32 loads fall in 32
-// banks where the tile is read in one orientation; K is read both as [n][k] (for G) and [k][n] (for
-// W), and takes 2-way conflicts in the second. Per block and phase (clock64, bench gdr's shape,
-// bf16 inputs): gates 3k cycles, load 10k, G 8k, inverse 13k, W 5k, U 6k.
+// The other products are split-TF32 mma.sync (kernels/gdr_chunk_mma.cuh); an operand read from
+// bf16 or fp16 inputs is a TF32 value already, so the products with its zero remainder are
+// skipped. Shared rows are padded so that a fragment's 32 loads fall in 32 banks where the tile is
+// read in one orientation; fp32 K is read both as [n][k] (for G) and [k][n] (for W), and takes
+// 2-way conflicts in the second. Per block and phase (clock64, bench gdr's shape, bf16 inputs,
+// fp32 staging of stop 31): gates 3k cycles, load 10k, G 8k, inverse 13k, W 5k, U 6k.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -44,29 +46,51 @@ constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kPanel = 128;         // columns of V per panel
 constexpr int kTPitch = kC + 4;     // rows of A and Tm (read as [m][k])
-constexpr int kVPitch = kPanel + 8;  // rows of a V panel (read as [k][n])
+constexpr int kVPitch = kPanel + 8;  // rows of a V panel (read as [k][n]), in elements
 constexpr int kMPitch = 16 + 8;     // a 16 × 16 block of the inverse, read as [k][n]
 
-// Shared memory in floats for key size dk (≤ 128, so Q's rows of dk + 4 fit in a V panel's rows).
-__host__ __device__ constexpr int smem_floats(int dk) {
-  return kC * (dk + 4)       // K
-         + kC * kVPitch      // Q, then V's panels
-         + 2 * kC * kTPitch  // A, Tm
-         + 3 * 16 * kMPitch  // one block per warp of a level of the inverse
-         + 5 * kC;           // γ, β, e, κ, β e
+// Q, K and V are staged in shared memory as they come when they come in bf16 or fp16 (their
+// values exactly, in half the room: three blocks share an SM), else as fp32.
+//   K      [C][qk_pitch]  of q and k's staged type (qk_bytes a value)
+//   Q | V  [C][qk_pitch] of Q, then [C][kVPitch] of each V panel (v_bytes a value)
+//   A, Tm, the inverse's blocks and the gates in fp32.
+// Rows of fp32 are padded by 4 elements, 16-bit rows by 8 (16 bytes either way): every dk taken
+// (a multiple of 16) then puts a fragment's loads in 32 different banks.
+__host__ __device__ constexpr int qk_pitch(int dk, int qk_bytes) { return dk + (qk_bytes == 4 ? 4 : 8); }
+__host__ __device__ constexpr int k_region_bytes(int dk, int qk_bytes) { return kC * qk_pitch(dk, qk_bytes) * qk_bytes; }
+__host__ __device__ constexpr int qv_region_bytes(int qk_bytes, int v_bytes) {
+  return kC * kVPitch * (qk_bytes > v_bytes ? qk_bytes : v_bytes);  // qk_pitch ≤ kVPitch (dk ≤ 128)
 }
+constexpr int kFloatsAfterQkv = 2 * kC * kTPitch  // A, Tm
+                                + 3 * 16 * kMPitch  // one block per warp of a level of the inverse
+                                + 5 * kC;           // γ, β, e, κ, β e
+__host__ __device__ constexpr int smem_bytes(int dk, int qk_bytes, int v_bytes) {
+  return k_region_bytes(dk, qk_bytes) + qv_region_bytes(qk_bytes, v_bytes) + 4 * kFloatsAfterQkv;
+}
+// 73.75 KiB with 16-bit q, k and v at dk = 128: three blocks per SM (at most 80 registers a thread).
+constexpr int min_blocks(int qk_bytes, int v_bytes) { return qk_bytes == 2 && v_bytes == 2 ? 3 : 2; }
+static_assert(smem_bytes(128, 2, 2) + 1024 <= 228 * 1024 / 3, "three 16-bit blocks fit an H100 SM's shared memory");
+
+// The element type a 16-bit input keeps in shared memory (fp32 inputs stay fp32).
+template <typename T>
+using Staged = typename std::conditional<sizeof(T) == 2, T, float>::type;
 
 template <typename T, typename TV, int VW>
-__global__ void __launch_bounds__(kThreads, 2) gdr_chunk_front_kernel(GdrChunkList l, GdrChunkFrontArgs a) {
-  // Inputs given in bf16 or fp16 are TF32 values: their products skip the remainders' terms.
+__global__ void __launch_bounds__(kThreads, min_blocks(sizeof(Staged<T>), sizeof(Staged<TV>)))
+    gdr_chunk_front_kernel(GdrChunkList l, GdrChunkFrontArgs a) {
+  // Inputs given in bf16 or fp16 are TF32 values: their products skip the remainders' terms, and
+  // G's products take the 16-bit mma on the staged rows.
   constexpr bool kQkExact = !std::is_same<T, float>::value, kVExact = !std::is_same<TV, float>::value;
+  using SQ = Staged<T>;
+  using SV = Staged<TV>;
   extern __shared__ __align__(16) float smem[];
-  const int dk = static_cast<int>(l.dk), dv = static_cast<int>(l.dv), pk = dk + 4;
-  float* K_s = smem;                 // [C][dk + 4]
-  float* QV_s = K_s + kC * pk;       // Q [C][dk + 4], then a V panel [C][kVPitch]
-  float* A_s = QV_s + kC * kVPitch;  // [C][kTPitch]
-  float* T_s = A_s + kC * kTPitch;   // [C][kTPitch]
-  float* M_s = T_s + kC * kTPitch;   // [3][16][kMPitch]
+  const int dk = static_cast<int>(l.dk), dv = static_cast<int>(l.dv), pk = qk_pitch(dk, sizeof(SQ));
+  char* const base = reinterpret_cast<char*>(smem);
+  SQ* K_s = reinterpret_cast<SQ*>(base);                               // [C][pk]
+  char* const QV_s = base + k_region_bytes(dk, sizeof(SQ));            // Q [C][pk], then a V panel [C][kVPitch]
+  float* A_s = reinterpret_cast<float*>(QV_s + qv_region_bytes(sizeof(SQ), sizeof(SV)));  // [C][kTPitch]
+  float* T_s = A_s + kC * kTPitch;  // [C][kTPitch]
+  float* M_s = T_s + kC * kTPitch;  // [3][16][kMPitch]
   float* gam_s = M_s + 3 * 16 * kMPitch;
   float* b_s = gam_s + kC;
   float* e_s = b_s + kC;
@@ -95,7 +119,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_front_kernel(GdrChunkLi
   const OutRows Qg_out{a.Qg, a.bf16_out}, P_out{a.P, a.bf16_out};
 
   // Q and K into shared memory; Kd and Qg out.
-  float* Q_s = QV_s;
+  SQ* Q_s = reinterpret_cast<SQ*>(QV_s);
   stage_qk<VW>(static_cast<const T*>(a.q), static_cast<const T*>(a.k), l.H, h, dk, start, len, Q_s, K_s, pk,
                [&](int i, int d, const float* qv, const float* kv) {
                  float qg[VW], kd[VW];
@@ -120,16 +144,22 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_front_kernel(GdrChunkLi
   // each: the first 5 of the pair's tiles (strip p's, then strip 3 − p's), or the last 5.
   {
     const bool is_q = warp < 4;
-    const float* X_s = is_q ? Q_s : K_s;
+    const SQ* X_s = is_q ? Q_s : K_s;
     const int p = (warp % 4) / 2, second = warp % 2, tiles_a = 2 * p + 2;
     auto segment = [&](int mt, int n_first, int n_tiles) {
       with_tile_count(n_tiles, [&](auto count) {
         constexpr int kN = decltype(count)::value;
         const int m0 = 16 * mt;
         float acc[kN][4];
-        strip_product<kN, kQkExact, kQkExact>(
-            acc, 0, dk, [&](int k0) { return frag_a<kQkExact>(X_s, pk, m0, k0, g, t); },
-            [&](int k0, int nt) { return frag_b_nk<kQkExact>(K_s, pk, k0, 8 * (n_first + nt), g, t); });
+        if constexpr (kQkExact) {
+          strip16_product<kN, SQ>(
+              acc, dk, [&](int k0) { return frag16_a(X_s, pk, m0, k0, g, t); },
+              [&](int k0, int nt) { return frag16_b_nk(K_s, pk, k0, 8 * (n_first + nt), g, t); });
+        } else {
+          strip_product<kN>(
+              acc, 0, dk, [&](int k0) { return frag_a(X_s, pk, m0, k0, g, t); },
+              [&](int k0, int nt) { return frag_b_nk(K_s, pk, k0, 8 * (n_first + nt), g, t); });
+        }
 #pragma unroll
         for (int nt = 0; nt < kN; ++nt) {
 #pragma unroll
@@ -161,7 +191,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_front_kernel(GdrChunkLi
   // V's panels come into Q's place (Q is no longer needed).
   const TV* v = static_cast<const TV*>(a.v);
   const int64_t v_stride = a.v_token_stride != 0 ? a.v_token_stride : l.H * dv;
-  float* V_s = QV_s;
+  SV* V_s = reinterpret_cast<SV*>(QV_s);
   auto load_v_panel = [&](int p0, int pw, int first_thread, int n_threads) {
     stage_rows<VW>(v, v_stride, h * dv + p0, pw, start, len, tid - first_thread, n_threads, V_s, kVPitch);
   };
@@ -214,7 +244,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_front_kernel(GdrChunkLi
   // p = w % 2 and 3 − p (10 k-steps together) on the 8-column tiles w / 2, w / 2 + 4, ...
   const int p = warp % 2, tile0 = warp / 2;
   // dst: the output, written from element offset `at` (rows of `pitch` elements).
-  auto tm_product = [&](auto b_exact, const float* B_s, int b_pitch, int width, const float* scale, const OutRows& dst,
+  auto tm_product = [&](auto b_exact, const auto* B_s, int b_pitch, int width, const float* scale, const OutRows& dst,
                         int64_t at, int64_t pitch) {
     const int n_tiles = (width / 8 - tile0 + 3) / 4;  // tiles tile0 + 4 j < width / 8
     if (n_tiles <= 0) return;
@@ -253,7 +283,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_front_kernel(GdrChunkLi
 
 int gdr_chunk_front_forward(const GdrChunkList& l, const GdrChunkFrontArgs& a, void* stream) {
   const bool vec = vectorizable(l, a.in_qk, a.in_v, {a.Kd, a.Qg}, {a.q, a.k}, {a.v}, a.v_token_stride);
-  const size_t smem = sizeof(float) * static_cast<size_t>(smem_floats(static_cast<int>(l.dk)));
+  const size_t smem = static_cast<size_t>(smem_bytes(static_cast<int>(l.dk), elem_bytes(a.in_qk), elem_bytes(a.in_v)));
   return launch_fused(
       l, a.in_qk, a.in_v, vec, kThreads, smem, stream,
       [](auto qk, auto v, auto w) { return gdr_chunk_front_kernel<decltype(qk), decltype(v), decltype(w)::value>; }, a);

@@ -27,13 +27,15 @@ __device__ __forceinline__ void to_parts(float x, uint32_t& big, uint32_t& small
   }
 }
 
+// The fragment loads read shared rows of fp32 or of 16-bit values (bf16, fp16), widened as read.
+
 // A fragment of a row-major [m][k] tile: rows m0 + g, m0 + g + 8, columns k0 + t, k0 + t + 4, each
 // element times col_scale[column] when col_scale is given.
-template <bool kExact = false>
-__device__ __forceinline__ FragA frag_a(const float* s, int pitch, int m0, int k0, int g, int t,
+template <bool kExact = false, typename S>
+__device__ __forceinline__ FragA frag_a(const S* s, int pitch, int m0, int k0, int g, int t,
                                         const float* col_scale = nullptr) {
-  float x[4] = {s[(m0 + g) * pitch + k0 + t], s[(m0 + g + 8) * pitch + k0 + t], s[(m0 + g) * pitch + k0 + t + 4],
-                s[(m0 + g + 8) * pitch + k0 + t + 4]};
+  float x[4] = {to_f32(s[(m0 + g) * pitch + k0 + t]), to_f32(s[(m0 + g + 8) * pitch + k0 + t]),
+                to_f32(s[(m0 + g) * pitch + k0 + t + 4]), to_f32(s[(m0 + g + 8) * pitch + k0 + t + 4])};
   if (col_scale != nullptr) {
     const float c0 = col_scale[k0 + t], c1 = col_scale[k0 + t + 4];
     x[0] *= c0;
@@ -48,31 +50,31 @@ __device__ __forceinline__ FragA frag_a(const float* s, int pitch, int m0, int k
 }
 
 // A fragment of A = Xᵀ, X a row-major [k][m] tile: A[m][k] = X[k][m].
-template <bool kExact = false>
-__device__ __forceinline__ FragA frag_at(const float* s, int pitch, int m0, int k0, int g, int t) {
+template <bool kExact = false, typename S>
+__device__ __forceinline__ FragA frag_at(const S* s, int pitch, int m0, int k0, int g, int t) {
   FragA f;
-  to_parts<kExact>(s[(k0 + t) * pitch + m0 + g], f.big[0], f.small[0]);
-  to_parts<kExact>(s[(k0 + t) * pitch + m0 + g + 8], f.big[1], f.small[1]);
-  to_parts<kExact>(s[(k0 + t + 4) * pitch + m0 + g], f.big[2], f.small[2]);
-  to_parts<kExact>(s[(k0 + t + 4) * pitch + m0 + g + 8], f.big[3], f.small[3]);
+  to_parts<kExact>(to_f32(s[(k0 + t) * pitch + m0 + g]), f.big[0], f.small[0]);
+  to_parts<kExact>(to_f32(s[(k0 + t) * pitch + m0 + g + 8]), f.big[1], f.small[1]);
+  to_parts<kExact>(to_f32(s[(k0 + t + 4) * pitch + m0 + g]), f.big[2], f.small[2]);
+  to_parts<kExact>(to_f32(s[(k0 + t + 4) * pitch + m0 + g + 8]), f.big[3], f.small[3]);
   return f;
 }
 
 // B fragment (rows k0 + t, k0 + t + 4; column n0 + g) of B = Xᵀ, X a row-major [n][k] tile.
-template <bool kExact = false>
-__device__ __forceinline__ FragB frag_b_nk(const float* s, int pitch, int k0, int n0, int g, int t) {
+template <bool kExact = false, typename S>
+__device__ __forceinline__ FragB frag_b_nk(const S* s, int pitch, int k0, int n0, int g, int t) {
   FragB f;
-  to_parts<kExact>(s[(n0 + g) * pitch + k0 + t], f.big[0], f.small[0]);
-  to_parts<kExact>(s[(n0 + g) * pitch + k0 + t + 4], f.big[1], f.small[1]);
+  to_parts<kExact>(to_f32(s[(n0 + g) * pitch + k0 + t]), f.big[0], f.small[0]);
+  to_parts<kExact>(to_f32(s[(n0 + g) * pitch + k0 + t + 4]), f.big[1], f.small[1]);
   return f;
 }
 
 // B fragment of a row-major [k][n] tile.
-template <bool kExact = false>
-__device__ __forceinline__ FragB frag_b_kn(const float* s, int pitch, int k0, int n0, int g, int t) {
+template <bool kExact = false, typename S>
+__device__ __forceinline__ FragB frag_b_kn(const S* s, int pitch, int k0, int n0, int g, int t) {
   FragB f;
-  to_parts<kExact>(s[(k0 + t) * pitch + n0 + g], f.big[0], f.small[0]);
-  to_parts<kExact>(s[(k0 + t + 4) * pitch + n0 + g], f.big[1], f.small[1]);
+  to_parts<kExact>(to_f32(s[(k0 + t) * pitch + n0 + g]), f.big[0], f.small[0]);
+  to_parts<kExact>(to_f32(s[(k0 + t + 4) * pitch + n0 + g]), f.big[1], f.small[1]);
   return f;
 }
 
@@ -122,6 +124,76 @@ __device__ __forceinline__ void strip_product(float (&acc)[kTiles][4], int k_beg
     for (int i = 0; i < 4; ++i) acc[n][i] = 0.f;
   }
   strip_accumulate<kTiles, kAExact, kBExact>(acc, k_begin, k_end, a_at, b_at);
+}
+
+// Products of two 16-bit operands (bf16 or fp16, both of type S) kept as 16-bit shared rows: one
+// m16n8k16 mma per 16 × 8 tile and k-step of 16, its fragments read as pairs of consecutive
+// values (one 32-bit load each). The products of 16-bit values are exact and summed in fp32, as
+// TF32's products of the same values are: half the mma and a quarter of the loads. Rows padded to
+// a pitch of 8 mod 16 elements put a fragment's 32 loads in 32 banks.
+struct Frag16A {
+  uint32_t r[4];
+};
+struct Frag16B {
+  uint32_t r[2];
+};
+
+template <typename S>
+__device__ __forceinline__ uint32_t pair_at(const S* p) {
+  static_assert(sizeof(S) == 2, "16-bit shared rows");
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// A fragment of a row-major [m][k] tile: rows m0 + g, m0 + g + 8; columns k0 + 2t, + 1 and
+// k0 + 2t + 8, + 9.
+template <typename S>
+__device__ __forceinline__ Frag16A frag16_a(const S* s, int pitch, int m0, int k0, int g, int t) {
+  const S* r0 = s + (m0 + g) * pitch + k0 + 2 * t;
+  const S* r1 = r0 + 8 * pitch;
+  return {{pair_at(r0), pair_at(r1), pair_at(r0 + 8), pair_at(r1 + 8)}};
+}
+
+// A B fragment (rows k0 + 2t, + 1 and k0 + 2t + 8, + 9; column n0 + g) of B = Xᵀ, X a row-major
+// [n][k] tile.
+template <typename S>
+__device__ __forceinline__ Frag16B frag16_b_nk(const S* s, int pitch, int k0, int n0, int g, int t) {
+  const S* r = s + (n0 + g) * pitch + k0 + 2 * t;
+  return {{pair_at(r), pair_at(r + 8)}};
+}
+
+// d += a b for one 16 × 8 × 16 tile; d's layout is the m16n8k8 TF32 mma's.
+template <typename S>
+__device__ __forceinline__ void mma16(float (&d)[4], const Frag16A& a, const Frag16B& b) {
+  if constexpr (std::is_same<S, __nv_bfloat16>::value) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]));
+  } else {
+    static_assert(std::is_same<S, __half>::value, "bf16 or fp16 operands");
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]));
+  }
+}
+
+// acc[n] = Σ_{k0 in [0, k_end), step 16} a(k0) · b(k0, n) for the kTiles column tiles of one
+// 16-row strip of 16-bit operands of type S (strip_product's counterpart).
+template <int kTiles, typename S, class LoadA, class LoadB>
+__device__ __forceinline__ void strip16_product(float (&acc)[kTiles][4], int k_end, LoadA a_at, LoadB b_at) {
+#pragma unroll
+  for (int n = 0; n < kTiles; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[n][i] = 0.f;
+  }
+  for (int k0 = 0; k0 < k_end; k0 += 16) {
+    const Frag16A a = a_at(k0);
+#pragma unroll
+    for (int n = 0; n < kTiles; ++n) mma16<S>(acc[n], a, b_at(k0, n));
+  }
 }
 
 // Calls f(std::integral_constant<int, n>) for n in 1..5 (a tile count known only at run time).

@@ -1,13 +1,14 @@
 // Staging one chunk of the gated delta rule into shared memory, shared by the fused chunk kernels
 // (gdr_chunk_front.cu, gdr_chunk_solve_backward.cu, gdr_chunk_backward_tail.cu): the gates'
-// cumulative sum, token-layout rows converted to fp32 with several loads per thread in flight, and
-// the launch.
+// cumulative sum, token-layout rows staged in fp32 (or kept 16-bit) with several loads per thread
+// in flight, and the launch.
 // Rows past the chunk's length read as zeros (g = β = 0, and zero q, k, v), as in prep.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/elem.cuh"
 #include "kernels/gdr_chunk_io.cuh"
@@ -40,12 +41,26 @@ __device__ __forceinline__ void stage_gates(const float* g, const float* beta, i
   __syncthreads();
 }
 
+// A VW-element piece into shared rows of element type D: as loaded when D is the source's type E
+// (16-bit rows kept 16-bit), else converted to D through fp32.
+template <int VW, typename D, typename E>
+__device__ __forceinline__ void store_piece(D* dst, const Vec<E, VW>& x) {
+  if constexpr (std::is_same<D, E>::value) {
+    x.store(dst);
+  } else {
+    float f[VW];
+#pragma unroll
+    for (int j = 0; j < VW; ++j) f[j] = x.get(j);
+    gdr_chunk_io::store_n<VW>(dst, f);
+  }
+}
+
 // Columns [col0, col0 + width) of the chunk's rows of a token-layout tensor (token t's row at
-// src + t · token_stride) into dst [kRows][pitch] as fp32. Threads first, first + stride, ... take
-// the VW-element pieces, four each loaded before any is stored.
-template <int VW, typename E>
+// src + t · token_stride) into dst [kRows][pitch], of element type D (fp32, or E itself). Threads
+// first, first + stride, ... take the VW-element pieces, four each loaded before any is stored.
+template <int VW, typename E, typename D>
 __device__ __forceinline__ void stage_rows(const E* src, int64_t token_stride, int64_t col0, int width, int64_t start,
-                                           int len, int first, int stride, float* dst, int pitch) {
+                                           int len, int first, int stride, D* dst, int pitch) {
   const int w_n = width / VW;
   for (int base = first; base < kRows * w_n; base += 4 * stride) {
     Vec<E, VW> x[4];
@@ -59,20 +74,18 @@ __device__ __forceinline__ void stage_rows(const E* src, int64_t token_stride, i
     for (int u = 0; u < 4; ++u) {
       const int el = base + u * stride;
       if (el >= kRows * w_n) continue;
-      float f[VW];
-#pragma unroll
-      for (int j = 0; j < VW; ++j) f[j] = x[u].get(j);
-      gdr_chunk_io::store_n<VW>(dst + (el / w_n) * pitch + (el % w_n) * VW, f);
+      store_piece<VW>(dst + (el / w_n) * pitch + (el % w_n) * VW, x[u]);
     }
   }
 }
 
-// The chunk's q and k rows of head h ([tokens, H, dk]) into Q_s and K_s [kRows][pitch] as fp32, by
-// all threads of the block, four pieces of each per thread in flight at once. Calls
-// also(i, d, q_piece, k_piece) for every piece, for work on the values as they pass.
-template <int VW, typename T, class Also>
+// The chunk's q and k rows of head h ([tokens, H, dk]) into Q_s and K_s [kRows][pitch] of element
+// type D (fp32, or T itself), by all threads of the block, four pieces of each per thread in
+// flight at once. Calls also(i, d, q_piece, k_piece) with the pieces in fp32, for work on the
+// values as they pass.
+template <int VW, typename T, typename D, class Also>
 __device__ __forceinline__ void stage_qk(const T* q, const T* k, int64_t H, int64_t h, int dk, int64_t start, int len,
-                                         float* Q_s, float* K_s, int pitch, Also also) {
+                                         D* Q_s, D* K_s, int pitch, Also also) {
   const int dk_n = dk / VW, stride = blockDim.x;
   for (int base = threadIdx.x; base < kRows * dk_n; base += 4 * stride) {
     Vec<T, VW> qr[4], kr[4];
@@ -94,8 +107,8 @@ __device__ __forceinline__ void stage_qk(const T* q, const T* k, int64_t H, int6
         qv[j] = qr[u].get(j);
         kv[j] = kr[u].get(j);
       }
-      gdr_chunk_io::store_n<VW>(Q_s + i * pitch + d, qv);
-      gdr_chunk_io::store_n<VW>(K_s + i * pitch + d, kv);
+      store_piece<VW>(Q_s + i * pitch + d, qr[u]);
+      store_piece<VW>(K_s + i * pitch + d, kr[u]);
       also(i, d, qv, kv);
     }
   }
