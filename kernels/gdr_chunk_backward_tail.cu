@@ -1,13 +1,16 @@
 // The end of the chunked gated delta rule's backward (kernels/gdr_chunk_backward_tail.h): one block
-// of 8 warps per (chunk, head), about 104 KiB of shared memory, two blocks per SM.
+// of 8 warps per (chunk, head), two blocks per SM (held there by 128 registers a thread). With
+// bf16 or fp16 q and k they are staged in shared memory as they come, 71 KiB a block at dk = 128;
+// fp32 q and k are staged in fp32, 103 KiB.
 //
 //   gates   γ = cumsum(g) as a warp scan, b, e, κ, b e, decay;
-//   load    Q and K into shared memory as fp32, four pieces per thread in flight at once; dA_raw
-//           and dP_raw's lower block triangles by cp.async meanwhile;
+//   load    Q and K into shared memory, four pieces per thread in flight at once; dA_raw and
+//           dP_raw's lower block triangles by cp.async meanwhile;
 //   masks   S = K Kᵀ and QK = Q Kᵀ on the lower block triangle, five tiles per warp (as the fused
-//           front's G). In registers: dS = dA b_i D and Z's part dS ⊙ S on the K warps, dPm and
-//           Z's part dPm ⊙ QK on the Q warps; dS and dPm replace dA_raw and dP_raw in shared
-//           memory, Z's row and column sums and Σ_j dA S D go to per-row accumulators;
+//           front's G), by 16-bit mma on 16-bit rows. In registers: dS = dA b_i D and Z's part
+//           dS ⊙ S on the K warps, dPm and Z's part dPm ⊙ QK on the Q warps; dS and dPm replace
+//           dA_raw and dP_raw in shared memory, Z's row and column sums and Σ_j dA S D go to
+//           per-row accumulators;
 //   dq, dk  warp w takes row strip w % 4 and half the columns: dq = dPm K (k-steps left of the
 //           diagonal block), dk = (dS + dSᵀ) K (all k-steps) + dPmᵀ Q (from the diagonal block on),
 //           nine k-blocks per strip whichever strip; the epilogue adds e dQg, b e dRw and κ dKd
@@ -15,10 +18,13 @@
 //           layout, and sums dRw ⊙ K, dQg ⊙ Q and dKd ⊙ K per row;
 //   dv      dv = b dRu and Σ(dRu ⊙ V) per row, a warp per row;
 //   rows    dβ, dγ, and dg as the reverse cumsum of dγ.
-// Per-row sums go through shared-memory atomics, as in the masks' backward kernel (gdr_chunk.cu).
+// The other products are split-TF32 mma.sync (kernels/gdr_chunk_mma.cuh), skipping the products
+// with a bf16 or fp16 operand's zero remainder. Per-row sums go through shared-memory atomics, as
+// in the masks' backward kernel (gdr_chunk.cu).
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/gdr_chunk_backward_tail.h"
 #include "kernels/gdr_chunk_io.cuh"
@@ -38,8 +44,24 @@ constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kTPitch = kC + 4;  // rows of dS and dPm (read as [m][k] and, transposed, as [k][m])
 
-// Shared memory in floats for key size dk ≤ 128.
-__host__ __device__ constexpr int smem_floats(int dk) { return 2 * kC * (dk + 4) + 2 * kC * kTPitch + 12 * kC; }
+// Shared memory, regions of kC rows of a multiple of 16 bytes (cp.async's alignment):
+//   Q, K     [C][qk_pitch] each, of q and k's staged type (qk_bytes a value);
+//   dS, dPm  [C][kTPitch] each, and the per-row values, in fp32.
+// Rows of fp32 are padded by 4 elements, 16-bit rows by 8 (16 bytes either way): every dk taken
+// (a multiple of 16) then puts a fragment's loads in 32 different banks, for 16-bit rows in both
+// orientations (K and Q are read as [n][k] for the masks and as [k][n] for dq and dk).
+__host__ __device__ constexpr int qk_pitch(int dk, int qk_bytes) { return dk + (qk_bytes == 4 ? 4 : 8); }
+__host__ __device__ constexpr int qk_region_bytes(int dk, int qk_bytes) { return kC * qk_pitch(dk, qk_bytes) * qk_bytes; }
+constexpr int kFloatsAfterQk = 2 * kC * kTPitch  // dS, dPm
+                               + 12 * kC;        // γ, b, e, κ, b e and the seven per-row sums
+__host__ __device__ constexpr int smem_bytes(int dk, int qk_bytes) {
+  return 2 * qk_region_bytes(dk, qk_bytes) + 4 * kFloatsAfterQk;
+}
+static_assert(smem_bytes(128, 2) == 72704 && smem_bytes(128, 4) == 105472, "71 KiB and 103 KiB at dk = 128");
+
+// The element type a 16-bit input keeps in shared memory (fp32 inputs stay fp32).
+template <typename T>
+using Staged = typename std::conditional<sizeof(T) == 2, T, float>::type;
 
 // Two consecutive elements of a row, stored as T.
 template <typename T>
@@ -77,12 +99,18 @@ __device__ __forceinline__ float sum_over_g(float x) {
 template <typename T, typename TV, int VW>
 __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(GdrChunkList l,
                                                                              GdrChunkBackwardTailArgs a) {
+  // Inputs given in bf16 or fp16 are TF32 values: their products skip the remainders' terms, and
+  // the masks' products take the 16-bit mma on the staged rows.
   constexpr bool kQkExact = !std::is_same<T, float>::value;
+  using SQ = Staged<T>;
   extern __shared__ __align__(16) float smem[];
-  const int dk = static_cast<int>(l.dk), dv = static_cast<int>(l.dv), pk = dk + 4;
-  float* Q_s = smem;                 // [C][dk + 4]
-  float* K_s = Q_s + kC * pk;        // [C][dk + 4]
-  float* dS_s = K_s + kC * pk;       // [C][kTPitch]
+  const int dk = static_cast<int>(l.dk), dv = static_cast<int>(l.dv), pk = qk_pitch(dk, sizeof(SQ));
+  // Regions offset in elements of their own type, not in bytes from a char*: the compiler then
+  // shares address registers between them (byte offsets spill ~90 bytes in dq, dk).
+  const int qk_bytes = qk_region_bytes(dk, sizeof(SQ));
+  SQ* Q_s = reinterpret_cast<SQ*>(smem);                    // [C][pk]
+  SQ* K_s = Q_s + qk_bytes / static_cast<int>(sizeof(SQ));  // [C][pk]
+  float* dS_s = smem + 2 * qk_bytes / 4;                    // [C][kTPitch]
   float* dPm_s = dS_s + kC * kTPitch;  // [C][kTPitch]
   float* gam_s = dPm_s + kC * kTPitch;
   float* b_s = gam_s + kC;
@@ -135,16 +163,22 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
   // The masks' backward on S = K Kᵀ (warps 4–7) and QK = Q Kᵀ (warps 0–3), lower block triangle.
   {
     const bool is_q = warp < 4, have_dP = a.dP_raw != nullptr;
-    const float* X_s = is_q ? Q_s : K_s;
+    const SQ* X_s = is_q ? Q_s : K_s;
     const int p = (warp % 4) / 2, tiles_a = 2 * p + 2;
     auto segment = [&](int mt, int n_first, int n_tiles) {
       with_tile_count(n_tiles, [&](auto count) {
         constexpr int kN = decltype(count)::value;
         const int m0 = 16 * mt;
         float acc[kN][4];
-        strip_product<kN, kQkExact, kQkExact>(
-            acc, 0, dk, [&](int k0) { return frag_a<kQkExact>(X_s, pk, m0, k0, g, t); },
-            [&](int k0, int nt) { return frag_b_nk<kQkExact>(K_s, pk, k0, 8 * (n_first + nt), g, t); });
+        if constexpr (kQkExact) {
+          strip16_product<kN, SQ>(
+              acc, dk, [&](int k0) { return frag16_a(X_s, pk, m0, k0, g, t); },
+              [&](int k0, int nt) { return frag16_b_nk(K_s, pk, k0, 8 * (n_first + nt), g, t); });
+        } else {
+          strip_product<kN>(
+              acc, 0, dk, [&](int k0) { return frag_a(X_s, pk, m0, k0, g, t); },
+              [&](int k0, int nt) { return frag_b_nk(K_s, pk, k0, 8 * (n_first + nt), g, t); });
+        }
         float zr[2] = {0.f, 0.f}, dbr[2] = {0.f, 0.f};  // this lane's part of rows m0 + g, m0 + g + 8
 #pragma unroll
         for (int nt = 0; nt < kN; ++nt) {
@@ -231,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
           const int i = m0 + g + 8 * hr;
           const float2 qg = a.dQg != nullptr ? *reinterpret_cast<const float2*>(a.dQg + (r * kC + i) * dk + c)
                                              : make_float2(0.f, 0.f);
-          sqg[hr] += qg.x * Q_s[i * pk + c] + qg.y * Q_s[i * pk + c + 1];
+          sqg[hr] += qg.x * to_f32(Q_s[i * pk + c]) + qg.y * to_f32(Q_s[i * pk + c + 1]);
           if (i < len) {
             store2(dq + ((start + i) * l.H + h) * dk + c, acc[nt][2 * hr] + e_s[i] * qg.x,
                    acc[nt][2 * hr + 1] + e_s[i] * qg.y);
@@ -264,7 +298,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
           const int64_t row = (r * kC + i) * dk + c;
           const float2 rw = *reinterpret_cast<const float2*>(a.dRw + row);
           const float2 kd = *reinterpret_cast<const float2*>(a.dKd + row);
-          const float k0v = K_s[i * pk + c], k1v = K_s[i * pk + c + 1];
+          const float k0v = to_f32(K_s[i * pk + c]), k1v = to_f32(K_s[i * pk + c + 1]);
           srw[hr] += rw.x * k0v + rw.y * k1v;
           skd[hr] += kd.x * k0v + kd.y * k1v;
           if (i < len) {
@@ -362,7 +396,7 @@ int gdr_chunk_backward_tail(const GdrChunkList& l, const GdrChunkBackwardTailArg
     return static_cast<int>(cudaErrorInvalidValue);
   }
   const bool vec = vectorizable(l, a.in_qk, a.in_v, {a.dRu}, {a.q, a.k}, {a.v, a.dv}, a.v_token_stride);
-  const size_t smem = sizeof(float) * static_cast<size_t>(smem_floats(static_cast<int>(l.dk)));
+  const size_t smem = static_cast<size_t>(smem_bytes(static_cast<int>(l.dk), elem_bytes(a.in_qk)));
   return launch_fused(
       l, a.in_qk, a.in_v, vec, kThreads, smem, stream,
       [](auto qk, auto v, auto w) {

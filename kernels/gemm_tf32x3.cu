@@ -54,15 +54,22 @@ __host__ __device__ constexpr int smem_bytes(int kNW) { return 2 * (kTileA + b_t
 // Copies the [rows × cols] slice at (r0, c0) of a matrix whose columns are contiguous (row stride
 // ld) into dst [rows][pitch], 16 bytes (kV elements) per copy, kThreads threads; out-of-range
 // pieces become zeros. cols_total is a multiple of kV, so a piece is wholly inside or outside.
+// With map (the slice's rows gathered, GemmOperand::rows): slice row r is row map[r] of src, and
+// zeros where that is negative.
 template <typename T, int kRows, int kCols, int kPitch, int kThreads>
 __device__ __forceinline__ void stage_slice(T* dst, const T* src, int64_t ld, int64_t r0, int64_t c0,
-                                            int64_t rows_total, int64_t cols_total) {
+                                            int64_t rows_total, int64_t cols_total, const int32_t* map = nullptr) {
   constexpr int kV = 16 / static_cast<int>(sizeof(T));
   constexpr int kPieces = kRows * (kCols / kV);
   for (int p = threadIdx.x; p < kPieces; p += kThreads) {
     const int r = p / (kCols / kV), c = kV * (p % (kCols / kV));
-    const bool valid = r0 + r < rows_total && c0 + c < cols_total;
-    const T* s = valid ? src + (r0 + r) * ld + (c0 + c) : src;
+    bool valid = r0 + r < rows_total && c0 + c < cols_total;
+    int64_t row = r0 + r;
+    if (map != nullptr && valid) {
+      row = map[r];
+      valid = row >= 0;
+    }
+    const T* s = valid ? src + row * ld + (c0 + c) : src;
     cp_async16_zfill(reinterpret_cast<float*>(dst + r * kPitch + c), reinterpret_cast<const float*>(s), valid);
   }
 }
@@ -110,6 +117,20 @@ __global__ void __launch_bounds__(64 * kNW, min_blocks(kNW, kIsBf16<TA> && kIsBf
   const int64_t k1_steps = (g.K + kBK - 1) / kBK;
   const int64_t k_steps = k1_steps + (g.K2 + kBK - 1) / kBK;
 
+  // Gathered rows (GemmOperand::rows, first pair only): the block's 64 rows of A and the item's K
+  // rows of B, read into shared memory once (a dependent global read per staged piece would hold
+  // up every stage).
+  // (The tests below read the kernel parameter each time rather than keep flags in registers: the
+  // 80-register instances spilled with them.)
+  __shared__ int32_t a_map_s[kAK ? kBM : 1], b_map_s[kBNc ? kGemmMappedRowsMax : 1];
+  if (kAK && g.a.rows != nullptr) {
+    for (int i = threadIdx.x; i < kBM; i += kThreads) a_map_s[i] = m0 + i < g.M ? __ldg(g.a.rows + item * g.M + m0 + i) : -1;
+  }
+  if (kBNc && g.b.rows != nullptr) {
+    for (int i = threadIdx.x; i < g.K; i += kThreads) b_map_s[i] = __ldg(g.b.rows + item * g.K + i);
+  }
+  if ((kAK && g.a.rows != nullptr) || (kBNc && g.b.rows != nullptr)) __syncthreads();
+
   auto stage = [&](int buf, int64_t ks) {
     TA* at = reinterpret_cast<TA*>(a_s + buf * kTileA);
     TB* bt = reinterpret_cast<TB*>(b_s + buf * kTileB);
@@ -117,9 +138,11 @@ __global__ void __launch_bounds__(64 * kNW, min_blocks(kNW, kIsBf16<TA> && kIsBf
     const TA* A = static_cast<const TA*>(second ? g.a2.ptr : g.a.ptr) + item * (second ? g.a2.batch : g.a.batch);
     const TB* B = static_cast<const TB*>(second ? g.b2.ptr : g.b.ptr) + item * (second ? g.b2.batch : g.b.batch);
     const int64_t K = second ? g.K2 : g.K, k0 = (second ? ks - k1_steps : ks) * kBK;
-    if (kAK) stage_slice<TA, kBM, kBK, kPadKA, kThreads>(at, A, second ? g.a2.row : g.a.row, m0, k0, g.M, K);
+    const int32_t* a_map = kAK && g.a.rows != nullptr && !second ? a_map_s : nullptr;
+    const int32_t* b_map = kBNc && g.b.rows != nullptr && !second ? b_map_s + k0 : nullptr;
+    if (kAK) stage_slice<TA, kBM, kBK, kPadKA, kThreads>(at, A, second ? g.a2.row : g.a.row, m0, k0, g.M, K, a_map);
     else stage_slice<TA, kBK, kBM, kBM + 8, kThreads>(at, A, second ? g.a2.col : g.a.col, k0, m0, K, g.M);
-    if (kBNc) stage_slice<TB, kBK, kBN, kPadN, kThreads>(bt, B, second ? g.b2.row : g.b.row, k0, n0, K, g.N);
+    if (kBNc) stage_slice<TB, kBK, kBN, kPadN, kThreads>(bt, B, second ? g.b2.row : g.b.row, k0, n0, K, g.N, b_map);
     else stage_slice<TB, kBN, kBK, kPadKB, kThreads>(bt, B, second ? g.b2.col : g.b.col, n0, k0, g.N, K);
     cp_async_commit();
   };

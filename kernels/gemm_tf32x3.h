@@ -27,7 +27,16 @@ struct GemmOperand {
   int64_t row = 0;    // elements between rows
   int64_t col = 0;    // elements between columns
   bool bf16 = false;
+  // When set (device memory, int32): the operand's rows are gathered. Row r of item i (r along M for
+  // a, along K for b) is row rows[i · extent + r] of ptr (extent M, or K), and zeros where that entry
+  // is negative; batch is 0. Taken for a K-contiguous a and an N-contiguous b of the first pair, and
+  // for b only up to kGemmMappedRowsMax rows of K. The delta rule's backward reads its output
+  // gradient in token order this way (no copy into chunk rows).
+  const int32_t* rows = nullptr;
 };
+
+// The most K rows a gathered b may have (the block reads b's whole map into shared memory once).
+constexpr int64_t kGemmMappedRowsMax = 128;
 
 // out[i] = alpha · (a[i] b[i] + a2[i] b2[i]) + beta · out[i]: a [M, K], b [K, N], out [M, N] (fp32)
 // with unit column stride; the second pair a2 [M, K2], b2 [K2, N] only when K2 > 0 (one pass over
@@ -68,7 +77,8 @@ inline int gemm_tf32x3_strips_for(int64_t N) {
 
 // Whether the kernel takes these operands: each one has a unit-stride dimension whose extent is a
 // multiple of 16 bytes' elements (4 fp32, 8 bf16), its other strides and its pointer are 16-byte
-// aligned, and the batch fits a grid; A and B may be bf16, B only beside a K-contiguous A.
+// aligned, and the batch fits a grid; A and B may be bf16, B only beside a K-contiguous A; row
+// maps as GemmOperand::rows says.
 // Otherwise use the reference.
 inline bool gemm_tf32x3_supports(const GemmTf32x3Args& args) {
   auto operand_ok = [](const GemmOperand& o, int64_t rows, int64_t cols) {
@@ -79,13 +89,16 @@ inline bool gemm_tf32x3_supports(const GemmTf32x3Args& args) {
     return false;
   };
   const bool types_ok = !args.b.bf16 || args.a.col == 1;
+  const bool maps_ok = (args.a.rows == nullptr || (args.a.col == 1 && args.a.batch == 0)) &&
+                       (args.b.rows == nullptr || (args.b.col == 1 && args.b.batch == 0 && args.K <= kGemmMappedRowsMax)) &&
+                       args.a2.rows == nullptr && args.b2.rows == nullptr;
   const bool second_ok = args.K2 == 0 || (args.K2 > 0 && operand_ok(args.a2, args.M, args.K2) &&
                                            operand_ok(args.b2, args.K2, args.N) && (args.a2.col == 1) == (args.a.col == 1) &&
                                            (args.b2.col == 1) == (args.b.col == 1) && args.a2.bf16 == args.a.bf16 &&
                                            args.b2.bf16 == args.b.bf16);
   return args.batch >= 1 && args.batch < (int64_t{1} << 31) && args.M >= 1 && args.N >= 1 && args.K >= 1 &&
          args.M < (int64_t{1} << 20) && args.N < (int64_t{1} << 20) && operand_ok(args.a, args.M, args.K) &&
-         operand_ok(args.b, args.K, args.N) && types_ok && second_ok && args.out != nullptr;
+         operand_ok(args.b, args.K, args.N) && types_ok && maps_ok && second_ok && args.out != nullptr;
 }
 
 #ifdef DD_HAVE_CUDA

@@ -171,6 +171,90 @@ torch::Tensor bmm_fp32_sum_scattered(const torch::Tensor& a, const torch::Tensor
   return with_spare.narrow(0, 0, n_rows);
 }
 
+namespace {
+
+void check_gathered(const GatheredRows& x, const char* what) {
+  TORCH_CHECK(x.src.dim() == 2 && (x.src.size(1) <= 1 || x.src.stride(1) == 1), what,
+              ": expected gathered rows from a 2-D src with contiguous rows, got ", x.src.sizes());
+  TORCH_CHECK(x.map.scalar_type() == torch::kInt32 && x.map.numel() == x.R * x.rows && x.map.device() == x.src.device(),
+              what, ": expected a row map int32 [", x.R * x.rows, "] on ", x.src.device(), ", got ", x.map.scalar_type(),
+              " ", x.map.sizes(), " on ", x.map.device());
+}
+
+#if defined(DD_HAVE_CUDA)
+kernels::GemmOperand gathered_operand(const GatheredRows& x, const torch::Tensor& map) {
+  kernels::GemmOperand o;
+  o.ptr = x.src.data_ptr();
+  o.bf16 = is_bf16(x.src);
+  o.batch = 0;
+  o.row = x.src.stride(0);
+  o.col = 1;
+  o.rows = map.data_ptr<int32_t>();
+  return o;
+}
+#endif
+
+// The product of a and b where exactly one side is gathered (a_rows or b_rows): the kernel reading
+// the gathered side in place, else the gathered copy's product.
+torch::Tensor gathered_product(const GatheredRows* a_rows, const torch::Tensor& a_plain, const GatheredRows* b_rows,
+                               const torch::Tensor& b_plain, double alpha) {
+  const GatheredRows& x = a_rows != nullptr ? *a_rows : *b_rows;
+  check_gathered(x, "bmm_fp32 (gathered rows)");
+  // Shapes and dtypes checked on storage-less stand-ins of both sides.
+  auto meta = [](c10::IntArrayRef sizes, const torch::Tensor& like) {
+    return torch::empty(sizes, like.options().device(torch::kMeta));
+  };
+  const auto x_meta = meta({x.R, x.rows, x.src.size(1)}, x.src);
+  const auto a = a_rows != nullptr ? x_meta : meta(a_plain.sizes(), a_plain);
+  const auto b = b_rows != nullptr ? x_meta : meta(b_plain.sizes(), b_plain);
+  check_operands(a, b, "bmm_fp32 (gathered rows)");
+  TORCH_CHECK((a_rows != nullptr ? b_plain : a_plain).device() == x.src.device(),
+              "bmm_fp32 (gathered rows): the operands are on different devices");
+#if defined(DD_HAVE_CUDA)
+  auto out = torch::empty({a.size(0), a.size(1), b.size(2)}, x.src.options().dtype(result_dtype(a)));
+  kernels::GemmTf32x3Args g;
+  const auto map = x.map.contiguous();
+  if (g_use_kernel && x.src.is_cuda() && out.numel() > 0 && a.size(2) > 0) {
+    g.batch = a.size(0);
+    g.M = a.size(1);
+    g.K = a.size(2);
+    g.N = b.size(2);
+    g.a = a_rows != nullptr ? gathered_operand(x, map) : operand(a_plain);
+    g.b = b_rows != nullptr ? gathered_operand(x, map) : operand(b_plain);
+    g.out = out.data_ptr<float>();
+    g.out_batch = out.stride(0);
+    g.out_row = out.stride(1);
+    g.alpha = static_cast<float>(alpha);
+    g.n_strips = g_wide_tiles ? 0 : 2;
+    if (kernels::gemm_tf32x3_supports(g)) {
+      launch(g, x.src);
+      return out;
+    }
+  }
+#endif
+  return a_rows != nullptr ? bmm_fp32(gathered(*a_rows), b_plain, alpha) : bmm_fp32(a_plain, gathered(*b_rows), alpha);
+}
+
+}  // namespace
+
+torch::Tensor gathered(const GatheredRows& x) {
+  check_gathered(x, "gathered");
+  const int64_t n = x.src.size(0);
+  // −1 picks a zero row appended past the end (no data-dependent sizes, so no host sync).
+  const auto idx = x.map.reshape({-1}).to(torch::kInt64);
+  const auto with_zero = torch::cat({x.src, torch::zeros({1, x.src.size(1)}, x.src.options())}, 0);
+  return with_zero.index_select(0, torch::where(idx.ge(0), idx, torch::full_like(idx, n)))
+      .view({x.R, x.rows, x.src.size(1)});
+}
+
+torch::Tensor bmm_fp32(const GatheredRows& a, const torch::Tensor& b, double alpha) {
+  return gathered_product(&a, torch::Tensor(), nullptr, b, alpha);
+}
+
+torch::Tensor bmm_fp32(const torch::Tensor& a, const GatheredRows& b, double alpha) {
+  return gathered_product(nullptr, a, &b, torch::Tensor(), alpha);
+}
+
 torch::Tensor& bmm_fp32_accumulate(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, double alpha,
                                    double beta) {
   check_operands(a, b, "bmm_fp32_accumulate");

@@ -32,6 +32,22 @@ torch::Tensor bmm_fp32_sum_scattered(const torch::Tensor& a, const torch::Tensor
                                      const torch::Tensor& b2, double alpha, const torch::Tensor& out_rows,
                                      int64_t n_rows);
 
+// A batch [R, rows, D] gathered from the rows of a matrix src [n_src, D] (unit column stride): row r
+// of item i is row map[i · rows + r] of src, and zeros where that entry is −1 (map int32 [R · rows]
+// on src's device). The delta rule's backward reads its output gradient in token order so, by the
+// output's row map (gdr_chunk_row_targets), instead of copying it into chunk rows first.
+struct GatheredRows {
+  torch::Tensor src, map;
+  int64_t R = 0, rows = 0;
+};
+// The batch itself (a copy; the products below fall back on it where the kernel does not run).
+torch::Tensor gathered(const GatheredRows& x);
+// alpha · a b with a gathered ([R, M, K] = [R, rows, D]), b [R, K, N]: on a GPU the kernel reads a's
+// rows where they are. Returns a new contiguous [R, M, N].
+torch::Tensor bmm_fp32(const GatheredRows& a, const torch::Tensor& b, double alpha = 1.0);
+// alpha · a b with a [R, M, K] and b gathered ([R, K, N] = [R, rows, D]).
+torch::Tensor bmm_fp32(const torch::Tensor& a, const GatheredRows& b, double alpha = 1.0);
+
 // out = alpha · a b + beta · out, in place on a contiguous fp32 `out` [R, M, N]; returns it.
 torch::Tensor& bmm_fp32_accumulate(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, double alpha,
                                    double beta);

@@ -570,6 +570,7 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     sd["dt"] = static_cast<int64_t>(c.dt);
     sd["scale"] = scale;
     sd["o_tokens"] = tokens;
+    if (tokens) sd["o_rows"] = o_targets;  // the backward reads the output's gradient by the same map
     sd["bf16_front"] = f.W.scalar_type() == torch::kBFloat16;  // the backward's recompute writes the same
     if (tokens) return {O.view({l.B, l.T, c.H, c.dv}), scan.h_final};
     return {O.view({l.n_chunks, c.H, l.C, c.dv}), scan.h_final};
@@ -600,9 +601,7 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     c.dv = v.size(3);
     const double s = sd["scale"].toDouble();
     const int64_t N = c.l.n_chunks, H = c.H, C = c.l.C, dk = c.dk, dv = c.dv;
-    // A token-layout output's gradient comes back in that layout: gathered into chunk rows here.
-    const auto dO = grads[0].defined() && sd["o_tokens"].toBool() ? gdr_gather_chunks(grads[0].contiguous(), c.l, c.dt)
-                                                                   : grads[0];
+    const auto& dO = grads[0];
     const auto& dh_final = grads[1];
 
     // Recompute the cheap front instead of saving it: with the fused kernels only Kd, Qg, P and
@@ -627,12 +626,18 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
 
     // From O = s (Qg h_in + P Vn): gradients into P, Vn, Qg and h_in.
     torch::Tensor dP_raw, dQg, d_vnew, d_hin;
-    if (dO.defined()) {
-      auto dOr = rows(dO);
-      dP_raw = prod(dOr, tr(v_new)).view({N, H, C, C});
-      d_vnew = prod(tr(rows(ff.P)), dOr, s);
-      dQg = prod(dOr, tr(h_in), s).view({N, H, C, dk});
-      d_hin = prod(tr(rows(ff.Qg)), dOr, s);
+    auto output_grad_products = [&](const auto& dOr) {  // dOr: [N·H, C, dv] chunk rows, or GatheredRows
+      dP_raw = bmm_fp32(dOr, tr(v_new)).view({N, H, C, C});
+      d_vnew = bmm_fp32(tr(rows(ff.P)), dOr, s);
+      dQg = bmm_fp32(dOr, tr(h_in), s).view({N, H, C, dk});
+      d_hin = bmm_fp32(tr(rows(ff.Qg)), dOr, s);
+    };
+    if (dO.defined() && sd["o_tokens"].toBool()) {
+      // The output went straight into token order, and its gradient comes back in that layout: the
+      // products read its rows there by the output's row map (no copy into chunk rows on a GPU).
+      output_grad_products(GatheredRows{dO.to(c.dt).contiguous().view({-1, dv}), sd["o_rows"].toTensor(), N * H, C});
+    } else if (dO.defined()) {
+      output_grad_products(rows(dO));
     } else {
       d_vnew = torch::zeros({N * H, C, dv}, Tm.options());
     }

@@ -1,11 +1,13 @@
 // The batched fp32 products' host side (model/bmm_fp32.h): operands in bf16, as the delta rule's
 // intermediates are under 16-bit training, on the ATen path every machine runs
 // (the GPU kernel against fp64 is in test_bmm_fp32_cuda.cpp), and the kernel's rules for which
-// bf16 operands it takes (kernels::gemm_tf32x3_supports, pure host arithmetic).
+// bf16 operands and gathered rows it takes (kernels::gemm_tf32x3_supports, pure host arithmetic).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "kernels/gemm_tf32x3.h"
 #include "model/bmm_fp32.h"
@@ -112,4 +114,67 @@ TEST(BmmFp32, KernelTakesBf16OperandsByTheirLayouts) {
   g.b2.bf16 = true;
   g.a.bf16 = g.a2.bf16 = true;  // the delta rule's output: every operand bf16
   EXPECT_TRUE(kernels::gemm_tf32x3_supports(g));
+}
+
+// Gathered rows (GatheredRows): row r of item i is src's row map[i · rows + r], and a zero row where
+// the map says −1; the products with a gathered a or b equal the products of that batch, built
+// here row by row. Bad maps are refused by name. On this path (ATen) the gathered copy is made.
+TEST(BmmFp32, GatheredRowsAreTheMappedRowsOfSrc) {
+  const int64_t R = 3, rows = 5, D = 4, n_src = 20;
+  const auto src = torch::randn({n_src, D});
+  const std::vector<int32_t> entries = {7, -1, 0, 19, 3, 4, 4, -1, 11, 2, -1, -1, 1, 18, 5};
+  const auto map = torch::tensor(entries, torch::kInt32);
+  const model::GatheredRows x{src, map, R, rows};
+  auto want = torch::zeros({R, rows, D});
+  for (int64_t e = 0; e < R * rows; ++e) {
+    if (entries[static_cast<size_t>(e)] >= 0) want[e / rows][e % rows] = src[entries[static_cast<size_t>(e)]];
+  }
+  EXPECT_TRUE(torch::equal(model::gathered(x), want));
+  const auto b = torch::randn({R, D, 6});
+  EXPECT_TRUE(torch::allclose(model::bmm_fp32(x, b, 0.5), torch::bmm(want, b) * 0.5, 1e-6, 1e-6));
+  const model::GatheredRows xb{src, map, R, rows};  // as b: [R, K = rows, N = D]
+  const auto a = torch::randn({R, 2, rows});
+  EXPECT_TRUE(torch::allclose(model::bmm_fp32(a, xb), torch::bmm(a, want), 1e-6, 1e-6));
+  // A bf16 source is widened exactly, as a bf16 operand is.
+  const model::GatheredRows x16{src.to(torch::kBFloat16), map, R, rows};
+  EXPECT_TRUE(torch::equal(model::bmm_fp32(x16, b), torch::bmm(model::gathered(x16).to(torch::kFloat32), b)));
+  // A map of the wrong length or dtype, and mismatched shapes, are refused naming what is wrong.
+  try {
+    model::gathered(model::GatheredRows{src, map.narrow(0, 0, 14), R, rows});
+    ADD_FAILURE() << "a short map was taken";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("row map int32 [15]"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(model::gathered(model::GatheredRows{src, map.to(torch::kInt64), R, rows}), c10::Error);
+  EXPECT_THROW(model::bmm_fp32(x, torch::randn({R, D + 1, 6})), c10::Error);
+  EXPECT_THROW(model::bmm_fp32(torch::randn({R, 2, rows + 1}), xb), c10::Error);
+}
+
+// Where the kernel takes gathered rows: a K-contiguous a, an N-contiguous b of at most
+// kGemmMappedRowsMax rows of K, batch stride 0, and not on the second pair.
+TEST(BmmFp32, KernelTakesGatheredRowsByTheirLayouts) {
+  alignas(16) static float buf[64];
+  static const int32_t map[1] = {0};
+  kernels::GemmTf32x3Args g;
+  g.batch = 4, g.M = 64, g.N = 128, g.K = 64;
+  g.a = {buf, 0, 64, 1};
+  g.a.rows = map;
+  g.b = {buf, 64 * 128, 128, 1};
+  g.out = buf;
+  EXPECT_TRUE(kernels::gemm_tf32x3_supports(g));
+  g.a.batch = 64 * 64;  // a gathered operand has no batch stride
+  EXPECT_FALSE(kernels::gemm_tf32x3_supports(g));
+  g.a = {buf, 0, 1, 64};  // M-contiguous: not gathered
+  g.a.rows = map;
+  EXPECT_FALSE(kernels::gemm_tf32x3_supports(g));
+  g.a = {buf, 64 * 64, 1, 64};  // b gathered beside an M-contiguous a (the delta rule's Pᵀ dO)
+  g.b = {buf, 0, 128, 1};
+  g.b.rows = map;
+  EXPECT_TRUE(kernels::gemm_tf32x3_supports(g));
+  g.K = kernels::kGemmMappedRowsMax + 8;  // more rows of K than the block's map holds
+  EXPECT_FALSE(kernels::gemm_tf32x3_supports(g));
+  g.K = 64;
+  g.b = {buf, 0, 1, 64};  // K-contiguous b: not gathered
+  g.b.rows = map;
+  EXPECT_FALSE(kernels::gemm_tf32x3_supports(g));
 }

@@ -287,3 +287,62 @@ TEST(BmmFp32Cuda, RowDotWithBf16RowsMatchesFp64Sums) {
     EXPECT_LT(err, 1e-5) << c10::str(shape);
   }
 }
+
+// Products reading one operand's rows through a row map (GatheredRows: the delta rule's output
+// gradient read in token order) equal, bit for bit, the kernel's product of the gathered copy: a
+// gathered K-contiguous a and a gathered N-contiguous b, fp32 and bf16 sources, maps with −1
+// entries (zero rows) over a larger source, partial tiles in M, N and K, K up to the map's limit.
+TEST(BmmFp32Cuda, GatheredRowsMatchTheGatheredCopy) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 733);
+  auto opt = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+  // R items of `rows` rows each, picked from a source of 2 R rows + 37, about 1 in 8 entries −1.
+  auto make_map = [&](int64_t R, int64_t rows, int64_t n_src) {
+    auto m = torch::randperm(n_src, opt.dtype(torch::kInt64)).narrow(0, 0, R * rows);
+    m = torch::where(torch::rand({R * rows}, opt).lt(0.125), torch::full_like(m, -1), m);
+    return m.to(torch::kInt32);
+  };
+  struct Case {
+    int64_t R, rows, D, other;  // gathered [R, rows, D]; the plain operand's other extent
+  };
+  const Case cases[] = {{6, 64, 128, 64}, {4, 50, 96, 40}, {3, 64, 192, 128}, {5, 40, 24, 72}, {2, 128, 64, 64}};
+  int taken = 0;
+  for (const Case& c : cases) {
+    for (const bool src_bf16 : {false, true}) {
+      const int64_t n_src = 2 * c.R * c.rows + 37;
+      auto src = torch::randn({n_src, c.D}, opt);
+      if (src_bf16) src = src.to(torch::kBFloat16);
+      const model::GatheredRows x{src, make_map(c.R, c.rows, n_src), c.R, c.rows};
+      const auto copy = model::gathered(x);
+      const std::string what = "R=" + std::to_string(c.R) + " rows=" + std::to_string(c.rows) + " D=" +
+                               std::to_string(c.D) + " other=" + std::to_string(c.other) + " bf16 " +
+                               std::to_string(src_bf16);
+      // Gathered a [R, M = rows, K = D] by a plain b [R, K, other]: K-contiguous (as vᵀ, bf16) and
+      // N-contiguous (fp32).
+      for (const bool b_t : {true, false}) {
+        auto b = b_t ? torch::randn({c.R, c.other, c.D}, opt).to(torch::kBFloat16).transpose(1, 2)
+                     : torch::randn({c.R, c.D, c.other}, opt);
+        EXPECT_TRUE(torch::equal(model::bmm_fp32(x, b, 0.25), model::bmm_fp32(copy, b, 0.25))) << what << " a, b_t " << b_t;
+      }
+      // A plain a [R, other, K = rows] (M-contiguous, bf16, as Pᵀ; and K-contiguous fp32) by a
+      // gathered b [R, K = rows, N = D].
+      if (c.rows <= kernels::kGemmMappedRowsMax) {
+        const auto at = torch::randn({c.R, c.rows, c.other}, opt).to(torch::kBFloat16).transpose(1, 2);
+        const auto ak = torch::randn({c.R, c.other, c.rows}, opt);
+        for (const auto& a : {at, ak}) {
+          if (src_bf16 && a.stride(2) != 1) continue;  // a bf16 b needs a K-contiguous a (the fallback's case)
+          EXPECT_TRUE(torch::equal(model::bmm_fp32(a, x, 0.5), model::bmm_fp32(a, copy, 0.5))) << what << " b";
+        }
+      }
+      // The kernel takes the gathered operand (not the fallback) wherever the plain one allows it.
+      kernels::GemmTf32x3Args g;
+      g.batch = c.R, g.M = c.rows, g.K = c.D, g.N = c.other;
+      g.a = {src.data_ptr(), 0, c.D, 1, src_bf16};
+      g.a.rows = x.map.data_ptr<int32_t>();
+      g.b = {src.data_ptr(), c.D * c.other, c.other, 1};
+      g.out = reinterpret_cast<float*>(src.data_ptr());
+      taken += kernels::gemm_tf32x3_supports(g) ? 1 : 0;
+    }
+  }
+  EXPECT_EQ(taken, 2 * static_cast<int>(sizeof(cases) / sizeof(cases[0])));
+}
