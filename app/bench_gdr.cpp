@@ -142,6 +142,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     bool other_scan_products = false;  // the scan's products not as tf32_default says
     bool fp32_states = false;          // h_in and v_new kept in fp32 under TF32 products (model::gdr_bf16_states)
     bool fp32_front = false;           // the fused front's outputs kept in fp32 (model::gdr_bf16_front)
+    bool split_chunk = false;          // the chunk kernels' fp32 operands split, not TF32 (model::gdr_tf32_chunk_products)
   };
   const char* other_products = tf32_default ? "kernels, split-TF32 scan" : "kernels, TF32 scan";
   const std::vector<Mode> modes =
@@ -150,6 +151,8 @@ int bench_gdr(const BenchGdrArgs& a) {
                                         {"kernels, fp32 states", true, true, kernels::kGdrScanAuto, true, false, true},
                                         {"kernels, fp32 front", true, true, kernels::kGdrScanAuto, true, false, false,
                                          true},
+                                        {"kernels, split chunk", true, true, kernels::kGdrScanAuto, true, false, false,
+                                         false, true},
                                         {"kernels, unfused", true, false, kernels::kGdrScanAuto},
                                         {"kernels, 64-col GEMMs", true, true, kernels::kGdrScanAuto, false},
                                         {"kernels, 32-col scan", true, true, kernels::kGdrScanTensorCores32},
@@ -167,6 +170,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     model::bmm_fp32_wide_tiles(mode.wide_products);
     model::gdr_bf16_states(!mode.fp32_states);
     model::gdr_bf16_front(!mode.fp32_front);
+    model::gdr_tf32_chunk_products(!mode.split_chunk);
     const bool tf32_scan = mode.other_scan_products ? !tf32_default : tf32_default;
     auto forward = [&] {
       torch::NoGradGuard no_grad;
@@ -204,6 +208,7 @@ int bench_gdr(const BenchGdrArgs& a) {
   model::gdr_scan_variant(kernels::kGdrScanAuto);
   model::gdr_bf16_states(true);
   model::gdr_bf16_front(true);
+  model::gdr_tf32_chunk_products(true);
   model::bmm_fp32_wide_tiles(true);
   model::gdr_use_fused_kernels(true);
   model::gdr_use_kernels(true);

@@ -17,10 +17,15 @@ namespace gdr_chunk_mma {
 
 // An fp32 value as fragment parts. kExact: the value came from bf16 or fp16, so it is already a
 // TF32 value and its remainder is zero: no split, and the products with that remainder are skipped.
-template <bool kExact>
+// kRound: the value is rounded to TF32 and its remainder dropped (one part, as kExact; the chunk
+// kernels' TF32 mode, about 2⁻¹¹ relative per product where the split keeps about 2⁻²¹).
+template <bool kExact, bool kRound = false>
 __device__ __forceinline__ void to_parts(float x, uint32_t& big, uint32_t& small) {
   if constexpr (kExact) {
     big = __float_as_uint(x);
+    small = 0;
+  } else if constexpr (kRound) {
+    big = round_tf32(x);
     small = 0;
   } else {
     split_tf32(x, big, small);
@@ -31,7 +36,7 @@ __device__ __forceinline__ void to_parts(float x, uint32_t& big, uint32_t& small
 
 // A fragment of a row-major [m][k] tile: rows m0 + g, m0 + g + 8, columns k0 + t, k0 + t + 4, each
 // element times col_scale[column] when col_scale is given.
-template <bool kExact = false, typename S>
+template <bool kExact = false, bool kRound = false, typename S>
 __device__ __forceinline__ FragA frag_a(const S* s, int pitch, int m0, int k0, int g, int t,
                                         const float* col_scale = nullptr) {
   float x[4] = {to_f32(s[(m0 + g) * pitch + k0 + t]), to_f32(s[(m0 + g + 8) * pitch + k0 + t]),
@@ -45,41 +50,41 @@ __device__ __forceinline__ FragA frag_a(const S* s, int pitch, int m0, int k0, i
   }
   FragA f;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) to_parts<kExact>(x[i], f.big[i], f.small[i]);
+  for (int i = 0; i < 4; ++i) to_parts<kExact, kRound>(x[i], f.big[i], f.small[i]);
   return f;
 }
 
 // A fragment of A = Xᵀ, X a row-major [k][m] tile: A[m][k] = X[k][m].
-template <bool kExact = false, typename S>
+template <bool kExact = false, bool kRound = false, typename S>
 __device__ __forceinline__ FragA frag_at(const S* s, int pitch, int m0, int k0, int g, int t) {
   FragA f;
-  to_parts<kExact>(to_f32(s[(k0 + t) * pitch + m0 + g]), f.big[0], f.small[0]);
-  to_parts<kExact>(to_f32(s[(k0 + t) * pitch + m0 + g + 8]), f.big[1], f.small[1]);
-  to_parts<kExact>(to_f32(s[(k0 + t + 4) * pitch + m0 + g]), f.big[2], f.small[2]);
-  to_parts<kExact>(to_f32(s[(k0 + t + 4) * pitch + m0 + g + 8]), f.big[3], f.small[3]);
+  to_parts<kExact, kRound>(to_f32(s[(k0 + t) * pitch + m0 + g]), f.big[0], f.small[0]);
+  to_parts<kExact, kRound>(to_f32(s[(k0 + t) * pitch + m0 + g + 8]), f.big[1], f.small[1]);
+  to_parts<kExact, kRound>(to_f32(s[(k0 + t + 4) * pitch + m0 + g]), f.big[2], f.small[2]);
+  to_parts<kExact, kRound>(to_f32(s[(k0 + t + 4) * pitch + m0 + g + 8]), f.big[3], f.small[3]);
   return f;
 }
 
 // B fragment (rows k0 + t, k0 + t + 4; column n0 + g) of B = Xᵀ, X a row-major [n][k] tile.
-template <bool kExact = false, typename S>
+template <bool kExact = false, bool kRound = false, typename S>
 __device__ __forceinline__ FragB frag_b_nk(const S* s, int pitch, int k0, int n0, int g, int t) {
   FragB f;
-  to_parts<kExact>(to_f32(s[(n0 + g) * pitch + k0 + t]), f.big[0], f.small[0]);
-  to_parts<kExact>(to_f32(s[(n0 + g) * pitch + k0 + t + 4]), f.big[1], f.small[1]);
+  to_parts<kExact, kRound>(to_f32(s[(n0 + g) * pitch + k0 + t]), f.big[0], f.small[0]);
+  to_parts<kExact, kRound>(to_f32(s[(n0 + g) * pitch + k0 + t + 4]), f.big[1], f.small[1]);
   return f;
 }
 
 // B fragment of a row-major [k][n] tile.
-template <bool kExact = false, typename S>
+template <bool kExact = false, bool kRound = false, typename S>
 __device__ __forceinline__ FragB frag_b_kn(const S* s, int pitch, int k0, int n0, int g, int t) {
   FragB f;
-  to_parts<kExact>(to_f32(s[(k0 + t) * pitch + n0 + g]), f.big[0], f.small[0]);
-  to_parts<kExact>(to_f32(s[(k0 + t + 4) * pitch + n0 + g]), f.big[1], f.small[1]);
+  to_parts<kExact, kRound>(to_f32(s[(k0 + t) * pitch + n0 + g]), f.big[0], f.small[0]);
+  to_parts<kExact, kRound>(to_f32(s[(k0 + t + 4) * pitch + n0 + g]), f.big[1], f.small[1]);
   return f;
 }
 
 // The products of two fragments that are not known to be zero: mma3's three when both are split,
-// two when one operand is exact, one when both are.
+// two when one operand is one part (exact or rounded, to_parts), one when both are.
 template <bool kAExact, bool kBExact>
 __device__ __forceinline__ void mma_parts(float (&d_big)[4], float (&d_cross)[4], const FragA& a, const FragB& b) {
   mma_tf32(d_big, a.big, b.big);
@@ -92,7 +97,8 @@ __device__ __forceinline__ void mma_parts(float (&d_big)[4], float (&d_cross)[4]
 // a compile-time constant and every tile is computed: a branch per tile would put each tile's
 // loads, splits and products in a block of its own, one after another with no overlap (measured
 // 2× slower). Callers point b at valid memory for tiles they do not store. kAExact, kBExact: the
-// operand's values are TF32 already (from bf16 or fp16 inputs), see mma_parts.
+// operand is one part (its values TF32 already, from bf16 or fp16 inputs, or rounded to TF32), see
+// mma_parts.
 template <int kTiles, bool kAExact = false, bool kBExact = false, class LoadA, class LoadB>
 __device__ __forceinline__ void strip_accumulate(float (&acc)[kTiles][4], int k_begin, int k_end, LoadA a_at,
                                                  LoadB b_at) {

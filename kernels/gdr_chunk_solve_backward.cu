@@ -13,7 +13,9 @@
 //   dA      dA_raw = Tmᵀ X on the lower block triangle, written with zeros at and above the
 //           diagonal.
 // Products are split-TF32 mma.sync (kernels/gdr_chunk_mma.cuh); K and V read from bf16 or fp16
-// are TF32 values already, so the products with their zero remainders are skipped.
+// are TF32 values already, so the products with their zero remainders are skipped. In the TF32
+// mode (kTf32, GdrChunkSolveBackwardArgs::tf32_products) every fp32 operand is rounded to TF32
+// instead of split: one mma per product.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -51,7 +53,7 @@ __device__ __forceinline__ void stage_f32(float* dst, int pitch, const float* sr
   }
 }
 
-template <typename T, typename TV, int VW>
+template <typename T, typename TV, int VW, bool kTf32>
 __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(GdrChunkList l,
                                                                               GdrChunkSolveBackwardArgs a) {
   constexpr bool kKExact = !std::is_same<T, float>::value, kVExact = !std::is_same<TV, float>::value;
@@ -100,8 +102,8 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
         constexpr int kN = decltype(count)::value;
         const int m0 = 16 * mt;
         float acc[kN][4];
-        strip_product<kN, false, kBExact>(
-            acc, 0, width, [&](int k0) { return frag_a(G_s, kGPitch, m0, k0, g, t); },
+        strip_product<kN, kTf32, kBExact>(
+            acc, 0, width, [&](int k0) { return frag_a<false, kTf32>(G_s, kGPitch, m0, k0, g, t); },
             [&](int k0, int nt) { return frag_b_nk<kBExact>(B_s, kBPitch, k0, 8 * (n_first + nt), g, t); });
 #pragma unroll
         for (int nt = 0; nt < kN; ++nt) {
@@ -135,9 +137,9 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
         const int n_tiles = n_all - 4 * pass < 4 ? n_all - 4 * pass : 4;
         auto col = [&](int nt) { return 8 * (tile0 + 2 * (4 * pass + (nt < n_tiles ? nt : n_tiles - 1))); };
         float acc[4][4];
-        strip_product<4>(
-            acc, 16 * mt, kC, [&](int k0) { return frag_at(T_s, kTPitch, 16 * mt, k0, g, t); },
-            [&](int k0, int nt) { return frag_b_kn(G_s, kGPitch, k0, col(nt), g, t); });
+        strip_product<4, kTf32, kTf32>(
+            acc, 16 * mt, kC, [&](int k0) { return frag_at<false, kTf32>(T_s, kTPitch, 16 * mt, k0, g, t); },
+            [&](int k0, int nt) { return frag_b_kn<false, kTf32>(G_s, kGPitch, k0, col(nt), g, t); });
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
           if (nt >= n_tiles) continue;
@@ -183,9 +185,9 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
   lower_half_strip([&](int mt, int n_first, auto count) {
     constexpr int kN = decltype(count)::value;
     float acc[kN][4];
-    strip_product<kN>(
-        acc, 0, 16 * (mt + 1), [&](int k0) { return frag_a(dTm_s, kTPitch, 16 * mt, k0, g, t); },
-        [&](int k0, int nt) { return frag_b_nk(T_s, kTPitch, k0, 8 * (n_first + nt), g, t); });
+    strip_product<kN, kTf32, kTf32>(
+        acc, 0, 16 * (mt + 1), [&](int k0) { return frag_a<false, kTf32>(dTm_s, kTPitch, 16 * mt, k0, g, t); },
+        [&](int k0, int nt) { return frag_b_nk<false, kTf32>(T_s, kTPitch, k0, 8 * (n_first + nt), g, t); });
     store_strip<kN>(X_s, kGPitch, 16 * mt, 8 * n_first, acc, 1.f, g, t);
   });
   __syncthreads();
@@ -195,9 +197,9 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
   lower_half_strip([&](int mt, int n_first, auto count) {
     constexpr int kN = decltype(count)::value;
     float acc[kN][4];
-    strip_product<kN>(
-        acc, 16 * mt, kC, [&](int k0) { return frag_at(T_s, kTPitch, 16 * mt, k0, g, t); },
-        [&](int k0, int nt) { return frag_b_kn(X_s, kGPitch, k0, 8 * (n_first + nt), g, t); });
+    strip_product<kN, kTf32, kTf32>(
+        acc, 16 * mt, kC, [&](int k0) { return frag_at<false, kTf32>(T_s, kTPitch, 16 * mt, k0, g, t); },
+        [&](int k0, int nt) { return frag_b_kn<false, kTf32>(X_s, kGPitch, k0, 8 * (n_first + nt), g, t); });
 #pragma unroll
     for (int nt = 0; nt < kN; ++nt) {
 #pragma unroll
@@ -218,10 +220,10 @@ int gdr_chunk_solve_backward(const GdrChunkList& l, const GdrChunkSolveBackwardA
   const bool vec = vectorizable(l, a.in_qk, a.in_v, {a.dRw, a.dRu}, {a.k}, {a.v}, a.v_token_stride);
   return launch_fused(
       l, a.in_qk, a.in_v, vec, kThreads, sizeof(float) * static_cast<size_t>(kSmemFloats), stream,
-      [](auto qk, auto v, auto w) {
-        return gdr_chunk_solve_backward_kernel<decltype(qk), decltype(v), decltype(w)::value>;
+      [](auto qk, auto v, auto w, auto tf32) {
+        return gdr_chunk_solve_backward_kernel<decltype(qk), decltype(v), decltype(w)::value, decltype(tf32)::value>;
       },
-      a);
+      a, a.tf32_products);
 }
 
 }  // namespace kernels

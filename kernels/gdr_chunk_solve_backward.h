@@ -28,6 +28,10 @@ struct GdrChunkSolveBackwardArgs {
   float* dA_raw = nullptr;    // [N, H, C, C]: the strictly lower triangle is written, nothing else
   float* dRw = nullptr;       // [N, H, C, dk]
   float* dRu = nullptr;       // [N, H, C, dv]
+  // Every product in TF32, one mma each, where the fp32 operands are split in two TF32 parts
+  // otherwise (16-bit training's mode; about 2⁻¹¹ relative per product); with 16-bit k and v of one
+  // type only (kernels/gdr_chunk_stage.cuh), else ignored.
+  bool tf32_products = false;
 };
 
 #ifdef DD_HAVE_CUDA

@@ -115,19 +115,26 @@ __device__ __forceinline__ void stage_qk(const T* q, const T* k, int64_t H, int6
 }
 
 // Host side: launches one of the fused kernels, one block of `threads` per (chunk, head) with
-// `smem` bytes of dynamic shared memory, on the instance kernel_of(q|k tag, v tag, row width)
-// picks for the inputs' dtypes and vector width. Returns the cudaError_t (0 = success);
-// cudaErrorInvalidValue for sizes gdr_chunk_fused_supports refuses.
+// `smem` bytes of dynamic shared memory, on the instance kernel_of(q|k tag, v tag, row width, TF32
+// tag) picks for the inputs' dtypes, vector width and product mode. The TF32 instances (tf32: the
+// fp32 operands' products rounded to TF32, one mma each) exist for 16-bit q, k and v of one type,
+// how 16-bit training calls these kernels; other inputs keep the split products whatever tf32
+// says. Returns the cudaError_t (0 = success); cudaErrorInvalidValue for sizes
+// gdr_chunk_fused_supports refuses.
 template <class KernelOf, class Args>
 int launch_fused(const GdrChunkList& l, DType in_qk, DType in_v, bool vec, int threads, size_t smem, void* stream,
-                 KernelOf kernel_of, const Args& a) {
+                 KernelOf kernel_of, const Args& a, bool tf32 = false) {
   if (!gdr_chunk_fused_supports(l.C, l.dk, l.dv) || l.N * l.H < 1 || l.N * l.H > 2147483647LL) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
   const unsigned grid = static_cast<unsigned>(l.N * l.H);
   int err = 0;
   gdr_chunk_io::dispatch_two_dtypes(in_qk, in_v, vec, [&](auto qk_tag, auto v_tag, auto width) {
-    auto kernel = kernel_of(qk_tag, v_tag, width);
+    using QK = decltype(qk_tag);
+    auto kernel = kernel_of(qk_tag, v_tag, width, std::false_type{});
+    if constexpr (std::is_same<QK, decltype(v_tag)>::value && sizeof(QK) == 2) {
+      if (tf32) kernel = kernel_of(qk_tag, v_tag, width, std::true_type{});
+    }
     err = static_cast<int>(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     if (err == 0) kernel<<<grid, threads, smem, static_cast<cudaStream_t>(stream)>>>(l, a);

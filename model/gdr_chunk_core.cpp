@@ -41,6 +41,7 @@ using torch::autograd::variable_list;
 std::atomic<bool> g_use_kernels{true};
 std::atomic<bool> g_use_fused_kernels{true};
 std::atomic<bool> g_bf16_front{true};
+std::atomic<bool> g_tf32_chunk_products{true};
 
 torch::Tensor col(const torch::Tensor& x) { return x.unsqueeze(-1); }  // [N,H,C] -> [N,H,C,1]
 torch::Tensor tr(const torch::Tensor& x) { return x.transpose(-1, -2); }
@@ -356,8 +357,9 @@ variable_list input_grads_kernel(const Ctx& c, const Prep& p, const Upstream& u,
 
 
 // with_solve = false (the backward's recompute): Kd, Qg, P and decay only. bf16: W, U, Kd, Qg and P
-// rounded to bf16 (Tm and decay stay fp32).
-ForwardFront forward_front_kernel(const Ctx& c, const KernelInputs& ki, bool with_solve, bool bf16) {
+// rounded to bf16 (Tm and decay stay fp32). tf32: W and U's products with Tm in TF32.
+ForwardFront forward_front_kernel(const Ctx& c, const KernelInputs& ki, bool with_solve, bool bf16,
+                                  bool tf32 = false) {
   const int64_t N = c.l.n_chunks, H = c.H, C = c.l.C;
   auto opt = ki.beta.options();
   auto out_opt = bf16 ? opt.dtype(torch::kBFloat16) : opt;
@@ -382,6 +384,7 @@ ForwardFront forward_front_kernel(const Ctx& c, const KernelInputs& ki, bool wit
   a.Tm = with_solve ? f.Tm.data_ptr<float>() : nullptr;
   a.decay = f.decay.data_ptr<float>();
   a.bf16_out = bf16;
+  a.tf32_products = tf32;
   check_kernel_launch(kernels::gdr_chunk_front_forward(chunk_list(c), a, stream_of(f.P)),
                       "gated delta rule fused front");
   return f;
@@ -393,7 +396,7 @@ ForwardFront forward_front_kernel(const Ctx& c, const KernelInputs& ki, bool wit
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> solve_backward_kernel(const Ctx& c, const KernelInputs& ki,
                                                                               const torch::Tensor& Tm,
                                                                               const torch::Tensor& dW,
-                                                                              const torch::Tensor& dU) {
+                                                                              const torch::Tensor& dU, bool tf32) {
   auto Tm_c = Tm.contiguous(), dW_c = dW.contiguous(), dU_c = dU.contiguous();
   auto dA_raw = torch::empty_like(Tm_c), dRw = torch::empty_like(dW_c), dRu = torch::empty_like(dU_c);
   kernels::GdrChunkSolveBackwardArgs a;
@@ -404,6 +407,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> solve_backward_kernel(co
   a.dA_raw = dA_raw.data_ptr<float>();
   a.dRw = dRw.data_ptr<float>();
   a.dRu = dRu.data_ptr<float>();
+  a.tf32_products = tf32;
   check_kernel_launch(kernels::gdr_chunk_solve_backward(chunk_list(c), a, stream_of(dA_raw)),
                       "gated delta rule solve backward");
   return {dA_raw, dRw, dRu};
@@ -415,7 +419,7 @@ variable_list backward_tail_kernel(const Ctx& c, const KernelInputs& ki, double 
                                    const torch::Tensor& dP_raw, const torch::Tensor& dQg, const torch::Tensor& dRw,
                                    const torch::Tensor& dRu, const torch::Tensor& dKd, const torch::Tensor& ddecay,
                                    const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                   const torch::Tensor& beta, const torch::Tensor& g) {
+                                   const torch::Tensor& beta, const torch::Tensor& g, bool tf32) {
   auto dq = torch::empty_like(ki.q), dk = torch::empty_like(ki.k);
   auto dv = torch::empty(ki.v.sizes(), ki.v.options());  // contiguous, whatever v's layout
   auto dbeta = torch::empty_like(ki.beta), dg = torch::empty_like(ki.g);
@@ -438,6 +442,7 @@ variable_list backward_tail_kernel(const Ctx& c, const KernelInputs& ki, double 
   a.dv = dv.data_ptr();
   a.dbeta = dbeta.data_ptr<float>();
   a.dg = dg.data_ptr<float>();
+  a.tf32_products = tf32;
   check_kernel_launch(kernels::gdr_chunk_backward_tail(chunk_list(c), a, stream_of(dq)),
                       "gated delta rule backward tail");
   return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dbeta.to(beta.scalar_type()),
@@ -493,6 +498,10 @@ bool bf16_front(const Ctx& c) {
          gdr_scan_takes_bf16_inputs(c.l.scan, c.l.C, c.dk, c.dv);
 }
 
+// Whether the fused kernels take their fp32 operands' products in TF32 (gdr_tf32_chunk_products);
+// the kernels apply it to 16-bit q, k and v of one type only.
+bool tf32_chunk_products(const Ctx& c) { return g_tf32_chunk_products && bf16_front(c); }
+
 // The forward's front: the fused kernel where it takes the sizes (its outputs in bf16 with
 // bf16_front), else the separate pieces (the reference for the fused kernel, and what the
 // backward recomputes), in fp32.
@@ -500,7 +509,7 @@ ForwardFront forward_front(const Ctx& c, const torch::Tensor& q, const torch::Te
                            const torch::Tensor& beta, const torch::Tensor& g) {
 #if defined(DD_HAVE_CUDA)
   if (fused_kernels(c)) {
-    return forward_front_kernel(c, kernel_inputs(q, k, v, beta, g), true, bf16_front(c));
+    return forward_front_kernel(c, kernel_inputs(q, k, v, beta, g), true, bf16_front(c), tf32_chunk_products(c));
   }
 #endif
   const Front f = front(c, q, k, v, beta, g);
@@ -572,6 +581,7 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     sd["o_tokens"] = tokens;
     if (tokens) sd["o_rows"] = o_targets;  // the backward reads the output's gradient by the same map
     sd["bf16_front"] = f.W.scalar_type() == torch::kBFloat16;  // the backward's recompute writes the same
+    sd["tf32_chunk"] = tf32_chunk_products(c);                  // and its kernels take the same products
     if (tokens) return {O.view({l.B, l.T, c.H, c.dv}), scan.h_final};
     return {O.view({l.n_chunks, c.H, l.C, c.dv}), scan.h_final};
   }
@@ -653,8 +663,9 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
 #if defined(DD_HAVE_CUDA)
     if (fused) {
       torch::Tensor dA_raw;
-      std::tie(dA_raw, u.dRw, u.dRu) = solve_backward_kernel(c, f.ki, Tm, dW, dU);
-      dx = backward_tail_kernel(c, f.ki, s, dA_raw, dP_raw, dQg, u.dRw, u.dRu, u.dKd, u.ddecay, q, k, v, beta, g);
+      const bool tf32 = sd["tf32_chunk"].toBool();
+      std::tie(dA_raw, u.dRw, u.dRu) = solve_backward_kernel(c, f.ki, Tm, dW, dU, tf32);
+      dx = backward_tail_kernel(c, f.ki, s, dA_raw, dP_raw, dQg, u.dRw, u.dRu, u.dKd, u.ddecay, q, k, v, beta, g, tf32);
     }
 #endif
     if (!fused) {
@@ -701,6 +712,8 @@ void gdr_use_kernels(bool on) {
 void gdr_use_fused_kernels(bool on) { g_use_fused_kernels = on; }
 
 void gdr_bf16_front(bool on) { g_bf16_front = on; }
+
+void gdr_tf32_chunk_products(bool on) { g_tf32_chunk_products = on; }
 
 GdrChunkCoreOutput gdr_chunk_core(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                   const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0,

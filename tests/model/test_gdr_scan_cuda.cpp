@@ -179,7 +179,10 @@ TEST(GdrScanCuda, KernelMatchesReferenceForwardAndBackward) {
 // with the saved states in bf16 within 6e-3, bf16's rounding (2⁻⁸ = 3.9e-3 at most per element)
 // grown through the products those values feed (measured: o 1.8e-3, worst gradient 2.2e-3); and
 // with the front's W, U, Kd, Qg and P in bf16 as well (how 16-bit training runs it) within 1e-2,
-// the same rounding on twice as many of the values the products read.
+// the same rounding on twice as many of the values the products read. Then q, k and v in bf16 (the
+// reference takes the same rounded values; dq, dk and dv come back in bf16), with the fused chunk
+// kernels' fp32 operands split and rounded to TF32 (model::gdr_tf32_chunk_products, the default):
+// both within 1e-2, and different, so the TF32 products are known to have taken effect.
 TEST(GdrScanCuda, ChunkedRuleWithKernelMatchesStepByStep) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 911);
@@ -198,9 +201,15 @@ TEST(GdrScanCuda, ChunkedRuleWithKernelMatchesStepByStep) {
   // Gradients too: the chunk core's hand-written backward (with the reverse scan kernel) against
   // autograd through the step-by-step reference, for every input and the initial state.
   auto dO = torch::randn({1, T, H, dv}, f64), dH = torch::randn({4, H, dk, dv}, f64);
-  auto grads_of = [&](bool gpu, bool tf32_scan) {
+  auto grads_of = [&](bool gpu, bool tf32_scan, bool bf16_inputs = false) {
     std::vector<torch::Tensor> in{q, k, v, beta, g, h0};
-    for (auto& t : in) t = (gpu ? t.to(torch::kCUDA, torch::kFloat32) : t.clone()).requires_grad_(true);
+    for (size_t i = 0; i < in.size(); ++i) {
+      auto& t = in[i];
+      const bool rounded = bf16_inputs && i < 3;  // q, k, v
+      if (gpu) t = t.to(torch::kCUDA, rounded ? torch::kBFloat16 : torch::kFloat32);
+      else t = rounded ? t.to(torch::kBFloat16).to(torch::kFloat64) : t.clone();
+      t.requires_grad_(true);
+    }
     const auto launches_before = model::gdr_scan_launch_counts();
     auto out = gpu ? model::gdr_forward_chunked(in[0], in[1], in[2], in[3], in[4], scale, in[5], cu, 64, tf32_scan)
                    : model::gdr_forward_ref(in[0], in[1], in[2], in[3], in[4], scale, in[5], cu);
@@ -216,7 +225,7 @@ TEST(GdrScanCuda, ChunkedRuleWithKernelMatchesStepByStep) {
     for (auto& t : in) res.push_back(t.grad().cpu());
     return res;
   };
-  const auto want = grads_of(false, false);
+  const auto want = grads_of(false, false), want_bf16_inputs = grads_of(false, false, true);
   const char* names[] = {"o", "h", "dq", "dk", "dv", "dbeta", "dg", "dh0"};
   // Split TF32; plain TF32 with fp32 saved states; plain TF32 with the states and corrected values
   // saved in bf16 (the default under 16-bit training, GdrScanPlan::bf16_states), which adds bf16's
@@ -225,32 +234,43 @@ TEST(GdrScanCuda, ChunkedRuleWithKernelMatchesStepByStep) {
     const char* name;
     bool tf32, bf16_states, bf16_front;
     double tol;
+    bool bf16_inputs = false, tf32_chunk = true;
   };
   const Mode modes[] = {{"split-tf32", false, false, false, 1e-5},
                         {"tf32", true, false, false, 3e-3},
                         {"tf32, bf16 states", true, true, false, 6e-3},
-                        {"tf32, bf16 states and front", true, true, true, 1e-2}};
-  double worst_of[4] = {0, 0, 0, 0};
-  std::vector<torch::Tensor> o_of(4);
-  for (int m = 0; m < 4; ++m) {
+                        {"tf32, bf16 states and front", true, true, true, 1e-2},
+                        {"tf32, bf16 inputs, split chunk products", true, true, true, 1e-2, true, false},
+                        {"tf32, bf16 inputs, tf32 chunk products", true, true, true, 1e-2, true, true}};
+  constexpr int kModes = sizeof(modes) / sizeof(modes[0]);
+  double worst_of[kModes] = {};
+  std::vector<std::vector<torch::Tensor>> got_of(kModes);
+  std::vector<torch::Tensor> o_of(kModes);
+  for (int m = 0; m < kModes; ++m) {
     const Mode& mode = modes[m];
     model::gdr_bf16_states(mode.bf16_states);
     model::gdr_bf16_front(mode.bf16_front);
-    const auto got = grads_of(true, mode.tf32);
+    model::gdr_tf32_chunk_products(mode.tf32_chunk);
+    const auto got = grads_of(true, mode.tf32, mode.bf16_inputs);
+    const auto& ref = mode.bf16_inputs ? want_bf16_inputs : want;
+    got_of[m] = got;
     o_of[m] = got[0];
     double worst = 0, worst_grad = 0;
     for (size_t i = 0; i < want.size(); ++i) {
-      const double e = rel_norm_diff(got[i], want[i]);
+      const double e = rel_norm_diff(got[i], ref[i]);
       worst = std::max(worst, e);
       if (i >= 2) worst_grad = std::max(worst_grad, e);
       EXPECT_LT(e, mode.tol) << names[i] << " (" << mode.name << " scan)";
     }
     worst_of[m] = worst;
     std::printf("[gdr_scan] chunked (GPU fp32, %s scan) vs step-by-step (CPU fp64): o %.1e h %.1e, worst gradient %.1e\n",
-                mode.name, rel_norm_diff(got[0], want[0]), rel_norm_diff(got[1], want[1]), worst_grad);
+                mode.name, rel_norm_diff(got[0], ref[0]), rel_norm_diff(got[1], ref[1]), worst_grad);
   }
   model::gdr_bf16_states(true);
   model::gdr_bf16_front(true);
+  model::gdr_tf32_chunk_products(true);
+  EXPECT_FALSE(torch::equal(got_of[5][2], got_of[4][2])) << "the TF32 chunk products did not take effect (dq)";
+  EXPECT_FALSE(torch::equal(o_of[5], o_of[4])) << "the TF32 chunk products did not take effect (o)";
   EXPECT_GT(worst_of[1], 10 * worst_of[0]) << "the tf32 scan should be measurably less exact than split TF32";
   EXPECT_FALSE(torch::equal(o_of[3], o_of[2])) << "the front's bf16 outputs did not take effect";
 }
