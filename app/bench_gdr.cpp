@@ -142,7 +142,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     bool other_scan_products = false;  // the scan's products not as tf32_default says
     bool fp32_states = false;          // h_in and v_new kept in fp32 under TF32 products (model::gdr_bf16_states)
     bool fp32_front = false;           // the fused front's outputs kept in fp32 (model::gdr_bf16_front)
-    bool split_chunk = false;          // the chunk kernels' fp32 operands split, not TF32 (model::gdr_tf32_chunk_products)
+    bool split_solve = false;          // the solve's backward with split, not TF32, products (model::gdr_tf32_chunk_products)
   };
   const char* other_products = tf32_default ? "kernels, split-TF32 scan" : "kernels, TF32 scan";
   const std::vector<Mode> modes =
@@ -151,7 +151,7 @@ int bench_gdr(const BenchGdrArgs& a) {
                                         {"kernels, fp32 states", true, true, kernels::kGdrScanAuto, true, false, true},
                                         {"kernels, fp32 front", true, true, kernels::kGdrScanAuto, true, false, false,
                                          true},
-                                        {"kernels, split chunk", true, true, kernels::kGdrScanAuto, true, false, false,
+                                        {"kernels, split solve", true, true, kernels::kGdrScanAuto, true, false, false,
                                          false, true},
                                         {"kernels, unfused", true, false, kernels::kGdrScanAuto},
                                         {"kernels, 64-col GEMMs", true, true, kernels::kGdrScanAuto, false},
@@ -170,7 +170,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     model::bmm_fp32_wide_tiles(mode.wide_products);
     model::gdr_bf16_states(!mode.fp32_states);
     model::gdr_bf16_front(!mode.fp32_front);
-    model::gdr_tf32_chunk_products(!mode.split_chunk);
+    model::gdr_tf32_chunk_products(!mode.split_solve);
     const bool tf32_scan = mode.other_scan_products ? !tf32_default : tf32_default;
     auto forward = [&] {
       torch::NoGradGuard no_grad;

@@ -58,9 +58,9 @@ int bench_train(const BenchTrainArgs& a) {
                                                     {"fma-scan", kernels::kGdrScanSimt16}};
   if (a.gdr_scan != "kernel" && a.gdr_scan != "unfused" && a.gdr_scan != "aten" && a.gdr_scan != "narrow-products" &&
       a.gdr_scan != "token-order" && a.gdr_scan != "fp32-states" && a.gdr_scan != "fp32-front" &&
-      a.gdr_scan != "split-chunk" && scan_variants.count(a.gdr_scan) == 0) {
+      a.gdr_scan != "split-solve" && scan_variants.count(a.gdr_scan) == 0) {
     std::cerr << "deltadeck: bench train: --gdr-scan: expected kernel, unfused, narrow-products, narrow-scan, scan-64, "
-                 "scan-96, scan-128, fma-scan, token-order, fp32-states, fp32-front, split-chunk or aten, got \""
+                 "scan-96, scan-128, fma-scan, token-order, fp32-states, fp32-front, split-solve or aten, got \""
               << a.gdr_scan << "\"\n";
     return 2;
   }
@@ -115,8 +115,9 @@ int bench_train(const BenchTrainArgs& a) {
   model::gdr_bf16_states(a.gdr_scan != "fp32-states");
   // fp32-front: the fused front's W, U, Kd, Qg and P in fp32 under TF32 products.
   model::gdr_bf16_front(a.gdr_scan != "fp32-front");
-  // split-chunk: the fused chunk kernels' fp32 operands split in two TF32 parts under TF32 products.
-  model::gdr_tf32_chunk_products(a.gdr_scan != "split-chunk");
+  // split-solve: the solve's backward kernel with its fp32 operands split in two TF32 parts under
+  // TF32 products (rounded to TF32 by default).
+  model::gdr_tf32_chunk_products(a.gdr_scan != "split-solve");
   const auto variant = scan_variants.find(a.gdr_scan);
   model::gdr_scan_variant(variant != scan_variants.end() ? variant->second : kernels::kGdrScanAuto);
   const std::string tmp = storage::files::make_temp_dir("deltadeck-bench");

@@ -19,8 +19,9 @@
 //   dv      dv = b dRu and Σ(dRu ⊙ V) per row, a warp per row;
 //   rows    dβ, dγ, and dg as the reverse cumsum of dγ.
 // The other products are split-TF32 mma.sync (kernels/gdr_chunk_mma.cuh), skipping the products
-// with a bf16 or fp16 operand's zero remainder; in the TF32 mode (kTf32) dS and dPm are rounded
-// to TF32 instead of split, one mma per product. Per-row sums go through shared-memory atomics, as
+// with a bf16 or fp16 operand's zero remainder. (dS and dPm rounded to TF32 instead of split, as
+// the solve's backward takes them under 16-bit training, made this kernel slower: 0.76 -> 0.83 ms
+// at bench gdr's shape, docs/perf.md stop 32.) Per-row sums go through shared-memory atomics, as
 // in the masks' backward kernel (gdr_chunk.cu).
 #include <cuda_runtime.h>
 
@@ -97,7 +98,7 @@ __device__ __forceinline__ float sum_over_g(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 16);
 }
 
-template <typename T, typename TV, int VW, bool kTf32>
+template <typename T, typename TV, int VW>
 __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(GdrChunkList l,
                                                                              GdrChunkBackwardTailArgs a) {
   // Inputs given in bf16 or fp16 are TF32 values: their products skip the remainders' terms, and
@@ -254,8 +255,8 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
       auto col = [&](int nt) { return half * (dk / 2) + 8 * (kW * pass + (nt < n_tiles ? nt : n_tiles - 1)); };
       // dq first, then dk: one set of accumulators live at a time.
       float acc[kW][4];
-      strip_product<kW, kTf32, kQkExact>(
-          acc, 0, m0 + 16, [&](int k0) { return frag_a<false, kTf32>(dPm_s, kTPitch, m0, k0, g, t); },
+      strip_product<kW, false, kQkExact>(
+          acc, 0, m0 + 16, [&](int k0) { return frag_a(dPm_s, kTPitch, m0, k0, g, t); },
           [&](int k0, int nt) { return frag_b_kn<kQkExact>(K_s, pk, k0, col(nt), g, t); });
 #pragma unroll
       for (int nt = 0; nt < kW; ++nt) {
@@ -274,21 +275,20 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
         }
       }
       // (dS + dSᵀ) as the A operand: both halves loaded and added before the split.
-      strip_product<kW, kTf32, kQkExact>(
+      strip_product<kW, false, kQkExact>(
           acc, 0, kC,
           [&](int k0) {
             FragA f;
             const int rr[4] = {m0 + g, m0 + g + 8, m0 + g, m0 + g + 8}, cc[4] = {k0 + t, k0 + t, k0 + t + 4, k0 + t + 4};
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              to_parts<false, kTf32>(dS_s[rr[e] * kTPitch + cc[e]] + dS_s[cc[e] * kTPitch + rr[e]], f.big[e],
-                                     f.small[e]);
+              split_tf32(dS_s[rr[e] * kTPitch + cc[e]] + dS_s[cc[e] * kTPitch + rr[e]], f.big[e], f.small[e]);
             }
             return f;
           },
           [&](int k0, int nt) { return frag_b_kn<kQkExact>(K_s, pk, k0, col(nt), g, t); });
-      strip_accumulate<kW, kTf32, kQkExact>(
-          acc, m0, kC, [&](int k0) { return frag_at<false, kTf32>(dPm_s, kTPitch, m0, k0, g, t); },
+      strip_accumulate<kW, false, kQkExact>(
+          acc, m0, kC, [&](int k0) { return frag_at(dPm_s, kTPitch, m0, k0, g, t); },
           [&](int k0, int nt) { return frag_b_kn<kQkExact>(Q_s, pk, k0, col(nt), g, t); });
 #pragma unroll
       for (int nt = 0; nt < kW; ++nt) {
@@ -401,10 +401,10 @@ int gdr_chunk_backward_tail(const GdrChunkList& l, const GdrChunkBackwardTailArg
   const size_t smem = static_cast<size_t>(smem_bytes(static_cast<int>(l.dk), elem_bytes(a.in_qk)));
   return launch_fused(
       l, a.in_qk, a.in_v, vec, kThreads, smem, stream,
-      [](auto qk, auto v, auto w, auto tf32) {
-        return gdr_chunk_backward_tail_kernel<decltype(qk), decltype(v), decltype(w)::value, decltype(tf32)::value>;
+      [](auto qk, auto v, auto w, auto) {
+        return gdr_chunk_backward_tail_kernel<decltype(qk), decltype(v), decltype(w)::value>;
       },
-      a, a.tf32_products);
+      a);
 }
 
 }  // namespace kernels

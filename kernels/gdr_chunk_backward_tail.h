@@ -42,10 +42,6 @@ struct GdrChunkBackwardTailArgs {
   void* dv = nullptr;             // [tokens, H, dv], dtype in_v, contiguous
   float* dbeta = nullptr;         // [tokens, H]
   float* dg = nullptr;            // [tokens, H]
-  // dq's and dk's products (dPm K, (dS + dSᵀ) K, dPmᵀ Q) in TF32, one mma each, where dS and dPm are
-  // split in two TF32 parts otherwise (16-bit training's mode; about 2⁻¹¹ relative per product);
-  // with 16-bit q, k and v of one type only (kernels/gdr_chunk_stage.cuh), else ignored.
-  bool tf32_products = false;
 };
 
 #ifdef DD_HAVE_CUDA

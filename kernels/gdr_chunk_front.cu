@@ -20,7 +20,8 @@
 // W, U, Kd, Qg and P are stored in fp32 or, with bf16_out, rounded to bf16 as they are stored.
 // The other products are split-TF32 mma.sync (kernels/gdr_chunk_mma.cuh); an operand read from
 // bf16 or fp16 inputs is a TF32 value already, so the products with its zero remainder are
-// skipped, and in the TF32 mode (kTf32) Tm is rounded to TF32 for W and U instead of split. Shared rows are padded so that a fragment's 32 loads fall in 32 banks where the tile is
+// skipped. (Tm rounded to TF32 for W and U instead of split, as the solve's backward takes its
+// products under 16-bit training, left this kernel's time as it was: 0.34 ms either way.) Shared rows are padded so that a fragment's 32 loads fall in 32 banks where the tile is
 // read in one orientation; fp32 K is read both as [n][k] (for G) and [k][n] (for W), and takes
 // 2-way conflicts in the second. Per block and phase (clock64, bench gdr's shape, bf16 inputs,
 // fp32 staging of stop 31): gates 3k cycles, load 10k, G 8k, inverse 13k, W 5k, U 6k.
@@ -75,7 +76,7 @@ static_assert(smem_bytes(128, 2, 2) + 1024 <= 228 * 1024 / 3, "three 16-bit bloc
 template <typename T>
 using Staged = typename std::conditional<sizeof(T) == 2, T, float>::type;
 
-template <typename T, typename TV, int VW, bool kTf32>
+template <typename T, typename TV, int VW>
 __global__ void __launch_bounds__(kThreads, min_blocks(sizeof(Staged<T>), sizeof(Staged<TV>)))
     gdr_chunk_front_kernel(GdrChunkList l, GdrChunkFrontArgs a) {
   // Inputs given in bf16 or fp16 are TF32 values: their products skip the remainders' terms, and
@@ -253,8 +254,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks(sizeof(Staged<T>), sizeof
       float acc[4][4];
       // Tiles past n_tiles (narrow heads) repeat the last one and are not stored.
       constexpr bool kBExact = decltype(b_exact)::value;
-      strip_product<4, kTf32, kBExact>(
-          acc, 0, 16 * (mt + 1), [&](int k0) { return frag_a<false, kTf32>(T_s, kTPitch, 16 * mt, k0, g, t, scale); },
+      strip_product<4, false, kBExact>(
+          acc, 0, 16 * (mt + 1), [&](int k0) { return frag_a(T_s, kTPitch, 16 * mt, k0, g, t, scale); },
           [&](int k0, int nt) {
             return frag_b_kn<kBExact>(B_s, b_pitch, k0, 8 * (tile0 + 4 * (nt < n_tiles ? nt : n_tiles - 1)), g, t);
           });
@@ -286,10 +287,10 @@ int gdr_chunk_front_forward(const GdrChunkList& l, const GdrChunkFrontArgs& a, v
   const size_t smem = static_cast<size_t>(smem_bytes(static_cast<int>(l.dk), elem_bytes(a.in_qk), elem_bytes(a.in_v)));
   return launch_fused(
       l, a.in_qk, a.in_v, vec, kThreads, smem, stream,
-      [](auto qk, auto v, auto w, auto tf32) {
-        return gdr_chunk_front_kernel<decltype(qk), decltype(v), decltype(w)::value, decltype(tf32)::value>;
+      [](auto qk, auto v, auto w, auto) {
+        return gdr_chunk_front_kernel<decltype(qk), decltype(v), decltype(w)::value>;
       },
-      a, a.tf32_products);
+      a);
 }
 
 }  // namespace kernels

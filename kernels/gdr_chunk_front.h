@@ -9,7 +9,7 @@
 // Tm R_w, Tm R_u compute as six launches (model/gdr_chunk_core.cpp), which stay as the reference.
 // The backward's recompute takes the same kernel without the inverse, W and U. Products are
 // split-TF32 mma.sync (kernels/gdr_chunk_mma.cuh), so the results keep close to fp32 accuracy
-// (MODEL.md §0: the core runs in fp32), except under 16-bit training's TF32 mode (tf32_products).
+// (MODEL.md §0: the core runs in fp32).
 #pragma once
 
 #include <cstdint>
@@ -38,11 +38,6 @@ struct GdrChunkFrontArgs {
   float* Tm = nullptr;     // [N, H, C, C]
   float* decay = nullptr;  // [N, H]
   bool bf16_out = false;
-  // The products with Tm (W and U) in TF32, one mma each, where they are split in two TF32 parts
-  // otherwise (about 2⁻¹¹ relative per product, below the 2⁻⁹ of the bf16 outputs they feed);
-  // with 16-bit q, k and v of one type only (kernels/gdr_chunk_stage.cuh), else ignored. The
-  // inverse keeps its split products.
-  bool tf32_products = false;
 };
 
 #ifdef DD_HAVE_CUDA

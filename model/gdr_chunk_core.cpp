@@ -357,9 +357,8 @@ variable_list input_grads_kernel(const Ctx& c, const Prep& p, const Upstream& u,
 
 
 // with_solve = false (the backward's recompute): Kd, Qg, P and decay only. bf16: W, U, Kd, Qg and P
-// rounded to bf16 (Tm and decay stay fp32). tf32: W and U's products with Tm in TF32.
-ForwardFront forward_front_kernel(const Ctx& c, const KernelInputs& ki, bool with_solve, bool bf16,
-                                  bool tf32 = false) {
+// rounded to bf16 (Tm and decay stay fp32).
+ForwardFront forward_front_kernel(const Ctx& c, const KernelInputs& ki, bool with_solve, bool bf16) {
   const int64_t N = c.l.n_chunks, H = c.H, C = c.l.C;
   auto opt = ki.beta.options();
   auto out_opt = bf16 ? opt.dtype(torch::kBFloat16) : opt;
@@ -384,7 +383,6 @@ ForwardFront forward_front_kernel(const Ctx& c, const KernelInputs& ki, bool wit
   a.Tm = with_solve ? f.Tm.data_ptr<float>() : nullptr;
   a.decay = f.decay.data_ptr<float>();
   a.bf16_out = bf16;
-  a.tf32_products = tf32;
   check_kernel_launch(kernels::gdr_chunk_front_forward(chunk_list(c), a, stream_of(f.P)),
                       "gated delta rule fused front");
   return f;
@@ -419,7 +417,7 @@ variable_list backward_tail_kernel(const Ctx& c, const KernelInputs& ki, double 
                                    const torch::Tensor& dP_raw, const torch::Tensor& dQg, const torch::Tensor& dRw,
                                    const torch::Tensor& dRu, const torch::Tensor& dKd, const torch::Tensor& ddecay,
                                    const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                   const torch::Tensor& beta, const torch::Tensor& g, bool tf32) {
+                                   const torch::Tensor& beta, const torch::Tensor& g) {
   auto dq = torch::empty_like(ki.q), dk = torch::empty_like(ki.k);
   auto dv = torch::empty(ki.v.sizes(), ki.v.options());  // contiguous, whatever v's layout
   auto dbeta = torch::empty_like(ki.beta), dg = torch::empty_like(ki.g);
@@ -442,7 +440,6 @@ variable_list backward_tail_kernel(const Ctx& c, const KernelInputs& ki, double 
   a.dv = dv.data_ptr();
   a.dbeta = dbeta.data_ptr<float>();
   a.dg = dg.data_ptr<float>();
-  a.tf32_products = tf32;
   check_kernel_launch(kernels::gdr_chunk_backward_tail(chunk_list(c), a, stream_of(dq)),
                       "gated delta rule backward tail");
   return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dbeta.to(beta.scalar_type()),
@@ -498,8 +495,8 @@ bool bf16_front(const Ctx& c) {
          gdr_scan_takes_bf16_inputs(c.l.scan, c.l.C, c.dk, c.dv);
 }
 
-// Whether the fused kernels take their fp32 operands' products in TF32 (gdr_tf32_chunk_products);
-// the kernels apply it to 16-bit q, k and v of one type only.
+// Whether the solve's backward kernel takes its products in TF32 (gdr_tf32_chunk_products); the
+// kernel applies it to 16-bit k and v of one type only.
 bool tf32_chunk_products(const Ctx& c) { return g_tf32_chunk_products && bf16_front(c); }
 
 // The forward's front: the fused kernel where it takes the sizes (its outputs in bf16 with
@@ -509,7 +506,7 @@ ForwardFront forward_front(const Ctx& c, const torch::Tensor& q, const torch::Te
                            const torch::Tensor& beta, const torch::Tensor& g) {
 #if defined(DD_HAVE_CUDA)
   if (fused_kernels(c)) {
-    return forward_front_kernel(c, kernel_inputs(q, k, v, beta, g), true, bf16_front(c), tf32_chunk_products(c));
+    return forward_front_kernel(c, kernel_inputs(q, k, v, beta, g), true, bf16_front(c));
   }
 #endif
   const Front f = front(c, q, k, v, beta, g);
@@ -581,7 +578,7 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     sd["o_tokens"] = tokens;
     if (tokens) sd["o_rows"] = o_targets;  // the backward reads the output's gradient by the same map
     sd["bf16_front"] = f.W.scalar_type() == torch::kBFloat16;  // the backward's recompute writes the same
-    sd["tf32_chunk"] = tf32_chunk_products(c);                  // and its kernels take the same products
+    sd["tf32_chunk"] = tf32_chunk_products(c);                  // the solve's backward in TF32
     if (tokens) return {O.view({l.B, l.T, c.H, c.dv}), scan.h_final};
     return {O.view({l.n_chunks, c.H, l.C, c.dv}), scan.h_final};
   }
@@ -663,9 +660,8 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
 #if defined(DD_HAVE_CUDA)
     if (fused) {
       torch::Tensor dA_raw;
-      const bool tf32 = sd["tf32_chunk"].toBool();
-      std::tie(dA_raw, u.dRw, u.dRu) = solve_backward_kernel(c, f.ki, Tm, dW, dU, tf32);
-      dx = backward_tail_kernel(c, f.ki, s, dA_raw, dP_raw, dQg, u.dRw, u.dRu, u.dKd, u.ddecay, q, k, v, beta, g, tf32);
+      std::tie(dA_raw, u.dRw, u.dRu) = solve_backward_kernel(c, f.ki, Tm, dW, dU, sd["tf32_chunk"].toBool());
+      dx = backward_tail_kernel(c, f.ki, s, dA_raw, dP_raw, dQg, u.dRw, u.dRu, u.dKd, u.ddecay, q, k, v, beta, g);
     }
 #endif
     if (!fused) {

@@ -56,9 +56,9 @@ void gdr_use_fused_kernels(bool on);
 void gdr_bf16_front(bool on);
 
 // Process-wide switch (default on), for the benchmarks and tests comparing them: with the bf16
-// front and 16-bit q, k and v of one type, the fused chunk kernels' products of fp32 operands (Tm
-// in W and U; the solve's backward; dS and dPm in dq and dk) take each operand rounded to TF32,
-// one mma per product, as the scan's TF32 products do; off keeps them split in two TF32 parts.
+// front and 16-bit q, k and v of one type, the backward through the solve
+// (kernels/gdr_chunk_solve_backward.h) takes its fp32 operands rounded to TF32, one mma per
+// product, as the scan's TF32 products do; off keeps them split in two TF32 parts.
 void gdr_tf32_chunk_products(bool on);
 
 }  // namespace model

@@ -180,9 +180,10 @@ TEST(GdrScanCuda, KernelMatchesReferenceForwardAndBackward) {
 // grown through the products those values feed (measured: o 1.8e-3, worst gradient 2.2e-3); and
 // with the front's W, U, Kd, Qg and P in bf16 as well (how 16-bit training runs it) within 1e-2,
 // the same rounding on twice as many of the values the products read. Then q, k and v in bf16 (the
-// reference takes the same rounded values; dq, dk and dv come back in bf16), with the fused chunk
-// kernels' fp32 operands split and rounded to TF32 (model::gdr_tf32_chunk_products, the default):
-// both within 1e-2, and different, so the TF32 products are known to have taken effect.
+// reference takes the same rounded values; dq, dk and dv come back in bf16), with the backward
+// through the solve taking its fp32 operands split and rounded to TF32
+// (model::gdr_tf32_chunk_products, the default): both within 1e-2, and different, so the TF32
+// products are known to have taken effect.
 TEST(GdrScanCuda, ChunkedRuleWithKernelMatchesStepByStep) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 911);
@@ -240,8 +241,8 @@ TEST(GdrScanCuda, ChunkedRuleWithKernelMatchesStepByStep) {
                         {"tf32", true, false, false, 3e-3},
                         {"tf32, bf16 states", true, true, false, 6e-3},
                         {"tf32, bf16 states and front", true, true, true, 1e-2},
-                        {"tf32, bf16 inputs, split chunk products", true, true, true, 1e-2, true, false},
-                        {"tf32, bf16 inputs, tf32 chunk products", true, true, true, 1e-2, true, true}};
+                        {"tf32, bf16 inputs, split solve products", true, true, true, 1e-2, true, false},
+                        {"tf32, bf16 inputs, tf32 solve products", true, true, true, 1e-2, true, true}};
   constexpr int kModes = sizeof(modes) / sizeof(modes[0]);
   double worst_of[kModes] = {};
   std::vector<std::vector<torch::Tensor>> got_of(kModes);
@@ -269,8 +270,7 @@ TEST(GdrScanCuda, ChunkedRuleWithKernelMatchesStepByStep) {
   model::gdr_bf16_states(true);
   model::gdr_bf16_front(true);
   model::gdr_tf32_chunk_products(true);
-  EXPECT_FALSE(torch::equal(got_of[5][2], got_of[4][2])) << "the TF32 chunk products did not take effect (dq)";
-  EXPECT_FALSE(torch::equal(o_of[5], o_of[4])) << "the TF32 chunk products did not take effect (o)";
+  EXPECT_FALSE(torch::equal(got_of[5][2], got_of[4][2])) << "the solve's TF32 products did not take effect (dq)";
   EXPECT_GT(worst_of[1], 10 * worst_of[0]) << "the tf32 scan should be measurably less exact than split TF32";
   EXPECT_FALSE(torch::equal(o_of[3], o_of[2])) << "the front's bf16 outputs did not take effect";
 }
