@@ -1,9 +1,10 @@
 // The Gated DeltaNet's L2Norm of q and k per head (MODEL.md §4), y = x · r with r = 1/sqrt(Σ x² + eps)
 // over a row of D, and its backward dx = r · (dy − y · Σ(y ⊙ dy)). x is read in place from the
 // short conv's output, a column slice: row n (one head of one token) sits at
-// (n / heads) · ld + (n % heads) · D; any of fp32, bf16, fp16. y and dy are fp32 [N, D] (the delta
-// rule's core is fp32), r is fp32 [N], dx is written contiguous [N, D] in x's dtype. One warp per
-// row. Raw pointers, no torch; the reference is model/fused_l2norm.h's ATen formula.
+// (n / heads) · ld + (n % heads) · D; any of fp32, bf16, fp16. y and dy are [N, D] in fp32, or in
+// x's dtype (16-bit training hands the delta rule 16-bit q and k); the sums are fp32 either way. r
+// is fp32 [N], dx is written contiguous [N, D] in x's dtype. One warp per row. Raw pointers, no
+// torch; the reference is model/fused_l2norm.h's ATen formula.
 #pragma once
 
 #include <cstdint>
@@ -19,9 +20,11 @@ struct L2NormRows {
 
 #ifdef DD_HAVE_CUDA
 // Each returns the cudaError_t of the launch (0 = success); D < 1 or heads < 1 is cudaErrorInvalidValue.
-int l2_norm_forward(float* y, float* rstd, const void* x, DType x_dt, const L2NormRows& rows, float eps, void* stream);
-int l2_norm_backward(void* dx, const float* dy, const void* x, DType x_dt, const float* rstd, const L2NormRows& rows,
-                     void* stream);
+// y_dt other than F32 and x_dt is cudaErrorInvalidValue.
+int l2_norm_forward(void* y, DType y_dt, float* rstd, const void* x, DType x_dt, const L2NormRows& rows, float eps,
+                    void* stream);
+int l2_norm_backward(void* dx, const void* dy, DType y_dt, const void* x, DType x_dt, const float* rstd,
+                     const L2NormRows& rows, void* stream);
 #endif
 
 }  // namespace kernels

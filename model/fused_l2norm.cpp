@@ -19,8 +19,11 @@ void check_shape(const torch::Tensor& x) {
 
 torch::Tensor l2_norm_reference(const torch::Tensor& x, double eps, torch::ScalarType out_dtype) {
   check_shape(x);
-  auto xf = x.scalar_type() == out_dtype ? x : x.to(out_dtype);
-  return xf * torch::rsqrt(xf.square().sum(-1, /*keepdim=*/true) + eps);
+  // fp64 math for an fp64 result, else fp32 (a 16-bit result is the fp32 one rounded).
+  const auto math = out_dtype == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  auto xf = x.scalar_type() == math ? x : x.to(math);
+  auto y = xf * torch::rsqrt(xf.square().sum(-1, /*keepdim=*/true) + eps);
+  return y.scalar_type() == out_dtype ? y : y.to(out_dtype);
 }
 
 #if defined(DD_HAVE_CUDA)
@@ -49,14 +52,15 @@ kernels::L2NormRows rows_of(const torch::Tensor& x) {
 
 class FusedL2NormFn : public torch::autograd::Function<FusedL2NormFn> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, double eps) {
+  // out_dtype: fp32, or x's own dtype.
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, double eps, int64_t out_dtype) {
     auto xr = rows_in_place(x) ? x : x.contiguous();
     const auto rows = rows_of(xr);
-    auto y = torch::empty(x.sizes(), x.options().dtype(torch::kFloat32));
+    auto y = torch::empty(x.sizes(), x.options().dtype(static_cast<torch::ScalarType>(out_dtype)));
     auto rstd = torch::empty({rows.N}, x.options().dtype(torch::kFloat32));
-    check_kernel_launch(kernels::l2_norm_forward(y.data_ptr<float>(), rstd.data_ptr<float>(), xr.data_ptr(),
-                                                 dtype_of(xr.scalar_type()), rows, static_cast<float>(eps),
-                                                 stream_of(xr)),
+    check_kernel_launch(kernels::l2_norm_forward(y.data_ptr(), dtype_of(y.scalar_type()), rstd.data_ptr<float>(),
+                                                 xr.data_ptr(), dtype_of(xr.scalar_type()), rows,
+                                                 static_cast<float>(eps), stream_of(xr)),
                         "L2Norm forward");
     // x is saved as the view it is: its storage (the short conv's output) is kept for the delta
     // rule's v in any case, so no copy of q or k is held.
@@ -67,19 +71,22 @@ class FusedL2NormFn : public torch::autograd::Function<FusedL2NormFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto &x = saved[0], &rstd = saved[1];
-    auto dy = grads[0].to(torch::kFloat32).contiguous();
+    // dy in y's dtype as the forward wrote it (fp32 or x's), read as it comes.
+    auto dy = grads[0].contiguous();
+    if (dy.scalar_type() != torch::kFloat32 && dy.scalar_type() != x.scalar_type()) dy = dy.to(torch::kFloat32);
     auto dx = torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
-    check_kernel_launch(kernels::l2_norm_backward(dx.data_ptr(), dy.data_ptr<float>(), x.data_ptr(),
+    check_kernel_launch(kernels::l2_norm_backward(dx.data_ptr(), dy.data_ptr(), dtype_of(dy.scalar_type()), x.data_ptr(),
                                                   dtype_of(x.scalar_type()), rstd.data_ptr<float>(), rows_of(x),
                                                   stream_of(x)),
                         "L2Norm backward");
-    return {dx, torch::Tensor()};
+    return {dx, torch::Tensor(), torch::Tensor()};
   }
 };
 
 bool kernels_apply(const torch::Tensor& x, torch::ScalarType out) {
   kernels::DType d{};
-  return x.is_cuda() && out == torch::kFloat32 && kernel_dtype(x.scalar_type(), d) && x.numel() > 0;
+  return x.is_cuda() && (out == torch::kFloat32 || out == x.scalar_type()) && kernel_dtype(x.scalar_type(), d) &&
+         x.numel() > 0;
 }
 
 }  // namespace
@@ -88,7 +95,7 @@ bool kernels_apply(const torch::Tensor& x, torch::ScalarType out) {
 torch::Tensor fused_l2_norm(const torch::Tensor& x, double eps, torch::ScalarType out_dtype) {
   check_shape(x);
 #if defined(DD_HAVE_CUDA)
-  if (kernels_apply(x, out_dtype)) return FusedL2NormFn::apply(x, eps);
+  if (kernels_apply(x, out_dtype)) return FusedL2NormFn::apply(x, eps, static_cast<int64_t>(out_dtype));
 #endif
   return l2_norm_reference(x, eps, out_dtype);
 }

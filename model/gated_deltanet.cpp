@@ -140,6 +140,7 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& u, const Positions
     return forward(u.reshape({1, B * T, d_}), flat).view({B, T, d_});
   }
   const auto ft = float_dtype(u);
+  const bool tf32_scan = gdr_scan_uses_tf32(scan_precision_, matmul_dtype(u));
   const int64_t Kg = H_ * dk_, Vg = H_ * dv_;
   // The input projections as two matmuls (each part's gradient still reaches its own weight), and
   // one short conv over the q|k|v channels with the three conv weights side by side: a few large
@@ -149,13 +150,17 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& u, const Positions
   auto gate_parts = linear_cat(u, {wa, wb}).split_with_sizes({H_, H_}, -1);  // a, b
   auto qkv = fused_short_conv(parts[0], torch::cat({conv_q, conv_k, conv_v}, 0), p);
   auto qkv_parts = qkv.split_with_sizes({Kg, Kg, Vg}, -1);
-  auto q = l2_norm(qkv_parts[0].reshape({B, T, H_, dk_}), ft);
-  auto k = l2_norm(qkv_parts[1].reshape({B, T, H_, dk_}), ft);
+  // q and k in the short conv's 16-bit dtype under 16-bit training, as v is (the delta rule's
+  // kernels stage 16-bit q, k and v as they come: half the room and bytes), else in fp32.
+  const bool qk16 = tf32_scan && !use_reference && gdn_qk_in_activation_dtype() && qkv.is_cuda() &&
+                    (qkv.scalar_type() == torch::kBFloat16 || qkv.scalar_type() == torch::kHalf);
+  const auto qk_dt = qk16 ? qkv.scalar_type() : ft;
+  auto q = l2_norm(qkv_parts[0].reshape({B, T, H_, dk_}), qk_dt);
+  auto k = l2_norm(qkv_parts[1].reshape({B, T, H_, dk_}), qk_dt);
   auto v = qkv_parts[2].reshape({B, T, H_, dv_});
   auto gt = gates(gate_parts[0], gate_parts[1], ft);
   auto r = use_reference ? gdr_forward_ref(q, k, v, gt.beta, gt.g, scale_, {}, p.cu_seqlens)
-                         : gdr_forward_chunked(q, k, v, gt.beta, gt.g, scale_, {}, p.cu_seqlens, chunk_,
-                                               gdr_scan_uses_tf32(scan_precision_, matmul_dtype(u)),
+                         : gdr_forward_chunked(q, k, v, gt.beta, gt.g, scale_, {}, p.cu_seqlens, chunk_, tf32_scan,
                                                /*o_as_rows=*/gdr_output_as_rows());
   return output(r, parts[1], u.scalar_type());
 }

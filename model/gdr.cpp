@@ -149,10 +149,14 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
 
 namespace {
 std::atomic<bool> g_output_as_rows{true};
+std::atomic<bool> g_qk_in_activation_dtype{true};
 }  // namespace
 
 void gdr_output_as_rows(bool on) { g_output_as_rows = on; }
 bool gdr_output_as_rows() { return g_output_as_rows; }
+
+void gdn_qk_in_activation_dtype(bool on) { g_qk_in_activation_dtype = on; }
+bool gdn_qk_in_activation_dtype() { return g_qk_in_activation_dtype; }
 
 bool gdr_scan_uses_tf32(const std::string& precision, torch::ScalarType matmul_dtype) {
   if (precision == "tf32") return true;

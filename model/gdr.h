@@ -58,6 +58,13 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
 void gdr_output_as_rows(bool on);
 bool gdr_output_as_rows();
 
+// Process-wide switch (default on), for benchmarks: on a GPU under TF32 scan products with 16-bit
+// activations (bf16 or fp16 training), the Gated DeltaNet layer's L2Norm emits q and k in the
+// activations' dtype (computed in fp32, rounded once), which the delta rule's kernels stage as they
+// come; off emits them in fp32.
+void gdn_qk_in_activation_dtype(bool on);
+bool gdn_qk_in_activation_dtype();
+
 // What the scan's products should be for the config value model.gdn_scan_precision ("tf32",
 // "fp32" or "auto") when the layer's matmuls run in `matmul_dtype`: "auto" is TF32 when they run in
 // a 16-bit type (bf16 or fp8 training), where the products' 2⁻¹¹ is far below the inputs'

@@ -849,10 +849,11 @@ TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
 
 // The Gated DeltaNet's L2Norm kernel against the ATen formula: x a column slice of a wider
 // activation (as q and k sit in the short conv's output) or contiguous, in fp32, bf16 and fp16, y
-// fp32; D in the presets (96, 128), not a multiple of 32, and past 256 (the looped kernel); one
-// token per batch row too. Both sides compute in fp32 from the same x values: y within 1e-6. dx is
-// in x's dtype: fp32 differs by summation order (1e-5), bf16 and fp16 by one rounding of the same
-// value (tol_for).
+// fp32 or in x's dtype (16-bit training's q and k); D in the presets (96, 128), not a multiple of
+// 32, and past 256 (the looped kernel); one token per batch row too. Both sides compute in fp32
+// from the same x values: an fp32 y within 1e-6, a 16-bit one within one rounding of the same
+// value (tol_for). dx is in x's dtype: fp32 differs by summation order (1e-5), bf16 and fp16 by
+// one rounding of the same value.
 TEST(FusedOpsCuda, L2NormMatchesReference) {
   DD_REQUIRE_GPU();
   seed_from_gtest(47);
@@ -863,27 +864,30 @@ TEST(FusedOpsCuda, L2NormMatchesReference) {
   for (const Case c : {Case{2, 150, 6, 96, true}, Case{1, 333, 4, 128, true}, Case{3, 17, 3, 40, false},
                        Case{2, 9, 2, 300, true}, Case{4, 1, 6, 96, true}}) {
     for (auto dt : {torch::kFloat32, torch::kBFloat16, torch::kHalf}) {
-      auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
-      auto wide0 = (torch::randn({c.B, c.T, c.H * c.D + 40}, f32) * 2.0).to(dt);
-      auto gy = torch::randn({c.B, c.T, c.H, c.D}, f32);
-      auto run = [&](bool fused) {
-        auto wide = wide0.clone().requires_grad_(true);
-        auto x = c.slice ? wide.narrow(2, 16, c.H * c.D).view({c.B, c.T, c.H, c.D})
-                         : wide.narrow(2, 0, c.H * c.D).contiguous().view({c.B, c.T, c.H, c.D});
-        auto y = fused ? model::fused_l2_norm(x, 1e-6, torch::kFloat32)
-                       : model::l2_norm_reference(x, 1e-6, torch::kFloat32);
-        (y * gy).sum().backward();
-        return std::vector<torch::Tensor>{y.detach(), wide.grad()};
-      };
-      const auto got = run(true), want = run(false);
-      std::string what = "B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " H" + std::to_string(c.H) + " D" +
-                         std::to_string(c.D) + (c.slice ? " slice " : " ") + name_of(dt);
-      EXPECT_EQ(got[0].scalar_type(), torch::kFloat32) << what;
-      EXPECT_EQ(got[1].scalar_type(), dt) << what;
-      const double ey = rel_norm_diff(got[0], want[0]), ex = rel_norm_diff(got[1], want[1]);
-      EXPECT_LT(ey, 1e-6) << what << " y";
-      EXPECT_LT(ex, tol_for(dt)) << what << " dx";
-      std::printf("[measured] L2Norm %s: y %.1e dx %.1e\n", what.c_str(), ey, ex);
+      std::vector<torch::ScalarType> y_dts{torch::kFloat32};
+      if (dt != torch::kFloat32) y_dts.push_back(dt);
+      for (auto y_dt : y_dts) {
+        auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+        auto wide0 = (torch::randn({c.B, c.T, c.H * c.D + 40}, f32) * 2.0).to(dt);
+        auto gy = torch::randn({c.B, c.T, c.H, c.D}, f32);
+        auto run = [&](bool fused) {
+          auto wide = wide0.clone().requires_grad_(true);
+          auto x = c.slice ? wide.narrow(2, 16, c.H * c.D).view({c.B, c.T, c.H, c.D})
+                           : wide.narrow(2, 0, c.H * c.D).contiguous().view({c.B, c.T, c.H, c.D});
+          auto y = fused ? model::fused_l2_norm(x, 1e-6, y_dt) : model::l2_norm_reference(x, 1e-6, y_dt);
+          (y * gy).sum().backward();
+          return std::vector<torch::Tensor>{y.detach(), wide.grad()};
+        };
+        const auto got = run(true), want = run(false);
+        std::string what = "B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " H" + std::to_string(c.H) + " D" +
+                           std::to_string(c.D) + (c.slice ? " slice " : " ") + name_of(dt) + ", y " + name_of(y_dt);
+        EXPECT_EQ(got[0].scalar_type(), y_dt) << what;
+        EXPECT_EQ(got[1].scalar_type(), dt) << what;
+        const double ey = rel_norm_diff(got[0], want[0]), ex = rel_norm_diff(got[1], want[1]);
+        EXPECT_LT(ey, y_dt == torch::kFloat32 ? 1e-6 : tol_for(y_dt)) << what << " y";
+        EXPECT_LT(ex, tol_for(dt)) << what << " dx";
+        std::printf("[measured] L2Norm %s: y %.1e dx %.1e\n", what.c_str(), ey, ex);
+      }
     }
   }
 }
