@@ -1,13 +1,13 @@
 // The fused front of the chunked gated delta rule (kernels/gdr_chunk_front.h): one block of 8 warps
 // per (chunk, head). With bf16 or fp16 q, k and v (16-bit training) they are staged in shared
 // memory as they come, 73.75 KiB a block at dk = 128 and three blocks per SM; fp32 inputs are
-// staged in fp32, 107 KiB and two blocks.
+// staged in fp32, 107 KiB and two blocks (as is any mix of 16-bit and fp32 inputs).
 //
 //   gates   γ = cumsum(g) as a warp scan, e, κ, β e, decay;
 //   load    Q and K into shared memory, four pieces per thread in flight at once; Kd = κ K and
 //           Qg = e Q go out on the way;
 //   G       [Q; K] Kᵀ on the 20 tiles of each matrix at or left of the diagonal blocks, five per
-//           warp (strips p and 3 − p share two warps), by 16-bit mma on 16-bit rows; the epilogue
+//           warp (strips p and 3 − p share two warps), by 16-bit mma for 16-bit q and k; the epilogue
 //           applies the decay mask in registers and writes P to global memory, A to shared memory;
 //   inverse (I + A)⁻¹ by 16 × 16 blocks: warps 0–1 solve the four diagonal blocks by forward
 //           substitution (one column per thread) while warps 2–7 load V's first panel; then the

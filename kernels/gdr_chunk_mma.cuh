@@ -135,7 +135,7 @@ __device__ __forceinline__ void strip_product(float (&acc)[kTiles][4], int k_beg
 // Products of two 16-bit operands (bf16 or fp16, both of type S) kept as 16-bit shared rows: one
 // m16n8k16 mma per 16 × 8 tile and k-step of 16, its fragments read as pairs of consecutive
 // values (one 32-bit load each). The products of 16-bit values are exact and summed in fp32, as
-// TF32's products of the same values are: half the mma and a quarter of the loads. Rows padded to
+// TF32's products of the same values are: half the mma and half the loads. Rows padded to
 // a pitch of 8 mod 16 elements put a fragment's 32 loads in 32 banks.
 struct Frag16A {
   uint32_t r[4];

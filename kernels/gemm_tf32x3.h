@@ -29,7 +29,8 @@ struct GemmOperand {
   bool bf16 = false;
   // When set (device memory, int32): the operand's rows are gathered. Row r of item i (r along M for
   // a, along K for b) is row rows[i · extent + r] of ptr (extent M, or K), and zeros where that entry
-  // is negative; batch is 0. Taken for a K-contiguous a and an N-contiguous b of the first pair, and
+  // is negative; batch is 0. The caller guarantees every entry is below ptr's row count (nothing
+  // checks it on the device). Taken for a K-contiguous a and an N-contiguous b of the first pair, and
   // for b only up to kGemmMappedRowsMax rows of K. The delta rule's backward reads its output
   // gradient in token order this way (no copy into chunk rows).
   const int32_t* rows = nullptr;

@@ -214,7 +214,8 @@ torch::Tensor gathered_product(const GatheredRows* a_rows, const torch::Tensor& 
   auto out = torch::empty({a.size(0), a.size(1), b.size(2)}, x.src.options().dtype(result_dtype(a)));
   kernels::GemmTf32x3Args g;
   const auto map = x.map.contiguous();
-  if (g_use_kernel && x.src.is_cuda() && out.numel() > 0 && a.size(2) > 0) {
+  // The kernel writes fp32 (fp32 or bf16 operands); fp64 and fp16 products take the gathered copy.
+  if (g_use_kernel && x.src.is_cuda() && out.scalar_type() == torch::kFloat32 && out.numel() > 0 && a.size(2) > 0) {
     g.batch = a.size(0);
     g.M = a.size(1);
     g.K = a.size(2);

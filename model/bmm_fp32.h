@@ -34,7 +34,7 @@ torch::Tensor bmm_fp32_sum_scattered(const torch::Tensor& a, const torch::Tensor
 
 // A batch [R, rows, D] gathered from the rows of a matrix src [n_src, D] (unit column stride): row r
 // of item i is row map[i · rows + r] of src, and zeros where that entry is −1 (map int32 [R · rows]
-// on src's device). The delta rule's backward reads its output gradient in token order so, by the
+// on src's device; every entry below n_src, which the GPU kernel does not check). The delta rule's backward reads its output gradient in token order so, by the
 // output's row map (gdr_chunk_row_targets), instead of copying it into chunk rows first.
 struct GatheredRows {
   torch::Tensor src, map;

@@ -170,6 +170,8 @@ torch::Tensor GatedDeltaNetImpl::step(const torch::Tensor& u, MixerCache& cache)
               u.sizes());
   const int64_t B = u.size(0);
   const auto ft = float_dtype(u);
+  // fp32 q and k here whatever the training precision: one token runs the recurrent rule, not the
+  // chunk kernels that stage 16-bit rows (forward()'s 16-bit q and k differ by one rounding).
   auto q = l2_norm(conv_step(wq(u), cache.conv_q, conv_q).view({B, 1, H_, dk_}), ft);
   auto k = l2_norm(conv_step(wk(u), cache.conv_k, conv_k).view({B, 1, H_, dk_}), ft);
   auto v = conv_step(wv(u), cache.conv_v, conv_v).view({B, 1, H_, dv_});

@@ -306,7 +306,7 @@ TEST(BmmFp32Cuda, GatheredRowsMatchTheGatheredCopy) {
     int64_t R, rows, D, other;  // gathered [R, rows, D]; the plain operand's other extent
   };
   const Case cases[] = {{6, 64, 128, 64}, {4, 50, 96, 40}, {3, 64, 192, 128}, {5, 40, 24, 72}, {2, 128, 64, 64}};
-  int taken = 0;
+  int taken = 0, taken_b = 0;
   for (const Case& c : cases) {
     for (const bool src_bf16 : {false, true}) {
       const int64_t n_src = 2 * c.R * c.rows + 37;
@@ -342,7 +342,17 @@ TEST(BmmFp32Cuda, GatheredRowsMatchTheGatheredCopy) {
       g.b = {src.data_ptr(), c.D * c.other, c.other, 1};
       g.out = reinterpret_cast<float*>(src.data_ptr());
       taken += kernels::gemm_tf32x3_supports(g) ? 1 : 0;
+      // ... and a gathered fp32 b beside an M-contiguous bf16 a (the delta rule's Pᵀ dO).
+      if (!src_bf16 && c.rows <= kernels::kGemmMappedRowsMax) {
+        g.M = c.other, g.K = c.rows, g.N = c.D;
+        g.a = {src.data_ptr(), c.rows * c.other, 1, c.other, true};
+        g.b = {src.data_ptr(), 0, c.D, 1};
+        g.b.rows = x.map.data_ptr<int32_t>();
+        taken_b += kernels::gemm_tf32x3_supports(g) ? 1 : 0;
+      }
     }
   }
-  EXPECT_EQ(taken, 2 * static_cast<int>(sizeof(cases) / sizeof(cases[0])));
+  constexpr int kCases = static_cast<int>(sizeof(cases) / sizeof(cases[0]));
+  EXPECT_EQ(taken, 2 * kCases);
+  EXPECT_EQ(taken_b, kCases);
 }

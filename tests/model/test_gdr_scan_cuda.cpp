@@ -183,7 +183,8 @@ TEST(GdrScanCuda, KernelMatchesReferenceForwardAndBackward) {
 // reference takes the same rounded values; dq, dk and dv come back in bf16), with the backward
 // through the solve taking its fp32 operands split and rounded to TF32
 // (model::gdr_tf32_chunk_products, the default): both within 1e-2, and different, so the TF32
-// products are known to have taken effect.
+// products are known to have taken effect; and q, k, v in fp16 (fp16 training: the kernels' fp16
+// mma and their fp16 TF32 instances) within 1e-2.
 TEST(GdrScanCuda, ChunkedRuleWithKernelMatchesStepByStep) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 911);
@@ -202,13 +203,14 @@ TEST(GdrScanCuda, ChunkedRuleWithKernelMatchesStepByStep) {
   // Gradients too: the chunk core's hand-written backward (with the reverse scan kernel) against
   // autograd through the step-by-step reference, for every input and the initial state.
   auto dO = torch::randn({1, T, H, dv}, f64), dH = torch::randn({4, H, dk, dv}, f64);
-  auto grads_of = [&](bool gpu, bool tf32_scan, bool bf16_inputs = false) {
+  // in16: q, k and v given in that 16-bit dtype (kFloat32: none), the reference on the same values.
+  auto grads_of = [&](bool gpu, bool tf32_scan, torch::ScalarType in16 = torch::kFloat32) {
     std::vector<torch::Tensor> in{q, k, v, beta, g, h0};
     for (size_t i = 0; i < in.size(); ++i) {
       auto& t = in[i];
-      const bool rounded = bf16_inputs && i < 3;  // q, k, v
-      if (gpu) t = t.to(torch::kCUDA, rounded ? torch::kBFloat16 : torch::kFloat32);
-      else t = rounded ? t.to(torch::kBFloat16).to(torch::kFloat64) : t.clone();
+      const bool rounded = in16 != torch::kFloat32 && i < 3;  // q, k, v
+      if (gpu) t = t.to(torch::kCUDA, rounded ? in16 : torch::kFloat32);
+      else t = rounded ? t.to(in16).to(torch::kFloat64) : t.clone();
       t.requires_grad_(true);
     }
     const auto launches_before = model::gdr_scan_launch_counts();
@@ -226,7 +228,8 @@ TEST(GdrScanCuda, ChunkedRuleWithKernelMatchesStepByStep) {
     for (auto& t : in) res.push_back(t.grad().cpu());
     return res;
   };
-  const auto want = grads_of(false, false), want_bf16_inputs = grads_of(false, false, true);
+  const auto want = grads_of(false, false), want_bf16_inputs = grads_of(false, false, torch::kBFloat16);
+  const auto want_fp16_inputs = grads_of(false, false, torch::kHalf);
   const char* names[] = {"o", "h", "dq", "dk", "dv", "dbeta", "dg", "dh0"};
   // Split TF32; plain TF32 with fp32 saved states; plain TF32 with the states and corrected values
   // saved in bf16 (the default under 16-bit training, GdrScanPlan::bf16_states), which adds bf16's
@@ -235,14 +238,16 @@ TEST(GdrScanCuda, ChunkedRuleWithKernelMatchesStepByStep) {
     const char* name;
     bool tf32, bf16_states, bf16_front;
     double tol;
-    bool bf16_inputs = false, tf32_chunk = true;
+    torch::ScalarType in16 = torch::kFloat32;
+    bool tf32_chunk = true;
   };
   const Mode modes[] = {{"split-tf32", false, false, false, 1e-5},
                         {"tf32", true, false, false, 3e-3},
                         {"tf32, bf16 states", true, true, false, 6e-3},
                         {"tf32, bf16 states and front", true, true, true, 1e-2},
-                        {"tf32, bf16 inputs, split solve products", true, true, true, 1e-2, true, false},
-                        {"tf32, bf16 inputs, tf32 solve products", true, true, true, 1e-2, true, true}};
+                        {"tf32, bf16 inputs, split solve products", true, true, true, 1e-2, torch::kBFloat16, false},
+                        {"tf32, bf16 inputs, tf32 solve products", true, true, true, 1e-2, torch::kBFloat16, true},
+                        {"tf32, fp16 inputs, tf32 solve products", true, true, true, 1e-2, torch::kHalf, true}};
   constexpr int kModes = sizeof(modes) / sizeof(modes[0]);
   double worst_of[kModes] = {};
   std::vector<std::vector<torch::Tensor>> got_of(kModes);
@@ -252,8 +257,8 @@ TEST(GdrScanCuda, ChunkedRuleWithKernelMatchesStepByStep) {
     model::gdr_bf16_states(mode.bf16_states);
     model::gdr_bf16_front(mode.bf16_front);
     model::gdr_tf32_chunk_products(mode.tf32_chunk);
-    const auto got = grads_of(true, mode.tf32, mode.bf16_inputs);
-    const auto& ref = mode.bf16_inputs ? want_bf16_inputs : want;
+    const auto got = grads_of(true, mode.tf32, mode.in16);
+    const auto& ref = mode.in16 == torch::kBFloat16 ? want_bf16_inputs : mode.in16 == torch::kHalf ? want_fp16_inputs : want;
     got_of[m] = got;
     o_of[m] = got[0];
     double worst = 0, worst_grad = 0;
@@ -583,7 +588,7 @@ TEST(GdrScanCuda, ChunkKernelsMatchAtenPieces) {
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 917);
   const ChunkCase cases[] = {
       {2, 150, 3, 128, 128, 64, {}, true, true, false},   // the model's sizes, a ragged last chunk
-      {1, 300, 2, 128, 128, 64, {0, 17, 150, 151, 300}, false, true, false},  // as the layer: fp32 q, k; bf16 v
+      {1, 300, 2, 128, 128, 64, {0, 17, 150, 151, 300}, false, true, false},  // fp32 q, k (fp32 training); bf16 v
       {1, 300, 2, 36, 40, 32, {0, 17, 150, 151, 300}, false, false, true},   // packed; rows not multiples of 32
       {1, 70, 1, 64, 33, 16, {}, false, false, true},     // small chunks
       {3, 64, 2, 128, 64, 64, {}, false, false, false},   // one chunk per row
