@@ -52,7 +52,6 @@ constexpr int kTPitch = kC + 4;  // rows of dS and dPm (read as [m][k] and, tran
 // Rows of fp32 are padded by 4 elements, 16-bit rows by 8 (16 bytes either way): every dk taken
 // (a multiple of 16) then puts a fragment's loads in 32 different banks, for 16-bit rows in both
 // orientations (K and Q are read as [n][k] for the masks and as [k][n] for dq and dk).
-__host__ __device__ constexpr int qk_pitch(int dk, int qk_bytes) { return dk + (qk_bytes == 4 ? 4 : 8); }
 __host__ __device__ constexpr int qk_region_bytes(int dk, int qk_bytes) { return kC * qk_pitch(dk, qk_bytes) * qk_bytes; }
 constexpr int kFloatsAfterQk = 2 * kC * kTPitch  // dS, dPm
                                + 12 * kC;        // γ, b, e, κ, b e and the seven per-row sums
@@ -60,10 +59,6 @@ __host__ __device__ constexpr int smem_bytes(int dk, int qk_bytes) {
   return 2 * qk_region_bytes(dk, qk_bytes) + 4 * kFloatsAfterQk;
 }
 static_assert(smem_bytes(128, 2) == 72704 && smem_bytes(128, 4) == 105472, "71 KiB and 103 KiB at dk = 128");
-
-// The element type a 16-bit input keeps in shared memory (fp32 inputs stay fp32).
-template <typename T>
-using Staged = typename std::conditional<sizeof(T) == 2, T, float>::type;
 
 // Two consecutive elements of a row, stored as T.
 template <typename T>

@@ -57,7 +57,6 @@ constexpr int kMPitch = 16 + 8;     // a 16 × 16 block of the inverse, read as 
 //   A, Tm, the inverse's blocks and the gates in fp32.
 // Rows of fp32 are padded by 4 elements, 16-bit rows by 8 (16 bytes either way): every dk taken
 // (a multiple of 16) then puts a fragment's loads in 32 different banks.
-__host__ __device__ constexpr int qk_pitch(int dk, int qk_bytes) { return dk + (qk_bytes == 4 ? 4 : 8); }
 __host__ __device__ constexpr int k_region_bytes(int dk, int qk_bytes) { return kC * qk_pitch(dk, qk_bytes) * qk_bytes; }
 __host__ __device__ constexpr int qv_region_bytes(int qk_bytes, int v_bytes) {
   return kC * kVPitch * (qk_bytes > v_bytes ? qk_bytes : v_bytes);  // qk_pitch ≤ kVPitch (dk ≤ 128)
@@ -71,10 +70,6 @@ __host__ __device__ constexpr int smem_bytes(int dk, int qk_bytes, int v_bytes) 
 // 73.75 KiB with 16-bit q, k and v at dk = 128: three blocks per SM (at most 80 registers a thread).
 constexpr int min_blocks(int qk_bytes, int v_bytes) { return qk_bytes == 2 && v_bytes == 2 ? 3 : 2; }
 static_assert(smem_bytes(128, 2, 2) + 1024 <= 228 * 1024 / 3, "three 16-bit blocks fit an H100 SM's shared memory");
-
-// The element type a 16-bit input keeps in shared memory (fp32 inputs stay fp32).
-template <typename T>
-using Staged = typename std::conditional<sizeof(T) == 2, T, float>::type;
 
 template <typename T, typename TV, int VW>
 __global__ void __launch_bounds__(kThreads, min_blocks(sizeof(Staged<T>), sizeof(Staged<TV>)))

@@ -19,6 +19,16 @@ namespace gdr_chunk_stage {
 
 constexpr int kRows = 64;  // the chunk size C the fused kernels take
 
+// The element type an input keeps in shared memory: bf16 and fp16 as they come (their values
+// exactly, in half the room), fp32 as fp32.
+template <typename T>
+using Staged = typename std::conditional<sizeof(T) == 2, T, float>::type;
+
+// The row pitch, in elements, of staged q or k rows of dk elements of qk_bytes each: fp32 rows
+// padded by 4 elements, 16-bit rows by 8 (16 bytes either way), so that for every dk the kernels
+// take (a multiple of 16) a fragment's loads fall in 32 different banks.
+__host__ __device__ constexpr int qk_pitch(int dk, int qk_bytes) { return dk + (qk_bytes == 4 ? 4 : 8); }
+
 // γ = cumsum(g) into gam_s and β into b_s for the chunk's kRows rows (token t's gate at
 // g[t · H + h]): a warp scan on warps 0–1, then warp 0's total carried into warp 1. Every thread
 // of the block calls it; it ends with a barrier.
