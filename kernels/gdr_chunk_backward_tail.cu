@@ -167,15 +167,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
         constexpr int kN = decltype(count)::value;
         const int m0 = 16 * mt;
         float acc[kN][4];
-        if constexpr (kQkExact) {
-          strip16_product<kN, SQ>(
-              acc, dk, [&](int k0) { return frag16_a(X_s, pk, m0, k0, g, t); },
-              [&](int k0, int nt) { return frag16_b_nk(K_s, pk, k0, 8 * (n_first + nt), g, t); });
-        } else {
-          strip_product<kN>(
-              acc, 0, dk, [&](int k0) { return frag_a(X_s, pk, m0, k0, g, t); },
-              [&](int k0, int nt) { return frag_b_nk(K_s, pk, k0, 8 * (n_first + nt), g, t); });
-        }
+        strip_times_kt<kN>(acc, X_s, K_s, pk, dk, m0, 8 * n_first, g, t);
         float zr[2] = {0.f, 0.f}, dbr[2] = {0.f, 0.f};  // this lane's part of rows m0 + g, m0 + g + 8
 #pragma unroll
         for (int nt = 0; nt < kN; ++nt) {

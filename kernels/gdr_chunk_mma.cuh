@@ -202,6 +202,24 @@ __device__ __forceinline__ void strip16_product(float (&acc)[kTiles][4], int k_e
   }
 }
 
+// acc = X Kᵀ for the 16-row strip of X from row m0 and kTiles 8-column tiles of Kᵀ from column n0,
+// X and K staged as rows [·][pitch] of type S over dk columns (a multiple of 16): one 16-bit mma per
+// k-step of 16 for bf16 or fp16 rows (exact products), split-TF32 products for fp32 rows. The fused
+// front's G and the backward tail's masks take it.
+template <int kTiles, typename S>
+__device__ __forceinline__ void strip_times_kt(float (&acc)[kTiles][4], const S* X_s, const S* K_s, int pitch, int dk,
+                                               int m0, int n0, int g, int t) {
+  if constexpr (sizeof(S) == 2) {
+    strip16_product<kTiles, S>(
+        acc, dk, [&](int k0) { return frag16_a(X_s, pitch, m0, k0, g, t); },
+        [&](int k0, int nt) { return frag16_b_nk(K_s, pitch, k0, n0 + 8 * nt, g, t); });
+  } else {
+    strip_product<kTiles>(
+        acc, 0, dk, [&](int k0) { return frag_a(X_s, pitch, m0, k0, g, t); },
+        [&](int k0, int nt) { return frag_b_nk(K_s, pitch, k0, n0 + 8 * nt, g, t); });
+  }
+}
+
 // Calls f(std::integral_constant<int, n>) for n in 1..5 (a tile count known only at run time).
 template <class F>
 __device__ __forceinline__ void with_tile_count(int n, F f) {
