@@ -66,18 +66,21 @@ kernels::GemmOperand operand(const torch::Tensor& x) {
   return o;
 }
 
-// The kernel's arguments when it takes this product (fp32 or bf16 CUDA tensors in supported
-// layouts).
-bool kernel_args(const torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, double alpha, double beta,
-                 kernels::GemmTf32x3Args& g) {
-  if (!g_use_kernel || !a.is_cuda() || out.scalar_type() != torch::kFloat32 || out.numel() == 0 || a.size(2) == 0)
+// The kernel's arguments for out = alpha · a b + beta · out when it takes the product: a [R, M, K]
+// and b [R, K, N] as the operands ga and gb, their shapes read from a_shape and b_shape (the
+// tensors themselves, or storage-less stand-ins for gathered rows).
+bool kernel_args_for(const torch::Tensor& out, const torch::Tensor& a_shape, const torch::Tensor& b_shape,
+                     const kernels::GemmOperand& ga, const kernels::GemmOperand& gb, double alpha, double beta,
+                     kernels::GemmTf32x3Args& g) {
+  if (!g_use_kernel || !out.is_cuda() || out.scalar_type() != torch::kFloat32 || out.numel() == 0 ||
+      a_shape.size(2) == 0)
     return false;
-  g.batch = a.size(0);
-  g.M = a.size(1);
-  g.K = a.size(2);
-  g.N = b.size(2);
-  g.a = operand(a);
-  g.b = operand(b);
+  g.batch = a_shape.size(0);
+  g.M = a_shape.size(1);
+  g.K = a_shape.size(2);
+  g.N = b_shape.size(2);
+  g.a = ga;
+  g.b = gb;
   g.out = out.data_ptr<float>();
   g.out_batch = out.stride(0);
   g.out_row = out.stride(1);
@@ -85,6 +88,12 @@ bool kernel_args(const torch::Tensor& out, const torch::Tensor& a, const torch::
   g.beta = static_cast<float>(beta);
   g.n_strips = g_wide_tiles ? 0 : 2;
   return out.stride(2) == 1 && kernels::gemm_tf32x3_supports(g);
+}
+
+// The same for fp32 or bf16 CUDA tensors a and b.
+bool kernel_args(const torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, double alpha, double beta,
+                 kernels::GemmTf32x3Args& g) {
+  return a.is_cuda() && kernel_args_for(out, a, b, operand(a), operand(b), alpha, beta, g);
 }
 
 void launch(const kernels::GemmTf32x3Args& g, const torch::Tensor& a) {
@@ -215,22 +224,10 @@ torch::Tensor gathered_product(const GatheredRows* a_rows, const torch::Tensor& 
   kernels::GemmTf32x3Args g;
   const auto map = x.map.contiguous();
   // The kernel writes fp32 (fp32 or bf16 operands); fp64 and fp16 products take the gathered copy.
-  if (g_use_kernel && x.src.is_cuda() && out.scalar_type() == torch::kFloat32 && out.numel() > 0 && a.size(2) > 0) {
-    g.batch = a.size(0);
-    g.M = a.size(1);
-    g.K = a.size(2);
-    g.N = b.size(2);
-    g.a = a_rows != nullptr ? gathered_operand(x, map) : operand(a_plain);
-    g.b = b_rows != nullptr ? gathered_operand(x, map) : operand(b_plain);
-    g.out = out.data_ptr<float>();
-    g.out_batch = out.stride(0);
-    g.out_row = out.stride(1);
-    g.alpha = static_cast<float>(alpha);
-    g.n_strips = g_wide_tiles ? 0 : 2;
-    if (kernels::gemm_tf32x3_supports(g)) {
-      launch(g, x.src);
-      return out;
-    }
+  if (kernel_args_for(out, a, b, a_rows != nullptr ? gathered_operand(x, map) : operand(a_plain),
+                      b_rows != nullptr ? gathered_operand(x, map) : operand(b_plain), alpha, 0.0, g)) {
+    launch(g, x.src);
+    return out;
   }
 #endif
   return a_rows != nullptr ? bmm_fp32(gathered(*a_rows), b_plain, alpha) : bmm_fp32(a_plain, gathered(*b_rows), alpha);
