@@ -161,7 +161,7 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& u, const Positions
   auto gt = gates(gate_parts[0], gate_parts[1], ft);
   auto r = use_reference ? gdr_forward_ref(q, k, v, gt.beta, gt.g, scale_, {}, p.cu_seqlens)
                          : gdr_forward_chunked(q, k, v, gt.beta, gt.g, scale_, {}, p.cu_seqlens, chunk_, tf32_scan,
-                                               /*o_as_rows=*/gdr_output_as_rows());
+                                               /*o_as_rows=*/gdr_output_as_rows(), p.gdr_slots.get());
   return output(r, parts[1], u.scalar_type());
 }
 

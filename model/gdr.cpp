@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/gdr_chunk_core.h"
+#include "model/gdr_plan_slots.h"
 #include "model/gdr_scan.h"
 #include "model/layers.h"
 
@@ -103,7 +104,7 @@ GdrOutput gdr_forward_ref(const torch::Tensor& q, const torch::Tensor& k, const 
 GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& beta, const torch::Tensor& g, double scale,
                               const torch::Tensor& h0, const torch::Tensor& cu_seqlens, int64_t chunk,
-                              bool tf32_scan, bool o_as_rows) {
+                              bool tf32_scan, bool o_as_rows, GdrPlanSlots* slots) {
   check_inputs("gdr_forward_chunked", q, k, v, beta, g, h0, cu_seqlens);
   TORCH_CHECK(chunk > 0, "gdr_forward_chunked: chunk must be > 0, got ", chunk);
   // The core stays in fp32 under bf16 autocast (MODEL.md §0): no matmul here may be cast down.
@@ -115,7 +116,10 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
     return {torch::zeros({B, 0, H, dv}, q.options().dtype(dt)), h};
   }
   const bool varlen = cu_seqlens.defined();
-  GdrChunkLayout layout = gdr_chunk_layout(B, T, H, C, cu_seqlens, q.device());
+  TORCH_CHECK(slots == nullptr || (varlen && T == slots->tokens() && !h0.defined()),
+              "gdr_forward_chunked: a fixed chunk plan takes one packed row of ", slots ? slots->tokens() : 0,
+              " tokens and no h0, got T=", T, h0.defined() ? " with h0" : "");
+  GdrChunkLayout layout = slots ? slots->layout(H, C) : gdr_chunk_layout(B, T, H, C, cu_seqlens, q.device());
   layout.scan.tf32_products = tf32_scan;
   layout.scan.bf16_states = tf32_scan && gdr_bf16_states();
   const int64_t n_seq = layout.scan.n_docs;
@@ -132,7 +136,9 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
   const auto core = gdr_chunk_core(q, k, v, beta, g, h0s, layout, scale,
                                    direct_tokens ? gdr_chunk_row_targets(layout, H, q.device()) : torch::Tensor());
   auto h_final = core.h_final.view({n_seq, H, dk, dv});
-  if (varlen) {
+  if (layout.fixed) {
+    h_final = h_final.index_select(0, layout.doc_slot);
+  } else if (varlen) {
     std::vector<int64_t> inv(layout.order.size());
     for (size_t s = 0; s < layout.order.size(); ++s) inv[layout.order[s]] = static_cast<int64_t>(s);
     h_final = h_final.index_select(0, host_to_device(torch::tensor(inv, torch::kInt64), q.device()));

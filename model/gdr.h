@@ -17,6 +17,8 @@
 
 namespace model {
 
+class GdrPlanSlots;
+
 struct GdrOutput {
   torch::Tensor o;  // [B,T,H,dv] in the compute dtype; undefined when o_rows is returned instead
   torch::Tensor h;  // final state [B or n_docs, H, dk, dv] (key-major), compute dtype
@@ -47,10 +49,13 @@ GdrOutput gdr_forward_ref(const torch::Tensor& q, const torch::Tensor& k, const 
 // switched off by gdr_bf16_states).
 // o_as_rows: return o_rows and o_row instead of o, saving the copy into token order (and its
 // gradient's copy back) for a consumer that reads rows by index.
+// slots: a packed row's plan at fixed device addresses (model/gdr_plan_slots.h, for steps captured
+// as CUDA graphs; cu_seqlens is then its padded copy and no h0 is taken). h then covers the fixed
+// layout's documents: the batch's first, in order, then its dummies' (zero) states.
 GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& beta, const torch::Tensor& g, double scale,
                               const torch::Tensor& h0, const torch::Tensor& cu_seqlens, int64_t chunk,
-                              bool tf32_scan = false, bool o_as_rows = false);
+                              bool tf32_scan = false, bool o_as_rows = false, GdrPlanSlots* slots = nullptr);
 
 // Process-wide switch (default on), for benchmarks: whether the Gated DeltaNet layer takes the
 // chunked rule's output as rows (o_as_rows, read in place by its output norm) or copied into token

@@ -192,6 +192,7 @@ kernels::GdrChunkList chunk_list(const Ctx& c) {
 
 // The chunk table on the device: [2, N] int32, chunk starts then lengths.
 torch::Tensor device_table(const GdrChunkLayout& l, const torch::Device& dev) {
+  if (l.table.defined()) return l.table;  // a fixed layout's, where each batch's plan is copied in
   std::vector<int32_t> host(l.chunk_start);
   host.insert(host.end(), l.chunk_len.begin(), l.chunk_len.end());
   return cached_device_ints(host, dev).view({2, l.n_chunks});
@@ -566,6 +567,8 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     sd["step_count"] = l.scan.step_count;
     sd["step_off"] = l.scan.step_off;
     sd["tf32_products"] = l.scan.tf32_products;  // the reverse scan takes the forward's product mode
+    sd["scan_step_off"] = l.scan.device_step_off;  // a fixed layout's device plan (else undefined)
+    sd["scan_doc_chunks"] = l.scan.device_doc_chunks;
     sd["B"] = l.B;
     sd["T"] = l.T;
     sd["C"] = l.C;
@@ -595,6 +598,8 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     c.l.scan.step_count = sd["step_count"].toIntVector();
     c.l.scan.step_off = sd["step_off"].toIntVector();
     c.l.scan.tf32_products = sd["tf32_products"].toBool();
+    c.l.scan.device_step_off = sd["scan_step_off"].toTensor();
+    c.l.scan.device_doc_chunks = sd["scan_doc_chunks"].toTensor();
     c.l.B = sd["B"].toInt();
     c.l.T = sd["T"].toInt();
     c.l.C = sd["C"].toInt();

@@ -58,46 +58,60 @@ void plan_dense(GdrChunkLayout& l) {
   }
 }
 
-void plan_varlen(GdrChunkLayout& l, const torch::Tensor& cu_seqlens) {
-  auto cu_t = cu_seqlens.contiguous();
-  const int64_t* cu = cu_t.data_ptr<int64_t>();
-  const int64_t n_seq = cu_t.size(0) - 1, C = l.C;
-  l.scan.n_docs = n_seq;
-  TORCH_CHECK(cu[0] == 0 && cu[n_seq] == l.T, "gdr: cu_seqlens must run from 0 to T=", l.T);
-  std::vector<int64_t> nch(static_cast<size_t>(n_seq));
-  for (int64_t n = 0; n < n_seq; ++n) {
-    const int64_t len = cu[n + 1] - cu[n];
-    TORCH_CHECK(len > 0, "gdr: cu_seqlens must be strictly increasing (entry ", n + 1, ")");
-    nch[n] = (len + C - 1) / C;
-    l.n_chunks += nch[n];
-  }
-  l.order.resize(static_cast<size_t>(n_seq));
+// One document of a packed row: its tokens [start, start + len) and its chunk count (a fixed
+// layout's dummy documents have chunks of no tokens, its empty ones no chunks).
+struct DocPiece {
+  int64_t start = 0, len = 0, chunks = 0;
+};
+
+// The step-major chunk list of the documents, sorted by chunk count (descending, stable), and the
+// token slots of their tokens.
+void plan_pieces(GdrChunkLayout& l, const std::vector<DocPiece>& docs) {
+  const int64_t n_docs = static_cast<int64_t>(docs.size()), C = l.C;
+  l.scan.n_docs = n_docs;
+  l.order.resize(static_cast<size_t>(n_docs));
   std::iota(l.order.begin(), l.order.end(), 0);
-  std::stable_sort(l.order.begin(), l.order.end(), [&](int64_t a, int64_t b) { return nch[a] > nch[b]; });
-  const int64_t max_nc = nch[l.order[0]];
+  std::stable_sort(l.order.begin(), l.order.end(), [&](int64_t a, int64_t b) { return docs[a].chunks > docs[b].chunks; });
+  const int64_t max_nc = n_docs > 0 ? docs[l.order[0]].chunks : 0;
   int64_t off = 0;
   for (int64_t m = 0; m < max_nc; ++m) {
     int64_t cnt = 0;
-    while (cnt < n_seq && nch[l.order[cnt]] > m) ++cnt;
+    while (cnt < n_docs && docs[l.order[cnt]].chunks > m) ++cnt;
     l.scan.step_count.push_back(cnt);
     l.scan.step_off.push_back(off);
     for (int64_t s = 0; s < cnt; ++s) {
-      const int64_t doc = l.order[s], first = cu[doc] + m * C;
-      l.chunk_start.push_back(static_cast<int32_t>(first));
-      l.chunk_len.push_back(static_cast<int32_t>(std::min(C, cu[doc + 1] - first)));
+      const DocPiece& d = docs[l.order[s]];
+      const int64_t first = d.start + m * C, len = std::max<int64_t>(0, std::min(C, d.start + d.len - first));
+      l.chunk_start.push_back(static_cast<int32_t>(len > 0 ? first : 0));
+      l.chunk_len.push_back(static_cast<int32_t>(len));
     }
     off += cnt;
   }
+  l.n_chunks = off;
   auto slot_t = torch::empty({l.T}, torch::kInt64);
   int64_t* slot = slot_t.data_ptr<int64_t>();
-  for (int64_t s = 0; s < n_seq; ++s) {
-    const int64_t n = l.order[s];
-    for (int64_t t = cu[n]; t < cu[n + 1]; ++t) {
-      const int64_t pos = t - cu[n], m = pos / C, i = pos % C;
+  for (int64_t s = 0; s < n_docs; ++s) {
+    const DocPiece& d = docs[l.order[s]];
+    for (int64_t t = d.start; t < d.start + d.len; ++t) {
+      const int64_t pos = t - d.start, m = pos / C, i = pos % C;
       slot[t] = (l.scan.step_off[m] + s) * C + i;
     }
   }
   l.token_slot = slot_t;
+}
+
+void plan_varlen(GdrChunkLayout& l, const torch::Tensor& cu_seqlens) {
+  auto cu_t = cu_seqlens.contiguous();
+  const int64_t* cu = cu_t.data_ptr<int64_t>();
+  const int64_t n_seq = cu_t.size(0) - 1, C = l.C;
+  TORCH_CHECK(cu[0] == 0 && cu[n_seq] == l.T, "gdr: cu_seqlens must run from 0 to T=", l.T);
+  std::vector<DocPiece> docs(static_cast<size_t>(n_seq));
+  for (int64_t n = 0; n < n_seq; ++n) {
+    const int64_t len = cu[n + 1] - cu[n];
+    TORCH_CHECK(len > 0, "gdr: cu_seqlens must be strictly increasing (entry ", n + 1, ")");
+    docs[n] = {cu[n], len, (len + C - 1) / C};
+  }
+  plan_pieces(l, docs);
 }
 
 // Row of (token, head) in an output [N,H,C,D] viewed as [N·H·C, D], int64 [B·T, H]: token t at
@@ -134,6 +148,60 @@ GdrChunkLayout gdr_chunk_layout(int64_t B, int64_t T, int64_t H, int64_t C, cons
   } else {
     plan_dense(l);
   }
+  return l;
+}
+
+GdrLayoutCapacity gdr_layout_capacity(int64_t B, int64_t T, int64_t C, int64_t pieces) {
+  TORCH_CHECK(B > 0 && T > 0 && C > 0 && pieces >= B, "gdr_layout_capacity: expected B, T, C > 0 and pieces >= B, got B=",
+              B, ", T=", T, ", C=", C, ", pieces=", pieces);
+  GdrLayoutCapacity cap;
+  cap.steps = (T + C - 1) / C;
+  cap.chunks = B * cap.steps + pieces - B;
+  cap.docs = pieces + (pieces - B + cap.steps - 1) / cap.steps;
+  return cap;
+}
+
+GdrChunkLayout gdr_chunk_layout_fixed(int64_t T, int64_t H, int64_t C, const torch::Tensor& cu_seqlens,
+                                      const GdrLayoutCapacity& cap, const torch::Device& device) {
+  TORCH_CHECK(T < (int64_t{1} << 31), "gdr: at most 2^31 tokens per call, got ", T);
+  TORCH_CHECK(cu_seqlens.dim() == 1 && cu_seqlens.size(0) >= 2 && cu_seqlens.device().is_cpu() &&
+                  cu_seqlens.scalar_type() == torch::kInt64,
+              "gdr: cu_seqlens must be int64 CPU [n_docs+1], got ", cu_seqlens.sizes());
+  GdrChunkLayout l;
+  l.B = 1;
+  l.T = T;
+  l.C = C;
+  l.scan.heads = H;
+  auto cu_t = cu_seqlens.contiguous();
+  const int64_t* cu = cu_t.data_ptr<int64_t>();
+  const int64_t n_cu = cu_t.size(0) - 1;
+  TORCH_CHECK(cu[0] == 0 && cu[n_cu] == T, "gdr: cu_seqlens must run from 0 to T=", T);
+  std::vector<DocPiece> docs;
+  int64_t n_chunks = 0;
+  for (int64_t n = 0; n < n_cu; ++n) {
+    const int64_t len = cu[n + 1] - cu[n];
+    if (len == 0 && cu[n] == T) {  // the padding at the end
+      for (int64_t e = n + 1; e <= n_cu; ++e)
+        TORCH_CHECK(cu[e] == T, "gdr: cu_seqlens must stay at T=", T, " once its padding starts (entry ", e, ")");
+      break;
+    }
+    TORCH_CHECK(len > 0, "gdr: cu_seqlens must be strictly increasing up to its padding at T (entry ", n + 1, ")");
+    docs.push_back({cu[n], len, (len + C - 1) / C});
+    TORCH_CHECK(docs.back().chunks <= cap.steps, "gdr: document ", n, " has ", docs.back().chunks,
+                " chunks, more than the fixed layout's ", cap.steps, " steps");
+    n_chunks += docs.back().chunks;
+  }
+  TORCH_CHECK(n_chunks <= cap.chunks, "gdr: the batch has ", n_chunks, " chunks, more than the fixed layout's ",
+              cap.chunks);
+  // The spare chunks as dummy documents of up to `steps` chunks each, then empty documents.
+  for (int64_t spare = cap.chunks - n_chunks; spare > 0; spare -= cap.steps) {
+    docs.push_back({0, 0, std::min(spare, cap.steps)});
+  }
+  TORCH_CHECK(static_cast<int64_t>(docs.size()) <= cap.docs, "gdr: the batch needs ", docs.size(),
+              " documents with its dummies, more than the fixed layout's ", cap.docs);
+  docs.resize(static_cast<size_t>(cap.docs));
+  plan_pieces(l, docs);
+  l.token_slot = host_to_device(l.token_slot, device);
   return l;
 }
 
@@ -188,7 +256,9 @@ torch::Tensor gdr_chunk_row_targets(const GdrChunkLayout& l, int64_t H, const to
   static std::deque<std::pair<Key, torch::Tensor>> recent;  // newest first
   constexpr size_t kKept = 8;
   Key key{device.is_cpu() ? -1 : device.index(), l.B, l.T, l.C, H, l.chunk_start, l.chunk_len};
-  {
+  // A fixed layout's map is made from its device token slots every time: a captured step replays
+  // the making with each batch's slots, where a cached map would hold the capture's batch.
+  if (!l.fixed) {
     std::lock_guard<std::mutex> lock(mu);
     for (const auto& [k, t] : recent) {
       if (k == key) return t;
@@ -198,7 +268,7 @@ torch::Tensor gdr_chunk_row_targets(const GdrChunkLayout& l, int64_t H, const to
   const auto token_head = torch::arange(l.B * l.T * H, targets.options());
   targets.index_copy_(0, token_rows(l, H, device).view({-1}), token_head);
   // Made inside a graph capture, it holds its values only once the graph has run.
-  if (!device.is_cpu() && cuda_stream_capturing()) return targets;
+  if (l.fixed || (!device.is_cpu() && cuda_stream_capturing())) return targets;
   std::lock_guard<std::mutex> lock(mu);
   recent.emplace_front(std::move(key), targets);
   if (recent.size() > kKept) recent.pop_back();

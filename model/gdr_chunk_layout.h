@@ -23,8 +23,34 @@ struct GdrChunkLayout {
   std::vector<int64_t> order;       // sorted position -> document index (varlen only)
   torch::Tensor token_slot;         // varlen only: [T] int64, row of token t in the [N·C] list, on the inputs' device
   std::vector<int32_t> chunk_start;  // [N] first token of each chunk in the flattened [B·T] axis
-  std::vector<int32_t> chunk_len;    // [N] its length, 1..C
+  std::vector<int32_t> chunk_len;    // [N] its length, 1..C (0 for a fixed layout's spare chunks)
+  // A fixed-capacity layout whose device tables sit at fixed addresses (model/gdr_plan_slots.h), so
+  // a step captured as a CUDA graph reads each new batch's plan from them: its consumers read these
+  // tables instead of making (or caching) device copies of the vectors above.
+  bool fixed = false;
+  torch::Tensor table;     // fixed only: [2, N] int32, chunk_start then chunk_len
+  torch::Tensor doc_slot;  // fixed only: [n_docs] int64, sorted position of document i (inverse of order)
 };
+
+// The fixed capacity of packed rows' layouts (gdr_chunk_layout_fixed): `chunks` chunks, `docs`
+// documents and `steps` scan steps, whatever the batch.
+struct GdrLayoutCapacity {
+  int64_t chunks = 0, docs = 0, steps = 0;
+};
+// The capacity that holds every packing of B rows of T tokens into at most `pieces` document
+// pieces, each row boundary a cut (model::packed_positions): a row cut into p pieces has at most
+// ceil(T/C) + p − 1 chunks, so chunks = B·ceil(T/C) + pieces − B; the spare chunks of a batch go to
+// dummy documents of at most `steps` chunks each, and empty ones fill the rest of `docs`.
+GdrLayoutCapacity gdr_layout_capacity(int64_t B, int64_t T, int64_t C, int64_t pieces);
+
+// The layout of one packed row of `T` tokens (B == 1) at a fixed capacity: exactly cap.chunks
+// chunks, cap.docs documents and cap.steps scan steps. cu_seqlens is int64 on the CPU and may end
+// in empty pieces (padding); the documents come first in their order, then dummy documents of empty
+// chunks (len 0: all padding rows, so their states stay zero) and empty documents (no chunks).
+// The host plan (step_count, step_off) covers the steps that run; the device tables are left to the
+// caller (table and doc_slot undefined, fixed false). Throws c10::Error when the batch does not fit.
+GdrChunkLayout gdr_chunk_layout_fixed(int64_t T, int64_t H, int64_t C, const torch::Tensor& cu_seqlens,
+                                      const GdrLayoutCapacity& cap, const torch::Device& device);
 
 // The layout of a dense batch (cu_seqlens undefined) or one packed row (int64 CPU cu_seqlens
 // [n_docs+1], B == 1). Bad cu_seqlens throw c10::Error naming the entry. Any thread.

@@ -50,6 +50,13 @@ GdrScanResult gdr_scan_reference(const torch::Tensor& W, const torch::Tensor& U,
   torch::Tensor h = h0;  // [n_running·H, dk, dv] in sorted document order
   std::vector<torch::Tensor> h_in, v_new, finished;
   const size_t n_steps = plan.step_count.size();
+  // Documents without chunks (a fixed layout's empty ones, last in sorted order) end as they start.
+  const int64_t first_rows = n_steps > 0 ? plan.step_count[0] * H : 0;
+  if (h.size(0) > first_rows) {
+    auto parts = h.split_with_sizes({first_rows, h.size(0) - first_rows}, 0);
+    finished.push_back(parts[1]);
+    h = parts[0];
+  }
   for (size_t m = 0; m < n_steps; ++m) {
     const int64_t cnt = plan.step_count[m] * H;
     h_in.push_back(h);
@@ -104,6 +111,14 @@ GdrScanGrads gdr_scan_backward_reference(const torch::Tensor& W, const torch::Te
     dh = torch::baddbmm(decay_m[m] * dh, W_m[m].transpose(1, 2), du, 1.0, -1.0);
     if (d_hin.defined()) dh = dh + dhin_m[m];
   }
+  // Documents without chunks pass their final state's gradient straight to their initial state.
+  const int64_t all_rows = plan.n_docs * H;
+  if (dh.size(0) < all_rows) {
+    const int64_t have = dh.size(0);
+    auto idle = d_hfinal.defined() ? d_hfinal.narrow(0, have, all_rows - have)
+                                   : torch::zeros({all_rows - have, dk, dv}, W.options());
+    dh = torch::cat({dh, idle}, 0);
+  }
   GdrScanGrads out;
   out.dh_next = n_steps == 1 ? dh_next[0] : torch::cat(dh_next, 0);
   out.dU = n_steps == 1 ? dU[0] : torch::cat(dU, 0);
@@ -123,6 +138,7 @@ struct DevicePlan {
 };
 
 DevicePlan device_plan(const GdrScanPlan& p, const torch::Device& dev) {
+  if (p.device_step_off.defined()) return {p.device_step_off, p.device_doc_chunks};
   std::vector<int32_t> off(p.step_off.begin(), p.step_off.end()), nch(static_cast<size_t>(p.n_docs), 0);
   for (const int64_t cnt : p.step_count) {
     for (int64_t s = 0; s < cnt; ++s) ++nch[static_cast<size_t>(s)];
@@ -268,6 +284,14 @@ bool kernel_takes(const torch::Tensor& W, const torch::Tensor& A, const torch::T
 namespace {
 // W, U, Kd widened to fp32, for the paths that take fp32 only.
 torch::Tensor f32(const torch::Tensor& x) { return x.to(torch::kFloat32); }
+
+// The ATen loop's steps are sized on the host: a captured graph would replay the capture's batch
+// plan for every later batch. A fixed layout's plan is captured only through the kernel.
+void check_loop_not_captured(const GdrScanPlan& plan) {
+  TORCH_CHECK(!(plan.device_step_off.defined() && plan.device_step_off.is_cuda() && cuda_stream_capturing()),
+              "gdr scan: this step's delta rule runs the scan's ATen loop (sizes the kernel does not take, or "
+              "the kernel switched off), whose steps are planned on the host and cannot be captured in a CUDA graph");
+}
 }  // namespace
 
 bool gdr_scan_takes_bf16_inputs(const GdrScanPlan& plan, int64_t C, int64_t dk, int64_t dv) {
@@ -289,6 +313,7 @@ GdrScanResult gdr_scan(const torch::Tensor& W, const torch::Tensor& U, const tor
   }
 #endif
   if (W.scalar_type() == torch::kBFloat16) return gdr_scan(f32(W), f32(U), f32(Kd), decay, h0, plan);
+  check_loop_not_captured(plan);
   return gdr_scan_reference(W, U, Kd, decay, h0, plan);
 }
 
@@ -305,6 +330,7 @@ GdrScanGrads gdr_scan_backward(const torch::Tensor& W, const torch::Tensor& Kd, 
   }
 #endif
   if (W.scalar_type() == torch::kBFloat16) return gdr_scan_backward(f32(W), f32(Kd), decay, d_hin, d_vnew, d_hfinal, plan);
+  check_loop_not_captured(plan);
   return gdr_scan_backward_reference(W, Kd, decay, d_hin, d_vnew, d_hfinal, plan);
 }
 

@@ -30,6 +30,10 @@ struct GdrScanPlan {
   // and reads. Their consumers take bf16 operands (model/bmm_fp32.h). Only where the forward runs
   // on the tensor-core kernel (kernels::gdr_scan_takes_bf16_outputs); fp32 elsewhere.
   bool bf16_states = false;
+  // The kernel's plan already on the device at fixed addresses (fixed layouts, model/gdr_plan_slots.h):
+  // step offsets [steps] and per-document chunk counts [n_docs], int32. Undefined: made from the
+  // vectors above. Documents may have no chunks (their final state is their initial one).
+  torch::Tensor device_step_off, device_doc_chunks;
 };
 
 struct GdrScanResult {

@@ -7,6 +7,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "model/fused_rmsnorm.h"
@@ -91,6 +92,8 @@ TORCH_MODULE(SwiGLU);
 
 // Where each token sits. Dense batches: pos(t) = t in every row, cu_seqlens undefined. Packed
 // (varlen) batches: B = 1, cu_seqlens marks the documents and positions restart at 0 in each.
+class GdrPlanSlots;
+
 struct Positions {
   torch::Tensor pos;         // [B,T] int64
   torch::Tensor cu_seqlens;  // [n_docs+1] int64 on the CPU, or undefined (dense)
@@ -98,6 +101,9 @@ struct Positions {
   // Built once per batch by packed_positions so the attention layers don't each redo them:
   torch::Tensor cu_seqlens_device;  // [n_docs+1] int32 on the batch's device (flash varlen)
   torch::Tensor doc_ids;            // [B*T] int64 on the batch's device (block-diagonal masks)
+  // A CUDA-graph step's packed inputs (trainer/graph_inputs.h): the delta rule's chunk plans at fixed
+  // device addresses, for the padded cu_seqlens above. Null elsewhere (each layer plans the batch).
+  std::shared_ptr<GdrPlanSlots> gdr_slots;
   bool varlen() const { return cu_seqlens.defined(); }
 };
 // Positions of a dense [B,T] batch on `device`.

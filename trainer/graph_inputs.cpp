@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "model/gdr_plan_slots.h"
+
 namespace trainer {
 
 int64_t graph_piece_room(int64_t B, int64_t first_pieces) {
@@ -31,6 +33,7 @@ GraphInputs::GraphInputs(int64_t B, int64_t T, bool packed, int64_t max_pieces, 
   positions_.cu_seqlens_device = cu.to(torch::TensorOptions().dtype(torch::kInt32).device(device));
   positions_.doc_ids = torch::arange(B, i64).repeat_interleave(T);
   positions_.max_seqlen = T;
+  positions_.gdr_slots = std::make_shared<model::GdrPlanSlots>(B, T, max_pieces, device);
 }
 
 bool GraphInputs::take(const data::Batch& b) {
@@ -57,6 +60,7 @@ bool GraphInputs::take(const data::Batch& b) {
   positions_.doc_ids.copy_(staged(host.doc_ids), /*non_blocking=*/true);
   positions_.cu_seqlens_device.copy_(staged(padded), /*non_blocking=*/true);
   positions_.cu_seqlens.copy_(padded);  // the host copy, for whoever reads it outside the graph
+  positions_.gdr_slots->set_batch(positions_.cu_seqlens);
   return true;
 }
 

@@ -3,7 +3,9 @@
 // in before the replay. Packed batches (data.document_attention) carry document boundaries; their
 // cu_seqlens are padded to a fixed number of pieces with empty documents at the end (the flash
 // kernel does nothing for an empty one) and the longest document is taken as the row length, so the
-// attention kernels see one shape whatever the batch's documents are.
+// attention kernels see one shape whatever the batch's documents are. The Gated DeltaNet layers'
+// chunk plans are made for each batch at a fixed capacity into fixed device buffers
+// (model/gdr_plan_slots.h), so the delta rule's kernels too see one shape.
 #pragma once
 
 #include <torch/types.h>

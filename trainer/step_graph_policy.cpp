@@ -17,10 +17,6 @@ std::string step_graph_blocker(const RunConfig& cfg, const StepGraphFacts& f) {
   if (cfg.train.optimizer != "adamw")
     return "train.optimizer is \"" + cfg.train.optimizer + "\" (only AdamW takes its learning rate from the device)";
   if (cfg.train.phases.size() > 1) return "train.phases changes the batch shape during the run";
-  if (cfg.data.document_attention && cfg.model.pattern.find('G') != std::string::npos)
-    return "data.document_attention is on and model.pattern has Gated DeltaNet layers (G), whose "
-           "per-document chunk plan is made on the host every step (data.document_attention = false "
-           "gives fixed-shape batches)";
   if (cfg.model.moe_experts > 0 && !f.moe_counts_on_device)
     return "model.moe_experts > 0 and the experts' grouped GEMMs need their token counts on the host "
            "(they stay on the device only in bf16 on sm90/sm100 GPUs)";

@@ -14,6 +14,7 @@
 #include "model/gdr.h"
 #include "model/gdr_chunk_core.h"
 #include "model/gdr_chunk_layout.h"
+#include "model/gdr_plan_slots.h"
 #include "model/gdr_scan.h"
 #include "tests/support/gdr_output_run.h"
 #include "tests/support/torch_compare.h"
@@ -258,6 +259,74 @@ TEST(Gdr, ChunkedGradientsMatchReference) {
     }
   }
   std::printf("[gdr] gradients chunked vs ref (fp64, T=70, C=16): max %.2e\n", worst);
+}
+
+// Packed rows planned at a fixed capacity through fixed buffers (model/gdr_plan_slots.h, for steps
+// captured as CUDA graphs) give what each batch's own plan gives: the same outputs, final states
+// and gradients, for three packings in turn through the same slots (one document per row; the
+// room nearly full, with a dummy document and empty ones; one-token documents). The plan keeps the
+// capacity's sizes whatever the batch, and a batch that does not fit is refused by name.
+TEST(Gdr, FixedCapacityPlanMatchesTheBatchPlan) {
+  torch::manual_seed(7);
+  const int64_t B = 3, Trow = 40, T = B * Trow, H = 2, dk = 6, dv = 5, C = 16, pieces = 8;
+  const double scale = 1.0 / std::sqrt(6.0);
+  const auto cap = model::gdr_layout_capacity(B, Trow, C, pieces);
+  EXPECT_EQ(cap.steps, 3);
+  EXPECT_EQ(cap.chunks, 3 * 3 + pieces - B);
+  model::GdrPlanSlots slots(B, Trow, pieces, torch::kCPU);
+  const std::vector<std::vector<int64_t>> packings = {
+      {0, 40, 80, 120}, {0, 17, 40, 41, 80, 100, 103, 120}, {0, 1, 40, 56, 80, 120}};
+  double worst = 0;
+  for (const auto& packing : packings) {
+    const int64_t n_docs = static_cast<int64_t>(packing.size()) - 1;
+    auto cu = torch::tensor(packing, torch::kInt64);
+    auto padded = torch::full({pieces + 1}, T, torch::kInt64);
+    padded.narrow(0, 0, n_docs + 1).copy_(cu);
+    slots.set_batch(padded);
+    const auto l = slots.layout(H, C);
+    EXPECT_TRUE(l.fixed && l.table.defined());
+    EXPECT_EQ(l.n_chunks, cap.chunks);
+    EXPECT_EQ(l.scan.n_docs, cap.docs);
+    int64_t tokens = 0;
+    for (int32_t len : l.chunk_len) tokens += len;
+    EXPECT_EQ(tokens, T);
+
+    auto in = random_inputs(1, T, H, dk, dv, true);
+    auto R1 = torch::randn({1, T, H, dv}, F64), R2 = torch::randn({n_docs, H, dk, dv}, F64);
+    auto run = [&](bool fixed) {
+      std::vector<torch::Tensor> leaves;
+      for (const auto& t : {in.q, in.k, in.v, in.beta, in.g}) leaves.push_back(t.detach().clone().requires_grad_(true));
+      auto r = model::gdr_forward_chunked(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], scale, {},
+                                          fixed ? padded : cu, C, false, false, fixed ? &slots : nullptr);
+      auto h = r.h.narrow(0, 0, n_docs);
+      auto loss = (r.o * R1).sum() + (h * R2).sum();
+      auto grads = torch::autograd::grad({loss}, leaves);
+      grads.push_back(r.o.detach());
+      grads.push_back(r.h.detach());
+      return grads;
+    };
+    const auto plain = run(false), fixed = run(true);
+    ASSERT_EQ(fixed.back().size(0), cap.docs);
+    for (size_t i = 0; i + 1 < plain.size(); ++i) {
+      const double e = max_abs_diff(fixed[i], plain[i]);
+      EXPECT_LE(e, 1e-10) << "packing with " << n_docs << " pieces, tensor " << i;
+      worst = std::max(worst, e);
+    }
+    EXPECT_LE(max_abs_diff(fixed.back().narrow(0, 0, n_docs), plain.back()), 1e-10);
+    EXPECT_EQ(fixed.back().narrow(0, n_docs, cap.docs - n_docs).abs().max().item<double>(), 0.0)
+        << "the dummy and empty documents' states";
+  }
+  std::printf("[gdr] fixed-capacity plan vs the batch's own plan (fp64, 3 packings): max %.2e\n", worst);
+
+  // More pieces than the room, and a document across a row boundary (4 chunks > 3 steps).
+  EXPECT_THROW(slots.set_batch(torch::arange(0, T + 1, 10, torch::kInt64)), c10::Error);
+  try {
+    model::gdr_chunk_layout_fixed(T, H, C, torch::tensor({0, 60, 120}, torch::kInt64), cap, torch::kCPU);
+    ADD_FAILURE() << "a 60-token document fit a layout of 3 steps of 16";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("document 0 has 4 chunks"), std::string::npos)
+        << e.what_without_backtrace();
+  }
 }
 
 // model.gdn_scan_precision: "auto" takes the scan's plain-TF32 products exactly when the layer's

@@ -9,6 +9,8 @@
 #include <torch/torch.h>
 
 #if defined(DD_HAVE_CUDA)
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -22,6 +24,7 @@
 #include "kernels/gdr_scan.h"
 #include "model/gdr.h"
 #include "model/gdr_chunk_core.h"
+#include "model/gdr_plan_slots.h"
 #include "model/gdr_scan.h"
 #include "model/tril_solve.h"
 #include "tests/support/gdr_output_run.h"
@@ -676,4 +679,89 @@ TEST(GdrScanCuda, OutputWrittenIntoTokenOrderMatchesTheCopy) {
       }
     }
   }
+}
+
+// Packed batches through a fixed chunk plan (model/gdr_plan_slots.h), captured once in a CUDA graph
+// with the forward and the backward and replayed for three packings: each replay gives what that
+// batch's own plan gives eagerly, the output and all five input gradients. So the kernels read each
+// batch's plan from the slots' buffers, its spare chunks (no tokens) and empty documents included.
+// fp32 inputs with split products and token-order output; bf16 q, k, v with TF32 products and the
+// output as chunk rows (the training path).
+TEST(GdrScanCuda, FixedPlanReplayedInAGraphMatchesEachBatchPlan) {
+#if !defined(DD_HAVE_CUDA)
+  GTEST_SKIP() << "built without CUDA";
+#else
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 933);
+  const int64_t B = 4, Trow = 300, T = B * Trow, H = 3, dk = 64, dv = 48, C = 64, pieces = 12;
+  const std::vector<std::vector<int64_t>> packings = {
+      {0, 300, 600, 900, 1200},
+      {0, 17, 150, 151, 300, 364, 600, 700, 701, 702, 900, 1000, 1200},  // 12 pieces: the room full
+      {0, 1, 300, 600, 899, 900, 1200}};
+  auto padded = [&](const std::vector<int64_t>& p) {
+    auto cu = torch::full({pieces + 1}, T, torch::kInt64);
+    cu.narrow(0, 0, static_cast<int64_t>(p.size())).copy_(torch::tensor(p, torch::kInt64));
+    return cu;
+  };
+  const auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+  torch::cuda::synchronize();
+  c10::cuda::CUDAStreamGuard on_side(c10::cuda::getStreamFromPool());  // captures need a side stream
+  for (const bool training_path : {false, true}) {
+    const auto in_dt = training_path ? torch::kBFloat16 : torch::kFloat32;
+    // The graph's inputs: leaves whose values each batch copies in before the replay.
+    std::vector<torch::Tensor> x = {torch::zeros({1, T, H, dk}, f32.dtype(in_dt)), torch::zeros({1, T, H, dk}, f32.dtype(in_dt)),
+                                    torch::zeros({1, T, H, dv}, f32.dtype(in_dt)), torch::zeros({1, T, H}, f32),
+                                    torch::zeros({1, T, H}, f32)};
+    for (auto& t : x) t.requires_grad_(true);
+    auto grad_o = torch::zeros({1, T, H, dv}, f32);
+    auto fill = [&] {
+      torch::NoGradGuard no_grad;
+      auto unit = [](const torch::Tensor& y) { return y / y.norm(2, -1, true); };
+      x[0].copy_(unit(torch::randn({1, T, H, dk}, f32)));
+      x[1].copy_(unit(torch::randn({1, T, H, dk}, f32)));
+      x[2].copy_(torch::randn({1, T, H, dv}, f32));
+      x[3].copy_(torch::rand({1, T, H}, f32));
+      x[4].copy_(-torch::rand({1, T, H}, f32) * 0.1);
+      grad_o.copy_(torch::randn_like(grad_o));
+    };
+    // o in token order, then the five input gradients.
+    auto run = [&](const torch::Tensor& cu, model::GdrPlanSlots* slots) {
+      auto r = model::gdr_forward_chunked(x[0], x[1], x[2], x[3], x[4], 0.125, {}, cu, C, training_path, training_path,
+                                          slots);
+      auto o = training_path ? r.o_rows.index_select(0, r.o_row.reshape({-1}).to(torch::kInt64)).view({1, T, H, dv})
+                             : r.o;
+      auto out = torch::autograd::grad({(o.to(torch::kFloat32) * grad_o).sum()}, x);
+      out.insert(out.begin(), o.detach());
+      return out;
+    };
+    model::GdrPlanSlots slots(B, Trow, pieces, torch::Device(torch::kCUDA, 0));
+    fill();
+    slots.set_batch(padded(packings[0]));
+    run(padded(packings[0]), &slots);  // the eager warm-up a capture needs
+    at::cuda::CUDAGraph graph;
+    graph.capture_begin();
+    const auto replayed = run(padded(packings[0]), &slots);
+    graph.capture_end();
+    const char* names[] = {"o", "dq", "dk", "dv", "dbeta", "dg"};
+    const double tol = training_path ? 1e-3 : 1e-5;  // atomics' order, then bf16 gradients
+    for (size_t p = 0; p < packings.size(); ++p) {
+      fill();
+      slots.set_batch(padded(packings[p]));
+      graph.replay();
+      const auto want = run(torch::tensor(packings[p], torch::kInt64), nullptr);
+      for (size_t i = 0; i < want.size(); ++i) {
+        const double e = rel_norm_diff(replayed[i], want[i]);
+        EXPECT_LT(e, tol) << names[i] << ", packing " << p << (training_path ? ", bf16 inputs" : ", fp32 inputs");
+      }
+      if (p > 0) {
+        // The packings differ enough that the capture's plan would not pass for this one's.
+        const auto other = run(torch::tensor(packings[0], torch::kInt64), nullptr);
+        EXPECT_GT(rel_norm_diff(other[0], want[0]), 1e-2) << "packing " << p;
+      }
+      std::printf("fixed plan in a graph, packing %zu, %s: o %.2e, dq %.2e, dg %.2e\n", p,
+                  training_path ? "bf16 q, k, v" : "fp32", rel_norm_diff(replayed[0], want[0]),
+                  rel_norm_diff(replayed[1], want[1]), rel_norm_diff(replayed[5], want[5]));
+    }
+  }
+#endif
 }

@@ -223,9 +223,9 @@ TEST(TrainerCuda, TrainsInEveryPrecision) {
 // The step captured as a CUDA graph trains like the eager step: the same loss at every step and the
 // same validation losses (bf16, EMA weights swapped in for validation between replays): a GPT, a
 // hybrid and a hybrid with MoE layers (on GPUs whose grouped GEMM takes device offsets) on
-// fixed-shape batches with two micro-batches per step, and a GPT on packed batches whose
-// cu_seqlens are padded to a fixed length, where one step (the 4th, after the capture at the 3rd)
-// has more document pieces than the padding's room and runs eagerly in between replays. The replays
+// fixed-shape batches with two micro-batches per step, and a GPT and a hybrid on packed batches
+// whose cu_seqlens are padded to a fixed length, where one step (the 4th, after the capture at the
+// 3rd) has more document pieces than the padding's room and runs eagerly in between replays. The replays
 // run the eager step's kernels on the same data, so they agree to rounding; a replay that missed the
 // inputs, the positions, the lr or the update would not.
 TEST(TrainerCuda, CudaGraphStepMatchesTheEagerStep) {
@@ -243,6 +243,10 @@ TEST(TrainerCuda, CudaGraphStepMatchesTheEagerStep) {
        {"model.family=\"hybrid\"", "model.preset=\"tiny-moe\"", "data.document_attention=false", "train.grad_accum=2"},
        false},
       {"gpt, packed", {"model.family=\"gpt\"", "data.document_attention=true", "train.grad_accum=1", "train.cuda_graph_pieces=16"},
+       true},
+      // The Gated DeltaNet layers plan each packed batch's chunks at a fixed size into fixed buffers.
+      {"hybrid, packed",
+       {"model.family=\"hybrid\"", "data.document_attention=true", "train.grad_accum=1", "train.cuda_graph_pieces=16"},
        true},
       // fp8: the quantisations' delayed scales and amax records live on the device, so replays
       // update them as the eager steps do.

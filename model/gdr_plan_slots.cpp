@@ -1,0 +1,89 @@
+#include "model/gdr_plan_slots.h"
+
+#include <torch/torch.h>
+
+#include "model/layers.h"
+
+namespace model {
+namespace {
+
+// src (CPU) into the device buffer dst, without a host wait (pinned staging; see host_to_device).
+void copy_in(torch::Tensor& dst, const torch::Tensor& src) {
+  dst.copy_(dst.is_cuda() ? src.pin_memory() : src, /*non_blocking=*/true);
+}
+
+}  // namespace
+
+GdrPlanSlots::GdrPlanSlots(int64_t B, int64_t T, int64_t max_pieces, const torch::Device& device)
+    : B_(B), T_(T), max_pieces_(max_pieces), device_(device) {
+  TORCH_CHECK(B > 0 && T > 0 && max_pieces >= B, "GdrPlanSlots: expected B, T > 0 and max_pieces >= B, got B=", B,
+              ", T=", T, ", max_pieces=", max_pieces);
+  // Until the first batch: every row one document.
+  cu_ = torch::full({max_pieces + 1}, B * T, torch::kInt64);
+  cu_.narrow(0, 0, B + 1).copy_(torch::arange(0, B * T + 1, T, torch::kInt64));
+}
+
+void GdrPlanSlots::plan(Slot& s) {
+  s.host = gdr_chunk_layout_fixed(B_ * T_, /*H=*/1, s.C, cu_, s.cap, torch::kCPU);
+  const auto& l = s.host;
+  std::vector<int32_t> table(l.chunk_start);
+  table.insert(table.end(), l.chunk_len.begin(), l.chunk_len.end());
+  // The kernel's step offsets for every step of the capacity (steps no document reaches point past
+  // the list), and each sorted document's chunk count.
+  std::vector<int32_t> step_off(static_cast<size_t>(s.cap.steps), static_cast<int32_t>(l.n_chunks));
+  std::vector<int32_t> doc_chunks(static_cast<size_t>(s.cap.docs), 0);
+  for (size_t m = 0; m < l.scan.step_off.size(); ++m) {
+    step_off[m] = static_cast<int32_t>(l.scan.step_off[m]);
+    for (int64_t d = 0; d < l.scan.step_count[m]; ++d) ++doc_chunks[static_cast<size_t>(d)];
+  }
+  std::vector<int64_t> doc_slot(l.order.size());
+  for (size_t pos = 0; pos < l.order.size(); ++pos) doc_slot[static_cast<size_t>(l.order[pos])] = static_cast<int64_t>(pos);
+  auto i32 = [](const std::vector<int32_t>& v) { return torch::tensor(v, torch::kInt32); };
+  if (!s.table.defined()) {
+    auto on = [&](torch::ScalarType dt, int64_t n) { return torch::empty({n}, torch::TensorOptions().dtype(dt).device(device_)); };
+    s.token_slot = on(torch::kInt64, B_ * T_);
+    s.table = on(torch::kInt32, 2 * s.cap.chunks).view({2, s.cap.chunks});
+    s.step_off = on(torch::kInt32, s.cap.steps);
+    s.doc_chunks = on(torch::kInt32, s.cap.docs);
+    s.doc_slot = on(torch::kInt64, s.cap.docs);
+  }
+  copy_in(s.token_slot, l.token_slot);
+  copy_in(s.table, i32(table).view({2, s.cap.chunks}));
+  copy_in(s.step_off, i32(step_off));
+  copy_in(s.doc_chunks, i32(doc_chunks));
+  copy_in(s.doc_slot, torch::tensor(doc_slot, torch::kInt64));
+}
+
+void GdrPlanSlots::set_batch(const torch::Tensor& cu_seqlens) {
+  TORCH_CHECK(cu_seqlens.dim() == 1 && cu_seqlens.size(0) <= max_pieces_ + 1, "GdrPlanSlots: cu_seqlens ",
+              cu_seqlens.sizes(), " has more than the room's ", max_pieces_, " pieces");
+  cu_ = cu_seqlens.to(torch::kInt64).contiguous();
+  for (auto& s : slots_) plan(s);
+}
+
+GdrChunkLayout GdrPlanSlots::layout(int64_t H, int64_t C) {
+  Slot* slot = nullptr;
+  for (auto& s : slots_) {
+    if (s.C == C) slot = &s;
+  }
+  if (slot == nullptr) {
+    TORCH_CHECK(!(device_.is_cuda() && cuda_stream_capturing()), "GdrPlanSlots: chunk size ", C,
+                " was first asked for during a CUDA graph capture (the eager warm-up steps must ask first)");
+    slots_.push_back(Slot{});
+    slot = &slots_.back();
+    slot->C = C;
+    slot->cap = gdr_layout_capacity(B_, T_, C, max_pieces_);
+    plan(*slot);
+  }
+  GdrChunkLayout l = slot->host;
+  l.scan.heads = H;
+  l.token_slot = slot->token_slot;
+  l.fixed = true;
+  l.table = slot->table;
+  l.doc_slot = slot->doc_slot;
+  l.scan.device_step_off = slot->step_off;
+  l.scan.device_doc_chunks = slot->doc_chunks;
+  return l;
+}
+
+}  // namespace model
