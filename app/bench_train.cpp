@@ -70,6 +70,7 @@ int bench_train(const BenchTrainArgs& a) {
       {"--row-kernels", &a.row_kernels, {"default", "baseline"}},
       {"--sdpa", &a.sdpa, {"default", "flash", "cudnn"}},
       {"--rope-qkv", &a.rope_qkv, {"fused", "split"}},
+      {"--mla-qkv", &a.mla_qkv, {"fused", "split"}},
       {"--weight-grads", &a.weight_grads, {"in-place", "autograd"}},
       {"--adamw", &a.adamw, {"ours", "aten"}},
       {"--weight-grad-stream", &a.weight_grad_stream, {"on", "off"}},
@@ -85,6 +86,7 @@ int bench_train(const BenchTrainArgs& a) {
     return 2;
   }
   model::rope_qkv_fused(a.rope_qkv == "fused");
+  model::mla_qkv_fused(a.mla_qkv == "fused");
   model::weight_grads_in_place(a.weight_grads == "in-place");
   trainer::AdamW::use_own_kernel(a.adamw == "ours");
   model::weight_grad_stream(a.weight_grad_stream == "on");
@@ -219,6 +221,7 @@ int bench_train(const BenchTrainArgs& a) {
   j["row_kernels"] = a.row_kernels;
   j["sdpa"] = a.sdpa;
   j["rope_qkv"] = a.rope_qkv;
+  j["mla_qkv"] = a.mla_qkv;
   j["weight_grads"] = a.weight_grads;
   j["adamw"] = a.adamw;
   j["weight_grad_stream"] = a.weight_grad_stream;

@@ -41,6 +41,8 @@ struct BenchTrainArgs {
   // "fused" (model::rope_qkv's one autograd node) or "split" (RoPE on q and k each, split's backward
   // concatenating the gradients), to measure the fusion.
   std::string rope_qkv = "fused";
+  // "fused" (model::mla_qkv's one kernel each way) or "split" (RoPE, cat, expand and pad as ATen ops).
+  std::string mla_qkv = "fused";
   // "in-place" (the linear layers' bf16 products write their weight gradients into the fp32 .grad,
   // model/mixed_linear.h) or "autograd" (autocast's products, their bf16 weight gradients cast to
   // fp32 and accumulated by autograd), to measure the change.

@@ -190,6 +190,11 @@ int main(int argc, char** argv) {
                               "writes the q, k and v gradients into one tensor, or RoPE on each with split's backward "
                               "concatenating them (to measure the fusion)")
       ->capture_default_str();
+  bench_train_cmd->add_option("--mla-qkv", bench_train.mla_qkv,
+                              "fused | split: MLA's Q, K and V (RoPE'd, K's rope key for every head, V zero-padded) "
+                              "from its projections in one kernel each way, or as RoPE, cat, expand and pad (to "
+                              "measure the fusion)")
+      ->capture_default_str();
   bench_train_cmd->add_option("--weight-grads", bench_train.weight_grads,
                               "in-place | autograd: the linear layers' bf16 products write their weight gradients "
                               "straight into the fp32 gradients, or go through autocast with autograd casting and "

@@ -15,7 +15,14 @@ namespace {
 // Part k of p, picked by branches: a dynamic index into the kernel's parameter array would copy
 // the array to local memory.
 __device__ __forceinline__ const RopePart& part_of(const RopeParts& p, int k) {
-  return k == 0 ? p.part[0] : (k == 1 ? p.part[1] : p.part[2]);
+  static_assert(kRopeMaxParts == 6, "part_of picks among six parts");
+  return k < 3 ? (k == 0 ? p.part[0] : (k == 1 ? p.part[1] : p.part[2]))
+               : (k == 3 ? p.part[3] : (k == 4 ? p.part[4] : p.part[5]));
+}
+
+// A part's head width and the number of V-pair vectors per head.
+__device__ __forceinline__ int part_width(const RopeParts& p, const RopePart& pt) {
+  return static_cast<int>(pt.D != 0 ? pt.D : p.D);
 }
 
 template <typename T, int V>
@@ -26,28 +33,42 @@ __global__ void rope_parts_kernel(RopeParts p, const int64_t* pos, const double*
   extern __shared__ float table[];  // [2, D/2]
   const int64_t token = blockIdx.x;
   const int64_t b = token / p.T, t = token % p.T;
-  const int half = static_cast<int>(p.D / 2), per_head = half / V;
+  const int rot_half = static_cast<int>(p.D / 2);
   const int64_t ps = pos[b * p.pos_sb + t * p.pos_st];
-  for (int j = threadIdx.x; j < half; j += blockDim.x) {
-    table[j] = static_cast<float>(cos_t[ps * half + j]);
-    table[half + j] = sign * static_cast<float>(sin_t[ps * half + j]);
+  for (int j = threadIdx.x; j < rot_half; j += blockDim.x) {
+    table[j] = static_cast<float>(cos_t[ps * rot_half + j]);
+    table[rot_half + j] = sign * static_cast<float>(sin_t[ps * rot_half + j]);
   }
   __syncthreads();
+  // Vectors of V pairs in part k: H · (D_k / 2) / V.
+  auto vectors = [&](int k) {
+    const RopePart& pt = part_of(p, k);
+    return static_cast<int>(pt.H) * (part_width(p, pt) / 2 / V);
+  };
   int total = 0;
-  for (int k = 0; k < p.n; ++k) total += static_cast<int>(part_of(p, k).H) * per_head;
+  for (int k = 0; k < p.n; ++k) total += vectors(k);
   for (int i = threadIdx.x; i < total; i += blockDim.x) {
     int k = 0, w = i;
-    while (w >= static_cast<int>(part_of(p, k).H) * per_head) w -= static_cast<int>(part_of(p, k).H) * per_head, ++k;
+    while (w >= vectors(k)) w -= vectors(k), ++k;
     const RopePart& pt = part_of(p, k);
+    const int width = part_width(p, pt), half = width / 2, per_head = half / V;
     const int hd = w / per_head, j = (w % per_head) * V;
-    const T* xh = static_cast<const T*>(pt.x) + b * pt.x_sb + t * pt.x_st + hd * pt.x_sh;
     Vec<T, V> x1, x2, o1, o2;
-    x1.load(xh + j);
-    x2.load(xh + j + half);
-    if (pt.rotate) {
+    if (pt.x != nullptr) {
+      const T* xh = static_cast<const T*>(pt.x) + b * pt.x_sb + t * pt.x_st + hd * pt.x_sh;
+      x1.load(xh + j);
+      x2.load(xh + j + half);
+    } else {
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        const float c = table[j + e], sn = table[half + j + e];
+        x1.set(e, 0.f);
+        x2.set(e, 0.f);
+      }
+    }
+    if (pt.rotate && pt.x != nullptr) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float c = table[j + e], sn = table[rot_half + j + e];
         o1.set(e, x1.get(e) * c - x2.get(e) * sn);
         o2.set(e, x2.get(e) * c + x1.get(e) * sn);
       }
@@ -55,7 +76,7 @@ __global__ void rope_parts_kernel(RopeParts p, const int64_t* pos, const double*
       o1 = x1;
       o2 = x2;
     }
-    T* oh = static_cast<T*>(pt.out) + token * pt.out_st + static_cast<int64_t>(hd) * p.D;
+    T* oh = static_cast<T*>(pt.out) + token * pt.out_st + static_cast<int64_t>(hd) * (pt.out_sh != 0 ? pt.out_sh : width);
     o1.store(oh + j);
     o2.store(oh + j + half);
   }
@@ -222,9 +243,14 @@ int rope_rmsnorm_backward(void* dx, const void* dy, const void* y, const float* 
 
 int rope_apply_parts(const RopeParts& p, DType dt, const int64_t* pos, const double* cos, const double* sin,
                      bool inverse, void* stream) {
-  if (p.n < 1 || p.n > 3 || p.D % 2 != 0) return static_cast<int>(cudaErrorInvalidValue);
+  if (p.n < 1 || p.n > kRopeMaxParts || p.D % 2 != 0) return static_cast<int>(cudaErrorInvalidValue);
   int64_t pairs = 0;
-  for (int k = 0; k < p.n; ++k) pairs += p.part[k].H * (p.D / 2);
+  for (int k = 0; k < p.n; ++k) {
+    const RopePart& q = p.part[k];
+    const int64_t width = q.D != 0 ? q.D : p.D;
+    if (width % 2 != 0 || (q.rotate && q.x != nullptr && width != p.D)) return static_cast<int>(cudaErrorInvalidValue);
+    pairs += q.H * (width / 2);
+  }
   if (p.B * p.T == 0 || pairs == 0) return 0;
   auto st = static_cast<cudaStream_t>(stream);
   const float sign = inverse ? -1.f : 1.f;
@@ -236,8 +262,8 @@ int rope_apply_parts(const RopeParts& p, DType dt, const int64_t* pos, const dou
       bool ok = (p.D / 2) % v == 0;
       for (int k = 0; k < p.n; ++k) {
         const RopePart& q = p.part[k];
-        ok = ok && q.x_sb % v == 0 && q.x_st % v == 0 && q.x_sh % v == 0 && q.out_st % v == 0 &&
-             aligned_to(v * static_cast<int>(sizeof(T)), q.out, q.x);
+        ok = ok && ((q.D != 0 ? q.D : p.D) / 2) % v == 0 && q.x_sb % v == 0 && q.x_st % v == 0 && q.x_sh % v == 0 &&
+             q.out_st % v == 0 && q.out_sh % v == 0 && aligned_to(v * static_cast<int>(sizeof(T)), q.out, q.x);
       }
       return ok;
     };

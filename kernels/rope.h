@@ -19,10 +19,11 @@ struct RopeShape {
   int64_t pos_sb, pos_st;    // element strides of the int64 positions [B,T] (0 for a broadcast row)
 };
 
-// Up to three parts of each token's row for one launch of rope_apply_parts (a fused q|k|v
-// projection's q and k, and in the backward v too): H heads of D read from x (element strides over
-// B, T, H; unit-stride last dim) and written to out (heads contiguous, out_st elements between
-// tokens), rotated, or copied as they are (rotate = false).
+// Up to six parts of each token's row for one launch of rope_apply_parts (a fused q|k|v
+// projection's q and k, and in the backward v too; MLA's q, k and v pieces): H heads of D read
+// from x (element strides over B, T, H; unit-stride last dim) and written to out (out_st elements
+// between tokens, out_sh between heads), rotated, copied as they are (rotate = false), or zeros
+// (x null). Rotated parts take the launch's D; copied and zero parts may have their own.
 struct RopePart {
   const void* x = nullptr;
   int64_t x_sb = 0, x_st = 0, x_sh = 0;
@@ -30,12 +31,15 @@ struct RopePart {
   void* out = nullptr;
   int64_t out_st = 0;
   bool rotate = true;
+  int64_t D = 0;       // head width; 0: the launch's D
+  int64_t out_sh = 0;  // elements between heads in out; 0: D (heads contiguous)
 };
+constexpr int kRopeMaxParts = 6;
 struct RopeParts {
-  int64_t B = 0, T = 0, D = 0;
+  int64_t B = 0, T = 0, D = 0;     // D: the rotated parts' head width (the tables' 2 × columns)
   int64_t pos_sb = 0, pos_st = 0;  // element strides of the int64 positions [B,T]
-  int n = 0;                       // parts used, 1..3
-  RopePart part[3];
+  int n = 0;                       // parts used, 1..kRopeMaxParts
+  RopePart part[kRopeMaxParts];
 };
 
 #ifdef DD_HAVE_CUDA

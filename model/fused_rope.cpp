@@ -14,9 +14,11 @@ namespace model {
 
 namespace {
 std::atomic<bool> g_rope_qkv_fused{true};
+std::atomic<bool> g_mla_qkv_fused{true};
 }  // namespace
 
 void rope_qkv_fused(bool on) { g_rope_qkv_fused = on; }
+void mla_qkv_fused(bool on) { g_mla_qkv_fused = on; }
 
 bool fused_rope_applies(const torch::Tensor& x, const torch::Tensor& pos, const RopeTables& tables) {
 #if defined(DD_HAVE_CUDA)
@@ -60,14 +62,15 @@ kernels::RopePart rope_part(const torch::Tensor& x, const torch::Tensor& out, in
                            rotate};
 }
 
+// rotated_width: the rotated parts' head width (0: like's last dim).
 void launch_parts(const std::vector<kernels::RopePart>& parts, const torch::Tensor& like, const torch::Tensor& pos,
-                  const torch::Tensor& cos, const torch::Tensor& sin, bool inverse) {
+                  const torch::Tensor& cos, const torch::Tensor& sin, bool inverse, int64_t rotated_width = 0) {
   kernels::DType dt{};
   kernel_dtype(like.scalar_type(), dt);
   kernels::RopeParts p;
   p.B = like.size(0);
   p.T = like.size(1);
-  p.D = like.size(3);
+  p.D = rotated_width != 0 ? rotated_width : like.size(3);
   p.pos_sb = pos.stride(0);
   p.pos_st = pos.stride(1);
   p.n = static_cast<int>(parts.size());
@@ -145,6 +148,64 @@ class FusedRopeQkvFn : public torch::autograd::Function<FusedRopeQkvFn> {
   }
 };
 
+// MLA's Q, K and V from its projections' pieces; see mla_qkv. Inputs: q [B,T,nh,dn+dr], kv
+// [B,T,nh,dn+dva], k_r [B,T,dr] (strided, unit-stride last dim), dva <= dn + dr.
+class MlaQkvFn : public torch::autograd::Function<MlaQkvFn> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& kv,
+                               const torch::Tensor& k_r, const torch::Tensor& pos, const torch::Tensor& cos,
+                               const torch::Tensor& sin, int64_t dn) {
+    const int64_t B = q.size(0), T = q.size(1), nh = q.size(2), dqk = q.size(3), dr = dqk - dn;
+    const int64_t dva = kv.size(3) - dn, st = nh * dqk;
+    ctx->save_for_backward({pos, cos, sin});
+    ctx->saved_data["dn"] = dn;
+    ctx->saved_data["dva"] = dva;
+    auto opt = q.options().memory_format(at::MemoryFormat::Contiguous);
+    auto Q = torch::empty({B, T, nh, dqk}, opt), K = torch::empty({B, T, nh, dqk}, opt);
+    auto V = torch::empty({B, T, nh, dqk}, opt);
+    auto tail = [](const torch::Tensor& x, int64_t from) { return static_cast<char*>(x.data_ptr()) + from * x.element_size(); };
+    auto piece = [&](const torch::Tensor& x, int64_t col, int64_t width, int64_t heads, int64_t x_sh, void* out,
+                     bool rotate) {
+      return kernels::RopePart{tail(x, col), x.stride(0), x.stride(1), x_sh, heads, out, st, rotate, width, dqk};
+    };
+    std::vector<kernels::RopePart> parts = {
+        piece(q, 0, dn, nh, q.stride(2), Q.data_ptr(), false),              // q_n
+        piece(q, dn, dr, nh, q.stride(2), tail(Q, dn), true),               // RoPE(q_r)
+        piece(kv, 0, dn, nh, kv.stride(2), K.data_ptr(), false),            // kv_n
+        piece(k_r, 0, dr, nh, 0, tail(K, dn), true),                        // RoPE(k_r), every head
+        piece(kv, dn, dva, nh, kv.stride(2), V.data_ptr(), false)};         // kv_v
+    if (dva < dqk) parts.push_back(kernels::RopePart{nullptr, 0, 0, 0, nh, tail(V, dva), st, false, dqk - dva, dqk});
+    launch_parts(parts, Q, pos, cos, sin, /*inverse=*/false, dr);
+    return {Q, K, V};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const int64_t dn = ctx->saved_data["dn"].toInt(), dva = ctx->saved_data["dva"].toInt();
+    const torch::Tensor* any = nullptr;
+    for (const auto& g : grads) any = (any == nullptr && g.defined()) ? &g : any;
+    const int64_t B = any->size(0), T = any->size(1), nh = any->size(2), dqk = any->size(3), dr = dqk - dn;
+    auto dQ = grads[0].defined() ? unit_last(grads[0]) : torch::zeros_like(*any);
+    auto dK = grads[1].defined() ? unit_last(grads[1]) : torch::zeros_like(*any);
+    auto dV = grads[2].defined() ? unit_last(grads[2]) : torch::zeros_like(*any);
+    auto opt = any->options().memory_format(at::MemoryFormat::Contiguous);
+    auto dq = torch::empty({B, T, nh, dqk}, opt), dkv = torch::empty({B, T, nh, dn + dva}, opt);
+    auto dkr_heads = torch::empty({B, T, nh, dr}, opt);
+    auto at = [](const torch::Tensor& x, int64_t col) { return static_cast<char*>(x.data_ptr()) + col * x.element_size(); };
+    auto piece = [&](const torch::Tensor& g, int64_t col, int64_t width, void* out, int64_t out_st, int64_t out_sh,
+                     bool rotate) {
+      return kernels::RopePart{at(g, col), g.stride(0), g.stride(1), g.stride(2), nh, out, out_st, rotate, width, out_sh};
+    };
+    // The rotation is orthogonal: its transpose is the rotation by −θ.
+    launch_parts({piece(dQ, 0, dn, dq.data_ptr(), nh * dqk, dqk, false),
+                  piece(dQ, dn, dr, at(dq, dn), nh * dqk, dqk, true),
+                  piece(dK, 0, dn, dkv.data_ptr(), nh * (dn + dva), dn + dva, false),
+                  piece(dV, 0, dva, at(dkv, dn), nh * (dn + dva), dn + dva, false),
+                  piece(dK, dn, dr, dkr_heads.data_ptr(), nh * dr, dr, true)},
+                 dq, saved[0], saved[1], saved[2], /*inverse=*/true, dr);
+    return {dq, dkv, dkr_heads.sum(2), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 kernels::RopeShape shape_of(const torch::Tensor& x, const torch::Tensor& pos) {
   return {x.size(0), x.size(1), x.size(2), x.size(3), x.stride(0), x.stride(1), x.stride(2), pos.stride(0),
           pos.stride(1)};
@@ -211,6 +272,33 @@ RopedQkv rope_qkv(const torch::Tensor& qkv, int64_t nh, int64_t nkv, int64_t dh,
   }
 #endif
   return {rope(q, pos, tables), rope(k, pos, tables), v};
+}
+
+MlaQkv mla_qkv(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& k_r, int64_t dn,
+               const torch::Tensor& pos, const RopeTables& tables) {
+  TORCH_CHECK(q.dim() == 4 && kv.dim() == 4 && k_r.dim() == 3 && kv.sizes().slice(0, 3) == q.sizes().slice(0, 3) &&
+                  k_r.size(0) == q.size(0) && k_r.size(1) == q.size(1) && 0 < dn && dn < q.size(3) &&
+                  k_r.size(2) == q.size(3) - dn && kv.size(3) > dn,
+              "mla_qkv: expected q [B,T,nh,dn+dr], kv [B,T,nh,dn+dva] and k_r [B,T,dr] with dn=", dn, ", got ",
+              q.sizes(), ", ", kv.sizes(), ", ", k_r.sizes());
+  const int64_t B = q.size(0), T = q.size(1), nh = q.size(2), dqk = q.size(3), dr = dqk - dn, dva = kv.size(3) - dn;
+  auto q_parts = q.split_with_sizes({dn, dr}, -1);
+  auto kv_parts = kv.split_with_sizes({dn, dva}, -1);
+#if defined(DD_HAVE_CUDA)
+  kernels::DType dt{};
+  const auto k_heads = k_r.unsqueeze(2);
+  if (g_mla_qkv_fused && dva <= dqk && dn % 2 == 0 && dva % 2 == 0 && kernel_dtype(q.scalar_type(), dt) &&
+      kv.scalar_type() == q.scalar_type() && k_r.scalar_type() == q.scalar_type() && kv.device() == q.device() &&
+      k_r.device() == q.device() && kv.stride(3) == 1 && fused_rope_applies(q_parts[1], pos, tables) &&
+      fused_rope_applies(k_heads, pos, tables)) {
+    auto out = MlaQkvFn::apply(q, kv, k_r, pos, tables.cos, tables.sin, dn);
+    return {out[0], out[1], out[2]};
+  }
+#endif
+  auto Q = torch::cat({q_parts[0], rope(q_parts[1], pos, tables)}, -1);
+  auto K = torch::cat({kv_parts[0], rope(k_r.unsqueeze(2), pos, tables).expand({B, T, nh, dr})}, -1);
+  auto V = dva < dqk ? torch::constant_pad_nd(kv_parts[1], {0, dqk - dva}) : kv_parts[1].contiguous();
+  return {Q, K, V};
 }
 
 torch::Tensor rope(const torch::Tensor& x, const torch::Tensor& pos, const RopeTables& tables) {

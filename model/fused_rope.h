@@ -36,6 +36,23 @@ RopedQkv rope_qkv(const torch::Tensor& qkv, int64_t nh, int64_t nkv, int64_t dh,
 // `bench train --rope-qkv split`.
 void rope_qkv_fused(bool on);
 
+// MLA's per-head attention inputs from its projections (model/mla.h), V zero-padded to the q/k
+// head width dqk = dn + dr where dva < dqk (the attention kernels need equal head widths):
+//   Q = [q_n | RoPE(q_r)],  K = [kv_n | RoPE(k_r)] (k_r shared by every head),  V = [kv_v | 0]
+// from q [B,T,nh,dn+dr] (q_n | q_r per head), kv [B,T,nh,dn+dva] (kv_n | kv_v per head) and the
+// shared rope key k_r [B,T,dr]; strided views are taken (unit-stride last dim). Q, K and V are
+// contiguous [B,T,nh,·]. Through one kernel launch each way (kernels/rope.h's parts) when the
+// kernel takes them: the backward writes dq and dkv in the projections' layouts and dk_r as the
+// heads' sum, where split, cat, expand and pad move every gradient once more. Else exactly that
+// reference: `rope`, cat, expand and pad.
+struct MlaQkv {
+  torch::Tensor q, k, v;  // [B,T,nh,dn+dr] each (v: [B,T,nh,dva] when dva > dn + dr)
+};
+MlaQkv mla_qkv(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& k_r, int64_t dn,
+               const torch::Tensor& pos, const RopeTables& tables);
+// Whether mla_qkv takes its kernel path where it applies (default on): `bench train --mla-qkv split`.
+void mla_qkv_fused(bool on);
+
 // RoPE then the weight-free QK-norm of every head (rms_norm_plain(apply_rope(x)), the GPT mixer
 // with qk_norm): one kernel forward and one backward when fused_rope_applies and the head dim
 // suits the kernel, else exactly that reference. The kernel normalises the fp32 rotation before

@@ -71,32 +71,32 @@ torch::Tensor MLAImpl::project_q(const torch::Tensor& u) {
   return q.view({B, T, nh_, dn_ + dr_});
 }
 
-MLAProjections MLAImpl::project(const torch::Tensor& u, const Positions& p) {
+MlaQkv MLAImpl::attention_inputs(const torch::Tensor& u, const Positions& p) {
   TORCH_CHECK(u.dim() == 3 && u.size(2) == wkv_a->weight.size(1), "mla: expected u [B,T,",
               wkv_a->weight.size(1), "], got ", u.sizes());
   const int64_t B = u.size(0), T = u.size(1);
   // pos(t) <= t in dense and packed rows, so T positions always suffice.
   ensure_rope(T);
-  // Each projection is cut into its parts by one split rather than two narrows: the backward is
-  // then one concatenation of the parts' gradients, not a zero-filled full-size gradient per
-  // part and their sum.
-  auto q = project_q(u).split_with_sizes({dn_, dr_}, -1);        // [B,T,nh,dn], [B,T,nh,dr]
-  auto a = wkv_a(u).split_with_sizes({rkv_, dr_}, -1);          // [B,T,rkv], [B,T,dr]
-  auto c = kv_norm(a[0]);                                        // [B,T,rkv]
-  auto k_r = rope(a[1].unsqueeze(2), p.pos, rope_);              // [B,T,1,dr]
-  auto kv = wkv_b(c).view({B, T, nh_, dn_ + dva_}).split_with_sizes({dn_, dva_}, -1);
-  auto q_r = rope(q[1], p.pos, rope_);  // [B,T,nh,dr]
-  auto Q = torch::cat({q[0], q_r}, -1);
-  auto K = torch::cat({kv[0], k_r.expand({B, T, nh_, dr_})}, -1);
-  auto V = kv[1];
-  return {Q.transpose(1, 2), K.transpose(1, 2), V.transpose(1, 2)};
+  // The rope key is cut off the latent by one split rather than two narrows: the backward is then
+  // one concatenation of the parts' gradients, not a zero-filled full-size gradient per part.
+  auto a = wkv_a(u).split_with_sizes({rkv_, dr_}, -1);  // [B,T,rkv], [B,T,dr]
+  auto kv = wkv_b(kv_norm(a[0])).view({B, T, nh_, dn_ + dva_});
+  return mla_qkv(project_q(u), kv, a[1], dn_, p.pos, rope_);
+}
+
+MLAProjections MLAImpl::project(const torch::Tensor& u, const Positions& p) {
+  auto qkv = attention_inputs(u, p);
+  return {qkv.q.transpose(1, 2), qkv.k.transpose(1, 2), qkv.v.narrow(-1, 0, dva_).transpose(1, 2)};
 }
 
 torch::Tensor MLAImpl::forward(const torch::Tensor& u, const Positions& p) {
   const int64_t B = u.size(0), T = u.size(1);
-  auto qkv = project(u, p);
+  // V comes zero-padded to the q/k head width, as the attention kernels need it: its output's
+  // padding columns are zero and cut off here.
+  auto qkv = attention_inputs(u, p);
   const double scale = 1.0 / std::sqrt(static_cast<double>(dn_ + dr_));
-  auto o = causal_attention(qkv.q, qkv.k, qkv.v, scale, p);  // [B,nh,T,dva]
+  auto o = causal_attention(qkv.q.transpose(1, 2), qkv.k.transpose(1, 2), qkv.v.transpose(1, 2), scale, p);
+  if (o.size(-1) != dva_) o = o.narrow(-1, 0, dva_);  // [B,nh,T,dva]
   return wo(o.transpose(1, 2).reshape({B, T, nh_ * dva_}));
 }
 

@@ -1,6 +1,6 @@
 // Multi-head Latent Attention, the hybrid's A mixer (MODEL.md §5): low-rank q (optional), a shared
 // kv latent c [rkv] plus one RoPE key k_r [dr] per token, per-head no-RoPE keys and values expanded
-// from c. Training expands K/V and calls model::causal_attention (V zero-padded to dqk there);
+// from c. Training expands K/V (model::mla_qkv, V zero-padded to dqk) and calls causal_attention;
 // decoding keeps only c and the RoPE'd k_r and runs the absorbed form, never expanding K/V.
 #pragma once
 
@@ -12,6 +12,8 @@
 #include "model/model_config.h"
 
 namespace model {
+
+struct MlaQkv;  // model/fused_rope.h
 
 // The per-head attention inputs the training path hands to causal_attention.
 struct MLAProjections {
@@ -30,6 +32,8 @@ class MLAImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& u, const Positions& p);
   // Q, K, V of forward() before attention; exposed for tests and fused-kernel callers.
   MLAProjections project(const torch::Tensor& u, const Positions& p);
+  // Q, K and V [B,T,nh,dn+dr] (V zero-padded to dn+dr where dva is narrower), through mla_qkv.
+  MlaQkv attention_inputs(const torch::Tensor& u, const Positions& p);
   // One decoding step: u [B,1,d] at position cache.pos -> [B,1,d]. Appends c [B,1,rkv] to
   // cache.latent and RoPE'd k_r [B,1,dr] to cache.k_rope, then attends in the absorbed form
   // (q̂_i = W_uk,iᵀ q_n,i against the latents). Fails (TORCH_CHECK) unless u has one token.
