@@ -109,7 +109,7 @@ template <typename T, int W>
 __global__ void __launch_bounds__(kThreads) short_conv_backward_kernel(T* dx, float* dw, const T* dy, const T* x,
                                                                        const float* w, const int64_t* pos,
                                                                        int64_t T_len, int64_t C, int64_t ld,
-                                                                       bool vec_x, bool vec_dy) {
+                                                                       int64_t ld_dx, bool vec_x, bool vec_dy) {
   constexpr int kTile = tile_of<T>();
   __shared__ __align__(16) T x_s[(kTile + 2 * (W - 1)) * kThreads];
   __shared__ __align__(16) T dy_s[(kTile + W - 1) * kThreads];
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kThreads) short_conv_backward_kernel(T* dx, fl
   stage_positions(p_s, pos ? pos + r * T_len : nullptr, t0, static_cast<int>(t_end - t0), T_len);
   __syncthreads();
   if (c >= C) return;
-  T* dxr = dx + r * T_len * C + c;
+  T* dxr = dx + r * T_len * ld_dx + c;
   float wc[W], dsw[W], dwc[W];
   bool okw[W][W];  // okw[j][i]: tap i of token (t − (W−1) + j) is valid
 #pragma unroll
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(kThreads) short_conv_backward_kernel(T* dx, fl
 #pragma unroll
       for (int i = 0; i < W; ++i)
         if (okw[i][i]) g += dsw[i] * wc[W - 1 - i];
-      dxr[tp * C] = from_f32<T>(g);
+      dxr[tp * ld_dx] = from_f32<T>(g);
     }
   }
 #pragma unroll
@@ -200,11 +200,11 @@ int launch_forward(void* y, const void* x, const float* w, const int64_t* pos, i
 
 template <typename T, int W>
 int launch_backward(void* dx, float* dw, const void* dy, const void* x, const float* w, const int64_t* pos, int64_t R,
-                    int64_t T_len, int64_t C, int64_t ld, cudaStream_t st) {
+                    int64_t T_len, int64_t C, int64_t ld, int64_t ld_dx, cudaStream_t st) {
   const dim3 grid(static_cast<unsigned>((C + kThreads - 1) / kThreads),
                   static_cast<unsigned>(R * ((T_len + tile_of<T>() - 1) / tile_of<T>())));
   short_conv_backward_kernel<T, W><<<grid, kThreads, 0, st>>>(
-      static_cast<T*>(dx), dw, static_cast<const T*>(dy), static_cast<const T*>(x), w, pos, T_len, C, ld,
+      static_cast<T*>(dx), dw, static_cast<const T*>(dy), static_cast<const T*>(x), w, pos, T_len, C, ld, ld_dx,
       rows_vectorizable<T>(x, C, ld), rows_vectorizable<T>(dy, C, C));
   return static_cast<int>(cudaGetLastError());
 }
@@ -237,10 +237,13 @@ int short_conv_forward(void* y, const void* x, DType dt, const float* w, const i
 }
 
 int short_conv_backward(void* dx, float* dw, const void* dy, const void* x, DType dt, const float* w,
-                        const int64_t* pos, int64_t R, int64_t T, int64_t C, int64_t ld, int W, void* stream) {
+                        const int64_t* pos, int64_t R, int64_t T, int64_t C, int64_t ld, int W, void* stream,
+                        int64_t ld_dx) {
   if (R * T == 0 || C == 0) return 0;
+  if (ld_dx == 0) ld_dx = C;
+  if (ld_dx < C) return static_cast<int>(cudaErrorInvalidValue);
   auto st = static_cast<cudaStream_t>(stream);
-#define DD_BWD(E, K) launch_backward<E, K>(dx, dw, dy, x, w, pos, R, T, C, ld, st)
+#define DD_BWD(E, K) launch_backward<E, K>(dx, dw, dy, x, w, pos, R, T, C, ld, ld_dx, st)
   switch (dt) {
     case DType::F32: DD_SHORT_CONV_TAPS(float, DD_BWD)
     case DType::BF16: DD_SHORT_CONV_TAPS(__nv_bfloat16, DD_BWD)

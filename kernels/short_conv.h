@@ -5,7 +5,7 @@
 //   ok(t,i) = t − i ≥ 0 within the row, and pos[t] ≥ i when pos (the position of every token in its
 //   document, [R·T]) is given: no tap reaches into the previous document of a packed row.
 // Backward, with ds = dy · silu'(s) (s recomputed from x):
-//   dx[t,c] = Σ_{i, ok(t+i,i)} ds[t+i,c] · w[c, W−1−i]                            dx [R,T,C] contiguous
+//   dx[t,c] = Σ_{i, ok(t+i,i)} ds[t+i,c] · w[c, W−1−i]                  dx [R,T,C], token stride ld_dx
 //   dw[c, W−1−i] += Σ_t ds[t,c] · x[t−i,c] · ok(t,i)          dw fp32 [C,W], accumulated (zero it first)
 // Math in fp32; w is fp32. The reference is model/gated_deltanet.h's short_conv.
 #pragma once
@@ -20,8 +20,11 @@ namespace kernels {
 // Return the cudaError_t of the launch (0 = success). x, y, dy and dx have dtype `dt`; W ≤ 8.
 int short_conv_forward(void* y, const void* x, DType dt, const float* w, const int64_t* pos, int64_t R, int64_t T,
                        int64_t C, int64_t ld, int W, void* stream);
+// dx's token stride is ld_dx (0: C, contiguous), so a conv over some columns of a wider row can
+// write its input gradient straight into those columns of the row's gradient.
 int short_conv_backward(void* dx, float* dw, const void* dy, const void* x, DType dt, const float* w,
-                        const int64_t* pos, int64_t R, int64_t T, int64_t C, int64_t ld, int W, void* stream);
+                        const int64_t* pos, int64_t R, int64_t T, int64_t C, int64_t ld, int W, void* stream,
+                        int64_t ld_dx = 0);
 #endif
 
 }  // namespace kernels

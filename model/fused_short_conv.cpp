@@ -74,6 +74,66 @@ class FusedShortConvFn : public torch::autograd::Function<FusedShortConvFn> {
 
 bool kernel_taps(int64_t W) { return W == 2 || W == 3 || W == 4 || W == 6 || W == 8; }
 
+// See fused_short_conv_parts. Outputs: the conv parts (views of one conv output), then the rest
+// (a view of y).
+class ShortConvPartsFn : public torch::autograd::Function<ShortConvPartsFn> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& y_in, const torch::Tensor& w,
+                               const c10::IValue& pos_or_none, const std::vector<int64_t>& widths) {
+    const torch::Tensor pos = pos_or_none.isTensor() ? pos_or_none.toTensor() : torch::Tensor();
+    auto y = kernel_layout(y_in);
+    auto wf = w.to(torch::kFloat32).contiguous();
+    const int64_t B = y.size(0), T = y.size(1), C = w.size(0), R = y.size(2) - C;
+    kernels::DType dt{};
+    kernel_dtype(y.scalar_type(), dt);
+    auto conv = torch::empty({B, T, C}, y.options().memory_format(torch::MemoryFormat::Contiguous));
+    check_kernel_launch(kernels::short_conv_forward(conv.data_ptr(), y.data_ptr(), dt, wf.data_ptr<float>(),
+                                                    pos.defined() ? pos.data_ptr<int64_t>() : nullptr, B, T, C,
+                                                    y.stride(1), static_cast<int>(w.size(1)),
+                                                    c10::cuda::getCurrentCUDAStream(y.device().index()).stream()),
+                        "short conv forward");
+    ctx->save_for_backward({y, wf});
+    ctx->saved_data["pos"] = pos_or_none;
+    ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
+    ctx->saved_data["widths"] = widths;
+    auto outs = conv.split_with_sizes(widths, -1);
+    outs.push_back(y_in.narrow(2, C, R));
+    return outs;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &y = saved[0], &wf = saved[1];
+    const auto pos_or_none = ctx->saved_data["pos"];
+    const torch::Tensor pos = pos_or_none.isTensor() ? pos_or_none.toTensor() : torch::Tensor();
+    const auto widths = ctx->saved_data["widths"].toIntVector();
+    const int64_t B = y.size(0), T = y.size(1), Wd = y.size(2), C = wf.size(0), taps = wf.size(1);
+    kernels::DType dt{};
+    kernel_dtype(y.scalar_type(), dt);
+    auto dy_full = torch::empty({B, T, Wd}, y.options().memory_format(torch::MemoryFormat::Contiguous));
+    auto dw = torch::zeros_like(wf);
+    const auto stream = c10::cuda::getCurrentCUDAStream(y.device().index()).stream();
+    const int64_t elem = y.element_size();
+    int64_t col = 0;
+    for (size_t i = 0; i < widths.size(); ++i) {
+      // Each part's convolution channels on their own: its gradient as it comes, its columns of y,
+      // w and dw, and its input gradient written into its columns of y's gradient.
+      auto d_out = grads[i].to(y.scalar_type()).contiguous();
+      check_kernel_launch(
+          kernels::short_conv_backward(static_cast<char*>(dy_full.data_ptr()) + col * elem, dw.data_ptr<float>() + col * taps,
+                                       d_out.data_ptr(), static_cast<const char*>(y.data_ptr()) + col * elem, dt,
+                                       wf.data_ptr<float>() + col * taps, pos.defined() ? pos.data_ptr<int64_t>() : nullptr,
+                                       B, T, widths[i], y.stride(1), static_cast<int>(taps), stream, Wd),
+          "short conv backward");
+      col += widths[i];
+    }
+    // The rest's gradient into its columns: the one copy left (a cudaMemcpy2DAsync measured the same).
+    dy_full.narrow(2, C, Wd - C).copy_(grads[widths.size()]);
+    const auto w_dtype = static_cast<c10::ScalarType>(ctx->saved_data["w_dtype"].toInt());
+    return {dy_full, dw.to(w_dtype), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
 #endif
 
@@ -92,6 +152,33 @@ torch::Tensor fused_short_conv(const torch::Tensor& x, const torch::Tensor& w, c
   }
 #endif
   return short_conv(x, w, p);
+}
+
+ShortConvParts fused_short_conv_parts(const torch::Tensor& y, const torch::Tensor& w, const Positions& p,
+                                      const std::vector<int64_t>& widths) {
+  int64_t C = 0;
+  for (const int64_t c : widths) C += c;
+  TORCH_CHECK(y.dim() == 3 && w.dim() == 2 && w.size(0) == C && C <= y.size(2), "short_conv_parts: expected y [B,T,",
+              C, "+R] and w [", C, ",W], got ", y.sizes(), " and ", w.sizes());
+#if defined(DD_HAVE_CUDA)
+  kernels::DType dt{};
+  if (y.is_cuda() && y.numel() > 0 && kernel_dtype(y.scalar_type(), dt) && kernel_taps(w.size(1))) {
+    c10::IValue pos;
+    if (p.varlen()) {
+      TORCH_CHECK(p.pos.numel() == y.size(0) * y.size(1), "short_conv: positions ", p.pos.sizes(),
+                  " do not match y ", y.sizes());
+      pos = p.pos.reshape({-1}).to(torch::kInt64).contiguous();
+    }
+    auto outs = ShortConvPartsFn::apply(y, w, pos, widths);
+    ShortConvParts r;
+    r.rest = outs.back();
+    outs.pop_back();
+    r.parts = std::move(outs);
+    return r;
+  }
+#endif
+  auto halves = y.split_with_sizes({C, y.size(2) - C}, -1);
+  return {fused_short_conv(halves[0], w, p).split_with_sizes(widths, -1), halves[1]};
 }
 
 }  // namespace model

@@ -7,6 +7,8 @@
 
 #include <torch/types.h>
 
+#include <vector>
+
 #include "model/layers.h"
 
 namespace model {
@@ -15,5 +17,18 @@ namespace model {
 // (tap W−1 multiplies the current token), p the batch's positions: packed rows mask the taps that
 // would reach the previous document. Returns silu(conv(x)) [B,T,C] contiguous in x's dtype.
 torch::Tensor fused_short_conv(const torch::Tensor& x, const torch::Tensor& w, const Positions& p);
+
+// The Gated DeltaNet layer's front on its input projection's rows y [B,T,C+R]: silu(conv(·)) over the
+// first C = Σ widths columns (w [C,W]), cut into one tensor per width (q, k, v), and the last R
+// columns (the output gate's input) as they are, a view of y. On a GPU the backward writes the
+// convolution's input gradient and the last columns' gradient straight into one gradient of y, each
+// part's output gradient read where it is: split, conv and split again would concatenate the
+// gradients twice (y's, then the conv output's). Elsewhere exactly those three steps.
+struct ShortConvParts {
+  std::vector<torch::Tensor> parts;  // [B,T,widths[i]] each, columns of one conv output
+  torch::Tensor rest;                // [B,T,R], a view of y
+};
+ShortConvParts fused_short_conv_parts(const torch::Tensor& y, const torch::Tensor& w, const Positions& p,
+                                      const std::vector<int64_t>& widths);
 
 }  // namespace model

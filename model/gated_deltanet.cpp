@@ -146,15 +146,18 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& u, const Positions
   // one short conv over the q|k|v channels with the three conv weights side by side: a few large
   // launches instead of six matmuls and three convs of W taps each. The H-wide gate projections
   // stay apart from the wide ones so that those keep sizes FP8 matmuls accept (multiples of 16).
-  auto parts = linear_cat(u, {wq, wk, wv, wg}).split_with_sizes({2 * Kg + Vg, Vg}, -1);
+  // The conv's parts and the output gate's columns come out of the projection's rows together, so
+  // that on a GPU their gradients go back into one tensor without concatenations.
+  auto front = fused_short_conv_parts(linear_cat(u, {wq, wk, wv, wg}), torch::cat({conv_q, conv_k, conv_v}, 0), p,
+                                      {Kg, Kg, Vg});
   auto gate_parts = linear_cat(u, {wa, wb}).split_with_sizes({H_, H_}, -1);  // a, b
-  auto qkv = fused_short_conv(parts[0], torch::cat({conv_q, conv_k, conv_v}, 0), p);
-  auto qkv_parts = qkv.split_with_sizes({Kg, Kg, Vg}, -1);
+  const auto& qkv_parts = front.parts;
+  const auto qkv_dtype = qkv_parts[0].scalar_type();
   // q and k in the short conv's 16-bit dtype under 16-bit training, as v is (the delta rule's
   // kernels stage 16-bit q, k and v as they come: half the room and bytes), else in fp32.
-  const bool qk16 = tf32_scan && !use_reference && gdn_qk_in_activation_dtype() && qkv.is_cuda() &&
-                    (qkv.scalar_type() == torch::kBFloat16 || qkv.scalar_type() == torch::kHalf);
-  const auto qk_dt = qk16 ? qkv.scalar_type() : ft;
+  const bool qk16 = tf32_scan && !use_reference && gdn_qk_in_activation_dtype() && qkv_parts[0].is_cuda() &&
+                    (qkv_dtype == torch::kBFloat16 || qkv_dtype == torch::kHalf);
+  const auto qk_dt = qk16 ? qkv_dtype : ft;
   auto q = l2_norm(qkv_parts[0].reshape({B, T, H_, dk_}), qk_dt);
   auto k = l2_norm(qkv_parts[1].reshape({B, T, H_, dk_}), qk_dt);
   auto v = qkv_parts[2].reshape({B, T, H_, dv_});
@@ -162,7 +165,7 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& u, const Positions
   auto r = use_reference ? gdr_forward_ref(q, k, v, gt.beta, gt.g, scale_, {}, p.cu_seqlens)
                          : gdr_forward_chunked(q, k, v, gt.beta, gt.g, scale_, {}, p.cu_seqlens, chunk_, tf32_scan,
                                                /*o_as_rows=*/gdr_output_as_rows(), p.gdr_slots.get());
-  return output(r, parts[1], u.scalar_type());
+  return output(r, front.rest, u.scalar_type());
 }
 
 torch::Tensor GatedDeltaNetImpl::step(const torch::Tensor& u, MixerCache& cache) {

@@ -847,6 +847,74 @@ TEST(FusedOpsCuda, ShortConvMatchesReference) {
   }
 }
 
+// The Gated DeltaNet's front (model::fused_short_conv_parts): the conv over the q|k|v columns of
+// the projection's rows, cut into its parts, and the output gate's columns as they are, against
+// split, short_conv and split (the reference): each part, the rest, and the gradients of the rows
+// (written by the parts' backward into one tensor) and of the conv weight. Widths as in the hybrid
+// presets (aligned) and odd ones (staged element by element), dense and packed rows; the rest's
+// gradient must be exactly the gradient it was handed.
+TEST(FusedOpsCuda, ShortConvPartsMatchSplitConvSplit) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(43);
+  struct Case {
+    int64_t B, T, W;
+    std::vector<int64_t> widths;
+    int64_t rest;
+    bool packed;
+  };
+  for (const Case& c : {Case{2, 300, 4, {576, 576, 1152}, 1152, false}, Case{1, 517, 4, {96, 96, 192}, 192, true},
+                        Case{2, 129, 3, {33, 33, 70}, 19, false}}) {
+    for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
+      int64_t C = 0;
+      for (int64_t w : c.widths) C += w;
+      auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(dt);
+      auto rows = torch::randn({c.B, c.T, C + c.rest}, opts);
+      auto w32 = torch::randn({C, c.W}, torch::kCUDA) * 0.5;
+      model::Positions p = model::dense_positions(c.B, c.T, torch::kCUDA);
+      if (c.packed) {
+        auto cu = torch::tensor({int64_t{0}, int64_t{1}, int64_t{40}, int64_t{42}, int64_t{300}, c.T}, torch::kInt64);
+        p = model::packed_positions(cu, c.T, torch::kCUDA);
+      }
+      std::vector<torch::Tensor> grads;
+      for (int64_t w : c.widths) grads.push_back(torch::randn({c.B, c.T, w}, opts));
+      grads.push_back(torch::randn({c.B, c.T, c.rest}, opts));
+      auto run = [&](bool fused) {
+        auto y = rows.detach().clone().requires_grad_(true);
+        auto w = w32.detach().clone().requires_grad_(true);
+        model::ShortConvParts out;
+        if (fused) {
+          out = model::fused_short_conv_parts(y, w, p, c.widths);
+        } else {
+          auto halves = y.split_with_sizes({C, c.rest}, -1);
+          out = {model::short_conv(halves[0], w, p).split_with_sizes(c.widths, -1), halves[1]};
+        }
+        auto loss = (out.rest.to(torch::kFloat32) * grads.back().to(torch::kFloat32)).sum();
+        for (size_t i = 0; i < c.widths.size(); ++i)
+          loss = loss + (out.parts[i].to(torch::kFloat32) * grads[i].to(torch::kFloat32)).sum();
+        loss.backward();
+        std::vector<torch::Tensor> r;
+        for (const auto& t : out.parts) r.push_back(t.detach());
+        r.push_back(out.rest.detach());
+        r.push_back(y.grad());
+        r.push_back(w.grad());
+        return r;
+      };
+      const auto got = run(true), want = run(false);
+      const double tol = dt == torch::kFloat32 ? 1e-5 : 2e-2;
+      const std::string what = std::string(name_of(dt)) + " C=" + std::to_string(C) + (c.packed ? " packed" : " dense");
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_EQ(got[i].sizes(), want[i].sizes()) << what << " tensor " << i;
+        EXPECT_LT(rel_norm_diff(got[i], want[i]), tol) << what << " tensor " << i;
+      }
+      const auto& dy = got[got.size() - 2];
+      EXPECT_TRUE(torch::equal(dy.narrow(2, C, c.rest), grads.back())) << what << ": the rest's gradient";
+      std::printf("short conv parts %s: parts %.1e, dy %.1e, dw %.1e\n", what.c_str(), rel_norm_diff(got[0], want[0]),
+                  rel_norm_diff(dy, want[want.size() - 2]), rel_norm_diff(got.back(), want.back()));
+    }
+  }
+}
+
 // The Gated DeltaNet's output norm kernel against the ATen formula: o fp32, the gate z a column
 // slice of a wider projection (as in the layer), y and dy in fp32 or bf16, D a multiple of 32 and
 // not, packed into one row and over a batch. fp32 differs by summation order (1e-5); bf16 y and dz
