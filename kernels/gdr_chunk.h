@@ -22,7 +22,9 @@ namespace kernels {
 
 struct GdrChunkList {
   const int32_t* chunk_start = nullptr;  // [N] first token of the chunk (device memory)
-  const int32_t* chunk_len = nullptr;    // [N] its length, 1..C (device memory)
+  // [N] its length, 0..C (device memory): rows past it read as zeros, and a fixed layout's spare
+  // chunks (model/gdr_plan_slots.h) have none at all.
+  const int32_t* chunk_len = nullptr;
   int64_t N = 0, H = 0, C = 0, dk = 0, dv = 0;
 };
 

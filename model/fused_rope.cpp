@@ -64,7 +64,10 @@ kernels::RopePart rope_part(const torch::Tensor& x, const torch::Tensor& out, in
 
 // rotated_width: the rotated parts' head width (0: like's last dim).
 void launch_parts(const std::vector<kernels::RopePart>& parts, const torch::Tensor& like, const torch::Tensor& pos,
-                  const torch::Tensor& cos, const torch::Tensor& sin, bool inverse, int64_t rotated_width = 0) {
+                  const torch::Tensor& cos, const torch::Tensor& sin, bool inverse, const char* what,
+                  int64_t rotated_width = 0) {
+  TORCH_CHECK(!parts.empty() && parts.size() <= static_cast<size_t>(kernels::kRopeMaxParts), what, ": ",
+              parts.size(), " parts for one launch, at most ", kernels::kRopeMaxParts);
   kernels::DType dt{};
   kernel_dtype(like.scalar_type(), dt);
   kernels::RopeParts p;
@@ -78,7 +81,7 @@ void launch_parts(const std::vector<kernels::RopePart>& parts, const torch::Tens
   check_kernel_launch(kernels::rope_apply_parts(p, dt, pos.data_ptr<int64_t>(), cos.data_ptr<double>(),
                                                 sin.data_ptr<double>(), inverse,
                                                 c10::cuda::getCurrentCUDAStream(like.device().index()).stream()),
-                      inverse ? "RoPE q|k|v backward" : "RoPE q|k forward");
+                      what);
 }
 
 // A gradient as the kernel reads it: unit stride in the last dim.
@@ -115,7 +118,8 @@ class FusedRopeQkvFn : public torch::autograd::Function<FusedRopeQkvFn> {
     auto q = part(0, nh), k = part(nh, nkv);
     auto q_rot = torch::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
     auto k_rot = torch::empty(k.sizes(), k.options().memory_format(at::MemoryFormat::Contiguous));
-    launch_parts({rope_part(q, q_rot, nh * dh, true), rope_part(k, k_rot, nkv * dh, true)}, q, pos, cos, sin, false);
+    launch_parts({rope_part(q, q_rot, nh * dh, true), rope_part(k, k_rot, nkv * dh, true)}, q, pos, cos, sin, false,
+                 "RoPE q|k forward");
     return {q_rot, k_rot, part(nh + nkv, nkv)};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -142,7 +146,7 @@ class FusedRopeQkvFn : public torch::autograd::Function<FusedRopeQkvFn> {
         part(cols[i], heads[i]).zero_();
       }
     }
-    launch_parts(parts, *any, saved[0], saved[1], saved[2], /*inverse=*/true);
+    launch_parts(parts, *any, saved[0], saved[1], saved[2], /*inverse=*/true, "RoPE q|k|v backward");
     return {dqkv, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
             torch::Tensor()};
   }
@@ -175,7 +179,7 @@ class MlaQkvFn : public torch::autograd::Function<MlaQkvFn> {
         piece(k_r, 0, dr, nh, 0, tail(K, dn), true),                        // RoPE(k_r), every head
         piece(kv, dn, dva, nh, kv.stride(2), V.data_ptr(), false)};         // kv_v
     if (dva < dqk) parts.push_back(kernels::RopePart{nullptr, 0, 0, 0, nh, tail(V, dva), st, false, dqk - dva, dqk});
-    launch_parts(parts, Q, pos, cos, sin, /*inverse=*/false, dr);
+    launch_parts(parts, Q, pos, cos, sin, /*inverse=*/false, "MLA q|k|v forward", dr);
     return {Q, K, V};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -201,7 +205,7 @@ class MlaQkvFn : public torch::autograd::Function<MlaQkvFn> {
                   piece(dK, 0, dn, dkv.data_ptr(), nh * (dn + dva), dn + dva, false),
                   piece(dV, 0, dva, at(dkv, dn), nh * (dn + dva), dn + dva, false),
                   piece(dK, dn, dr, dkr_heads.data_ptr(), nh * dr, dr, true)},
-                 dq, saved[0], saved[1], saved[2], /*inverse=*/true, dr);
+                 dq, saved[0], saved[1], saved[2], /*inverse=*/true, "MLA q|k|v backward", dr);
     return {dq, dkv, dkr_heads.sum(2), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };

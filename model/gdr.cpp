@@ -116,9 +116,12 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
     return {torch::zeros({B, 0, H, dv}, q.options().dtype(dt)), h};
   }
   const bool varlen = cu_seqlens.defined();
-  TORCH_CHECK(slots == nullptr || (varlen && T == slots->tokens() && !h0.defined()),
-              "gdr_forward_chunked: a fixed chunk plan takes one packed row of ", slots ? slots->tokens() : 0,
-              " tokens and no h0, got T=", T, h0.defined() ? " with h0" : "");
+  if (slots != nullptr) {
+    TORCH_CHECK(varlen, "gdr_forward_chunked: a fixed chunk plan (slots) needs the packed row's cu_seqlens");
+    TORCH_CHECK(T == slots->tokens(), "gdr_forward_chunked: the fixed chunk plan is for a packed row of ",
+                slots->tokens(), " tokens, got one of ", T);
+    TORCH_CHECK(!h0.defined(), "gdr_forward_chunked: a fixed chunk plan takes no initial state h0");
+  }
   GdrChunkLayout layout = slots ? slots->layout(H, C) : gdr_chunk_layout(B, T, H, C, cu_seqlens, q.device());
   layout.scan.tf32_products = tf32_scan;
   layout.scan.bf16_states = tf32_scan && gdr_bf16_states();

@@ -2,6 +2,9 @@
 
 #include <torch/torch.h>
 
+#include <utility>
+#include <vector>
+
 #include "model/layers.h"
 
 namespace model {
@@ -23,8 +26,8 @@ GdrPlanSlots::GdrPlanSlots(int64_t B, int64_t T, int64_t max_pieces, const torch
   cu_.narrow(0, 0, B + 1).copy_(torch::arange(0, B * T + 1, T, torch::kInt64));
 }
 
-void GdrPlanSlots::plan(Slot& s) {
-  s.host = gdr_chunk_layout_fixed(B_ * T_, /*H=*/1, s.C, cu_, s.cap, torch::kCPU);
+void GdrPlanSlots::upload(Slot& s, GdrChunkLayout host) {
+  s.host = std::move(host);
   const auto& l = s.host;
   std::vector<int32_t> table(l.chunk_start);
   table.insert(table.end(), l.chunk_len.begin(), l.chunk_len.end());
@@ -54,11 +57,22 @@ void GdrPlanSlots::plan(Slot& s) {
   copy_in(s.doc_slot, torch::tensor(doc_slot, torch::kInt64));
 }
 
+GdrChunkLayout GdrPlanSlots::plan(const Slot& s, const torch::Tensor& cu) const {
+  return gdr_chunk_layout_fixed(B_ * T_, /*H=*/1, s.C, cu, s.cap, torch::kCPU);
+}
+
 void GdrPlanSlots::set_batch(const torch::Tensor& cu_seqlens) {
-  TORCH_CHECK(cu_seqlens.dim() == 1 && cu_seqlens.size(0) <= max_pieces_ + 1, "GdrPlanSlots: cu_seqlens ",
-              cu_seqlens.sizes(), " has more than the room's ", max_pieces_, " pieces");
-  cu_ = cu_seqlens.to(torch::kInt64).contiguous();
-  for (auto& s : slots_) plan(s);
+  TORCH_CHECK(cu_seqlens.dim() == 1 && cu_seqlens.size(0) >= 2, "GdrPlanSlots: expected cu_seqlens [pieces+1], got ",
+              cu_seqlens.sizes());
+  TORCH_CHECK(cu_seqlens.size(0) <= max_pieces_ + 1, "GdrPlanSlots: cu_seqlens has ", cu_seqlens.size(0) - 1,
+              " pieces, more than the room's ", max_pieces_);
+  // A private copy (the caller's tensor may change), planned for every chunk size before any
+  // buffer is touched: a batch that does not fit leaves every slot on the previous batch.
+  auto cu = cu_seqlens.to(torch::kInt64).clone().contiguous();
+  std::vector<GdrChunkLayout> planned;
+  for (const auto& s : slots_) planned.push_back(plan(s, cu));
+  cu_ = cu;
+  for (size_t i = 0; i < slots_.size(); ++i) upload(slots_[i], std::move(planned[i]));
 }
 
 GdrChunkLayout GdrPlanSlots::layout(int64_t H, int64_t C) {
@@ -73,7 +87,7 @@ GdrChunkLayout GdrPlanSlots::layout(int64_t H, int64_t C) {
     slot = &slots_.back();
     slot->C = C;
     slot->cap = gdr_layout_capacity(B_, T_, C, max_pieces_);
-    plan(*slot);
+    upload(*slot, plan(*slot, cu_));
   }
   GdrChunkLayout l = slot->host;
   l.scan.heads = H;

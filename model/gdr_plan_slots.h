@@ -24,8 +24,9 @@ class GdrPlanSlots {
 
   // The next batch's cu_seqlens (int64 on the CPU over the B·T flattened tokens, padded with empty
   // pieces at the end): every chunk size asked for so far is planned for it and its tables copied
-  // into their buffers (asynchronously, on the current stream). Throws c10::Error for a batch that
-  // does not fit (more pieces than the room; the caller checks that first).
+  // into their buffers (asynchronously, on the current stream). Throws c10::Error, naming why, for
+  // a batch that does not fit (more pieces than the room: the caller checks that first), and then
+  // leaves every plan on the previous batch.
   void set_batch(const torch::Tensor& cu_seqlens);
 
   // The plan of the current batch for chunk size C and H heads, with its device tables in this
@@ -42,7 +43,8 @@ class GdrPlanSlots {
     GdrChunkLayout host;  // the current batch's plan (token_slot on the CPU)
     torch::Tensor token_slot, table, step_off, doc_chunks, doc_slot;  // device buffers
   };
-  void plan(Slot& s);
+  GdrChunkLayout plan(const Slot& s, const torch::Tensor& cu) const;  // the host plan of cu at s's capacity
+  void upload(Slot& s, GdrChunkLayout host);  // host becomes s's plan; its tables go into s's buffers
 
   int64_t B_, T_, max_pieces_;
   torch::Device device_;

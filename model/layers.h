@@ -90,10 +90,10 @@ class SwiGLUImpl : public torch::nn::Module {
 };
 TORCH_MODULE(SwiGLU);
 
+class GdrPlanSlots;  // model/gdr_plan_slots.h
+
 // Where each token sits. Dense batches: pos(t) = t in every row, cu_seqlens undefined. Packed
 // (varlen) batches: B = 1, cu_seqlens marks the documents and positions restart at 0 in each.
-class GdrPlanSlots;
-
 struct Positions {
   torch::Tensor pos;         // [B,T] int64
   torch::Tensor cu_seqlens;  // [n_docs+1] int64 on the CPU, or undefined (dense)

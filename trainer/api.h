@@ -81,15 +81,16 @@ struct TrainConfig {
   // The training step (forward, backward, clipping, AdamW, EMA) captured once as a CUDA graph and
   // replayed, which removes the host's kernel launches from every step:
   //   auto  when the run allows it (one GPU, no loss scaling, AdamW, MoE only in bf16 on sm90/sm100,
-  //         no train.phases, and packed batches only without Gated DeltaNet layers;
-  //         trainer/step_graph_policy.h), else
+  //         no train.phases, and packed batches with Gated DeltaNet layers only where their state
+  //         scan runs as its kernel; trainer/step_graph_policy.h), else
   //         the step runs eagerly and the log says why;
   //   on    the same, but a run that does not allow it fails at start naming the reason;
   //   off   never.
   std::string cuda_graph = "auto";
   // Packed batches in a captured step: room for this many document pieces per micro-batch (its
   // cu_seqlens padded to that length; a batch with more runs eagerly). 0 = 1.5 × the first batch's
-  // pieces, at least 2 · batch_size. More room costs the attention kernels time on empty pieces.
+  // pieces, at least 2 · batch_size. More room costs the attention kernels time on empty pieces,
+  // and the Gated DeltaNet layers one spare (empty) chunk per piece beyond one a row.
   int64_t cuda_graph_pieces = 0;
 };
 

@@ -17,6 +17,11 @@ std::string step_graph_blocker(const RunConfig& cfg, const StepGraphFacts& f) {
   if (cfg.train.optimizer != "adamw")
     return "train.optimizer is \"" + cfg.train.optimizer + "\" (only AdamW takes its learning rate from the device)";
   if (cfg.train.phases.size() > 1) return "train.phases changes the batch shape during the run";
+  if (cfg.data.document_attention && cfg.model.pattern.find('G') != std::string::npos && !f.gdn_scan_kernel)
+    return "data.document_attention is on and the Gated DeltaNet layers' state scan runs as ATen steps sized on "
+           "the host for each batch (model.gdn_chunk = " + std::to_string(cfg.model.gdn_chunk) +
+           " and model.gdn_dk = " + std::to_string(cfg.model.gdn_dk) +
+           " are outside what its kernel takes: chunks up to 128, dk a multiple of 4 up to 256)";
   if (cfg.model.moe_experts > 0 && !f.moe_counts_on_device)
     return "model.moe_experts > 0 and the experts' grouped GEMMs need their token counts on the host "
            "(they stay on the device only in bf16 on sm90/sm100 GPUs)";

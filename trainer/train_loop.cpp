@@ -32,6 +32,7 @@
 #include "model/fp8_linear.h"
 #include "model/linear.h"
 #include "model/mixed_linear.h"
+#include "kernels/gdr_scan.h"
 #include "model/moe.h"
 #include "model/weight_shadow.h"
 #include "trainer/adamw.h"
@@ -227,7 +228,8 @@ class TrainLoop {
         cfg_.model, device_, cfg_.train.precision == "bf16" ? torch::kBFloat16 : torch::kFloat32);
     const std::string graph_blocker =
         step_graph_blocker(cfg_, StepGraphFacts{device_.is_cuda(), world, scaler_->enabled(), decide_in_step_,
-                                                std::getenv("DELTADECK_FAULT") != nullptr, moe_on_device});
+                                                std::getenv("DELTADECK_FAULT") != nullptr, moe_on_device,
+                                                kernels::gdr_scan_supports(cfg_.model.gdn_chunk, cfg_.model.gdn_dk)});
     if (graph_blocker.empty()) {
       graph_ = std::make_unique<StepGraph>(device_.index());
     } else if (cfg_.train.cuda_graph == "on") {

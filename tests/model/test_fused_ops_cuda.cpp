@@ -884,6 +884,7 @@ TEST(FusedOpsCuda, ShortConvPartsMatchSplitConvSplit) {
         model::ShortConvParts out;
         if (fused) {
           out = model::fused_short_conv_parts(y, w, p, c.widths);
+          EXPECT_NE(out.parts[0].grad_fn()->name().find("ShortConvParts"), std::string::npos) << "the path taken";
         } else {
           auto halves = y.split_with_sizes({C, c.rest}, -1);
           out = {model::short_conv(halves[0], w, p).split_with_sizes(c.widths, -1), halves[1]};

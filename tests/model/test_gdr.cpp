@@ -318,8 +318,11 @@ TEST(Gdr, FixedCapacityPlanMatchesTheBatchPlan) {
   }
   std::printf("[gdr] fixed-capacity plan vs the batch's own plan (fp64, 3 packings): max %.2e\n", worst);
 
-  // More pieces than the room, and a document across a row boundary (4 chunks > 3 steps).
+  // More pieces than the room, and a document across a row boundary (4 chunks > 3 steps); a
+  // refused batch leaves the plan on the last one.
+  const auto last = slots.layout(H, C).chunk_len;
   EXPECT_THROW(slots.set_batch(torch::arange(0, T + 1, 10, torch::kInt64)), c10::Error);
+  EXPECT_EQ(slots.layout(H, C).chunk_len, last);
   try {
     model::gdr_chunk_layout_fixed(T, H, C, torch::tensor({0, 60, 120}, torch::kInt64), cap, torch::kCPU);
     ADD_FAILURE() << "a 60-token document fit a layout of 3 steps of 16";

@@ -85,6 +85,13 @@ TEST(StepGraphPolicy, NamesWhatKeepsTheStepEager) {
     EXPECT_EQ(step_graph_blocker(cfg, one_gpu()), "");
     cfg.model.pattern = "GGA";
     EXPECT_EQ(step_graph_blocker(cfg, one_gpu()), "");
+    // ...unless their state scan runs as ATen steps sized on the host (a shape its kernel refuses).
+    auto facts = one_gpu();
+    facts.gdn_scan_kernel = false;
+    const auto why = step_graph_blocker(cfg, facts);
+    EXPECT_TRUE(mentions(why, "data.document_attention") && mentions(why, "model.gdn_chunk")) << why;
+    cfg.data.document_attention = false;
+    EXPECT_EQ(step_graph_blocker(cfg, facts), "");
   }
   {
     auto cfg = graphable();
