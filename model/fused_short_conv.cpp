@@ -25,6 +25,21 @@ torch::Tensor kernel_layout(const torch::Tensor& x) {
   return ok ? x : x.contiguous();
 }
 
+// silu(conv(x)) over x's first wf.size(0) channels, x in kernel_layout (rows may be wider), wf fp32
+// [C, W]: a new contiguous [B, T, C].
+torch::Tensor conv_forward(const torch::Tensor& x, const torch::Tensor& wf, const torch::Tensor& pos) {
+  const int64_t B = x.size(0), T = x.size(1), C = wf.size(0);
+  kernels::DType dt{};
+  kernel_dtype(x.scalar_type(), dt);
+  auto y = torch::empty({B, T, C}, x.options().memory_format(torch::MemoryFormat::Contiguous));
+  check_kernel_launch(kernels::short_conv_forward(y.data_ptr(), x.data_ptr(), dt, wf.data_ptr<float>(),
+                                                  pos.defined() ? pos.data_ptr<int64_t>() : nullptr, B, T, C,
+                                                  x.stride(1), static_cast<int>(wf.size(1)),
+                                                  c10::cuda::getCurrentCUDAStream(x.device().index()).stream()),
+                      "short conv forward");
+  return y;
+}
+
 class FusedShortConvFn : public torch::autograd::Function<FusedShortConvFn> {
  public:
   // pos: [B·T] int64 positions in the document (packed rows), or None (dense rows); an IValue, since
@@ -34,15 +49,7 @@ class FusedShortConvFn : public torch::autograd::Function<FusedShortConvFn> {
     const torch::Tensor pos = pos_or_none.isTensor() ? pos_or_none.toTensor() : torch::Tensor();
     auto x = kernel_layout(x_in);
     auto wf = w.to(torch::kFloat32).contiguous();
-    const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
-    kernels::DType dt{};
-    kernel_dtype(x.scalar_type(), dt);
-    auto y = torch::empty({B, T, C}, x.options().memory_format(torch::MemoryFormat::Contiguous));
-    check_kernel_launch(kernels::short_conv_forward(y.data_ptr(), x.data_ptr(), dt, wf.data_ptr<float>(),
-                                                    pos.defined() ? pos.data_ptr<int64_t>() : nullptr, B, T, C,
-                                                    x.stride(1), static_cast<int>(w.size(1)),
-                                                    c10::cuda::getCurrentCUDAStream(x.device().index()).stream()),
-                        "short conv forward");
+    auto y = conv_forward(x, wf, pos);
     ctx->save_for_backward({x, wf});
     ctx->saved_data["pos"] = pos_or_none;
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
@@ -83,15 +90,8 @@ class ShortConvPartsFn : public torch::autograd::Function<ShortConvPartsFn> {
     const torch::Tensor pos = pos_or_none.isTensor() ? pos_or_none.toTensor() : torch::Tensor();
     auto y = kernel_layout(y_in);
     auto wf = w.to(torch::kFloat32).contiguous();
-    const int64_t B = y.size(0), T = y.size(1), C = w.size(0), R = y.size(2) - C;
-    kernels::DType dt{};
-    kernel_dtype(y.scalar_type(), dt);
-    auto conv = torch::empty({B, T, C}, y.options().memory_format(torch::MemoryFormat::Contiguous));
-    check_kernel_launch(kernels::short_conv_forward(conv.data_ptr(), y.data_ptr(), dt, wf.data_ptr<float>(),
-                                                    pos.defined() ? pos.data_ptr<int64_t>() : nullptr, B, T, C,
-                                                    y.stride(1), static_cast<int>(w.size(1)),
-                                                    c10::cuda::getCurrentCUDAStream(y.device().index()).stream()),
-                        "short conv forward");
+    const int64_t C = w.size(0), R = y.size(2) - C;
+    auto conv = conv_forward(y, wf, pos);
     ctx->save_for_backward({y, wf});
     ctx->saved_data["pos"] = pos_or_none;
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
