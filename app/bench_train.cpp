@@ -23,6 +23,7 @@
 #include "model/fused_rope.h"
 #include "model/gdr.h"
 #include "model/gdr_scan.h"
+#include "model/expert_product.h"
 #include "model/mixed_linear.h"
 #include "model/weight_shadow.h"
 #include "storage/file_util.h"
@@ -76,6 +77,7 @@ int bench_train(const BenchTrainArgs& a) {
       {"--weight-grad-stream", &a.weight_grad_stream, {"on", "off"}},
       {"--graph-gemms", &a.graph_gemms, {"no-workspace", "workspace"}},
       {"--weight-shadows", &a.weight_shadows, {"on", "off"}},
+      {"--expert-weights", &a.expert_weights, {"in-place", "autograd"}},
   };
   for (const auto& [flag, value, choices] : switches) {
     if (std::find(choices.begin(), choices.end(), *value) != choices.end()) continue;
@@ -92,6 +94,7 @@ int bench_train(const BenchTrainArgs& a) {
   model::weight_grad_stream(a.weight_grad_stream == "on");
   model::gemms_without_workspace(a.graph_gemms == "no-workspace");
   model::weight_shadows(a.weight_shadows == "on");
+  model::expert_products(a.expert_weights == "in-place");
   if (a.sdpa == "flash") {
     at::globalContext().setSDPUseCuDNN(false);
     at::globalContext().setSDPUseMemEfficient(false);
@@ -227,6 +230,7 @@ int bench_train(const BenchTrainArgs& a) {
   j["weight_grad_stream"] = a.weight_grad_stream;
   j["graph_gemms"] = a.graph_gemms;
   j["weight_shadows"] = a.weight_shadows;
+  j["expert_weights"] = a.expert_weights;
   j["devices"] = a.devices;
   j["device"] = device;
   j["params"] = params;

@@ -57,6 +57,7 @@ struct BenchTrainArgs {
   // without semaphore memsets) or "workspace", to measure it.
   std::string graph_gemms = "no-workspace";
   std::string weight_shadows = "on";  // on | off: bf16 weight copies kept by AdamW (model/weight_shadow.h)
+  std::string expert_weights = "in-place";  // in-place | autograd: MoE experts' products (model/expert_product.h)
 };
 
 // Returns the exit code: 0 measured, 2 bad arguments or config, 1 the run failed.

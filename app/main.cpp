@@ -212,6 +212,11 @@ int main(int argc, char** argv) {
                               "on | off: the linear layers multiply with bf16 copies of their weights that AdamW "
                               "writes as it updates them, or cast the fp32 weights in every forward (to measure it)")
       ->capture_default_str();
+  bench_train_cmd->add_option("--expert-weights", bench_train.expert_weights,
+                              "in-place | autograd: MoE experts multiply with bf16 copies of their weights kept by "
+                              "AdamW and write their weight gradients straight into .grad, or go through autocast and "
+                              "autograd (to measure it)")
+      ->capture_default_str();
   bench_train_cmd->add_option("--adamw", bench_train.adamw,
                               "ours | aten: the CUDA AdamW update as our multi-tensor kernel or ATen's fused one (to "
                               "measure the change)")

@@ -41,6 +41,7 @@ __device__ __forceinline__ void adamw_element(float& p, float g, float& m, float
 template <int V>
 __device__ __forceinline__ void store_shadow(const AdamWTensor& t, int64_t j, const float* p) {
   if (t.shadow == nullptr) return;
+  if (t.shadow_block > 0) j = j / t.shadow_block * t.shadow_stride + j % t.shadow_block;
   if (t.shadow_dt == DType::BF16) store_run<V>(static_cast<__nv_bfloat16*>(t.shadow), j, p);
   else store_run<V>(static_cast<__half*>(t.shadow), j, p);
 }
@@ -68,7 +69,7 @@ __global__ void __launch_bounds__(kThreads)
   const float lr_wd = lr * t.weight_decay;
   const bool vec = (reinterpret_cast<uintptr_t>(t.p) | reinterpret_cast<uintptr_t>(t.g) |
                     reinterpret_cast<uintptr_t>(t.m) | reinterpret_cast<uintptr_t>(t.v)) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(t.shadow) % 8 == 0;
+                   reinterpret_cast<uintptr_t>(t.shadow) % 8 == 0 && t.shadow_block % 4 == 0;
   int64_t i = first;
   if (vec) {
     const int64_t vec_end = first + (last - first) / 4 * 4;

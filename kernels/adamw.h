@@ -25,11 +25,16 @@ struct AdamWTensor {
   // written here for 2 bytes a parameter instead of a cast's 6 in the forward.
   DType shadow_dt = DType::BF16;
   void* shadow = nullptr;
+  // A shadow laid out in runs (an MoE expert's block of a stacked gate|up shadow, [E, Σ n_i, K]):
+  // element j goes to (j / shadow_block) · shadow_stride + j % shadow_block. 0: contiguous. A
+  // multiple of 4 (the kernel's vectors never straddle two runs).
+  int32_t shadow_block = 0;
+  int32_t shadow_stride = 0;
 };
-// 56 bytes: a launch's table (kernels/adamw.cu) stays under the classic 4 KiB of kernel parameters.
-static_assert(sizeof(AdamWTensor) == 56, "AdamWTensor grew: check the launch table's size");
+// 64 bytes: a launch's table (kernels/adamw.cu) stays under the classic 4 KiB of kernel parameters.
+static_assert(sizeof(AdamWTensor) == 64, "AdamWTensor grew: check the launch table's size");
 
-constexpr int kAdamWTensorsPerLaunch = 64;
+constexpr int kAdamWTensorsPerLaunch = 56;
 
 #ifdef DD_HAVE_CUDA
 // One AdamW step of every tensor: lr and step (fp32 count, ≥ 1) are device scalars; grad_divisor, a

@@ -279,23 +279,35 @@ at::Tensor mixed_linear(const at::Tensor& x, at::TensorList weights, at::ScalarT
   return MixedLinearFn::apply(x, weights, static_cast<int64_t>(dtype));
 }
 
-at::Tensor cast_weight_blocks(at::TensorList weights, at::ScalarType dtype) {
+namespace {
+
+// The stacked shape of weights [rows_i, C] or [E, rows_i, C]: [Σ rows_i, C] or [E, Σ rows_i, C].
+std::vector<int64_t> stacked_shape(at::TensorList weights) {
   TORCH_CHECK(!weights.empty(), "cast_weight_blocks: no weights");
-  auto out = torch::empty({total_rows(weights.vec()), weights[0].size(-1)}, weights[0].options().dtype(dtype));
+  const auto& w0 = weights[0];
+  int64_t rows = 0;
+  for (const auto& w : weights) {
+    const bool stacks = (w.dim() == 2 || w.dim() == 3) && w.dim() == w0.dim() && w.size(-1) == w0.size(-1) &&
+                        (w.dim() == 2 || w.size(0) == w0.size(0));
+    TORCH_CHECK(stacks, "cast_weight_blocks: weight ", w.sizes(), " does not stack with ", w0.sizes());
+    rows += w.size(-2);
+  }
+  if (w0.dim() == 2) return {rows, w0.size(1)};
+  return {w0.size(0), rows, w0.size(2)};
+}
+
+}  // namespace
+
+at::Tensor cast_weight_blocks(at::TensorList weights, at::ScalarType dtype) {
+  auto out = torch::empty(stacked_shape(weights), weights[0].options().dtype(dtype));
   cast_weight_blocks_into(out, weights);
   return out;
 }
 
 void cast_weight_blocks_into(at::Tensor& out, at::TensorList weights) {
-  TORCH_CHECK(!weights.empty(), "cast_weight_blocks: no weights");
-  int64_t rows = 0;
-  for (const auto& w : weights) {
-    TORCH_CHECK(w.dim() == 2 && w.size(1) == weights[0].size(1), "cast_weight_blocks: weight ", w.sizes(),
-                " does not stack with ", weights[0].sizes());
-    rows += w.size(0);
-  }
-  TORCH_CHECK(out.dim() == 2 && out.size(0) == rows && out.size(1) == weights[0].size(1) && out.is_contiguous(),
-              "cast_weight_blocks: out ", out.sizes(), " for [", rows, ", ", weights[0].size(1), "] weights");
+  const auto shape = stacked_shape(weights);
+  TORCH_CHECK(out.sizes() == at::IntArrayRef(shape) && out.is_contiguous(), "cast_weight_blocks: out ", out.sizes(),
+              " for ", at::IntArrayRef(shape), " weights");
 #if defined(DD_HAVE_CUDA)
   kernels::DType out_dt{};
   bool fits = weights.size() <= static_cast<size_t>(kernels::WeightBlocks::kMax) && weights[0].is_cuda() &&
@@ -306,16 +318,17 @@ void cast_weight_blocks_into(at::Tensor& out, at::TensorList weights) {
   if (fits) {
     kernels::WeightBlocks b;
     b.n = static_cast<int>(weights.size());
-    b.cols = weights[0].size(1);
+    b.cols = weights[0].size(-1);
+    b.experts = weights[0].dim() == 3 ? weights[0].size(0) : 1;
     for (int i = 0; i < b.n; ++i) {
       b.src[i] = weights[i].data_ptr<float>();
-      b.rows[i] = weights[i].size(0);
+      b.rows[i] = weights[i].size(-2);
     }
     check_kernel_launch(kernels::cast_weight_blocks(out.data_ptr(), out_dt, b, stream_of(out)), "cast_weight_blocks");
     return;
   }
 #endif
-  out.copy_(weights.size() == 1 ? weights[0] : torch::cat(weights, 0));
+  out.copy_(weights.size() == 1 ? weights[0] : torch::cat(weights, -2));
 }
 
 }  // namespace model

@@ -75,9 +75,10 @@ bool mixed_linear_applies(const at::Tensor& x, at::TensorList weights);
 at::Tensor mixed_linear(const at::Tensor& x, at::TensorList weights, at::ScalarType dtype);
 
 // [W1; W2; ...] [Σ out_i, in] cast to `dtype`: one kernel on a GPU for up to 4 contiguous fp32
-// blocks, else torch::cat(weights).to(dtype) (the reference).
+// blocks, else torch::cat(weights).to(dtype) (the reference). Stacked experts' weights [E, out_i,
+// in] (MoE) concatenate per expert: [E, Σ out_i, in], torch::cat(weights, 1).
 at::Tensor cast_weight_blocks(at::TensorList weights, at::ScalarType dtype);
-// The same written into `out` [Σ out_i, in] (contiguous, bf16 or fp16), for a kept buffer.
+// The same written into `out` (contiguous, bf16 or fp16), for a kept buffer.
 void cast_weight_blocks_into(at::Tensor& out, at::TensorList weights);
 
 }  // namespace model

@@ -8,6 +8,7 @@
 // start one expert drew ~60% of the tokens, the padded block was 6× the work and ran out of memory.)
 #include "model/moe.h"
 
+#include "model/expert_product.h"
 #include "model/fused_swiglu.h"
 #include "model/grouped_linear.h"
 #include "model/moe_dispatch.h"
@@ -121,9 +122,17 @@ MoEOutput MoEImpl::forward(const torch::Tensor& u) {
     }
     return grouped_linear(x, w, rows);
   };
-  auto gate_up = torch::cat({as_dtype(gate, mdt), as_dtype(up, mdt)}, 1);  // [E,2fe,d]
-  auto h = swiglu(grouped(xs, gate_up));                                   // [N·k,fe]
-  auto ys = grouped(h, as_dtype(down, mdt));                               // [N·k,d] expert order
+  torch::Tensor ys;  // [N·k,d] expert order
+  if (expert_product_applies(xs, {gate, up}, mdt)) {
+    // The fp32 weights' kept bf16 copies, their gradients straight into .grad (model/expert_product.h).
+    offsets = counts.cumsum(0).to(torch::kInt32);
+    auto h = swiglu(expert_product(xs, {gate, up}, offsets, mdt));  // [N·k,fe]
+    ys = expert_product_applies(h, {down}, mdt) ? expert_product(h, {down}, offsets, mdt) : grouped(h, as_dtype(down, mdt));
+  } else {
+    auto gate_up = torch::cat({as_dtype(gate, mdt), as_dtype(up, mdt)}, 1);  // [E,2fe,d]
+    auto h = swiglu(grouped(xs, gate_up));                                   // [N·k,fe]
+    ys = grouped(h, as_dtype(down, mdt));
+  }
   // Back to token order, weighted by γ and summed over the k slots.
   auto y = combine_weighted(ys, order, r.topk_w);  // [N,d]
   if (!shared.is_empty()) y = shared(u2) + y;

@@ -24,8 +24,8 @@ struct Group {
   std::vector<WeakImpl> weights;
   std::vector<int64_t> versions;       // each weight's version when the shadow was last written whole
   std::vector<const void*> data;       // and its data pointer then
-  std::vector<int64_t> row_offsets;    // each weight's first row in the buffer
-  at::Tensor buffer;                   // [Σ out_i, in] in the group's dtype
+  std::vector<int64_t> row_offsets;    // each weight's first row in the buffer (per expert when stacked)
+  at::Tensor buffer;                   // [Σ out_i, in], or [E, Σ out_i, in] for experts, in the group's dtype
   bool current = false;                // false: recast before the next use (invalidate_weight_shadows)
 };
 
@@ -83,56 +83,77 @@ void erase_group(std::map<Key, Group>::iterator it) {
   groups.erase(it);
 }
 
+bool expired(const Group& g) {
+  for (const auto& w : g.weights)
+    if (w.expired()) return true;
+  return false;
+}
+
 void prune_expired() {
   for (auto it = groups.begin(); it != groups.end();) {
-    bool expired = false;
-    for (const auto& w : it->second.weights) expired = expired || w.expired();
-    if (expired) erase_group(it++);
+    if (expired(it->second)) erase_group(it++);
     else ++it;
   }
 }
 
-}  // namespace
-
-at::Tensor shadowed_weight_blocks(at::TensorList weights, at::ScalarType dtype) {
+// Both kinds of groups: plain weights [out_i, in] (dims 2) or stacked experts [E, out_i, in] (dims 3).
+at::Tensor shadowed_blocks(at::TensorList weights, at::ScalarType dtype, int64_t dims) {
   TORCH_CHECK(!weights.empty(), "shadowed_weight_blocks: no weights");
   // Any device: the trainer only reaches this on a GPU (model/mixed_linear.h), and on the CPU the
   // same bookkeeping is tested without one.
   bool fits = enabled && (dtype == at::kBFloat16 || dtype == at::kHalf);
   for (const auto& w : weights)
-    fits = fits && w.scalar_type() == at::kFloat && w.dim() == 2 && w.is_contiguous() &&
-           w.device() == weights[0].device() && w.size(1) == weights[0].size(1);
+    fits = fits && w.scalar_type() == at::kFloat && w.dim() == dims && w.is_contiguous() &&
+           w.device() == weights[0].device() && w.size(-1) == weights[0].size(-1) &&
+           (dims == 2 || w.size(0) == weights[0].size(0));  // experts stack per expert: one E
   if (!fits) return cast_weight_blocks(weights, dtype);
   std::lock_guard<std::mutex> lock(mu);
   const Key key{weights[0].unsafeGetTensorImpl(), weights.size(), dtype};
   auto it = groups.find(key);
-  // The same first weight in another grouping: no shadow (groups are never erased here, as a
+  // A group whose weights are gone (a dropped model whose TensorImpl's address came back) goes.
+  if (it != groups.end() && expired(it->second)) {
+    erase_group(it);
+    it = groups.end();
+  }
+  // The same first weight in another grouping: no shadow (live groups are never erased here, as a
   // captured graph may hold their buffers).
   if (it != groups.end() && !same_weights(it->second, weights)) return cast_weight_blocks(weights, dtype);
   if (it == groups.end()) {
     // A graph being captured must not allocate memory that outlives it: cast as before.
     if (weights[0].is_cuda() && cuda_stream_capturing()) return cast_weight_blocks(weights, dtype);
+    prune_expired();  // first: a dropped weight's owner entry must not claim a new weight at its address
     // A weight already shadowed in another group: the optimizer writes one shadow per weight, so
     // a second one would go stale unseen. Cast as before.
     for (const auto& w : weights)
       if (owners.count(w.unsafeGetTensorImpl())) return cast_weight_blocks(weights, dtype);
-    prune_expired();
     Group g;
     int64_t rows = 0;
     for (const auto& w : weights) {
       g.weights.emplace_back(w.getIntrusivePtr());
       g.row_offsets.push_back(rows);
-      rows += w.size(0);
+      rows += w.size(-2);
     }
     g.versions.assign(weights.size(), -1);
     g.data.assign(weights.size(), nullptr);
-    g.buffer = torch::empty({rows, weights[0].size(1)}, weights[0].options().dtype(dtype));
+    std::vector<int64_t> shape{rows, weights[0].size(-1)};
+    if (dims == 3) shape.insert(shape.begin(), weights[0].size(0));
+    g.buffer = torch::empty(shape, weights[0].options().dtype(dtype));
     it = groups.emplace(key, std::move(g)).first;
     for (size_t i = 0; i < weights.size(); ++i) owners[weights[i].unsafeGetTensorImpl()] = {key, i};
   }
   Group& g = it->second;
   if (!up_to_date(g)) recast(g, weights);
   return g.buffer;
+}
+
+}  // namespace
+
+at::Tensor shadowed_weight_blocks(at::TensorList weights, at::ScalarType dtype) {
+  return shadowed_blocks(weights, dtype, 2);
+}
+
+at::Tensor shadowed_expert_blocks(at::TensorList weights, at::ScalarType dtype) {
+  return shadowed_blocks(weights, dtype, 3);
 }
 
 at::Tensor weight_shadow_of(const at::Tensor& weight) {
@@ -146,7 +167,8 @@ at::Tensor weight_shadow_of(const at::Tensor& weight) {
   if (it == groups.end() || i >= it->second.weights.size()) return {};
   auto held = it->second.weights[i].lock();
   if (!held || held.get() != impl) return {};
-  return it->second.buffer.narrow(0, it->second.row_offsets[i], weight.size(0));
+  // A stacked group's block is contiguous per expert only (AdamW writes it in runs).
+  return it->second.buffer.narrow(-2, it->second.row_offsets[i], weight.size(-2));
 }
 
 void refresh_weight_shadows() {

@@ -32,8 +32,13 @@ namespace model {
 // weights that are not 2-D contiguous fp32 of one device and width.
 at::Tensor shadowed_weight_blocks(at::TensorList weights, at::ScalarType dtype);
 
-// The shadow of one weight (a contiguous [out, in] row block of its group's shadow), or an
-// undefined tensor when it has none. An optimizer that updates the weight through raw pointers
+// The same for stacked experts' weights, each [E, out_i, in] (MoE gate and up): [E, Σ out_i, in],
+// the same values as cast_weight_blocks(weights, dtype), under the same rules (3-D contiguous fp32
+// weights of one device, E and in).
+at::Tensor shadowed_expert_blocks(at::TensorList weights, at::ScalarType dtype);
+
+// The shadow of one weight (a contiguous [out, in] row block of its group's shadow; for experts,
+// the [E, out, in] block, contiguous within each expert), or an undefined tensor when it has none. An optimizer that updates the weight through raw pointers
 // writes the updated weight's rounded values here in the same pass.
 at::Tensor weight_shadow_of(const at::Tensor& weight);
 

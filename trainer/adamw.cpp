@@ -125,9 +125,16 @@ bool AdamW::own_kernel_update(const at::Tensor& grad_divisor) {
     // weight's bf16/fp16 shadow, if it has one, or the next forward would multiply with stale values.
     const at::Tensor shadow = model::weight_shadow_of(p);
     if (shadow.defined()) {
-      if (!shadow.is_contiguous() || shadow.numel() != p.numel() ||
-          (shadow.scalar_type() != at::kBFloat16 && shadow.scalar_type() != at::kHalf))
+      if (shadow.numel() != p.numel() || (shadow.scalar_type() != at::kBFloat16 && shadow.scalar_type() != at::kHalf))
         return false;
+      if (!shadow.is_contiguous()) {
+        // An expert's block of a stacked shadow [E, Σ n_i, K]: contiguous within each expert.
+        const bool runs = shadow.dim() == 3 && shadow.sizes() == p.sizes() && shadow.stride(2) == 1 &&
+                          shadow.stride(1) == shadow.size(2) && shadow.stride(0) < (int64_t{1} << 31);
+        if (!runs) return false;
+        t.shadow_block = static_cast<int32_t>(shadow.size(1) * shadow.size(2));
+        t.shadow_stride = static_cast<int32_t>(shadow.stride(0));
+      }
       t.shadow = shadow.data_ptr();
       t.shadow_dt = shadow.scalar_type() == at::kBFloat16 ? kernels::DType::BF16 : kernels::DType::F16;
       shadows.push_back(shadow);

@@ -13,9 +13,14 @@
 #include <string>
 #include <vector>
 
+#include "kernels/block_grads.h"
+#include "model/expert_product.h"
 #include "model/grouped_linear.h"
+#include "model/kernel_dtype.h"
+#include "model/mixed_linear.h"
 #include "model/model_config.h"
 #include "model/moe.h"
+#include "model/weight_shadow.h"
 #include "tests/support/torch_compare.h"
 
 namespace {
@@ -132,8 +137,9 @@ TEST(GroupedLinearCuda, MoeBf16MakesNoHostSync) {
   m->to(torch::kCUDA);
   auto u0 = torch::randn({2, 96, c.d}, torch::TensorOptions().device(torch::kCUDA));
   auto R = torch::randn({2, 96, c.d}, u0.options());
-  auto run = [&](bool fast) {
+  auto run = [&](bool fast, bool in_place) {
     m->zero_grad();
+    model::WeightGradInPlaceScope scope(in_place);
     at::autocast::set_autocast_enabled(at::kCUDA, true);
     at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
     auto u = u0.clone().requires_grad_(true);
@@ -157,12 +163,162 @@ TEST(GroupedLinearCuda, MoeBf16MakesNoHostSync) {
     for (auto& p : m->parameters()) g.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
     return g;
   };
-  const auto fast = run(true), ref = run(false);
-  ASSERT_TRUE(fast[0].defined() && fast[1].defined());
-  for (size_t i = 0; i < fast.size(); ++i) {
-    // bf16 products on both sides, summed in different orders and rounded at different points.
-    const double e = rel_norm_diff(fast[i], ref[i]);
-    EXPECT_LT(e, 2e-2) << "output/grad " << i;
-    std::printf("[moe bf16 no-sync vs reference] tensor %zu: %.1e\n", i, e);
+  model::clear_weight_shadows();
+  const auto ref = run(false, false);
+  // Through autograd, then with the experts' weight shadows and in-place gradients
+  // (model/expert_product.h): twice, the second reusing the shadows the first made.
+  for (const bool in_place : {false, true, true}) {
+    const auto fast = run(true, in_place);
+    ASSERT_TRUE(fast[0].defined() && fast[1].defined());
+    for (size_t i = 0; i < fast.size(); ++i) {
+      // bf16 products on both sides, summed in different orders and rounded at different points.
+      const double e = rel_norm_diff(fast[i], ref[i]);
+      EXPECT_LT(e, 2e-2) << (in_place ? "in place: " : "autograd: ") << "output/grad " << i;
+      std::printf("[moe bf16 no-sync vs reference, %s] tensor %zu: %.1e\n", in_place ? "in place" : "autograd", i, e);
+    }
+  }
+  EXPECT_TRUE(model::weight_shadow_of(m->gate).defined()) << "the in-place path kept no shadow of the experts' gate";
+  EXPECT_TRUE(model::weight_shadow_of(m->down).defined()) << "the in-place path kept no shadow of the experts' down";
+  model::clear_weight_shadows();
+}
+
+// expert_product (model/expert_product.h) against the same product through autograd: bf16 x, fp32
+// stacked weights cast to bf16 and concatenated, grouped_linear_offsets. y and dx come from the
+// same GEMMs on the same bf16 values; each weight's fp32 .grad from one bf16 weight-gradient GEMM
+// on both sides (their kernels may sum in other orders): written the first time, added the second.
+// Empty experts (first, inside, last) get exactly zero gradients. The weights' bf16 shadow is
+// the stacked cast, bit for bit.
+TEST(GroupedLinearCuda, ExpertProductMatchesTheAutogradPath) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  if (!model::grouped_mm_device_ok(0)) GTEST_SKIP() << "the device-offset grouped GEMM needs sm90/sm100";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 927);
+  struct Case {
+    std::vector<int64_t> rows;
+    std::vector<int64_t> n;  // each weight's rows per expert
+    int64_t K;
+  };
+  const Case cases[] = {{{0, 5, 0, 17, 1, 0, 40, 0}, {24, 16}, 40},
+                        {{300, 2, 0, 1}, {512}, 136},
+                        {{1000, 64, 64, 64, 64, 64, 64, 3}, {96, 96, 32}, 256}};
+  model::clear_weight_shadows();
+  for (const Case& c : cases) {
+    const int64_t M = std::accumulate(c.rows.begin(), c.rows.end(), int64_t{0});
+    const int64_t E = static_cast<int64_t>(c.rows.size());
+    auto f32 = torch::TensorOptions().device(torch::kCUDA);
+    auto x0 = torch::randn({M, c.K}, f32.dtype(torch::kBFloat16));
+    std::vector<torch::Tensor> w0;
+    int64_t N = 0;
+    for (const int64_t n : c.n) {
+      w0.push_back(torch::randn({E, n, c.K}, f32) / 8);
+      N += n;
+    }
+    auto offsets = torch::tensor(c.rows, torch::kInt64).cumsum(0).to(torch::kInt32).to(torch::kCUDA);
+    std::string what = "N=" + std::to_string(N) + " K=" + std::to_string(c.K) + " rows";
+    for (const int64_t r : c.rows) what += " " + std::to_string(r);
+    // Autograd's path; ours on its own copies of the weights. Two backwards each, dy then dy2.
+    auto dy = torch::randn({M, N}, x0.options()), dy2 = torch::randn({M, N}, x0.options());
+    auto run = [&](bool ours) {
+      std::vector<torch::Tensor> w;
+      for (const auto& t : w0) w.push_back(t.clone().requires_grad_(true));
+      auto x = x0.clone().requires_grad_(true);
+      std::vector<torch::Tensor> out;
+      for (const auto& g : {dy, dy2}) {
+        torch::Tensor y;
+        if (ours) {
+          model::WeightGradInPlaceScope scope;
+          EXPECT_TRUE(model::expert_product_applies(x, w, torch::kBFloat16)) << what;
+          y = model::expert_product(x, w, offsets, torch::kBFloat16);
+        } else {
+          std::vector<torch::Tensor> cast;
+          for (const auto& t : w) cast.push_back(t.to(torch::kBFloat16));
+          y = model::grouped_linear_offsets(x, torch::cat(cast, 1), offsets);
+        }
+        y.backward(g);
+        out.push_back(y.detach());
+        out.push_back(x.grad().clone());
+        for (const auto& t : w) out.push_back(t.grad().clone());
+      }
+      if (ours) {
+        // The shadow: the stacked weights' cast, each weight's block of it.
+        auto shadow = model::shadowed_expert_blocks(w, torch::kBFloat16);
+        std::vector<torch::Tensor> cast;
+        for (const auto& t : w) cast.push_back(t.detach().to(torch::kBFloat16));
+        EXPECT_TRUE(torch::equal(shadow, torch::cat(cast, 1))) << what;
+        for (size_t i = 0; i < w.size(); ++i) EXPECT_TRUE(torch::equal(model::weight_shadow_of(w[i]), cast[i])) << what;
+      }
+      return out;
+    };
+    const auto want = run(false), got = run(true);
+    ASSERT_EQ(want.size(), got.size());
+    const size_t per = 2 + w0.size();
+    for (size_t i = 0; i < got.size(); ++i) {
+      const size_t j = i % per;
+      const std::string name = (i < per ? "first " : "second ") + std::string(j == 0 ? "y" : j == 1 ? "dx" : "dw") +
+                               (j >= 2 ? std::to_string(j - 2) : "");
+      const double e = rel_norm_diff(got[i], want[i]);
+      // y and dx: the same GEMM on the same values. dw: one bf16 rounding of fp32 sums, either order.
+      EXPECT_LT(e, j < 2 ? 1e-6 : 8e-3) << what << ": " << name;
+      std::printf("[expert_product] %s %s: %.1e\n", what.c_str(), name.c_str(), e);
+      if (j >= 2) {
+        for (int64_t e2 = 0; e2 < E; ++e2)
+          if (c.rows[static_cast<size_t>(e2)] == 0) EXPECT_EQ(got[i][e2].abs().max().item<float>(), 0.f) << what << " " << name;
+      }
+    }
+  }
+  model::clear_weight_shadows();
+}
+
+// The gradient scatter kernel (kernels/block_grads.h) against narrow + cast (+ add) per block:
+// 16-byte runs and element by element (odd widths), written and added, several experts.
+TEST(GroupedLinearCuda, BlockGradScatterMatchesNarrowAndCast) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 929);
+  struct Case {
+    int64_t E;
+    std::vector<int64_t> rows;
+    int64_t C;
+  };
+  const Case cases[] = {{4, {24, 16}, 40}, {1, {7}, 13}, {3, {5, 1, 9, 2}, 8}, {64, {64, 64}, 128}};
+  for (const auto dt : {torch::kBFloat16, torch::kHalf}) {
+    for (const Case& c : cases) {
+      int64_t N = 0;
+      for (const int64_t r : c.rows) N += r;
+      auto src = torch::randn({c.E, N, c.C}, torch::TensorOptions().device(torch::kCUDA).dtype(dt));
+      kernels::GradBlocks b;
+      b.n = static_cast<int>(c.rows.size());
+      b.cols = c.C;
+      b.experts = c.E;
+      std::vector<torch::Tensor> got, want;
+      int64_t col = 0;
+      for (int i = 0; i < b.n; ++i) {
+        const int64_t r = c.rows[static_cast<size_t>(i)];
+        auto before = torch::randn({c.E, r, c.C}, src.options().dtype(torch::kFloat));
+        const bool add = i % 2 == 1;
+        got.push_back(before.clone());
+        want.push_back(add ? before + src.narrow(1, col, r).to(torch::kFloat) : src.narrow(1, col, r).to(torch::kFloat));
+        b.dst[i] = got.back().data_ptr<float>();
+        b.rows[i] = r;
+        b.add[i] = add;
+        col += r;
+      }
+      model::check_kernel_launch(kernels::scatter_block_grads(src.data_ptr(), dt == torch::kHalf ? kernels::DType::F16 : kernels::DType::BF16, b,
+                                                              model::stream_of(src)),
+                                 "scatter_block_grads");
+      for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_TRUE(torch::equal(got[i], want[i])) << "E=" << c.E << " C=" << c.C << " block " << i;
+    }
+  }
+}
+
+// Stacked experts' weights cast in one launch (kernels/weight_cast.h with experts > 1): the
+// per-expert concatenation's cast, bit for bit, for vector and element-by-element widths.
+TEST(GroupedLinearCuda, StackedWeightCastMatchesCatAndCast) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 931);
+  for (const int64_t C : {int64_t{40}, int64_t{13}}) {
+    std::vector<torch::Tensor> w = {torch::randn({6, 24, C}, torch::kCUDA), torch::randn({6, 8, C}, torch::kCUDA),
+                                    torch::randn({6, 1, C}, torch::kCUDA)};
+    EXPECT_TRUE(torch::equal(model::cast_weight_blocks(w, torch::kBFloat16), torch::cat(w, 1).to(torch::kBFloat16)))
+        << "C=" << C;
   }
 }

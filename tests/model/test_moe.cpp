@@ -12,8 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "model/expert_product.h"
 #include "model/grouped_linear.h"
 #include "model/layers.h"
+#include "model/mixed_linear.h"
 #include "model/moe.h"
 #include "model/moe_dispatch.h"
 #include "tests/support/torch_compare.h"
@@ -300,6 +302,59 @@ TEST(Moe, GroupedLinearReferenceAndErrors) {
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("do not add up to x's 7 rows"), std::string::npos) << e.what();
   }
+}
+
+// expert_product (model/expert_product.h) on the CPU, its looped reference path: y and dx against
+// the per-group matmuls through autograd (fp64 products of fp32 weights), and each weight's .grad
+// written by the first backward and added by the second, with experts of no rows (zero gradient).
+// Outside a WeightGradInPlaceScope, and on the CPU, the MoE layer does not take it.
+TEST(Moe, ExpertProductWritesThenAddsWeightGradients) {
+  torch::manual_seed(9);
+  const std::vector<int64_t> rows{3, 0, 6, 2, 0};
+  const int64_t M = 11, K = 8, E = 5;
+  auto x0 = torch::randn({M, K}, torch::kFloat64);
+  std::vector<torch::Tensor> w0 = {torch::randn({E, 4, K}), torch::randn({E, 6, K})};
+  auto offsets = torch::tensor(rows, torch::kInt64).cumsum(0).to(torch::kInt32);
+  auto dy1 = torch::randn({M, 10}, torch::kFloat64), dy2 = torch::randn({M, 10}, torch::kFloat64);
+  auto run = [&](bool ours) {
+    std::vector<torch::Tensor> w;
+    for (const auto& t : w0) w.push_back(t.clone().requires_grad_(true));
+    auto x = x0.clone().requires_grad_(true);
+    std::vector<torch::Tensor> out;
+    for (const auto& dy : {dy1, dy2}) {
+      auto y = ours ? model::expert_product(x, w, offsets, torch::kFloat64)
+                    : model::grouped_linear_reference(x, torch::cat({w[0], w[1]}, 1).to(torch::kFloat64), rows);
+      y.backward(dy);
+      out.push_back(y.detach());
+      out.push_back(x.grad().clone());
+      for (const auto& t : w) out.push_back(t.grad().clone());
+    }
+    EXPECT_EQ(w[0].grad().scalar_type(), torch::kFloat32);
+    return out;
+  };
+  const auto want = run(false), got = run(true);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    // fp64 sums in other orders, weight gradients rounded to fp32 once (written) or twice (added).
+    EXPECT_LT(max_abs_diff(got[i], want[i]), 1e-5) << "tensor " << i;
+  }
+  // Experts 1 and 4 had no rows: exactly zero gradients, in both weights, after both backwards.
+  for (size_t i : {size_t{6}, size_t{7}})
+    for (int64_t e : {int64_t{1}, int64_t{4}}) EXPECT_EQ(got[i][e].abs().max().item<double>(), 0.0) << i << " " << e;
+  {
+    model::WeightGradInPlaceScope scope;
+    std::vector<torch::Tensor> w;
+    for (const auto& t : w0) w.push_back(t.clone().requires_grad_(true));
+    EXPECT_FALSE(model::expert_product_applies(x0.to(torch::kBFloat16), w, torch::kBFloat16)) << "on the CPU";
+  }
+  // Wrong offsets and shapes are named.
+  try {
+    model::expert_product(x0, w0, offsets.narrow(0, 0, 3), torch::kFloat64);
+    FAIL() << "offsets for 3 of 5 experts were accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expected int32 offsets [5]"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(model::expert_product(x0, {torch::randn({E, 4, K + 1})}, offsets, torch::kFloat64), c10::Error);
 }
 
 // dispatch_rows / combine_rows against explicit loops over the pairs, values and gradients (fp64;

@@ -190,6 +190,42 @@ TEST(TrainerCuda, AdamWKeepsTheWeightShadowsCurrent) {
   model::clear_weight_shadows();
 }
 
+// The same for stacked MoE expert weights (model/expert_product.h): gate and up [E, n, K] share one
+// shadow [E, 2n, K], each weight's block strided across the experts, which our AdamW writes in
+// runs (AdamWTensor::shadow_block); down has one of its own.
+TEST(TrainerCuda, AdamWKeepsStackedExpertShadowsCurrent) {
+  DD_REQUIRE_GPU();
+  torch::manual_seed(13);
+  model::clear_weight_shadows();
+  auto opt32 = torch::TensorOptions().device(torch::kCUDA);
+  auto gate = (torch::randn({6, 24, 40}, opt32) / 8).requires_grad_(true);
+  auto up = (torch::randn({6, 24, 40}, opt32) / 8).requires_grad_(true);
+  auto down = (torch::randn({6, 40, 24}, opt32) / 8).requires_grad_(true);
+  trainer::AdamW opt({{"gate", gate}, {"up", up}, {"down", down}}, {true, true, false}, trainer::AdamWOptions{});
+  auto matches = [&] {
+    for (const auto& w : {gate, up, down}) {
+      auto shadow = model::weight_shadow_of(w);
+      if (!shadow.defined() || !torch::equal(shadow, w.detach().to(torch::kBFloat16))) return false;
+    }
+    return true;
+  };
+  model::shadowed_expert_blocks({gate, up}, torch::kBFloat16);
+  model::shadowed_expert_blocks({down}, torch::kBFloat16);
+  ASSERT_TRUE(matches());
+  ASSERT_FALSE(model::weight_shadow_of(gate).is_contiguous()) << "gate's block should be strided across the experts";
+  const int64_t casts = model::weight_shadow_casts();
+  for (int i = 0; i < 3; ++i) {
+    for (const auto& w : {gate, up, down}) w.mutable_grad() = torch::randn_like(w);
+    opt.step(1e-2);
+    opt.zero_grad();
+    EXPECT_TRUE(matches()) << "after step " << i + 1;
+    model::shadowed_expert_blocks({gate, up}, torch::kBFloat16);
+    model::shadowed_expert_blocks({down}, torch::kBFloat16);
+  }
+  EXPECT_EQ(model::weight_shadow_casts(), casts) << "a use recast a shadow AdamW had kept current";
+  model::clear_weight_shadows();
+}
+
 // The tiny GPT learns on CUDA in every precision; the run reports memory, MFU against the known peak,
 // the loss scale (fp16 scales dynamically, the others keep 1) and no FP8 saturations.
 TEST(TrainerCuda, TrainsInEveryPrecision) {

@@ -1,0 +1,31 @@
+// The inverse of a fused product's weight cast (kernels/weight_cast.h): its low-precision weight
+// gradient [experts, Σ rows_i, C] (one GEMM's output over the concatenated blocks) split back into
+// each weight's fp32 gradient [experts, rows_i, C], written or added, in one pass. For MoE experts
+// this replaces autograd's chain behind the grouped GEMM: the split of gate|up's gradient, a cast of
+// each part to fp32 (a strided copy) and the accumulation into .grad (one more read and write).
+// Raw pointers, no torch; the reference is model/expert_product.cpp's ATen path.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace kernels {
+
+struct GradBlocks {
+  static constexpr int kMax = 4;
+  float* dst[kMax] = {};      // [experts, rows[i], cols] each, contiguous fp32
+  int64_t rows[kMax] = {};
+  bool add[kMax] = {};        // add into dst (gradient accumulation) instead of writing it
+  int n = 0;                  // blocks used, 1..kMax
+  int64_t cols = 0;           // C, shared by every block
+  int64_t experts = 1;
+};
+
+#ifdef DD_HAVE_CUDA
+// src [experts, Σ rows_i, cols] contiguous in `src_dt` (BF16 or F16) into the blocks. Returns the
+// cudaError_t of the launch (0 = success; cudaErrorInvalidValue for a bad block or expert count).
+int scatter_block_grads(const void* src, DType src_dt, const GradBlocks& g, void* stream);
+#endif
+
+}  // namespace kernels

@@ -1,0 +1,188 @@
+#include "model/expert_product.h"
+
+#include <torch/torch.h>
+
+#include <atomic>
+#include <vector>
+
+#include "model/grouped_linear.h"
+#include "model/mixed_linear.h"
+#include "model/weight_shadow.h"
+
+#if defined(DD_HAVE_CUDA)
+#include "kernels/block_grads.h"
+#include "model/kernel_dtype.h"
+#endif
+
+namespace model {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+std::atomic<bool> allowed{true};
+
+// The groups' row ranges [start, end) on the host, for the looped products.
+std::vector<int64_t> group_ends(const at::Tensor& offsets) {
+  auto host = offsets.to(torch::kCPU, torch::kLong).contiguous();
+  return {host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel()};
+}
+
+bool grouped_gemm_takes(const at::Tensor& x, const at::Tensor& w) { return grouped_linear_offsets_supported(x, w); }
+
+// y = x_e · W_eᵀ per group (w [E, N, K]).
+at::Tensor forward_product(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offsets) {
+  if (grouped_gemm_takes(x, w)) return at::_grouped_mm(x, w.transpose(1, 2), offsets);
+  auto y = torch::empty({x.size(0), w.size(1)}, x.options());
+  int64_t start = 0, e = 0;
+  for (const int64_t end : group_ends(offsets)) {
+    if (end > start) y.narrow(0, start, end - start).copy_(torch::mm(x.narrow(0, start, end - start), w[e].t()));
+    start = end;
+    ++e;
+  }
+  return y;
+}
+
+// dx = dy_e · W_e per group.
+at::Tensor input_grad(const at::Tensor& dy, const at::Tensor& w, const at::Tensor& offsets) {
+  if (grouped_gemm_takes(dy, w.transpose(1, 2))) return at::_grouped_mm(dy, w, offsets);
+  auto dx = torch::empty({dy.size(0), w.size(2)}, dy.options());
+  int64_t start = 0, e = 0;
+  for (const int64_t end : group_ends(offsets)) {
+    if (end > start) dx.narrow(0, start, end - start).copy_(torch::mm(dy.narrow(0, start, end - start), w[e]));
+    start = end;
+    ++e;
+  }
+  return dx;
+}
+
+// dW_e = dy_eᵀ · x_e per group, [E, N, K] in dy's dtype; experts without rows get zeros.
+at::Tensor weight_grad(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& offsets, const at::Tensor& w) {
+  if (grouped_gemm_takes(x, w)) return at::_grouped_mm(dy.t(), x, offsets);
+  auto dw = torch::zeros(w.sizes(), dy.options());
+  int64_t start = 0, e = 0;
+  for (const int64_t end : group_ends(offsets)) {
+    if (end > start) dw[e].copy_(torch::mm(dy.narrow(0, start, end - start).t(), x.narrow(0, start, end - start)));
+    start = end;
+    ++e;
+  }
+  return dw;
+}
+
+// Each weight's block of dw [E, Σ n_i, K] into its .grad: written where that is undefined (a new
+// fp32 tensor), added otherwise. One kernel on a GPU when every weight takes its gradient and each
+// destination is plain fp32; else ATen per weight (the reference).
+void scatter_weight_grads(std::vector<at::Tensor>& weights, const at::Tensor& dw) {
+  struct Dest {
+    at::Tensor grad;
+    bool add;
+  };
+  std::vector<Dest> dest;
+  bool plain = true;
+  for (auto& w : weights) {
+    if (!w.requires_grad()) {
+      dest.push_back({at::Tensor(), false});
+      plain = false;
+      continue;
+    }
+    at::Tensor& g = w.mutable_grad();
+    const bool add = g.defined();
+    if (!add) g = torch::empty_like(w, at::MemoryFormat::Contiguous);
+    plain = plain && g.scalar_type() == at::kFloat && g.is_contiguous() && g.sizes() == w.sizes();
+    dest.push_back({g, add});
+  }
+#if defined(DD_HAVE_CUDA)
+  kernels::DType src_dt{};
+  if (plain && dw.is_cuda() && dw.is_contiguous() && dw.scalar_type() != at::kFloat && kernel_dtype(dw.scalar_type(), src_dt) &&
+      dest.size() <= static_cast<size_t>(kernels::GradBlocks::kMax)) {
+    kernels::GradBlocks b;
+    b.n = static_cast<int>(dest.size());
+    b.cols = dw.size(2);
+    b.experts = dw.size(0);
+    for (int i = 0; i < b.n; ++i) {
+      b.dst[i] = dest[i].grad.data_ptr<float>();
+      b.rows[i] = weights[i].size(1);
+      b.add[i] = dest[i].add;
+    }
+    check_kernel_launch(kernels::scatter_block_grads(dw.data_ptr(), src_dt, b, stream_of(dw)), "expert weight gradients");
+    return;
+  }
+#endif
+  int64_t col = 0;
+  for (size_t i = 0; i < dest.size(); ++i) {
+    const int64_t n = weights[i].size(1);
+    if (dest[i].grad.defined()) {
+      auto block = dw.narrow(1, col, n);
+      if (dest[i].add) dest[i].grad.add_(block.to(dest[i].grad.scalar_type()));
+      else dest[i].grad.copy_(block);
+    }
+    col += n;
+  }
+}
+
+struct ExpertProductFn : public torch::autograd::Function<ExpertProductFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& offsets, at::TensorList weights,
+                            int64_t dtype_code) {
+    const auto dtype = static_cast<at::ScalarType>(dtype_code);
+    auto xc = (x.scalar_type() == dtype ? x : x.to(dtype)).contiguous();
+    auto w = shadowed_expert_blocks(weights, dtype);  // [E, Σ n_i, K], kept current by AdamW
+    auto y = forward_product(xc, w, offsets);
+    ctx->save_for_backward({xc, w, offsets});
+    ctx->saved_data["weights"] = weights.vec();
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    return y;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1], &offsets = saved[2];
+    auto weights = ctx->saved_data["weights"].toTensorVector();
+    tensor_list out(weights.size() + 3);  // x, offsets, each weight (their gradients went to .grad), dtype
+    if (!grads[0].defined()) return out;
+    auto dy = grads[0].scalar_type() == w.scalar_type() ? grads[0] : grads[0].to(w.scalar_type());
+    if (!dy.is_contiguous()) dy = dy.contiguous();
+    if (ctx->needs_input_grad(0)) {
+      const auto x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+      auto dx = input_grad(dy, w, offsets);
+      out[0] = dx.scalar_type() == x_dtype ? dx : dx.to(x_dtype);
+    }
+    scatter_weight_grads(weights, weight_grad(dy, x, offsets, w));
+    return out;
+  }
+};
+
+}  // namespace
+
+bool expert_product_applies(const at::Tensor& x, at::TensorList weights, at::ScalarType dtype) {
+  if (!allowed || !WeightGradInPlaceScope::active() || !at::GradMode::is_enabled() || !x.is_cuda() ||
+      x.dim() != 2 || x.scalar_type() != dtype || weights.empty() ||
+      weights.size() > static_cast<size_t>(4))
+    return false;
+  int64_t n = 0;
+  for (const auto& w : weights) {
+    if (w.dim() != 3 || w.scalar_type() != at::kFloat || !w.is_contiguous() || w.device() != x.device() ||
+        !w.requires_grad() || !w.is_leaf() || w.size(0) != weights[0].size(0) || w.size(2) != x.size(1))
+      return false;
+    n += w.size(1);
+  }
+  return grouped_linear_offsets_supported(x.device(), dtype, n, x.size(1)) &&
+         grouped_linear_offsets_supported(x.device(), dtype, x.size(1), n);  // the input gradient's product
+}
+
+at::Tensor expert_product(const at::Tensor& x, at::TensorList weights, const at::Tensor& offsets, at::ScalarType dtype) {
+  TORCH_CHECK(!weights.empty(), "expert_product: no weights");
+  TORCH_CHECK(x.dim() == 2, "expert_product: expected x [M, K], got ", x.sizes());
+  for (const auto& w : weights)
+    TORCH_CHECK(w.dim() == 3 && w.size(0) == weights[0].size(0) && w.size(2) == x.size(1), "expert_product: weight ",
+                w.sizes(), " for x ", x.sizes(), " and ", weights[0].size(0), " experts");
+  TORCH_CHECK(offsets.dim() == 1 && offsets.size(0) == weights[0].size(0) && offsets.scalar_type() == torch::kInt32 &&
+                  offsets.device() == x.device(),
+              "expert_product: expected int32 offsets [", weights[0].size(0), "] on ", x.device(), ", got ",
+              offsets.sizes(), " ", offsets.scalar_type(), " on ", offsets.device());
+  return ExpertProductFn::apply(x, offsets, weights, static_cast<int64_t>(dtype));
+}
+
+void expert_products(bool on) { allowed = on; }
+
+}  // namespace model
