@@ -19,7 +19,7 @@ std::set<prof::ActivityType> activities(bool gpu) {
   return {prof::ActivityType::CPU};
 }
 
-prof::ProfilerConfig config() { return prof::ProfilerConfig(prof::ProfilerState::KINETO, false, false); }
+prof::ProfilerConfig config(bool shapes) { return prof::ProfilerConfig(prof::ProfilerState::KINETO, shapes, false); }
 
 // A kernel's component, from its name (cuBLAS/CUTLASS/flash/ATen kernel naming).
 std::string component_of(const std::string& name) {
@@ -40,12 +40,12 @@ std::string component_of(const std::string& name) {
 
 }  // namespace
 
-std::unique_ptr<StepProfile> StepProfile::start(int gpu_index) {
+std::unique_ptr<StepProfile> StepProfile::start(int gpu_index, bool shapes) {
   const bool gpu = gpu_index >= 0;
   std::unique_ptr<StepProfile> p(new StepProfile());
   p->gpu_index_ = gpu_index;
-  torch::autograd::profiler::prepareProfiler(config(), activities(gpu));
-  torch::autograd::profiler::enableProfiler(config(), activities(gpu));
+  torch::autograd::profiler::prepareProfiler(config(shapes), activities(gpu));
+  torch::autograd::profiler::enableProfiler(config(shapes), activities(gpu));
   p->running_ = true;
   return p;
 }

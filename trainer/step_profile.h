@@ -12,8 +12,10 @@ namespace trainer {
 class StepProfile {
  public:
   // Starts collecting CPU ops, and GPU kernels (all threads, CUPTI) when `gpu_index` >= 0; the
-  // report counts the kernels of that GPU only (other ranks' GPUs run the same work).
-  static std::unique_ptr<StepProfile> start(int gpu_index);
+  // report counts the kernels of that GPU only (other ranks' GPUs run the same work). `shapes`:
+  // the trace also records each op's input shapes (for a saved trace, to tell which tensors a
+  // kernel worked on; it slows the host side of the profiled steps).
+  static std::unique_ptr<StepProfile> start(int gpu_index, bool shapes = false);
   ~StepProfile();
   // Stops, writes the trace to trace_path (JSON) and returns the table, times per step, listing
   // the `top` kernels with the most GPU time.

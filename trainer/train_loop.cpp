@@ -658,7 +658,7 @@ class TrainLoop {
     settle_step_values();
     if (device_.is_cuda()) at::accelerator::synchronizeDevice(device_.index());
     if (step_ == from) {
-      profile_ = StepProfile::start(device_.is_cuda() ? device_.index() : -1);
+      profile_ = StepProfile::start(device_.is_cuda() ? device_.index() : -1, !opts_.profile_trace.empty());
       t_profile_ = Clock::now();
     } else {
       const double ms = seconds_since(t_profile_) * 1e3 / static_cast<double>(opts_.profile_steps);

@@ -287,6 +287,39 @@ TEST(Moe, RouterStaysFp32UnderAutocast) {
   EXPECT_LE(max_abs_diff(out.y, ref.y), 3e-2 * ref.y.abs().max().item<double>());
 }
 
+// Under bf16 autocast the layer's fp32 input reaches the router as itself and the experts rounded
+// once (RouterAndExpertInputsFn), whose backward sums the router's fp32 gradient and the experts'
+// bf16 one. du against the per-expert reference under the same autocast: from the aux loss alone
+// (the router's path only: fp32 on both sides, so near-exact) and from the output (both paths; bf16
+// products on both sides, summed in other orders).
+TEST(Moe, InputGradientUnderAutocastSumsRouterAndExperts) {
+  torch::manual_seed(43);
+  auto c = moe_config();
+  auto m = make_moe(c);
+  auto u = torch::randn({2, 40, c.d});
+  auto R = torch::randn({2, 40, c.d});
+  auto du = [&](bool fast, bool from_output) {
+    m->zero_grad();
+    auto uu = u.clone().requires_grad_(true);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    auto out = fast ? m->forward(uu) : m->forward_reference(uu);
+    auto loss = from_output ? (out.y.to(torch::kFloat32) * R).sum() : out.aux_loss;
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+    at::autocast::clear_cache();
+    loss.backward();
+    return uu.grad().clone();
+  };
+  const auto router_fast = du(true, false), router_ref = du(false, false);
+  const auto out_fast = du(true, true), out_ref = du(false, true);
+  const double e_router = testing_support::rel_norm_diff(router_fast, router_ref);
+  const double e_out = testing_support::rel_norm_diff(out_fast, out_ref);
+  std::printf("[moe autocast] du from the aux loss %.1e, from the output %.1e\n", e_router, e_out);
+  EXPECT_GT(router_ref.abs().max().item<double>(), 0.0);
+  EXPECT_LT(e_router, 1e-5);
+  EXPECT_LT(e_out, 2e-2);
+}
+
 // The grouped linear under the fast dispatch: the per-group reference, and bad row counts named.
 TEST(Moe, GroupedLinearReferenceAndErrors) {
   torch::manual_seed(5);
