@@ -2,8 +2,11 @@
 // block first copies its tile of x (with the W − 1 tokens before it, and for the backward the W − 1
 // after it), of dy and of the document positions into shared memory, all threads together, in
 // 16-byte loads where the rows allow; then each thread walks its channel's tokens in order from
-// shared memory with the last W inputs (and, backward, the last W pre-activation gradients) in
-// registers. Loading token by token from global memory instead, every thread waited on one memory
+// shared memory with the last W inputs (and, backward, the last W pre-activation gradients and
+// positions) in registers, reading one staged value of x (and dy) per token. These kernels are
+// bound by instruction issue, not memory (ncu: 64% issue slots busy at 18% of DRAM bandwidth for
+// the backward), so the walk keeps 32-bit row offsets and tests a tap only at a document's first
+// W − 1 tokens: taps before the row's start read staged zeros. Loading token by token from global memory instead, every thread waited on one memory
 // round trip per token and the backward ran at a fifth of the memory bandwidth. The backward's
 // weight gradient is summed per thread over its tile and added with one fp32 atomic per tap
 // (R·T/kTile additions per weight).
@@ -26,10 +29,6 @@ __host__ __device__ constexpr int tile_of() {
 }
 
 __device__ __forceinline__ float sigmoid(float s) { return 1.f / (1.f + __expf(-s)); }
-
-// Tap i of token t (row-local index) reaches a token of the same document; p is the token's
-// position in its document (INT_MAX for rows without document positions).
-__device__ __forceinline__ bool tap_ok(int64_t t, int i, int p) { return t - i >= 0 && p >= i; }
 
 // Copies tokens [ta, ta + n) of one row (token stride ld; tokens outside [0, T_len) read as 0) ×
 // channels [c0, c0 + kThreads) (those ≥ C read as 0) into dst [n][kThreads]. `vec`: 16-byte loads
@@ -76,6 +75,26 @@ __device__ __forceinline__ void stage_positions(int* dst, const int64_t* pos_row
   }
 }
 
+// The pre-activation of a token whose last W inputs are xw (oldest first) and whose position in its
+// document is p: taps reaching before the document's start are left out. Taps before the row's
+// start need no test: their inputs were staged as zeros.
+template <int W>
+__device__ __forceinline__ float conv_at(const float* wc, const float* xw, int p) {
+  float s = 0.f;
+  if (p >= W - 1) {
+#pragma unroll
+    for (int j = 0; j < W; ++j) s += wc[j] * xw[j];
+  } else {
+#pragma unroll
+    for (int j = 0; j < W; ++j)
+      if (p >= W - 1 - j) s += wc[j] * xw[j];
+  }
+  return s;
+}
+
+template <typename T>
+__device__ __forceinline__ void y_store(T* yp, float s) { *yp = from_f32<T>(s * sigmoid(s)); }
+
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads) short_conv_forward_kernel(T* y, const T* x, const float* w,
                                                                       const int64_t* pos, int64_t T_len, int64_t C,
@@ -92,16 +111,19 @@ __global__ void __launch_bounds__(kThreads) short_conv_forward_kernel(T* y, cons
   stage_positions(p_s, pos ? pos + r * T_len : nullptr, t0, static_cast<int>(t1 - t0), T_len);
   __syncthreads();
   if (c >= C) return;
-  float wc[W];
+  float wc[W], xw[W];  // xw[j]: x of token t − (W−1) + j
 #pragma unroll
   for (int j = 0; j < W; ++j) wc[j] = w[c * W + j];
-  for (int64_t t = t0; t < t1; ++t) {
-    const int p = p_s[t - t0];
-    float s = 0.f;
+  const T* xs = x_s + threadIdx.x;  // row i: token xa + i
 #pragma unroll
-    for (int i = 0; i < W; ++i)
-      if (tap_ok(t, i, p)) s += wc[W - 1 - i] * to_f32(x_s[(t - i - xa) * kThreads + threadIdx.x]);
-    y[(r * T_len + t) * C + c] = from_f32<T>(s * sigmoid(s));
+  for (int j = 0; j < W - 1; ++j) xw[j + 1] = to_f32(xs[j * kThreads]);
+  T* yp = y + (r * T_len + t0) * C + c;
+  const int n = static_cast<int>(t1 - t0);
+  for (int i = 0; i < n; ++i, yp += C) {
+#pragma unroll
+    for (int j = 0; j < W - 1; ++j) xw[j] = xw[j + 1];
+    xw[W - 1] = to_f32(xs[(i + W - 1) * kThreads]);
+    y_store(yp, conv_at<W>(wc, xw, p_s[i]));
   }
 }
 
@@ -127,54 +149,50 @@ __global__ void __launch_bounds__(kThreads) short_conv_backward_kernel(T* dx, fl
   stage_positions(p_s, pos ? pos + r * T_len : nullptr, t0, static_cast<int>(t_end - t0), T_len);
   __syncthreads();
   if (c >= C) return;
-  T* dxr = dx + r * T_len * ld_dx + c;
-  float wc[W], dsw[W], dwc[W];
-  bool okw[W][W];  // okw[j][i]: tap i of token (t − (W−1) + j) is valid
+  // Registers hold the last W inputs (xw), pre-activation gradients (dsw) and positions (pw) of the
+  // walk, oldest first; tokens past the row's end were staged as x = dy = 0, so their ds is 0.
+  float wc[W], xw[W], dsw[W], dwc[W];
+  int pw[W];
 #pragma unroll
   for (int j = 0; j < W; ++j) {
     wc[j] = w[c * W + j];
     dwc[j] = 0.f;
     dsw[j] = 0.f;
-#pragma unroll
-    for (int i = 0; i < W; ++i) okw[j][i] = false;
+    pw[j] = 0;
   }
-  auto x_at = [&](int64_t t) { return to_f32(x_s[(t - xa) * kThreads + threadIdx.x]); };
-  for (int64_t t = t0; t < t_end; ++t) {
+  const T* xs = x_s + threadIdx.x;  // row i: token xa + i
+  const T* dys = dy_s + threadIdx.x;  // row i: token t0 + i
+#pragma unroll
+  for (int j = 0; j < W - 1; ++j) xw[j + 1] = to_f32(xs[j * kThreads]);
+  T* dxp = dx + (r * T_len + t0) * ld_dx + c;  // token t0's dx; written W − 1 steps behind the walk
+  const int n = static_cast<int>(t1 - t0);
+  for (int i = 0; i < n + W - 1; ++i) {
 #pragma unroll
     for (int j = 0; j < W - 1; ++j) {
+      xw[j] = xw[j + 1];
       dsw[j] = dsw[j + 1];
-#pragma unroll
-      for (int i = 0; i < W; ++i) okw[j][i] = okw[j + 1][i];
+      pw[j] = pw[j + 1];
     }
-    float ds = 0.f;
-    if (t < T_len) {
-      const int p = p_s[t - t0];
-      float s = 0.f;
+    xw[W - 1] = to_f32(xs[(i + W - 1) * kThreads]);
+    const int p = p_s[i];
+    const float s = conv_at<W>(wc, xw, p);
+    const float sg = sigmoid(s);
+    const float ds = to_f32(dys[i * kThreads]) * sg * (1.f + s * (1.f - sg));
+    if (i < n) {  // the tile's own tokens sum into dw; the W − 1 after it belong to the next tile
 #pragma unroll
-      for (int i = 0; i < W; ++i) {
-        okw[W - 1][i] = tap_ok(t, i, p);
-        if (okw[W - 1][i]) s += wc[W - 1 - i] * x_at(t - i);
-      }
-      const float sg = sigmoid(s);
-      ds = to_f32(dy_s[(t - t0) * kThreads + threadIdx.x]) * sg * (1.f + s * (1.f - sg));
-      if (t < t1) {
-#pragma unroll
-        for (int i = 0; i < W; ++i)
-          if (okw[W - 1][i]) dwc[W - 1 - i] += ds * x_at(t - i);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < W; ++i) okw[W - 1][i] = false;
+      for (int j = 0; j < W; ++j)
+        if (p >= W - 1 - j) dwc[j] += ds * xw[j];
     }
     dsw[W - 1] = ds;
-    // Token t − (W−1) has every later gradient it needs now: dsw[i] belongs to token t − (W−1) + i.
-    const int64_t tp = t - (W - 1);
-    if (tp >= t0) {
+    pw[W - 1] = p;
+    // Token t − (W−1) has every later gradient it needs now: tap k of token t − (W−1) + k.
+    if (i >= W - 1) {
       float g = 0.f;
 #pragma unroll
-      for (int i = 0; i < W; ++i)
-        if (okw[i][i]) g += dsw[i] * wc[W - 1 - i];
-      dxr[tp * ld_dx] = from_f32<T>(g);
+      for (int k = 0; k < W; ++k)
+        if (pw[k] >= k) g += dsw[k] * wc[W - 1 - k];
+      *dxp = from_f32<T>(g);
+      dxp += ld_dx;
     }
   }
 #pragma unroll
