@@ -23,10 +23,17 @@ using torch::autograd::tensor_list;
 
 std::atomic<bool> allowed{true};
 
-// The groups' row ranges [start, end) on the host, for the looped products.
-std::vector<int64_t> group_ends(const at::Tensor& offsets) {
-  auto host = offsets.to(torch::kCPU, torch::kLong).contiguous();
-  return {host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel()};
+// f(e, start, rows) for each expert e with rows > 0, its rows [start, start + rows) read to the
+// host from the offsets: the looped products' walk.
+template <typename F>
+void for_each_group(const at::Tensor& offsets, F&& f) {
+  auto ends = offsets.to(torch::kCPU, torch::kLong).contiguous();
+  const int64_t* end = ends.data_ptr<int64_t>();
+  int64_t start = 0;
+  for (int64_t e = 0; e < ends.numel(); ++e) {
+    if (end[e] > start) f(e, start, end[e] - start);
+    start = end[e];
+  }
 }
 
 bool grouped_gemm_takes(const at::Tensor& x, const at::Tensor& w) { return grouped_linear_offsets_supported(x, w); }
@@ -35,12 +42,9 @@ bool grouped_gemm_takes(const at::Tensor& x, const at::Tensor& w) { return group
 at::Tensor forward_product(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offsets) {
   if (grouped_gemm_takes(x, w)) return at::_grouped_mm(x, w.transpose(1, 2), offsets);
   auto y = torch::empty({x.size(0), w.size(1)}, x.options());
-  int64_t start = 0, e = 0;
-  for (const int64_t end : group_ends(offsets)) {
-    if (end > start) y.narrow(0, start, end - start).copy_(torch::mm(x.narrow(0, start, end - start), w[e].t()));
-    start = end;
-    ++e;
-  }
+  for_each_group(offsets, [&](int64_t e, int64_t start, int64_t n) {
+    y.narrow(0, start, n).copy_(torch::mm(x.narrow(0, start, n), w[e].t()));
+  });
   return y;
 }
 
@@ -48,12 +52,9 @@ at::Tensor forward_product(const at::Tensor& x, const at::Tensor& w, const at::T
 at::Tensor input_grad(const at::Tensor& dy, const at::Tensor& w, const at::Tensor& offsets) {
   if (grouped_gemm_takes(dy, w.transpose(1, 2))) return at::_grouped_mm(dy, w, offsets);
   auto dx = torch::empty({dy.size(0), w.size(2)}, dy.options());
-  int64_t start = 0, e = 0;
-  for (const int64_t end : group_ends(offsets)) {
-    if (end > start) dx.narrow(0, start, end - start).copy_(torch::mm(dy.narrow(0, start, end - start), w[e]));
-    start = end;
-    ++e;
-  }
+  for_each_group(offsets, [&](int64_t e, int64_t start, int64_t n) {
+    dx.narrow(0, start, n).copy_(torch::mm(dy.narrow(0, start, n), w[e]));
+  });
   return dx;
 }
 
@@ -61,12 +62,9 @@ at::Tensor input_grad(const at::Tensor& dy, const at::Tensor& w, const at::Tenso
 at::Tensor weight_grad(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& offsets, const at::Tensor& w) {
   if (grouped_gemm_takes(x, w)) return at::_grouped_mm(dy.t(), x, offsets);
   auto dw = torch::zeros(w.sizes(), dy.options());
-  int64_t start = 0, e = 0;
-  for (const int64_t end : group_ends(offsets)) {
-    if (end > start) dw[e].copy_(torch::mm(dy.narrow(0, start, end - start).t(), x.narrow(0, start, end - start)));
-    start = end;
-    ++e;
-  }
+  for_each_group(offsets, [&](int64_t e, int64_t start, int64_t n) {
+    dw[e].copy_(torch::mm(dy.narrow(0, start, n).t(), x.narrow(0, start, n)));
+  });
   return dw;
 }
 
