@@ -1,8 +1,9 @@
 // Blocks walk chunks of kChunk elements; a block finds its tensor by a binary search over the
 // launch's cumulative chunk counts, which sit in the kernel's parameter space (__grid_constant__,
 // so indexing them does not copy the table to local memory). Chunk starts are multiples of kChunk,
-// so a tensor whose arrays are 16-byte aligned takes 4-element vectors throughout; the rest
-// (unaligned arrays, a tensor's last < 4 elements) go element by element.
+// so a tensor whose arrays are 16-byte aligned (and whose shadow, if laid out in runs, has runs
+// and a run stride of multiples of 4) takes 4-element vectors throughout; the rest (unaligned
+// arrays, a tensor's last < 4 elements) go element by element.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -69,7 +70,8 @@ __global__ void __launch_bounds__(kThreads)
   const float lr_wd = lr * t.weight_decay;
   const bool vec = (reinterpret_cast<uintptr_t>(t.p) | reinterpret_cast<uintptr_t>(t.g) |
                     reinterpret_cast<uintptr_t>(t.m) | reinterpret_cast<uintptr_t>(t.v)) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(t.shadow) % 8 == 0 && t.shadow_block % 4 == 0;
+                   reinterpret_cast<uintptr_t>(t.shadow) % 8 == 0 && t.shadow_block % 4 == 0 &&
+                   t.shadow_stride % 4 == 0;
   int64_t i = first;
   if (vec) {
     const int64_t vec_end = first + (last - first) / 4 * 4;

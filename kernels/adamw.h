@@ -26,8 +26,9 @@ struct AdamWTensor {
   DType shadow_dt = DType::BF16;
   void* shadow = nullptr;
   // A shadow laid out in runs (an MoE expert's block of a stacked gate|up shadow, [E, Σ n_i, K]):
-  // element j goes to (j / shadow_block) · shadow_stride + j % shadow_block. 0: contiguous. A
-  // multiple of 4 (the kernel's vectors never straddle two runs).
+  // element j goes to (j / shadow_block) · shadow_stride + j % shadow_block. 0: contiguous. Runs
+  // and stride that are multiples of 4 keep the kernel's 4-element vectors (which then never
+  // straddle two runs); others are written element by element.
   int32_t shadow_block = 0;
   int32_t shadow_stride = 0;
 };

@@ -5,8 +5,10 @@
 // shared memory with the last W inputs (and, backward, the last W pre-activation gradients and
 // positions) in registers, reading one staged value of x (and dy) per token. These kernels are
 // bound by instruction issue, not memory (ncu: 64% issue slots busy at 18% of DRAM bandwidth for
-// the backward), so the walk keeps 32-bit row offsets and tests a tap only at a document's first
-// W − 1 tokens: taps before the row's start read staged zeros. Loading token by token from global memory instead, every thread waited on one memory
+// the backward), so the walk keeps 32-bit row offsets and reads one staged value per token. A tap
+// is tested against the document's start by the token's position only (the forward's and the
+// pre-activation's sums skip even that away from document starts): taps before the row's start
+// read staged zeros. Loading token by token from global memory instead, every thread waited on one memory
 // round trip per token and the backward ran at a fifth of the memory bandwidth. The backward's
 // weight gradient is summed per thread over its tile and added with one fp32 atomic per tap
 // (R·T/kTile additions per weight).

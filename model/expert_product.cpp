@@ -145,7 +145,9 @@ struct ExpertProductFn : public torch::autograd::Function<ExpertProductFn> {
       auto dx = input_grad(dy, w, offsets);
       out[0] = dx.scalar_type() == x_dtype ? dx : dx.to(x_dtype);
     }
-    scatter_weight_grads(weights, weight_grad(dy, x, offsets, w));
+    bool weights_need = false;
+    for (size_t i = 0; i < weights.size(); ++i) weights_need = weights_need || ctx->needs_input_grad(2 + i);
+    if (weights_need) scatter_weight_grads(weights, weight_grad(dy, x, offsets, w));
     return out;
   }
 };

@@ -34,9 +34,11 @@ torch::Tensor expert_swiglu(const torch::Tensor& x, const torch::Tensor& g, cons
 
 // The layer's fp32 input as itself for the router (which runs in fp32, MODEL.md §0) and rounded
 // once to the experts' dtype for the routed and shared experts. Backward: the router's fp32
-// gradient and the experts' low-precision one summed in one pass. Through autograd the experts'
-// two casts of u (routed, shared) each came back as a cast of their gradient to fp32, and the
-// three gradients met in two fp32 additions: about 5.6 ms of a moe-1b step.
+// gradient and the experts' low-precision one summed in one pass, in fp32. Through autograd the
+// experts' two casts of u (routed, shared) each came back as a cast of their gradient to fp32, and
+// the three gradients met in two fp32 additions: about 5.6 ms of a moe-1b step. Now the routed
+// and shared experts' gradients, both of one bf16 tensor, are summed by autograd in bf16 first (as
+// for any activation two bf16 products read): one more bf16 rounding of that sum than before.
 struct RouterAndExpertInputsFn : public torch::autograd::Function<RouterAndExpertInputsFn> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& u,
                                                 int64_t dtype) {
@@ -125,11 +127,13 @@ MoEOutput MoEImpl::forward(const torch::Tensor& u) {
   auto u2 = u.reshape({-1, d_});  // [N,d]
   const auto mdt = matmul_dtype(u2);
   // u for the router and u for the experts (the same tensor when they run in one dtype).
-  torch::Tensor u_router = u2, u_experts = as_dtype(u2, mdt);
+  torch::Tensor u_router = u2, u_experts;
   if (u2.scalar_type() == torch::kFloat32 && mdt != torch::kFloat32 && at::GradMode::is_enabled() && u2.requires_grad()) {
     auto both = RouterAndExpertInputsFn::apply(u2, static_cast<int64_t>(mdt));
     u_router = both[0];
     u_experts = both[1];
+  } else {
+    u_experts = as_dtype(u2, mdt);
   }
   auto r = route(u_router);
   auto flat = r.topk_idx.reshape({-1});  // [N·k] expert of each (token, slot) pair

@@ -270,4 +270,35 @@ TEST(WeightShadow, GroupsOfDroppedWeightsArePruned) {
   model::shadowed_weight_blocks(kept, at::kBFloat16);
   EXPECT_EQ(model::weight_shadow_groups(), 1);
   model::clear_weight_shadows();
+
+  // A group keyed by a live first weight whose partner is gone gives way to the new grouping of
+  // that weight (it used to block it: the new partner got a plain cast and no shadow).
+  auto a = torch::randn({4, 8}), c = torch::randn({3, 8});
+  {
+    std::vector<torch::Tensor> with_b = {a, torch::randn({2, 8})};
+    model::shadowed_weight_blocks(with_b, at::kBFloat16);
+  }
+  std::vector<torch::Tensor> with_c = {a, c};
+  EXPECT_TRUE(torch::equal(model::shadowed_weight_blocks(with_c, at::kBFloat16), torch::cat(with_c).to(at::kBFloat16)));
+  EXPECT_TRUE(model::weight_shadow_of(c).defined()) << "the dropped partner's group kept c from its shadow";
+  EXPECT_EQ(model::weight_shadow_groups(), 1);
+  model::clear_weight_shadows();
+}
+
+// Stacked experts' weights [E, n_i, K] share one shadow [E, Σ n_i, K]: the per-expert
+// concatenation's cast; each weight's shadow is its block, strided across the experts.
+TEST(WeightShadow, StackedExpertsShareOneShadow) {
+  seed(11);
+  model::clear_weight_shadows();
+  auto gate = torch::randn({5, 6, 8}), up = torch::randn({5, 6, 8});
+  std::vector<torch::Tensor> group = {gate, up};
+  auto s = model::shadowed_expert_blocks(group, at::kBFloat16);
+  EXPECT_TRUE(torch::equal(s, torch::cat(group, 1).to(at::kBFloat16)));
+  EXPECT_EQ(model::shadowed_expert_blocks(group, at::kBFloat16).data_ptr(), s.data_ptr()) << "recast while current";
+  auto su = model::weight_shadow_of(up);
+  EXPECT_TRUE(torch::equal(su, up.to(at::kBFloat16)));
+  EXPECT_EQ(su.strides(), (std::vector<int64_t>{12 * 8, 8, 1}));
+  // Weights of different expert counts do not stack: a plain cast's error, no shadow.
+  EXPECT_THROW(model::shadowed_expert_blocks({gate, torch::randn({4, 6, 8})}, at::kBFloat16), c10::Error);
+  model::clear_weight_shadows();
 }

@@ -340,7 +340,7 @@ TEST(Moe, GroupedLinearReferenceAndErrors) {
 // expert_product (model/expert_product.h) on the CPU, its looped reference path: y and dx against
 // the per-group matmuls through autograd (fp64 products of fp32 weights), and each weight's .grad
 // written by the first backward and added by the second, with experts of no rows (zero gradient).
-// Outside a WeightGradInPlaceScope, and on the CPU, the MoE layer does not take it.
+// On the CPU the MoE layer does not take it, even inside a WeightGradInPlaceScope.
 TEST(Moe, ExpertProductWritesThenAddsWeightGradients) {
   torch::manual_seed(9);
   const std::vector<int64_t> rows{3, 0, 6, 2, 0};
