@@ -8,6 +8,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
+#include <type_traits>
 
 #include "kernels/dtype.h"
 
@@ -110,6 +112,20 @@ inline void dispatch_dtype(DType dt, F&& f) {
     case DType::BF16: f(__nv_bfloat16{}); break;
     case DType::F16: f(__half{}); break;
   }
+}
+
+// Calls launch(T{}, width) with the element type of dt and the widest vector (16 bytes) that rows of
+// d elements at every pointer in `rows` allow, else width 1.
+template <typename Launch>
+inline void dispatch_width(DType dt, int64_t d, std::initializer_list<const void*> rows, Launch&& launch) {
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = 16 / sizeof(T);
+    bool vec = d % V == 0;
+    for (const void* p : rows) vec = vec && aligned_to(16, p);
+    if (vec) launch(tag, std::integral_constant<int, V>{});
+    else launch(tag, std::integral_constant<int, 1>{});
+  });
 }
 
 }  // namespace kernels

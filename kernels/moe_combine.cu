@@ -17,7 +17,8 @@ constexpr int kThreads = 128;
 
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
-    moe_combine_forward_kernel(T* y, const T* src, const int64_t* idx, const float* w, int k, int64_t d) {
+    moe_combine_forward_kernel(T* y, const T* src, const int64_t* idx, const float* w, const T* add, int k,
+                               int64_t d) {
   const int64_t t = blockIdx.x;
   __shared__ int64_t row_s[MOE_COMBINE_MAX_K];
   __shared__ float w_s[MOE_COMBINE_MAX_K];
@@ -28,6 +29,12 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   for (int64_t c = int64_t{threadIdx.x} * V; c < d; c += int64_t{kThreads} * V) {
     float acc[V] = {};
+    if (add) {
+      Vec<T, V> a;
+      a.load(add + t * d + c);
+#pragma unroll
+      for (int i = 0; i < V; ++i) acc[i] = a.get(i);
+    }
     for (int j = 0; j < k; ++j) {
       Vec<T, V> x;
       x.load(src + row_s[j] * d + c);
@@ -86,29 +93,16 @@ __global__ void __launch_bounds__(kThreads) moe_combine_backward_kernel(T* dsrc,
   }
 }
 
-// Calls launch(T{}, width) with the element type of dt and the widest vector every row allows.
-template <typename Launch>
-void dispatch_width(DType dt, int64_t d, std::initializer_list<const void*> rows, Launch&& launch) {
-  dispatch_dtype(dt, [&](auto tag) {
-    using T = decltype(tag);
-    constexpr int V = 16 / sizeof(T);
-    bool vec = d % V == 0;
-    for (const void* p : rows) vec = vec && aligned_to(16, p);
-    if (vec) launch(tag, std::integral_constant<int, V>{});
-    else launch(tag, std::integral_constant<int, 1>{});
-  });
-}
-
 }  // namespace
 
-int moe_combine_forward(void* y, const void* src, const int64_t* idx, const float* w, int64_t N, int64_t k,
-                        int64_t d, DType dt, void* stream) {
+int moe_combine_forward(void* y, const void* src, const int64_t* idx, const float* w, const void* add, int64_t N,
+                        int64_t k, int64_t d, DType dt, void* stream) {
   if (!moe_combine_supports(k) || N < 1 || d < 1) return static_cast<int>(cudaErrorInvalidValue);
   auto st = static_cast<cudaStream_t>(stream);
-  dispatch_width(dt, d, {y, src}, [&](auto tag, auto width) {
+  dispatch_width(dt, d, {y, src, add}, [&](auto tag, auto width) {
     using T = decltype(tag);
     moe_combine_forward_kernel<T, decltype(width)::value><<<static_cast<unsigned>(N), kThreads, 0, st>>>(
-        static_cast<T*>(y), static_cast<const T*>(src), idx, w, static_cast<int>(k), d);
+        static_cast<T*>(y), static_cast<const T*>(src), idx, w, static_cast<const T*>(add), static_cast<int>(k), d);
   });
   return static_cast<int>(cudaGetLastError());
 }

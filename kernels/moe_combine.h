@@ -18,10 +18,12 @@ constexpr int64_t MOE_COMBINE_MAX_K = 16;
 inline bool moe_combine_supports(int64_t k) { return k >= 1 && k <= MOE_COMBINE_MAX_K; }
 
 #ifdef DD_HAVE_CUDA
-// y [N, d] = Σ_j w[t·k + j] · src[idx[t·k + j]] for src [R, d] (rows contiguous, dtype dt); w [N·k]
-// fp32, or null for weights of 1. Sums in fp32. Returns the cudaError_t of the launch (0 = success).
-int moe_combine_forward(void* y, const void* src, const int64_t* idx, const float* w, int64_t N, int64_t k,
-                        int64_t d, DType dt, void* stream);
+// y [N, d] = add[t] + Σ_j w[t·k + j] · src[idx[t·k + j]] for src [R, d] (rows contiguous, dtype dt);
+// w [N·k] fp32, or null for weights of 1; add [N, d] like y, or null for none (the MoE's shared
+// expert, added here rather than in one more pass over y). Sums in fp32 and rounds once. Returns
+// the cudaError_t of the launch (0 = success).
+int moe_combine_forward(void* y, const void* src, const int64_t* idx, const float* w, const void* add, int64_t N,
+                        int64_t k, int64_t d, DType dt, void* stream);
 
 // The backward of the weighted forward, where idx is a permutation of [0, N·k) (every src row
 // belongs to exactly one slot, so every dsrc row is written once, without atomics):

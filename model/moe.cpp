@@ -12,6 +12,7 @@
 #include "model/fused_swiglu.h"
 #include "model/grouped_linear.h"
 #include "model/moe_dispatch.h"
+#include "model/moe_router.h"
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/torch.h>
@@ -102,11 +103,8 @@ MoERouting MoEImpl::route(const torch::Tensor& u2) {
   // The router runs in fp32 even under autocast (MODEL.md §0).
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   auto logits = torch::matmul(as_dtype(u2, rt), as_dtype(router, rt).t());  // [N,E]
-  auto probs = torch::softmax(logits, -1);
-  auto top = torch::topk(probs, k_, /*dim=*/-1);
-  auto w = std::get<0>(top);                                                  // [N,k]
-  if (norm_topk_) w = w / w.sum(-1, /*keepdim=*/true);
-  return {probs, std::get<1>(top), w};
+  auto top = router_topk(logits, k_, norm_topk_);  // softmax, top-k, renormalised (model/moe_router.h)
+  return {top.probs, top.idx, top.w};
 }
 
 torch::Tensor MoEImpl::aux_loss(const MoERouting& r) const {
@@ -137,8 +135,8 @@ MoEOutput MoEImpl::forward(const torch::Tensor& u) {
   }
   auto r = route(u_router);
   auto flat = r.topk_idx.reshape({-1});  // [N·k] expert of each (token, slot) pair
-  const auto order = expert_order(flat, k_);
-  auto counts = expert_counts_sorted(order.sorted, E_);  // [E], on the device
+  const auto order = expert_order(flat, k_, E_);
+  const auto& counts = order.counts;  // [E], on the device
   // Rows move by gathers both ways (model/moe_dispatch.h): no atomics, deterministic.
   auto xs = dispatch_rows(u_experts, order, k_);  // [N·k,d] expert order
   // Every expert's rows through its gate|up and down weights: one grouped GEMM each on a GPU, with
@@ -147,7 +145,7 @@ MoEOutput MoEImpl::forward(const torch::Tensor& u) {
   std::vector<int64_t> rows;
   auto grouped = [&](const torch::Tensor& x, const torch::Tensor& w) {
     if (grouped_linear_offsets_supported(x, w)) {
-      if (!offsets.defined()) offsets = counts.cumsum(0).to(torch::kInt32);
+      if (!offsets.defined()) offsets = order.ends;
       return grouped_linear_offsets(x, w, offsets);
     }
     if (rows.empty()) {
@@ -159,7 +157,7 @@ MoEOutput MoEImpl::forward(const torch::Tensor& u) {
   torch::Tensor ys;  // [N·k,d] expert order
   if (expert_product_applies(xs, {gate, up}, mdt)) {
     // The fp32 weights' kept bf16 copies, their gradients straight into .grad (model/expert_product.h).
-    offsets = counts.cumsum(0).to(torch::kInt32);
+    offsets = order.ends;
     auto h = swiglu(expert_product(xs, {gate, up}, offsets, mdt));  // [N·k,fe]
     ys = expert_product_applies(h, {down}, mdt) ? expert_product(h, {down}, offsets, mdt) : grouped(h, as_dtype(down, mdt));
   } else {
@@ -167,9 +165,9 @@ MoEOutput MoEImpl::forward(const torch::Tensor& u) {
     auto h = swiglu(grouped(xs, gate_up));                                   // [N·k,fe]
     ys = grouped(h, as_dtype(down, mdt));
   }
-  // Back to token order, weighted by γ and summed over the k slots.
-  auto y = combine_weighted(ys, order, r.topk_w);  // [N,d]
-  if (!shared.is_empty()) y = shared(u_experts) + y;
+  // Back to token order, weighted by γ, summed over the k slots and added to the shared expert's
+  // output, in one pass.
+  auto y = combine_weighted(ys, order, r.topk_w, shared.is_empty() ? torch::Tensor() : shared(u_experts));  // [N,d]
   return {y.view(u.sizes()), aux_loss(r, counts)};
 }
 

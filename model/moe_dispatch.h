@@ -13,6 +13,8 @@ struct ExpertOrder {
   torch::Tensor inverse;  // [N·k] int64: the expert-order position of each pair
   torch::Tensor token;    // [N·k] int64: order / k, the token of each expert-order position
   torch::Tensor sorted;   // [N·k] int64: the expert at each expert-order position (ascending)
+  torch::Tensor counts;   // [E] int64: the pairs of each expert (when E was given)
+  torch::Tensor ends;     // [E] int32: the running sum of counts, where each expert's slice ends (ditto)
 };
 
 // Assignments per expert [E] int64 from the sorted experts: the run lengths, found by binary
@@ -22,21 +24,29 @@ struct ExpertOrder {
 torch::Tensor expert_counts_sorted(const torch::Tensor& sorted, int64_t E);
 
 // flat [N·k] int64: the expert of each pair. Sorted stably, so equal experts keep pair order.
-ExpertOrder expert_order(const torch::Tensor& flat, int64_t k);
+// With E > 0 (every expert in [0, E), as the router's picks are) also the counts and ends; on a
+// GPU (E ≤ 1024) then one counting sort, three small kernels (kernels/moe_routing.h).
+ExpertOrder expert_order(const torch::Tensor& flat, int64_t k, int64_t E = 0);
+// The same by ATen ops: a stable sort, a scatter for the inverse, a binary search for the counts.
+ExpertOrder expert_order_reference(const torch::Tensor& flat, int64_t k, int64_t E = 0);
 
-// x [N, d] -> [N·k, d] in expert order (each token's row once per slot). Backward: the k rows of
-// each token gathered back and summed.
+// x [N, d] -> [N·k, d] in expert order (each token's row once per slot; on a GPU one warp a row,
+// kernels/moe_routing.h). Backward: the k rows of each token gathered back and summed.
 torch::Tensor dispatch_rows(const torch::Tensor& x, const ExpertOrder& o, int64_t k);
 
 // ys [N·k, d] in expert order -> [N·k, d] in pair order. Backward: the gather the other way.
 torch::Tensor combine_rows(const torch::Tensor& ys, const ExpertOrder& o);
 
-// y [N, d] = Σ_j γ[t, j] · ys[inverse[t·k + j]]: the expert rows back in token order, weighted by
-// the router's γ [N, k] and summed over the k slots, in ys' dtype. On a GPU (fp32 γ, k ≤ 16) one
-// kernel each way (kernels/moe_combine.h), summing in fp32; elsewhere the reference. Differentiable
-// in ys and γ.
-torch::Tensor combine_weighted(const torch::Tensor& ys, const ExpertOrder& o, const torch::Tensor& gamma);
-// The same as ATen ops: combine_rows, a multiply by γ (cast to ys' dtype) and a sum over k.
-torch::Tensor combine_weighted_reference(const torch::Tensor& ys, const ExpertOrder& o, const torch::Tensor& gamma);
+// y [N, d] = add[t] + Σ_j γ[t, j] · ys[inverse[t·k + j]]: the expert rows back in token order,
+// weighted by the router's γ [N, k] and summed over the k slots, in ys' dtype, plus `add` [N, d]
+// when given (the shared expert's output). On a GPU (fp32 γ, k ≤ 16, add like ys) one kernel each
+// way (kernels/moe_combine.h), summing in fp32 and rounding once; elsewhere the reference.
+// Differentiable in ys, γ and add.
+torch::Tensor combine_weighted(const torch::Tensor& ys, const ExpertOrder& o, const torch::Tensor& gamma,
+                               const torch::Tensor& add = {});
+// The same as ATen ops: combine_rows, a multiply by γ (cast to ys' dtype), a sum over k, then
+// add + that sum.
+torch::Tensor combine_weighted_reference(const torch::Tensor& ys, const ExpertOrder& o, const torch::Tensor& gamma,
+                                         const torch::Tensor& add = {});
 
 }  // namespace model

@@ -446,4 +446,27 @@ TEST(Moe, ExpertCountsFromSortedOrderMatchACount) {
   }
   EXPECT_TRUE(torch::equal(order.sorted, flat.index_select(0, order.order)));
   EXPECT_THROW(model::expert_counts_sorted(order.sorted.to(torch::kInt32), E), c10::Error);
+  // Given E, the order also carries the counts and where each expert's slice ends.
+  const auto with_e = model::expert_order(flat, k, E);
+  EXPECT_TRUE(torch::equal(with_e.counts, got));
+  ASSERT_EQ(with_e.ends.scalar_type(), torch::kInt32);
+  EXPECT_TRUE(torch::equal(with_e.ends, got.cumsum(0).to(torch::kInt32)));
+  EXPECT_TRUE(torch::equal(with_e.order, order.order));
+  EXPECT_FALSE(order.counts.defined());
+}
+
+// The shared expert's output added by the combine: y = add + Σ γ ys, and add's gradient is y's.
+TEST(Moe, CombineAddsTheSharedOutput) {
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 23);
+  const int64_t N = 11, k = 2, d = 6, E = 5;
+  auto opt = torch::TensorOptions().dtype(torch::kFloat64);
+  const auto o = model::expert_order(torch::randint(0, E, {N * k}, torch::kInt64), k, E);
+  auto ys = torch::randn({N * k, d}, opt), gamma = torch::rand({N, k}, opt);
+  auto add = torch::randn({N, d}, opt).requires_grad_(true);
+  auto y = model::combine_weighted(ys, o, gamma, add);
+  EXPECT_LT(max_abs_diff(y, add.detach() + model::combine_weighted(ys, o, gamma)), 1e-14);
+  auto dy = torch::randn({N, d}, opt);
+  y.backward(dy);
+  EXPECT_EQ(max_abs_diff(add.grad(), dy), 0.0);
+  EXPECT_THROW(model::combine_weighted(ys, o, gamma, torch::zeros({N, d + 1}, opt)), c10::Error);
 }

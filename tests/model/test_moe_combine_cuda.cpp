@@ -1,6 +1,7 @@
-// The MoE combine and dispatch kernels (kernels/moe_combine.*, through model/moe_dispatch.h) against
-// the fp64 ATen formulas on the same inputs: the γ-weighted combine (output, and the gradients of
-// ys and γ), and the dispatch's backward (each token's k rows summed). fp32 and bf16, vector and
+// The MoE combine and dispatch kernels (kernels/moe_combine.*, kernels/moe_routing.*, through
+// model/moe_dispatch.h) against the fp64 ATen formulas on the same inputs: the γ-weighted combine
+// (output, and the gradients of ys and γ; also with the shared expert's output added), the
+// dispatch's gather (exactly) and its backward (each token's k rows summed). fp32 and bf16, vector and
 // scalar row widths, k from 1 to the kernel's largest, one token. Fresh random inputs each run,
 // seeded from GoogleTest's seed. Skips without a GPU.
 #include <gtest/gtest.h>
@@ -34,7 +35,7 @@ TEST(MoECombineCuda, WeightedCombineAndDispatchBackwardMatchTheFormulas) {
     for (const Case& c : cases) {
       auto opt = torch::TensorOptions().device(torch::kCUDA);
       auto flat = torch::randint(c.E, {c.N * c.k}, opt.dtype(torch::kInt64));
-      const auto o = model::expert_order(flat, c.k);
+      const auto o = model::expert_order(flat, c.k, c.E);  // the counting-sort kernel (test_moe_routing_cuda)
       auto ys0 = torch::randn({c.N * c.k, c.d}, opt.dtype(dt));
       auto gamma0 = torch::rand({c.N, c.k}, opt.dtype(torch::kFloat32));
       auto dy = torch::randn({c.N, c.d}, opt.dtype(dt));
@@ -61,6 +62,15 @@ TEST(MoECombineCuda, WeightedCombineAndDispatchBackwardMatchTheFormulas) {
       EXPECT_LT(e_dg, 1e-5) << "N=" << c.N << " k=" << c.k << " d=" << c.d;
       const int i = dt == torch::kFloat32 ? 0 : 1;
       worst[i] = std::max({worst[i], e_y, e_dys, e_dg});
+
+      // With the shared expert's output added in the same pass: y + add, rounded once; add's
+      // gradient is y's, exactly.
+      auto add = torch::randn({c.N, c.d}, opt.dtype(dt)).requires_grad_(true);
+      auto ya = model::combine_weighted(ys0, o, gamma0, add);
+      ya.backward(dy);
+      EXPECT_LT(rel_norm_diff(ya, y64.detach() + add.detach().to(torch::kFloat64)), tol)
+          << "N=" << c.N << " k=" << c.k << " d=" << c.d;
+      EXPECT_TRUE(torch::equal(add.grad(), dy)) << "N=" << c.N << " k=" << c.k << " d=" << c.d;
 
       // The dispatch's backward: each token's k expert-order rows summed.
       auto x = torch::randn({c.N, c.d}, opt.dtype(dt)).requires_grad_(true);
