@@ -301,6 +301,38 @@ torch::Tensor causal_attention_flash_varlen(const torch::Tensor& q, const torch:
 
 }  // namespace
 
+namespace {
+
+class HeadsToTokensFn : public torch::autograd::Function<HeadsToTokensFn> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& o, int64_t dv) {
+    const int64_t B = o.size(0), H = o.size(1), T = o.size(2);
+    ctx->saved_data["H"] = H;
+    ctx->saved_data["D"] = o.size(3);
+    return o.narrow(-1, 0, dv).transpose(1, 2).reshape({B, T, H * dv});
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const int64_t H = ctx->saved_data["H"].toInt(), D = ctx->saved_data["D"].toInt();
+    const auto& g = grads[0];  // [B,T,H·dv]
+    const int64_t B = g.size(0), T = g.size(1), dv = g.size(2) / H;
+    auto g4 = g.view({B, T, H, dv});
+    if (dv == D) return {g4.transpose(1, 2), torch::Tensor()};
+    auto dout = torch::empty({B, T, H, D}, g.options());
+    dout.narrow(-1, dv, D - dv).zero_();
+    dout.narrow(-1, 0, dv).copy_(g4);
+    return {dout.transpose(1, 2), torch::Tensor()};  // [B,H,T,D] over [B,T,H,D] memory
+  }
+};
+
+}  // namespace
+
+torch::Tensor heads_to_tokens(const torch::Tensor& o, int64_t dv) {
+  TORCH_CHECK(o.dim() == 4 && dv >= 1 && dv <= o.size(3), "heads_to_tokens: expected o [B,H,T,D] and 1 <= dv <= D, got ",
+              o.sizes(), " and dv = ", dv);
+  return HeadsToTokensFn::apply(o, dv);
+}
+
 torch::Tensor causal_attention_masked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                       double scale, const Positions& p) {
   const int64_t dqk = q.size(-1), dv = v.size(-1);

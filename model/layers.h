@@ -124,6 +124,12 @@ torch::Tensor document_ids(const torch::Tensor& cu_seqlens, int64_t N, torch::De
 // the backend needs equal head dims and the padding is cut off again. Returns [B,Hq,T,Dv].
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double scale,
                                const Positions& p);
+// o [B,H,T,D] (an attention output, any strides) -> [B,T,H·dv] contiguous: each head's first dv
+// columns, tokens first, for the output projection. One copy forward (as the narrow, transpose
+// and reshape it replaces); backward one zero-padded gradient [B,T,H,D] seen as [B,H,T,D], the
+// layout the flash kernels' packed output has, so their backward reads it without a copy. Through
+// autograd's narrow, transpose and reshape that was a zero fill, a slice copy and a clone.
+torch::Tensor heads_to_tokens(const torch::Tensor& o, int64_t dv);
 // The varlen reference path of causal_attention (block-diagonal mask), whatever the device.
 torch::Tensor causal_attention_masked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                       double scale, const Positions& p);

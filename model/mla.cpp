@@ -90,14 +90,12 @@ MLAProjections MLAImpl::project(const torch::Tensor& u, const Positions& p) {
 }
 
 torch::Tensor MLAImpl::forward(const torch::Tensor& u, const Positions& p) {
-  const int64_t B = u.size(0), T = u.size(1);
   // V comes zero-padded to the q/k head width, as the attention kernels need it: its output's
   // padding columns are zero and cut off here.
   auto qkv = attention_inputs(u, p);
   const double scale = 1.0 / std::sqrt(static_cast<double>(dn_ + dr_));
   auto o = causal_attention(qkv.q.transpose(1, 2), qkv.k.transpose(1, 2), qkv.v.transpose(1, 2), scale, p);
-  if (o.size(-1) != dva_) o = o.narrow(-1, 0, dva_);  // [B,nh,T,dva]
-  return wo(o.transpose(1, 2).reshape({B, T, nh_ * dva_}));
+  return wo(heads_to_tokens(o, dva_));  // [B,T,nh·dva]: each head's first dva columns
 }
 
 torch::Tensor MLAImpl::step(const torch::Tensor& u, MixerCache& cache) {

@@ -314,3 +314,32 @@ TEST(Mla, RunsUnderBf16Autocast) {
   EXPECT_LE(max_abs_diff(y, ref), 3e-2 * zmax);
   EXPECT_LE(max_abs_diff(torch::cat(steps, 1), ref), 3e-2 * zmax);
 }
+
+// The attention output's heads to tokens (each head's first dv of D columns): the same values as
+// ATen's narrow, transpose and reshape, forward and backward, exactly; the padding columns' gradient
+// is zero and the gradient lies in [B,T,H,D] memory (what the flash kernels' output has).
+TEST(Mla, HeadsToTokensMatchesNarrowTransposeReshape) {
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 31);
+  const int64_t B = 2, T = 5, H = 3, D = 6;
+  for (const int64_t dv : {int64_t{4}, D}) {
+    // o as the flash kernels hand it over: [B,T,H,D] memory seen as [B,H,T,D].
+    auto base = torch::randn({B, T, H, D}, torch::kFloat64);
+    auto o = base.clone().transpose(1, 2).requires_grad_(true);
+    auto o_ref = base.clone().transpose(1, 2).requires_grad_(true);
+    auto y = model::heads_to_tokens(o, dv);
+    auto y_ref = o_ref.narrow(-1, 0, dv).transpose(1, 2).reshape({B, T, H * dv});
+    ASSERT_EQ(y.sizes(), y_ref.sizes());
+    EXPECT_TRUE(y.is_contiguous());
+    EXPECT_EQ(max_abs_diff(y, y_ref), 0.0) << "dv " << dv;
+    auto g = torch::randn_like(y);
+    y.backward(g);
+    y_ref.backward(g);
+    EXPECT_EQ(max_abs_diff(o.grad(), o_ref.grad()), 0.0) << "dv " << dv;
+    EXPECT_TRUE(o.grad().transpose(1, 2).is_contiguous()) << "dv " << dv;
+    if (dv < D) {
+      EXPECT_EQ(o.grad().narrow(-1, dv, D - dv).abs().max().item<double>(), 0.0);
+    }
+  }
+  EXPECT_THROW(model::heads_to_tokens(torch::zeros({2, 3, 4}), 2), c10::Error);
+  EXPECT_THROW(model::heads_to_tokens(torch::zeros({1, 2, 3, 4}), 5), c10::Error);
+}
