@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_backward_kernel(flo
         const float zv = to_f32(zrow[c]), dyv = to_f32(dyrow[c]), oh = orow[c] * r, wc = w[c];
         const float sg = 1.f / (1.f + expf(-zv)), s = zv * sg;
         d_orow[c] = r * (dyv * s * wc - oh * mean);
-        dz[n * D + c] = from_f32<TZ>(dyv * oh * wc * sg * (1.f + zv * (1.f - sg)));
+        dz[z_row(rows, n) + c] = from_f32<TZ>(dyv * oh * wc * sg * (1.f + zv * (1.f - sg)));
         acc[k] += dyv * s * oh;
       }
     }
@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(kWarps * 32)
           acc[j][e] += dyv[j][e] * s * oh[j][e];
         }
         store_run<kVec>(d_orow, c, g_o);
-        store_run<kVec>(dz + n * D, c, g_z);
+        store_run<kVec>(dz + z_row(rows, n), c, g_z);
       }
     }
   }

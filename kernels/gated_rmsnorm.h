@@ -5,7 +5,8 @@
 // One kernel each way instead of the RMSNorm kernel plus ATen's cast, silu, product and their
 // backward. o and do are fp32 (the delta rule's output); z is read in place from the gate
 // projection's column slice: row n sits at (n / z_heads) · z_ld + (n % z_heads) · D (z_heads rows per
-// token, token stride z_ld); dz is written contiguous [N, D] in z's dtype; y, dy in the output dtype;
+// token, token stride z_ld); dz is written in z's layout and dtype (so that it can share one buffer
+// with the gradients of the columns beside z); y, dy in the output dtype;
 // w [D], rstd [N] and all statistics fp32. One warp per row, D ≤ 1024. Raw pointers, no torch; the
 // reference is model/fused_gated_norm.h's ATen formula.
 #pragma once

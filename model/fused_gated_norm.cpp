@@ -81,6 +81,20 @@ kernels::GatedNormRows rows_of(at::IntArrayRef y_sizes, const torch::Tensor& z, 
 }
 
 
+// An uninitialised tensor laid out as z [B, T, C] is: rows of z.stride(1) columns in one buffer of
+// B·T such rows, z at its column offset in them (the kernel writes dz in z's layout). Where z is a
+// column slice of a wider projection output (the Gated DeltaNet's output gate beside the short
+// conv's channels), the conv's backward then fills the other columns of this buffer instead of
+// copying dz into a buffer of its own (model/fused_short_conv.cpp).
+torch::Tensor gradient_like_slice(const torch::Tensor& z) {
+  const int64_t B = z.size(0), T = z.size(1), C = z.size(2), ld = z.stride(1);
+  const int64_t col = ld > 0 ? z.storage_offset() % ld : 0;
+  // Set on the storage, not a view of a buffer tensor: a view keeps its base alive, and the conv
+  // parts' backward takes the buffer only when this gradient is its one holder.
+  auto storage = torch::empty({B * T * ld}, z.options()).storage();
+  return torch::empty({0}, z.options()).set_(storage, col + C <= ld ? col : 0, z.sizes(), {T * ld, ld, 1});
+}
+
 // o: [B,T,H,D] in token order (no o_row), or rows [M,D] with o_row [B,T,H] int32 saying where
 // each (token, head) is. (An optional, not an undefined tensor: autograd takes every tensor
 // argument for an input and asks it for its device.)
@@ -117,7 +131,7 @@ class GatedRmsNormFn : public torch::autograd::Function<GatedRmsNormFn> {
     // Rows of o no (token, head) reads (chunk padding) get zero gradient; a permutation of o's
     // rows writes every one.
     auto d_o = row.defined() && rows.N != o.size(0) ? torch::zeros_like(o) : torch::empty_like(o);
-    auto dz = torch::empty(z.sizes(), z.options().memory_format(torch::MemoryFormat::Contiguous));
+    auto dz = gradient_like_slice(z);
     auto partial = torch::empty({kernels::gated_rmsnorm_backward_partial_rows(rows.N), rows.D},
                                 o.options().dtype(torch::kFloat32));
     check_kernel_launch(kernels::gated_rmsnorm_backward(d_o.data_ptr<float>(), dz.data_ptr(), partial.data_ptr<float>(),

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
+
 #include "model/gated_deltanet.h"
 
 #if defined(DD_HAVE_CUDA)
@@ -81,6 +83,25 @@ class FusedShortConvFn : public torch::autograd::Function<FusedShortConvFn> {
 
 bool kernel_taps(int64_t W) { return W == 2 || W == 3 || W == 4 || W == 6 || W == 8; }
 
+// Whether the rest's gradient already sits at columns [C, Wd) of a buffer laid out as y [B, T, Wd]
+// that nothing else holds (the gated output norm writes dz so, model/fused_gated_norm.cpp): then
+// the conv's gradients fill the buffer's other columns and no [B, T, Wd] gradient is allocated
+// and copied into. Anything else (another consumer, autograd's sum of two gradients) fails a test
+// and takes the copy.
+bool rest_gradient_has_room(const torch::Tensor& g, const torch::Tensor& y, int64_t C) {
+  const int64_t B = y.size(0), T = y.size(1), Wd = y.size(2);
+  if (!g.defined() || g.scalar_type() != y.scalar_type() || g.device() != y.device() || g.dim() != 3 ||
+      g.size(0) != B || g.size(1) != T || g.size(2) != Wd - C || g.stride(2) != 1 || g.stride(1) != Wd ||
+      (B > 1 && g.stride(0) != T * Wd) || g.storage_offset() < C)
+    return false;
+  // Only this gradient refers to the buffer, and the buffer holds all B·T rows.
+  const auto& st = g.storage();
+  return st.use_count() == 1 &&
+         st.nbytes() >= static_cast<size_t>((g.storage_offset() - C + B * T * Wd) * g.element_size());
+}
+
+std::atomic<int64_t> gate_gradients_in_place{0};
+
 // See fused_short_conv_parts. Outputs: the conv parts (views of one conv output), then the rest
 // (a view of y).
 class ShortConvPartsFn : public torch::autograd::Function<ShortConvPartsFn> {
@@ -110,7 +131,11 @@ class ShortConvPartsFn : public torch::autograd::Function<ShortConvPartsFn> {
     const int64_t B = y.size(0), T = y.size(1), Wd = y.size(2), C = wf.size(0), taps = wf.size(1);
     kernels::DType dt{};
     kernel_dtype(y.scalar_type(), dt);
-    auto dy_full = torch::empty({B, T, Wd}, y.options().memory_format(torch::MemoryFormat::Contiguous));
+    const auto& g_rest = grads[widths.size()];
+    const bool in_place = rest_gradient_has_room(g_rest, y, C);
+    if (in_place) gate_gradients_in_place.fetch_add(1, std::memory_order_relaxed);
+    auto dy_full = in_place ? g_rest.as_strided({B, T, Wd}, {T * Wd, Wd, 1}, g_rest.storage_offset() - C)
+                            : torch::empty({B, T, Wd}, y.options().memory_format(torch::MemoryFormat::Contiguous));
     auto dw = torch::zeros_like(wf);
     const auto stream = c10::cuda::getCurrentCUDAStream(y.device().index()).stream();
     const int64_t elem = y.element_size();
@@ -127,8 +152,9 @@ class ShortConvPartsFn : public torch::autograd::Function<ShortConvPartsFn> {
           "short conv backward");
       col += widths[i];
     }
-    // The rest's gradient into its columns: the one copy left (a cudaMemcpy2DAsync measured the same).
-    dy_full.narrow(2, C, Wd - C).copy_(grads[widths.size()]);
+    // The rest's gradient into its columns, unless it is already there: the one copy left (a
+    // cudaMemcpy2DAsync measured the same).
+    if (!in_place) dy_full.narrow(2, C, Wd - C).copy_(g_rest);
     const auto w_dtype = static_cast<c10::ScalarType>(ctx->saved_data["w_dtype"].toInt());
     return {dy_full, dw.to(w_dtype), torch::Tensor(), torch::Tensor()};
   }
@@ -152,6 +178,14 @@ torch::Tensor fused_short_conv(const torch::Tensor& x, const torch::Tensor& w, c
   }
 #endif
   return short_conv(x, w, p);
+}
+
+int64_t short_conv_parts_gradients_in_place() {
+#if defined(DD_HAVE_CUDA)
+  return gate_gradients_in_place.load(std::memory_order_relaxed);
+#else
+  return 0;
+#endif
 }
 
 ShortConvParts fused_short_conv_parts(const torch::Tensor& y, const torch::Tensor& w, const Positions& p,

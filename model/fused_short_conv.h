@@ -30,5 +30,9 @@ struct ShortConvParts {
 };
 ShortConvParts fused_short_conv_parts(const torch::Tensor& y, const torch::Tensor& w, const Positions& p,
                                       const std::vector<int64_t>& widths);
+// How many backward passes of fused_short_conv_parts found the rest's gradient already in a buffer
+// laid out as y (the gated output norm's dz) and filled that buffer's other columns instead of
+// copying it into a new one; process-wide, for tests.
+int64_t short_conv_parts_gradients_in_place();
 
 }  // namespace model

@@ -916,6 +916,53 @@ TEST(FusedOpsCuda, ShortConvPartsMatchSplitConvSplit) {
   }
 }
 
+// As in the Gated DeltaNet layer: the rest (the output gate) goes through the gated output norm,
+// whose backward writes dz into a buffer laid out as the projection's rows, and the conv parts'
+// backward then fills that buffer's other columns instead of copying dz. The projection's gradient
+// equals the one through split, conv and split (where dz goes back through autograd's split
+// backward): the gate's columns exactly, the conv's within the dtype's tolerance.
+TEST(FusedOpsCuda, ShortConvPartsTakeTheGateGradientInPlace) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(47);
+  const int64_t B = 1, T = 257, H = 3, D = 64, W = 4;
+  const std::vector<int64_t> widths = {96, 96, 192};
+  const int64_t C = 384, R = H * D;
+  for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
+    auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(dt);
+    auto rows = torch::randn({B, T, C + R}, opts);
+    auto w32 = torch::randn({C, W}, torch::kCUDA) * 0.5;
+    auto o = torch::randn({B, T, H, D}, torch::kCUDA);
+    auto nw = torch::rand({D}, torch::kCUDA) + 0.5;
+    auto dout = torch::randn({B, T, H * D}, opts);
+    std::vector<torch::Tensor> gparts;
+    for (int64_t w : widths) gparts.push_back(torch::randn({B, T, w}, opts));
+    const auto p = model::dense_positions(B, T, torch::kCUDA);
+    auto run = [&](bool fused) {
+      auto y = rows.detach().clone().requires_grad_(true);
+      model::ShortConvParts out;
+      if (fused) {
+        out = model::fused_short_conv_parts(y, w32, p, widths);
+      } else {
+        auto halves = y.split_with_sizes({C, R}, -1);
+        out = {model::short_conv(halves[0], w32, p).split_with_sizes(widths, -1), halves[1]};
+      }
+      auto g = model::gated_rms_norm(o, out.rest, nw, 1e-6, dt).reshape({B, T, H * D});
+      auto loss = (g.to(torch::kFloat32) * dout.to(torch::kFloat32)).sum();
+      for (size_t i = 0; i < widths.size(); ++i)
+        loss = loss + (out.parts[i].to(torch::kFloat32) * gparts[i].to(torch::kFloat32)).sum();
+      loss.backward();
+      return y.grad();
+    };
+    const int64_t in_place_before = model::short_conv_parts_gradients_in_place();
+    const auto got = run(true);
+    const std::string what = name_of(dt);
+    EXPECT_EQ(model::short_conv_parts_gradients_in_place(), in_place_before + 1) << what << ": the path taken";
+    const auto want = run(false);
+    EXPECT_TRUE(torch::equal(got.narrow(2, C, R), want.narrow(2, C, R))) << what << ": the gate's columns";
+    EXPECT_LT(rel_norm_diff(got.narrow(2, 0, C), want.narrow(2, 0, C)), dt == torch::kFloat32 ? 1e-5 : 2e-2) << what;
+  }
+}
+
 // The Gated DeltaNet's output norm kernel against the ATen formula: o fp32, the gate z a column
 // slice of a wider projection (as in the layer), y and dy in fp32 or bf16, D a multiple of 32 and
 // not, packed into one row and over a batch. fp32 differs by summation order (1e-5); bf16 y and dz

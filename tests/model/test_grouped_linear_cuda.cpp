@@ -260,8 +260,11 @@ TEST(GroupedLinearCuda, ExpertProductMatchesTheAutogradPath) {
       EXPECT_LT(e, j < 2 ? 1e-6 : 8e-3) << what << ": " << name;
       std::printf("[expert_product] %s %s: %.1e\n", what.c_str(), name.c_str(), e);
       if (j >= 2) {
-        for (int64_t e2 = 0; e2 < E; ++e2)
-          if (c.rows[static_cast<size_t>(e2)] == 0) EXPECT_EQ(got[i][e2].abs().max().item<float>(), 0.f) << what << " " << name;
+        for (int64_t e2 = 0; e2 < E; ++e2) {
+          if (c.rows[static_cast<size_t>(e2)] == 0) {
+            EXPECT_EQ(got[i][e2].abs().max().item<float>(), 0.f) << what << " " << name;
+          }
+        }
       }
     }
   }
