@@ -46,7 +46,8 @@ int moe_router_topk_backward(float* dlogits, const float* probs, const int64_t* 
                              bool norm, void* stream);
 
 // The pairs' stable order by expert, as a counting sort. flat [P] int64 holds each pair's expert,
-// each in [0, E) (the router's top-k indices); P = N·k. Writes sorted [P] (the expert at each
+// each in [0, E) (the router's top-k indices; not checked, as that would need a host sync: an id
+// outside the range indexes shared memory out of bounds); P = N·k. Writes sorted [P] (the expert at each
 // position, ascending), order [P] (the pair at each position; equal experts keep pair order),
 // inverse [P] (each pair's position), token [P] (order / k), counts [E] int64 and ends [E] int32
 // (the running sum of counts: where each expert's slice ends). scratch holds

@@ -145,11 +145,12 @@ class GatedRmsNormFn : public torch::autograd::Function<GatedRmsNormFn> {
 };
 
 // The kernels take fp32 o on a GPU, z with unit column stride and a token stride that covers the
-// batch (z[b, t] at (b·T + t) · stride(1)), and widths up to 1024.
+// batch (z[b, t] at (b·T + t) · stride(1)) with rows that do not overlap (dz is written in z's
+// layout), and widths up to 1024.
 bool kernels_apply(const torch::Tensor& o, const torch::Tensor& z, const torch::Tensor& w, torch::ScalarType out) {
   kernels::DType d{};
   return o.is_cuda() && z.is_cuda() && w.is_cuda() && o.scalar_type() == torch::kFloat32 &&
-         kernel_dtype(z.scalar_type(), d) && kernel_dtype(out, d) && z.stride(2) == 1 &&
+         kernel_dtype(z.scalar_type(), d) && kernel_dtype(out, d) && z.stride(2) == 1 && z.stride(1) >= z.size(2) &&
          (z.size(0) == 1 || z.stride(0) == z.size(1) * z.stride(1)) &&
          kernels::gated_rmsnorm_supports(o.size(o.dim() - 1)) && o.numel() > 0;
 }

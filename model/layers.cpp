@@ -316,7 +316,7 @@ class HeadsToTokensFn : public torch::autograd::Function<HeadsToTokensFn> {
     const int64_t H = ctx->saved_data["H"].toInt(), D = ctx->saved_data["D"].toInt();
     const auto& g = grads[0];  // [B,T,H·dv]
     const int64_t B = g.size(0), T = g.size(1), dv = g.size(2) / H;
-    auto g4 = g.view({B, T, H, dv});
+    auto g4 = g.reshape({B, T, H, dv});  // a view unless autograd handed over odd strides
     if (dv == D) return {g4.transpose(1, 2), torch::Tensor()};
     auto dout = torch::empty({B, T, H, D}, g.options());
     dout.narrow(-1, dv, D - dv).zero_();

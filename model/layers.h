@@ -126,7 +126,8 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
                                const Positions& p);
 // o [B,H,T,D] (an attention output, any strides) -> [B,T,H·dv] contiguous: each head's first dv
 // columns, tokens first, for the output projection. One copy forward (as the narrow, transpose
-// and reshape it replaces); backward one zero-padded gradient [B,T,H,D] seen as [B,H,T,D], the
+// and reshape it replaces; a view of o when dv == D and o's memory is [B,T,H,D] already, so not
+// to be modified in place); backward one zero-padded gradient [B,T,H,D] seen as [B,H,T,D], the
 // layout the flash kernels' packed output has, so their backward reads it without a copy. Through
 // autograd's narrow, transpose and reshape that was a zero fill, a slice copy and a clone.
 torch::Tensor heads_to_tokens(const torch::Tensor& o, int64_t dv);

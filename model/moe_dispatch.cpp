@@ -219,7 +219,7 @@ torch::Tensor combine_weighted(const torch::Tensor& ys, const ExpertOrder& o, co
               "combine_weighted: expected add [", gamma.size(0), ", ", ys.size(1), "], got ", add.sizes());
 #if defined(DD_HAVE_CUDA)
   if (combine_kernel_takes(ys, gamma.size(1), gamma.scalar_type()) &&
-      (!add.defined() || add.scalar_type() == ys.scalar_type()))
+      (!add.defined() || (add.scalar_type() == ys.scalar_type() && add.device() == ys.device())))
     return CombineWeightedFn::apply(ys, gamma, o.inverse,
                                     add.defined() ? add.contiguous() : torch::empty({0}, ys.options()));
 #endif

@@ -38,8 +38,9 @@ class RouterTopKFn : public torch::autograd::Function<RouterTopKFn> {
     const auto &probs = sv[0], &idx = sv[1];
     const bool norm = ctx->saved_data["norm"].toBool();
     const int64_t N = probs.size(0), E = probs.size(1), k = idx.size(1);
-    // dprobs: the aux loss's mean over tokens hands back one row broadcast over N (row stride 0),
-    // which the kernel reads as it is; any other layout is made contiguous.
+    // dprobs: a gradient broadcast over the tokens (row stride 0, as a sum over tokens hands it
+    // back) is read as it is; any other layout is made contiguous. (The aux loss's mean hands back
+    // a dense one: mean's backward divides the broadcast row.)
     torch::Tensor dprobs = grads[0];
     int64_t dprobs_stride = E;
     if (dprobs.defined()) {

@@ -1,9 +1,9 @@
 // The MoE routing kernels (kernels/moe_routing.*, through model/moe_router.h and
 // model/moe_dispatch.h) against their ATen references on the same inputs: the router's softmax and
 // top-k (outputs and the logits' gradient, with and without renormalisation, with the aux loss's
-// broadcast gradient, a full one, or none), and the pairs' order by expert (every field exactly,
-// for even, skewed and single-expert assignments, sizes around the kernel's chunk). Fresh random
-// inputs each run, seeded from GoogleTest's seed. Skips without a GPU.
+// gradient through the mean over tokens, a random one, or none), and the pairs' order by expert
+// (every field exactly, for even, skewed and single-expert assignments, sizes around the kernel's
+// chunk). Fresh random inputs each run, seeded from GoogleTest's seed. Skips without a GPU.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -38,7 +38,7 @@ TEST(MoERoutingCuda, RouterTopKMatchesTheReference) {
   double worst_fwd = 0, worst_bwd = 0;
   for (const Case& c : cases) {
     for (const bool norm : {true, false}) {
-      // 0: dw only; 1: dw and the aux loss's mean over tokens (a broadcast row); 2: dw and a full dprobs.
+      // 0: dw only; 1: dw and the aux loss's mean over tokens; 2: dw and a random dprobs.
       for (int grads = 0; grads < 3; ++grads) {
         const std::string what = "N=" + std::to_string(c.N) + " E=" + std::to_string(c.E) +
                                   " k=" + std::to_string(c.k) + " norm=" + std::to_string(norm) +
