@@ -141,12 +141,10 @@ MoEOutput MoEImpl::forward(const torch::Tensor& u) {
   auto xs = dispatch_rows(u_experts, order, k_);  // [N·k,d] expert order
   // Every expert's rows through its gate|up and down weights: one grouped GEMM each on a GPU, with
   // the slices as device offsets where the GEMM takes them, else as host counts (read once).
-  torch::Tensor offsets;
   std::vector<int64_t> rows;
   auto grouped = [&](const torch::Tensor& x, const torch::Tensor& w) {
     if (grouped_linear_offsets_supported(x, w)) {
-      if (!offsets.defined()) offsets = order.ends;
-      return grouped_linear_offsets(x, w, offsets);
+      return grouped_linear_offsets(x, w, order.ends);
     }
     if (rows.empty()) {
       const auto host = counts.cpu();  // the host sync of this path
@@ -157,9 +155,9 @@ MoEOutput MoEImpl::forward(const torch::Tensor& u) {
   torch::Tensor ys;  // [N·k,d] expert order
   if (expert_product_applies(xs, {gate, up}, mdt)) {
     // The fp32 weights' kept bf16 copies, their gradients straight into .grad (model/expert_product.h).
-    offsets = order.ends;
-    auto h = swiglu(expert_product(xs, {gate, up}, offsets, mdt));  // [N·k,fe]
-    ys = expert_product_applies(h, {down}, mdt) ? expert_product(h, {down}, offsets, mdt) : grouped(h, as_dtype(down, mdt));
+    auto h = swiglu(expert_product(xs, {gate, up}, order.ends, mdt));  // [N·k,fe]
+    ys = expert_product_applies(h, {down}, mdt) ? expert_product(h, {down}, order.ends, mdt)
+                                                : grouped(h, as_dtype(down, mdt));
   } else {
     auto gate_up = torch::cat({as_dtype(gate, mdt), as_dtype(up, mdt)}, 1);  // [E,2fe,d]
     auto h = swiglu(grouped(xs, gate_up));                                   // [N·k,fe]
