@@ -132,7 +132,8 @@ int bench_gdr(const BenchGdrArgs& a) {
   // fixed width of state columns (the first row's picks one by kernels::gdr_scan_mma_width), the
   // state scan in fp32 FMA instead of on tensor cores, the scan's products of the other kind, and
   // (where the products are TF32) the states and corrected values kept in fp32 instead of bf16, and
-  // the fused front's outputs kept in fp32 instead of bf16.
+  // the fused front's outputs kept in fp32 instead of bf16, and dO's products into the reverse
+  // scan's inputs run before it instead of inside it.
   struct Mode {
     const char* name;
     bool kernels;
@@ -143,6 +144,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     bool fp32_states = false;          // h_in and v_new kept in fp32 under TF32 products (model::gdr_bf16_states)
     bool fp32_front = false;           // the fused front's outputs kept in fp32 (model::gdr_bf16_front)
     bool split_solve = false;          // the solve's backward with split, not TF32, products (model::gdr_tf32_chunk_products)
+    bool products_then_scan = false;   // dO's products into the reverse scan's inputs run before it (model::gdr_scan_fuse_output_grads)
   };
   const char* other_products = tf32_default ? "kernels, split-TF32 scan" : "kernels, TF32 scan";
   const std::vector<Mode> modes =
@@ -153,6 +155,8 @@ int bench_gdr(const BenchGdrArgs& a) {
                                          true},
                                         {"kernels, split solve", true, true, kernels::kGdrScanAuto, true, false, false,
                                          false, true},
+                                        {"kernels, products+scan", true, true, kernels::kGdrScanAuto, true, false, false,
+                                         false, false, true},
                                         {"kernels, unfused", true, false, kernels::kGdrScanAuto},
                                         {"kernels, 64-col GEMMs", true, true, kernels::kGdrScanAuto, false},
                                         {"kernels, 32-col scan", true, true, kernels::kGdrScanTensorCores32},
@@ -171,6 +175,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     model::gdr_bf16_states(!mode.fp32_states);
     model::gdr_bf16_front(!mode.fp32_front);
     model::gdr_tf32_chunk_products(!mode.split_solve);
+    model::gdr_scan_fuse_output_grads(!mode.products_then_scan);
     const bool tf32_scan = mode.other_scan_products ? !tf32_default : tf32_default;
     auto forward = [&] {
       torch::NoGradGuard no_grad;
@@ -209,6 +214,7 @@ int bench_gdr(const BenchGdrArgs& a) {
   model::gdr_bf16_states(true);
   model::gdr_bf16_front(true);
   model::gdr_tf32_chunk_products(true);
+  model::gdr_scan_fuse_output_grads(true);
   model::bmm_fp32_wide_tiles(true);
   model::gdr_use_fused_kernels(true);
   model::gdr_use_kernels(true);

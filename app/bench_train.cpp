@@ -59,9 +59,11 @@ int bench_train(const BenchTrainArgs& a) {
                                                     {"fma-scan", kernels::kGdrScanSimt16}};
   if (a.gdr_scan != "kernel" && a.gdr_scan != "unfused" && a.gdr_scan != "aten" && a.gdr_scan != "narrow-products" &&
       a.gdr_scan != "token-order" && a.gdr_scan != "fp32-states" && a.gdr_scan != "fp32-front" &&
-      a.gdr_scan != "split-solve" && a.gdr_scan != "fp32-qk" && scan_variants.count(a.gdr_scan) == 0) {
+      a.gdr_scan != "split-solve" && a.gdr_scan != "fp32-qk" && a.gdr_scan != "products-then-scan" &&
+      scan_variants.count(a.gdr_scan) == 0) {
     std::cerr << "deltadeck: bench train: --gdr-scan: expected kernel, unfused, narrow-products, narrow-scan, scan-64, "
-                 "scan-96, scan-128, fma-scan, token-order, fp32-states, fp32-front, split-solve, fp32-qk or aten, got \""
+                 "scan-96, scan-128, fma-scan, token-order, fp32-states, fp32-front, split-solve, fp32-qk, "
+                 "products-then-scan or aten, got \""
               << a.gdr_scan << "\"\n";
     return 2;
   }
@@ -125,6 +127,9 @@ int bench_train(const BenchTrainArgs& a) {
   model::gdr_tf32_chunk_products(a.gdr_scan != "split-solve");
   // fp32-qk: the Gated DeltaNet layer's q and k in fp32 under 16-bit training (bf16 by default).
   model::gdn_qk_in_activation_dtype(a.gdr_scan != "fp32-qk");
+  // products-then-scan: the backward's products of dO into the values' and states' gradients as
+  // two launches before the reverse scan, instead of inside it (model::gdr_scan_fuse_output_grads).
+  model::gdr_scan_fuse_output_grads(a.gdr_scan != "products-then-scan");
   const auto variant = scan_variants.find(a.gdr_scan);
   model::gdr_scan_variant(variant != scan_variants.end() ? variant->second : kernels::kGdrScanAuto);
   const std::string tmp = storage::files::make_temp_dir("deltadeck-bench");

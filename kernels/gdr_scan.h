@@ -59,6 +59,17 @@ struct GdrScanArgs {
   const uint16_t* A_bf16 = nullptr;  // [R, C, dv]
   const uint16_t* P_bf16 = nullptr;  // [R, C, dk]
   const uint16_t* Q_bf16 = nullptr;  // [R, C, dk]
+  // The backward with the output's gradient products inside (the "fused" form; bf16 P and Q, TF32
+  // products, fp32 outputs, no A and no E): with the chunk output O = s (Qg h_in + Pm Vn) [C, dv],
+  // the scan reads dO and takes each chunk's A = dVn = s Pmᵀ dO and E = dHin = s Qgᵀ dO itself, on
+  // tensor cores (dO rounded to TF32, Pm and Qg widened exactly), instead of reading them in fp32
+  // from two products run before it: fp32 dO and bf16 Pm and Qg read here instead of fp32 dVn and
+  // E, and those products' launches, writes and reads of dO gone (docs/perf.md, issue 7, stop 36).
+  const float* dO = nullptr;            // [rows, dv]: the output's gradient
+  const int32_t* dO_rows = nullptr;     // [R·C]: the dO row of chunk row r·C + i, −1 for zeros; null: r·C + i
+  const uint16_t* Pm_bf16 = nullptr;    // [R, C, C]: the masked Q Kᵀ of the output (zero above the diagonal)
+  const uint16_t* Qg_bf16 = nullptr;    // [R, C, dk]: the gated queries
+  float out_scale = 1.f;                // s
   const int32_t* step_off = nullptr;  // [n_steps], device memory
   const int32_t* n_chunks = nullptr;  // [n_docs], device memory
   float sign_p = -1.f, sign_q = 1.f;
@@ -101,6 +112,13 @@ inline bool gdr_scan_mma_supports(int64_t C, int64_t dk, int64_t dv, int64_t col
          (cols <= 64 || (C <= 64 && dk <= 128)) && gdr_scan_mma_smem_bytes(C, dk, cols) <= kGdrScanMmaMaxSmem;
 }
 
+// The fused backward form's shared memory (GdrScanArgs::dO) in blocks of `cols` columns: the state
+// and y's TF32 part [·][cols + 8] fp32 (no small part: TF32 products), P, Q and Qg [C][dk + 8] and
+// Pm [C][C + 8] bf16, and dO [C][cols + 8] fp32.
+inline int64_t gdr_scan_fused_smem_bytes(int64_t C, int64_t dk, int64_t cols) {
+  return (cols + 8) * (dk + C) * 4 + 3 * C * (dk + 8) * 2 + C * (C + 8) * 2 + C * (cols + 8) * 4;
+}
+
 // The block width the default takes (0: no tensor-core width takes these sizes), for `doc_heads`
 // (document, head) pairs on a GPU of `sms` SMs. Measured on an H100 (docs/perf.md), the scan is
 // bound by each SM's throughput more than by a step's latency: one 64-column block alone on an SM
@@ -111,14 +129,17 @@ inline bool gdr_scan_mma_supports(int64_t C, int64_t dk, int64_t dv, int64_t col
 // then 96, 32, 128: narrower blocks stage P and Q once per 32 columns, and the 32-warp block
 // spills registers in the backward. With bf16 inputs (bf16_in: P and Q staged in half the bytes)
 // ties go to 128 first, then 64, 96, 32: there the 128-column block took 9% less time than 64
-// on bench gdr's shape, forward and backward (issue 7, stop 31).
-inline int gdr_scan_mma_width_for(int64_t C, int64_t dk, int64_t dv, int64_t doc_heads, int sms, bool bf16_in = false) {
+// on bench gdr's shape, forward and backward (issue 7, stop 31). The fused backward form (`fused`,
+// GdrScanArgs::dO, bf16 inputs) takes only the widths whose shared memory fits it.
+inline int gdr_scan_mma_width_for(int64_t C, int64_t dk, int64_t dv, int64_t doc_heads, int sms, bool bf16_in = false,
+                                  bool fused = false) {
   if (sms < 1 || doc_heads < 1) return 0;
   static constexpr int kFp32Order[] = {64, 96, 32, 128}, kBf16Order[] = {128, 64, 96, 32};
   int best = 0;
   int64_t best_load = 0;
-  for (const int cols : bf16_in ? kBf16Order : kFp32Order) {
+  for (const int cols : bf16_in || fused ? kBf16Order : kFp32Order) {
     if (!gdr_scan_mma_supports(C, dk, dv, cols)) continue;
+    if (fused && gdr_scan_fused_smem_bytes(C, dk, cols) > kGdrScanMmaMaxSmem) continue;
     const int64_t blocks = doc_heads * ((dv + cols - 1) / cols);
     const int64_t load = (blocks + sms - 1) / sms * cols;
     if (best == 0 || load < best_load) {
@@ -129,8 +150,18 @@ inline int gdr_scan_mma_width_for(int64_t C, int64_t dk, int64_t dv, int64_t doc
   return best;
 }
 
+// Whether a's pointers are the fused backward form's (GdrScanArgs::dO): dO, Pm, Qg, bf16 P and Q,
+// fp32 outputs, neither A nor E, TF32 products, and the backward's sign_p of +1.
+inline bool gdr_scan_fused_form_ok(const GdrScanArgs& a) {
+  return a.dO != nullptr && a.Pm_bf16 != nullptr && a.Qg_bf16 != nullptr && a.P_bf16 != nullptr &&
+         a.Q_bf16 != nullptr && a.P == nullptr && a.Q == nullptr && a.A == nullptr && a.A_bf16 == nullptr &&
+         a.E == nullptr && a.out_state != nullptr && a.out_y != nullptr && a.out_state_bf16 == nullptr &&
+         a.out_y_bf16 == nullptr && !a.tf32x3 && a.sign_p == 1.f;
+}
+
 // The pointers of one of the two bf16-input forms (GdrScanArgs::P_bf16), or of fp32 inputs.
 inline bool gdr_scan_bf16_inputs_ok(const GdrScanArgs& a) {
+  if (a.dO != nullptr || a.Pm_bf16 != nullptr || a.Qg_bf16 != nullptr || a.dO_rows != nullptr) return false;
   const bool any = a.P_bf16 != nullptr || a.Q_bf16 != nullptr || a.A_bf16 != nullptr;
   if (!any) return a.A != nullptr && a.P != nullptr && a.Q != nullptr;
   if (a.P_bf16 == nullptr || a.Q_bf16 == nullptr || a.P != nullptr || a.Q != nullptr) return false;
@@ -148,6 +179,11 @@ int gdr_scan(const GdrScanArgs& a, void* stream);
 int gdr_scan_tensor_cores(const GdrScanArgs& a, int cols, void* stream);
 // gdr_scan_mma_width_for on the current device.
 int gdr_scan_mma_width(const GdrScanArgs& a);
+// The block width the fused backward form (GdrScanArgs::dO) runs in for a's sizes, variant and
+// product mode (the width the bf16-input form would take, where its shared memory fits), or 0 when
+// it does not take them; the pointers are not looked at. gdr_scan runs that form when a's
+// pointers are its (gdr_scan_fused_form_ok) and this is not 0, and fails otherwise.
+int gdr_scan_fused_width(const GdrScanArgs& a);
 // The width of state columns of the tensor-core kernel gdr_scan runs for a's sizes and variant,
 // or 0 when it runs an FMA kernel.
 int gdr_scan_tensor_core_width(const GdrScanArgs& a);

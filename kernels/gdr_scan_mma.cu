@@ -29,6 +29,11 @@
 // phase 2 before. Each staged tile has its own pad so the eight rows and four columns of a
 // fragment load fall in 32 different banks; P's fragments come in one ldmatrix each (four 8 × 4
 // fp32 blocks are four 8 × 8 b16 matrices, and ldmatrix hands them out in the TF32 A layout).
+// The backward's fused form (GdrScanArgs::dO, kFused) adds two products a step that do not depend
+// on the state: in phase 1 each warp takes its y tiles' dVn = s Pmᵀ dO (the A term; Pm is zero above
+// its diagonal, so only k ≥ the tile's first row) and then its phase-2 state tiles' E = s Qgᵀ dO,
+// folded into the state registers as decay · S + E right away (phase 1 reads the state from shared
+// memory only). Qg, Pm and dO come with P in the group staged after phase 1 of the step before.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -106,10 +111,13 @@ __device__ __forceinline__ void store2(uint16_t* dst, float2 v) {
 // kBf16Out: out_state and y are written as bf16 (out_state_bf16, out_y_bf16).
 // kBf16In: P and Q are bf16 (P_bf16, Q_bf16; TF32 products only), and A too when kBf16Out (the
 // forward form of GdrScanArgs::P_bf16).
-template <int kWarps, int kUnits, int kRowTiles, bool kHasE, bool kSplit, bool kBf16Out = false, bool kBf16In = false>
+// kFused: the backward's fused form (GdrScanArgs::dO): A and E from dO, Pm and Qg.
+template <int kWarps, int kUnits, int kRowTiles, bool kHasE, bool kSplit, bool kBf16Out = false, bool kBf16In = false,
+          bool kFused = false>
 __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2 : 1)
     gdr_scan_mma_kernel(GdrScanArgs a) {
   static_assert(!kBf16In || !kSplit, "bf16 inputs come with TF32 products only");
+  static_assert(!kFused || (kBf16In && !kHasE && !kBf16Out), "the fused form: bf16 P and Q, no E, fp32 outputs");
   using TIn = typename std::conditional<kBf16In, uint16_t, float>::type;
   constexpr bool kBf16A = kBf16In && kBf16Out;
   auto in_p = [&] {
@@ -138,9 +146,14 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
   const int pitch_p = kBf16In ? dk + 8 : dk + 4, pitch_q = dk + 8;
   float* S_s = smem;                                                 // [dk][kColPitch]
   uint32_t* yb_s = reinterpret_cast<uint32_t*>(S_s + dk * kColPitch);  // [C][kColPitch]: sign_q · y, big
-  uint32_t* ys_s = yb_s + C * kColPitch;                             // [C][kColPitch]: sign_q · y, small
-  TIn* P_s = reinterpret_cast<TIn*>(ys_s + C * kColPitch);           // [C][pitch_p]
-  TIn* Q_s = P_s + C * pitch_p;                                      // [C][dk + 8]
+  uint32_t* ys_s = yb_s + C * kColPitch;  // [C][kColPitch]: sign_q · y, small (none in the fused form)
+  TIn* P_s = reinterpret_cast<TIn*>(kFused ? ys_s : ys_s + C * kColPitch);  // [C][pitch_p]
+  TIn* Q_s = P_s + C * pitch_p;                                             // [C][dk + 8]
+  // The fused form's: Qg [C][dk + 8] and Pm [C][C + 8] bf16, dO [C][kColPitch] fp32.
+  const int pitch_m = C + 8;
+  TIn* Qg_s = Q_s + C * pitch_q;
+  TIn* Pm_s = Qg_s + C * pitch_q;
+  float* dO_s = reinterpret_cast<float*>(Pm_s + C * pitch_m);
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;  // fragment row group and column pair
@@ -192,7 +205,23 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
     const int m = a.reverse ? n - 1 - step : step;
     return (static_cast<int64_t>(a.step_off[m]) + s) * a.H + head;
   };
-  auto stage_p = [&](int64_t r) { stage_rows(P_s, pitch_p, in_p() + r * C * dk, dk, C, dk); };
+  // dO's rows of chunk row r (through the row map, zeros for −1) and this block's columns.
+  auto stage_do = [&](int64_t r) {
+    for (int p = threadIdx.x; p < C * (kCols / 4); p += 32 * kWarps) {
+      const int i = p / (kCols / 4), c = 4 * (p % (kCols / 4));
+      const int64_t src_row = a.dO_rows != nullptr ? a.dO_rows[r * C + i] : r * C + i;
+      const bool valid = src_row >= 0 && c < cols;
+      cp_async16_zfill(dO_s + i * kColPitch + c, valid ? a.dO + src_row * dv + j0 + c : a.dO, valid);
+    }
+  };
+  auto stage_p = [&](int64_t r) {
+    stage_rows(P_s, pitch_p, in_p() + r * C * dk, dk, C, dk);
+    if constexpr (kFused) {
+      stage_rows(Qg_s, pitch_q, a.Qg_bf16 + r * C * dk, dk, C, dk);
+      stage_rows(Pm_s, pitch_m, a.Pm_bf16 + r * C * C, C, C, C);
+      stage_do(r);
+    }
+  };
   auto stage_q = [&](int64_t r) { stage_rows(Q_s, pitch_q, in_q() + r * C * dk, dk, C, dk); };
   // The chunk rows of this step and the next: the next one's offset is read from global memory as
   // a step starts and first used after phase 1 (staging P), so its latency hides behind phases 0
@@ -233,7 +262,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
         }
       }
     };
-    constexpr bool kEarlyE = kWarps <= 16;
+    constexpr bool kEarlyE = kWarps <= 16 && !kFused;  // the fused form computes E in phase 1
     if (kEarlyE) load_e();
     const float dec = __ldg(a.decay + r);
     // A's values at this thread's y positions (unit u, column tile h, row half): [u][h][half]. bf16
@@ -241,7 +270,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
     // (a conversion right after each load waited for it).
     typename std::conditional<kBf16A, uint32_t, float2>::type A_r[kUnits][2][2];
 #pragma unroll
-    for (int u = 0; u < kUnits; ++u) {
+    for (int u = 0; u < kUnits && !kFused; ++u) {
       const int unit = warp + kWarps * u;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -268,6 +297,28 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
       if (unit < n_units) {
         const int m0 = 16 * (unit / kPairs), n0 = 16 * (unit % kPairs);
         float big[2][4] = {}, cross[2][4] = {};
+        if constexpr (kFused) {
+          // The A term s Pmᵀ dO first, into `big`, which the products below then add to (y = A + P S:
+          // the fused form's sign_p is +1). Pmᵀ's rows m0.. are zero before column m0.
+          for (int k0 = m0; k0 < C; k0 += 8) {
+            const uint16_t* pm = Pm_s + (k0 + t) * pitch_m + m0 + g;  // element (m0 + g, k0 + t) of Pmᵀ
+            FragA fa;
+            fa.big[0] = widen_bf16(pm[0]);
+            fa.big[1] = widen_bf16(pm[8]);
+            fa.big[2] = widen_bf16(pm[4 * pitch_m]);
+            fa.big[3] = widen_bf16(pm[4 * pitch_m + 8]);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const FragB fb = load_b<false>(dO_s, kColPitch, k0, n0 + 8 * h, g, t);
+              mma_tf32(big[h], fa.big, fb.big);
+            }
+          }
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) big[h][e] *= a.out_scale;
+          }
+        }
         // The A fragment of the k-step at k0: rows m0 + g, m0 + g + 8 at columns k0 + t, k0 + t + 4.
         auto a_frag = [&](int k0) {
           FragA fa;
@@ -312,7 +363,9 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
           for (int half = 0; half < 2; ++half) {
             const int row = m0 + g + 8 * half;
             float2 av;
-            if constexpr (kBf16A) {
+            if constexpr (kFused) {
+              av = make_float2(0.f, 0.f);  // already in big
+            } else if constexpr (kBf16A) {
               const uint32_t bits = A_r[u][h][half];
               av = make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
             } else {
@@ -331,14 +384,45 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
         }
       }
     }
-    __syncthreads();  // y is complete; P is read
+    if constexpr (kFused) {
+      // E = s Qgᵀ dO for this warp's phase-2 state tiles, and the state's decay with it.
+      float e_acc[kRowTiles][4][4] = {};
+      for (int k0 = 0; k0 < C; k0 += 8) {
+#pragma unroll
+        for (int rt = 0; rt < kRowTiles; ++rt) {
+          const int m0 = 16 * (row_warp + 8 * rt);
+          if (m0 < dk) {
+            const uint16_t* qg = Qg_s + (k0 + t) * pitch_q + m0 + g;  // element (m0 + g, k0 + t) of Qgᵀ
+            FragA fa;
+            fa.big[0] = widen_bf16(qg[0]);
+            fa.big[1] = widen_bf16(qg[8]);
+            fa.big[2] = widen_bf16(qg[4 * pitch_q]);
+            fa.big[3] = widen_bf16(qg[4 * pitch_q + 8]);
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+              const FragB fb = load_b<false>(dO_s, kColPitch, k0, col0 + 8 * nt, g, t);
+              mma_tf32(e_acc[rt][nt], fa.big, fb.big);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int rt = 0; rt < kRowTiles; ++rt) {
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) S_r[rt][nt][e] = dec * S_r[rt][nt][e] + a.out_scale * e_acc[rt][nt][e];
+        }
+      }
+    }
+    __syncthreads();  // y is complete; P (and the fused form's Qg, Pm and dO) is read
     if (step + 1 < n) stage_p(r_next);
     cp_async_commit();
     cp_async_wait<1>();  // Q of this step
     __syncthreads();
 
     // Phase 2: S = decay · S + E + Qᵀ (sign_q · y) for this warp's rows.
-    if (!kEarlyE) load_e();
+    if (!kEarlyE && !kFused) load_e();
     float cross_s[kRowTiles][4][4];
 #pragma unroll
     for (int rt = 0; rt < kRowTiles; ++rt) {
@@ -346,7 +430,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
       for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          S_r[rt][nt][e] = dec * S_r[rt][nt][e] + E_r[rt][nt][e];
+          if (!kFused) S_r[rt][nt][e] = dec * S_r[rt][nt][e] + E_r[rt][nt][e];  // the fused form: in phase 1
           cross_s[rt][nt][e] = 0.f;
         }
       }
@@ -413,9 +497,10 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
 using ScanKernel = void (*)(GdrScanArgs);
 
 // The kernel for these template sizes, allowed the shared memory it needs on the current device.
-template <int kWarps, int kUnits, int kRowTiles, bool kHasE, bool kSplit, bool kBf16Out = false, bool kBf16In = false>
+template <int kWarps, int kUnits, int kRowTiles, bool kHasE, bool kSplit, bool kBf16Out = false, bool kBf16In = false,
+          bool kFused = false>
 ScanKernel opted_in_kernel() {
-  ScanKernel f = gdr_scan_mma_kernel<kWarps, kUnits, kRowTiles, kHasE, kSplit, kBf16Out, kBf16In>;
+  ScanKernel f = gdr_scan_mma_kernel<kWarps, kUnits, kRowTiles, kHasE, kSplit, kBf16Out, kBf16In, kFused>;
   allow_dynamic_smem(reinterpret_cast<const void*>(f), static_cast<int>(kGdrScanMmaMaxSmem));
   return f;
 }
@@ -425,6 +510,10 @@ ScanKernel opted_in_kernel() {
 // inputs: the two forms of GdrScanArgs::P_bf16; null otherwise).
 template <int kWarps, int kUnits, int kRowTiles>
 ScanKernel kernel_flagged(const GdrScanArgs& a) {
+  if (a.dO != nullptr) {
+    if (!gdr_scan_fused_form_ok(a)) return nullptr;
+    return opted_in_kernel<kWarps, kUnits, kRowTiles, false, false, false, true, true>();
+  }
   if (!gdr_scan_bf16_inputs_ok(a)) return nullptr;
   if (a.P_bf16 != nullptr) {
     if (a.tf32x3) return nullptr;
@@ -468,8 +557,9 @@ ScanKernel kernel_for_width(const GdrScanArgs& a, int cols) {
 }  // namespace
 
 int gdr_scan_tensor_cores(const GdrScanArgs& a, int cols, void* stream) {
+  const bool fused = a.dO != nullptr;
   if ((cols != 32 && cols != 64 && cols != 96 && cols != 128) || !gdr_scan_mma_supports(a.C, a.dk, a.dv, cols) ||
-      a.n_docs < 1 || a.H < 1) {
+      a.n_docs < 1 || a.H < 1 || (fused && gdr_scan_fused_smem_bytes(a.C, a.dk, cols) > kGdrScanMmaMaxSmem)) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
   const dim3 grid(static_cast<unsigned>(a.n_docs * a.H), static_cast<unsigned>((a.dv + cols - 1) / cols));
@@ -478,9 +568,10 @@ int gdr_scan_tensor_cores(const GdrScanArgs& a, int cols, void* stream) {
   if (kernel == nullptr) return static_cast<int>(cudaErrorInvalidValue);
   GdrScanArgs args = a;
   void* params[] = {&args};
+  const int64_t smem =
+      fused ? gdr_scan_fused_smem_bytes(a.C, a.dk, cols) : gdr_scan_mma_smem_bytes(a.C, a.dk, cols, a.P_bf16 != nullptr);
   return static_cast<int>(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, block, params,
-                                           gdr_scan_mma_smem_bytes(a.C, a.dk, cols, a.P_bf16 != nullptr),
-                                           static_cast<cudaStream_t>(stream)));
+                                           static_cast<size_t>(smem), static_cast<cudaStream_t>(stream)));
 }
 
 int gdr_scan_mma_width(const GdrScanArgs& a) {
@@ -490,6 +581,29 @@ int gdr_scan_mma_width(const GdrScanArgs& a) {
     return 0;
   }
   return gdr_scan_mma_width_for(a.C, a.dk, a.dv, a.n_docs * a.H, sms, a.P_bf16 != nullptr);
+}
+
+int gdr_scan_fused_width(const GdrScanArgs& a) {
+  if (a.tf32x3 || !gdr_scan_supports(a.C, a.dk) || a.n_docs < 1 || a.H < 1) return 0;
+  int cols = 0;
+  switch (a.variant) {
+    case kGdrScanAuto: {
+      int device = 0, sms = 0;
+      if (cudaGetDevice(&device) != cudaSuccess ||
+          cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+        return 0;
+      }
+      return gdr_scan_mma_width_for(a.C, a.dk, a.dv, a.n_docs * a.H, sms, true, true);
+    }
+    case kGdrScanTensorCores32: cols = 32; break;
+    case kGdrScanTensorCores64: cols = 64; break;
+    case kGdrScanTensorCores96: cols = 96; break;
+    case kGdrScanTensorCores128: cols = 128; break;
+    default: return 0;  // the FMA kernels have no fused form
+  }
+  return gdr_scan_mma_supports(a.C, a.dk, a.dv, cols) && gdr_scan_fused_smem_bytes(a.C, a.dk, cols) <= kGdrScanMmaMaxSmem
+             ? cols
+             : 0;
 }
 
 }  // namespace kernels

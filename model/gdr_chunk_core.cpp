@@ -636,24 +636,33 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
       ff.decay = f.p.decay;
     }
 
-    // From O = s (Qg h_in + P Vn): gradients into P, Vn, Qg and h_in.
-    torch::Tensor dP_raw, dQg, d_vnew, d_hin;
+    // From O = s (Qg h_in + P Vn): gradients into P, Vn, Qg and h_in. The two into Vn and h_in are
+    // the reverse scan's inputs, and on a GPU the scan takes them itself from dO
+    // (gdr_scan_backward_from_output_grad).
+    torch::Tensor dP_raw, dQg;
     auto output_grad_products = [&](const auto& dOr) {  // dOr: [N·H, C, dv] chunk rows, or GatheredRows
       dP_raw = bmm_fp32(dOr, tr(v_new)).view({N, H, C, C});
-      d_vnew = bmm_fp32(tr(rows(ff.P)), dOr, s);
       dQg = bmm_fp32(dOr, tr(h_in), s).view({N, H, C, dk});
-      d_hin = bmm_fp32(tr(rows(ff.Qg)), dOr, s);
     };
-    if (dO.defined() && sd["o_tokens"].toBool()) {
-      // The output went straight into token order, and its gradient comes back in that layout: the
-      // products read its rows there by the output's row map (no copy into chunk rows on a GPU).
-      output_grad_products(GatheredRows{dO.to(c.dt).contiguous().view({-1, dv}), sd["o_rows"].toTensor(), N * H, C});
-    } else if (dO.defined()) {
-      output_grad_products(rows(dO));
+    GdrScanGrads sg;
+    const auto decay_rows = ff.decay.reshape({-1});
+    if (dO.defined()) {
+      // The output may have gone straight into token order, its gradient then coming back in that
+      // layout: the products read its rows there by the output's row map (no copy into chunk rows on
+      // a GPU).
+      const auto dO_src = dO.to(c.dt).contiguous().view({-1, dv});
+      const torch::Tensor dO_rows = sd["o_tokens"].toBool() ? sd["o_rows"].toTensor() : torch::Tensor();
+      if (dO_rows.defined()) {
+        output_grad_products(GatheredRows{dO_src, dO_rows, N * H, C});
+      } else {
+        output_grad_products(dO_src.view({N * H, C, dv}));
+      }
+      sg = gdr_scan_backward_from_output_grad(rows(W), rows(ff.Kd), decay_rows, rows(ff.P), rows(ff.Qg), dO_src,
+                                              dO_rows, s, dh_final, c.l.scan);
     } else {
-      d_vnew = torch::zeros({N * H, C, dv}, Tm.options());
+      sg = gdr_scan_backward(rows(W), rows(ff.Kd), decay_rows, {}, torch::zeros({N * H, C, dv}, Tm.options()),
+                             dh_final, c.l.scan);
     }
-    const auto sg = gdr_scan_backward(rows(W), rows(ff.Kd), ff.decay.reshape({-1}), d_hin, d_vnew, dh_final, c.l.scan);
     Upstream u;
     u.dKd = prod(v_new, tr(sg.dh_next)).view({N, H, C, dk});
     // Σ h_in ⊙ dh_next per row (no [R, dk, dv] temporary).

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/gdr_scan.h"  // the scan variants (the kernel itself only with CUDA)
+#include "model/bmm_fp32.h"
 
 #if defined(DD_HAVE_CUDA)
 #include <c10/cuda/CUDAStream.h>
@@ -26,12 +27,16 @@ std::atomic<bool> g_use_kernel{true};
 std::atomic<int> g_variant{kernels::kGdrScanAuto};
 std::atomic<int64_t> g_split_launches{0}, g_tf32_launches{0};  // gdr_scan_launch_counts
 std::atomic<bool> g_bf16_states{true};
+std::atomic<bool> g_fuse_output_grads{true};
+std::atomic<int64_t> g_fused_backward_launches{0};
 }  // namespace
 
 void gdr_scan_use_kernel(bool on) { g_use_kernel = on; }
 void gdr_bf16_states(bool on) { g_bf16_states = on; }
 bool gdr_bf16_states() { return g_bf16_states; }
 void gdr_scan_variant(int variant) { g_variant = variant; }
+void gdr_scan_fuse_output_grads(bool on) { g_fuse_output_grads = on; }
+int64_t gdr_scan_fused_backward_launches() { return g_fused_backward_launches.load(); }
 
 GdrScanLaunchCounts gdr_scan_launch_counts() { return {g_split_launches.load(), g_tf32_launches.load()}; }
 
@@ -278,6 +283,45 @@ bool kernel_takes(const torch::Tensor& W, const torch::Tensor& A, const torch::T
   return kernels::gdr_scan_takes_bf16_inputs(sized_args(plan, W.size(1), W.size(2), A.size(2)));
 }
 
+// The fused reverse scan (kernels::GdrScanArgs::dO); the caller checked
+// gdr_scan_backward_takes_output_grad.
+GdrScanGrads run_fused_backward(const torch::Tensor& W, const torch::Tensor& Kd, const torch::Tensor& decay,
+                                const torch::Tensor& Pm, const torch::Tensor& Qg, const torch::Tensor& dO,
+                                const torch::Tensor& dO_rows, double scale, const torch::Tensor& d_hfinal,
+                                const GdrScanPlan& plan) {
+  const int64_t R = W.size(0), C = W.size(1), dk = W.size(2), dv = dO.size(1);
+  const auto dp = device_plan(plan, W.device());
+  const auto Wc = W.contiguous(), Kc = Kd.contiguous(), Pc = Pm.contiguous(), Qgc = Qg.contiguous();
+  const auto dc = decay.contiguous(), init = contiguous_or_undefined(d_hfinal);
+  const auto rows_map = dO_rows.defined() ? dO_rows.contiguous() : dO_rows;
+  kernels::GdrScanArgs a = sized_args(plan, C, dk, dv);
+  a.P_bf16 = bf16_bits(Kc);  // the backward's P is Kd and its Q is W (kernels/gdr_scan.h)
+  a.Q_bf16 = bf16_bits(Wc);
+  a.Pm_bf16 = bf16_bits(Pc);
+  a.Qg_bf16 = bf16_bits(Qgc);
+  a.dO = dO.data_ptr<float>();
+  a.dO_rows = rows_map.defined() ? rows_map.data_ptr<int32_t>() : nullptr;
+  a.out_scale = static_cast<float>(scale);
+  a.decay = dc.data_ptr<float>();
+  a.init = ptr_or_null(init);
+  a.step_off = dp.step_off.data_ptr<int32_t>();
+  a.n_chunks = dp.n_chunks.data_ptr<int32_t>();
+  a.sign_p = 1.f;
+  a.sign_q = -1.f;
+  a.reverse = true;
+  const auto f32 = W.options().dtype(torch::kFloat32);
+  GdrScanGrads out{torch::empty({R, dk, dv}, f32), torch::empty({R, C, dv}, f32),
+                   torch::empty({plan.n_docs * plan.heads, dk, dv}, f32)};
+  a.out_state = out.dh_next.data_ptr<float>();
+  a.out_y = out.dU.data_ptr<float>();
+  a.final_state = out.dh0.data_ptr<float>();
+  check_kernel_launch(kernels::gdr_scan(a, c10::cuda::getCurrentCUDAStream(W.device().index()).stream()),
+                      "gated delta rule scan (fused backward)");
+  ++g_tf32_launches;
+  ++g_fused_backward_launches;
+  return out;
+}
+
 }  // namespace
 #endif
 
@@ -315,6 +359,47 @@ GdrScanResult gdr_scan(const torch::Tensor& W, const torch::Tensor& U, const tor
   if (W.scalar_type() == torch::kBFloat16) return gdr_scan(f32(W), f32(U), f32(Kd), decay, h0, plan);
   check_loop_not_captured(plan);
   return gdr_scan_reference(W, U, Kd, decay, h0, plan);
+}
+
+bool gdr_scan_backward_takes_output_grad(const torch::Tensor& W, const torch::Tensor& Kd, const torch::Tensor& Pm,
+                                         const torch::Tensor& Qg, const torch::Tensor& dO, const GdrScanPlan& plan) {
+#if defined(DD_HAVE_CUDA)
+  if (!g_fuse_output_grads || !g_use_kernel || !plan.tf32_products || plan.n_docs < 1 || plan.heads < 1 ||
+      !W.is_cuda() || W.size(0) == 0 || !is_bf16(W) || !is_bf16(Kd) || !is_bf16(Pm) || !is_bf16(Qg) ||
+      dO.scalar_type() != torch::kFloat32 || dO.dim() != 2 || !dO.is_contiguous()) {
+    return false;
+  }
+  return kernels::gdr_scan_fused_width(sized_args(plan, W.size(1), W.size(2), dO.size(1))) > 0;
+#else
+  (void)W, (void)Kd, (void)Pm, (void)Qg, (void)dO, (void)plan;
+  return false;
+#endif
+}
+
+GdrScanGrads gdr_scan_backward_from_output_grad(const torch::Tensor& W, const torch::Tensor& Kd,
+                                                const torch::Tensor& decay, const torch::Tensor& Pm,
+                                                const torch::Tensor& Qg, const torch::Tensor& dO,
+                                                const torch::Tensor& dO_rows, double scale,
+                                                const torch::Tensor& d_hfinal, const GdrScanPlan& plan) {
+  const int64_t R = W.size(0), C = W.size(1);
+  TORCH_CHECK(dO.dim() == 2 && (!dO_rows.defined() || dO_rows.numel() == R * C),
+              "gdr scan backward: dO must be [rows, dv] with a row map of R·C entries or none");
+#if defined(DD_HAVE_CUDA)
+  if (gdr_scan_backward_takes_output_grad(W, Kd, Pm, Qg, dO, plan)) {
+    return run_fused_backward(W, Kd, decay, Pm, Qg, dO, dO_rows, scale, d_hfinal, plan);
+  }
+#endif
+  torch::Tensor d_vnew, d_hin;
+  if (dO_rows.defined()) {
+    const GatheredRows dOr{dO, dO_rows, R, C};
+    d_vnew = bmm_fp32(Pm.transpose(1, 2), dOr, scale);
+    d_hin = bmm_fp32(Qg.transpose(1, 2), dOr, scale);
+  } else {
+    const auto dOr = dO.view({R, C, dO.size(1)});
+    d_vnew = bmm_fp32(Pm.transpose(1, 2), dOr, scale);
+    d_hin = bmm_fp32(Qg.transpose(1, 2), dOr, scale);
+  }
+  return gdr_scan_backward(W, Kd, decay, d_hin, d_vnew, d_hfinal, plan);
 }
 
 GdrScanGrads gdr_scan_backward(const torch::Tensor& W, const torch::Tensor& Kd, const torch::Tensor& decay,

@@ -78,6 +78,31 @@ GdrScanGrads gdr_scan_backward(const torch::Tensor& W, const torch::Tensor& Kd, 
                                const torch::Tensor& d_hin, const torch::Tensor& d_vnew, const torch::Tensor& d_hfinal,
                                const GdrScanPlan& plan);
 
+// The scan's backward fed by the chunk output's gradient, for O = s (Qg h_in + Pm v_new) per chunk:
+// the same result as gdr_scan_backward(W, Kd, decay, d_hin, d_vnew, d_hfinal, plan) with
+//   d_hin = s Qgᵀ dO,   d_vnew = s Pmᵀ dO.
+// On a GPU where gdr_scan_backward_takes_output_grad, one kernel takes both products inside the
+// reverse scan (kernels::GdrScanArgs::dO); otherwise the two products (model/bmm_fp32.h), then
+// gdr_scan_backward. dO holds the gradient's rows [n_rows, dv] (fp32, or any dtype off the kernel
+// path): chunk row r·C + i is row dO_rows[r·C + i] (int32 [R·C], −1 for zeros) or, with dO_rows
+// undefined, row r·C + i. Pm [R, C, C] (zero above its diagonal, as the chunk core's P is), Qg
+// [R, C, dk].
+GdrScanGrads gdr_scan_backward_from_output_grad(const torch::Tensor& W, const torch::Tensor& Kd,
+                                                const torch::Tensor& decay, const torch::Tensor& Pm,
+                                                const torch::Tensor& Qg, const torch::Tensor& dO,
+                                                const torch::Tensor& dO_rows, double scale,
+                                                const torch::Tensor& d_hfinal, const GdrScanPlan& plan);
+// Whether gdr_scan_backward_from_output_grad runs its one kernel for these inputs: a GPU, the plan's
+// TF32 products, W, Kd, Pm and Qg in bf16, dO fp32, sizes the fused form's shared memory takes
+// (kernels::gdr_scan_fused_width), and the switch below on. False without CUDA.
+bool gdr_scan_backward_takes_output_grad(const torch::Tensor& W, const torch::Tensor& Kd, const torch::Tensor& Pm,
+                                         const torch::Tensor& Qg, const torch::Tensor& dO, const GdrScanPlan& plan);
+// Process-wide switch (default on) for benchmarks and tests: off, gdr_scan_backward_from_output_grad
+// always takes the two products and then the scan.
+void gdr_scan_fuse_output_grads(bool on);
+// How many fused backward scans this process has launched (tests check the path was taken).
+int64_t gdr_scan_fused_backward_launches();
+
 // Process-wide switch for benchmarks that time the kernel against the ATen loop (default on).
 void gdr_scan_use_kernel(bool on);
 

@@ -371,6 +371,86 @@ TEST(GdrScanCuda, Bf16InputsMatchFp32InputsOfTheSameValues) {
   model::gdr_scan_variant(kernels::kGdrScanAuto);
 }
 
+// The reverse scan fed by the output's gradient (model::gdr_scan_backward_from_output_grad): its
+// fused kernel, which takes d_vnew = s Pmᵀ dO and d_hin = s Qgᵀ dO inside the scan, against the
+// same function with the fusion off (the two products, then the scan kernel), on dense and ragged
+// plans at the model's head sizes, each tensor-core width, dO read in chunk order and through a row
+// map with rows of zeros (−1), with and without a gradient reaching the final state. Both read the
+// same bf16 W, Kd, Pm and Qg and round dO to TF32 for its products; they differ in summation order,
+// which moves y's rounding to TF32 in the scan's products now and then (measured: ≤ 2e-6 on the
+// first run, against a bound of 1e-4). Both also agree with an fp64 ATen reference within 5e-3,
+// the TF32 scan's own error (the same bound as the unfused scan's bf16-input tests). The FMA
+// kernel has no fused form: there the function takes the products.
+TEST(GdrScanCuda, FusedOutputGradBackwardMatchesProductsThenScan) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 929);
+  const auto bf16 = [](const torch::Tensor& x) { return x.to(torch::kBFloat16); };
+  const auto f64 = [](const torch::Tensor& x) { return x.to(torch::kFloat64); };
+  double worst_kernel = 0, worst_ref = 0;
+  for (const int variant : kScanVariants) {
+    model::gdr_scan_variant(variant);
+    for (const Case& c : kModelHeadCases) {
+      int64_t N = 0;
+      auto plan = make_plan(c.chunk_counts, c.H, N);
+      plan.tf32_products = true;
+      plan.bf16_states = true;
+      const int64_t R = N * c.H, S = plan.n_docs * c.H;
+      const ScanInputs in = random_scan_inputs(c, R, S);
+      auto opt = in.U.options();
+      const auto W = bf16(in.W), Kd = bf16(in.Kd);
+      const auto Qg = bf16(torch::randn({R, c.C, c.dk}, opt) / std::sqrt(static_cast<double>(c.dk)));
+      const auto Pm = bf16(torch::randn({R, c.C, c.C}, opt).tril() / std::sqrt(static_cast<double>(c.C)));
+      const double scale = 1.0 / std::sqrt(static_cast<double>(c.dk));
+      for (const bool mapped : {false, true}) {
+        for (const bool with_final : {true, false}) {
+          // Mapped: the chunk rows are spread over more rows in random order, one in eight zero.
+          const int64_t n_rows = mapped ? R * c.C + 37 : R * c.C;
+          const auto dO = torch::randn({n_rows, c.dv}, opt);
+          torch::Tensor map;
+          if (mapped) {
+            auto idx = torch::randperm(n_rows, opt.dtype(torch::kInt64)).narrow(0, 0, R * c.C);
+            idx.masked_fill_(torch::rand({R * c.C}, opt) < 0.125, -1);
+            map = idx.to(torch::kInt32);
+          }
+          const auto d_hfinal = with_final ? torch::randn({S, c.dk, c.dv}, opt) : torch::Tensor();
+          const std::string what = describe(c) + ", variant " + std::to_string(variant) +
+                                   (mapped ? ", row map" : ", chunk rows") + (with_final ? "" : ", no final gradient");
+          const bool takes = model::gdr_scan_backward_takes_output_grad(W, Kd, Pm, Qg, dO, plan);
+          EXPECT_EQ(takes, variant != kernels::kGdrScanSimt16) << what;
+          const int64_t launches = model::gdr_scan_fused_backward_launches();
+          const auto got = model::gdr_scan_backward_from_output_grad(W, Kd, in.decay, Pm, Qg, dO, map, scale,
+                                                                     d_hfinal, plan);
+          EXPECT_EQ(model::gdr_scan_fused_backward_launches() - launches, takes ? 1 : 0) << what;
+          model::gdr_scan_fuse_output_grads(false);
+          EXPECT_FALSE(model::gdr_scan_backward_takes_output_grad(W, Kd, Pm, Qg, dO, plan)) << what;
+          const auto want = model::gdr_scan_backward_from_output_grad(W, Kd, in.decay, Pm, Qg, dO, map, scale,
+                                                                      d_hfinal, plan);
+          model::gdr_scan_fuse_output_grads(true);
+          // fp64: dO gathered into chunk rows (a zero row for −1), the products, the ATen scan.
+          const auto dO_rows64 = mapped ? torch::cat({f64(dO), torch::zeros({1, c.dv}, opt.dtype(torch::kFloat64))})
+                                              .index_select(0, torch::where(map < 0, n_rows, map).to(torch::kInt64))
+                                        : f64(dO);
+          const auto dO64 = dO_rows64.view({R, c.C, c.dv});
+          const auto ref = model::gdr_scan_backward_reference(
+              f64(W), f64(Kd), f64(in.decay), scale * torch::bmm(f64(Qg).transpose(1, 2), dO64),
+              scale * torch::bmm(f64(Pm).transpose(1, 2), dO64), with_final ? f64(d_hfinal) : torch::Tensor(), plan);
+          const double e_kernel = std::max({rel_norm_diff(got.dh_next, want.dh_next), rel_norm_diff(got.dU, want.dU),
+                                            rel_norm_diff(got.dh0, want.dh0)});
+          const double e_ref = std::max({rel_norm_diff(got.dh_next, ref.dh_next), rel_norm_diff(got.dU, ref.dU),
+                                         rel_norm_diff(got.dh0, ref.dh0), rel_norm_diff(want.dU, ref.dU)});
+          EXPECT_LT(e_kernel, 1e-4) << what << ": fused against products then scan";
+          EXPECT_LT(e_ref, 5e-3) << what << ": against the fp64 reference";
+          worst_kernel = std::max(worst_kernel, e_kernel);
+          worst_ref = std::max(worst_ref, e_ref);
+        }
+      }
+    }
+  }
+  model::gdr_scan_variant(kernels::kGdrScanAuto);
+  std::printf("[gdr_scan fused backward] worst: against products then scan %.1e, against fp64 %.1e\n", worst_kernel,
+              worst_ref);
+}
+
 // The fused front's bf16 outputs (GdrChunkFrontArgs::bf16_out) are its fp32 outputs rounded to
 // bf16, bit for bit: the same arithmetic, rounded only as W, U, Kd, Qg and P are stored; Tm and
 // decay stay fp32 and equal. A packed chunk list with ragged chunks, bf16 and fp32 inputs, two V
