@@ -34,6 +34,7 @@
 // its diagonal, so only k ≥ the tile's first row) and then its phase-2 state tiles' E = s Qgᵀ dO,
 // folded into the state registers as decay · S + E right away (phase 1 reads the state from shared
 // memory only). Qg, Pm and dO come with P in the group staged after phase 1 of the step before.
+// The fused form writes out_state (the state gradient dh_next) rounded to bf16, y (dU) in fp32.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -129,8 +130,8 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
     else return a.Q;
   };
   // The output pointers, read from the kernel's parameters where they are used.
-  auto out_state = [&] {
-    if constexpr (kBf16Out) return a.out_state_bf16;
+  auto out_state = [&] {  // the fused form writes the state in bf16 and y in fp32
+    if constexpr (kBf16Out || kFused) return a.out_state_bf16;
     else return a.out_state;
   };
   auto out_y = [&] {

@@ -24,13 +24,13 @@ __device__ __forceinline__ float4 load4(const uint16_t* a, int64_t i) {
 __device__ __forceinline__ float load1(const float* a, int64_t i) { return __ldg(a + i); }
 __device__ __forceinline__ float load1(const uint16_t* a, int64_t i) { return bf16_bits_to_float(__ldg(a + i)); }
 
-// TA: a's elements, float or bf16 bits (uint16_t). kVec: the row length is a multiple of 4 and
-// the rows are aligned for 4-element loads.
-template <typename TA, bool kVec>
-__global__ void __launch_bounds__(kThreads) row_dot_kernel(float* out, const TA* a, const float* b, int64_t n) {
+// TA, TB: a's and b's elements, float or bf16 bits (uint16_t). kVec: the row length is a multiple
+// of 4 and the rows are aligned for 4-element loads.
+template <typename TA, typename TB, bool kVec>
+__global__ void __launch_bounds__(kThreads) row_dot_kernel(float* out, const TA* a, const TB* b, int64_t n) {
   const int64_t r = blockIdx.x;
   const TA* ar = a + r * n;
-  const float* br = b + r * n;
+  const TB* br = b + r * n;
   float acc = 0.f;
   if (kVec) {
     // Two loads in flight per iteration, so a thread does not wait out each memory round trip.
@@ -64,17 +64,17 @@ __global__ void __launch_bounds__(kThreads) row_dot_kernel(float* out, const TA*
 }  // namespace
 
 namespace {
-template <typename TA>
-int launch(float* out, const TA* a, const float* b, int64_t R, int64_t n, void* stream) {
+template <typename TA, typename TB>
+int launch(float* out, const TA* a, const TB* b, int64_t R, int64_t n, void* stream) {
   if (R < 0 || n < 0 || R > 0x7fffffff) return static_cast<int>(cudaErrorInvalidValue);
   if (R == 0) return 0;
   const bool vec = n % 4 == 0 && reinterpret_cast<uintptr_t>(a) % (4 * sizeof(TA)) == 0 &&
-                   reinterpret_cast<uintptr_t>(b) % 16 == 0;
+                   reinterpret_cast<uintptr_t>(b) % (4 * sizeof(TB)) == 0;
   auto st = static_cast<cudaStream_t>(stream);
   if (vec) {
-    row_dot_kernel<TA, true><<<static_cast<unsigned>(R), kThreads, 0, st>>>(out, a, b, n);
+    row_dot_kernel<TA, TB, true><<<static_cast<unsigned>(R), kThreads, 0, st>>>(out, a, b, n);
   } else {
-    row_dot_kernel<TA, false><<<static_cast<unsigned>(R), kThreads, 0, st>>>(out, a, b, n);
+    row_dot_kernel<TA, TB, false><<<static_cast<unsigned>(R), kThreads, 0, st>>>(out, a, b, n);
   }
   return static_cast<int>(cudaGetLastError());
 }
@@ -85,6 +85,10 @@ int row_dot_fp32(float* out, const float* a, const float* b, int64_t R, int64_t 
 }
 
 int row_dot_bf16_fp32(float* out, const uint16_t* a, const float* b, int64_t R, int64_t n, void* stream) {
+  return launch(out, a, b, R, n, stream);
+}
+
+int row_dot_bf16(float* out, const uint16_t* a, const uint16_t* b, int64_t R, int64_t n, void* stream) {
   return launch(out, a, b, R, n, stream);
 }
 

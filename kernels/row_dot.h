@@ -1,4 +1,4 @@
-// Per-row dot products of two fp32 matrices, out[r] = Σ_i a[r, i] · b[r, i]: the gated delta rule's
+// Per-row dot products of two fp32 (or bf16) matrices, out[r] = Σ_i a[r, i] · b[r, i]: the gated delta rule's
 // decay gradient, Σ h_in ⊙ dh_next over each chunk's [dk, dv] state (model/gdr_chunk_core.cpp).
 // cuBLAS runs this as a batched gemv that reached about half the memory bandwidth; here one block
 // reduces one row with 16-byte loads, in a fixed order (deterministic). Raw pointers, no torch;
@@ -16,6 +16,9 @@ int row_dot_fp32(float* out, const float* a, const float* b, int64_t R, int64_t 
 // The same with a in bf16 (raw bits, widened exactly): the delta rule's saved states under 16-bit
 // training (model/gdr_scan.h).
 int row_dot_bf16_fp32(float* out, const uint16_t* a, const float* b, int64_t R, int64_t n, void* stream);
+// And with both in bf16: the states against their gradient from the fused reverse scan, which
+// writes it in bf16 (kernels::GdrScanArgs::dO).
+int row_dot_bf16(float* out, const uint16_t* a, const uint16_t* b, int64_t R, int64_t n, void* stream);
 #endif
 
 }  // namespace kernels

@@ -272,25 +272,29 @@ torch::Tensor& bmm_fp32_accumulate(torch::Tensor& out, const torch::Tensor& a, c
 
 torch::Tensor row_dot_fp32_reference(const torch::Tensor& a, const torch::Tensor& b) {
   TORCH_CHECK(a.dim() >= 1 && a.sizes() == b.sizes() &&
-                  (a.scalar_type() == b.scalar_type() || (is_bf16(a) && b.scalar_type() == torch::kFloat32)),
-              "row_dot_fp32: expected a and b of one shape [R, ...] and dtype (or a bf16 and b fp32), got ", a.sizes(),
-              " ", a.scalar_type(), " and ", b.sizes(), " ", b.scalar_type());
+                  ((a.scalar_type() == b.scalar_type() && !is_bf16(a)) ||
+                   (is_bf16(a) && (b.scalar_type() == torch::kFloat32 || is_bf16(b)))),
+              "row_dot_fp32: expected a and b of one shape [R, ...] and dtype (or a bf16 and b fp32 or bf16), got ",
+              a.sizes(), " ", a.scalar_type(), " and ", b.sizes(), " ", b.scalar_type());
   const int64_t R = a.size(0), n = R == 0 ? 0 : a.numel() / R;
-  return torch::bmm(widened(a).reshape({R, 1, n}), b.reshape({R, n, 1})).view({R});
+  return torch::bmm(widened(a).reshape({R, 1, n}), widened(b).reshape({R, n, 1})).view({R});
 }
 
 torch::Tensor row_dot_fp32(const torch::Tensor& a, const torch::Tensor& b) {
 #if defined(DD_HAVE_CUDA)
-  const bool a_ok = a.scalar_type() == torch::kFloat32 || is_bf16(a);
-  if (g_use_kernel && a.is_cuda() && a_ok && a.dim() >= 1 && a.sizes() == b.sizes() &&
-      b.scalar_type() == torch::kFloat32 && a.device() == b.device() && a.is_contiguous() && b.is_contiguous()) {
+  const auto f32 = torch::kFloat32;
+  const bool dtypes_ok = (a.scalar_type() == f32 && b.scalar_type() == f32) || (is_bf16(a) && b.scalar_type() == f32) ||
+                         (is_bf16(a) && is_bf16(b));
+  if (g_use_kernel && a.is_cuda() && dtypes_ok && a.dim() >= 1 && a.sizes() == b.sizes() && a.device() == b.device() &&
+      a.is_contiguous() && b.is_contiguous()) {
     const int64_t R = a.size(0), n = R == 0 ? 0 : a.numel() / R;
-    auto out = torch::empty({R}, b.options());
-    const int err = is_bf16(a) ? kernels::row_dot_bf16_fp32(out.data_ptr<float>(),
-                                                            reinterpret_cast<const uint16_t*>(a.data_ptr()),
-                                                            b.data_ptr<float>(), R, n, stream_of(a))
-                               : kernels::row_dot_fp32(out.data_ptr<float>(), a.data_ptr<float>(), b.data_ptr<float>(),
-                                                       R, n, stream_of(a));
+    auto out = torch::empty({R}, a.options().dtype(f32));
+    const auto bits = [](const torch::Tensor& x) { return reinterpret_cast<const uint16_t*>(x.data_ptr()); };
+    const int err = !is_bf16(a)  ? kernels::row_dot_fp32(out.data_ptr<float>(), a.data_ptr<float>(),
+                                                         b.data_ptr<float>(), R, n, stream_of(a))
+                    : is_bf16(b) ? kernels::row_dot_bf16(out.data_ptr<float>(), bits(a), bits(b), R, n, stream_of(a))
+                                 : kernels::row_dot_bf16_fp32(out.data_ptr<float>(), bits(a), b.data_ptr<float>(), R, n,
+                                                              stream_of(a));
     check_kernel_launch(err, "row dot product");
     return out;
   }

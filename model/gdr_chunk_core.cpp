@@ -665,7 +665,7 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     }
     Upstream u;
     u.dKd = prod(v_new, tr(sg.dh_next)).view({N, H, C, dk});
-    // Σ h_in ⊙ dh_next per row (no [R, dk, dv] temporary).
+    // Σ h_in ⊙ dh_next per row (no [R, dk, dv] temporary). dh_next is bf16 from the fused scan.
     u.ddecay = row_dot_fp32(h_in, sg.dh_next).view({N, H});
     auto dW = prod(sg.dU, tr(h_in), -1.0).view({N, H, C, dk});
     auto dU = sg.dU.view({N, H, C, dv});

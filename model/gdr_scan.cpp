@@ -310,9 +310,9 @@ GdrScanGrads run_fused_backward(const torch::Tensor& W, const torch::Tensor& Kd,
   a.sign_q = -1.f;
   a.reverse = true;
   const auto f32 = W.options().dtype(torch::kFloat32);
-  GdrScanGrads out{torch::empty({R, dk, dv}, f32), torch::empty({R, C, dv}, f32),
+  GdrScanGrads out{torch::empty({R, dk, dv}, W.options().dtype(torch::kBFloat16)), torch::empty({R, C, dv}, f32),
                    torch::empty({plan.n_docs * plan.heads, dk, dv}, f32)};
-  a.out_state = out.dh_next.data_ptr<float>();
+  a.out_state_bf16 = reinterpret_cast<uint16_t*>(out.dh_next.data_ptr());
   a.out_y = out.dU.data_ptr<float>();
   a.final_state = out.dh0.data_ptr<float>();
   check_kernel_launch(kernels::gdr_scan(a, c10::cuda::getCurrentCUDAStream(W.device().index()).stream()),

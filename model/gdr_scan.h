@@ -82,7 +82,8 @@ GdrScanGrads gdr_scan_backward(const torch::Tensor& W, const torch::Tensor& Kd, 
 // the same result as gdr_scan_backward(W, Kd, decay, d_hin, d_vnew, d_hfinal, plan) with
 //   d_hin = s Qgᵀ dO,   d_vnew = s Pmᵀ dO.
 // On a GPU where gdr_scan_backward_takes_output_grad, one kernel takes both products inside the
-// reverse scan (kernels::GdrScanArgs::dO); otherwise the two products (model/bmm_fp32.h), then
+// reverse scan (kernels::GdrScanArgs::dO) and returns dh_next in bf16 (rounded once from the fp32
+// running state; dU and dh0 fp32); otherwise the two products (model/bmm_fp32.h), then
 // gdr_scan_backward. dO holds the gradient's rows [n_rows, dv] (fp32, or any dtype off the kernel
 // path): chunk row r·C + i is row dO_rows[r·C + i] (int32 [R·C], −1 for zeros) or, with dO_rows
 // undefined, row r·C + i. Pm [R, C, C] (zero above its diagonal, as the chunk core's P is), Qg

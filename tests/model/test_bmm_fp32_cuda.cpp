@@ -269,22 +269,28 @@ TEST(BmmFp32Cuda, Bf16OperandsMatchFp64) {
               worst, worst_exact);
 }
 
-// The delta rule's decay gradient with its states in bf16: a bf16, b fp32, against fp64 sums of
-// the same (widened) values, on the vector and the scalar path.
+// The delta rule's decay gradient with its states in bf16: a bf16, b fp32 (or bf16: the fused
+// reverse scan's state gradient), against fp64 sums of the same (widened) values, on the vector
+// and the scalar path.
 TEST(BmmFp32Cuda, RowDotWithBf16RowsMatchesFp64Sums) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 32);
   auto opt = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
   for (const std::vector<int64_t>& shape : {std::vector<int64_t>{300, 128, 128}, {77, 96, 192}, {33, 1001}, {5, 3}}) {
-    auto a = torch::randn(shape, opt).to(torch::kBFloat16), b = torch::randn(shape, opt);
-    const auto got = model::row_dot_fp32(a, b);
-    ASSERT_EQ(got.scalar_type(), torch::kFloat32);
-    const int64_t R = shape[0];
-    auto a64 = a.to(torch::kCPU, torch::kFloat64).reshape({R, -1}), b64 = b.to(torch::kCPU, torch::kFloat64).reshape({R, -1});
-    auto want = (a64 * b64).sum(1), scale = (a64 * b64).abs().sum(1);
-    const double err = ((got.to(torch::kCPU, torch::kFloat64) - want).abs() / scale).max().item<double>();
-    std::printf("[row_dot] bf16 rows %s: kernel %.1e (of sum |a b| per row)\n", c10::str(shape).c_str(), err);
-    EXPECT_LT(err, 1e-5) << c10::str(shape);
+    for (const bool b_bf16 : {false, true}) {
+      auto a = torch::randn(shape, opt).to(torch::kBFloat16), b = torch::randn(shape, opt);
+      if (b_bf16) b = b.to(torch::kBFloat16);
+      const auto got = model::row_dot_fp32(a, b);
+      ASSERT_EQ(got.scalar_type(), torch::kFloat32);
+      const int64_t R = shape[0];
+      auto a64 = a.to(torch::kCPU, torch::kFloat64).reshape({R, -1});
+      auto b64 = b.to(torch::kCPU, torch::kFloat64).reshape({R, -1});
+      auto want = (a64 * b64).sum(1), scale = (a64 * b64).abs().sum(1);
+      const double err = ((got.to(torch::kCPU, torch::kFloat64) - want).abs() / scale).max().item<double>();
+      std::printf("[row_dot] bf16 rows %s, b %s: kernel %.1e (of sum |a b| per row)\n", c10::str(shape).c_str(),
+                  b_bf16 ? "bf16" : "fp32", err);
+      EXPECT_LT(err, 1e-5) << c10::str(shape) << (b_bf16 ? ", b bf16" : ", b fp32");
+    }
   }
 }
 

@@ -377,16 +377,18 @@ TEST(GdrScanCuda, Bf16InputsMatchFp32InputsOfTheSameValues) {
 // plans at the model's head sizes, each tensor-core width, dO read in chunk order and through a row
 // map with rows of zeros (−1), with and without a gradient reaching the final state. Both read the
 // same bf16 W, Kd, Pm and Qg and round dO to TF32 for its products; they differ in summation order,
-// which moves y's rounding to TF32 in the scan's products now and then (measured: ≤ 2e-6 on the
-// first run, against a bound of 1e-4). Both also agree with an fp64 ATen reference within 5e-3,
-// the TF32 scan's own error (the same bound as the unfused scan's bf16-input tests). The FMA
-// kernel has no fused form: there the function takes the products.
+// which moves y's rounding to TF32 in the scan's products now and then, and a moved rounding
+// grows along the chain: dU and dh0 measured up to 1.4e-4 (the nine-chunk document), bound 5e-4.
+// Each of them is further than that from an fp64 ATen reference, by the TF32 products' own error
+// (measured 5.4e-4 for both), bound 2e-3. The fused kernel hands dh_next back rounded to bf16
+// (2⁻⁹ relative at most, about 1.1e-3 over a tensor), bound 3e-3 against both. The FMA kernel has
+// no fused form: there the function takes the products.
 TEST(GdrScanCuda, FusedOutputGradBackwardMatchesProductsThenScan) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 929);
   const auto bf16 = [](const torch::Tensor& x) { return x.to(torch::kBFloat16); };
   const auto f64 = [](const torch::Tensor& x) { return x.to(torch::kFloat64); };
-  double worst_kernel = 0, worst_ref = 0;
+  double worst_kernel = 0, worst_ref = 0, worst_state = 0;
   for (const int variant : kScanVariants) {
     model::gdr_scan_variant(variant);
     for (const Case& c : kModelHeadCases) {
@@ -434,21 +436,25 @@ TEST(GdrScanCuda, FusedOutputGradBackwardMatchesProductsThenScan) {
           const auto ref = model::gdr_scan_backward_reference(
               f64(W), f64(Kd), f64(in.decay), scale * torch::bmm(f64(Qg).transpose(1, 2), dO64),
               scale * torch::bmm(f64(Pm).transpose(1, 2), dO64), with_final ? f64(d_hfinal) : torch::Tensor(), plan);
-          const double e_kernel = std::max({rel_norm_diff(got.dh_next, want.dh_next), rel_norm_diff(got.dU, want.dU),
-                                            rel_norm_diff(got.dh0, want.dh0)});
-          const double e_ref = std::max({rel_norm_diff(got.dh_next, ref.dh_next), rel_norm_diff(got.dU, ref.dU),
-                                         rel_norm_diff(got.dh0, ref.dh0), rel_norm_diff(want.dU, ref.dU)});
-          EXPECT_LT(e_kernel, 1e-4) << what << ": fused against products then scan";
-          EXPECT_LT(e_ref, 5e-3) << what << ": against the fp64 reference";
+          EXPECT_EQ(got.dh_next.scalar_type(), takes ? torch::kBFloat16 : torch::kFloat32) << what;
+          const double e_kernel = std::max(rel_norm_diff(got.dU, want.dU), rel_norm_diff(got.dh0, want.dh0));
+          const double e_ref = std::max({rel_norm_diff(got.dU, ref.dU), rel_norm_diff(got.dh0, ref.dh0),
+                                         rel_norm_diff(want.dU, ref.dU), rel_norm_diff(want.dh0, ref.dh0)});
+          const double e_state = std::max(rel_norm_diff(got.dh_next, want.dh_next), rel_norm_diff(got.dh_next, ref.dh_next));
+          EXPECT_LT(e_kernel, 5e-4) << what << ": fused against products then scan";
+          EXPECT_LT(e_ref, 2e-3) << what << ": against the fp64 reference";
+          EXPECT_LT(e_state, 3e-3) << what << ": dh_next";
           worst_kernel = std::max(worst_kernel, e_kernel);
           worst_ref = std::max(worst_ref, e_ref);
+          worst_state = std::max(worst_state, e_state);
         }
       }
     }
   }
   model::gdr_scan_variant(kernels::kGdrScanAuto);
-  std::printf("[gdr_scan fused backward] worst: against products then scan %.1e, against fp64 %.1e\n", worst_kernel,
-              worst_ref);
+  std::printf("[gdr_scan fused backward] worst: dU and dh0 against products then scan %.1e, against fp64 %.1e; bf16 "
+              "dh_next %.1e\n",
+              worst_kernel, worst_ref, worst_state);
 }
 
 // The fused front's bf16 outputs (GdrChunkFrontArgs::bf16_out) are its fp32 outputs rounded to
