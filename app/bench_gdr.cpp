@@ -132,8 +132,9 @@ int bench_gdr(const BenchGdrArgs& a) {
   // fixed width of state columns (the first row's picks one by kernels::gdr_scan_mma_width), the
   // state scan in fp32 FMA instead of on tensor cores, the scan's products of the other kind, and
   // (where the products are TF32) the states and corrected values kept in fp32 instead of bf16, and
-  // the fused front's outputs kept in fp32 instead of bf16, and dO's products into the reverse
-  // scan's inputs run before it instead of inside it.
+  // the fused front's outputs kept in fp32 instead of bf16, dO's products into the reverse scan's
+  // inputs run before it instead of inside it, and the backward recomputing the front's Kd, Qg, P
+  // and decay instead of reading the forward's.
   struct Mode {
     const char* name;
     bool kernels;
@@ -145,6 +146,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     bool fp32_front = false;           // the fused front's outputs kept in fp32 (model::gdr_bf16_front)
     bool split_solve = false;          // the solve's backward with split, not TF32, products (model::gdr_tf32_chunk_products)
     bool products_then_scan = false;   // dO's products into the reverse scan's inputs run before it (model::gdr_scan_fuse_output_grads)
+    bool recompute_front = false;      // the backward recomputes the front's Kd, Qg, P, decay (model::gdr_save_front)
   };
   const char* other_products = tf32_default ? "kernels, split-TF32 scan" : "kernels, TF32 scan";
   const std::vector<Mode> modes =
@@ -157,6 +159,8 @@ int bench_gdr(const BenchGdrArgs& a) {
                                          false, true},
                                         {"kernels, products+scan", true, true, kernels::kGdrScanAuto, true, false, false,
                                          false, false, true},
+                                        {"kernels, front again", true, true, kernels::kGdrScanAuto, true, false, false,
+                                         false, false, false, true},
                                         {"kernels, unfused", true, false, kernels::kGdrScanAuto},
                                         {"kernels, 64-col GEMMs", true, true, kernels::kGdrScanAuto, false},
                                         {"kernels, 32-col scan", true, true, kernels::kGdrScanTensorCores32},
@@ -176,6 +180,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     model::gdr_bf16_front(!mode.fp32_front);
     model::gdr_tf32_chunk_products(!mode.split_solve);
     model::gdr_scan_fuse_output_grads(!mode.products_then_scan);
+    model::gdr_save_front(!mode.recompute_front);
     const bool tf32_scan = mode.other_scan_products ? !tf32_default : tf32_default;
     auto forward = [&] {
       torch::NoGradGuard no_grad;
@@ -215,6 +220,7 @@ int bench_gdr(const BenchGdrArgs& a) {
   model::gdr_bf16_front(true);
   model::gdr_tf32_chunk_products(true);
   model::gdr_scan_fuse_output_grads(true);
+  model::gdr_save_front(true);
   model::bmm_fp32_wide_tiles(true);
   model::gdr_use_fused_kernels(true);
   model::gdr_use_kernels(true);

@@ -60,10 +60,10 @@ int bench_train(const BenchTrainArgs& a) {
   if (a.gdr_scan != "kernel" && a.gdr_scan != "unfused" && a.gdr_scan != "aten" && a.gdr_scan != "narrow-products" &&
       a.gdr_scan != "token-order" && a.gdr_scan != "fp32-states" && a.gdr_scan != "fp32-front" &&
       a.gdr_scan != "split-solve" && a.gdr_scan != "fp32-qk" && a.gdr_scan != "products-then-scan" &&
-      scan_variants.count(a.gdr_scan) == 0) {
+      a.gdr_scan != "recompute-front" && scan_variants.count(a.gdr_scan) == 0) {
     std::cerr << "deltadeck: bench train: --gdr-scan: expected kernel, unfused, narrow-products, narrow-scan, scan-64, "
                  "scan-96, scan-128, fma-scan, token-order, fp32-states, fp32-front, split-solve, fp32-qk, "
-                 "products-then-scan or aten, got \""
+                 "products-then-scan, recompute-front or aten, got \""
               << a.gdr_scan << "\"\n";
     return 2;
   }
@@ -130,6 +130,9 @@ int bench_train(const BenchTrainArgs& a) {
   // products-then-scan: the backward's products of dO into the values' and states' gradients as
   // two launches before the reverse scan, instead of inside it (model::gdr_scan_fuse_output_grads).
   model::gdr_scan_fuse_output_grads(a.gdr_scan != "products-then-scan");
+  // recompute-front: the backward runs the fused front again for Kd, Qg, P and decay instead of
+  // reading the forward's (model::gdr_save_front).
+  model::gdr_save_front(a.gdr_scan != "recompute-front");
   const auto variant = scan_variants.find(a.gdr_scan);
   model::gdr_scan_variant(variant != scan_variants.end() ? variant->second : kernels::kGdrScanAuto);
   const std::string tmp = storage::files::make_temp_dir("deltadeck-bench");

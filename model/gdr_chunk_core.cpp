@@ -42,6 +42,8 @@ std::atomic<bool> g_use_kernels{true};
 std::atomic<bool> g_use_fused_kernels{true};
 std::atomic<bool> g_bf16_front{true};
 std::atomic<bool> g_tf32_chunk_products{true};
+std::atomic<bool> g_save_front{true};
+std::atomic<int64_t> g_front_recomputes{0};
 
 torch::Tensor col(const torch::Tensor& x) { return x.unsqueeze(-1); }  // [N,H,C] -> [N,H,C,1]
 torch::Tensor tr(const torch::Tensor& x) { return x.transpose(-1, -2); }
@@ -560,8 +562,14 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     auto O = tokens ? bmm_fp32_sum_scattered(rows(f.P), scan.v_new, rows(f.Qg), scan.h_in, scale, o_targets,
                                              l.B * l.T * c.H)
                     : bmm_fp32_sum(rows(f.P), scan.v_new, rows(f.Qg), scan.h_in, scale);
-    ctx->save_for_backward({q, k, v, beta, g, f.Tm, f.W, scan.h_in, scan.v_new});
+    // With the fused kernels the backward reads the front's Kd, Qg, P and decay again: kept here
+    // (gdr_save_front), or recomputed there.
+    const bool keep_front = fused_kernels(c) && g_save_front;
+    std::vector<torch::Tensor> saved{q, k, v, beta, g, f.Tm, f.W, scan.h_in, scan.v_new};
+    if (keep_front) saved.insert(saved.end(), {f.Kd, f.Qg, f.P, f.decay});
+    ctx->save_for_backward(saved);
     auto& sd = ctx->saved_data;
+    sd["front_saved"] = keep_front;
     sd["n_docs"] = l.scan.n_docs;
     sd["heads"] = l.scan.heads;
     sd["step_count"] = l.scan.step_count;
@@ -616,16 +624,24 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     const auto& dO = grads[0];
     const auto& dh_final = grads[1];
 
-    // Recompute the cheap front instead of saving it: with the fused kernels only Kd, Qg, P and
-    // decay (the tail recomputes the rest from q and k), in bf16 where the forward wrote bf16;
-    // else the whole of prep, the masks and X Kᵀ.
+    // With the fused kernels the front's Kd, Qg, P and decay (the tail recomputes the rest from q
+    // and k): saved by the forward (gdr_save_front) or recomputed, in bf16 where the forward wrote
+    // bf16; else the whole of prep, the masks and X Kᵀ, recomputed.
     const bool fused = fused_kernels(c);
     Front f;
     ForwardFront ff;
 #if defined(DD_HAVE_CUDA)
     if (fused) {
       f.ki = kernel_inputs(q, k, v, beta, g);
-      ff = forward_front_kernel(c, f.ki, false, sd["bf16_front"].toBool());
+      if (sd["front_saved"].toBool()) {
+        ff.Kd = sv[9];
+        ff.Qg = sv[10];
+        ff.P = sv[11];
+        ff.decay = sv[12];
+      } else {
+        ff = forward_front_kernel(c, f.ki, false, sd["bf16_front"].toBool());
+        ++g_front_recomputes;
+      }
     }
 #endif
     if (!fused) {
@@ -722,6 +738,10 @@ void gdr_use_kernels(bool on) {
 void gdr_use_fused_kernels(bool on) { g_use_fused_kernels = on; }
 
 void gdr_bf16_front(bool on) { g_bf16_front = on; }
+
+void gdr_save_front(bool on) { g_save_front = on; }
+
+int64_t gdr_front_recomputes() { return g_front_recomputes.load(); }
 
 void gdr_tf32_chunk_products(bool on) { g_tf32_chunk_products = on; }
 

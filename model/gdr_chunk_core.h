@@ -21,6 +21,8 @@
 
 #include <torch/types.h>
 
+#include <cstdint>
+
 #include "model/gdr_chunk_layout.h"
 
 namespace model {
@@ -60,5 +62,13 @@ void gdr_bf16_front(bool on);
 // (kernels/gdr_chunk_solve_backward.h) takes its fp32 operands rounded to TF32, one mma per
 // product, as the scan's TF32 products do; off keeps them split in two TF32 parts.
 void gdr_tf32_chunk_products(bool on);
+
+// Process-wide switch (default on), for the benchmarks and tests comparing them: with the fused
+// kernels, the forward keeps its front's Kd, Qg, P and decay for the backward (in bf16 under the
+// bf16 front: at bench gdr's shape 168 MB a layer, 50 MB at hybrid base's) instead of the backward
+// running the front's kernel again for them. The values are the same either way (one kernel, one
+// code path up to those outputs). gdr_front_recomputes counts the backward's recomputes.
+void gdr_save_front(bool on);
+int64_t gdr_front_recomputes();
 
 }  // namespace model

@@ -589,12 +589,13 @@ struct ChunkCase {
   bool qk_bf16, v_bf16, h0;
   int64_t v_pad = 0;  // > 0: v is a column slice of a [B, T, H·dv + v_pad] tensor (read in place)
   bool state_loss_only = false;  // the loss reads the final state only: no gradient reaches o
+  bool tf32_scan = false;        // TF32 scan products (16-bit training's; with them the bf16 front)
 
   std::string name() const {
     std::string s = "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
                     " dk=" + std::to_string(dk) + " dv=" + std::to_string(dv) + " C=" + std::to_string(C);
     return s + (cu.empty() ? "" : " packed") + (qk_bf16 ? " q,k bf16" : " q,k fp32") + (v_bf16 ? " v bf16" : " v fp32") +
-           (v_pad > 0 ? " strided" : "") + (state_loss_only ? " loss on h only" : "");
+           (v_pad > 0 ? " strided" : "") + (state_loss_only ? " loss on h only" : "") + (tf32_scan ? " TF32 scan" : "");
   }
 };
 
@@ -632,7 +633,7 @@ class ChunkCaseRun {
     const torch::Tensor cu = c_.cu.empty() ? torch::Tensor() : torch::tensor(c_.cu, torch::kInt64);
     const double scale = 1.0 / std::sqrt(static_cast<double>(c_.dk));
     auto out = model::gdr_forward_chunked(in[0], in[1], v, in[3], in[4], scale, c_.h0 ? in[5] : torch::Tensor(), cu,
-                                          c_.C);
+                                          c_.C, c_.tf32_scan);
     if (c_.state_loss_only) {
       (out.h * dH_).sum().backward();
     } else {
@@ -694,6 +695,40 @@ TEST(GdrScanCuda, ChunkKernelsMatchAtenPieces) {
     const auto got = r.run();
     std::printf("[gdr_chunk] kernels vs ATen pieces, %s: worst %.1e\n", c.name().c_str(),
                 expect_runs_match(c, got, want));
+  }
+}
+
+// The backward reading the forward's Kd, Qg, P and decay (model::gdr_save_front, the default)
+// against recomputing them with the front's kernel: the same kernel and code path computes them
+// either way, so outputs and gradients agree to the last bit but for summation order (bound 1e-6,
+// where a wrong or stale tensor would be off by order 1); and the recompute is counted only with
+// the switch off. bf16 front (TF32 scan) dense and packed at bench gdr's and hybrid base's heads,
+// and the fp32 front.
+TEST(GdrScanCuda, SavedFrontMatchesTheRecompute) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 331);
+  const ChunkCase cases[] = {
+      {2, 150, 3, 128, 128, 64, {}, true, true, false, 0, false, true},
+      {1, 300, 2, 96, 192, 64, {0, 17, 150, 151, 300}, true, true, true, 0, false, true},
+      {1, 300, 2, 128, 128, 64, {0, 17, 150, 151, 300}, false, true, false},
+  };
+  for (const ChunkCase& c : cases) {
+    const ChunkCaseRun r(c);
+    model::gdr_save_front(false);
+    const int64_t before = model::gdr_front_recomputes();
+    const auto want = r.run();
+    EXPECT_EQ(model::gdr_front_recomputes() - before, 1) << c.name();
+    model::gdr_save_front(true);
+    const auto got = r.run();
+    EXPECT_EQ(model::gdr_front_recomputes() - before, 1) << c.name() << ": the saved front was recomputed";
+    double worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_TRUE(got[i].defined() && want[i].defined()) << c.name() << ": " << kChunkOutputNames[i];
+      const double e = rel_norm_diff(got[i], want[i]);
+      EXPECT_LT(e, 1e-6) << c.name() << ": " << kChunkOutputNames[i];
+      worst = std::max(worst, e);
+    }
+    std::printf("[gdr_chunk] saved front vs recomputed, %s: worst %.1e\n", c.name().c_str(), worst);
   }
 }
 
