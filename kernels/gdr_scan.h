@@ -187,7 +187,8 @@ int gdr_scan_mma_width(const GdrScanArgs& a);
 // pointers are its (gdr_scan_fused_form_ok) and this is not 0, and fails otherwise.
 int gdr_scan_fused_width(const GdrScanArgs& a);
 // The width of state columns of the tensor-core kernel gdr_scan runs for a's sizes and variant,
-// or 0 when it runs an FMA kernel.
+// or 0 when it runs an FMA kernel; for the fused form (a.dO set) gdr_scan_fused_width, where 0
+// means gdr_scan fails.
 int gdr_scan_tensor_core_width(const GdrScanArgs& a);
 // Whether gdr_scan takes bf16 inputs (P_bf16, Q_bf16, and in the forward A_bf16) for these
 // arguments' sizes and product mode, whichever form: TF32 products on the tensor-core kernel.

@@ -508,7 +508,8 @@ ScanKernel opted_in_kernel() {
 
 // The instantiation for a's E (the forward scan has none, and its kernel keeps no registers for
 // it), product mode, input and output types (bf16 outputs: the forward in TF32 mode only; bf16
-// inputs: the two forms of GdrScanArgs::P_bf16; null otherwise).
+// inputs: the two forms of GdrScanArgs::P_bf16, and the fused backward form, GdrScanArgs::dO;
+// null otherwise).
 template <int kWarps, int kUnits, int kRowTiles>
 ScanKernel kernel_flagged(const GdrScanArgs& a) {
   if (a.dO != nullptr) {

@@ -271,6 +271,7 @@ torch::Tensor& bmm_fp32_accumulate(torch::Tensor& out, const torch::Tensor& a, c
 }
 
 torch::Tensor row_dot_fp32_reference(const torch::Tensor& a, const torch::Tensor& b) {
+  if (!is_bf16(a) && is_bf16(b)) return row_dot_fp32_reference(b, a);  // symmetric: the bf16 one first
   TORCH_CHECK(a.dim() >= 1 && a.sizes() == b.sizes() &&
                   ((a.scalar_type() == b.scalar_type() && !is_bf16(a)) ||
                    (is_bf16(a) && (b.scalar_type() == torch::kFloat32 || is_bf16(b)))),
@@ -281,6 +282,7 @@ torch::Tensor row_dot_fp32_reference(const torch::Tensor& a, const torch::Tensor
 }
 
 torch::Tensor row_dot_fp32(const torch::Tensor& a, const torch::Tensor& b) {
+  if (!is_bf16(a) && is_bf16(b)) return row_dot_fp32(b, a);  // symmetric: the bf16 one first
 #if defined(DD_HAVE_CUDA)
   const auto f32 = torch::kFloat32;
   const bool dtypes_ok = (a.scalar_type() == f32 && b.scalar_type() == f32) || (is_bf16(a) && b.scalar_type() == f32) ||

@@ -53,7 +53,7 @@ torch::Tensor& bmm_fp32_accumulate(torch::Tensor& out, const torch::Tensor& a, c
                                    double beta);
 
 // Per-row dot products of two batches of one shape [R, ...]: out [R] = Σ a[r] ⊙ b[r] over all other
-// dims, with no [R, ...] temporary; a fp32 and b fp32, a bf16 and b fp32 or bf16; out fp32. On a GPU one kernel
+// dims, with no [R, ...] temporary; a and b fp32, or either or both bf16; out fp32. On a GPU one kernel
 // (kernels/row_dot.h) for contiguous operands; elsewhere, or with the kernel off, the reference below.
 torch::Tensor row_dot_fp32(const torch::Tensor& a, const torch::Tensor& b);
 // The same as one batched product [R, 1, n] · [R, n, 1] in ATen (in fp32).

@@ -381,11 +381,25 @@ GdrScanGrads gdr_scan_backward_from_output_grad(const torch::Tensor& W, const to
                                                 const torch::Tensor& Qg, const torch::Tensor& dO,
                                                 const torch::Tensor& dO_rows, double scale,
                                                 const torch::Tensor& d_hfinal, const GdrScanPlan& plan) {
+  TORCH_CHECK(W.dim() == 3 && Kd.sizes() == W.sizes() && Qg.sizes() == W.sizes() && dO.dim() == 2,
+              "gdr scan backward: expected W, Kd and Qg of one shape [R, C, dk] and dO [rows, dv], got ", W.sizes(),
+              ", ", Kd.sizes(), ", ", Qg.sizes(), " and ", dO.sizes());
   const int64_t R = W.size(0), C = W.size(1);
-  TORCH_CHECK(dO.dim() == 2 && (!dO_rows.defined() || dO_rows.numel() == R * C),
-              "gdr scan backward: dO must be [rows, dv] with a row map of R·C entries or none");
+  TORCH_CHECK(Pm.dim() == 3 && Pm.size(0) == R && Pm.size(1) == C && Pm.size(2) == C,
+              "gdr scan backward: expected Pm [R, C, C] = [", R, ", ", C, ", ", C, "], got ", Pm.sizes());
+  TORCH_CHECK(dO_rows.defined() ? dO_rows.numel() == R * C : dO.size(0) == R * C,
+              "gdr scan backward: dO's rows must be R·C = ", R * C, " chunk rows, or a row map of R·C entries; got ",
+              dO.size(0), " rows", dO_rows.defined() ? " and a map of " + std::to_string(dO_rows.numel()) : "");
 #if defined(DD_HAVE_CUDA)
-  if (gdr_scan_backward_takes_output_grad(W, Kd, Pm, Qg, dO, plan)) {
+  // The kernel reads raw pointers: a device int32 map, fp32 decay and final gradient, and the
+  // 16-byte alignment its staged copies need (dO's and the bf16 inputs' rows are, by their sizes).
+  const auto aligned = [](const torch::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  const bool map_ok =
+      !dO_rows.defined() || (dO_rows.scalar_type() == torch::kInt32 && dO_rows.device() == W.device());
+  const bool raw_ok = map_ok && decay.scalar_type() == torch::kFloat32 &&
+                      (!d_hfinal.defined() || d_hfinal.scalar_type() == torch::kFloat32);
+  if (raw_ok && gdr_scan_backward_takes_output_grad(W, Kd, Pm, Qg, dO, plan) && aligned(dO) && aligned(W) &&
+      aligned(Kd) && aligned(Pm) && aligned(Qg)) {
     return run_fused_backward(W, Kd, decay, Pm, Qg, dO, dO_rows, scale, d_hfinal, plan);
   }
 #endif

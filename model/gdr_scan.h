@@ -84,10 +84,10 @@ GdrScanGrads gdr_scan_backward(const torch::Tensor& W, const torch::Tensor& Kd, 
 // On a GPU where gdr_scan_backward_takes_output_grad, one kernel takes both products inside the
 // reverse scan (kernels::GdrScanArgs::dO) and returns dh_next in bf16 (rounded once from the fp32
 // running state; dU and dh0 fp32); otherwise the two products (model/bmm_fp32.h), then
-// gdr_scan_backward. dO holds the gradient's rows [n_rows, dv] (fp32, or any dtype off the kernel
-// path): chunk row r·C + i is row dO_rows[r·C + i] (int32 [R·C], −1 for zeros) or, with dO_rows
-// undefined, row r·C + i. Pm [R, C, C] (zero above its diagonal, as the chunk core's P is), Qg
-// [R, C, dk].
+// gdr_scan_backward. dO holds the gradient's rows [n_rows, dv] (fp32; off the kernel path also
+// what model/bmm_fp32.h takes beside Pm and Qg): chunk row r·C + i is row dO_rows[r·C + i] (int32
+// [R·C] on dO's device, −1 for zeros) or, with dO_rows undefined, row r·C + i. Pm [R, C, C] (zero
+// above its diagonal, as the chunk core's P is), Qg [R, C, dk]. Mismatched shapes throw.
 GdrScanGrads gdr_scan_backward_from_output_grad(const torch::Tensor& W, const torch::Tensor& Kd,
                                                 const torch::Tensor& decay, const torch::Tensor& Pm,
                                                 const torch::Tensor& Qg, const torch::Tensor& dO,

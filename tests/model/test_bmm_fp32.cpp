@@ -52,6 +52,10 @@ TEST(BmmFp32, Bf16OperandIsWidenedExactly) {
   auto dots = model::row_dot_fp32(x, y);
   ASSERT_EQ(dots.scalar_type(), torch::kFloat32);
   EXPECT_TRUE(torch::allclose(f64(dots), (f64(x) * f64(y)).sum({1, 2}), 1e-5, 1e-5));
+  // Both bf16, and an fp32 a beside a bf16 b (the dot is symmetric: taken as b · a).
+  const auto yb = y.to(torch::kBFloat16);
+  EXPECT_TRUE(torch::allclose(f64(model::row_dot_fp32(x, yb)), (f64(x) * f64(yb)).sum({1, 2}), 1e-5, 1e-5));
+  EXPECT_TRUE(torch::equal(model::row_dot_fp32(y, x), model::row_dot_fp32(x, y)));
 }
 
 TEST(BmmFp32, MismatchedOperandTypesAreRefusedByName) {
