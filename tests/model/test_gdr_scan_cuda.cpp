@@ -376,9 +376,9 @@ TEST(GdrScanCuda, Bf16InputsMatchFp32InputsOfTheSameValues) {
 // same function with the fusion off (the two products, then the scan kernel), on dense and ragged
 // plans at the model's head sizes, each tensor-core width, dO read in chunk order and through a row
 // map with rows of zeros (−1), with and without a gradient reaching the final state; besides, the
-// kernel's other instances (C 128: two row tiles of y per warp; dk 256: two state-row tiles), which
-// only the 32- and 64-column blocks take, and sizes whose shared memory it cannot take (C 128 with
-// dk 256), where the function takes the products. Both read the
+// kernel's other instances (C 128: two row tiles of y per warp, in 32- and 64-column blocks; dk
+// 256: two state-row tiles, in 32-column blocks), and sizes whose shared memory it cannot take (C
+// 128 with dk 256), where the function takes the products. Both read the
 // same bf16 W, Kd, Pm and Qg and round dO to TF32 for its products; they differ in summation order,
 // which moves y's rounding to TF32 in the scan's products now and then, and a moved rounding
 // grows along the chain: dU and dh0 measured up to 1.4e-4 (the nine-chunk document), bound 5e-4.
@@ -392,17 +392,18 @@ TEST(GdrScanCuda, FusedOutputGradBackwardMatchesProductsThenScan) {
   const auto bf16 = [](const torch::Tensor& x) { return x.to(torch::kBFloat16); };
   const auto f64 = [](const torch::Tensor& x) { return x.to(torch::kFloat64); };
   double worst_kernel = 0, worst_ref = 0, worst_state = 0;
-  // Each case, and whether the fused form takes it in 96- and 128-column blocks (C ≤ 64, dk ≤ 128)
-  // and at all (its shared memory at 32 columns).
+  // Each case, and the fixed block widths the fused form takes it in (kernels::gdr_scan_mma_supports:
+  // 96 and 128 columns only for C ≤ 64 and dk ≤ 128, and each width's shared memory); the default
+  // takes it where any width does.
   struct FusedCase {
     Case c;
-    bool wide, fits;
+    std::vector<int> widths;
   };
   std::vector<FusedCase> cases;
-  for (const Case& c : kModelHeadCases) cases.push_back({c, true, true});
-  cases.push_back({{{3, 2}, 2, 128, 64, 72}, false, true});
-  cases.push_back({{{3, 1}, 2, 64, 256, 40}, false, true});
-  cases.push_back({{{2, 2}, 1, 128, 256, 16}, false, false});
+  for (const Case& c : kModelHeadCases) cases.push_back({c, {32, 64, 96, 128}});
+  cases.push_back({{{3, 2}, 2, 128, 64, 72}, {32, 64}});
+  cases.push_back({{{3, 1}, 2, 64, 256, 40}, {32}});
+  cases.push_back({{{2, 2}, 1, 128, 256, 16}, {}});
   for (const int variant : kScanVariants) {
     model::gdr_scan_variant(variant);
     for (const FusedCase& fc : cases) {
@@ -433,10 +434,13 @@ TEST(GdrScanCuda, FusedOutputGradBackwardMatchesProductsThenScan) {
           const std::string what = describe(c) + ", variant " + std::to_string(variant) +
                                    (mapped ? ", row map" : ", chunk rows") + (with_final ? "" : ", no final gradient");
           const bool takes = model::gdr_scan_backward_takes_output_grad(W, Kd, Pm, Qg, dO, plan);
-          const bool narrow_width = variant == kernels::kGdrScanAuto || variant == kernels::kGdrScanTensorCores32 ||
-                                    variant == kernels::kGdrScanTensorCores64;
-          const bool wide_width = variant == kernels::kGdrScanTensorCores96 || variant == kernels::kGdrScanTensorCores128;
-          EXPECT_EQ(takes, fc.fits && (narrow_width || (fc.wide && wide_width))) << what;
+          const int width = variant == kernels::kGdrScanTensorCores32    ? 32
+                            : variant == kernels::kGdrScanTensorCores64  ? 64
+                            : variant == kernels::kGdrScanTensorCores96  ? 96
+                            : variant == kernels::kGdrScanTensorCores128 ? 128
+                                                                         : 0;
+          const bool listed = std::find(fc.widths.begin(), fc.widths.end(), width) != fc.widths.end();
+          EXPECT_EQ(takes, variant == kernels::kGdrScanAuto ? !fc.widths.empty() : listed) << what;
           const int64_t launches = model::gdr_scan_fused_backward_launches();
           const auto got = model::gdr_scan_backward_from_output_grad(W, Kd, in.decay, Pm, Qg, dO, map, scale,
                                                                      d_hfinal, plan);
