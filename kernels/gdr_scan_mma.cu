@@ -91,6 +91,18 @@ __device__ __forceinline__ void stage_rows(T* dst, int pitch, const T* src, int6
 // A bf16 value (raw bits) as a TF32 operand: widened exactly (bf16's 8 significant bits fit TF32's 11).
 __device__ __forceinline__ uint32_t widen_bf16(uint16_t x) { return static_cast<uint32_t>(x) << 16; }
 
+// The A fragment of a transposed bf16 tile Mᵀ, widened: for p = M_s + (k0 + t) · pitch + m0 + g
+// (M stored [k][m] in rows of `pitch`), elements (m0 + g, k0 + t), (m0 + g + 8, k0 + t),
+// (m0 + g, k0 + t + 4) and (m0 + g + 8, k0 + t + 4) of Mᵀ.
+__device__ __forceinline__ FragA transposed_bf16_frag(const uint16_t* p, int pitch) {
+  FragA fa;
+  fa.big[0] = widen_bf16(p[0]);
+  fa.big[1] = widen_bf16(p[8]);
+  fa.big[2] = widen_bf16(p[4 * pitch]);
+  fa.big[3] = widen_bf16(p[4 * pitch + 8]);
+  return fa;
+}
+
 // Stores of the per-step outputs in fp32, or rounded to bf16 (GdrScanArgs::out_state_bf16).
 __device__ __forceinline__ void store4(float* dst, float4 v) { *reinterpret_cast<float4*>(dst) = v; }
 __device__ __forceinline__ void store4(uint16_t* dst, float4 v) {
@@ -302,12 +314,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
           // The A term s Pmᵀ dO first, into `big`, which the products below then add to (y = A + P S:
           // the fused form's sign_p is +1). Pmᵀ's rows m0.. are zero before column m0.
           for (int k0 = m0; k0 < C; k0 += 8) {
-            const uint16_t* pm = Pm_s + (k0 + t) * pitch_m + m0 + g;  // element (m0 + g, k0 + t) of Pmᵀ
-            FragA fa;
-            fa.big[0] = widen_bf16(pm[0]);
-            fa.big[1] = widen_bf16(pm[8]);
-            fa.big[2] = widen_bf16(pm[4 * pitch_m]);
-            fa.big[3] = widen_bf16(pm[4 * pitch_m + 8]);
+            const FragA fa = transposed_bf16_frag(Pm_s + (k0 + t) * pitch_m + m0 + g, pitch_m);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               const FragB fb = load_b<false>(dO_s, kColPitch, k0, n0 + 8 * h, g, t);
@@ -393,12 +400,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
         for (int rt = 0; rt < kRowTiles; ++rt) {
           const int m0 = 16 * (row_warp + 8 * rt);
           if (m0 < dk) {
-            const uint16_t* qg = Qg_s + (k0 + t) * pitch_q + m0 + g;  // element (m0 + g, k0 + t) of Qgᵀ
-            FragA fa;
-            fa.big[0] = widen_bf16(qg[0]);
-            fa.big[1] = widen_bf16(qg[8]);
-            fa.big[2] = widen_bf16(qg[4 * pitch_q]);
-            fa.big[3] = widen_bf16(qg[4 * pitch_q + 8]);
+            const FragA fa = transposed_bf16_frag(Qg_s + (k0 + t) * pitch_q + m0 + g, pitch_q);
 #pragma unroll
             for (int nt = 0; nt < 4; ++nt) {
               const FragB fb = load_b<false>(dO_s, kColPitch, k0, col0 + 8 * nt, g, t);
@@ -456,10 +458,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
           const TIn* q = Q_s + (k0 + t) * pitch_q + m0 + g;
           FragA fa;
           if constexpr (kBf16In) {
-            fa.big[0] = widen_bf16(q[0]);
-            fa.big[1] = widen_bf16(q[8]);
-            fa.big[2] = widen_bf16(q[4 * pitch_q]);
-            fa.big[3] = widen_bf16(q[4 * pitch_q + 8]);
+            fa = transposed_bf16_frag(q, pitch_q);
           } else {
             to_tf32<kSplit>(q[0], fa.big[0], fa.small[0]);
             to_tf32<kSplit>(q[8], fa.big[1], fa.small[1]);
