@@ -115,7 +115,7 @@ int bench_gdr(const BenchGdrArgs& a) {
   // returns O in fp32), cast once outside the timed runs: the cast is the benchmark's (its random
   // gradient is drawn in the inputs' dtype), not work the op asks of a caller, whose next layer
   // hands back a gradient of O's own dtype. At B8 T2048 H16 d128 the bf16 -> fp32 cast of 33.5M
-  // values is printed below; fwd+bwd timed it until stop 37.
+  // values is printed below; fwd+bwd timed it until issue 7, stop 37 (docs/perf.md).
   std::map<int, torch::Tensor> grad_o_as;
   auto grad_o_in = [&](torch::ScalarType st) -> const torch::Tensor& {
     auto it = grad_o_as.find(static_cast<int>(st));
