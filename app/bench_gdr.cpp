@@ -26,6 +26,7 @@
 #include "model/gdr_chunk_core.h"
 #include "kernels/gdr_scan.h"
 #include "model/gdr_scan.h"
+#include "model/gdr_state_grads.h"
 #include "trainer/step_profile.h"
 
 namespace app {
@@ -139,8 +140,9 @@ int bench_gdr(const BenchGdrArgs& a) {
   // state scan in fp32 FMA instead of on tensor cores, the scan's products of the other kind, and
   // (where the products are TF32) the states and corrected values kept in fp32 instead of bf16, and
   // the fused front's outputs kept in fp32 instead of bf16, dO's products into the reverse scan's
-  // inputs run before it instead of inside it, and the backward recomputing the front's Kd, Qg, P
-  // and decay instead of reading the forward's.
+  // inputs run before it instead of inside it, the backward recomputing the front's Kd, Qg, P
+  // and decay instead of reading the forward's, and the products with the states after the reverse
+  // scan as four batched GEMMs and a row dot instead of one kernel.
   struct Mode {
     const char* name;
     bool kernels;
@@ -153,6 +155,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     bool split_solve = false;          // the solve's backward with split, not TF32, products (model::gdr_tf32_chunk_products)
     bool products_then_scan = false;   // dO's products into the reverse scan's inputs run before it (model::gdr_scan_fuse_output_grads)
     bool recompute_front = false;      // the backward recomputes the front's Kd, Qg, P, decay (model::gdr_save_front)
+    bool state_grads_apart = false;    // the products with the states as four GEMMs and a row dot (model::gdr_fuse_state_grads)
   };
   const char* other_products = tf32_default ? "kernels, split-TF32 scan" : "kernels, TF32 scan";
   const std::vector<Mode> modes =
@@ -167,6 +170,8 @@ int bench_gdr(const BenchGdrArgs& a) {
                                          false, false, true},
                                         {"kernels, front again", true, true, kernels::kGdrScanAuto, true, false, false,
                                          false, false, false, true},
+                                        {"kernels, state GEMMs", true, true, kernels::kGdrScanAuto, true, false, false,
+                                         false, false, false, false, true},
                                         {"kernels, unfused", true, false, kernels::kGdrScanAuto},
                                         {"kernels, 64-col GEMMs", true, true, kernels::kGdrScanAuto, false},
                                         {"kernels, 32-col scan", true, true, kernels::kGdrScanTensorCores32},
@@ -187,6 +192,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     model::gdr_tf32_chunk_products(!mode.split_solve);
     model::gdr_scan_fuse_output_grads(!mode.products_then_scan);
     model::gdr_save_front(!mode.recompute_front);
+    model::gdr_fuse_state_grads(!mode.state_grads_apart);
     const bool tf32_scan = mode.other_scan_products ? !tf32_default : tf32_default;
     auto forward = [&] {
       torch::NoGradGuard no_grad;
@@ -236,6 +242,7 @@ int bench_gdr(const BenchGdrArgs& a) {
   model::gdr_tf32_chunk_products(true);
   model::gdr_scan_fuse_output_grads(true);
   model::gdr_save_front(true);
+  model::gdr_fuse_state_grads(true);
   model::bmm_fp32_wide_tiles(true);
   model::gdr_use_fused_kernels(true);
   model::gdr_use_kernels(true);

@@ -23,6 +23,7 @@
 #include "model/fused_rope.h"
 #include "model/gdr.h"
 #include "model/gdr_scan.h"
+#include "model/gdr_state_grads.h"
 #include "model/expert_product.h"
 #include "model/mixed_linear.h"
 #include "model/weight_shadow.h"
@@ -60,10 +61,10 @@ int bench_train(const BenchTrainArgs& a) {
   if (a.gdr_scan != "kernel" && a.gdr_scan != "unfused" && a.gdr_scan != "aten" && a.gdr_scan != "narrow-products" &&
       a.gdr_scan != "token-order" && a.gdr_scan != "fp32-states" && a.gdr_scan != "fp32-front" &&
       a.gdr_scan != "split-solve" && a.gdr_scan != "fp32-qk" && a.gdr_scan != "products-then-scan" &&
-      a.gdr_scan != "recompute-front" && scan_variants.count(a.gdr_scan) == 0) {
+      a.gdr_scan != "recompute-front" && a.gdr_scan != "state-gemms" && scan_variants.count(a.gdr_scan) == 0) {
     std::cerr << "deltadeck: bench train: --gdr-scan: expected kernel, unfused, narrow-products, narrow-scan, scan-64, "
                  "scan-96, scan-128, fma-scan, token-order, fp32-states, fp32-front, split-solve, fp32-qk, "
-                 "products-then-scan, recompute-front or aten, got \""
+                 "products-then-scan, recompute-front, state-gemms or aten, got \""
               << a.gdr_scan << "\"\n";
     return 2;
   }
@@ -133,6 +134,9 @@ int bench_train(const BenchTrainArgs& a) {
   // recompute-front: the backward runs the fused front again for Kd, Qg, P and decay instead of
   // reading the forward's (model::gdr_save_front).
   model::gdr_save_front(a.gdr_scan != "recompute-front");
+  // state-gemms: the backward's products with the chunk states (dP_raw, dQg, dW, dKd, the decay's
+  // row dot) as four batched GEMMs and a row dot instead of one kernel (model::gdr_fuse_state_grads).
+  model::gdr_fuse_state_grads(a.gdr_scan != "state-gemms");
   const auto variant = scan_variants.find(a.gdr_scan);
   model::gdr_scan_variant(variant != scan_variants.end() ? variant->second : kernels::kGdrScanAuto);
   const std::string tmp = storage::files::make_temp_dir("deltadeck-bench");

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "model/bmm_fp32.h"
+#include "model/gdr_state_grads.h"
 #include "model/layers.h"
 #include "model/tril_solve.h"
 
@@ -654,13 +655,11 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
 
     // From O = s (Qg h_in + P Vn): gradients into P, Vn, Qg and h_in. The two into Vn and h_in are
     // the reverse scan's inputs, and on a GPU the scan takes them itself from dO
-    // (gdr_scan_backward_from_output_grad).
-    torch::Tensor dP_raw, dQg;
-    auto output_grad_products = [&](const auto& dOr) {  // dOr: [N·H, C, dv] chunk rows, or GatheredRows
-      dP_raw = bmm_fp32(dOr, tr(v_new)).view({N, H, C, C});
-      dQg = bmm_fp32(dOr, tr(h_in), s).view({N, H, C, dk});
-    };
+    // (gdr_scan_backward_from_output_grad). The other two, and the scan's own products with the
+    // states (dW, dKd, ddecay), come after it, one kernel on a GPU (model/gdr_state_grads.h).
+    torch::Tensor dP_raw, dQg, dW;
     GdrScanGrads sg;
+    Upstream u;
     const auto decay_rows = ff.decay.reshape({-1});
     if (dO.defined()) {
       // The output may have gone straight into token order, its gradient then coming back in that
@@ -668,22 +667,22 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
       // a GPU).
       const auto dO_src = dO.to(c.dt).contiguous().view({-1, dv});
       const torch::Tensor dO_rows = sd["o_tokens"].toBool() ? sd["o_rows"].toTensor() : torch::Tensor();
-      if (dO_rows.defined()) {
-        output_grad_products(GatheredRows{dO_src, dO_rows, N * H, C});
-      } else {
-        output_grad_products(dO_src.view({N * H, C, dv}));
-      }
       sg = gdr_scan_backward_from_output_grad(rows(W), rows(ff.Kd), decay_rows, rows(ff.P), rows(ff.Qg), dO_src,
                                               dO_rows, s, dh_final, c.l.scan);
+      const auto sgr = gdr_state_grads(dO_src, dO_rows, sg.dU, rows(h_in), sg.dh_next, rows(v_new), s);
+      dP_raw = sgr.dP_raw.view({N, H, C, C});
+      dQg = sgr.dQg.view({N, H, C, dk});
+      dW = sgr.dW.view({N, H, C, dk});
+      u.dKd = sgr.dKd.view({N, H, C, dk});
+      u.ddecay = sgr.ddecay.view({N, H});
     } else {
       sg = gdr_scan_backward(rows(W), rows(ff.Kd), decay_rows, {}, torch::zeros({N * H, C, dv}, Tm.options()),
                              dh_final, c.l.scan);
+      u.dKd = prod(v_new, tr(sg.dh_next)).view({N, H, C, dk});
+      // Σ h_in ⊙ dh_next per row (no [R, dk, dv] temporary).
+      u.ddecay = row_dot_fp32(h_in, sg.dh_next).view({N, H});
+      dW = prod(sg.dU, tr(h_in), -1.0).view({N, H, C, dk});
     }
-    Upstream u;
-    u.dKd = prod(v_new, tr(sg.dh_next)).view({N, H, C, dk});
-    // Σ h_in ⊙ dh_next per row (no [R, dk, dv] temporary). dh_next is bf16 from the fused scan.
-    u.ddecay = row_dot_fp32(h_in, sg.dh_next).view({N, H});
-    auto dW = prod(sg.dU, tr(h_in), -1.0).view({N, H, C, dk});
     auto dU = sg.dU.view({N, H, C, dv});
     u.dQg = dQg;
     variable_list dx;

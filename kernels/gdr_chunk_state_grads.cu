@@ -1,0 +1,231 @@
+// The backward's products with the chunk states (kernels/gdr_chunk_state_grads.h). Two blocks of
+// 8 warps per row r, one for each half of dk's columns of dQg, dW and dKd (and of dP_raw's), so a
+// block needs only its half of h_in and dh_next and two fit an SM at bench gdr's shape. A block
+// stages, by cp.async:
+//   group 0: dO's C rows (through the row map), its half of h_in, all of Vn;
+//   group 1: its half of dh_next;
+//   group 2: dU, into dO's room once the first pass is done with dO.
+// and takes three passes over k = dv, each warp a 16-row tile of C and a quarter of the columns:
+//   pass 1 (dO)   dQg and dP_raw tiles, one A fragment for both;
+//   pass 2 (Vn)   dKd tiles, and the block's share of ddecay from the staged h_in and dh_next;
+//   pass 3 (dU)   dW tiles.
+// The two blocks of a row add their ddecay halves to a zeroed output: two addends onto zero, so the
+// sum does not depend on their order.
+// The mma's k order is permuted: slot t of a k-step k0 is column k0 + 2t and slot t + 4 is column
+// k0 + 2t + 1, for both operands (the sum over k does not depend on the order), so each lane's two
+// k values of a row are one 8-byte fp32 or 4-byte bf16 load. Rows are padded by 8 elements, which
+// puts a warp's fragment loads in 32 different banks for dv a multiple of 64.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cp_async.cuh"
+#include "kernels/gdr_chunk_state_grads.h"
+#include "kernels/smem_opt_in.cuh"
+#include "kernels/tf32_mma.cuh"
+
+namespace kernels {
+
+namespace {
+
+constexpr int kC = 64;
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
+
+__host__ __device__ constexpr int pitch_of(int dv) { return dv + 8; }  // elements, bf16 and fp32 rows alike
+
+// rows × dv bf16 elements (row stride dv) into shared rows of pitch_of(dv).
+__device__ __forceinline__ void stage_bf16(uint16_t* dst, const uint16_t* src, int rows, int dv) {
+  const int per_row = dv / 8;
+  for (int i = threadIdx.x; i < rows * per_row; i += kThreads) {
+    const int row = i / per_row, c = i % per_row;
+    cp_async16(dst + row * pitch_of(dv) + 8 * c, src + static_cast<int64_t>(row) * dv + 8 * c);
+  }
+}
+
+// The C fp32 rows of chunk row r: row i from src row map[first + i] (zeros where that is −1), or
+// first + i without a map.
+__device__ __forceinline__ void stage_f32_rows(float* dst, const float* src, const int32_t* map, int64_t first, int dv) {
+  const int per_row = dv / 4;
+  for (int i = threadIdx.x; i < kC * per_row; i += kThreads) {
+    const int row = i / per_row, c = i % per_row;
+    const int64_t src_row = map != nullptr ? map[first + row] : first + row;
+    const bool valid = src_row >= 0;
+    cp_async16_zfill(dst + row * pitch_of(dv) + 4 * c, valid ? src + src_row * dv + 4 * c : src, valid);
+  }
+}
+
+// The A fragment of rows m0..m0+15 at k-step k0 (permuted k order, see the top): fp32 rounded to
+// TF32, or bf16 widened exactly.
+__device__ __forceinline__ void frag_a(uint32_t (&a)[4], const float* x, int p, int m0, int k0, int g, int t) {
+  const float2 lo = *reinterpret_cast<const float2*>(x + (m0 + g) * p + k0 + 2 * t);
+  const float2 hi = *reinterpret_cast<const float2*>(x + (m0 + g + 8) * p + k0 + 2 * t);
+  a[0] = round_tf32(lo.x);
+  a[1] = round_tf32(hi.x);
+  a[2] = round_tf32(lo.y);
+  a[3] = round_tf32(hi.y);
+}
+__device__ __forceinline__ void frag_a(uint32_t (&a)[4], const uint16_t* x, int p, int m0, int k0, int g, int t) {
+  const uint32_t lo = *reinterpret_cast<const uint32_t*>(x + (m0 + g) * p + k0 + 2 * t);
+  const uint32_t hi = *reinterpret_cast<const uint32_t*>(x + (m0 + g + 8) * p + k0 + 2 * t);
+  a[0] = lo << 16;  // the even column is the word's low half
+  a[1] = hi << 16;
+  a[2] = lo & 0xffff0000u;
+  a[3] = hi & 0xffff0000u;
+}
+
+// The B fragment of output columns n0..n0+7 from a bf16 tile whose rows are those columns ([n][k]).
+__device__ __forceinline__ void frag_b(uint32_t (&b)[2], const uint16_t* y, int p, int n0, int k0, int g, int t) {
+  const uint32_t w = *reinterpret_cast<const uint32_t*>(y + (n0 + g) * p + k0 + 2 * t);
+  b[0] = w << 16;
+  b[1] = w & 0xffff0000u;
+}
+
+// alpha · one 16 × 8 accumulator tile into out (row length ld) at rows m0.., columns n0...
+__device__ __forceinline__ void store_tile(float* out, int ld, int m0, int n0, const float (&d)[4], float alpha, int g,
+                                           int t) {
+  *reinterpret_cast<float2*>(out + (m0 + g) * ld + n0 + 2 * t) = make_float2(alpha * d[0], alpha * d[1]);
+  *reinterpret_cast<float2*>(out + (m0 + g + 8) * ld + n0 + 2 * t) = make_float2(alpha * d[2], alpha * d[3]);
+}
+
+// kNT: 8-column tiles per warp in the [C, dk] products (dk = 32 kNT: a block's half is 16 kNT
+// columns, two warps share each 16-row tile of C).
+template <int kNT>
+__global__ void __launch_bounds__(kThreads, 2) state_grads_kernel(GdrChunkStateGradsArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int dk = 32 * kNT, half_dk = 16 * kNT;
+  const int dv = a.dv, p = pitch_of(dv);
+  const int64_t r = blockIdx.x / 2;
+  const int half = blockIdx.x % 2;
+  uint16_t* Hs = reinterpret_cast<uint16_t*>(smem);  // [half_dk][p] h_in's rows of this half
+  uint16_t* Ds = Hs + half_dk * p;                   // [half_dk][p] dh_next's
+  uint16_t* Vs = Ds + half_dk * p;                   // [C][p] Vn
+  float* Xs = reinterpret_cast<float*>(Vs + kC * p);  // [C][p] dO, then dU
+  float* warp_sums = Xs + kC * p;                     // [kWarps]
+
+  const int64_t state_first = (r * dk + half * half_dk) * dv;
+  stage_f32_rows(Xs, a.dO, a.dO_rows, r * kC, dv);
+  stage_bf16(Hs, a.h_in + state_first, half_dk, dv);
+  stage_bf16(Vs, a.v_new + r * kC * dv, kC, dv);
+  cp_async_commit();
+  stage_bf16(Ds, a.dh_next + state_first, half_dk, dv);
+  cp_async_commit();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int m0 = 16 * (warp % 4);
+  const int n_first = (warp / 4) * 8 * kNT;                 // this warp's first column within the half
+  const int out_col = half * half_dk + n_first;             // ... within dk
+  const int p_first = half * (kC / 2) + (warp / 4) * 16;    // its first column of dP_raw (a row of Vn)
+  float* dQg = a.dQg + r * kC * dk;
+  float* dW = a.dW + r * kC * dk;
+  float* dKd = a.dKd + r * kC * dk;
+  float* dP = a.dP_raw + r * kC * kC;
+
+  cp_async_wait<1>();
+  __syncthreads();
+  {  // pass 1: dQg = s dO h_inᵀ and dP_raw = dO Vnᵀ
+    float q_acc[kNT][4] = {}, p_acc[2][4] = {};
+    for (int k0 = 0; k0 < dv; k0 += 8) {
+      uint32_t A[4], B[2];
+      frag_a(A, Xs, p, m0, k0, g, t);
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+        frag_b(B, Hs, p, n_first + 8 * j, k0, g, t);
+        mma_tf32(q_acc[j], A, B);
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        frag_b(B, Vs, p, p_first + 8 * j, k0, g, t);
+        mma_tf32(p_acc[j], A, B);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) store_tile(dQg, dk, m0, out_col + 8 * j, q_acc[j], a.scale, g, t);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) store_tile(dP, kC, m0, p_first + 8 * j, p_acc[j], 1.f, g, t);
+  }
+  __syncthreads();  // every warp is done with dO
+  stage_f32_rows(Xs, a.dU, nullptr, r * kC, dv);
+  cp_async_commit();
+  cp_async_wait<1>();  // dh_next's group (the older one) has landed
+  __syncthreads();
+  {  // pass 2: dKd = Vn dh_nextᵀ, and this half's Σ h_in ⊙ dh_next
+    float kd_acc[kNT][4] = {};
+    for (int k0 = 0; k0 < dv; k0 += 8) {
+      uint32_t A[4], B[2];
+      frag_a(A, Vs, p, m0, k0, g, t);
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+        frag_b(B, Ds, p, n_first + 8 * j, k0, g, t);
+        mma_tf32(kd_acc[j], A, B);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) store_tile(dKd, dk, m0, out_col + 8 * j, kd_acc[j], 1.f, g, t);
+
+    const int words_per_row = dv / 2;
+    float acc = 0.f;
+    for (int i = threadIdx.x; i < half_dk * words_per_row; i += kThreads) {
+      const int row = i / words_per_row, w = i % words_per_row;
+      const uint32_t h = *reinterpret_cast<const uint32_t*>(Hs + row * p + 2 * w);
+      const uint32_t d = *reinterpret_cast<const uint32_t*>(Ds + row * p + 2 * w);
+      acc += __uint_as_float(h << 16) * __uint_as_float(d << 16) +
+             __uint_as_float(h & 0xffff0000u) * __uint_as_float(d & 0xffff0000u);
+    }
+    for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) warp_sums[warp] = acc;
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float sum = 0.f;
+    for (int w = 0; w < kWarps; ++w) sum += warp_sums[w];
+    atomicAdd(a.ddecay + r, sum);
+  }
+  {  // pass 3: dW = −dU h_inᵀ
+    float w_acc[kNT][4] = {};
+    for (int k0 = 0; k0 < dv; k0 += 8) {
+      uint32_t A[4], B[2];
+      frag_a(A, Xs, p, m0, k0, g, t);
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+        frag_b(B, Hs, p, n_first + 8 * j, k0, g, t);
+        mma_tf32(w_acc[j], A, B);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) store_tile(dW, dk, m0, out_col + 8 * j, w_acc[j], -1.f, g, t);
+  }
+}
+
+template <int kNT>
+int launch(const GdrChunkStateGradsArgs& a, cudaStream_t stream) {
+  const int bytes = static_cast<int>(gdr_chunk_state_grads_smem(a.C, a.dk, a.dv));
+  const int err = allow_dynamic_smem(reinterpret_cast<const void*>(&state_grads_kernel<kNT>), bytes);
+  if (err != 0) return err;
+  state_grads_kernel<kNT><<<static_cast<unsigned>(2 * a.R), kThreads, bytes, stream>>>(a);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace
+
+int gdr_chunk_state_grads(const GdrChunkStateGradsArgs& a, void* stream) {
+  auto out_ok = [](const float* p) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (!gdr_chunk_state_grads_supports(a) || !out_ok(a.dQg) || !out_ok(a.dP_raw) || !out_ok(a.dW) || !out_ok(a.dKd) ||
+      a.ddecay == nullptr) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  auto s = static_cast<cudaStream_t>(stream);
+  const cudaError_t zeroed = cudaMemsetAsync(a.ddecay, 0, sizeof(float) * static_cast<size_t>(a.R), s);
+  if (zeroed != cudaSuccess) return static_cast<int>(zeroed);
+  switch (a.dk) {
+    case 64:
+      return launch<2>(a, s);
+    case 96:
+      return launch<3>(a, s);
+    default:
+      return launch<4>(a, s);
+  }
+}
+
+}  // namespace kernels

@@ -1,0 +1,62 @@
+// The gated delta rule backward's products with the saved chunk states, in one kernel. Per row r
+// (one chunk of one head; notation of model/gdr_chunk_core.cpp, s = scale):
+//   dQg    = s dO h_inᵀ      [C, dk]   from the output O = s (Qg h_in + P Vn)
+//   dP_raw = dO Vnᵀ          [C, C]
+//   dW     = −dU h_inᵀ       [C, dk]   from the scan's W (dU: its values' gradient)
+//   dKd    = Vn dh_nextᵀ     [C, dk]
+//   ddecay = Σ h_in ⊙ dh_next          over the [dk, dv] state
+// model/gdr_state_grads.cpp otherwise takes them as four batched products and a row dot, which
+// read h_in and dO twice each and write nothing the others can reuse; that is the reference and
+// the path for what this kernel does not take.
+// Precision as the products it replaces (kernels/gemm_tf32x3.h beside a bf16 operand): h_in, Vn
+// and dh_next are bf16 (the states under 16-bit training, model/gdr_scan.h) and widened exactly;
+// dO and dU are fp32 and rounded to TF32; each product is one TF32 mma with fp32 accumulation.
+// Raw pointers, no torch.
+#pragma once
+
+#include <cstdint>
+
+namespace kernels {
+
+struct GdrChunkStateGradsArgs {
+  int64_t R = 0;                  // rows (chunks × heads)
+  int C = 0, dk = 0, dv = 0;      // chunk length, key and value head sizes
+  const float* dO = nullptr;      // [n, dv]: the output gradient's rows
+  const int32_t* dO_rows = nullptr;  // [R·C]: the dO row of chunk row r·C + i, −1 for zeros; null: r·C + i
+  const float* dU = nullptr;      // [R, C, dv]
+  const uint16_t* h_in = nullptr;     // [R, dk, dv] bf16 bits: the state each chunk starts from
+  const uint16_t* dh_next = nullptr;  // [R, dk, dv] bf16 bits: the gradient of the state it ends in
+  const uint16_t* v_new = nullptr;    // [R, C, dv] bf16 bits: Vn
+  float scale = 1.f;
+  float* dQg = nullptr;     // [R, C, dk]
+  float* dP_raw = nullptr;  // [R, C, C]
+  float* dW = nullptr;      // [R, C, dk]
+  float* dKd = nullptr;     // [R, C, dk]
+  float* ddecay = nullptr;  // [R]
+};
+
+// Shared memory one block takes: two halves of dk's rows of h_in and dh_next, Vn (bf16) and one
+// fp32 [C, dv] tile (dO, then dU), each row padded by 8 elements.
+inline int64_t gdr_chunk_state_grads_smem(int64_t C, int64_t dk, int64_t dv) {
+  const int64_t bf16_row = 2 * (dv + 8), f32_row = 4 * (dv + 8);
+  return dk * bf16_row + C * bf16_row + C * f32_row + 64;
+}
+
+// Whether the kernel takes these sizes and inputs: C = 64, dk 64, 96 or 128, dv a multiple of 8
+// whose block fits the 227 KiB of shared memory a block may opt into, and 16-byte aligned input
+// pointers. The outputs are checked at the launch (16-byte aligned, as new allocations are).
+inline bool gdr_chunk_state_grads_supports(const GdrChunkStateGradsArgs& a) {
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return a.R >= 1 && a.R < (int64_t{1} << 30) && a.C == 64 && (a.dk == 64 || a.dk == 96 || a.dk == 128) &&
+         a.dv >= 8 && a.dv % 8 == 0 && gdr_chunk_state_grads_smem(a.C, a.dk, a.dv) <= 227 * 1024 && aligned(a.dO) &&
+         aligned(a.dU) && aligned(a.h_in) && aligned(a.dh_next) && aligned(a.v_new);
+}
+
+#ifdef DD_HAVE_CUDA
+// Launches on `stream` (a cudaStream_t). Returns the cudaError_t (0 = success);
+// cudaErrorInvalidValue for arguments gdr_chunk_state_grads_supports refuses, or a missing or
+// misaligned output.
+int gdr_chunk_state_grads(const GdrChunkStateGradsArgs& a, void* stream);
+#endif
+
+}  // namespace kernels

@@ -1,0 +1,124 @@
+#include "model/gdr_state_grads.h"
+
+#include <torch/torch.h>
+
+#include <atomic>
+
+#include "model/bmm_fp32.h"
+
+#if defined(DD_HAVE_CUDA)
+#include "kernels/gdr_chunk_state_grads.h"
+#include "model/kernel_dtype.h"
+#endif
+
+namespace model {
+namespace {
+
+std::atomic<bool> g_fuse{true};
+std::atomic<int64_t> g_launches{0};
+
+torch::Tensor tr(const torch::Tensor& x) { return x.transpose(-1, -2); }
+
+void check_inputs(const torch::Tensor& dO_src, const torch::Tensor& dO_rows, const torch::Tensor& dU,
+                  const torch::Tensor& h_in, const torch::Tensor& dh_next, const torch::Tensor& v_new) {
+  TORCH_CHECK(dU.dim() == 3 && h_in.dim() == 3 && dh_next.sizes() == h_in.sizes() && v_new.sizes() == dU.sizes() &&
+                  h_in.size(0) == dU.size(0) && h_in.size(2) == dU.size(2),
+              "gdr_state_grads: expected dU, v_new [R, C, dv] and h_in, dh_next [R, dk, dv], got dU ", dU.sizes(),
+              ", v_new ", v_new.sizes(), ", h_in ", h_in.sizes(), ", dh_next ", dh_next.sizes());
+  TORCH_CHECK(dO_src.dim() == 2 && dO_src.size(1) == dU.size(2), "gdr_state_grads: expected dO rows [n, ", dU.size(2),
+              "], got ", dO_src.sizes());
+  TORCH_CHECK(!dO_rows.defined() || dO_rows.numel() == dU.size(0) * dU.size(1),
+              "gdr_state_grads: the row map has ", dO_rows.numel(), " entries for ", dU.size(0) * dU.size(1),
+              " chunk rows");
+  TORCH_CHECK(dO_rows.defined() || dO_src.size(0) == dU.size(0) * dU.size(1), "gdr_state_grads: dO has ",
+              dO_src.size(0), " rows for ", dU.size(0) * dU.size(1), " chunk rows and no row map");
+}
+
+#if defined(DD_HAVE_CUDA)
+bool bf16(const torch::Tensor& x) { return x.scalar_type() == torch::kBFloat16; }
+const uint16_t* bits(const torch::Tensor& x) { return reinterpret_cast<const uint16_t*>(x.data_ptr()); }
+
+// The kernel's arguments when it takes these inputs (fp32 dO and dU, bf16 states, contiguous, on
+// one GPU, sizes it supports); else nothing is launched and `ok` is false.
+kernels::GdrChunkStateGradsArgs kernel_args(const torch::Tensor& dO_src, const torch::Tensor& dO_rows,
+                                            const torch::Tensor& dU, const torch::Tensor& h_in,
+                                            const torch::Tensor& dh_next, const torch::Tensor& v_new, bool& ok) {
+  kernels::GdrChunkStateGradsArgs a;
+  const auto f32 = torch::kFloat32;
+  const auto dev = dU.device();
+  ok = g_fuse && dU.is_cuda() && dO_src.device() == dev && h_in.device() == dev && dh_next.device() == dev &&
+       v_new.device() == dev && (!dO_rows.defined() || (dO_rows.device() == dev && dO_rows.scalar_type() == torch::kInt32 &&
+                                                        dO_rows.is_contiguous())) &&
+       dO_src.scalar_type() == f32 && dU.scalar_type() == f32 && bf16(h_in) && bf16(dh_next) && bf16(v_new) &&
+       dO_src.is_contiguous() && dU.is_contiguous() && h_in.is_contiguous() && dh_next.is_contiguous() &&
+       v_new.is_contiguous();
+  if (!ok) return a;
+  a.R = dU.size(0);
+  a.C = static_cast<int>(dU.size(1));
+  a.dk = static_cast<int>(h_in.size(1));
+  a.dv = static_cast<int>(dU.size(2));
+  a.dO = dO_src.data_ptr<float>();
+  a.dO_rows = dO_rows.defined() ? dO_rows.data_ptr<int32_t>() : nullptr;
+  a.dU = dU.data_ptr<float>();
+  a.h_in = bits(h_in);
+  a.dh_next = bits(dh_next);
+  a.v_new = bits(v_new);
+  ok = kernels::gdr_chunk_state_grads_supports(a);
+  return a;
+}
+#endif
+
+}  // namespace
+
+GdrStateGrads gdr_state_grads_reference(const torch::Tensor& dO_src, const torch::Tensor& dO_rows,
+                                        const torch::Tensor& dU, const torch::Tensor& h_in,
+                                        const torch::Tensor& dh_next, const torch::Tensor& v_new, double scale) {
+  check_inputs(dO_src, dO_rows, dU, h_in, dh_next, v_new);
+  const int64_t R = dU.size(0), C = dU.size(1);
+  GdrStateGrads out;
+  if (dO_rows.defined()) {
+    const GatheredRows dOr{dO_src, dO_rows, R, C};
+    out.dP_raw = bmm_fp32(dOr, tr(v_new));
+    out.dQg = bmm_fp32(dOr, tr(h_in), scale);
+  } else {
+    const auto dOr = dO_src.view({R, C, dO_src.size(1)});
+    out.dP_raw = bmm_fp32(dOr, tr(v_new));
+    out.dQg = bmm_fp32(dOr, tr(h_in), scale);
+  }
+  out.dW = bmm_fp32(dU, tr(h_in), -1.0);
+  out.dKd = bmm_fp32(v_new, tr(dh_next));
+  out.ddecay = row_dot_fp32(h_in, dh_next);
+  return out;
+}
+
+GdrStateGrads gdr_state_grads(const torch::Tensor& dO_src, const torch::Tensor& dO_rows, const torch::Tensor& dU,
+                              const torch::Tensor& h_in, const torch::Tensor& dh_next, const torch::Tensor& v_new,
+                              double scale) {
+  check_inputs(dO_src, dO_rows, dU, h_in, dh_next, v_new);
+#if defined(DD_HAVE_CUDA)
+  bool ok = false;
+  auto a = kernel_args(dO_src, dO_rows, dU, h_in, dh_next, v_new, ok);
+  if (ok) {
+    const int64_t R = a.R, C = a.C, dk = a.dk;
+    const auto opts = dU.options();
+    GdrStateGrads out{torch::empty({R, C, C}, opts), torch::empty({R, C, dk}, opts), torch::empty({R, C, dk}, opts),
+                      torch::empty({R, C, dk}, opts), torch::empty({R}, opts)};
+    a.scale = static_cast<float>(scale);
+    a.dP_raw = out.dP_raw.data_ptr<float>();
+    a.dQg = out.dQg.data_ptr<float>();
+    a.dW = out.dW.data_ptr<float>();
+    a.dKd = out.dKd.data_ptr<float>();
+    a.ddecay = out.ddecay.data_ptr<float>();
+    check_kernel_launch(kernels::gdr_chunk_state_grads(a, stream_of(dU)), "gated delta rule state products");
+    ++g_launches;
+    return out;
+  }
+#endif
+  return gdr_state_grads_reference(dO_src, dO_rows, dU, h_in, dh_next, v_new, scale);
+}
+
+void gdr_fuse_state_grads(bool on) { g_fuse = on; }
+
+int64_t gdr_state_grads_launches() { return g_launches.load(); }
+
+}  // namespace model

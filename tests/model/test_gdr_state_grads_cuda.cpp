@@ -1,0 +1,94 @@
+// The delta rule backward's products with the chunk states as one kernel
+// (kernels/gdr_chunk_state_grads.h, model/gdr_state_grads.h) against the four batched products and
+// the row dot it replaces, and both against fp64: the model's head sizes (dk 128 and 96 with dv 128
+// and 192), dk 64 with a dv that is not a multiple of 64, a row count that is odd, the output
+// gradient read directly and through a row map with zero rows, and a size the kernel refuses.
+// Fresh random inputs each run, seeded from GoogleTest's seed. Skips without a GPU.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <vector>
+
+#include "model/gdr_state_grads.h"
+#include "tests/support/gdr_state_grads_truth.h"
+#include "tests/support/torch_compare.h"
+
+namespace {
+
+// max |x − ref| / max |ref|, in fp64.
+double max_rel(const torch::Tensor& x, const torch::Tensor& ref) {
+  auto r = ref.to(torch::kCPU, torch::kFloat64);
+  return (x.to(torch::kCPU, torch::kFloat64) - r).abs().max().item<double>() / r.abs().max().item<double>();
+}
+
+struct StateCase {
+  int64_t R, C, dk, dv;
+  bool row_map;
+  bool kernel_takes;
+};
+
+}  // namespace
+
+TEST(GdrStateGradsCuda, KernelMatchesTheProductsAndFp64) {
+  DD_REQUIRE_GPU();
+  testing_support::seed_from_gtest(77);
+  const std::vector<StateCase> cases = {{37, 64, 128, 128, false, true}, {37, 64, 128, 128, true, true},
+                                        {11, 64, 96, 192, true, true},   {9, 64, 64, 72, false, true},
+                                        {5, 64, 80, 128, true, false}};
+  const auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+  const auto bf16 = f32.dtype(torch::kBFloat16);
+  const double scale = 0.0884;
+  for (const auto& c : cases) {
+    const int64_t rows = c.R * c.C;
+    // Values of the model's order: states and their gradient O(1), Vn and dU O(1), dO O(0.1).
+    auto h_in = torch::randn({c.R, c.dk, c.dv}, bf16);
+    auto dh_next = torch::randn({c.R, c.dk, c.dv}, bf16);
+    auto v_new = torch::randn({c.R, c.C, c.dv}, bf16);
+    auto dU = torch::randn({c.R, c.C, c.dv}, f32);
+    torch::Tensor dO_src, dO_rows;
+    if (c.row_map) {
+      // Token order: a permutation of more rows than the chunks hold, every seventh chunk row zero.
+      const int64_t n_src = rows + 13;
+      dO_src = 0.1 * torch::randn({n_src, c.dv}, f32);
+      auto map = torch::randperm(n_src, torch::TensorOptions().dtype(torch::kLong)).narrow(0, 0, rows);
+      map.index_put_({torch::arange(0, rows, 7)}, -1);
+      dO_rows = map.to(torch::kInt32).to(torch::kCUDA);
+    } else {
+      dO_src = 0.1 * torch::randn({rows, c.dv}, f32);
+    }
+    model::gdr_fuse_state_grads(true);
+    const int64_t launches = model::gdr_state_grads_launches();
+    const auto got = model::gdr_state_grads(dO_src, dO_rows, dU, h_in, dh_next, v_new, scale);
+    EXPECT_EQ(model::gdr_state_grads_launches() - launches, c.kernel_takes ? 1 : 0)
+        << "R " << c.R << " dk " << c.dk << " dv " << c.dv;
+    model::gdr_fuse_state_grads(false);
+    const auto ref = model::gdr_state_grads(dO_src, dO_rows, dU, h_in, dh_next, v_new, scale);
+    model::gdr_fuse_state_grads(true);
+    const auto truth = testing_support::gdr_state_grads_fp64(dO_src, dO_rows, dU, h_in, dh_next, v_new, scale);
+
+    const std::vector<const char*> names = {"dP_raw", "dQg", "dW", "dKd", "ddecay"};
+    const std::vector<torch::Tensor> g = {got.dP_raw, got.dQg, got.dW, got.dKd, got.ddecay};
+    const std::vector<torch::Tensor> r = {ref.dP_raw, ref.dQg, ref.dW, ref.dKd, ref.ddecay};
+    const std::vector<torch::Tensor> t = {truth.dP_raw, truth.dQg, truth.dW, truth.dKd, truth.ddecay};
+    for (size_t i = 0; i < names.size(); ++i) {
+      ASSERT_EQ(g[i].sizes(), t[i].sizes()) << names[i];
+      EXPECT_EQ(g[i].scalar_type(), torch::kFloat32) << names[i];
+      // Both round dO and dU to TF32 the same way and widen the bf16 operands exactly: only the
+      // order of the fp32 sums differs. Against fp64, the TF32 rounding (2⁻¹¹ of each fp32 operand)
+      // is what remains; dKd and ddecay multiply bf16 values exactly.
+      const double vs_ref = max_rel(g[i], r[i]), vs_truth = max_rel(g[i], t[i]), ref_truth = max_rel(r[i], t[i]);
+      std::printf("R %ld dk %ld dv %ld map %d %-7s kernel vs products %.2e, vs fp64 %.2e (products vs fp64 %.2e)\n",
+                  static_cast<long>(c.R), static_cast<long>(c.dk), static_cast<long>(c.dv), c.row_map ? 1 : 0, names[i],
+                  vs_ref, vs_truth, ref_truth);
+      EXPECT_LT(vs_ref, 2e-5) << names[i] << " R " << c.R << " dk " << c.dk << " dv " << c.dv;
+      EXPECT_LT(vs_truth, 1e-3) << names[i] << " R " << c.R << " dk " << c.dk << " dv " << c.dv;
+    }
+    // The zero rows of the map give zero rows of dP_raw and dQg.
+    if (c.row_map) {
+      const auto zero_rows = torch::arange(0, rows, 7, torch::TensorOptions().dtype(torch::kLong).device(torch::kCUDA));
+      EXPECT_EQ(got.dQg.view({rows, c.dk}).index_select(0, zero_rows).abs().max().item<float>(), 0.f);
+      EXPECT_EQ(got.dP_raw.view({rows, c.C}).index_select(0, zero_rows).abs().max().item<float>(), 0.f);
+    }
+  }
+}
