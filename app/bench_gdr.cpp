@@ -142,7 +142,8 @@ int bench_gdr(const BenchGdrArgs& a) {
   // the fused front's outputs kept in fp32 instead of bf16, dO's products into the reverse scan's
   // inputs run before it instead of inside it, the backward recomputing the front's Kd, Qg, P
   // and decay instead of reading the forward's, and the products with the states after the reverse
-  // scan as four batched GEMMs and a row dot instead of one kernel.
+  // scan as four batched GEMMs and a row dot instead of one kernel, and v's gradient taken from dRu
+  // in the tail instead of in the solve's backward.
   struct Mode {
     const char* name;
     bool kernels;
@@ -156,6 +157,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     bool products_then_scan = false;   // dO's products into the reverse scan's inputs run before it (model::gdr_scan_fuse_output_grads)
     bool recompute_front = false;      // the backward recomputes the front's Kd, Qg, P, decay (model::gdr_save_front)
     bool state_grads_apart = false;    // the products with the states as four GEMMs and a row dot (model::gdr_fuse_state_grads)
+    bool dv_in_tail = false;           // v's gradient from dRu in the tail, not in the solve's backward (model::gdr_dv_in_solve)
   };
   const char* other_products = tf32_default ? "kernels, split-TF32 scan" : "kernels, TF32 scan";
   const std::vector<Mode> modes =
@@ -172,6 +174,8 @@ int bench_gdr(const BenchGdrArgs& a) {
                                          false, false, false, true},
                                         {"kernels, state GEMMs", true, true, kernels::kGdrScanAuto, true, false, false,
                                          false, false, false, false, true},
+                                        {"kernels, dv in tail", true, true, kernels::kGdrScanAuto, true, false, false,
+                                         false, false, false, false, false, true},
                                         {"kernels, unfused", true, false, kernels::kGdrScanAuto},
                                         {"kernels, 64-col GEMMs", true, true, kernels::kGdrScanAuto, false},
                                         {"kernels, 32-col scan", true, true, kernels::kGdrScanTensorCores32},
@@ -193,6 +197,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     model::gdr_scan_fuse_output_grads(!mode.products_then_scan);
     model::gdr_save_front(!mode.recompute_front);
     model::gdr_fuse_state_grads(!mode.state_grads_apart);
+    model::gdr_dv_in_solve(!mode.dv_in_tail);
     const bool tf32_scan = mode.other_scan_products ? !tf32_default : tf32_default;
     auto forward = [&] {
       torch::NoGradGuard no_grad;
@@ -243,6 +248,7 @@ int bench_gdr(const BenchGdrArgs& a) {
   model::gdr_scan_fuse_output_grads(true);
   model::gdr_save_front(true);
   model::gdr_fuse_state_grads(true);
+  model::gdr_dv_in_solve(true);
   model::bmm_fp32_wide_tiles(true);
   model::gdr_use_fused_kernels(true);
   model::gdr_use_kernels(true);

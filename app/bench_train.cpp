@@ -61,10 +61,11 @@ int bench_train(const BenchTrainArgs& a) {
   if (a.gdr_scan != "kernel" && a.gdr_scan != "unfused" && a.gdr_scan != "aten" && a.gdr_scan != "narrow-products" &&
       a.gdr_scan != "token-order" && a.gdr_scan != "fp32-states" && a.gdr_scan != "fp32-front" &&
       a.gdr_scan != "split-solve" && a.gdr_scan != "fp32-qk" && a.gdr_scan != "products-then-scan" &&
-      a.gdr_scan != "recompute-front" && a.gdr_scan != "state-gemms" && scan_variants.count(a.gdr_scan) == 0) {
+      a.gdr_scan != "recompute-front" && a.gdr_scan != "state-gemms" &&
+      a.gdr_scan != "dv-in-tail" && scan_variants.count(a.gdr_scan) == 0) {
     std::cerr << "deltadeck: bench train: --gdr-scan: expected kernel, unfused, narrow-products, narrow-scan, scan-64, "
                  "scan-96, scan-128, fma-scan, token-order, fp32-states, fp32-front, split-solve, fp32-qk, "
-                 "products-then-scan, recompute-front, state-gemms or aten, got \""
+                 "products-then-scan, recompute-front, state-gemms, dv-in-tail or aten, got \""
               << a.gdr_scan << "\"\n";
     return 2;
   }
@@ -137,6 +138,9 @@ int bench_train(const BenchTrainArgs& a) {
   // state-gemms: the backward's products with the chunk states (dP_raw, dQg, dW, dKd, the decay's
   // row dot) as four batched GEMMs and a row dot instead of one kernel (model::gdr_fuse_state_grads).
   model::gdr_fuse_state_grads(a.gdr_scan != "state-gemms");
+  // dv-in-tail: v's gradient from dRu in the backward's tail instead of in the solve's backward
+  // (model::gdr_dv_in_solve).
+  model::gdr_dv_in_solve(a.gdr_scan != "dv-in-tail");
   const auto variant = scan_variants.find(a.gdr_scan);
   model::gdr_scan_variant(variant != scan_variants.end() ? variant->second : kernels::kGdrScanAuto);
   const std::string tmp = storage::files::make_temp_dir("deltadeck-bench");

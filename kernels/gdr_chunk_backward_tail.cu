@@ -16,7 +16,8 @@
 //           nine k-blocks per strip whichever strip; the epilogue adds e dQg, b e dRw and κ dKd
 //           read at the fragments' positions, writes rows below the chunk's length to the token
 //           layout, and sums dRw ⊙ K, dQg ⊙ Q and dKd ⊙ K per row;
-//   dv      dv = b dRu and Σ(dRu ⊙ V) per row, a warp per row;
+//   dv      dv = b dRu and Σ(dRu ⊙ V) per row, a warp per row; or Σ(dRu ⊙ V) read from
+//           dbeta_v where the solve's backward took dRu's part (and wrote dv);
 //   rows    dβ, dγ, and dg as the reverse cumsum of dγ.
 // The other products are split-TF32 mma.sync (kernels/gdr_chunk_mma.cuh), skipping the products
 // with a bf16 or fp16 operand's zero remainder. (dS and dPm rounded to TF32 instead of split, as
@@ -60,17 +61,6 @@ __host__ __device__ constexpr int smem_bytes(int dk, int qk_bytes) {
 }
 static_assert(smem_bytes(128, 2) == 72704 && smem_bytes(128, 4) == 105472, "71 KiB and 103 KiB at dk = 128");
 
-// Two consecutive elements of a row, stored as T.
-template <typename T>
-__device__ __forceinline__ void store2(T* p, float x, float y) {
-  p[0] = from_f32<T>(x);
-  p[1] = from_f32<T>(y);
-}
-template <>
-__device__ __forceinline__ void store2<float>(float* p, float x, float y) {
-  *reinterpret_cast<float2*>(p) = make_float2(x, y);
-}
-
 // Tiles per pass when a warp covers n 8-column tiles: n itself up to 4, else the largest of 4, 3, 2
 // that divides n (no pass computes clamped tiles it does not store), else 4.
 __device__ __forceinline__ int pass_tiles(int n) {
@@ -79,18 +69,6 @@ __device__ __forceinline__ int pass_tiles(int n) {
     if (n % w == 0) return w;
   }
   return 4;
-}
-
-// Sum over the 4 lanes of a fragment row group (lanes 4g .. 4g + 3).
-__device__ __forceinline__ float sum_over_t(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-// Sum over the 8 row groups of a fragment column (lanes t, t + 4, ..., t + 28).
-__device__ __forceinline__ float sum_over_g(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 4);
-  x += __shfl_xor_sync(0xffffffffu, x, 8);
-  return x + __shfl_xor_sync(0xffffffffu, x, 16);
 }
 
 template <typename T, typename TV, int VW>
@@ -313,7 +291,9 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
   // the row's pieces lane, lane + 32, ...; a row's sum is the warp's, so no atomics. (A flat loop
   // over pieces with a shared atomic per piece serialised on the row's address when rows are not
   // a multiple of 32 pieces long: 60k cycles per block at dv = 192.)
-  {
+  if (a.dbeta_v != nullptr) {
+    if (tid < kC) ru_v[tid] = a.dbeta_v[r * kC + tid];
+  } else {
     const TV* v = static_cast<const TV*>(a.v);
     TV* dvv = static_cast<TV*>(a.dv);
     const int64_t v_stride = a.v_token_stride != 0 ? a.v_token_stride : l.H * dv;

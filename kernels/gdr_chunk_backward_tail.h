@@ -6,7 +6,7 @@
 //   dA = −strict_lower(dA_raw),  dS = dA ⊙ b_i ⊙ D,  dPm = s · lower(dP_raw) ⊙ D
 //   dq = dPm K + e ⊙ dQg
 //   dk = (dS + dSᵀ) K + dPmᵀ Q + b e ⊙ dRw + κ ⊙ dKd
-//   dv = b ⊙ dRu
+//   dv = b ⊙ dRu                  (or taken by the solve's backward, see dbeta_v)
 //   dβ = Σ_j dA S D + e Σ(dRw ⊙ K) + Σ(dRu ⊙ V)
 //   dγ = rowsum(Z) − colsum(Z) + b e Σ(dRw ⊙ K) + e Σ(dQg ⊙ Q) − κ Σ(dKd ⊙ K), Z = dS ⊙ S + dPm ⊙ QK,
 //        and dγ_last += Σ_i κ_i Σ(dKd ⊙ K)_i + ddecay · decay;  dg = reverse cumsum of dγ.
@@ -34,7 +34,10 @@ struct GdrChunkBackwardTailArgs {
   const float* dP_raw = nullptr;  // [N, H, C, C] or null (no output gradient)
   const float* dQg = nullptr;     // [N, H, C, dk] or null (no output gradient)
   const float* dRw = nullptr;     // [N, H, C, dk]
-  const float* dRu = nullptr;     // [N, H, C, dv]
+  const float* dRu = nullptr;     // [N, H, C, dv]; unused when dbeta_v is set
+  // When set, the solve's backward has taken dRu's part (GdrChunkSolveBackwardArgs::dv): it wrote
+  // dv, and dbeta_v [N, H, C] holds Σ_c dRu ⊙ V per chunk row. v, dRu and dv are then not touched.
+  const float* dbeta_v = nullptr;
   const float* dKd = nullptr;     // [N, H, C, dk]
   const float* ddecay = nullptr;  // [N, H]
   void* dq = nullptr;             // [tokens, H, dk], dtype in_qk

@@ -45,6 +45,24 @@ __device__ __forceinline__ void store_n(T* p, const float* in) {
   }
 }
 
+// Two consecutive elements of a row, the first at an even element offset, stored as T: one 4-byte
+// store for a 16-bit T, one 8-byte store for fp32 (two 2-byte stores cost the backward's tail and
+// the solve's backward their token-layout writes twice over).
+template <typename T>
+__device__ __forceinline__ void store2(T* p, float x, float y);
+template <>
+__device__ __forceinline__ void store2<float>(float* p, float x, float y) {
+  *reinterpret_cast<float2*>(p) = make_float2(x, y);
+}
+template <>
+__device__ __forceinline__ void store2<__nv_bfloat16>(__nv_bfloat16* p, float x, float y) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
+}
+template <>
+__device__ __forceinline__ void store2<__half>(__half* p, float x, float y) {
+  *reinterpret_cast<__half2*>(p) = __floats2half2_rn(x, y);
+}
+
 // A chunk-layout output written in fp32, or rounded to bf16 when `bf16` is set (the same values in
 // half the bytes, for consumers that read bf16). The flag is the same for the whole launch, so the
 // branch costs nothing but the test.

@@ -259,5 +259,17 @@ __device__ __forceinline__ void store_strip(float* dst, int64_t pitch, int m0, i
   }
 }
 
+// Sum over the 4 lanes of a fragment row group (lanes 4g .. 4g + 3): a row's part of a tile.
+__device__ __forceinline__ float sum_over_t(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+// Sum over the 8 row groups of a fragment column (lanes t, t + 4, ..., t + 28).
+__device__ __forceinline__ float sum_over_g(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 4);
+  x += __shfl_xor_sync(0xffffffffu, x, 8);
+  return x + __shfl_xor_sync(0xffffffffu, x, 16);
+}
+
 }  // namespace gdr_chunk_mma
 }  // namespace kernels

@@ -9,6 +9,9 @@
 //           triangular, so strip mt takes the k-steps from its diagonal block on);
 //   V panels for each panel of up to 128 columns of dU and V: the same two jobs, dTm += (dU Vᵀ)
 //           diag(b) into the same tiles (the same warp, in panel order: deterministic) and dRu;
+//           or, with GdrChunkSolveBackwardArgs::dv set, what the backward's tail would take from
+//           dRu: dv = b dRu in the token layout and Σ dRu ⊙ V per row, from the V panel staged
+//           for dTm (each row's sum in two parts, each part one warp's, added in a fixed order);
 //   X       X = dTm Tmᵀ on the lower block triangle (the rows dA needs), 8 warps;
 //   dA      dA_raw = Tmᵀ X on the lower block triangle, written with zeros at and above the
 //           diagonal.
@@ -41,7 +44,7 @@ constexpr int kTPitch = kC + 4;     // rows of Tm and dTm (read as [m][k] and [n
 constexpr int kGPitch = kPanel + 8;  // rows of dW, dU (read as [m][k] and [k][n]); X (as [k][n])
 constexpr int kBPitch = kPanel + 4;  // rows of K, V (read as [n][k])
 
-constexpr int kSmemFloats = 2 * kC * kTPitch + kC * kGPitch + kC * kBPitch + 2 * kC;
+constexpr int kSmemFloats = 2 * kC * kTPitch + kC * kGPitch + kC * kBPitch + 4 * kC;
 
 // Copies rows × width floats (width a multiple of 4) from global memory (row stride ld) into shared
 // rows of `pitch` by 16-byte cp.async.
@@ -65,6 +68,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
   float* B_s = G_s + kC * kGPitch;     // K, then V panels [C][kBPitch]
   float* b_s = B_s + kC * kBPitch;
   float* be_s = b_s + kC;
+  float* ru_v_s = be_s + kC;  // [2][C]: Σ dRu ⊙ V per row, the parts of warps 4–5 and 6–7
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;
@@ -81,6 +85,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
   __shared__ float gam_s[kC];
   stage_gates(a.g, a.beta, start, len, l.H, h, gam_s, b_s);
   if (tid < kC) be_s[tid] = b_s[tid] * expf(gam_s[tid]);
+  if (tid < 2 * kC) ru_v_s[tid] = 0.f;
 
   // K, or a panel of V, into B_s as fp32.
   auto load_rows = [&](const auto* src, int64_t token_stride, int64_t col0, int width) {
@@ -126,10 +131,10 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
     }
   };
 
-  // Warps 4–7: Tmᵀ G_s for `width` columns into dst (row stride pitch). Strip mt takes the k-steps
-  // from 16 mt on; warp 4 + w' takes strips w' % 2 and 3 − w' % 2 (10 k-steps together) on every
-  // second 8-column tile from w' / 2.
-  auto tm_t_product = [&](int width, float* dst, int64_t pitch) {
+  // Warps 4–7: Tmᵀ G_s for `width` columns, each result pair (i, c), (i, c + 1) to store(i, c, x, y)
+  // (called by the whole warp). Strip mt takes the k-steps from 16 mt on; warp 4 + w' takes strips
+  // w' % 2 and 3 − w' % 2 (10 k-steps together) on every second 8-column tile from w' / 2.
+  auto tm_t_product = [&](int width, auto store) {
     const int w4 = warp - 4, p = w4 % 2, tile0 = w4 / 2, n_all = (width / 8 - tile0 + 1) / 2;
     for (int strip = 0; strip < 2; ++strip) {
       const int mt = strip == 0 ? p : 3 - p;
@@ -144,17 +149,21 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
         for (int nt = 0; nt < 4; ++nt) {
           if (nt >= n_tiles) continue;
           const int c = col(nt) + 2 * t;
-          *reinterpret_cast<float2*>(dst + (16 * mt + g) * pitch + c) = make_float2(acc[nt][0], acc[nt][1]);
-          *reinterpret_cast<float2*>(dst + (16 * mt + g + 8) * pitch + c) = make_float2(acc[nt][2], acc[nt][3]);
+          store(16 * mt + g, c, acc[nt][0], acc[nt][1]);
+          store(16 * mt + g + 8, c, acc[nt][2], acc[nt][3]);
         }
       }
     }
   };
 
+  // Rows of the chunk layout [C][ld] from dst.
+  auto store_rows = [&](float* dst, int64_t ld) {
+    return [=](int i, int c, float x, float y) { *reinterpret_cast<float2*>(dst + i * ld + c) = make_float2(x, y); };
+  };
   if (warp < 4) {
     dTm_part(std::integral_constant<bool, kKExact>{}, dk, be_s, true);
   } else {
-    tm_t_product(dk, a.dRw + r * kC * dk, dk);
+    tm_t_product(dk, store_rows(a.dRw + r * kC * dk, dk));
   }
 
   const TV* v = static_cast<const TV*>(a.v);
@@ -169,11 +178,21 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
     __syncthreads();
     if (warp < 4) {
       dTm_part(std::integral_constant<bool, kVExact>{}, pw, b_s, false);
+    } else if (a.dv == nullptr) {
+      tm_t_product(pw, store_rows(a.dRu + r * kC * dv + p0, dv));
     } else {
-      tm_t_product(pw, a.dRu + r * kC * dv + p0, dv);
+      // dv = b dRu for the chunk's rows, and this warp's part of Σ dRu ⊙ V (V is B_s's panel).
+      TV* dv_out = static_cast<TV*>(a.dv) + h * dv + p0;
+      float* part = ru_v_s + ((warp - 4) / 2) * kC;
+      tm_t_product(pw, [&](int i, int c, float x, float y) {
+        const float s = sum_over_t(x * B_s[i * kBPitch + c] + y * B_s[i * kBPitch + c + 1]);
+        if (t == 0) part[i] += s;
+        if (i < len) store2(dv_out + (start + i) * l.H * dv + c, b_s[i] * x, b_s[i] * y);
+      });
     }
   }
   __syncthreads();
+  if (a.dv != nullptr && tid < kC) a.dbeta_v[r * kC + tid] = ru_v_s[tid] + ru_v_s[kC + tid];
 
   // X = dTm Tmᵀ on the lower block triangle: strip mt has 2 mt + 2 tiles, warp w takes half of
   // strip w % 4's; dTm's strip mt is zero from column 16 (mt + 1) on.
@@ -217,6 +236,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
 int gdr_chunk_solve_backward(const GdrChunkList& l, const GdrChunkSolveBackwardArgs& a, void* stream) {
   // cp.async moves Tm, dW and dU in 16-byte pieces.
   if (!aligned_to(16, a.Tm, a.dW, a.dU)) return static_cast<int>(cudaErrorInvalidValue);
+  if (a.dv != nullptr ? a.dbeta_v == nullptr : a.dRu == nullptr) return static_cast<int>(cudaErrorInvalidValue);
   const bool vec = vectorizable(l, a.in_qk, a.in_v, {a.dRw, a.dRu}, {a.k}, {a.v}, a.v_token_stride);
   return launch_fused(
       l, a.in_qk, a.in_v, vec, kThreads, sizeof(float) * static_cast<size_t>(kSmemFloats), stream,

@@ -3,6 +3,7 @@
 //   dRw = Tmᵀ dW,   dRu = Tmᵀ dU
 //   dTm = dW R_wᵀ + dU R_uᵀ = (dW Kᵀ) diag(b e) + (dU Vᵀ) diag(b)
 //   dA_raw = Tmᵀ dTm Tmᵀ
+// and, on request, dRu's two uses in the tail: dv = b ⊙ dRu and Σ dRu ⊙ V (dβ's term).
 // which model/gdr_chunk_core.cpp otherwise takes as six batched products (the reference, and the
 // path for sizes this kernel does not take). R_w and R_u are rebuilt from k, v and the gates. Only
 // dA_raw's strictly lower triangle is used (dA = −strict_lower(dA_raw)), and only that is computed:
@@ -27,7 +28,13 @@ struct GdrChunkSolveBackwardArgs {
   const float* dU = nullptr;  // [N, H, C, dv]
   float* dA_raw = nullptr;    // [N, H, C, C]: the strictly lower triangle is written, nothing else
   float* dRw = nullptr;       // [N, H, C, dk]
-  float* dRu = nullptr;       // [N, H, C, dv]
+  float* dRu = nullptr;       // [N, H, C, dv]; not written (may be null) when dv is set
+  // When set: instead of dRu, what the backward's tail takes from it (kernels/gdr_chunk_backward_tail.h,
+  // GdrChunkBackwardTailArgs::dbeta_v): v's gradient dv = b ⊙ dRu in the token layout
+  // ([tokens, H, dv], dtype in_v, contiguous) and Σ_c dRu ⊙ V per chunk row into dbeta_v [N, H, C].
+  // dRu itself (134 MB at bench gdr's shape) is then neither written nor read.
+  void* dv = nullptr;
+  float* dbeta_v = nullptr;
   // Every product in TF32, one mma each, where the fp32 operands are split in two TF32 parts
   // otherwise (16-bit training's mode; about 2⁻¹¹ relative per product); with 16-bit k and v of one
   // type only (kernels/gdr_chunk_stage.cuh), else ignored.
@@ -36,7 +43,7 @@ struct GdrChunkSolveBackwardArgs {
 
 #ifdef DD_HAVE_CUDA
 // Returns the cudaError_t of the launch (0 = success); cudaErrorInvalidValue for sizes
-// gdr_chunk_fused_supports refuses.
+// gdr_chunk_fused_supports refuses, or for dv without dbeta_v, or neither dv nor dRu.
 int gdr_chunk_solve_backward(const GdrChunkList& l, const GdrChunkSolveBackwardArgs& a, void* stream);
 #endif
 

@@ -44,6 +44,7 @@ std::atomic<bool> g_use_fused_kernels{true};
 std::atomic<bool> g_bf16_front{true};
 std::atomic<bool> g_tf32_chunk_products{true};
 std::atomic<bool> g_save_front{true};
+std::atomic<bool> g_dv_in_solve{true};
 std::atomic<int64_t> g_front_recomputes{0};
 
 torch::Tensor col(const torch::Tensor& x) { return x.unsqueeze(-1); }  // [N,H,C] -> [N,H,C,1]
@@ -392,40 +393,55 @@ ForwardFront forward_front_kernel(const Ctx& c, const KernelInputs& ki, bool wit
   return f;
 }
 
-// dA_raw, dRw, dRu from Tm, dW and dU in one kernel (kernels/gdr_chunk_solve_backward.h). dA_raw
+// dA_raw, dRw and dRu from Tm, dW and dU in one kernel (kernels/gdr_chunk_solve_backward.h). dA_raw
 // holds its strictly lower triangle (all the masks' backward reads) and zeros above it within the
-// diagonal blocks; the blocks above those are left unwritten.
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> solve_backward_kernel(const Ctx& c, const KernelInputs& ki,
-                                                                              const torch::Tensor& Tm,
-                                                                              const torch::Tensor& dW,
-                                                                              const torch::Tensor& dU, bool tf32) {
+// diagonal blocks; the blocks above those are left unwritten. With take_dv the kernel writes, instead
+// of dRu, v's gradient dv = b ⊙ dRu (contiguous, v's dtype) and dbeta_v = Σ dRu ⊙ V per chunk row,
+// which the tail then takes in place of dRu.
+struct SolveGrads {
+  torch::Tensor dA_raw, dRw, dRu, dv, dbeta_v;
+};
+SolveGrads solve_backward_kernel(const Ctx& c, const KernelInputs& ki, const torch::Tensor& Tm, const torch::Tensor& dW,
+                                 const torch::Tensor& dU, bool tf32, bool take_dv) {
   auto Tm_c = Tm.contiguous(), dW_c = dW.contiguous(), dU_c = dU.contiguous();
-  auto dA_raw = torch::empty_like(Tm_c), dRw = torch::empty_like(dW_c), dRu = torch::empty_like(dU_c);
+  SolveGrads out;
+  out.dA_raw = torch::empty_like(Tm_c);
+  out.dRw = torch::empty_like(dW_c);
   kernels::GdrChunkSolveBackwardArgs a;
   ki.point(a);
   a.Tm = Tm_c.data_ptr<float>();
   a.dW = dW_c.data_ptr<float>();
   a.dU = dU_c.data_ptr<float>();
-  a.dA_raw = dA_raw.data_ptr<float>();
-  a.dRw = dRw.data_ptr<float>();
-  a.dRu = dRu.data_ptr<float>();
+  a.dA_raw = out.dA_raw.data_ptr<float>();
+  a.dRw = out.dRw.data_ptr<float>();
+  if (take_dv) {
+    out.dv = torch::empty(ki.v.sizes(), ki.v.options());  // contiguous, whatever v's layout
+    out.dbeta_v = torch::empty({c.l.n_chunks, c.H, c.l.C}, Tm_c.options());
+    a.dv = out.dv.data_ptr();
+    a.dbeta_v = out.dbeta_v.data_ptr<float>();
+  } else {
+    out.dRu = torch::empty_like(dU_c);
+    a.dRu = out.dRu.data_ptr<float>();
+  }
   a.tf32_products = tf32;
-  check_kernel_launch(kernels::gdr_chunk_solve_backward(chunk_list(c), a, stream_of(dA_raw)),
+  check_kernel_launch(kernels::gdr_chunk_solve_backward(chunk_list(c), a, stream_of(out.dA_raw)),
                       "gated delta rule solve backward");
-  return {dA_raw, dRw, dRu};
+  return out;
 }
 
 // The input gradients from the solve's and the output products' gradients in one kernel
-// (kernels/gdr_chunk_backward_tail.h). dP_raw and dQg may be undefined (no output gradient).
-variable_list backward_tail_kernel(const Ctx& c, const KernelInputs& ki, double scale, const torch::Tensor& dA_raw,
-                                   const torch::Tensor& dP_raw, const torch::Tensor& dQg, const torch::Tensor& dRw,
-                                   const torch::Tensor& dRu, const torch::Tensor& dKd, const torch::Tensor& ddecay,
-                                   const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                   const torch::Tensor& beta, const torch::Tensor& g) {
+// (kernels/gdr_chunk_backward_tail.h). dP_raw and dQg may be undefined (no output gradient). Where
+// the solve's backward took dRu's part (sg.dv defined), the tail takes dbeta_v and returns sg.dv.
+variable_list backward_tail_kernel(const Ctx& c, const KernelInputs& ki, double scale, const SolveGrads& sg,
+                                   const torch::Tensor& dP_raw, const torch::Tensor& dQg, const torch::Tensor& dKd,
+                                   const torch::Tensor& ddecay, const torch::Tensor& q, const torch::Tensor& k,
+                                   const torch::Tensor& v, const torch::Tensor& beta, const torch::Tensor& g) {
   auto dq = torch::empty_like(ki.q), dk = torch::empty_like(ki.k);
-  auto dv = torch::empty(ki.v.sizes(), ki.v.options());  // contiguous, whatever v's layout
+  const bool dv_given = sg.dv.defined();
+  auto dv = dv_given ? sg.dv : torch::empty(ki.v.sizes(), ki.v.options());  // contiguous, whatever v's layout
   auto dbeta = torch::empty_like(ki.beta), dg = torch::empty_like(ki.g);
-  auto dA_c = dA_raw.contiguous(), dRw_c = dRw.contiguous(), dRu_c = dRu.contiguous(), dKd_c = dKd.contiguous();
+  auto dA_c = sg.dA_raw.contiguous(), dRw_c = sg.dRw.contiguous(), dKd_c = dKd.contiguous();
+  auto dRu_c = dv_given ? torch::Tensor() : sg.dRu.contiguous();
   auto ddecay_c = ddecay.contiguous();
   auto dP_c = dP_raw.defined() ? dP_raw.contiguous() : dP_raw, dQg_c = dQg.defined() ? dQg.contiguous() : dQg;
   kernels::GdrChunkBackwardTailArgs a;
@@ -436,7 +452,8 @@ variable_list backward_tail_kernel(const Ctx& c, const KernelInputs& ki, double 
   a.dP_raw = dP_c.defined() ? dP_c.data_ptr<float>() : nullptr;
   a.dQg = dQg_c.defined() ? dQg_c.data_ptr<float>() : nullptr;
   a.dRw = dRw_c.data_ptr<float>();
-  a.dRu = dRu_c.data_ptr<float>();
+  a.dRu = dv_given ? nullptr : dRu_c.data_ptr<float>();
+  a.dbeta_v = dv_given ? sg.dbeta_v.data_ptr<float>() : nullptr;
   a.dKd = dKd_c.data_ptr<float>();
   a.ddecay = ddecay_c.data_ptr<float>();
   a.dq = dq.data_ptr();
@@ -688,9 +705,8 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     variable_list dx;
 #if defined(DD_HAVE_CUDA)
     if (fused) {
-      torch::Tensor dA_raw;
-      std::tie(dA_raw, u.dRw, u.dRu) = solve_backward_kernel(c, f.ki, Tm, dW, dU, sd["tf32_chunk"].toBool());
-      dx = backward_tail_kernel(c, f.ki, s, dA_raw, dP_raw, dQg, u.dRw, u.dRu, u.dKd, u.ddecay, q, k, v, beta, g);
+      const auto solved = solve_backward_kernel(c, f.ki, Tm, dW, dU, sd["tf32_chunk"].toBool(), g_dv_in_solve);
+      dx = backward_tail_kernel(c, f.ki, s, solved, dP_raw, dQg, u.dKd, u.ddecay, q, k, v, beta, g);
     }
 #endif
     if (!fused) {
@@ -739,6 +755,8 @@ void gdr_use_fused_kernels(bool on) { g_use_fused_kernels = on; }
 void gdr_bf16_front(bool on) { g_bf16_front = on; }
 
 void gdr_save_front(bool on) { g_save_front = on; }
+
+void gdr_dv_in_solve(bool on) { g_dv_in_solve = on; }
 
 int64_t gdr_front_recomputes() { return g_front_recomputes.load(); }
 

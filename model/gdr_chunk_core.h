@@ -71,4 +71,10 @@ void gdr_tf32_chunk_products(bool on);
 void gdr_save_front(bool on);
 int64_t gdr_front_recomputes();
 
+// Process-wide switch (default on), for benchmarks and tests: with the fused kernels, the solve's
+// backward writes v's gradient and Σ dRu ⊙ V itself instead of dRu (fp32 [N, H, C, dv]) for the
+// backward's tail to read (kernels/gdr_chunk_solve_backward.h). The same values either way, up to
+// the order of one per-row sum.
+void gdr_dv_in_solve(bool on);
+
 }  // namespace model

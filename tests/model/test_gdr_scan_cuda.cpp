@@ -757,8 +757,8 @@ TEST(GdrScanCuda, SavedFrontMatchesTheRecompute) {
 // The fused kernels against the separate launches they replace, through the whole op: the
 // forward's front (kernels/gdr_chunk_front.h; the output and final state read its W, U, Kd, Qg, P
 // and decay, every gradient its Tm and W) and the backward through the solve
-// (kernels/gdr_chunk_solve_backward.h; every input gradient reads its dA_raw, dRw and dRu). Sizes
-// they take: C = 64, dk a multiple of 16 up to 128, dv a multiple of 16 (in panels of 128 columns:
+// (kernels/gdr_chunk_solve_backward.h; every input gradient reads its dA_raw, dRw and dRu, or v's
+// gradient is its own with model::gdr_dv_in_solve, the default, tested on and off). Sizes they take: C = 64, dk a multiple of 16 up to 128, dv a multiple of 16 (in panels of 128 columns:
 // 256 takes two).
 TEST(GdrScanCuda, FusedKernelsMatchSeparateOnes) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
@@ -779,9 +779,14 @@ TEST(GdrScanCuda, FusedKernelsMatchSeparateOnes) {
     model::gdr_use_fused_kernels(false);
     const auto want = r.run();
     model::gdr_use_fused_kernels(true);
-    const auto got = r.run();
-    std::printf("[gdr_chunk] fused vs separate kernels, %s: worst %.1e\n", c.name().c_str(),
-                expect_runs_match(c, got, want));
+    // v's gradient from the solve's backward (the default) and from the tail.
+    for (const bool dv_in_solve : {true, false}) {
+      model::gdr_dv_in_solve(dv_in_solve);
+      const auto got = r.run();
+      std::printf("[gdr_chunk] fused (dv in the %s) vs separate kernels, %s: worst %.1e\n",
+                  dv_in_solve ? "solve" : "tail", c.name().c_str(), expect_runs_match(c, got, want));
+    }
+    model::gdr_dv_in_solve(true);
   }
 }
 
