@@ -142,8 +142,9 @@ int bench_gdr(const BenchGdrArgs& a) {
   // the fused front's outputs kept in fp32 instead of bf16, dO's products into the reverse scan's
   // inputs run before it instead of inside it, the backward recomputing the front's Kd, Qg, P
   // and decay instead of reading the forward's, and the products with the states after the reverse
-  // scan as four batched GEMMs and a row dot instead of one kernel, and v's gradient taken from dRu
-  // in the tail instead of in the solve's backward.
+  // scan as four batched GEMMs and a row dot instead of one kernel, v's gradient taken from dRu
+  // in the tail instead of in the solve's backward, and the backward's dQg, dKd, dW and dRw in fp32
+  // instead of bf16.
   struct Mode {
     const char* name;
     bool kernels;
@@ -158,6 +159,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     bool recompute_front = false;      // the backward recomputes the front's Kd, Qg, P, decay (model::gdr_save_front)
     bool state_grads_apart = false;    // the products with the states as four GEMMs and a row dot (model::gdr_fuse_state_grads)
     bool dv_in_tail = false;           // v's gradient from dRu in the tail, not in the solve's backward (model::gdr_dv_in_solve)
+    bool fp32_chunk_grads = false;     // dQg, dKd, dW, dRw in fp32, not bf16 (model::gdr_bf16_chunk_grads)
   };
   const char* other_products = tf32_default ? "kernels, split-TF32 scan" : "kernels, TF32 scan";
   const std::vector<Mode> modes =
@@ -176,6 +178,8 @@ int bench_gdr(const BenchGdrArgs& a) {
                                          false, false, false, false, true},
                                         {"kernels, dv in tail", true, true, kernels::kGdrScanAuto, true, false, false,
                                          false, false, false, false, false, true},
+                                        {"kernels, fp32 grads", true, true, kernels::kGdrScanAuto, true, false, false,
+                                         false, false, false, false, false, false, true},
                                         {"kernels, unfused", true, false, kernels::kGdrScanAuto},
                                         {"kernels, 64-col GEMMs", true, true, kernels::kGdrScanAuto, false},
                                         {"kernels, 32-col scan", true, true, kernels::kGdrScanTensorCores32},
@@ -198,6 +202,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     model::gdr_save_front(!mode.recompute_front);
     model::gdr_fuse_state_grads(!mode.state_grads_apart);
     model::gdr_dv_in_solve(!mode.dv_in_tail);
+    model::gdr_bf16_chunk_grads(!mode.fp32_chunk_grads);
     const bool tf32_scan = mode.other_scan_products ? !tf32_default : tf32_default;
     auto forward = [&] {
       torch::NoGradGuard no_grad;
@@ -249,6 +254,7 @@ int bench_gdr(const BenchGdrArgs& a) {
   model::gdr_save_front(true);
   model::gdr_fuse_state_grads(true);
   model::gdr_dv_in_solve(true);
+  model::gdr_bf16_chunk_grads(true);
   model::bmm_fp32_wide_tiles(true);
   model::gdr_use_fused_kernels(true);
   model::gdr_use_kernels(true);

@@ -62,10 +62,10 @@ int bench_train(const BenchTrainArgs& a) {
       a.gdr_scan != "token-order" && a.gdr_scan != "fp32-states" && a.gdr_scan != "fp32-front" &&
       a.gdr_scan != "split-solve" && a.gdr_scan != "fp32-qk" && a.gdr_scan != "products-then-scan" &&
       a.gdr_scan != "recompute-front" && a.gdr_scan != "state-gemms" &&
-      a.gdr_scan != "dv-in-tail" && scan_variants.count(a.gdr_scan) == 0) {
+      a.gdr_scan != "dv-in-tail" && a.gdr_scan != "fp32-grads" && scan_variants.count(a.gdr_scan) == 0) {
     std::cerr << "deltadeck: bench train: --gdr-scan: expected kernel, unfused, narrow-products, narrow-scan, scan-64, "
                  "scan-96, scan-128, fma-scan, token-order, fp32-states, fp32-front, split-solve, fp32-qk, "
-                 "products-then-scan, recompute-front, state-gemms, dv-in-tail or aten, got \""
+                 "products-then-scan, recompute-front, state-gemms, dv-in-tail, fp32-grads or aten, got \""
               << a.gdr_scan << "\"\n";
     return 2;
   }
@@ -141,6 +141,9 @@ int bench_train(const BenchTrainArgs& a) {
   // dv-in-tail: v's gradient from dRu in the backward's tail instead of in the solve's backward
   // (model::gdr_dv_in_solve).
   model::gdr_dv_in_solve(a.gdr_scan != "dv-in-tail");
+  // fp32-grads: the fused backward's dQg, dKd, dW and dRw in fp32 instead of bf16
+  // (model::gdr_bf16_chunk_grads).
+  model::gdr_bf16_chunk_grads(a.gdr_scan != "fp32-grads");
   const auto variant = scan_variants.find(a.gdr_scan);
   model::gdr_scan_variant(variant != scan_variants.end() ? variant->second : kernels::kGdrScanAuto);
   const std::string tmp = storage::files::make_temp_dir("deltadeck-bench");

@@ -14,7 +14,7 @@
 //   dq, dk  warp w takes row strip w % 4 and half the columns: dq = dPm K (k-steps left of the
 //           diagonal block), dk = (dS + dSᵀ) K (all k-steps) + dPmᵀ Q (from the diagonal block on),
 //           nine k-blocks per strip whichever strip; the epilogue adds e dQg, b e dRw and κ dKd
-//           read at the fragments' positions, writes rows below the chunk's length to the token
+//           read at the fragments' positions (fp32, or bf16 with bf16_grads), writes rows below the chunk's length to the token
 //           layout, and sums dRw ⊙ K, dQg ⊙ Q and dKd ⊙ K per row;
 //   dv      dv = b dRu and Σ(dRu ⊙ V) per row, a warp per row; or Σ(dRu ⊙ V) read from
 //           dbeta_v where the solve's backward took dRu's part (and wrote dv);
@@ -61,6 +61,16 @@ __host__ __device__ constexpr int smem_bytes(int dk, int qk_bytes) {
 }
 static_assert(smem_bytes(128, 2) == 72704 && smem_bytes(128, 4) == 105472, "71 KiB and 103 KiB at dk = 128");
 
+// Elements at, at + 1 (at even) of a chunk-layout input in fp32, or in bf16 (kBf16).
+template <bool kBf16>
+__device__ __forceinline__ float2 load_pair(const void* base, int64_t at) {
+  if constexpr (kBf16) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(static_cast<const __nv_bfloat16*>(base) + at));
+  } else {
+    return *reinterpret_cast<const float2*>(static_cast<const float*>(base) + at);
+  }
+}
+
 // Tiles per pass when a warp covers n 8-column tiles: n itself up to 4, else the largest of 4, 3, 2
 // that divides n (no pass computes clamped tiles it does not store), else 4.
 __device__ __forceinline__ int pass_tiles(int n) {
@@ -71,7 +81,9 @@ __device__ __forceinline__ int pass_tiles(int n) {
   return 4;
 }
 
-template <typename T, typename TV, int VW>
+// kBf16Grads: dQg, dRw and dKd in bf16 (GdrChunkBackwardTailArgs::bf16_grads; instantiated for q, k
+// and v of one 16-bit type only, the 16-bit training path).
+template <typename T, typename TV, int VW, bool kBf16Grads>
 __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(GdrChunkList l,
                                                                              GdrChunkBackwardTailArgs a) {
   // Inputs given in bf16 or fp16 are TF32 values: their products skip the remainders' terms, and
@@ -230,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const int i = m0 + g + 8 * hr;
-          const float2 qg = a.dQg != nullptr ? *reinterpret_cast<const float2*>(a.dQg + (r * kC + i) * dk + c)
+          const float2 qg = a.dQg != nullptr ? load_pair<kBf16Grads>(a.dQg, (r * kC + i) * dk + c)
                                              : make_float2(0.f, 0.f);
           sqg[hr] += qg.x * to_f32(Q_s[i * pk + c]) + qg.y * to_f32(Q_s[i * pk + c + 1]);
           if (i < len) {
@@ -263,8 +275,8 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
         for (int hr = 0; hr < 2; ++hr) {
           const int i = m0 + g + 8 * hr;
           const int64_t row = (r * kC + i) * dk + c;
-          const float2 rw = *reinterpret_cast<const float2*>(a.dRw + row);
-          const float2 kd = *reinterpret_cast<const float2*>(a.dKd + row);
+          const float2 rw = load_pair<kBf16Grads>(a.dRw, row);
+          const float2 kd = load_pair<kBf16Grads>(a.dKd, row);
           const float k0v = to_f32(K_s[i * pk + c]), k1v = to_f32(K_s[i * pk + c + 1]);
           srw[hr] += rw.x * k0v + rw.y * k1v;
           skd[hr] += kd.x * k0v + kd.y * k1v;
@@ -364,14 +376,17 @@ int gdr_chunk_backward_tail(const GdrChunkList& l, const GdrChunkBackwardTailArg
   if (!aligned_to(8, a.dRw, a.dKd, a.dQg) || !aligned_to(16, a.dA_raw, a.dP_raw)) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
+  // bf16 dQg, dRw and dKd only beside q, k and v of one 16-bit type (launch_fused's second variant).
+  if (a.bf16_grads && (a.in_qk != a.in_v || a.in_qk == DType::F32)) return static_cast<int>(cudaErrorInvalidValue);
   const bool vec = vectorizable(l, a.in_qk, a.in_v, {a.dRu}, {a.q, a.k}, {a.v, a.dv}, a.v_token_stride);
   const size_t smem = static_cast<size_t>(smem_bytes(static_cast<int>(l.dk), elem_bytes(a.in_qk)));
   return launch_fused(
       l, a.in_qk, a.in_v, vec, kThreads, smem, stream,
-      [](auto qk, auto v, auto w, auto) {
-        return gdr_chunk_backward_tail_kernel<decltype(qk), decltype(v), decltype(w)::value>;
+      [](auto qk, auto v, auto w, auto bf16_grads) {
+        return gdr_chunk_backward_tail_kernel<decltype(qk), decltype(v), decltype(w)::value,
+                                              decltype(bf16_grads)::value>;
       },
-      a);
+      a, a.bf16_grads);
 }
 
 }  // namespace kernels

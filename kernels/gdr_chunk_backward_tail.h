@@ -32,24 +32,27 @@ struct GdrChunkBackwardTailArgs {
   float scale = 1.f;
   const float* dA_raw = nullptr;  // [N, H, C, C]: only the strictly lower triangle is read
   const float* dP_raw = nullptr;  // [N, H, C, C] or null (no output gradient)
-  const float* dQg = nullptr;     // [N, H, C, dk] or null (no output gradient)
-  const float* dRw = nullptr;     // [N, H, C, dk]
+  const void* dQg = nullptr;      // [N, H, C, dk] or null (no output gradient); fp32 or bf16 (bf16_grads)
+  const void* dRw = nullptr;      // [N, H, C, dk]; fp32 or bf16 (bf16_grads)
   const float* dRu = nullptr;     // [N, H, C, dv]; unused when dbeta_v is set
   // When set, the solve's backward has taken dRu's part (GdrChunkSolveBackwardArgs::dv): it wrote
   // dv, and dbeta_v [N, H, C] holds Σ_c dRu ⊙ V per chunk row. v, dRu and dv are then not touched.
   const float* dbeta_v = nullptr;
-  const float* dKd = nullptr;     // [N, H, C, dk]
+  const void* dKd = nullptr;      // [N, H, C, dk]; fp32 or bf16 (bf16_grads)
   const float* ddecay = nullptr;  // [N, H]
   void* dq = nullptr;             // [tokens, H, dk], dtype in_qk
   void* dk = nullptr;             // [tokens, H, dk], dtype in_qk
   void* dv = nullptr;             // [tokens, H, dv], dtype in_v, contiguous
   float* dbeta = nullptr;         // [tokens, H]
   float* dg = nullptr;            // [tokens, H]
+  // dQg, dRw and dKd come in bf16 (the fused backward's 16-bit mode, model::gdr_bf16_chunk_grads);
+  // taken with q, k and v of one 16-bit type only.
+  bool bf16_grads = false;
 };
 
 #ifdef DD_HAVE_CUDA
 // Returns the cudaError_t of the launch (0 = success); cudaErrorInvalidValue for sizes
-// gdr_chunk_fused_supports refuses.
+// gdr_chunk_fused_supports refuses, or bf16_grads beside other input types.
 int gdr_chunk_backward_tail(const GdrChunkList& l, const GdrChunkBackwardTailArgs& a, void* stream);
 #endif
 

@@ -2,7 +2,7 @@
 // of 8 warps per (chunk, head), about 105 KiB of shared memory, two blocks per SM.
 //
 //   gates   γ = cumsum(g) as a warp scan, b, b e;
-//   stage   Tm and dW by cp.async, K converted to fp32;
+//   stage   Tm and dW by cp.async, K converted to fp32 (and dW, where it comes in bf16);
 //   dW      warps 0–3: dTm = (dW Kᵀ) diag(b e) on the 20 tiles of the lower block triangle, five
 //           per warp (as the fused front's G), only the strictly lower entries kept;
 //           warps 4–7 meanwhile: dRw = Tmᵀ dW, strips p and 3 − p per warp (Tmᵀ is upper
@@ -76,9 +76,9 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
   const int64_t start = l.chunk_start[n];
   const int len = l.chunk_len[n];
 
-  // Tm and dW by cp.async while the gates and K are read.
+  // Tm and dW by cp.async while the gates and K are read (a bf16 dW is read and widened with K).
   stage_f32(T_s, kTPitch, a.Tm + r * kC * kC, kC, kC, kC);
-  stage_f32(G_s, kGPitch, a.dW + r * kC * dk, dk, kC, dk);
+  if (!a.bf16_grads) stage_f32(G_s, kGPitch, static_cast<const float*>(a.dW) + r * kC * dk, dk, kC, dk);
   cp_async_commit();
 
   // Gates.
@@ -93,6 +93,9 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
   };
   const T* k = static_cast<const T*>(a.k);
   load_rows(k, l.H * dk, h * dk, dk);
+  if (a.bf16_grads) {
+    stage_rows<4>(static_cast<const __nv_bfloat16*>(a.dW) + r * kC * dk, dk, 0, dk, 0, kC, tid, kThreads, G_s, kGPitch);
+  }
   cp_async_wait<0>();
   __syncthreads();
 
@@ -162,8 +165,11 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
   };
   if (warp < 4) {
     dTm_part(std::integral_constant<bool, kKExact>{}, dk, be_s, true);
+  } else if (a.bf16_grads) {
+    __nv_bfloat16* dRw = static_cast<__nv_bfloat16*>(a.dRw) + r * kC * dk;
+    tm_t_product(dk, [=](int i, int c, float x, float y) { store2(dRw + i * dk + c, x, y); });
   } else {
-    tm_t_product(dk, store_rows(a.dRw + r * kC * dk, dk));
+    tm_t_product(dk, store_rows(static_cast<float*>(a.dRw) + r * kC * dk, dk));
   }
 
   const TV* v = static_cast<const TV*>(a.v);
@@ -235,9 +241,10 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
 
 int gdr_chunk_solve_backward(const GdrChunkList& l, const GdrChunkSolveBackwardArgs& a, void* stream) {
   // cp.async moves Tm, dW and dU in 16-byte pieces.
-  if (!aligned_to(16, a.Tm, a.dW, a.dU)) return static_cast<int>(cudaErrorInvalidValue);
+  if (!aligned_to(16, a.Tm, a.dW, a.dU)) return static_cast<int>(cudaErrorInvalidValue);  // also bf16 dW's 8-byte rows
   if (a.dv != nullptr ? a.dbeta_v == nullptr : a.dRu == nullptr) return static_cast<int>(cudaErrorInvalidValue);
-  const bool vec = vectorizable(l, a.in_qk, a.in_v, {a.dRw, a.dRu}, {a.k}, {a.v}, a.v_token_stride);
+  const bool vec = vectorizable(l, a.in_qk, a.in_v, {a.bf16_grads ? nullptr : a.dRw, a.dRu}, {a.k}, {a.v},
+                                a.v_token_stride);
   return launch_fused(
       l, a.in_qk, a.in_v, vec, kThreads, sizeof(float) * static_cast<size_t>(kSmemFloats), stream,
       [](auto qk, auto v, auto w, auto tf32) {

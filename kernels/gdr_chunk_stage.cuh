@@ -129,7 +129,7 @@ __device__ __forceinline__ void stage_qk(const T* q, const T* k, int64_t H, int6
 // tag) picks for the inputs' dtypes, vector width and product mode. The TF32 instances (tf32: the
 // fp32 operands' products rounded to TF32, one mma each) exist for 16-bit q, k and v of one type,
 // how 16-bit training calls these kernels; other inputs keep the split products whatever tf32
-// says. Returns the cudaError_t (0 = success); cudaErrorInvalidValue for sizes
+// says. (The backward's tail takes the same second instance for its bf16 intermediates.) Returns the cudaError_t (0 = success); cudaErrorInvalidValue for sizes
 // gdr_chunk_fused_supports refuses.
 template <class KernelOf, class Args>
 int launch_fused(const GdrChunkList& l, DType in_qk, DType in_v, bool vec, int threads, size_t smem, void* stream,

@@ -15,6 +15,7 @@
 // k0 + 2t + 1, for both operands (the sum over k does not depend on the order), so each lane's two
 // k values of a row are one 8-byte fp32 or 4-byte bf16 load. Rows are padded by 8 elements, which
 // puts a warp's fragment loads in 32 different banks for dv a multiple of 64.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -81,11 +82,27 @@ __device__ __forceinline__ void frag_b(uint32_t (&b)[2], const uint16_t* y, int 
   b[1] = w & 0xffff0000u;
 }
 
-// alpha · one 16 × 8 accumulator tile into out (row length ld) at rows m0.., columns n0...
+// alpha · one 16 × 8 accumulator tile into out (row length ld) at rows m0.., columns n0.., in fp32 or
+// rounded to bf16.
 __device__ __forceinline__ void store_tile(float* out, int ld, int m0, int n0, const float (&d)[4], float alpha, int g,
                                            int t) {
   *reinterpret_cast<float2*>(out + (m0 + g) * ld + n0 + 2 * t) = make_float2(alpha * d[0], alpha * d[1]);
   *reinterpret_cast<float2*>(out + (m0 + g + 8) * ld + n0 + 2 * t) = make_float2(alpha * d[2], alpha * d[3]);
+}
+__device__ __forceinline__ void store_tile(__nv_bfloat16* out, int ld, int m0, int n0, const float (&d)[4],
+                                           float alpha, int g, int t) {
+  *reinterpret_cast<__nv_bfloat162*>(out + (m0 + g) * ld + n0 + 2 * t) = __floats2bfloat162_rn(alpha * d[0], alpha * d[1]);
+  *reinterpret_cast<__nv_bfloat162*>(out + (m0 + g + 8) * ld + n0 + 2 * t) =
+      __floats2bfloat162_rn(alpha * d[2], alpha * d[3]);
+}
+// The same into an output of either type (the launch's bf16_out, uniform over the block).
+__device__ __forceinline__ void store_tile(void* out, bool bf16, int64_t first, int ld, int m0, int n0,
+                                           const float (&d)[4], float alpha, int g, int t) {
+  if (bf16) {
+    store_tile(static_cast<__nv_bfloat16*>(out) + first, ld, m0, n0, d, alpha, g, t);
+  } else {
+    store_tile(static_cast<float*>(out) + first, ld, m0, n0, d, alpha, g, t);
+  }
 }
 
 // kNT: 8-column tiles per warp in the [C, dk] products (dk = 32 kNT: a block's half is 16 kNT
@@ -116,9 +133,7 @@ __global__ void __launch_bounds__(kThreads, 2) state_grads_kernel(GdrChunkStateG
   const int n_first = (warp / 4) * 8 * kNT;                 // this warp's first column within the half
   const int out_col = half * half_dk + n_first;             // ... within dk
   const int p_first = half * (kC / 2) + (warp / 4) * 16;    // its first column of dP_raw (a row of Vn)
-  float* dQg = a.dQg + r * kC * dk;
-  float* dW = a.dW + r * kC * dk;
-  float* dKd = a.dKd + r * kC * dk;
+  const int64_t out_first = r * kC * dk;  // of dQg, dW and dKd
   float* dP = a.dP_raw + r * kC * kC;
 
   cp_async_wait<1>();
@@ -140,7 +155,7 @@ __global__ void __launch_bounds__(kThreads, 2) state_grads_kernel(GdrChunkStateG
       }
     }
 #pragma unroll
-    for (int j = 0; j < kNT; ++j) store_tile(dQg, dk, m0, out_col + 8 * j, q_acc[j], a.scale, g, t);
+    for (int j = 0; j < kNT; ++j) store_tile(a.dQg, a.bf16_out, out_first, dk, m0, out_col + 8 * j, q_acc[j], a.scale, g, t);
 #pragma unroll
     for (int j = 0; j < 2; ++j) store_tile(dP, kC, m0, p_first + 8 * j, p_acc[j], 1.f, g, t);
   }
@@ -161,7 +176,7 @@ __global__ void __launch_bounds__(kThreads, 2) state_grads_kernel(GdrChunkStateG
       }
     }
 #pragma unroll
-    for (int j = 0; j < kNT; ++j) store_tile(dKd, dk, m0, out_col + 8 * j, kd_acc[j], 1.f, g, t);
+    for (int j = 0; j < kNT; ++j) store_tile(a.dKd, a.bf16_out, out_first, dk, m0, out_col + 8 * j, kd_acc[j], 1.f, g, t);
 
     const int words_per_row = dv / 2;
     float acc = 0.f;
@@ -194,7 +209,7 @@ __global__ void __launch_bounds__(kThreads, 2) state_grads_kernel(GdrChunkStateG
       }
     }
 #pragma unroll
-    for (int j = 0; j < kNT; ++j) store_tile(dW, dk, m0, out_col + 8 * j, w_acc[j], -1.f, g, t);
+    for (int j = 0; j < kNT; ++j) store_tile(a.dW, a.bf16_out, out_first, dk, m0, out_col + 8 * j, w_acc[j], -1.f, g, t);
   }
 }
 
@@ -210,7 +225,7 @@ int launch(const GdrChunkStateGradsArgs& a, cudaStream_t stream) {
 }  // namespace
 
 int gdr_chunk_state_grads(const GdrChunkStateGradsArgs& a, void* stream) {
-  auto out_ok = [](const float* p) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  auto out_ok = [](const void* p) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (!gdr_chunk_state_grads_supports(a) || !out_ok(a.dQg) || !out_ok(a.dP_raw) || !out_ok(a.dW) || !out_ok(a.dKd) ||
       a.ddecay == nullptr) {
     return static_cast<int>(cudaErrorInvalidValue);

@@ -28,11 +28,14 @@ struct GdrChunkStateGradsArgs {
   const uint16_t* dh_next = nullptr;  // [R, dk, dv] bf16 bits: the gradient of the state it ends in
   const uint16_t* v_new = nullptr;    // [R, C, dv] bf16 bits: Vn
   float scale = 1.f;
-  float* dQg = nullptr;     // [R, C, dk]
+  void* dQg = nullptr;      // [R, C, dk], fp32 or bf16 (bf16_out)
   float* dP_raw = nullptr;  // [R, C, C]
-  float* dW = nullptr;      // [R, C, dk]
-  float* dKd = nullptr;     // [R, C, dk]
+  void* dW = nullptr;       // [R, C, dk], fp32 or bf16 (bf16_out)
+  void* dKd = nullptr;      // [R, C, dk], fp32 or bf16 (bf16_out)
   float* ddecay = nullptr;  // [R]
+  // dQg, dW and dKd rounded to bf16 (the fused backward's 16-bit mode, model::gdr_bf16_chunk_grads):
+  // half the bytes written here and read by the solve's backward and the tail.
+  bool bf16_out = false;
 };
 
 // Shared memory one block takes: two halves of dk's rows of h_in and dh_next, Vn (bf16) and one

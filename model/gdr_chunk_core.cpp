@@ -45,6 +45,7 @@ std::atomic<bool> g_bf16_front{true};
 std::atomic<bool> g_tf32_chunk_products{true};
 std::atomic<bool> g_save_front{true};
 std::atomic<bool> g_dv_in_solve{true};
+std::atomic<bool> g_bf16_chunk_grads{true};
 std::atomic<int64_t> g_front_recomputes{0};
 
 torch::Tensor col(const torch::Tensor& x) { return x.unsqueeze(-1); }  // [N,H,C] -> [N,H,C,1]
@@ -406,14 +407,15 @@ SolveGrads solve_backward_kernel(const Ctx& c, const KernelInputs& ki, const tor
   auto Tm_c = Tm.contiguous(), dW_c = dW.contiguous(), dU_c = dU.contiguous();
   SolveGrads out;
   out.dA_raw = torch::empty_like(Tm_c);
-  out.dRw = torch::empty_like(dW_c);
+  out.dRw = torch::empty_like(dW_c);  // bf16 where dW is (gdr_bf16_chunk_grads)
   kernels::GdrChunkSolveBackwardArgs a;
   ki.point(a);
   a.Tm = Tm_c.data_ptr<float>();
-  a.dW = dW_c.data_ptr<float>();
+  a.dW = dW_c.data_ptr();
   a.dU = dU_c.data_ptr<float>();
   a.dA_raw = out.dA_raw.data_ptr<float>();
-  a.dRw = out.dRw.data_ptr<float>();
+  a.dRw = out.dRw.data_ptr();
+  a.bf16_grads = dW_c.scalar_type() == torch::kBFloat16;
   if (take_dv) {
     out.dv = torch::empty(ki.v.sizes(), ki.v.options());  // contiguous, whatever v's layout
     out.dbeta_v = torch::empty({c.l.n_chunks, c.H, c.l.C}, Tm_c.options());
@@ -450,11 +452,14 @@ variable_list backward_tail_kernel(const Ctx& c, const KernelInputs& ki, double 
   a.scale = static_cast<float>(scale);
   a.dA_raw = dA_c.data_ptr<float>();
   a.dP_raw = dP_c.defined() ? dP_c.data_ptr<float>() : nullptr;
-  a.dQg = dQg_c.defined() ? dQg_c.data_ptr<float>() : nullptr;
-  a.dRw = dRw_c.data_ptr<float>();
+  a.bf16_grads = dKd_c.scalar_type() == torch::kBFloat16;
+  TORCH_CHECK(dRw_c.scalar_type() == dKd_c.scalar_type() && (!dQg_c.defined() || dQg_c.scalar_type() == dKd_c.scalar_type()),
+              "gated delta rule backward tail: dRw, dKd and dQg of different dtypes");
+  a.dQg = dQg_c.defined() ? dQg_c.data_ptr() : nullptr;
+  a.dRw = dRw_c.data_ptr();
   a.dRu = dv_given ? nullptr : dRu_c.data_ptr<float>();
   a.dbeta_v = dv_given ? sg.dbeta_v.data_ptr<float>() : nullptr;
-  a.dKd = dKd_c.data_ptr<float>();
+  a.dKd = dKd_c.data_ptr();
   a.ddecay = ddecay_c.data_ptr<float>();
   a.dq = dq.data_ptr();
   a.dk = dk.data_ptr();
@@ -503,6 +508,18 @@ bool fused_kernels(const Ctx& c) {
   return c.kernels && g_use_fused_kernels && kernels::gdr_chunk_fused_supports(c.l.C, c.dk, c.dv);
 #else
   (void)c;
+  return false;
+#endif
+}
+
+// Whether the fused backward keeps dQg, dKd, dW and dRw in bf16 (gdr_bf16_chunk_grads): under
+// bf16 states (the 16-bit training path) with q, k and v of one 16-bit type, as the tail takes them.
+bool bf16_chunk_grads(bool fused, const Front& f, const torch::Tensor& h_in) {
+#if defined(DD_HAVE_CUDA)
+  return fused && g_bf16_chunk_grads && h_in.scalar_type() == torch::kBFloat16 && f.ki.in_qk == f.ki.in_v &&
+         f.ki.in_qk != kernels::DType::F32;
+#else
+  (void)fused, (void)f, (void)h_in;
   return false;
 #endif
 }
@@ -686,7 +703,8 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
       const torch::Tensor dO_rows = sd["o_tokens"].toBool() ? sd["o_rows"].toTensor() : torch::Tensor();
       sg = gdr_scan_backward_from_output_grad(rows(W), rows(ff.Kd), decay_rows, rows(ff.P), rows(ff.Qg), dO_src,
                                               dO_rows, s, dh_final, c.l.scan);
-      const auto sgr = gdr_state_grads(dO_src, dO_rows, sg.dU, rows(h_in), sg.dh_next, rows(v_new), s);
+      const auto sgr = gdr_state_grads(dO_src, dO_rows, sg.dU, rows(h_in), sg.dh_next, rows(v_new), s,
+                                       bf16_chunk_grads(fused, f, h_in));
       dP_raw = sgr.dP_raw.view({N, H, C, C});
       dQg = sgr.dQg.view({N, H, C, dk});
       dW = sgr.dW.view({N, H, C, dk});
@@ -757,6 +775,8 @@ void gdr_bf16_front(bool on) { g_bf16_front = on; }
 void gdr_save_front(bool on) { g_save_front = on; }
 
 void gdr_dv_in_solve(bool on) { g_dv_in_solve = on; }
+
+void gdr_bf16_chunk_grads(bool on) { g_bf16_chunk_grads = on; }
 
 int64_t gdr_front_recomputes() { return g_front_recomputes.load(); }
 

@@ -93,28 +93,35 @@ GdrStateGrads gdr_state_grads_reference(const torch::Tensor& dO_src, const torch
 
 GdrStateGrads gdr_state_grads(const torch::Tensor& dO_src, const torch::Tensor& dO_rows, const torch::Tensor& dU,
                               const torch::Tensor& h_in, const torch::Tensor& dh_next, const torch::Tensor& v_new,
-                              double scale) {
+                              double scale, bool bf16_out) {
   check_inputs(dO_src, dO_rows, dU, h_in, dh_next, v_new);
 #if defined(DD_HAVE_CUDA)
   bool ok = false;
   auto a = kernel_args(dO_src, dO_rows, dU, h_in, dh_next, v_new, ok);
   if (ok) {
     const int64_t R = a.R, C = a.C, dk = a.dk;
-    const auto opts = dU.options();
-    GdrStateGrads out{torch::empty({R, C, C}, opts), torch::empty({R, C, dk}, opts), torch::empty({R, C, dk}, opts),
-                      torch::empty({R, C, dk}, opts), torch::empty({R}, opts)};
+    const auto opts = dU.options(), dk_opts = bf16_out ? opts.dtype(torch::kBFloat16) : opts;
+    GdrStateGrads out{torch::empty({R, C, C}, opts), torch::empty({R, C, dk}, dk_opts),
+                      torch::empty({R, C, dk}, dk_opts), torch::empty({R, C, dk}, dk_opts), torch::empty({R}, opts)};
     a.scale = static_cast<float>(scale);
     a.dP_raw = out.dP_raw.data_ptr<float>();
-    a.dQg = out.dQg.data_ptr<float>();
-    a.dW = out.dW.data_ptr<float>();
-    a.dKd = out.dKd.data_ptr<float>();
+    a.dQg = out.dQg.data_ptr();
+    a.dW = out.dW.data_ptr();
+    a.dKd = out.dKd.data_ptr();
+    a.bf16_out = bf16_out;
     a.ddecay = out.ddecay.data_ptr<float>();
     check_kernel_launch(kernels::gdr_chunk_state_grads(a, stream_of(dU)), "gated delta rule state products");
     ++g_launches;
     return out;
   }
 #endif
-  return gdr_state_grads_reference(dO_src, dO_rows, dU, h_in, dh_next, v_new, scale);
+  auto out = gdr_state_grads_reference(dO_src, dO_rows, dU, h_in, dh_next, v_new, scale);
+  if (bf16_out) {
+    out.dQg = out.dQg.to(torch::kBFloat16);
+    out.dW = out.dW.to(torch::kBFloat16);
+    out.dKd = out.dKd.to(torch::kBFloat16);
+  }
+  return out;
 }
 
 void gdr_fuse_state_grads(bool on) { g_fuse = on; }

@@ -758,8 +758,9 @@ TEST(GdrScanCuda, SavedFrontMatchesTheRecompute) {
 // forward's front (kernels/gdr_chunk_front.h; the output and final state read its W, U, Kd, Qg, P
 // and decay, every gradient its Tm and W) and the backward through the solve
 // (kernels/gdr_chunk_solve_backward.h; every input gradient reads its dA_raw, dRw and dRu, or v's
-// gradient is its own with model::gdr_dv_in_solve, the default, tested on and off). Sizes they take: C = 64, dk a multiple of 16 up to 128, dv a multiple of 16 (in panels of 128 columns:
-// 256 takes two).
+// gradient is its own with model::gdr_dv_in_solve, the default, tested on and off). Sizes they
+// take: C = 64, dk a multiple of 16 up to 128, dv a multiple of 16 (in panels of 128 columns: 256
+// takes two).
 TEST(GdrScanCuda, FusedKernelsMatchSeparateOnes) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 311);
@@ -787,6 +788,41 @@ TEST(GdrScanCuda, FusedKernelsMatchSeparateOnes) {
                   dv_in_solve ? "solve" : "tail", c.name().c_str(), expect_runs_match(c, got, want));
     }
     model::gdr_dv_in_solve(true);
+  }
+}
+
+// The fused backward's four [N, H, C, dk] intermediates in bf16 (model::gdr_bf16_chunk_grads, the
+// default on the 16-bit training path: bf16 q, k, v, TF32 scan, bf16 states) against the same run
+// with them in fp32: the forward is the same to the bit, and every gradient stays within the bf16
+// rounding the inputs' own gradients carry (4e-3, the bound the fused-vs-separate test gives
+// 16-bit gradients), dβ and dg included, which are fp32. And the switch does change the gradients
+// (a path not taken would give 0 difference). Dense with a ragged chunk at bench gdr's heads, packed
+// at hybrid base's with an initial state.
+TEST(GdrScanCuda, Bf16ChunkGradsStayCloseToFp32Ones) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 613);
+  const ChunkCase cases[] = {
+      {2, 150, 3, 128, 128, 64, {}, true, true, false, 0, false, true},
+      {1, 300, 2, 96, 192, 64, {0, 17, 150, 151, 300}, true, true, true, 0, false, true},
+  };
+  for (const ChunkCase& c : cases) {
+    const ChunkCaseRun r(c);
+    model::gdr_bf16_chunk_grads(false);
+    const auto want = r.run();
+    model::gdr_bf16_chunk_grads(true);
+    const auto got = r.run();
+    double worst = 0, gate_change = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_TRUE(got[i].defined() && want[i].defined()) << c.name() << ": " << kChunkOutputNames[i];
+      EXPECT_EQ(got[i].scalar_type(), want[i].scalar_type()) << c.name() << ": " << kChunkOutputNames[i];
+      const double e = rel_norm_diff(got[i], want[i]);
+      EXPECT_LT(e, i < 2 ? 1e-7 : 4e-3) << c.name() << ": " << kChunkOutputNames[i];
+      if (i == 5 || i == 6) gate_change = std::max(gate_change, e);
+      worst = std::max(worst, e);
+    }
+    EXPECT_GT(gate_change, 1e-7) << c.name() << ": dβ and dg did not change, so the bf16 path was not taken";
+    std::printf("[gdr_chunk] bf16 vs fp32 chunk gradients, %s: worst %.1e, dβ/dg %.1e\n", c.name().c_str(), worst,
+                gate_change);
   }
 }
 

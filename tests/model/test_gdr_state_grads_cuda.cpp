@@ -2,7 +2,8 @@
 // (kernels/gdr_chunk_state_grads.h, model/gdr_state_grads.h) against the four batched products and
 // the row dot it replaces, and both against fp64: the model's head sizes (dk 128 and 96 with dv 128
 // and 192), dk 64 with a dv that is not a multiple of 64, a row count that is odd, the output
-// gradient read directly and through a row map with zero rows, and a size the kernel refuses.
+// gradient read directly and through a row map with zero rows, and a size the kernel refuses; and
+// its bf16 outputs are its fp32 ones rounded.
 // Fresh random inputs each run, seeded from GoogleTest's seed. Skips without a GPU.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -62,6 +63,13 @@ TEST(GdrStateGradsCuda, KernelMatchesTheProductsAndFp64) {
     const auto got = model::gdr_state_grads(dO_src, dO_rows, dU, h_in, dh_next, v_new, scale);
     EXPECT_EQ(model::gdr_state_grads_launches() - launches, c.kernel_takes ? 1 : 0)
         << "R " << c.R << " dk " << c.dk << " dv " << c.dv;
+    // bf16 outputs (the fused backward's 16-bit mode): the same fp32 sums, rounded once.
+    const auto got16 = model::gdr_state_grads(dO_src, dO_rows, dU, h_in, dh_next, v_new, scale, true);
+    EXPECT_EQ(got16.dQg.scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(got16.dQg, got.dQg.to(torch::kBFloat16))) << "dQg in bf16, dk " << c.dk;
+    EXPECT_TRUE(torch::equal(got16.dW, got.dW.to(torch::kBFloat16))) << "dW in bf16, dk " << c.dk;
+    EXPECT_TRUE(torch::equal(got16.dKd, got.dKd.to(torch::kBFloat16))) << "dKd in bf16, dk " << c.dk;
+    EXPECT_TRUE(torch::equal(got16.dP_raw, got.dP_raw) && torch::equal(got16.ddecay, got.ddecay));
     model::gdr_fuse_state_grads(false);
     const auto ref = model::gdr_state_grads(dO_src, dO_rows, dU, h_in, dh_next, v_new, scale);
     model::gdr_fuse_state_grads(true);
