@@ -2,7 +2,8 @@
 // of 8 warps per (chunk, head), about 105 KiB of shared memory, two blocks per SM.
 //
 //   gates   γ = cumsum(g) as a warp scan, b, b e;
-//   stage   Tm and dW by cp.async, K converted to fp32 (and dW, where it comes in bf16);
+//   stage   Tm and dW by cp.async, K converted to fp32 (and dW, where it comes in bf16; the same for
+//           dU and V below);
 //   dW      warps 0–3: dTm = (dW Kᵀ) diag(b e) on the 20 tiles of the lower block triangle, five
 //           per warp (as the fused front's G), only the strictly lower entries kept;
 //           warps 4–7 meanwhile: dRw = Tmᵀ dW, strips p and 3 − p per warp (Tmᵀ is upper
@@ -177,9 +178,12 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
   for (int p0 = 0; p0 < dv; p0 += kPanel) {
     const int pw = dv - p0 < kPanel ? dv - p0 : kPanel;
     __syncthreads();  // every warp is done with what G_s and B_s held
-    stage_f32(G_s, kGPitch, a.dU + r * kC * dv + p0, dv, kC, pw);
+    if (!a.dU_bf16) stage_f32(G_s, kGPitch, static_cast<const float*>(a.dU) + r * kC * dv + p0, dv, kC, pw);
     cp_async_commit();
     load_rows(v, v_stride, h * dv + p0, pw);
+    if (a.dU_bf16) {
+      stage_rows<4>(static_cast<const __nv_bfloat16*>(a.dU) + r * kC * dv, dv, p0, pw, 0, kC, tid, kThreads, G_s, kGPitch);
+    }
     cp_async_wait<0>();
     __syncthreads();
     if (warp < 4) {

@@ -25,7 +25,7 @@ struct GdrChunkSolveBackwardArgs {
   DType in_qk = DType::F32, in_v = DType::F32;
   const float* Tm = nullptr;  // [N, H, C, C]
   const void* dW = nullptr;   // [N, H, C, dk], fp32 or bf16 (bf16_grads)
-  const float* dU = nullptr;  // [N, H, C, dv]
+  const void* dU = nullptr;   // [N, H, C, dv], fp32 or bf16 (dU_bf16)
   float* dA_raw = nullptr;    // [N, H, C, C]: the strictly lower triangle is written, nothing else
   void* dRw = nullptr;        // [N, H, C, dk], fp32 or bf16 (bf16_grads)
   float* dRu = nullptr;       // [N, H, C, dv]; not written (may be null) when dv is set
@@ -39,9 +39,10 @@ struct GdrChunkSolveBackwardArgs {
   // otherwise (16-bit training's mode; about 2⁻¹¹ relative per product); with 16-bit k and v of one
   // type only (kernels/gdr_chunk_stage.cuh), else ignored.
   bool tf32_products = false;
-  // dW read and dRw written in bf16 (the fused backward's 16-bit mode, model::gdr_bf16_chunk_grads):
-  // half their bytes; dW is widened exactly, dRw rounded once.
+  // dW read and dRw written in bf16, and dU read in bf16 (the fused backward's 16-bit mode,
+  // model::gdr_bf16_chunk_grads): half their bytes; dW and dU are widened exactly, dRw rounded once.
   bool bf16_grads = false;
+  bool dU_bf16 = false;
 };
 
 #ifdef DD_HAVE_CUDA

@@ -4,7 +4,8 @@
 // stages, by cp.async:
 //   group 0: dO's C rows (through the row map), its half of h_in, all of Vn;
 //   group 1: its half of dh_next;
-//   group 2: dU, into dO's room once the first pass is done with dO.
+//   group 2: dU (fp32, or bf16 rows of the same pitch), into dO's room once the first pass is done
+//            with dO.
 // and takes three passes over k = dv, each warp a 16-row tile of C and a quarter of the columns:
 //   pass 1 (dO)   dQg and dP_raw tiles, one A fragment for both;
 //   pass 2 (Vn)   dKd tiles, and the block's share of ddecay from the staged h_in and dh_next;
@@ -160,7 +161,11 @@ __global__ void __launch_bounds__(kThreads, 2) state_grads_kernel(GdrChunkStateG
     for (int j = 0; j < 2; ++j) store_tile(dP, kC, m0, p_first + 8 * j, p_acc[j], 1.f, g, t);
   }
   __syncthreads();  // every warp is done with dO
-  stage_f32_rows(Xs, a.dU, nullptr, r * kC, dv);
+  if (a.dU_bf16) {
+    stage_bf16(reinterpret_cast<uint16_t*>(Xs), static_cast<const uint16_t*>(a.dU) + r * kC * dv, kC, dv);
+  } else {
+    stage_f32_rows(Xs, static_cast<const float*>(a.dU), nullptr, r * kC, dv);
+  }
   cp_async_commit();
   cp_async_wait<1>();  // dh_next's group (the older one) has landed
   __syncthreads();
@@ -199,14 +204,21 @@ __global__ void __launch_bounds__(kThreads, 2) state_grads_kernel(GdrChunkStateG
   }
   {  // pass 3: dW = −dU h_inᵀ
     float w_acc[kNT][4] = {};
-    for (int k0 = 0; k0 < dv; k0 += 8) {
-      uint32_t A[4], B[2];
-      frag_a(A, Xs, p, m0, k0, g, t);
+    auto products = [&](const auto* dU_s) {
+      for (int k0 = 0; k0 < dv; k0 += 8) {
+        uint32_t A[4], B[2];
+        frag_a(A, dU_s, p, m0, k0, g, t);
 #pragma unroll
-      for (int j = 0; j < kNT; ++j) {
-        frag_b(B, Hs, p, n_first + 8 * j, k0, g, t);
-        mma_tf32(w_acc[j], A, B);
+        for (int j = 0; j < kNT; ++j) {
+          frag_b(B, Hs, p, n_first + 8 * j, k0, g, t);
+          mma_tf32(w_acc[j], A, B);
+        }
       }
+    };
+    if (a.dU_bf16) {
+      products(reinterpret_cast<const uint16_t*>(Xs));
+    } else {
+      products(static_cast<const float*>(Xs));
     }
 #pragma unroll
     for (int j = 0; j < kNT; ++j) store_tile(a.dW, a.bf16_out, out_first, dk, m0, out_col + 8 * j, w_acc[j], -1.f, g, t);

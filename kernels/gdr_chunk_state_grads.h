@@ -10,7 +10,8 @@
 // the path for what this kernel does not take.
 // Precision as the products it replaces (kernels/gemm_tf32x3.h beside a bf16 operand): h_in, Vn
 // and dh_next are bf16 (the states under 16-bit training, model/gdr_scan.h) and widened exactly;
-// dO and dU are fp32 and rounded to TF32; each product is one TF32 mma with fp32 accumulation.
+// dO and dU are fp32 and rounded to TF32 (or dU comes in bf16 too, on the fused backward's 16-bit
+// path); each product is one TF32 mma with fp32 accumulation.
 // Raw pointers, no torch.
 #pragma once
 
@@ -23,7 +24,7 @@ struct GdrChunkStateGradsArgs {
   int C = 0, dk = 0, dv = 0;      // chunk length, key and value head sizes
   const float* dO = nullptr;      // [n, dv]: the output gradient's rows
   const int32_t* dO_rows = nullptr;  // [R·C]: the dO row of chunk row r·C + i, −1 for zeros; null: r·C + i
-  const float* dU = nullptr;      // [R, C, dv]
+  const void* dU = nullptr;       // [R, C, dv], fp32, or bf16 (dU_bf16: widened exactly)
   const uint16_t* h_in = nullptr;     // [R, dk, dv] bf16 bits: the state each chunk starts from
   const uint16_t* dh_next = nullptr;  // [R, dk, dv] bf16 bits: the gradient of the state it ends in
   const uint16_t* v_new = nullptr;    // [R, C, dv] bf16 bits: Vn
@@ -36,6 +37,7 @@ struct GdrChunkStateGradsArgs {
   // dQg, dW and dKd rounded to bf16 (the fused backward's 16-bit mode, model::gdr_bf16_chunk_grads):
   // half the bytes written here and read by the solve's backward and the tail.
   bool bf16_out = false;
+  bool dU_bf16 = false;
 };
 
 // Shared memory one block takes: two halves of dk's rows of h_in and dh_next, Vn (bf16) and one

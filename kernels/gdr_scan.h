@@ -65,8 +65,9 @@ struct GdrScanArgs {
   // tensor cores (dO rounded to TF32, Pm and Qg widened exactly), instead of reading them in fp32
   // from two products run before it: fp32 dO and bf16 Pm and Qg read here instead of fp32 dVn and
   // E, and those products' launches, writes and reads of dO gone (docs/perf.md, issue 7, stop 36).
-  // This form writes out_state_bf16 (the running state stays fp32, and so do out_y and
-  // final_state): half the bytes for the state gradient here and for its two readers after.
+  // This form writes out_state_bf16 (the running state stays fp32, and so does final_state): half
+  // the bytes for the state gradient here and for its two readers after; and y in fp32 (out_y) or
+  // rounded to bf16 (out_y_bf16).
   const float* dO = nullptr;            // [rows, dv]: the output's gradient
   const int32_t* dO_rows = nullptr;     // [R·C]: the dO row of chunk row r·C + i, −1 for zeros; null: r·C + i
   const uint16_t* Pm_bf16 = nullptr;    // [R, C, C]: the masked Q Kᵀ of the output (zero above the diagonal)
@@ -153,12 +154,13 @@ inline int gdr_scan_mma_width_for(int64_t C, int64_t dk, int64_t dv, int64_t doc
 }
 
 // Whether a's pointers are the fused backward form's (GdrScanArgs::dO): dO, Pm, Qg, bf16 P and Q,
-// a bf16 out_state and an fp32 out_y, neither A nor E, TF32 products, and the backward's sign_p of +1.
+// a bf16 out_state and one out_y (fp32 or bf16), neither A nor E, TF32 products, and the backward's
+// sign_p of +1.
 inline bool gdr_scan_fused_form_ok(const GdrScanArgs& a) {
   return a.dO != nullptr && a.Pm_bf16 != nullptr && a.Qg_bf16 != nullptr && a.P_bf16 != nullptr &&
          a.Q_bf16 != nullptr && a.P == nullptr && a.Q == nullptr && a.A == nullptr && a.A_bf16 == nullptr &&
-         a.E == nullptr && a.out_state == nullptr && a.out_y != nullptr && a.out_state_bf16 != nullptr &&
-         a.out_y_bf16 == nullptr && !a.tf32x3 && a.sign_p == 1.f;
+         a.E == nullptr && a.out_state == nullptr && (a.out_y != nullptr) != (a.out_y_bf16 != nullptr) &&
+         a.out_state_bf16 != nullptr && !a.tf32x3 && a.sign_p == 1.f;
 }
 
 // The pointers of one of the two bf16-input forms (GdrScanArgs::P_bf16), or of fp32 inputs.

@@ -34,7 +34,8 @@
 // its diagonal, so only k ≥ the tile's first row) and then its phase-2 state tiles' E = s Qgᵀ dO,
 // folded into the state registers as decay · S + E right away (phase 1 reads the state from shared
 // memory only). Qg, Pm and dO come with P in the group staged after phase 1 of the step before.
-// The fused form writes out_state (the state gradient dh_next) rounded to bf16, y (dU) in fp32.
+// The fused form writes out_state (the state gradient dh_next) rounded to bf16, y (dU) in fp32 or,
+// with out_y_bf16, rounded to bf16 too (the fused backward's 16-bit mode, model::gdr_bf16_chunk_grads).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -121,7 +122,8 @@ __device__ __forceinline__ void store2(uint16_t* dst, float2 v) {
 // tiles per warp in phase 2 (dk/16 ≤ 8 · kRowTiles).
 // kHasE: E is read (the backward). kSplit: split-TF32 products (GdrScanArgs::tf32x3), else one
 // TF32 product each; y's small parts in shared memory are then neither written nor read.
-// kBf16Out: out_state and y are written as bf16 (out_state_bf16, out_y_bf16).
+// kBf16Out: out_state and y are written as bf16 (out_state_bf16, out_y_bf16); in the fused form
+// (whose out_state is bf16 either way) y.
 // kBf16In: P and Q are bf16 (P_bf16, Q_bf16; TF32 products only), and A too when kBf16Out (the
 // forward form of GdrScanArgs::P_bf16).
 // kFused: the backward's fused form (GdrScanArgs::dO): A and E from dO, Pm and Qg.
@@ -130,7 +132,7 @@ template <int kWarps, int kUnits, int kRowTiles, bool kHasE, bool kSplit, bool k
 __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2 : 1)
     gdr_scan_mma_kernel(GdrScanArgs a) {
   static_assert(!kBf16In || !kSplit, "bf16 inputs come with TF32 products only");
-  static_assert(!kFused || (kBf16In && !kHasE && !kBf16Out), "the fused form: bf16 P and Q, no E, fp32 outputs");
+  static_assert(!kFused || (kBf16In && !kHasE), "the fused form: bf16 P and Q, no E");
   using TIn = typename std::conditional<kBf16In, uint16_t, float>::type;
   constexpr bool kBf16A = kBf16In && kBf16Out;
   auto in_p = [&] {
@@ -513,7 +515,8 @@ template <int kWarps, int kUnits, int kRowTiles>
 ScanKernel kernel_flagged(const GdrScanArgs& a) {
   if (a.dO != nullptr) {
     if (!gdr_scan_fused_form_ok(a)) return nullptr;
-    return opted_in_kernel<kWarps, kUnits, kRowTiles, false, false, false, true, true>();
+    return a.out_y_bf16 != nullptr ? opted_in_kernel<kWarps, kUnits, kRowTiles, false, false, true, true, true>()
+                                   : opted_in_kernel<kWarps, kUnits, kRowTiles, false, false, false, true, true>();
   }
   if (!gdr_scan_bf16_inputs_ok(a)) return nullptr;
   if (a.P_bf16 != nullptr) {

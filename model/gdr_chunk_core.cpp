@@ -412,17 +412,18 @@ SolveGrads solve_backward_kernel(const Ctx& c, const KernelInputs& ki, const tor
   ki.point(a);
   a.Tm = Tm_c.data_ptr<float>();
   a.dW = dW_c.data_ptr();
-  a.dU = dU_c.data_ptr<float>();
+  a.dU = dU_c.data_ptr();
   a.dA_raw = out.dA_raw.data_ptr<float>();
   a.dRw = out.dRw.data_ptr();
   a.bf16_grads = dW_c.scalar_type() == torch::kBFloat16;
+  a.dU_bf16 = dU_c.scalar_type() == torch::kBFloat16;  // where the reverse scan's kernel wrote it so
   if (take_dv) {
     out.dv = torch::empty(ki.v.sizes(), ki.v.options());  // contiguous, whatever v's layout
     out.dbeta_v = torch::empty({c.l.n_chunks, c.H, c.l.C}, Tm_c.options());
     a.dv = out.dv.data_ptr();
     a.dbeta_v = out.dbeta_v.data_ptr<float>();
   } else {
-    out.dRu = torch::empty_like(dU_c);
+    out.dRu = torch::empty(dU_c.sizes(), dU_c.options().dtype(torch::kFloat32));
     a.dRu = out.dRu.data_ptr<float>();
   }
   a.tf32_products = tf32;
@@ -701,10 +702,10 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
       // a GPU).
       const auto dO_src = dO.to(c.dt).contiguous().view({-1, dv});
       const torch::Tensor dO_rows = sd["o_tokens"].toBool() ? sd["o_rows"].toTensor() : torch::Tensor();
+      const bool bf16_grads = bf16_chunk_grads(fused, f, h_in);
       sg = gdr_scan_backward_from_output_grad(rows(W), rows(ff.Kd), decay_rows, rows(ff.P), rows(ff.Qg), dO_src,
-                                              dO_rows, s, dh_final, c.l.scan);
-      const auto sgr = gdr_state_grads(dO_src, dO_rows, sg.dU, rows(h_in), sg.dh_next, rows(v_new), s,
-                                       bf16_chunk_grads(fused, f, h_in));
+                                              dO_rows, s, dh_final, c.l.scan, bf16_grads);
+      const auto sgr = gdr_state_grads(dO_src, dO_rows, sg.dU, rows(h_in), sg.dh_next, rows(v_new), s, bf16_grads);
       dP_raw = sgr.dP_raw.view({N, H, C, C});
       dQg = sgr.dQg.view({N, H, C, dk});
       dW = sgr.dW.view({N, H, C, dk});

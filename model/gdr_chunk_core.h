@@ -78,8 +78,8 @@ int64_t gdr_front_recomputes();
 void gdr_dv_in_solve(bool on);
 
 // Process-wide switch (default on), for benchmarks and tests: with the fused kernels, bf16 states
-// (TF32 products) and q, k, v of one 16-bit type, the backward keeps four [N, H, C, dk]
-// intermediates in bf16 instead of fp32: dQg, dKd and dW from the products with the states
+// (TF32 products) and q, k, v of one 16-bit type, the backward keeps five intermediates in bf16
+// instead of fp32: dU from the reverse scan, dQg, dKd and dW from the products with the states
 // (model/gdr_state_grads.h) and dRw from the solve's backward, each rounded once (2⁻⁹ relative),
 // as the states and dh_next are. Half their bytes written and read.
 void gdr_bf16_chunk_grads(bool on);

@@ -288,7 +288,7 @@ bool kernel_takes(const torch::Tensor& W, const torch::Tensor& A, const torch::T
 GdrScanGrads run_fused_backward(const torch::Tensor& W, const torch::Tensor& Kd, const torch::Tensor& decay,
                                 const torch::Tensor& Pm, const torch::Tensor& Qg, const torch::Tensor& dO,
                                 const torch::Tensor& dO_rows, double scale, const torch::Tensor& d_hfinal,
-                                const GdrScanPlan& plan) {
+                                const GdrScanPlan& plan, bool bf16_dU) {
   const int64_t R = W.size(0), C = W.size(1), dk = W.size(2), dv = dO.size(1);
   const auto dp = device_plan(plan, W.device());
   const auto Wc = W.contiguous(), Kc = Kd.contiguous(), Pc = Pm.contiguous(), Qgc = Qg.contiguous();
@@ -310,10 +310,15 @@ GdrScanGrads run_fused_backward(const torch::Tensor& W, const torch::Tensor& Kd,
   a.sign_q = -1.f;
   a.reverse = true;
   const auto f32 = W.options().dtype(torch::kFloat32);
-  GdrScanGrads out{torch::empty({R, dk, dv}, W.options().dtype(torch::kBFloat16)), torch::empty({R, C, dv}, f32),
+  const auto bf16 = W.options().dtype(torch::kBFloat16);
+  GdrScanGrads out{torch::empty({R, dk, dv}, bf16), torch::empty({R, C, dv}, bf16_dU ? bf16 : f32),
                    torch::empty({plan.n_docs * plan.heads, dk, dv}, f32)};
   a.out_state_bf16 = reinterpret_cast<uint16_t*>(out.dh_next.data_ptr());
-  a.out_y = out.dU.data_ptr<float>();
+  if (bf16_dU) {
+    a.out_y_bf16 = reinterpret_cast<uint16_t*>(out.dU.data_ptr());
+  } else {
+    a.out_y = out.dU.data_ptr<float>();
+  }
   a.final_state = out.dh0.data_ptr<float>();
   check_kernel_launch(kernels::gdr_scan(a, c10::cuda::getCurrentCUDAStream(W.device().index()).stream()),
                       "gated delta rule scan (fused backward)");
@@ -380,7 +385,8 @@ GdrScanGrads gdr_scan_backward_from_output_grad(const torch::Tensor& W, const to
                                                 const torch::Tensor& decay, const torch::Tensor& Pm,
                                                 const torch::Tensor& Qg, const torch::Tensor& dO,
                                                 const torch::Tensor& dO_rows, double scale,
-                                                const torch::Tensor& d_hfinal, const GdrScanPlan& plan) {
+                                                const torch::Tensor& d_hfinal, const GdrScanPlan& plan,
+                                                bool bf16_dU) {
   TORCH_CHECK(W.dim() == 3 && Kd.sizes() == W.sizes() && Qg.sizes() == W.sizes() && dO.dim() == 2,
               "gdr scan backward: expected W, Kd and Qg of one shape [R, C, dk] and dO [rows, dv], got ", W.sizes(),
               ", ", Kd.sizes(), ", ", Qg.sizes(), " and ", dO.sizes());
@@ -400,7 +406,7 @@ GdrScanGrads gdr_scan_backward_from_output_grad(const torch::Tensor& W, const to
                       (!d_hfinal.defined() || d_hfinal.scalar_type() == torch::kFloat32);
   if (raw_ok && gdr_scan_backward_takes_output_grad(W, Kd, Pm, Qg, dO, plan) && aligned(dO) && aligned(W) &&
       aligned(Kd) && aligned(Pm) && aligned(Qg)) {
-    return run_fused_backward(W, Kd, decay, Pm, Qg, dO, dO_rows, scale, d_hfinal, plan);
+    return run_fused_backward(W, Kd, decay, Pm, Qg, dO, dO_rows, scale, d_hfinal, plan, bf16_dU);
   }
 #endif
   torch::Tensor d_vnew, d_hin;

@@ -87,12 +87,15 @@ GdrScanGrads gdr_scan_backward(const torch::Tensor& W, const torch::Tensor& Kd, 
 // gdr_scan_backward. dO holds the gradient's rows [n_rows, dv] (fp32; off the kernel path also
 // what model/bmm_fp32.h takes beside Pm and Qg): chunk row r·C + i is row dO_rows[r·C + i] (int32
 // [R·C] on dO's device, −1 for zeros) or, with dO_rows undefined, row r·C + i. Pm [R, C, C] (zero
-// above its diagonal, as the chunk core's P is), Qg [R, C, dk]. Mismatched shapes throw.
+// above its diagonal, as the chunk core's P is), Qg [R, C, dk]. Mismatched shapes throw. With
+// bf16_dU the kernel also writes dU rounded to bf16 (the fused backward's 16-bit mode,
+// model::gdr_bf16_chunk_grads); off the kernel path dU is fp32 whatever bf16_dU says.
 GdrScanGrads gdr_scan_backward_from_output_grad(const torch::Tensor& W, const torch::Tensor& Kd,
                                                 const torch::Tensor& decay, const torch::Tensor& Pm,
                                                 const torch::Tensor& Qg, const torch::Tensor& dO,
                                                 const torch::Tensor& dO_rows, double scale,
-                                                const torch::Tensor& d_hfinal, const GdrScanPlan& plan);
+                                                const torch::Tensor& d_hfinal, const GdrScanPlan& plan,
+                                                bool bf16_dU = false);
 // Whether gdr_scan_backward_from_output_grad runs its one kernel for these inputs: a GPU, the plan's
 // TF32 products, W, Kd, Pm and Qg in bf16, dO fp32, sizes the fused form's shared memory takes
 // (kernels::gdr_scan_fused_width), and the switch below on. False without CUDA.

@@ -38,7 +38,7 @@ void check_inputs(const torch::Tensor& dO_src, const torch::Tensor& dO_rows, con
 bool bf16(const torch::Tensor& x) { return x.scalar_type() == torch::kBFloat16; }
 const uint16_t* bits(const torch::Tensor& x) { return reinterpret_cast<const uint16_t*>(x.data_ptr()); }
 
-// The kernel's arguments when it takes these inputs (fp32 dO and dU, bf16 states, contiguous, on
+// The kernel's arguments when it takes these inputs (fp32 dO, fp32 or bf16 dU, bf16 states, contiguous, on
 // one GPU, sizes it supports); else nothing is launched and `ok` is false.
 kernels::GdrChunkStateGradsArgs kernel_args(const torch::Tensor& dO_src, const torch::Tensor& dO_rows,
                                             const torch::Tensor& dU, const torch::Tensor& h_in,
@@ -49,7 +49,8 @@ kernels::GdrChunkStateGradsArgs kernel_args(const torch::Tensor& dO_src, const t
   ok = g_fuse && dU.is_cuda() && dO_src.device() == dev && h_in.device() == dev && dh_next.device() == dev &&
        v_new.device() == dev && (!dO_rows.defined() || (dO_rows.device() == dev && dO_rows.scalar_type() == torch::kInt32 &&
                                                         dO_rows.is_contiguous())) &&
-       dO_src.scalar_type() == f32 && dU.scalar_type() == f32 && bf16(h_in) && bf16(dh_next) && bf16(v_new) &&
+       dO_src.scalar_type() == f32 && (dU.scalar_type() == f32 || bf16(dU)) && bf16(h_in) && bf16(dh_next) &&
+       bf16(v_new) &&
        dO_src.is_contiguous() && dU.is_contiguous() && h_in.is_contiguous() && dh_next.is_contiguous() &&
        v_new.is_contiguous();
   if (!ok) return a;
@@ -59,7 +60,8 @@ kernels::GdrChunkStateGradsArgs kernel_args(const torch::Tensor& dO_src, const t
   a.dv = static_cast<int>(dU.size(2));
   a.dO = dO_src.data_ptr<float>();
   a.dO_rows = dO_rows.defined() ? dO_rows.data_ptr<int32_t>() : nullptr;
-  a.dU = dU.data_ptr<float>();
+  a.dU = dU.data_ptr();
+  a.dU_bf16 = bf16(dU);
   a.h_in = bits(h_in);
   a.dh_next = bits(dh_next);
   a.v_new = bits(v_new);
@@ -100,7 +102,7 @@ GdrStateGrads gdr_state_grads(const torch::Tensor& dO_src, const torch::Tensor& 
   auto a = kernel_args(dO_src, dO_rows, dU, h_in, dh_next, v_new, ok);
   if (ok) {
     const int64_t R = a.R, C = a.C, dk = a.dk;
-    const auto opts = dU.options(), dk_opts = bf16_out ? opts.dtype(torch::kBFloat16) : opts;
+    const auto opts = dU.options().dtype(torch::kFloat32), dk_opts = bf16_out ? opts.dtype(torch::kBFloat16) : opts;
     GdrStateGrads out{torch::empty({R, C, C}, opts), torch::empty({R, C, dk}, dk_opts),
                       torch::empty({R, C, dk}, dk_opts), torch::empty({R, C, dk}, dk_opts), torch::empty({R}, opts)};
     a.scale = static_cast<float>(scale);

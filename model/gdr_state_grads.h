@@ -19,7 +19,7 @@ struct GdrStateGrads {
 };
 
 // dO_src [n, dv] fp32 holds the output gradient's rows: chunk row r·C + i is row dO_rows[r·C + i]
-// (int32, −1 for zeros), or row r·C + i when dO_rows is undefined. dU [R, C, dv] fp32;
+// (int32, −1 for zeros), or row r·C + i when dO_rows is undefined. dU [R, C, dv] fp32 or bf16;
 // h_in, dh_next [R, dk, dv] and v_new [R, C, dv] fp32 or bf16. Results fp32; with bf16_out dQg, dW
 // and dKd are rounded to bf16 (the fused backward's 16-bit mode, model::gdr_bf16_chunk_grads).
 GdrStateGrads gdr_state_grads(const torch::Tensor& dO_src, const torch::Tensor& dO_rows, const torch::Tensor& dU,

@@ -445,6 +445,15 @@ TEST(GdrScanCuda, FusedOutputGradBackwardMatchesProductsThenScan) {
           const auto got = model::gdr_scan_backward_from_output_grad(W, Kd, in.decay, Pm, Qg, dO, map, scale,
                                                                      d_hfinal, plan);
           EXPECT_EQ(model::gdr_scan_fused_backward_launches() - launches, takes ? 1 : 0) << what;
+          if (takes) {
+            // dU in bf16 (the fused backward's 16-bit mode): the same sums, rounded as stored; the
+            // state gradients unchanged.
+            const auto got16 = model::gdr_scan_backward_from_output_grad(W, Kd, in.decay, Pm, Qg, dO, map, scale,
+                                                                         d_hfinal, plan, true);
+            EXPECT_EQ(got16.dU.scalar_type(), torch::kBFloat16) << what;
+            EXPECT_TRUE(torch::equal(got16.dU, got.dU.to(torch::kBFloat16))) << what << ": bf16 dU";
+            EXPECT_TRUE(torch::equal(got16.dh_next, got.dh_next) && torch::equal(got16.dh0, got.dh0)) << what;
+          }
           model::gdr_scan_fuse_output_grads(false);
           EXPECT_FALSE(model::gdr_scan_backward_takes_output_grad(W, Kd, Pm, Qg, dO, plan)) << what;
           const auto want = model::gdr_scan_backward_from_output_grad(W, Kd, in.decay, Pm, Qg, dO, map, scale,
@@ -791,8 +800,8 @@ TEST(GdrScanCuda, FusedKernelsMatchSeparateOnes) {
   }
 }
 
-// The fused backward's four [N, H, C, dk] intermediates in bf16 (model::gdr_bf16_chunk_grads, the
-// default on the 16-bit training path: bf16 q, k, v, TF32 scan, bf16 states) against the same run
+// The fused backward's five intermediates in bf16 (dU, dQg, dKd, dW, dRw; model::gdr_bf16_chunk_grads,
+// the default on the 16-bit training path: bf16 q, k, v, TF32 scan, bf16 states) against the same run
 // with them in fp32: the forward is the same to the bit, and every gradient stays within the bf16
 // rounding the inputs' own gradients carry (4e-3, the bound the fused-vs-separate test gives
 // 16-bit gradients), dβ and dg included, which are fp32. And the switch does change the gradients

@@ -2,8 +2,8 @@
 // (kernels/gdr_chunk_state_grads.h, model/gdr_state_grads.h) against the four batched products and
 // the row dot it replaces, and both against fp64: the model's head sizes (dk 128 and 96 with dv 128
 // and 192), dk 64 with a dv that is not a multiple of 64, a row count that is odd, the output
-// gradient read directly and through a row map with zero rows, and a size the kernel refuses; and
-// its bf16 outputs are its fp32 ones rounded.
+// gradient read directly and through a row map with zero rows, dU in fp32 and in bf16, and a size
+// the kernel refuses; and its bf16 outputs are its fp32 ones rounded.
 // Fresh random inputs each run, seeded from GoogleTest's seed. Skips without a GPU.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -27,6 +27,7 @@ struct StateCase {
   int64_t R, C, dk, dv;
   bool row_map;
   bool kernel_takes;
+  bool dU_bf16 = false;  // dU from the reverse scan in bf16 (the fused backward's 16-bit mode)
 };
 
 }  // namespace
@@ -36,7 +37,8 @@ TEST(GdrStateGradsCuda, KernelMatchesTheProductsAndFp64) {
   testing_support::seed_from_gtest(77);
   const std::vector<StateCase> cases = {{37, 64, 128, 128, false, true}, {37, 64, 128, 128, true, true},
                                         {11, 64, 96, 192, true, true},   {9, 64, 64, 72, false, true},
-                                        {5, 64, 80, 128, true, false}};
+                                        {5, 64, 80, 128, true, false},   {37, 64, 128, 128, true, true, true},
+                                        {11, 64, 96, 192, false, true, true}};
   const auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
   const auto bf16 = f32.dtype(torch::kBFloat16);
   const double scale = 0.0884;
@@ -46,7 +48,7 @@ TEST(GdrStateGradsCuda, KernelMatchesTheProductsAndFp64) {
     auto h_in = torch::randn({c.R, c.dk, c.dv}, bf16);
     auto dh_next = torch::randn({c.R, c.dk, c.dv}, bf16);
     auto v_new = torch::randn({c.R, c.C, c.dv}, bf16);
-    auto dU = torch::randn({c.R, c.C, c.dv}, f32);
+    auto dU = torch::randn({c.R, c.C, c.dv}, c.dU_bf16 ? bf16 : f32);
     torch::Tensor dO_src, dO_rows;
     if (c.row_map) {
       // Token order: a permutation of more rows than the chunks hold, every seventh chunk row zero.
@@ -86,9 +88,9 @@ TEST(GdrStateGradsCuda, KernelMatchesTheProductsAndFp64) {
       // order of the fp32 sums differs. Against fp64, the TF32 rounding (2⁻¹¹ of each fp32 operand)
       // is what remains; dKd and ddecay multiply bf16 values exactly.
       const double vs_ref = max_rel(g[i], r[i]), vs_truth = max_rel(g[i], t[i]), ref_truth = max_rel(r[i], t[i]);
-      std::printf("R %ld dk %ld dv %ld map %d %-7s kernel vs products %.2e, vs fp64 %.2e (products vs fp64 %.2e)\n",
-                  static_cast<long>(c.R), static_cast<long>(c.dk), static_cast<long>(c.dv), c.row_map ? 1 : 0, names[i],
-                  vs_ref, vs_truth, ref_truth);
+      std::printf("R %ld dk %ld dv %ld map %d dU %s %-7s kernel vs products %.2e, vs fp64 %.2e (products vs fp64 %.2e)\n",
+                  static_cast<long>(c.R), static_cast<long>(c.dk), static_cast<long>(c.dv), c.row_map ? 1 : 0,
+                  c.dU_bf16 ? "bf16" : "fp32", names[i], vs_ref, vs_truth, ref_truth);
       EXPECT_LT(vs_ref, 2e-5) << names[i] << " R " << c.R << " dk " << c.dk << " dv " << c.dv;
       EXPECT_LT(vs_truth, 1e-3) << names[i] << " R " << c.R << " dk " << c.dk << " dv " << c.dv;
     }
