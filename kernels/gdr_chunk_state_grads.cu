@@ -83,6 +83,29 @@ __device__ __forceinline__ void frag_b(uint32_t (&b)[2], const uint16_t* y, int 
   b[1] = w & 0xffff0000u;
 }
 
+// acc[j] += A · (the 8 rows from n0 + 8j of the bf16 tile Y, read as [n][k])ᵀ at k-step k0, for the
+// kN tiles of a warp.
+template <int kN>
+__device__ __forceinline__ void mma_tiles(float (&acc)[kN][4], const uint32_t (&A)[4], const uint16_t* Y, int p,
+                                          int n0, int k0, int g, int t) {
+#pragma unroll
+  for (int j = 0; j < kN; ++j) {
+    uint32_t B[2];
+    frag_b(B, Y, p, n0 + 8 * j, k0, g, t);
+    mma_tf32(acc[j], A, B);
+  }
+}
+
+// For each k-step k0 of dv: the A fragment of rows m0.. of X, handed to use(A, k0).
+template <typename TX, class Use>
+__device__ __forceinline__ void over_k(const TX* X, int p, int dv, int m0, int g, int t, Use use) {
+  for (int k0 = 0; k0 < dv; k0 += 8) {
+    uint32_t A[4];
+    frag_a(A, X, p, m0, k0, g, t);
+    use(A, k0);
+  }
+}
+
 // alpha · one 16 × 8 accumulator tile into out (row length ld) at rows m0.., columns n0.., in fp32 or
 // rounded to bf16.
 __device__ __forceinline__ void store_tile(float* out, int ld, int m0, int n0, const float (&d)[4], float alpha, int g,
@@ -141,20 +164,10 @@ __global__ void __launch_bounds__(kThreads, 2) state_grads_kernel(GdrChunkStateG
   __syncthreads();
   {  // pass 1: dQg = s dO h_inᵀ and dP_raw = dO Vnᵀ
     float q_acc[kNT][4] = {}, p_acc[2][4] = {};
-    for (int k0 = 0; k0 < dv; k0 += 8) {
-      uint32_t A[4], B[2];
-      frag_a(A, Xs, p, m0, k0, g, t);
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) {
-        frag_b(B, Hs, p, n_first + 8 * j, k0, g, t);
-        mma_tf32(q_acc[j], A, B);
-      }
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        frag_b(B, Vs, p, p_first + 8 * j, k0, g, t);
-        mma_tf32(p_acc[j], A, B);
-      }
-    }
+    over_k(static_cast<const float*>(Xs), p, dv, m0, g, t, [&](const uint32_t(&A)[4], int k0) {
+      mma_tiles(q_acc, A, Hs, p, n_first, k0, g, t);
+      mma_tiles(p_acc, A, Vs, p, p_first, k0, g, t);
+    });
 #pragma unroll
     for (int j = 0; j < kNT; ++j) store_tile(a.dQg, a.bf16_out, out_first, dk, m0, out_col + 8 * j, q_acc[j], a.scale, g, t);
 #pragma unroll
@@ -171,15 +184,8 @@ __global__ void __launch_bounds__(kThreads, 2) state_grads_kernel(GdrChunkStateG
   __syncthreads();
   {  // pass 2: dKd = Vn dh_nextᵀ, and this half's Σ h_in ⊙ dh_next
     float kd_acc[kNT][4] = {};
-    for (int k0 = 0; k0 < dv; k0 += 8) {
-      uint32_t A[4], B[2];
-      frag_a(A, Vs, p, m0, k0, g, t);
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) {
-        frag_b(B, Ds, p, n_first + 8 * j, k0, g, t);
-        mma_tf32(kd_acc[j], A, B);
-      }
-    }
+    over_k(static_cast<const uint16_t*>(Vs), p, dv, m0, g, t,
+           [&](const uint32_t(&A)[4], int k0) { mma_tiles(kd_acc, A, Ds, p, n_first, k0, g, t); });
 #pragma unroll
     for (int j = 0; j < kNT; ++j) store_tile(a.dKd, a.bf16_out, out_first, dk, m0, out_col + 8 * j, kd_acc[j], 1.f, g, t);
 
@@ -204,21 +210,11 @@ __global__ void __launch_bounds__(kThreads, 2) state_grads_kernel(GdrChunkStateG
   }
   {  // pass 3: dW = −dU h_inᵀ
     float w_acc[kNT][4] = {};
-    auto products = [&](const auto* dU_s) {
-      for (int k0 = 0; k0 < dv; k0 += 8) {
-        uint32_t A[4], B[2];
-        frag_a(A, dU_s, p, m0, k0, g, t);
-#pragma unroll
-        for (int j = 0; j < kNT; ++j) {
-          frag_b(B, Hs, p, n_first + 8 * j, k0, g, t);
-          mma_tf32(w_acc[j], A, B);
-        }
-      }
-    };
+    auto products = [&](const uint32_t(&A)[4], int k0) { mma_tiles(w_acc, A, Hs, p, n_first, k0, g, t); };
     if (a.dU_bf16) {
-      products(reinterpret_cast<const uint16_t*>(Xs));
+      over_k(reinterpret_cast<const uint16_t*>(Xs), p, dv, m0, g, t, products);
     } else {
-      products(static_cast<const float*>(Xs));
+      over_k(static_cast<const float*>(Xs), p, dv, m0, g, t, products);
     }
 #pragma unroll
     for (int j = 0; j < kNT; ++j) store_tile(a.dW, a.bf16_out, out_first, dk, m0, out_col + 8 * j, w_acc[j], -1.f, g, t);

@@ -513,7 +513,7 @@ bool fused_kernels(const Ctx& c) {
 #endif
 }
 
-// Whether the fused backward keeps dQg, dKd, dW and dRw in bf16 (gdr_bf16_chunk_grads): under
+// Whether the fused backward keeps dU, dQg, dKd, dW and dRw in bf16 (gdr_bf16_chunk_grads): under
 // bf16 states (the 16-bit training path) with q, k and v of one 16-bit type, as the tail takes them.
 bool bf16_chunk_grads(bool fused, const Front& f, const torch::Tensor& h_in) {
 #if defined(DD_HAVE_CUDA)
