@@ -1,11 +1,13 @@
 // The backward's products with the chunk states (kernels/gdr_chunk_state_grads.h). Two blocks of
 // 8 warps per row r, one for each half of dk's columns of dQg, dW and dKd (and of dP_raw's), so a
-// block needs only its half of h_in and dh_next and two fit an SM at bench gdr's shape. A block
-// stages, by cp.async:
+// block needs only its half of h_in and dh_next. A block stages, by cp.async:
 //   group 0: dO's C rows (through the row map), its half of h_in, all of Vn;
 //   group 1: its half of dh_next;
-//   group 2: dU (fp32, or bf16 rows of the same pitch), into dO's room once the first pass is done
-//            with dO.
+//   group 2: dU, into dO's room once the first pass is done with dO.
+// With an fp32 dU (kCompact off) dh_next's group comes in during the first pass, and two blocks fit
+// an SM at bench gdr's shape (87 KiB). With a bf16 dU (the 16-bit path, kCompact) dh_next and dU
+// both take dO's fp32 room after the first pass: 70 KiB, three blocks an SM, whose loads and
+// products overlap instead.
 // and takes three passes over k = dv, each warp a 16-row tile of C and a quarter of the columns:
 //   pass 1 (dO)   dQg and dP_raw tiles, one A fragment for both;
 //   pass 2 (Vn)   dKd tiles, and the block's share of ddecay from the staged h_in and dh_next;
@@ -131,26 +133,31 @@ __device__ __forceinline__ void store_tile(void* out, bool bf16, int64_t first, 
 
 // kNT: 8-column tiles per warp in the [C, dk] products (dk = 32 kNT: a block's half is 16 kNT
 // columns, two warps share each 16-row tile of C).
-template <int kNT>
-__global__ void __launch_bounds__(kThreads, 2) state_grads_kernel(GdrChunkStateGradsArgs a) {
+// kCompact: dU in bf16, and dh_next and dU staged in dO's room after the first pass (see the top).
+template <int kNT, bool kCompact>
+__global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2) state_grads_kernel(GdrChunkStateGradsArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int dk = 32 * kNT, half_dk = 16 * kNT;
   const int dv = a.dv, p = pitch_of(dv);
   const int64_t r = blockIdx.x / 2;
   const int half = blockIdx.x % 2;
-  uint16_t* Hs = reinterpret_cast<uint16_t*>(smem);  // [half_dk][p] h_in's rows of this half
-  uint16_t* Ds = Hs + half_dk * p;                   // [half_dk][p] dh_next's
-  uint16_t* Vs = Ds + half_dk * p;                   // [C][p] Vn
-  float* Xs = reinterpret_cast<float*>(Vs + kC * p);  // [C][p] dO, then dU
-  float* warp_sums = Xs + kC * p;                     // [kWarps]
+  uint16_t* Hs = reinterpret_cast<uint16_t*>(smem);   // [half_dk][p] h_in's rows of this half
+  uint16_t* Vs = Hs + half_dk * p;                    // [C][p] Vn
+  float* Xs = reinterpret_cast<float*>(Vs + kC * p);  // [C][p] dO, then (kCompact off) dU
+  // [half_dk][p] dh_next's rows of this half, and (kCompact) [C][p] the bf16 dU after them.
+  uint16_t* Ds = kCompact ? reinterpret_cast<uint16_t*>(Xs) : reinterpret_cast<uint16_t*>(Xs + kC * p);
+  uint16_t* dU_s = Ds + half_dk * p;
+  float* warp_sums = kCompact ? Xs + kC * p : reinterpret_cast<float*>(Ds + half_dk * p);  // [kWarps]
 
   const int64_t state_first = (r * dk + half * half_dk) * dv;
   stage_f32_rows(Xs, a.dO, a.dO_rows, r * kC, dv);
   stage_bf16(Hs, a.h_in + state_first, half_dk, dv);
   stage_bf16(Vs, a.v_new + r * kC * dv, kC, dv);
   cp_async_commit();
-  stage_bf16(Ds, a.dh_next + state_first, half_dk, dv);
-  cp_async_commit();
+  if (!kCompact) {
+    stage_bf16(Ds, a.dh_next + state_first, half_dk, dv);
+    cp_async_commit();
+  }
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int m0 = 16 * (warp % 4);
@@ -160,7 +167,7 @@ __global__ void __launch_bounds__(kThreads, 2) state_grads_kernel(GdrChunkStateG
   const int64_t out_first = r * kC * dk;  // of dQg, dW and dKd
   float* dP = a.dP_raw + r * kC * kC;
 
-  cp_async_wait<1>();
+  cp_async_wait<kCompact ? 0 : 1>();
   __syncthreads();
   {  // pass 1: dQg = s dO h_inᵀ and dP_raw = dO Vnᵀ
     float q_acc[kNT][4] = {}, p_acc[2][4] = {};
@@ -174,8 +181,10 @@ __global__ void __launch_bounds__(kThreads, 2) state_grads_kernel(GdrChunkStateG
     for (int j = 0; j < 2; ++j) store_tile(dP, kC, m0, p_first + 8 * j, p_acc[j], 1.f, g, t);
   }
   __syncthreads();  // every warp is done with dO
-  if (a.dU_bf16) {
-    stage_bf16(reinterpret_cast<uint16_t*>(Xs), static_cast<const uint16_t*>(a.dU) + r * kC * dv, kC, dv);
+  if (kCompact) {
+    stage_bf16(Ds, a.dh_next + state_first, half_dk, dv);
+    cp_async_commit();
+    stage_bf16(dU_s, static_cast<const uint16_t*>(a.dU) + r * kC * dv, kC, dv);
   } else {
     stage_f32_rows(Xs, static_cast<const float*>(a.dU), nullptr, r * kC, dv);
   }
@@ -211,8 +220,8 @@ __global__ void __launch_bounds__(kThreads, 2) state_grads_kernel(GdrChunkStateG
   {  // pass 3: dW = −dU h_inᵀ
     float w_acc[kNT][4] = {};
     auto products = [&](const uint32_t(&A)[4], int k0) { mma_tiles(w_acc, A, Hs, p, n_first, k0, g, t); };
-    if (a.dU_bf16) {
-      over_k(reinterpret_cast<const uint16_t*>(Xs), p, dv, m0, g, t, products);
+    if constexpr (kCompact) {
+      over_k(static_cast<const uint16_t*>(dU_s), p, dv, m0, g, t, products);
     } else {
       over_k(static_cast<const float*>(Xs), p, dv, m0, g, t, products);
     }
@@ -221,13 +230,17 @@ __global__ void __launch_bounds__(kThreads, 2) state_grads_kernel(GdrChunkStateG
   }
 }
 
+template <int kNT, bool kCompact>
+int launch_as(const GdrChunkStateGradsArgs& a, cudaStream_t stream) {
+  const int bytes = static_cast<int>(gdr_chunk_state_grads_smem(a.C, a.dk, a.dv, a.dU_bf16));
+  const int err = allow_dynamic_smem(reinterpret_cast<const void*>(&state_grads_kernel<kNT, kCompact>), bytes);
+  if (err != 0) return err;
+  state_grads_kernel<kNT, kCompact><<<static_cast<unsigned>(2 * a.R), kThreads, bytes, stream>>>(a);
+  return static_cast<int>(cudaGetLastError());
+}
 template <int kNT>
 int launch(const GdrChunkStateGradsArgs& a, cudaStream_t stream) {
-  const int bytes = static_cast<int>(gdr_chunk_state_grads_smem(a.C, a.dk, a.dv));
-  const int err = allow_dynamic_smem(reinterpret_cast<const void*>(&state_grads_kernel<kNT>), bytes);
-  if (err != 0) return err;
-  state_grads_kernel<kNT><<<static_cast<unsigned>(2 * a.R), kThreads, bytes, stream>>>(a);
-  return static_cast<int>(cudaGetLastError());
+  return a.dU_bf16 ? launch_as<kNT, true>(a, stream) : launch_as<kNT, false>(a, stream);
 }
 
 }  // namespace

@@ -40,11 +40,12 @@ struct GdrChunkStateGradsArgs {
   bool dU_bf16 = false;
 };
 
-// Shared memory one block takes: two halves of dk's rows of h_in and dh_next, Vn (bf16) and one
-// fp32 [C, dv] tile (dO, then dU), each row padded by 8 elements.
-inline int64_t gdr_chunk_state_grads_smem(int64_t C, int64_t dk, int64_t dv) {
-  const int64_t bf16_row = 2 * (dv + 8), f32_row = 4 * (dv + 8);
-  return dk * bf16_row + C * bf16_row + C * f32_row + 64;
+// Shared memory one block takes: half of dk's rows of h_in and of dh_next, Vn (bf16) and one fp32
+// [C, dv] tile (dO, then dU), each row padded by 8 elements; with a bf16 dU, dh_next and dU share the
+// fp32 tile's room (kernels/gdr_chunk_state_grads.cu).
+inline int64_t gdr_chunk_state_grads_smem(int64_t C, int64_t dk, int64_t dv, bool dU_bf16) {
+  const int64_t bf16_row = 2 * (dv + 8), f32_row = 4 * (dv + 8), half_dk = dk / 2;
+  return (half_dk + C) * bf16_row + C * f32_row + (dU_bf16 ? 0 : half_dk * bf16_row) + 64;
 }
 
 // Whether the kernel takes these sizes and inputs: C = 64, dk 64, 96 or 128, dv a multiple of 8
@@ -53,8 +54,8 @@ inline int64_t gdr_chunk_state_grads_smem(int64_t C, int64_t dk, int64_t dv) {
 inline bool gdr_chunk_state_grads_supports(const GdrChunkStateGradsArgs& a) {
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return a.R >= 1 && a.R < (int64_t{1} << 30) && a.C == 64 && (a.dk == 64 || a.dk == 96 || a.dk == 128) &&
-         a.dv >= 8 && a.dv % 8 == 0 && gdr_chunk_state_grads_smem(a.C, a.dk, a.dv) <= 227 * 1024 && aligned(a.dO) &&
-         aligned(a.dU) && aligned(a.h_in) && aligned(a.dh_next) && aligned(a.v_new);
+         a.dv >= 8 && a.dv % 8 == 0 && gdr_chunk_state_grads_smem(a.C, a.dk, a.dv, a.dU_bf16) <= 227 * 1024 &&
+         aligned(a.dO) && aligned(a.dU) && aligned(a.h_in) && aligned(a.dh_next) && aligned(a.v_new);
 }
 
 #ifdef DD_HAVE_CUDA
