@@ -14,8 +14,8 @@
 //   dq, dk  warp w takes row strip w % 4 and half the columns: dq = dPm K (k-steps left of the
 //           diagonal block), dk = (dS + dSᵀ) K (all k-steps) + dPmᵀ Q (from the diagonal block on),
 //           nine k-blocks per strip whichever strip; the epilogue adds e dQg, b e dRw and κ dKd
-//           read at the fragments' positions (fp32, or bf16 with bf16_grads), writes rows below the chunk's length to the token
-//           layout, and sums dRw ⊙ K, dQg ⊙ Q and dKd ⊙ K per row;
+//           read at the fragments' positions (fp32, or bf16 with bf16_grads), writes rows below
+//           the chunk's length to the token layout, and sums dRw ⊙ K, dQg ⊙ Q and dKd ⊙ K per row;
 //   dv      dv = b dRu and Σ(dRu ⊙ V) per row, a warp per row; or Σ(dRu ⊙ V) read from
 //           dbeta_v where the solve's backward took dRu's part (and wrote dv);
 //   rows    dβ, dγ, and dg as the reverse cumsum of dγ.
