@@ -46,13 +46,15 @@ kernels::GdrChunkStateGradsArgs kernel_args(const torch::Tensor& dO_src, const t
   kernels::GdrChunkStateGradsArgs a;
   const auto f32 = torch::kFloat32;
   const auto dev = dU.device();
-  ok = g_fuse && dU.is_cuda() && dO_src.device() == dev && h_in.device() == dev && dh_next.device() == dev &&
-       v_new.device() == dev && (!dO_rows.defined() || (dO_rows.device() == dev && dO_rows.scalar_type() == torch::kInt32 &&
-                                                        dO_rows.is_contiguous())) &&
-       dO_src.scalar_type() == f32 && (dU.scalar_type() == f32 || bf16(dU)) && bf16(h_in) && bf16(dh_next) &&
-       bf16(v_new) &&
-       dO_src.is_contiguous() && dU.is_contiguous() && h_in.is_contiguous() && dh_next.is_contiguous() &&
-       v_new.is_contiguous();
+  const bool map_ok = !dO_rows.defined() || (dO_rows.device() == dev && dO_rows.scalar_type() == torch::kInt32 &&
+                                               dO_rows.is_contiguous());
+  const bool devices_ok = dU.is_cuda() && dO_src.device() == dev && h_in.device() == dev &&
+                          dh_next.device() == dev && v_new.device() == dev;
+  const bool dtypes_ok = dO_src.scalar_type() == f32 && (dU.scalar_type() == f32 || bf16(dU)) && bf16(h_in) &&
+                         bf16(dh_next) && bf16(v_new);
+  const bool contiguous = dO_src.is_contiguous() && dU.is_contiguous() && h_in.is_contiguous() &&
+                          dh_next.is_contiguous() && v_new.is_contiguous();
+  ok = g_fuse && devices_ok && map_ok && dtypes_ok && contiguous;
   if (!ok) return a;
   a.R = dU.size(0);
   a.C = static_cast<int>(dU.size(1));
@@ -78,14 +80,14 @@ GdrStateGrads gdr_state_grads_reference(const torch::Tensor& dO_src, const torch
   check_inputs(dO_src, dO_rows, dU, h_in, dh_next, v_new);
   const int64_t R = dU.size(0), C = dU.size(1);
   GdrStateGrads out;
+  auto from_dO = [&](const auto& dOr) {  // dOr: [R, C, dv] chunk rows, or GatheredRows
+    out.dP_raw = bmm_fp32(dOr, tr(v_new));
+    out.dQg = bmm_fp32(dOr, tr(h_in), scale);
+  };
   if (dO_rows.defined()) {
-    const GatheredRows dOr{dO_src, dO_rows, R, C};
-    out.dP_raw = bmm_fp32(dOr, tr(v_new));
-    out.dQg = bmm_fp32(dOr, tr(h_in), scale);
+    from_dO(GatheredRows{dO_src, dO_rows, R, C});
   } else {
-    const auto dOr = dO_src.view({R, C, dO_src.size(1)});
-    out.dP_raw = bmm_fp32(dOr, tr(v_new));
-    out.dQg = bmm_fp32(dOr, tr(h_in), scale);
+    from_dO(dO_src.view({R, C, dO_src.size(1)}));
   }
   out.dW = bmm_fp32(dU, tr(h_in), -1.0);
   out.dKd = bmm_fp32(v_new, tr(dh_next));
