@@ -143,13 +143,13 @@ int bench_gdr(const BenchGdrArgs& a) {
   // inputs run before it instead of inside it, the backward recomputing the front's Kd, Qg, P
   // and decay instead of reading the forward's, and the products with the states after the reverse
   // scan as four batched GEMMs and a row dot instead of one kernel, v's gradient taken from dRu
-  // in the tail instead of in the solve's backward, and the backward's dQg, dKd, dW and dRw in fp32
-  // instead of bf16.
+  // in the tail instead of in the solve's backward, the backward's dQg, dKd, dW and dRw in fp32
+  // instead of bf16, and the reverse scan's products in bf16 instead of TF32.
   struct Mode {
     const char* name;
-    bool kernels;
-    bool fused;
-    int scan_variant;  // kernels::GdrScanVariant
+    bool kernels = true;
+    bool fused = true;
+    int scan_variant = kernels::kGdrScanAuto;  // kernels::GdrScanVariant
     bool wide_products = true;  // the batched products in block tiles as wide as N takes
     bool other_scan_products = false;  // the scan's products not as tf32_default says
     bool fp32_states = false;          // h_in and v_new kept in fp32 under TF32 products (model::gdr_bf16_states)
@@ -160,35 +160,41 @@ int bench_gdr(const BenchGdrArgs& a) {
     bool state_grads_apart = false;    // the products with the states as four GEMMs and a row dot (model::gdr_fuse_state_grads)
     bool dv_in_tail = false;           // v's gradient from dRu in the tail, not in the solve's backward (model::gdr_dv_in_solve)
     bool fp32_chunk_grads = false;     // dQg, dKd, dW, dRw in fp32, not bf16 (model::gdr_bf16_chunk_grads)
+    bool bf16_reverse_scan = false;    // the reverse scan's products in bf16, not TF32 (model::gdr_bf16_scan_products)
+  };
+  // The default kernels with one setting changed.
+  auto default_but = [](const char* name, auto Mode::*field, auto value) {
+    Mode m{name};
+    m.*field = value;
+    return m;
   };
   const char* other_products = tf32_default ? "kernels, split-TF32 scan" : "kernels, TF32 scan";
   const std::vector<Mode> modes =
-      dev.is_cuda() ? std::vector<Mode>{{"kernels (default)", true, true, kernels::kGdrScanAuto},
-                                        {other_products, true, true, kernels::kGdrScanAuto, true, true},
-                                        {"kernels, fp32 states", true, true, kernels::kGdrScanAuto, true, false, true},
-                                        {"kernels, fp32 front", true, true, kernels::kGdrScanAuto, true, false, false,
-                                         true},
-                                        {"kernels, split solve", true, true, kernels::kGdrScanAuto, true, false, false,
-                                         false, true},
-                                        {"kernels, products+scan", true, true, kernels::kGdrScanAuto, true, false, false,
-                                         false, false, true},
-                                        {"kernels, front again", true, true, kernels::kGdrScanAuto, true, false, false,
-                                         false, false, false, true},
-                                        {"kernels, state GEMMs", true, true, kernels::kGdrScanAuto, true, false, false,
-                                         false, false, false, false, true},
-                                        {"kernels, dv in tail", true, true, kernels::kGdrScanAuto, true, false, false,
-                                         false, false, false, false, false, true},
-                                        {"kernels, fp32 grads", true, true, kernels::kGdrScanAuto, true, false, false,
-                                         false, false, false, false, false, false, true},
-                                        {"kernels, unfused", true, false, kernels::kGdrScanAuto},
-                                        {"kernels, 64-col GEMMs", true, true, kernels::kGdrScanAuto, false},
-                                        {"kernels, 32-col scan", true, true, kernels::kGdrScanTensorCores32},
-                                        {"kernels, 64-col scan", true, true, kernels::kGdrScanTensorCores64},
-                                        {"kernels, 96-col scan", true, true, kernels::kGdrScanTensorCores96},
-                                        {"kernels, 128-col scan", true, true, kernels::kGdrScanTensorCores128},
-                                        {"kernels, FMA scan", true, true, kernels::kGdrScanSimt16},
-                                        {"ATen pieces", false, false, kernels::kGdrScanAuto}}
-                    : std::vector<Mode>{{"ATen pieces", false, false, kernels::kGdrScanAuto}};
+      dev.is_cuda() ? std::vector<Mode>{Mode{"kernels (default)"},
+                                        default_but(other_products, &Mode::other_scan_products, true),
+                                        default_but("kernels, fp32 states", &Mode::fp32_states, true),
+                                        default_but("kernels, fp32 front", &Mode::fp32_front, true),
+                                        default_but("kernels, split solve", &Mode::split_solve, true),
+                                        default_but("kernels, products+scan", &Mode::products_then_scan, true),
+                                        default_but("kernels, front again", &Mode::recompute_front, true),
+                                        default_but("kernels, state GEMMs", &Mode::state_grads_apart, true),
+                                        default_but("kernels, dv in tail", &Mode::dv_in_tail, true),
+                                        default_but("kernels, fp32 grads", &Mode::fp32_chunk_grads, true),
+                                        default_but("kernels, bf16 rev scan", &Mode::bf16_reverse_scan, true),
+                                        default_but("kernels, unfused", &Mode::fused, false),
+                                        default_but("kernels, 64-col GEMMs", &Mode::wide_products, false),
+                                        default_but("kernels, 32-col scan", &Mode::scan_variant,
+                                                    int{kernels::kGdrScanTensorCores32}),
+                                        default_but("kernels, 64-col scan", &Mode::scan_variant,
+                                                    int{kernels::kGdrScanTensorCores64}),
+                                        default_but("kernels, 96-col scan", &Mode::scan_variant,
+                                                    int{kernels::kGdrScanTensorCores96}),
+                                        default_but("kernels, 128-col scan", &Mode::scan_variant,
+                                                    int{kernels::kGdrScanTensorCores128}),
+                                        default_but("kernels, FMA scan", &Mode::scan_variant,
+                                                    int{kernels::kGdrScanSimt16}),
+                                        Mode{"ATen pieces", false, false}}
+                    : std::vector<Mode>{Mode{"ATen pieces", false, false}};
   for (const Mode& mode : modes) {
     if (a.default_only && &mode != &modes.front()) break;
     model::gdr_use_kernels(mode.kernels);
@@ -203,6 +209,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     model::gdr_fuse_state_grads(!mode.state_grads_apart);
     model::gdr_dv_in_solve(!mode.dv_in_tail);
     model::gdr_bf16_chunk_grads(!mode.fp32_chunk_grads);
+    model::gdr_bf16_scan_products(mode.bf16_reverse_scan);
     const bool tf32_scan = mode.other_scan_products ? !tf32_default : tf32_default;
     auto forward = [&] {
       torch::NoGradGuard no_grad;
@@ -255,6 +262,7 @@ int bench_gdr(const BenchGdrArgs& a) {
   model::gdr_fuse_state_grads(true);
   model::gdr_dv_in_solve(true);
   model::gdr_bf16_chunk_grads(true);
+  model::gdr_bf16_scan_products(false);
   model::bmm_fp32_wide_tiles(true);
   model::gdr_use_fused_kernels(true);
   model::gdr_use_kernels(true);

@@ -210,8 +210,10 @@ int gdr_scan(const GdrScanArgs& a, void* stream) {
   if (a.dO != nullptr) {  // the fused backward form runs on the tensor-core kernel only
     const int fused_cols = gdr_scan_fused_width(a);
     if (fused_cols == 0 || !gdr_scan_fused_form_ok(a)) return static_cast<int>(cudaErrorInvalidValue);
+    if (a.bf16_products) return gdr_scan_fused_bf16(a, fused_cols, stream);
     return gdr_scan_tensor_cores(a, fused_cols, stream);
   }
+  if (a.bf16_products) return static_cast<int>(cudaErrorInvalidValue);  // the fused form's only
   const int cols = gdr_scan_tensor_core_width(a);
   if (cols > 0) return gdr_scan_tensor_cores(a, cols, stream);
   // The FMA kernels read and write fp32 only.

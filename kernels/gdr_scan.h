@@ -73,6 +73,10 @@ struct GdrScanArgs {
   const uint16_t* Pm_bf16 = nullptr;    // [R, C, C]: the masked Q Kᵀ of the output (zero above the diagonal)
   const uint16_t* Qg_bf16 = nullptr;    // [R, C, dk]: the gated queries
   float out_scale = 1.f;                // s
+  // The fused form's four products as bf16 mma (kernels/gdr_scan_bf16.cu) instead of TF32: dO, the
+  // running state and y rounded to bf16 as operands (2⁻⁹ relative where TF32 has 2⁻¹¹), sums and
+  // the running state in fp32. Taken where gdr_scan_fused_bf16_width is not 0.
+  bool bf16_products = false;
   const int32_t* step_off = nullptr;  // [n_steps], device memory
   const int32_t* n_chunks = nullptr;  // [n_docs], device memory
   float sign_p = -1.f, sign_q = 1.f;
@@ -120,6 +124,19 @@ inline bool gdr_scan_mma_supports(int64_t C, int64_t dk, int64_t dv, int64_t col
 // Pm [C][C + 8] bf16, and dO [C][cols + 8] fp32.
 inline int64_t gdr_scan_fused_smem_bytes(int64_t C, int64_t dk, int64_t cols) {
   return (cols + 8) * (dk + C) * 4 + 3 * C * (dk + 8) * 2 + C * (C + 8) * 2 + C * (cols + 8) * 4;
+}
+
+// The fused form with bf16 products (GdrScanArgs::bf16_products): shared memory of a block of
+// `cols` columns (S, y and dO rounded [·][cols + 8] and Kd, W, Qg [C][dk + 8], Pm [C][C + 8], all
+// bf16; dO as staged, fp32 [C][cols + 4]), and the sizes it takes: one 16-row tile of y and one of
+// the state per warp (C ≤ 64, dk ≤ 128), 16-element k-steps.
+constexpr int64_t gdr_scan_fused_bf16_smem_bytes(int64_t C, int64_t dk, int64_t cols) {
+  return ((dk + 2 * C) * (cols + 8) + 3 * C * (dk + 8) + C * (C + 8)) * 2 + C * (cols + 4) * 4;
+}
+inline bool gdr_scan_fused_bf16_supports(int64_t C, int64_t dk, int64_t dv, int64_t cols) {
+  return C >= 16 && C <= 64 && C % 16 == 0 && dk >= 16 && dk <= 128 && dk % 16 == 0 && dv >= 4 && dv % 4 == 0 &&
+         (cols == 32 || cols == 64 || cols == 96 || cols == 128) &&
+         gdr_scan_fused_bf16_smem_bytes(C, dk, cols) <= kGdrScanMmaMaxSmem;
 }
 
 // The block width the default takes (0: no tensor-core width takes these sizes), for `doc_heads`
@@ -188,6 +205,15 @@ int gdr_scan_mma_width(const GdrScanArgs& a);
 // it does not take them; the pointers are not looked at. gdr_scan runs that form when a's
 // pointers are its (gdr_scan_fused_form_ok) and this is not 0, and fails otherwise.
 int gdr_scan_fused_width(const GdrScanArgs& a);
+// The block width of the fused form with bf16 products for a's sizes and variant (the fused form's,
+// gdr_scan_fused_width, where gdr_scan_fused_bf16_supports takes it), or 0 when it does not run.
+inline int gdr_scan_fused_bf16_width(const GdrScanArgs& a) {
+  const int cols = gdr_scan_fused_width(a);
+  return cols > 0 && gdr_scan_fused_bf16_supports(a.C, a.dk, a.dv, cols) ? cols : 0;
+}
+// The fused form with bf16 products in blocks of `cols` columns (gdr_scan calls it for
+// GdrScanArgs::bf16_products); cudaErrorInvalidValue for pointers or sizes it does not take.
+int gdr_scan_fused_bf16(const GdrScanArgs& a, int cols, void* stream);
 // The width of state columns of the tensor-core kernel gdr_scan runs for a's sizes and variant,
 // or 0 when it runs an FMA kernel; for the fused form (a.dO set) gdr_scan_fused_width, where 0
 // means gdr_scan fails.

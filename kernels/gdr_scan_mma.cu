@@ -43,6 +43,7 @@
 #include <type_traits>
 
 #include "kernels/gdr_scan.h"
+#include "kernels/ldmatrix.cuh"
 #include "kernels/smem_opt_in.cuh"
 #include "kernels/tf32_mma.cuh"
 
@@ -55,16 +56,6 @@ namespace {
 // kCols + 8 long, so a fragment's eight columns and four rows fall in 32 different banks.
 __host__ __device__ constexpr int cols_of(int warps) { return 4 * warps; }
 __host__ __device__ constexpr int pitch_of(int warps) { return cols_of(warps) + 8; }
-
-// Four 8 × 8 b16 matrices from shared memory; lane l gives the address of row l % 8 of matrix
-// l / 8. Read as fp32, each is an 8 × 4 block, and lane 4g + t receives element (g, t) of each.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const float* smem_row) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem_row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
 
 // B fragment of a row-major [k][n] tile in shared memory (row length pitch): rows k0 + t,
 // k0 + t + 4, column n0 + g, for lane = 4g + t.
@@ -342,7 +333,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 && kRowTiles == 1 ? 2
             // Lane l addresses row (l % 8) + 8 (l / 8 % 2) at column k0 + 4 (l / 16) of the tile.
             const float* p = P_s + (m0 + lane % 8 + 8 * (lane / 8 % 2)) * pitch_p + k0 + 4 * (lane / 16);
             uint32_t raw[4];
-            ldmatrix_x4(raw, p);
+            ldmatrix_x4_b16(raw, p);  // read as fp32: four 8 × 4 blocks, lane 4g + t gets (g, t) of each
 #pragma unroll
             for (int e = 0; e < 4; ++e) to_tf32<kSplit>(__uint_as_float(raw[e]), fa.big[e], fa.small[e]);
           }

@@ -46,6 +46,7 @@ std::atomic<bool> g_tf32_chunk_products{true};
 std::atomic<bool> g_save_front{true};
 std::atomic<bool> g_dv_in_solve{true};
 std::atomic<bool> g_bf16_chunk_grads{true};
+std::atomic<bool> g_bf16_scan_products{false};
 std::atomic<int64_t> g_front_recomputes{0};
 
 torch::Tensor col(const torch::Tensor& x) { return x.unsqueeze(-1); }  // [N,H,C] -> [N,H,C,1]
@@ -704,7 +705,8 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
       const torch::Tensor dO_rows = sd["o_tokens"].toBool() ? sd["o_rows"].toTensor() : torch::Tensor();
       const bool bf16_grads = bf16_chunk_grads(fused, f, h_in);
       sg = gdr_scan_backward_from_output_grad(rows(W), rows(ff.Kd), decay_rows, rows(ff.P), rows(ff.Qg), dO_src,
-                                              dO_rows, s, dh_final, c.l.scan, bf16_grads);
+                                              dO_rows, s, dh_final, c.l.scan, bf16_grads,
+                                              bf16_grads && g_bf16_scan_products);
       const auto sgr = gdr_state_grads(dO_src, dO_rows, sg.dU, rows(h_in), sg.dh_next, rows(v_new), s, bf16_grads);
       dP_raw = sgr.dP_raw.view({N, H, C, C});
       dQg = sgr.dQg.view({N, H, C, dk});
@@ -778,6 +780,8 @@ void gdr_save_front(bool on) { g_save_front = on; }
 void gdr_dv_in_solve(bool on) { g_dv_in_solve = on; }
 
 void gdr_bf16_chunk_grads(bool on) { g_bf16_chunk_grads = on; }
+
+void gdr_bf16_scan_products(bool on) { g_bf16_scan_products = on; }
 
 int64_t gdr_front_recomputes() { return g_front_recomputes.load(); }
 

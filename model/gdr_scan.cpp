@@ -28,7 +28,7 @@ std::atomic<int> g_variant{kernels::kGdrScanAuto};
 std::atomic<int64_t> g_split_launches{0}, g_tf32_launches{0};  // gdr_scan_launch_counts
 std::atomic<bool> g_bf16_states{true};
 std::atomic<bool> g_fuse_output_grads{true};
-std::atomic<int64_t> g_fused_backward_launches{0};
+std::atomic<int64_t> g_fused_backward_launches{0}, g_bf16_product_launches{0};
 }  // namespace
 
 void gdr_scan_use_kernel(bool on) { g_use_kernel = on; }
@@ -37,6 +37,7 @@ bool gdr_bf16_states() { return g_bf16_states; }
 void gdr_scan_variant(int variant) { g_variant = variant; }
 void gdr_scan_fuse_output_grads(bool on) { g_fuse_output_grads = on; }
 int64_t gdr_scan_fused_backward_launches() { return g_fused_backward_launches.load(); }
+int64_t gdr_scan_bf16_product_launches() { return g_bf16_product_launches.load(); }
 
 GdrScanLaunchCounts gdr_scan_launch_counts() { return {g_split_launches.load(), g_tf32_launches.load()}; }
 
@@ -288,7 +289,7 @@ bool kernel_takes(const torch::Tensor& W, const torch::Tensor& A, const torch::T
 GdrScanGrads run_fused_backward(const torch::Tensor& W, const torch::Tensor& Kd, const torch::Tensor& decay,
                                 const torch::Tensor& Pm, const torch::Tensor& Qg, const torch::Tensor& dO,
                                 const torch::Tensor& dO_rows, double scale, const torch::Tensor& d_hfinal,
-                                const GdrScanPlan& plan, bool bf16_dU) {
+                                const GdrScanPlan& plan, bool bf16_dU, bool bf16_products) {
   const int64_t R = W.size(0), C = W.size(1), dk = W.size(2), dv = dO.size(1);
   const auto dp = device_plan(plan, W.device());
   const auto Wc = W.contiguous(), Kc = Kd.contiguous(), Pc = Pm.contiguous(), Qgc = Qg.contiguous();
@@ -320,10 +321,12 @@ GdrScanGrads run_fused_backward(const torch::Tensor& W, const torch::Tensor& Kd,
     a.out_y = out.dU.data_ptr<float>();
   }
   a.final_state = out.dh0.data_ptr<float>();
+  a.bf16_products = bf16_products && kernels::gdr_scan_fused_bf16_width(a) > 0;
   check_kernel_launch(kernels::gdr_scan(a, c10::cuda::getCurrentCUDAStream(W.device().index()).stream()),
                       "gated delta rule scan (fused backward)");
   ++g_tf32_launches;
   ++g_fused_backward_launches;
+  if (a.bf16_products) ++g_bf16_product_launches;
   return out;
 }
 
@@ -386,7 +389,7 @@ GdrScanGrads gdr_scan_backward_from_output_grad(const torch::Tensor& W, const to
                                                 const torch::Tensor& Qg, const torch::Tensor& dO,
                                                 const torch::Tensor& dO_rows, double scale,
                                                 const torch::Tensor& d_hfinal, const GdrScanPlan& plan,
-                                                bool bf16_dU) {
+                                                bool bf16_dU, bool bf16_products) {
   TORCH_CHECK(W.dim() == 3 && Kd.sizes() == W.sizes() && Qg.sizes() == W.sizes() && dO.dim() == 2,
               "gdr scan backward: expected W, Kd and Qg of one shape [R, C, dk] and dO [rows, dv], got ", W.sizes(),
               ", ", Kd.sizes(), ", ", Qg.sizes(), " and ", dO.sizes());
@@ -406,7 +409,7 @@ GdrScanGrads gdr_scan_backward_from_output_grad(const torch::Tensor& W, const to
                       (!d_hfinal.defined() || d_hfinal.scalar_type() == torch::kFloat32);
   if (raw_ok && gdr_scan_backward_takes_output_grad(W, Kd, Pm, Qg, dO, plan) && aligned(dO) && aligned(W) &&
       aligned(Kd) && aligned(Pm) && aligned(Qg)) {
-    return run_fused_backward(W, Kd, decay, Pm, Qg, dO, dO_rows, scale, d_hfinal, plan, bf16_dU);
+    return run_fused_backward(W, Kd, decay, Pm, Qg, dO, dO_rows, scale, d_hfinal, plan, bf16_dU, bf16_products);
   }
 #endif
   torch::Tensor d_vnew, d_hin;

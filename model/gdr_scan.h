@@ -89,13 +89,15 @@ GdrScanGrads gdr_scan_backward(const torch::Tensor& W, const torch::Tensor& Kd, 
 // [R·C] on dO's device, −1 for zeros) or, with dO_rows undefined, row r·C + i. Pm [R, C, C] (zero
 // above its diagonal, as the chunk core's P is), Qg [R, C, dk]. Mismatched shapes throw. With
 // bf16_dU the kernel also writes dU rounded to bf16 (the fused backward's 16-bit mode,
-// model::gdr_bf16_chunk_grads); off the kernel path dU is fp32 whatever bf16_dU says.
+// model::gdr_bf16_chunk_grads); off the kernel path dU is fp32 whatever bf16_dU says. With
+// bf16_products the kernel takes its four products as bf16 mma where its sizes allow
+// (kernels::GdrScanArgs::bf16_products, model::gdr_bf16_scan_products), the TF32 ones otherwise.
 GdrScanGrads gdr_scan_backward_from_output_grad(const torch::Tensor& W, const torch::Tensor& Kd,
                                                 const torch::Tensor& decay, const torch::Tensor& Pm,
                                                 const torch::Tensor& Qg, const torch::Tensor& dO,
                                                 const torch::Tensor& dO_rows, double scale,
                                                 const torch::Tensor& d_hfinal, const GdrScanPlan& plan,
-                                                bool bf16_dU = false);
+                                                bool bf16_dU = false, bool bf16_products = false);
 // Whether gdr_scan_backward_from_output_grad runs its one kernel for these inputs: a GPU, the plan's
 // TF32 products, W, Kd, Pm and Qg in bf16, dO fp32, sizes the fused form's shared memory takes
 // (kernels::gdr_scan_fused_width), and the switch below on. False without CUDA.
@@ -104,8 +106,10 @@ bool gdr_scan_backward_takes_output_grad(const torch::Tensor& W, const torch::Te
 // Process-wide switch (default on) for benchmarks and tests: off, gdr_scan_backward_from_output_grad
 // always takes the two products and then the scan.
 void gdr_scan_fuse_output_grads(bool on);
-// How many fused backward scans this process has launched (tests check the path was taken).
+// How many fused backward scans this process has launched (tests check the path was taken), and
+// how many of them took bf16 products.
 int64_t gdr_scan_fused_backward_launches();
+int64_t gdr_scan_bf16_product_launches();
 
 // Process-wide switch for benchmarks that time the kernel against the ATen loop (default on).
 void gdr_scan_use_kernel(bool on);

@@ -89,6 +89,75 @@ std::string describe(const Case& c) {
          " dv=" + std::to_string(c.dv);
 }
 
+// The inputs of the scan's backward fed by the output's gradient (model::gdr_scan_backward_from_
+// output_grad) for case c: the plan (TF32 products, bf16 states), bf16 W, Kd, Qg and Pm (zero above
+// its diagonal) and fp32 decay; output_grad draws dO and the final state gradient, reference is
+// the fp64 result.
+struct FusedScanCase {
+  struct OutputGrad {
+    torch::Tensor dO, map, d_hfinal;  // map: int32 [R·C] when mapped, else undefined
+    int64_t n_rows = 0;
+  };
+  Case c;
+  model::GdrScanPlan plan;
+  int64_t R = 0, S = 0;
+  torch::Tensor W, Kd, Qg, Pm, decay;
+  double scale = 1;
+
+  explicit FusedScanCase(const Case& cs) : c(cs) {
+    int64_t N = 0;
+    plan = make_plan(c.chunk_counts, c.H, N);
+    plan.tf32_products = true;
+    plan.bf16_states = true;
+    R = N * c.H;
+    S = plan.n_docs * c.H;
+    const ScanInputs in = random_scan_inputs(c, R, S);
+    W = in.W.to(torch::kBFloat16);
+    Kd = in.Kd.to(torch::kBFloat16);
+    decay = in.decay;
+    Qg = (torch::randn({R, c.C, c.dk}, in.W.options()) / std::sqrt(static_cast<double>(c.dk))).to(torch::kBFloat16);
+    Pm = (torch::randn({R, c.C, c.C}, in.W.options()).tril() / std::sqrt(static_cast<double>(c.C))).to(torch::kBFloat16);
+    scale = 1.0 / std::sqrt(static_cast<double>(c.dk));
+  }
+
+  // dO [n_rows, dv]: the R·C chunk rows, or when mapped extra_rows more with the chunk rows spread
+  // over them in random order through the map, one in eight −1 (a zero row); and a final gradient
+  // when with_final.
+  OutputGrad output_grad(bool mapped, bool with_final, int64_t extra_rows) const {
+    const auto opt = decay.options();
+    OutputGrad g;
+    g.n_rows = mapped ? R * c.C + extra_rows : R * c.C;
+    g.dO = torch::randn({g.n_rows, c.dv}, opt);
+    if (mapped) {
+      auto idx = torch::randperm(g.n_rows, opt.dtype(torch::kInt64)).narrow(0, 0, R * c.C);
+      idx.masked_fill_(torch::rand({R * c.C}, opt) < 0.125, -1);
+      g.map = idx.to(torch::kInt32);
+    }
+    if (with_final) g.d_hfinal = torch::randn({S, c.dk, c.dv}, opt);
+    return g;
+  }
+
+  model::GdrScanGrads run(const OutputGrad& g, bool bf16_dU = false, bool bf16_products = false) const {
+    return model::gdr_scan_backward_from_output_grad(W, Kd, decay, Pm, Qg, g.dO, g.map, scale, g.d_hfinal, plan,
+                                                     bf16_dU, bf16_products);
+  }
+
+  // fp64: dO gathered into chunk rows (a zero row for −1), the two products, the ATen scan.
+  model::GdrScanGrads reference(const OutputGrad& g) const {
+    const auto f64 = [](const torch::Tensor& x) { return x.to(torch::kFloat64); };
+    const auto rows64 =
+        g.map.defined()
+            ? torch::cat({f64(g.dO), torch::zeros({1, c.dv}, g.dO.options().dtype(torch::kFloat64))})
+                  .index_select(0, torch::where(g.map < 0, g.n_rows, g.map).to(torch::kInt64))
+            : f64(g.dO);
+    const auto dO64 = rows64.view({R, c.C, c.dv});
+    return model::gdr_scan_backward_reference(f64(W), f64(Kd), f64(decay),
+                                              scale * torch::bmm(f64(Qg).transpose(1, 2), dO64),
+                                              scale * torch::bmm(f64(Pm).transpose(1, 2), dO64),
+                                              g.d_hfinal.defined() ? f64(g.d_hfinal) : torch::Tensor(), plan);
+  }
+};
+
 }  // namespace
 
 // fp32 on both sides; they differ in summation order over dk and C (≤ 256 terms) and its growth
@@ -389,8 +458,6 @@ TEST(GdrScanCuda, Bf16InputsMatchFp32InputsOfTheSameValues) {
 TEST(GdrScanCuda, FusedOutputGradBackwardMatchesProductsThenScan) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 929);
-  const auto bf16 = [](const torch::Tensor& x) { return x.to(torch::kBFloat16); };
-  const auto f64 = [](const torch::Tensor& x) { return x.to(torch::kFloat64); };
   double worst_kernel = 0, worst_ref = 0, worst_state = 0;
   // Each case, and the fixed block widths the fused form takes it in (kernels::gdr_scan_mma_supports:
   // 96 and 128 columns only for C ≤ 64 and dk ≤ 128, and each width's shared memory); the default
@@ -408,32 +475,13 @@ TEST(GdrScanCuda, FusedOutputGradBackwardMatchesProductsThenScan) {
     model::gdr_scan_variant(variant);
     for (const FusedCase& fc : cases) {
       const Case& c = fc.c;
-      int64_t N = 0;
-      auto plan = make_plan(c.chunk_counts, c.H, N);
-      plan.tf32_products = true;
-      plan.bf16_states = true;
-      const int64_t R = N * c.H, S = plan.n_docs * c.H;
-      const ScanInputs in = random_scan_inputs(c, R, S);
-      auto opt = in.U.options();
-      const auto W = bf16(in.W), Kd = bf16(in.Kd);
-      const auto Qg = bf16(torch::randn({R, c.C, c.dk}, opt) / std::sqrt(static_cast<double>(c.dk)));
-      const auto Pm = bf16(torch::randn({R, c.C, c.C}, opt).tril() / std::sqrt(static_cast<double>(c.C)));
-      const double scale = 1.0 / std::sqrt(static_cast<double>(c.dk));
+      const FusedScanCase f(c);
       for (const bool mapped : {false, true}) {
         for (const bool with_final : {true, false}) {
-          // Mapped: the chunk rows are spread over more rows in random order, one in eight zero.
-          const int64_t n_rows = mapped ? R * c.C + 37 : R * c.C;
-          const auto dO = torch::randn({n_rows, c.dv}, opt);
-          torch::Tensor map;
-          if (mapped) {
-            auto idx = torch::randperm(n_rows, opt.dtype(torch::kInt64)).narrow(0, 0, R * c.C);
-            idx.masked_fill_(torch::rand({R * c.C}, opt) < 0.125, -1);
-            map = idx.to(torch::kInt32);
-          }
-          const auto d_hfinal = with_final ? torch::randn({S, c.dk, c.dv}, opt) : torch::Tensor();
+          const auto og = f.output_grad(mapped, with_final, 37);
           const std::string what = describe(c) + ", variant " + std::to_string(variant) +
                                    (mapped ? ", row map" : ", chunk rows") + (with_final ? "" : ", no final gradient");
-          const bool takes = model::gdr_scan_backward_takes_output_grad(W, Kd, Pm, Qg, dO, plan);
+          const bool takes = model::gdr_scan_backward_takes_output_grad(f.W, f.Kd, f.Pm, f.Qg, og.dO, f.plan);
           const int width = variant == kernels::kGdrScanTensorCores32    ? 32
                             : variant == kernels::kGdrScanTensorCores64  ? 64
                             : variant == kernels::kGdrScanTensorCores96  ? 96
@@ -442,31 +490,21 @@ TEST(GdrScanCuda, FusedOutputGradBackwardMatchesProductsThenScan) {
           const bool listed = std::find(fc.widths.begin(), fc.widths.end(), width) != fc.widths.end();
           EXPECT_EQ(takes, variant == kernels::kGdrScanAuto ? !fc.widths.empty() : listed) << what;
           const int64_t launches = model::gdr_scan_fused_backward_launches();
-          const auto got = model::gdr_scan_backward_from_output_grad(W, Kd, in.decay, Pm, Qg, dO, map, scale,
-                                                                     d_hfinal, plan);
+          const auto got = f.run(og);
           EXPECT_EQ(model::gdr_scan_fused_backward_launches() - launches, takes ? 1 : 0) << what;
           if (takes) {
             // dU in bf16 (the fused backward's 16-bit mode): the same sums, rounded as stored; the
             // state gradients unchanged.
-            const auto got16 = model::gdr_scan_backward_from_output_grad(W, Kd, in.decay, Pm, Qg, dO, map, scale,
-                                                                         d_hfinal, plan, true);
+            const auto got16 = f.run(og, true);
             EXPECT_EQ(got16.dU.scalar_type(), torch::kBFloat16) << what;
             EXPECT_TRUE(torch::equal(got16.dU, got.dU.to(torch::kBFloat16))) << what << ": bf16 dU";
             EXPECT_TRUE(torch::equal(got16.dh_next, got.dh_next) && torch::equal(got16.dh0, got.dh0)) << what;
           }
           model::gdr_scan_fuse_output_grads(false);
-          EXPECT_FALSE(model::gdr_scan_backward_takes_output_grad(W, Kd, Pm, Qg, dO, plan)) << what;
-          const auto want = model::gdr_scan_backward_from_output_grad(W, Kd, in.decay, Pm, Qg, dO, map, scale,
-                                                                      d_hfinal, plan);
+          EXPECT_FALSE(model::gdr_scan_backward_takes_output_grad(f.W, f.Kd, f.Pm, f.Qg, og.dO, f.plan)) << what;
+          const auto want = f.run(og);
           model::gdr_scan_fuse_output_grads(true);
-          // fp64: dO gathered into chunk rows (a zero row for −1), the products, the ATen scan.
-          const auto dO_rows64 = mapped ? torch::cat({f64(dO), torch::zeros({1, c.dv}, opt.dtype(torch::kFloat64))})
-                                              .index_select(0, torch::where(map < 0, n_rows, map).to(torch::kInt64))
-                                        : f64(dO);
-          const auto dO64 = dO_rows64.view({R, c.C, c.dv});
-          const auto ref = model::gdr_scan_backward_reference(
-              f64(W), f64(Kd), f64(in.decay), scale * torch::bmm(f64(Qg).transpose(1, 2), dO64),
-              scale * torch::bmm(f64(Pm).transpose(1, 2), dO64), with_final ? f64(d_hfinal) : torch::Tensor(), plan);
+          const auto ref = f.reference(og);
           EXPECT_EQ(got.dh_next.scalar_type(), takes ? torch::kBFloat16 : torch::kFloat32) << what;
           const double e_kernel = std::max(rel_norm_diff(got.dU, want.dU), rel_norm_diff(got.dh0, want.dh0));
           const double e_ref = std::max({rel_norm_diff(got.dU, ref.dU), rel_norm_diff(got.dh0, ref.dh0),
@@ -486,6 +524,61 @@ TEST(GdrScanCuda, FusedOutputGradBackwardMatchesProductsThenScan) {
   std::printf("[gdr_scan fused backward] worst: dU and dh0 against products then scan %.1e, against fp64 %.1e; bf16 "
               "dh_next %.1e\n",
               worst_kernel, worst_ref, worst_state);
+}
+
+// The fused backward scan with bf16 products (kernels/gdr_scan_bf16.cu) against its TF32 form and
+// fp64, at every block width that takes it and where it is refused (C or dk too large). Rounding
+// dO, the state gradient and dU to bf16 as operands (2⁻⁹ relative) gives gradients about 1e-3 from
+// fp64 on these inputs; a fragment read from the wrong place would give errors of order one.
+TEST(GdrScanCuda, Bf16ProductsReverseScanStaysCloseToFp64) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 1187);
+  struct Bf16Case {
+    Case c;
+    bool taken;
+  };
+  std::vector<Bf16Case> cases;
+  for (const Case& c : kModelHeadCases) cases.push_back({c, true});
+  cases.push_back({{{2, 5}, 2, 16, 16, 8}, true});     // the smallest sizes taken
+  cases.push_back({{{3, 2}, 2, 128, 64, 72}, false});  // C > 64
+  cases.push_back({{{3, 1}, 2, 64, 256, 40}, false});  // dk > 128
+  double worst = 0, worst_tf32 = 0;
+  for (const int variant : {int{kernels::kGdrScanAuto}, int{kernels::kGdrScanTensorCores32},
+                            int{kernels::kGdrScanTensorCores64}, int{kernels::kGdrScanTensorCores96},
+                            int{kernels::kGdrScanTensorCores128}}) {
+    model::gdr_scan_variant(variant);
+    for (const Bf16Case& bc : cases) {
+      const Case& c = bc.c;
+      const FusedScanCase f(c);
+      // dO through a row map for odd document counts; a final gradient for even H.
+      const auto og = f.output_grad(c.chunk_counts.size() % 2 == 1, c.H % 2 == 0, 11);
+      const std::string what = describe(c) + ", variant " + std::to_string(variant);
+      if (!model::gdr_scan_backward_takes_output_grad(f.W, f.Kd, f.Pm, f.Qg, og.dO, f.plan)) continue;  // no fused width
+      const auto tf32 = f.run(og, false, false);
+      const int64_t before = model::gdr_scan_bf16_product_launches();
+      const auto got = f.run(og, false, true);
+      const bool taken = model::gdr_scan_bf16_product_launches() - before == 1;
+      EXPECT_EQ(taken, bc.taken) << what;
+      if (!taken) {
+        EXPECT_TRUE(torch::equal(got.dU, tf32.dU) && torch::equal(got.dh0, tf32.dh0)) << what << ": the TF32 form";
+        continue;
+      }
+      // dU rounded to bf16 as written: the same sums.
+      const auto got16 = f.run(og, true, true);
+      EXPECT_TRUE(torch::equal(got16.dU, got.dU.to(torch::kBFloat16))) << what << ": bf16 dU";
+      EXPECT_TRUE(torch::equal(got16.dh_next, got.dh_next) && torch::equal(got16.dh0, got.dh0)) << what;
+      const auto ref = f.reference(og);
+      const double e = std::max({rel_norm_diff(got.dU, ref.dU), rel_norm_diff(got.dh0, ref.dh0),
+                                 rel_norm_diff(got.dh_next, ref.dh_next)});
+      const double e_tf32 = std::max({rel_norm_diff(tf32.dU, ref.dU), rel_norm_diff(tf32.dh0, ref.dh0),
+                                      rel_norm_diff(tf32.dh_next, ref.dh_next)});
+      EXPECT_LT(e, 1e-2) << what << ": bf16 products against fp64";
+      worst = std::max(worst, e);
+      worst_tf32 = std::max(worst_tf32, e_tf32);
+    }
+  }
+  model::gdr_scan_variant(kernels::kGdrScanAuto);
+  std::printf("[gdr_scan bf16 products] worst against fp64: %.1e (TF32 products: %.1e)\n", worst, worst_tf32);
 }
 
 // The fused front's bf16 outputs (GdrChunkFrontArgs::bf16_out) are its fp32 outputs rounded to

@@ -1,0 +1,341 @@
+// The fused backward form of the chunk-state scan (kernels/gdr_scan.h, GdrScanArgs::dO) with its
+// four products as bf16 mma.sync m16n8k16 (GdrScanArgs::bf16_products). Per reverse step, for a
+// block's `cols` columns of the state gradient S (dh, fp32 in registers):
+//   dVn = s Pmᵀ dO                       [C, cols]   (Pm zero above its diagonal)
+//   y   = dVn + Kd S                     [C, cols]   (y = dU, written out)
+//   S   = decay · S + s Qgᵀ dO − Wᵀ y    [dk, cols]
+// gdr_scan_mma.cu takes the same four products in TF32 (m16n8k8), its operands widened from bf16
+// (Pm, Qg, Kd, W) or rounded to TF32 (dO, S, y) and read from shared memory a value at a time.
+// Here dO, S and y are rounded to bf16 as operands, as Pm, Qg, Kd and W already are, and every
+// fragment comes in by ldmatrix: half the mma instructions and about half the shared-memory
+// wavefronts a step, which bound that kernel. Sums stay fp32 and so does the running state; what
+// changes is the operands' rounding, 2⁻⁹ relative where TF32 has 2⁻¹¹ (the test bounds the
+// difference, and training's loss is compared in docs/perf.md).
+//
+// Same blocks and steps as the TF32 kernel: one block of 8, 16, 24 or 32 warps owns one (document,
+// head) and 4 · warps state columns. Phase 1: warp w takes the 16 × 16 tile of y (row tile w / (cols
+// / 16), column pair w % (cols / 16)), then E = s Qgᵀ dO for its phase-2 tile, folded into the state
+// as decay · S + E. Phase 2: warp w updates state rows 16 (w % 8).. and columns 32 (w / 8).. by
+// −Wᵀ y and writes them to the shared bf16 copy of S, the next step's phase-1 operand and the
+// source of the out_state rows (dh_next, bf16 either way). One unit of y and one state tile per
+// warp: C ≤ 64, dk ≤ 128 (gdr_scan_fused_bf16_supports).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/gdr_chunk_mma.cuh"
+#include "kernels/gdr_scan.h"
+#include "kernels/ldmatrix.cuh"
+#include "kernels/smem_opt_in.cuh"
+#include "kernels/tf32_mma.cuh"
+
+namespace kernels {
+
+namespace {
+
+using gdr_chunk_mma::Frag16A;
+using gdr_chunk_mma::Frag16B;
+using Bf16 = __nv_bfloat16;
+
+// Pitches in elements. 16-bit rows are padded to an odd number of 16-byte units (conflict-free
+// ldmatrix); dO's fp32 rows by 4 floats (16 bytes, cp.async's alignment).
+__host__ __device__ constexpr int pitch16(int n) { return n + 8; }
+__host__ __device__ constexpr int pitch_do(int cols) { return cols + 4; }
+
+// Byte offsets of the shared regions; their sum is gdr_scan_fused_bf16_smem_bytes.
+struct Layout {
+  int64_t S, y, dOb, P, Q, Qg, Pm, dO, total;
+};
+__host__ __device__ constexpr Layout layout_of(int64_t C, int64_t dk, int64_t cols) {
+  Layout l{};
+  l.S = 0;                                                  // bf16 [dk][cols + 8]: S rounded
+  l.y = l.S + dk * pitch16(cols) * 2;                       // bf16 [C][cols + 8]: −y rounded
+  l.dOb = l.y + C * pitch16(cols) * 2;                      // bf16 [C][cols + 8]: dO rounded
+  l.P = l.dOb + C * pitch16(cols) * 2;                      // bf16 [C][dk + 8]: Kd
+  l.Q = l.P + C * pitch16(dk) * 2;                          // bf16 [C][dk + 8]: W
+  l.Qg = l.Q + C * pitch16(dk) * 2;                         // bf16 [C][dk + 8]
+  l.Pm = l.Qg + C * pitch16(dk) * 2;                        // bf16 [C][C + 8]
+  l.dO = l.Pm + C * pitch16(C) * 2;                         // fp32 [C][cols + 4], as staged
+  l.total = l.dO + C * pitch_do(static_cast<int>(cols)) * 4;
+  return l;
+}
+static_assert(layout_of(64, 128, 128).total == gdr_scan_fused_bf16_smem_bytes(64, 128, 128) &&
+                  layout_of(32, 80, 32).total == gdr_scan_fused_bf16_smem_bytes(32, 80, 32),
+              "the layout and the header's size agree");
+
+__device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  gdr_chunk_mma::mma16<Bf16>(d, Frag16A{{a[0], a[1], a[2], a[3]}}, Frag16B{{b0, b1}});
+}
+
+// rows × cols 16-bit values from global memory (row stride ld elements) into shared rows of
+// `pitch`, 16 bytes per copy (cols a multiple of 8).
+__device__ __forceinline__ void stage16(uint16_t* dst, int pitch, const uint16_t* src, int64_t ld, int rows, int cols,
+                                        int threads) {
+  const int pieces = cols / 8;
+  for (int p = threadIdx.x; p < rows * pieces; p += threads) {
+    const int r = p / pieces, c = 8 * (p % pieces);
+    cp_async16_zfill(reinterpret_cast<float*>(dst + r * pitch + c), reinterpret_cast<const float*>(src + r * ld + c),
+                     true);
+  }
+}
+
+template <int kWarps, bool kBf16Y>
+__global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) gdr_scan_fused_bf16_kernel(GdrScanArgs a) {
+  constexpr int kThreads = 32 * kWarps, kCols = 4 * kWarps, kPairs = kCols / 16;
+  constexpr int kPs = pitch16(kCols), kPdo = pitch_do(kCols);
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int dk = static_cast<int>(a.dk), C = static_cast<int>(a.C);
+  const int64_t dv = a.dv;
+  const int pk = pitch16(dk), pc = pitch16(C);
+  const Layout L = layout_of(C, dk, kCols);
+  uint16_t* S_s = reinterpret_cast<uint16_t*>(smem_raw + L.S);
+  uint16_t* y_s = reinterpret_cast<uint16_t*>(smem_raw + L.y);
+  uint16_t* dOb_s = reinterpret_cast<uint16_t*>(smem_raw + L.dOb);
+  uint16_t* P_s = reinterpret_cast<uint16_t*>(smem_raw + L.P);
+  uint16_t* Q_s = reinterpret_cast<uint16_t*>(smem_raw + L.Q);
+  uint16_t* Qg_s = reinterpret_cast<uint16_t*>(smem_raw + L.Qg);
+  uint16_t* Pm_s = reinterpret_cast<uint16_t*>(smem_raw + L.Pm);
+  float* dO_s = reinterpret_cast<float*>(smem_raw + L.dO);
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t = lane % 4;
+  // Phase 2's tile: state rows s_m0.. (16), columns col0.. (32); phase 1's unit of y.
+  const int s_m0 = 16 * (warp % 8), col0 = 32 * (warp / 8);
+  const bool has_state_tile = s_m0 < dk;
+  const int y_m0 = 16 * (warp / kPairs), y_n0 = 16 * (warp % kPairs);
+  const bool has_y_unit = y_m0 < C;
+  const int64_t doc_head = blockIdx.x;
+  const int64_t doc = doc_head / a.H, head = doc_head % a.H;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.y) * kCols;
+  const int64_t cols = dv - j0 < kCols ? dv - j0 : kCols;  // valid columns (a multiple of 4)
+
+  // The running state as mma accumulators: element e of tile nt is row s_m0 + g (+ 8 for e ≥ 2),
+  // column col0 + 8 nt + 2t + e % 2. Written to S_s rounded after each update.
+  float S_r[4][4];
+  auto state_to_shared = [&] {
+    if (!has_state_tile) return;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        *reinterpret_cast<uint32_t*>(S_s + (s_m0 + g + 8 * h) * kPs + col0 + 8 * nt + 2 * t) =
+            bf16_pair(S_r[nt][2 * h], S_r[nt][2 * h + 1]);
+      }
+    }
+  };
+  // The state's rows in global layout [dk, dv] at the tile's fragment positions (init and final:
+  // fp32, read and written once a block).
+  auto state_tile_io = [&](auto f) {
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int c = col0 + 8 * nt + 2 * t;
+        f(nt, h, static_cast<int64_t>(s_m0 + g + 8 * h) * dv + j0 + c, has_state_tile && c < cols);
+      }
+    }
+  };
+  // acc += Xᵀ B for this warp's state tile: X [C][dk] (Qg or W), B [C][cols] (dO or −y), both
+  // bf16 rows of the chunk, over the chunk's C rows in k-steps of 16.
+  auto state_tile_accumulate = [&](float(&acc)[4][4], const uint16_t* X_s, const uint16_t* B_s) {
+    uint32_t fa[4], fb[4];
+    for (int k0 = 0; k0 < C; k0 += 16) {
+      ldsm_a_of_transposed(fa, X_s, pk, s_m0, k0, lane);
+#pragma unroll
+      for (int pair = 0; pair < 2; ++pair) {
+        ldsm_b_pair(fb, B_s, kPs, k0, col0 + 16 * pair, lane);
+        mma_bf16(acc[2 * pair], fa, fb[0], fb[1]);
+        mma_bf16(acc[2 * pair + 1], fa, fb[2], fb[3]);
+      }
+    }
+  };
+  const float* init = a.init != nullptr ? a.init + doc_head * dk * dv : nullptr;
+  state_tile_io([&](int nt, int h, int64_t at, bool valid) {
+    const float2 v = valid && init != nullptr ? *reinterpret_cast<const float2*>(init + at) : make_float2(0.f, 0.f);
+    S_r[nt][2 * h] = v.x;
+    S_r[nt][2 * h + 1] = v.y;
+  });
+  state_to_shared();
+
+  const int n = a.n_chunks[doc];
+  auto row_of_step = [&](int step) {
+    const int m = a.reverse ? n - 1 - step : step;
+    return (static_cast<int64_t>(a.step_off[m]) + doc) * a.H + head;
+  };
+  // Kd, Qg, Pm and dO of chunk row r (dO through the row map, zeros for −1), then W apart: W is
+  // phase 2's only input, and comes in while phase 1 runs.
+  auto stage_p = [&](int64_t r) {
+    stage16(P_s, pk, a.P_bf16 + r * C * dk, dk, C, dk, kThreads);
+    stage16(Qg_s, pk, a.Qg_bf16 + r * C * dk, dk, C, dk, kThreads);
+    stage16(Pm_s, pc, a.Pm_bf16 + r * C * C, C, C, C, kThreads);
+    for (int p = threadIdx.x; p < C * (kCols / 4); p += kThreads) {
+      const int i = p / (kCols / 4), c = 4 * (p % (kCols / 4));
+      const int64_t src_row = a.dO_rows != nullptr ? a.dO_rows[r * C + i] : r * C + i;
+      const bool valid = src_row >= 0 && c < cols;
+      cp_async16_zfill(dO_s + i * kPdo + c, valid ? a.dO + src_row * dv + j0 + c : a.dO, valid);
+    }
+  };
+  auto stage_q = [&](int64_t r) { stage16(Q_s, pk, a.Q_bf16 + r * C * dk, dk, C, dk, kThreads); };
+  auto out_y = [&] {
+    if constexpr (kBf16Y) return a.out_y_bf16;
+    else return a.out_y;
+  };
+
+  int64_t r_next = n > 0 ? row_of_step(0) : 0;
+  if (n > 0) {
+    stage_p(r_next);
+    cp_async_commit();
+    stage_q(r_next);
+    cp_async_commit();
+  }
+  __syncthreads();  // S_s holds the initial state
+
+  for (int step = 0; step < n; ++step) {
+    const int64_t r = r_next;
+    r_next = step + 1 < n ? row_of_step(step + 1) : r;
+
+    // Phase 0: the state gradient this step starts from (dh_next), from the rounded copy: the same
+    // bits as rounding the fp32 state.
+    uint16_t* out_state = a.out_state_bf16 + r * dk * dv;
+    for (int p = threadIdx.x; p < dk * (kCols / 4); p += kThreads) {
+      const int i = p / (kCols / 4), c = 4 * (p % (kCols / 4));
+      if (c < cols) *reinterpret_cast<uint2*>(out_state + i * dv + j0 + c) = *reinterpret_cast<const uint2*>(S_s + i * kPs + c);
+    }
+    const float dec = __ldg(a.decay + r);
+
+    cp_async_wait<1>();  // Kd, Qg, Pm, dO (W may still be in flight)
+    __syncthreads();
+    for (int p = threadIdx.x; p < C * (kCols / 4); p += kThreads) {
+      const int i = p / (kCols / 4), c = 4 * (p % (kCols / 4));
+      const float4 v = *reinterpret_cast<const float4*>(dO_s + i * kPdo + c);
+      *reinterpret_cast<uint2*>(dOb_s + i * kPs + c) = make_uint2(bf16_pair(v.x, v.y), bf16_pair(v.z, v.w));
+    }
+    __syncthreads();
+
+    // Phase 1: y = s Pmᵀ dO + Kd S for this warp's unit; Pmᵀ's rows y_m0.. are zero before column y_m0.
+    if (has_y_unit) {
+      float acc[2][4] = {}, acc_odd[2][4] = {};
+      uint32_t fa[4], fb[4];
+      for (int k0 = y_m0; k0 < C; k0 += 16) {
+        ldsm_a_of_transposed(fa, Pm_s, pc, y_m0, k0, lane);
+        ldsm_b_pair(fb, dOb_s, kPs, k0, y_n0, lane);
+        mma_bf16(acc[0], fa, fb[0], fb[1]);
+        mma_bf16(acc[1], fa, fb[2], fb[3]);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[h][e] *= a.out_scale;
+      }
+      // Kd S: even k-steps into acc, odd ones into acc_odd (two dependency chains).
+      auto kd_times_s = [&](float(&d)[2][4], int k0) {
+        ldsm_a(fa, P_s, pk, y_m0, k0, lane);
+        ldsm_b_pair(fb, S_s, kPs, k0, y_n0, lane);
+        mma_bf16(d[0], fa, fb[0], fb[1]);
+        mma_bf16(d[1], fa, fb[2], fb[3]);
+      };
+      for (int k0 = 0; k0 < dk; k0 += 32) {
+        kd_times_s(acc, k0);
+        if (k0 + 16 < dk) kd_times_s(acc_odd, k0 + 16);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int c = y_n0 + 8 * h + 2 * t;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = y_m0 + g + 8 * half;
+          const float2 y = make_float2(acc[h][2 * half] + acc_odd[h][2 * half],
+                                       acc[h][2 * half + 1] + acc_odd[h][2 * half + 1]);
+          *reinterpret_cast<uint32_t*>(y_s + row * kPs + c) = bf16_pair(a.sign_q * y.x, a.sign_q * y.y);
+          if (c < cols) {
+            auto* dst = out_y() + (r * C + row) * dv + j0 + c;
+            if constexpr (kBf16Y) {
+              *reinterpret_cast<uint32_t*>(dst) = bf16_pair(y.x, y.y);
+            } else {
+              *reinterpret_cast<float2*>(dst) = y;
+            }
+          }
+        }
+      }
+    }
+    // E = s Qgᵀ dO for this warp's state tile, and the decay with it.
+    if (has_state_tile) {
+      float e_acc[4][4] = {};
+      state_tile_accumulate(e_acc, Qg_s, dOb_s);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) S_r[nt][e] = dec * S_r[nt][e] + a.out_scale * e_acc[nt][e];
+      }
+    }
+    __syncthreads();  // y is complete; Kd, Qg, Pm, dO and S_s are read
+    if (step + 1 < n) stage_p(r_next);
+    cp_async_commit();
+    cp_async_wait<1>();  // W of this step
+    __syncthreads();
+
+    // Phase 2: S += Wᵀ (−y) for this warp's tile, then its rounded copy for the next step.
+    if (has_state_tile) {
+      state_tile_accumulate(S_r, Q_s, y_s);
+      state_to_shared();
+    }
+    __syncthreads();  // the state is final; W and y are read
+    if (step + 1 < n) stage_q(r_next);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+  float* fin = a.final_state + doc_head * dk * dv;
+  state_tile_io([&](int nt, int h, int64_t at, bool valid) {
+    if (valid) *reinterpret_cast<float2*>(fin + at) = make_float2(S_r[nt][2 * h], S_r[nt][2 * h + 1]);
+  });
+}
+
+using ScanKernel = void (*)(GdrScanArgs);
+
+// The kernel, allowed the most shared memory any size takes: an instance runs with several sizes
+// (C, dk), and allow_dynamic_smem sets each (kernel, device, bytes) once, so an opt-in to each
+// launch's own size would let a smaller size's opt-in stand under a larger launch (refused, invalid
+// value).
+template <int kWarps, bool kBf16Y>
+ScanKernel opted_in() {
+  ScanKernel f = gdr_scan_fused_bf16_kernel<kWarps, kBf16Y>;
+  return allow_dynamic_smem(reinterpret_cast<const void*>(f), static_cast<int>(kGdrScanMmaMaxSmem)) == 0 ? f
+                                                                                                        : nullptr;
+}
+
+template <int kWarps>
+ScanKernel kernel_for(const GdrScanArgs& a) {
+  return a.out_y_bf16 != nullptr ? opted_in<kWarps, true>() : opted_in<kWarps, false>();
+}
+
+}  // namespace
+
+int gdr_scan_fused_bf16(const GdrScanArgs& a, int cols, void* stream) {
+  if (!gdr_scan_fused_form_ok(a) || !a.bf16_products || !gdr_scan_fused_bf16_supports(a.C, a.dk, a.dv, cols) ||
+      a.n_docs < 1 || a.H < 1) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  const int64_t smem = gdr_scan_fused_bf16_smem_bytes(a.C, a.dk, cols);
+  ScanKernel kernel = nullptr;
+  switch (cols) {
+    case 32: kernel = kernel_for<8>(a); break;
+    case 64: kernel = kernel_for<16>(a); break;
+    case 96: kernel = kernel_for<24>(a); break;
+    case 128: kernel = kernel_for<32>(a); break;
+    default: return static_cast<int>(cudaErrorInvalidValue);
+  }
+  if (kernel == nullptr) return static_cast<int>(cudaErrorInvalidValue);
+  const dim3 grid(static_cast<unsigned>(a.n_docs * a.H), static_cast<unsigned>((a.dv + cols - 1) / cols));
+  GdrScanArgs args = a;
+  void* params[] = {&args};
+  return static_cast<int>(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, dim3(8 * cols), params,
+                                           static_cast<size_t>(smem), static_cast<cudaStream_t>(stream)));
+}
+
+}  // namespace kernels
