@@ -194,10 +194,13 @@ void draw_launcher(GuiState& s) {
     }
     ImGui::TableNextRow();
     ImGui::TableSetColumnIndex(1);
-    ImGui::TextDisabled("%s parameters%s, d=%lld, L=%lld, pattern %s",
-                        format_count(static_cast<double>(model::count_params(c.model))).c_str(),
-                        c.model.vocab_size == 0 ? " without the embedding (vocabulary from the tokenizer)" : "",
-                        static_cast<long long>(c.model.d), static_cast<long long>(c.model.n_layers), c.model.pattern.c_str());
+    // Wrapped in the cell: one line was cut at the column's edge, losing the sizes after it.
+    ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
+    ImGui::TextWrapped("%s parameters%s, d=%lld, L=%lld, pattern %s",
+                       format_count(static_cast<double>(model::count_params(c.model))).c_str(),
+                       c.model.vocab_size == 0 ? " without the embedding (vocabulary from the tokenizer)" : "",
+                       static_cast<long long>(c.model.d), static_cast<long long>(c.model.n_layers), c.model.pattern.c_str());
+    ImGui::PopStyleColor();
 
     f.label("data.train", "Training sources, one per line: text:GLOB | jsonl:GLOB | llmc:GLOB | u16:GLOB");
     const bool src = ImGui::InputTextMultiline("##v", &p.train_sources, ImVec2(-1, ImGui::GetTextLineHeight() * 3.4f));
