@@ -1,6 +1,6 @@
 // The headless front ends of `deltadeck train`: plain log lines (text or JSON) and the terminal
 // dashboard. Each runs on the main thread until the run has ended and its end is recorded, reading
-// the RunHost and sending it commands; the first SIGINT/SIGTERM becomes Command::Stop. No torch.
+// the RunHost and sending it commands; the first SIGINT/SIGTERM/SIGHUP becomes Command::Stop. No torch.
 #pragma once
 
 #include <string>

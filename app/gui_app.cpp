@@ -222,7 +222,7 @@ int run_gui(const GuiArgs& args) {
       ImGui_ImplOpenGL3_RenderDrawData(ImGui::GetDrawData());
     };
     if (scripted && script.failed()) exit_code = 3;
-    // SIGINT/SIGTERM as in `deltadeck train`: a run training here stops with a checkpoint, then the
+    // SIGINT/SIGTERM/SIGHUP as in `deltadeck train`: a run training here stops with a checkpoint, then the
     // window closes; a second SIGINT exits at once (signals.h).
     install_stop_signals();
     int signals_seen = 0;

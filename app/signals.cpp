@@ -79,6 +79,10 @@ void install_stop_signals() {
   // writer thread must go on rather than fail with EINTR.
   install(SIGINT, on_stop_signal, SA_RESTART);
   install(SIGTERM, on_stop_signal, SA_RESTART);
+  // The terminal going away (a closed window, a dropped ssh session, a killed tmux) stops the run
+  // with a checkpoint too, where the default action would end it without one and leave the run
+  // 'running' in the database. The dashboard's writes to the gone terminal fail and are dropped.
+  install(SIGHUP, on_stop_signal, SA_RESTART);
 }
 
 int stop_signals_received() { return static_cast<int>(g_stop_signals); }

@@ -1,6 +1,6 @@
-// Signals of a run: the first SIGINT/SIGTERM asks for a clean stop (checkpoint, status `stopped`,
-// or `preempted` when the launcher says a SIGTERM means preemption: SLURM_JOB_ID is set, or
-// DELTADECK_PREEMPTIBLE=1); a second SIGINT or SIGTERM exits at once (status 128 + signal), leaving
+// Signals of a run: the first SIGINT/SIGTERM/SIGHUP asks for a clean stop (checkpoint, status
+// `stopped`, or `preempted` when the launcher says a SIGTERM means preemption: SLURM_JOB_ID is set,
+// or DELTADECK_PREEMPTIBLE=1); a second one exits at once (status 128 + signal), leaving
 // the last committed checkpoint and database transaction as they are. The handlers restart
 // interrupted system calls (SA_RESTART), so a signal landing on a writer thread never fails a write. With a terminal
 // dashboard open, every way out puts the terminal back first: the second SIGINT, a crash

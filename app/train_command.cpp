@@ -304,7 +304,7 @@ int run_train(const TrainArgs& args) {
   RunHostOptions opts;
   opts.cluster = cluster;
   opts.keep_records = !dashboard;
-  // The engine sees the first SIGINT/SIGTERM at its next step boundary (the front end's 100 ms poll
+  // The engine sees the first SIGINT/SIGTERM/SIGHUP at its next step boundary (the front end's 100 ms poll
   // also sends the command, for the view's status).
   opts.poll_stop = []() -> std::optional<trainer::Command> {
     if (stop_signals_received() == 0) return std::nullopt;

@@ -22,7 +22,7 @@ struct Fault {
   int64_t step = -1;   // -1: any
 };
 
-const char* const PROCESS_ACTIONS[] = {"throw", "crash", "hang", "sigterm", "sigint", "sigterm2"};
+const char* const PROCESS_ACTIONS[] = {"throw", "crash", "hang", "sigterm", "sigint", "sighup", "sigterm2"};
 const char* const DATA_ACTIONS[] = {"nan", "inf", "spike"};
 
 bool is_one_of(const std::string& a, const char* const* list, size_t n) {
@@ -50,7 +50,7 @@ Fault parse_one(const std::string& s) {
   if (!is_one_of(f.action, PROCESS_ACTIONS, std::size(PROCESS_ACTIONS)) &&
       !is_one_of(f.action, DATA_ACTIONS, std::size(DATA_ACTIONS)))
     throw std::invalid_argument("DELTADECK_FAULT: unknown action \"" + f.action +
-                                "\" (throw, crash, hang, sigterm, sigint, sigterm2, nan, inf, spike)");
+                                "\" (throw, crash, hang, sigterm, sigint, sighup, sigterm2, nan, inf, spike)");
   return f;
 }
 
@@ -95,6 +95,8 @@ void fault_point(const char* point, int rank, int64_t step) {
       ::raise(SIGTERM);
     } else if (f.action == "sigint") {
       ::raise(SIGINT);
+    } else if (f.action == "sighup") {
+      ::raise(SIGHUP);
     } else if (f.action == "sigterm2") {
       ::raise(SIGTERM);
       ::raise(SIGTERM);

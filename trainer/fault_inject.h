@@ -4,8 +4,8 @@
 //
 //   DELTADECK_FAULT="<action>@<point>[,rank=R][,step=S][;<action>@<point>...]"
 //     action: throw (a C++ exception) | crash (the process dies at once, like SIGKILL) |
-//             hang (the rank sleeps forever) | sigterm | sigint (the signal is raised at the point;
-//             the run goes on until its next step boundary) | sigterm2 (two SIGTERMs in a row:
+//             hang (the rank sleeps forever) | sigterm | sigint | sighup (the signal is raised at
+//             the point; the run goes on until its next step boundary) | sigterm2 (two SIGTERMs in a row:
 //             the second one exits at once) |
 //             nan (the loss becomes NaN before backward) | inf (one gradient element becomes +inf,
 //             the reported loss stays finite) | spike (the loss is multiplied by 20)
@@ -23,7 +23,7 @@
 
 namespace trainer {
 
-// Fires an armed process fault (throw, crash, hang, sigterm, sigint, sigterm2) when point, rank and
+// Fires an armed process fault (throw, crash, hang, sigterm, sigint, sighup, sigterm2) when point, rank and
 // step match. Cheap when nothing is armed: one getenv and a string compare. Rank threads.
 void fault_point(const char* point, int rank, int64_t step);
 

@@ -44,8 +44,9 @@ expect_stop optimizer-2ranks stopped 4 DELTADECK_FAULT="sigterm@optimizer,rank=0
 expect_stop slurm-preempted preempted 3 SLURM_JOB_ID=4242 DELTADECK_FAULT="sigterm@backward,rank=1,step=3" \
   -- --set 'run.devices="cpu:2"'
 expect_stop flag-preempted preempted 5 DELTADECK_PREEMPTIBLE=1 DELTADECK_FAULT="sigterm@forward,step=5"
-# SIGINT is the user's, never a preemption.
+# SIGINT is the user's, never a preemption; so is SIGHUP (the terminal went away).
 expect_stop slurm-sigint stopped 3 SLURM_JOB_ID=4242 DELTADECK_FAULT="sigint@forward,step=3"
+expect_stop hangup stopped 3 SLURM_JOB_ID=4242 DELTADECK_FAULT="sighup@backward,step=3"
 
 # The operations of one save (the first), to aim at the middle of saves below.
 DELTADECK_IO_FAULT=trace "$bin" train "${tiny[@]}" --runs-dir "$work/trace" --set train.steps=2 \
