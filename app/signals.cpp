@@ -82,7 +82,9 @@ void install_stop_signals() {
   // The terminal going away (a closed window, a dropped ssh session, a killed tmux) stops the run
   // with a checkpoint too, where the default action would end it without one and leave the run
   // 'running' in the database. The dashboard's writes to the gone terminal fail and are dropped.
-  install(SIGHUP, on_stop_signal, SA_RESTART);
+  // Started under nohup (SIGHUP ignored), the run goes on, as the user asked.
+  struct sigaction hup {};
+  if (sigaction(SIGHUP, nullptr, &hup) == 0 && hup.sa_handler != SIG_IGN) install(SIGHUP, on_stop_signal, SA_RESTART);
 }
 
 int stop_signals_received() { return static_cast<int>(g_stop_signals); }

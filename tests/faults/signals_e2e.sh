@@ -47,6 +47,15 @@ expect_stop flag-preempted preempted 5 DELTADECK_PREEMPTIBLE=1 DELTADECK_FAULT="
 # SIGINT is the user's, never a preemption; so is SIGHUP (the terminal went away).
 expect_stop slurm-sigint stopped 3 SLURM_JOB_ID=4242 DELTADECK_FAULT="sigint@forward,step=3"
 expect_stop hangup stopped 3 SLURM_JOB_ID=4242 DELTADECK_FAULT="sighup@backward,step=3"
+# Under nohup (SIGHUP ignored when the program starts) a hangup changes nothing: the run finishes.
+d="$work/nohup"
+nohup "$bin" train "${tiny[@]}" --runs-dir "$d" --set train.steps=40 --set run.save_interval=0 > "$d.out" 2>&1 &
+pid=$!
+for _ in $(seq 100); do grep -q "^step " "$d.out" && break; sleep 0.1; done
+kill -HUP "$pid"
+wait "$pid" || { cat "$d.out"; fail "nohup: exited $?"; }
+[ "$(q "$d/deltadeck.db" "SELECT status FROM runs")" = finished ] || { tail -3 "$d.out"; fail "nohup: not finished"; }
+echo "nohup: a hangup mid-run, run finished"
 
 # The operations of one save (the first), to aim at the middle of saves below.
 DELTADECK_IO_FAULT=trace "$bin" train "${tiny[@]}" --runs-dir "$work/trace" --set train.steps=2 \
