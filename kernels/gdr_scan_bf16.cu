@@ -26,6 +26,7 @@
 
 #include "kernels/gdr_chunk_mma.cuh"
 #include "kernels/gdr_scan.h"
+#include "kernels/gdr_scan_stage.cuh"
 #include "kernels/ldmatrix.cuh"
 #include "kernels/smem_opt_in.cuh"
 #include "kernels/tf32_mma.cuh"
@@ -71,18 +72,6 @@ __device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
 
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   gdr_chunk_mma::mma16<Bf16>(d, Frag16A{{a[0], a[1], a[2], a[3]}}, Frag16B{{b0, b1}});
-}
-
-// rows × cols 16-bit values from global memory (row stride ld elements) into shared rows of
-// `pitch`, 16 bytes per copy (cols a multiple of 8).
-__device__ __forceinline__ void stage16(uint16_t* dst, int pitch, const uint16_t* src, int64_t ld, int rows, int cols,
-                                        int threads) {
-  const int pieces = cols / 8;
-  for (int p = threadIdx.x; p < rows * pieces; p += threads) {
-    const int r = p / pieces, c = 8 * (p % pieces);
-    cp_async16_zfill(reinterpret_cast<float*>(dst + r * pitch + c), reinterpret_cast<const float*>(src + r * ld + c),
-                     true);
-  }
 }
 
 template <int kWarps, bool kBf16Y>
@@ -171,9 +160,9 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) gdr_scan_fus
   // Kd, Qg, Pm and dO of chunk row r (dO through the row map, zeros for −1), then W apart: W is
   // phase 2's only input, and comes in while phase 1 runs.
   auto stage_p = [&](int64_t r) {
-    stage16(P_s, pk, a.P_bf16 + r * C * dk, dk, C, dk, kThreads);
-    stage16(Qg_s, pk, a.Qg_bf16 + r * C * dk, dk, C, dk, kThreads);
-    stage16(Pm_s, pc, a.Pm_bf16 + r * C * C, C, C, C, kThreads);
+    stage_rows<kThreads>(P_s, pk, a.P_bf16 + r * C * dk, dk, C, dk);
+    stage_rows<kThreads>(Qg_s, pk, a.Qg_bf16 + r * C * dk, dk, C, dk);
+    stage_rows<kThreads>(Pm_s, pc, a.Pm_bf16 + r * C * C, C, C, C);
     for (int p = threadIdx.x; p < C * (kCols / 4); p += kThreads) {
       const int i = p / (kCols / 4), c = 4 * (p % (kCols / 4));
       const int64_t src_row = a.dO_rows != nullptr ? a.dO_rows[r * C + i] : r * C + i;
@@ -181,7 +170,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) gdr_scan_fus
       cp_async16_zfill(dO_s + i * kPdo + c, valid ? a.dO + src_row * dv + j0 + c : a.dO, valid);
     }
   };
-  auto stage_q = [&](int64_t r) { stage16(Q_s, pk, a.Q_bf16 + r * C * dk, dk, C, dk, kThreads); };
+  auto stage_q = [&](int64_t r) { stage_rows<kThreads>(Q_s, pk, a.Q_bf16 + r * C * dk, dk, C, dk); };
   auto out_y = [&] {
     if constexpr (kBf16Y) return a.out_y_bf16;
     else return a.out_y;

@@ -43,6 +43,7 @@
 #include <type_traits>
 
 #include "kernels/gdr_scan.h"
+#include "kernels/gdr_scan_stage.cuh"
 #include "kernels/ldmatrix.cuh"
 #include "kernels/smem_opt_in.cuh"
 #include "kernels/tf32_mma.cuh"
@@ -65,19 +66,6 @@ __device__ __forceinline__ FragB load_b(const float* tile, int pitch, int k0, in
   to_tf32<kSplit>(tile[(k0 + t) * pitch + n0 + g], f.big[0], f.small[0]);
   to_tf32<kSplit>(tile[(k0 + t + 4) * pitch + n0 + g], f.big[1], f.small[1]);
   return f;
-}
-
-// Copies rows × cols elements (fp32, or bf16 as raw bits) from global memory (row stride ld) into
-// shared memory (row length pitch), 16 bytes per copy; cols is a multiple of 16 bytes' elements.
-template <typename T>
-__device__ __forceinline__ void stage_rows(T* dst, int pitch, const T* src, int64_t ld, int rows, int cols) {
-  constexpr int kV = 16 / static_cast<int>(sizeof(T));
-  const int n_pieces = cols / kV;
-  for (int p = threadIdx.x; p < rows * n_pieces; p += blockDim.x) {
-    const int r = p / n_pieces, c = kV * (p % n_pieces);
-    cp_async16_zfill(reinterpret_cast<float*>(dst + r * pitch + c), reinterpret_cast<const float*>(src + r * ld + c),
-                     true);
-  }
 }
 
 // A bf16 value (raw bits) as a TF32 operand: widened exactly (bf16's 8 significant bits fit TF32's 11).
