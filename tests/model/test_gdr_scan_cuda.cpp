@@ -528,8 +528,9 @@ TEST(GdrScanCuda, FusedOutputGradBackwardMatchesProductsThenScan) {
 
 // The fused backward scan with bf16 products (kernels/gdr_scan_bf16.cu) against its TF32 form and
 // fp64, at every block width that takes it and where it is refused (C or dk too large). Rounding
-// dO, the state gradient and dU to bf16 as operands (2⁻⁹ relative) gives gradients about 1e-3 from
-// fp64 on these inputs; a fragment read from the wrong place would give errors of order one.
+// dO, the state gradient and dU to bf16 as operands (2⁻⁹ relative) gave gradients at most 4.9e-3
+// from fp64 on these inputs on an H100 (the TF32 products 1.8e-3), so the bound is 8e-3; a fragment
+// read from the wrong place would give errors of order one.
 TEST(GdrScanCuda, Bf16ProductsReverseScanStaysCloseToFp64) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 1187);
@@ -572,7 +573,7 @@ TEST(GdrScanCuda, Bf16ProductsReverseScanStaysCloseToFp64) {
                                  rel_norm_diff(got.dh_next, ref.dh_next)});
       const double e_tf32 = std::max({rel_norm_diff(tf32.dU, ref.dU), rel_norm_diff(tf32.dh0, ref.dh0),
                                       rel_norm_diff(tf32.dh_next, ref.dh_next)});
-      EXPECT_LT(e, 1e-2) << what << ": bf16 products against fp64";
+      EXPECT_LT(e, 8e-3) << what << ": bf16 products against fp64";
       worst = std::max(worst, e);
       worst_tf32 = std::max(worst_tf32, e_tf32);
     }
@@ -926,6 +927,44 @@ TEST(GdrScanCuda, Bf16ChunkGradsStayCloseToFp32Ones) {
     std::printf("[gdr_chunk] bf16 vs fp32 chunk gradients, %s: worst %.1e, dβ/dg %.1e\n", c.name().c_str(), worst,
                 gate_change);
   }
+}
+
+// The reverse scan's products in bf16 (model::gdr_bf16_scan_products, the default on the 16-bit
+// training path) against the same run with TF32 products, through the whole chunked op: the forward
+// is the same to the bit (it does not run the reverse scan), and every gradient stays within the
+// 16-bit bound of the tests above (4e-3). The bf16 scan must have run for each case (its launch
+// counter), and must have changed dβ or dg. The same two shapes as above.
+TEST(GdrScanCuda, Bf16ScanProductsStayCloseToTf32Ones) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 877);
+  const ChunkCase cases[] = {
+      {2, 150, 3, 128, 128, 64, {}, true, true, false, 0, false, true},
+      {1, 300, 2, 96, 192, 64, {0, 17, 150, 151, 300}, true, true, true, 0, false, true},
+  };
+  for (const ChunkCase& c : cases) {
+    const ChunkCaseRun r(c);
+    model::gdr_bf16_scan_products(false);
+    const int64_t before_tf32 = model::gdr_scan_bf16_product_launches();
+    const auto want = r.run();
+    EXPECT_EQ(model::gdr_scan_bf16_product_launches(), before_tf32) << c.name() << ": bf16 scan with the switch off";
+    model::gdr_bf16_scan_products(true);
+    const int64_t before = model::gdr_scan_bf16_product_launches();
+    const auto got = r.run();
+    EXPECT_GT(model::gdr_scan_bf16_product_launches(), before) << c.name() << ": the bf16 scan did not run";
+    double worst = 0, gate_change = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_TRUE(got[i].defined() && want[i].defined()) << c.name() << ": " << kChunkOutputNames[i];
+      EXPECT_EQ(got[i].scalar_type(), want[i].scalar_type()) << c.name() << ": " << kChunkOutputNames[i];
+      const double e = rel_norm_diff(got[i], want[i]);
+      EXPECT_LT(e, i < 2 ? 1e-7 : 4e-3) << c.name() << ": " << kChunkOutputNames[i];
+      if (i == 5 || i == 6) gate_change = std::max(gate_change, e);
+      worst = std::max(worst, e);
+    }
+    EXPECT_GT(gate_change, 1e-7) << c.name() << ": dβ and dg did not change";
+    std::printf("[gdr_chunk] bf16 vs TF32 reverse-scan products, %s: worst %.1e, dβ/dg %.1e\n", c.name().c_str(),
+                worst, gate_change);
+  }
+  model::gdr_bf16_scan_products(true);
 }
 
 // The output product writing straight into token order (gdr_chunk_row_targets, the epilogue's row
