@@ -160,7 +160,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     bool state_grads_apart = false;    // the products with the states as four GEMMs and a row dot (model::gdr_fuse_state_grads)
     bool dv_in_tail = false;           // v's gradient from dRu in the tail, not in the solve's backward (model::gdr_dv_in_solve)
     bool fp32_chunk_grads = false;     // dQg, dKd, dW, dRw in fp32, not bf16 (model::gdr_bf16_chunk_grads)
-    bool bf16_reverse_scan = false;    // the reverse scan's products in bf16, not TF32 (model::gdr_bf16_scan_products)
+    bool tf32_reverse_scan = false;    // the reverse scan's products in TF32, not bf16 (model::gdr_bf16_scan_products)
   };
   // The default kernels with one setting changed.
   auto default_but = [](const char* name, auto Mode::*field, auto value) {
@@ -180,7 +180,7 @@ int bench_gdr(const BenchGdrArgs& a) {
                                         default_but("kernels, state GEMMs", &Mode::state_grads_apart, true),
                                         default_but("kernels, dv in tail", &Mode::dv_in_tail, true),
                                         default_but("kernels, fp32 grads", &Mode::fp32_chunk_grads, true),
-                                        default_but("kernels, bf16 rev scan", &Mode::bf16_reverse_scan, true),
+                                        default_but("kernels, TF32 rev scan", &Mode::tf32_reverse_scan, true),
                                         default_but("kernels, unfused", &Mode::fused, false),
                                         default_but("kernels, 64-col GEMMs", &Mode::wide_products, false),
                                         default_but("kernels, 32-col scan", &Mode::scan_variant,
@@ -209,7 +209,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     model::gdr_fuse_state_grads(!mode.state_grads_apart);
     model::gdr_dv_in_solve(!mode.dv_in_tail);
     model::gdr_bf16_chunk_grads(!mode.fp32_chunk_grads);
-    model::gdr_bf16_scan_products(mode.bf16_reverse_scan);
+    model::gdr_bf16_scan_products(!mode.tf32_reverse_scan);
     const bool tf32_scan = mode.other_scan_products ? !tf32_default : tf32_default;
     auto forward = [&] {
       torch::NoGradGuard no_grad;
@@ -262,7 +262,7 @@ int bench_gdr(const BenchGdrArgs& a) {
   model::gdr_fuse_state_grads(true);
   model::gdr_dv_in_solve(true);
   model::gdr_bf16_chunk_grads(true);
-  model::gdr_bf16_scan_products(false);
+  model::gdr_bf16_scan_products(true);
   model::bmm_fp32_wide_tiles(true);
   model::gdr_use_fused_kernels(true);
   model::gdr_use_kernels(true);

@@ -46,7 +46,7 @@ std::atomic<bool> g_tf32_chunk_products{true};
 std::atomic<bool> g_save_front{true};
 std::atomic<bool> g_dv_in_solve{true};
 std::atomic<bool> g_bf16_chunk_grads{true};
-std::atomic<bool> g_bf16_scan_products{false};
+std::atomic<bool> g_bf16_scan_products{true};
 std::atomic<int64_t> g_front_recomputes{0};
 
 torch::Tensor col(const torch::Tensor& x) { return x.unsqueeze(-1); }  // [N,H,C] -> [N,H,C,1]

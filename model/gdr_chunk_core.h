@@ -84,7 +84,7 @@ void gdr_dv_in_solve(bool on);
 // as the states and dh_next are. Half their bytes written and read.
 void gdr_bf16_chunk_grads(bool on);
 
-// Process-wide switch (default off), for benchmarks and tests: in that 16-bit mode, the reverse
+// Process-wide switch (default on), for benchmarks and tests: in that 16-bit mode, the reverse
 // scan takes its four products as bf16 mma (kernels::GdrScanArgs::bf16_products: dO, the state
 // gradient and dU rounded to bf16 as operands, 2⁻⁹ relative, where TF32 rounds them to 2⁻¹¹) where
 // its sizes allow (kernels::gdr_scan_fused_bf16_width). Sums and the running state stay fp32.
