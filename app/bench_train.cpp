@@ -63,10 +63,11 @@ int bench_train(const BenchTrainArgs& a) {
       a.gdr_scan != "split-solve" && a.gdr_scan != "fp32-qk" && a.gdr_scan != "products-then-scan" &&
       a.gdr_scan != "recompute-front" && a.gdr_scan != "state-gemms" &&
       a.gdr_scan != "dv-in-tail" && a.gdr_scan != "fp32-grads" && a.gdr_scan != "tf32-reverse-scan" &&
+      a.gdr_scan != "split-tail" &&
       scan_variants.count(a.gdr_scan) == 0) {
     std::cerr << "deltadeck: bench train: --gdr-scan: expected kernel, unfused, narrow-products, narrow-scan, scan-64, "
                  "scan-96, scan-128, fma-scan, token-order, fp32-states, fp32-front, split-solve, fp32-qk, "
-                 "products-then-scan, recompute-front, state-gemms, dv-in-tail, fp32-grads, tf32-reverse-scan or aten, "
+                 "products-then-scan, recompute-front, state-gemms, dv-in-tail, fp32-grads, tf32-reverse-scan, split-tail or aten, "
                  "got \""
               << a.gdr_scan << "\"\n";
     return 2;
@@ -148,6 +149,9 @@ int bench_train(const BenchTrainArgs& a) {
   model::gdr_bf16_chunk_grads(a.gdr_scan != "fp32-grads");
   // tf32-reverse-scan: the reverse scan's products in TF32 instead of bf16 (model::gdr_bf16_scan_products).
   model::gdr_bf16_scan_products(a.gdr_scan != "tf32-reverse-scan");
+  // split-tail: the backward tail's dq and dk products in split TF32 instead of bf16
+  // (model::gdr_bf16_tail_products).
+  model::gdr_bf16_tail_products(a.gdr_scan != "split-tail");
   const auto variant = scan_variants.find(a.gdr_scan);
   model::gdr_scan_variant(variant != scan_variants.end() ? variant->second : kernels::kGdrScanAuto);
   const std::string tmp = storage::files::make_temp_dir("deltadeck-bench");

@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
   bench_train_cmd->add_option("-s,--set", bench_train.overrides, "Override a config key: section.key=value");
   bench_train_cmd->add_option("--gdr-scan", bench_train.gdr_scan,
                               "kernel | unfused | narrow-products | narrow-scan | scan-64 | scan-96 | scan-128 | "
-                              "fma-scan | token-order | fp32-states | fp32-front | split-solve | fp32-qk | products-then-scan | recompute-front | state-gemms | dv-in-tail | fp32-grads | tf32-reverse-scan | aten: the delta "
+                              "fma-scan | token-order | fp32-states | fp32-front | split-solve | fp32-qk | products-then-scan | recompute-front | state-gemms | dv-in-tail | fp32-grads | tf32-reverse-scan | split-tail | aten: the delta "
                               "rule core's CUDA kernels, the same without "
                               "the fused ones (forward front, backward through the solve), with its batched products "
                               "in 64-column block tiles, with the state scan in blocks of 32, 64, 96 or 128 columns "

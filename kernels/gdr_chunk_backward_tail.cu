@@ -1,7 +1,7 @@
 // The end of the chunked gated delta rule's backward (kernels/gdr_chunk_backward_tail.h): one block
 // of 8 warps per (chunk, head), two blocks per SM (held there by 128 registers a thread). With
-// bf16 or fp16 q and k they are staged in shared memory as they come, 71 KiB a block at dk = 128;
-// fp32 q and k are staged in fp32, 103 KiB.
+// bf16 or fp16 q and k they are staged in shared memory as they come, 71 KiB a block at dk = 128
+// (89 KiB with bf16 products); fp32 q and k are staged in fp32, 103 KiB.
 //
 //   gates   γ = cumsum(g) as a warp scan, b, e, κ, b e, decay;
 //   load    Q and K into shared memory, four pieces per thread in flight at once; dA_raw and
@@ -20,7 +20,9 @@
 //           dbeta_v where the solve's backward took dRu's part (and wrote dv);
 //   rows    dβ, dγ, and dg as the reverse cumsum of dγ.
 // The other products are split-TF32 mma.sync (kernels/gdr_chunk_mma.cuh), skipping the products
-// with a bf16 or fp16 operand's zero remainder. (dS and dPm rounded to TF32 instead of split, as
+// with a bf16 or fp16 operand's zero remainder; or, with bf16_products, bf16 mma: the masks'
+// backward then writes dS + dSᵀ and dPm as bf16 tiles of their own (18 KiB more), read by
+// ldmatrix (kernels/ldmatrix.cuh). (dS and dPm rounded to TF32 instead of split, as
 // the solve's backward takes them under 16-bit training, made this kernel slower: 0.76 -> 0.83 ms
 // at bench gdr's shape, docs/perf.md stop 32.) Per-row sums go through shared-memory atomics, as
 // in the masks' backward kernel (gdr_chunk.cu).
@@ -33,6 +35,7 @@
 #include "kernels/gdr_chunk_io.cuh"
 #include "kernels/gdr_chunk_mma.cuh"
 #include "kernels/gdr_chunk_stage.cuh"
+#include "kernels/ldmatrix.cuh"
 
 namespace kernels {
 
@@ -46,20 +49,25 @@ constexpr int kC = 64;
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kTPitch = kC + 4;  // rows of dS and dPm (read as [m][k] and, transposed, as [k][m])
+constexpr int kPitch16 = kC + 8;  // rows of the bf16 dS + dSᵀ and dPm (bf16_products): 9 16-byte units
 
 // Shared memory, regions of kC rows of a multiple of 16 bytes (cp.async's alignment):
 //   Q, K     [C][qk_pitch] each, of q and k's staged type (qk_bytes a value);
-//   dS, dPm  [C][kTPitch] each, and the per-row values, in fp32.
+//   dS, dPm  [C][kTPitch] each, and the per-row values, in fp32;
+//   with bf16 products, dS + dSᵀ and dPm in bf16, [C][kPitch16] each.
 // Rows of fp32 are padded by 4 elements, 16-bit rows by 8 (16 bytes either way): every dk taken
 // (a multiple of 16) then puts a fragment's loads in 32 different banks, for 16-bit rows in both
 // orientations (K and Q are read as [n][k] for the masks and as [k][n] for dq and dk).
 __host__ __device__ constexpr int qk_region_bytes(int dk, int qk_bytes) { return kC * qk_pitch(dk, qk_bytes) * qk_bytes; }
 constexpr int kFloatsAfterQk = 2 * kC * kTPitch  // dS, dPm
                                + 12 * kC;        // γ, b, e, κ, b e and the seven per-row sums
-__host__ __device__ constexpr int smem_bytes(int dk, int qk_bytes) {
-  return 2 * qk_region_bytes(dk, qk_bytes) + 4 * kFloatsAfterQk;
+constexpr int kBf16TileBytes = 2 * kC * kPitch16;
+__host__ __device__ constexpr int smem_bytes(int dk, int qk_bytes, bool bf16_products) {
+  return 2 * qk_region_bytes(dk, qk_bytes) + 4 * kFloatsAfterQk + (bf16_products ? 2 * kBf16TileBytes : 0);
 }
-static_assert(smem_bytes(128, 2) == 72704 && smem_bytes(128, 4) == 105472, "71 KiB and 103 KiB at dk = 128");
+static_assert(smem_bytes(128, 2, false) == 72704 && smem_bytes(128, 4, false) == 105472 &&
+                  smem_bytes(128, 2, true) == 91136,
+              "71 KiB and 103 KiB at dk = 128; 89 KiB with bf16 products");
 
 // Elements at, at + 1 (at even) of a chunk-layout input in fp32, or in bf16 (kBf16).
 template <bool kBf16>
@@ -68,6 +76,32 @@ __device__ __forceinline__ float2 load_pair(const void* base, int64_t at) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(static_cast<const __nv_bfloat16*>(base) + at));
   } else {
     return *reinterpret_cast<const float2*>(static_cast<const float*>(base) + at);
+  }
+}
+
+// acc (+)= A B for a 16-row strip from row m0 and kW 8-column tiles from column n0 (kW even), k from
+// k_begin to k_end in steps of 16, by bf16 mma on ldmatrix fragments: A a row-major bf16 [m][k]
+// tile, or with kTransposed the transpose of a row-major [k][m] one; B a row-major bf16 [k][n]
+// tile. A pair whose second tile lies past the columns used reads the rows' padding (not stored).
+template <int kW, bool kTransposed>
+__device__ __forceinline__ void bf16_strip_accumulate(float (&acc)[kW][4], const __nv_bfloat16* A_s, int pa, int m0,
+                                                      int k_begin, int k_end, const __nv_bfloat16* B_s, int pb, int n0,
+                                                      int lane) {
+  static_assert(kW % 2 == 0, "tiles in pairs");
+  for (int k0 = k_begin; k0 < k_end; k0 += 16) {
+    Frag16A a;
+    if constexpr (kTransposed) {
+      ldsm_a_of_transposed(a.r, A_s, pa, m0, k0, lane);
+    } else {
+      ldsm_a(a.r, A_s, pa, m0, k0, lane);
+    }
+#pragma unroll
+    for (int np = 0; np < kW / 2; ++np) {
+      uint32_t b[4];
+      ldsm_b_pair(b, B_s, pb, k0, n0 + 16 * np, lane);
+      mma16<__nv_bfloat16>(acc[2 * np], a, Frag16B{{b[0], b[1]}});
+      mma16<__nv_bfloat16>(acc[2 * np + 1], a, Frag16B{{b[2], b[3]}});
+    }
   }
 }
 
@@ -82,13 +116,15 @@ __device__ __forceinline__ int pass_tiles(int n) {
 }
 
 // kBf16Grads: dQg, dRw and dKd in bf16 (GdrChunkBackwardTailArgs::bf16_grads; instantiated for q, k
-// and v of one 16-bit type only, the 16-bit training path).
-template <typename T, typename TV, int VW, bool kBf16Grads>
+// and v of one 16-bit type only, the 16-bit training path). kBf16Products: dq and dk's products in
+// bf16 (GdrChunkBackwardTailArgs::bf16_products; with kBf16Grads and bf16 q, k, v only).
+template <typename T, typename TV, int VW, bool kBf16Grads, bool kBf16Products>
 __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(GdrChunkList l,
                                                                              GdrChunkBackwardTailArgs a) {
   // Inputs given in bf16 or fp16 are TF32 values: their products skip the remainders' terms, and
   // the masks' products take the 16-bit mma on the staged rows.
   constexpr bool kQkExact = !std::is_same<T, float>::value;
+  static_assert(!kBf16Products || (kBf16Grads && std::is_same<T, __nv_bfloat16>::value), "bf16 products: bf16 q, k");
   using SQ = Staged<T>;
   extern __shared__ __align__(16) float smem[];
   const int dk = static_cast<int>(l.dk), dv = static_cast<int>(l.dv), pk = qk_pitch(dk, sizeof(SQ));
@@ -111,6 +147,10 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
   float* qg_q = rw_k + kC;    // Σ dQg ⊙ Q
   float* kd_k = qg_q + kC;    // Σ dKd ⊙ K
   float* ru_v = kd_k + kC;    // Σ dRu ⊙ V
+  // bf16 products: dS + dSᵀ and dPm as bf16 [C][kPitch16] (dPm's tiles above the block diagonal
+  // are neither written nor read).
+  __nv_bfloat16* dSsym16 = reinterpret_cast<__nv_bfloat16*>(ru_v + kC);
+  __nv_bfloat16* dPm16 = dSsym16 + kC * kPitch16;
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;
@@ -190,7 +230,25 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
               zr[hr] += z;
               zc[c] += z;
             }
-            *io = make_float2(out[0], out[1]);
+            if constexpr (kBf16Products) {
+              // dS is strictly lower triangular, so each element of dS + dSᵀ is one of the two:
+              // dS at (i, j) below the diagonal, zero on it, dS's (j, i) above it, written here
+              // by transposition; nothing is written twice.
+              __nv_bfloat16* row16 = (is_q ? dPm16 : dSsym16) + i * kPitch16 + j;
+              if (is_q || i > j) {
+                *reinterpret_cast<__nv_bfloat162*>(row16) = __floats2bfloat162_rn(out[0], out[1]);
+              } else if (i == j) {
+                row16[0] = __float2bfloat16_rn(0.f);
+              }
+              if (!is_q) {
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                  if (i > j + c) dSsym16[(j + c) * kPitch16 + i] = __float2bfloat16_rn(out[c]);
+                }
+              }
+            } else {
+              *io = make_float2(out[0], out[1]);
+            }
           }
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
@@ -218,27 +276,21 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
   __syncthreads();
 
   // dq = dPm K + e dQg and dk = (dS + dSᵀ) K + dPmᵀ Q + b e dRw + κ dKd: warp w takes row strip
-  // w % 4 and half of dk's columns, in passes of up to four 8-column tiles (pass_tiles).
+  // w % 4 and half of dk's columns, in passes of up to four 8-column tiles (pass_tiles; pairs of
+  // tiles with bf16 products).
   {
     const int mt = warp % 4, m0 = 16 * mt, half = warp / 4;
     const int n_half = dk / 16;  // tiles per half
     T* dq = static_cast<T*>(a.dq);
     T* dkk = static_cast<T*>(a.dk);
     float srw[2] = {0.f, 0.f}, sqg[2] = {0.f, 0.f}, skd[2] = {0.f, 0.f};
-    with_tile_count(pass_tiles(n_half), [&](auto count) {
-    constexpr int kW = decltype(count)::value;
-    for (int pass = 0; pass * kW < n_half; ++pass) {
-      const int n_tiles = n_half - kW * pass < kW ? n_half - kW * pass : kW;
-      auto col = [&](int nt) { return half * (dk / 2) + 8 * (kW * pass + (nt < n_tiles ? nt : n_tiles - 1)); };
-      // dq first, then dk: one set of accumulators live at a time.
-      float acc[kW][4];
-      strip_product<kW, false, kQkExact>(
-          acc, 0, m0 + 16, [&](int k0) { return frag_a(dPm_s, kTPitch, m0, k0, g, t); },
-          [&](int k0, int nt) { return frag_b_kn<kQkExact>(K_s, pk, k0, col(nt), g, t); });
+    // The epilogues of a pass's tiles, from tile `first` of this half, n_tiles of them stored.
+    auto dq_epilogue = [&](const auto& acc, int first, int n_tiles) {
+      constexpr int kW = std::extent<std::remove_reference_t<decltype(acc)>>::value;
 #pragma unroll
       for (int nt = 0; nt < kW; ++nt) {
         if (nt >= n_tiles) continue;
-        const int c = col(nt) + 2 * t;
+        const int c = half * (dk / 2) + 8 * (first + nt) + 2 * t;
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const int i = m0 + g + 8 * hr;
@@ -251,26 +303,13 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
           }
         }
       }
-      // (dS + dSᵀ) as the A operand: both halves loaded and added before the split.
-      strip_product<kW, false, kQkExact>(
-          acc, 0, kC,
-          [&](int k0) {
-            FragA f;
-            const int rr[4] = {m0 + g, m0 + g + 8, m0 + g, m0 + g + 8}, cc[4] = {k0 + t, k0 + t, k0 + t + 4, k0 + t + 4};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              split_tf32(dS_s[rr[e] * kTPitch + cc[e]] + dS_s[cc[e] * kTPitch + rr[e]], f.big[e], f.small[e]);
-            }
-            return f;
-          },
-          [&](int k0, int nt) { return frag_b_kn<kQkExact>(K_s, pk, k0, col(nt), g, t); });
-      strip_accumulate<kW, false, kQkExact>(
-          acc, m0, kC, [&](int k0) { return frag_at(dPm_s, kTPitch, m0, k0, g, t); },
-          [&](int k0, int nt) { return frag_b_kn<kQkExact>(Q_s, pk, k0, col(nt), g, t); });
+    };
+    auto dk_epilogue = [&](const auto& acc, int first, int n_tiles) {
+      constexpr int kW = std::extent<std::remove_reference_t<decltype(acc)>>::value;
 #pragma unroll
       for (int nt = 0; nt < kW; ++nt) {
         if (nt >= n_tiles) continue;
-        const int c = col(nt) + 2 * t;
+        const int c = half * (dk / 2) + 8 * (first + nt) + 2 * t;
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const int i = m0 + g + 8 * hr;
@@ -286,8 +325,64 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
           }
         }
       }
+    };
+    if constexpr (kBf16Products) {
+      auto passes = [&](auto count) {
+        constexpr int kW = decltype(count)::value;
+        for (int first = 0; first < n_half; first += kW) {
+          const int n_tiles = n_half - first < kW ? n_half - first : kW;
+          const int n0 = half * (dk / 2) + 8 * first;
+          float acc[kW][4] = {};
+          bf16_strip_accumulate<kW, false>(acc, dPm16, kPitch16, m0, 0, m0 + 16, K_s, pk, n0, lane);
+          dq_epilogue(acc, first, n_tiles);
+#pragma unroll
+          for (int nt = 0; nt < kW; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+          }
+          bf16_strip_accumulate<kW, false>(acc, dSsym16, kPitch16, m0, 0, kC, K_s, pk, n0, lane);
+          bf16_strip_accumulate<kW, true>(acc, dPm16, kPitch16, m0, m0, kC, Q_s, pk, n0, lane);
+          dk_epilogue(acc, first, n_tiles);
+        }
+      };
+      if (n_half % 4 == 0) {
+        passes(std::integral_constant<int, 4>{});
+      } else {
+        passes(std::integral_constant<int, 2>{});
+      }
+    } else {
+      with_tile_count(pass_tiles(n_half), [&](auto count) {
+        constexpr int kW = decltype(count)::value;
+        for (int pass = 0; pass * kW < n_half; ++pass) {
+          const int n_tiles = n_half - kW * pass < kW ? n_half - kW * pass : kW;
+          auto col = [&](int nt) { return half * (dk / 2) + 8 * (kW * pass + (nt < n_tiles ? nt : n_tiles - 1)); };
+          // dq first, then dk: one set of accumulators live at a time.
+          float acc[kW][4];
+          strip_product<kW, false, kQkExact>(
+              acc, 0, m0 + 16, [&](int k0) { return frag_a(dPm_s, kTPitch, m0, k0, g, t); },
+              [&](int k0, int nt) { return frag_b_kn<kQkExact>(K_s, pk, k0, col(nt), g, t); });
+          dq_epilogue(acc, kW * pass, n_tiles);
+          // (dS + dSᵀ) as the A operand: both halves loaded and added before the split.
+          strip_product<kW, false, kQkExact>(
+              acc, 0, kC,
+              [&](int k0) {
+                FragA f;
+                const int rr[4] = {m0 + g, m0 + g + 8, m0 + g, m0 + g + 8},
+                          cc[4] = {k0 + t, k0 + t, k0 + t + 4, k0 + t + 4};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                  split_tf32(dS_s[rr[e] * kTPitch + cc[e]] + dS_s[cc[e] * kTPitch + rr[e]], f.big[e], f.small[e]);
+                }
+                return f;
+              },
+              [&](int k0, int nt) { return frag_b_kn<kQkExact>(K_s, pk, k0, col(nt), g, t); });
+          strip_accumulate<kW, false, kQkExact>(
+              acc, m0, kC, [&](int k0) { return frag_at(dPm_s, kTPitch, m0, k0, g, t); },
+              [&](int k0, int nt) { return frag_b_kn<kQkExact>(Q_s, pk, k0, col(nt), g, t); });
+          dk_epilogue(acc, kW * pass, n_tiles);
+        }
+      });
     }
-    });
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       const float a_rw = sum_over_t(srw[hr]), a_qg = sum_over_t(sqg[hr]), a_kd = sum_over_t(skd[hr]);
@@ -378,13 +473,21 @@ int gdr_chunk_backward_tail(const GdrChunkList& l, const GdrChunkBackwardTailArg
   }
   // bf16 dQg, dRw and dKd only beside q, k and v of one 16-bit type (launch_fused's second variant).
   if (a.bf16_grads && (a.in_qk != a.in_v || a.in_qk == DType::F32)) return static_cast<int>(cudaErrorInvalidValue);
+  // bf16 products only on that path with bf16 inputs (the dS and dPm tiles share the mma with K, Q).
+  if (a.bf16_products && (!a.bf16_grads || a.in_qk != DType::BF16)) return static_cast<int>(cudaErrorInvalidValue);
   const bool vec = vectorizable(l, a.in_qk, a.in_v, {a.dRu}, {a.q, a.k}, {a.v, a.dv}, a.v_token_stride);
-  const size_t smem = static_cast<size_t>(smem_bytes(static_cast<int>(l.dk), elem_bytes(a.in_qk)));
+  const size_t smem =
+      static_cast<size_t>(smem_bytes(static_cast<int>(l.dk), elem_bytes(a.in_qk), a.bf16_products));
+  const bool bf16_products = a.bf16_products;
   return launch_fused(
       l, a.in_qk, a.in_v, vec, kThreads, smem, stream,
-      [](auto qk, auto v, auto w, auto bf16_grads) {
-        return gdr_chunk_backward_tail_kernel<decltype(qk), decltype(v), decltype(w)::value,
-                                              decltype(bf16_grads)::value>;
+      [bf16_products](auto qk, auto v, auto w, auto bf16_grads) {
+        using QK = decltype(qk);
+        constexpr bool kGrads = decltype(bf16_grads)::value;
+        if constexpr (kGrads && std::is_same<QK, __nv_bfloat16>::value) {
+          if (bf16_products) return gdr_chunk_backward_tail_kernel<QK, decltype(v), decltype(w)::value, true, true>;
+        }
+        return gdr_chunk_backward_tail_kernel<QK, decltype(v), decltype(w)::value, kGrads, false>;
       },
       a, a.bf16_grads);
 }

@@ -48,11 +48,17 @@ struct GdrChunkBackwardTailArgs {
   // dQg, dRw and dKd come in bf16 (the fused backward's 16-bit mode, model::gdr_bf16_chunk_grads);
   // taken with q, k and v of one 16-bit type only.
   bool bf16_grads = false;
+  // With bf16_grads and bf16 q, k, v: dq and dk's products take dS and dPm rounded to bf16 (2⁻⁹
+  // relative) as bf16 m16n8k16 mma beside the staged bf16 K and Q, one mma per 16 × 8 × 16 tile,
+  // where the split-TF32 form keeps them to about 2⁻²¹ with two m16n8k8 per 16 × 8 × 8
+  // (model::gdr_bf16_tail_products).
+  bool bf16_products = false;
 };
 
 #ifdef DD_HAVE_CUDA
 // Returns the cudaError_t of the launch (0 = success); cudaErrorInvalidValue for sizes
-// gdr_chunk_fused_supports refuses, or bf16_grads beside other input types.
+// gdr_chunk_fused_supports refuses, bf16_grads beside other input types, or bf16_products without
+// bf16_grads and bf16 inputs.
 int gdr_chunk_backward_tail(const GdrChunkList& l, const GdrChunkBackwardTailArgs& a, void* stream);
 #endif
 

@@ -47,6 +47,7 @@ std::atomic<bool> g_save_front{true};
 std::atomic<bool> g_dv_in_solve{true};
 std::atomic<bool> g_bf16_chunk_grads{true};
 std::atomic<bool> g_bf16_scan_products{true};
+std::atomic<bool> g_bf16_tail_products{true};
 std::atomic<int64_t> g_front_recomputes{0};
 
 torch::Tensor col(const torch::Tensor& x) { return x.unsqueeze(-1); }  // [N,H,C] -> [N,H,C,1]
@@ -455,6 +456,7 @@ variable_list backward_tail_kernel(const Ctx& c, const KernelInputs& ki, double 
   a.dA_raw = dA_c.data_ptr<float>();
   a.dP_raw = dP_c.defined() ? dP_c.data_ptr<float>() : nullptr;
   a.bf16_grads = dKd_c.scalar_type() == torch::kBFloat16;
+  a.bf16_products = a.bf16_grads && g_bf16_tail_products && a.in_qk == kernels::DType::BF16;
   TORCH_CHECK(dRw_c.scalar_type() == dKd_c.scalar_type() && (!dQg_c.defined() || dQg_c.scalar_type() == dKd_c.scalar_type()),
               "gated delta rule backward tail: dRw, dKd and dQg of different dtypes");
   a.dQg = dQg_c.defined() ? dQg_c.data_ptr() : nullptr;
@@ -782,6 +784,8 @@ void gdr_dv_in_solve(bool on) { g_dv_in_solve = on; }
 void gdr_bf16_chunk_grads(bool on) { g_bf16_chunk_grads = on; }
 
 void gdr_bf16_scan_products(bool on) { g_bf16_scan_products = on; }
+
+void gdr_bf16_tail_products(bool on) { g_bf16_tail_products = on; }
 
 int64_t gdr_front_recomputes() { return g_front_recomputes.load(); }
 

@@ -90,4 +90,10 @@ void gdr_bf16_chunk_grads(bool on);
 // its sizes allow (kernels::gdr_scan_fused_bf16_width). Sums and the running state stay fp32.
 void gdr_bf16_scan_products(bool on);
 
+// Process-wide switch (default on), for benchmarks and tests: in that 16-bit mode with bf16 q, k
+// and v, the backward's tail takes dq = dPm K and dk = (dS + dSᵀ) K + dPmᵀ Q as bf16 mma, dS and dPm
+// rounded to bf16 (2⁻⁹ relative), instead of split-TF32 products that keep them to about 2⁻²¹
+// (kernels::GdrChunkBackwardTailArgs::bf16_products).
+void gdr_bf16_tail_products(bool on);
+
 }  // namespace model
