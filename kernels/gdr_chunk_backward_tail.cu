@@ -284,8 +284,13 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
     T* dq = static_cast<T*>(a.dq);
     T* dkk = static_cast<T*>(a.dk);
     float srw[2] = {0.f, 0.f}, sqg[2] = {0.f, 0.f}, skd[2] = {0.f, 0.f};
-    // The epilogues of a pass's tiles, from tile `first` of this half, n_tiles of them stored.
-    auto dq_epilogue = [&](const auto& acc, int first, int n_tiles) {
+    // The epilogues of a pass's tiles, from tile `first` of this half, n_tiles of them stored;
+    // qg_at(nt, hr, at), rw_at and kd_at give dQg's, dRw's and dKd's pair at element `at`, row
+    // m0 + g + 8 hr of tile nt.
+    auto loaded = [&](const void* base) {
+      return [base](int, int, int64_t at) { return base != nullptr ? load_pair<kBf16Grads>(base, at) : make_float2(0.f, 0.f); };
+    };
+    auto dq_epilogue = [&](const auto& acc, int first, int n_tiles, auto qg_at) {
       constexpr int kW = std::extent<std::remove_reference_t<decltype(acc)>>::value;
 #pragma unroll
       for (int nt = 0; nt < kW; ++nt) {
@@ -294,8 +299,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const int i = m0 + g + 8 * hr;
-          const float2 qg = a.dQg != nullptr ? load_pair<kBf16Grads>(a.dQg, (r * kC + i) * dk + c)
-                                             : make_float2(0.f, 0.f);
+          const float2 qg = qg_at(nt, hr, (r * kC + i) * dk + c);
           sqg[hr] += qg.x * to_f32(Q_s[i * pk + c]) + qg.y * to_f32(Q_s[i * pk + c + 1]);
           if (i < len) {
             store2(dq + ((start + i) * l.H + h) * dk + c, acc[nt][2 * hr] + e_s[i] * qg.x,
@@ -304,7 +308,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
         }
       }
     };
-    auto dk_epilogue = [&](const auto& acc, int first, int n_tiles) {
+    auto dk_epilogue = [&](const auto& acc, int first, int n_tiles, auto rw_at, auto kd_at) {
       constexpr int kW = std::extent<std::remove_reference_t<decltype(acc)>>::value;
 #pragma unroll
       for (int nt = 0; nt < kW; ++nt) {
@@ -314,8 +318,8 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
         for (int hr = 0; hr < 2; ++hr) {
           const int i = m0 + g + 8 * hr;
           const int64_t row = (r * kC + i) * dk + c;
-          const float2 rw = load_pair<kBf16Grads>(a.dRw, row);
-          const float2 kd = load_pair<kBf16Grads>(a.dKd, row);
+          const float2 rw = rw_at(nt, hr, row);
+          const float2 kd = kd_at(nt, hr, row);
           const float k0v = to_f32(K_s[i * pk + c]), k1v = to_f32(K_s[i * pk + c + 1]);
           srw[hr] += rw.x * k0v + rw.y * k1v;
           skd[hr] += kd.x * k0v + kd.y * k1v;
@@ -332,9 +336,31 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
         for (int first = 0; first < n_half; first += kW) {
           const int n_tiles = n_half - first < kW ? n_half - first : kW;
           const int n0 = half * (dk / 2) + 8 * first;
+          // The epilogues' bf16 pairs of dQg, dRw and dKd, loaded before the products so that the
+          // loads' latency passes under them (the kernel waits on global loads most of its time).
+          uint32_t qg[kW][2], rw[kW][2], kd[kW][2];
+#pragma unroll
+          for (int nt = 0; nt < kW; ++nt) {
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+              const int tile = first + nt < n_half ? first + nt : first;  // in bounds, not stored
+              const int64_t at = (r * kC + m0 + g + 8 * hr) * dk + half * (dk / 2) + 8 * tile + 2 * t;
+              auto pair = [at](const void* base) {
+                return base != nullptr ? __ldg(reinterpret_cast<const unsigned int*>(static_cast<const __nv_bfloat16*>(base) + at)) : 0u;
+              };
+              qg[nt][hr] = pair(a.dQg);
+              rw[nt][hr] = pair(a.dRw);
+              kd[nt][hr] = pair(a.dKd);
+            }
+          }
+          auto from = [](const uint32_t (&x)[kW][2]) {
+            return [&x](int nt, int hr, int64_t) {
+              return make_float2(__uint_as_float(x[nt][hr] << 16), __uint_as_float(x[nt][hr] & 0xffff0000u));
+            };
+          };
           float acc[kW][4] = {};
           bf16_strip_accumulate<kW, false>(acc, dPm16, kPitch16, m0, 0, m0 + 16, K_s, pk, n0, lane);
-          dq_epilogue(acc, first, n_tiles);
+          dq_epilogue(acc, first, n_tiles, from(qg));
 #pragma unroll
           for (int nt = 0; nt < kW; ++nt) {
 #pragma unroll
@@ -342,7 +368,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
           }
           bf16_strip_accumulate<kW, false>(acc, dSsym16, kPitch16, m0, 0, kC, K_s, pk, n0, lane);
           bf16_strip_accumulate<kW, true>(acc, dPm16, kPitch16, m0, m0, kC, Q_s, pk, n0, lane);
-          dk_epilogue(acc, first, n_tiles);
+          dk_epilogue(acc, first, n_tiles, from(rw), from(kd));
         }
       };
       if (n_half % 4 == 0) {
@@ -361,7 +387,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
           strip_product<kW, false, kQkExact>(
               acc, 0, m0 + 16, [&](int k0) { return frag_a(dPm_s, kTPitch, m0, k0, g, t); },
               [&](int k0, int nt) { return frag_b_kn<kQkExact>(K_s, pk, k0, col(nt), g, t); });
-          dq_epilogue(acc, kW * pass, n_tiles);
+          dq_epilogue(acc, kW * pass, n_tiles, loaded(a.dQg));
           // (dS + dSᵀ) as the A operand: both halves loaded and added before the split.
           strip_product<kW, false, kQkExact>(
               acc, 0, kC,
@@ -379,7 +405,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
           strip_accumulate<kW, false, kQkExact>(
               acc, m0, kC, [&](int k0) { return frag_at(dPm_s, kTPitch, m0, k0, g, t); },
               [&](int k0, int nt) { return frag_b_kn<kQkExact>(Q_s, pk, k0, col(nt), g, t); });
-          dk_epilogue(acc, kW * pass, n_tiles);
+          dk_epilogue(acc, kW * pass, n_tiles, loaded(a.dRw), loaded(a.dKd));
         }
       });
     }
