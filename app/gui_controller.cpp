@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -93,6 +94,26 @@ struct GuiController::DbContext {
   int64_t data_version = -1;
   bool reported_missing = false;
   std::map<int64_t, ui::FlatConfig> configs;  // flattened config_json by run id (configs never change)
+  // A run another process trains can die (SIGKILL, OOM) while the app is open: while the list
+  // shows one running, the poll checks every kSweepEvery whether its process is gone, as opening
+  // the database does (RunStore::mark_dead_runs; a file this user may not write is left alone).
+  static constexpr std::chrono::seconds kSweepEvery{20};
+  bool any_running = false;
+  bool sweep_refused = false;
+  std::chrono::steady_clock::time_point last_sweep = std::chrono::steady_clock::now();
+
+  // True when the sweep marked a run interrupted (the list is then read again).
+  bool sweep_dead_runs() {
+    const auto now = std::chrono::steady_clock::now();
+    if (!any_running || sweep_refused || now - last_sweep < kSweepEvery) return false;
+    last_sweep = now;
+    try {
+      return writable().mark_dead_runs() > 0;
+    } catch (const std::exception&) {
+      sweep_refused = true;  // read-only file or directory: show what is stored
+      return false;
+    }
+  }
 
   storage::RunStore& writable() {
     if (!writer) writer = storage::RunStore::open(path);
@@ -106,19 +127,15 @@ struct GuiController::DbContext {
       return false;
     }
     conn = storage::open_read_connection(path);
-    try {
-      reader = storage::RunStore::open(path, /*read_only=*/true);
-    } catch (const std::exception&) {
-      // An older schema: one read-write open migrates it (as any deltadeck command would).
-      storage::RunStore::open(path);
-      reader = storage::RunStore::open(path, /*read_only=*/true);
-    }
+    // Migrates an older schema and marks runs of dead processes interrupted first, where it may.
+    reader = storage::RunStore::open_for_display(path);
     return true;
   }
 
   std::vector<ui::RunRow> rows() {
     std::vector<ui::RunRow> out;
     const auto runs = reader->list_runs();
+    any_running = false;
     bool missing = false;
     for (const auto& r : runs) missing |= !configs.count(r.id);
     if (missing)
@@ -129,6 +146,7 @@ struct GuiController::DbContext {
       row.id = r.id;
       row.name = r.name;
       row.status = r.status;
+      any_running |= r.status == "running";
       row.model = r.model;
       row.params = r.params;
       row.world_size = r.world_size;
@@ -157,8 +175,9 @@ struct GuiController::DbContext {
         reported_missing = true;
         return res;
       }
+      const bool swept = sweep_dead_runs();
       const int64_t dv = storage::data_version(conn.get());
-      const bool changed = dv != data_version || req.force;
+      const bool changed = dv != data_version || req.force || swept;
       data_version = dv;
       if (changed) {
         res.rows = rows();

@@ -21,18 +21,7 @@ std::unique_ptr<storage::RunStore> open_store(const std::string& runs_dir, bool 
     return nullptr;
   }
   try {
-    if (!read_only) return storage::RunStore::open(path);
-    try {
-      return storage::RunStore::open(path, /*read_only=*/true);
-    } catch (const std::exception& first) {
-      // An older schema: migrate once, then read. Anything else fails the same way again below.
-      try {
-        storage::RunStore::open(path);
-      } catch (const std::exception&) {
-        throw std::runtime_error(first.what());
-      }
-      return storage::RunStore::open(path, /*read_only=*/true);
-    }
+    return read_only ? storage::RunStore::open_for_display(path) : storage::RunStore::open(path);
   } catch (const std::exception& e) {
     std::cerr << "deltadeck: " << e.what() << "\n";
     return nullptr;

@@ -258,8 +258,9 @@ int64_t last_step_of(sqlite3* db, const std::string& path, int64_t run_id) {
   return last;
 }
 
-// Marks runs whose process is gone as 'interrupted' (see the file comment for the rules).
-void mark_interrupted(sqlite3* db, const std::string& path) {
+// Marks runs whose process is gone as 'interrupted' (see the file comment for the rules); returns
+// how many.
+int mark_interrupted(sqlite3* db, const std::string& path) {
   const std::string host = this_host();
   const std::string cutoff = utc_iso8601(std::time(nullptr) - HEARTBEAT_TIMEOUT_S);
   struct Dead {
@@ -285,7 +286,7 @@ void mark_interrupted(sqlite3* db, const std::string& path) {
       }
     }
   }
-  if (dead.empty()) return;
+  if (dead.empty()) return 0;
   Transaction tx(db, path);
   Stmt u(db, path,
          "UPDATE runs SET status = 'interrupted', ended_at = ?1, message = ?2 "
@@ -293,6 +294,7 @@ void mark_interrupted(sqlite3* db, const std::string& path) {
   const std::string now = now_utc();
   for (const Dead& d : dead) u.bind(1, now).bind(2, d.message).bind(3, d.id).run();
   tx.commit();
+  return static_cast<int>(dead.size());
 }
 
 }  // namespace
@@ -378,6 +380,22 @@ std::unique_ptr<RunStore> RunStore::open(const std::string& path, bool read_only
   }
   if (!read_only) mark_interrupted(db, path);
   return store;
+}
+
+std::unique_ptr<RunStore> RunStore::open_for_display(const std::string& path) {
+  if (access(path.c_str(), W_OK) == 0) {
+    try {
+      open(path);
+    } catch (const std::exception&) {
+      // Read it as it is: the read-only open below reports what stops it, if anything does.
+    }
+  }
+  return open(path, /*read_only=*/true);
+}
+
+int RunStore::mark_dead_runs() {
+  if (read_only_) throw std::runtime_error(path_ + ": opened read-only, cannot mark runs interrupted");
+  return mark_interrupted(db_, path_);
 }
 
 RunStore::RunStore(sqlite3* db, std::string path, bool read_only)

@@ -40,9 +40,20 @@ class RunStore {
   // 'interrupted' (not in read-only mode). Throws std::runtime_error naming the path on failure.
   // ":memory:" is allowed for tests.
   static std::unique_ptr<RunStore> open(const std::string& path, bool read_only = false);
+  // Opens an existing file read-only for a reader that shows runs (`deltadeck runs`, the app's
+  // Runs view). Where this user may write the file, one read-write open comes first: it migrates
+  // an older schema and marks runs whose process is gone 'interrupted', so a listing after a crash
+  // or a SIGKILL does not show them as running. A file this user cannot write (or that the
+  // read-write open cannot take, e.g. locked) is read as it is. Throws as open does.
+  static std::unique_ptr<RunStore> open_for_display(const std::string& path);
   ~RunStore();
   RunStore(const RunStore&) = delete;
   RunStore& operator=(const RunStore&) = delete;
+
+  // What open does for runs left 'running' whose process is gone, again (for a reader that stays
+  // open while other processes' runs may die): marks them 'interrupted'; returns how many. Throws
+  // in read-only mode.
+  int mark_dead_runs();
 
   // Records a new run with status 'running', this host and pid; returns its id. The stored name
   // is unique (suffix added if the requested one is taken); read it back with run().

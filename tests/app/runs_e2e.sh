@@ -104,6 +104,18 @@ has badstatus.out "--status: must be one of running, finished, stopped, failed, 
 expect 1 nodb.out "$bin" runs list --runs-dir "$work/nowhere"
 has nodb.out "no run database at $work/nowhere/deltadeck.db"
 
+# ---- a run whose process died without closing it (a SIGKILL) lists as interrupted, with the reason
+sh -c 'exit 0' &
+gone=$!
+wait "$gone"
+q "UPDATE runs SET status='running', pid=$gone, ended_at=NULL, message='' WHERE name='other'"
+expect 0 dead.out "$bin" runs list --runs-dir runs
+grep " other " dead.out | grep -q "interrupted" || { cat dead.out; fail "a dead process's run is not listed as interrupted"; }
+expect 0 deadshow.out "$bin" runs show other --runs-dir runs
+has deadshow.out "status     interrupted"
+has deadshow.out "process $gone on "
+q "UPDATE runs SET status='failed', message='test' WHERE name='other'"
+
 # ---- run names: unknown and ambiguous list the candidates
 expect 1 amb.out "$bin" runs show bas --runs-dir runs
 has amb.out "run 'bas' is ambiguous: base, base-2"

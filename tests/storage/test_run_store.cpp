@@ -3,6 +3,7 @@
 // each, because WAL mode and the migration path only exist on a real file.
 #include <gtest/gtest.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -403,6 +404,51 @@ TEST(RunStore, MarksRunsOfDeadProcessesInterrupted) {
   EXPECT_EQ(store->run(remote_fresh)->status, "running");  // its pid means nothing here
   EXPECT_EQ(store->run(finished)->status, "finished");
   EXPECT_EQ(store->run(finished)->message, "");
+}
+
+// What `deltadeck runs list` and the app's Runs view open: a run whose process died without
+// closing it (SIGKILL, OOM) shows as interrupted, with the reason, not as running; a file this
+// user cannot write is read as it is (not checked as root, who may write any file).
+TEST(RunStore, OpenForDisplayMarksRunsOfDeadProcesses) {
+  TempDir dir;
+  const std::string path = dir.file("d.db");
+  int64_t dead = 0, alive = 0;
+  {
+    auto store = RunStore::open(path);
+    dead = store->create_run(new_run("dead"));
+    alive = store->create_run(new_run("alive"));
+  }
+  const int64_t pid = dead_pid();
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  exec(db, ("UPDATE runs SET pid = " + std::to_string(pid) + " WHERE name = 'dead'").c_str());
+  sqlite3_close(db);
+
+  if (geteuid() != 0) {
+    ASSERT_EQ(chmod(path.c_str(), 0444), 0);
+    EXPECT_EQ(RunStore::open_for_display(path)->run(dead)->status, "running");
+    ASSERT_EQ(chmod(path.c_str(), 0644), 0);
+  }
+  auto shown = RunStore::open_for_display(path);
+  const auto r = *shown->run(dead);
+  EXPECT_EQ(r.status, "interrupted");
+  EXPECT_NE(r.message.find("ended without closing the run"), std::string::npos) << r.message;
+  EXPECT_EQ(shown->run(alive)->status, "running");  // this very process
+  const std::string err = error_of([&] { shown->create_run(new_run("x")); });
+  EXPECT_NE(err.find("readonly"), std::string::npos) << err;  // what it returns is read-only
+  EXPECT_NE(error_of([&] { shown->mark_dead_runs(); }).find("read-only"), std::string::npos);
+
+  // A reader that stays open (the app's Runs view) sweeps again: a run that dies later is marked
+  // by mark_dead_runs on a read-write store, once.
+  auto writer = RunStore::open(path);
+  EXPECT_EQ(writer->mark_dead_runs(), 0);
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  exec(db, ("UPDATE runs SET pid = " + std::to_string(dead_pid()) + " WHERE name = 'alive'").c_str());
+  sqlite3_close(db);
+  EXPECT_EQ(shown->run(alive)->status, "running");
+  EXPECT_EQ(writer->mark_dead_runs(), 1);
+  EXPECT_EQ(shown->run(alive)->status, "interrupted");
+  EXPECT_EQ(writer->mark_dead_runs(), 0);
 }
 
 TEST(RunStore, ReadOnlyRefusesWrites) {
