@@ -157,7 +157,13 @@ void draw_table(GuiState& s, float height) {
                              ImGuiTableFlags_ScrollX | ImGuiTableFlags_BordersOuter | ImGuiTableFlags_SizingFixedFit;
   if (!ImGui::BeginTable("runs", ncols, tf, ImVec2(0, height))) return;
   ImGui::TableSetupScrollFreeze(2, 1);
-  for (int i = 0; i < N_COLUMNS; ++i) ImGui::TableSetupColumn(COLUMNS[i].name, COLUMNS[i].flags, 0, static_cast<ImGuiID>(i));
+  // Fixed columns fit the rows of their first frames: status starts as wide as its longest value,
+  // so a run that becomes "interrupted" while the view is open is not cut to "interrupte".
+  const float status_width = ImGui::CalcTextSize("interrupted").x;
+  for (int i = 0; i < N_COLUMNS; ++i) {
+    ImGui::TableSetupColumn(COLUMNS[i].name, COLUMNS[i].flags, COLUMNS[i].column == RunColumn::Status ? status_width : 0,
+                            static_cast<ImGuiID>(i));
+  }
   for (size_t i = 0; i < p.config_columns.size(); ++i)
     ImGui::TableSetupColumn(p.config_columns[i].c_str(), 0, 0, CONFIG_COLUMN_ID + static_cast<ImGuiID>(i));
   ImGui::TableHeadersRow();
