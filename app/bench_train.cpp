@@ -47,6 +47,34 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
+const std::vector<GdrScanChoice>& gdr_scan_choices() {
+  static const std::vector<GdrScanChoice> choices = {
+      {"kernel", "the delta rule core's CUDA kernels, as training runs them"},
+      {"unfused", "without the fused ones (forward front, backward through the solve)"},
+      {"narrow-products", "its batched products in 64-column block tiles"},
+      {"narrow-scan", "the state scan in blocks of 32 columns instead of the width picked for the shape"},
+      {"scan-64", "the state scan in blocks of 64 columns"},
+      {"scan-96", "the state scan in blocks of 96 columns"},
+      {"scan-128", "the state scan in blocks of 128 columns"},
+      {"fma-scan", "the state scan in fp32 FMA instead of tensor cores"},
+      {"token-order", "its output copied into token order before the output norm"},
+      {"fp32-states", "the scan's saved states in fp32 instead of bf16"},
+      {"fp32-front", "the fused front's outputs in fp32 instead of bf16"},
+      {"split-solve",
+       "the fused backward through the solve with its fp32 operands split in two TF32 parts instead of rounded to TF32"},
+      {"fp32-qk", "the layer's q and k in fp32 instead of the activations' 16-bit dtype"},
+      {"products-then-scan", "the output gradient's two products into the reverse scan run before it, not inside it"},
+      {"recompute-front", "the backward recomputing the front's outputs instead of reading the forward's"},
+      {"state-gemms", "the backward's products with the chunk states as four GEMMs and a row dot, not one kernel"},
+      {"dv-in-tail", "v's gradient from the backward's tail instead of the solve's backward"},
+      {"fp32-grads", "the backward's dQg, dKd, dW and dRw in fp32 instead of bf16"},
+      {"tf32-reverse-scan", "the reverse scan's products in TF32 instead of bf16"},
+      {"split-tail", "the backward tail's dq and dk products in split TF32 instead of bf16"},
+      {"aten", "their ATen twins (to measure the kernels)"},
+  };
+  return choices;
+}
+
 int bench_train(const BenchTrainArgs& a) {
   if (a.steps < 1 || a.warmup < 0) {
     std::cerr << "deltadeck: bench train: --steps must be >= 1 and --warmup >= 0\n";
@@ -58,18 +86,11 @@ int bench_train(const BenchTrainArgs& a) {
                                                     {"scan-96", kernels::kGdrScanTensorCores96},
                                                     {"scan-128", kernels::kGdrScanTensorCores128},
                                                     {"fma-scan", kernels::kGdrScanSimt16}};
-  if (a.gdr_scan != "kernel" && a.gdr_scan != "unfused" && a.gdr_scan != "aten" && a.gdr_scan != "narrow-products" &&
-      a.gdr_scan != "token-order" && a.gdr_scan != "fp32-states" && a.gdr_scan != "fp32-front" &&
-      a.gdr_scan != "split-solve" && a.gdr_scan != "fp32-qk" && a.gdr_scan != "products-then-scan" &&
-      a.gdr_scan != "recompute-front" && a.gdr_scan != "state-gemms" &&
-      a.gdr_scan != "dv-in-tail" && a.gdr_scan != "fp32-grads" && a.gdr_scan != "tf32-reverse-scan" &&
-      a.gdr_scan != "split-tail" &&
-      scan_variants.count(a.gdr_scan) == 0) {
-    std::cerr << "deltadeck: bench train: --gdr-scan: expected kernel, unfused, narrow-products, narrow-scan, scan-64, "
-                 "scan-96, scan-128, fma-scan, token-order, fp32-states, fp32-front, split-solve, fp32-qk, "
-                 "products-then-scan, recompute-front, state-gemms, dv-in-tail, fp32-grads, tf32-reverse-scan, split-tail or aten, "
-                 "got \""
-              << a.gdr_scan << "\"\n";
+  const auto& choices = gdr_scan_choices();
+  if (std::none_of(choices.begin(), choices.end(), [&](const GdrScanChoice& c) { return a.gdr_scan == c.value; })) {
+    std::string values;
+    for (size_t i = 0; i < choices.size(); ++i) values += (i == 0 ? "" : ", ") + std::string(choices[i].value);
+    std::cerr << "deltadeck: bench train: --gdr-scan: expected one of " << values << "; got \"" << a.gdr_scan << "\"\n";
     return 2;
   }
   // The measuring switches: each flag and the values it takes, the first being the default.

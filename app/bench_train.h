@@ -23,10 +23,8 @@ struct BenchTrainArgs {
   bool profile = false;                 // after the timed steps, profile 3 more and print the breakdown
   std::string profile_trace;            // and save the profiler's trace here (JSON)
   int64_t profile_top = 20;             // kernels listed in the profile, the most GPU time first
-  // kernel | unfused | narrow-products | narrow-scan | scan-64 | scan-96 | scan-128 | fma-scan |
-  // token-order | fp32-states | fp32-front | aten: the delta rule core's CUDA kernels, or one of
-  // them swapped for the variant it is measured against (see the --gdr-scan help in app/main.cpp),
-  // or their ATen twins
+  // One of gdr_scan_choices(): the delta rule core's CUDA kernels as training runs them, one piece
+  // swapped for the form it is measured against, or their ATen twins.
   std::string gdr_scan = "kernel";
   // fp8 only: "fused" (the SwiGLU feed-forward as one fp8 function, model/fp8_swiglu_mlp.h) or
   // "unfused" (its three layers one by one), to measure the fusion.
@@ -59,6 +57,13 @@ struct BenchTrainArgs {
   std::string weight_shadows = "on";  // on | off: bf16 weight copies kept by AdamW (model/weight_shadow.h)
   std::string expert_weights = "in-place";  // in-place | autograd: MoE experts' products (model/expert_product.h)
 };
+
+// The values of bench train's --gdr-scan, each with what it runs (its help text): "kernel" first.
+struct GdrScanChoice {
+  const char* value;
+  const char* what;
+};
+const std::vector<GdrScanChoice>& gdr_scan_choices();
 
 // Returns the exit code: 0 measured, 2 bad arguments or config, 1 the run failed.
 int bench_train(const BenchTrainArgs& args);

@@ -163,25 +163,10 @@ int main(int argc, char** argv) {
   bench_train_cmd->add_option("--batch", bench_train.batch_size, "Rows per rank")->capture_default_str();
   bench_train_cmd->add_option("--seq-len", bench_train.seq_len, "Row length T")->capture_default_str();
   bench_train_cmd->add_option("-s,--set", bench_train.overrides, "Override a config key: section.key=value");
-  bench_train_cmd->add_option("--gdr-scan", bench_train.gdr_scan,
-                              "kernel | unfused | narrow-products | narrow-scan | scan-64 | scan-96 | scan-128 | "
-                              "fma-scan | token-order | fp32-states | fp32-front | split-solve | fp32-qk | products-then-scan | recompute-front | state-gemms | dv-in-tail | fp32-grads | tf32-reverse-scan | split-tail | aten: the delta "
-                              "rule core's CUDA kernels, the same without "
-                              "the fused ones (forward front, backward through the solve), with its batched products "
-                              "in 64-column block tiles, with the state scan in blocks of 32, 64, 96 or 128 columns "
-                              "instead of the width picked for the shape, or in fp32 FMA instead of tensor cores, "
-                              "with its output copied into token order before the output norm, with the scan's saved "
-                              "states in fp32 instead of bf16, with the fused front's outputs in fp32 instead of bf16, with the fused "
-                              "backward through the solve with its fp32 operands split in two TF32 parts instead of rounded to TF32, with "
-                              "the layer's q and k in fp32 instead of the activations' 16-bit dtype, with the output gradient's two products "
-                              "into the reverse scan run before it instead of inside it, with the backward recomputing the front's outputs "
-                              "instead of reading the forward's, with the backward's products with the chunk states as four GEMMs and a "
-                              "row dot instead of one kernel, with v's gradient from the tail instead of the solve's backward, with the "
-                              "backward's dQg, dKd, dW and dRw in fp32 instead of bf16, with the reverse scan's products in bf16 instead of "
-                              "TF32, or their "
-                              "ATen twins "
-                              "(to measure the kernels)")
-      ->capture_default_str();
+  std::string gdr_scan_help = "The delta rule core:";
+  for (const app::GdrScanChoice& c : app::gdr_scan_choices()) gdr_scan_help += std::string(" ") + c.value + ": " + c.what + ";";
+  gdr_scan_help.back() = '.';
+  bench_train_cmd->add_option("--gdr-scan", bench_train.gdr_scan, gdr_scan_help)->capture_default_str();
   bench_train_cmd->add_option("--row-kernels", bench_train.row_kernels,
                               "default | baseline: the add+RMSNorm, gated RMSNorm and cross-entropy kernels as they "
                               "are, or as they were before moving 4 columns per load, keeping gated-norm rows in "
