@@ -30,7 +30,9 @@ __host__ __device__ constexpr int tile_of() {
   return sizeof(T) == 4 ? 32 : 64;
 }
 
-__device__ __forceinline__ float sigmoid(float s) { return 1.f / (1.f + __expf(-s)); }
+// __fdividef: 1 / (1 + e^-s) without IEEE division's slow path (the walk is bound by instruction
+// issue); for s < about -88 the denominator is infinite and the quotient 0, as it should be.
+__device__ __forceinline__ float sigmoid(float s) { return __fdividef(1.f, 1.f + __expf(-s)); }
 
 // Copies tokens [ta, ta + n) of one row (token stride ld; tokens outside [0, T_len) read as 0) ×
 // channels [c0, c0 + kThreads) (those ≥ C read as 0) into dst [n][kThreads]. `vec`: 16-byte loads
@@ -129,6 +131,67 @@ __global__ void __launch_bounds__(kThreads) short_conv_forward_kernel(T* y, cons
   }
 }
 
+// One token of the backward's walk. The window rings hold the last W inputs (xr), pre-activation
+// gradients (dsr) and positions (pr); `newest` is the ring slot the token goes into, a constant
+// once the walk is unrolled by W, so the window slides by renaming registers, not moving them.
+// `whole`: the token is at least W − 1 tokens into its document (or the row has no positions), so
+// no tap of it, and none of the W − 1 tokens before it, needs testing against a document start.
+template <int W>
+struct ConvWindow {
+  float xr[W], dsr[W];
+  int pr[W];
+};
+
+template <typename T, int W>
+__device__ __forceinline__ void backward_step(ConvWindow<W>& win, int newest, const float* wc, float* dwc, float x_new,
+                                              float dy_new, int p, bool sum_dw, T* dxp) {
+  win.xr[newest] = x_new;
+  win.pr[newest] = p;
+  const bool whole = p >= W - 1;  // the same for every thread: a token's position
+  // XW(j), DSW(j), PW(j): window entry j, oldest first (entry W − 1 is this token).
+#define XW(j) win.xr[(newest + 1 + (j)) % W]
+#define DSW(j) win.dsr[(newest + 1 + (j)) % W]
+#define PW(j) win.pr[(newest + 1 + (j)) % W]
+  float s = 0.f;
+  if (whole) {
+#pragma unroll
+    for (int j = 0; j < W; ++j) s += wc[j] * XW(j);
+  } else {
+#pragma unroll
+    for (int j = 0; j < W; ++j)
+      if (p >= W - 1 - j) s += wc[j] * XW(j);
+  }
+  const float sg = sigmoid(s);
+  const float ds = dy_new * sg * (1.f + s * (1.f - sg));
+  if (sum_dw) {
+    if (whole) {
+#pragma unroll
+      for (int j = 0; j < W; ++j) dwc[j] += ds * XW(j);
+    } else {
+#pragma unroll
+      for (int j = 0; j < W; ++j)
+        if (p >= W - 1 - j) dwc[j] += ds * XW(j);
+    }
+  }
+  win.dsr[newest] = ds;
+  // Token t − (W−1) has every later gradient it needs now: tap k of token t − (W−1) + k.
+  if (dxp != nullptr) {
+    float g = 0.f;
+    if (whole) {
+#pragma unroll
+      for (int k = 0; k < W; ++k) g += DSW(k) * wc[W - 1 - k];
+    } else {
+#pragma unroll
+      for (int k = 0; k < W; ++k)
+        if (PW(k) >= k) g += DSW(k) * wc[W - 1 - k];
+    }
+    *dxp = from_f32<T>(g);
+  }
+#undef XW
+#undef DSW
+#undef PW
+}
+
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads) short_conv_backward_kernel(T* dx, float* dw, const T* dy, const T* x,
                                                                        const float* w, const int64_t* pos,
@@ -151,50 +214,33 @@ __global__ void __launch_bounds__(kThreads) short_conv_backward_kernel(T* dx, fl
   stage_positions(p_s, pos ? pos + r * T_len : nullptr, t0, static_cast<int>(t_end - t0), T_len);
   __syncthreads();
   if (c >= C) return;
-  // Registers hold the last W inputs (xw), pre-activation gradients (dsw) and positions (pw) of the
-  // walk, oldest first; tokens past the row's end were staged as x = dy = 0, so their ds is 0.
-  float wc[W], xw[W], dsw[W], dwc[W];
-  int pw[W];
+  // Tokens past the row's end were staged as x = dy = 0, so their ds is 0; positions past it are
+  // INT_MAX (whole windows).
+  float wc[W], dwc[W];
+  ConvWindow<W> win;
 #pragma unroll
   for (int j = 0; j < W; ++j) {
     wc[j] = w[c * W + j];
     dwc[j] = 0.f;
-    dsw[j] = 0.f;
-    pw[j] = 0;
+    win.dsr[j] = 0.f;
+    win.pr[j] = 0;
   }
   const T* xs = x_s + threadIdx.x;  // row i: token xa + i
   const T* dys = dy_s + threadIdx.x;  // row i: token t0 + i
+  // Ring slots 1..W−1 hold the W − 1 inputs before the tile's first token (slot 0 takes step 0's).
 #pragma unroll
-  for (int j = 0; j < W - 1; ++j) xw[j + 1] = to_f32(xs[j * kThreads]);
+  for (int j = 0; j < W - 1; ++j) win.xr[j + 1] = to_f32(xs[j * kThreads]);
   T* dxp = dx + (r * T_len + t0) * ld_dx + c;  // token t0's dx; written W − 1 steps behind the walk
-  const int n = static_cast<int>(t1 - t0);
-  for (int i = 0; i < n + W - 1; ++i) {
+  const int n = static_cast<int>(t1 - t0), steps = n + W - 1;
+  for (int i0 = 0; i0 < steps; i0 += W) {
+    // Unrolled by W, so each step's ring slot (u) is a constant.
 #pragma unroll
-    for (int j = 0; j < W - 1; ++j) {
-      xw[j] = xw[j + 1];
-      dsw[j] = dsw[j + 1];
-      pw[j] = pw[j + 1];
-    }
-    xw[W - 1] = to_f32(xs[(i + W - 1) * kThreads]);
-    const int p = p_s[i];
-    const float s = conv_at<W>(wc, xw, p);
-    const float sg = sigmoid(s);
-    const float ds = to_f32(dys[i * kThreads]) * sg * (1.f + s * (1.f - sg));
-    if (i < n) {  // the tile's own tokens sum into dw; the W − 1 after it belong to the next tile
-#pragma unroll
-      for (int j = 0; j < W; ++j)
-        if (p >= W - 1 - j) dwc[j] += ds * xw[j];
-    }
-    dsw[W - 1] = ds;
-    pw[W - 1] = p;
-    // Token t − (W−1) has every later gradient it needs now: tap k of token t − (W−1) + k.
-    if (i >= W - 1) {
-      float g = 0.f;
-#pragma unroll
-      for (int k = 0; k < W; ++k)
-        if (pw[k] >= k) g += dsw[k] * wc[W - 1 - k];
-      *dxp = from_f32<T>(g);
-      dxp += ld_dx;
+    for (int u = 0; u < W; ++u) {
+      const int i = i0 + u;
+      if (i >= steps) break;
+      backward_step<T, W>(win, u, wc, dwc, to_f32(xs[(i + W - 1) * kThreads]), to_f32(dys[i * kThreads]), p_s[i],
+                          i < n, i >= W - 1 ? dxp : nullptr);
+      if (i >= W - 1) dxp += ld_dx;
     }
   }
 #pragma unroll
