@@ -161,30 +161,48 @@ __global__ void __launch_bounds__(kWarps * 32)
       wv[j][e] = c < D ? w[c + e] : 0.f;
     }
   }
-  for (int64_t n = warp_id; n < rows.N; n += static_cast<int64_t>(gridDim.x) * kWarps) {
+  // A row's o, z and dy are loaded one row ahead (into the `next` registers while the current row
+  // is reduced and written), so the warp's loads are in flight during its arithmetic and stores.
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
+  float next_o[kRuns][kVec], next_z[kRuns][kVec], next_dy[kRuns][kVec];
+  auto load_row = [&](int64_t n) {
     const float* orow = o + o_offset(rows, n);
     const TZ* zrow = z + z_row(rows, n);
-    const float r = rstd[n];
-    float oh[kRuns][kVec], zv[kRuns][kVec], dyv[kRuns][kVec];
 #pragma unroll
     for (int j = 0; j < kRuns; ++j) {
       const int c = run_column<kVec>(lane, j);
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) oh[j][e] = zv[j][e] = dyv[j][e] = 0.f;
+      for (int e = 0; e < kVec; ++e) next_o[j][e] = next_z[j][e] = next_dy[j][e] = 0.f;
       if (c < D) {
-        load_run<kVec>(orow, c, oh[j]);
-        load_run<kVec>(zrow, c, zv[j]);
-        load_run<kVec>(dy + n * D, c, dyv[j]);
+        load_run<kVec>(orow, c, next_o[j]);
+        load_run<kVec>(zrow, c, next_z[j]);
+        load_run<kVec>(dy + n * D, c, next_dy[j]);
       }
     }
+  };
+  if (warp_id < rows.N) load_row(warp_id);
+  for (int64_t n = warp_id; n < rows.N; n += stride) {
+    const float r = rstd[n];
+    float oh[kRuns][kVec], zv[kRuns][kVec], dyv[kRuns][kVec];
+#pragma unroll
+    for (int j = 0; j < kRuns; ++j) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        oh[j][e] = next_o[j][e];
+        zv[j][e] = next_z[j][e];
+        dyv[j][e] = next_dy[j][e];
+      }
+    }
+    if (n + stride < rows.N) load_row(n + stride);
     float dot = 0.f;  // Σ g ⊙ ô
+    float sgv[kRuns][kVec];  // sigmoid(z)
 #pragma unroll
     for (int j = 0; j < kRuns; ++j) {
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         oh[j][e] *= r;
-        const float s = zv[j][e] / (1.f + expf(-zv[j][e]));
-        dot += dyv[j][e] * s * wv[j][e] * oh[j][e];
+        sgv[j][e] = 1.f / (1.f + expf(-zv[j][e]));
+        dot += dyv[j][e] * (zv[j][e] * sgv[j][e]) * wv[j][e] * oh[j][e];
       }
     }
     const float mean = warp_sum(dot) / static_cast<float>(D);
@@ -196,7 +214,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         float g_o[kVec], g_z[kVec];
 #pragma unroll
         for (int e = 0; e < kVec; ++e) {
-          const float zz = zv[j][e], sg = 1.f / (1.f + expf(-zz)), s = zz * sg;
+          const float zz = zv[j][e], sg = sgv[j][e], s = zz * sg;
           g_o[e] = r * (dyv[j][e] * s * wv[j][e] - oh[j][e] * mean);
           g_z[e] = dyv[j][e] * oh[j][e] * wv[j][e] * sg * (1.f + zz * (1.f - sg));
           acc[j][e] += dyv[j][e] * s * oh[j][e];
