@@ -1,7 +1,7 @@
 // Short convolution: one block per (128 channels, tile of kTile consecutive tokens of one row). The
 // block first copies its tile of x (with the W − 1 tokens before it, and for the backward the W − 1
-// after it), of dy and of the document positions into shared memory, all threads together, in
-// 16-byte loads where the rows allow; then each thread walks its channel's tokens in order from
+// after it), of dy and of the document positions into shared memory, all threads together, by
+// 16-byte cp.async copies where the rows allow (every copy of the tile in flight at once); then each thread walks its channel's tokens in order from
 // shared memory with the last W inputs (and, backward, the last W pre-activation gradients and
 // positions) in registers, reading one staged value of x (and dy) per token. These kernels are
 // bound by instruction issue, not memory (ncu: 64% issue slots busy at 18% of DRAM bandwidth for
@@ -16,6 +16,7 @@
 
 #include <climits>
 
+#include "kernels/cp_async.cuh"
 #include "kernels/elem.cuh"
 #include "kernels/short_conv.h"
 
@@ -35,32 +36,21 @@ __host__ __device__ constexpr int tile_of() {
 __device__ __forceinline__ float sigmoid(float s) { return __fdividef(1.f, 1.f + __expf(-s)); }
 
 // Copies tokens [ta, ta + n) of one row (token stride ld; tokens outside [0, T_len) read as 0) ×
-// channels [c0, c0 + kThreads) (those ≥ C read as 0) into dst [n][kThreads]. `vec`: 16-byte loads
-// (the caller checked C, ld and the pointer allow them), four per thread in flight at a time.
+// channels [c0, c0 + kThreads) (those ≥ C read as 0) into dst [n][kThreads]. `vec`: 16-byte
+// cp.async copies (the caller checked C, ld and the pointer allow them), all of them started at
+// once, so a block waits one memory round trip for its whole tile; the caller then runs
+// cp_async_wait_all() and __syncthreads().
 template <typename T>
 __device__ __forceinline__ void stage_rows(T* dst, const T* src, int64_t ld, int64_t ta, int n, int64_t T_len,
                                            int64_t c0, int64_t C, bool vec) {
   if (vec) {
-    constexpr int V = 16 / sizeof(T), kPerRow = kThreads / V, kBatch = 4;
+    constexpr int V = 16 / sizeof(T), kPerRow = kThreads / V;
     const int total = n * kPerRow;
-    for (int base = threadIdx.x; base < total; base += kBatch * kThreads) {
-      Vec<T, V> v[kBatch];
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int i = base + u * kThreads;
-        const int64_t t = ta + i / kPerRow, c = c0 + (i % kPerRow) * V;
-        if (i < total && t >= 0 && t < T_len && c < C) {
-          v[u].load(src + t * ld + c);
-        } else {
-#pragma unroll
-          for (int e = 0; e < V; ++e) v[u].set(e, 0.f);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int i = base + u * kThreads;
-        if (i < total) v[u].store(dst + (i / kPerRow) * kThreads + (i % kPerRow) * V);
-      }
+    for (int i = threadIdx.x; i < total; i += kThreads) {
+      const int64_t t = ta + i / kPerRow, c = c0 + (i % kPerRow) * V;
+      T* d = dst + (i / kPerRow) * kThreads + (i % kPerRow) * V;
+      if (t >= 0 && t < T_len && c < C) cp_async16(d, src + t * ld + c);
+      else *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
     }
     return;
   }
@@ -113,6 +103,7 @@ __global__ void __launch_bounds__(kThreads) short_conv_forward_kernel(T* y, cons
   const int64_t xa = t0 - (W - 1);  // x_s row 0
   stage_rows(x_s, x + r * T_len * ld, ld, xa, static_cast<int>(t1 - xa), T_len, c0, C, vec);
   stage_positions(p_s, pos ? pos + r * T_len : nullptr, t0, static_cast<int>(t1 - t0), T_len);
+  cp_async_wait_all();
   __syncthreads();
   if (c >= C) return;
   float wc[W], xw[W];  // xw[j]: x of token t − (W−1) + j
@@ -212,6 +203,7 @@ __global__ void __launch_bounds__(kThreads) short_conv_backward_kernel(T* dx, fl
   stage_rows(x_s, x + r * T_len * ld, ld, xa, static_cast<int>(t_end - xa), T_len, c0, C, vec_x);
   stage_rows(dy_s, dy + r * T_len * C, C, t0, static_cast<int>(t_end - t0), T_len, c0, C, vec_dy);
   stage_positions(p_s, pos ? pos + r * T_len : nullptr, t0, static_cast<int>(t_end - t0), T_len);
+  cp_async_wait_all();
   __syncthreads();
   if (c >= C) return;
   // Tokens past the row's end were staged as x = dy = 0, so their ds is 0; positions past it are
