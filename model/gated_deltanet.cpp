@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "model/fused_gated_norm.h"
+#include "model/fused_gdn_gates.h"
 #include "model/fused_l2norm.h"
 #include "model/fused_short_conv.h"
 #include "model/gdr.h"
@@ -111,14 +112,6 @@ void GatedDeltaNetImpl::reset_parameters(double std0, double std_out) {
   norm_w.fill_(1.0);
 }
 
-GatedDeltaNetImpl::Gates GatedDeltaNetImpl::gates(const torch::Tensor& a, const torch::Tensor& b,
-                                                   torch::ScalarType ft) {
-  auto beta = torch::sigmoid(to_dtype(b, ft));
-  if (neg_eig_) beta = beta * 2.0;
-  auto g = -to_dtype(A_log, ft).exp() * torch::softplus(to_dtype(a, ft) + to_dtype(dt_bias, ft));
-  return {beta, g};
-}
-
 torch::Tensor GatedDeltaNetImpl::output(const GdrOutput& r, const torch::Tensor& z_proj,
                                         torch::ScalarType out_dtype) {
   const int64_t B = z_proj.size(0), T = z_proj.size(1);
@@ -150,7 +143,8 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& u, const Positions
   // that on a GPU their gradients go back into one tensor without concatenations.
   auto front = fused_short_conv_parts(linear_cat(u, {wq, wk, wv, wg}), torch::cat({conv_q, conv_k, conv_v}, 0), p,
                                       {Kg, Kg, Vg});
-  auto gate_parts = linear_cat(u, {wa, wb}).split_with_sizes({H_, H_}, -1);  // a, b
+  // a | b side by side, read whole by the gates (no split, and no concatenation in its backward).
+  const auto gate_rows = linear_cat(u, {wa, wb});
   const auto& qkv_parts = front.parts;
   const auto qkv_dtype = qkv_parts[0].scalar_type();
   // q and k in the short conv's 16-bit dtype under 16-bit training, as v is (the delta rule's
@@ -161,7 +155,9 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& u, const Positions
   auto q = l2_norm(qkv_parts[0].reshape({B, T, H_, dk_}), qk_dt);
   auto k = l2_norm(qkv_parts[1].reshape({B, T, H_, dk_}), qk_dt);
   auto v = qkv_parts[2].reshape({B, T, H_, dv_});
-  auto gt = gates(gate_parts[0], gate_parts[1], ft);
+  auto gt = use_reference ? gdn_gates_reference(gate_rows.narrow(2, 0, H_), gate_rows.narrow(2, H_, H_), A_log, dt_bias,
+                                               neg_eig_, ft)
+                         : fused_gdn_gates(gate_rows, A_log, dt_bias, neg_eig_, ft);
   auto r = use_reference ? gdr_forward_ref(q, k, v, gt.beta, gt.g, scale_, {}, p.cu_seqlens)
                          : gdr_forward_chunked(q, k, v, gt.beta, gt.g, scale_, {}, p.cu_seqlens, chunk_, tf32_scan,
                                                /*o_as_rows=*/gdr_output_as_rows(), p.gdr_slots.get());
@@ -178,7 +174,7 @@ torch::Tensor GatedDeltaNetImpl::step(const torch::Tensor& u, MixerCache& cache)
   auto q = l2_norm(conv_step(wq(u), cache.conv_q, conv_q).view({B, 1, H_, dk_}), ft);
   auto k = l2_norm(conv_step(wk(u), cache.conv_k, conv_k).view({B, 1, H_, dk_}), ft);
   auto v = conv_step(wv(u), cache.conv_v, conv_v).view({B, 1, H_, dv_});
-  auto gt = gates(wa(u), wb(u), ft);
+  auto gt = gdn_gates_reference(wa(u), wb(u), A_log, dt_bias, neg_eig_, ft);
   auto r = gdr_forward_ref(q, k, v, gt.beta, gt.g, scale_, cache.state, {});
   cache.state = r.h;
   cache.pos += 1;

@@ -56,12 +56,6 @@ class GatedDeltaNetImpl : public torch::nn::Module {
   torch::Tensor norm_w;   // [dv] gated-norm weight shared by all heads
 
  private:
-  struct Gates {
-    torch::Tensor beta;  // [B,T,H] compute dtype
-    torch::Tensor g;     // [B,T,H] compute dtype, ≤ 0
-  };
-  // From the projections a = u W_aᵀ and b = u W_bᵀ [B,T,H], in the compute dtype `ft`.
-  Gates gates(const torch::Tensor& a, const torch::Tensor& b, torch::ScalarType ft);
   // Gated RMSNorm and output projection: the delta rule's output (o [B,T,H,dv] in the compute
   // dtype, or its rows by index) and the gate projection z = u W_gᵀ [B,T,Vg] -> [B,T,d] in `out_dtype`.
   torch::Tensor output(const GdrOutput& r, const torch::Tensor& z, torch::ScalarType out_dtype);

@@ -19,6 +19,7 @@
 #include "model/fp8_linear.h"
 #include "model/fp8_swiglu_mlp.h"
 #include "model/fused_gated_norm.h"
+#include "model/fused_gdn_gates.h"
 #include "model/fused_l2norm.h"
 #include "model/fused_rmsnorm.h"
 #include "model/fused_rope.h"
@@ -1072,6 +1073,60 @@ TEST(FusedOpsCuda, L2NormMatchesReference) {
         EXPECT_LT(ex, tol_for(dt)) << what << " dx";
         std::printf("[measured] L2Norm %s: y %.1e dx %.1e\n", what.c_str(), ey, ex);
       }
+    }
+  }
+}
+
+// The Gated DeltaNet's gates kernels (model::fused_gdn_gates) against the ATen formula on a and b
+// cut from the same rows: beta, g and the gradients of the rows, A_log and dt_bias. a spans both
+// sides of softplus's threshold (20); the hybrid presets' heads (6) and odd ones (3, 17); with and
+// without negative eigenvalues; beta's gradient missing once (g alone feeds the loss). Both sides
+// compute in fp32 from the same 16-bit values: beta and g within 1e-6, the rows' gradient within
+// one rounding of the same value (tol_for), the per-head sums (16384 terms added in another order)
+// within 1e-5.
+TEST(FusedOpsCuda, GdnGatesMatchReference) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(47);
+  struct Case {
+    int64_t B, T, H;
+    bool neg_eig, beta_used;
+  };
+  for (const Case c : {Case{8, 2048, 6, false, true}, Case{1, 333, 3, true, true}, Case{2, 77, 17, false, false}}) {
+    for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
+      auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+      auto ab0 = (torch::randn({c.B, c.T, 2 * c.H}, f32) * 6.0 + 2.0).to(dt);
+      ab0.select(1, 0).fill_(25.0);  // past softplus's threshold
+      auto A0 = torch::rand({c.H}, f32) * 2.5, dt0 = torch::randn({c.H}, f32);
+      auto gbeta = torch::randn({c.B, c.T, c.H}, f32), gg = torch::randn({c.B, c.T, c.H}, f32);
+      auto run = [&](bool fused) {
+        auto ab = ab0.clone().requires_grad_(true), A = A0.clone().requires_grad_(true),
+             db = dt0.clone().requires_grad_(true);
+        auto out = fused ? model::fused_gdn_gates(ab, A, db, c.neg_eig, torch::kFloat32)
+                         : model::gdn_gates_reference(ab.narrow(2, 0, c.H), ab.narrow(2, c.H, c.H), A, db, c.neg_eig,
+                                                      torch::kFloat32);
+        auto loss = (out.g * gg).sum();
+        if (c.beta_used) loss = loss + (out.beta * gbeta).sum();
+        loss.backward();
+        return std::vector<torch::Tensor>{out.beta.detach(), out.g.detach(), ab.grad(), A.grad(), db.grad()};
+      };
+      const auto got = run(true), want = run(false);
+      const char* names[] = {"beta", "g", "dab", "dA_log", "d_dt_bias"};
+      const double tols[] = {1e-6, 1e-6, tol_for(dt), 1e-5, 1e-5};
+      std::string what = "B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " H" + std::to_string(c.H) + " " +
+                         name_of(dt) + (c.neg_eig ? " neg_eig" : "") + (c.beta_used ? "" : " g only");
+      for (int i = 0; i < 5; ++i) {
+        ASSERT_TRUE(got[i].defined()) << what << " " << names[i];
+        EXPECT_EQ(got[i].scalar_type(), want[i].scalar_type()) << what << " " << names[i];
+        const double e = rel_norm_diff(got[i], want[i]);
+        EXPECT_LT(e, tols[i]) << what << " " << names[i];
+        std::printf("[measured] gdn gates %s %s: %.1e\n", what.c_str(), names[i], e);
+      }
+      if (!c.beta_used) {
+        EXPECT_EQ(got[2].narrow(2, c.H, c.H).abs().max().item<float>(), 0.f) << what << ": b's gradient";
+      }
+      // The kernels ran (the op's node), not the reference.
+      auto probe = model::fused_gdn_gates(ab0.clone().requires_grad_(true), A0, dt0, c.neg_eig, torch::kFloat32);
+      EXPECT_NE(probe.g.grad_fn()->name().find("FusedGdnGates"), std::string::npos) << what;
     }
   }
 }
