@@ -95,7 +95,20 @@ struct GdrScanArgs {
   // as cuBLAS with TF32 allowed). The FMA variants compute in fp32 either way.
   bool tf32x3 = true;
   int64_t n_docs = 0, H = 0, C = 0, dk = 0, dv = 0;
+  // The documents' worth of full-length scans, Σ chunks / steps rounded up (at most n_docs), that
+  // the automatic block width is picked for (gdr_scan_width_doc_heads); 0: n_docs. A document
+  // shorter than the longest frees its SM early, and a fixed layout's empty documents cost
+  // nothing, so counting every document as a full scan picked widths too narrow for packed rows of
+  // a few long documents (hybrid base's scans: 4.09 ms a step at 32 and 64 columns, 3.37 ms at
+  // 96; docs/perf.md, stop 41).
+  int64_t busy_docs = 0;
 };
+
+// The (document, head) pairs the automatic block width is picked for: busy_docs (where set and
+// below n_docs) or n_docs, times H.
+inline int64_t gdr_scan_width_doc_heads(const GdrScanArgs& a) {
+  return (a.busy_docs > 0 && a.busy_docs < a.n_docs ? a.busy_docs : a.n_docs) * a.H;
+}
 
 // Shared memory of one block (the FMA kernels): the state and y columns, and one staged [C, dk] tile.
 inline int64_t gdr_scan_smem_bytes(int64_t C, int64_t dk) { return (32 * (dk + C) + C * dk) * 4; }

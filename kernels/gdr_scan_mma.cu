@@ -563,7 +563,7 @@ int gdr_scan_mma_width(const GdrScanArgs& a) {
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
     return 0;
   }
-  return gdr_scan_mma_width_for(a.C, a.dk, a.dv, a.n_docs * a.H, sms, a.P_bf16 != nullptr);
+  return gdr_scan_mma_width_for(a.C, a.dk, a.dv, gdr_scan_width_doc_heads(a), sms, a.P_bf16 != nullptr);
 }
 
 int gdr_scan_fused_width(const GdrScanArgs& a) {
@@ -576,7 +576,7 @@ int gdr_scan_fused_width(const GdrScanArgs& a) {
           cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
         return 0;
       }
-      return gdr_scan_mma_width_for(a.C, a.dk, a.dv, a.n_docs * a.H, sms, true, true);
+      return gdr_scan_mma_width_for(a.C, a.dk, a.dv, gdr_scan_width_doc_heads(a), sms, true, true);
     }
     case kGdrScanTensorCores32: cols = 32; break;
     case kGdrScanTensorCores64: cols = 64; break;

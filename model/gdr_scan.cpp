@@ -35,6 +35,14 @@ void gdr_scan_use_kernel(bool on) { g_use_kernel = on; }
 void gdr_bf16_states(bool on) { g_bf16_states = on; }
 bool gdr_bf16_states() { return g_bf16_states; }
 void gdr_scan_variant(int variant) { g_variant = variant; }
+
+int64_t gdr_scan_busy_docs(const GdrScanPlan& plan) {
+  int64_t chunks = 0;
+  for (const int64_t cnt : plan.step_count) chunks += cnt;
+  const auto steps = static_cast<int64_t>(plan.step_count.size());
+  return steps > 0 ? (chunks + steps - 1) / steps : 0;
+}
+
 void gdr_scan_fuse_output_grads(bool on) { g_fuse_output_grads = on; }
 int64_t gdr_scan_fused_backward_launches() { return g_fused_backward_launches.load(); }
 int64_t gdr_scan_bf16_product_launches() { return g_bf16_product_launches.load(); }
@@ -162,6 +170,7 @@ kernels::GdrScanArgs sized_args(const GdrScanPlan& plan, int64_t C, int64_t dk, 
   a.variant = g_variant;
   a.tf32x3 = !plan.tf32_products;
   a.n_docs = plan.n_docs;
+  a.busy_docs = gdr_scan_busy_docs(plan);
   a.H = plan.heads;
   a.C = C;
   a.dk = dk;
@@ -175,8 +184,8 @@ kernels::GdrScanArgs sized_args(const GdrScanPlan& plan, int64_t C, int64_t dk, 
 // an fp32 A and E (kernels::GdrScanArgs::P_bf16); the callers check the kernel takes them.
 std::vector<torch::Tensor> run_scan(const torch::Tensor& A, const torch::Tensor& P, const torch::Tensor& Q,
                                     const torch::Tensor& decay, const torch::Tensor& E, const torch::Tensor& init,
-                                    const DevicePlan& dp, int64_t n_docs, int64_t H, float sign_p, float sign_q,
-                                    bool reverse, bool tf32_products, bool bf16_outputs = false) {
+                                    const DevicePlan& dp, int64_t n_docs, int64_t busy, int64_t H, float sign_p,
+                                    float sign_q, bool reverse, bool tf32_products, bool bf16_outputs = false) {
   const int64_t R = A.size(0), C = A.size(1), dv = A.size(2), dk = P.size(2);
   kernels::GdrScanArgs a;
   if (is_bf16(P)) {
@@ -199,6 +208,7 @@ std::vector<torch::Tensor> run_scan(const torch::Tensor& A, const torch::Tensor&
   a.variant = g_variant;
   a.tf32x3 = !tf32_products;
   a.n_docs = n_docs;
+  a.busy_docs = busy;
   a.H = H;
   a.C = C;
   a.dk = dk;
@@ -240,12 +250,13 @@ class GdrScanFn : public torch::autograd::Function<GdrScanFn> {
     ctx->set_materialize_grads(false);  // unused outputs' gradients stay undefined (no zero tensors)
     auto dp = device_plan(plan, W.device());
     auto Wc = W.contiguous(), Uc = U.contiguous(), Kc = Kd.contiguous(), dc = decay.contiguous();
-    auto outs = run_scan(Uc, Wc, Kc, dc, {}, h0.contiguous(), dp, plan.n_docs, plan.heads, -1.f, 1.f, false,
-                         plan.tf32_products, plan.tf32_products && plan.bf16_states);
+    auto outs = run_scan(Uc, Wc, Kc, dc, {}, h0.contiguous(), dp, plan.n_docs, gdr_scan_busy_docs(plan), plan.heads,
+                         -1.f, 1.f, false, plan.tf32_products, plan.tf32_products && plan.bf16_states);
     ctx->save_for_backward({Wc, Kc, dc, outs[0], outs[1]});
     ctx->saved_data["step_off"] = dp.step_off;
     ctx->saved_data["n_chunks"] = dp.n_chunks;
     ctx->saved_data["n_docs"] = plan.n_docs;
+    ctx->saved_data["busy_docs"] = gdr_scan_busy_docs(plan);
     ctx->saved_data["heads"] = plan.heads;
     ctx->saved_data["tf32_products"] = plan.tf32_products;
     return outs;  // h_in, v_new, h_final
@@ -259,7 +270,8 @@ class GdrScanFn : public torch::autograd::Function<GdrScanFn> {
     const int64_t n_docs = ctx->saved_data["n_docs"].toInt(), H = ctx->saved_data["heads"].toInt();
     auto d_vnew = grads[1].defined() ? grads[1].contiguous() : torch::zeros_like(v_new);
     auto outs = run_scan(d_vnew, Kd, W, decay, backward_e(grads[0], W, v_new.size(2)), contiguous_or_undefined(grads[2]),
-                         dp, n_docs, H, 1.f, -1.f, true, ctx->saved_data["tf32_products"].toBool());
+                         dp, n_docs, ctx->saved_data["busy_docs"].toInt(), H, 1.f, -1.f, true,
+                         ctx->saved_data["tf32_products"].toBool());
     const auto &dh_next = outs[0], &dU = outs[1], &dh0 = outs[2];
     auto dW = -torch::bmm(dU, h_in.transpose(1, 2));
     auto dKd = torch::bmm(v_new, dh_next.transpose(1, 2));
@@ -433,7 +445,7 @@ GdrScanGrads gdr_scan_backward(const torch::Tensor& W, const torch::Tensor& Kd, 
     auto dp = device_plan(plan, W.device());
     auto outs = run_scan(d_vnew.contiguous(), Kd.contiguous(), W.contiguous(), decay.contiguous(),
                          backward_e(d_hin, W, d_vnew.size(2)), contiguous_or_undefined(d_hfinal), dp, plan.n_docs,
-                         plan.heads, 1.f, -1.f, true, plan.tf32_products);
+                         gdr_scan_busy_docs(plan), plan.heads, 1.f, -1.f, true, plan.tf32_products);
     return {outs[0], outs[1], outs[2]};
   }
 #endif

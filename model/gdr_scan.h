@@ -53,6 +53,10 @@ GdrScanResult gdr_scan_reference(const torch::Tensor& W, const torch::Tensor& U,
 GdrScanResult gdr_scan(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& Kd,
                        const torch::Tensor& decay, const torch::Tensor& h0, const GdrScanPlan& plan);
 
+// Σ chunks / steps rounded up: the plan's documents' worth of full-length scans, which the
+// kernel's automatic block width is picked for (kernels::GdrScanArgs::busy_docs); 0 without steps.
+int64_t gdr_scan_busy_docs(const GdrScanPlan& plan);
+
 // Whether the kernel reads bf16 W, U and Kd itself (forward) and bf16 W and Kd (backward) for a
 // plan with these sizes on the current GPU: TF32 products on the tensor-core kernel, the same
 // condition as its bf16 outputs. False without CUDA.

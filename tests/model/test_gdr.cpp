@@ -456,3 +456,27 @@ TEST(Gdr, ScanWidensBf16InputsWhereOnlyFp32Runs) {
   EXPECT_TRUE(torch::equal(bg.dU, bw.dU));
   EXPECT_TRUE(torch::equal(bg.dh0, bw.dh0));
 }
+
+// The documents' worth of full-length scans the scan kernel's block width is picked for
+// (model::gdr_scan_busy_docs, kernels::GdrScanArgs::busy_docs): Σ chunks / steps rounded up. Dense
+// rows count each row; a packed row of one long document and short pieces counts about one; a
+// fixed layout's dummy and empty documents add only the chunks they run.
+TEST(Gdr, ScanWidthCountsBusyDocuments) {
+  const int64_t H = 6, C = 64, T = 2048;
+  const auto dense = model::gdr_chunk_layout(8, T, H, C, torch::Tensor(), torch::kCPU);
+  EXPECT_EQ(dense.scan.n_docs, 8);
+  EXPECT_EQ(model::gdr_scan_busy_docs(dense.scan), 8);
+  // 1900 tokens (30 chunks), then three pieces of one chunk: 33 chunks over 30 steps.
+  const auto cu = torch::tensor({int64_t{0}, int64_t{1900}, int64_t{1950}, int64_t{2000}, T}, torch::kInt64);
+  const auto packed = model::gdr_chunk_layout(1, T, H, C, cu, torch::kCPU);
+  EXPECT_EQ(packed.scan.n_docs, 4);
+  EXPECT_EQ(model::gdr_scan_busy_docs(packed.scan), 2);
+  // The same row at a fixed capacity of 8 pieces: its dummies carry the spare chunks.
+  const auto cap = model::gdr_layout_capacity(1, T, C, 8);
+  const auto fixed = model::gdr_chunk_layout_fixed(T, H, C, cu, cap, torch::kCPU);
+  EXPECT_EQ(fixed.scan.n_docs, cap.docs);
+  int64_t steps = static_cast<int64_t>(fixed.scan.step_count.size());
+  EXPECT_EQ(model::gdr_scan_busy_docs(fixed.scan), (cap.chunks + steps - 1) / steps);
+  EXPECT_LT(model::gdr_scan_busy_docs(fixed.scan), cap.docs);
+  EXPECT_EQ(model::gdr_scan_busy_docs(model::GdrScanPlan{}), 0);
+}
