@@ -75,23 +75,11 @@ int gdn_gates_forward(float* beta, float* g, const void* ab, DType ab_dt, const 
                       int64_t N, int64_t H, bool neg_eig, void* stream) {
   if (H < 1) return static_cast<int>(cudaErrorInvalidValue);
   if (N == 0) return 0;
-  auto st = static_cast<cudaStream_t>(stream);
-  const unsigned grid = blocks_for(N * H);
-  const float scale = neg_eig ? 2.f : 1.f;
-  switch (ab_dt) {
-    case DType::F32:
-      gates_forward_kernel<<<grid, kThreads, 0, st>>>(beta, g, static_cast<const float*>(ab), A_log, dt_bias, N, H,
-                                                      scale);
-      break;
-    case DType::BF16:
-      gates_forward_kernel<<<grid, kThreads, 0, st>>>(beta, g, static_cast<const __nv_bfloat16*>(ab), A_log, dt_bias,
-                                                      N, H, scale);
-      break;
-    case DType::F16:
-      gates_forward_kernel<<<grid, kThreads, 0, st>>>(beta, g, static_cast<const __half*>(ab), A_log, dt_bias, N, H,
-                                                      scale);
-      break;
-  }
+  dispatch_dtype(ab_dt, [&](auto tag) {
+    using T = decltype(tag);
+    gates_forward_kernel<<<blocks_for(N * H), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        beta, g, static_cast<const T*>(ab), A_log, dt_bias, N, H, neg_eig ? 2.f : 1.f);
+  });
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -99,24 +87,11 @@ int gdn_gates_backward(void* dab, float* sums, const float* dbeta, const float* 
                        const float* A_log, const float* dt_bias, int64_t N, int64_t H, bool neg_eig, void* stream) {
   if (H < 1 || H > kMaxHeads) return static_cast<int>(cudaErrorInvalidValue);
   if (N == 0) return 0;
-  auto st = static_cast<cudaStream_t>(stream);
-  const unsigned grid = blocks_for(N * H);
-  const float scale = neg_eig ? 2.f : 1.f;
-  switch (ab_dt) {
-    case DType::F32:
-      gates_backward_kernel<<<grid, kThreads, 0, st>>>(static_cast<float*>(dab), sums, dbeta, dg,
-                                                       static_cast<const float*>(ab), A_log, dt_bias, N, H, scale);
-      break;
-    case DType::BF16:
-      gates_backward_kernel<<<grid, kThreads, 0, st>>>(static_cast<__nv_bfloat16*>(dab), sums, dbeta, dg,
-                                                       static_cast<const __nv_bfloat16*>(ab), A_log, dt_bias, N, H,
-                                                       scale);
-      break;
-    case DType::F16:
-      gates_backward_kernel<<<grid, kThreads, 0, st>>>(static_cast<__half*>(dab), sums, dbeta, dg,
-                                                       static_cast<const __half*>(ab), A_log, dt_bias, N, H, scale);
-      break;
-  }
+  dispatch_dtype(ab_dt, [&](auto tag) {
+    using T = decltype(tag);
+    gates_backward_kernel<<<blocks_for(N * H), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<T*>(dab), sums, dbeta, dg, static_cast<const T*>(ab), A_log, dt_bias, N, H, neg_eig ? 2.f : 1.f);
+  });
   return static_cast<int>(cudaGetLastError());
 }
 

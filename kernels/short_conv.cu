@@ -1,9 +1,10 @@
 // Short convolution: one block per (128 channels, tile of kTile consecutive tokens of one row). The
 // block first copies its tile of x (with the W − 1 tokens before it, and for the backward the W − 1
 // after it), of dy and of the document positions into shared memory, all threads together, by
-// 16-byte cp.async copies where the rows allow (every copy of the tile in flight at once); then each thread walks its channel's tokens in order from
-// shared memory with the last W inputs (and, backward, the last W pre-activation gradients and
-// positions) in registers, reading one staged value of x (and dy) per token. These kernels are
+// 16-byte cp.async copies where the rows allow (every copy of the tile in flight at once); then
+// each thread walks its channel's tokens in order from shared memory with the last W inputs (and,
+// backward, the last W pre-activation gradients and positions) in registers, reading one staged
+// value of x (and dy) per token. These kernels are
 // bound by instruction issue, not memory (ncu: 64% issue slots busy at 18% of DRAM bandwidth for
 // the backward), so the walk keeps 32-bit row offsets and reads one staged value per token. A tap
 // is tested against the document's start by the token's position only (the forward's and the

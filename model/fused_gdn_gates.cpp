@@ -61,12 +61,13 @@ class FusedGdnGatesFn : public torch::autograd::Function<FusedGdnGatesFn> {
     const auto dbeta = fp32_contiguous(grads[0]), dg = fp32_contiguous(grads[1]);
     auto dab = torch::empty_like(ab, ab.options().memory_format(torch::MemoryFormat::Contiguous));
     auto sums = torch::zeros({2 * H}, A_log.options());  // dA_log | d_dt_bias
+    const bool neg_eig = ctx->saved_data["neg_eig"].toBool();
     check_kernel_launch(
         kernels::gdn_gates_backward(dab.data_ptr(), sums.data_ptr<float>(),
                                     dbeta.defined() ? dbeta.data_ptr<float>() : nullptr,
                                     dg.defined() ? dg.data_ptr<float>() : nullptr, ab.data_ptr(),
                                     checked_kernel_dtype(ab.scalar_type(), "gdn gates"), A_log.data_ptr<float>(),
-                                    dt_bias.data_ptr<float>(), N, H, ctx->saved_data["neg_eig"].toBool(), stream_of(ab)),
+                                    dt_bias.data_ptr<float>(), N, H, neg_eig, stream_of(ab)),
         "gdn gates backward");
     return {dab, sums.narrow(0, 0, H), sums.narrow(0, H, H), torch::Tensor()};
   }
