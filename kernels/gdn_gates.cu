@@ -1,6 +1,6 @@
 // One thread per (token, head) element, grid-strided. The backward sums its per-head terms in
-// shared memory (H ≤ kMaxHeads slots a block) and adds each block's sums into the output with one
-// fp32 atomic per slot, so a layer's gates cost two launches and no ATen reductions.
+// shared memory (H ≤ kGdnGatesMaxHeads slots a block) and adds each block's sums into the output
+// with one fp32 atomic per slot, so a layer's gates cost two launches and no ATen reductions.
 #include <cuda_runtime.h>
 
 #include "kernels/elem.cuh"
@@ -11,7 +11,6 @@ namespace kernels {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxHeads = 256;  // shared-memory slots of the backward's per-head sums
 
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + expf(-x)); }
 // torch's softplus with beta 1 and threshold 20.
@@ -36,7 +35,7 @@ __global__ void __launch_bounds__(kThreads) gates_backward_kernel(T* dab, float*
                                                                   const float* dg, const T* ab, const float* A_log,
                                                                   const float* dt_bias, int64_t N, int64_t H,
                                                                   float beta_scale) {
-  __shared__ float s_dA[kMaxHeads], s_ddt[kMaxHeads];
+  __shared__ float s_dA[kGdnGatesMaxHeads], s_ddt[kGdnGatesMaxHeads];
   for (int i = threadIdx.x; i < H; i += kThreads) s_dA[i] = s_ddt[i] = 0.f;
   __syncthreads();
   const int64_t total = N * H;
@@ -85,7 +84,7 @@ int gdn_gates_forward(float* beta, float* g, const void* ab, DType ab_dt, const 
 
 int gdn_gates_backward(void* dab, float* sums, const float* dbeta, const float* dg, const void* ab, DType ab_dt,
                        const float* A_log, const float* dt_bias, int64_t N, int64_t H, bool neg_eig, void* stream) {
-  if (H < 1 || H > kMaxHeads) return static_cast<int>(cudaErrorInvalidValue);
+  if (H < 1 || H > kGdnGatesMaxHeads) return static_cast<int>(cudaErrorInvalidValue);
   if (N == 0) return 0;
   dispatch_dtype(ab_dt, [&](auto tag) {
     using T = decltype(tag);

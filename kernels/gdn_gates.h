@@ -16,8 +16,13 @@
 
 namespace kernels {
 
+// The most heads the backward takes (its per-head sums sit in shared memory); callers with more
+// use the reference.
+constexpr int64_t kGdnGatesMaxHeads = 256;
+
 #ifdef DD_HAVE_CUDA
-// Each returns the cudaError_t of the launch (0 = success); H < 1 is cudaErrorInvalidValue.
+// Each returns the cudaError_t of the launch (0 = success); H < 1 (and, backward, H > kGdnGatesMaxHeads)
+// is cudaErrorInvalidValue.
 int gdn_gates_forward(float* beta, float* g, const void* ab, DType ab_dt, const float* A_log, const float* dt_bias,
                       int64_t N, int64_t H, bool neg_eig, void* stream);
 int gdn_gates_backward(void* dab, float* sums, const float* dbeta, const float* dg, const void* ab, DType ab_dt,

@@ -80,7 +80,7 @@ bool kernels_apply(const torch::Tensor& ab, const torch::Tensor& A_log, const to
     return t.device() == ab.device() && t.scalar_type() == torch::kFloat32 && t.is_contiguous();
   };
   return ab.is_cuda() && ft == torch::kFloat32 && kernel_dtype(ab.scalar_type(), d) && ab.is_contiguous() &&
-         on_gpu_f32(A_log) && on_gpu_f32(dt_bias) && A_log.size(0) <= 256;
+         on_gpu_f32(A_log) && on_gpu_f32(dt_bias) && A_log.size(0) <= kernels::kGdnGatesMaxHeads;
 }
 
 }  // namespace
@@ -90,10 +90,10 @@ GdnGates fused_gdn_gates(const torch::Tensor& ab, const torch::Tensor& A_log, co
                          bool neg_eig, torch::ScalarType ft) {
   TORCH_CHECK(ab.dim() == 3 && ab.size(2) % 2 == 0 && ab.size(2) / 2 == A_log.size(0),
               "gdn gates: expected ab [B,T,2H] with H = ", A_log.size(0), ", got ", ab.sizes());
+  TORCH_CHECK(dt_bias.sizes() == A_log.sizes(), "gdn gates: expected dt_bias [", A_log.size(0), "], got ",
+              dt_bias.sizes());
 #if defined(DD_HAVE_CUDA)
   if (kernels_apply(ab, A_log, dt_bias, ft)) {
-    TORCH_CHECK(dt_bias.sizes() == A_log.sizes(), "gdn gates: expected dt_bias [", A_log.size(0), "], got ",
-                dt_bias.sizes());
     auto out = FusedGdnGatesFn::apply(ab, A_log, dt_bias, neg_eig);
     return {out[0], out[1]};
   }
