@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -123,6 +124,22 @@ int bench_train(const BenchTrainArgs& a) {
   model::gemms_without_workspace(a.graph_gemms == "no-workspace");
   model::weight_shadows(a.weight_shadows == "on");
   model::expert_products(a.expert_weights == "in-place");
+  {
+    int64_t piece_rows = -1;
+    if (a.expert_grad_pieces == "off") {
+      piece_rows = 0;
+    } else if (a.expert_grad_pieces != "auto") {
+      char* end = nullptr;
+      const long long v = std::strtoll(a.expert_grad_pieces.c_str(), &end, 10);
+      if (a.expert_grad_pieces.empty() || *end != '\0' || v < 1 || v > (1LL << 30)) {
+        std::cerr << "deltadeck: bench train: --expert-grad-pieces: expected auto, off or a row count from 1 to 2^30, "
+                     "got \"" << a.expert_grad_pieces << "\"\n";
+        return 2;
+      }
+      piece_rows = v;
+    }
+    model::expert_grad_piece_rows(piece_rows);
+  }
   if (a.sdpa == "flash") {
     at::globalContext().setSDPUseCuDNN(false);
     at::globalContext().setSDPUseMemEfficient(false);
@@ -279,6 +296,7 @@ int bench_train(const BenchTrainArgs& a) {
   j["graph_gemms"] = a.graph_gemms;
   j["weight_shadows"] = a.weight_shadows;
   j["expert_weights"] = a.expert_weights;
+  j["expert_grad_pieces"] = a.expert_grad_pieces;
   j["devices"] = a.devices;
   j["device"] = device;
   j["params"] = params;

@@ -209,6 +209,11 @@ int main(int argc, char** argv) {
                               "AdamW and write their weight gradients straight into .grad, or go through autocast and "
                               "autograd (to measure it)")
       ->capture_default_str();
+  bench_train_cmd->add_option("--expert-grad-pieces", bench_train.expert_grad_pieces,
+                              "auto | off | ROWS: the MoE experts' weight-gradient product cuts each expert's rows into "
+                              "pieces of at most ROWS (auto: twice the mean rows per expert) so an overloaded expert's "
+                              "GEMM tiles do not run long after the rest, or keeps one piece per expert (off)")
+      ->capture_default_str();
   bench_train_cmd->add_option("--adamw", bench_train.adamw,
                               "ours | aten: the CUDA AdamW update as our multi-tensor kernel or ATen's fused one (to "
                               "measure the change)")

@@ -1,5 +1,6 @@
-// One grid-stride pass over src: each thread takes a run of 8 elements (one 16-byte load of bf16),
-// finds its expert and block as kernels/weight_cast.cu does, and writes or adds 8 fp32 values.
+// One grid-stride pass over the experts' gradients: each thread takes a run of 8 elements (one
+// 16-byte load of bf16, or one from each of the expert's pieces, summed in fp32), finds its expert
+// and block as kernels/weight_cast.cu does, and writes or adds 8 fp32 values.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -33,13 +34,26 @@ __device__ __forceinline__ void put(float* dst, bool add, const float* v) {
 }
 
 template <typename T, int V>
-__global__ void scatter_block_grads_kernel(const T* src, BlockEnds b, int64_t total) {
+__global__ void scatter_block_grads_kernel(const T* src, BlockEnds b, int64_t total, const int32_t* piece_first,
+                                           const int32_t* piece_count) {
   const int64_t runs = total / V, per_expert = b.end[GradBlocks::kMax - 1];
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < runs; r += stride) {
     const int64_t e = r * V, x = e / per_expert, i = e % per_expert;
     float v[V];
-    load_run<V>(src, e, v);
+    if (piece_first == nullptr) {
+      load_run<V>(src, e, v);
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) v[j] = 0.f;
+      const int64_t p0 = piece_first[x], p1 = p0 + piece_count[x];
+      for (int64_t p = p0; p < p1; ++p) {
+        float part[V];
+        load_run<V>(src, p * per_expert + i, part);
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[j] += part[j];
+      }
+    }
     // Branches, not an indexed search: indexing the parameter arrays would copy them to local memory.
     if (i < b.end[0]) put<V>(b.dst[0] + x * b.end[0] + i, b.add[0], v);
     else if (i < b.end[1]) put<V>(b.dst[1] + x * (b.end[1] - b.end[0]) + (i - b.end[0]), b.add[1], v);
@@ -51,7 +65,8 @@ __global__ void scatter_block_grads_kernel(const T* src, BlockEnds b, int64_t to
 }  // namespace
 
 int scatter_block_grads(const void* src, DType src_dt, const GradBlocks& g, void* stream) {
-  if (g.n < 1 || g.n > GradBlocks::kMax || g.experts < 1 || src_dt == DType::F32)
+  if (g.n < 1 || g.n > GradBlocks::kMax || g.experts < 1 || src_dt == DType::F32 ||
+      (g.piece_first == nullptr) != (g.piece_count == nullptr))
     return static_cast<int>(cudaErrorInvalidValue);
   BlockEnds b{};
   int64_t total = 0;
@@ -76,8 +91,9 @@ int scatter_block_grads(const void* src, DType src_dt, const GradBlocks& g, void
       const int V = vec ? 8 : 1;
       const int64_t runs = total / V;
       const unsigned grid = static_cast<unsigned>(std::min<int64_t>((runs + 255) / 256, 4096));
-      if (vec) scatter_block_grads_kernel<T, 8><<<grid, 256, 0, st>>>(static_cast<const T*>(src), b, total);
-      else scatter_block_grads_kernel<T, 1><<<grid, 256, 0, st>>>(static_cast<const T*>(src), b, total);
+      const auto* s = static_cast<const T*>(src);
+      if (vec) scatter_block_grads_kernel<T, 8><<<grid, 256, 0, st>>>(s, b, total, g.piece_first, g.piece_count);
+      else scatter_block_grads_kernel<T, 1><<<grid, 256, 0, st>>>(s, b, total, g.piece_first, g.piece_count);
     }
   });
   return static_cast<int>(cudaGetLastError());

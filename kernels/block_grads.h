@@ -20,10 +20,16 @@ struct GradBlocks {
   int n = 0;                  // blocks used, 1..kMax
   int64_t cols = 0;           // C, shared by every block
   int64_t experts = 1;
+  // When set (device memory, int32 [experts] each): src holds partial gradients in pieces (its first
+  // dimension counts pieces, not experts; kernels/expert_grad_pieces.h), and expert e's gradient is
+  // the fp32 sum of pieces piece_first[e] .. piece_first[e] + piece_count[e] − 1 (zero for none).
+  const int32_t* piece_first = nullptr;
+  const int32_t* piece_count = nullptr;
 };
 
 #ifdef DD_HAVE_CUDA
-// src [experts, Σ rows_i, cols] contiguous in `src_dt` (BF16 or F16) into the blocks. Returns the
+// src [experts, Σ rows_i, cols] (or [pieces, Σ rows_i, cols]) contiguous in `src_dt` (BF16 or F16)
+// into the blocks. Returns the
 // cudaError_t of the launch (0 = success; cudaErrorInvalidValue for a bad block or expert count).
 int scatter_block_grads(const void* src, DType src_dt, const GradBlocks& g, void* stream);
 #endif

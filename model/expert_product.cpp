@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <cstdint>
 #include <vector>
 
 #include "model/grouped_linear.h"
@@ -11,6 +12,7 @@
 
 #if defined(DD_HAVE_CUDA)
 #include "kernels/block_grads.h"
+#include "kernels/expert_grad_pieces.h"
 #include "model/kernel_dtype.h"
 #endif
 
@@ -22,6 +24,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
 std::atomic<bool> allowed{true};
+std::atomic<int64_t> piece_rows_setting{-1};  // expert_grad_piece_rows: −1 the default rule, 0 off
 
 // f(e, start, rows) for each expert e with rows > 0, its rows [start, start + rows) read to the
 // host from the offsets: the looped products' walk.
@@ -58,20 +61,56 @@ at::Tensor input_grad(const at::Tensor& dy, const at::Tensor& w, const at::Tenso
   return dx;
 }
 
-// dW_e = dy_eᵀ · x_e per group, [E, N, K] in dy's dtype; experts without rows get zeros.
-at::Tensor weight_grad(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& offsets, const at::Tensor& w) {
-  if (grouped_gemm_takes(x, w)) return at::_grouped_mm(dy.t(), x, offsets);
+// The weights' gradient as the GEMM leaves it: dw [E, N, K] in dy's dtype, one block an expert, or
+// (first and count defined) dw [G, N, K] holding partial sums over pieces of the experts' rows,
+// expert e's being pieces first[e] .. first[e] + count[e] − 1 (kernels/expert_grad_pieces.h).
+struct ExpertWeightGrad {
+  at::Tensor dw, first, count;
+};
+
+// dW_e = dy_eᵀ · x_e per group; experts without rows get zeros. On the grouped GEMM, each expert's
+// rows in pieces of at most expert_grad_piece_rows_for(...) rows where that is set.
+ExpertWeightGrad weight_grad(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& offsets, const at::Tensor& w) {
+  if (grouped_gemm_takes(x, w)) {
+#if defined(DD_HAVE_CUDA)
+    const int64_t E = w.size(0), R = x.size(0);
+    const int64_t piece = expert_grad_piece_rows_for(R, E);
+    if (piece > 0 && E <= kernels::kExpertPiecesMaxExperts && R <= INT32_MAX) {
+      const int64_t G = kernels::expert_pieces_bound(E, R, piece);
+      auto meta = torch::empty({G + 2 * E}, offsets.options());  // piece ends | first | count
+      auto piece_ends = meta.narrow(0, 0, G), first = meta.narrow(0, G, E), count = meta.narrow(0, G + E, E);
+      check_kernel_launch(kernels::expert_grad_pieces(offsets.data_ptr<int32_t>(), E, piece, G,
+                                                      piece_ends.data_ptr<int32_t>(), first.data_ptr<int32_t>(),
+                                                      count.data_ptr<int32_t>(), stream_of(offsets)),
+                          "expert weight-gradient pieces");
+      return {at::_grouped_mm(dy.t(), x, piece_ends), first, count};
+    }
+#endif
+    return {at::_grouped_mm(dy.t(), x, offsets), {}, {}};
+  }
   auto dw = torch::zeros(w.sizes(), dy.options());
   for_each_group(offsets, [&](int64_t e, int64_t start, int64_t n) {
     dw[e].copy_(torch::mm(dy.narrow(0, start, n).t(), x.narrow(0, start, n)));
   });
-  return dw;
+  return {dw, {}, {}};
+}
+
+// The experts' gradients [E, N, K] from pieces, summed in fp32 by ATen (no host sync): piece g
+// belongs to the expert whose pieces' end passes g; the empty pieces past the last go to a spare row.
+at::Tensor sum_pieces(const ExpertWeightGrad& g) {
+  const int64_t E = g.first.size(0), G = g.dw.size(0);
+  const auto ends = (g.first + g.count).to(torch::kLong);
+  const auto owner = torch::searchsorted(ends, torch::arange(G, ends.options()), /*out_int32=*/false, /*right=*/true);
+  auto sum = torch::zeros({E + 1, g.dw.size(1), g.dw.size(2)}, g.dw.options().dtype(torch::kFloat));
+  sum.index_add_(0, owner, g.dw.to(torch::kFloat));
+  return sum.narrow(0, 0, E);
 }
 
 // Each weight's block of dw [E, Σ n_i, K] into its .grad: written where that is undefined (a new
 // fp32 tensor), added otherwise. One kernel on a GPU when every weight takes its gradient and each
 // destination is plain fp32; else ATen per weight (the reference).
-void scatter_weight_grads(std::vector<at::Tensor>& weights, const at::Tensor& dw) {
+void scatter_weight_grads(std::vector<at::Tensor>& weights, const ExpertWeightGrad& wg) {
+  const at::Tensor& dw = wg.dw;
   struct Dest {
     at::Tensor grad;
     bool add;
@@ -97,7 +136,11 @@ void scatter_weight_grads(std::vector<at::Tensor>& weights, const at::Tensor& dw
     kernels::GradBlocks b;
     b.n = static_cast<int>(dest.size());
     b.cols = dw.size(2);
-    b.experts = dw.size(0);
+    b.experts = wg.first.defined() ? wg.first.size(0) : dw.size(0);
+    if (wg.first.defined()) {
+      b.piece_first = wg.first.data_ptr<int32_t>();
+      b.piece_count = wg.count.data_ptr<int32_t>();
+    }
     for (int i = 0; i < b.n; ++i) {
       b.dst[i] = dest[i].grad.data_ptr<float>();
       b.rows[i] = weights[i].size(1);
@@ -107,11 +150,12 @@ void scatter_weight_grads(std::vector<at::Tensor>& weights, const at::Tensor& dw
     return;
   }
 #endif
+  const at::Tensor whole = wg.first.defined() ? sum_pieces(wg) : dw;
   int64_t col = 0;
   for (size_t i = 0; i < dest.size(); ++i) {
     const int64_t n = weights[i].size(1);
     if (dest[i].grad.defined()) {
-      auto block = dw.narrow(1, col, n);
+      auto block = whole.narrow(1, col, n);
       if (dest[i].add) dest[i].grad.add_(block.to(dest[i].grad.scalar_type()));
       else dest[i].grad.copy_(block);
     }
@@ -184,5 +228,15 @@ at::Tensor expert_product(const at::Tensor& x, at::TensorList weights, const at:
 }
 
 void expert_products(bool on) { allowed = on; }
+
+void expert_grad_piece_rows(int64_t rows) { piece_rows_setting = rows < 0 ? -1 : rows; }
+
+int64_t expert_grad_piece_rows_for(int64_t rows, int64_t experts) {
+  const int64_t setting = piece_rows_setting;
+  if (setting >= 0) return setting;
+  if (rows <= 0 || experts <= 0) return 0;
+  const int64_t mean = (rows + experts - 1) / experts;
+  return (kExpertGradPieceMeans * mean + 63) / 64 * 64;
+}
 
 }  // namespace model

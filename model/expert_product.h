@@ -16,6 +16,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 
+#include <cstdint>
+
 namespace model {
 
 // Whether expert_product takes these operands here: inside an active WeightGradInPlaceScope, grad
@@ -33,5 +35,17 @@ at::Tensor expert_product(const at::Tensor& x, at::TensorList weights, const at:
 // Process-wide switch, on by default: off, expert_product_applies is false and the MoE layer takes
 // autocast and autograd's path (`bench train --expert-weights autograd`, to measure the change).
 void expert_products(bool on);
+
+// The weights' gradient product sums over each expert's rows, so with uneven routing the largest
+// expert's GEMM tiles run long after the others finish (kernels/expert_grad_pieces.h). On the grouped
+// GEMM the rows are therefore cut into pieces of at most this many rows per expert, and the pieces'
+// partial gradients summed in fp32 on their way into .grad. The default rule: kExpertGradPieceMeans
+// times the mean rows per expert, rounded up to 64 (even routing then stays one piece per expert).
+constexpr int64_t kExpertGradPieceMeans = 2;
+// rows > 0: pieces of at most `rows`; 0: one piece per expert (unsplit); negative: the default rule.
+// Process-wide, any thread (`bench train --expert-grad-pieces`, and the tests).
+void expert_grad_piece_rows(int64_t rows);
+// The piece size the weight-gradient product uses for `rows` rows over `experts` experts (0: unsplit).
+int64_t expert_grad_piece_rows_for(int64_t rows, int64_t experts);
 
 }  // namespace model

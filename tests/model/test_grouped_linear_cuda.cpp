@@ -8,12 +8,14 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <numeric>
 #include <string>
 #include <vector>
 
 #include "kernels/block_grads.h"
+#include "kernels/expert_grad_pieces.h"
 #include "model/expert_product.h"
 #include "model/grouped_linear.h"
 #include "model/kernel_dtype.h"
@@ -248,27 +250,79 @@ TEST(GroupedLinearCuda, ExpertProductMatchesTheAutogradPath) {
       }
       return out;
     };
-    const auto want = run(false), got = run(true);
-    ASSERT_EQ(want.size(), got.size());
-    const size_t per = 2 + w0.size();
-    for (size_t i = 0; i < got.size(); ++i) {
-      const size_t j = i % per;
-      const std::string name = (i < per ? "first " : "second ") + std::string(j == 0 ? "y" : j == 1 ? "dx" : "dw") +
-                               (j >= 2 ? std::to_string(j - 2) : "");
-      const double e = rel_norm_diff(got[i], want[i]);
-      // y and dx: the same GEMM on the same values. dw: one bf16 rounding of fp32 sums, either order.
-      EXPECT_LT(e, j < 2 ? 1e-6 : 8e-3) << what << ": " << name;
-      std::printf("[expert_product] %s %s: %.1e\n", what.c_str(), name.c_str(), e);
-      if (j >= 2) {
-        for (int64_t e2 = 0; e2 < E; ++e2) {
-          if (c.rows[static_cast<size_t>(e2)] == 0) {
-            EXPECT_EQ(got[i][e2].abs().max().item<float>(), 0.f) << what << " " << name;
+    const auto want = run(false);
+    // The weight gradients unsplit (0), in pieces of 7 and 16 rows (experts of 17 to 1000 rows cut
+    // into up to 143 pieces, an uneven last piece), and by the default rule.
+    for (const int64_t piece : {int64_t{0}, int64_t{7}, int64_t{16}, int64_t{-1}}) {
+      model::expert_grad_piece_rows(piece);
+      const auto got = run(true);
+      const std::string at = what + " pieces " + std::to_string(piece);
+      ASSERT_EQ(want.size(), got.size());
+      const size_t per = 2 + w0.size();
+      for (size_t i = 0; i < got.size(); ++i) {
+        const size_t j = i % per;
+        const std::string name = (i < per ? "first " : "second ") + std::string(j == 0 ? "y" : j == 1 ? "dx" : "dw") +
+                                 (j >= 2 ? std::to_string(j - 2) : "");
+        const double e = rel_norm_diff(got[i], want[i]);
+        // y and dx: the same GEMM on the same values. dw: one bf16 rounding of fp32 sums, either
+        // order (in pieces: each piece's partial sum rounded once, the pieces summed in fp32).
+        EXPECT_LT(e, j < 2 ? 1e-6 : 8e-3) << at << ": " << name;
+        std::printf("[expert_product] %s %s: %.1e\n", at.c_str(), name.c_str(), e);
+        if (j >= 2) {
+          for (int64_t e2 = 0; e2 < E; ++e2) {
+            if (c.rows[static_cast<size_t>(e2)] == 0) {
+              EXPECT_EQ(got[i][e2].abs().max().item<float>(), 0.f) << at << " " << name;
+            }
           }
         }
       }
     }
+    model::expert_grad_piece_rows(-1);
   }
   model::clear_weight_shadows();
+}
+
+// The pieces of the experts' rows (kernels/expert_grad_pieces.h) against the same cut on the host:
+// experts without rows (first, inside, last), rows that are and are not multiples of the piece, one
+// expert holding most rows, and the empty groups after the last piece ending where it ends.
+TEST(GroupedLinearCuda, ExpertGradPiecesCutEachExpertsRows) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 933);
+  std::vector<std::vector<int64_t>> cases = {{0, 5, 0, 17, 1, 0, 40, 0}, {64, 64, 64, 64}, {3}};
+  std::vector<int64_t> skewed(300);  // more experts than one warp; one takes most rows
+  for (auto& r : skewed) r = torch::randint(0, 40, {1}).item<int64_t>();
+  skewed[7] = 5000;
+  cases.push_back(skewed);
+  for (const auto& rows : cases) {
+    for (const int64_t piece : {int64_t{1}, int64_t{16}, int64_t{64}, int64_t{10000}}) {
+      const int64_t E = static_cast<int64_t>(rows.size());
+      const int64_t R = std::accumulate(rows.begin(), rows.end(), int64_t{0});
+      const int64_t G = kernels::expert_pieces_bound(E, R, piece);
+      std::vector<int32_t> want_ends, want_first, want_count;
+      int64_t start = 0;
+      for (const int64_t n : rows) {
+        want_first.push_back(static_cast<int32_t>(want_ends.size()));
+        want_count.push_back(static_cast<int32_t>((n + piece - 1) / piece));
+        for (int64_t done = piece; done - piece < n; done += piece)
+          want_ends.push_back(static_cast<int32_t>(start + std::min(done, n)));
+        start += n;
+      }
+      ASSERT_LE(static_cast<int64_t>(want_ends.size()), G);
+      want_ends.resize(static_cast<size_t>(G), static_cast<int32_t>(R));
+      auto ends = torch::tensor(rows, torch::kInt64).cumsum(0).to(torch::kInt32).to(torch::kCUDA);
+      auto out = torch::full({G + 2 * E}, -7, ends.options());
+      model::check_kernel_launch(
+          kernels::expert_grad_pieces(ends.data_ptr<int32_t>(), E, piece, G, out.data_ptr<int32_t>(),
+                                      out.data_ptr<int32_t>() + G, out.data_ptr<int32_t>() + G + E, model::stream_of(ends)),
+          "expert_grad_pieces");
+      auto host = out.cpu();
+      const int32_t* h = host.data_ptr<int32_t>();
+      const std::string what = "E=" + std::to_string(E) + " piece=" + std::to_string(piece);
+      EXPECT_EQ(std::vector<int32_t>(h, h + G), want_ends) << what;
+      EXPECT_EQ(std::vector<int32_t>(h + G, h + G + E), want_first) << what;
+      EXPECT_EQ(std::vector<int32_t>(h + G + E, h + G + 2 * E), want_count) << what;
+    }
+  }
 }
 
 // The gradient scatter kernel (kernels/block_grads.h) against narrow + cast (+ add) per block:
@@ -309,6 +363,40 @@ TEST(GroupedLinearCuda, BlockGradScatterMatchesNarrowAndCast) {
                                  "scatter_block_grads");
       for (size_t i = 0; i < got.size(); ++i)
         EXPECT_TRUE(torch::equal(got[i], want[i])) << "E=" << c.E << " C=" << c.C << " block " << i;
+
+      // From pieces: expert e sums pieces first[e] .. first[e] + count[e] − 1 of a [G, N, C] source
+      // in fp32 (none: zero). Pieces are visited in order, as the sum on the host adds them.
+      std::vector<int32_t> first, count;
+      int32_t g = 0;
+      for (int64_t e = 0; e < c.E; ++e) {
+        first.push_back(g);
+        count.push_back(static_cast<int32_t>(e % 3));
+        g += count.back();
+      }
+      auto pieces = torch::randn({g + 2, N, c.C}, src.options());  // two unused pieces at the end
+      auto meta = torch::tensor(first, torch::kInt32).to(torch::kCUDA);
+      auto meta_count = torch::tensor(count, torch::kInt32).to(torch::kCUDA);
+      b.piece_first = meta.data_ptr<int32_t>();
+      b.piece_count = meta_count.data_ptr<int32_t>();
+      auto summed = torch::zeros({c.E, N, c.C}, src.options().dtype(torch::kFloat));
+      for (int64_t e = 0; e < c.E; ++e)
+        for (int32_t p = 0; p < count[static_cast<size_t>(e)]; ++p) summed[e] += pieces[first[static_cast<size_t>(e)] + p].to(torch::kFloat);
+      col = 0;
+      for (int i = 0; i < b.n; ++i) {
+        const int64_t r = c.rows[static_cast<size_t>(i)];
+        auto before = torch::randn({c.E, r, c.C}, src.options().dtype(torch::kFloat));
+        const bool add = i % 2 == 0;
+        got[static_cast<size_t>(i)] = before.clone();
+        want[static_cast<size_t>(i)] = add ? before + summed.narrow(1, col, r) : summed.narrow(1, col, r).contiguous();
+        b.dst[i] = got[static_cast<size_t>(i)].data_ptr<float>();
+        b.add[i] = add;
+        col += r;
+      }
+      model::check_kernel_launch(kernels::scatter_block_grads(pieces.data_ptr(), dt == torch::kHalf ? kernels::DType::F16 : kernels::DType::BF16, b,
+                                                              model::stream_of(src)),
+                                 "scatter_block_grads from pieces");
+      for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_TRUE(torch::allclose(got[i], want[i], 1e-6, 1e-6)) << "pieces E=" << c.E << " C=" << c.C << " block " << i;
     }
   }
 }

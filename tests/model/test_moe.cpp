@@ -390,6 +390,23 @@ TEST(Moe, ExpertProductWritesThenAddsWeightGradients) {
   EXPECT_THROW(model::expert_product(x0, {torch::randn({E, 4, K + 1})}, offsets, torch::kFloat64), c10::Error);
 }
 
+// The weight-gradient product's piece size (model/expert_product.h): by default kExpertGradPieceMeans
+// times the mean rows per expert rounded up to 64, so even routing stays one piece per expert and
+// only an expert past that is cut; a set size is used as it is, 0 is unsplit.
+TEST(Moe, ExpertGradPieceRowsFollowTheMeanRowsPerExpert) {
+  model::expert_grad_piece_rows(-1);
+  EXPECT_EQ(model::expert_grad_piece_rows_for(16384 * 6, 64), 1536 * model::kExpertGradPieceMeans);
+  EXPECT_EQ(model::expert_grad_piece_rows_for(63, 8), 64);  // 8 rows a mean: rounded up to 64
+  EXPECT_GE(model::expert_grad_piece_rows_for(1000, 3), 1000 / 3 * model::kExpertGradPieceMeans);
+  EXPECT_EQ(model::expert_grad_piece_rows_for(1000, 3) % 64, 0);
+  EXPECT_EQ(model::expert_grad_piece_rows_for(0, 8), 0);
+  model::expert_grad_piece_rows(7);
+  EXPECT_EQ(model::expert_grad_piece_rows_for(16384 * 6, 64), 7);
+  model::expert_grad_piece_rows(0);
+  EXPECT_EQ(model::expert_grad_piece_rows_for(16384 * 6, 64), 0);
+  model::expert_grad_piece_rows(-1);
+}
+
 // dispatch_rows / combine_rows against explicit loops over the pairs, values and gradients (fp64;
 // rows exact, dx up to summation order): dispatch puts token t's row at the expert-order position
 // of each of its k pairs, and its backward sums those k rows; combine undoes the expert order, and
