@@ -95,17 +95,6 @@ ExpertWeightGrad weight_grad(const at::Tensor& dy, const at::Tensor& x, const at
   return {dw, {}, {}};
 }
 
-// The experts' gradients [E, N, K] from pieces, summed in fp32 by ATen (no host sync): piece g
-// belongs to the expert whose pieces' end passes g; the empty pieces past the last go to a spare row.
-at::Tensor sum_pieces(const ExpertWeightGrad& g) {
-  const int64_t E = g.first.size(0), G = g.dw.size(0);
-  const auto ends = (g.first + g.count).to(torch::kLong);
-  const auto owner = torch::searchsorted(ends, torch::arange(G, ends.options()), /*out_int32=*/false, /*right=*/true);
-  auto sum = torch::zeros({E + 1, g.dw.size(1), g.dw.size(2)}, g.dw.options().dtype(torch::kFloat));
-  sum.index_add_(0, owner, g.dw.to(torch::kFloat));
-  return sum.narrow(0, 0, E);
-}
-
 // Each weight's block of dw [E, Σ n_i, K] into its .grad: written where that is undefined (a new
 // fp32 tensor), added otherwise. One kernel on a GPU when every weight takes its gradient and each
 // destination is plain fp32; else ATen per weight (the reference).
@@ -150,7 +139,7 @@ void scatter_weight_grads(std::vector<at::Tensor>& weights, const ExpertWeightGr
     return;
   }
 #endif
-  const at::Tensor whole = wg.first.defined() ? sum_pieces(wg) : dw;
+  const at::Tensor whole = wg.first.defined() ? sum_expert_grad_pieces(dw, wg.first, wg.count) : dw;
   int64_t col = 0;
   for (size_t i = 0; i < dest.size(); ++i) {
     const int64_t n = weights[i].size(1);
@@ -228,6 +217,20 @@ at::Tensor expert_product(const at::Tensor& x, at::TensorList weights, const at:
 }
 
 void expert_products(bool on) { allowed = on; }
+
+at::Tensor sum_expert_grad_pieces(const at::Tensor& pieces, const at::Tensor& first, const at::Tensor& count) {
+  TORCH_CHECK(pieces.dim() == 3 && first.dim() == 1 && count.sizes() == first.sizes(),
+              "sum_expert_grad_pieces: expected pieces [G, N, K] and first, count [E], got ", pieces.sizes(), ", ",
+              first.sizes(), ", ", count.sizes());
+  const int64_t E = first.size(0), G = pieces.size(0);
+  // Piece g belongs to the expert whose pieces end past it (experts without pieces are skipped by
+  // the search); the unused pieces past the last go to a spare row.
+  const auto ends = (first + count).to(torch::kLong);
+  const auto owner = torch::searchsorted(ends, torch::arange(G, ends.options()), /*out_int32=*/false, /*right=*/true);
+  auto sum = torch::zeros({E + 1, pieces.size(1), pieces.size(2)}, pieces.options().dtype(torch::kFloat));
+  sum.index_add_(0, owner, pieces.to(torch::kFloat));
+  return sum.narrow(0, 0, E);
+}
 
 void expert_grad_piece_rows(int64_t rows) { piece_rows_setting = rows < 0 ? -1 : rows; }
 

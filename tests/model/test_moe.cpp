@@ -407,6 +407,28 @@ TEST(Moe, ExpertGradPieceRowsFollowTheMeanRowsPerExpert) {
   model::expert_grad_piece_rows(-1);
 }
 
+// The pieces' sum (model/expert_product.h) against a loop over each expert's pieces: experts with
+// none (first, inside, last) get zeros, unused pieces after the last are ignored.
+TEST(Moe, ExpertGradPiecesSumPerExpert) {
+  torch::manual_seed(11);
+  const std::vector<int32_t> count = {0, 3, 1, 0, 2, 0};
+  std::vector<int32_t> first;
+  int32_t g = 0;
+  for (const int32_t c : count) {
+    first.push_back(g);
+    g += c;
+  }
+  auto pieces = torch::randn({g + 3, 4, 5}, torch::kFloat64).to(torch::kBFloat16);
+  const auto got = model::sum_expert_grad_pieces(pieces, torch::tensor(first, torch::kInt32), torch::tensor(count, torch::kInt32));
+  ASSERT_EQ(got.sizes(), torch::IntArrayRef({6, 4, 5}));
+  EXPECT_EQ(got.scalar_type(), torch::kFloat32);
+  for (size_t e = 0; e < count.size(); ++e) {
+    auto want = torch::zeros({4, 5}, torch::kFloat32);
+    for (int32_t p = 0; p < count[e]; ++p) want += pieces[first[e] + p].to(torch::kFloat32);
+    EXPECT_TRUE(torch::allclose(got[static_cast<int64_t>(e)], want, 1e-6, 1e-6)) << "expert " << e;
+  }
+}
+
 // dispatch_rows / combine_rows against explicit loops over the pairs, values and gradients (fp64;
 // rows exact, dx up to summation order): dispatch puts token t's row at the expert-order position
 // of each of its k pairs, and its backward sums those k rows; combine undoes the expert order, and
