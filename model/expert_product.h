@@ -47,8 +47,8 @@ constexpr int64_t kExpertGradPieceMeans = 2;
 void expert_grad_piece_rows(int64_t rows);
 // The experts' gradients [E, N, K] (fp32) from pieces [G, N, K]: expert e's is the sum of pieces
 // first[e] .. first[e] + count[e] − 1 (first, count int [E] on the pieces' device; none: zero), in
-// ATen with no host sync. The path for gradients the scatter kernel does not take, and that
-// kernel's reference.
+// ATen with no host sync: the path for gradients the scatter kernel (kernels/block_grads.h) does not
+// take.
 at::Tensor sum_expert_grad_pieces(const at::Tensor& pieces, const at::Tensor& first, const at::Tensor& count);
 // The piece size the weight-gradient product uses for `rows` rows over `experts` experts (0: unsplit).
 int64_t expert_grad_piece_rows_for(int64_t rows, int64_t experts);
