@@ -27,6 +27,7 @@
 #include "model/gdr_state_grads.h"
 #include "model/expert_product.h"
 #include "model/mixed_linear.h"
+#include "model/moe_dispatch.h"
 #include "model/weight_shadow.h"
 #include "storage/file_util.h"
 #include "trainer/adamw.h"
@@ -107,6 +108,7 @@ int bench_train(const BenchTrainArgs& a) {
       {"--graph-gemms", &a.graph_gemms, {"no-workspace", "workspace"}},
       {"--weight-shadows", &a.weight_shadows, {"on", "off"}},
       {"--expert-weights", &a.expert_weights, {"in-place", "autograd"}},
+      {"--moe-inputs", &a.moe_inputs, {"fused", "separate"}},
   };
   for (const auto& [flag, value, choices] : switches) {
     if (std::find(choices.begin(), choices.end(), *value) != choices.end()) continue;
@@ -124,6 +126,7 @@ int bench_train(const BenchTrainArgs& a) {
   model::gemms_without_workspace(a.graph_gemms == "no-workspace");
   model::weight_shadows(a.weight_shadows == "on");
   model::expert_products(a.expert_weights == "in-place");
+  model::moe_inputs_fusion(a.moe_inputs == "fused");
   {
     int64_t piece_rows = -1;
     if (a.expert_grad_pieces == "off") {
@@ -296,6 +299,7 @@ int bench_train(const BenchTrainArgs& a) {
   j["graph_gemms"] = a.graph_gemms;
   j["weight_shadows"] = a.weight_shadows;
   j["expert_weights"] = a.expert_weights;
+  j["moe_inputs"] = a.moe_inputs;
   j["expert_grad_pieces"] = a.expert_grad_pieces;
   j["devices"] = a.devices;
   j["device"] = device;

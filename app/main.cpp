@@ -209,6 +209,11 @@ int main(int argc, char** argv) {
                               "AdamW and write their weight gradients straight into .grad, or go through autocast and "
                               "autograd (to measure it)")
       ->capture_default_str();
+  bench_train_cmd->add_option("--moe-inputs", bench_train.moe_inputs,
+                              "fused | separate: the MoE layer's input reaches its router, shared expert and routed "
+                              "experts' rows in one pass, and their gradients come back summed in one pass, or as a "
+                              "cast, a gather and two additions (to measure it)")
+      ->capture_default_str();
   bench_train_cmd->add_option("--expert-grad-pieces", bench_train.expert_grad_pieces,
                               "auto | off | ROWS: the MoE experts' weight-gradient product cuts each expert's rows into "
                               "pieces of at most ROWS (auto: twice the mean rows per expert) so an overloaded expert's "

@@ -124,9 +124,17 @@ MoEOutput MoEImpl::forward(const torch::Tensor& u) {
   TORCH_CHECK(u.size(-1) == d_, "moe: expected u [..., ", d_, "], got ", u.sizes());
   auto u2 = u.reshape({-1, d_});  // [N,d]
   const auto mdt = matmul_dtype(u2);
-  // u for the router and u for the experts (the same tensor when they run in one dtype).
+  // u for the router and u for the experts (the same tensor when they run in one dtype). On a GPU
+  // an fp32 u reaches the router and the experts' 16-bit rows through one kernel each way
+  // (model/moe_dispatch.h); the experts' tensors are filled once the routing has ordered them.
+  const bool fused_inputs = moe_inputs_fused(u2, k_, mdt);
+  MoEInputs inputs;
   torch::Tensor u_router = u2, u_experts;
-  if (u2.scalar_type() == torch::kFloat32 && mdt != torch::kFloat32 && at::GradMode::is_enabled() && u2.requires_grad()) {
+  if (fused_inputs) {
+    inputs = moe_inputs_open(u2, k_, mdt, !shared.is_empty());
+    u_router = inputs.router;
+  } else if (u2.scalar_type() == torch::kFloat32 && mdt != torch::kFloat32 && at::GradMode::is_enabled() &&
+             u2.requires_grad()) {
     auto both = RouterAndExpertInputsFn::apply(u2, static_cast<int64_t>(mdt));
     u_router = both[0];
     u_experts = both[1];
@@ -138,7 +146,14 @@ MoEOutput MoEImpl::forward(const torch::Tensor& u) {
   const auto order = expert_order(flat, k_, E_);
   const auto& counts = order.counts;  // [E], on the device
   // Rows move by gathers both ways (model/moe_dispatch.h): no atomics, deterministic.
-  auto xs = dispatch_rows(u_experts, order, k_);  // [N·k,d] expert order
+  torch::Tensor xs;  // [N·k,d] expert order
+  if (fused_inputs) {
+    moe_inputs_fill(inputs, u2, order);
+    xs = inputs.rows;
+    u_experts = inputs.experts;
+  } else {
+    xs = dispatch_rows(u_experts, order, k_);
+  }
   // Every expert's rows through its gate|up and down weights: one grouped GEMM each on a GPU, with
   // the slices as device offsets where the GEMM takes them, else as host counts (read once).
   std::vector<int64_t> rows;

@@ -2,10 +2,12 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <cstdint>
 
 #if defined(DD_HAVE_CUDA)
 #include "kernels/moe_combine.h"
+#include "kernels/moe_fan.h"
 #include "kernels/moe_routing.h"
 #include "model/kernel_dtype.h"
 #endif
@@ -127,6 +129,54 @@ class CombineWeightedFn : public torch::autograd::Function<CombineWeightedFn> {
 };
 #endif
 
+std::atomic<bool> fan_allowed{true};
+
+// The open step of moe_inputs (model/moe_dispatch.h): u itself for the router, and the experts'
+// two tensors allocated for the fill. The backward sums the three gradients into u's in fp32: one
+// kernel on a GPU, else ATen ops (the reference).
+class MoEInputsFn : public torch::autograd::Function<MoEInputsFn> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& u, const torch::Tensor& inverse, int64_t k,
+                               int64_t dtype, bool with_experts) {
+    ctx->set_materialize_grads(false);
+    ctx->saved_data["inverse"] = inverse;  // filled by moe_inputs_fill before any backward runs
+    ctx->saved_data["k"] = k;
+    const auto opt = u.options().dtype(static_cast<c10::ScalarType>(dtype));
+    auto experts = with_experts ? torch::empty(u.sizes(), opt) : torch::empty({0}, opt);
+    return {u, experts, torch::empty({u.size(0) * k, u.size(1)}, opt)};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto inverse = ctx->saved_data["inverse"].toTensor();
+    const int64_t k = ctx->saved_data["k"].toInt();
+    torch::Tensor g_router = grads[0], g_experts = grads[1], g_rows = grads[2];
+    if (g_experts.defined() && g_experts.numel() == 0) g_experts = torch::Tensor();
+    const int64_t N = inverse.size(0) / k;
+#if defined(DD_HAVE_CUDA)
+    if (g_rows.defined() && g_rows.is_cuda() && (!g_experts.defined() || g_experts.scalar_type() == g_rows.scalar_type()) &&
+        (!g_router.defined() || g_router.scalar_type() == torch::kFloat32)) {
+      auto rows = g_rows.contiguous();
+      auto a = g_router.defined() ? g_router.contiguous() : torch::Tensor();
+      auto b = g_experts.defined() ? g_experts.contiguous() : torch::Tensor();
+      const int64_t d = rows.size(1);
+      auto du = torch::empty({N, d}, rows.options().dtype(torch::kFloat32));
+      check_kernel_launch(kernels::moe_fan_in(du.data_ptr(), a.defined() ? a.data_ptr() : nullptr,
+                                              b.defined() ? b.data_ptr() : nullptr, rows.data_ptr(),
+                                              inverse.data_ptr<int64_t>(), N, k, d, kernels::DType::F32,
+                                              checked_kernel_dtype(rows.scalar_type(), "moe inputs"),
+                                              stream_of(rows)),
+                          "moe inputs fan-in");
+      return {du, {}, {}, {}, {}};
+    }
+#endif
+    torch::Tensor du;
+    auto add = [&du](const torch::Tensor& g) { du = du.defined() ? du + g.to(torch::kFloat32) : g.to(torch::kFloat32); };
+    if (g_router.defined()) add(g_router);
+    if (g_experts.defined()) add(g_experts);
+    if (g_rows.defined()) add(g_rows.index_select(0, inverse).view({N, k, g_rows.size(1)}).to(torch::kFloat32).sum(1));
+    return {du, {}, {}, {}, {}};
+  }
+};
+
 }  // namespace
 
 namespace {
@@ -194,6 +244,54 @@ torch::Tensor dispatch_rows(const torch::Tensor& x, const ExpertOrder& o, int64_
   TORCH_CHECK(x.dim() == 2 && x.size(0) * k == o.order.size(0), "dispatch_rows: expected x [", o.order.size(0) / k,
               ", d], got ", x.sizes());
   return DispatchRowsFn::apply(x, o.token, o.inverse, k);
+}
+
+bool moe_inputs_fused(const torch::Tensor& u, int64_t k, c10::ScalarType dtype) {
+#if defined(DD_HAVE_CUDA)
+  return fan_allowed && u.is_cuda() && u.dim() == 2 && u.numel() > 0 && u.scalar_type() == torch::kFloat32 &&
+         (dtype == torch::kBFloat16 || dtype == torch::kFloat16) && kernels::moe_fan_supports(k);
+#else
+  (void)u, (void)k, (void)dtype;
+  return false;
+#endif
+}
+
+void moe_inputs_fusion(bool on) { fan_allowed = on; }
+
+MoEInputs moe_inputs_open(const torch::Tensor& u, int64_t k, c10::ScalarType dtype, bool with_experts) {
+  TORCH_CHECK(u.dim() == 2 && k > 0, "moe_inputs_open: expected u [N, d] and k > 0, got ", u.sizes(), ", k = ", k);
+  MoEInputs in;
+  in.inverse = torch::empty({u.size(0) * k}, u.options().dtype(torch::kInt64));
+  auto out = MoEInputsFn::apply(u.contiguous(), in.inverse, k, static_cast<int64_t>(dtype), with_experts);
+  in.router = out[0];
+  if (with_experts) in.experts = out[1];
+  in.rows = out[2];
+  return in;
+}
+
+void moe_inputs_fill(MoEInputs& in, const torch::Tensor& u, const ExpertOrder& o) {
+  TORCH_CHECK(in.rows.defined() && o.inverse.sizes() == in.inverse.sizes() && u.dim() == 2 &&
+                  in.rows.size(0) == o.inverse.size(0) && in.rows.size(1) == u.size(1),
+              "moe_inputs_fill: expected u [N, d] and an order of the open step's N·k = ", in.inverse.numel(),
+              " pairs, got u ", u.sizes(), " and ", o.inverse.sizes());
+  // The outputs' values are written in place, outside autograd: nothing has read them yet.
+  torch::NoGradGuard no_grad;
+  in.inverse.copy_(o.inverse);
+  auto x = u.detach().contiguous();
+  const int64_t k = o.inverse.size(0) / x.size(0);
+#if defined(DD_HAVE_CUDA)
+  if (moe_inputs_fused(x, k, in.rows.scalar_type())) {
+    check_kernel_launch(kernels::moe_fan_out(in.rows.data_ptr(), in.experts.defined() ? in.experts.data_ptr() : nullptr,
+                                             x.data_ptr(), o.inverse.data_ptr<int64_t>(), x.size(0), k, x.size(1),
+                                             kernels::DType::F32,
+                                             checked_kernel_dtype(in.rows.scalar_type(), "moe inputs"), stream_of(x)),
+                        "moe inputs fan-out");
+    return;
+  }
+#endif
+  auto cast = x.to(in.rows.scalar_type());
+  if (in.experts.defined()) in.experts.detach().copy_(cast);
+  in.rows.detach().copy_(cast.index_select(0, o.token));
 }
 
 torch::Tensor combine_rows(const torch::Tensor& ys, const ExpertOrder& o) {

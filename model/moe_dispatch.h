@@ -34,6 +34,29 @@ ExpertOrder expert_order_reference(const torch::Tensor& flat, int64_t k, int64_t
 // kernels/moe_routing.h). Backward: the k rows of each token gathered back and summed.
 torch::Tensor dispatch_rows(const torch::Tensor& x, const ExpertOrder& o, int64_t k);
 
+// The MoE layer's input u [N, d] (fp32) for its three readers, in two steps, since the router reads
+// one of them before the order the others are laid out in exists:
+//   moe_inputs_open  (before routing): router = u itself, experts and rows allocated;
+//   moe_inputs_fill  (after routing):  experts = u in `dtype` (the shared expert's; only when
+//                    with_experts), rows = u's k copies a token in expert order, [N·k, d] in `dtype`.
+// Backward: the router's, the shared expert's and the rows' gradients summed into u's in fp32, in
+// one pass. Taken (moe_inputs_fused) on a GPU for an fp32 u, a 16-bit dtype and k ≤ 16, with one
+// kernel each way (kernels/moe_fan.h); otherwise the MoE layer casts and dispatches as separate ops.
+// The open step's outputs must not be read before the fill. Any thread; throws c10::Error on a
+// shape or device mismatch.
+struct MoEInputs {
+  torch::Tensor router;   // [N, d] fp32: u
+  torch::Tensor experts;  // [N, d] in dtype, or undefined without with_experts
+  torch::Tensor rows;     // [N·k, d] in dtype, expert order
+  torch::Tensor inverse;  // [N·k] int64: the order's inverse, copied in by the fill for the backward
+};
+bool moe_inputs_fused(const torch::Tensor& u, int64_t k, c10::ScalarType dtype);
+MoEInputs moe_inputs_open(const torch::Tensor& u, int64_t k, c10::ScalarType dtype, bool with_experts);
+void moe_inputs_fill(MoEInputs& in, const torch::Tensor& u, const ExpertOrder& o);
+// Process-wide switch, on by default: off, moe_inputs_fused is false (`bench train --moe-inputs
+// separate`, to measure the change).
+void moe_inputs_fusion(bool on);
+
 // ys [N·k, d] in expert order -> [N·k, d] in pair order. Backward: the gather the other way.
 torch::Tensor combine_rows(const torch::Tensor& ys, const ExpertOrder& o);
 

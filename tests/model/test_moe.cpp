@@ -509,3 +509,44 @@ TEST(Moe, CombineAddsTheSharedOutput) {
   EXPECT_EQ(max_abs_diff(add.grad(), dy), 0.0);
   EXPECT_THROW(model::combine_weighted(ys, o, gamma, torch::zeros({N, d + 1}, opt)), c10::Error);
 }
+
+// The MoE input's two-step fan-out (model/moe_dispatch.h) by its ATen path: the router gets u
+// itself, the shared expert u in the experts' dtype, the routed experts u's k copies a token in
+// expert order (exact: one rounding, then copies); u's gradient is the three gradients' sum in
+// fp32. A fill for another token count is refused.
+TEST(Moe, InputsFanOutAndTheirGradientsSum) {
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 29);
+  const int64_t N = 17, k = 3, d = 10, E = 5;
+  const auto o = model::expert_order(torch::randint(0, E, {N * k}, torch::kInt64), k, E);
+  auto u = torch::randn({N, d}).requires_grad_(true);
+  auto in = model::moe_inputs_open(u, k, torch::kBFloat16, /*with_experts=*/true);
+  model::moe_inputs_fill(in, u, o);
+  const auto cast = u.detach().to(torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(in.router, u.detach()));
+  EXPECT_TRUE(torch::equal(in.experts, cast));
+  ASSERT_EQ(in.rows.sizes(), torch::IntArrayRef({N * k, d}));
+  auto inv = o.inverse.accessor<int64_t, 1>();
+  for (int64_t pair = 0; pair < N * k; ++pair)
+    EXPECT_TRUE(torch::equal(in.rows[inv[pair]], cast[pair / k])) << "pair " << pair;
+
+  auto g_router = torch::randn({N, d});
+  auto g_experts = torch::randn({N, d}).to(torch::kBFloat16);
+  auto g_rows = torch::randn({N * k, d}).to(torch::kBFloat16);
+  torch::autograd::backward({in.router, in.experts, in.rows}, {g_router, g_experts, g_rows});
+  auto want = g_router.to(torch::kFloat64) + g_experts.to(torch::kFloat64);
+  for (int64_t pair = 0; pair < N * k; ++pair) want[pair / k] += g_rows[inv[pair]].to(torch::kFloat64);
+  ASSERT_EQ(u.grad().scalar_type(), torch::kFloat32);
+  EXPECT_LT(max_abs_diff(u.grad(), want), 1e-5);  // five fp32 terms a value, each O(1)
+
+  // Without the shared expert: no cast, and only the router's and the rows' gradients.
+  auto u2 = u.detach().clone().requires_grad_(true);
+  auto lone = model::moe_inputs_open(u2, k, torch::kBFloat16, /*with_experts=*/false);
+  EXPECT_FALSE(lone.experts.defined());
+  model::moe_inputs_fill(lone, u2, o);
+  torch::autograd::backward({lone.rows}, {g_rows});
+  EXPECT_LT(max_abs_diff(u2.grad(), want - g_router.to(torch::kFloat64) - g_experts.to(torch::kFloat64)), 1e-5);
+
+  const auto other = model::expert_order(torch::randint(0, E, {(N + 1) * k}, torch::kInt64), k, E);
+  auto in3 = model::moe_inputs_open(u, k, torch::kBFloat16, true);
+  EXPECT_THROW(model::moe_inputs_fill(in3, u, other), c10::Error);
+}

@@ -1,15 +1,20 @@
 // The MoE combine and dispatch kernels (kernels/moe_combine.*, kernels/moe_routing.*, through
 // model/moe_dispatch.h) against the fp64 ATen formulas on the same inputs: the γ-weighted combine
 // (output, and the gradients of ys and γ; also with the shared expert's output added), the
-// dispatch's gather (exactly) and its backward (each token's k rows summed). fp32 and bf16, vector and
-// scalar row widths, k from 1 to the kernel's largest, one token. Fresh random inputs each run,
-// seeded from GoogleTest's seed. Skips without a GPU.
+// dispatch's gather (exactly) and its backward (each token's k rows summed); the MoE input's fan-out
+// (exactly) and fan-in (kernels/moe_fan.*). fp32 and 16-bit, vector and scalar row widths, k from 1
+// to the kernels' largest, one token. Fresh random inputs each run, seeded from GoogleTest's seed.
+// Skips without a GPU.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "kernels/moe_combine.h"
+#include "kernels/moe_fan.h"
 #include "model/moe_dispatch.h"
 #include "tests/support/torch_compare.h"
 
@@ -83,4 +88,68 @@ TEST(MoECombineCuda, WeightedCombineAndDispatchBackwardMatchTheFormulas) {
     }
   }
   std::printf("moe combine vs fp64: worst fp32 %.2e, bf16 %.2e\n", worst[0], worst[1]);
+}
+
+// The MoE input's fan-out and fan-in kernels (kernels/moe_fan.*, through model::moe_inputs_open and
+// _fill): the experts' copies equal the cast and the gathered cast bit for bit, and u's gradient is
+// the fp64 sum of the router's (fp32), the shared expert's and the k rows' (16-bit) within fp32
+// summation (at most 18 terms a value, each O(1)). bf16 and fp16 rows, vector and scalar widths,
+// k from 1 to the kernels' largest, with and without the shared expert's and the router's
+// gradients.
+TEST(MoECombineCuda, InputsFanOutAndFanInMatchTheFormulas) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 5151);
+  struct Case {
+    int64_t N, k, d, E;
+  };
+  const Case cases[] = {{300, 6, 1024, 64}, {37, 2, 36, 5}, {1, 1, 8, 1}, {129, kernels::MOE_FAN_MAX_K, 40, 20},
+                        {50, 3, 37, 7}, {64, 9, 264, 12}};
+  auto opt = torch::TensorOptions().device(torch::kCUDA);
+  double worst = 0;
+  for (const auto dt : {torch::kBFloat16, torch::kFloat16}) {
+    for (const Case& c : cases) {
+      for (const bool with_experts : {true, false}) {
+        const std::string what = "N=" + std::to_string(c.N) + " k=" + std::to_string(c.k) +
+                                 " d=" + std::to_string(c.d) + (with_experts ? " shared" : " no shared");
+        const auto o = model::expert_order(torch::randint(c.E, {c.N * c.k}, opt.dtype(torch::kInt64)), c.k, c.E);
+        auto u = torch::randn({c.N, c.d}, opt.dtype(torch::kFloat32)).requires_grad_(true);
+        ASSERT_TRUE(model::moe_inputs_fused(u, c.k, dt)) << what;
+        auto in = model::moe_inputs_open(u, c.k, dt, with_experts);
+        model::moe_inputs_fill(in, u, o);
+        const auto cast = u.detach().to(dt);
+        EXPECT_TRUE(torch::equal(in.rows, cast.index_select(0, o.token))) << what;
+        if (with_experts) EXPECT_TRUE(torch::equal(in.experts, cast)) << what;
+
+        auto g_router = torch::randn({c.N, c.d}, opt.dtype(torch::kFloat32));
+        auto g_experts = torch::randn({c.N, c.d}, opt.dtype(dt));
+        auto g_rows = torch::randn({c.N * c.k, c.d}, opt.dtype(dt));
+        auto rows_sum = g_rows.to(torch::kFloat64).index_select(0, o.inverse).view({c.N, c.k, c.d}).sum(1);
+        // With the router's gradient (and the shared expert's), then with the rows' alone.
+        std::vector<torch::Tensor> outs = {in.router, in.rows}, grads = {g_router, g_rows};
+        auto want = rows_sum + g_router.to(torch::kFloat64);
+        if (with_experts) {
+          outs.push_back(in.experts);
+          grads.push_back(g_experts);
+          want = want + g_experts.to(torch::kFloat64);
+        }
+        torch::autograd::backward(outs, grads);
+        ASSERT_EQ(u.grad().scalar_type(), torch::kFloat32);
+        const double e = rel_norm_diff(u.grad(), want);
+        EXPECT_LT(e, 1e-6) << what;
+        worst = std::max(worst, e);
+
+        auto u2 = u.detach().clone().requires_grad_(true);
+        auto lone = model::moe_inputs_open(u2, c.k, dt, false);
+        model::moe_inputs_fill(lone, u2, o);
+        lone.rows.backward(g_rows);
+        EXPECT_LT(rel_norm_diff(u2.grad(), rows_sum), 1e-6) << what;
+      }
+    }
+  }
+  // What the kernels do not take goes the separate way.
+  auto u = torch::randn({4, 8}, opt.dtype(torch::kFloat32));
+  EXPECT_FALSE(model::moe_inputs_fused(u, kernels::MOE_FAN_MAX_K + 1, torch::kBFloat16));
+  EXPECT_FALSE(model::moe_inputs_fused(u.to(torch::kBFloat16), 2, torch::kBFloat16));
+  EXPECT_FALSE(model::moe_inputs_fused(u, 2, torch::kFloat32));
+  std::printf("moe inputs' fan-in vs fp64: worst %.2e\n", worst);
 }
