@@ -27,6 +27,7 @@
 #include "model/gdr_state_grads.h"
 #include "model/expert_product.h"
 #include "model/mixed_linear.h"
+#include "model/moe.h"
 #include "model/moe_dispatch.h"
 #include "model/weight_shadow.h"
 #include "storage/file_util.h"
@@ -109,6 +110,7 @@ int bench_train(const BenchTrainArgs& a) {
       {"--weight-shadows", &a.weight_shadows, {"on", "off"}},
       {"--expert-weights", &a.expert_weights, {"in-place", "autograd"}},
       {"--moe-inputs", &a.moe_inputs, {"fused", "separate"}},
+      {"--moe-weights", &a.moe_weights, {"swiglu", "combine"}},
   };
   for (const auto& [flag, value, choices] : switches) {
     if (std::find(choices.begin(), choices.end(), *value) != choices.end()) continue;
@@ -127,6 +129,7 @@ int bench_train(const BenchTrainArgs& a) {
   model::weight_shadows(a.weight_shadows == "on");
   model::expert_products(a.expert_weights == "in-place");
   model::moe_inputs_fusion(a.moe_inputs == "fused");
+  model::moe_router_weights_in_swiglu(a.moe_weights == "swiglu");
   {
     int64_t piece_rows = -1;
     if (a.expert_grad_pieces == "off") {
@@ -300,6 +303,7 @@ int bench_train(const BenchTrainArgs& a) {
   j["weight_shadows"] = a.weight_shadows;
   j["expert_weights"] = a.expert_weights;
   j["moe_inputs"] = a.moe_inputs;
+  j["moe_weights"] = a.moe_weights;
   j["expert_grad_pieces"] = a.expert_grad_pieces;
   j["devices"] = a.devices;
   j["device"] = device;

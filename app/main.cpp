@@ -214,6 +214,10 @@ int main(int argc, char** argv) {
                               "experts' rows in one pass, and their gradients come back summed in one pass, or as a "
                               "cast, a gather and two additions (to measure it)")
       ->capture_default_str();
+  bench_train_cmd->add_option("--moe-weights", bench_train.moe_weights,
+                              "swiglu | combine: the MoE layer applies its router weights in the experts' SwiGLU, so "
+                              "the combine is a plain sum whose backward is a gather, or in the combine (to measure it)")
+      ->capture_default_str();
   bench_train_cmd->add_option("--expert-grad-pieces", bench_train.expert_grad_pieces,
                               "auto | off | ROWS: the MoE experts' weight-gradient product cuts each expert's rows into "
                               "pieces of at most ROWS (auto: twice the mean rows per expert) so an overloaded expert's "

@@ -17,6 +17,15 @@ namespace kernels {
 int swiglu_forward(void* h, const void* gu, DType dt, int64_t N, int64_t F, int64_t ld, void* stream);
 int swiglu_backward(void* dgu, const void* dh, const void* gu, DType dt, int64_t N, int64_t F, int64_t ld,
                     void* stream);
+
+// The MoE experts' form, each row weighted by its router weight (w [N] fp32: the γ of the routed
+// row, so the layer's combine is a plain sum and its backward a plain gather):
+//   h = w[n] · silu(g) · u;   dg, du as above from w[n] · dh;   dw[n] = Σ_f dh · silu(g) · u.
+// One warp a row in the backward, for dw's sum.
+int swiglu_weighted_forward(void* h, const void* gu, const float* w, DType dt, int64_t N, int64_t F, int64_t ld,
+                            void* stream);
+int swiglu_weighted_backward(void* dgu, float* dw, const void* dh, const void* gu, const float* w, DType dt,
+                             int64_t N, int64_t F, int64_t ld, void* stream);
 #endif
 
 }  // namespace kernels

@@ -21,6 +21,11 @@ torch::Tensor swiglu_backward_reference(const torch::Tensor& gu, const torch::Te
   return torch::cat({dh * u * s * (1 + g * (1 - s)), dh * g * s}, -1);
 }
 
+torch::Tensor swiglu_weighted_reference(const torch::Tensor& gu, const torch::Tensor& w) {
+  const auto ct = gu.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  return (swiglu_reference(gu.to(ct)) * w.to(ct).unsqueeze(-1)).to(gu.scalar_type());
+}
+
 #if defined(DD_HAVE_CUDA)
 namespace {
 
@@ -57,8 +62,50 @@ class FusedSwigluFn : public torch::autograd::Function<FusedSwigluFn> {
   }
 };
 
+class FusedSwigluWeightedFn : public torch::autograd::Function<FusedSwigluWeightedFn> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gu, const torch::Tensor& w) {
+    auto g2 = gu.contiguous();
+    auto wc = w.contiguous();
+    const int64_t N = g2.size(0), F = g2.size(1) / 2;
+    auto h = torch::empty({N, F}, g2.options());
+    check_kernel_launch(kernels::swiglu_weighted_forward(h.data_ptr(), g2.data_ptr(), wc.data_ptr<float>(),
+                                                         checked_kernel_dtype(g2.scalar_type(), "weighted SwiGLU"),
+                                                         N, F, 2 * F, stream_of(g2)),
+                        "weighted SwiGLU forward");
+    ctx->save_for_backward({g2, wc});
+    return h;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &g2 = saved[0], &w = saved[1];
+    const int64_t N = g2.size(0), F = g2.size(1) / 2;
+    auto dh = grads[0].contiguous();
+    auto dgu = torch::empty_like(g2);
+    auto dw = torch::empty_like(w);
+    check_kernel_launch(kernels::swiglu_weighted_backward(dgu.data_ptr(), dw.data_ptr<float>(), dh.data_ptr(),
+                                                          g2.data_ptr(), w.data_ptr<float>(),
+                                                          checked_kernel_dtype(g2.scalar_type(), "weighted SwiGLU"),
+                                                          N, F, 2 * F, stream_of(g2)),
+                        "weighted SwiGLU backward");
+    return {dgu, dw};
+  }
+};
+
 }  // namespace
 #endif
+
+torch::Tensor swiglu_weighted(const torch::Tensor& gu, const torch::Tensor& w) {
+  TORCH_CHECK(gu.dim() == 2 && gu.size(1) % 2 == 0 && w.dim() == 1 && w.size(0) == gu.size(0),
+              "swiglu_weighted: expected gu [N, 2F] and w [N], got ", gu.sizes(), " and ", w.sizes());
+#if defined(DD_HAVE_CUDA)
+  kernels::DType dt{};
+  if (gu.is_cuda() && gu.numel() > 0 && kernel_dtype(gu.scalar_type(), dt) && w.scalar_type() == torch::kFloat32 &&
+      w.device() == gu.device())
+    return FusedSwigluWeightedFn::apply(gu, w);
+#endif
+  return swiglu_weighted_reference(gu, w);
+}
 
 torch::Tensor swiglu(const torch::Tensor& gu) {
   TORCH_CHECK(gu.dim() >= 1 && gu.size(-1) % 2 == 0, "swiglu: expected [..., 2F], got ", gu.sizes());

@@ -16,4 +16,11 @@ torch::Tensor swiglu_backward_reference(const torch::Tensor& gu, const torch::Te
 // Same result; through the kernels on a GPU for fp32/bf16/fp16.
 torch::Tensor swiglu(const torch::Tensor& gu);
 
+// The MoE experts' SwiGLU with each row weighted by its router weight: gu [N, 2F], w [N] (fp32, or
+// fp64 with an fp64 gu) -> w[n] · silu(gate) · up [N, F] in gu's dtype, computed in fp32 (fp64 for
+// fp64) and rounded once. Differentiable in gu and w. The reference is the ATen formula in that
+// precision; swiglu_weighted takes the kernels on a GPU for fp32/bf16/fp16 and an fp32 w.
+torch::Tensor swiglu_weighted_reference(const torch::Tensor& gu, const torch::Tensor& w);
+torch::Tensor swiglu_weighted(const torch::Tensor& gu, const torch::Tensor& w);
+
 }  // namespace model

@@ -18,10 +18,13 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 namespace model {
 namespace {
+
+std::atomic<bool> weights_in_swiglu{true};
 
 torch::Tensor as_dtype(const torch::Tensor& t, torch::ScalarType s) {
   return t.scalar_type() == s ? t : t.to(s);
@@ -167,22 +170,30 @@ MoEOutput MoEImpl::forward(const torch::Tensor& u) {
     }
     return grouped_linear(x, w, rows);
   };
+  // The experts' activation, with each row's γ applied there when weights_in_swiglu.
+  const bool gamma_in_swiglu = weights_in_swiglu;
+  auto activation = [&](const torch::Tensor& gu) {
+    return gamma_in_swiglu ? swiglu_weighted(gu, pairs_to_expert_order(r.topk_w.reshape({-1}), order)) : swiglu(gu);
+  };
   torch::Tensor ys;  // [N·k,d] expert order
   if (expert_product_applies(xs, {gate, up}, mdt)) {
     // The fp32 weights' kept bf16 copies, their gradients straight into .grad (model/expert_product.h).
-    auto h = swiglu(expert_product(xs, {gate, up}, order.ends, mdt));  // [N·k,fe]
+    auto h = activation(expert_product(xs, {gate, up}, order.ends, mdt));  // [N·k,fe]
     ys = expert_product_applies(h, {down}, mdt) ? expert_product(h, {down}, order.ends, mdt)
                                                 : grouped(h, as_dtype(down, mdt));
   } else {
     auto gate_up = torch::cat({as_dtype(gate, mdt), as_dtype(up, mdt)}, 1);  // [E,2fe,d]
-    auto h = swiglu(grouped(xs, gate_up));                                   // [N·k,fe]
+    auto h = activation(grouped(xs, gate_up));                               // [N·k,fe]
     ys = grouped(h, as_dtype(down, mdt));
   }
-  // Back to token order, weighted by γ, summed over the k slots and added to the shared expert's
-  // output, in one pass.
-  auto y = combine_weighted(ys, order, r.topk_w, shared.is_empty() ? torch::Tensor() : shared(u_experts));  // [N,d]
+  // Back to token order, summed over the k slots (weighted by γ here unless the activation was)
+  // and added to the shared expert's output, in one pass.
+  const auto shared_y = shared.is_empty() ? torch::Tensor() : shared(u_experts);
+  auto y = gamma_in_swiglu ? combine_sum(ys, order, k_, shared_y) : combine_weighted(ys, order, r.topk_w, shared_y);
   return {y.view(u.sizes()), aux_loss(r, counts)};
 }
+
+void moe_router_weights_in_swiglu(bool on) { weights_in_swiglu = on; }
 
 MoEOutput MoEImpl::forward_reference(const torch::Tensor& u) {
   TORCH_CHECK(u.size(-1) == d_, "moe: expected u [..., ", d_, "], got ", u.sizes());

@@ -60,4 +60,11 @@ class MoEImpl : public torch::nn::Module {
 };
 TORCH_MODULE(MoE);
 
+// Where forward() applies the router weights γ: on, inside the experts' SwiGLU (each expert row's
+// activation scaled by its γ, model/fused_swiglu.h), so the combine is a plain sum whose backward
+// is a gather of dy and never reads the experts' outputs again; off, in the combine (γ · ys summed,
+// whose backward reads ys for dγ). On by default; process-wide, any thread (`bench train
+// --moe-weights swiglu|combine`, to measure the change).
+void moe_router_weights_in_swiglu(bool on);
+
 }  // namespace model

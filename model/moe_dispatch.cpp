@@ -83,18 +83,47 @@ class DispatchRowsFn : public torch::autograd::Function<DispatchRowsFn> {
   }
 };
 
-class CombineRowsFn : public torch::autograd::Function<CombineRowsFn> {
+// x's rows permuted: out = x[take]; backward: g[back], with back the inverse permutation of take.
+class PermuteRowsFn : public torch::autograd::Function<PermuteRowsFn> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& ys, const torch::Tensor& order,
-                               const torch::Tensor& inverse) {
-    ctx->saved_data["order"] = order;
-    return ys.index_select(0, inverse);
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& take,
+                               const torch::Tensor& back) {
+    ctx->saved_data["back"] = back;
+    return x.index_select(0, take);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto order = ctx->saved_data["order"].toTensor();
-    return {grads[0].index_select(0, order), torch::Tensor(), torch::Tensor()};
+    const auto back = ctx->saved_data["back"].toTensor();
+    return {grads[0].index_select(0, back), torch::Tensor(), torch::Tensor()};
   }
 };
+
+#if defined(DD_HAVE_CUDA)
+// y [N, d] = add + Σ_j ys[inverse[t·k + j]] by the combine kernel; backward: each expert-order row
+// gets its token's dy, by the fan-out kernel (one read of each dy row, k writes).
+class CombineSumFn : public torch::autograd::Function<CombineSumFn> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& ys, const torch::Tensor& inverse, int64_t k,
+                               const torch::Tensor& add) {
+    ctx->saved_data["inverse"] = inverse;
+    ctx->saved_data["k"] = k;
+    const bool has_add = add.numel() > 0;
+    ctx->saved_data["has_add"] = has_add;
+    return gather_sum_kernel(ys, inverse, torch::Tensor(), k, has_add ? add : torch::Tensor());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto inverse = ctx->saved_data["inverse"].toTensor();
+    const int64_t k = ctx->saved_data["k"].toInt();
+    auto dy = grads[0].contiguous();
+    const int64_t N = dy.size(0), d = dy.size(1);
+    auto dys = torch::empty({N * k, d}, dy.options());
+    const auto dt = checked_kernel_dtype(dy.scalar_type(), "moe combine");
+    check_kernel_launch(kernels::moe_fan_out(dys.data_ptr(), nullptr, dy.data_ptr(), inverse.data_ptr<int64_t>(), N,
+                                             k, d, dt, dt, stream_of(dy)),
+                        "moe combine backward (fan-out)");
+    return {dys, torch::Tensor(), torch::Tensor(), ctx->saved_data["has_add"].toBool() ? grads[0] : torch::Tensor()};
+  }
+};
+#endif
 
 #if defined(DD_HAVE_CUDA)
 class CombineWeightedFn : public torch::autograd::Function<CombineWeightedFn> {
@@ -297,7 +326,28 @@ void moe_inputs_fill(MoEInputs& in, const torch::Tensor& u, const ExpertOrder& o
 torch::Tensor combine_rows(const torch::Tensor& ys, const ExpertOrder& o) {
   TORCH_CHECK(ys.dim() == 2 && ys.size(0) == o.order.size(0), "combine_rows: expected ys [", o.order.size(0),
               ", d], got ", ys.sizes());
-  return CombineRowsFn::apply(ys, o.order, o.inverse);
+  return PermuteRowsFn::apply(ys, o.inverse, o.order);
+}
+
+torch::Tensor pairs_to_expert_order(const torch::Tensor& x, const ExpertOrder& o) {
+  TORCH_CHECK(x.dim() >= 1 && x.size(0) == o.order.size(0), "pairs_to_expert_order: expected [", o.order.size(0),
+              ", ...], got ", x.sizes());
+  return PermuteRowsFn::apply(x, o.order, o.inverse);
+}
+
+torch::Tensor combine_sum(const torch::Tensor& ys, const ExpertOrder& o, int64_t k, const torch::Tensor& add) {
+  TORCH_CHECK(k > 0 && ys.dim() == 2 && ys.size(0) == o.order.size(0) && o.order.size(0) % k == 0,
+              "combine_sum: expected ys [N·k, d] with N·k = ", o.order.size(0), " and k = ", k, ", got ", ys.sizes());
+  const int64_t N = ys.size(0) / k;
+  TORCH_CHECK(!add.defined() || (add.dim() == 2 && add.size(0) == N && add.size(1) == ys.size(1)),
+              "combine_sum: expected add [", N, ", ", ys.size(1), "], got ", add.sizes());
+#if defined(DD_HAVE_CUDA)
+  if (combine_kernel_takes(ys, k) && (!add.defined() || (add.scalar_type() == ys.scalar_type() && add.device() == ys.device())))
+    return CombineSumFn::apply(ys.contiguous(), o.inverse, k,
+                               add.defined() ? add.contiguous() : torch::empty({0}, ys.options()));
+#endif
+  auto y = combine_rows(ys, o).view({N, k, ys.size(1)}).sum(1);
+  return add.defined() ? add + y : y;
 }
 
 torch::Tensor combine_weighted_reference(const torch::Tensor& ys, const ExpertOrder& o, const torch::Tensor& gamma,

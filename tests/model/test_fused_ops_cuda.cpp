@@ -332,6 +332,46 @@ TEST(FusedOpsCuda, SwigluMatchesReference) {
   }
 }
 
+// The MoE experts' SwiGLU with each row weighted by its router weight (model::swiglu_weighted)
+// against the formula in fp64 on the same inputs: h and dgu within the output's one rounding
+// (fp32: 1e-5, for the kernel's fast exp; bf16: 2⁻⁸ relative a value), dw (a dot product of F terms) within
+// 1e-5 of the terms' magnitudes Σ_f |dh · silu(g) · u|. Weights of both signs and zero.
+TEST(FusedOpsCuda, WeightedSwigluMatchesTheFormula) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(74);
+  struct Shape {
+    int64_t N, F;
+  };
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (const Shape sh : {Shape{1, 37}, Shape{1000, 256}, Shape{333, 4097}, Shape{3, 1}, Shape{64, 264}}) {
+      const std::string what = std::string(name_of(dtype)) + " N=" + std::to_string(sh.N) + " F=" + std::to_string(sh.F);
+      auto gu0 = (torch::randn({sh.N, 2 * sh.F}, torch::kCUDA) * 3.0).to(dtype);
+      auto w0 = torch::randn({sh.N}, torch::kCUDA);
+      w0.index_put_({0}, 0.0);
+      auto dh = torch::randn({sh.N, sh.F}, torch::kCUDA).to(dtype);
+      auto gu = gu0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+      auto h = model::swiglu_weighted(gu, w);
+      h.backward(dh);
+      auto gu64 = gu0.to(torch::kFloat64).requires_grad_(true), w64 = w0.to(torch::kFloat64).requires_grad_(true);
+      auto g = gu64.narrow(1, 0, sh.F), u = gu64.narrow(1, sh.F, sh.F);
+      auto s64 = g * torch::sigmoid(g) * u;
+      auto h64 = s64 * w64.unsqueeze(1);
+      h64.backward(dh.to(torch::kFloat64));
+      const double tol = dtype == torch::kFloat32 ? 1e-5 : 6e-3;
+      EXPECT_EQ(h.scalar_type(), dtype) << what;
+      EXPECT_LT(rel_norm_diff(h, h64), tol) << what << " h";
+      EXPECT_LT(rel_norm_diff(gu.grad(), gu64.grad()), tol) << what << " dgu";
+      auto terms = (dh.to(torch::kFloat64) * s64.detach()).abs().sum(1).clamp_min(1e-300);
+      const double e_dw = ((w.grad().to(torch::kFloat64) - w64.grad()).abs() / terms).max().item<double>();
+      EXPECT_LT(e_dw, 1e-5) << what << " dw";
+      if (sh.F == 256)
+        std::printf("[measured] weighted SwiGLU %s: h %.3g dgu %.3g dw %.3g\n", what.c_str(), rel_norm_diff(h, h64),
+                    rel_norm_diff(gu.grad(), gu64.grad()), e_dw);
+    }
+  }
+  EXPECT_THROW(model::swiglu_weighted(torch::zeros({4, 6}, torch::kCUDA), torch::zeros({3}, torch::kCUDA)), c10::Error);
+}
+
 // The models' wiring of the fused ops (the branch carried into the next norm, fused qkv and
 // gate|up, RoPE on views): loss and every gradient on the GPU against the CPU, fp32, no TF32.
 TEST(FusedOpsCuda, TinyModelsLossAndGradientsMatchCpu) {

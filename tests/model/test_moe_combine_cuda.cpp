@@ -118,7 +118,9 @@ TEST(MoECombineCuda, InputsFanOutAndFanInMatchTheFormulas) {
         model::moe_inputs_fill(in, u, o);
         const auto cast = u.detach().to(dt);
         EXPECT_TRUE(torch::equal(in.rows, cast.index_select(0, o.token))) << what;
-        if (with_experts) EXPECT_TRUE(torch::equal(in.experts, cast)) << what;
+        if (with_experts) {
+          EXPECT_TRUE(torch::equal(in.experts, cast)) << what;
+        }
 
         auto g_router = torch::randn({c.N, c.d}, opt.dtype(torch::kFloat32));
         auto g_experts = torch::randn({c.N, c.d}, opt.dtype(dt));
@@ -152,4 +154,40 @@ TEST(MoECombineCuda, InputsFanOutAndFanInMatchTheFormulas) {
   EXPECT_FALSE(model::moe_inputs_fused(u.to(torch::kBFloat16), 2, torch::kBFloat16));
   EXPECT_FALSE(model::moe_inputs_fused(u, 2, torch::kFloat32));
   std::printf("moe inputs' fan-in vs fp64: worst %.2e\n", worst);
+}
+
+// The plain combine (model::combine_sum, the router weights already applied in the experts'
+// SwiGLU): y = add + Σ_j ys[inverse[t·k + j]] against fp64, its backward the fan-out of dy (each
+// expert row gets its token's gradient, exactly) and add's gradient dy itself.
+TEST(MoECombineCuda, PlainCombineSumsAndItsBackwardGathers) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 5152);
+  struct Case {
+    int64_t N, k, d, E;
+  };
+  const Case cases[] = {{300, 6, 1024, 64}, {37, 2, 36, 5}, {1, 1, 8, 1}, {129, kernels::MOE_FAN_MAX_K, 40, 20},
+                        {50, 3, 37, 7}};
+  auto opt = torch::TensorOptions().device(torch::kCUDA);
+  for (const auto dt : {torch::kFloat32, torch::kBFloat16}) {
+    const double tol = dt == torch::kFloat32 ? 1e-6 : 6e-3;  // one rounding of an fp32 sum
+    for (const Case& c : cases) {
+      for (const bool with_add : {true, false}) {
+        const std::string what = "N=" + std::to_string(c.N) + " k=" + std::to_string(c.k) + " d=" + std::to_string(c.d);
+        const auto o = model::expert_order(torch::randint(c.E, {c.N * c.k}, opt.dtype(torch::kInt64)), c.k, c.E);
+        auto ys = torch::randn({c.N * c.k, c.d}, opt.dtype(dt)).requires_grad_(true);
+        auto add = torch::randn({c.N, c.d}, opt.dtype(dt)).requires_grad_(true);
+        auto y = model::combine_sum(ys, o, c.k, with_add ? add : torch::Tensor());
+        auto want = ys.detach().to(torch::kFloat64).index_select(0, o.inverse).view({c.N, c.k, c.d}).sum(1);
+        if (with_add) want = want + add.detach().to(torch::kFloat64);
+        EXPECT_EQ(y.scalar_type(), dt);
+        EXPECT_LT(rel_norm_diff(y, want), tol) << what;
+        auto dy = torch::randn({c.N, c.d}, opt.dtype(dt));
+        y.backward(dy);
+        EXPECT_TRUE(torch::equal(ys.grad(), dy.index_select(0, o.token))) << what;
+        if (with_add) {
+          EXPECT_TRUE(torch::equal(add.grad(), dy)) << what;
+        }
+      }
+    }
+  }
 }
