@@ -17,6 +17,14 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 
+// Token t's k expert-order rows as element offsets (row · d), the unused slots 0.
+template <int KMAX>
+__device__ __forceinline__ void slot_offsets(int64_t (&off)[KMAX], const int64_t* inverse, int64_t t, int k,
+                                             int64_t d) {
+#pragma unroll
+  for (int j = 0; j < KMAX; ++j) off[j] = j < k ? inverse[t * k + j] * d : 0;
+}
+
 template <typename TX, typename TR, int V, int KMAX>
 __global__ void __launch_bounds__(kThreads)
     moe_fan_out_kernel(TR* __restrict__ rows, TR* __restrict__ cast, const TX* __restrict__ x,
@@ -25,8 +33,7 @@ __global__ void __launch_bounds__(kThreads)
   if (t >= N) return;
   const int lane = threadIdx.x % 32;
   int64_t dst[KMAX];
-#pragma unroll
-  for (int j = 0; j < KMAX; ++j) dst[j] = j < k ? inverse[t * k + j] * d : 0;
+  slot_offsets(dst, inverse, t, k, d);
   const TX* src = x + t * d;
 #pragma unroll 4
   for (int64_t c = int64_t{lane} * V; c < d; c += 32 * V) {
@@ -50,8 +57,7 @@ __global__ void __launch_bounds__(kThreads)
   if (t >= N) return;
   const int lane = threadIdx.x % 32;
   int64_t src[KMAX];
-#pragma unroll
-  for (int j = 0; j < KMAX; ++j) src[j] = j < k ? inverse[t * k + j] * d : 0;
+  slot_offsets(src, inverse, t, k, d);
   for (int64_t c = int64_t{lane} * V; c < d; c += 32 * V) {
     Vec<TR, V> r[KMAX];
 #pragma unroll
