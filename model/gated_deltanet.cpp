@@ -160,7 +160,8 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& u, const Positions
                          : fused_gdn_gates(gate_rows, A_log, dt_bias, neg_eig_, ft);
   auto r = use_reference ? gdr_forward_ref(q, k, v, gt.beta, gt.g, scale_, {}, p.cu_seqlens)
                          : gdr_forward_chunked(q, k, v, gt.beta, gt.g, scale_, {}, p.cu_seqlens, chunk_, tf32_scan,
-                                               /*o_as_rows=*/gdr_output_as_rows(), p.gdr_slots.get());
+                                               /*o_as_rows=*/gdr_output_as_rows(), p.gdr_slots.get(),
+                                               /*final_state=*/false);
   return output(r, front.rest, u.scalar_type());
 }
 

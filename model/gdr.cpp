@@ -104,7 +104,7 @@ GdrOutput gdr_forward_ref(const torch::Tensor& q, const torch::Tensor& k, const 
 GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& beta, const torch::Tensor& g, double scale,
                               const torch::Tensor& h0, const torch::Tensor& cu_seqlens, int64_t chunk,
-                              bool tf32_scan, bool o_as_rows, GdrPlanSlots* slots) {
+                              bool tf32_scan, bool o_as_rows, GdrPlanSlots* slots, bool final_state) {
   check_inputs("gdr_forward_chunked", q, k, v, beta, g, h0, cu_seqlens);
   TORCH_CHECK(chunk > 0, "gdr_forward_chunked: chunk must be > 0, got ", chunk);
   // The core stays in fp32 under bf16 autocast (MODEL.md §0): no matmul here may be cast down.
@@ -138,13 +138,16 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
   const bool direct_tokens = !o_as_rows && q.is_cuda();
   const auto core = gdr_chunk_core(q, k, v, beta, g, h0s, layout, scale,
                                    direct_tokens ? gdr_chunk_row_targets(layout, H, q.device()) : torch::Tensor());
-  auto h_final = core.h_final.view({n_seq, H, dk, dv});
-  if (layout.fixed) {
-    h_final = h_final.index_select(0, layout.doc_slot);
-  } else if (varlen) {
-    std::vector<int64_t> inv(layout.order.size());
-    for (size_t s = 0; s < layout.order.size(); ++s) inv[layout.order[s]] = static_cast<int64_t>(s);
-    h_final = h_final.index_select(0, host_to_device(torch::tensor(inv, torch::kInt64), q.device()));
+  torch::Tensor h_final;  // undefined unless the caller reads it
+  if (final_state) {
+    h_final = core.h_final.view({n_seq, H, dk, dv});
+    if (layout.fixed) {
+      h_final = h_final.index_select(0, layout.doc_slot);
+    } else if (varlen) {
+      std::vector<int64_t> inv(layout.order.size());
+      for (size_t s = 0; s < layout.order.size(); ++s) inv[layout.order[s]] = static_cast<int64_t>(s);
+      h_final = h_final.index_select(0, host_to_device(torch::tensor(inv, torch::kInt64), q.device()));
+    }
   }
   if (o_as_rows) {
     GdrOutput out;

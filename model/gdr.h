@@ -52,10 +52,13 @@ GdrOutput gdr_forward_ref(const torch::Tensor& q, const torch::Tensor& k, const 
 // slots: a packed row's plan at fixed device addresses (model/gdr_plan_slots.h, for steps captured
 // as CUDA graphs; cu_seqlens is then its padded copy and no h0 is taken). h then covers the fixed
 // layout's documents: the batch's first, in order, then its dummies' (zero) states.
+// final_state: false leaves h undefined, for a caller that never reads it (a training forward): the
+// states then stay in the scan's document order, with no reordering gather.
 GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& beta, const torch::Tensor& g, double scale,
                               const torch::Tensor& h0, const torch::Tensor& cu_seqlens, int64_t chunk,
-                              bool tf32_scan = false, bool o_as_rows = false, GdrPlanSlots* slots = nullptr);
+                              bool tf32_scan = false, bool o_as_rows = false, GdrPlanSlots* slots = nullptr,
+                              bool final_state = true);
 
 // Process-wide switch (default on), for benchmarks: whether the Gated DeltaNet layer takes the
 // chunked rule's output as rows (o_as_rows, read in place by its output norm) or copied into token

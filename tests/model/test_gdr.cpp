@@ -368,7 +368,8 @@ const OutputCase kOutputCases[] = {{2, 150, {}}, {1, 300, {0, 17, 150, 151, 300}
 
 // o_as_rows: the chunk layout's rows picked by o_row are exactly the token-order output, for dense
 // rows whose length is not a multiple of the chunk (padding rows exist) and for a packed row; every
-// (token, head) names its own row, and the final state does not change.
+// (token, head) names its own row, and the final state does not change (and is not formed when not
+// asked for).
 TEST(Gdr, OutputAsChunkRowsMatchesTokenOrder) {
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 17);
   const double scale = 0.3;
@@ -388,6 +389,11 @@ TEST(Gdr, OutputAsChunkRowsMatchesTokenOrder) {
     const auto picked = rows.o_rows.index_select(0, idx).view({c.B, c.T, H, dv});
     EXPECT_EQ(max_abs_diff(picked, plain.o), 0.0) << c.name();
     EXPECT_EQ(max_abs_diff(rows.h, plain.h), 0.0);
+    // A training forward asks for no final state: the same rows, and h left undefined.
+    const auto no_state = model::gdr_forward_chunked(in.q, in.k, in.v, in.beta, in.g, scale, in.h0, cu, C, false, true,
+                                                     nullptr, /*final_state=*/false);
+    EXPECT_FALSE(no_state.h.defined()) << c.name();
+    EXPECT_EQ(max_abs_diff(no_state.o_rows, rows.o_rows), 0.0) << c.name();
   }
 }
 
