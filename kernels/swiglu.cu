@@ -11,14 +11,15 @@ namespace kernels {
 
 namespace {
 
-// w: a weight per row, or null for none.
+// w: a weight per row, or null for none; w_index: null, or the entry of w each row reads.
 template <typename T, int V>
-__global__ void swiglu_forward_kernel(T* h, const T* gu, const float* w, int64_t N, int64_t F, int64_t ld) {
+__global__ void swiglu_forward_kernel(T* h, const T* gu, const float* w, const int64_t* w_index, int64_t N, int64_t F,
+                                      int64_t ld) {
   const int64_t per_row = F / V, total = N * per_row;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t n = i / per_row, f = (i % per_row) * V;
-    const float wn = w != nullptr ? w[n] : 1.f;
+    const float wn = w == nullptr ? 1.f : w[w_index != nullptr ? w_index[n] : n];
     Vec<T, V> g, u, o;
     g.load(gu + n * ld + f);
     u.load(gu + n * ld + F + f);
@@ -54,12 +55,13 @@ constexpr int kRowWarps = 8;  // the weighted backward: one warp a row
 
 template <typename T, int V>
 __global__ void __launch_bounds__(kRowWarps * 32)
-    swiglu_weighted_backward_kernel(T* dgu, float* dw, const T* dh, const T* gu, const float* w, int64_t N, int64_t F,
-                                    int64_t ld) {
+    swiglu_weighted_backward_kernel(T* dgu, float* dw, const T* dh, const T* gu, const float* w,
+                                    const int64_t* w_index, int64_t N, int64_t F, int64_t ld) {
   const int64_t n = int64_t{blockIdx.x} * kRowWarps + threadIdx.x / 32;
   if (n >= N) return;
   const int lane = threadIdx.x % 32;
-  const float wn = w[n];
+  const int64_t wi = w_index != nullptr ? w_index[n] : n;
+  const float wn = w[wi];
   float dot = 0.f;
   for (int64_t f = int64_t{lane} * V; f < F; f += 32 * V) {
     Vec<T, V> g, u, d, dg, du;
@@ -78,7 +80,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     du.store(dgu + n * 2 * F + F + f);
   }
   dot = warp_sum(dot);
-  if (lane == 0) dw[n] = dot;
+  if (lane == 0) dw[wi] = dot;
 }
 
 unsigned grid_for(int64_t work, int threads) {
@@ -102,25 +104,25 @@ void dispatch_vec(DType dt, int64_t F, int64_t ld, const void* a, const void* b,
 
 }  // namespace
 
-int swiglu_weighted_forward(void* h, const void* gu, const float* w, DType dt, int64_t N, int64_t F, int64_t ld,
-                            void* stream) {
+int swiglu_weighted_forward(void* h, const void* gu, const float* w, const int64_t* w_index, DType dt, int64_t N,
+                            int64_t F, int64_t ld, void* stream) {
   if (N * F == 0) return 0;
   auto st = static_cast<cudaStream_t>(stream);
   dispatch_vec(dt, F, ld, h, gu, nullptr, [&](auto tag, auto vec) {
     using T = decltype(tag);
     constexpr int V = decltype(vec)::value;
     swiglu_forward_kernel<T, V><<<grid_for(N * F / V, kThreads), kThreads, 0, st>>>(
-        static_cast<T*>(h), static_cast<const T*>(gu), w, N, F, ld);
+        static_cast<T*>(h), static_cast<const T*>(gu), w, w_index, N, F, ld);
   });
   return static_cast<int>(cudaGetLastError());
 }
 
 int swiglu_forward(void* h, const void* gu, DType dt, int64_t N, int64_t F, int64_t ld, void* stream) {
-  return swiglu_weighted_forward(h, gu, nullptr, dt, N, F, ld, stream);
+  return swiglu_weighted_forward(h, gu, nullptr, nullptr, dt, N, F, ld, stream);
 }
 
-int swiglu_weighted_backward(void* dgu, float* dw, const void* dh, const void* gu, const float* w, DType dt,
-                             int64_t N, int64_t F, int64_t ld, void* stream) {
+int swiglu_weighted_backward(void* dgu, float* dw, const void* dh, const void* gu, const float* w,
+                             const int64_t* w_index, DType dt, int64_t N, int64_t F, int64_t ld, void* stream) {
   if (N * F == 0) return 0;
   if (w == nullptr || dw == nullptr) return static_cast<int>(cudaErrorInvalidValue);
   auto st = static_cast<cudaStream_t>(stream);
@@ -128,7 +130,7 @@ int swiglu_weighted_backward(void* dgu, float* dw, const void* dh, const void* g
     using T = decltype(tag);
     swiglu_weighted_backward_kernel<T, decltype(vec)::value>
         <<<static_cast<unsigned>((N + kRowWarps - 1) / kRowWarps), kRowWarps * 32, 0, st>>>(
-            static_cast<T*>(dgu), dw, static_cast<const T*>(dh), static_cast<const T*>(gu), w, N, F, ld);
+            static_cast<T*>(dgu), dw, static_cast<const T*>(dh), static_cast<const T*>(gu), w, w_index, N, F, ld);
   });
   return static_cast<int>(cudaGetLastError());
 }

@@ -21,9 +21,10 @@ torch::Tensor swiglu_backward_reference(const torch::Tensor& gu, const torch::Te
   return torch::cat({dh * u * s * (1 + g * (1 - s)), dh * g * s}, -1);
 }
 
-torch::Tensor swiglu_weighted_reference(const torch::Tensor& gu, const torch::Tensor& w) {
+torch::Tensor swiglu_weighted_reference(const torch::Tensor& gu, const torch::Tensor& w, const torch::Tensor& w_index) {
   const auto ct = gu.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-  return (swiglu_reference(gu.to(ct)) * w.to(ct).unsqueeze(-1)).to(gu.scalar_type());
+  const auto wr = w_index.defined() ? w.index_select(0, w_index) : w;
+  return (swiglu_reference(gu.to(ct)) * wr.to(ct).unsqueeze(-1)).to(gu.scalar_type());
 }
 
 #if defined(DD_HAVE_CUDA)
@@ -31,6 +32,10 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+const int64_t* index_or_null(const torch::Tensor& index) {
+  return index.defined() ? index.data_ptr<int64_t>() : nullptr;
+}
 
 class FusedSwigluFn : public torch::autograd::Function<FusedSwigluFn> {
  public:
@@ -64,47 +69,55 @@ class FusedSwigluFn : public torch::autograd::Function<FusedSwigluFn> {
 
 class FusedSwigluWeightedFn : public torch::autograd::Function<FusedSwigluWeightedFn> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gu, const torch::Tensor& w) {
+  // w_index: undefined (row n reads w[n]) or a contiguous int64 permutation.
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gu, const torch::Tensor& w,
+                               const torch::Tensor& w_index) {
     auto g2 = gu.contiguous();
     auto wc = w.contiguous();
     const int64_t N = g2.size(0), F = g2.size(1) / 2;
     auto h = torch::empty({N, F}, g2.options());
     check_kernel_launch(kernels::swiglu_weighted_forward(h.data_ptr(), g2.data_ptr(), wc.data_ptr<float>(),
+                                                         index_or_null(w_index),
                                                          checked_kernel_dtype(g2.scalar_type(), "weighted SwiGLU"),
                                                          N, F, 2 * F, stream_of(g2)),
                         "weighted SwiGLU forward");
-    ctx->save_for_backward({g2, wc});
+    ctx->save_for_backward({g2, wc, w_index});
     return h;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto &g2 = saved[0], &w = saved[1];
+    const auto &g2 = saved[0], &w = saved[1], &w_index = saved[2];
     const int64_t N = g2.size(0), F = g2.size(1) / 2;
     auto dh = grads[0].contiguous();
     auto dgu = torch::empty_like(g2);
-    auto dw = torch::empty_like(w);
+    auto dw = torch::empty_like(w);  // every entry written: w_index is a permutation
     check_kernel_launch(kernels::swiglu_weighted_backward(dgu.data_ptr(), dw.data_ptr<float>(), dh.data_ptr(),
-                                                          g2.data_ptr(), w.data_ptr<float>(),
+                                                          g2.data_ptr(), w.data_ptr<float>(), index_or_null(w_index),
                                                           checked_kernel_dtype(g2.scalar_type(), "weighted SwiGLU"),
                                                           N, F, 2 * F, stream_of(g2)),
                         "weighted SwiGLU backward");
-    return {dgu, dw};
+    return {dgu, dw, torch::Tensor()};
   }
 };
 
 }  // namespace
 #endif
 
-torch::Tensor swiglu_weighted(const torch::Tensor& gu, const torch::Tensor& w) {
+torch::Tensor swiglu_weighted(const torch::Tensor& gu, const torch::Tensor& w, const torch::Tensor& w_index) {
   TORCH_CHECK(gu.dim() == 2 && gu.size(1) % 2 == 0 && w.dim() == 1 && w.size(0) == gu.size(0),
               "swiglu_weighted: expected gu [N, 2F] and w [N], got ", gu.sizes(), " and ", w.sizes());
+  TORCH_CHECK(!w_index.defined() || (w_index.dim() == 1 && w_index.size(0) == gu.size(0) &&
+                                     w_index.scalar_type() == torch::kInt64 && w_index.device() == w.device()),
+              "swiglu_weighted: expected w_index int64 [", gu.size(0), "] on w's device, got ",
+              w_index.defined() ? w_index.sizes() : torch::IntArrayRef{}, " ",
+              w_index.defined() ? w_index.scalar_type() : torch::kInt64);
 #if defined(DD_HAVE_CUDA)
   kernels::DType dt{};
   if (gu.is_cuda() && gu.numel() > 0 && kernel_dtype(gu.scalar_type(), dt) && w.scalar_type() == torch::kFloat32 &&
       w.device() == gu.device())
-    return FusedSwigluWeightedFn::apply(gu, w);
+    return FusedSwigluWeightedFn::apply(gu, w, w_index.defined() ? w_index.contiguous() : w_index);
 #endif
-  return swiglu_weighted_reference(gu, w);
+  return swiglu_weighted_reference(gu, w, w_index);
 }
 
 torch::Tensor swiglu(const torch::Tensor& gu) {

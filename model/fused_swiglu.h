@@ -20,7 +20,11 @@ torch::Tensor swiglu(const torch::Tensor& gu);
 // fp64 with an fp64 gu) -> w[n] · silu(gate) · up [N, F] in gu's dtype, computed in fp32 (fp64 for
 // fp64) and rounded once. Differentiable in gu and w. The reference is the ATen formula in that
 // precision; swiglu_weighted takes the kernels on a GPU for fp32/bf16/fp16 and an fp32 w.
-torch::Tensor swiglu_weighted_reference(const torch::Tensor& gu, const torch::Tensor& w);
-torch::Tensor swiglu_weighted(const torch::Tensor& gu, const torch::Tensor& w);
+// w_index (optional, int64 [N], a permutation of [0, N)): row n is weighted by w[w_index[n]], as if
+// w.index_select(0, w_index) were passed (the MoE layer's γ in pair order, read in expert order; the
+// kernels read it through the index, with no permuted copy either way).
+torch::Tensor swiglu_weighted_reference(const torch::Tensor& gu, const torch::Tensor& w,
+                                        const torch::Tensor& w_index = {});
+torch::Tensor swiglu_weighted(const torch::Tensor& gu, const torch::Tensor& w, const torch::Tensor& w_index = {});
 
 }  // namespace model

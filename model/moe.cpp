@@ -173,7 +173,7 @@ MoEOutput MoEImpl::forward(const torch::Tensor& u) {
   // The experts' activation, with each row's γ applied there when weights_in_swiglu.
   const bool gamma_in_swiglu = weights_in_swiglu;
   auto activation = [&](const torch::Tensor& gu) {
-    return gamma_in_swiglu ? swiglu_weighted(gu, pairs_to_expert_order(r.topk_w.reshape({-1}), order)) : swiglu(gu);
+    return gamma_in_swiglu ? swiglu_weighted(gu, r.topk_w.reshape({-1}), order.order) : swiglu(gu);
   };
   torch::Tensor ys;  // [N·k,d] expert order
   if (expert_product_applies(xs, {gate, up}, mdt)) {

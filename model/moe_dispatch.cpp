@@ -329,12 +329,6 @@ torch::Tensor combine_rows(const torch::Tensor& ys, const ExpertOrder& o) {
   return PermuteRowsFn::apply(ys, o.inverse, o.order);
 }
 
-torch::Tensor pairs_to_expert_order(const torch::Tensor& x, const ExpertOrder& o) {
-  TORCH_CHECK(x.dim() >= 1 && x.size(0) == o.order.size(0), "pairs_to_expert_order: expected [", o.order.size(0),
-              ", ...], got ", x.sizes());
-  return PermuteRowsFn::apply(x, o.order, o.inverse);
-}
-
 torch::Tensor combine_sum(const torch::Tensor& ys, const ExpertOrder& o, int64_t k, const torch::Tensor& add) {
   TORCH_CHECK(k > 0 && ys.dim() == 2 && ys.size(0) == o.order.size(0) && o.order.size(0) % k == 0,
               "combine_sum: expected ys [N·k, d] with N·k = ", o.order.size(0), " and k = ", k, ", got ", ys.sizes());

@@ -60,10 +60,6 @@ void moe_inputs_fusion(bool on);
 // ys [N·k, d] in expert order -> [N·k, d] in pair order. Backward: the gather the other way.
 torch::Tensor combine_rows(const torch::Tensor& ys, const ExpertOrder& o);
 
-// x [N·k, ...] in pair order -> expert order (x[order]): the router weights of the expert rows.
-// Backward: the gather the other way.
-torch::Tensor pairs_to_expert_order(const torch::Tensor& x, const ExpertOrder& o);
-
 // y [N, d] = add[t] + Σ_j ys[inverse[t·k + j]]: the expert rows back in token order and summed over
 // the k slots (their router weights already applied, model/fused_swiglu.h's swiglu_weighted), plus
 // `add` [N, d] when given. On a GPU (k ≤ 16, add like ys) the combine kernel forward and the fan-out

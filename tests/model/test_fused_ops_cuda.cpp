@@ -344,32 +344,43 @@ TEST(FusedOpsCuda, WeightedSwigluMatchesTheFormula) {
   };
   for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
     for (const Shape sh : {Shape{1, 37}, Shape{1000, 256}, Shape{333, 4097}, Shape{3, 1}, Shape{64, 264}}) {
-      const std::string what = std::string(name_of(dtype)) + " N=" + std::to_string(sh.N) + " F=" + std::to_string(sh.F);
-      auto gu0 = (torch::randn({sh.N, 2 * sh.F}, torch::kCUDA) * 3.0).to(dtype);
-      auto w0 = torch::randn({sh.N}, torch::kCUDA);
-      w0.index_put_({0}, 0.0);
-      auto dh = torch::randn({sh.N, sh.F}, torch::kCUDA).to(dtype);
-      auto gu = gu0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
-      auto h = model::swiglu_weighted(gu, w);
-      h.backward(dh);
-      auto gu64 = gu0.to(torch::kFloat64).requires_grad_(true), w64 = w0.to(torch::kFloat64).requires_grad_(true);
-      auto g = gu64.narrow(1, 0, sh.F), u = gu64.narrow(1, sh.F, sh.F);
-      auto s64 = g * torch::sigmoid(g) * u;
-      auto h64 = s64 * w64.unsqueeze(1);
-      h64.backward(dh.to(torch::kFloat64));
-      const double tol = dtype == torch::kFloat32 ? 1e-5 : 6e-3;
-      EXPECT_EQ(h.scalar_type(), dtype) << what;
-      EXPECT_LT(rel_norm_diff(h, h64), tol) << what << " h";
-      EXPECT_LT(rel_norm_diff(gu.grad(), gu64.grad()), tol) << what << " dgu";
-      auto terms = (dh.to(torch::kFloat64) * s64.detach()).abs().sum(1).clamp_min(1e-300);
-      const double e_dw = ((w.grad().to(torch::kFloat64) - w64.grad()).abs() / terms).max().item<double>();
-      EXPECT_LT(e_dw, 1e-5) << what << " dw";
-      if (sh.F == 256)
-        std::printf("[measured] weighted SwiGLU %s: h %.3g dgu %.3g dw %.3g\n", what.c_str(), rel_norm_diff(h, h64),
-                    rel_norm_diff(gu.grad(), gu64.grad()), e_dw);
+      // indexed: w in another order, row n weighted by w[idx[n]] (the MoE layer's γ in pair order).
+      for (const bool indexed : {false, true}) {
+        const std::string what = std::string(name_of(dtype)) + " N=" + std::to_string(sh.N) +
+                                 " F=" + std::to_string(sh.F) + (indexed ? " indexed" : "");
+        auto gu0 = (torch::randn({sh.N, 2 * sh.F}, torch::kCUDA) * 3.0).to(dtype);
+        auto w0 = torch::randn({sh.N}, torch::kCUDA);
+        w0.index_put_({0}, 0.0);
+        auto dh = torch::randn({sh.N, sh.F}, torch::kCUDA).to(dtype);
+        const auto idx = torch::randperm(sh.N, torch::TensorOptions().dtype(torch::kInt64).device(torch::kCUDA));
+        auto gu = gu0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+        auto h = indexed ? model::swiglu_weighted(gu, w, idx) : model::swiglu_weighted(gu, w);
+        h.backward(dh);
+        auto gu64 = gu0.to(torch::kFloat64).requires_grad_(true), w64 = w0.to(torch::kFloat64).requires_grad_(true);
+        auto g = gu64.narrow(1, 0, sh.F), u = gu64.narrow(1, sh.F, sh.F);
+        auto s64 = g * torch::sigmoid(g) * u;
+        auto h64 = s64 * (indexed ? w64.index_select(0, idx) : w64).unsqueeze(1);
+        h64.backward(dh.to(torch::kFloat64));
+        const double tol = dtype == torch::kFloat32 ? 1e-5 : 6e-3;
+        EXPECT_EQ(h.scalar_type(), dtype) << what;
+        EXPECT_LT(rel_norm_diff(h, h64), tol) << what << " h";
+        EXPECT_LT(rel_norm_diff(gu.grad(), gu64.grad()), tol) << what << " dgu";
+        // Row n's dw entry (w[idx[n]] when indexed) against the magnitude of its row's terms.
+        auto terms = (dh.to(torch::kFloat64) * s64.detach()).abs().sum(1).clamp_min(1e-300);
+        auto dw_rows = indexed ? w.grad().index_select(0, idx) : w.grad();
+        auto dw64_rows = indexed ? w64.grad().index_select(0, idx) : w64.grad();
+        const double e_dw = ((dw_rows.to(torch::kFloat64) - dw64_rows).abs() / terms).max().item<double>();
+        EXPECT_LT(e_dw, 1e-5) << what << " dw";
+        if (sh.F == 256)
+          std::printf("[measured] weighted SwiGLU %s: h %.3g dgu %.3g dw %.3g\n", what.c_str(), rel_norm_diff(h, h64),
+                      rel_norm_diff(gu.grad(), gu64.grad()), e_dw);
+      }
     }
   }
   EXPECT_THROW(model::swiglu_weighted(torch::zeros({4, 6}, torch::kCUDA), torch::zeros({3}, torch::kCUDA)), c10::Error);
+  EXPECT_THROW(model::swiglu_weighted(torch::zeros({4, 6}, torch::kCUDA), torch::zeros({4}, torch::kCUDA),
+                                      torch::zeros({3}, torch::TensorOptions().dtype(torch::kInt64).device(torch::kCUDA))),
+               c10::Error);
 }
 
 // The models' wiring of the fused ops (the branch carried into the next norm, fused qkv and
