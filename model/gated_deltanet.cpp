@@ -141,10 +141,11 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& u, const Positions
   // stay apart from the wide ones so that those keep sizes FP8 matmuls accept (multiples of 16).
   // The conv's parts and the output gate's columns come out of the projection's rows together, so
   // that on a GPU their gradients go back into one tensor without concatenations.
-  auto front = fused_short_conv_parts(linear_cat(u, {wq, wk, wv, wg}), torch::cat({conv_q, conv_k, conv_v}, 0), p,
-                                      {Kg, Kg, Vg});
   // a | b side by side, read whole by the gates (no split, and no concatenation in its backward).
-  const auto gate_rows = linear_cat(u, {wa, wb});
+  // Both products read u in one op, so u's gradient comes out of their GEMMs already summed.
+  const auto proj = linear_cat_groups(u, {{wq, wk, wv, wg}, {wa, wb}});
+  auto front = fused_short_conv_parts(proj[0], torch::cat({conv_q, conv_k, conv_v}, 0), p, {Kg, Kg, Vg});
+  const auto& gate_rows = proj[1];
   const auto& qkv_parts = front.parts;
   const auto qkv_dtype = qkv_parts[0].scalar_type();
   // q and k in the short conv's 16-bit dtype under 16-bit training, as v is (the delta rule's

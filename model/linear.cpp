@@ -62,6 +62,22 @@ std::vector<torch::Tensor> linear_cat_split(const torch::Tensor& x, const std::v
   return torch::linear(x, weights.size() == 1 ? weights[0] : torch::cat(weights, 0)).split_with_sizes(outs, -1);
 }
 
+std::vector<torch::Tensor> linear_cat_groups(const torch::Tensor& x, const std::vector<std::vector<Linear>>& groups) {
+  TORCH_CHECK(!groups.empty(), "linear_cat_groups: no groups");
+  std::vector<torch::Tensor> weights;
+  std::vector<int64_t> sizes;
+  for (const auto& g : groups) {
+    TORCH_CHECK(!g.empty(), "linear_cat_groups: an empty group");
+    for (const auto& l : g) weights.push_back(l->weight);
+    sizes.push_back(static_cast<int64_t>(g.size()));
+  }
+  if (!fp8_active && mixed_linear_applies(x, weights))
+    return mixed_linear_groups(x, weights, sizes, at::autocast::get_autocast_dtype(at::kCUDA));
+  std::vector<torch::Tensor> out;
+  for (const auto& g : groups) out.push_back(linear_cat(x, g));
+  return out;
+}
+
 std::vector<std::pair<std::string, Fp8History*>> fp8_histories(torch::nn::Module& model) {
   std::vector<std::pair<std::string, Fp8History*>> out;
   for (auto& item : model.named_modules()) {
@@ -81,7 +97,8 @@ torch::Tensor product(const torch::Tensor& a, const torch::Tensor& b, bool b_tra
   return c;
 }
 
-void product_into(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b, bool b_trans, bool no_workspace) {
+void product_into(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b, bool b_trans, bool no_workspace,
+                  bool accumulate) {
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2, "product_into: c, a and b must be 2-D, got ", c.sizes(),
               ", ", a.sizes(), ", ", b.sizes());
   const int64_t N = b.size(b_trans ? 0 : 1);
@@ -96,14 +113,15 @@ void product_into(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor&
     const int64_t M = a.size(0), K = a.size(1);
     const int status = kernels::gemm_rowmajor(at::cuda::getCurrentCUDABlasHandle(), c.data_ptr(), dt, c.stride(0),
                                               a.data_ptr(), K, /*a_trans=*/false, b.data_ptr(), b.size(1), b_trans, dt,
-                                              M, N, K, /*accumulate=*/false, /*no_workspace=*/true);
+                                              M, N, K, accumulate, /*no_workspace=*/true);
     TORCH_CHECK(status == 0, "product: cublasGemmEx failed (status ", status, ")");
     return;
   }
 #endif
   (void)no_workspace;
-  if (b_trans) torch::mm_out(c, a, b.t());
-  else torch::mm_out(c, a, b);
+  const auto bb = b_trans ? b.t() : b;
+  if (accumulate) c.addmm_(a, bb);
+  else torch::mm_out(c, a, bb);
 }
 
 void at_b_into_(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b, bool accumulate, bool no_workspace) {

@@ -39,6 +39,11 @@ torch::Tensor linear_cat(const torch::Tensor& x, const std::vector<Linear>& laye
 // are (fp8_linear_split).
 std::vector<torch::Tensor> linear_cat_split(const torch::Tensor& x, const std::vector<Linear>& layers);
 
+// linear_cat over each group of layers, all reading the same x: one output per group. Where the
+// products take mixed_linear, one op (mixed_linear_groups) whose backward sums x's gradient inside
+// its GEMMs; else (FP8, CPU, no scope) one linear_cat per group, autograd adding their gradients.
+std::vector<torch::Tensor> linear_cat_groups(const torch::Tensor& x, const std::vector<std::vector<Linear>>& groups);
+
 // Every Linear of `model` that has run in fp8, by module path, with its Fp8History.
 std::vector<std::pair<std::string, Fp8History*>> fp8_histories(torch::nn::Module& model);
 
@@ -56,8 +61,10 @@ void at_b_into_(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b
 // dtype: torch::mm, or on a GPU with `no_workspace`, bf16/fp16 contiguous operands, cuBLAS without
 // its workspace as above.
 torch::Tensor product(const torch::Tensor& a, const torch::Tensor& b, bool b_trans, bool no_workspace);
-// product written into c [M, N] (a's dtype, rows contiguous: a row block of a larger matrix does).
-void product_into(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b, bool b_trans, bool no_workspace);
+// product written into c [M, N] (a's dtype, rows contiguous: a row block of a larger matrix does), or
+// with `accumulate` added to c's values (the GEMM's beta = 1: fp32 accumulation, one rounding).
+void product_into(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b, bool b_trans, bool no_workspace,
+                  bool accumulate = false);
 
 // While alive, this thread's Linear layers multiply in FP8 (train.precision = "fp8") when `on`, or
 // not when !on; restores the previous mode after. Nests.

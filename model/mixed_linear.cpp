@@ -167,52 +167,79 @@ void run_grad_products_aside(std::vector<GradProduct>& products, const at::Tenso
 }
 #endif
 
+// The products of x with one or more groups of weights, y_g = x · [W_g1; W_g2; ...]ᵀ, one output
+// per group (group_sizes: how many of `weights` each takes, in order). x's gradient is the sum of
+// the groups' products, each GEMM after the first adding into it (fp32 accumulation, one rounding)
+// rather than autograd adding the groups' separate gradients afterwards (one more pass over x's
+// gradient per extra group).
 struct MixedLinearFn : public torch::autograd::Function<MixedLinearFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights, int64_t dtype_code) {
+  static tensor_list forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights, int64_t dtype_code,
+                             std::vector<int64_t> group_sizes) {
     const auto dtype = static_cast<at::ScalarType>(dtype_code);
     const int64_t in = x.size(-1);
     for (const auto& w : weights)
       TORCH_CHECK(w.dim() == 2 && w.size(1) == in, "mixed_linear: weight ", w.sizes(), " for input ", x.sizes());
+    ctx->set_materialize_grads(false);  // an output nobody used hands back no gradient, not zeros
     auto x2 = (x.scalar_type() == dtype ? x : x.to(dtype)).reshape({-1, in});
     if (!x2.is_contiguous()) x2 = x2.contiguous();
-    auto wh = shadowed_weight_blocks(weights, dtype);  // [Σ out_i, in], kept current by AdamW
     const bool no_workspace = no_workspace_active && x.is_cuda();
-    auto y = product(x2, wh, /*b_trans=*/true, no_workspace);
-    ctx->save_for_backward({x2, wh});
+    tensor_list ys, saved = {x2};
+    size_t first = 0;
+    for (const int64_t n : group_sizes) {
+      auto wh = shadowed_weight_blocks(weights.slice(first, n), dtype);  // [Σ out_i, in], kept current by AdamW
+      first += n;
+      auto shape = x.sizes().vec();
+      shape.back() = wh.size(0);
+      ys.push_back(product(x2, wh, /*b_trans=*/true, no_workspace).view(shape));
+      saved.push_back(wh);
+    }
+    ctx->save_for_backward(saved);
     ctx->saved_data["weights"] = weights.vec();
+    ctx->saved_data["group_sizes"] = group_sizes;
     ctx->saved_data["x_shape"] = x.sizes().vec();
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     if (grad_stream_active && x.is_cuda()) ctx->saved_data["grad_stream"] = true;
     if (no_workspace) ctx->saved_data["no_workspace"] = true;
-    auto shape = x.sizes().vec();
-    shape.back() = wh.size(0);
-    return y.view(shape);
+    return ys;
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     auto saved = ctx->get_saved_variables();
     const at::Tensor& x2 = saved[0];  // [N, in], the product's dtype
-    const at::Tensor& wh = saved[1];  // [Σ out_i, in]
     auto weights = ctx->saved_data["weights"].toTensorVector();
-    tensor_list out(weights.size() + 2);  // x, each weight (their gradients went to .grad), dtype
-    if (!grads[0].defined()) return out;
+    const auto group_sizes = ctx->saved_data["group_sizes"].toIntVector();
+    tensor_list out(weights.size() + 3);  // x, each weight (their gradients went to .grad), dtype, groups
     const bool no_workspace = ctx->saved_data.count("no_workspace") > 0;
-    auto g2 = grads[0].reshape({-1, wh.size(0)});
-    if (g2.scalar_type() != wh.scalar_type()) g2 = g2.to(wh.scalar_type());
-    if (!g2.is_contiguous()) g2 = g2.contiguous();
-    if (ctx->needs_input_grad(0)) {
+    const bool aside = ctx->saved_data.count("grad_stream") > 0;
+    at::Tensor dx;  // [N, in], the product's dtype
+    size_t first = 0;
+    for (size_t gi = 0; gi < group_sizes.size(); ++gi) {
+      const size_t n = static_cast<size_t>(group_sizes[gi]);
+      std::vector<at::Tensor> group(weights.begin() + first, weights.begin() + first + n);
+      first += n;
+      if (!grads[gi].defined()) continue;
+      const at::Tensor& wh = saved[gi + 1];  // [Σ out_i, in]
+      auto g2 = grads[gi].reshape({-1, wh.size(0)});
+      if (g2.scalar_type() != wh.scalar_type()) g2 = g2.to(wh.scalar_type());
+      if (!g2.is_contiguous()) g2 = g2.contiguous();
+      if (ctx->needs_input_grad(0)) {
+        if (!dx.defined()) dx = product(g2, wh, /*b_trans=*/false, no_workspace);
+        else product_into(dx, g2, wh, /*b_trans=*/false, no_workspace, /*accumulate=*/true);
+      }
+      auto products = plan_weight_grads(group, x2);
+#if defined(DD_HAVE_CUDA)
+      if (!products.empty() && aside) {
+        run_grad_products_aside(products, g2, x2, no_workspace);
+        continue;
+      }
+#endif
+      run_grad_products(products, g2, x2, no_workspace);
+    }
+    if (dx.defined()) {
       const auto x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
-      auto dx = product(g2, wh, /*b_trans=*/false, no_workspace).view(ctx->saved_data["x_shape"].toIntVector());
+      dx = dx.view(ctx->saved_data["x_shape"].toIntVector());
       out[0] = dx.scalar_type() == x_dtype ? dx : dx.to(x_dtype);
     }
-    auto products = plan_weight_grads(weights, x2);
-#if defined(DD_HAVE_CUDA)
-    if (!products.empty() && ctx->saved_data.count("grad_stream")) {
-      run_grad_products_aside(products, g2, x2, no_workspace);
-      return out;
-    }
-#endif
-    run_grad_products(products, g2, x2, no_workspace);
     return out;
   }
 };
@@ -274,9 +301,21 @@ bool mixed_linear_applies(const at::Tensor& x, at::TensorList weights) {
 
 at::Tensor mixed_linear(const at::Tensor& x, at::TensorList weights, at::ScalarType dtype) {
   TORCH_CHECK(!weights.empty(), "mixed_linear: no weights");
+  return mixed_linear_groups(x, weights, {static_cast<int64_t>(weights.size())}, dtype)[0];
+}
+
+std::vector<at::Tensor> mixed_linear_groups(const at::Tensor& x, at::TensorList weights,
+                                            const std::vector<int64_t>& group_sizes, at::ScalarType dtype) {
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf, "mixed_linear: product dtype must be bf16 or fp16, got ",
               dtype);
-  return MixedLinearFn::apply(x, weights, static_cast<int64_t>(dtype));
+  int64_t total = 0;
+  for (const int64_t n : group_sizes) {
+    TORCH_CHECK(n > 0, "mixed_linear_groups: every group needs a weight, got group sizes ", group_sizes);
+    total += n;
+  }
+  TORCH_CHECK(!group_sizes.empty() && total == static_cast<int64_t>(weights.size()), "mixed_linear_groups: group sizes ",
+              group_sizes, " do not add up to the ", weights.size(), " weights");
+  return MixedLinearFn::apply(x, weights, static_cast<int64_t>(dtype), group_sizes);
 }
 
 namespace {

@@ -18,6 +18,9 @@
 #include <c10/core/Device.h>
 #include <c10/util/ArrayRef.h>
 
+#include <cstdint>
+#include <vector>
+
 namespace model {
 
 // While alive, this thread's Linear layers and linear_cat products take mixed_linear where it
@@ -73,6 +76,15 @@ bool mixed_linear_applies(const at::Tensor& x, at::TensorList weights);
 // through autograd in x's dtype. Any device (on the CPU through ATen, the reference the GPU test
 // compares with). Throws c10::Error on mismatched shapes.
 at::Tensor mixed_linear(const at::Tensor& x, at::TensorList weights, at::ScalarType dtype);
+
+// Several products of the same x as one op: group g takes the next group_sizes[g] weights and gives
+// y_g = x · [W_g1; W_g2; ...]ᵀ, one output per group, each as mixed_linear's. x's gradient comes
+// out once: each group's GEMM after the first adds into it in fp32 (one rounding), where separate
+// mixed_linear calls would each make one and autograd would add them (a pass over x's gradient
+// per extra call). For projections of one input that cannot share one product (their outputs need
+// their own row strides). Throws c10::Error on group sizes that do not cover the weights.
+std::vector<at::Tensor> mixed_linear_groups(const at::Tensor& x, at::TensorList weights,
+                                            const std::vector<int64_t>& group_sizes, at::ScalarType dtype);
 
 // [W1; W2; ...] [Σ out_i, in] cast to `dtype`: one kernel on a GPU for up to 4 contiguous fp32
 // blocks, else torch::cat(weights).to(dtype) (the reference). Stacked experts' weights [E, out_i,

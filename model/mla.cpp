@@ -66,8 +66,11 @@ void MLAImpl::ensure_rope(int64_t n) {
 }
 
 torch::Tensor MLAImpl::project_q(const torch::Tensor& u) {
-  const int64_t B = u.size(0), T = u.size(1);
-  auto q = rq_ > 0 ? wq_b(q_norm(wq_a(u))) : wq(u);
+  return q_from_first(rq_ > 0 ? wq_a(u) : wq(u), u.size(0), u.size(1));
+}
+
+torch::Tensor MLAImpl::q_from_first(const torch::Tensor& first, int64_t B, int64_t T) {
+  auto q = rq_ > 0 ? wq_b(q_norm(first)) : first;
   return q.view({B, T, nh_, dn_ + dr_});
 }
 
@@ -77,11 +80,14 @@ MlaQkv MLAImpl::attention_inputs(const torch::Tensor& u, const Positions& p) {
   const int64_t B = u.size(0), T = u.size(1);
   // pos(t) <= t in dense and packed rows, so T positions always suffice.
   ensure_rope(T);
+  // q's first product and the latent's read u in one op, so u's gradient comes out of their GEMMs
+  // already summed.
+  const auto first = linear_cat_groups(u, {{rq_ > 0 ? wq_a : wq}, {wkv_a}});
   // The rope key is cut off the latent by one split rather than two narrows: the backward is then
   // one concatenation of the parts' gradients, not a zero-filled full-size gradient per part.
-  auto a = wkv_a(u).split_with_sizes({rkv_, dr_}, -1);  // [B,T,rkv], [B,T,dr]
+  auto a = first[1].split_with_sizes({rkv_, dr_}, -1);  // [B,T,rkv], [B,T,dr]
   auto kv = wkv_b(kv_norm(a[0])).view({B, T, nh_, dn_ + dva_});
-  return mla_qkv(project_q(u), kv, a[1], dn_, p.pos, rope_);
+  return mla_qkv(q_from_first(first[0], B, T), kv, a[1], dn_, p.pos, rope_);
 }
 
 MLAProjections MLAImpl::project(const torch::Tensor& u, const Positions& p) {

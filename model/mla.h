@@ -54,6 +54,8 @@ class MLAImpl : public torch::nn::Module {
 
  private:
   torch::Tensor project_q(const torch::Tensor& u);  // u [B,T,d] -> [B,T,nh,dqk]
+  // The rest of project_q from q's first product (wq_a(u) when q is compressed, else wq(u)).
+  torch::Tensor q_from_first(const torch::Tensor& first, int64_t B, int64_t T);
   // Grows the RoPE tables (in place, so the registered buffers follow) to cover n positions.
   void ensure_rope(int64_t n);
 

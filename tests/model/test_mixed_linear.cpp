@@ -160,6 +160,53 @@ TEST(MixedLinear, FrozenWeightsAndEmptyBatches) {
   EXPECT_THROW(model::mixed_linear(x, w, at::kFloat), c10::Error);
 }
 
+// Groups of weights over one x: each output is the group's own mixed_linear product, bit for bit,
+// the weights' gradients are the same as from separate calls, and x's one gradient is the sum of
+// the groups' products (within bf16's rounding of the fp64 sum). An output that gets no gradient
+// adds nothing and leaves its weights without one.
+TEST(MixedLinear, GroupsShareOneInputGradient) {
+  seed(35);
+  const int64_t in = 24;
+  const std::vector<int64_t> sizes = {2, 1};
+  auto x0 = torch::randn({3, 7, in});
+  auto g_a = torch::randn({3, 7, 12}).to(at::kBFloat16), g_b = torch::randn({3, 7, 5}).to(at::kBFloat16);
+  auto w = make_weights({8, 4, 5}, in);
+  auto x = x0.clone().requires_grad_(true);
+  auto ys = model::mixed_linear_groups(x, w, sizes, at::kBFloat16);
+  ASSERT_EQ(ys.size(), 2u);
+  torch::autograd::backward({ys[0], ys[1]}, {g_a, g_b});
+
+  // The same products as two separate calls (autograd adds their x gradients).
+  auto ws = make_weights({8, 4, 5}, in);
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < w.size(); ++i) ws[i].copy_(w[i]);
+  }
+  auto xs = x0.clone().requires_grad_(true);
+  auto ya = model::mixed_linear(xs, {ws[0], ws[1]}, at::kBFloat16);
+  auto yb = model::mixed_linear(xs, {ws[2]}, at::kBFloat16);
+  torch::autograd::backward({ya, yb}, {g_a, g_b});
+  EXPECT_TRUE(torch::equal(ys[0], ya));
+  EXPECT_TRUE(torch::equal(ys[1], yb));
+  for (size_t i = 0; i < w.size(); ++i) EXPECT_TRUE(torch::equal(w[i].grad(), ws[i].grad())) << "weight " << i;
+  const auto want_dx = truth(x, {w[0], w[1]}, g_a, at::kBFloat16).dx + truth(x, {w[2]}, g_b, at::kBFloat16).dx;
+  EXPECT_EQ(x.grad().scalar_type(), torch::kFloat32);
+  EXPECT_LT(rel(x.grad().reshape({-1, in}), want_dx), tolerance(at::kBFloat16));
+
+  // Only the second output used: x's gradient is its product alone; the first group's weights get none.
+  auto w2 = make_weights({8, 4, 5}, in);
+  auto x2 = x0.clone().requires_grad_(true);
+  auto ys2 = model::mixed_linear_groups(x2, w2, sizes, at::kBFloat16);
+  ys2[1].backward(g_b);
+  EXPECT_FALSE(w2[0].grad().defined());
+  EXPECT_FALSE(w2[1].grad().defined());
+  ASSERT_TRUE(w2[2].grad().defined());
+  EXPECT_LT(rel(x2.grad().reshape({-1, in}), truth(x2, {w2[2]}, g_b, at::kBFloat16).dx), tolerance(at::kBFloat16));
+
+  EXPECT_THROW(model::mixed_linear_groups(x, w, {2, 2}, at::kBFloat16), c10::Error);
+  EXPECT_THROW(model::mixed_linear_groups(x, w, {3, 0}, at::kBFloat16), c10::Error);
+}
+
 TEST(MixedLinear, LayersTakeItOnlyInsideAnActiveScopeOnAGpu) {
   auto x = torch::randn({2, 8});
   auto w = torch::randn({4, 8}, torch::requires_grad());

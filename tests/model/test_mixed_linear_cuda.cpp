@@ -86,6 +86,51 @@ TEST(MixedLinearCuda, WeightGradientsAccumulateInFp32) {
               worst_dx);
 }
 
+// Two groups over one x on the GPU (the Gated DeltaNet layer's q|k|v|gate and a|b products), with
+// and without cuBLAS's workspace: the outputs and weight gradients equal separate calls' bit for
+// bit, and x's gradient, summed by the second GEMM, is within bf16's rounding of the fp64 sum.
+TEST(MixedLinearCuda, GroupsSumTheInputGradientInTheirGemms) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(99);
+  const int64_t in = 96;
+  auto x0 = torch::randn({2, 301, in}, torch::kCUDA).to(at::kBFloat16);
+  auto g_a = torch::randn({2, 301, 136}, torch::kCUDA).to(at::kBFloat16);
+  auto g_b = torch::randn({2, 301, 12}, torch::kCUDA).to(at::kBFloat16);
+  std::vector<torch::Tensor> w0;
+  for (int64_t r : {64, 72, 6, 6}) w0.push_back(torch::randn({r, in}, torch::kCUDA) * 0.1);
+  for (const bool no_workspace : {false, true}) {
+    auto fresh = [&] {
+      std::vector<torch::Tensor> w;
+      for (const auto& t : w0) w.push_back(t.clone().requires_grad_(true));
+      return w;
+    };
+    auto w = fresh(), ws = fresh();
+    auto x = x0.clone().requires_grad_(true), xs = x0.clone().requires_grad_(true);
+    std::vector<torch::Tensor> ys;
+    torch::Tensor ya, yb;
+    {
+      model::WeightGradInPlaceScope scope(true, false, no_workspace);
+      ys = model::mixed_linear_groups(x, w, {2, 2}, at::kBFloat16);
+      ya = model::mixed_linear(xs, {ws[0], ws[1]}, at::kBFloat16);
+      yb = model::mixed_linear(xs, {ws[2], ws[3]}, at::kBFloat16);
+    }
+    torch::autograd::backward({ys[0], ys[1]}, {g_a, g_b});
+    torch::autograd::backward({ya, yb}, {g_a, g_b});
+    const std::string what = no_workspace ? "without workspace" : "with workspace";
+    EXPECT_TRUE(torch::equal(ys[0], ya)) << what;
+    EXPECT_TRUE(torch::equal(ys[1], yb)) << what;
+    for (size_t i = 0; i < w.size(); ++i) EXPECT_TRUE(torch::equal(w[i].grad(), ws[i].grad())) << what << " weight " << i;
+    const auto f64 = [](const torch::Tensor& t) { return t.to(torch::kFloat64); };
+    auto wa = f64(torch::cat({w0[0], w0[1]}, 0).to(at::kBFloat16)), wb = f64(torch::cat({w0[2], w0[3]}, 0).to(at::kBFloat16));
+    auto want = f64(g_a).reshape({-1, 136}).mm(wa) + f64(g_b).reshape({-1, 12}).mm(wb);
+    const double e_groups = rel_norm_diff(x.grad().reshape({-1, in}), want);
+    const double e_separate = rel_norm_diff(xs.grad().reshape({-1, in}), want);
+    EXPECT_LT(e_groups, 4e-3) << what;
+    std::printf("[measured] mixed_linear_groups x gradient vs fp64 (%s): %.3g; separate calls: %.3g\n", what.c_str(),
+                e_groups, e_separate);
+  }
+}
+
 TEST(MixedLinearCuda, LinearLayersTakeItInsideTheScope) {
   DD_REQUIRE_GPU();
   seed_from_gtest(93);
@@ -246,6 +291,11 @@ TEST(MixedLinearCuda, GemmsWithoutWorkspaceMatch) {
     model::product_into(cols_block, a, b_kn, false, true);
     EXPECT_LT(rel_norm_diff(cols_block, f64(a).mm(f64(b_kn))), 4e-3);
     EXPECT_EQ(big.narrow(0, 383, 17).abs().sum().item<double>(), 0.0) << "wrote outside c";
+    // Added into c (beta = 1): c0 + a · bᵀ, rounded once.
+    auto acc = torch::randn({333, 130}, torch::kCUDA).to(dtype);
+    const auto acc0 = f64(acc);
+    model::product_into(acc, a, b_nk, true, true, /*accumulate=*/true);
+    EXPECT_LT(rel_norm_diff(acc, acc0 + f64(a).mm(f64(b_nk).t())), 4e-3);
     auto c = torch::randn({96, 130}, torch::kCUDA);
     auto g = torch::randn({333, 130}, torch::kCUDA).to(dtype);
     auto c0 = c.clone();
