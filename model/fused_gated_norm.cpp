@@ -9,6 +9,7 @@
 
 #if defined(DD_HAVE_CUDA)
 #include "kernels/gated_rmsnorm.h"
+#include "kernels/zero_rows.h"
 #include "model/kernel_dtype.h"
 #endif
 
@@ -128,9 +129,16 @@ class GatedRmsNormFn : public torch::autograd::Function<GatedRmsNormFn> {
     const auto row = ctx->saved_data.count("o_row") ? ctx->saved_data["o_row"].toTensor() : torch::Tensor();
     auto dy = grads[0].contiguous();
     const auto rows = rows_of(dy.sizes(), z, row);
-    // Rows of o no (token, head) reads (chunk padding) get zero gradient; a permutation of o's
-    // rows writes every one.
-    auto d_o = row.defined() && rows.N != o.size(0) ? torch::zeros_like(o) : torch::empty_like(o);
+    // Rows of o no (token, head) reads (chunk padding) get zero gradient, written by a pass over
+    // those rows alone; a permutation of o's rows writes every one.
+    auto d_o = torch::empty_like(o);
+    if (row.defined() && rows.N != o.size(0)) {
+      auto named = torch::empty({o.size(0)}, o.options().dtype(torch::kUInt8));
+      check_kernel_launch(kernels::zero_unnamed_rows_f32(d_o.data_ptr<float>(), o.size(0), o.size(1),
+                                                         row.data_ptr<int32_t>(), row.numel(), named.data_ptr<uint8_t>(),
+                                                         stream_of(o)),
+                          "gated RMSNorm backward: padding rows");
+    }
     auto dz = gradient_like_slice(z);
     auto partial = torch::empty({kernels::gated_rmsnorm_backward_partial_rows(rows.N), rows.D},
                                 o.options().dtype(torch::kFloat32));

@@ -15,6 +15,7 @@
 #include "kernels/column_sum.h"
 #include "kernels/gated_rmsnorm.h"
 #include "kernels/rmsnorm_train.h"
+#include "kernels/zero_rows.h"
 #include "model/decoder_lm.h"
 #include "model/fp8_linear.h"
 #include "model/fp8_swiglu_mlp.h"
@@ -1081,6 +1082,37 @@ TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
     }
   }
   kernels::gated_rmsnorm_register_rows(true);
+}
+
+// The padding rows' zero fill of the output norm's backward (kernels/zero_rows.h): on a matrix full
+// of 7s, exactly the rows the map does not name become 0 and every named row keeps its 7s; widths
+// with and without 4-column vectors, a map naming every row, none, and with repeats.
+TEST(FusedOpsCuda, ZeroUnnamedRowsTouchesOnlyThoseRows) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(48);
+  auto i64 = torch::TensorOptions().dtype(torch::kInt64).device(torch::kCUDA);
+  struct Case {
+    int64_t M, D, n;
+  };
+  for (const Case c : {Case{100992 / 8, 256, 100992 / 8 - 336}, Case{1000, 37, 993}, Case{77, 4, 77}, Case{65, 12, 0},
+                       Case{300, 96, 1}}) {
+    auto x = torch::full({c.M, c.D}, 7.0f, i64.dtype(torch::kFloat32));
+    auto perm = torch::randperm(c.M, i64);
+    auto row_of = perm.narrow(0, 0, c.n).to(torch::kInt32);
+    if (c.n > 1) row_of = torch::cat({row_of, row_of.narrow(0, 0, c.n / 2)});  // repeats are allowed
+    auto named = torch::empty({c.M}, i64.dtype(torch::kUInt8));
+    model::check_kernel_launch(kernels::zero_unnamed_rows_f32(x.data_ptr<float>(), c.M, c.D, row_of.data_ptr<int32_t>(),
+                                                              row_of.numel(), named.data_ptr<uint8_t>(), model::stream_of(x)),
+                               "zero_unnamed_rows_f32");
+    const std::string what = "M" + std::to_string(c.M) + " D" + std::to_string(c.D) + " n" + std::to_string(c.n);
+    auto kept = x.index_select(0, perm.narrow(0, 0, c.n)), zeroed = x.index_select(0, perm.narrow(0, c.n, c.M - c.n));
+    if (c.n > 0) {
+      EXPECT_TRUE((kept == 7.0f).all().item<bool>()) << what;
+    }
+    if (c.n < c.M) {
+      EXPECT_EQ(zeroed.abs().max().item<float>(), 0.f) << what;
+    }
+  }
 }
 
 // The Gated DeltaNet's L2Norm kernel against the ATen formula: x a column slice of a wider

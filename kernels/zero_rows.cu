@@ -1,0 +1,61 @@
+// zero_unnamed_rows_f32: a byte per row marks the named ones; then each warp reads 32 rows' marks at
+// once and zeroes only the unnamed rows among them, the whole warp on one row at a time (most warps
+// find none and leave after one load).
+#include <cuda_runtime.h>
+
+#include "kernels/zero_rows.h"
+
+namespace kernels {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void mark_named_rows_kernel(uint8_t* named, const int32_t* row_of, int64_t n) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    named[row_of[i]] = 1;
+}
+
+template <bool kVec4>
+__global__ void zero_unnamed_rows_kernel(float* x, int64_t M, int64_t D, const uint8_t* named) {
+  const int lane = threadIdx.x % 32;
+  const int64_t first = (int64_t{blockIdx.x} * (kThreads / 32) + threadIdx.x / 32) * 32;
+  if (first >= M) return;
+  const bool unnamed = first + lane < M && named[first + lane] == 0;
+  unsigned todo = __ballot_sync(0xffffffffu, unnamed);
+  while (todo != 0) {
+    const int j = __ffs(todo) - 1;
+    todo &= todo - 1;
+    float* row = x + (first + j) * D;
+    if (kVec4) {
+      for (int64_t c = int64_t{lane} * 4; c < D; c += 32 * 4)
+        *reinterpret_cast<float4*>(row + c) = make_float4(0.f, 0.f, 0.f, 0.f);
+    } else {
+      for (int64_t c = lane; c < D; c += 32) row[c] = 0.f;
+    }
+  }
+}
+
+unsigned blocks_for(int64_t work) {
+  const int64_t b = (work + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 132 * 16 ? b : 132 * 16);
+}
+
+}  // namespace
+
+int zero_unnamed_rows_f32(float* x, int64_t M, int64_t D, const int32_t* row_of, int64_t n, uint8_t* named,
+                          void* stream) {
+  if (M == 0 || D == 0) return 0;
+  auto st = static_cast<cudaStream_t>(stream);
+  cudaError_t e = cudaMemsetAsync(named, 0, static_cast<size_t>(M), st);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  if (n > 0) mark_named_rows_kernel<<<blocks_for(n), kThreads, 0, st>>>(named, row_of, n);
+  // One warp per 32 rows.
+  const unsigned grid = static_cast<unsigned>((M + kThreads - 1) / kThreads);
+  const bool vec4 = D % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  if (vec4) zero_unnamed_rows_kernel<true><<<grid, kThreads, 0, st>>>(x, M, D, named);
+  else zero_unnamed_rows_kernel<false><<<grid, kThreads, 0, st>>>(x, M, D, named);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace kernels
