@@ -12,7 +12,8 @@ namespace {
 
 constexpr int kCols = 32, kGroups = 32;
 
-__global__ void __launch_bounds__(kCols * kGroups) column_sum_kernel(float* out, const float* in, int64_t R, int64_t C) {
+__global__ void __launch_bounds__(kCols * kGroups) column_sum_kernel(float* out, const float* in, int64_t R, int64_t C,
+                                                                             float scale) {
   __shared__ float part[kGroups][kCols + 1];
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kCols + threadIdx.x;
   const int g = threadIdx.y;
@@ -32,16 +33,16 @@ __global__ void __launch_bounds__(kCols * kGroups) column_sum_kernel(float* out,
   if (g == 0 && col < C) {
     float s = 0.f;
     for (int k = 0; k < kGroups; ++k) s += part[k][threadIdx.x];
-    out[col] = s;
+    out[col] = s * scale;
   }
 }
 
 }  // namespace
 
-int column_sum_f32(float* out, const float* in, int64_t R, int64_t C, void* stream) {
+int column_sum_f32(float* out, const float* in, int64_t R, int64_t C, void* stream, float scale) {
   if (C == 0) return 0;
   const unsigned grid = static_cast<unsigned>((C + kCols - 1) / kCols);
-  column_sum_kernel<<<grid, dim3(kCols, kGroups), 0, static_cast<cudaStream_t>(stream)>>>(out, in, R, C);
+  column_sum_kernel<<<grid, dim3(kCols, kGroups), 0, static_cast<cudaStream_t>(stream)>>>(out, in, R, C, scale);
   return static_cast<int>(cudaGetLastError());
 }
 

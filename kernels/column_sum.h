@@ -9,8 +9,9 @@
 namespace kernels {
 
 #ifdef DD_HAVE_CUDA
-// in [R, C] fp32 contiguous, out [C] fp32. Returns the cudaError_t of the launch (0 = success).
-int column_sum_f32(float* out, const float* in, int64_t R, int64_t C, void* stream);
+// in [R, C] fp32 contiguous, out [C] fp32, each sum multiplied by `scale` (1/N for a mean over N
+// items). Returns the cudaError_t of the launch (0 = success).
+int column_sum_f32(float* out, const float* in, int64_t R, int64_t C, void* stream, float scale = 1.f);
 #endif
 
 }  // namespace kernels

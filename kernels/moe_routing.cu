@@ -28,71 +28,87 @@ __device__ __forceinline__ unsigned prob_key(float p) { return isnan(p) ? 0xffff
 template <int PER>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     router_topk_forward_kernel(const float* __restrict__ logits, float* __restrict__ probs, int64_t* __restrict__ idx,
-                               float* __restrict__ w, int64_t N, int E, int k, bool norm) {
-  const int lane = threadIdx.x % 32;
-  const int64_t t = int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32;
-  if (t >= N) return;
-  const float* row = logits + t * E;
-  float p[PER];
-  float m = -INFINITY;
+                               float* __restrict__ w, float* __restrict__ prob_sums, int64_t N, int E, int k,
+                               bool norm) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float acc[PER];  // this lane's experts' probabilities summed over the warp's tokens
 #pragma unroll
-  for (int i = 0; i < PER; ++i) {
-    const int e = lane + 32 * i;
-    p[i] = e < E ? row[e] : -INFINITY;
-    m = fmaxf(m, p[i]);
-  }
-  m = warp_max(m);
-  float s = 0.f;
-#pragma unroll
-  for (int i = 0; i < PER; ++i) {
-    const int e = lane + 32 * i;
-    p[i] = e < E ? expf(p[i] - m) : 0.f;
-    s += p[i];
-  }
-  const float inv = 1.f / warp_sum(s);
-#pragma unroll
-  for (int i = 0; i < PER; ++i) {
-    const int e = lane + 32 * i;
-    p[i] *= inv;
-    if (e < E) probs[t * E + e] = p[i];
-  }
-  // The k largest, one by one: each lane offers its best untaken expert, the warp keeps the
-  // largest (ties to the lower expert), its owner marks it taken. Lane j keeps pick j.
-  unsigned taken = 0;
-  float total = 0.f, mine_p = 0.f;
-  int mine_e = 0;
-  for (int j = 0; j < k; ++j) {
-    unsigned best = 0;
-    int be = INT_MAX;
+  for (int i = 0; i < PER; ++i) acc[i] = 0.f;
+  for (int64_t t = int64_t{blockIdx.x} * kWarpsPerBlock + warp; t < N; t += int64_t{gridDim.x} * kWarpsPerBlock) {
+    const float* row = logits + t * E;
+    float p[PER];
+    float m = -INFINITY;
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
       const int e = lane + 32 * i;
-      const unsigned key = prob_key(p[i]);
-      if (e < E && !((taken >> i) & 1u) && (key > best || (key == best && e < be))) {
-        best = key;
-        be = e;
+      p[i] = e < E ? row[e] : -INFINITY;
+      m = fmaxf(m, p[i]);
+    }
+    m = warp_max(m);
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      const int e = lane + 32 * i;
+      p[i] = e < E ? expf(p[i] - m) : 0.f;
+      s += p[i];
+    }
+    const float inv = 1.f / warp_sum(s);
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      const int e = lane + 32 * i;
+      p[i] *= inv;
+      acc[i] += p[i];
+      if (e < E) probs[t * E + e] = p[i];
+    }
+    // The k largest, one by one: each lane offers its best untaken expert, the warp keeps the
+    // largest (ties to the lower expert), its owner marks it taken. Lane j keeps pick j.
+    unsigned taken = 0;
+    float total = 0.f, mine_p = 0.f;
+    int mine_e = 0;
+    for (int j = 0; j < k; ++j) {
+      unsigned best = 0;
+      int be = INT_MAX;
+#pragma unroll
+      for (int i = 0; i < PER; ++i) {
+        const int e = lane + 32 * i;
+        const unsigned key = prob_key(p[i]);
+        if (e < E && !((taken >> i) & 1u) && (key > best || (key == best && e < be))) {
+          best = key;
+          be = e;
+        }
+      }
+      for (int off = 16; off > 0; off >>= 1) {
+        const unsigned ob = __shfl_xor_sync(0xffffffffu, best, off);
+        const int oe = __shfl_xor_sync(0xffffffffu, be, off);
+        if (ob > best || (ob == best && oe < be)) {
+          best = ob;
+          be = oe;
+        }
+      }
+      // k ≤ E, so some untaken expert exists and be < E.
+      if (be % 32 == lane) taken |= 1u << (be / 32);
+      const float pb = __uint_as_float(best);  // the key's bits are the probability (NaN stays NaN)
+      total += pb;
+      if (lane == j) {
+        mine_p = pb;
+        mine_e = be;
       }
     }
-    for (int off = 16; off > 0; off >>= 1) {
-      const unsigned ob = __shfl_xor_sync(0xffffffffu, best, off);
-      const int oe = __shfl_xor_sync(0xffffffffu, be, off);
-      if (ob > best || (ob == best && oe < be)) {
-        best = ob;
-        be = oe;
-      }
-    }
-    // k ≤ E, so some untaken expert exists and be < E.
-    if (be % 32 == lane) taken |= 1u << (be / 32);
-    const float pb = __uint_as_float(best);  // the key's bits are the probability (NaN stays NaN)
-    total += pb;
-    if (lane == j) {
-      mine_p = pb;
-      mine_e = be;
+    if (lane < k) {
+      idx[t * k + lane] = mine_e;
+      w[t * k + lane] = norm ? mine_p / total : mine_p;
     }
   }
-  if (lane < k) {
-    idx[t * k + lane] = mine_e;
-    w[t * k + lane] = norm ? mine_p / total : mine_p;
+  if (prob_sums == nullptr) return;
+  // The block's sum per expert, its warps added in order (no atomics: the same bits every run).
+  __shared__ float part[kWarpsPerBlock][PER * 32];
+#pragma unroll
+  for (int i = 0; i < PER; ++i) part[warp][lane + 32 * i] = acc[i];
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    float sum = 0.f;
+    for (int j = 0; j < kWarpsPerBlock; ++j) sum += part[j][e];
+    prob_sums[int64_t{blockIdx.x} * E + e] = sum;
   }
 }
 
@@ -249,15 +265,26 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 
 unsigned warp_blocks(int64_t rows) { return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
+// The router's forward blocks: a token a warp, up to one full wave of the H100 (8 blocks of 8 warps
+// on each of 132 SMs); past that the warps take several tokens each, so the per-block probability
+// sums stay few for the column sum that adds them.
+constexpr int64_t kRouterMaxBlocks = 132 * 8;
+
 }  // namespace
 
-int moe_router_topk_forward(const float* logits, float* probs, int64_t* idx, float* w, int64_t N, int64_t E,
-                            int64_t k, bool norm, void* stream) {
+int64_t moe_router_prob_sum_rows(int64_t N) {
+  const int64_t blocks = (N + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  return blocks < kRouterMaxBlocks ? blocks : kRouterMaxBlocks;
+}
+
+int moe_router_topk_forward(const float* logits, float* probs, int64_t* idx, float* w, float* prob_sums, int64_t N,
+                            int64_t E, int64_t k, bool norm, void* stream) {
   if (!moe_router_supports(E, k) || N < 1) return static_cast<int>(cudaErrorInvalidValue);
   auto st = static_cast<cudaStream_t>(stream);
   dispatch_per_lane(E, [&](auto per) {
-    router_topk_forward_kernel<decltype(per)::value><<<warp_blocks(N), kWarpsPerBlock * 32, 0, st>>>(
-        logits, probs, idx, w, N, static_cast<int>(E), static_cast<int>(k), norm);
+    router_topk_forward_kernel<decltype(per)::value>
+        <<<static_cast<unsigned>(moe_router_prob_sum_rows(N)), kWarpsPerBlock * 32, 0, st>>>(
+            logits, probs, idx, w, prob_sums, N, static_cast<int>(E), static_cast<int>(k), norm);
   });
   return static_cast<int>(cudaGetLastError());
 }

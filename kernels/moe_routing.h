@@ -34,9 +34,13 @@ inline int64_t moe_order_scratch_ints(int64_t pairs, int64_t E) {
 #ifdef DD_HAVE_CUDA
 // logits [N, E] fp32 -> probs [N, E] = softmax(logits); idx [N, k] int64, the k largest probs in
 // descending order (ties to the lower expert); w [N, k] fp32 = those probs, divided by their sum
-// when `norm`. Returns the cudaError_t of the launch (0 = success).
-int moe_router_topk_forward(const float* logits, float* probs, int64_t* idx, float* w, int64_t N, int64_t E,
-                            int64_t k, bool norm, void* stream);
+// when `norm`. prob_sums: null, or [moe_router_prob_sum_rows(N), E] fp32, each row the sum of probs
+// over a fixed set of tokens (the rows add up to probs' column sums: the aux loss's mean over
+// tokens, with kernels/column_sum.h, in place of a pass over probs). Returns the cudaError_t of the
+// launch (0 = success).
+int moe_router_topk_forward(const float* logits, float* probs, int64_t* idx, float* w, float* prob_sums, int64_t N,
+                            int64_t E, int64_t k, bool norm, void* stream);
+int64_t moe_router_prob_sum_rows(int64_t N);
 
 // The backward of the forward above: dlogits [N, E] fp32 from dw [N, k] (null: zero) and dprobs
 // (null: zero; row t at dprobs + t · dprobs_row_stride, so a stride of 0 takes the broadcast

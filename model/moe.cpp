@@ -107,7 +107,7 @@ MoERouting MoEImpl::route(const torch::Tensor& u2) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   auto logits = torch::matmul(as_dtype(u2, rt), as_dtype(router, rt).t());  // [N,E]
   auto top = router_topk(logits, k_, norm_topk_);  // softmax, top-k, renormalised (model/moe_router.h)
-  return {top.probs, top.idx, top.w};
+  return {top.probs, top.idx, top.w, top.mean_probs};
 }
 
 torch::Tensor MoEImpl::aux_loss(const MoERouting& r) const {
@@ -119,7 +119,7 @@ torch::Tensor MoEImpl::aux_loss(const MoERouting& r, const torch::Tensor& counts
   // f_e counts assignments: integer counts, so no gradient can flow through it.
   auto counts = counts_per_expert.to(r.probs.scalar_type());  // [E]
   auto f = counts * (static_cast<double>(E_) / static_cast<double>(k_ * std::max<int64_t>(N, 1)));
-  auto P = r.probs.mean(0);                                                                       // [E]
+  auto P = r.mean_probs.defined() ? r.mean_probs : r.probs.mean(0);                              // [E]
   return alpha_ * (f * P).sum();
 }
 

@@ -22,6 +22,7 @@ struct MoERouting {
   torch::Tensor probs;     // [N,E] softmax of the router logits, fp32 (fp64 for fp64 u)
   torch::Tensor topk_idx;  // [N,k] int64, k distinct experts per token
   torch::Tensor topk_w;    // [N,k] γ, renormalised to sum 1 when norm_topk; dtype of probs
+  torch::Tensor mean_probs;  // [E] probs averaged over the tokens (the aux loss's P); dtype of probs
 };
 
 class MoEImpl : public torch::nn::Module {

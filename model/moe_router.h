@@ -12,11 +12,12 @@ struct RouterTopK {
   torch::Tensor probs;  // [N, E] softmax of the logits, in their dtype
   torch::Tensor idx;    // [N, k] int64, the k most probable experts in descending order
   torch::Tensor w;      // [N, k] their probabilities, divided by their sum when norm
+  torch::Tensor mean_probs;  // [E] probs averaged over the N tokens (the aux loss's P)
 };
 
-// logits [N, E] (N > 0, 1 ≤ k ≤ E). Differentiable in the logits through probs and w.
+// logits [N, E] (N > 0, 1 ≤ k ≤ E). Differentiable in the logits through probs, w and mean_probs.
 RouterTopK router_topk(const torch::Tensor& logits, int64_t k, bool norm);
-// The same as ATen ops (torch::softmax, torch::topk, a sum and a division).
+// The same as ATen ops (torch::softmax, torch::topk, a sum and a division, and probs.mean(0)).
 RouterTopK router_topk_reference(const torch::Tensor& logits, int64_t k, bool norm);
 
 }  // namespace model

@@ -33,13 +33,15 @@ TEST(MoERoutingCuda, RouterTopKMatchesTheReference) {
   struct Case {
     int64_t N, E, k;
   };
-  const Case cases[] = {{4096, 64, 6}, {300, 37, 3}, {129, 256, 16}, {77, 200, 8}, {5, 1, 1}, {9, 16, 16}, {1, 33, 2}};
+  // 16384 tokens: more than one wave of the forward's blocks, so its warps take several tokens each.
+  const Case cases[] = {{16384, 64, 6}, {4096, 64, 6}, {300, 37, 3}, {129, 256, 16}, {77, 200, 8}, {5, 1, 1}, {9, 16, 16}, {1, 33, 2}};
   auto opt = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
   double worst_fwd = 0, worst_bwd = 0;
   for (const Case& c : cases) {
     for (const bool norm : {true, false}) {
-      // 0: dw only; 1: dw and the aux loss's mean over tokens; 2: dw and a random dprobs.
-      for (int grads = 0; grads < 3; ++grads) {
+      // 0: dw only; 1: dw and the aux loss's mean over tokens (mean_probs); 2: dw and a random dprobs;
+      // 3: all three.
+      for (int grads = 0; grads < 4; ++grads) {
         const std::string what = "N=" + std::to_string(c.N) + " E=" + std::to_string(c.E) +
                                   " k=" + std::to_string(c.k) + " norm=" + std::to_string(norm) +
                                   " grads=" + std::to_string(grads);
@@ -51,8 +53,9 @@ TEST(MoERoutingCuda, RouterTopKMatchesTheReference) {
           auto logits = logits0.clone().requires_grad_(true);
           auto r = kernel ? model::router_topk(logits, c.k, norm) : model::router_topk_reference(logits, c.k, norm);
           auto loss = (r.w * dw).sum();
-          if (grads == 1) loss = loss + (r.probs.mean(0) * coef).sum();
+          if (grads == 1) loss = loss + (r.mean_probs * coef).sum();
           if (grads == 2) loss = loss + (r.probs * dprobs).sum();
+          if (grads == 3) loss = loss + (r.mean_probs * coef).sum() + (r.probs * dprobs).sum();
           loss.backward();
           dlogits = logits.grad();
           return r;
@@ -70,6 +73,8 @@ TEST(MoERoutingCuda, RouterTopKMatchesTheReference) {
         ASSERT_GT(clear.sum().item<int64_t>(), c.N / 2) << what;
         auto rows = clear.nonzero().squeeze(1);
         const double e_p = max_abs_diff(got.probs, want.probs);
+        // The mean over tokens from the kernel's block sums: fp32 sums in another order.
+        EXPECT_LT(max_abs_diff(got.mean_probs, want.mean_probs), 1e-6) << what;
         const double e_w = max_abs_diff(got.w.index_select(0, rows), want.w.index_select(0, rows));
         const double e_d = max_abs_diff(dk.index_select(0, rows), dr.index_select(0, rows)) /
                            std::max(dr.abs().max().item<double>(), 1e-30);
