@@ -34,7 +34,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 const int64_t* index_or_null(const torch::Tensor& index) {
-  return index.defined() ? index.data_ptr<int64_t>() : nullptr;
+  return index.numel() > 0 ? index.data_ptr<int64_t>() : nullptr;
 }
 
 class FusedSwigluFn : public torch::autograd::Function<FusedSwigluFn> {
@@ -69,7 +69,8 @@ class FusedSwigluFn : public torch::autograd::Function<FusedSwigluFn> {
 
 class FusedSwigluWeightedFn : public torch::autograd::Function<FusedSwigluWeightedFn> {
  public:
-  // w_index: undefined (row n reads w[n]) or a contiguous int64 permutation.
+  // w_index: empty (row n reads w[n]; autograd takes no undefined tensor argument) or a contiguous
+  // int64 permutation.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gu, const torch::Tensor& w,
                                const torch::Tensor& w_index) {
     auto g2 = gu.contiguous();
@@ -115,7 +116,8 @@ torch::Tensor swiglu_weighted(const torch::Tensor& gu, const torch::Tensor& w, c
   kernels::DType dt{};
   if (gu.is_cuda() && gu.numel() > 0 && kernel_dtype(gu.scalar_type(), dt) && w.scalar_type() == torch::kFloat32 &&
       w.device() == gu.device())
-    return FusedSwigluWeightedFn::apply(gu, w, w_index.defined() ? w_index.contiguous() : w_index);
+    return FusedSwigluWeightedFn::apply(gu, w, w_index.defined() ? w_index.contiguous()
+                                                                 : torch::empty({0}, w.options().dtype(torch::kInt64)));
 #endif
   return swiglu_weighted_reference(gu, w, w_index);
 }
