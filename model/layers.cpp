@@ -318,8 +318,10 @@ class HeadsToTokensFn : public torch::autograd::Function<HeadsToTokensFn> {
     const int64_t B = g.size(0), T = g.size(1), dv = g.size(2) / H;
     auto g4 = g.reshape({B, T, H, dv});  // a view unless autograd handed over odd strides
     if (dv == D) return {g4.transpose(1, 2), torch::Tensor()};
-    auto dout = torch::constant_pad_nd(g4, {0, D - dv});  // [B,T,H,D]: zero columns after dv, one pass
-    return {dout.transpose(1, 2), torch::Tensor()};        // [B,H,T,D] over [B,T,H,D] memory
+    auto dout = torch::empty({B, T, H, D}, g.options());
+    dout.narrow(-1, dv, D - dv).zero_();
+    dout.narrow(-1, 0, dv).copy_(g4);
+    return {dout.transpose(1, 2), torch::Tensor()};  // [B,H,T,D] over [B,T,H,D] memory
   }
 };
 
