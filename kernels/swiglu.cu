@@ -61,15 +61,13 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   if (n >= N) return;
   const int lane = threadIdx.x % 32;
   const int64_t wi = w_index != nullptr ? w_index[n] : n;
+  const float wn = w[wi];
   float dot = 0.f;
   for (int64_t f = int64_t{lane} * V; f < F; f += 32 * V) {
     Vec<T, V> g, u, d, dg, du;
     g.load(gu + n * ld + f);
     u.load(gu + n * ld + F + f);
     d.load(dh + n * F + f);
-    // Read after the row's loads are issued: through w_index it waits on another load first, and
-    // the row's work (one 16-byte vector a lane at the MoE's F = 256) is too short to hide that.
-    const float wn = w[wi];
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       dot += d.get(k) * swiglu_value(g.get(k), u.get(k));
