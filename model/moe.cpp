@@ -119,7 +119,7 @@ torch::Tensor MoEImpl::aux_loss(const MoERouting& r, const torch::Tensor& counts
   // f_e counts assignments: integer counts, so no gradient can flow through it.
   auto counts = counts_per_expert.to(r.probs.scalar_type());  // [E]
   auto f = counts * (static_cast<double>(E_) / static_cast<double>(k_ * std::max<int64_t>(N, 1)));
-  auto P = r.mean_probs.defined() ? r.mean_probs : r.probs.mean(0);                              // [E]
+  const auto& P = r.mean_probs;                                                                   // [E]
   return alpha_ * (f * P).sum();
 }
 
