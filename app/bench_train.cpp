@@ -26,6 +26,7 @@
 #include "model/gdr_scan.h"
 #include "model/gdr_state_grads.h"
 #include "model/expert_product.h"
+#include "model/grad_square_sums.h"
 #include "model/mixed_linear.h"
 #include "model/moe.h"
 #include "model/moe_dispatch.h"
@@ -111,6 +112,7 @@ int bench_train(const BenchTrainArgs& a) {
       {"--expert-weights", &a.expert_weights, {"in-place", "autograd"}},
       {"--moe-inputs", &a.moe_inputs, {"fused", "separate"}},
       {"--moe-weights", &a.moe_weights, {"swiglu", "combine"}},
+      {"--grad-norm", &a.grad_norm, {"producers", "read"}},
   };
   for (const auto& [flag, value, choices] : switches) {
     if (std::find(choices.begin(), choices.end(), *value) != choices.end()) continue;
@@ -130,6 +132,7 @@ int bench_train(const BenchTrainArgs& a) {
   model::expert_products(a.expert_weights == "in-place");
   model::moe_inputs_fusion(a.moe_inputs == "fused");
   model::moe_router_weights_in_swiglu(a.moe_weights == "swiglu");
+  model::producer_grad_square_sums(a.grad_norm == "producers");
   {
     int64_t piece_rows = -1;
     if (a.expert_grad_pieces == "off") {
@@ -304,6 +307,7 @@ int bench_train(const BenchTrainArgs& a) {
   j["expert_weights"] = a.expert_weights;
   j["moe_inputs"] = a.moe_inputs;
   j["moe_weights"] = a.moe_weights;
+  j["grad_norm"] = a.grad_norm;
   j["expert_grad_pieces"] = a.expert_grad_pieces;
   j["devices"] = a.devices;
   j["device"] = device;

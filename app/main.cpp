@@ -218,6 +218,11 @@ int main(int argc, char** argv) {
                               "swiglu | combine: the MoE layer applies its router weights in the experts' SwiGLU, so "
                               "the combine is a plain sum whose backward is a gather, or in the combine (to measure it)")
       ->capture_default_str();
+  bench_train_cmd->add_option("--grad-norm", bench_train.grad_norm,
+                              "producers | read: the clipping norm takes the sums of squares that the kernels writing "
+                              "gradients (the MoE experts') computed as they wrote them, or reads every gradient again "
+                              "(to measure it)")
+      ->capture_default_str();
   bench_train_cmd->add_option("--expert-grad-pieces", bench_train.expert_grad_pieces,
                               "auto | off | ROWS: the MoE experts' weight-gradient product cuts each expert's rows into "
                               "pieces of at most ROWS (auto: twice the mean rows per expert) so an overloaded expert's "

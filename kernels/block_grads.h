@@ -25,7 +25,22 @@ struct GradBlocks {
   // the fp32 sum of pieces piece_first[e] .. piece_first[e] + piece_count[e] − 1 (zero for none).
   const int32_t* piece_first = nullptr;
   const int32_t* piece_count = nullptr;
+  // When set (device memory, fp64 [scatter_block_grads_grid(g), n]): block b of the launch writes
+  // row b, the sum of squares of the values it wrote into each destination (the gradient as it now
+  // stands, after any add). Their column sums are each weight's ‖grad‖², so the clipping norm need
+  // not read these gradients again (model/grad_square_sums.h). Every row is written.
+  double* square_partials = nullptr;
 };
+
+// The launch's block count (the rows of square_partials): one block per 2048 elements, at most
+// 4096, at least 1.
+inline int64_t scatter_block_grads_grid(const GradBlocks& g) {
+  int64_t total = 0;
+  for (int i = 0; i < g.n && i < GradBlocks::kMax; ++i) total += g.rows[i] * g.cols;
+  total *= g.experts;
+  const int64_t grid = (total + 2047) / 2048;
+  return grid < 1 ? 1 : (grid > 4096 ? 4096 : grid);
+}
 
 #ifdef DD_HAVE_CUDA
 // src [experts, Σ rows_i, cols] (or [pieces, Σ rows_i, cols]) contiguous in `src_dt` (BF16 or F16)

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/grad_square_sums.h"
 #include "model/grouped_linear.h"
 #include "model/mixed_linear.h"
 #include "model/weight_shadow.h"
@@ -135,7 +136,17 @@ void scatter_weight_grads(std::vector<at::Tensor>& weights, const ExpertWeightGr
       b.rows[i] = weights[i].size(1);
       b.add[i] = dest[i].add;
     }
+    // The clipping norm's sums of squares, taken as the gradients are written (model/grad_square_sums.h).
+    at::Tensor partials;
+    if (grad_square_sums_collecting(dw.device())) {
+      partials = torch::empty({kernels::scatter_block_grads_grid(b), b.n}, dw.options().dtype(torch::kFloat64));
+      b.square_partials = partials.data_ptr<double>();
+    }
     check_kernel_launch(kernels::scatter_block_grads(dw.data_ptr(), src_dt, b, stream_of(dw)), "expert weight gradients");
+    if (partials.defined()) {
+      const auto sums = partials.sum(0);
+      for (int i = 0; i < b.n; ++i) record_grad_square_sum(weights[i], sums[i]);
+    }
     return;
   }
 #endif

@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "model/grad_square_sums.h"
+
 namespace trainer {
 
 std::vector<at::Tensor> defined_grads(const std::vector<at::Tensor>& params) {
@@ -17,7 +19,7 @@ namespace {
 
 // Σ‖g‖² in fp64 on the gradients' device. On a GPU each tensor's norm is one fused multi-tensor
 // kernel (a tree reduction, accurate to fp32 rounding); on the CPU the pairwise `sum` of squares.
-at::Tensor sum_of_squares(const std::vector<at::Tensor>& grads) {
+at::Tensor sum_of_squares_read(const std::vector<at::Tensor>& grads) {
   if (grads.front().is_cuda()) {
     auto norms = torch::stack(at::_foreach_norm(grads, 2)).to(torch::kFloat64);
     return norms.pow(2).sum();
@@ -27,13 +29,32 @@ at::Tensor sum_of_squares(const std::vector<at::Tensor>& grads) {
   return torch::stack(sums).sum();
 }
 
+// Σ‖g‖² over the params' defined gradients: the sums their producers recorded where still valid
+// (model/grad_square_sums.h), the rest read. At least one gradient is defined.
+at::Tensor sum_of_squares(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> read, recorded;
+  for (const auto& p : params) {
+    if (!p.grad().defined()) continue;
+    auto s = model::recorded_grad_square_sum(p);
+    if (s.defined()) recorded.push_back(s);
+    else read.push_back(p.grad());
+  }
+  at::Tensor total;
+  if (!read.empty()) total = sum_of_squares_read(read);
+  if (!recorded.empty()) {
+    auto r = torch::stack(recorded).sum();
+    total = total.defined() ? total + r : r;
+  }
+  return total;
+}
+
 }  // namespace
 
 at::Tensor clip_grad_norm_async(const std::vector<at::Tensor>& params, double max_norm) {
   torch::NoGradGuard no_grad;
   auto grads = defined_grads(params);
   if (grads.empty()) return torch::zeros({}, torch::kFloat64);
-  auto norm = sum_of_squares(grads).sqrt();
+  auto norm = sum_of_squares(params).sqrt();
   if (std::isfinite(max_norm)) {
     // min(1, max_norm / (norm + 1e-6)): multiplying by exactly 1 leaves a small gradient untouched.
     auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0).to(grads.front().scalar_type());
@@ -47,7 +68,7 @@ std::pair<at::Tensor, at::Tensor> grad_norm_and_clip_divisor_async(const std::ve
   torch::NoGradGuard no_grad;
   auto grads = defined_grads(params);
   if (grads.empty()) return {torch::zeros({}, torch::kFloat64), at::Tensor()};
-  auto norm = sum_of_squares(grads).sqrt();
+  auto norm = sum_of_squares(params).sqrt();
   if (!std::isfinite(max_norm)) return {norm, at::Tensor()};
   // The same coefficient as clip_grad_norm_async; its reciprocal is exactly 1 when it is.
   auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0).to(torch::kFloat);
@@ -58,7 +79,7 @@ double global_grad_norm(const std::vector<at::Tensor>& params) {
   torch::NoGradGuard no_grad;
   auto grads = defined_grads(params);
   if (grads.empty()) return 0;
-  return std::sqrt(sum_of_squares(grads).item<double>());
+  return std::sqrt(sum_of_squares(params).item<double>());
 }
 
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {

@@ -2,6 +2,8 @@
 // tensor's fp32 `norm`, which on the CPU drifts by ~1e-4 relative on large skewed gradients (an
 // embedding's); here each tensor's sum of squares uses the pairwise `sum` and the total is formed in
 // fp64 (on a GPU: one fused per-tensor norm kernel, then fp64), so the plain, data-parallel and ZeRO-1 paths clip by the same number.
+// A gradient whose producer recorded its sum of squares while the trainer collected them
+// (model/grad_square_sums.h) is not read again: its recorded sum is taken while still valid.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -30,6 +30,7 @@
 
 #include "model/decoder_lm.h"
 #include "model/fp8_linear.h"
+#include "model/grad_square_sums.h"
 #include "model/linear.h"
 #include "model/mixed_linear.h"
 #include "kernels/gdr_scan.h"
@@ -212,6 +213,10 @@ class TrainLoop {
       opt_hidden_ = std::make_unique<AdamW>(hidden_params, hidden_decay, adam_opts);
     }
     scaler_ = std::make_unique<LossScaler>(scaler_options(cfg_.train));
+    // Kernels that write gradients may hand the clipping norm their sums of squares when nothing
+    // changes the gradients between backward and the norm: no all-reduce (one rank, no ZeRO-1), no
+    // unscaling (model/grad_square_sums.h).
+    grad_square_sums_from_producers_ = world == 1 && !zero_ && device_.is_cuda() && !scaler_->enabled();
     // Skip decisions are taken inside the step (before the update) where reading the loss and the
     // grad norm back costs nothing (CPU), is paid already (the loss scaler reads back), or is asked
     // for; on a GPU otherwise the values are judged one step late and a non-finite loss fails the run.
@@ -394,6 +399,7 @@ class TrainLoop {
     StepData fed;  // this step's batches, as the host counts them
     const int rank = comm_.rank();
     const int64_t number = step_ + 1;  // this step as logged and checkpointed
+    model::GradSquareSumsScope square_sums(device_, grad_square_sums_from_producers_);  // through the norm
     for (int64_t micro = 0; micro < cfg_.train.grad_accum; ++micro) {
       data::Batch b = loader_->next(&fed.wait_s);
       if (micro == 0) fault_point("forward", rank, number);
@@ -616,6 +622,7 @@ class TrainLoop {
   at::Tensor step_device_work(const std::vector<model::Positions>& own_positions) {
     const double accum = static_cast<double>(cfg_.train.grad_accum);
     at::Tensor loss_sum, aux_sum;
+    model::GradSquareSumsScope square_sums(device_, grad_square_sums_from_producers_);  // through the norm
     for (size_t micro = 0; micro < graph_inputs_.size(); ++micro) {
       const GraphInputs& in = *graph_inputs_[micro];
       const model::Positions& pos = own_positions[micro].pos.defined() ? own_positions[micro] : in.positions();
@@ -1058,6 +1065,7 @@ class TrainLoop {
   std::unique_ptr<GradBuckets> buckets_;  // several ranks without ZeRO-1: gradients averaged during backward
   std::unique_ptr<ShardedAdamW> zero_;  // run.zero1 with several ranks: replaces opt_
   bool weight_grads_in_place_ = false;   // forward passes open a model::WeightGradInPlaceScope
+  bool grad_square_sums_from_producers_ = false;  // steps open a model::GradSquareSumsScope
   std::unique_ptr<AdamW> opt_hidden_;   // mup_base_width > 0 with AdamW: the hidden matrices
   double hidden_lr_mult_ = 1.0;         // μP: mup_base_width / d_model, else 1
   double peak_tflops_ = 0, flops_per_token_ = 0;

@@ -17,6 +17,7 @@
 #include "kernels/block_grads.h"
 #include "kernels/expert_grad_pieces.h"
 #include "model/expert_product.h"
+#include "model/grad_square_sums.h"
 #include "model/grouped_linear.h"
 #include "model/kernel_dtype.h"
 #include "model/mixed_linear.h"
@@ -282,6 +283,48 @@ TEST(GroupedLinearCuda, ExpertProductMatchesTheAutogradPath) {
   model::clear_weight_shadows();
 }
 
+// While a step collects them (model/grad_square_sums.h), the experts' backward records each weight's
+// ‖grad‖² as its scatter wrote it: within 1e-6 of the fp64 sum after the first backward and after a
+// second that adds into .grad (grad accumulation), in pieces and unsplit; nothing outside a scope.
+TEST(GroupedLinearCuda, ExpertProductRecordsItsGradientsSquareSums) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  if (!model::grouped_mm_device_ok(0)) GTEST_SKIP() << "the device-offset grouped GEMM needs sm90/sm100";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 933);
+  const std::vector<int64_t> rows = {300, 0, 41, 1000, 64, 7};
+  const int64_t E = static_cast<int64_t>(rows.size()), K = 256, M = std::accumulate(rows.begin(), rows.end(), int64_t{0});
+  const at::Device gpu(torch::kCUDA, 0);
+  auto offsets = torch::tensor(rows, torch::kInt64).cumsum(0).to(torch::kInt32).to(gpu);
+  auto x = torch::randn({M, K}, torch::TensorOptions().device(gpu).dtype(torch::kBFloat16));
+  model::clear_weight_shadows();
+  for (const int64_t piece : {int64_t{0}, int64_t{-1}}) {
+    model::expert_grad_piece_rows(piece);
+    std::vector<torch::Tensor> w = {(torch::randn({E, 96, K}, gpu) / 8).requires_grad_(true),
+                                    (torch::randn({E, 32, K}, gpu) / 8).requires_grad_(true)};
+    auto backward = [&] {
+      model::WeightGradInPlaceScope scope;
+      ASSERT_TRUE(model::expert_product_applies(x, w, torch::kBFloat16));
+      model::expert_product(x, w, offsets, torch::kBFloat16).backward(torch::randn({M, 128}, x.options()));
+    };
+    {
+      model::GradSquareSumsScope collect(gpu, true);
+      for (int pass = 0; pass < 2; ++pass) {
+        backward();
+        for (size_t i = 0; i < w.size(); ++i) {
+          const auto got = model::recorded_grad_square_sum(w[i]);
+          ASSERT_TRUE(got.defined()) << "piece " << piece << " pass " << pass << " weight " << i;
+          const double want = w[i].grad().to(torch::kFloat64).pow(2).sum().item<double>();
+          EXPECT_NEAR(got.item<double>(), want, 1e-6 * want) << "piece " << piece << " pass " << pass << " weight " << i;
+        }
+      }
+    }
+    EXPECT_FALSE(model::recorded_grad_square_sum(w[0]).defined());
+    backward();  // outside a scope: nothing recorded
+    EXPECT_FALSE(model::recorded_grad_square_sum(w[0]).defined());
+  }
+  model::expert_grad_piece_rows(-1);
+  model::clear_weight_shadows();
+}
+
 // The pieces of the experts' rows (kernels/expert_grad_pieces.h) against the same cut on the host:
 // experts without rows (first, inside, last), rows that are and are not multiples of the piece, one
 // expert holding most rows, and the empty groups after the last piece ending where it ends.
@@ -326,7 +369,9 @@ TEST(GroupedLinearCuda, ExpertGradPiecesCutEachExpertsRows) {
 }
 
 // The gradient scatter kernel (kernels/block_grads.h) against narrow + cast (+ add) per block:
-// 16-byte runs and element by element (odd widths), written and added, several experts.
+// 16-byte runs and element by element (odd widths), written and added, several experts. Its square
+// partials: every row written, and the column sums within 1e-6 of each block's fp64 ‖grad‖² as
+// written (one case fills the 4096-block grid, so threads take more than one run).
 TEST(GroupedLinearCuda, BlockGradScatterMatchesNarrowAndCast) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 929);
@@ -335,7 +380,23 @@ TEST(GroupedLinearCuda, BlockGradScatterMatchesNarrowAndCast) {
     std::vector<int64_t> rows;
     int64_t C;
   };
-  const Case cases[] = {{4, {24, 16}, 40}, {1, {7}, 13}, {3, {5, 1, 9, 2}, 8}, {64, {64, 64}, 128}};
+  const Case cases[] = {{4, {24, 16}, 40}, {1, {7}, 13}, {3, {5, 1, 9, 2}, 8}, {64, {64, 64}, 128}, {16, {512, 512}, 640}};
+  // Partials [grid, n] for b, filled with NaN so a row the kernel skips shows.
+  auto square_partials_for = [](kernels::GradBlocks& b) {
+    auto p = torch::full({kernels::scatter_block_grads_grid(b), b.n}, NAN,
+                         torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat64));
+    b.square_partials = p.data_ptr<double>();
+    return p;
+  };
+  auto expect_square_sums = [](const torch::Tensor& partials, const std::vector<torch::Tensor>& written,
+                               const std::string& what) {
+    EXPECT_TRUE(torch::isfinite(partials).all().item<bool>()) << what << ": a row of partials was not written";
+    const auto sums = partials.sum(0).cpu();
+    for (size_t i = 0; i < written.size(); ++i) {
+      const double want = written[i].to(torch::kFloat64).pow(2).sum().item<double>();
+      EXPECT_NEAR(sums[static_cast<int64_t>(i)].item<double>(), want, 1e-6 * want) << what << " block " << i;
+    }
+  };
   for (const auto dt : {torch::kBFloat16, torch::kHalf}) {
     for (const Case& c : cases) {
       int64_t N = 0;
@@ -358,11 +419,13 @@ TEST(GroupedLinearCuda, BlockGradScatterMatchesNarrowAndCast) {
         b.add[i] = add;
         col += r;
       }
+      auto partials = square_partials_for(b);
       model::check_kernel_launch(kernels::scatter_block_grads(src.data_ptr(), dt == torch::kHalf ? kernels::DType::F16 : kernels::DType::BF16, b,
                                                               model::stream_of(src)),
                                  "scatter_block_grads");
       for (size_t i = 0; i < got.size(); ++i)
         EXPECT_TRUE(torch::equal(got[i], want[i])) << "E=" << c.E << " C=" << c.C << " block " << i;
+      expect_square_sums(partials, want, "E=" + std::to_string(c.E) + " C=" + std::to_string(c.C));
 
       // From pieces: expert e sums pieces first[e] .. first[e] + count[e] − 1 of a [G, N, C] source
       // in fp32 (none: zero). Pieces are visited in order, as the sum on the host adds them.
@@ -392,11 +455,13 @@ TEST(GroupedLinearCuda, BlockGradScatterMatchesNarrowAndCast) {
         b.add[i] = add;
         col += r;
       }
+      partials = square_partials_for(b);
       model::check_kernel_launch(kernels::scatter_block_grads(pieces.data_ptr(), dt == torch::kHalf ? kernels::DType::F16 : kernels::DType::BF16, b,
                                                               model::stream_of(src)),
                                  "scatter_block_grads from pieces");
       for (size_t i = 0; i < got.size(); ++i)
         EXPECT_TRUE(torch::allclose(got[i], want[i], 1e-6, 1e-6)) << "pieces E=" << c.E << " C=" << c.C << " block " << i;
+      expect_square_sums(partials, got, "pieces E=" + std::to_string(c.E) + " C=" + std::to_string(c.C));
     }
   }
 }

@@ -20,6 +20,7 @@
 #include "trainer/loss_scaler.h"
 #include "trainer/muon.h"
 #include "trainer/zero1.h"
+#include "model/grad_square_sums.h"
 
 TEST(LossScaler, FollowsGradScalerStateSequence) {
   trainer::LossScaler s({/*enabled=*/true, /*init_scale=*/8.0, 2.0, 0.5, /*growth_interval=*/3});
@@ -239,6 +240,44 @@ TEST(GradClip, AccurateGlobalNormAndClip) {
   EXPECT_NEAR(norm, exact, 1e-6 * exact);
   const double after = trainer::global_grad_norm({big, small});
   EXPECT_NEAR(after, 1.0, 1e-5);
+}
+
+// A gradient's sum of squares recorded by its producer (model/grad_square_sums.h) replaces reading
+// that gradient, only while collecting and only while the gradient is the one recorded: an ATen op
+// on it (version), a new tensor (data pointer), or the collection's end each send the norm back to
+// reading it. A recorded value that differs from the gradient's shows which one the norm took.
+TEST(GradClip, NormTakesRecordedSquareSumsWhileTheGradientIsUnchanged) {
+  const at::Device cpu(torch::kCPU);
+  auto a = torch::zeros({10}).requires_grad_(true);
+  auto b = torch::zeros({3}).requires_grad_(true);
+  a.mutable_grad() = torch::full({10}, 2.0f);  // ‖a.grad‖² = 40
+  b.mutable_grad() = torch::full({3}, 1.0f);   // ‖b.grad‖² = 3
+  const auto fake = torch::tensor(61.0, torch::kFloat64);  // stands in for 40: the norm becomes 8
+  model::record_grad_square_sum(a, fake);
+  EXPECT_FALSE(model::recorded_grad_square_sum(a).defined()) << "recorded while not collecting";
+  EXPECT_DOUBLE_EQ(trainer::global_grad_norm({a, b}), std::sqrt(43.0));
+  {
+    model::GradSquareSumsScope scope(cpu, true);
+    EXPECT_TRUE(model::grad_square_sums_collecting(cpu));
+    model::record_grad_square_sum(a, fake);
+    EXPECT_DOUBLE_EQ(trainer::global_grad_norm({a, b}), 8.0);
+    EXPECT_DOUBLE_EQ(trainer::global_grad_norm({b}), std::sqrt(3.0));  // only the params asked for
+    a.mutable_grad().mul_(1.0f);  // same values, new version
+    EXPECT_FALSE(model::recorded_grad_square_sum(a).defined());
+    EXPECT_DOUBLE_EQ(trainer::global_grad_norm({a, b}), std::sqrt(43.0));
+    model::record_grad_square_sum(a, fake);
+    a.mutable_grad() = torch::full({10}, 2.0f);  // another tensor
+    EXPECT_DOUBLE_EQ(trainer::global_grad_norm({a, b}), std::sqrt(43.0));
+    model::record_grad_square_sum(a, fake);
+    EXPECT_DOUBLE_EQ(trainer::clip_grad_norm({a, b}, INFINITY), 8.0);
+    EXPECT_THROW(model::record_grad_square_sum(a, torch::tensor(1.0f)), c10::Error);  // not fp64
+  }
+  EXPECT_FALSE(model::grad_square_sums_collecting(cpu));
+  EXPECT_FALSE(model::recorded_grad_square_sum(a).defined()) << "kept after the scope";
+  {
+    model::GradSquareSumsScope off(cpu, false);
+    EXPECT_FALSE(model::grad_square_sums_collecting(cpu));
+  }
 }
 
 // Clipping folded into AdamW: grad_norm_and_clip_divisor_async measures the same norm as

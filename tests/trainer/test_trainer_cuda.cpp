@@ -12,6 +12,7 @@
 #include <string>
 
 #include "model/fp8_linear.h"
+#include "model/grad_square_sums.h"
 #include "model/grouped_linear.h"
 #include "model/linear.h"
 #include "model/mixed_linear.h"
@@ -334,6 +335,42 @@ TEST(TrainerCuda, CudaGraphStepMatchesTheEagerStep) {
     EXPECT_LT(worst, 1e-2) << c.name;
     EXPECT_LT(worst_val, 1e-2) << c.name;
     EXPECT_LT(graph.losses.back(), graph.losses.front() - 1.0) << c.name << ": the replayed steps did not learn";
+  }
+}
+
+// The clipping norm from the MoE experts' recorded sums of squares (model/grad_square_sums.h)
+// against the norm that reads every gradient: a bf16 tiny-moe hybrid with two micro-batches a step
+// (the second backward adds into .grad), eager and as a CUDA graph. The first step's norms agree to
+// fp32 summation order (1e-5); later steps differ by the clip's rounding fed back through training
+// (loose bound); the sums were taken.
+TEST(TrainerCuda, GradNormFromRecordedSquareSumsMatchesReadingTheGradients) {
+  DD_REQUIRE_GPU();
+  if (!model::grouped_mm_device_ok(0)) GTEST_SKIP() << "the MoE grouped GEMM needs host counts on this GPU";
+  for (const char* graph : {"off", "on"}) {
+    TempDir dir;
+    auto cfg = make_config(dir, 12, {"run.devices=\"0\"", "train.precision=\"bf16\"", "model.family=\"hybrid\"",
+                                     "model.preset=\"tiny-moe\"", "model.L=3", "data.document_attention=false",
+                                     "train.grad_accum=2", "train.grad_clip=0.5",
+                                     std::string("train.cuda_graph=\"") + graph + "\""});
+    model::producer_grad_square_sums(false);
+    const int64_t taken_before = model::grad_square_sums_taken();
+    auto read = run(cfg, dir.path() + "/read");
+    EXPECT_EQ(model::grad_square_sums_taken(), taken_before) << graph;
+    model::producer_grad_square_sums(true);
+    auto recorded = run(cfg, dir.path() + "/recorded");
+    EXPECT_GT(model::grad_square_sums_taken(), taken_before) << graph << ": the norm never took a recorded sum";
+    ASSERT_EQ(read.ended.status, trainer::RunStatus::Finished) << read.ended.message;
+    ASSERT_EQ(recorded.ended.status, trainer::RunStatus::Finished) << recorded.ended.message;
+    const auto& a = read.metrics["grad_norm"];
+    const auto& b = recorded.metrics["grad_norm"];
+    ASSERT_EQ(a.size(), b.size());
+    ASSERT_FALSE(a.empty());
+    double worst = 0;
+    for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(b[i] - a[i]) / a[i]);
+    std::printf("graph %s: grad norm from recorded sums vs read: step 1 %.3e vs %.3e (%.1e), worst over %zu steps %.1e\n",
+                graph, b[0], a[0], std::abs(b[0] - a[0]) / a[0], a.size(), worst);
+    EXPECT_NEAR(b[0], a[0], 1e-5 * a[0]) << graph;
+    EXPECT_LT(worst, 1e-2) << graph;
   }
 }
 
