@@ -26,6 +26,7 @@
 #include "model/gdr_scan.h"
 #include "model/gdr_state_grads.h"
 #include "model/expert_product.h"
+#include "model/expert_grads_in_pieces.h"
 #include "model/grad_square_sums.h"
 #include "model/mixed_linear.h"
 #include "model/moe.h"
@@ -113,6 +114,7 @@ int bench_train(const BenchTrainArgs& a) {
       {"--moe-inputs", &a.moe_inputs, {"fused", "separate"}},
       {"--moe-weights", &a.moe_weights, {"swiglu", "combine"}},
       {"--grad-norm", &a.grad_norm, {"producers", "read"}},
+      {"--expert-grads", &a.expert_grads, {"pieces", "scatter"}},
   };
   for (const auto& [flag, value, choices] : switches) {
     if (std::find(choices.begin(), choices.end(), *value) != choices.end()) continue;
@@ -133,6 +135,7 @@ int bench_train(const BenchTrainArgs& a) {
   model::moe_inputs_fusion(a.moe_inputs == "fused");
   model::moe_router_weights_in_swiglu(a.moe_weights == "swiglu");
   model::producer_grad_square_sums(a.grad_norm == "producers");
+  model::expert_grads_in_pieces_allowed(a.expert_grads == "pieces");
   {
     int64_t piece_rows = -1;
     if (a.expert_grad_pieces == "off") {
@@ -308,6 +311,7 @@ int bench_train(const BenchTrainArgs& a) {
   j["moe_inputs"] = a.moe_inputs;
   j["moe_weights"] = a.moe_weights;
   j["grad_norm"] = a.grad_norm;
+  j["expert_grads"] = a.expert_grads;
   j["expert_grad_pieces"] = a.expert_grad_pieces;
   j["devices"] = a.devices;
   j["device"] = device;

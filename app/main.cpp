@@ -223,6 +223,11 @@ int main(int argc, char** argv) {
                               "gradients (the MoE experts') computed as they wrote them, or reads every gradient again "
                               "(to measure it)")
       ->capture_default_str();
+  bench_train_cmd->add_option("--expert-grads", bench_train.expert_grads,
+                              "pieces | scatter: with one rank and one micro-batch a step, the MoE experts' weight "
+                              "gradients stay in the bf16 pieces their product wrote and AdamW reads them there, or "
+                              "they are written to fp32 .grad first (to measure it)")
+      ->capture_default_str();
   bench_train_cmd->add_option("--expert-grad-pieces", bench_train.expert_grad_pieces,
                               "auto | off | ROWS: the MoE experts' weight-gradient product cuts each expert's rows into "
                               "pieces of at most ROWS (auto: twice the mean rows per expert) so an overloaded expert's "

@@ -37,12 +37,34 @@ static_assert(sizeof(AdamWTensor) == 64, "AdamWTensor grew: check the launch tab
 
 constexpr int kAdamWTensorsPerLaunch = 56;
 
+// A gradient that was never written to fp32: an MoE expert weight's rows of its product's 16-bit
+// weight-gradient pieces [G, Σ n_i, K] (model/expert_grads_in_pieces.h). Element j of the weight
+// (expert e = j / block, offset j % block) is the fp32 sum over pieces q = first[e] ..
+// first[e] + count[e] − 1 of src[q · piece_stride + j % block], added in piece order as the
+// scatter into .grad adds them (kernels/block_grads.h), so the update is the one that would have
+// read the scattered fp32 gradient, bit for bit.
+struct AdamWGradPieces {
+  const void* src = nullptr;        // piece 0's first element of this weight's rows
+  DType dt = DType::BF16;           // BF16 or F16
+  int32_t block = 0;                // n_i · K: one expert's gradient
+  int64_t piece_stride = 0;         // Σ n_i · K: between pieces
+  const int32_t* first = nullptr;   // [experts] (device); null: piece e is expert e's whole gradient
+  const int32_t* count = nullptr;
+};
+
+constexpr int kAdamWPiecesPerLaunch = 24;
+
 #ifdef DD_HAVE_CUDA
 // One AdamW step of every tensor: lr and step (fp32 count, ≥ 1) are device scalars; grad_divisor, a
 // device scalar or nullptr, divides every gradient as it is read. Returns the cudaError_t of the
 // launches (0 = success).
 int adamw_update(const AdamWTensor* tensors, int count, const float* lr, const float* step, const float* grad_divisor,
                  float beta1, float beta2, float eps, void* stream);
+// The same step for tensors whose gradients are read from pieces: grads[i] replaces tensors[i].g
+// (which is ignored). cudaErrorInvalidValue for a bad dtype, block or stride.
+int adamw_update_from_pieces(const AdamWTensor* tensors, const AdamWGradPieces* grads, int count, const float* lr,
+                             const float* step, const float* grad_divisor, float beta1, float beta2, float eps,
+                             void* stream);
 #endif
 
 }  // namespace kernels

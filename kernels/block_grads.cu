@@ -22,9 +22,11 @@ struct BlockEnds {
   bool add[GradBlocks::kMax];
 };
 
-// Writes v to dst, or adds it there; v becomes the values written.
-template <int V>
+// Writes v to dst, or adds it there; v becomes the values written. kWrite false: nothing (only
+// the squares of v are wanted).
+template <int V, bool kWrite>
 __device__ __forceinline__ void put(float* dst, bool add, float* v) {
+  if (!kWrite) return;
   if (add) {
     float old[V];
     load_run<V>(dst, 0, old);
@@ -65,7 +67,7 @@ __device__ void write_square_partials(const float (&sq)[GradBlocks::kMax], int n
   }
 }
 
-template <typename T, int V, bool kSquares>
+template <typename T, int V, bool kSquares, bool kWrite>
 __global__ void scatter_block_grads_kernel(const T* src, BlockEnds b, int64_t total, const int32_t* piece_first,
                                            const int32_t* piece_count, int n, double* square_partials) {
   float sq[GradBlocks::kMax] = {0.f, 0.f, 0.f, 0.f};
@@ -90,16 +92,16 @@ __global__ void scatter_block_grads_kernel(const T* src, BlockEnds b, int64_t to
     // Branches, not an indexed search: indexing the parameter arrays (or sq) would put them in
     // local memory.
     if (i < b.end[0]) {
-      put<V>(b.dst[0] + x * b.end[0] + i, b.add[0], v);
+      put<V, kWrite>(b.dst[0] + x * b.end[0] + i, b.add[0], v);
       if (kSquares) sq[0] += squares<V>(v);
     } else if (i < b.end[1]) {
-      put<V>(b.dst[1] + x * (b.end[1] - b.end[0]) + (i - b.end[0]), b.add[1], v);
+      put<V, kWrite>(b.dst[1] + x * (b.end[1] - b.end[0]) + (i - b.end[0]), b.add[1], v);
       if (kSquares) sq[1] += squares<V>(v);
     } else if (i < b.end[2]) {
-      put<V>(b.dst[2] + x * (b.end[2] - b.end[1]) + (i - b.end[1]), b.add[2], v);
+      put<V, kWrite>(b.dst[2] + x * (b.end[2] - b.end[1]) + (i - b.end[1]), b.add[2], v);
       if (kSquares) sq[2] += squares<V>(v);
     } else {
-      put<V>(b.dst[3] + x * (b.end[3] - b.end[2]) + (i - b.end[2]), b.add[3], v);
+      put<V, kWrite>(b.dst[3] + x * (b.end[3] - b.end[2]) + (i - b.end[2]), b.add[3], v);
       if (kSquares) sq[3] += squares<V>(v);
     }
   }
@@ -108,18 +110,28 @@ __global__ void scatter_block_grads_kernel(const T* src, BlockEnds b, int64_t to
 
 template <typename T, int V>
 void launch(const T* src, const BlockEnds& b, int64_t total, const GradBlocks& g, unsigned grid, cudaStream_t st) {
-  if (g.square_partials != nullptr)
-    scatter_block_grads_kernel<T, V, true>
+  if (g.dst[0] == nullptr)
+    scatter_block_grads_kernel<T, V, true, false>
+        <<<grid, 256, 0, st>>>(src, b, total, g.piece_first, g.piece_count, g.n, g.square_partials);
+  else if (g.square_partials != nullptr)
+    scatter_block_grads_kernel<T, V, true, true>
         <<<grid, 256, 0, st>>>(src, b, total, g.piece_first, g.piece_count, g.n, g.square_partials);
   else
-    scatter_block_grads_kernel<T, V, false><<<grid, 256, 0, st>>>(src, b, total, g.piece_first, g.piece_count, g.n, nullptr);
+    scatter_block_grads_kernel<T, V, false, true>
+        <<<grid, 256, 0, st>>>(src, b, total, g.piece_first, g.piece_count, g.n, nullptr);
 }
 
 }  // namespace
 
 int scatter_block_grads(const void* src, DType src_dt, const GradBlocks& g, void* stream) {
+  bool measure_only = true, some_null = false;
+  for (int i = 0; i < g.n && i < GradBlocks::kMax; ++i) {
+    measure_only = measure_only && g.dst[i] == nullptr;
+    some_null = some_null || g.dst[i] == nullptr;
+  }
   if (g.n < 1 || g.n > GradBlocks::kMax || g.experts < 1 || src_dt == DType::F32 ||
-      (g.piece_first == nullptr) != (g.piece_count == nullptr))
+      (g.piece_first == nullptr) != (g.piece_count == nullptr) || (some_null && !measure_only) ||
+      (measure_only && g.square_partials == nullptr))
     return static_cast<int>(cudaErrorInvalidValue);
   BlockEnds b{};
   int64_t total = 0;

@@ -14,7 +14,10 @@ namespace kernels {
 
 struct GradBlocks {
   static constexpr int kMax = 4;
-  float* dst[kMax] = {};      // [experts, rows[i], cols] each, contiguous fp32
+  // [experts, rows[i], cols] each, contiguous fp32. All null: nothing is written, and the launch
+  // only sums squares into square_partials (which must then be set): the clipping norm of gradients
+  // the optimizer reads from the pieces themselves (model/expert_grads_in_pieces.h).
+  float* dst[kMax] = {};
   int64_t rows[kMax] = {};
   bool add[kMax] = {};        // add into dst (gradient accumulation) instead of writing it
   int n = 0;                  // blocks used, 1..kMax

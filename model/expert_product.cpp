@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/expert_grads_in_pieces.h"
 #include "model/grad_square_sums.h"
 #include "model/grouped_linear.h"
 #include "model/mixed_linear.h"
@@ -163,6 +164,48 @@ void scatter_weight_grads(std::vector<at::Tensor>& weights, const ExpertWeightGr
   }
 }
 
+// Leaves the weights' gradient in its pieces for the optimizer (model/expert_grads_in_pieces.h)
+// when a step asked for that and every weight takes it: one read of the pieces sums each weight's
+// squares for the clipping norm, nothing is written. A weight whose gradient is already in pieces
+// (a second backward in the step) has it written to .grad first, and this gradient is then added
+// there. Returns false when the gradient must go to .grad.
+bool leave_in_pieces(std::vector<at::Tensor>& weights, const ExpertWeightGrad& wg) {
+#if defined(DD_HAVE_CUDA)
+  const at::Tensor& dw = wg.dw;
+  if (!dw.is_cuda() || !expert_grads_in_pieces(dw.device())) return false;
+  bool fresh = true;
+  for (const auto& w : weights) {
+    if (!w.requires_grad() || w.scalar_type() != at::kFloat) return false;
+    fresh = fresh && !w.grad().defined() && expert_grad_pieces_of(w) == nullptr;
+  }
+  kernels::DType src_dt{};
+  if (!fresh || !dw.is_contiguous() || dw.scalar_type() == at::kFloat || !kernel_dtype(dw.scalar_type(), src_dt) ||
+      weights.size() > static_cast<size_t>(kernels::GradBlocks::kMax)) {
+    materialize_expert_grad_pieces(weights);
+    return false;
+  }
+  kernels::GradBlocks b;  // no destinations: squares only
+  b.n = static_cast<int>(weights.size());
+  b.cols = dw.size(2);
+  b.experts = wg.first.defined() ? wg.first.size(0) : dw.size(0);
+  if (wg.first.defined()) {
+    b.piece_first = wg.first.data_ptr<int32_t>();
+    b.piece_count = wg.count.data_ptr<int32_t>();
+  }
+  for (int i = 0; i < b.n; ++i) b.rows[i] = weights[i].size(1);
+  auto partials = torch::empty({kernels::scatter_block_grads_grid(b), b.n}, dw.options().dtype(torch::kFloat64));
+  b.square_partials = partials.data_ptr<double>();
+  check_kernel_launch(kernels::scatter_block_grads(dw.data_ptr(), src_dt, b, stream_of(dw)),
+                      "expert weight gradients' squares");
+  record_expert_grad_pieces(weights, dw, wg.first, wg.count, partials.sum(0));
+  return true;
+#else
+  (void)weights;
+  (void)wg;
+  return false;
+#endif
+}
+
 struct ExpertProductFn : public torch::autograd::Function<ExpertProductFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& offsets, at::TensorList weights,
                             int64_t dtype_code) {
@@ -191,7 +234,10 @@ struct ExpertProductFn : public torch::autograd::Function<ExpertProductFn> {
     }
     bool weights_need = false;
     for (size_t i = 0; i < weights.size(); ++i) weights_need = weights_need || ctx->needs_input_grad(2 + i);
-    if (weights_need) scatter_weight_grads(weights, weight_grad(dy, x, offsets, w));
+    if (weights_need) {
+      auto wg = weight_grad(dy, x, offsets, w);
+      if (!leave_in_pieces(weights, wg)) scatter_weight_grads(weights, wg);
+    }
     return out;
   }
 };
@@ -228,6 +274,11 @@ at::Tensor expert_product(const at::Tensor& x, at::TensorList weights, const at:
 }
 
 void expert_products(bool on) { allowed = on; }
+
+void scatter_expert_weight_grads(std::vector<at::Tensor> weights, const at::Tensor& dw, const at::Tensor& first,
+                                 const at::Tensor& count) {
+  scatter_weight_grads(weights, ExpertWeightGrad{dw, first, count});
+}
 
 at::Tensor sum_expert_grad_pieces(const at::Tensor& pieces, const at::Tensor& first, const at::Tensor& count) {
   TORCH_CHECK(pieces.dim() == 3 && first.dim() == 1 && count.sizes() == first.sizes(),

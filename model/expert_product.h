@@ -17,6 +17,7 @@
 #include <c10/util/ArrayRef.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace model {
 
@@ -31,6 +32,13 @@ bool expert_product_applies(const at::Tensor& x, at::TensorList weights, at::Sca
 // device: on the CPU (or a GPU without the grouped GEMM) the products loop over the groups, read
 // to the host (the reference the GPU test compares with). Throws c10::Error on mismatched shapes.
 at::Tensor expert_product(const at::Tensor& x, at::TensorList weights, const at::Tensor& offsets, at::ScalarType dtype);
+
+// A weight-gradient product's output dw [E, Σ n_i, K] (or pieces [G, Σ n_i, K] with first and
+// count, as sum_expert_grad_pieces takes them) into each weight's fp32 .grad: written where that is
+// undefined, added otherwise. What the backward does with its gradient outside
+// model/expert_grads_in_pieces.h's scope, and how that header's gradients reach .grad.
+void scatter_expert_weight_grads(std::vector<at::Tensor> weights, const at::Tensor& dw, const at::Tensor& first,
+                                 const at::Tensor& count);
 
 // Process-wide switch, on by default: off, expert_product_applies is false and the MoE layer takes
 // autocast and autograd's path (`bench train --expert-weights autograd`, to measure the change).

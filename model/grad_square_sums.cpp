@@ -8,6 +8,8 @@
 #include <set>
 #include <unordered_map>
 
+#include "model/expert_grads_in_pieces.h"
+
 namespace model {
 
 namespace {
@@ -67,7 +69,13 @@ void record_grad_square_sum(const at::Tensor& param, const at::Tensor& square_su
 
 at::Tensor recorded_grad_square_sum(const at::Tensor& param) {
   const at::Tensor& grad = param.grad();
-  if (!grad.defined()) return {};
+  if (!grad.defined()) {
+    // A gradient left in pieces for the optimizer has its sum recorded with it.
+    const ExpertGradPieces* pieces = expert_grad_pieces_of(param);
+    if (pieces == nullptr) return {};
+    ++taken;
+    return pieces->square_sum;
+  }
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   auto it = r.sums.find(param.unsafeGetTensorImpl());

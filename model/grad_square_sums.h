@@ -31,7 +31,8 @@ bool grad_square_sums_collecting(const at::Device& device);
 void record_grad_square_sum(const at::Tensor& param, const at::Tensor& square_sum);
 
 // Consumer: the recorded ‖grad‖² of param's current .grad, or an undefined tensor when none was
-// recorded or the gradient has changed since (data pointer or version).
+// recorded or the gradient has changed since (data pointer or version). For a parameter without
+// .grad whose gradient was left in pieces (model/expert_grads_in_pieces.h), that gradient's sum.
 at::Tensor recorded_grad_square_sum(const at::Tensor& param);
 
 // Collection on `device` for the scope's life (from a step's first backward through its norm), so

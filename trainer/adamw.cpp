@@ -13,6 +13,7 @@
 #include "model/kernel_dtype.h"
 #endif
 
+#include "model/expert_grads_in_pieces.h"
 #include "model/weight_shadow.h"
 
 namespace trainer {
@@ -56,6 +57,7 @@ void AdamW::begin_step(double lr) {
 void AdamW::update(const at::Tensor& grad_divisor) {
   torch::NoGradGuard no_grad;
   if (fused_) return fused_update(grad_divisor);
+  model::materialize_expert_grad_pieces();  // the written-out update reads .grad only
   const double lr = lr_;
   const double bc1 = 1.0 - std::pow(opt_.beta1, static_cast<double>(steps_));
   const double bc2 = 1.0 - std::pow(opt_.beta2, static_cast<double>(steps_));
@@ -81,6 +83,7 @@ void AdamW::update(const at::Tensor& grad_divisor) {
 void AdamW::fused_update(const at::Tensor& grad_divisor) {
   step_device_.add_(1.0);
   if (own_kernel && own_kernel_update(grad_divisor)) return;
+  model::materialize_expert_grad_pieces();  // ATen's kernel reads .grad only
   for (bool with_decay : {true, false}) {
     std::vector<at::Tensor> p, g, m, v, steps;
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -105,18 +108,38 @@ void AdamW::fused_update(const at::Tensor& grad_divisor) {
 // only (false, nothing launched, otherwise).
 bool AdamW::own_kernel_update(const at::Tensor& grad_divisor) {
 #if defined(DD_HAVE_CUDA)
-  std::vector<kernels::AdamWTensor> table;
+  std::vector<kernels::AdamWTensor> table, from_pieces;
+  std::vector<kernels::AdamWGradPieces> pieces;  // from_pieces[i]'s gradient
   std::vector<at::Tensor> shadows;  // kept alive until the launch
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i].second;
     const auto& g = p.grad();
-    if (!g.defined()) continue;
-    if (g.scalar_type() != at::kFloat || g.device() != p.device() || !g.is_contiguous() || !p.is_contiguous() ||
-        !exp_avg_[i].is_contiguous() || !exp_avg_sq_[i].is_contiguous() || g.numel() != p.numel())
+    // A gradient left in its product's bf16 pieces (model/expert_grads_in_pieces.h).
+    const model::ExpertGradPieces* gp = g.defined() ? nullptr : model::expert_grad_pieces_of(p);
+    if (!g.defined() && gp == nullptr) continue;
+    if (gp != nullptr) {
+      kernels::AdamWGradPieces src;
+      const at::Tensor& all = gp->pieces;
+      if (!all.is_contiguous() || all.device() != p.device() || !model::kernel_dtype(all.scalar_type(), src.dt) ||
+          src.dt == kernels::DType::F32 || p.dim() != 3 || p.size(1) != gp->rows || p.size(2) != all.size(2) ||
+          p.size(1) * p.size(2) >= (int64_t{1} << 31))
+        return false;
+      src.src = static_cast<const char*>(all.data_ptr()) + gp->row0 * all.size(2) * all.element_size();
+      src.block = static_cast<int32_t>(p.size(1) * p.size(2));
+      src.piece_stride = all.size(1) * all.size(2);
+      if (gp->first.defined()) {
+        src.first = gp->first.data_ptr<int32_t>();
+        src.count = gp->count.data_ptr<int32_t>();
+      }
+      pieces.push_back(src);
+    } else if (g.scalar_type() != at::kFloat || g.device() != p.device() || !g.is_contiguous() ||
+               g.numel() != p.numel()) {
       return false;
+    }
+    if (!p.is_contiguous() || !exp_avg_[i].is_contiguous() || !exp_avg_sq_[i].is_contiguous()) return false;
     kernels::AdamWTensor t;
     t.p = p.data_ptr<float>();
-    t.g = g.data_ptr<float>();
+    t.g = gp != nullptr ? nullptr : g.data_ptr<float>();
     t.m = exp_avg_[i].data_ptr<float>();
     t.v = exp_avg_sq_[i].data_ptr<float>();
     t.n = p.numel();
@@ -139,16 +162,22 @@ bool AdamW::own_kernel_update(const at::Tensor& grad_divisor) {
       t.shadow_dt = shadow.scalar_type() == at::kBFloat16 ? kernels::DType::BF16 : kernels::DType::F16;
       shadows.push_back(shadow);
     }
-    table.push_back(t);
+    (gp != nullptr ? from_pieces : table).push_back(t);
   }
   if (grad_divisor.defined() && (grad_divisor.scalar_type() != at::kFloat || grad_divisor.device() != lr_device_.device()))
     return false;
-  const int err = kernels::adamw_update(table.data(), static_cast<int>(table.size()), lr_device_.data_ptr<float>(),
-                                        step_device_.data_ptr<float>(),
-                                        grad_divisor.defined() ? grad_divisor.data_ptr<float>() : nullptr,
-                                        static_cast<float>(opt_.beta1), static_cast<float>(opt_.beta2),
-                                        static_cast<float>(opt_.eps), model::stream_of(lr_device_));
-  model::check_kernel_launch(err, "AdamW update");
+  const float* divisor = grad_divisor.defined() ? grad_divisor.data_ptr<float>() : nullptr;
+  const auto b1 = static_cast<float>(opt_.beta1), b2 = static_cast<float>(opt_.beta2), eps = static_cast<float>(opt_.eps);
+  model::check_kernel_launch(kernels::adamw_update(table.data(), static_cast<int>(table.size()), lr_device_.data_ptr<float>(),
+                                                   step_device_.data_ptr<float>(), divisor, b1, b2, eps,
+                                                   model::stream_of(lr_device_)),
+                             "AdamW update");
+  if (!from_pieces.empty())
+    model::check_kernel_launch(
+        kernels::adamw_update_from_pieces(from_pieces.data(), pieces.data(), static_cast<int>(from_pieces.size()),
+                                          lr_device_.data_ptr<float>(), step_device_.data_ptr<float>(), divisor, b1, b2,
+                                          eps, model::stream_of(lr_device_)),
+        "AdamW update from gradient pieces");
   return true;
 #else
   (void)grad_divisor;

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "model/expert_grads_in_pieces.h"
 #include "model/grad_square_sums.h"
 
 namespace trainer {
@@ -29,15 +30,15 @@ at::Tensor sum_of_squares_read(const std::vector<at::Tensor>& grads) {
   return torch::stack(sums).sum();
 }
 
-// Σ‖g‖² over the params' defined gradients: the sums their producers recorded where still valid
-// (model/grad_square_sums.h), the rest read. At least one gradient is defined.
+// Σ‖g‖² over the params' gradients: the sums their producers recorded where still valid
+// (model/grad_square_sums.h; those of gradients left in pieces for the optimizer among them), the
+// other defined gradients read. Undefined when there are none.
 at::Tensor sum_of_squares(const std::vector<at::Tensor>& params) {
   std::vector<at::Tensor> read, recorded;
   for (const auto& p : params) {
-    if (!p.grad().defined()) continue;
     auto s = model::recorded_grad_square_sum(p);
     if (s.defined()) recorded.push_back(s);
-    else read.push_back(p.grad());
+    else if (p.grad().defined()) read.push_back(p.grad());
   }
   at::Tensor total;
   if (!read.empty()) total = sum_of_squares_read(read);
@@ -52,6 +53,9 @@ at::Tensor sum_of_squares(const std::vector<at::Tensor>& params) {
 
 at::Tensor clip_grad_norm_async(const std::vector<at::Tensor>& params, double max_norm) {
   torch::NoGradGuard no_grad;
+  // Gradients in pieces are not scaled here: their only reader divides them itself (the trainer
+  // leaves them there only when clipping rides in AdamW's update). Write them to .grad first.
+  model::materialize_expert_grad_pieces();
   auto grads = defined_grads(params);
   if (grads.empty()) return torch::zeros({}, torch::kFloat64);
   auto norm = sum_of_squares(params).sqrt();
@@ -66,9 +70,9 @@ at::Tensor clip_grad_norm_async(const std::vector<at::Tensor>& params, double ma
 std::pair<at::Tensor, at::Tensor> grad_norm_and_clip_divisor_async(const std::vector<at::Tensor>& params,
                                                                    double max_norm) {
   torch::NoGradGuard no_grad;
-  auto grads = defined_grads(params);
-  if (grads.empty()) return {torch::zeros({}, torch::kFloat64), at::Tensor()};
-  auto norm = sum_of_squares(params).sqrt();
+  auto squares = sum_of_squares(params);
+  if (!squares.defined()) return {torch::zeros({}, torch::kFloat64), at::Tensor()};
+  auto norm = squares.sqrt();
   if (!std::isfinite(max_norm)) return {norm, at::Tensor()};
   // The same coefficient as clip_grad_norm_async; its reciprocal is exactly 1 when it is.
   auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0).to(torch::kFloat);
@@ -77,9 +81,9 @@ std::pair<at::Tensor, at::Tensor> grad_norm_and_clip_divisor_async(const std::ve
 
 double global_grad_norm(const std::vector<at::Tensor>& params) {
   torch::NoGradGuard no_grad;
-  auto grads = defined_grads(params);
-  if (grads.empty()) return 0;
-  return std::sqrt(sum_of_squares(params).item<double>());
+  auto squares = sum_of_squares(params);
+  if (!squares.defined()) return 0;
+  return std::sqrt(squares.item<double>());
 }
 
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {

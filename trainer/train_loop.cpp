@@ -30,6 +30,7 @@
 
 #include "model/decoder_lm.h"
 #include "model/fp8_linear.h"
+#include "model/expert_grads_in_pieces.h"
 #include "model/grad_square_sums.h"
 #include "model/linear.h"
 #include "model/mixed_linear.h"
@@ -217,6 +218,10 @@ class TrainLoop {
     // changes the gradients between backward and the norm: no all-reduce (one rank, no ZeRO-1), no
     // unscaling (model/grad_square_sums.h).
     grad_square_sums_from_producers_ = world == 1 && !zero_ && device_.is_cuda() && !scaler_->enabled();
+    // The experts' gradients may stay in their bf16 pieces when, besides that, our AdamW alone reads
+    // them, after the norm, with the clip in its update, and one backward makes them
+    // (model/expert_grads_in_pieces.h).
+    expert_grads_in_pieces_ = grad_square_sums_from_producers_ && clip_in_update() && cfg_.train.grad_accum == 1;
     // Skip decisions are taken inside the step (before the update) where reading the loss and the
     // grad norm back costs nothing (CPU), is paid already (the loss scaler reads back), or is asked
     // for; on a GPU otherwise the values are judged one step late and a non-finite loss fails the run.
@@ -400,6 +405,7 @@ class TrainLoop {
     const int rank = comm_.rank();
     const int64_t number = step_ + 1;  // this step as logged and checkpointed
     model::GradSquareSumsScope square_sums(device_, grad_square_sums_from_producers_);  // through the norm
+    model::ExpertGradsInPiecesScope expert_pieces(device_, expert_grads_in_pieces_);   // through the update
     for (int64_t micro = 0; micro < cfg_.train.grad_accum; ++micro) {
       data::Batch b = loader_->next(&fed.wait_s);
       if (micro == 0) fault_point("forward", rank, number);
@@ -623,6 +629,7 @@ class TrainLoop {
     const double accum = static_cast<double>(cfg_.train.grad_accum);
     at::Tensor loss_sum, aux_sum;
     model::GradSquareSumsScope square_sums(device_, grad_square_sums_from_producers_);  // through the norm
+    model::ExpertGradsInPiecesScope expert_pieces(device_, expert_grads_in_pieces_);   // through the update
     for (size_t micro = 0; micro < graph_inputs_.size(); ++micro) {
       const GraphInputs& in = *graph_inputs_[micro];
       const model::Positions& pos = own_positions[micro].pos.defined() ? own_positions[micro] : in.positions();
@@ -1066,6 +1073,7 @@ class TrainLoop {
   std::unique_ptr<ShardedAdamW> zero_;  // run.zero1 with several ranks: replaces opt_
   bool weight_grads_in_place_ = false;   // forward passes open a model::WeightGradInPlaceScope
   bool grad_square_sums_from_producers_ = false;  // steps open a model::GradSquareSumsScope
+  bool expert_grads_in_pieces_ = false;           // steps open a model::ExpertGradsInPiecesScope
   std::unique_ptr<AdamW> opt_hidden_;   // mup_base_width > 0 with AdamW: the hidden matrices
   double hidden_lr_mult_ = 1.0;         // μP: mup_base_width / d_model, else 1
   double peak_tflops_ = 0, flops_per_token_ = 0;

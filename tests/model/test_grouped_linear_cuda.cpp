@@ -16,6 +16,7 @@
 
 #include "kernels/block_grads.h"
 #include "kernels/expert_grad_pieces.h"
+#include "model/expert_grads_in_pieces.h"
 #include "model/expert_product.h"
 #include "model/grad_square_sums.h"
 #include "model/grouped_linear.h"
@@ -325,6 +326,87 @@ TEST(GroupedLinearCuda, ExpertProductRecordsItsGradientsSquareSums) {
   model::clear_weight_shadows();
 }
 
+// Inside an ExpertGradsInPiecesScope the experts' backward leaves .grad undefined and records its
+// pieces (model/expert_grads_in_pieces.h): written out they are the .grad the backward writes outside
+// the scope, bit for bit; a second backward in the scope writes the first's pieces out and adds to
+// them, as two backwards outside would; the recorded sums of squares are within 1e-6 of fp64; the
+// scope's end forgets what is left. Unsplit, in pieces of 7 rows and by the default rule.
+TEST(GroupedLinearCuda, ExpertGradsLeftInPiecesMatchTheScatteredGradients) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  if (!model::grouped_mm_device_ok(0)) GTEST_SKIP() << "the device-offset grouped GEMM needs sm90/sm100";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 935);
+  const std::vector<int64_t> rows = {300, 0, 41, 1000, 64, 7};
+  const int64_t E = static_cast<int64_t>(rows.size()), K = 256, M = std::accumulate(rows.begin(), rows.end(), int64_t{0});
+  const at::Device gpu(torch::kCUDA, 0);
+  auto offsets = torch::tensor(rows, torch::kInt64).cumsum(0).to(torch::kInt32).to(gpu);
+  auto x = torch::randn({M, K}, torch::TensorOptions().device(gpu).dtype(torch::kBFloat16));
+  const std::vector<torch::Tensor> w0 = {torch::randn({E, 96, K}, gpu) / 8, torch::randn({E, 32, K}, gpu) / 8};
+  const auto dy1 = torch::randn({M, 128}, x.options()), dy2 = torch::randn({M, 128}, x.options());
+  model::clear_weight_shadows();
+  for (const int64_t piece : {int64_t{0}, int64_t{7}, int64_t{-1}}) {
+    model::expert_grad_piece_rows(piece);
+    const std::string at = "piece " + std::to_string(piece);
+    auto fresh = [&] {
+      std::vector<torch::Tensor> w;
+      for (const auto& t : w0) w.push_back(t.clone().requires_grad_(true));
+      return w;
+    };
+    auto backward = [&](std::vector<torch::Tensor>& w, const torch::Tensor& dy) {
+      model::WeightGradInPlaceScope scope;
+      ASSERT_TRUE(model::expert_product_applies(x, w, torch::kBFloat16));
+      model::expert_product(x, w, offsets, torch::kBFloat16).backward(dy);
+    };
+    // Outside the scope: .grad after one backward and after two.
+    auto ref = fresh();
+    backward(ref, dy1);
+    std::vector<torch::Tensor> once;
+    for (const auto& t : ref) once.push_back(t.grad().clone());
+    backward(ref, dy2);
+
+    auto w = fresh();
+    {
+      model::ExpertGradsInPiecesScope scope(gpu, true);
+      model::GradSquareSumsScope sums(gpu, true);
+      ASSERT_TRUE(model::expert_grads_in_pieces(gpu));
+      backward(w, dy1);
+      for (size_t i = 0; i < w.size(); ++i) {
+        EXPECT_FALSE(w[i].grad().defined()) << at << " weight " << i;
+        const auto* gp = model::expert_grad_pieces_of(w[i]);
+        ASSERT_NE(gp, nullptr) << at << " weight " << i;
+        EXPECT_EQ(gp->rows, w[i].size(1));
+        const double want = once[i].to(torch::kFloat64).pow(2).sum().item<double>();
+        const auto got = model::recorded_grad_square_sum(w[i]);
+        ASSERT_TRUE(got.defined()) << at;
+        EXPECT_NEAR(got.item<double>(), want, 1e-6 * want) << at << " weight " << i;
+      }
+      EXPECT_EQ(model::materialize_expert_grad_pieces(), 2) << at;
+      for (size_t i = 0; i < w.size(); ++i) {
+        EXPECT_EQ(model::expert_grad_pieces_of(w[i]), nullptr) << at;
+        ASSERT_TRUE(w[i].grad().defined()) << at;
+        EXPECT_TRUE(torch::equal(w[i].grad(), once[i])) << at << " weight " << i << ": written out";
+      }
+      // Again from the start, now with a second backward in the scope.
+      for (auto& t : w) t.mutable_grad() = torch::Tensor();
+      backward(w, dy1);
+      backward(w, dy2);
+      for (size_t i = 0; i < w.size(); ++i) {
+        EXPECT_EQ(model::expert_grad_pieces_of(w[i]), nullptr) << at;
+        ASSERT_TRUE(w[i].grad().defined()) << at;
+        EXPECT_TRUE(torch::equal(w[i].grad(), ref[i].grad())) << at << " weight " << i << ": two backwards";
+      }
+      for (auto& t : w) t.mutable_grad() = torch::Tensor();
+      backward(w, dy1);  // left in pieces when the scope ends
+    }
+    EXPECT_FALSE(model::expert_grads_in_pieces(gpu));
+    for (size_t i = 0; i < w.size(); ++i) {
+      EXPECT_EQ(model::expert_grad_pieces_of(w[i]), nullptr) << at << ": kept after the scope";
+      EXPECT_FALSE(w[i].grad().defined()) << at;
+    }
+  }
+  model::expert_grad_piece_rows(-1);
+  model::clear_weight_shadows();
+}
+
 // The pieces of the experts' rows (kernels/expert_grad_pieces.h) against the same cut on the host:
 // experts without rows (first, inside, last), rows that are and are not multiples of the piece, one
 // expert holding most rows, and the empty groups after the last piece ending where it ends.
@@ -426,6 +508,26 @@ TEST(GroupedLinearCuda, BlockGradScatterMatchesNarrowAndCast) {
       for (size_t i = 0; i < got.size(); ++i)
         EXPECT_TRUE(torch::equal(got[i], want[i])) << "E=" << c.E << " C=" << c.C << " block " << i;
       expect_square_sums(partials, want, "E=" + std::to_string(c.E) + " C=" + std::to_string(c.C));
+      {
+        // No destinations: the squares of the source's blocks alone, nothing written.
+        kernels::GradBlocks m = b;
+        std::vector<torch::Tensor> blocks;
+        int64_t at = 0;
+        for (int i = 0; i < m.n; ++i) {
+          m.dst[i] = nullptr;
+          blocks.push_back(src.narrow(1, at, c.rows[static_cast<size_t>(i)]).to(torch::kFloat));
+          at += c.rows[static_cast<size_t>(i)];
+        }
+        auto measured = square_partials_for(m);
+        model::check_kernel_launch(kernels::scatter_block_grads(src.data_ptr(), dt == torch::kHalf ? kernels::DType::F16 : kernels::DType::BF16,
+                                                                m, model::stream_of(src)),
+                                   "scatter_block_grads, squares only");
+        expect_square_sums(measured, blocks, "squares only E=" + std::to_string(c.E) + " C=" + std::to_string(c.C));
+        for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(got[i], want[i])) << "squares only wrote block " << i;
+        m.square_partials = nullptr;
+        EXPECT_NE(kernels::scatter_block_grads(src.data_ptr(), kernels::DType::BF16, m, model::stream_of(src)), 0)
+            << "no destinations and no partials must be refused";
+      }
 
       // From pieces: expert e sums pieces first[e] .. first[e] + count[e] − 1 of a [G, N, C] source
       // in fp32 (none: zero). Pieces are visited in order, as the sum on the host adds them.

@@ -11,6 +11,8 @@
 #include <map>
 #include <string>
 
+#include "model/expert_grads_in_pieces.h"
+#include "model/expert_product.h"
 #include "model/fp8_linear.h"
 #include "model/grad_square_sums.h"
 #include "model/grouped_linear.h"
@@ -131,6 +133,69 @@ TEST(TrainerCuda, FusedAdamWMatchesTheReference) {
     EXPECT_LT(worst, 1e-6) << (ours ? "our kernel" : "ATen's kernel");
   }
   trainer::AdamW::use_own_kernel(true);
+}
+
+// Our AdamW reading MoE expert gradients from their bf16 pieces (kernels/adamw.h's
+// AdamWGradPieces) updates exactly as it does from the fp32 .grad the pieces would have been
+// scattered into: three steps, one with a clip divisor, unsplit and in pieces of 7 rows, weights,
+// moments and bf16 shadows bit for bit. A plain weight in the same optimizer keeps its .grad path.
+TEST(TrainerCuda, AdamWReadsExpertGradientsFromPieces) {
+  DD_REQUIRE_GPU();
+  if (!model::grouped_mm_device_ok(0)) GTEST_SKIP() << "the device-offset grouped GEMM needs sm90/sm100";
+  torch::manual_seed(11);
+  const std::vector<int64_t> rows = {300, 0, 41, 1000, 64, 7};
+  const int64_t E = static_cast<int64_t>(rows.size()), K = 256, M = 1412;
+  const at::Device gpu(torch::kCUDA, 0);
+  auto offsets = torch::tensor(rows, torch::kInt64).cumsum(0).to(torch::kInt32).to(gpu);
+  auto x = torch::randn({M, K}, torch::TensorOptions().device(gpu).dtype(torch::kBFloat16));
+  const std::vector<torch::Tensor> w0 = {torch::randn({E, 96, K}, gpu) / 8, torch::randn({E, 32, K}, gpu) / 8,
+                                         torch::randn({33, 5}, gpu)};
+  for (const int64_t piece : {int64_t{0}, int64_t{7}}) {
+    model::expert_grad_piece_rows(piece);
+    model::clear_weight_shadows();
+    std::vector<std::pair<std::string, at::Tensor>> a, b;
+    for (size_t i = 0; i < w0.size(); ++i) {
+      a.emplace_back("w" + std::to_string(i), w0[i].clone().requires_grad_(true));
+      b.emplace_back("w" + std::to_string(i), w0[i].clone().requires_grad_(true));
+    }
+    trainer::AdamWOptions o{0.9, 0.95, 1e-8, 0.1};
+    trainer::AdamW opt_a(a, {true, true, false}, o), opt_b(b, {true, true, false}, o);
+    for (int step = 0; step < 3; ++step) {
+      const auto dy = torch::randn({M, 128}, x.options());
+      const auto g_plain = torch::randn({33, 5}, gpu);
+      const auto divisor = torch::full({}, step == 1 ? 2.5 : 1.0, torch::TensorOptions().dtype(torch::kFloat).device(gpu));
+      auto backward = [&](std::vector<std::pair<std::string, at::Tensor>>& ps) {
+        model::WeightGradInPlaceScope scope;
+        std::vector<torch::Tensor> w = {ps[0].second, ps[1].second};
+        model::expert_product(x, w, offsets, torch::kBFloat16).backward(dy);
+        ps[2].second.mutable_grad() = g_plain.clone();
+      };
+      backward(a);
+      opt_a.step(1e-2, divisor);
+      opt_a.zero_grad();
+      {
+        model::ExpertGradsInPiecesScope scope(gpu, true);
+        backward(b);
+        ASSERT_NE(model::expert_grad_pieces_of(b[0].second), nullptr);
+        ASSERT_FALSE(b[0].second.grad().defined());
+        opt_b.step(1e-2, divisor);
+      }
+      opt_b.zero_grad();
+      for (size_t i = 0; i < w0.size(); ++i) {
+        const std::string what = "piece " + std::to_string(piece) + " step " + std::to_string(step) + " w" + std::to_string(i);
+        EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << what;
+        const auto sa = opt_a.state_tensors(), sb = opt_b.state_tensors();
+        for (size_t k = 0; k < sa.size(); ++k) EXPECT_TRUE(torch::equal(sa[k].second, sb[k].second)) << what << " " << sa[k].first;
+        if (i < 2) {
+          ASSERT_TRUE(model::weight_shadow_of(b[i].second).defined()) << what;
+          EXPECT_TRUE(torch::equal(model::weight_shadow_of(b[i].second), b[i].second.detach().to(torch::kBFloat16))) << what;
+        }
+      }
+    }
+    EXPECT_NE(a[0].second.detach().sub(w0[0]).abs().max().item<float>(), 0.f) << "the weights did not move";
+  }
+  model::expert_grad_piece_rows(-1);
+  model::clear_weight_shadows();
 }
 
 // Our AdamW kernel keeps the linear layers' bf16 weight shadows current (model/weight_shadow.h):
@@ -371,6 +436,35 @@ TEST(TrainerCuda, GradNormFromRecordedSquareSumsMatchesReadingTheGradients) {
                 graph, b[0], a[0], std::abs(b[0] - a[0]) / a[0], a.size(), worst);
     EXPECT_NEAR(b[0], a[0], 1e-5 * a[0]) << graph;
     EXPECT_LT(worst, 1e-2) << graph;
+
+    // One micro-batch a step: the experts' gradients stay in their pieces for AdamW
+    // (model/expert_grads_in_pieces.h), against the same run writing them to .grad.
+    auto cfg1 = make_config(dir, 12, {"run.devices=\"0\"", "train.precision=\"bf16\"", "model.family=\"hybrid\"",
+                                      "model.preset=\"tiny-moe\"", "model.L=3", "data.document_attention=false",
+                                      "train.grad_accum=1", "train.grad_clip=0.5",
+                                      std::string("train.cuda_graph=\"") + graph + "\""});
+    model::expert_grads_in_pieces_allowed(false);
+    const int64_t recorded_before = model::expert_grad_pieces_recorded();
+    auto scattered = run(cfg1, dir.path() + "/scattered");
+    EXPECT_EQ(model::expert_grad_pieces_recorded(), recorded_before) << graph;
+    model::expert_grads_in_pieces_allowed(true);
+    auto in_pieces = run(cfg1, dir.path() + "/in_pieces");
+    EXPECT_GT(model::expert_grad_pieces_recorded(), recorded_before) << graph << ": no gradient was left in pieces";
+    ASSERT_EQ(scattered.ended.status, trainer::RunStatus::Finished) << scattered.ended.message;
+    ASSERT_EQ(in_pieces.ended.status, trainer::RunStatus::Finished) << in_pieces.ended.message;
+    const auto& c = scattered.metrics["grad_norm"];
+    const auto& d = in_pieces.metrics["grad_norm"];
+    ASSERT_EQ(c.size(), d.size());
+    ASSERT_EQ(scattered.losses.size(), in_pieces.losses.size());
+    double worst_norm = 0, worst_loss = 0;
+    for (size_t i = 0; i < c.size(); ++i) worst_norm = std::max(worst_norm, std::abs(d[i] - c[i]) / c[i]);
+    for (size_t i = 0; i < scattered.losses.size(); ++i)
+      worst_loss = std::max(worst_loss, std::abs(in_pieces.losses[i] - scattered.losses[i]) / scattered.losses[i]);
+    std::printf("graph %s: experts' gradients in pieces vs in .grad: worst grad norm difference %.1e, loss %.1e over %zu steps\n",
+                graph, worst_norm, worst_loss, c.size());
+    EXPECT_NEAR(d[0], c[0], 1e-6 * c[0]) << graph;
+    EXPECT_LT(worst_norm, 1e-2) << graph;
+    EXPECT_LT(worst_loss, 1e-3) << graph;
   }
 }
 
