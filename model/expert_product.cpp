@@ -173,14 +173,12 @@ bool leave_in_pieces(std::vector<at::Tensor>& weights, const ExpertWeightGrad& w
 #if defined(DD_HAVE_CUDA)
   const at::Tensor& dw = wg.dw;
   if (!dw.is_cuda() || !expert_grads_in_pieces(dw.device())) return false;
-  bool fresh = true;
-  for (const auto& w : weights) {
-    if (!w.requires_grad() || w.scalar_type() != at::kFloat) return false;
-    fresh = fresh && !w.grad().defined() && expert_grad_pieces_of(w) == nullptr;
-  }
+  bool takes = weights.size() <= static_cast<size_t>(kernels::GradBlocks::kMax);
+  for (const auto& w : weights)
+    takes = takes && w.requires_grad() && w.scalar_type() == at::kFloat && !w.grad().defined() &&
+            expert_grad_pieces_of(w) == nullptr;
   kernels::DType src_dt{};
-  if (!fresh || !dw.is_contiguous() || dw.scalar_type() == at::kFloat || !kernel_dtype(dw.scalar_type(), src_dt) ||
-      weights.size() > static_cast<size_t>(kernels::GradBlocks::kMax)) {
+  if (!takes || !dw.is_contiguous() || dw.scalar_type() == at::kFloat || !kernel_dtype(dw.scalar_type(), src_dt)) {
     materialize_expert_grad_pieces(weights);
     return false;
   }
