@@ -97,6 +97,29 @@ ExpertWeightGrad weight_grad(const at::Tensor& dy, const at::Tensor& x, const at
   return {dw, {}, {}};
 }
 
+#if defined(DD_HAVE_CUDA)
+// The scatter kernel's view of wg for `weights` (their rows in order), no destinations yet.
+kernels::GradBlocks blocks_of(const std::vector<at::Tensor>& weights, const ExpertWeightGrad& wg) {
+  kernels::GradBlocks b;
+  b.n = static_cast<int>(weights.size());
+  b.cols = wg.dw.size(2);
+  b.experts = wg.first.defined() ? wg.first.size(0) : wg.dw.size(0);
+  if (wg.first.defined()) {
+    b.piece_first = wg.first.data_ptr<int32_t>();
+    b.piece_count = wg.count.data_ptr<int32_t>();
+  }
+  for (int i = 0; i < b.n; ++i) b.rows[i] = weights[i].size(1);
+  return b;
+}
+
+// fp64 [grid, n] for the launch's square partials, set in b; their column sums are ‖grad‖² per weight.
+at::Tensor square_partials_for(kernels::GradBlocks& b, const at::Tensor& dw) {
+  auto partials = torch::empty({kernels::scatter_block_grads_grid(b), b.n}, dw.options().dtype(torch::kFloat64));
+  b.square_partials = partials.data_ptr<double>();
+  return partials;
+}
+#endif
+
 // Each weight's block of dw [E, Σ n_i, K] into its .grad: written where that is undefined (a new
 // fp32 tensor), added otherwise. One kernel on a GPU when every weight takes its gradient and each
 // destination is plain fp32; else ATen per weight (the reference).
@@ -124,25 +147,14 @@ void scatter_weight_grads(std::vector<at::Tensor>& weights, const ExpertWeightGr
   kernels::DType src_dt{};
   if (plain && dw.is_cuda() && dw.is_contiguous() && dw.scalar_type() != at::kFloat && kernel_dtype(dw.scalar_type(), src_dt) &&
       dest.size() <= static_cast<size_t>(kernels::GradBlocks::kMax)) {
-    kernels::GradBlocks b;
-    b.n = static_cast<int>(dest.size());
-    b.cols = dw.size(2);
-    b.experts = wg.first.defined() ? wg.first.size(0) : dw.size(0);
-    if (wg.first.defined()) {
-      b.piece_first = wg.first.data_ptr<int32_t>();
-      b.piece_count = wg.count.data_ptr<int32_t>();
-    }
+    kernels::GradBlocks b = blocks_of(weights, wg);
     for (int i = 0; i < b.n; ++i) {
       b.dst[i] = dest[i].grad.data_ptr<float>();
-      b.rows[i] = weights[i].size(1);
       b.add[i] = dest[i].add;
     }
     // The clipping norm's sums of squares, taken as the gradients are written (model/grad_square_sums.h).
     at::Tensor partials;
-    if (grad_square_sums_collecting(dw.device())) {
-      partials = torch::empty({kernels::scatter_block_grads_grid(b), b.n}, dw.options().dtype(torch::kFloat64));
-      b.square_partials = partials.data_ptr<double>();
-    }
+    if (grad_square_sums_collecting(dw.device())) partials = square_partials_for(b, dw);
     check_kernel_launch(kernels::scatter_block_grads(dw.data_ptr(), src_dt, b, stream_of(dw)), "expert weight gradients");
     if (partials.defined()) {
       const auto sums = partials.sum(0);
@@ -182,17 +194,8 @@ bool leave_in_pieces(std::vector<at::Tensor>& weights, const ExpertWeightGrad& w
     materialize_expert_grad_pieces(weights);
     return false;
   }
-  kernels::GradBlocks b;  // no destinations: squares only
-  b.n = static_cast<int>(weights.size());
-  b.cols = dw.size(2);
-  b.experts = wg.first.defined() ? wg.first.size(0) : dw.size(0);
-  if (wg.first.defined()) {
-    b.piece_first = wg.first.data_ptr<int32_t>();
-    b.piece_count = wg.count.data_ptr<int32_t>();
-  }
-  for (int i = 0; i < b.n; ++i) b.rows[i] = weights[i].size(1);
-  auto partials = torch::empty({kernels::scatter_block_grads_grid(b), b.n}, dw.options().dtype(torch::kFloat64));
-  b.square_partials = partials.data_ptr<double>();
+  kernels::GradBlocks b = blocks_of(weights, wg);  // no destinations: squares only
+  auto partials = square_partials_for(b, dw);
   check_kernel_launch(kernels::scatter_block_grads(dw.data_ptr(), src_dt, b, stream_of(dw)),
                       "expert weight gradients' squares");
   record_expert_grad_pieces(weights, dw, wg.first, wg.count, partials.sum(0));
