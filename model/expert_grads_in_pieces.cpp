@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "model/expert_product.h"
+#include "model/grad_square_sums.h"
 
 namespace model {
 
@@ -24,7 +25,7 @@ struct Group {
 
 struct Registry {
   std::mutex mu;
-  std::set<std::pair<int, int>> on;  // (device type, index)
+  std::map<std::pair<int, int>, int> on;  // (device type, index) -> open scopes
   std::vector<std::unique_ptr<Group>> groups;
   std::unordered_map<const c10::TensorImpl*, std::pair<Group*, size_t>> by_weight;
 };
@@ -64,18 +65,22 @@ void scatter_groups(std::vector<std::unique_ptr<Group>>& groups) {
 
 }  // namespace
 
+// The norm of gradients in pieces can only come from their recorded sums, so the pieces also need
+// producer sums allowed (`bench train --grad-norm read` then really reads every gradient).
 ExpertGradsInPiecesScope::ExpertGradsInPiecesScope(const at::Device& device, bool on)
-    : device_(device), on_(on && allowed) {
+    : device_(device), on_(on && allowed && producer_grad_square_sums_allowed()) {
   if (!on_) return;
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  r.on.insert(key_of(device_));
+  ++r.on[key_of(device_)];
 }
 
 ExpertGradsInPiecesScope::~ExpertGradsInPiecesScope() {
   if (!on_) return;
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
+  // Scopes nest: the outermost one's end forgets the device's pieces.
+  if (--r.on[key_of(device_)] > 0) return;
   r.on.erase(key_of(device_));
   take_groups(r, [&](const Group& g) { return g.grads.front().pieces.device() == device_; });
 }
@@ -106,11 +111,14 @@ void record_expert_grad_pieces(const std::vector<at::Tensor>& weights, const at:
   std::lock_guard<std::mutex> lock(r.mu);
   TORCH_CHECK(r.on.count(key_of(pieces.device())) > 0, "record_expert_grad_pieces: not inside an ExpertGradsInPiecesScope on ",
               pieces.device());
-  for (size_t i = 0; i < weights.size(); ++i) {
-    TORCH_CHECK(r.by_weight.count(weights[i].unsafeGetTensorImpl()) == 0,
+  // Every check before the first entry, so a refused group leaves nothing behind.
+  std::set<const c10::TensorImpl*> seen;
+  for (const auto& w : weights) {
+    TORCH_CHECK(seen.insert(w.unsafeGetTensorImpl()).second, "record_expert_grad_pieces: a weight appears twice");
+    TORCH_CHECK(r.by_weight.count(w.unsafeGetTensorImpl()) == 0,
                 "record_expert_grad_pieces: a weight already has a gradient in pieces (materialize it first)");
-    r.by_weight[weights[i].unsafeGetTensorImpl()] = {group.get(), i};
   }
+  for (size_t i = 0; i < weights.size(); ++i) r.by_weight[weights[i].unsafeGetTensorImpl()] = {group.get(), i};
   r.groups.push_back(std::move(group));
   ++recorded;
 }
@@ -152,6 +160,24 @@ void materialize_expert_grad_pieces(const std::vector<at::Tensor>& weights) {
     groups = take_groups(r, [&](const Group& g) { return wanted.count(&g) > 0; });
   }
   scatter_groups(groups);
+}
+
+void materialize_expert_grad_pieces_beside_grads(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> both;
+  for (const auto& p : params)
+    if (p.grad().defined() && expert_grad_pieces_of(p) != nullptr) both.push_back(p);
+  if (!both.empty()) materialize_expert_grad_pieces(both);
+}
+
+void forget_expert_grad_pieces(const std::vector<at::Tensor>& weights) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::set<const Group*> wanted;
+  for (const auto& w : weights) {
+    auto it = r.by_weight.find(w.unsafeGetTensorImpl());
+    if (it != r.by_weight.end()) wanted.insert(it->second.first);
+  }
+  if (!wanted.empty()) take_groups(r, [&](const Group& g) { return wanted.count(&g) > 0; });
 }
 
 void expert_grads_in_pieces_allowed(bool on) { allowed = on; }

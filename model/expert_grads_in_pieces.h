@@ -32,7 +32,8 @@ struct ExpertGradPieces {
 };
 
 // Leaves the experts' gradients in pieces on `device` for the scope's life when `on` (and the
-// process-wide switch below allows it); forgets any left at its end.
+// process-wide switches below and producer_grad_square_sums allow it); the outermost scope's end
+// forgets any left. Scopes nest.
 class ExpertGradsInPiecesScope {
  public:
   ExpertGradsInPiecesScope(const at::Device& device, bool on);
@@ -67,6 +68,14 @@ void materialize_expert_grad_pieces(const std::vector<at::Tensor>& weights);
 // How many products have left their gradients in pieces in this process (the tests' proof that a
 // run took this path).
 int64_t expert_grad_pieces_recorded();
+
+// For a consumer that reads .grad where it is defined: writes out (adds into .grad) the pieces of
+// every product one of whose weights among `params` has both a defined .grad and pieces, so no
+// part of a gradient is left behind.
+void materialize_expert_grad_pieces_beside_grads(const std::vector<at::Tensor>& params);
+
+// Drops the pieces of the products these weights belong to, unapplied (zero_grad).
+void forget_expert_grad_pieces(const std::vector<at::Tensor>& weights);
 
 // Process-wide switch, on by default: off, no scope leaves gradients in pieces (`bench train
 // --expert-grads scatter`, to measure the change).

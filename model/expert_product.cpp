@@ -186,9 +186,15 @@ bool leave_in_pieces(std::vector<at::Tensor>& weights, const ExpertWeightGrad& w
   const at::Tensor& dw = wg.dw;
   if (!dw.is_cuda() || !expert_grads_in_pieces(dw.device())) return false;
   bool takes = weights.size() <= static_cast<size_t>(kernels::GradBlocks::kMax);
-  for (const auto& w : weights)
+  int64_t rows = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const auto& w = weights[i];
     takes = takes && w.requires_grad() && w.scalar_type() == at::kFloat && !w.grad().defined() &&
             expert_grad_pieces_of(w) == nullptr;
+    for (size_t j = 0; j < i; ++j) takes = takes && !w.is_same(weights[j]);  // one weight twice: .grad adds
+    rows += w.size(1);
+  }
+  takes = takes && dw.dim() == 3 && rows == dw.size(1);
   kernels::DType src_dt{};
   if (!takes || !dw.is_contiguous() || dw.scalar_type() == at::kFloat || !kernel_dtype(dw.scalar_type(), src_dt)) {
     materialize_expert_grad_pieces(weights);

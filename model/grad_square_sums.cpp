@@ -5,7 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
-#include <set>
+#include <map>
 #include <unordered_map>
 
 #include "model/expert_grads_in_pieces.h"
@@ -15,14 +15,14 @@ namespace model {
 namespace {
 
 struct Recorded {
-  const void* grad_data = nullptr;
+  at::Tensor grad;  // held, so its address cannot be reused by another gradient while recorded
   int64_t grad_version = 0;
   at::Tensor square_sum;
 };
 
 struct Registry {
   std::mutex mu;
-  std::set<std::pair<int, int>> collecting;  // (device type, index)
+  std::map<std::pair<int, int>, int> collecting;  // (device type, index) -> open scopes
   std::unordered_map<const c10::TensorImpl*, Recorded> sums;  // by parameter
 };
 
@@ -41,12 +41,16 @@ std::pair<int, int> key_of(const at::Device& d) { return {static_cast<int>(d.typ
 void collect_grad_square_sums(const at::Device& device, bool on) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
+  // Nested starts and ends count; the sums are forgotten where collection begins and ends.
+  int& open = r.collecting[key_of(device)];
+  open += on ? 1 : -1;
+  if (open < 0) open = 0;
+  if ((on && open > 1) || (!on && open > 0)) return;
   for (auto it = r.sums.begin(); it != r.sums.end();) {
     if (it->second.square_sum.device() == device) it = r.sums.erase(it);
     else ++it;
   }
-  if (on) r.collecting.insert(key_of(device));
-  else r.collecting.erase(key_of(device));
+  if (open == 0) r.collecting.erase(key_of(device));
 }
 
 bool grad_square_sums_collecting(const at::Device& device) {
@@ -64,22 +68,24 @@ void record_grad_square_sum(const at::Tensor& param, const at::Tensor& square_su
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   if (r.collecting.count(key_of(grad.device())) == 0) return;
-  r.sums[param.unsafeGetTensorImpl()] = {grad.data_ptr(), grad._version(), square_sum};
+  r.sums[param.unsafeGetTensorImpl()] = {grad, grad._version(), square_sum};
 }
 
 at::Tensor recorded_grad_square_sum(const at::Tensor& param) {
   const at::Tensor& grad = param.grad();
-  if (!grad.defined()) {
-    // A gradient left in pieces for the optimizer has its sum recorded with it.
-    const ExpertGradPieces* pieces = expert_grad_pieces_of(param);
-    if (pieces == nullptr) return {};
+  const ExpertGradPieces* pieces = expert_grad_pieces_of(param);
+  if (pieces != nullptr) {
+    // A gradient left in pieces for the optimizer has its sum recorded with it; beside a defined
+    // .grad neither alone is the gradient (the caller writes the pieces out first).
+    if (grad.defined()) return {};
     ++taken;
     return pieces->square_sum;
   }
+  if (!grad.defined()) return {};
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   auto it = r.sums.find(param.unsafeGetTensorImpl());
-  if (it == r.sums.end() || it->second.grad_data != grad.data_ptr() || it->second.grad_version != grad._version())
+  if (it == r.sums.end() || !it->second.grad.is_same(grad) || it->second.grad_version != grad._version())
     return {};
   ++taken;
   return it->second.square_sum;
@@ -96,5 +102,6 @@ GradSquareSumsScope::~GradSquareSumsScope() {
 }
 
 void producer_grad_square_sums(bool on) { allowed = on; }
+bool producer_grad_square_sums_allowed() { return allowed; }
 
 }  // namespace model

@@ -5,12 +5,12 @@
 // sum instead of reading that gradient again (trainer/grad_clip.h).
 //
 // A recorded sum describes the gradient as it was written. It is used only while that still holds:
-// the parameter's .grad has the data pointer and version counter it had then. An ATen op on the
-// gradient (the loss scaler's unscale, an accumulation through autograd, a zero fill) bumps the
-// version; NCCL's all-reduce and other raw writers do not, so the trainer collects sums only where
-// nothing else touches the gradients between backward and the norm: one rank, no loss scaling.
-// Collection is off unless the trainer turns it on for its device, and turning it on or off drops
-// what was recorded.
+// the parameter's .grad is the same tensor (held while recorded) with the version counter it had
+// then. An ATen op on the gradient (the loss scaler's unscale, an accumulation through autograd, a
+// zero fill) bumps the version; NCCL's all-reduce and other raw writers do not, so the trainer
+// collects sums only where nothing else touches the gradients between backward and the norm: one
+// rank, no loss scaling. Collection is off unless the trainer turns it on for its device, and its
+// outermost start and end drop what was recorded.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -19,7 +19,8 @@
 
 namespace model {
 
-// Starts (on = true) or ends collection for `device`; either way forgets every sum recorded there.
+// Starts (on = true) or ends collection for `device`. Starts and ends nest (an inner pair leaves
+// the outer collection on); the outermost start and end forget every sum recorded there.
 void collect_grad_square_sums(const at::Device& device, bool on);
 
 // Whether producers on `device` should record their sums now.
@@ -31,8 +32,9 @@ bool grad_square_sums_collecting(const at::Device& device);
 void record_grad_square_sum(const at::Tensor& param, const at::Tensor& square_sum);
 
 // Consumer: the recorded ‖grad‖² of param's current .grad, or an undefined tensor when none was
-// recorded or the gradient has changed since (data pointer or version). For a parameter without
-// .grad whose gradient was left in pieces (model/expert_grads_in_pieces.h), that gradient's sum.
+// recorded or the gradient has changed since (another tensor, or its version). For a parameter
+// without .grad whose gradient was left in pieces (model/expert_grads_in_pieces.h), that gradient's
+// sum; none for one with both (write the pieces out first).
 at::Tensor recorded_grad_square_sum(const at::Tensor& param);
 
 // Collection on `device` for the scope's life (from a step's first backward through its norm), so
@@ -57,5 +59,6 @@ int64_t grad_square_sums_taken();
 // Process-wide switch, on by default: off, no scope collects and the norm reads every gradient
 // (`bench train --grad-norm read`, to measure the change).
 void producer_grad_square_sums(bool on);
+bool producer_grad_square_sums_allowed();
 
 }  // namespace model

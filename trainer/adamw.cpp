@@ -57,7 +57,7 @@ void AdamW::begin_step(double lr) {
 void AdamW::update(const at::Tensor& grad_divisor) {
   torch::NoGradGuard no_grad;
   if (fused_) return fused_update(grad_divisor);
-  model::materialize_expert_grad_pieces();  // the written-out update reads .grad only
+  model::materialize_expert_grad_pieces(param_tensors());  // the written-out update reads .grad only
   const double lr = lr_;
   const double bc1 = 1.0 - std::pow(opt_.beta1, static_cast<double>(steps_));
   const double bc2 = 1.0 - std::pow(opt_.beta2, static_cast<double>(steps_));
@@ -83,7 +83,7 @@ void AdamW::update(const at::Tensor& grad_divisor) {
 void AdamW::fused_update(const at::Tensor& grad_divisor) {
   step_device_.add_(1.0);
   if (own_kernel && own_kernel_update(grad_divisor)) return;
-  model::materialize_expert_grad_pieces();  // ATen's kernel reads .grad only
+  model::materialize_expert_grad_pieces(param_tensors());  // ATen's kernel reads .grad only
   for (bool with_decay : {true, false}) {
     std::vector<at::Tensor> p, g, m, v, steps;
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -108,6 +108,8 @@ void AdamW::fused_update(const at::Tensor& grad_divisor) {
 // only (false, nothing launched, otherwise).
 bool AdamW::own_kernel_update(const at::Tensor& grad_divisor) {
 #if defined(DD_HAVE_CUDA)
+  // A gradient both in .grad and in pieces is summed into .grad first.
+  model::materialize_expert_grad_pieces_beside_grads(param_tensors());
   std::vector<kernels::AdamWTensor> table, from_pieces;
   std::vector<kernels::AdamWGradPieces> pieces;  // from_pieces[i]'s gradient
   std::vector<at::Tensor> shadows;  // kept alive until the launch
@@ -122,7 +124,8 @@ bool AdamW::own_kernel_update(const at::Tensor& grad_divisor) {
       const at::Tensor& all = gp->pieces;
       if (!all.is_contiguous() || all.device() != p.device() || !model::kernel_dtype(all.scalar_type(), src.dt) ||
           src.dt == kernels::DType::F32 || p.dim() != 3 || p.size(1) != gp->rows || p.size(2) != all.size(2) ||
-          p.size(1) * p.size(2) >= (int64_t{1} << 31))
+          p.size(1) * p.size(2) >= (int64_t{1} << 31) ||
+          p.size(0) != (gp->first.defined() ? gp->first.size(0) : all.size(0)))  // the kernel indexes first/pieces by expert
         return false;
       src.src = static_cast<const char*>(all.data_ptr()) + gp->row0 * all.size(2) * all.element_size();
       src.block = static_cast<int32_t>(p.size(1) * p.size(2));
@@ -168,16 +171,17 @@ bool AdamW::own_kernel_update(const at::Tensor& grad_divisor) {
     return false;
   const float* divisor = grad_divisor.defined() ? grad_divisor.data_ptr<float>() : nullptr;
   const auto b1 = static_cast<float>(opt_.beta1), b2 = static_cast<float>(opt_.beta2), eps = static_cast<float>(opt_.eps);
-  model::check_kernel_launch(kernels::adamw_update(table.data(), static_cast<int>(table.size()), lr_device_.data_ptr<float>(),
-                                                   step_device_.data_ptr<float>(), divisor, b1, b2, eps,
-                                                   model::stream_of(lr_device_)),
-                             "AdamW update");
+  // The pieces first: their launch validates its table before anything is updated.
   if (!from_pieces.empty())
     model::check_kernel_launch(
         kernels::adamw_update_from_pieces(from_pieces.data(), pieces.data(), static_cast<int>(from_pieces.size()),
                                           lr_device_.data_ptr<float>(), step_device_.data_ptr<float>(), divisor, b1, b2,
                                           eps, model::stream_of(lr_device_)),
         "AdamW update from gradient pieces");
+  model::check_kernel_launch(kernels::adamw_update(table.data(), static_cast<int>(table.size()), lr_device_.data_ptr<float>(),
+                                                   step_device_.data_ptr<float>(), divisor, b1, b2, eps,
+                                                   model::stream_of(lr_device_)),
+                             "AdamW update");
   return true;
 #else
   (void)grad_divisor;
@@ -189,6 +193,13 @@ void AdamW::zero_grad() {
   for (auto& [name, p] : params_) {
     if (p.grad().defined()) p.mutable_grad() = at::Tensor();
   }
+  model::forget_expert_grad_pieces(param_tensors());
+}
+
+std::vector<at::Tensor> AdamW::param_tensors() const {
+  std::vector<at::Tensor> out;
+  for (const auto& [name, p] : params_) out.push_back(p);
+  return out;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> AdamW::state_tensors() const {

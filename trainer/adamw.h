@@ -37,6 +37,7 @@ class AdamW {
   // Process-wide: whether CUDA updates take kernels/adamw.h's kernel (the default) or ATen's fused
   // one (`bench train --adamw aten`, to measure the change). Set before training starts.
   static void use_own_kernel(bool on);
+  // Drops every gradient, those left in pieces (model/expert_grads_in_pieces.h) included.
   void zero_grad();
   int64_t steps_taken() const { return steps_; }
   // "exp_avg.<name>" and "exp_avg_sq.<name>" for every parameter, for checkpoints.
@@ -47,6 +48,7 @@ class AdamW {
 
  private:
   std::vector<std::pair<std::string, at::Tensor>> params_;
+  std::vector<at::Tensor> param_tensors() const;  // params_' tensors, in order
   std::vector<bool> decay_;
   void fused_update(const at::Tensor& grad_divisor);
   bool own_kernel_update(const at::Tensor& grad_divisor);  // false: the tensors do not suit it

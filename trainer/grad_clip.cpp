@@ -34,6 +34,7 @@ at::Tensor sum_of_squares_read(const std::vector<at::Tensor>& grads) {
 // (model/grad_square_sums.h; those of gradients left in pieces for the optimizer among them), the
 // other defined gradients read. Undefined when there are none.
 at::Tensor sum_of_squares(const std::vector<at::Tensor>& params) {
+  model::materialize_expert_grad_pieces_beside_grads(params);  // a gradient in two parts is summed first
   std::vector<at::Tensor> read, recorded;
   for (const auto& p : params) {
     auto s = model::recorded_grad_square_sum(p);
@@ -55,7 +56,7 @@ at::Tensor clip_grad_norm_async(const std::vector<at::Tensor>& params, double ma
   torch::NoGradGuard no_grad;
   // Gradients in pieces are not scaled here: their only reader divides them itself (the trainer
   // leaves them there only when clipping rides in AdamW's update). Write them to .grad first.
-  model::materialize_expert_grad_pieces();
+  model::materialize_expert_grad_pieces(params);
   auto grads = defined_grads(params);
   if (grads.empty()) return torch::zeros({}, torch::kFloat64);
   auto norm = sum_of_squares(params).sqrt();

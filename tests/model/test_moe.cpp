@@ -12,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "model/expert_grads_in_pieces.h"
 #include "model/expert_product.h"
+#include "model/grad_square_sums.h"
 #include "model/grouped_linear.h"
 #include "model/layers.h"
 #include "model/mixed_linear.h"
@@ -434,6 +436,76 @@ TEST(Moe, ExpertGradPiecesSumPerExpert) {
     for (int32_t p = 0; p < count[e]; ++p) want += pieces[first[e] + p].to(torch::kFloat32);
     EXPECT_TRUE(torch::allclose(got[static_cast<int64_t>(e)], want, 1e-6, 1e-6)) << "expert " << e;
   }
+}
+
+// The registry of expert gradients left in pieces (model/expert_grads_in_pieces.h), on the CPU
+// (written out through the ATen scatter): scopes nest and the outermost end forgets; a group naming
+// one weight twice is refused and leaves nothing; a weight with both .grad and pieces gets the
+// pieces added to its .grad and takes no recorded sum meanwhile; zero_grad's forget drops a
+// product's pieces unapplied; without producer sums no scope leaves gradients in pieces.
+TEST(Moe, ExpertGradPiecesRegistryKeepsEveryPartOfAGradient) {
+  const at::Device cpu(torch::kCPU);
+  const int64_t E = 3, K = 8;
+  auto w0 = torch::zeros({E, 4, K}).requires_grad_(true), w1 = torch::zeros({E, 2, K}).requires_grad_(true);
+  auto pieces = torch::randn({E, 6, K}).to(torch::kBFloat16);
+  const auto sums = torch::tensor({1.0, 2.0}, torch::kFloat64);
+  const auto part0 = pieces.narrow(1, 0, 4).to(torch::kFloat), part1 = pieces.narrow(1, 4, 2).to(torch::kFloat);
+  {
+    model::ExpertGradsInPiecesScope outer(cpu, true);
+    {
+      model::ExpertGradsInPiecesScope inner(cpu, true);
+      model::record_expert_grad_pieces({w0, w1}, pieces, {}, {}, sums);
+    }
+    ASSERT_TRUE(model::expert_grads_in_pieces(cpu)) << "the inner scope's end closed the outer one";
+    ASSERT_NE(model::expert_grad_pieces_of(w0), nullptr) << "the inner scope's end forgot the outer one's pieces";
+    EXPECT_EQ(model::recorded_grad_square_sum(w1).item<double>(), 2.0);
+
+    // .grad beside pieces: neither alone is the gradient.
+    w0.mutable_grad() = torch::ones({E, 4, K});
+    EXPECT_FALSE(model::recorded_grad_square_sum(w0).defined());
+    model::materialize_expert_grad_pieces_beside_grads({w0, w1});
+    EXPECT_EQ(model::expert_grad_pieces_of(w0), nullptr);
+    EXPECT_EQ(model::expert_grad_pieces_of(w1), nullptr);
+    EXPECT_TRUE(torch::equal(w0.grad(), part0 + 1)) << "the pieces were not added to .grad";
+    EXPECT_TRUE(torch::equal(w1.grad(), part1)) << "the product's other weight was not written";
+
+    w0.mutable_grad() = torch::Tensor();
+    w1.mutable_grad() = torch::Tensor();
+    EXPECT_THROW(model::record_expert_grad_pieces({w0, w0}, pieces, {}, {}, sums), c10::Error);
+    EXPECT_EQ(model::expert_grad_pieces_of(w0), nullptr) << "a refused group left an entry";
+    model::record_expert_grad_pieces({w0, w1}, pieces, {}, {}, sums);
+    model::forget_expert_grad_pieces({w1});
+    EXPECT_EQ(model::expert_grad_pieces_of(w0), nullptr) << "forget keeps the product's other weight";
+    EXPECT_FALSE(w0.grad().defined());
+    model::record_expert_grad_pieces({w0, w1}, pieces, {}, {}, sums);
+  }
+  EXPECT_FALSE(model::expert_grads_in_pieces(cpu));
+  EXPECT_EQ(model::expert_grad_pieces_of(w0), nullptr) << "kept after the outermost scope";
+  EXPECT_THROW(model::record_expert_grad_pieces({w0, w1}, pieces, {}, {}, sums), c10::Error) << "recorded outside a scope";
+
+  model::producer_grad_square_sums(false);
+  {
+    model::ExpertGradsInPiecesScope off(cpu, true);
+    EXPECT_FALSE(model::expert_grads_in_pieces(cpu)) << "pieces without producer sums leave the norm nothing to read";
+  }
+  model::producer_grad_square_sums(true);
+}
+
+// Collection of recorded sums of squares nests like the scopes above: an inner scope's start and
+// end keep what the outer one recorded.
+TEST(Moe, GradSquareSumScopesNest) {
+  const at::Device cpu(torch::kCPU);
+  auto w = torch::zeros({4}).requires_grad_(true);
+  w.mutable_grad() = torch::ones({4});
+  model::GradSquareSumsScope outer(cpu, true);
+  model::record_grad_square_sum(w, torch::tensor(4.0, torch::kFloat64));
+  {
+    model::GradSquareSumsScope inner(cpu, true);
+    EXPECT_TRUE(model::recorded_grad_square_sum(w).defined()) << "the inner start forgot the outer sums";
+  }
+  EXPECT_TRUE(model::grad_square_sums_collecting(cpu));
+  ASSERT_TRUE(model::recorded_grad_square_sum(w).defined()) << "the inner end forgot the outer sums";
+  EXPECT_EQ(model::recorded_grad_square_sum(w).item<double>(), 4.0);
 }
 
 // dispatch_rows / combine_rows against explicit loops over the pairs, values and gradients (fp64;
