@@ -56,6 +56,17 @@ std::vector<std::unique_ptr<Group>> take_groups(Registry& r, Pred pred) {
   return taken;
 }
 
+// Takes the groups holding any of `weights` out of the registry (caller holds the lock).
+std::vector<std::unique_ptr<Group>> take_groups_of(Registry& r, const std::vector<at::Tensor>& weights) {
+  std::set<const Group*> wanted;
+  for (const auto& w : weights) {
+    auto it = r.by_weight.find(w.unsafeGetTensorImpl());
+    if (it != r.by_weight.end()) wanted.insert(it->second.first);
+  }
+  if (wanted.empty()) return {};
+  return take_groups(r, [&](const Group& g) { return wanted.count(&g) > 0; });
+}
+
 void scatter_groups(std::vector<std::unique_ptr<Group>>& groups) {
   for (auto& g : groups) {
     const ExpertGradPieces& first = g->grads.front();
@@ -151,13 +162,7 @@ void materialize_expert_grad_pieces(const std::vector<at::Tensor>& weights) {
   {
     auto& r = registry();
     std::lock_guard<std::mutex> lock(r.mu);
-    std::set<const Group*> wanted;
-    for (const auto& w : weights) {
-      auto it = r.by_weight.find(w.unsafeGetTensorImpl());
-      if (it != r.by_weight.end()) wanted.insert(it->second.first);
-    }
-    if (wanted.empty()) return;
-    groups = take_groups(r, [&](const Group& g) { return wanted.count(&g) > 0; });
+    groups = take_groups_of(r, weights);
   }
   scatter_groups(groups);
 }
@@ -172,12 +177,7 @@ void materialize_expert_grad_pieces_beside_grads(const std::vector<at::Tensor>& 
 void forget_expert_grad_pieces(const std::vector<at::Tensor>& weights) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  std::set<const Group*> wanted;
-  for (const auto& w : weights) {
-    auto it = r.by_weight.find(w.unsafeGetTensorImpl());
-    if (it != r.by_weight.end()) wanted.insert(it->second.first);
-  }
-  if (!wanted.empty()) take_groups(r, [&](const Group& g) { return wanted.count(&g) > 0; });
+  take_groups_of(r, weights);
 }
 
 void expert_grads_in_pieces_allowed(bool on) { allowed = on; }
