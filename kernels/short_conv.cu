@@ -12,7 +12,9 @@
 // read staged zeros. Loading token by token from global memory instead, every thread waited on one memory
 // round trip per token and the backward ran at a fifth of the memory bandwidth. The backward's
 // weight gradient is summed per thread over its tile and added with one fp32 atomic per tap
-// (R·T/kTile additions per weight).
+// (R·T/kTile additions per weight). One backward launch takes every part of the Gated DeltaNet's
+// q|k|v conv, each with its own dy: three launches of a few waves each left the SMs idle in their
+// tails, and a part 576 channels wide left half its last block idle.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -31,13 +33,19 @@ template <typename T>
 __host__ __device__ constexpr int tile_of() {
   return sizeof(T) == 4 ? 32 : 64;
 }
+// The backward's 16-bit tiles are shorter: 27 KiB a block, so 8 blocks an SM instead of 6 (on an
+// H200, hybrid base's q|k|v: 0.121 ms at 64 tokens, 0.113 at 48).
+template <typename T>
+__host__ __device__ constexpr int backward_tile_of() {
+  return sizeof(T) == 4 ? 32 : 48;
+}
 
 // __fdividef: 1 / (1 + e^-s) without IEEE division's slow path (the walk is bound by instruction
 // issue); for s < about -88 the denominator is infinite and the quotient 0, as it should be.
 __device__ __forceinline__ float sigmoid(float s) { return __fdividef(1.f, 1.f + __expf(-s)); }
 
 // Copies tokens [ta, ta + n) of one row (token stride ld; tokens outside [0, T_len) read as 0) ×
-// channels [c0, c0 + kThreads) (those ≥ C read as 0) into dst [n][kThreads]. `vec`: 16-byte
+// channels [c0, c0 + kThreads) (those ≥ C read as 0) of src into dst [n][kThreads]. `vec`: 16-byte
 // cp.async copies (the caller checked C, ld and the pointer allow them), all of them started at
 // once, so a block waits one memory round trip for its whole tile; the caller then runs
 // cp_async_wait_all() and __syncthreads().
@@ -123,24 +131,27 @@ __global__ void __launch_bounds__(kThreads) short_conv_forward_kernel(T* y, cons
   }
 }
 
-// One token of the backward's walk. The window rings hold the last W inputs (xr), pre-activation
-// gradients (dsr) and positions (pr); `newest` is the ring slot the token goes into, a constant
-// once the walk is unrolled by W, so the window slides by renaming registers, not moving them.
-// `whole`: the token is at least W − 1 tokens into its document (or the row has no positions), so
-// no tap of it, and none of the W − 1 tokens before it, needs testing against a document start.
+// The backward's window: the last W inputs (xr), pre-activation gradients (dsr) and positions
+// (pr) in ring slots; `newest` is the slot the token goes into, a constant once the walk is
+// unrolled by W, so the window slides by renaming registers, not moving them. Entry j of the
+// window, oldest first, is slot (newest + 1 + j) % W.
 template <int W>
 struct ConvWindow {
   float xr[W], dsr[W];
   int pr[W];
 };
 
-template <typename T, int W>
-__device__ __forceinline__ void backward_step(ConvWindow<W>& win, int newest, const float* wc, float* dwc, float x_new,
-                                              float dy_new, int p, bool sum_dw, T* dxp) {
-  win.xr[newest] = x_new;
+// One token of the backward's walk, its input already in win.xr[newest]: its pre-activation
+// gradient into the window (and the weight gradients' sums when sum_dw), and the input gradient
+// of the token W − 1 back, which has every later gradient it needs now (tap k of token
+// t − (W−1) + k), returned. `whole`: the token is at least W − 1 tokens into its document (or the
+// row has no positions), so no tap of it, and none of the W − 1 tokens before it, needs testing
+// against a document start.
+template <int W>
+__device__ __forceinline__ float backward_step(ConvWindow<W>& win, int newest, const float* wc, float* dwc,
+                                               float dy_new, int p, bool sum_dw) {
   win.pr[newest] = p;
   const bool whole = p >= W - 1;  // the same for every thread: a token's position
-  // XW(j), DSW(j), PW(j): window entry j, oldest first (entry W − 1 is this token).
 #define XW(j) win.xr[(newest + 1 + (j)) % W]
 #define DSW(j) win.dsr[(newest + 1 + (j)) % W]
 #define PW(j) win.pr[(newest + 1 + (j)) % W]
@@ -166,34 +177,47 @@ __device__ __forceinline__ void backward_step(ConvWindow<W>& win, int newest, co
     }
   }
   win.dsr[newest] = ds;
-  // Token t − (W−1) has every later gradient it needs now: tap k of token t − (W−1) + k.
-  if (dxp != nullptr) {
-    float g = 0.f;
-    if (whole) {
+  float g = 0.f;
+  if (whole) {
 #pragma unroll
-      for (int k = 0; k < W; ++k) g += DSW(k) * wc[W - 1 - k];
-    } else {
+    for (int k = 0; k < W; ++k) g += DSW(k) * wc[W - 1 - k];
+  } else {
 #pragma unroll
-      for (int k = 0; k < W; ++k)
-        if (PW(k) >= k) g += DSW(k) * wc[W - 1 - k];
-    }
-    *dxp = from_f32<T>(g);
+    for (int k = 0; k < W; ++k)
+      if (PW(k) >= k) g += DSW(k) * wc[W - 1 - k];
   }
+  return g;
 #undef XW
 #undef DSW
 #undef PW
 }
 
+// The parts of one backward launch (see short_conv_backward_parts), with what the host worked out
+// for each: its first channel block (blockIdx.x), and whether its rows of x and dy can be staged
+// in 16-byte pieces.
+struct BackwardParts {
+  const void* dy[kShortConvMaxParts];
+  int64_t c0[kShortConvMaxParts], C[kShortConvMaxParts];
+  int block0[kShortConvMaxParts + 1];
+  bool vec_x[kShortConvMaxParts], vec_dy[kShortConvMaxParts];
+  int n;
+};
+
 template <typename T, int W>
-__global__ void __launch_bounds__(kThreads) short_conv_backward_kernel(T* dx, float* dw, const T* dy, const T* x,
-                                                                       const float* w, const int64_t* pos,
-                                                                       int64_t T_len, int64_t C, int64_t ld,
-                                                                       int64_t ld_dx, bool vec_x, bool vec_dy) {
-  constexpr int kTile = tile_of<T>();
+__global__ void __launch_bounds__(kThreads) short_conv_backward_kernel(T* dx, float* dw, const __grid_constant__ BackwardParts parts,
+                                                                       const T* x, const float* w, const int64_t* pos,
+                                                                       int64_t T_len, int64_t ld, int64_t ld_dx) {
+  constexpr int kTile = backward_tile_of<T>();
   __shared__ __align__(16) T x_s[(kTile + 2 * (W - 1)) * kThreads];
   __shared__ __align__(16) T dy_s[(kTile + W - 1) * kThreads];
   __shared__ int p_s[kTile + W - 1];
-  const int64_t c0 = blockIdx.x * static_cast<int64_t>(kThreads), c = c0 + threadIdx.x;
+  int part = 0;  // blockIdx.x runs over the parts' channel blocks, part after part
+  while (part + 1 < parts.n && static_cast<int>(blockIdx.x) >= parts.block0[part + 1]) ++part;
+  const int64_t C = parts.C[part];                                                         // the part's channels
+  const int64_t b0 = (blockIdx.x - parts.block0[part]) * static_cast<int64_t>(kThreads);  // the block's first, in the part
+  const int64_t cl = b0 + threadIdx.x;                                                     // the thread's, in the part
+  const int64_t c = parts.c0[part] + cl;                                                   // ... in x, w, dw and dx
+  const T* dy = static_cast<const T*>(parts.dy[part]);
   const int64_t tiles = (T_len + kTile - 1) / kTile;
   const int64_t r = blockIdx.y / tiles, t0 = (blockIdx.y % tiles) * kTile;
   const int64_t t1 = min(t0 + kTile, T_len);
@@ -201,12 +225,13 @@ __global__ void __launch_bounds__(kThreads) short_conv_backward_kernel(T* dx, fl
   // tokens past the tile (ds = 0 past the row's end); s of those needs x from W−1 tokens back.
   const int64_t t_end = t1 + W - 1;
   const int64_t xa = t0 - (W - 1);  // x_s row 0; dy_s and p_s start at t0
-  stage_rows(x_s, x + r * T_len * ld, ld, xa, static_cast<int>(t_end - xa), T_len, c0, C, vec_x);
-  stage_rows(dy_s, dy + r * T_len * C, C, t0, static_cast<int>(t_end - t0), T_len, c0, C, vec_dy);
+  stage_rows(x_s, x + r * T_len * ld + parts.c0[part], ld, xa, static_cast<int>(t_end - xa), T_len, b0, C,
+             parts.vec_x[part]);
+  stage_rows(dy_s, dy + r * T_len * C, C, t0, static_cast<int>(t_end - t0), T_len, b0, C, parts.vec_dy[part]);
   stage_positions(p_s, pos ? pos + r * T_len : nullptr, t0, static_cast<int>(t_end - t0), T_len);
   cp_async_wait_all();
   __syncthreads();
-  if (c >= C) return;
+  if (cl >= C) return;
   // Tokens past the row's end were staged as x = dy = 0, so their ds is 0; positions past it are
   // INT_MAX (whole windows).
   float wc[W], dwc[W];
@@ -218,7 +243,7 @@ __global__ void __launch_bounds__(kThreads) short_conv_backward_kernel(T* dx, fl
     win.dsr[j] = 0.f;
     win.pr[j] = 0;
   }
-  const T* xs = x_s + threadIdx.x;  // row i: token xa + i
+  const T* xs = x_s + threadIdx.x;    // row i: token xa + i
   const T* dys = dy_s + threadIdx.x;  // row i: token t0 + i
   // Ring slots 1..W−1 hold the W − 1 inputs before the tile's first token (slot 0 takes step 0's).
 #pragma unroll
@@ -231,9 +256,12 @@ __global__ void __launch_bounds__(kThreads) short_conv_backward_kernel(T* dx, fl
     for (int u = 0; u < W; ++u) {
       const int i = i0 + u;
       if (i >= steps) break;
-      backward_step<T, W>(win, u, wc, dwc, to_f32(xs[(i + W - 1) * kThreads]), to_f32(dys[i * kThreads]), p_s[i],
-                          i < n, i >= W - 1 ? dxp : nullptr);
-      if (i >= W - 1) dxp += ld_dx;
+      win.xr[u] = to_f32(xs[(i + W - 1) * kThreads]);
+      const float g = backward_step<W>(win, u, wc, dwc, to_f32(dys[i * kThreads]), p_s[i], i < n);
+      if (i >= W - 1) {
+        *dxp = from_f32<T>(g);
+        dxp += ld_dx;
+      }
     }
   }
 #pragma unroll
@@ -258,13 +286,25 @@ int launch_forward(void* y, const void* x, const float* w, const int64_t* pos, i
 }
 
 template <typename T, int W>
-int launch_backward(void* dx, float* dw, const void* dy, const void* x, const float* w, const int64_t* pos, int64_t R,
-                    int64_t T_len, int64_t C, int64_t ld, int64_t ld_dx, cudaStream_t st) {
-  const dim3 grid(static_cast<unsigned>((C + kThreads - 1) / kThreads),
-                  static_cast<unsigned>(R * ((T_len + tile_of<T>() - 1) / tile_of<T>())));
-  short_conv_backward_kernel<T, W><<<grid, kThreads, 0, st>>>(
-      static_cast<T*>(dx), dw, static_cast<const T*>(dy), static_cast<const T*>(x), w, pos, T_len, C, ld, ld_dx,
-      rows_vectorizable<T>(x, C, ld), rows_vectorizable<T>(dy, C, C));
+int launch_backward(void* dx, float* dw, const ShortConvGradPart* in, int n_parts, const void* x, const float* w,
+                    const int64_t* pos, int64_t R, int64_t T_len, int64_t ld, int64_t ld_dx, cudaStream_t st) {
+  BackwardParts parts{};
+  parts.n = n_parts;
+  int64_t blocks = 0;
+  for (int i = 0; i < n_parts; ++i) {
+    const int64_t c0 = in[i].c0, C = in[i].C;
+    parts.dy[i] = in[i].dy;
+    parts.c0[i] = c0;
+    parts.C[i] = C;
+    parts.block0[i] = static_cast<int>(blocks);
+    blocks += (C + kThreads - 1) / kThreads;
+    parts.vec_x[i] = rows_vectorizable<T>(static_cast<const T*>(x) + c0, C, ld);
+    parts.vec_dy[i] = rows_vectorizable<T>(in[i].dy, C, C);
+  }
+  parts.block0[n_parts] = static_cast<int>(blocks);
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(R * ((T_len + backward_tile_of<T>() - 1) / backward_tile_of<T>())));
+  short_conv_backward_kernel<T, W><<<grid, kThreads, 0, st>>>(static_cast<T*>(dx), dw, parts, static_cast<const T*>(x),
+                                                              w, pos, T_len, ld, ld_dx);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -295,14 +335,19 @@ int short_conv_forward(void* y, const void* x, DType dt, const float* w, const i
   return static_cast<int>(cudaErrorInvalidValue);
 }
 
-int short_conv_backward(void* dx, float* dw, const void* dy, const void* x, DType dt, const float* w,
-                        const int64_t* pos, int64_t R, int64_t T, int64_t C, int64_t ld, int W, void* stream,
-                        int64_t ld_dx) {
-  if (R * T == 0 || C == 0) return 0;
-  if (ld_dx == 0) ld_dx = C;
-  if (ld_dx < C) return static_cast<int>(cudaErrorInvalidValue);
+int short_conv_backward_parts(void* dx, float* dw, const ShortConvGradPart* parts, int n_parts, const void* x, DType dt,
+                              const float* w, const int64_t* pos, int64_t R, int64_t T, int64_t ld, int W, void* stream,
+                              int64_t ld_dx) {
+  if (n_parts < 1 || n_parts > kShortConvMaxParts) return static_cast<int>(cudaErrorInvalidValue);
+  int64_t end = 0;  // parts side by side in order, within the rows of x and dx
+  for (int i = 0; i < n_parts; ++i) {
+    if (parts[i].c0 < end || parts[i].C < 0 || parts[i].dy == nullptr) return static_cast<int>(cudaErrorInvalidValue);
+    end = parts[i].c0 + parts[i].C;
+  }
+  if (end > ld || end > ld_dx) return static_cast<int>(cudaErrorInvalidValue);
+  if (R * T == 0 || end == 0) return 0;
   auto st = static_cast<cudaStream_t>(stream);
-#define DD_BWD(E, K) launch_backward<E, K>(dx, dw, dy, x, w, pos, R, T, C, ld, ld_dx, st)
+#define DD_BWD(E, K) launch_backward<E, K>(dx, dw, parts, n_parts, x, w, pos, R, T, ld, ld_dx, st)
   switch (dt) {
     case DType::F32: DD_SHORT_CONV_TAPS(float, DD_BWD)
     case DType::BF16: DD_SHORT_CONV_TAPS(__nv_bfloat16, DD_BWD)
@@ -310,6 +355,14 @@ int short_conv_backward(void* dx, float* dw, const void* dy, const void* x, DTyp
   }
 #undef DD_BWD
   return static_cast<int>(cudaErrorInvalidValue);
+}
+
+int short_conv_backward(void* dx, float* dw, const void* dy, const void* x, DType dt, const float* w,
+                        const int64_t* pos, int64_t R, int64_t T, int64_t C, int64_t ld, int W, void* stream,
+                        int64_t ld_dx) {
+  if (R * T == 0 || C == 0) return 0;
+  const ShortConvGradPart part{dy, 0, C};
+  return short_conv_backward_parts(dx, dw, &part, 1, x, dt, w, pos, R, T, ld, W, stream, ld_dx == 0 ? C : ld_dx);
 }
 
 #undef DD_SHORT_CONV_TAPS

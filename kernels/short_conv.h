@@ -27,4 +27,22 @@ int short_conv_backward(void* dx, float* dw, const void* dy, const void* x, DTyp
                         int64_t ld_dx = 0);
 #endif
 
+// One part of a backward over several groups of channels that come with gradients of their own
+// (the Gated DeltaNet's q|k|v): channels [c0, c0 + C) of x, w, dw and dx, and their output
+// gradient dy [R, T, C] (contiguous, dtype `dt`).
+struct ShortConvGradPart {
+  const void* dy;
+  int64_t c0, C;
+};
+constexpr int kShortConvMaxParts = 4;
+
+#ifdef DD_HAVE_CUDA
+// short_conv_backward over 1 to kShortConvMaxParts parts in one launch: parts in order of c0, not
+// overlapping, ending within ld and ld_dx (else cudaErrorInvalidValue); channels between parts are
+// left alone. short_conv_backward is this with one part.
+int short_conv_backward_parts(void* dx, float* dw, const ShortConvGradPart* parts, int n_parts, const void* x, DType dt,
+                              const float* w, const int64_t* pos, int64_t R, int64_t T, int64_t ld, int W, void* stream,
+                              int64_t ld_dx);
+#endif
+
 }  // namespace kernels

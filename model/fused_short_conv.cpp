@@ -2,7 +2,9 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <atomic>
+#include <vector>
 
 #include "model/gated_deltanet.h"
 
@@ -138,19 +140,23 @@ class ShortConvPartsFn : public torch::autograd::Function<ShortConvPartsFn> {
                             : torch::empty({B, T, Wd}, y.options().memory_format(torch::MemoryFormat::Contiguous));
     auto dw = torch::zeros_like(wf);
     const auto stream = c10::cuda::getCurrentCUDAStream(y.device().index()).stream();
-    const int64_t elem = y.element_size();
+    // Each part's channels with its gradient as it comes (its columns of y, w and dw), its input
+    // gradient written into its columns of y's gradient; up to kShortConvMaxParts parts a launch.
+    std::vector<torch::Tensor> d_outs;
+    std::vector<kernels::ShortConvGradPart> parts;
     int64_t col = 0;
     for (size_t i = 0; i < widths.size(); ++i) {
-      // Each part's convolution channels on their own: its gradient as it comes, its columns of y,
-      // w and dw, and its input gradient written into its columns of y's gradient.
-      auto d_out = grads[i].to(y.scalar_type()).contiguous();
-      check_kernel_launch(
-          kernels::short_conv_backward(static_cast<char*>(dy_full.data_ptr()) + col * elem, dw.data_ptr<float>() + col * taps,
-                                       d_out.data_ptr(), static_cast<const char*>(y.data_ptr()) + col * elem, dt,
-                                       wf.data_ptr<float>() + col * taps, pos.defined() ? pos.data_ptr<int64_t>() : nullptr,
-                                       B, T, widths[i], y.stride(1), static_cast<int>(taps), stream, Wd),
-          "short conv backward");
+      d_outs.push_back(grads[i].to(y.scalar_type()).contiguous());
+      parts.push_back({d_outs.back().data_ptr(), col, widths[i]});
       col += widths[i];
+    }
+    for (size_t first = 0; first < parts.size(); first += kernels::kShortConvMaxParts) {
+      const int n = static_cast<int>(std::min<size_t>(kernels::kShortConvMaxParts, parts.size() - first));
+      check_kernel_launch(kernels::short_conv_backward_parts(dy_full.data_ptr(), dw.data_ptr<float>(), parts.data() + first,
+                                                             n, y.data_ptr(), dt, wf.data_ptr<float>(),
+                                                             pos.defined() ? pos.data_ptr<int64_t>() : nullptr, B, T,
+                                                             y.stride(1), static_cast<int>(taps), stream, Wd),
+                          "short conv backward");
     }
     // The rest's gradient into its columns, unless it is already there: the one copy left (a
     // cudaMemcpy2DAsync measured the same).

@@ -15,6 +15,7 @@
 #include "kernels/column_sum.h"
 #include "kernels/gated_rmsnorm.h"
 #include "kernels/rmsnorm_train.h"
+#include "kernels/short_conv.h"
 #include "kernels/zero_rows.h"
 #include "model/decoder_lm.h"
 #include "model/fp8_linear.h"
@@ -905,7 +906,8 @@ TEST(FusedOpsCuda, ShortConvMatchesReference) {
 // split, short_conv and split (the reference): each part, the rest, and the gradients of the rows
 // (written by the parts' backward into one tensor) and of the conv weight. Widths as in the hybrid
 // presets (aligned) and odd ones (staged element by element), dense and packed rows; the rest's
-// gradient must be exactly the gradient it was handed.
+// gradient must be exactly the gradient it was handed. The backward takes up to four parts a
+// launch, so five parts take two.
 TEST(FusedOpsCuda, ShortConvPartsMatchSplitConvSplit) {
   DD_REQUIRE_GPU();
   seed_from_gtest(43);
@@ -916,7 +918,7 @@ TEST(FusedOpsCuda, ShortConvPartsMatchSplitConvSplit) {
     bool packed;
   };
   for (const Case& c : {Case{2, 300, 4, {576, 576, 1152}, 1152, false}, Case{1, 517, 4, {96, 96, 192}, 192, true},
-                        Case{2, 129, 3, {33, 33, 70}, 19, false}}) {
+                        Case{2, 129, 3, {33, 33, 70}, 19, false}, Case{1, 517, 4, {64, 40, 128, 24, 48}, 16, true}}) {
     for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
       int64_t C = 0;
       for (int64_t w : c.widths) C += w;
@@ -967,6 +969,35 @@ TEST(FusedOpsCuda, ShortConvPartsMatchSplitConvSplit) {
                   rel_norm_diff(dy, want[want.size() - 2]), rel_norm_diff(got.back(), want.back()));
     }
   }
+}
+
+// The backward over parts refuses parts it cannot write: out of order or overlapping, past the
+// rows of x or dx, none or more than it takes, a part without a gradient. Nothing is launched, so
+// the output keeps its contents.
+TEST(FusedOpsCuda, ShortConvBackwardPartsRefusesBadParts) {
+  DD_REQUIRE_GPU();
+  const int64_t T = 8, W = 4, ld = 40;
+  auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  auto x = torch::randn({1, T, ld}, opts), dx = torch::full({1, T, ld}, 7.0, opts);
+  auto dy = torch::randn({1, T, 16}, opts);
+  auto w = torch::randn({ld, W}, torch::kCUDA), dw = torch::zeros({ld, W}, torch::kCUDA);
+  auto run = [&](std::vector<kernels::ShortConvGradPart> parts, int64_t ld_dx) {
+    return kernels::short_conv_backward_parts(dx.data_ptr(), dw.data_ptr<float>(), parts.data(),
+                                              static_cast<int>(parts.size()), x.data_ptr(), kernels::DType::BF16,
+                                              w.data_ptr<float>(), nullptr, 1, T, ld, static_cast<int>(W), nullptr, ld_dx);
+  };
+  const void* g = dy.data_ptr();
+  EXPECT_NE(run({{g, 0, 16}, {g, 8, 16}}, ld), 0) << "overlapping parts";
+  EXPECT_NE(run({{g, 16, 16}, {g, 0, 16}}, ld), 0) << "parts out of order";
+  EXPECT_NE(run({{g, 32, 16}}, ld), 0) << "a part past the rows of x";
+  EXPECT_NE(run({{g, 0, 16}}, 8), 0) << "a part past the rows of dx";
+  EXPECT_NE(run({}, ld), 0) << "no parts";
+  EXPECT_NE(run({{g, 0, 4}, {g, 4, 4}, {g, 8, 4}, {g, 12, 4}, {g, 16, 4}}, ld), 0) << "five parts";
+  EXPECT_NE(run({{nullptr, 0, 16}}, ld), 0) << "a part without its gradient";
+  torch::cuda::synchronize();
+  EXPECT_TRUE(torch::all(dx == 7.0).item<bool>()) << "a refused launch wrote dx";
+  EXPECT_TRUE(torch::all(dw == 0.0).item<bool>()) << "a refused launch wrote dw";
+  EXPECT_EQ(run({{g, 0, 16}, {g, 24, 16}}, ld), 0) << "two parts with a gap between them";
 }
 
 // As in the Gated DeltaNet layer: the rest (the output gate) goes through the gated output norm,
