@@ -527,6 +527,15 @@ TEST(GroupedLinearCuda, BlockGradScatterMatchesNarrowAndCast) {
         m.square_partials = nullptr;
         EXPECT_NE(kernels::scatter_block_grads(src.data_ptr(), kernels::DType::BF16, m, model::stream_of(src)), 0)
             << "no destinations and no partials must be refused";
+        if (m.n > 1) {
+          // Some destinations null, some not: neither a scatter nor a squares-only pass.
+          kernels::GradBlocks mixed = b;
+          mixed.dst[1] = nullptr;
+          auto mixed_partials = square_partials_for(mixed);
+          EXPECT_NE(kernels::scatter_block_grads(src.data_ptr(), kernels::DType::BF16, mixed, model::stream_of(src)), 0)
+              << "a launch with some destinations null must be refused";
+          for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(got[i], want[i])) << "a refused launch wrote block " << i;
+        }
       }
 
       // From pieces: expert e sums pieces first[e] .. first[e] + count[e] − 1 of a [G, N, C] source

@@ -11,11 +11,13 @@
 #include <map>
 #include <string>
 
+#include "kernels/adamw.h"
 #include "model/expert_grads_in_pieces.h"
 #include "model/expert_product.h"
 #include "model/fp8_linear.h"
 #include "model/grad_square_sums.h"
 #include "model/grouped_linear.h"
+#include "model/kernel_dtype.h"
 #include "model/linear.h"
 #include "model/mixed_linear.h"
 #include "model/weight_shadow.h"
@@ -196,6 +198,117 @@ TEST(TrainerCuda, AdamWReadsExpertGradientsFromPieces) {
   }
   model::expert_grad_piece_rows(-1);
   model::clear_weight_shadows();
+}
+
+// Our AdamW kernel reading a weight's gradient from its 16-bit pieces (kernels::adamw_update_from_pieces)
+// against the same kernel reading the fp32 sum of those pieces, added in piece order as the kernel
+// adds them: weights, moments and bf16 shadows bit for bit. The cases take the 4-wide path (block
+// and piece stride multiples of 4, aligned source) and the element-by-element one (an odd block, a
+// source one element off alignment), bf16 and fp16 pieces, pieces listed per expert (none for some
+// experts: a zero gradient) and one piece an expert (no tables), with a clip divisor. Descriptions
+// the kernel cannot read are refused before anything is written.
+TEST(TrainerCuda, AdamWFromPiecesMatchesTheSummedGradient) {
+  DD_REQUIRE_GPU();
+  torch::manual_seed(23);
+  const at::Device gpu(torch::kCUDA, 0);
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat).device(gpu);
+  struct Case {
+    int64_t experts, block, stride_pad, src_offset;
+    at::ScalarType dt;
+    bool tables;
+    const char* what;
+  };
+  const Case cases[] = {{5, 768, 0, 0, torch::kBFloat16, true, "4-wide, bf16, pieces listed per expert"},
+                        {5, 768, 4, 0, torch::kHalf, true, "4-wide, fp16"},
+                        {4, 15, 3, 0, torch::kBFloat16, true, "odd block: element by element"},
+                        {4, 64, 0, 1, torch::kBFloat16, true, "source off alignment: element by element"},
+                        {3, 40, 8, 0, torch::kHalf, false, "one piece an expert, no tables"}};
+  const auto lr = torch::full({}, 1e-2, f32), step = torch::full({}, 3.0, f32), divisor = torch::full({}, 2.5, f32);
+  for (const Case& c : cases) {
+    const int64_t stride = c.block + c.stride_pad, n = c.experts * c.block;
+    std::vector<int32_t> first, count;
+    int32_t pieces = 0;
+    for (int64_t e = 0; e < c.experts; ++e) {
+      first.push_back(pieces);
+      count.push_back(c.tables ? static_cast<int32_t>((e + 1) % 3) : 1);  // 1, 2, 0, 1, 2 pieces
+      pieces += count.back();
+    }
+    auto storage = torch::randn({(pieces + 1) * stride + c.src_offset}, f32).to(c.dt);  // one piece more, unread
+    auto src = storage.narrow(0, c.src_offset, pieces * stride);
+    auto want_grad = torch::zeros({c.experts, c.block}, f32);
+    for (int64_t e = 0; e < c.experts; ++e)
+      for (int32_t q = first[e]; q < first[e] + count[e]; ++q)
+        want_grad[e] += src.narrow(0, q * stride, c.block).to(torch::kFloat);
+    want_grad = want_grad.reshape({n});
+    auto p0 = torch::randn({n}, f32), m0 = torch::randn({n}, f32) * 1e-2, v0 = torch::rand({n}, f32) * 1e-3;
+    auto make = [&](torch::Tensor& p, torch::Tensor& m, torch::Tensor& v, torch::Tensor& shadow) {
+      p = p0.clone();
+      m = m0.clone();
+      v = v0.clone();
+      shadow = torch::zeros({n}, f32.dtype(torch::kBFloat16));
+      kernels::AdamWTensor t;
+      t.p = p.data_ptr<float>();
+      t.m = m.data_ptr<float>();
+      t.v = v.data_ptr<float>();
+      t.n = n;
+      t.weight_decay = 0.1f;
+      t.shadow = shadow.data_ptr();
+      return t;
+    };
+    torch::Tensor pa, ma, va, sa, pb, mb, vb, sb;
+    kernels::AdamWTensor ta = make(pa, ma, va, sa), tb = make(pb, mb, vb, sb);
+    ta.g = want_grad.data_ptr<float>();
+    auto first_d = torch::tensor(first, torch::kInt32).to(gpu), count_d = torch::tensor(count, torch::kInt32).to(gpu);
+    kernels::AdamWGradPieces g;
+    g.src = src.data_ptr();
+    g.dt = c.dt == torch::kHalf ? kernels::DType::F16 : kernels::DType::BF16;
+    g.block = static_cast<int32_t>(c.block);
+    g.piece_stride = stride;
+    if (c.tables) {
+      g.first = first_d.data_ptr<int32_t>();
+      g.count = count_d.data_ptr<int32_t>();
+    }
+    void* st = model::stream_of(pa);
+    auto update = [&](const kernels::AdamWGradPieces& gp, kernels::AdamWTensor t) {
+      return kernels::adamw_update_from_pieces(&t, &gp, 1, lr.data_ptr<float>(), step.data_ptr<float>(),
+                                               divisor.data_ptr<float>(), 0.9f, 0.95f, 1e-8f, st);
+    };
+    model::check_kernel_launch(kernels::adamw_update(&ta, 1, lr.data_ptr<float>(), step.data_ptr<float>(),
+                                                     divisor.data_ptr<float>(), 0.9f, 0.95f, 1e-8f, st),
+                               "adamw_update");
+    model::check_kernel_launch(update(g, tb), "adamw_update_from_pieces");
+    EXPECT_TRUE(torch::equal(pa, pb)) << c.what << ": weights";
+    EXPECT_TRUE(torch::equal(ma, mb)) << c.what << ": first moments";
+    EXPECT_TRUE(torch::equal(va, vb)) << c.what << ": second moments";
+    EXPECT_TRUE(torch::equal(sa, sb)) << c.what << ": shadows";
+    EXPECT_FALSE(torch::equal(pb, p0)) << c.what << ": the weights did not move";
+
+    // Refused: nothing is launched, so the weights keep the values they have now.
+    const auto p_now = pb.clone();
+    auto refused = [&](const char* why, kernels::AdamWGradPieces bad, int64_t tensor_n) {
+      kernels::AdamWTensor t = tb;
+      t.n = tensor_n;
+      EXPECT_NE(update(bad, t), 0) << c.what << ": " << why;
+    };
+    kernels::AdamWGradPieces bad = g;
+    bad.dt = kernels::DType::F32;
+    refused("fp32 pieces", bad, n);
+    bad = g;
+    bad.src = nullptr;
+    refused("no source", bad, n);
+    bad = g;
+    bad.block = 0;
+    refused("an empty block", bad, n);
+    bad = g;
+    bad.piece_stride = c.block - 1;
+    refused("pieces closer than a block", bad, n);
+    bad = g;
+    bad.first = first_d.data_ptr<int32_t>();
+    bad.count = nullptr;
+    refused("first without count", bad, n);
+    refused("a weight that is not whole blocks", g, n - 1);
+    EXPECT_TRUE(torch::equal(pb, p_now)) << c.what << ": a refused update wrote the weights";
+  }
 }
 
 // Our AdamW kernel keeps the linear layers' bf16 weight shadows current (model/weight_shadow.h):
