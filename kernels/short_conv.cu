@@ -1,20 +1,24 @@
-// Short convolution: one block per (128 channels, tile of kTile consecutive tokens of one row). The
-// block first copies its tile of x (with the W − 1 tokens before it, and for the backward the W − 1
-// after it), of dy and of the document positions into shared memory, all threads together, by
-// 16-byte cp.async copies where the rows allow (every copy of the tile in flight at once); then
-// each thread walks its channel's tokens in order from shared memory with the last W inputs (and,
-// backward, the last W pre-activation gradients and positions) in registers, reading one staged
-// value of x (and dy) per token. These kernels are
-// bound by instruction issue, not memory (ncu: 64% issue slots busy at 18% of DRAM bandwidth for
-// the backward), so the walk keeps 32-bit row offsets and reads one staged value per token. A tap
-// is tested against the document's start by the token's position only (the forward's and the
-// pre-activation's sums skip even that away from document starts): taps before the row's start
-// read staged zeros. Loading token by token from global memory instead, every thread waited on one memory
-// round trip per token and the backward ran at a fifth of the memory bandwidth. The backward's
-// weight gradient is summed per thread over its tile and added with one fp32 atomic per tap
-// (R·T/kTile additions per weight). One backward launch takes every part of the Gated DeltaNet's
-// q|k|v conv, each with its own dy: three launches of a few waves each left the SMs idle in their
-// tails, and a part 576 channels wide left half its last block idle.
+// Short convolution: one block per (128 channels, tile of consecutive tokens of one row: 64 tokens
+// forward, 48 backward for 16-bit rows, 32 for fp32; the backward's channels are those of one part,
+// see short_conv_backward_parts). The block first copies its tile of x (with the W − 1 tokens
+// before it, and for the backward the W − 1 after it), of dy and of the document positions into
+// shared memory, all threads together, by 16-byte cp.async copies where the rows allow (every copy
+// of the tile in flight at once); then each thread walks its channel's tokens in order from shared
+// memory with the last W inputs (and, backward, the last W pre-activation gradients and positions)
+// in registers, reading one staged value of x (and dy) per token.
+//
+// These kernels are bound by instruction issue and latency, not memory (ncu on the H100, backward
+// a launch a part: 64% issue slots busy at 18% of DRAM bandwidth), so the walk keeps 32-bit row
+// offsets and reads one staged value per token. A tap is tested against the document's start by
+// the token's position only (the forward's and the pre-activation's sums skip even that away from
+// document starts): taps before the row's start read staged zeros. Loading token by token from
+// global memory instead, every thread waited on one memory round trip per token and the backward
+// ran at a fifth of the memory bandwidth. The backward's weight gradient is summed per thread over
+// its tile and added with one fp32 atomic per tap (R·T/tile additions per weight).
+//
+// One backward launch takes every part of the Gated DeltaNet's q|k|v conv, each with its own dy:
+// three launches of a few waves each left the SMs idle in their tails (hybrid base's 576-wide
+// parts took 1.6 waves each).
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -28,13 +32,14 @@ namespace kernels {
 namespace {
 
 constexpr int kThreads = 128;  // channels per block
-// Tokens per block: the staged tiles of x and dy fit the 48 KiB of static shared memory.
+// The forward's tokens per block: its staged tile of x fits the 48 KiB of static shared memory.
 template <typename T>
 __host__ __device__ constexpr int tile_of() {
   return sizeof(T) == 4 ? 32 : 64;
 }
-// The backward's 16-bit tiles are shorter: 27 KiB a block, so 8 blocks an SM instead of 6 (on an
-// H200, hybrid base's q|k|v: 0.121 ms at 64 tokens, 0.113 at 48).
+// The backward's, with tiles of x and dy: 16-bit rows take 48 tokens, 27 KiB a block at W = 4, so
+// 8 blocks an SM instead of 6 at 64 tokens (on an H200, hybrid base's q|k|v: 0.121 ms at 64
+// tokens, 0.113 at 48).
 template <typename T>
 __host__ __device__ constexpr int backward_tile_of() {
   return sizeof(T) == 4 ? 32 : 48;
@@ -69,12 +74,16 @@ __device__ __forceinline__ void stage_rows(T* dst, const T* src, int64_t ld, int
   }
 }
 
-// Positions of tokens [ta, ta + n) of one row into dst (INT_MAX without positions or outside the row).
+// Positions of tokens [ta, ta + n) of one row into dst (ta ≥ 0): INT_MAX without positions (no
+// document starts), 0 past the row's end. The backward's walk runs W − 1 tokens past the row's
+// end, where ds is 0; a 0 there keeps the window's real tokens tested against their documents'
+// starts (INT_MAX would mark the window whole, and a document starting in the row's last W − 2
+// tokens would pass gradient back into the one before it).
 __device__ __forceinline__ void stage_positions(int* dst, const int64_t* pos_row, int64_t ta, int n, int64_t T_len) {
   for (int i = threadIdx.x; i < n; i += kThreads) {
     const int64_t t = ta + i;
     // Positions fit an int: a row is shorter than 2³¹ tokens.
-    dst[i] = (pos_row != nullptr && t >= 0 && t < T_len) ? static_cast<int>(pos_row[t]) : INT_MAX;
+    dst[i] = t >= T_len ? 0 : (pos_row != nullptr ? static_cast<int>(pos_row[t]) : INT_MAX);
   }
 }
 
@@ -204,19 +213,19 @@ struct BackwardParts {
 };
 
 template <typename T, int W>
-__global__ void __launch_bounds__(kThreads) short_conv_backward_kernel(T* dx, float* dw, const __grid_constant__ BackwardParts parts,
-                                                                       const T* x, const float* w, const int64_t* pos,
-                                                                       int64_t T_len, int64_t ld, int64_t ld_dx) {
+__global__ void __launch_bounds__(kThreads)
+    short_conv_backward_kernel(T* dx, float* dw, const __grid_constant__ BackwardParts parts, const T* x,
+                               const float* w, const int64_t* pos, int64_t T_len, int64_t ld, int64_t ld_dx) {
   constexpr int kTile = backward_tile_of<T>();
   __shared__ __align__(16) T x_s[(kTile + 2 * (W - 1)) * kThreads];
   __shared__ __align__(16) T dy_s[(kTile + W - 1) * kThreads];
   __shared__ int p_s[kTile + W - 1];
   int part = 0;  // blockIdx.x runs over the parts' channel blocks, part after part
   while (part + 1 < parts.n && static_cast<int>(blockIdx.x) >= parts.block0[part + 1]) ++part;
-  const int64_t C = parts.C[part];                                                         // the part's channels
-  const int64_t b0 = (blockIdx.x - parts.block0[part]) * static_cast<int64_t>(kThreads);  // the block's first, in the part
-  const int64_t cl = b0 + threadIdx.x;                                                     // the thread's, in the part
-  const int64_t c = parts.c0[part] + cl;                                                   // ... in x, w, dw and dx
+  const int64_t C = parts.C[part];  // the part's channels; the block's first of them, and the thread's:
+  const int64_t b0 = (blockIdx.x - parts.block0[part]) * static_cast<int64_t>(kThreads);
+  const int64_t cl = b0 + threadIdx.x;
+  const int64_t c = parts.c0[part] + cl;  // the thread's channel in x, w, dw and dx
   const T* dy = static_cast<const T*>(parts.dy[part]);
   const int64_t tiles = (T_len + kTile - 1) / kTile;
   const int64_t r = blockIdx.y / tiles, t0 = (blockIdx.y % tiles) * kTile;
@@ -232,8 +241,7 @@ __global__ void __launch_bounds__(kThreads) short_conv_backward_kernel(T* dx, fl
   cp_async_wait_all();
   __syncthreads();
   if (cl >= C) return;
-  // Tokens past the row's end were staged as x = dy = 0, so their ds is 0; positions past it are
-  // INT_MAX (whole windows).
+  // Tokens past the row's end were staged as x = dy = 0 (so their ds is 0) and position 0.
   float wc[W], dwc[W];
   ConvWindow<W> win;
 #pragma unroll
@@ -302,7 +310,8 @@ int launch_backward(void* dx, float* dw, const ShortConvGradPart* in, int n_part
     parts.vec_dy[i] = rows_vectorizable<T>(in[i].dy, C, C);
   }
   parts.block0[n_parts] = static_cast<int>(blocks);
-  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(R * ((T_len + backward_tile_of<T>() - 1) / backward_tile_of<T>())));
+  constexpr int kTile = backward_tile_of<T>();
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(R * ((T_len + kTile - 1) / kTile)));
   short_conv_backward_kernel<T, W><<<grid, kThreads, 0, st>>>(static_cast<T*>(dx), dw, parts, static_cast<const T*>(x),
                                                               w, pos, T_len, ld, ld_dx);
   return static_cast<int>(cudaGetLastError());
@@ -339,13 +348,15 @@ int short_conv_backward_parts(void* dx, float* dw, const ShortConvGradPart* part
                               const float* w, const int64_t* pos, int64_t R, int64_t T, int64_t ld, int W, void* stream,
                               int64_t ld_dx) {
   if (n_parts < 1 || n_parts > kShortConvMaxParts) return static_cast<int>(cudaErrorInvalidValue);
-  int64_t end = 0;  // parts side by side in order, within the rows of x and dx
+  int64_t end = 0, width = 0;  // parts side by side in order, within the rows of x and dx
   for (int i = 0; i < n_parts; ++i) {
-    if (parts[i].c0 < end || parts[i].C < 0 || parts[i].dy == nullptr) return static_cast<int>(cudaErrorInvalidValue);
-    end = parts[i].c0 + parts[i].C;
+    const ShortConvGradPart& q = parts[i];
+    if (q.c0 < end || q.C < 0 || (q.C > 0 && q.dy == nullptr)) return static_cast<int>(cudaErrorInvalidValue);
+    end = q.c0 + q.C;
+    width += q.C;
   }
   if (end > ld || end > ld_dx) return static_cast<int>(cudaErrorInvalidValue);
-  if (R * T == 0 || end == 0) return 0;
+  if (R * T == 0 || width == 0) return 0;
   auto st = static_cast<cudaStream_t>(stream);
 #define DD_BWD(E, K) launch_backward<E, K>(dx, dw, parts, n_parts, x, w, pos, R, T, ld, ld_dx, st)
   switch (dt) {

@@ -152,8 +152,9 @@ class ShortConvPartsFn : public torch::autograd::Function<ShortConvPartsFn> {
     }
     for (size_t first = 0; first < parts.size(); first += kernels::kShortConvMaxParts) {
       const int n = static_cast<int>(std::min<size_t>(kernels::kShortConvMaxParts, parts.size() - first));
-      check_kernel_launch(kernels::short_conv_backward_parts(dy_full.data_ptr(), dw.data_ptr<float>(), parts.data() + first,
-                                                             n, y.data_ptr(), dt, wf.data_ptr<float>(),
+      check_kernel_launch(kernels::short_conv_backward_parts(dy_full.data_ptr(), dw.data_ptr<float>(),
+                                                             parts.data() + first, n, y.data_ptr(), dt,
+                                                             wf.data_ptr<float>(),
                                                              pos.defined() ? pos.data_ptr<int64_t>() : nullptr, B, T,
                                                              y.stride(1), static_cast<int>(taps), stream, Wd),
                           "short conv backward");

@@ -875,7 +875,10 @@ TEST(FusedOpsCuda, ShortConvMatchesReference) {
       auto w32 = torch::randn({c.C, c.W}, torch::kCUDA) * 0.5;
       model::Positions p = model::dense_positions(c.B, c.T, torch::kCUDA);
       if (c.packed) {
-        auto cu = torch::tensor({int64_t{0}, int64_t{1}, int64_t{40}, int64_t{42}, int64_t{300}, c.T}, torch::kInt64);
+        // Documents of one token at the row's start and end: the backward's walk past the row's end
+        // must still keep each tap inside its document.
+        auto cu = torch::tensor({int64_t{0}, int64_t{1}, int64_t{40}, int64_t{42}, int64_t{300}, c.T - 2, c.T - 1, c.T},
+                                torch::kInt64);
         p = model::packed_positions(cu, c.T, torch::kCUDA);
       }
       auto run = [&](bool fused) {
@@ -927,7 +930,10 @@ TEST(FusedOpsCuda, ShortConvPartsMatchSplitConvSplit) {
       auto w32 = torch::randn({C, c.W}, torch::kCUDA) * 0.5;
       model::Positions p = model::dense_positions(c.B, c.T, torch::kCUDA);
       if (c.packed) {
-        auto cu = torch::tensor({int64_t{0}, int64_t{1}, int64_t{40}, int64_t{42}, int64_t{300}, c.T}, torch::kInt64);
+        // Documents of one token at the row's start and end: the backward's walk past the row's end
+        // must still keep each tap inside its document.
+        auto cu = torch::tensor({int64_t{0}, int64_t{1}, int64_t{40}, int64_t{42}, int64_t{300}, c.T - 2, c.T - 1, c.T},
+                                torch::kInt64);
         p = model::packed_positions(cu, c.T, torch::kCUDA);
       }
       std::vector<torch::Tensor> grads;
@@ -998,6 +1004,10 @@ TEST(FusedOpsCuda, ShortConvBackwardPartsRefusesBadParts) {
   EXPECT_TRUE(torch::all(dx == 7.0).item<bool>()) << "a refused launch wrote dx";
   EXPECT_TRUE(torch::all(dw == 0.0).item<bool>()) << "a refused launch wrote dw";
   EXPECT_EQ(run({{g, 0, 16}, {g, 24, 16}}, ld), 0) << "two parts with a gap between them";
+  EXPECT_EQ(run({{g, 0, 0}, {nullptr, 8, 0}}, ld), 0) << "empty parts: nothing to do";
+  torch::cuda::synchronize();
+  EXPECT_TRUE(torch::all(dx.narrow(2, 16, 8) == 7.0).item<bool>()) << "the gap between two parts was written";
+  EXPECT_FALSE(torch::all(dx.narrow(2, 0, 16) == 7.0).item<bool>()) << "the first part was not written";
 }
 
 // As in the Gated DeltaNet layer: the rest (the output gate) goes through the gated output norm,

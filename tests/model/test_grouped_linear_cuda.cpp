@@ -535,6 +535,8 @@ TEST(GroupedLinearCuda, BlockGradScatterMatchesNarrowAndCast) {
           EXPECT_NE(kernels::scatter_block_grads(src.data_ptr(), kernels::DType::BF16, mixed, model::stream_of(src)), 0)
               << "a launch with some destinations null must be refused";
           for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(got[i], want[i])) << "a refused launch wrote block " << i;
+          torch::cuda::synchronize();
+          EXPECT_TRUE(torch::isnan(mixed_partials).all().item<bool>()) << "a refused launch wrote square partials";
         }
       }
 
