@@ -74,6 +74,7 @@ const std::vector<GdrScanChoice>& gdr_scan_choices() {
       {"dv-in-tail", "v's gradient from the backward's tail instead of the solve's backward"},
       {"fp32-grads", "the backward's dQg, dKd, dW and dRw in fp32 instead of bf16"},
       {"tf32-reverse-scan", "the reverse scan's products in TF32 instead of bf16"},
+      {"tf32-forward-scan", "the forward scan's products in TF32 instead of bf16"},
       {"split-tail", "the backward tail's dq and dk products in split TF32 instead of bf16"},
       {"aten", "their ATen twins (to measure the kernels)"},
   };
@@ -199,6 +200,9 @@ int bench_train(const BenchTrainArgs& a) {
   model::gdr_bf16_chunk_grads(a.gdr_scan != "fp32-grads");
   // tf32-reverse-scan: the reverse scan's products in TF32 instead of bf16 (model::gdr_bf16_scan_products).
   model::gdr_bf16_scan_products(a.gdr_scan != "tf32-reverse-scan");
+  // tf32-forward-scan: the forward scan's products in TF32 instead of bf16
+  // (model::gdr_bf16_forward_scan_products).
+  model::gdr_bf16_forward_scan_products(a.gdr_scan != "tf32-forward-scan");
   // split-tail: the backward tail's dq and dk products in split TF32 instead of bf16
   // (model::gdr_bf16_tail_products).
   model::gdr_bf16_tail_products(a.gdr_scan != "split-tail");

@@ -213,7 +213,11 @@ int gdr_scan(const GdrScanArgs& a, void* stream) {
     if (a.bf16_products) return gdr_scan_fused_bf16(a, fused_cols, stream);
     return gdr_scan_tensor_cores(a, fused_cols, stream);
   }
-  if (a.bf16_products) return static_cast<int>(cudaErrorInvalidValue);  // the fused form's only
+  if (a.bf16_products) {  // the fused form's, and the forward's bf16 form
+    const int forward_cols = gdr_scan_forward_bf16_width(a);
+    if (forward_cols == 0) return static_cast<int>(cudaErrorInvalidValue);
+    return gdr_scan_forward_bf16(a, forward_cols, stream);
+  }
   const int cols = gdr_scan_tensor_core_width(a);
   if (cols > 0) return gdr_scan_tensor_cores(a, cols, stream);
   // The FMA kernels read and write fp32 only.

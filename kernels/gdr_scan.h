@@ -75,7 +75,10 @@ struct GdrScanArgs {
   float out_scale = 1.f;                // s
   // The fused form's four products as bf16 mma (kernels/gdr_scan_bf16.cu) instead of TF32: dO, the
   // running state and y rounded to bf16 as operands (2⁻⁹ relative where TF32 has 2⁻¹¹), sums and
-  // the running state in fp32. Taken where gdr_scan_fused_bf16_width is not 0.
+  // the running state in fp32. Taken where gdr_scan_fused_bf16_width is not 0. In the forward's
+  // bf16 form (gdr_scan_forward_bf16_form_ok) the same for its two products, P S and Qᵀ y: the
+  // state and y rounded to bf16 as operands, which is what the bf16 outputs already hold; taken
+  // where gdr_scan_forward_bf16_width is not 0.
   bool bf16_products = false;
   const int32_t* step_off = nullptr;  // [n_steps], device memory
   const int32_t* n_chunks = nullptr;  // [n_docs], device memory
@@ -152,6 +155,17 @@ inline bool gdr_scan_fused_bf16_supports(int64_t C, int64_t dk, int64_t dv, int6
          gdr_scan_fused_bf16_smem_bytes(C, dk, cols) <= kGdrScanMmaMaxSmem;
 }
 
+// The forward form with bf16 products: shared memory of a block of `cols` columns (S and y rounded
+// [·][cols + 8], W and Kd [C][dk + 8], all bf16), and the sizes it takes (those of the fused form).
+constexpr int64_t gdr_scan_forward_bf16_smem_bytes(int64_t C, int64_t dk, int64_t cols) {
+  return ((dk + C) * (cols + 8) + 2 * C * (dk + 8)) * 2;
+}
+inline bool gdr_scan_forward_bf16_supports(int64_t C, int64_t dk, int64_t dv, int64_t cols) {
+  return C >= 16 && C <= 64 && C % 16 == 0 && dk >= 16 && dk <= 128 && dk % 16 == 0 && dv >= 4 && dv % 4 == 0 &&
+         (cols == 32 || cols == 64 || cols == 96 || cols == 128) &&
+         gdr_scan_forward_bf16_smem_bytes(C, dk, cols) <= kGdrScanMmaMaxSmem;
+}
+
 // The block width the default takes (0: no tensor-core width takes these sizes), for `doc_heads`
 // (document, head) pairs on a GPU of `sms` SMs. Measured on an H100 (docs/perf.md), the scan is
 // bound by each SM's throughput more than by a step's latency: one 64-column block alone on an SM
@@ -205,6 +219,13 @@ inline bool gdr_scan_bf16_inputs_ok(const GdrScanArgs& a) {
   return a.A != nullptr && a.A_bf16 == nullptr && a.out_state_bf16 == nullptr && a.out_y_bf16 == nullptr;
 }
 
+// Whether a's pointers are the forward's bf16 form (bf16 A, P and Q in, bf16 out_state and out_y,
+// no E, no dO) with TF32 products asked for: the form whose products may run as bf16 mma.
+inline bool gdr_scan_forward_bf16_form_ok(const GdrScanArgs& a) {
+  return gdr_scan_bf16_inputs_ok(a) && a.E == nullptr && a.A_bf16 != nullptr && a.out_state_bf16 != nullptr &&
+         !a.tf32x3;
+}
+
 #ifdef DD_HAVE_CUDA
 // Returns the cudaError_t of the launch (0 = success).
 int gdr_scan(const GdrScanArgs& a, void* stream);
@@ -227,6 +248,10 @@ inline int gdr_scan_fused_bf16_width(const GdrScanArgs& a) {
 // The fused form with bf16 products in blocks of `cols` columns (gdr_scan calls it for
 // GdrScanArgs::bf16_products); cudaErrorInvalidValue for pointers or sizes it does not take.
 int gdr_scan_fused_bf16(const GdrScanArgs& a, int cols, void* stream);
+// The forward form with bf16 products (GdrScanArgs::bf16_products, gdr_scan_forward_bf16_form_ok)
+// in blocks of `cols` columns: gdr_scan calls it; cudaErrorInvalidValue for pointers or sizes it
+// does not take.
+int gdr_scan_forward_bf16(const GdrScanArgs& a, int cols, void* stream);
 // The width of state columns of the tensor-core kernel gdr_scan runs for a's sizes and variant,
 // or 0 when it runs an FMA kernel; for the fused form (a.dO set) gdr_scan_fused_width, where 0
 // means gdr_scan fails.
@@ -238,6 +263,13 @@ inline bool gdr_scan_takes_bf16_inputs(const GdrScanArgs& a) {
 }
 // Whether gdr_scan takes bf16 outputs (out_state_bf16, out_y_bf16): the same, in the forward (no E).
 inline bool gdr_scan_takes_bf16_outputs(const GdrScanArgs& a) { return a.E == nullptr && gdr_scan_takes_bf16_inputs(a); }
+// The block width of the forward form with bf16 products for a's sizes and variant (the width the
+// TF32 kernel would take, where gdr_scan_forward_bf16_supports takes it), or 0 when it does not run.
+inline int gdr_scan_forward_bf16_width(const GdrScanArgs& a) {
+  if (a.dO != nullptr || a.E != nullptr) return 0;
+  const int cols = gdr_scan_tensor_core_width(a);
+  return cols > 0 && gdr_scan_forward_bf16_supports(a.C, a.dk, a.dv, cols) ? cols : 0;
+}
 #endif
 
 }  // namespace kernels

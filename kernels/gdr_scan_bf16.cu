@@ -19,6 +19,13 @@
 // −Wᵀ y and writes them to the shared bf16 copy of S, the next step's phase-1 operand and the
 // source of the out_state rows (dh_next, bf16 either way). One unit of y and one state tile per
 // warp: C ≤ 64, dk ≤ 128 (gdr_scan_fused_bf16_supports).
+//
+// The forward form (kForward; GdrScanArgs::bf16_products with the forward's bf16 pointers) runs the
+// same loop with two products a step and no dO: y = A + sign_p · W S (A = U, sign_p = −1) and
+// S = decay · S + sign_q · Kdᵀ y, the state and y rounded to bf16 as operands. Those are the values
+// the forward writes anyway (out_state and out_y in bf16); gdr_scan_mma.cu's TF32 forward takes
+// them rounded to TF32 instead, and each of its fragments costs a shared load and a rounding per
+// element (the TF32 kernel issued about 12 instructions per mma there, which bound its step).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -44,10 +51,24 @@ using Bf16 = __nv_bfloat16;
 __host__ __device__ constexpr int pitch16(int n) { return n + 8; }
 __host__ __device__ constexpr int pitch_do(int cols) { return cols + 4; }
 
-// Byte offsets of the shared regions; their sum is gdr_scan_fused_bf16_smem_bytes.
+// Byte offsets of the shared regions; their sum is gdr_scan_fused_bf16_smem_bytes, or for the
+// forward form (S, y, then P and Q: no dO, Qg or Pm) gdr_scan_forward_bf16_smem_bytes.
 struct Layout {
   int64_t S, y, dOb, P, Q, Qg, Pm, dO, total;
 };
+__host__ __device__ constexpr Layout forward_layout_of(int64_t C, int64_t dk, int64_t cols) {
+  Layout l{};
+  l.S = 0;                                  // bf16 [dk][cols + 8]: S rounded
+  l.y = l.S + dk * pitch16(cols) * 2;       // bf16 [C][cols + 8]: sign_q · y rounded
+  l.P = l.y + C * pitch16(cols) * 2;        // bf16 [C][dk + 8]: W
+  l.Q = l.P + C * pitch16(dk) * 2;          // bf16 [C][dk + 8]: Kd
+  l.dOb = l.Qg = l.Pm = l.dO = l.Q + C * pitch16(dk) * 2;  // none
+  l.total = l.dO;
+  return l;
+}
+static_assert(forward_layout_of(64, 128, 128).total == gdr_scan_forward_bf16_smem_bytes(64, 128, 128) &&
+                  forward_layout_of(32, 80, 32).total == gdr_scan_forward_bf16_smem_bytes(32, 80, 32),
+              "the forward layout and the header's size agree");
 __host__ __device__ constexpr Layout layout_of(int64_t C, int64_t dk, int64_t cols) {
   Layout l{};
   l.S = 0;                                                  // bf16 [dk][cols + 8]: S rounded
@@ -74,15 +95,16 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
   gdr_chunk_mma::mma16<Bf16>(d, Frag16A{{a[0], a[1], a[2], a[3]}}, Frag16B{{b0, b1}});
 }
 
-template <int kWarps, bool kBf16Y>
+template <int kWarps, bool kBf16Y, bool kForward>
 __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) gdr_scan_fused_bf16_kernel(GdrScanArgs a) {
+  static_assert(!kForward || kBf16Y, "the forward form writes y in bf16");
   constexpr int kThreads = 32 * kWarps, kCols = 4 * kWarps, kPairs = kCols / 16;
   constexpr int kPs = pitch16(kCols), kPdo = pitch_do(kCols);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int dk = static_cast<int>(a.dk), C = static_cast<int>(a.C);
   const int64_t dv = a.dv;
   const int pk = pitch16(dk), pc = pitch16(C);
-  const Layout L = layout_of(C, dk, kCols);
+  const Layout L = kForward ? forward_layout_of(C, dk, kCols) : layout_of(C, dk, kCols);
   uint16_t* S_s = reinterpret_cast<uint16_t*>(smem_raw + L.S);
   uint16_t* y_s = reinterpret_cast<uint16_t*>(smem_raw + L.y);
   uint16_t* dOb_s = reinterpret_cast<uint16_t*>(smem_raw + L.dOb);
@@ -158,9 +180,10 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) gdr_scan_fus
     return (static_cast<int64_t>(a.step_off[m]) + doc) * a.H + head;
   };
   // Kd, Qg, Pm and dO of chunk row r (dO through the row map, zeros for −1), then W apart: W is
-  // phase 2's only input, and comes in while phase 1 runs.
+  // phase 2's only input, and comes in while phase 1 runs. The forward: W, then Kd apart.
   auto stage_p = [&](int64_t r) {
     stage_rows<kThreads>(P_s, pk, a.P_bf16 + r * C * dk, dk, C, dk);
+    if constexpr (kForward) return;
     stage_rows<kThreads>(Qg_s, pk, a.Qg_bf16 + r * C * dk, dk, C, dk);
     stage_rows<kThreads>(Pm_s, pc, a.Pm_bf16 + r * C * C, C, C, C);
     for (int p = threadIdx.x; p < C * (kCols / 4); p += kThreads) {
@@ -197,32 +220,52 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) gdr_scan_fus
       if (c < cols) *reinterpret_cast<uint2*>(out_state + i * dv + j0 + c) = *reinterpret_cast<const uint2*>(S_s + i * kPs + c);
     }
     const float dec = __ldg(a.decay + r);
-
-    cp_async_wait<1>();  // Kd, Qg, Pm, dO (W may still be in flight)
-    __syncthreads();
-    for (int p = threadIdx.x; p < C * (kCols / 4); p += kThreads) {
-      const int i = p / (kCols / 4), c = 4 * (p % (kCols / 4));
-      const float4 v = *reinterpret_cast<const float4*>(dO_s + i * kPdo + c);
-      *reinterpret_cast<uint2*>(dOb_s + i * kPs + c) = make_uint2(bf16_pair(v.x, v.y), bf16_pair(v.z, v.w));
-    }
-    __syncthreads();
-
-    // Phase 1: y = s Pmᵀ dO + Kd S for this warp's unit; Pmᵀ's rows y_m0.. are zero before column y_m0.
-    if (has_y_unit) {
-      float acc[2][4] = {}, acc_odd[2][4] = {};
-      uint32_t fa[4], fb[4];
-      for (int k0 = y_m0; k0 < C; k0 += 16) {
-        ldsm_a_of_transposed(fa, Pm_s, pc, y_m0, k0, lane);
-        ldsm_b_pair(fb, dOb_s, kPs, k0, y_n0, lane);
-        mma_bf16(acc[0], fa, fb[0], fb[1]);
-        mma_bf16(acc[1], fa, fb[2], fb[3]);
-      }
+    // The forward's A (U) at this thread's y positions [column tile h][row half], raw bf16 pairs:
+    // loaded here so they are in flight through phase 1's products.
+    uint32_t A_r[2][2] = {};
+    if constexpr (kForward) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[h][e] *= a.out_scale;
+        for (int half = 0; half < 2; ++half) {
+          const int row = y_m0 + g + 8 * half, c = y_n0 + 8 * h + 2 * t;
+          if (has_y_unit && c < cols) {
+            A_r[h][half] = *reinterpret_cast<const uint32_t*>(a.A_bf16 + (r * C + row) * dv + j0 + c);
+          }
+        }
       }
-      // Kd S: even k-steps into acc, odd ones into acc_odd (two dependency chains).
+    }
+
+    cp_async_wait<1>();  // Kd, Qg, Pm, dO (W may still be in flight); the forward: W
+    __syncthreads();
+    if constexpr (!kForward) {
+      for (int p = threadIdx.x; p < C * (kCols / 4); p += kThreads) {
+        const int i = p / (kCols / 4), c = 4 * (p % (kCols / 4));
+        const float4 v = *reinterpret_cast<const float4*>(dO_s + i * kPdo + c);
+        *reinterpret_cast<uint2*>(dOb_s + i * kPs + c) = make_uint2(bf16_pair(v.x, v.y), bf16_pair(v.z, v.w));
+      }
+      __syncthreads();
+    }
+
+    // Phase 1: y = s Pmᵀ dO + Kd S for this warp's unit; Pmᵀ's rows y_m0.. are zero before column
+    // y_m0. The forward: y = A + sign_p · W S.
+    if (has_y_unit) {
+      float acc[2][4] = {}, acc_odd[2][4] = {};
+      uint32_t fa[4], fb[4];
+      if constexpr (!kForward) {
+        for (int k0 = y_m0; k0 < C; k0 += 16) {
+          ldsm_a_of_transposed(fa, Pm_s, pc, y_m0, k0, lane);
+          ldsm_b_pair(fb, dOb_s, kPs, k0, y_n0, lane);
+          mma_bf16(acc[0], fa, fb[0], fb[1]);
+          mma_bf16(acc[1], fa, fb[2], fb[3]);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[h][e] *= a.out_scale;
+        }
+      }
+      // Kd S (the forward: W S): even k-steps into acc, odd ones into acc_odd (two dependency chains).
       auto kd_times_s = [&](float(&d)[2][4], int k0) {
         ldsm_a(fa, P_s, pk, y_m0, k0, lane);
         ldsm_b_pair(fb, S_s, kPs, k0, y_n0, lane);
@@ -239,8 +282,12 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) gdr_scan_fus
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int row = y_m0 + g + 8 * half;
-          const float2 y = make_float2(acc[h][2 * half] + acc_odd[h][2 * half],
-                                       acc[h][2 * half + 1] + acc_odd[h][2 * half + 1]);
+          float2 y = make_float2(acc[h][2 * half] + acc_odd[h][2 * half], acc[h][2 * half + 1] + acc_odd[h][2 * half + 1]);
+          if constexpr (kForward) {
+            const uint32_t bits = A_r[h][half];
+            y = make_float2(__uint_as_float(bits << 16) + a.sign_p * y.x,
+                            __uint_as_float(bits & 0xffff0000u) + a.sign_p * y.y);
+          }
           *reinterpret_cast<uint32_t*>(y_s + row * kPs + c) = bf16_pair(a.sign_q * y.x, a.sign_q * y.y);
           if (c < cols) {
             auto* dst = out_y() + (r * C + row) * dv + j0 + c;
@@ -253,8 +300,14 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) gdr_scan_fus
         }
       }
     }
-    // E = s Qgᵀ dO for this warp's state tile, and the decay with it.
-    if (has_state_tile) {
+    // E = s Qgᵀ dO for this warp's state tile, and the decay with it (the forward: the decay alone).
+    if (kForward && has_state_tile) {
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) S_r[nt][e] *= dec;
+      }
+    } else if (has_state_tile) {
       float e_acc[4][4] = {};
       state_tile_accumulate(e_acc, Qg_s, dOb_s);
 #pragma unroll
@@ -266,10 +319,11 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) gdr_scan_fus
     __syncthreads();  // y is complete; Kd, Qg, Pm, dO and S_s are read
     if (step + 1 < n) stage_p(r_next);
     cp_async_commit();
-    cp_async_wait<1>();  // W of this step
+    cp_async_wait<1>();  // W of this step (the forward: Kd)
     __syncthreads();
 
-    // Phase 2: S += Wᵀ (−y) for this warp's tile, then its rounded copy for the next step.
+    // Phase 2: S += Wᵀ (−y) for this warp's tile (the forward: Kdᵀ (sign_q · y)), then its rounded
+    // copy for the next step.
     if (has_state_tile) {
       state_tile_accumulate(S_r, Q_s, y_s);
       state_to_shared();
@@ -291,9 +345,9 @@ using ScanKernel = void (*)(GdrScanArgs);
 // (C, dk), and allow_dynamic_smem sets each (kernel, device, bytes) once, so an opt-in to each
 // launch's own size would let a smaller size's opt-in stand under a larger launch (refused, invalid
 // value).
-template <int kWarps, bool kBf16Y>
+template <int kWarps, bool kBf16Y, bool kForward = false>
 ScanKernel opted_in() {
-  ScanKernel f = gdr_scan_fused_bf16_kernel<kWarps, kBf16Y>;
+  ScanKernel f = gdr_scan_fused_bf16_kernel<kWarps, kBf16Y, kForward>;
   return allow_dynamic_smem(reinterpret_cast<const void*>(f), static_cast<int>(kGdrScanMmaMaxSmem)) == 0 ? f
                                                                                                         : nullptr;
 }
@@ -303,6 +357,27 @@ ScanKernel kernel_for(const GdrScanArgs& a) {
   return a.out_y_bf16 != nullptr ? opted_in<kWarps, true>() : opted_in<kWarps, false>();
 }
 
+// The instance of the block width `cols` (one of the four), or null.
+template <bool kForward>
+ScanKernel kernel_of_width(const GdrScanArgs& a, int cols) {
+  switch (cols) {
+    case 32: return kForward ? opted_in<8, true, true>() : kernel_for<8>(a);
+    case 64: return kForward ? opted_in<16, true, true>() : kernel_for<16>(a);
+    case 96: return kForward ? opted_in<24, true, true>() : kernel_for<24>(a);
+    case 128: return kForward ? opted_in<32, true, true>() : kernel_for<32>(a);
+    default: return nullptr;
+  }
+}
+
+int launch(ScanKernel kernel, const GdrScanArgs& a, int cols, int64_t smem, void* stream) {
+  if (kernel == nullptr) return static_cast<int>(cudaErrorInvalidValue);
+  const dim3 grid(static_cast<unsigned>(a.n_docs * a.H), static_cast<unsigned>((a.dv + cols - 1) / cols));
+  GdrScanArgs args = a;
+  void* params[] = {&args};
+  return static_cast<int>(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, dim3(8 * cols), params,
+                                           static_cast<size_t>(smem), static_cast<cudaStream_t>(stream)));
+}
+
 }  // namespace
 
 int gdr_scan_fused_bf16(const GdrScanArgs& a, int cols, void* stream) {
@@ -310,21 +385,15 @@ int gdr_scan_fused_bf16(const GdrScanArgs& a, int cols, void* stream) {
       a.n_docs < 1 || a.H < 1) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
-  const int64_t smem = gdr_scan_fused_bf16_smem_bytes(a.C, a.dk, cols);
-  ScanKernel kernel = nullptr;
-  switch (cols) {
-    case 32: kernel = kernel_for<8>(a); break;
-    case 64: kernel = kernel_for<16>(a); break;
-    case 96: kernel = kernel_for<24>(a); break;
-    case 128: kernel = kernel_for<32>(a); break;
-    default: return static_cast<int>(cudaErrorInvalidValue);
+  return launch(kernel_of_width<false>(a, cols), a, cols, gdr_scan_fused_bf16_smem_bytes(a.C, a.dk, cols), stream);
+}
+
+int gdr_scan_forward_bf16(const GdrScanArgs& a, int cols, void* stream) {
+  if (!gdr_scan_forward_bf16_form_ok(a) || !a.bf16_products || !gdr_scan_forward_bf16_supports(a.C, a.dk, a.dv, cols) ||
+      a.n_docs < 1 || a.H < 1) {
+    return static_cast<int>(cudaErrorInvalidValue);
   }
-  if (kernel == nullptr) return static_cast<int>(cudaErrorInvalidValue);
-  const dim3 grid(static_cast<unsigned>(a.n_docs * a.H), static_cast<unsigned>((a.dv + cols - 1) / cols));
-  GdrScanArgs args = a;
-  void* params[] = {&args};
-  return static_cast<int>(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, dim3(8 * cols), params,
-                                           static_cast<size_t>(smem), static_cast<cudaStream_t>(stream)));
+  return launch(kernel_of_width<true>(a, cols), a, cols, gdr_scan_forward_bf16_smem_bytes(a.C, a.dk, cols), stream);
 }
 
 }  // namespace kernels

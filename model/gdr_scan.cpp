@@ -29,7 +29,12 @@ std::atomic<int64_t> g_split_launches{0}, g_tf32_launches{0};  // gdr_scan_launc
 std::atomic<bool> g_bf16_states{true};
 std::atomic<bool> g_fuse_output_grads{true};
 std::atomic<int64_t> g_fused_backward_launches{0}, g_bf16_product_launches{0};
+std::atomic<bool> g_bf16_forward_products{true};
+std::atomic<int64_t> g_bf16_forward_launches{0};
 }  // namespace
+
+void gdr_bf16_forward_scan_products(bool on) { g_bf16_forward_products = on; }
+int64_t gdr_scan_bf16_forward_launches() { return g_bf16_forward_launches.load(); }
 
 void gdr_scan_use_kernel(bool on) { g_use_kernel = on; }
 void gdr_bf16_states(bool on) { g_bf16_states = on; }
@@ -180,12 +185,15 @@ kernels::GdrScanArgs sized_args(const GdrScanPlan& plan, int64_t C, int64_t dk, 
 
 // One launch of the scan (either direction). Returns {out_state, out_y, final}; out_state and out_y
 // in bf16 when bf16_outputs is asked for and the kernel takes it (kernels::gdr_scan_takes_bf16_outputs).
+// bf16_products: the forward's bf16 form takes its products as bf16 mma where the kernel has that
+// form for the sizes (kernels::gdr_scan_forward_bf16_width), TF32 ones otherwise.
 // P and Q may be bf16 (both), in the forward with a bf16 A and bf16 outputs, in the backward with
 // an fp32 A and E (kernels::GdrScanArgs::P_bf16); the callers check the kernel takes them.
 std::vector<torch::Tensor> run_scan(const torch::Tensor& A, const torch::Tensor& P, const torch::Tensor& Q,
                                     const torch::Tensor& decay, const torch::Tensor& E, const torch::Tensor& init,
                                     const DevicePlan& dp, int64_t n_docs, int64_t busy, int64_t H, float sign_p,
-                                    float sign_q, bool reverse, bool tf32_products, bool bf16_outputs = false) {
+                                    float sign_q, bool reverse, bool tf32_products, bool bf16_outputs = false,
+                                    bool bf16_products = false) {
   const int64_t R = A.size(0), C = A.size(1), dv = A.size(2), dk = P.size(2);
   kernels::GdrScanArgs a;
   if (is_bf16(P)) {
@@ -226,8 +234,10 @@ std::vector<torch::Tensor> run_scan(const torch::Tensor& A, const torch::Tensor&
     a.out_y = out_y.data_ptr<float>();
   }
   a.final_state = fin.data_ptr<float>();
+  a.bf16_products = bf16_products && kernels::gdr_scan_forward_bf16_form_ok(a) && kernels::gdr_scan_forward_bf16_width(a) > 0;
   check_kernel_launch(kernels::gdr_scan(a, c10::cuda::getCurrentCUDAStream(A.device().index()).stream()),
                       "gated delta rule scan");
+  if (a.bf16_products) ++g_bf16_forward_launches;
   ++(tf32_products ? g_tf32_launches : g_split_launches);
   return {out_state, out_y, fin};
 }
@@ -251,7 +261,8 @@ class GdrScanFn : public torch::autograd::Function<GdrScanFn> {
     auto dp = device_plan(plan, W.device());
     auto Wc = W.contiguous(), Uc = U.contiguous(), Kc = Kd.contiguous(), dc = decay.contiguous();
     auto outs = run_scan(Uc, Wc, Kc, dc, {}, h0.contiguous(), dp, plan.n_docs, gdr_scan_busy_docs(plan), plan.heads,
-                         -1.f, 1.f, false, plan.tf32_products, plan.tf32_products && plan.bf16_states);
+                         -1.f, 1.f, false, plan.tf32_products, plan.tf32_products && plan.bf16_states,
+                         g_bf16_forward_products);
     ctx->save_for_backward({Wc, Kc, dc, outs[0], outs[1]});
     ctx->saved_data["step_off"] = dp.step_off;
     ctx->saved_data["n_chunks"] = dp.n_chunks;

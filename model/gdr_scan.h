@@ -124,6 +124,14 @@ void gdr_scan_use_kernel(bool on);
 void gdr_bf16_states(bool on);
 bool gdr_bf16_states();
 
+// Process-wide switch (default on), for benchmarks and tests: whether the forward scan of bf16
+// inputs and states (the 16-bit training path) takes its two products as bf16 mma, the running
+// state and the corrected values rounded to bf16 as operands (kernels::GdrScanArgs::bf16_products;
+// sums and the state stay fp32); off, TF32 products. And how many forward scans this process has
+// launched with bf16 products (tests check the path was taken).
+void gdr_bf16_forward_scan_products(bool on);
+int64_t gdr_scan_bf16_forward_launches();
+
 // How many scan kernels this process has launched asking for each product mode (both directions;
 // the FMA variants compute in fp32 whatever is asked), so a test or a benchmark can see which mode
 // a training step's forward and backward ran in.

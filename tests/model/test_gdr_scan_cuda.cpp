@@ -398,9 +398,11 @@ TEST(GdrScanCuda, Bf16StatesAreTheFp32StatesRounded) {
 // tensors holding the same values, bit for bit (a bf16 value is a TF32 value, and the TF32 products
 // round nothing), forward (bf16 outputs) and backward (bf16 W and Kd, fp32 gradients), in every
 // tensor-core block width and with no gradient reaching h_in. The FMA kernel reads fp32 only:
-// there the inputs are widened first, with the same result.
+// there the inputs are widened first, with the same result. The forward's TF32 products, that is:
+// its bf16 products (model::gdr_bf16_forward_scan_products) are tested below.
 TEST(GdrScanCuda, Bf16InputsMatchFp32InputsOfTheSameValues) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  model::gdr_bf16_forward_scan_products(false);
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 919);
   const auto bf16 = [](const torch::Tensor& x) { return x.to(torch::kBFloat16); };
   const auto widened = [](const torch::Tensor& x) { return x.to(torch::kBFloat16).to(torch::kFloat32); };
@@ -438,6 +440,7 @@ TEST(GdrScanCuda, Bf16InputsMatchFp32InputsOfTheSameValues) {
     }
   }
   model::gdr_scan_variant(kernels::kGdrScanAuto);
+  model::gdr_bf16_forward_scan_products(true);
 }
 
 // The reverse scan fed by the output's gradient (model::gdr_scan_backward_from_output_grad): its
@@ -580,6 +583,117 @@ TEST(GdrScanCuda, Bf16ProductsReverseScanStaysCloseToFp64) {
   }
   model::gdr_scan_variant(kernels::kGdrScanAuto);
   std::printf("[gdr_scan bf16 products] worst against fp64: %.1e (TF32 products: %.1e)\n", worst, worst_tf32);
+}
+
+// The forward scan of bf16 inputs and states with its two products as bf16 mma
+// (model::gdr_bf16_forward_scan_products, the default on the 16-bit training path): the running
+// state and y rounded to bf16 as operands, sums in fp32. Against the fp64 reference on the bf16
+// values, beside the TF32 products' own distance from it, at the model's head sizes and each
+// tensor-core width; the smallest sizes it takes; C > 64 and dk > 128, which it does not take (the
+// TF32 kernel runs, the same to the bit). h_in and v_new come back in bf16 either way (2⁻⁹
+// relative at most, about 1.1e-3 over a tensor), bound 8e-3 as for the reverse scan's bf16
+// products. And gdr_scan refuses bf16 products for the forward's fp32 form.
+TEST(GdrScanCuda, Bf16ProductsForwardScanStaysCloseToFp64) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 1201);
+  struct Bf16Case {
+    Case c;
+    bool taken;
+  };
+  std::vector<Bf16Case> cases;
+  for (const Case& c : kModelHeadCases) cases.push_back({c, true});
+  cases.push_back({{{2, 5}, 2, 16, 16, 8}, true});     // the smallest sizes taken
+  cases.push_back({{{3, 2}, 2, 128, 64, 72}, false});  // C > 64
+  cases.push_back({{{3, 1}, 2, 64, 256, 40}, false});  // dk > 128
+  const auto bf16 = [](const torch::Tensor& x) { return x.to(torch::kBFloat16); };
+  const auto f64 = [](const torch::Tensor& x) { return x.to(torch::kFloat64); };
+  double worst = 0, worst_tf32 = 0;
+  for (const int variant : {int{kernels::kGdrScanAuto}, int{kernels::kGdrScanTensorCores32},
+                            int{kernels::kGdrScanTensorCores64}, int{kernels::kGdrScanTensorCores96},
+                            int{kernels::kGdrScanTensorCores128}}) {
+    model::gdr_scan_variant(variant);
+    for (const Bf16Case& bc : cases) {
+      const Case& c = bc.c;
+      int64_t N = 0;
+      auto plan = make_plan(c.chunk_counts, c.H, N);
+      plan.tf32_products = true;
+      plan.bf16_states = true;
+      const int64_t R = N * c.H, S = plan.n_docs * c.H;
+      const ScanInputs in = random_scan_inputs(c, R, S);
+      const auto W = bf16(in.W), U = bf16(in.U), Kd = bf16(in.Kd);
+      const std::string what = describe(c) + ", variant " + std::to_string(variant);
+      if (!model::gdr_scan_takes_bf16_inputs(plan, c.C, c.dk, c.dv)) continue;  // no tensor-core width
+      model::gdr_bf16_forward_scan_products(false);
+      const auto tf32 = model::gdr_scan(W, U, Kd, in.decay, in.h0, plan);
+      model::gdr_bf16_forward_scan_products(true);
+      const int64_t before = model::gdr_scan_bf16_forward_launches();
+      const auto got = model::gdr_scan(W, U, Kd, in.decay, in.h0, plan);
+      const bool taken = model::gdr_scan_bf16_forward_launches() - before == 1;
+      EXPECT_EQ(taken, bc.taken) << what;
+      if (!taken) {
+        EXPECT_TRUE(torch::equal(got.h_in, tf32.h_in) && torch::equal(got.v_new, tf32.v_new) &&
+                    torch::equal(got.h_final, tf32.h_final))
+            << what << ": the TF32 form";
+        continue;
+      }
+      ASSERT_EQ(got.h_in.scalar_type(), torch::kBFloat16) << what;
+      ASSERT_EQ(got.v_new.scalar_type(), torch::kBFloat16) << what;
+      ASSERT_EQ(got.h_final.scalar_type(), torch::kFloat32) << what;
+      const auto ref = model::gdr_scan_reference(f64(W), f64(U), f64(Kd), f64(in.decay), f64(in.h0), plan);
+      const auto error = [&](const model::GdrScanResult& r) {
+        return std::max({rel_norm_diff(f64(r.h_in), ref.h_in), rel_norm_diff(f64(r.v_new), ref.v_new),
+                         rel_norm_diff(f64(r.h_final), ref.h_final)});
+      };
+      const double e = error(got), e_tf32 = error(tf32);
+      EXPECT_LT(e, 8e-3) << what << ": bf16 products against fp64";
+      EXPECT_GT(rel_norm_diff(got.h_final, tf32.h_final), 0.0) << what << ": the same as the TF32 products";
+      worst = std::max(worst, e);
+      worst_tf32 = std::max(worst_tf32, e_tf32);
+    }
+  }
+  model::gdr_scan_variant(kernels::kGdrScanAuto);
+  std::printf("[gdr_scan forward bf16 products] worst against fp64: %.1e (TF32 products: %.1e)\n", worst, worst_tf32);
+
+  // The forward's fp32 form (fp32 inputs and outputs) has no bf16 products: refused, nothing written.
+  const Case c = kModelHeadCases[0];
+  int64_t N = 0;
+  const auto plan = make_plan(c.chunk_counts, c.H, N);
+  const int64_t R = N * c.H, S = plan.n_docs * c.H;
+  const ScanInputs in = random_scan_inputs(c, R, S);
+  auto opt = in.U.options();
+  auto out_state = torch::full({R, c.dk, c.dv}, 7.f, opt), out_y = torch::full({R, c.C, c.dv}, 7.f, opt);
+  auto fin = torch::full({S, c.dk, c.dv}, 7.f, opt);
+  std::vector<int32_t> off(plan.step_off.begin(), plan.step_off.end()), nch(static_cast<size_t>(plan.n_docs), 0);
+  for (const int64_t cnt : plan.step_count) {
+    for (int64_t k = 0; k < cnt; ++k) ++nch[static_cast<size_t>(k)];
+  }
+  const auto i32 = torch::TensorOptions().dtype(torch::kInt32);
+  const auto step_off = torch::tensor(off, i32).to(torch::kCUDA), n_chunks = torch::tensor(nch, i32).to(torch::kCUDA);
+  kernels::GdrScanArgs a;
+  a.A = in.U.data_ptr<float>();
+  a.P = in.W.data_ptr<float>();
+  a.Q = in.Kd.data_ptr<float>();
+  a.decay = in.decay.data_ptr<float>();
+  a.out_state = out_state.data_ptr<float>();
+  a.out_y = out_y.data_ptr<float>();
+  a.final_state = fin.data_ptr<float>();
+  a.step_off = step_off.data_ptr<int32_t>();
+  a.n_chunks = n_chunks.data_ptr<int32_t>();
+  a.tf32x3 = false;
+  a.n_docs = plan.n_docs;
+  a.H = c.H;
+  a.C = c.C;
+  a.dk = c.dk;
+  a.dv = c.dv;
+  a.bf16_products = true;
+  EXPECT_NE(kernels::gdr_scan(a, c10::cuda::getCurrentCUDAStream().stream()), 0) << "bf16 products on fp32 inputs";
+  torch::cuda::synchronize();
+  EXPECT_TRUE((out_state == 7.f).all().item<bool>() && (out_y == 7.f).all().item<bool>() && (fin == 7.f).all().item<bool>())
+      << "a refused launch wrote";
+  a.bf16_products = false;  // the same arguments run with TF32 products
+  EXPECT_EQ(kernels::gdr_scan(a, c10::cuda::getCurrentCUDAStream().stream()), 0);
+  torch::cuda::synchronize();
+  EXPECT_FALSE((fin == 7.f).all().item<bool>());
 }
 
 // The fused front's bf16 outputs (GdrChunkFrontArgs::bf16_out) are its fp32 outputs rounded to
@@ -966,6 +1080,34 @@ TEST(GdrScanCuda, Bf16ScanProductsStayCloseToTf32Ones) {
   for (const auto& d : diffs) {
     for (size_t i = 0; i < d.size(); ++i) EXPECT_LT(d[i], i < 2 ? 1e-7 : 4e-3) << kChunkOutputNames[i];
     EXPECT_GT(std::max(d[5], d[6]), 1e-7) << "dβ and dg did not change";
+  }
+}
+
+// The forward scan's products in bf16 (model::gdr_bf16_forward_scan_products, the default on the
+// 16-bit training path) against TF32 ones, through the whole op: the output, the final state and
+// every gradient (which read the forward's states) within the 16-bit bound (4e-3), the output
+// changed, and the bf16 forward scan ran (its launch counter) only with the switch on.
+TEST(GdrScanCuda, Bf16ForwardScanProductsStayCloseToTf32Ones) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  std::printf("[gdr_chunk] bf16 against TF32 forward-scan products:\n");
+  static int64_t at_off = 0, off_launches = 0;
+  off_launches = 0;
+  auto counted = [](bool on) {
+    if (on) {
+      off_launches += model::gdr_scan_bf16_forward_launches() - at_off;
+    } else {
+      at_off = model::gdr_scan_bf16_forward_launches();
+    }
+    model::gdr_bf16_forward_scan_products(on);
+  };
+  const int64_t before = model::gdr_scan_bf16_forward_launches();
+  const auto diffs = switch_differences(counted, 883);
+  EXPECT_EQ(off_launches, 0) << "the bf16 forward scan ran with the switch off";
+  EXPECT_EQ(model::gdr_scan_bf16_forward_launches() - before, static_cast<int64_t>(diffs.size()))
+      << "one bf16 forward scan per run with the switch on";
+  for (const auto& d : diffs) {
+    for (size_t i = 0; i < d.size(); ++i) EXPECT_LT(d[i], 4e-3) << kChunkOutputNames[i];
+    EXPECT_GT(std::max(d[0], d[1]), 1e-7) << "o and h did not change";
   }
 }
 
