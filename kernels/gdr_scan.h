@@ -55,7 +55,8 @@ struct GdrScanArgs {
   // instead of P and Q, staged as bf16 (half the bytes through L2 and shared memory) and widened
   // exactly, a bf16 value being a TF32 one. Two forms (gdr_scan_bf16_inputs_ok): the forward (no
   // E) also reads A_bf16 instead of A and writes bf16 outputs; the backward (with E) reads A and E
-  // in fp32 and writes fp32. Results equal those of fp32 inputs holding the same values, bit for bit.
+  // in fp32 and writes fp32. Results equal those of fp32 inputs holding the same values, bit for bit
+  // (in the forward with bf16_products off: with it on, the products are bf16 mma).
   const uint16_t* A_bf16 = nullptr;  // [R, C, dv]
   const uint16_t* P_bf16 = nullptr;  // [R, C, dk]
   const uint16_t* Q_bf16 = nullptr;  // [R, C, dk]

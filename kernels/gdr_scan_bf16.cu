@@ -52,7 +52,7 @@ __host__ __device__ constexpr int pitch16(int n) { return n + 8; }
 __host__ __device__ constexpr int pitch_do(int cols) { return cols + 4; }
 
 // Byte offsets of the shared regions; their sum is gdr_scan_fused_bf16_smem_bytes, or for the
-// forward form (S, y, then P and Q: no dO, Qg or Pm) gdr_scan_forward_bf16_smem_bytes.
+// forward form (S, y, then P and Q: no dO, its bf16 copy, Qg or Pm) gdr_scan_forward_bf16_smem_bytes.
 struct Layout {
   int64_t S, y, dOb, P, Q, Qg, Pm, dO, total;
 };
@@ -212,8 +212,8 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) gdr_scan_fus
     const int64_t r = r_next;
     r_next = step + 1 < n ? row_of_step(step + 1) : r;
 
-    // Phase 0: the state gradient this step starts from (dh_next), from the rounded copy: the same
-    // bits as rounding the fp32 state.
+    // Phase 0: the state gradient this step starts from (dh_next; the forward: h_in), from the
+    // rounded copy: the same bits as rounding the fp32 state.
     uint16_t* out_state = a.out_state_bf16 + r * dk * dv;
     for (int p = threadIdx.x; p < dk * (kCols / 4); p += kThreads) {
       const int i = p / (kCols / 4), c = 4 * (p % (kCols / 4));
@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) gdr_scan_fus
         for (int e = 0; e < 4; ++e) S_r[nt][e] = dec * S_r[nt][e] + a.out_scale * e_acc[nt][e];
       }
     }
-    __syncthreads();  // y is complete; Kd, Qg, Pm, dO and S_s are read
+    __syncthreads();  // y is complete; Kd, Qg, Pm, dO and S_s are read (the forward: W and S_s)
     if (step + 1 < n) stage_p(r_next);
     cp_async_commit();
     cp_async_wait<1>();  // W of this step (the forward: Kd)

@@ -82,6 +82,16 @@ const Case kModelHeadCases[] = {{{4, 4}, 3, 64, 128, 128},
 const int kScanVariants[] = {kernels::kGdrScanAuto,          kernels::kGdrScanTensorCores32, kernels::kGdrScanTensorCores64,
                              kernels::kGdrScanTensorCores96, kernels::kGdrScanTensorCores128, kernels::kGdrScanSimt16};
 
+// Puts back the process-wide scan switches a test changes (the automatic kernel variant, the
+// forward's bf16 products on) when the test ends, also when an ASSERT leaves it early, so the
+// tests after it run with the defaults.
+struct ScanSwitchesRestored {
+  ~ScanSwitchesRestored() {
+    model::gdr_scan_variant(kernels::kGdrScanAuto);
+    model::gdr_bf16_forward_scan_products(true);
+  }
+};
+
 std::string describe(const Case& c) {
   std::string docs;
   for (const int64_t n : c.chunk_counts) docs += (docs.empty() ? "" : ",") + std::to_string(n);
@@ -402,6 +412,7 @@ TEST(GdrScanCuda, Bf16StatesAreTheFp32StatesRounded) {
 // its bf16 products (model::gdr_bf16_forward_scan_products) are tested below.
 TEST(GdrScanCuda, Bf16InputsMatchFp32InputsOfTheSameValues) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  const ScanSwitchesRestored restore;
   model::gdr_bf16_forward_scan_products(false);
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 919);
   const auto bf16 = [](const torch::Tensor& x) { return x.to(torch::kBFloat16); };
@@ -439,8 +450,6 @@ TEST(GdrScanCuda, Bf16InputsMatchFp32InputsOfTheSameValues) {
       }
     }
   }
-  model::gdr_scan_variant(kernels::kGdrScanAuto);
-  model::gdr_bf16_forward_scan_products(true);
 }
 
 // The reverse scan fed by the output's gradient (model::gdr_scan_backward_from_output_grad): its
@@ -592,9 +601,11 @@ TEST(GdrScanCuda, Bf16ProductsReverseScanStaysCloseToFp64) {
 // tensor-core width; the smallest sizes it takes; C > 64 and dk > 128, which it does not take (the
 // TF32 kernel runs, the same to the bit). h_in and v_new come back in bf16 either way (2⁻⁹
 // relative at most, about 1.1e-3 over a tensor), bound 8e-3 as for the reverse scan's bf16
-// products. And gdr_scan refuses bf16 products for the forward's fp32 form.
+// products. gdr_scan refuses bf16 products on the forward's fp32 form and at sizes the bf16 form
+// does not take, and writes nothing.
 TEST(GdrScanCuda, Bf16ProductsForwardScanStaysCloseToFp64) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  const ScanSwitchesRestored restore;
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 1201);
   struct Bf16Case {
     Case c;
@@ -651,49 +662,68 @@ TEST(GdrScanCuda, Bf16ProductsForwardScanStaysCloseToFp64) {
       worst_tf32 = std::max(worst_tf32, e_tf32);
     }
   }
-  model::gdr_scan_variant(kernels::kGdrScanAuto);
+  model::gdr_scan_variant(kernels::kGdrScanAuto);  // the refusals below take the automatic width
   std::printf("[gdr_scan forward bf16 products] worst against fp64: %.1e (TF32 products: %.1e)\n", worst, worst_tf32);
 
-  // The forward's fp32 form (fp32 inputs and outputs) has no bf16 products: refused, nothing written.
-  const Case c = kModelHeadCases[0];
-  int64_t N = 0;
-  const auto plan = make_plan(c.chunk_counts, c.H, N);
-  const int64_t R = N * c.H, S = plan.n_docs * c.H;
-  const ScanInputs in = random_scan_inputs(c, R, S);
-  auto opt = in.U.options();
-  auto out_state = torch::full({R, c.dk, c.dv}, 7.f, opt), out_y = torch::full({R, c.C, c.dv}, 7.f, opt);
-  auto fin = torch::full({S, c.dk, c.dv}, 7.f, opt);
-  std::vector<int32_t> off(plan.step_off.begin(), plan.step_off.end()), nch(static_cast<size_t>(plan.n_docs), 0);
-  for (const int64_t cnt : plan.step_count) {
-    for (int64_t k = 0; k < cnt; ++k) ++nch[static_cast<size_t>(k)];
-  }
-  const auto i32 = torch::TensorOptions().dtype(torch::kInt32);
-  const auto step_off = torch::tensor(off, i32).to(torch::kCUDA), n_chunks = torch::tensor(nch, i32).to(torch::kCUDA);
-  kernels::GdrScanArgs a;
-  a.A = in.U.data_ptr<float>();
-  a.P = in.W.data_ptr<float>();
-  a.Q = in.Kd.data_ptr<float>();
-  a.decay = in.decay.data_ptr<float>();
-  a.out_state = out_state.data_ptr<float>();
-  a.out_y = out_y.data_ptr<float>();
-  a.final_state = fin.data_ptr<float>();
-  a.step_off = step_off.data_ptr<int32_t>();
-  a.n_chunks = n_chunks.data_ptr<int32_t>();
-  a.tf32x3 = false;
-  a.n_docs = plan.n_docs;
-  a.H = c.H;
-  a.C = c.C;
-  a.dk = c.dk;
-  a.dv = c.dv;
-  a.bf16_products = true;
-  EXPECT_NE(kernels::gdr_scan(a, c10::cuda::getCurrentCUDAStream().stream()), 0) << "bf16 products on fp32 inputs";
-  torch::cuda::synchronize();
-  EXPECT_TRUE((out_state == 7.f).all().item<bool>() && (out_y == 7.f).all().item<bool>() && (fin == 7.f).all().item<bool>())
-      << "a refused launch wrote";
-  a.bf16_products = false;  // the same arguments run with TF32 products
-  EXPECT_EQ(kernels::gdr_scan(a, c10::cuda::getCurrentCUDAStream().stream()), 0);
-  torch::cuda::synchronize();
-  EXPECT_FALSE((fin == 7.f).all().item<bool>());
+  // Launches gdr_scan can only refuse: bf16 products on the forward's fp32 form (fp32 inputs and
+  // outputs, sizes the bf16 form takes), and on its bf16 form at C 128, which the bf16 form does not
+  // take. Each is refused and writes nothing; the same arguments then run with TF32 products.
+  const auto refused_then_runs = [](const Case& c, bool bf16_form) {
+    int64_t N = 0;
+    const auto plan = make_plan(c.chunk_counts, c.H, N);
+    const int64_t R = N * c.H, S = plan.n_docs * c.H;
+    const ScanInputs in = random_scan_inputs(c, R, S);
+    const auto io = bf16_form ? torch::kBFloat16 : torch::kFloat32;
+    const auto W = in.W.to(io), U = in.U.to(io), Kd = in.Kd.to(io);
+    const auto opt = in.U.options();
+    auto out_state = torch::full({R, c.dk, c.dv}, 7.f, opt.dtype(io));
+    auto out_y = torch::full({R, c.C, c.dv}, 7.f, opt.dtype(io));
+    auto fin = torch::full({S, c.dk, c.dv}, 7.f, opt);
+    std::vector<int32_t> off(plan.step_off.begin(), plan.step_off.end()), nch(static_cast<size_t>(plan.n_docs), 0);
+    for (const int64_t cnt : plan.step_count) {
+      for (int64_t k = 0; k < cnt; ++k) ++nch[static_cast<size_t>(k)];
+    }
+    const auto i32 = torch::TensorOptions().dtype(torch::kInt32);
+    const auto step_off = torch::tensor(off, i32).to(torch::kCUDA), n_chunks = torch::tensor(nch, i32).to(torch::kCUDA);
+    kernels::GdrScanArgs a;
+    const auto bits = [](const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); };
+    if (bf16_form) {
+      a.A_bf16 = bits(U);
+      a.P_bf16 = bits(W);
+      a.Q_bf16 = bits(Kd);
+      a.out_state_bf16 = bits(out_state);
+      a.out_y_bf16 = bits(out_y);
+    } else {
+      a.A = U.data_ptr<float>();
+      a.P = W.data_ptr<float>();
+      a.Q = Kd.data_ptr<float>();
+      a.out_state = out_state.data_ptr<float>();
+      a.out_y = out_y.data_ptr<float>();
+    }
+    a.decay = in.decay.data_ptr<float>();
+    a.final_state = fin.data_ptr<float>();
+    a.step_off = step_off.data_ptr<int32_t>();
+    a.n_chunks = n_chunks.data_ptr<int32_t>();
+    a.tf32x3 = false;
+    a.n_docs = plan.n_docs;
+    a.H = c.H;
+    a.C = c.C;
+    a.dk = c.dk;
+    a.dv = c.dv;
+    const std::string what = describe(c) + (bf16_form ? ", bf16 form" : ", fp32 form");
+    a.bf16_products = true;
+    EXPECT_NE(kernels::gdr_scan(a, c10::cuda::getCurrentCUDAStream().stream()), 0) << what << ": bf16 products taken";
+    torch::cuda::synchronize();
+    EXPECT_TRUE((out_state == 7.f).all().item<bool>() && (out_y == 7.f).all().item<bool>() &&
+                (fin == 7.f).all().item<bool>())
+        << what << ": a refused launch wrote";
+    a.bf16_products = false;
+    EXPECT_EQ(kernels::gdr_scan(a, c10::cuda::getCurrentCUDAStream().stream()), 0) << what << ": TF32 products";
+    torch::cuda::synchronize();
+    EXPECT_FALSE((fin == 7.f).all().item<bool>()) << what << ": TF32 products wrote nothing";
+  };
+  refused_then_runs(kModelHeadCases[0], false);
+  refused_then_runs({{3, 2}, 2, 128, 64, 72}, true);
 }
 
 // The fused front's bf16 outputs (GdrChunkFrontArgs::bf16_out) are its fp32 outputs rounded to
@@ -1040,6 +1070,28 @@ std::vector<std::vector<double>> switch_differences(void (*set_switch)(bool), ui
   return out;
 }
 
+// switch_differences for a switch with a launch counter (kLaunches) of the path it turns on: the
+// switch goes through a wrapper that counts the launches made while it was off (off_launches, the
+// runs between switching off and on) and all the launches of the runs (launches).
+template <void (*kSet)(bool), int64_t (*kLaunches)()>
+std::vector<std::vector<double>> counted_switch_differences(uint64_t seed, int64_t& off_launches, int64_t& launches) {
+  static int64_t at_off = 0, off = 0;
+  off = 0;
+  auto counted = [](bool on) {
+    if (on) {
+      off += kLaunches() - at_off;
+    } else {
+      at_off = kLaunches();
+    }
+    kSet(on);
+  };
+  const int64_t before = kLaunches();
+  auto diffs = switch_differences(counted, seed);
+  off_launches = off;
+  launches = kLaunches() - before;
+  return diffs;
+}
+
 // The fused backward's five intermediates in bf16 (dU, dQg, dKd, dW, dRw; model::gdr_bf16_chunk_grads,
 // the default on the 16-bit training path) against the same run with them in fp32: the forward is
 // the same to the bit, and every gradient stays within the bf16 rounding the inputs' own gradients
@@ -1061,22 +1113,11 @@ TEST(GdrScanCuda, Bf16ChunkGradsStayCloseToFp32Ones) {
 TEST(GdrScanCuda, Bf16ScanProductsStayCloseToTf32Ones) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   std::printf("[gdr_chunk] bf16 against TF32 reverse-scan products:\n");
-  // The switch through a counting wrapper: launches between switching off and on are the off runs'.
-  static int64_t at_off = 0, off_launches = 0;
-  off_launches = 0;
-  auto counted = [](bool on) {
-    if (on) {
-      off_launches += model::gdr_scan_bf16_product_launches() - at_off;
-    } else {
-      at_off = model::gdr_scan_bf16_product_launches();
-    }
-    model::gdr_bf16_scan_products(on);
-  };
-  const int64_t before = model::gdr_scan_bf16_product_launches();
-  const auto diffs = switch_differences(counted, 877);
+  int64_t off_launches = 0, launches = 0;
+  const auto diffs = counted_switch_differences<model::gdr_bf16_scan_products, model::gdr_scan_bf16_product_launches>(
+      877, off_launches, launches);
   EXPECT_EQ(off_launches, 0) << "the bf16 scan ran with the switch off";
-  EXPECT_EQ(model::gdr_scan_bf16_product_launches() - before, static_cast<int64_t>(diffs.size()))
-      << "one bf16 scan per backward with the switch on";
+  EXPECT_EQ(launches, static_cast<int64_t>(diffs.size())) << "one bf16 scan per backward with the switch on";
   for (const auto& d : diffs) {
     for (size_t i = 0; i < d.size(); ++i) EXPECT_LT(d[i], i < 2 ? 1e-7 : 4e-3) << kChunkOutputNames[i];
     EXPECT_GT(std::max(d[5], d[6]), 1e-7) << "dβ and dg did not change";
@@ -1090,21 +1131,12 @@ TEST(GdrScanCuda, Bf16ScanProductsStayCloseToTf32Ones) {
 TEST(GdrScanCuda, Bf16ForwardScanProductsStayCloseToTf32Ones) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   std::printf("[gdr_chunk] bf16 against TF32 forward-scan products:\n");
-  static int64_t at_off = 0, off_launches = 0;
-  off_launches = 0;
-  auto counted = [](bool on) {
-    if (on) {
-      off_launches += model::gdr_scan_bf16_forward_launches() - at_off;
-    } else {
-      at_off = model::gdr_scan_bf16_forward_launches();
-    }
-    model::gdr_bf16_forward_scan_products(on);
-  };
-  const int64_t before = model::gdr_scan_bf16_forward_launches();
-  const auto diffs = switch_differences(counted, 883);
+  int64_t off_launches = 0, launches = 0;
+  const auto diffs =
+      counted_switch_differences<model::gdr_bf16_forward_scan_products, model::gdr_scan_bf16_forward_launches>(
+          883, off_launches, launches);
   EXPECT_EQ(off_launches, 0) << "the bf16 forward scan ran with the switch off";
-  EXPECT_EQ(model::gdr_scan_bf16_forward_launches() - before, static_cast<int64_t>(diffs.size()))
-      << "one bf16 forward scan per run with the switch on";
+  EXPECT_EQ(launches, static_cast<int64_t>(diffs.size())) << "one bf16 forward scan per run with the switch on";
   for (const auto& d : diffs) {
     for (size_t i = 0; i < d.size(); ++i) EXPECT_LT(d[i], 4e-3) << kChunkOutputNames[i];
     EXPECT_GT(std::max(d[0], d[1]), 1e-7) << "o and h did not change";
