@@ -234,7 +234,8 @@ std::vector<torch::Tensor> run_scan(const torch::Tensor& A, const torch::Tensor&
     a.out_y = out_y.data_ptr<float>();
   }
   a.final_state = fin.data_ptr<float>();
-  a.bf16_products = bf16_products && kernels::gdr_scan_forward_bf16_form_ok(a) && kernels::gdr_scan_forward_bf16_width(a) > 0;
+  a.bf16_products =
+      bf16_products && kernels::gdr_scan_forward_bf16_form_ok(a) && kernels::gdr_scan_forward_bf16_width(a) > 0;
   check_kernel_launch(kernels::gdr_scan(a, c10::cuda::getCurrentCUDAStream(A.device().index()).stream()),
                       "gated delta rule scan");
   if (a.bf16_products) ++g_bf16_forward_launches;
