@@ -92,6 +92,25 @@ struct ScanSwitchesRestored {
   }
 };
 
+// The bf16-product tests' cases: the model's head sizes and the smallest sizes, which the bf16
+// kernels take, and C > 64 and dk > 128, which they do not; and the tensor-core variants they run
+// in (the automatic width and each fixed one).
+struct Bf16Case {
+  Case c;
+  bool taken;
+};
+std::vector<Bf16Case> bf16_product_cases() {
+  std::vector<Bf16Case> cases;
+  for (const Case& c : kModelHeadCases) cases.push_back({c, true});
+  cases.push_back({{{2, 5}, 2, 16, 16, 8}, true});     // the smallest sizes taken
+  cases.push_back({{{3, 2}, 2, 128, 64, 72}, false});  // C > 64
+  cases.push_back({{{3, 1}, 2, 64, 256, 40}, false});  // dk > 128
+  return cases;
+}
+const int kTensorCoreVariants[] = {kernels::kGdrScanAuto, kernels::kGdrScanTensorCores32,
+                                   kernels::kGdrScanTensorCores64, kernels::kGdrScanTensorCores96,
+                                   kernels::kGdrScanTensorCores128};
+
 std::string describe(const Case& c) {
   std::string docs;
   for (const int64_t n : c.chunk_counts) docs += (docs.empty() ? "" : ",") + std::to_string(n);
@@ -546,21 +565,10 @@ TEST(GdrScanCuda, FusedOutputGradBackwardMatchesProductsThenScan) {
 TEST(GdrScanCuda, Bf16ProductsReverseScanStaysCloseToFp64) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 1187);
-  struct Bf16Case {
-    Case c;
-    bool taken;
-  };
-  std::vector<Bf16Case> cases;
-  for (const Case& c : kModelHeadCases) cases.push_back({c, true});
-  cases.push_back({{{2, 5}, 2, 16, 16, 8}, true});     // the smallest sizes taken
-  cases.push_back({{{3, 2}, 2, 128, 64, 72}, false});  // C > 64
-  cases.push_back({{{3, 1}, 2, 64, 256, 40}, false});  // dk > 128
   double worst = 0, worst_tf32 = 0;
-  for (const int variant : {int{kernels::kGdrScanAuto}, int{kernels::kGdrScanTensorCores32},
-                            int{kernels::kGdrScanTensorCores64}, int{kernels::kGdrScanTensorCores96},
-                            int{kernels::kGdrScanTensorCores128}}) {
+  for (const int variant : kTensorCoreVariants) {
     model::gdr_scan_variant(variant);
-    for (const Bf16Case& bc : cases) {
+    for (const Bf16Case& bc : bf16_product_cases()) {
       const Case& c = bc.c;
       const FusedScanCase f(c);
       // dO through a row map for odd document counts; a final gradient for even H.
@@ -607,23 +615,12 @@ TEST(GdrScanCuda, Bf16ProductsForwardScanStaysCloseToFp64) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   const ScanSwitchesRestored restore;
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 1201);
-  struct Bf16Case {
-    Case c;
-    bool taken;
-  };
-  std::vector<Bf16Case> cases;
-  for (const Case& c : kModelHeadCases) cases.push_back({c, true});
-  cases.push_back({{{2, 5}, 2, 16, 16, 8}, true});     // the smallest sizes taken
-  cases.push_back({{{3, 2}, 2, 128, 64, 72}, false});  // C > 64
-  cases.push_back({{{3, 1}, 2, 64, 256, 40}, false});  // dk > 128
   const auto bf16 = [](const torch::Tensor& x) { return x.to(torch::kBFloat16); };
   const auto f64 = [](const torch::Tensor& x) { return x.to(torch::kFloat64); };
   double worst = 0, worst_tf32 = 0;
-  for (const int variant : {int{kernels::kGdrScanAuto}, int{kernels::kGdrScanTensorCores32},
-                            int{kernels::kGdrScanTensorCores64}, int{kernels::kGdrScanTensorCores96},
-                            int{kernels::kGdrScanTensorCores128}}) {
+  for (const int variant : kTensorCoreVariants) {
     model::gdr_scan_variant(variant);
-    for (const Bf16Case& bc : cases) {
+    for (const Bf16Case& bc : bf16_product_cases()) {
       const Case& c = bc.c;
       int64_t N = 0;
       auto plan = make_plan(c.chunk_counts, c.H, N);
