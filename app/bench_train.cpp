@@ -75,6 +75,7 @@ const std::vector<GdrScanChoice>& gdr_scan_choices() {
       {"fp32-grads", "the backward's dQg, dKd, dW and dRw in fp32 instead of bf16"},
       {"tf32-reverse-scan", "the reverse scan's products in TF32 instead of bf16"},
       {"tf32-forward-scan", "the forward scan's products in TF32 instead of bf16"},
+      {"tf32-state-grads", "the backward's products with the chunk states in TF32 instead of bf16"},
       {"split-tail", "the backward tail's dq and dk products in split TF32 instead of bf16"},
       {"aten", "their ATen twins (to measure the kernels)"},
   };
@@ -203,6 +204,9 @@ int bench_train(const BenchTrainArgs& a) {
   // tf32-forward-scan: the forward scan's products in TF32 instead of bf16
   // (model::gdr_bf16_forward_scan_products).
   model::gdr_bf16_forward_scan_products(a.gdr_scan != "tf32-forward-scan");
+  // tf32-state-grads: the backward's products with the chunk states (dQg, dP_raw, dW, dKd) as TF32
+  // mma instead of bf16 (model::gdr_bf16_state_grads_products).
+  model::gdr_bf16_state_grads_products(a.gdr_scan != "tf32-state-grads");
   // split-tail: the backward tail's dq and dk products in split TF32 instead of bf16
   // (model::gdr_bf16_tail_products).
   model::gdr_bf16_tail_products(a.gdr_scan != "split-tail");

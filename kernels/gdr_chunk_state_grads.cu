@@ -5,25 +5,34 @@
 //   group 1: its half of dh_next;
 //   group 2: dU, into dO's room once the first pass is done with dO.
 // With an fp32 dU (kCompact off) dh_next's group comes in during the first pass, and two blocks fit
-// an SM at bench gdr's shape (87 KiB). With a bf16 dU (the 16-bit path, kCompact) dh_next and dU
-// both take dO's fp32 room after the first pass: 70 KiB, three blocks an SM, whose loads and
-// products overlap instead.
+// an SM at bench gdr's shape (87 kB a block, 92 kB in the bf16 form). With a bf16 dU (the 16-bit
+// path, kCompact) dh_next and dU both take dO's fp32 room after the first pass: 70 kB (74 kB), three
+// blocks an SM, whose loads and products overlap instead.
 // and takes three passes over k = dv, each warp a 16-row tile of C and a quarter of the columns:
 //   pass 1 (dO)   dQg and dP_raw tiles, one A fragment for both;
 //   pass 2 (Vn)   dKd tiles, and the block's share of ddecay from the staged h_in and dh_next;
 //   pass 3 (dU)   dW tiles.
 // The two blocks of a row add their ddecay halves to a zeroed output: two addends onto zero, so the
 // sum does not depend on their order.
-// The mma's k order is permuted: slot t of a k-step k0 is column k0 + 2t and slot t + 4 is column
-// k0 + 2t + 1, for both operands (the sum over k does not depend on the order), so each lane's two
-// k values of a row are one 8-byte fp32 or 4-byte bf16 load. Rows are padded by 8 elements, which
-// puts a warp's fragment loads in 32 different banks for dv a multiple of 64.
+// The products take one of two forms (Tf32Products, Bf16Products below), chosen at the launch.
+// In both the mma's k order is permuted the same way for both operands (the sum over k does not
+// depend on the order), so each lane's k values of a row are consecutive and one load:
+//   TF32 m16n8k8:  slots t and t + 4 of a k-step k0 are columns k0 + 2t and k0 + 2t + 1: one 8-byte
+//                  fp32 or 4-byte bf16 load. Rows padded by 8 elements put a warp's loads in 32
+//                  different banks for dv a multiple of 32.
+//   bf16 m16n8k16: lane t's pairs (2t, 2t + 1) and (2t + 8, 2t + 9) of a k-step are columns
+//                  k0 + 4t .. k0 + 4t + 3: one 16-byte fp32 or 8-byte bf16 load. A pitch of 16 mod 32
+//                  elements puts each quarter-warp's 16-byte loads (two rows) and each half-warp's
+//                  8-byte loads (four rows) in distinct banks.
+// The pitch comes with the launch (gdr_chunk_state_grads_pitch), so the header's shared memory
+// size and the kernel use one rule.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "kernels/cp_async.cuh"
+#include "kernels/gdr_chunk_mma.cuh"
 #include "kernels/gdr_chunk_state_grads.h"
 #include "kernels/smem_opt_in.cuh"
 #include "kernels/tf32_mma.cuh"
@@ -36,76 +45,97 @@ constexpr int kC = 64;
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 
-__host__ __device__ constexpr int pitch_of(int dv) { return dv + 8; }  // elements, bf16 and fp32 rows alike
-
-// rows × dv bf16 elements (row stride dv) into shared rows of pitch_of(dv).
-__device__ __forceinline__ void stage_bf16(uint16_t* dst, const uint16_t* src, int rows, int dv) {
+// rows × dv bf16 elements (row stride dv) into shared rows of pitch p.
+__device__ __forceinline__ void stage_bf16(uint16_t* dst, const uint16_t* src, int rows, int dv, int p) {
   const int per_row = dv / 8;
   for (int i = threadIdx.x; i < rows * per_row; i += kThreads) {
     const int row = i / per_row, c = i % per_row;
-    cp_async16(dst + row * pitch_of(dv) + 8 * c, src + static_cast<int64_t>(row) * dv + 8 * c);
+    cp_async16(dst + row * p + 8 * c, src + static_cast<int64_t>(row) * dv + 8 * c);
   }
 }
 
-// The C fp32 rows of chunk row r: row i from src row map[first + i] (zeros where that is −1), or
-// first + i without a map.
-__device__ __forceinline__ void stage_f32_rows(float* dst, const float* src, const int32_t* map, int64_t first, int dv) {
+// The C fp32 rows of chunk row r into shared rows of pitch p: row i from src row map[first + i]
+// (zeros where that is −1), or first + i without a map.
+__device__ __forceinline__ void stage_f32_rows(float* dst, const float* src, const int32_t* map, int64_t first, int dv,
+                                               int p) {
   const int per_row = dv / 4;
   for (int i = threadIdx.x; i < kC * per_row; i += kThreads) {
     const int row = i / per_row, c = i % per_row;
     const int64_t src_row = map != nullptr ? map[first + row] : first + row;
     const bool valid = src_row >= 0;
-    cp_async16_zfill(dst + row * pitch_of(dv) + 4 * c, valid ? src + src_row * dv + 4 * c : src, valid);
+    cp_async16_zfill(dst + row * p + 4 * c, valid ? src + src_row * dv + 4 * c : src, valid);
   }
 }
 
-// The A fragment of rows m0..m0+15 at k-step k0 (permuted k order, see the top): fp32 rounded to
-// TF32, or bf16 widened exactly.
-__device__ __forceinline__ void frag_a(uint32_t (&a)[4], const float* x, int p, int m0, int k0, int g, int t) {
-  const float2 lo = *reinterpret_cast<const float2*>(x + (m0 + g) * p + k0 + 2 * t);
-  const float2 hi = *reinterpret_cast<const float2*>(x + (m0 + g + 8) * p + k0 + 2 * t);
-  a[0] = round_tf32(lo.x);
-  a[1] = round_tf32(hi.x);
-  a[2] = round_tf32(lo.y);
-  a[3] = round_tf32(hi.y);
-}
-__device__ __forceinline__ void frag_a(uint32_t (&a)[4], const uint16_t* x, int p, int m0, int k0, int g, int t) {
-  const uint32_t lo = *reinterpret_cast<const uint32_t*>(x + (m0 + g) * p + k0 + 2 * t);
-  const uint32_t hi = *reinterpret_cast<const uint32_t*>(x + (m0 + g + 8) * p + k0 + 2 * t);
-  a[0] = lo << 16;  // the even column is the word's low half
-  a[1] = hi << 16;
-  a[2] = lo & 0xffff0000u;
-  a[3] = hi & 0xffff0000u;
-}
+struct FragA {
+  uint32_t r[4];
+};
+struct FragB {
+  uint32_t r[2];
+};
 
-// The B fragment of output columns n0..n0+7 from a bf16 tile whose rows are those columns ([n][k]).
-__device__ __forceinline__ void frag_b(uint32_t (&b)[2], const uint16_t* y, int p, int n0, int k0, int g, int t) {
-  const uint32_t w = *reinterpret_cast<const uint32_t*>(y + (n0 + g) * p + k0 + 2 * t);
-  b[0] = w << 16;
-  b[1] = w & 0xffff0000u;
-}
+// TF32 m16n8k8 (see the top): fp32 operands rounded to TF32, bf16 ones widened exactly.
+struct Tf32Products {
+  static constexpr int kStep = 8;
+  // The A fragment of rows m0..m0+15 at k-step k0.
+  static __device__ __forceinline__ FragA a(const float* x, int p, int m0, int k0, int g, int t) {
+    const float2 lo = *reinterpret_cast<const float2*>(x + (m0 + g) * p + k0 + 2 * t);
+    const float2 hi = *reinterpret_cast<const float2*>(x + (m0 + g + 8) * p + k0 + 2 * t);
+    return {{round_tf32(lo.x), round_tf32(hi.x), round_tf32(lo.y), round_tf32(hi.y)}};
+  }
+  static __device__ __forceinline__ FragA a(const uint16_t* x, int p, int m0, int k0, int g, int t) {
+    const uint32_t lo = *reinterpret_cast<const uint32_t*>(x + (m0 + g) * p + k0 + 2 * t);
+    const uint32_t hi = *reinterpret_cast<const uint32_t*>(x + (m0 + g + 8) * p + k0 + 2 * t);
+    return {{lo << 16, hi << 16, lo & 0xffff0000u, hi & 0xffff0000u}};  // the even column is the low half
+  }
+  // The B fragment of output columns n0..n0+7 from a bf16 tile whose rows are those columns ([n][k]).
+  static __device__ __forceinline__ FragB b(const uint16_t* y, int p, int n0, int k0, int g, int t) {
+    const uint32_t w = *reinterpret_cast<const uint32_t*>(y + (n0 + g) * p + k0 + 2 * t);
+    return {{w << 16, w & 0xffff0000u}};
+  }
+  static __device__ __forceinline__ void mma(float (&d)[4], const FragA& a, const FragB& b) { mma_tf32(d, a.r, b.r); }
+};
+
+// bf16 m16n8k16 (see the top): fp32 operands rounded to bf16 (to nearest even), bf16 ones as they are.
+struct Bf16Products {
+  static constexpr int kStep = 16;
+  static __device__ __forceinline__ uint32_t pair_of(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // lo in the low half
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ FragA a(const float* x, int p, int m0, int k0, int g, int t) {
+    const float4 lo = *reinterpret_cast<const float4*>(x + (m0 + g) * p + k0 + 4 * t);
+    const float4 hi = *reinterpret_cast<const float4*>(x + (m0 + g + 8) * p + k0 + 4 * t);
+    return {{pair_of(lo.x, lo.y), pair_of(hi.x, hi.y), pair_of(lo.z, lo.w), pair_of(hi.z, hi.w)}};
+  }
+  static __device__ __forceinline__ FragA a(const uint16_t* x, int p, int m0, int k0, int g, int t) {
+    const uint2 lo = *reinterpret_cast<const uint2*>(x + (m0 + g) * p + k0 + 4 * t);
+    const uint2 hi = *reinterpret_cast<const uint2*>(x + (m0 + g + 8) * p + k0 + 4 * t);
+    return {{lo.x, hi.x, lo.y, hi.y}};
+  }
+  static __device__ __forceinline__ FragB b(const uint16_t* y, int p, int n0, int k0, int g, int t) {
+    const uint2 w = *reinterpret_cast<const uint2*>(y + (n0 + g) * p + k0 + 4 * t);
+    return {{w.x, w.y}};
+  }
+  static __device__ __forceinline__ void mma(float (&d)[4], const FragA& a, const FragB& b) {
+    gdr_chunk_mma::mma16<__nv_bfloat16>(d, gdr_chunk_mma::Frag16A{{a.r[0], a.r[1], a.r[2], a.r[3]}},
+                                        gdr_chunk_mma::Frag16B{{b.r[0], b.r[1]}});
+  }
+};
 
 // acc[j] += A · (the 8 rows from n0 + 8j of the bf16 tile Y, read as [n][k])ᵀ at k-step k0, for the
 // kN tiles of a warp.
-template <int kN>
-__device__ __forceinline__ void mma_tiles(float (&acc)[kN][4], const uint32_t (&A)[4], const uint16_t* Y, int p,
-                                          int n0, int k0, int g, int t) {
+template <class P, int kN>
+__device__ __forceinline__ void mma_tiles(float (&acc)[kN][4], const FragA& A, const uint16_t* Y, int p, int n0,
+                                          int k0, int g, int t) {
 #pragma unroll
-  for (int j = 0; j < kN; ++j) {
-    uint32_t B[2];
-    frag_b(B, Y, p, n0 + 8 * j, k0, g, t);
-    mma_tf32(acc[j], A, B);
-  }
+  for (int j = 0; j < kN; ++j) P::mma(acc[j], A, P::b(Y, p, n0 + 8 * j, k0, g, t));
 }
 
 // For each k-step k0 of dv: the A fragment of rows m0.. of X, handed to use(A, k0).
-template <typename TX, class Use>
+template <class P, typename TX, class Use>
 __device__ __forceinline__ void over_k(const TX* X, int p, int dv, int m0, int g, int t, Use use) {
-  for (int k0 = 0; k0 < dv; k0 += 8) {
-    uint32_t A[4];
-    frag_a(A, X, p, m0, k0, g, t);
-    use(A, k0);
-  }
+  for (int k0 = 0; k0 < dv; k0 += P::kStep) use(P::a(X, p, m0, k0, g, t), k0);
 }
 
 // alpha · one 16 × 8 accumulator tile into out (row length ld) at rows m0.., columns n0.., in fp32 or
@@ -134,11 +164,12 @@ __device__ __forceinline__ void store_tile(void* out, bool bf16, int64_t first, 
 // kNT: 8-column tiles per warp in the [C, dk] products (dk = 32 kNT: a block's half is 16 kNT
 // columns, two warps share each 16-row tile of C).
 // kCompact: dU in bf16, and dh_next and dU staged in dO's room after the first pass (see the top).
-template <int kNT, bool kCompact>
-__global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2) state_grads_kernel(GdrChunkStateGradsArgs a) {
+// P: the products' form (Tf32Products or Bf16Products); p: the shared rows' pitch in elements.
+template <class P, int kNT, bool kCompact>
+__global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2) state_grads_kernel(GdrChunkStateGradsArgs a, int p) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int dk = 32 * kNT, half_dk = 16 * kNT;
-  const int dv = a.dv, p = pitch_of(dv);
+  const int dv = a.dv;
   const int64_t r = blockIdx.x / 2;
   const int half = blockIdx.x % 2;
   uint16_t* Hs = reinterpret_cast<uint16_t*>(smem);   // [half_dk][p] h_in's rows of this half
@@ -150,12 +181,12 @@ __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2) state_grads_kernel
   float* warp_sums = kCompact ? Xs + kC * p : reinterpret_cast<float*>(Ds + half_dk * p);  // [kWarps]
 
   const int64_t state_first = (r * dk + half * half_dk) * dv;
-  stage_f32_rows(Xs, a.dO, a.dO_rows, r * kC, dv);
-  stage_bf16(Hs, a.h_in + state_first, half_dk, dv);
-  stage_bf16(Vs, a.v_new + r * kC * dv, kC, dv);
+  stage_f32_rows(Xs, a.dO, a.dO_rows, r * kC, dv, p);
+  stage_bf16(Hs, a.h_in + state_first, half_dk, dv, p);
+  stage_bf16(Vs, a.v_new + r * kC * dv, kC, dv, p);
   cp_async_commit();
   if (!kCompact) {
-    stage_bf16(Ds, a.dh_next + state_first, half_dk, dv);
+    stage_bf16(Ds, a.dh_next + state_first, half_dk, dv, p);
     cp_async_commit();
   }
 
@@ -171,9 +202,9 @@ __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2) state_grads_kernel
   __syncthreads();
   {  // pass 1: dQg = s dO h_inᵀ and dP_raw = dO Vnᵀ
     float q_acc[kNT][4] = {}, p_acc[2][4] = {};
-    over_k(static_cast<const float*>(Xs), p, dv, m0, g, t, [&](const uint32_t(&A)[4], int k0) {
-      mma_tiles(q_acc, A, Hs, p, n_first, k0, g, t);
-      mma_tiles(p_acc, A, Vs, p, p_first, k0, g, t);
+    over_k<P>(static_cast<const float*>(Xs), p, dv, m0, g, t, [&](const FragA& A, int k0) {
+      mma_tiles<P>(q_acc, A, Hs, p, n_first, k0, g, t);
+      mma_tiles<P>(p_acc, A, Vs, p, p_first, k0, g, t);
     });
 #pragma unroll
     for (int j = 0; j < kNT; ++j) store_tile(a.dQg, a.bf16_out, out_first, dk, m0, out_col + 8 * j, q_acc[j], a.scale, g, t);
@@ -182,19 +213,19 @@ __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2) state_grads_kernel
   }
   __syncthreads();  // every warp is done with dO
   if (kCompact) {
-    stage_bf16(Ds, a.dh_next + state_first, half_dk, dv);
+    stage_bf16(Ds, a.dh_next + state_first, half_dk, dv, p);
     cp_async_commit();
-    stage_bf16(dU_s, static_cast<const uint16_t*>(a.dU) + r * kC * dv, kC, dv);
+    stage_bf16(dU_s, static_cast<const uint16_t*>(a.dU) + r * kC * dv, kC, dv, p);
   } else {
-    stage_f32_rows(Xs, static_cast<const float*>(a.dU), nullptr, r * kC, dv);
+    stage_f32_rows(Xs, static_cast<const float*>(a.dU), nullptr, r * kC, dv, p);
   }
   cp_async_commit();
   cp_async_wait<1>();  // dh_next's group (the older one) has landed
   __syncthreads();
   {  // pass 2: dKd = Vn dh_nextᵀ, and this half's Σ h_in ⊙ dh_next
     float kd_acc[kNT][4] = {};
-    over_k(static_cast<const uint16_t*>(Vs), p, dv, m0, g, t,
-           [&](const uint32_t(&A)[4], int k0) { mma_tiles(kd_acc, A, Ds, p, n_first, k0, g, t); });
+    over_k<P>(static_cast<const uint16_t*>(Vs), p, dv, m0, g, t,
+           [&](const FragA& A, int k0) { mma_tiles<P>(kd_acc, A, Ds, p, n_first, k0, g, t); });
 #pragma unroll
     for (int j = 0; j < kNT; ++j) store_tile(a.dKd, a.bf16_out, out_first, dk, m0, out_col + 8 * j, kd_acc[j], 1.f, g, t);
 
@@ -219,28 +250,33 @@ __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2) state_grads_kernel
   }
   {  // pass 3: dW = −dU h_inᵀ
     float w_acc[kNT][4] = {};
-    auto products = [&](const uint32_t(&A)[4], int k0) { mma_tiles(w_acc, A, Hs, p, n_first, k0, g, t); };
+    auto products = [&](const FragA& A, int k0) { mma_tiles<P>(w_acc, A, Hs, p, n_first, k0, g, t); };
     if constexpr (kCompact) {
-      over_k(static_cast<const uint16_t*>(dU_s), p, dv, m0, g, t, products);
+      over_k<P>(static_cast<const uint16_t*>(dU_s), p, dv, m0, g, t, products);
     } else {
-      over_k(static_cast<const float*>(Xs), p, dv, m0, g, t, products);
+      over_k<P>(static_cast<const float*>(Xs), p, dv, m0, g, t, products);
     }
 #pragma unroll
     for (int j = 0; j < kNT; ++j) store_tile(a.dW, a.bf16_out, out_first, dk, m0, out_col + 8 * j, w_acc[j], -1.f, g, t);
   }
 }
 
-template <int kNT, bool kCompact>
+template <class P, int kNT, bool kCompact>
 int launch_as(const GdrChunkStateGradsArgs& a, cudaStream_t stream) {
-  const int bytes = static_cast<int>(gdr_chunk_state_grads_smem(a.C, a.dk, a.dv, a.dU_bf16));
-  const int err = allow_dynamic_smem(reinterpret_cast<const void*>(&state_grads_kernel<kNT, kCompact>), bytes);
+  const bool bf16_form = gdr_chunk_state_grads_bf16_form(a);
+  const int bytes = static_cast<int>(gdr_chunk_state_grads_smem(a.C, a.dk, a.dv, a.dU_bf16, bf16_form));
+  const int pitch = static_cast<int>(gdr_chunk_state_grads_pitch(a.dv, bf16_form));
+  const int err = allow_dynamic_smem(reinterpret_cast<const void*>(&state_grads_kernel<P, kNT, kCompact>), bytes);
   if (err != 0) return err;
-  state_grads_kernel<kNT, kCompact><<<static_cast<unsigned>(2 * a.R), kThreads, bytes, stream>>>(a);
+  state_grads_kernel<P, kNT, kCompact><<<static_cast<unsigned>(2 * a.R), kThreads, bytes, stream>>>(a, pitch);
   return static_cast<int>(cudaGetLastError());
 }
 template <int kNT>
 int launch(const GdrChunkStateGradsArgs& a, cudaStream_t stream) {
-  return a.dU_bf16 ? launch_as<kNT, true>(a, stream) : launch_as<kNT, false>(a, stream);
+  if (gdr_chunk_state_grads_bf16_form(a)) {
+    return a.dU_bf16 ? launch_as<Bf16Products, kNT, true>(a, stream) : launch_as<Bf16Products, kNT, false>(a, stream);
+  }
+  return a.dU_bf16 ? launch_as<Tf32Products, kNT, true>(a, stream) : launch_as<Tf32Products, kNT, false>(a, stream);
 }
 
 }  // namespace

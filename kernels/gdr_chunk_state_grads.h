@@ -11,7 +11,10 @@
 // Precision as the products it replaces (kernels/gemm_tf32x3.h beside a bf16 operand): h_in, Vn
 // and dh_next are bf16 (the states under 16-bit training, model/gdr_scan.h) and widened exactly;
 // dO and dU are fp32 and rounded to TF32 (or dU comes in bf16 too, on the fused backward's 16-bit
-// path); each product is one TF32 mma with fp32 accumulation.
+// path); each product is one TF32 mma with fp32 accumulation. Or, asked for (bf16_products, the
+// 16-bit path's default: model::gdr_bf16_state_grads_products), the products are bf16 m16n8k16 mma
+// in k-steps of 16: half the mma and a quarter of the loads, with dO (and an fp32 dU) rounded to
+// bf16 as an operand (2⁻⁹ relative where TF32 has 2⁻¹¹); the bf16 operands stay exact.
 // Raw pointers, no torch.
 #pragma once
 
@@ -38,13 +41,30 @@ struct GdrChunkStateGradsArgs {
   // half the bytes written here and read by the solve's backward and the tail.
   bool bf16_out = false;
   bool dU_bf16 = false;
+  // The products as bf16 m16n8k16 mma (see the top); taken where dv is a multiple of 16, TF32 mma
+  // otherwise.
+  bool bf16_products = false;
 };
 
+// Whether a launch takes the bf16 form: asked for, and dv a multiple of 16 (its k-step).
+inline bool gdr_chunk_state_grads_bf16_form(const GdrChunkStateGradsArgs& a) {
+  return a.bf16_products && a.dv % 16 == 0;
+}
+
+// The shared rows' pitch in elements, bf16 and fp32 rows alike, padded so that each fragment load
+// of a warp reads distinct banks (kernels/gdr_chunk_state_grads.cu): TF32 form dv + 8; bf16 form a
+// pitch of 16 mod 32 (dv itself when it is one, else dv + 16).
+inline int64_t gdr_chunk_state_grads_pitch(int64_t dv, bool bf16_form) {
+  if (!bf16_form) return dv + 8;
+  return dv % 32 == 16 ? dv : dv + 16;
+}
+
 // Shared memory one block takes: half of dk's rows of h_in and of dh_next, Vn (bf16) and one fp32
-// [C, dv] tile (dO, then dU), each row padded by 8 elements; with a bf16 dU, dh_next and dU share the
-// fp32 tile's room (kernels/gdr_chunk_state_grads.cu).
-inline int64_t gdr_chunk_state_grads_smem(int64_t C, int64_t dk, int64_t dv, bool dU_bf16) {
-  const int64_t bf16_row = 2 * (dv + 8), f32_row = 4 * (dv + 8), half_dk = dk / 2;
+// [C, dv] tile (dO, then dU), each row of gdr_chunk_state_grads_pitch; with a bf16 dU, dh_next and
+// dU share the fp32 tile's room (kernels/gdr_chunk_state_grads.cu).
+inline int64_t gdr_chunk_state_grads_smem(int64_t C, int64_t dk, int64_t dv, bool dU_bf16, bool bf16_form) {
+  const int64_t pitch = gdr_chunk_state_grads_pitch(dv, bf16_form);
+  const int64_t bf16_row = 2 * pitch, f32_row = 4 * pitch, half_dk = dk / 2;
   return (half_dk + C) * bf16_row + C * f32_row + (dU_bf16 ? 0 : half_dk * bf16_row) + 64;
 }
 
@@ -54,7 +74,8 @@ inline int64_t gdr_chunk_state_grads_smem(int64_t C, int64_t dk, int64_t dv, boo
 inline bool gdr_chunk_state_grads_supports(const GdrChunkStateGradsArgs& a) {
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return a.R >= 1 && a.R < (int64_t{1} << 30) && a.C == 64 && (a.dk == 64 || a.dk == 96 || a.dk == 128) &&
-         a.dv >= 8 && a.dv % 8 == 0 && gdr_chunk_state_grads_smem(a.C, a.dk, a.dv, a.dU_bf16) <= 227 * 1024 &&
+         a.dv >= 8 && a.dv % 8 == 0 &&
+         gdr_chunk_state_grads_smem(a.C, a.dk, a.dv, a.dU_bf16, gdr_chunk_state_grads_bf16_form(a)) <= 227 * 1024 &&
          aligned(a.dO) && aligned(a.dU) && aligned(a.h_in) && aligned(a.dh_next) && aligned(a.v_new);
 }
 

@@ -16,6 +16,8 @@ namespace {
 
 std::atomic<bool> g_fuse{true};
 std::atomic<int64_t> g_launches{0};
+std::atomic<bool> g_bf16_products{true};
+std::atomic<int64_t> g_bf16_launches{0};
 
 torch::Tensor tr(const torch::Tensor& x) { return x.transpose(-1, -2); }
 
@@ -39,10 +41,11 @@ bool bf16(const torch::Tensor& x) { return x.scalar_type() == torch::kBFloat16; 
 const uint16_t* bits(const torch::Tensor& x) { return reinterpret_cast<const uint16_t*>(x.data_ptr()); }
 
 // The kernel's arguments when it takes these inputs (fp32 dO, fp32 or bf16 dU, bf16 states, contiguous, on
-// one GPU, sizes it supports); else nothing is launched and `ok` is false.
+// one GPU, sizes it supports), its products in bf16 if asked; else nothing is launched and `ok` is false.
 kernels::GdrChunkStateGradsArgs kernel_args(const torch::Tensor& dO_src, const torch::Tensor& dO_rows,
                                             const torch::Tensor& dU, const torch::Tensor& h_in,
-                                            const torch::Tensor& dh_next, const torch::Tensor& v_new, bool& ok) {
+                                            const torch::Tensor& dh_next, const torch::Tensor& v_new,
+                                            bool bf16_products, bool& ok) {
   kernels::GdrChunkStateGradsArgs a;
   const auto f32 = torch::kFloat32;
   const auto dev = dU.device();
@@ -67,6 +70,7 @@ kernels::GdrChunkStateGradsArgs kernel_args(const torch::Tensor& dO_src, const t
   a.h_in = bits(h_in);
   a.dh_next = bits(dh_next);
   a.v_new = bits(v_new);
+  a.bf16_products = bf16_products;
   ok = kernels::gdr_chunk_state_grads_supports(a);
   return a;
 }
@@ -101,7 +105,7 @@ GdrStateGrads gdr_state_grads(const torch::Tensor& dO_src, const torch::Tensor& 
   check_inputs(dO_src, dO_rows, dU, h_in, dh_next, v_new);
 #if defined(DD_HAVE_CUDA)
   bool ok = false;
-  auto a = kernel_args(dO_src, dO_rows, dU, h_in, dh_next, v_new, ok);
+  auto a = kernel_args(dO_src, dO_rows, dU, h_in, dh_next, v_new, bf16_out && g_bf16_products, ok);
   if (ok) {
     const int64_t R = a.R, C = a.C, dk = a.dk;
     const auto opts = dU.options().dtype(torch::kFloat32), dk_opts = bf16_out ? opts.dtype(torch::kBFloat16) : opts;
@@ -116,6 +120,7 @@ GdrStateGrads gdr_state_grads(const torch::Tensor& dO_src, const torch::Tensor& 
     a.ddecay = out.ddecay.data_ptr<float>();
     check_kernel_launch(kernels::gdr_chunk_state_grads(a, stream_of(dU)), "gated delta rule state products");
     ++g_launches;
+    if (kernels::gdr_chunk_state_grads_bf16_form(a)) ++g_bf16_launches;
     return out;
   }
 #endif
@@ -131,5 +136,9 @@ GdrStateGrads gdr_state_grads(const torch::Tensor& dO_src, const torch::Tensor& 
 void gdr_fuse_state_grads(bool on) { g_fuse = on; }
 
 int64_t gdr_state_grads_launches() { return g_launches.load(); }
+
+void gdr_bf16_state_grads_products(bool on) { g_bf16_products = on; }
+
+int64_t gdr_state_grads_bf16_launches() { return g_bf16_launches.load(); }
 
 }  // namespace model

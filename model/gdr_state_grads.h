@@ -21,7 +21,8 @@ struct GdrStateGrads {
 // dO_src [n, dv] fp32 holds the output gradient's rows: chunk row r·C + i is row dO_rows[r·C + i]
 // (int32, −1 for zeros), or row r·C + i when dO_rows is undefined. dU [R, C, dv] fp32 or bf16;
 // h_in, dh_next [R, dk, dv] and v_new [R, C, dv] fp32 or bf16. Results fp32; with bf16_out dQg, dW
-// and dKd are rounded to bf16 (the fused backward's 16-bit mode, model::gdr_bf16_chunk_grads).
+// and dKd are rounded to bf16 (the fused backward's 16-bit mode, model::gdr_bf16_chunk_grads), and
+// the kernel then takes its products in bf16 (gdr_bf16_state_grads_products below).
 GdrStateGrads gdr_state_grads(const torch::Tensor& dO_src, const torch::Tensor& dO_rows, const torch::Tensor& dU,
                               const torch::Tensor& h_in, const torch::Tensor& dh_next, const torch::Tensor& v_new,
                               double scale, bool bf16_out = false);
@@ -35,5 +36,12 @@ GdrStateGrads gdr_state_grads_reference(const torch::Tensor& dO_src, const torch
 void gdr_fuse_state_grads(bool on);
 // How many times this process has launched the kernel (tests check the path was taken).
 int64_t gdr_state_grads_launches();
+
+// Process-wide switch (default on) for benchmarks and tests: on, the kernel's launches with bf16_out
+// take their products as bf16 mma, dO (and an fp32 dU) rounded to bf16 as an operand, 2⁻⁹ relative
+// as the outputs themselves are rounded; off, as TF32 mma (2⁻¹¹). Any thread.
+void gdr_bf16_state_grads_products(bool on);
+// How many of the kernel's launches took the bf16 products.
+int64_t gdr_state_grads_bf16_launches();
 
 }  // namespace model

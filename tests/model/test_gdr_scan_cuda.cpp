@@ -26,6 +26,7 @@
 #include "model/gdr_chunk_core.h"
 #include "model/gdr_plan_slots.h"
 #include "model/gdr_scan.h"
+#include "model/gdr_state_grads.h"
 #include "model/tril_solve.h"
 #include "tests/support/gdr_output_run.h"
 #include "tests/support/torch_compare.h"
@@ -1137,6 +1138,26 @@ TEST(GdrScanCuda, Bf16ForwardScanProductsStayCloseToTf32Ones) {
   for (const auto& d : diffs) {
     for (size_t i = 0; i < d.size(); ++i) EXPECT_LT(d[i], 4e-3) << kChunkOutputNames[i];
     EXPECT_GT(std::max(d[0], d[1]), 1e-7) << "o and h did not change";
+  }
+}
+
+// The backward's products with the chunk states in bf16 (model::gdr_bf16_state_grads_products,
+// the default on the 16-bit training path: dO rounded to bf16 as an operand) against TF32 ones,
+// through the whole op: the forward the same to the bit (it does not run them), every gradient
+// within the 16-bit bound (4e-3), dq changed (dQg and dP_raw come from those products), and the
+// bf16 form ran (its launch counter) only with the switch on, once per backward.
+TEST(GdrScanCuda, Bf16StateGradsProductsStayCloseToTf32Ones) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  std::printf("[gdr_chunk] bf16 against TF32 products with the chunk states:\n");
+  int64_t off_launches = 0, launches = 0;
+  const auto diffs =
+      counted_switch_differences<model::gdr_bf16_state_grads_products, model::gdr_state_grads_bf16_launches>(
+          887, off_launches, launches);
+  EXPECT_EQ(off_launches, 0) << "the bf16 state products ran with the switch off";
+  EXPECT_EQ(launches, static_cast<int64_t>(diffs.size())) << "one bf16 launch per backward with the switch on";
+  for (const auto& d : diffs) {
+    for (size_t i = 0; i < d.size(); ++i) EXPECT_LT(d[i], i < 2 ? 1e-7 : 4e-3) << kChunkOutputNames[i];
+    EXPECT_GT(d[2], 1e-7) << "dq did not change";
   }
 }
 

@@ -3,7 +3,9 @@
 // the row dot it replaces, and both against fp64: the model's head sizes (dk 128 and 96 with dv 128
 // and 192), dk 64 with a dv that is not a multiple of 64, a row count that is odd, the output
 // gradient read directly and through a row map with zero rows, dU in fp32 and in bf16, and a size
-// the kernel refuses; and its bf16 outputs are its fp32 ones rounded.
+// the kernel refuses; and its bf16 outputs are its fp32 ones rounded under TF32 products. Then its
+// bf16 products (model::gdr_bf16_state_grads_products, the default with bf16 outputs) against fp64
+// and against the TF32 ones, at the same sizes and at dv of 16 mod 32 (the unpadded pitch).
 // Fresh random inputs each run, seeded from GoogleTest's seed. Skips without a GPU.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -30,11 +32,41 @@ struct StateCase {
   bool dU_bf16 = false;  // dU from the reverse scan in bf16 (the fused backward's 16-bit mode)
 };
 
+// The bf16-product switch back on however a test leaves (an ASSERT returns early).
+struct Bf16ProductsRestored {
+  ~Bf16ProductsRestored() { model::gdr_bf16_state_grads_products(true); }
+};
+
+// dO and dU for a case: dO_src [n, dv] fp32 (n > R·C through a row map, every seventh chunk row
+// of zeros) and the row map or undefined; dU fp32 or bf16.
+struct OutputGrads {
+  torch::Tensor dO_src, dO_rows, dU;
+};
+OutputGrads random_output_grads(const StateCase& c) {
+  const auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+  const int64_t rows = c.R * c.C;
+  OutputGrads o;
+  o.dU = torch::randn({c.R, c.C, c.dv}, c.dU_bf16 ? f32.dtype(torch::kBFloat16) : f32);
+  if (c.row_map) {
+    // Token order: a permutation of more rows than the chunks hold, every seventh chunk row zero.
+    const int64_t n_src = rows + 13;
+    o.dO_src = 0.1 * torch::randn({n_src, c.dv}, f32);
+    auto map = torch::randperm(n_src, torch::TensorOptions().dtype(torch::kLong)).narrow(0, 0, rows);
+    map.index_put_({torch::arange(0, rows, 7)}, -1);
+    o.dO_rows = map.to(torch::kInt32).to(torch::kCUDA);
+  } else {
+    o.dO_src = 0.1 * torch::randn({rows, c.dv}, f32);
+  }
+  return o;
+}
+
 }  // namespace
 
 TEST(GdrStateGradsCuda, KernelMatchesTheProductsAndFp64) {
   DD_REQUIRE_GPU();
   testing_support::seed_from_gtest(77);
+  const Bf16ProductsRestored restore;
+  model::gdr_bf16_state_grads_products(false);  // the TF32 form throughout; the bf16 one is tested below
   const std::vector<StateCase> cases = {{37, 64, 128, 128, false, true}, {37, 64, 128, 128, true, true},
                                         {11, 64, 96, 192, true, true},   {9, 64, 64, 72, false, true},
                                         {5, 64, 80, 128, true, false},   {37, 64, 128, 128, true, true, true},
@@ -48,18 +80,7 @@ TEST(GdrStateGradsCuda, KernelMatchesTheProductsAndFp64) {
     auto h_in = torch::randn({c.R, c.dk, c.dv}, bf16);
     auto dh_next = torch::randn({c.R, c.dk, c.dv}, bf16);
     auto v_new = torch::randn({c.R, c.C, c.dv}, bf16);
-    auto dU = torch::randn({c.R, c.C, c.dv}, c.dU_bf16 ? bf16 : f32);
-    torch::Tensor dO_src, dO_rows;
-    if (c.row_map) {
-      // Token order: a permutation of more rows than the chunks hold, every seventh chunk row zero.
-      const int64_t n_src = rows + 13;
-      dO_src = 0.1 * torch::randn({n_src, c.dv}, f32);
-      auto map = torch::randperm(n_src, torch::TensorOptions().dtype(torch::kLong)).narrow(0, 0, rows);
-      map.index_put_({torch::arange(0, rows, 7)}, -1);
-      dO_rows = map.to(torch::kInt32).to(torch::kCUDA);
-    } else {
-      dO_src = 0.1 * torch::randn({rows, c.dv}, f32);
-    }
+    const auto [dO_src, dO_rows, dU] = random_output_grads(c);
     model::gdr_fuse_state_grads(true);
     const int64_t launches = model::gdr_state_grads_launches();
     const auto got = model::gdr_state_grads(dO_src, dO_rows, dU, h_in, dh_next, v_new, scale);
@@ -99,6 +120,67 @@ TEST(GdrStateGradsCuda, KernelMatchesTheProductsAndFp64) {
       const auto zero_rows = torch::arange(0, rows, 7, torch::TensorOptions().dtype(torch::kLong).device(torch::kCUDA));
       EXPECT_EQ(got.dQg.view({rows, c.dk}).index_select(0, zero_rows).abs().max().item<float>(), 0.f);
       EXPECT_EQ(got.dP_raw.view({rows, c.C}).index_select(0, zero_rows).abs().max().item<float>(), 0.f);
+    }
+  }
+}
+
+// With bf16 outputs the kernel takes its products as bf16 mma by default: dO (and an fp32 dU)
+// rounded to bf16 as an operand, 2⁻⁹ relative, as the outputs dQg, dW and dKd are rounded anyway.
+// Bounds, relative to the largest value, against fp64: dP_raw (fp32 out, dO rounded) 4e-3; dQg and
+// dW (dO or dU rounded, then the output) 6e-3; dKd (exact operands, output rounded) 4e-3; ddecay
+// (the same fp32 code in both forms) 1e-3. And against the TF32 form's bf16 outputs: 6e-3. A dv that
+// is not a multiple of 16 keeps the TF32 form (counted), and the fp32-output launches never take
+// the bf16 one.
+TEST(GdrStateGradsCuda, Bf16ProductsStayCloseToFp64AndTf32Ones) {
+  DD_REQUIRE_GPU();
+  testing_support::seed_from_gtest(78);
+  const Bf16ProductsRestored restore;
+  // {R, C, dk, dv, map, taken, dU bf16}: the model's head sizes, compact (bf16 dU) and not; dv of
+  // 16 mod 32 (pitch dv) at dk 64 and 96; dv 72, which the bf16 form does not take.
+  const std::vector<StateCase> cases = {{37, 64, 128, 128, true, true, true}, {37, 64, 128, 128, false, true},
+                                        {11, 64, 96, 192, true, true, true},  {11, 64, 96, 192, false, true},
+                                        {9, 64, 64, 80, true, true, true},    {7, 64, 96, 48, false, true},
+                                        {9, 64, 64, 72, false, false, true}};
+  const auto bf16 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  const double scale = 0.0884;
+  for (const auto& c : cases) {
+    auto h_in = torch::randn({c.R, c.dk, c.dv}, bf16);
+    auto dh_next = torch::randn({c.R, c.dk, c.dv}, bf16);
+    auto v_new = torch::randn({c.R, c.C, c.dv}, bf16);
+    const auto [dO_src, dO_rows, dU] = random_output_grads(c);
+    const std::string what = "R " + std::to_string(c.R) + " dk " + std::to_string(c.dk) + " dv " +
+                             std::to_string(c.dv) + (c.dU_bf16 ? " dU bf16" : " dU fp32");
+
+    model::gdr_bf16_state_grads_products(true);
+    const int64_t launches = model::gdr_state_grads_launches(), bf16_launches = model::gdr_state_grads_bf16_launches();
+    (void)model::gdr_state_grads(dO_src, dO_rows, dU, h_in, dh_next, v_new, scale);  // fp32 out: TF32 form
+    const auto got = model::gdr_state_grads(dO_src, dO_rows, dU, h_in, dh_next, v_new, scale, true);
+    EXPECT_EQ(model::gdr_state_grads_launches() - launches, 2) << what;
+    EXPECT_EQ(model::gdr_state_grads_bf16_launches() - bf16_launches, c.kernel_takes ? 1 : 0) << what;
+    model::gdr_bf16_state_grads_products(false);
+    const auto tf32 = model::gdr_state_grads(dO_src, dO_rows, dU, h_in, dh_next, v_new, scale, true);
+    EXPECT_EQ(model::gdr_state_grads_bf16_launches() - bf16_launches, c.kernel_takes ? 1 : 0) << what;
+    const auto truth = testing_support::gdr_state_grads_fp64(dO_src, dO_rows, dU, h_in, dh_next, v_new, scale);
+
+    const std::vector<const char*> names = {"dP_raw", "dQg", "dW", "dKd", "ddecay"};
+    const std::vector<torch::Tensor> g = {got.dP_raw, got.dQg, got.dW, got.dKd, got.ddecay};
+    const std::vector<torch::Tensor> r = {tf32.dP_raw, tf32.dQg, tf32.dW, tf32.dKd, tf32.ddecay};
+    const std::vector<torch::Tensor> t = {truth.dP_raw, truth.dQg, truth.dW, truth.dKd, truth.ddecay};
+    const std::vector<double> bounds = {4e-3, 6e-3, 6e-3, 4e-3, 1e-3};
+    for (size_t i = 0; i < names.size(); ++i) {
+      ASSERT_EQ(g[i].sizes(), t[i].sizes()) << names[i];
+      EXPECT_EQ(g[i].scalar_type(), r[i].scalar_type()) << names[i];
+      const double vs_truth = max_rel(g[i], t[i]), vs_tf32 = max_rel(g[i], r[i]);
+      std::printf("%s %-7s bf16 products vs fp64 %.2e, vs TF32 products %.2e (TF32 vs fp64 %.2e)\n", what.c_str(),
+                  names[i], vs_truth, vs_tf32, max_rel(r[i], t[i]));
+      EXPECT_LT(vs_truth, bounds[i]) << names[i] << ", " << what;
+      EXPECT_LT(vs_tf32, 6e-3) << names[i] << ", " << what;
+    }
+    if (c.row_map) {  // the zero rows of the map still give zero rows of dP_raw and dQg
+      const int64_t rows = c.R * c.C;
+      const auto zero_rows = torch::arange(0, rows, 7, torch::TensorOptions().dtype(torch::kLong).device(torch::kCUDA));
+      EXPECT_EQ(got.dQg.view({rows, c.dk}).index_select(0, zero_rows).abs().max().item<float>(), 0.f) << what;
+      EXPECT_EQ(got.dP_raw.view({rows, c.C}).index_select(0, zero_rows).abs().max().item<float>(), 0.f) << what;
     }
   }
 }
