@@ -163,6 +163,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     bool tf32_reverse_scan = false;    // the reverse scan's products in TF32, not bf16 (model::gdr_bf16_scan_products)
     bool tf32_forward_scan = false;    // the forward scan's products in TF32, not bf16 (model::gdr_bf16_forward_scan_products)
     bool tf32_state_grads = false;     // the products with the states in TF32, not bf16 (model::gdr_bf16_state_grads_products)
+    bool tf32_bf16_gemms = false;      // products of two bf16 operands as TF32 mma, not bf16 (model::bmm_fp32_bf16_mma)
     bool split_tail = false;           // the tail's dq, dk products split-TF32, not bf16 (model::gdr_bf16_tail_products)
   };
   // The default kernels with one setting changed.
@@ -186,6 +187,7 @@ int bench_gdr(const BenchGdrArgs& a) {
                                         default_but("kernels, TF32 rev scan", &Mode::tf32_reverse_scan, true),
                                         default_but("kernels, TF32 fwd scan", &Mode::tf32_forward_scan, true),
                                         default_but("kernels, TF32 st prods", &Mode::tf32_state_grads, true),
+                                        default_but("kernels, TF32 bf16 mm", &Mode::tf32_bf16_gemms, true),
                                         default_but("kernels, split tail", &Mode::split_tail, true),
                                         default_but("kernels, unfused", &Mode::fused, false),
                                         default_but("kernels, 64-col GEMMs", &Mode::wide_products, false),
@@ -218,6 +220,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     model::gdr_bf16_scan_products(!mode.tf32_reverse_scan);
     model::gdr_bf16_forward_scan_products(!mode.tf32_forward_scan);
     model::gdr_bf16_state_grads_products(!mode.tf32_state_grads);
+    model::bmm_fp32_bf16_mma(!mode.tf32_bf16_gemms);
     model::gdr_bf16_tail_products(!mode.split_tail);
     const bool tf32_scan = mode.other_scan_products ? !tf32_default : tf32_default;
     auto forward = [&] {
@@ -276,6 +279,7 @@ int bench_gdr(const BenchGdrArgs& a) {
   model::gdr_bf16_state_grads_products(true);
   model::gdr_bf16_tail_products(true);
   model::bmm_fp32_wide_tiles(true);
+  model::bmm_fp32_bf16_mma(true);
   model::gdr_use_fused_kernels(true);
   model::gdr_use_kernels(true);
   return 0;

@@ -76,6 +76,8 @@ const std::vector<GdrScanChoice>& gdr_scan_choices() {
       {"tf32-reverse-scan", "the reverse scan's products in TF32 instead of bf16"},
       {"tf32-forward-scan", "the forward scan's products in TF32 instead of bf16"},
       {"tf32-state-grads", "the backward's products with the chunk states in TF32 instead of bf16"},
+      {"tf32-bf16-gemms",
+       "the batched products of two bf16 operands (the delta rule's output) as TF32 mma instead of bf16"},
       {"split-tail", "the backward tail's dq and dk products in split TF32 instead of bf16"},
       {"aten", "their ATen twins (to measure the kernels)"},
   };
@@ -207,6 +209,9 @@ int bench_train(const BenchTrainArgs& a) {
   // tf32-state-grads: the backward's products with the chunk states (dQg, dP_raw, dW, dKd) as TF32
   // mma instead of bf16 (model::gdr_bf16_state_grads_products).
   model::gdr_bf16_state_grads_products(a.gdr_scan != "tf32-state-grads");
+  // tf32-bf16-gemms: the batched products of two bf16 operands (the delta rule's output product)
+  // as TF32 mma on the widened values instead of bf16 mma (model::bmm_fp32_bf16_mma).
+  model::bmm_fp32_bf16_mma(a.gdr_scan != "tf32-bf16-gemms");
   // split-tail: the backward tail's dq and dk products in split TF32 instead of bf16
   // (model::gdr_bf16_tail_products).
   model::gdr_bf16_tail_products(a.gdr_scan != "split-tail");

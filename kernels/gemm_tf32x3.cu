@@ -14,11 +14,19 @@
 // in tiles of the same shape, padded by 16 bytes where fp32 is padded by 4 floats; its elements
 // widen to fp32 exactly, and the fp32 operand beside it is rounded to TF32, so each product is one
 // mma (TF32 accuracy, below the bf16 operand's own rounding; exact when both operands are bf16).
+// Two bf16 operands (GemmTf32x3Args::bf16_mma, the delta rule's output product) are multiplied as
+// they are staged, by bf16 m16n8k16 mma on ldmatrix fragments: per k-step of 16, two ldmatrix.x4
+// for A and two for B feed eight mma, where the TF32 form loads and widens each element alone and
+// takes twice the mma. The staged rows' pitches (40 elements for K-contiguous tiles, 32 · kNW + 8
+// for N-contiguous ones) are odd numbers of 16-byte units: each ldmatrix matrix is one wavefront.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "kernels/gdr_chunk_mma.cuh"
 #include "kernels/gemm_tf32x3.h"
+#include "kernels/ldmatrix.cuh"
 #include "kernels/smem_opt_in.cuh"
 #include "kernels/tf32_mma.cuh"
 
@@ -100,9 +108,11 @@ __host__ __device__ constexpr int min_blocks(int kNW, bool both_bf16 = false) {
 
 // TA, TB: the operands' element types (float or Bf16Bits); staged tiles keep the fp32 tiles'
 // offsets, a bf16 tile using half of its room.
-template <bool kAK, bool kBNc, int kNW, typename TA, typename TB>
+// kBf16Mma: two bf16 operands, A K-contiguous, multiplied by bf16 m16n8k16 mma (see the top).
+template <bool kAK, bool kBNc, int kNW, typename TA, typename TB, bool kBf16Mma = false>
 __global__ void __launch_bounds__(64 * kNW, min_blocks(kNW, kIsBf16<TA> && kIsBf16<TB>))
     gemm_tf32x3_kernel(GemmTf32x3Args g) {
+  static_assert(!kBf16Mma || (kAK && kIsBf16<TA> && kIsBf16<TB>), "bf16 mma: two bf16 operands, A K-contiguous");
   constexpr int kThreads = 64 * kNW, kBN = 32 * kNW, kPadN = kBN + 8, kTileB = b_tile_floats(kNW);
   constexpr int kPadKA = pad_k<TA>(), kPadKB = pad_k<TB>();
   // Beside a bf16 operand the fp32 one is rounded to TF32 and each product is one mma: its 2⁻¹¹
@@ -167,33 +177,59 @@ __global__ void __launch_bounds__(64 * kNW, min_blocks(kNW, kIsBf16<TA> && kIsBf
     __syncthreads();
     const TA* at = reinterpret_cast<const TA*>(a_s + buf * kTileA);
     const TB* bt = reinterpret_cast<const TB*>(b_s + buf * kTileB);
+    if constexpr (kBf16Mma) {
 #pragma unroll
-    for (int kk = 0; kk < kBK; kk += 8) {
-      uint32_t a_big[2][4], a_small[2][4], b_big[4][2], b_small[4][2];
+      for (int kk = 0; kk < kBK; kk += 16) {
+        gdr_chunk_mma::Frag16A a[2];
+        gdr_chunk_mma::Frag16B b[4];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int m = wm + 16 * i + grp;
-        split_operand<kOneProduct>(a_at(at, m, kk + tig), a_big[i][0], a_small[i][0]);
-        split_operand<kOneProduct>(a_at(at, m + 8, kk + tig), a_big[i][1], a_small[i][1]);
-        split_operand<kOneProduct>(a_at(at, m, kk + tig + 4), a_big[i][2], a_small[i][2]);
-        split_operand<kOneProduct>(a_at(at, m + 8, kk + tig + 4), a_big[i][3], a_small[i][3]);
+        for (int i = 0; i < 2; ++i) ldsm_a(a[i].r, at, kPadKA, wm + 16 * i, kk, lane);
+#pragma unroll
+        for (int jp = 0; jp < 2; ++jp) {
+          uint32_t r[4];
+          if constexpr (kBNc) {
+            ldsm_b_pair(r, bt, kPadN, kk, wn + 16 * jp, lane);
+          } else {
+            ldsm_b_pair_of_transposed(r, bt, kPadKB, kk, wn + 16 * jp, lane);
+          }
+          b[2 * jp] = {{r[0], r[1]}};
+          b[2 * jp + 1] = {{r[2], r[3]}};
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) gdr_chunk_mma::mma16<__nv_bfloat16>(acc[i][j], a[i], b[j]);
+        }
       }
+    } else {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int n = wn + 8 * j + grp;
-        split_operand<kOneProduct>(b_at(bt, kk + tig, n), b_big[j][0], b_small[j][0]);
-        split_operand<kOneProduct>(b_at(bt, kk + tig + 4, n), b_big[j][1], b_small[j][1]);
-      }
+      for (int kk = 0; kk < kBK; kk += 8) {
+        uint32_t a_big[2][4], a_small[2][4], b_big[4][2], b_small[4][2];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
+        for (int i = 0; i < 2; ++i) {
+          const int m = wm + 16 * i + grp;
+          split_operand<kOneProduct>(a_at(at, m, kk + tig), a_big[i][0], a_small[i][0]);
+          split_operand<kOneProduct>(a_at(at, m + 8, kk + tig), a_big[i][1], a_small[i][1]);
+          split_operand<kOneProduct>(a_at(at, m, kk + tig + 4), a_big[i][2], a_small[i][2]);
+          split_operand<kOneProduct>(a_at(at, m + 8, kk + tig + 4), a_big[i][3], a_small[i][3]);
+        }
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          // The small terms first: they are added to the accumulator before the large one.
-          if constexpr (!kOneProduct) {
-            mma_tf32(acc[i][j], a_small[i], b_big[j]);
-            mma_tf32(acc[i][j], a_big[i], b_small[j]);
+          const int n = wn + 8 * j + grp;
+          split_operand<kOneProduct>(b_at(bt, kk + tig, n), b_big[j][0], b_small[j][0]);
+          split_operand<kOneProduct>(b_at(bt, kk + tig + 4, n), b_big[j][1], b_small[j][1]);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            // The small terms first: they are added to the accumulator before the large one.
+            if constexpr (!kOneProduct) {
+              mma_tf32(acc[i][j], a_small[i], b_big[j]);
+              mma_tf32(acc[i][j], a_big[i], b_small[j]);
+            }
+            mma_tf32(acc[i][j], a_big[i], b_big[j]);
           }
-          mma_tf32(acc[i][j], a_big[i], b_big[j]);
         }
       }
     }
@@ -229,9 +265,9 @@ __global__ void __launch_bounds__(64 * kNW, min_blocks(kNW, kIsBf16<TA> && kIsBf
   }
 }
 
-template <bool kAK, bool kBNc, int kNW, typename TA = float, typename TB = float>
+template <bool kAK, bool kBNc, int kNW, typename TA = float, typename TB = float, bool kBf16Mma = false>
 int launch(const GemmTf32x3Args& args, cudaStream_t s) {
-  auto kernel = gemm_tf32x3_kernel<kAK, kBNc, kNW, TA, TB>;
+  auto kernel = gemm_tf32x3_kernel<kAK, kBNc, kNW, TA, TB, kBf16Mma>;
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), static_cast<int>(smem_bytes(kNW)));
   const dim3 grid(static_cast<unsigned>(args.batch), static_cast<unsigned>((args.N + 32 * kNW - 1) / (32 * kNW)),
                   static_cast<unsigned>((args.M + kBM - 1) / kBM));
@@ -244,6 +280,10 @@ int launch(const GemmTf32x3Args& args, cudaStream_t s) {
 template <int kNW>
 int launch_layout(const GemmTf32x3Args& args, cudaStream_t s) {
   const bool a_k = args.a.col == 1, b_n = args.b.col == 1;
+  if (args.a.bf16 && args.b.bf16 && args.bf16_mma) {
+    return b_n ? launch<true, true, kNW, Bf16Bits, Bf16Bits, true>(args, s)
+               : launch<true, false, kNW, Bf16Bits, Bf16Bits, true>(args, s);
+  }
   if (args.a.bf16 && args.b.bf16) {
     return b_n ? launch<true, true, kNW, Bf16Bits, Bf16Bits>(args, s)
                : launch<true, false, kNW, Bf16Bits, Bf16Bits>(args, s);

@@ -58,6 +58,10 @@ struct GemmTf32x3Args {
   float alpha = 1.0f, beta = 0.0f;
   // 32-column warp strips per block, 2 to 6 (block tiles 64 × 64 to 64 × 192); 0: gemm_tf32x3_strips_for(N).
   int n_strips = 0;
+  // Two bf16 operands are multiplied by bf16 m16n8k16 mma on ldmatrix fragments (default), or by
+  // TF32 m16n8k8 mma on the widened values (false; for before/after measurements). The products
+  // are exact either way and summed in fp32: only the order of the sums differs.
+  bool bf16_mma = true;
 };
 
 // The block width for N output columns: the fewest padded columns ceil(N / (32 s)) · 32 s over

@@ -51,4 +51,13 @@ __device__ __forceinline__ void ldsm_b_pair(uint32_t (&r)[4], const T* s, int pi
   ldmatrix_x4_trans_b16(r, s + (k0 + lane % 8 + 8 * (j % 2)) * pitch + n0 + 8 * (j / 2));
 }
 
+// The B fragments (k 16 from k0) of two 8-column tiles, n0 and n0 + 8, of B = Xᵀ, X a row-major
+// [n][k] tile of 16-bit values: r[0], r[1] tile n0's, r[2], r[3] tile n0 + 8's.
+template <typename T>
+__device__ __forceinline__ void ldsm_b_pair_of_transposed(uint32_t (&r)[4], const T* s, int pitch, int k0, int n0,
+                                                          int lane) {
+  const int j = lane / 8;  // X's matrices: (n0, k0), (n0, k0 + 8), (n0 + 8, k0), (n0 + 8, k0 + 8)
+  ldmatrix_x4_b16(r, s + (n0 + lane % 8 + 8 * (j / 2)) * pitch + k0 + 8 * (j % 2));
+}
+
 }  // namespace kernels

@@ -16,6 +16,7 @@ namespace {
 
 std::atomic<bool> g_use_kernel{true};
 std::atomic<bool> g_wide_tiles{true};
+std::atomic<bool> g_bf16_mma{true};
 
 bool is_bf16(const torch::Tensor& x) { return x.scalar_type() == torch::kBFloat16; }
 
@@ -87,6 +88,7 @@ bool kernel_args_for(const torch::Tensor& out, const torch::Tensor& a_shape, con
   g.alpha = static_cast<float>(alpha);
   g.beta = static_cast<float>(beta);
   g.n_strips = g_wide_tiles ? 0 : 2;
+  g.bf16_mma = g_bf16_mma;
   return out.stride(2) == 1 && kernels::gemm_tf32x3_supports(g);
 }
 
@@ -105,6 +107,8 @@ void launch(const kernels::GemmTf32x3Args& g, const torch::Tensor& a) {
 
 void bmm_fp32_use_kernel(bool on) { g_use_kernel = on; }
 void bmm_fp32_wide_tiles(bool on) { g_wide_tiles = on; }
+
+void bmm_fp32_bf16_mma(bool on) { g_bf16_mma = on; }
 
 torch::Tensor bmm_fp32_reference(const torch::Tensor& a, const torch::Tensor& b, double alpha) {
   check_operands(a, b, "bmm_fp32_reference");

@@ -68,5 +68,9 @@ void bmm_fp32_use_kernel(bool on);
 // The tensor-core products in block tiles as wide as N takes (default, kernels::gemm_tf32x3_strips_for)
 // or always 64 columns wide (false); for tests and before/after measurements. Any thread.
 void bmm_fp32_wide_tiles(bool on);
+// Products of two bf16 operands by bf16 mma (default) or TF32 mma on the widened values (false):
+// exact products either way, fp32 sums in another order (kernels::GemmTf32x3Args::bf16_mma); for
+// before/after measurements. Any thread.
+void bmm_fp32_bf16_mma(bool on);
 
 }  // namespace model

@@ -269,6 +269,63 @@ TEST(BmmFp32Cuda, Bf16OperandsMatchFp64) {
               worst, worst_exact);
 }
 
+// Two bf16 operands go through bf16 m16n8k16 mma on ldmatrix fragments by default
+// (model::bmm_fp32_bf16_mma), or through TF32 mma on the widened values: both multiply exactly, so
+// both are within fp32 accumulation (5e-6) of the fp64 product, for B N- and K-contiguous, partial
+// tiles in M, N and K, the widest and the 64-column blocks, alpha, beta and the one-pass sum
+// (gathered rows: BmmFp32Cuda.GatheredRows*, on whichever form is on). The two forms sum in other
+// orders: the largest case must differ somewhere, or the switch chose nothing.
+TEST(BmmFp32Cuda, Bf16MmaMatchesTf32MmaOnTwoBf16Operands) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 4246);
+  struct Restore {
+    ~Restore() {
+      model::bmm_fp32_bf16_mma(true);
+      model::bmm_fp32_wide_tiles(true);
+    }
+  } restore;
+  struct Case {
+    int64_t R, M, N, K;
+  };
+  const Case cases[] = {{16, 64, 128, 128}, {6, 64, 192, 64}, {4, 64, 96, 192}, {3, 40, 24, 72}, {2, 72, 160, 40}};
+  const auto f64 = [](const torch::Tensor& x) { return x.to(torch::kFloat64); };
+  const auto bf16 = [](const torch::Tensor& x) { return x.to(torch::kBFloat16); };
+  bool any_difference = false;
+  double worst = 0;
+  for (const Case& c : cases) {
+    for (const bool b_t : {false, true}) {
+      for (const bool wide : {true, false}) {
+        model::bmm_fp32_wide_tiles(wide);
+        const auto a = bf16(make_operand(c.R, c.M, c.K, false)), b = bf16(make_operand(c.R, c.K, c.N, b_t));
+        const auto exact = torch::bmm(f64(a), f64(b));
+        const std::string what = "R=" + std::to_string(c.R) + " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) +
+                                 " K=" + std::to_string(c.K) + " b_t=" + std::to_string(b_t) +
+                                 " wide=" + std::to_string(wide);
+        model::bmm_fp32_bf16_mma(false);
+        const auto tf32 = model::bmm_fp32(a, b, 0.5);
+        model::bmm_fp32_bf16_mma(true);
+        const auto got = model::bmm_fp32(a, b, 0.5);
+        const double err = max_rel(got, 0.5 * exact), err_tf32 = max_rel(tf32, 0.5 * exact);
+        worst = std::max(worst, err);
+        EXPECT_LT(err, 5e-6) << "bf16 mma, " << what;
+        EXPECT_LT(err_tf32, 5e-6) << "TF32 mma, " << what;
+        if (c.R == 16) any_difference = any_difference || !torch::equal(got, tf32);
+        auto out0 = torch::randn({c.R, c.M, c.N}, got.options());
+        auto out = out0.clone();
+        model::bmm_fp32_accumulate(out, a, b, -0.5, 2.0);
+        EXPECT_LT(max_rel(out, exact * -0.5 + 2.0 * f64(out0)), 5e-6) << "accumulate, " << what;
+      }
+    }
+    // O = s (P Vn + Qg h_in), all four bf16: one pass through both pairs.
+    const auto P = bf16(make_operand(c.R, c.M, c.K, false)), Vn = bf16(make_operand(c.R, c.K, c.N, false));
+    const auto Qg = bf16(make_operand(c.R, c.M, c.N, false)), h = bf16(make_operand(c.R, c.N, c.N, false));
+    const auto ref = (torch::bmm(f64(P), f64(Vn)) + torch::bmm(f64(Qg), f64(h))) * 0.125;
+    EXPECT_LT(max_rel(model::bmm_fp32_sum(P, Vn, Qg, h, 0.125), ref), 5e-6) << "bf16 sum, R=" << c.R;
+  }
+  EXPECT_TRUE(any_difference) << "bf16 and TF32 mma gave the same bits everywhere: the switch took one path";
+  std::printf("bmm of two bf16 operands by bf16 mma vs fp64: worst %.2e\n", worst);
+}
+
 // The delta rule's decay gradient with its states in bf16: a bf16, b fp32 (or bf16: the fused
 // reverse scan's state gradient), against fp64 sums of the same (widened) values, on the vector
 // and the scalar path.
