@@ -165,6 +165,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     bool tf32_state_grads = false;     // the products with the states in TF32, not bf16 (model::gdr_bf16_state_grads_products)
     bool tf32_bf16_gemms = false;      // products of two bf16 operands as TF32 mma, not bf16 (model::bmm_fp32_bf16_mma)
     bool split_tail = false;           // the tail's dq, dk products split-TF32, not bf16 (model::gdr_bf16_tail_products)
+    bool fp32_solve_tiles = false;     // the solve's backward on fp32 tiles, TF32 mma (model::gdr_bf16_solve_tiles)
   };
   // The default kernels with one setting changed.
   auto default_but = [](const char* name, auto Mode::*field, auto value) {
@@ -189,6 +190,7 @@ int bench_gdr(const BenchGdrArgs& a) {
                                         default_but("kernels, TF32 st prods", &Mode::tf32_state_grads, true),
                                         default_but("kernels, TF32 bf16 mm", &Mode::tf32_bf16_gemms, true),
                                         default_but("kernels, split tail", &Mode::split_tail, true),
+                                        default_but("kernels, fp32 solve", &Mode::fp32_solve_tiles, true),
                                         default_but("kernels, unfused", &Mode::fused, false),
                                         default_but("kernels, 64-col GEMMs", &Mode::wide_products, false),
                                         default_but("kernels, 32-col scan", &Mode::scan_variant,
@@ -222,6 +224,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     model::gdr_bf16_state_grads_products(!mode.tf32_state_grads);
     model::bmm_fp32_bf16_mma(!mode.tf32_bf16_gemms);
     model::gdr_bf16_tail_products(!mode.split_tail);
+    model::gdr_bf16_solve_tiles(!mode.fp32_solve_tiles);
     const bool tf32_scan = mode.other_scan_products ? !tf32_default : tf32_default;
     auto forward = [&] {
       torch::NoGradGuard no_grad;
@@ -278,6 +281,7 @@ int bench_gdr(const BenchGdrArgs& a) {
   model::gdr_bf16_forward_scan_products(true);
   model::gdr_bf16_state_grads_products(true);
   model::gdr_bf16_tail_products(true);
+  model::gdr_bf16_solve_tiles(true);
   model::bmm_fp32_wide_tiles(true);
   model::bmm_fp32_bf16_mma(true);
   model::gdr_use_fused_kernels(true);

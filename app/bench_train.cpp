@@ -78,6 +78,7 @@ const std::vector<GdrScanChoice>& gdr_scan_choices() {
       {"tf32-state-grads", "the backward's products with the chunk states in TF32 instead of bf16"},
       {"tf32-bf16-gemms",
        "the batched products of two bf16 operands (the delta rule's output) as TF32 mma instead of bf16"},
+      {"fp32-solve-tiles", "the solve's backward with fp32 tiles of dW, dU, k and v and TF32 products, not bf16"},
       {"split-tail", "the backward tail's dq and dk products in split TF32 instead of bf16"},
       {"aten", "their ATen twins (to measure the kernels)"},
   };
@@ -215,6 +216,9 @@ int bench_train(const BenchTrainArgs& a) {
   // split-tail: the backward tail's dq and dk products in split TF32 instead of bf16
   // (model::gdr_bf16_tail_products).
   model::gdr_bf16_tail_products(a.gdr_scan != "split-tail");
+  // fp32-solve-tiles: the solve's backward with dW, dU, k and v widened into fp32 tiles and dTm's
+  // products as TF32 mma instead of bf16 tiles and bf16 mma (model::gdr_bf16_solve_tiles).
+  model::gdr_bf16_solve_tiles(a.gdr_scan != "fp32-solve-tiles");
   const auto variant = scan_variants.find(a.gdr_scan);
   model::gdr_scan_variant(variant != scan_variants.end() ? variant->second : kernels::kGdrScanAuto);
   const std::string tmp = storage::files::make_temp_dir("deltadeck-bench");

@@ -1,5 +1,6 @@
 // Backward of the chunked gated delta rule's solve (kernels/gdr_chunk_solve_backward.h): one block
-// of 8 warps per (chunk, head), about 105 KiB of shared memory, two blocks per SM.
+// of 8 warps per (chunk, head), about 102 KiB of shared memory with fp32 tiles (two blocks an SM),
+// 69 KiB with bf16 tiles (three; see below).
 //
 //   gates   γ = cumsum(g) as a warp scan, b, b e;
 //   stage   Tm and dW by cp.async, K converted to fp32 (and dW, where it comes in bf16; the same for
@@ -20,6 +21,10 @@
 // are TF32 values already, so the products with their zero remainders are skipped. In the TF32
 // mode (kTf32, GdrChunkSolveBackwardArgs::tf32_products) every fp32 operand is rounded to TF32
 // instead of split: one mma per product.
+// With bf16 tiles (kBf16Tiles, GdrChunkSolveBackwardArgs::bf16_tiles: the 16-bit path's bf16 dW,
+// dU, k and v) dW, dU, K and V stay bf16 in shared memory: dTm's products are bf16 m16n8k16 mma
+// (exact products, as the TF32 ones of the same values), Tmᵀ dW and Tmᵀ dU read them widened, and
+// X takes the two tiles' room once they are done. 69 KiB a block: three an SM.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -47,6 +52,14 @@ constexpr int kBPitch = kPanel + 4;  // rows of K, V (read as [n][k])
 
 constexpr int kSmemFloats = 2 * kC * kTPitch + kC * kGPitch + kC * kBPitch + 4 * kC;
 
+// With bf16 tiles: dW or dU, and K or V, as bf16 rows of k16Pitch (8 mod 16 elements: a 16-bit
+// fragment's 32-bit loads in 32 banks), two of them in the room of kC · k16Pitch floats; X's fp32
+// rows (8 mod 32 floats: frag_b_kn's loads in 32 banks) over both once they are done.
+constexpr int k16Pitch = kPanel + 8;
+constexpr int kX16Pitch = kC + 8;
+constexpr int kSmemFloats16 = 2 * kC * kTPitch + kC * k16Pitch + 4 * kC;
+static_assert(kX16Pitch <= k16Pitch, "X fits the two bf16 tiles' room");
+
 // Copies rows × width floats (width a multiple of 4) from global memory (row stride ld) into shared
 // rows of `pitch` by 16-byte cp.async.
 __device__ __forceinline__ void stage_f32(float* dst, int pitch, const float* src, int64_t ld, int rows, int width) {
@@ -57,17 +70,27 @@ __device__ __forceinline__ void stage_f32(float* dst, int pitch, const float* sr
   }
 }
 
-template <typename T, typename TV, int VW, bool kTf32>
-__global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(GdrChunkList l,
-                                                                              GdrChunkSolveBackwardArgs a) {
+// kMinBlocks: blocks an SM: 2 with fp32 tiles (102 KiB); 3 with bf16 tiles (69 KiB), at 80 registers
+// a thread, where the compiler spills about 120 bytes a thread (two blocks at 128 registers
+// measured 1.46 ms a step on hybrid base, three 1.40: docs/perf.md, stop 48).
+template <typename T, typename TV, int VW, bool kTf32, bool kBf16Tiles = false, int kMinBlocks = 2>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    gdr_chunk_solve_backward_kernel(GdrChunkList l, GdrChunkSolveBackwardArgs a) {
+  static_assert(!kBf16Tiles || (kTf32 && std::is_same<T, __nv_bfloat16>::value && std::is_same<TV, __nv_bfloat16>::value),
+                "bf16 tiles: bf16 k and v, TF32 products");
   constexpr bool kKExact = !std::is_same<T, float>::value, kVExact = !std::is_same<TV, float>::value;
+  // The tiles of dW or dU (G) and of K or V (B): fp32, or bf16 as they come (kBf16Tiles).
+  using Tile = typename std::conditional<kBf16Tiles, __nv_bfloat16, float>::type;
+  constexpr int kGP = kBf16Tiles ? k16Pitch : kGPitch, kBP = kBf16Tiles ? k16Pitch : kBPitch;
+  constexpr int kXP = kBf16Tiles ? kX16Pitch : kGPitch;
   extern __shared__ __align__(16) float smem[];
   const int dk = static_cast<int>(l.dk), dv = static_cast<int>(l.dv);
   float* T_s = smem;                   // Tm [C][kTPitch]
   float* dTm_s = T_s + kC * kTPitch;   // dTm [C][kTPitch]
-  float* G_s = dTm_s + kC * kTPitch;   // dW, then dU panels, then X [C][kGPitch]
-  float* B_s = G_s + kC * kGPitch;     // K, then V panels [C][kBPitch]
-  float* b_s = B_s + kC * kBPitch;
+  Tile* G_s = reinterpret_cast<Tile*>(dTm_s + kC * kTPitch);  // dW, then dU panels [C][kGP]
+  Tile* B_s = G_s + kC * kGP;                                  // K, then V panels [C][kBP]
+  float* X_s = reinterpret_cast<float*>(G_s);                  // X [C][kXP], after the panels
+  float* b_s = reinterpret_cast<float*>(B_s + kC * kBP);
   float* be_s = b_s + kC;
   float* ru_v_s = be_s + kC;  // [2][C]: Σ dRu ⊙ V per row, the parts of warps 4–5 and 6–7
 
@@ -79,7 +102,9 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
 
   // Tm and dW by cp.async while the gates and K are read (a bf16 dW is read and widened with K).
   stage_f32(T_s, kTPitch, a.Tm + r * kC * kC, kC, kC, kC);
-  if (!a.bf16_grads) stage_f32(G_s, kGPitch, static_cast<const float*>(a.dW) + r * kC * dk, dk, kC, dk);
+  if constexpr (!kBf16Tiles) {
+    if (!a.bf16_grads) stage_f32(G_s, kGPitch, static_cast<const float*>(a.dW) + r * kC * dk, dk, kC, dk);
+  }
   cp_async_commit();
 
   // Gates.
@@ -88,14 +113,14 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
   if (tid < kC) be_s[tid] = b_s[tid] * expf(gam_s[tid]);
   if (tid < 2 * kC) ru_v_s[tid] = 0.f;
 
-  // K, or a panel of V, into B_s as fp32.
+  // K, or a panel of V, into B_s (fp32, or bf16 as it comes).
   auto load_rows = [&](const auto* src, int64_t token_stride, int64_t col0, int width) {
-    stage_rows<VW>(src, token_stride, col0, width, start, len, tid, kThreads, B_s, kBPitch);
+    stage_rows<VW>(src, token_stride, col0, width, start, len, tid, kThreads, B_s, kBP);
   };
   const T* k = static_cast<const T*>(a.k);
   load_rows(k, l.H * dk, h * dk, dk);
   if (a.bf16_grads) {
-    stage_rows<4>(static_cast<const __nv_bfloat16*>(a.dW) + r * kC * dk, dk, 0, dk, 0, kC, tid, kThreads, G_s, kGPitch);
+    stage_rows<4>(static_cast<const __nv_bfloat16*>(a.dW) + r * kC * dk, dk, 0, dk, 0, kC, tid, kThreads, G_s, kGP);
   }
   cp_async_wait<0>();
   __syncthreads();
@@ -111,9 +136,15 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
         constexpr int kN = decltype(count)::value;
         const int m0 = 16 * mt;
         float acc[kN][4];
-        strip_product<kN, kTf32, kBExact>(
-            acc, 0, width, [&](int k0) { return frag_a<false, kTf32>(G_s, kGPitch, m0, k0, g, t); },
-            [&](int k0, int nt) { return frag_b_nk<kBExact>(B_s, kBPitch, k0, 8 * (n_first + nt), g, t); });
+        if constexpr (kBf16Tiles) {
+          strip16_product<kN, __nv_bfloat16>(
+              acc, width, [&](int k0) { return frag16_a(G_s, kGP, m0, k0, g, t); },
+              [&](int k0, int nt) { return frag16_b_nk(B_s, kBP, k0, 8 * (n_first + nt), g, t); });
+        } else {
+          strip_product<kN, kTf32, kBExact>(
+              acc, 0, width, [&](int k0) { return frag_a<false, kTf32>(G_s, kGP, m0, k0, g, t); },
+              [&](int k0, int nt) { return frag_b_nk<kBExact>(B_s, kBP, k0, 8 * (n_first + nt), g, t); });
+        }
 #pragma unroll
         for (int nt = 0; nt < kN; ++nt) {
 #pragma unroll
@@ -148,7 +179,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
         float acc[4][4];
         strip_product<4, kTf32, kTf32>(
             acc, 16 * mt, kC, [&](int k0) { return frag_at<false, kTf32>(T_s, kTPitch, 16 * mt, k0, g, t); },
-            [&](int k0, int nt) { return frag_b_kn<false, kTf32>(G_s, kGPitch, k0, col(nt), g, t); });
+            [&](int k0, int nt) { return frag_b_kn<kBf16Tiles, kTf32>(G_s, kGP, k0, col(nt), g, t); });
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
           if (nt >= n_tiles) continue;
@@ -178,11 +209,13 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
   for (int p0 = 0; p0 < dv; p0 += kPanel) {
     const int pw = dv - p0 < kPanel ? dv - p0 : kPanel;
     __syncthreads();  // every warp is done with what G_s and B_s held
-    if (!a.dU_bf16) stage_f32(G_s, kGPitch, static_cast<const float*>(a.dU) + r * kC * dv + p0, dv, kC, pw);
+    if constexpr (!kBf16Tiles) {
+      if (!a.dU_bf16) stage_f32(G_s, kGPitch, static_cast<const float*>(a.dU) + r * kC * dv + p0, dv, kC, pw);
+    }
     cp_async_commit();
     load_rows(v, v_stride, h * dv + p0, pw);
     if (a.dU_bf16) {
-      stage_rows<4>(static_cast<const __nv_bfloat16*>(a.dU) + r * kC * dv, dv, p0, pw, 0, kC, tid, kThreads, G_s, kGPitch);
+      stage_rows<4>(static_cast<const __nv_bfloat16*>(a.dU) + r * kC * dv, dv, p0, pw, 0, kC, tid, kThreads, G_s, kGP);
     }
     cp_async_wait<0>();
     __syncthreads();
@@ -195,7 +228,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
       TV* dv_out = static_cast<TV*>(a.dv) + h * dv + p0;
       float* part = ru_v_s + ((warp - 4) / 2) * kC;
       tm_t_product(pw, [&](int i, int c, float x, float y) {
-        const float s = sum_over_t(x * B_s[i * kBPitch + c] + y * B_s[i * kBPitch + c + 1]);
+        const float s = sum_over_t(x * to_f32(B_s[i * kBP + c]) + y * to_f32(B_s[i * kBP + c + 1]));
         if (t == 0) part[i] += s;
         if (i < len) store2(dv_out + (start + i) * l.H * dv + c, b_s[i] * x, b_s[i] * y);
       });
@@ -206,7 +239,6 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
 
   // X = dTm Tmᵀ on the lower block triangle: strip mt has 2 mt + 2 tiles, warp w takes half of
   // strip w % 4's; dTm's strip mt is zero from column 16 (mt + 1) on.
-  float* X_s = G_s;  // [C][kGPitch]
   auto lower_half_strip = [&](auto produce) {
     const int mt = warp % 4, n_first = (warp / 4) * (mt + 1);
     with_tile_count(mt + 1, [&](auto count) { produce(mt, n_first, count); });
@@ -217,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
     strip_product<kN, kTf32, kTf32>(
         acc, 0, 16 * (mt + 1), [&](int k0) { return frag_a<false, kTf32>(dTm_s, kTPitch, 16 * mt, k0, g, t); },
         [&](int k0, int nt) { return frag_b_nk<false, kTf32>(T_s, kTPitch, k0, 8 * (n_first + nt), g, t); });
-    store_strip<kN>(X_s, kGPitch, 16 * mt, 8 * n_first, acc, 1.f, g, t);
+    store_strip<kN>(X_s, kXP, 16 * mt, 8 * n_first, acc, 1.f, g, t);
   });
   __syncthreads();
 
@@ -228,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_solve_backward_kernel(G
     float acc[kN][4];
     strip_product<kN, kTf32, kTf32>(
         acc, 16 * mt, kC, [&](int k0) { return frag_at<false, kTf32>(T_s, kTPitch, 16 * mt, k0, g, t); },
-        [&](int k0, int nt) { return frag_b_kn<false, kTf32>(X_s, kGPitch, k0, 8 * (n_first + nt), g, t); });
+        [&](int k0, int nt) { return frag_b_kn<false, kTf32>(X_s, kXP, k0, 8 * (n_first + nt), g, t); });
 #pragma unroll
     for (int nt = 0; nt < kN; ++nt) {
 #pragma unroll
@@ -249,10 +281,21 @@ int gdr_chunk_solve_backward(const GdrChunkList& l, const GdrChunkSolveBackwardA
   if (a.dv != nullptr ? a.dbeta_v == nullptr : a.dRu == nullptr) return static_cast<int>(cudaErrorInvalidValue);
   const bool vec = vectorizable(l, a.in_qk, a.in_v, {a.bf16_grads ? nullptr : a.dRw, a.dRu}, {a.k}, {a.v},
                                 a.v_token_stride);
+  // launch_fused takes the TF32 instance for 16-bit k and v of one type under tf32_products, so
+  // with bf16 tiles (which need both) it launches the bf16-tile kernel, with its smaller room.
+  const bool tiles16 = gdr_chunk_solve_backward_bf16_tiles(a);
   return launch_fused(
-      l, a.in_qk, a.in_v, vec, kThreads, sizeof(float) * static_cast<size_t>(kSmemFloats), stream,
-      [](auto qk, auto v, auto w, auto tf32) {
-        return gdr_chunk_solve_backward_kernel<decltype(qk), decltype(v), decltype(w)::value, decltype(tf32)::value>;
+      l, a.in_qk, a.in_v, vec, kThreads, sizeof(float) * static_cast<size_t>(tiles16 ? kSmemFloats16 : kSmemFloats),
+      stream,
+      [tiles16](auto qk, auto v, auto w, auto tf32) {
+        using QK = decltype(qk);
+        using V = decltype(v);
+        constexpr int kW = decltype(w)::value;
+        constexpr bool kT = decltype(tf32)::value;
+        if constexpr (kT && std::is_same<QK, __nv_bfloat16>::value && std::is_same<V, __nv_bfloat16>::value) {
+          if (tiles16) return gdr_chunk_solve_backward_kernel<QK, V, kW, true, true, 3>;
+        }
+        return gdr_chunk_solve_backward_kernel<QK, V, kW, kT, false>;
       },
       a, a.tf32_products);
 }

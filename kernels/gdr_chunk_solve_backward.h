@@ -43,7 +43,19 @@ struct GdrChunkSolveBackwardArgs {
   // model::gdr_bf16_chunk_grads): half their bytes; dW and dU are widened exactly, dRw rounded once.
   bool bf16_grads = false;
   bool dU_bf16 = false;
+  // dW, dU, K and V kept in shared memory as bf16 tiles, as they come, and dTm's products with them
+  // (dW Kᵀ, dU Vᵀ: products of bf16 values, exact either way) as bf16 m16n8k16 mma: half the mma
+  // of the TF32 form and 69 KiB a block where the fp32 tiles take 102, so three blocks share an SM
+  // instead of two. Taken with tf32_products, bf16_grads, dU_bf16 and bf16 k and v; ignored
+  // otherwise. Only the order of the fp32 sums changes.
+  bool bf16_tiles = false;
 };
+
+// Whether a launch takes the bf16 tiles (GdrChunkSolveBackwardArgs::bf16_tiles and what it needs).
+inline bool gdr_chunk_solve_backward_bf16_tiles(const GdrChunkSolveBackwardArgs& a) {
+  return a.bf16_tiles && a.tf32_products && a.bf16_grads && a.dU_bf16 && a.in_qk == DType::BF16 &&
+         a.in_v == DType::BF16;
+}
 
 #ifdef DD_HAVE_CUDA
 // Returns the cudaError_t of the launch (0 = success); cudaErrorInvalidValue for sizes

@@ -48,6 +48,7 @@ std::atomic<bool> g_dv_in_solve{true};
 std::atomic<bool> g_bf16_chunk_grads{true};
 std::atomic<bool> g_bf16_scan_products{true};
 std::atomic<bool> g_bf16_tail_products{true};
+std::atomic<bool> g_bf16_solve_tiles{true};
 std::atomic<int64_t> g_front_recomputes{0};
 
 torch::Tensor col(const torch::Tensor& x) { return x.unsqueeze(-1); }  // [N,H,C] -> [N,H,C,1]
@@ -429,6 +430,7 @@ SolveGrads solve_backward_kernel(const Ctx& c, const KernelInputs& ki, const tor
     a.dRu = out.dRu.data_ptr<float>();
   }
   a.tf32_products = tf32;
+  a.bf16_tiles = g_bf16_solve_tiles;
   check_kernel_launch(kernels::gdr_chunk_solve_backward(chunk_list(c), a, stream_of(out.dA_raw)),
                       "gated delta rule solve backward");
   return out;
@@ -786,6 +788,8 @@ void gdr_bf16_chunk_grads(bool on) { g_bf16_chunk_grads = on; }
 void gdr_bf16_scan_products(bool on) { g_bf16_scan_products = on; }
 
 void gdr_bf16_tail_products(bool on) { g_bf16_tail_products = on; }
+
+void gdr_bf16_solve_tiles(bool on) { g_bf16_solve_tiles = on; }
 
 int64_t gdr_front_recomputes() { return g_front_recomputes.load(); }
 

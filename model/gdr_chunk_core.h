@@ -96,4 +96,10 @@ void gdr_bf16_scan_products(bool on);
 // (kernels::GdrChunkBackwardTailArgs::bf16_products).
 void gdr_bf16_tail_products(bool on);
 
+// Process-wide switch (default on), for benchmarks and tests: in that 16-bit mode with bf16 q, k
+// and v, the solve's backward keeps dW, dU, K and V as bf16 tiles and takes dTm's products with
+// them as bf16 mma (kernels::GdrChunkSolveBackwardArgs::bf16_tiles): the same exact products of bf16
+// values, summed in another order, in two thirds of the shared memory.
+void gdr_bf16_solve_tiles(bool on);
+
 }  // namespace model

@@ -1177,6 +1177,20 @@ TEST(GdrScanCuda, Bf16TailProductsStayCloseToSplitOnes) {
   }
 }
 
+// The solve's backward on bf16 tiles (model::gdr_bf16_solve_tiles, the default on the 16-bit
+// training path with bf16 q, k, v) against its fp32 tiles: dTm's products multiply the same bf16
+// values exactly either way and only the order of their fp32 sums changes. So the forward is the
+// same to the bit, every gradient within a few bf16 roundings that land the other way (1e-3 of
+// the norm), and dβ and dg, fp32 sums downstream of dTm, differ (the bf16 path ran).
+TEST(GdrScanCuda, Bf16SolveTilesMatchFp32Ones) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  std::printf("[gdr_chunk] the solve's backward on bf16 against fp32 tiles:\n");
+  for (const auto& d : switch_differences(model::gdr_bf16_solve_tiles, 947)) {
+    for (size_t i = 0; i < d.size(); ++i) EXPECT_LT(d[i], i < 2 ? 1e-7 : 1e-3) << kChunkOutputNames[i];
+    EXPECT_GT(std::max(d[5], d[6]), 0.0) << "dβ and dg the same to the bit: the bf16 tiles were not taken";
+  }
+}
+
 // The output product writing straight into token order (gdr_chunk_row_targets, the epilogue's row
 // map) against the chunk rows copied into token order: bit for bit, forward and every input
 // gradient, dense with a padded last chunk and packed, with TF32 products and bf16 states (the

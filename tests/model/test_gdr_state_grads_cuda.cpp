@@ -128,7 +128,9 @@ TEST(GdrStateGradsCuda, KernelMatchesTheProductsAndFp64) {
 // rounded to bf16 as an operand, 2⁻⁹ relative, as the outputs dQg, dW and dKd are rounded anyway.
 // Bounds, relative to the largest value, against fp64: dP_raw (fp32 out, dO rounded) 4e-3; dQg and
 // dW (dO or dU rounded, then the output) 6e-3; dKd (exact operands, output rounded) 4e-3; ddecay
-// (the same fp32 code in both forms) 1e-3. And against the TF32 form's bf16 outputs: 6e-3. A dv that
+// (the same fp32 code in both forms) 1e-3. And against the TF32 form's outputs: the same bounds,
+// plus one bf16 step of the largest value (2⁻⁸, 3.9e-3) for the outputs that are bf16, where the
+// two forms' sums can round to neighbouring values. A dv that
 // is not a multiple of 16 keeps the TF32 form (counted), and the fp32-output launches never take
 // the bf16 one.
 TEST(GdrStateGradsCuda, Bf16ProductsStayCloseToFp64AndTf32Ones) {
@@ -174,7 +176,8 @@ TEST(GdrStateGradsCuda, Bf16ProductsStayCloseToFp64AndTf32Ones) {
       std::printf("%s %-7s bf16 products vs fp64 %.2e, vs TF32 products %.2e (TF32 vs fp64 %.2e)\n", what.c_str(),
                   names[i], vs_truth, vs_tf32, max_rel(r[i], t[i]));
       EXPECT_LT(vs_truth, bounds[i]) << names[i] << ", " << what;
-      EXPECT_LT(vs_tf32, 6e-3) << names[i] << ", " << what;
+      const double one_bf16_step = g[i].scalar_type() == torch::kBFloat16 ? 3.9e-3 : 0.0;
+      EXPECT_LT(vs_tf32, bounds[i] + one_bf16_step) << names[i] << ", " << what;
     }
     if (c.row_map) {  // the zero rows of the map still give zero rows of dP_raw and dQg
       const int64_t rows = c.R * c.C;
