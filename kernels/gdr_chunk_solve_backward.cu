@@ -4,7 +4,7 @@
 //
 //   gates   γ = cumsum(g) as a warp scan, b, b e;
 //   stage   Tm and dW by cp.async, K converted to fp32 (and dW, where it comes in bf16; the same for
-//           dU and V below);
+//           dU and V below), or K and dW kept bf16 with bf16 tiles;
 //   dW      warps 0–3: dTm = (dW Kᵀ) diag(b e) on the 20 tiles of the lower block triangle, five
 //           per warp (as the fused front's G), only the strictly lower entries kept;
 //           warps 4–7 meanwhile: dRw = Tmᵀ dW, strips p and 3 − p per warp (Tmᵀ is upper
@@ -17,10 +17,10 @@
 //   X       X = dTm Tmᵀ on the lower block triangle (the rows dA needs), 8 warps;
 //   dA      dA_raw = Tmᵀ X on the lower block triangle, written with zeros at and above the
 //           diagonal.
-// Products are split-TF32 mma.sync (kernels/gdr_chunk_mma.cuh); K and V read from bf16 or fp16
-// are TF32 values already, so the products with their zero remainders are skipped. In the TF32
-// mode (kTf32, GdrChunkSolveBackwardArgs::tf32_products) every fp32 operand is rounded to TF32
-// instead of split: one mma per product.
+// Products are split-TF32 mma.sync (kernels/gdr_chunk_mma.cuh), except dTm's with bf16 tiles
+// (below); K and V read from bf16 or fp16 are TF32 values already, so the products with their zero
+// remainders are skipped. In the TF32 mode (kTf32, GdrChunkSolveBackwardArgs::tf32_products) every
+// fp32 operand is rounded to TF32 instead of split: one mma per product.
 // With bf16 tiles (kBf16Tiles, GdrChunkSolveBackwardArgs::bf16_tiles: the 16-bit path's bf16 dW,
 // dU, k and v) dW, dU, K and V stay bf16 in shared memory: dTm's products are bf16 m16n8k16 mma
 // (exact products, as the TF32 ones of the same values), Tmᵀ dW and Tmᵀ dU read them widened, and
@@ -100,7 +100,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int64_t start = l.chunk_start[n];
   const int len = l.chunk_len[n];
 
-  // Tm and dW by cp.async while the gates and K are read (a bf16 dW is read and widened with K).
+  // Tm and dW by cp.async while the gates and K are read (a bf16 dW is read with K: widened, or
+  // kept bf16 with bf16 tiles).
   stage_f32(T_s, kTPitch, a.Tm + r * kC * kC, kC, kC, kC);
   if constexpr (!kBf16Tiles) {
     if (!a.bf16_grads) stage_f32(G_s, kGPitch, static_cast<const float*>(a.dW) + r * kC * dk, dk, kC, dk);
@@ -129,7 +130,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   // (2p + 2 and 8 − 2p tiles), the first five of the pair's tiles or the last five. `first` writes
   // the tiles, later calls add to them; entries at and above the diagonal stay zero.
   auto dTm_part = [&](auto b_exact, int width, const float* scale, bool first) {
-    constexpr bool kBExact = decltype(b_exact)::value;
     const int p = warp / 2, tiles_a = 2 * p + 2;
     auto segment = [&](int mt, int n_first, int n_tiles) {
       with_tile_count(n_tiles, [&](auto count) {
@@ -141,6 +141,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
               acc, width, [&](int k0) { return frag16_a(G_s, kGP, m0, k0, g, t); },
               [&](int k0, int nt) { return frag16_b_nk(B_s, kBP, k0, 8 * (n_first + nt), g, t); });
         } else {
+          constexpr bool kBExact = decltype(b_exact)::value;
           strip_product<kN, kTf32, kBExact>(
               acc, 0, width, [&](int k0) { return frag_a<false, kTf32>(G_s, kGP, m0, k0, g, t); },
               [&](int k0, int nt) { return frag_b_nk<kBExact>(B_s, kBP, k0, 8 * (n_first + nt), g, t); });

@@ -13,8 +13,10 @@
 // dO and dU are fp32 and rounded to TF32 (or dU comes in bf16 too, on the fused backward's 16-bit
 // path); each product is one TF32 mma with fp32 accumulation. Or, asked for (bf16_products, the
 // 16-bit path's default: model::gdr_bf16_state_grads_products), the products are bf16 m16n8k16 mma
-// in k-steps of 16: half the mma and a quarter of the loads, with dO (and an fp32 dU) rounded to
-// bf16 as an operand (2⁻⁹ relative where TF32 has 2⁻¹¹); the bf16 operands stay exact.
+// in k-steps of 16: half the mma and half the shared-load instructions, with dO (and an fp32 dU)
+// rounded to bf16 as an operand (2⁻⁹ relative where TF32 has 2⁻¹¹); the bf16 operands stay exact.
+// dQg, dW and dKd are then bf16 outputs, rounded as much; dP_raw stays fp32, and the tail rounds
+// the dPm it makes from it to bf16 for its own products (model::gdr_bf16_tail_products).
 // Raw pointers, no torch.
 #pragma once
 
@@ -41,15 +43,10 @@ struct GdrChunkStateGradsArgs {
   // half the bytes written here and read by the solve's backward and the tail.
   bool bf16_out = false;
   bool dU_bf16 = false;
-  // The products as bf16 m16n8k16 mma (see the top); taken where dv is a multiple of 16, TF32 mma
-  // otherwise.
+  // The products as bf16 m16n8k16 mma (see the top); taken where dv is a multiple of 16 and the
+  // block fits (gdr_chunk_state_grads_bf16_form), TF32 mma otherwise.
   bool bf16_products = false;
 };
-
-// Whether a launch takes the bf16 form: asked for, and dv a multiple of 16 (its k-step).
-inline bool gdr_chunk_state_grads_bf16_form(const GdrChunkStateGradsArgs& a) {
-  return a.bf16_products && a.dv % 16 == 0;
-}
 
 // The shared rows' pitch in elements, bf16 and fp32 rows alike, padded so that each fragment load
 // of a warp reads distinct banks (kernels/gdr_chunk_state_grads.cu): TF32 form dv + 8; bf16 form a
@@ -66,6 +63,14 @@ inline int64_t gdr_chunk_state_grads_smem(int64_t C, int64_t dk, int64_t dv, boo
   const int64_t pitch = gdr_chunk_state_grads_pitch(dv, bf16_form);
   const int64_t bf16_row = 2 * pitch, f32_row = 4 * pitch, half_dk = dk / 2;
   return (half_dk + C) * bf16_row + C * f32_row + (dU_bf16 ? 0 : half_dk * bf16_row) + 64;
+}
+
+// Whether a launch takes the bf16 form: asked for, dv a multiple of 16 (its k-step), and its block
+// (whose pitch can be 8 elements wider than the TF32 form's) within the 227 KiB a block may opt
+// into; else the TF32 form, whose block may still fit.
+inline bool gdr_chunk_state_grads_bf16_form(const GdrChunkStateGradsArgs& a) {
+  return a.bf16_products && a.dv % 16 == 0 &&
+         gdr_chunk_state_grads_smem(a.C, a.dk, a.dv, a.dU_bf16, true) <= 227 * 1024;
 }
 
 // Whether the kernel takes these sizes and inputs: C = 64, dk 64, 96 or 128, dv a multiple of 8

@@ -49,6 +49,7 @@ std::atomic<bool> g_bf16_chunk_grads{true};
 std::atomic<bool> g_bf16_scan_products{true};
 std::atomic<bool> g_bf16_tail_products{true};
 std::atomic<bool> g_bf16_solve_tiles{true};
+std::atomic<int64_t> g_bf16_solve_tile_launches{0};
 std::atomic<int64_t> g_front_recomputes{0};
 
 torch::Tensor col(const torch::Tensor& x) { return x.unsqueeze(-1); }  // [N,H,C] -> [N,H,C,1]
@@ -433,6 +434,7 @@ SolveGrads solve_backward_kernel(const Ctx& c, const KernelInputs& ki, const tor
   a.bf16_tiles = g_bf16_solve_tiles;
   check_kernel_launch(kernels::gdr_chunk_solve_backward(chunk_list(c), a, stream_of(out.dA_raw)),
                       "gated delta rule solve backward");
+  if (kernels::gdr_chunk_solve_backward_bf16_tiles(a)) ++g_bf16_solve_tile_launches;
   return out;
 }
 
@@ -790,6 +792,8 @@ void gdr_bf16_scan_products(bool on) { g_bf16_scan_products = on; }
 void gdr_bf16_tail_products(bool on) { g_bf16_tail_products = on; }
 
 void gdr_bf16_solve_tiles(bool on) { g_bf16_solve_tiles = on; }
+
+int64_t gdr_bf16_solve_tile_launches() { return g_bf16_solve_tile_launches.load(); }
 
 int64_t gdr_front_recomputes() { return g_front_recomputes.load(); }
 

@@ -101,5 +101,7 @@ void gdr_bf16_tail_products(bool on);
 // them as bf16 mma (kernels::GdrChunkSolveBackwardArgs::bf16_tiles): the same exact products of bf16
 // values, summed in another order, in two thirds of the shared memory.
 void gdr_bf16_solve_tiles(bool on);
+// How many of the solve backward's launches took the bf16 tiles (tests check the path was taken).
+int64_t gdr_bf16_solve_tile_launches();
 
 }  // namespace model

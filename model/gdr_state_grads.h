@@ -38,8 +38,9 @@ void gdr_fuse_state_grads(bool on);
 int64_t gdr_state_grads_launches();
 
 // Process-wide switch (default on) for benchmarks and tests: on, the kernel's launches with bf16_out
-// take their products as bf16 mma, dO (and an fp32 dU) rounded to bf16 as an operand, 2⁻⁹ relative
-// as the outputs themselves are rounded; off, as TF32 mma (2⁻¹¹). Any thread.
+// take their products as bf16 mma, dO (and an fp32 dU) rounded to bf16 as an operand, 2⁻⁹ relative,
+// as dQg, dW and dKd are then rounded themselves (dP_raw stays fp32; the tail's bf16 products round
+// what it makes of it); off, as TF32 mma (2⁻¹¹). Any thread.
 void gdr_bf16_state_grads_products(bool on);
 // How many of the kernel's launches took the bf16 products.
 int64_t gdr_state_grads_bf16_launches();

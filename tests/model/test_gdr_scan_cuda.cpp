@@ -1181,11 +1181,17 @@ TEST(GdrScanCuda, Bf16TailProductsStayCloseToSplitOnes) {
 // training path with bf16 q, k, v) against its fp32 tiles: dTm's products multiply the same bf16
 // values exactly either way and only the order of their fp32 sums changes. So the forward is the
 // same to the bit, every gradient within a few bf16 roundings that land the other way (1e-3 of
-// the norm), and dβ and dg, fp32 sums downstream of dTm, differ (the bf16 path ran).
+// the norm), dβ and dg, fp32 sums downstream of dTm, differ, and the bf16 tiles ran (their launch
+// counter) only with the switch on, once per backward.
 TEST(GdrScanCuda, Bf16SolveTilesMatchFp32Ones) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   std::printf("[gdr_chunk] the solve's backward on bf16 against fp32 tiles:\n");
-  for (const auto& d : switch_differences(model::gdr_bf16_solve_tiles, 947)) {
+  int64_t off_launches = 0, launches = 0;
+  const auto diffs = counted_switch_differences<model::gdr_bf16_solve_tiles, model::gdr_bf16_solve_tile_launches>(
+      947, off_launches, launches);
+  EXPECT_EQ(off_launches, 0) << "the bf16 tiles ran with the switch off";
+  EXPECT_EQ(launches, static_cast<int64_t>(diffs.size())) << "one bf16-tile launch per backward with the switch on";
+  for (const auto& d : diffs) {
     for (size_t i = 0; i < d.size(); ++i) EXPECT_LT(d[i], i < 2 ? 1e-7 : 1e-3) << kChunkOutputNames[i];
     EXPECT_GT(std::max(d[5], d[6]), 0.0) << "dβ and dg the same to the bit: the bf16 tiles were not taken";
   }
