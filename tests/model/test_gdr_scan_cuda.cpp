@@ -1069,10 +1069,11 @@ std::vector<std::vector<double>> switch_differences(void (*set_switch)(bool), ui
 }
 
 // switch_differences for a switch with a launch counter (kLaunches) of the path it turns on: the
-// switch goes through a wrapper that counts the launches made while it was off (off_launches, the
-// runs between switching off and on) and all the launches of the runs (launches).
+// switch goes through a wrapper that counts the launches made while it was off (the runs between
+// switching off and on), which must be none, and all the launches of the runs, which must be one
+// per run with the switch on (one per case). `path` names the path in the failure messages.
 template <void (*kSet)(bool), int64_t (*kLaunches)()>
-std::vector<std::vector<double>> counted_switch_differences(uint64_t seed, int64_t& off_launches, int64_t& launches) {
+std::vector<std::vector<double>> counted_switch_differences(uint64_t seed, const char* path) {
   static int64_t at_off = 0, off = 0;
   off = 0;
   auto counted = [](bool on) {
@@ -1085,8 +1086,9 @@ std::vector<std::vector<double>> counted_switch_differences(uint64_t seed, int64
   };
   const int64_t before = kLaunches();
   auto diffs = switch_differences(counted, seed);
-  off_launches = off;
-  launches = kLaunches() - before;
+  EXPECT_EQ(off, 0) << path << " ran with the switch off";
+  EXPECT_EQ(kLaunches() - before, static_cast<int64_t>(diffs.size())) << "not one launch of " << path
+                                                                      << " per run with the switch on";
   return diffs;
 }
 
@@ -1111,11 +1113,8 @@ TEST(GdrScanCuda, Bf16ChunkGradsStayCloseToFp32Ones) {
 TEST(GdrScanCuda, Bf16ScanProductsStayCloseToTf32Ones) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   std::printf("[gdr_chunk] bf16 against TF32 reverse-scan products:\n");
-  int64_t off_launches = 0, launches = 0;
-  const auto diffs = counted_switch_differences<model::gdr_bf16_scan_products, model::gdr_scan_bf16_product_launches>(
-      877, off_launches, launches);
-  EXPECT_EQ(off_launches, 0) << "the bf16 scan ran with the switch off";
-  EXPECT_EQ(launches, static_cast<int64_t>(diffs.size())) << "one bf16 scan per backward with the switch on";
+  const auto diffs = counted_switch_differences<model::gdr_bf16_scan_products,
+                                                model::gdr_scan_bf16_product_launches>(877, "the bf16 scan");
   for (const auto& d : diffs) {
     for (size_t i = 0; i < d.size(); ++i) EXPECT_LT(d[i], i < 2 ? 1e-7 : 4e-3) << kChunkOutputNames[i];
     EXPECT_GT(std::max(d[5], d[6]), 1e-7) << "dβ and dg did not change";
@@ -1129,12 +1128,8 @@ TEST(GdrScanCuda, Bf16ScanProductsStayCloseToTf32Ones) {
 TEST(GdrScanCuda, Bf16ForwardScanProductsStayCloseToTf32Ones) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   std::printf("[gdr_chunk] bf16 against TF32 forward-scan products:\n");
-  int64_t off_launches = 0, launches = 0;
-  const auto diffs =
-      counted_switch_differences<model::gdr_bf16_forward_scan_products, model::gdr_scan_bf16_forward_launches>(
-          883, off_launches, launches);
-  EXPECT_EQ(off_launches, 0) << "the bf16 forward scan ran with the switch off";
-  EXPECT_EQ(launches, static_cast<int64_t>(diffs.size())) << "one bf16 forward scan per run with the switch on";
+  const auto diffs = counted_switch_differences<model::gdr_bf16_forward_scan_products,
+                                                model::gdr_scan_bf16_forward_launches>(883, "the bf16 forward scan");
   for (const auto& d : diffs) {
     for (size_t i = 0; i < d.size(); ++i) EXPECT_LT(d[i], 4e-3) << kChunkOutputNames[i];
     EXPECT_GT(std::max(d[0], d[1]), 1e-7) << "o and h did not change";
@@ -1149,12 +1144,8 @@ TEST(GdrScanCuda, Bf16ForwardScanProductsStayCloseToTf32Ones) {
 TEST(GdrScanCuda, Bf16StateGradsProductsStayCloseToTf32Ones) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   std::printf("[gdr_chunk] bf16 against TF32 products with the chunk states:\n");
-  int64_t off_launches = 0, launches = 0;
-  const auto diffs =
-      counted_switch_differences<model::gdr_bf16_state_grads_products, model::gdr_state_grads_bf16_launches>(
-          887, off_launches, launches);
-  EXPECT_EQ(off_launches, 0) << "the bf16 state products ran with the switch off";
-  EXPECT_EQ(launches, static_cast<int64_t>(diffs.size())) << "one bf16 launch per backward with the switch on";
+  const auto diffs = counted_switch_differences<model::gdr_bf16_state_grads_products,
+                                                model::gdr_state_grads_bf16_launches>(887, "the bf16 state products");
   for (const auto& d : diffs) {
     for (size_t i = 0; i < d.size(); ++i) EXPECT_LT(d[i], i < 2 ? 1e-7 : 4e-3) << kChunkOutputNames[i];
     EXPECT_GT(d[2], 1e-7) << "dq did not change";
@@ -1186,11 +1177,8 @@ TEST(GdrScanCuda, Bf16TailProductsStayCloseToSplitOnes) {
 TEST(GdrScanCuda, Bf16SolveTilesMatchFp32Ones) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   std::printf("[gdr_chunk] the solve's backward on bf16 against fp32 tiles:\n");
-  int64_t off_launches = 0, launches = 0;
-  const auto diffs = counted_switch_differences<model::gdr_bf16_solve_tiles, model::gdr_bf16_solve_tile_launches>(
-      947, off_launches, launches);
-  EXPECT_EQ(off_launches, 0) << "the bf16 tiles ran with the switch off";
-  EXPECT_EQ(launches, static_cast<int64_t>(diffs.size())) << "one bf16-tile launch per backward with the switch on";
+  const auto diffs = counted_switch_differences<model::gdr_bf16_solve_tiles,
+                                                model::gdr_bf16_solve_tile_launches>(947, "the bf16 tiles");
   for (const auto& d : diffs) {
     for (size_t i = 0; i < d.size(); ++i) EXPECT_LT(d[i], i < 2 ? 1e-7 : 1e-3) << kChunkOutputNames[i];
     EXPECT_GT(std::max(d[5], d[6]), 0.0) << "dβ and dg the same to the bit: the bf16 tiles were not taken";
