@@ -106,7 +106,7 @@ int bench_train(const BenchTrainArgs& a) {
   // The measuring switches: each flag and the values it takes, the first being the default.
   const std::vector<std::tuple<const char*, const std::string*, std::vector<std::string>>> switches = {
       {"--fp8-ffn", &a.fp8_ffn, {"fused", "unfused"}},
-      {"--row-kernels", &a.row_kernels, {"default", "baseline"}},
+      {"--row-kernels", &a.row_kernels, {"default", "baseline", "register-norm"}},
       {"--sdpa", &a.sdpa, {"default", "flash", "cudnn"}},
       {"--rope-qkv", &a.rope_qkv, {"fused", "split"}},
       {"--mla-qkv", &a.mla_qkv, {"fused", "split"}},
@@ -166,9 +166,10 @@ int bench_train(const BenchTrainArgs& a) {
     at::globalContext().setSDPUseMemEfficient(false);
   }
 #if defined(DD_HAVE_CUDA)
-  kernels::add_rmsnorm_vector_loads(a.row_kernels == "default");
-  kernels::cross_entropy_staged_rows(a.row_kernels == "default");
-  kernels::gated_rmsnorm_register_rows(a.row_kernels == "default");
+  kernels::add_rmsnorm_vector_loads(a.row_kernels != "baseline");
+  kernels::cross_entropy_staged_rows(a.row_kernels != "baseline");
+  kernels::gated_rmsnorm_register_rows(a.row_kernels != "baseline");
+  kernels::gated_rmsnorm_staged_rows(a.row_kernels == "default");
 #endif
   model::fp8_swiglu_mlp_enabled(a.fp8_ffn == "fused");
   model::gdr_use_kernels(a.gdr_scan != "aten");

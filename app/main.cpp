@@ -168,9 +168,11 @@ int main(int argc, char** argv) {
   gdr_scan_help.back() = '.';
   bench_train_cmd->add_option("--gdr-scan", bench_train.gdr_scan, gdr_scan_help)->capture_default_str();
   bench_train_cmd->add_option("--row-kernels", bench_train.row_kernels,
-                              "default | baseline: the add+RMSNorm, gated RMSNorm and cross-entropy kernels as they "
-                              "are, or as they were before moving 4 columns per load, keeping gated-norm rows in "
-                              "registers and staging bf16 logits rows in shared memory (to measure that change)")
+                              "default | baseline | register-norm: the add+RMSNorm, gated RMSNorm and cross-entropy "
+                              "kernels as they are, or as they were before moving 4 columns per load, keeping "
+                              "gated-norm rows in registers and staging bf16 logits rows in shared memory (to "
+                              "measure that change); register-norm: as they are but the gated RMSNorm's backward "
+                              "keeping its rows in registers instead of staging them in shared memory")
       ->capture_default_str();
   bench_train_cmd->add_option("--sdpa", bench_train.sdpa,
                               "default | flash | cudnn: dense attention through LibTorch's pick (cuDNN on Hopper), "

@@ -6,13 +6,18 @@
 // is read once and all of a row's loads are in flight before its warp sum. Wider rows (and
 // `gated_rmsnorm_register_rows(false)`) take the looped kernels, which read each value one column
 // at a time and twice (about 1.4 TB/s on an H100, where the register kernels move 2.6 forward and
-// 1.7 backward; docs/perf.md stop 27).
+// 1.7 backward; docs/perf.md stop 27). With 16-bit y and z and rows up to 256, the backward
+// stages its rows through shared memory instead (gated_rmsnorm_backward_staged_kernel), so that
+// more rows are in flight than registers allow.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <type_traits>
 
+#include "kernels/cp_async.cuh"
 #include "kernels/elem.cuh"
 #include "kernels/gated_rmsnorm.h"
+#include "kernels/smem_opt_in.cuh"
 
 namespace kernels {
 
@@ -231,7 +236,143 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// The backward for 16-bit y and z, its rows staged through shared memory. The register kernel
+// above holds every in-flight value in registers, which limits it to two blocks an SM at a row of
+// 192 and one row in flight a warp (about 2.2 TB/s on an H200). Here each lane copies its own runs
+// of a row (o, z, dy and the row's rstd) by cp.async into a ring of kStages slots of its own and
+// reads back only what it copied, so no barrier is needed: a warp has kStages − 1 rows in flight
+// while it works on one, and only that one is in registers. With the loads off the critical path,
+// the arithmetic bounds it (ncu: 67% SM throughput at 42% of the DRAM bandwidth with IEEE division
+// and expf), so the sigmoid takes the fast intrinsics, as the short conv's does, and a row's
+// offsets take 32-bit division (the host takes this kernel for fewer than 2³¹ rows).
+constexpr int kStages = 3;
+
+template <typename T, int kRuns, int kVec>
+struct StagedRowSlots {
+  Vec<float, kVec> o[kStages][kWarps][kRuns][32];
+  Vec<T, kVec> z[kStages][kWarps][kRuns][32];
+  Vec<T, kVec> dy[kStages][kWarps][kRuns][32];
+  float r[kStages][kWarps][32];
+  float w[kRuns * kVec * 32];
+};
+
+// 1 / (1 + e^-z) without IEEE division's slow path; for z < about −88 the denominator is infinite
+// and the quotient 0, as it should be.
+__device__ __forceinline__ float fast_sigmoid(float z) { return __fdividef(1.f, 1.f + __expf(-z)); }
+
+template <typename T, int kRuns, int kVec>
+__global__ void __launch_bounds__(kWarps * 32, 4)  // four blocks an SM: 64 registers, no spill
+    gated_rmsnorm_backward_staged_kernel(float* d_o, T* dz, float* dw_partial, const T* dy, const float* o,
+                                         const T* z, const float* w, const float* rstd, GatedNormRows rows) {
+  extern __shared__ __align__(16) unsigned char staged_smem[];
+  auto& slots = *reinterpret_cast<StagedRowSlots<T, kRuns, kVec>*>(staged_smem);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int D = static_cast<int>(rows.D);
+  const int N = static_cast<int>(rows.N), z_heads = static_cast<int>(rows.z_heads);
+  const int warp_id = static_cast<int>(blockIdx.x) * kWarps + warp, stride = static_cast<int>(gridDim.x) * kWarps;
+  // w in shared memory rather than registers (it is read twice a row): registers set how many
+  // warps an SM holds.
+  for (int c = threadIdx.x; c < kRuns * kVec * 32; c += kWarps * 32) slots.w[c] = c < D ? w[c] : 0.f;
+  __syncthreads();
+  float acc[kRuns][kVec];
+#pragma unroll
+  for (int j = 0; j < kRuns; ++j) {
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) acc[j][e] = 0.f;
+  }
+  auto z_offset = [&](int n) { return static_cast<int64_t>(n / z_heads) * rows.z_ld + (n % z_heads) * D; };
+  auto o_index = [&](int n) { return rows.o_row != nullptr ? rows.o_row[n] : n; };
+  // Starts the copies of row n (none past the last row; its row of o is o_row) into ring slot
+  // `slot`, as one group: a group is committed for every call, so that the waits below count rows.
+  auto stage_row = [&](int n, int o_row, int slot) {
+    if (n < N) {
+      const float* orow = o + static_cast<int64_t>(o_row) * D;
+      const T* zrow = z + z_offset(n);
+      const T* dyrow = dy + static_cast<int64_t>(n) * D;
+#pragma unroll
+      for (int j = 0; j < kRuns; ++j) {
+        const int c = run_column<kVec>(lane, j);
+        if (c < D) {  // D % kVec == 0: a run is whole or past the row
+          cp_async<sizeof(Vec<float, kVec>)>(&slots.o[slot][warp][j][lane], orow + c);
+          cp_async<sizeof(Vec<T, kVec>)>(&slots.z[slot][warp][j][lane], zrow + c);
+          cp_async<sizeof(Vec<T, kVec>)>(&slots.dy[slot][warp][j][lane], dyrow + c);
+        }
+      }
+      cp_async<4>(&slots.r[slot][warp][lane], rstd + n);
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    const int n = warp_id + s * stride;
+    stage_row(n, n < N ? o_index(n) : 0, s);
+  }
+  // The o row of the row kStages − 1 ahead, read a row before its copies start (o_row's load is
+  // then in flight while this row is worked on, not waited for when they start).
+  int ahead = warp_id + (kStages - 1) * stride, o_ahead = ahead < N ? o_index(ahead) : 0;
+  int slot = 0;
+  for (int n = warp_id; n < N; n += stride, ahead += stride) {
+    cp_async_wait<kStages - 2>();  // row n's group is in; the kStages − 2 after it may not be
+    float ov[kRuns][kVec], zv[kRuns][kVec], dyv[kRuns][kVec];
+#pragma unroll
+    for (int j = 0; j < kRuns; ++j) {
+      const bool in_row = run_column<kVec>(lane, j) < D;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        ov[j][e] = in_row ? slots.o[slot][warp][j][lane].get(e) : 0.f;
+        zv[j][e] = in_row ? slots.z[slot][warp][j][lane].get(e) : 0.f;
+        dyv[j][e] = in_row ? slots.dy[slot][warp][j][lane].get(e) : 0.f;
+      }
+    }
+    const float r = slots.r[slot][warp][lane];
+    // The slot this lane read in the row before takes the row kStages − 1 ahead (the copies are
+    // started after those reads, in program order).
+    stage_row(ahead, o_ahead, slot == 0 ? kStages - 1 : slot - 1);
+    if (ahead + stride < N) o_ahead = o_index(ahead + stride);
+    slot = slot == kStages - 1 ? 0 : slot + 1;
+    const int o_n = o_index(n);  // a cached read: this row's copies read it kStages − 1 rows ago
+    float dot = 0.f;             // Σ g ⊙ ô
+#pragma unroll
+    for (int j = 0; j < kRuns; ++j) {
+      const float* wj = slots.w + run_column<kVec>(lane, j);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        ov[j][e] *= r;  // ô
+        dot += dyv[j][e] * (zv[j][e] * fast_sigmoid(zv[j][e])) * wj[e] * ov[j][e];
+      }
+    }
+    const float mean = warp_sum(dot) / static_cast<float>(D);
+    float* d_orow = d_o + static_cast<int64_t>(o_n) * D;
+    T* dzrow = dz + z_offset(n);
+#pragma unroll
+    for (int j = 0; j < kRuns; ++j) {
+      const int c = run_column<kVec>(lane, j);
+      if (c < D) {
+        float g_o[kVec], g_z[kVec];
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          // The sigmoid again rather than kept from the sum above, for the same reason as w.
+          const float zz = zv[j][e], sg = fast_sigmoid(zz), s = zz * sg, oh = ov[j][e], wc = slots.w[c + e];
+          g_o[e] = r * (dyv[j][e] * s * wc - oh * mean);
+          g_z[e] = dyv[j][e] * oh * wc * sg * (1.f + zz * (1.f - sg));
+          acc[j][e] += dyv[j][e] * s * oh;
+        }
+        store_run<kVec>(d_orow, c, g_o);
+        store_run<kVec>(dzrow, c, g_z);
+      }
+    }
+  }
+  cp_async_wait_all();  // no copy outlives the block (the ring's last groups are empty or unread)
+#pragma unroll
+  for (int j = 0; j < kRuns; ++j) {
+    const int c = run_column<kVec>(lane, j);
+    if (c < D) store_run<kVec>(dw_partial + static_cast<int64_t>(warp_id) * D, c, acc[j]);
+  }
+}
+
 bool g_register_rows = true;  // gated_rmsnorm_register_rows
+bool g_staged_rows = true;    // gated_rmsnorm_staged_rows
+std::atomic<int64_t> g_staged_launches{0};
 
 // f(integral_constant<kRuns>, integral_constant<kVec>) for the register kernels when they take a
 // row of D (D ≤ 512, the switch on); false otherwise. kVec = 4 needs D % 4 == 0 and every pointer
@@ -253,6 +394,20 @@ bool with_register_shape(int64_t D, bool vec_ok, F&& f) {
   return true;
 }
 
+// f(integral_constant<kRuns>, integral_constant<kVec>) for the staged backward when it takes a row
+// of D (the register kernels' conditions, D ≤ 256 and N < 2³¹); false otherwise. A row of 192 takes three
+// runs of 2 columns, every lane busy, where the register kernels' two runs of 4 leave half the
+// lanes idle in the second.
+template <typename F>
+bool with_staged_shape(int64_t N, int64_t D, bool vec_ok, F&& f) {
+  using std::integral_constant;
+  if (!g_register_rows || !g_staged_rows || !vec_ok || D % 4 != 0 || D > 256 || N >= (int64_t{1} << 31)) return false;
+  if (D == 192) f(integral_constant<int, 3>{}, integral_constant<int, 2>{});
+  else if (D <= 128) f(integral_constant<int, 1>{}, integral_constant<int, 4>{});
+  else f(integral_constant<int, 2>{}, integral_constant<int, 4>{});
+  return true;
+}
+
 // Whether the rows' starts and the base pointers allow 4-column vectors (o, d_o fp32; z, dz in
 // z's dtype; y, dy in y's).
 bool rows_take_vectors(const GatedNormRows& rows, int y_bytes, int z_bytes, const void* y, const void* o,
@@ -266,6 +421,8 @@ int64_t forward_blocks(int64_t N) { return (N + kWarps - 1) / kWarps < 65535 ? (
 }  // namespace
 
 void gated_rmsnorm_register_rows(bool on) { g_register_rows = on; }
+void gated_rmsnorm_staged_rows(bool on) { g_staged_rows = on; }
+int64_t gated_rmsnorm_staged_launches() { return g_staged_launches.load(); }
 
 int64_t gated_rmsnorm_backward_partial_rows(int64_t N) {
   const int64_t blocks = (N + kWarps - 1) / kWarps < kBackwardBlocks ? (N + kWarps - 1) / kWarps : kBackwardBlocks;
@@ -312,6 +469,19 @@ int gated_rmsnorm_backward(float* d_o, void* dz, float* dw_partial, const void* 
       TZ* dzp = static_cast<TZ*>(dz);
       const dim3 block(kWarps * 32);
       const bool vec_ok = rows_take_vectors(rows, sizeof(TY), sizeof(TZ), dy, o, z, d_o, dz) && aligned_to(16, dw_partial);
+      if constexpr (std::is_same<TY, TZ>::value && sizeof(TY) == 2) {
+        int err = -1;  // -1: no staged kernel for these rows
+        with_staged_shape(rows.N, rows.D, vec_ok, [&](auto runs, auto vec) {
+          constexpr int kRuns = decltype(runs)::value, kVec = decltype(vec)::value;
+          const auto kernel = gated_rmsnorm_backward_staged_kernel<TY, kRuns, kVec>;
+          const int smem = static_cast<int>(sizeof(StagedRowSlots<TY, kRuns, kVec>));
+          err = smem > 48 * 1024 ? allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem) : 0;
+          if (err != 0) return;
+          kernel<<<grid, block, smem, st>>>(d_o, dzp, dw_partial, dyp, o, zp, w, rstd, rows);
+          ++g_staged_launches;
+        });
+        if (err == 0) return;  // launched (a refused opt-in falls back to the register kernels)
+      }
       const bool regs = with_register_shape(rows.D, vec_ok, [&](auto runs, auto vec) {
         gated_rmsnorm_backward_regs_kernel<TY, TZ, decltype(runs)::value, decltype(vec)::value>
             <<<grid, block, 0, st>>>(d_o, dzp, dw_partial, dyp, o, zp, w, rstd, rows);

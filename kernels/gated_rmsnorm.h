@@ -37,6 +37,13 @@ int gated_rmsnorm_forward(void* y, DType y_dt, float* rstd, const float* o, cons
 // process-wide switch for `bench train --row-kernels baseline` and the tests.
 void gated_rmsnorm_register_rows(bool on);
 
+// Whether the backward for 16-bit y and z (same dtype) stages its rows through shared memory where
+// it takes the register kernels' rows of up to 256 (the default), or keeps them in registers as
+// those do: a process-wide switch for `bench train --row-kernels register-norm` and the tests.
+void gated_rmsnorm_staged_rows(bool on);
+// Launches of the staged backward so far in this process (for the tests).
+int64_t gated_rmsnorm_staged_launches();
+
 // Rows of dw's partial sums the backward writes: dw = dw_partial[0:rows].sum(0).
 int64_t gated_rmsnorm_backward_partial_rows(int64_t N);
 

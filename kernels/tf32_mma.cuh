@@ -9,17 +9,14 @@
 
 #include <cstdint>
 
+#include "kernels/cp_async.cuh"
+
 namespace kernels {
 
 __device__ __forceinline__ void cp_async16_zfill(float* smem_dst, const float* src, bool valid) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
   const int bytes = valid ? 16 : 0;  // 0: fill the 16 bytes with zeros, read nothing
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // x = big + small, both TF32 (fp32 bit patterns with the low 13 mantissa bits zero).

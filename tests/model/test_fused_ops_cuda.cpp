@@ -1064,7 +1064,9 @@ TEST(FusedOpsCuda, ShortConvPartsTakeTheGateGradientInPlace) {
 // Rows form (gated_rms_norm_rows): o is [M, D] rows in a shuffled order with 7 rows no token reads
 // (the chunk layout's padding), whose gradient must be exactly zero. Rows up to 512 wide take the
 // register kernels (4-column vectors where z's slice is aligned, else one column per load); the
-// looped kernels run for D = 1024 and with the switch off.
+// looped kernels run for D = 1024 and with the switch off. The bf16 backward with z aligned and
+// D ≤ 256 takes the staged kernel (3 runs of 2 columns at D = 192, else runs of 4), unless that
+// switch is off: the test counts its launches.
 TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
   DD_REQUIRE_GPU();
   seed_from_gtest(43);
@@ -1073,11 +1075,14 @@ TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
   };
   const Case cases[] = {Case{2, 150, 6, 128}, Case{1, 333, 3, 40}, Case{2, 100, 6, 192}, Case{1, 90, 4, 256},
                         Case{3, 17, 1, 1024}};
-  for (const bool registers : {true, false})
+  enum Form { kStaged, kRegisters, kLooped };
+  for (const Form form : {kStaged, kRegisters, kLooped})
   for (const bool aligned_z : {false, true})
   for (const Case c : cases)
   for (const bool rows : {false, true}) {
+    const bool registers = form != kLooped;
     kernels::gated_rmsnorm_register_rows(registers);
+    kernels::gated_rmsnorm_staged_rows(form == kStaged);
     for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
       auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
       const int64_t N = c.B * c.T * c.H, M = rows ? N + 7 : N;
@@ -1103,7 +1108,11 @@ TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
         (y.to(torch::kFloat32) * gy.to(torch::kFloat32)).sum().backward();
         return std::vector<torch::Tensor>{y.detach(), o.grad(), wide.grad(), w.grad()};
       };
+      const int64_t staged_before = kernels::gated_rmsnorm_staged_launches();
       const auto got = run(true), want = run(false);
+      const bool staged = form == kStaged && dt == torch::kBFloat16 && aligned_z && c.D <= 256;
+      EXPECT_EQ(kernels::gated_rmsnorm_staged_launches() - staged_before, staged ? 1 : 0)
+          << "staged backward launches, D " << c.D << (rows ? " rows" : "");
       if (rows) {
         auto unread = perm.narrow(0, N, M - N);
         EXPECT_EQ(got[1].index_select(0, unread).abs().max().item<float>(), 0.f) << "padding rows' gradient";
@@ -1112,7 +1121,8 @@ TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
       const double tol = tol_for(dt);
       std::string what = "B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " H" + std::to_string(c.H) + " D" +
                          std::to_string(c.D) + " " + name_of(dt) + (rows ? " rows" : "") +
-                         (registers ? " registers" : " looped") + (aligned_z ? " z aligned" : "");
+                         (form == kStaged ? " staged" : registers ? " registers" : " looped") +
+                         (aligned_z ? " z aligned" : "");
       double e[4];
       for (int i = 0; i < 4; ++i) {
         EXPECT_EQ(got[i].scalar_type(), want[i].scalar_type()) << what << " " << names[i];
@@ -1123,6 +1133,7 @@ TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
     }
   }
   kernels::gated_rmsnorm_register_rows(true);
+  kernels::gated_rmsnorm_staged_rows(true);
 }
 
 // The padding rows' zero fill of the output norm's backward (kernels/zero_rows.h): on a matrix full
