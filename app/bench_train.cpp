@@ -18,6 +18,7 @@
 #if defined(DD_HAVE_CUDA)
 #include "kernels/cross_entropy.h"
 #include "kernels/gated_rmsnorm.h"
+#include "kernels/l2_norm.h"
 #include "kernels/rmsnorm_train.h"
 #endif
 #include "model/fp8_swiglu_mlp.h"
@@ -106,7 +107,7 @@ int bench_train(const BenchTrainArgs& a) {
   // The measuring switches: each flag and the values it takes, the first being the default.
   const std::vector<std::tuple<const char*, const std::string*, std::vector<std::string>>> switches = {
       {"--fp8-ffn", &a.fp8_ffn, {"fused", "unfused"}},
-      {"--row-kernels", &a.row_kernels, {"default", "baseline", "register-norm"}},
+      {"--row-kernels", &a.row_kernels, {"default", "baseline", "register-norm", "warp-l2"}},
       {"--sdpa", &a.sdpa, {"default", "flash", "cudnn"}},
       {"--rope-qkv", &a.rope_qkv, {"fused", "split"}},
       {"--mla-qkv", &a.mla_qkv, {"fused", "split"}},
@@ -169,7 +170,8 @@ int bench_train(const BenchTrainArgs& a) {
   kernels::add_rmsnorm_vector_loads(a.row_kernels != "baseline");
   kernels::cross_entropy_staged_rows(a.row_kernels != "baseline");
   kernels::gated_rmsnorm_register_rows(a.row_kernels != "baseline");
-  kernels::gated_rmsnorm_staged_rows(a.row_kernels == "default");
+  kernels::gated_rmsnorm_staged_rows(a.row_kernels != "baseline" && a.row_kernels != "register-norm");
+  kernels::l2_norm_pair_rows(a.row_kernels != "baseline" && a.row_kernels != "warp-l2");
 #endif
   model::fp8_swiglu_mlp_enabled(a.fp8_ffn == "fused");
   model::gdr_use_kernels(a.gdr_scan != "aten");

@@ -25,6 +25,12 @@ int l2_norm_forward(void* y, DType y_dt, float* rstd, const void* x, DType x_dt,
                     void* stream);
 int l2_norm_backward(void* dx, const void* dy, DType y_dt, const void* x, DType x_dt, const float* rstd,
                      const L2NormRows& rows, void* stream);
+
+// Whether 16-bit rows of 64, 96 or 128 take the half-warp pair kernels (the default) or the
+// warp-per-row ones: a process-wide switch for `bench train --row-kernels warp-l2` and the tests.
+void l2_norm_pair_rows(bool on);
+// Launches of the pair kernels so far in this process, either way (for the tests).
+int64_t l2_norm_pair_launches();
 #endif
 
 }  // namespace kernels

@@ -14,6 +14,7 @@
 
 #include "kernels/column_sum.h"
 #include "kernels/gated_rmsnorm.h"
+#include "kernels/l2_norm.h"
 #include "kernels/rmsnorm_train.h"
 #include "kernels/short_conv.h"
 #include "kernels/zero_rows.h"
@@ -1173,16 +1174,24 @@ TEST(FusedOpsCuda, ZeroUnnamedRowsTouchesOnlyThoseRows) {
 // 32, and past 256 (the looped kernel); one token per batch row too. Both sides compute in fp32
 // from the same x values: an fp32 y within 1e-6, a 16-bit one within one rounding of the same
 // value (tol_for). dx is in x's dtype: fp32 differs by summation order (1e-5), bf16 and fp16 by
-// one rounding of the same value.
+// one rounding of the same value. 16-bit x with y of its dtype and D of 64, 96 or 128 takes the
+// half-warp pair kernels (counted: forward and backward) unless the switch is off, or x's slice
+// starts on an odd column (4-byte pairs misaligned); row counts that leave a warp's rows part
+// full (999, 24) and fewer rows than a warp takes (6).
 TEST(FusedOpsCuda, L2NormMatchesReference) {
   DD_REQUIRE_GPU();
   seed_from_gtest(47);
   struct Case {
     int64_t B, T, H, D;
-    bool slice;  // x is a column slice of a wider [B, T, H·D + 40] tensor
+    bool slice;     // x is a column slice of a wider [B, T, H·D + 40] tensor
+    int64_t col0 = 16;  // the slice's first column
   };
-  for (const Case c : {Case{2, 150, 6, 96, true}, Case{1, 333, 4, 128, true}, Case{3, 17, 3, 40, false},
-                       Case{2, 9, 2, 300, true}, Case{4, 1, 6, 96, true}}) {
+  const Case cases[] = {Case{2, 150, 6, 96, true},     Case{1, 333, 4, 128, true}, Case{3, 17, 3, 40, false},
+                        Case{2, 9, 2, 300, true},      Case{4, 1, 6, 96, true},    Case{1, 333, 3, 64, true},
+                        Case{2, 150, 6, 96, true, 15}, Case{1, 1, 6, 96, false}};
+  for (const bool pairs : {true, false})
+  for (const Case c : cases) {
+    kernels::l2_norm_pair_rows(pairs);
     for (auto dt : {torch::kFloat32, torch::kBFloat16, torch::kHalf}) {
       std::vector<torch::ScalarType> y_dts{torch::kFloat32};
       if (dt != torch::kFloat32) y_dts.push_back(dt);
@@ -1192,15 +1201,20 @@ TEST(FusedOpsCuda, L2NormMatchesReference) {
         auto gy = torch::randn({c.B, c.T, c.H, c.D}, f32);
         auto run = [&](bool fused) {
           auto wide = wide0.clone().requires_grad_(true);
-          auto x = c.slice ? wide.narrow(2, 16, c.H * c.D).view({c.B, c.T, c.H, c.D})
+          auto x = c.slice ? wide.narrow(2, c.col0, c.H * c.D).view({c.B, c.T, c.H, c.D})
                            : wide.narrow(2, 0, c.H * c.D).contiguous().view({c.B, c.T, c.H, c.D});
           auto y = fused ? model::fused_l2_norm(x, 1e-6, y_dt) : model::l2_norm_reference(x, 1e-6, y_dt);
           (y * gy).sum().backward();
           return std::vector<torch::Tensor>{y.detach(), wide.grad()};
         };
+        const int64_t pair_launches = kernels::l2_norm_pair_launches();
         const auto got = run(true), want = run(false);
         std::string what = "B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " H" + std::to_string(c.H) + " D" +
-                           std::to_string(c.D) + (c.slice ? " slice " : " ") + name_of(dt) + ", y " + name_of(y_dt);
+                           std::to_string(c.D) + (c.slice ? " slice at " + std::to_string(c.col0) + " " : " ") +
+                           name_of(dt) + ", y " + name_of(y_dt) + (pairs ? "" : ", pairs off");
+        const bool takes_pairs = pairs && dt != torch::kFloat32 && y_dt == dt &&
+                                 (c.D == 64 || c.D == 96 || c.D == 128) && (!c.slice || c.col0 % 2 == 0);
+        EXPECT_EQ(kernels::l2_norm_pair_launches() - pair_launches, takes_pairs ? 2 : 0) << what;
         EXPECT_EQ(got[0].scalar_type(), y_dt) << what;
         EXPECT_EQ(got[1].scalar_type(), dt) << what;
         const double ey = rel_norm_diff(got[0], want[0]), ex = rel_norm_diff(got[1], want[1]);
@@ -1210,6 +1224,7 @@ TEST(FusedOpsCuda, L2NormMatchesReference) {
       }
     }
   }
+  kernels::l2_norm_pair_rows(true);
 }
 
 // The Gated DeltaNet's gates kernels (model::fused_gdn_gates) against the ATen formula on a and b
