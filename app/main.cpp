@@ -170,8 +170,9 @@ int main(int argc, char** argv) {
   bench_train_cmd->add_option("--row-kernels", bench_train.row_kernels,
                               "default | baseline | register-norm | warp-l2: the add+RMSNorm, gated RMSNorm, L2Norm "
                               "and cross-entropy kernels as they are, or as they were before moving 4 columns per "
-                              "load, keeping gated-norm rows in registers and staging bf16 logits rows in shared "
-                              "memory (to measure that change); register-norm: as they are but the gated RMSNorm's "
+                              "load, keeping gated-norm rows in registers, staging bf16 logits rows and the gated "
+                              "RMSNorm backward's rows in shared memory and giving the L2Norm half a warp per row "
+                              "(to measure those changes); register-norm: as they are but the gated RMSNorm's "
                               "backward keeping its rows in registers instead of staging them in shared memory; "
                               "warp-l2: as they are but the L2Norm taking a warp per row instead of half a warp")
       ->capture_default_str();

@@ -244,7 +244,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 // while it works on one, and only that one is in registers. With the loads off the critical path,
 // the arithmetic bounds it (ncu: 67% SM throughput at 42% of the DRAM bandwidth with IEEE division
 // and expf), so the sigmoid takes the fast intrinsics, as the short conv's does, and a row's
-// offsets take 32-bit division (the host takes this kernel for fewer than 2³¹ rows).
+// offsets take 32-bit division (the host takes this kernel for fewer than 2³⁰ rows, so that a row
+// index three grid strides ahead still fits an int).
 constexpr int kStages = 3;
 
 template <typename T, int kRuns, int kVec>
@@ -261,7 +262,7 @@ struct StagedRowSlots {
 __device__ __forceinline__ float fast_sigmoid(float z) { return __fdividef(1.f, 1.f + __expf(-z)); }
 
 template <typename T, int kRuns, int kVec>
-__global__ void __launch_bounds__(kWarps * 32, 4)  // four blocks an SM: 64 registers, no spill
+__global__ void __launch_bounds__(kWarps * 32, 4)  // four blocks an SM: 64 registers (16 bytes spilled at (2, 4))
     gated_rmsnorm_backward_staged_kernel(float* d_o, T* dz, float* dw_partial, const T* dy, const float* o,
                                          const T* z, const float* w, const float* rstd, GatedNormRows rows) {
   extern __shared__ __align__(16) unsigned char staged_smem[];
@@ -395,13 +396,13 @@ bool with_register_shape(int64_t D, bool vec_ok, F&& f) {
 }
 
 // f(integral_constant<kRuns>, integral_constant<kVec>) for the staged backward when it takes a row
-// of D (the register kernels' conditions, D ≤ 256 and N < 2³¹); false otherwise. A row of 192 takes three
+// of D (the register kernels' conditions, D ≤ 256 and N < 2³⁰); false otherwise. A row of 192 takes three
 // runs of 2 columns, every lane busy, where the register kernels' two runs of 4 leave half the
 // lanes idle in the second.
 template <typename F>
 bool with_staged_shape(int64_t N, int64_t D, bool vec_ok, F&& f) {
   using std::integral_constant;
-  if (!g_register_rows || !g_staged_rows || !vec_ok || D % 4 != 0 || D > 256 || N >= (int64_t{1} << 31)) return false;
+  if (!g_register_rows || !g_staged_rows || !vec_ok || D % 4 != 0 || D > 256 || N >= (int64_t{1} << 30)) return false;
   if (D == 192) f(integral_constant<int, 3>{}, integral_constant<int, 2>{});
   else if (D <= 128) f(integral_constant<int, 1>{}, integral_constant<int, 4>{});
   else f(integral_constant<int, 2>{}, integral_constant<int, 4>{});

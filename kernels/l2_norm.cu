@@ -98,11 +98,13 @@ __global__ void __launch_bounds__(kWarps * 32) l2_norm_backward_kernel(TX* dx, c
 }
 
 // The pair kernels, for 16-bit x and y (or dy) of one dtype and rows of 64, 96 or 128 (kPairs =
-// D / 32 column pairs a lane): half a warp per row, each lane's columns loaded as kPairs 4-byte
-// pairs at 2 (lane % 16 + 16 p), and each half-warp working on kRows rows at once. The warp-per-row
-// kernels above load one 2-byte value a lane and instruction and have one row (192 bytes at D = 96)
-// in flight a warp, which held hybrid base's q and k at about 1.8 TB/s on an H200; here a warp has
-// 2 · kRows rows in flight. A row's sum is over its half-warp (shuffles at offsets 8 to 1).
+// D / 32 column pairs a lane): half a warp per row, each lane's columns kPairs pairs of adjacent
+// columns at 2 (lane % 16 + 16 p), and each half-warp working on kRows rows at once. The
+// warp-per-row kernels above have one row (192 bytes at D = 96) in flight a warp, which held hybrid
+// base's q and k at about 1.8 TB/s on an H200; here a warp has 2 · kRows rows in flight. A row's
+// sum is over its half-warp (shuffles at offsets 8 to 1). As compiled, a pair moves as two 2-byte
+// accesses (Pair is 2-byte aligned); the host's checks would allow one 4-byte access, not yet
+// measured (docs/perf.md, stop 49).
 constexpr int kRows = 2;
 
 __device__ __forceinline__ float half_warp_sum(float v) {
@@ -223,7 +225,8 @@ bool g_pair_rows = true;  // l2_norm_pair_rows
 std::atomic<int64_t> g_pair_launches{0};
 
 // f(integral_constant<kPairs>) where the pair kernels take the rows: the switch on, 16-bit x with y
-// of its dtype, D of 64, 96 or 128, and every row start and pointer on a 4-byte boundary. Returns
+// of its dtype, D of 64, 96 or 128, and every row start and pointer on a 4-byte boundary (each pair
+// on one, for a 4-byte access). Returns
 // whether f ran.
 template <typename F>
 bool with_pairs(DType x_dt, DType y_dt, const L2NormRows& rows, const void* a, const void* b, const void* c, F&& f) {

@@ -3,7 +3,8 @@
 // short conv's output, a column slice: row n (one head of one token) sits at
 // (n / heads) · ld + (n % heads) · D; any of fp32, bf16, fp16. y and dy are [N, D] in fp32, or in
 // x's dtype (16-bit training hands the delta rule 16-bit q and k); the sums are fp32 either way. r
-// is fp32 [N], dx is written contiguous [N, D] in x's dtype. One warp per row. Raw pointers, no
+// is fp32 [N], dx is written contiguous [N, D] in x's dtype. One warp per row (half a warp for 16-bit
+// rows of 64, 96 or 128). Raw pointers, no
 // torch; the reference is model/fused_l2norm.h's ATen formula.
 #pragma once
 

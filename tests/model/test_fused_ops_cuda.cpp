@@ -1074,8 +1074,10 @@ TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
   struct Case {
     int64_t B, T, H, D;
   };
+  // The last: 49128 rows, more than the backward's 4096 warps and not a multiple of them, so that
+  // each warp takes 11 or 12 rows (the staged kernel's ring of slots turns over).
   const Case cases[] = {Case{2, 150, 6, 128}, Case{1, 333, 3, 40}, Case{2, 100, 6, 192}, Case{1, 90, 4, 256},
-                        Case{3, 17, 1, 1024}};
+                        Case{3, 17, 1, 1024}, Case{4, 2047, 6, 192}};
   enum Form { kStaged, kRegisters, kLooped };
   for (const Form form : {kStaged, kRegisters, kLooped})
   for (const bool aligned_z : {false, true})
@@ -1176,8 +1178,8 @@ TEST(FusedOpsCuda, ZeroUnnamedRowsTouchesOnlyThoseRows) {
 // value (tol_for). dx is in x's dtype: fp32 differs by summation order (1e-5), bf16 and fp16 by
 // one rounding of the same value. 16-bit x with y of its dtype and D of 64, 96 or 128 takes the
 // half-warp pair kernels (counted: forward and backward) unless the switch is off, or x's slice
-// starts on an odd column (4-byte pairs misaligned); row counts that leave a warp's rows part
-// full (999, 24) and fewer rows than a warp takes (6).
+// starts on an odd column (pairs off a 4-byte boundary); 999 rows (a warp's rows part full) and 6
+// (the second warp's second half-warp entirely past the end).
 TEST(FusedOpsCuda, L2NormMatchesReference) {
   DD_REQUIRE_GPU();
   seed_from_gtest(47);
