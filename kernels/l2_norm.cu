@@ -102,9 +102,7 @@ __global__ void __launch_bounds__(kWarps * 32) l2_norm_backward_kernel(TX* dx, c
 // columns at 2 (lane % 16 + 16 p), and each half-warp working on kRows rows at once. The
 // warp-per-row kernels above have one row (192 bytes at D = 96) in flight a warp, which held hybrid
 // base's q and k at about 1.8 TB/s on an H200; here a warp has 2 · kRows rows in flight. A row's
-// sum is over its half-warp (shuffles at offsets 8 to 1). As compiled, a pair moves as two 2-byte
-// accesses (Pair is 2-byte aligned); the host's checks would allow one 4-byte access, not yet
-// measured (docs/perf.md, stop 49).
+// sum is over its half-warp (shuffles at offsets 8 to 1). A pair moves as one 4-byte access.
 constexpr int kRows = 2;
 
 __device__ __forceinline__ float half_warp_sum(float v) {
@@ -119,8 +117,9 @@ __device__ __forceinline__ int64_t pair_rows_first(int64_t pass) {
   return (half + pass * static_cast<int64_t>(gridDim.x) * kWarps * 2) * kRows;
 }
 
+// Two adjacent 16-bit values, aligned as one 4-byte access (the host checks every pair's address).
 template <typename T>
-struct Pair {
+struct alignas(2 * sizeof(T)) Pair {
   T v[2];
 };
 
