@@ -23,10 +23,18 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// x as the kernel reads it: rows of T tokens at a common token stride with unit channel stride.
+// x as the kernel reads it: rows of T tokens at a common token stride (stride(1), at least a row's
+// channels) with unit channel stride. A dim of size 1 may carry any stride (PyTorch ignores it for
+// contiguity, so .contiguous() hands such a view back as it is): with one token a row the token
+// stride the kernels read is the batch stride, and with one row as well any stride of C will do.
 torch::Tensor kernel_layout(const torch::Tensor& x) {
-  const bool ok = x.stride(2) == 1 && x.stride(0) == x.size(1) * x.stride(1);
-  return ok ? x : x.contiguous();
+  auto v = x;
+  if (x.size(1) == 1) {
+    const int64_t s = x.size(0) == 1 ? x.size(2) : x.stride(0);
+    v = x.as_strided(x.sizes(), {s, s, x.stride(2)});
+  }
+  const bool ok = v.stride(2) == 1 && v.stride(1) >= v.size(2) && v.stride(0) == v.size(1) * v.stride(1);
+  return ok ? v : v.contiguous();
 }
 
 // silu(conv(x)) over x's first wf.size(0) channels, x in kernel_layout (rows may be wider), wf fp32

@@ -865,11 +865,16 @@ TEST(FusedOpsCuda, ShortConvMatchesReference) {
     int64_t B, T, C, W;
     bool packed;
     int64_t pad = 7, off = 3;  // x is a column slice [off, off + C) of rows C + pad wide
+    bool unit_token_stride = false;  // T = 1: x's token dim gets stride 1 (still "contiguous")
   };
-  // The first three slices are misaligned (the kernels stage them element by element), the last
-  // two allow 16-byte loads.
+  // The first three slices are misaligned (the kernels stage them element by element), the next
+  // two allow 16-byte loads. The last two: one token a row (as in decoding), whose size-1 token dim
+  // carries stride 1, which PyTorch calls contiguous: the kernels must step rows by the batch stride
+  // (five rows of a plain tensor) and must not take 1 for a row's stride (one row cut from a wider
+  // one, at an offset).
   for (const Case c : {Case{2, 300, 333, 4, false}, Case{3, 129, 96, 3, false}, Case{1, 517, 130, 4, true},
-                       Case{1, 517, 256, 4, true, 16, 8}, Case{2, 300, 512, 3, false, 8, 0}}) {
+                       Case{1, 517, 256, 4, true, 16, 8}, Case{2, 300, 512, 3, false, 8, 0},
+                       Case{5, 1, 96, 4, false, 0, 0, true}, Case{1, 1, 130, 4, false, 7, 3, true}}) {
     for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
       auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(dt);
       auto wide = torch::randn({c.B, c.T, c.C + c.pad}, opts);
@@ -886,6 +891,10 @@ TEST(FusedOpsCuda, ShortConvMatchesReference) {
         auto x = wide.detach().clone().requires_grad_(true);
         auto w = w32.detach().clone().requires_grad_(true);
         auto xs = x.narrow(2, c.off, c.C);  // unit channel stride, token stride C + pad
+        if (c.unit_token_stride) {
+          xs = xs.as_strided({c.B, 1, c.C}, {c.C + c.pad, 1, 1});
+          EXPECT_TRUE(xs.is_contiguous());
+        }
         auto y = fused ? model::fused_short_conv(xs, w, p) : model::short_conv(xs, w, p);
         auto gy = torch::ones_like(y) + torch::arange(y.numel(), opts).view(y.sizes()).remainder(7) * 0.1;
         (y.to(torch::kFloat32) * gy.to(torch::kFloat32)).sum().backward();
