@@ -26,6 +26,7 @@
 #include "model/gdr.h"
 #include "model/gdr_scan.h"
 #include "model/gdr_state_grads.h"
+#include "model/layers.h"
 #include "model/expert_product.h"
 #include "model/expert_grads_in_pieces.h"
 #include "model/grad_square_sums.h"
@@ -111,6 +112,7 @@ int bench_train(const BenchTrainArgs& a) {
       {"--sdpa", &a.sdpa, {"default", "flash", "cudnn"}},
       {"--rope-qkv", &a.rope_qkv, {"fused", "split"}},
       {"--mla-qkv", &a.mla_qkv, {"fused", "split"}},
+      {"--mla-values", &a.mla_values, {"auto", "padded"}},
       {"--weight-grads", &a.weight_grads, {"in-place", "autograd"}},
       {"--adamw", &a.adamw, {"ours", "aten"}},
       {"--weight-grad-stream", &a.weight_grad_stream, {"on", "off"}},
@@ -132,6 +134,7 @@ int bench_train(const BenchTrainArgs& a) {
   }
   model::rope_qkv_fused(a.rope_qkv == "fused");
   model::mla_qkv_fused(a.mla_qkv == "fused");
+  model::attention_narrow_values(a.mla_values == "auto");
   model::weight_grads_in_place(a.weight_grads == "in-place");
   trainer::AdamW::use_own_kernel(a.adamw == "ours");
   model::weight_grad_stream(a.weight_grad_stream == "on");
@@ -322,6 +325,7 @@ int bench_train(const BenchTrainArgs& a) {
   j["sdpa"] = a.sdpa;
   j["rope_qkv"] = a.rope_qkv;
   j["mla_qkv"] = a.mla_qkv;
+  j["mla_values"] = a.mla_values;
   j["weight_grads"] = a.weight_grads;
   j["adamw"] = a.adamw;
   j["weight_grad_stream"] = a.weight_grad_stream;

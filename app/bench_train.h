@@ -41,6 +41,9 @@ struct BenchTrainArgs {
   std::string rope_qkv = "fused";
   // "fused" (model::mla_qkv's one kernel each way) or "split" (RoPE, cat, expand and pad as ATen ops).
   std::string mla_qkv = "fused";
+  // "auto" (dense attention hands cuDNN MLA's V unpadded where SDPA picks cuDNN) or "padded" (V
+  // zero-padded to the q/k head width for every backend; model::attention_narrow_values).
+  std::string mla_values = "auto";
   // "in-place" (the linear layers' bf16 products write their weight gradients into the fp32 .grad,
   // model/mixed_linear.h) or "autograd" (autocast's products, their bf16 weight gradients cast to
   // fp32 and accumulated by autograd), to measure the change.

@@ -191,6 +191,11 @@ int main(int argc, char** argv) {
                               "from its projections in one kernel each way, or as RoPE, cat, expand and pad (to "
                               "measure the fusion)")
       ->capture_default_str();
+  bench_train_cmd->add_option("--mla-values", bench_train.mla_values,
+                              "auto | padded: dense MLA attention hands V to cuDNN's kernel unpadded where LibTorch "
+                              "picks cuDNN (packed batches and other backends get it zero-padded to the q/k head "
+                              "width), or pads it always (to compare)")
+      ->capture_default_str();
   bench_train_cmd->add_option("--weight-grads", bench_train.weight_grads,
                               "in-place | autograd: the linear layers' bf16 products write their weight gradients "
                               "straight into the fp32 gradients, or go through autocast with autograd casting and "

@@ -153,20 +153,22 @@ class FusedRopeQkvFn : public torch::autograd::Function<FusedRopeQkvFn> {
 };
 
 // MLA's Q, K and V from its projections' pieces; see mla_qkv. Inputs: q [B,T,nh,dn+dr], kv
-// [B,T,nh,dn+dva], k_r [B,T,dr] (strided, unit-stride last dim), dva <= dn + dr.
+// [B,T,nh,dn+dva], k_r [B,T,dr] (strided, unit-stride last dim), dva <= dn + dr. V is dn + dr
+// wide (zero-padded) when pad_v, else dva.
 class MlaQkvFn : public torch::autograd::Function<MlaQkvFn> {
  public:
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& kv,
                                const torch::Tensor& k_r, const torch::Tensor& pos, const torch::Tensor& cos,
-                               const torch::Tensor& sin, int64_t dn) {
+                               const torch::Tensor& sin, int64_t dn, bool pad_v) {
     const int64_t B = q.size(0), T = q.size(1), nh = q.size(2), dqk = q.size(3), dr = dqk - dn;
-    const int64_t dva = kv.size(3) - dn, st = nh * dqk;
+    const int64_t dva = kv.size(3) - dn, st = nh * dqk, dv_out = pad_v ? dqk : dva;
     ctx->save_for_backward({pos, cos, sin});
     ctx->saved_data["dn"] = dn;
     ctx->saved_data["dva"] = dva;
+    ctx->saved_data["dqk"] = dqk;
     auto opt = q.options().memory_format(at::MemoryFormat::Contiguous);
     auto Q = torch::empty({B, T, nh, dqk}, opt), K = torch::empty({B, T, nh, dqk}, opt);
-    auto V = torch::empty({B, T, nh, dqk}, opt);
+    auto V = torch::empty({B, T, nh, dv_out}, opt);
     auto tail = [](const torch::Tensor& x, int64_t from) { return static_cast<char*>(x.data_ptr()) + from * x.element_size(); };
     auto piece = [&](const torch::Tensor& x, int64_t col, int64_t width, int64_t heads, int64_t x_sh, void* out,
                      bool rotate) {
@@ -177,20 +179,23 @@ class MlaQkvFn : public torch::autograd::Function<MlaQkvFn> {
         piece(q, dn, dr, nh, q.stride(2), tail(Q, dn), true),               // RoPE(q_r)
         piece(kv, 0, dn, nh, kv.stride(2), K.data_ptr(), false),            // kv_n
         piece(k_r, 0, dr, nh, 0, tail(K, dn), true),                        // RoPE(k_r), every head
-        piece(kv, dn, dva, nh, kv.stride(2), V.data_ptr(), false)};         // kv_v
-    if (dva < dqk) parts.push_back(kernels::RopePart{nullptr, 0, 0, 0, nh, tail(V, dva), st, false, dqk - dva, dqk});
+        kernels::RopePart{tail(kv, dn), kv.stride(0), kv.stride(1), kv.stride(2), nh, V.data_ptr(), nh * dv_out,
+                          false, dva, dv_out}};  // kv_v
+    if (dva < dv_out) parts.push_back(kernels::RopePart{nullptr, 0, 0, 0, nh, tail(V, dva), st, false, dqk - dva, dqk});
     launch_parts(parts, Q, pos, cos, sin, /*inverse=*/false, "MLA q|k|v forward", dr);
     return {Q, K, V};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
     const int64_t dn = ctx->saved_data["dn"].toInt(), dva = ctx->saved_data["dva"].toInt();
+    const int64_t dqk = ctx->saved_data["dqk"].toInt(), dr = dqk - dn;
     const torch::Tensor* any = nullptr;
     for (const auto& g : grads) any = (any == nullptr && g.defined()) ? &g : any;
-    const int64_t B = any->size(0), T = any->size(1), nh = any->size(2), dqk = any->size(3), dr = dqk - dn;
-    auto dQ = grads[0].defined() ? unit_last(grads[0]) : torch::zeros_like(*any);
-    auto dK = grads[1].defined() ? unit_last(grads[1]) : torch::zeros_like(*any);
-    auto dV = grads[2].defined() ? unit_last(grads[2]) : torch::zeros_like(*any);
+    const int64_t B = any->size(0), T = any->size(1), nh = any->size(2);
+    auto zeros = [&](int64_t width) { return torch::zeros({B, T, nh, width}, any->options()); };
+    auto dQ = grads[0].defined() ? unit_last(grads[0]) : zeros(dqk);
+    auto dK = grads[1].defined() ? unit_last(grads[1]) : zeros(dqk);
+    auto dV = grads[2].defined() ? unit_last(grads[2]) : zeros(dva);  // only its first dva columns are read
     auto opt = any->options().memory_format(at::MemoryFormat::Contiguous);
     auto dq = torch::empty({B, T, nh, dqk}, opt), dkv = torch::empty({B, T, nh, dn + dva}, opt);
     auto dkr_heads = torch::empty({B, T, nh, dr}, opt);
@@ -206,7 +211,8 @@ class MlaQkvFn : public torch::autograd::Function<MlaQkvFn> {
                   piece(dV, 0, dva, at(dkv, dn), nh * (dn + dva), dn + dva, false),
                   piece(dK, dn, dr, dkr_heads.data_ptr(), nh * dr, dr, true)},
                  dq, saved[0], saved[1], saved[2], /*inverse=*/true, "MLA q|k|v backward", dr);
-    return {dq, dkv, dkr_heads.sum(2), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {dq, dkv, dkr_heads.sum(2), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
   }
 };
 
@@ -279,7 +285,7 @@ RopedQkv rope_qkv(const torch::Tensor& qkv, int64_t nh, int64_t nkv, int64_t dh,
 }
 
 MlaQkv mla_qkv(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& k_r, int64_t dn,
-               const torch::Tensor& pos, const RopeTables& tables) {
+               const torch::Tensor& pos, const RopeTables& tables, bool pad_v) {
   TORCH_CHECK(q.dim() == 4 && kv.dim() == 4 && k_r.dim() == 3 && kv.sizes().slice(0, 3) == q.sizes().slice(0, 3) &&
                   k_r.size(0) == q.size(0) && k_r.size(1) == q.size(1) && 0 < dn && dn < q.size(3) &&
                   k_r.size(2) == q.size(3) - dn && kv.size(3) > dn,
@@ -295,13 +301,13 @@ MlaQkv mla_qkv(const torch::Tensor& q, const torch::Tensor& kv, const torch::Ten
       kv.scalar_type() == q.scalar_type() && k_r.scalar_type() == q.scalar_type() && kv.device() == q.device() &&
       k_r.device() == q.device() && kv.stride(3) == 1 && fused_rope_applies(q_parts[1], pos, tables) &&
       fused_rope_applies(k_heads, pos, tables)) {
-    auto out = MlaQkvFn::apply(q, kv, k_r, pos, tables.cos, tables.sin, dn);
+    auto out = MlaQkvFn::apply(q, kv, k_r, pos, tables.cos, tables.sin, dn, pad_v);
     return {out[0], out[1], out[2]};
   }
 #endif
   auto Q = torch::cat({q_parts[0], rope(q_parts[1], pos, tables)}, -1);
   auto K = torch::cat({kv_parts[0], rope(k_r.unsqueeze(2), pos, tables).expand({B, T, nh, dr})}, -1);
-  auto V = dva < dqk ? torch::constant_pad_nd(kv_parts[1], {0, dqk - dva}) : kv_parts[1].contiguous();
+  auto V = pad_v && dva < dqk ? torch::constant_pad_nd(kv_parts[1], {0, dqk - dva}) : kv_parts[1].contiguous();
   return {Q, K, V};
 }
 

@@ -37,7 +37,8 @@ RopedQkv rope_qkv(const torch::Tensor& qkv, int64_t nh, int64_t nkv, int64_t dh,
 void rope_qkv_fused(bool on);
 
 // MLA's per-head attention inputs from its projections (model/mla.h), V zero-padded to the q/k
-// head width dqk = dn + dr where dva < dqk (the attention kernels need equal head widths):
+// head width dqk = dn + dr where dva < dqk and pad_v (the flash kernels need equal head widths;
+// cuDNN's take V as it is, model::dense_attention_takes_narrow_values):
 //   Q = [q_n | RoPE(q_r)],  K = [kv_n | RoPE(k_r)] (k_r shared by every head),  V = [kv_v | 0]
 // from q [B,T,nh,dn+dr] (q_n | q_r per head), kv [B,T,nh,dn+dva] (kv_n | kv_v per head) and the
 // shared rope key k_r [B,T,dr]; strided views are taken (unit-stride last dim). Q, K and V are
@@ -46,10 +47,10 @@ void rope_qkv_fused(bool on);
 // heads' sum, where split, cat, expand and pad move every gradient once more. Else exactly that
 // reference: `rope`, cat, expand and pad.
 struct MlaQkv {
-  torch::Tensor q, k, v;  // [B,T,nh,dn+dr] each (v: [B,T,nh,dva] when dva > dn + dr)
+  torch::Tensor q, k, v;  // [B,T,nh,dn+dr] each (v: [B,T,nh,dva] when dva > dn + dr or !pad_v)
 };
 MlaQkv mla_qkv(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& k_r, int64_t dn,
-               const torch::Tensor& pos, const RopeTables& tables);
+               const torch::Tensor& pos, const RopeTables& tables, bool pad_v = true);
 // Whether mla_qkv takes its kernel path where it applies (default on): `bench train --mla-qkv split`.
 void mla_qkv_fused(bool on);
 

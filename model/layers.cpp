@@ -6,6 +6,7 @@
 #include "model/fp8_swiglu_mlp.h"
 #include "model/fused_swiglu.h"
 
+#include <ATen/SDPBackend.h>
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
@@ -14,6 +15,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -347,19 +349,45 @@ torch::Tensor causal_attention_masked(const torch::Tensor& q, const torch::Tenso
   return dv < dqk ? o.narrow(-1, 0, dv) : o;
 }
 
+namespace {
+
+std::atomic<bool> g_narrow_values{true};
+
+// Whether SDPA runs dense causal attention over these very tensors on cuDNN's kernel.
+bool sdpa_picks_cudnn(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double scale) {
+  if (!q.is_cuda()) return false;
+  const auto pick = at::_fused_sdp_choice(q, k, v, {}, 0.0, /*is_causal=*/true, scale,
+                                          /*enable_gqa=*/q.size(1) != k.size(1));
+  return pick == static_cast<int64_t>(at::SDPBackend::cudnn_attention);
+}
+
+}  // namespace
+
+void attention_narrow_values(bool on) { g_narrow_values = on; }
+
+bool dense_attention_takes_narrow_values(int64_t B, int64_t T, int64_t H, int64_t dqk, int64_t dv,
+                                         const torch::TensorOptions& opt, double scale) {
+  if (!g_narrow_values || dv >= dqk || !opt.device().is_cuda()) return false;
+  // Uninitialised tensors from the caching allocator: no kernel runs, and a captured CUDA graph
+  // records nothing for them.
+  const bool grad = torch::GradMode::is_enabled();
+  auto qk = torch::empty({B, T, H, dqk}, opt).transpose(1, 2).requires_grad_(grad);
+  auto v = torch::empty({B, T, H, dv}, opt).transpose(1, 2).requires_grad_(grad);
+  return sdpa_picks_cudnn(qk, qk, v, scale);
+}
+
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double scale,
                                const Positions& p) {
   const int64_t dqk = q.size(-1), dv = v.size(-1);
   if (p.varlen() && !flash_varlen_usable(q)) return causal_attention_masked(q, k, v, scale, p);
-  auto vp = pad_values(v, dqk);
-  torch::Tensor o;
   if (p.varlen()) {
-    o = causal_attention_flash_varlen(q, k, vp, scale, p);
-  } else {
-    o = at::scaled_dot_product_attention(q, k, vp, {}, 0.0, /*is_causal=*/true, scale,
-                                         /*enable_gqa=*/q.size(1) != k.size(1));
+    auto o = causal_attention_flash_varlen(q, k, pad_values(v, dqk), scale, p);
+    return dv < dqk ? o.narrow(-1, 0, dv) : o;
   }
-  return dv < dqk ? o.narrow(-1, 0, dv) : o;
+  const bool narrow = dv < dqk && g_narrow_values && sdpa_picks_cudnn(q, k, v, scale);
+  auto o = at::scaled_dot_product_attention(q, k, narrow ? v : pad_values(v, dqk), {}, 0.0, /*is_causal=*/true, scale,
+                                            /*enable_gqa=*/q.size(1) != k.size(1));
+  return dv < o.size(-1) ? o.narrow(-1, 0, dv) : o;
 }
 
 }  // namespace model

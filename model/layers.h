@@ -124,6 +124,18 @@ torch::Tensor document_ids(const torch::Tensor& cu_seqlens, int64_t N, torch::De
 // the backend needs equal head dims and the padding is cut off again. Returns [B,Hq,T,Dv].
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double scale,
                                const Positions& p);
+// Whether dense causal attention takes a V narrower than q and k as it is, unpadded: where
+// LibTorch's SDPA picks cuDNN's kernel for it (on Hopper, bf16/fp16), which skips the padding's
+// share of the P·V work and leaves its output in [B,T,H,Dv] memory (no copy to the output
+// projection). Elsewhere V is zero-padded to Dqk, as the flash kernel needs it (SDPA would hand an
+// unpadded V to the slower memory-efficient kernel instead). Asked of empty tensors of
+// MLA's layout (q, k, v each [B,T,H,·] memory seen as [B,H,T,·]) with `opt`'s dtype and device, so a
+// caller can decide before it writes V; causal_attention asks again of the tensors it is given.
+bool dense_attention_takes_narrow_values(int64_t B, int64_t T, int64_t H, int64_t dqk, int64_t dv,
+                                         const torch::TensorOptions& opt, double scale);
+// Process-wide switch (default on): off pads a narrower V for every backend, as before cuDNN took
+// it (`bench train --mla-values padded`, to compare).
+void attention_narrow_values(bool on);
 // o [B,H,T,D] (an attention output, any strides) -> [B,T,H·dv] contiguous: each head's first dv
 // columns, tokens first, for the output projection. One copy forward (as the narrow, transpose
 // and reshape it replaces; a view of o when dv == D and o's memory is [B,T,H,D] already, so not

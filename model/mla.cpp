@@ -74,7 +74,7 @@ torch::Tensor MLAImpl::q_from_first(const torch::Tensor& first, int64_t B, int64
   return q.view({B, T, nh_, dn_ + dr_});
 }
 
-MlaQkv MLAImpl::attention_inputs(const torch::Tensor& u, const Positions& p) {
+MlaQkv MLAImpl::attention_inputs(const torch::Tensor& u, const Positions& p, bool pad_v) {
   TORCH_CHECK(u.dim() == 3 && u.size(2) == wkv_a->weight.size(1), "mla: expected u [B,T,",
               wkv_a->weight.size(1), "], got ", u.sizes());
   const int64_t B = u.size(0), T = u.size(1);
@@ -87,7 +87,10 @@ MlaQkv MLAImpl::attention_inputs(const torch::Tensor& u, const Positions& p) {
   // one concatenation of the parts' gradients, not a zero-filled full-size gradient per part.
   auto a = first[1].split_with_sizes({rkv_, dr_}, -1);  // [B,T,rkv], [B,T,dr]
   auto kv = wkv_b(kv_norm(a[0])).view({B, T, nh_, dn_ + dva_});
-  return mla_qkv(q_from_first(first[0], B, T), kv, a[1], dn_, p.pos, rope_);
+  // Only dense rows on cuDNN's kernel take V unpadded: pad_v false is a request.
+  const bool narrow = !pad_v && !p.varlen() &&
+                      dense_attention_takes_narrow_values(B, T, nh_, dn_ + dr_, dva_, kv.options(), scale());
+  return mla_qkv(q_from_first(first[0], B, T), kv, a[1], dn_, p.pos, rope_, /*pad_v=*/!narrow);
 }
 
 MLAProjections MLAImpl::project(const torch::Tensor& u, const Positions& p) {
@@ -95,12 +98,14 @@ MLAProjections MLAImpl::project(const torch::Tensor& u, const Positions& p) {
   return {qkv.q.transpose(1, 2), qkv.k.transpose(1, 2), qkv.v.narrow(-1, 0, dva_).transpose(1, 2)};
 }
 
+double MLAImpl::scale() const { return 1.0 / std::sqrt(static_cast<double>(dn_ + dr_)); }
+
 torch::Tensor MLAImpl::forward(const torch::Tensor& u, const Positions& p) {
-  // V comes zero-padded to the q/k head width, as the attention kernels need it: its output's
-  // padding columns are zero and cut off here.
-  auto qkv = attention_inputs(u, p);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(dn_ + dr_));
-  auto o = causal_attention(qkv.q.transpose(1, 2), qkv.k.transpose(1, 2), qkv.v.transpose(1, 2), scale, p);
+  // V comes zero-padded to the q/k head width where the attention kernel needs it (flash): its
+  // output's padding columns are zero and cut off here. cuDNN's dense kernel takes V unpadded and
+  // leaves its output in [B,T,nh,dva] memory, which heads_to_tokens then only views.
+  auto qkv = attention_inputs(u, p, /*pad_v=*/false);
+  auto o = causal_attention(qkv.q.transpose(1, 2), qkv.k.transpose(1, 2), qkv.v.transpose(1, 2), scale(), p);
   return wo(heads_to_tokens(o, dva_));  // [B,T,nh·dva]: each head's first dva columns
 }
 
@@ -127,10 +132,9 @@ torch::Tensor MLAImpl::step(const torch::Tensor& u, MixerCache& cache) {
   auto q_hat = torch::einsum("bhn,hnr->bhr", {as_dtype(q_n, dt), w_uk});        // [B,nh,rkv]
   auto scores = torch::matmul(q_hat, cache.latent.transpose(1, 2)) +
                 torch::matmul(as_dtype(q_r, dt), cache.k_rope.transpose(1, 2));  // [B,nh,t]
-  const double scale = 1.0 / std::sqrt(static_cast<double>(dn_ + dr_));
   // Softmax statistics in fp32 (fp64 stays fp64); the newest token sees the whole cache.
   const auto stat = dt == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-  auto prob = as_dtype(torch::softmax(as_dtype(scores, stat) * scale, -1), dt);            // [B,nh,t]
+  auto prob = as_dtype(torch::softmax(as_dtype(scores, stat) * scale(), -1), dt);            // [B,nh,t]
   auto ctx = torch::matmul(prob, cache.latent);                                  // [B,nh,rkv]
   auto o = torch::einsum("bhr,hvr->bhv", {ctx, w_uv});                           // [B,nh,dva]
   return wo(o.reshape({B, 1, nh_ * dva_}));

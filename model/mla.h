@@ -1,7 +1,8 @@
 // Multi-head Latent Attention, the hybrid's A mixer (MODEL.md §5): low-rank q (optional), a shared
 // kv latent c [rkv] plus one RoPE key k_r [dr] per token, per-head no-RoPE keys and values expanded
-// from c. Training expands K/V (model::mla_qkv, V zero-padded to dqk) and calls causal_attention;
-// decoding keeps only c and the RoPE'd k_r and runs the absorbed form, never expanding K/V.
+// from c. Training expands K/V (model::mla_qkv, V zero-padded to dqk unless cuDNN's dense kernel
+// takes it as it is) and calls causal_attention; decoding keeps only c and the RoPE'd k_r and runs
+// the absorbed form, never expanding K/V.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -33,7 +34,9 @@ class MLAImpl : public torch::nn::Module {
   // Q, K, V of forward() before attention; exposed for tests and fused-kernel callers.
   MLAProjections project(const torch::Tensor& u, const Positions& p);
   // Q, K and V [B,T,nh,dn+dr] (V zero-padded to dn+dr where dva is narrower), through mla_qkv.
-  MlaQkv attention_inputs(const torch::Tensor& u, const Positions& p);
+  // With pad_v false V stays [B,T,nh,dva] where dense attention takes it so (cuDNN's kernel;
+  // dense_attention_takes_narrow_values), and is padded elsewhere.
+  MlaQkv attention_inputs(const torch::Tensor& u, const Positions& p, bool pad_v = true);
   // One decoding step: u [B,1,d] at position cache.pos -> [B,1,d]. Appends c [B,1,rkv] to
   // cache.latent and RoPE'd k_r [B,1,dr] to cache.k_rope, then attends in the absorbed form
   // (q̂_i = W_uk,iᵀ q_n,i against the latents). Fails (TORCH_CHECK) unless u has one token.
@@ -43,6 +46,7 @@ class MLAImpl : public torch::nn::Module {
 
   int64_t heads() const { return nh_; }
   int64_t qk_dim() const { return dn_ + dr_; }
+  double scale() const;  // the softmax scale, 1/sqrt(dn + dr)
 
   Linear wq_a{nullptr}, wq_b{nullptr};  // [rq,d], [nh·dqk,rq] when rq > 0
   Linear wq{nullptr};                    // [nh·dqk,d] when rq == 0

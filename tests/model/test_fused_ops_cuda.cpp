@@ -240,8 +240,9 @@ TEST(FusedOpsCuda, RopeQkvMatchesSplitAndRope) {
 
 // MLA's Q, K and V from its projections through one kernel each way (model::mla_qkv) against its
 // reference (split, RoPE, cat, expand, pad) on the same GPU: the outputs and the three inputs'
-// gradients, for base's and moe-1b's MLA widths (V padded), a V as wide as Q (no padding) and odd
-// widths (narrow vector paths), on packed positions, with q and kv as column slices of wider rows
+// gradients, for base's and moe-1b's MLA widths (V padded, and V at its own width as cuDNN's
+// attention takes it), a V as wide as Q (no padding) and odd widths (narrow vector paths), on
+// packed positions, with q and kv as column slices of wider rows
 // and k_r a slice of the latent's row, as the layer hands them over.
 TEST(FusedOpsCuda, MlaQkvMatchesReference) {
   DD_REQUIRE_GPU();
@@ -251,58 +252,61 @@ TEST(FusedOpsCuda, MlaQkvMatchesReference) {
   };
   for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
     for (const Shape sh : {Shape{1, 300, 12, 64, 32, 64}, Shape{2, 64, 16, 128, 64, 128}, Shape{2, 40, 3, 32, 32, 64},
-                           Shape{1, 37, 5, 6, 10, 4}}) {
-      const std::string what = std::string(name_of(dtype)) + " B=" + std::to_string(sh.B) + " T=" + std::to_string(sh.T) +
-                               " nh=" + std::to_string(sh.nh) + " dn=" + std::to_string(sh.dn) +
-                               " dr=" + std::to_string(sh.dr) + " dva=" + std::to_string(sh.dva);
-      const int64_t dqk = sh.dn + sh.dr, rkv = 8;
-      auto tables = model::make_rope_tables(sh.dr, 1024, 10000.0);
-      tables.cos = tables.cos.cuda();
-      tables.sin = tables.sin.cuda();
-      // Packed positions: documents of 1, 9 and the rest in every row.
-      std::vector<int64_t> cu{0};
-      for (int64_t b = 0; b < sh.B; ++b) {
-        for (int64_t cut : {int64_t{1}, int64_t{10}, sh.T}) cu.push_back(b * sh.T + cut);
+                           Shape{1, 37, 5, 6, 10, 4}})
+      for (const bool pad_v : {true, false}) {
+        const std::string what = std::string(name_of(dtype)) + " B=" + std::to_string(sh.B) +
+                                 " T=" + std::to_string(sh.T) + " nh=" + std::to_string(sh.nh) + " dn=" + std::to_string(sh.dn) +
+                                 " dr=" + std::to_string(sh.dr) + " dva=" + std::to_string(sh.dva) +
+                                 (pad_v ? " V padded" : " V unpadded");
+        const int64_t dqk = sh.dn + sh.dr, rkv = 8;
+        auto tables = model::make_rope_tables(sh.dr, 1024, 10000.0);
+        tables.cos = tables.cos.cuda();
+        tables.sin = tables.sin.cuda();
+        // Packed positions: documents of 1, 9 and the rest in every row.
+        std::vector<int64_t> cu{0};
+        for (int64_t b = 0; b < sh.B; ++b) {
+          for (int64_t cut : {int64_t{1}, int64_t{10}, sh.T}) cu.push_back(b * sh.T + cut);
+        }
+        const auto p = model::packed_positions(torch::tensor(cu, torch::kInt64), sh.B, sh.T, torch::kCUDA);
+        auto q_rows = torch::randn({sh.B, sh.T, sh.nh * dqk + 8}, torch::kCUDA).to(dtype);
+        auto kv_rows = torch::randn({sh.B, sh.T, sh.nh * (sh.dn + sh.dva) + 8}, torch::kCUDA).to(dtype);
+        auto a_rows = torch::randn({sh.B, sh.T, rkv + sh.dr}, torch::kCUDA).to(dtype);
+        const int64_t dv_out = pad_v ? std::max(sh.dva, dqk) : sh.dva;
+        auto gq = torch::randn({sh.B, sh.T, sh.nh, dqk}, torch::kCUDA).to(dtype);
+        auto gk = torch::randn({sh.B, sh.T, sh.nh, dqk}, torch::kCUDA).to(dtype);
+        auto gv = torch::randn({sh.B, sh.T, sh.nh, dv_out}, torch::kCUDA).to(dtype);
+        auto run = [&](bool fused) {
+          model::mla_qkv_fused(fused);
+          auto qr = q_rows.detach().clone().requires_grad_(true);
+          auto kvr = kv_rows.detach().clone().requires_grad_(true);
+          auto ar = a_rows.detach().clone().requires_grad_(true);
+          auto q = qr.narrow(2, 0, sh.nh * dqk).view({sh.B, sh.T, sh.nh, dqk});
+          auto kv = kvr.narrow(2, 0, sh.nh * (sh.dn + sh.dva)).view({sh.B, sh.T, sh.nh, sh.dn + sh.dva});
+          auto out = model::mla_qkv(q, kv, ar.narrow(2, rkv, sh.dr), sh.dn, p.pos, tables, pad_v);
+          EXPECT_EQ(out.v.size(3), dv_out) << what << ": V's width";
+          EXPECT_EQ(out.q.grad_fn()->name().find("MlaQkv") != std::string::npos, fused) << what << ": the path taken";
+          auto f32 = [](const torch::Tensor& x) { return x.to(torch::kFloat32); };
+          auto loss = (f32(out.q) * f32(gq)).sum() + (f32(out.k) * f32(gk)).sum() + (f32(out.v) * f32(gv)).sum();
+          loss.backward();
+          return std::vector<torch::Tensor>{out.q.detach(), out.k.detach(), out.v.detach(), qr.grad(), kvr.grad(),
+                                            ar.grad()};
+        };
+        auto f = run(true), r = run(false);
+        model::mla_qkv_fused(true);
+        const double tol = dtype == torch::kFloat32 ? 1e-6 : tol_for(dtype);
+        const char* names[] = {"Q", "K", "V", "dq", "dkv", "da"};
+        for (int i = 0; i < 6; ++i) {
+          EXPECT_EQ(f[i].sizes(), r[i].sizes()) << what << " " << names[i];
+          EXPECT_EQ(f[i].scalar_type(), dtype) << what << " " << names[i];
+          EXPECT_LT(rel_norm_diff(f[i], r[i]), tol) << what << " " << names[i];
+        }
+        if (pad_v && sh.dva < dqk) {
+          EXPECT_EQ(f[2].narrow(3, sh.dva, dqk - sh.dva).abs().max().item<float>(), 0.f) << what << ": V's padding";
+        }
+        std::printf("[measured] MLA q|k|v %s: Q %.3g K %.3g V %.3g dq %.3g dkv %.3g da %.3g\n", what.c_str(),
+                    rel_norm_diff(f[0], r[0]), rel_norm_diff(f[1], r[1]), rel_norm_diff(f[2], r[2]),
+                    rel_norm_diff(f[3], r[3]), rel_norm_diff(f[4], r[4]), rel_norm_diff(f[5], r[5]));
       }
-      const auto p = model::packed_positions(torch::tensor(cu, torch::kInt64), sh.B, sh.T, torch::kCUDA);
-      auto q_rows = torch::randn({sh.B, sh.T, sh.nh * dqk + 8}, torch::kCUDA).to(dtype);
-      auto kv_rows = torch::randn({sh.B, sh.T, sh.nh * (sh.dn + sh.dva) + 8}, torch::kCUDA).to(dtype);
-      auto a_rows = torch::randn({sh.B, sh.T, rkv + sh.dr}, torch::kCUDA).to(dtype);
-      const int64_t dv_out = std::max(sh.dva, dqk);
-      auto gq = torch::randn({sh.B, sh.T, sh.nh, dqk}, torch::kCUDA).to(dtype);
-      auto gk = torch::randn({sh.B, sh.T, sh.nh, dqk}, torch::kCUDA).to(dtype);
-      auto gv = torch::randn({sh.B, sh.T, sh.nh, dv_out}, torch::kCUDA).to(dtype);
-      auto run = [&](bool fused) {
-        model::mla_qkv_fused(fused);
-        auto qr = q_rows.detach().clone().requires_grad_(true);
-        auto kvr = kv_rows.detach().clone().requires_grad_(true);
-        auto ar = a_rows.detach().clone().requires_grad_(true);
-        auto q = qr.narrow(2, 0, sh.nh * dqk).view({sh.B, sh.T, sh.nh, dqk});
-        auto kv = kvr.narrow(2, 0, sh.nh * (sh.dn + sh.dva)).view({sh.B, sh.T, sh.nh, sh.dn + sh.dva});
-        auto out = model::mla_qkv(q, kv, ar.narrow(2, rkv, sh.dr), sh.dn, p.pos, tables);
-        EXPECT_EQ(out.q.grad_fn()->name().find("MlaQkv") != std::string::npos, fused) << what << ": the path taken";
-        auto f32 = [](const torch::Tensor& x) { return x.to(torch::kFloat32); };
-        auto loss = (f32(out.q) * f32(gq)).sum() + (f32(out.k) * f32(gk)).sum() + (f32(out.v) * f32(gv)).sum();
-        loss.backward();
-        return std::vector<torch::Tensor>{out.q.detach(), out.k.detach(), out.v.detach(), qr.grad(), kvr.grad(),
-                                          ar.grad()};
-      };
-      auto f = run(true), r = run(false);
-      model::mla_qkv_fused(true);
-      const double tol = dtype == torch::kFloat32 ? 1e-6 : tol_for(dtype);
-      const char* names[] = {"Q", "K", "V", "dq", "dkv", "da"};
-      for (int i = 0; i < 6; ++i) {
-        EXPECT_EQ(f[i].sizes(), r[i].sizes()) << what << " " << names[i];
-        EXPECT_EQ(f[i].scalar_type(), dtype) << what << " " << names[i];
-        EXPECT_LT(rel_norm_diff(f[i], r[i]), tol) << what << " " << names[i];
-      }
-      if (sh.dva < dqk) {
-        EXPECT_EQ(f[2].narrow(3, sh.dva, dqk - sh.dva).abs().max().item<float>(), 0.f) << what << ": V's padding";
-      }
-      std::printf("[measured] MLA q|k|v %s: Q %.3g K %.3g V %.3g dq %.3g dkv %.3g da %.3g\n", what.c_str(),
-                  rel_norm_diff(f[0], r[0]), rel_norm_diff(f[1], r[1]), rel_norm_diff(f[2], r[2]),
-                  rel_norm_diff(f[3], r[3]), rel_norm_diff(f[4], r[4]), rel_norm_diff(f[5], r[5]));
-    }
   }
 }
 

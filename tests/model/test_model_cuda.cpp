@@ -6,20 +6,27 @@
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#if defined(DD_HAVE_CUDA)
+#include <ATen/cuda/CUDAContext.h>
+#endif
 
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include "model/decoder_lm.h"
 #include "model/gdr.h"
 #include "model/fused_rmsnorm.h"
+#include "model/fused_rope.h"
 #include "model/linear_cross_entropy.h"
+#include "model/mla.h"
 #include "tests/support/torch_compare.h"
 
 namespace {
 
 using testing_support::max_abs_diff;
 using testing_support::numel_sum;
+using testing_support::rel_norm_diff;
 
 using model::Family;
 
@@ -211,6 +218,84 @@ TEST(ModelCuda, FlashVarlenMatchesMaskedReference) {
   fast.sum().backward();  // the flash path is differentiable
   EXPECT_TRUE(q.grad().defined() && k.grad().defined() && v.grad().defined());
   EXPECT_TRUE(torch::isfinite(q.grad()).all().item<bool>());
+}
+
+// Dense MLA attention with V unpadded (cuDNN's kernel, where LibTorch's SDPA picks it; on Hopper it
+// must) against V zero-padded to the q/k head width, on cuDNN's kernel and on the flash kernel
+// (cuDNN switched off), under bf16 autocast at hybrid base's head widths (dn 64, dr 32, dva 64): the
+// layer's output and the gradients of its input and of every weight, each also against an fp32 run
+// (no autocast: the memory-efficient or math kernel, V padded). The bf16 kernels keep fp32 softmax
+// statistics, so they agree with each other and with fp32 to a few bf16 steps. The unpadded run
+// must hand SDPA the unpadded V: its attention output's storage holds exactly B·H·T·dva values.
+TEST(ModelCuda, MlaNarrowValuesMatchPadded) {
+  DD_REQUIRE_GPU();
+  torch::manual_seed(21);
+  auto c = *model::make_preset("base", Family::Hybrid);
+  c.d = 256;  // base's MLA head widths; fewer heads and a narrower model to keep the test small
+  c.mla_heads = 4;
+  c.mla_q_rank = 64;
+  c.mla_kv_rank = 64;
+  const int64_t dva = c.mla_v_dim, nh = c.mla_heads;
+  ASSERT_LT(dva, c.mla_nope_dim + c.mla_rope_dim);
+  model::MLA m(c);
+  m->to(torch::kCUDA);
+  const int64_t B = 2, T = 300;
+  const auto p = model::dense_positions(B, T, torch::kCUDA);
+  auto u0 = torch::randn({B, T, c.d}, torch::kCUDA), gy = torch::randn({B, T, c.d}, torch::kCUDA);
+  const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
+  const bool narrow = model::dense_attention_takes_narrow_values(B, T, nh, m->qk_dim(), dva, bf16, m->scale());
+  std::printf("[measured] MLA dense bf16 B%lld T%lld: V %s\n", (long long)B, (long long)T,
+              narrow ? "unpadded (cuDNN)" : "padded (cuDNN not picked)");
+#if defined(DD_HAVE_CUDA)
+  if (at::cuda::getCurrentDeviceProperties()->major == 9) {
+    EXPECT_TRUE(narrow) << "Hopper: SDPA should pick cuDNN";
+  }
+#endif
+  const bool cudnn_was_on = at::globalContext().userEnabledCuDNNSDP();
+  auto run = [&](bool narrow_values, bool autocast, bool cudnn) {
+    model::attention_narrow_values(narrow_values);
+    at::globalContext().setSDPUseCuDNN(cudnn);
+    m->zero_grad();
+    auto u = u0.clone().requires_grad_(true);
+    torch::Tensor y;
+    {
+      std::optional<AutocastBf16> ac;
+      if (autocast) ac.emplace();
+      const bool expect_narrow = narrow_values && narrow && autocast && cudnn;
+      const auto qkv = m->attention_inputs(u, p, /*pad_v=*/false);
+      EXPECT_EQ(qkv.v.size(3), expect_narrow ? dva : m->qk_dim()) << "V's width";
+      const auto o = model::causal_attention(qkv.q.transpose(1, 2), qkv.k.transpose(1, 2), qkv.v.transpose(1, 2),
+                                             m->scale(), p);
+      EXPECT_EQ(o.size(3), dva);
+      EXPECT_EQ(o.storage().nbytes() == static_cast<size_t>(B * nh * T * dva) * o.element_size(), expect_narrow)
+          << "whether SDPA got V unpadded";
+      y = m->forward(u, p);
+    }
+    (y.to(torch::kFloat32) * gy).sum().backward();
+    std::vector<torch::Tensor> r{y.detach().to(torch::kFloat32), u.grad()};
+    for (auto& w : m->parameters()) r.push_back(w.grad().clone());
+    return r;
+  };
+  const auto fast = run(true, true, true), padded = run(false, true, true), flash = run(true, true, false),
+             exact = run(true, false, true);
+  model::attention_narrow_values(true);
+  at::globalContext().setSDPUseCuDNN(cudnn_was_on);
+  ASSERT_EQ(fast.size(), padded.size());
+  double worst_padded = 0, worst_flash = 0, worst_exact = 0;
+  for (size_t i = 0; i < fast.size(); ++i) {
+    const double ep = rel_norm_diff(fast[i], padded[i]), ef = rel_norm_diff(fast[i], flash[i]),
+                 ee = rel_norm_diff(fast[i], exact[i]);
+    EXPECT_LT(ep, 2e-2) << "tensor " << i << " (0: y, 1: du, then the weights' gradients)";
+    EXPECT_LT(ef, 2e-2) << "tensor " << i;
+    EXPECT_LT(ee, 3e-2) << "tensor " << i;
+    EXPECT_LT(rel_norm_diff(flash[i], exact[i]), 3e-2) << "tensor " << i;
+    worst_padded = std::max(worst_padded, ep);
+    worst_flash = std::max(worst_flash, ef);
+    worst_exact = std::max(worst_exact, ee);
+  }
+  std::printf("[measured] MLA dense bf16, V unpadded (cuDNN) vs padded on cuDNN %.2e, padded on flash %.2e, "
+              "fp32 %.2e\n",
+              worst_padded, worst_flash, worst_exact);
 }
 
 TEST(ModelCuda, CachedDecodeEqualsForward) {
