@@ -14,6 +14,7 @@
 
 #include "kernels/gdr_scan.h"
 #include "model/bmm_fp32.h"
+#include "model/cudnn_attention.h"
 #include "model/gdr_chunk_core.h"
 #if defined(DD_HAVE_CUDA)
 #include "kernels/cross_entropy.h"
@@ -113,6 +114,7 @@ int bench_train(const BenchTrainArgs& a) {
       {"--rope-qkv", &a.rope_qkv, {"fused", "split"}},
       {"--mla-qkv", &a.mla_qkv, {"fused", "split"}},
       {"--mla-values", &a.mla_values, {"auto", "padded"}},
+      {"--packed-attention", &a.packed_attention, {"cudnn", "flash"}},
       {"--weight-grads", &a.weight_grads, {"in-place", "autograd"}},
       {"--adamw", &a.adamw, {"ours", "aten"}},
       {"--weight-grad-stream", &a.weight_grad_stream, {"on", "off"}},
@@ -135,6 +137,7 @@ int bench_train(const BenchTrainArgs& a) {
   model::rope_qkv_fused(a.rope_qkv == "fused");
   model::mla_qkv_fused(a.mla_qkv == "fused");
   model::attention_narrow_values(a.mla_values == "auto");
+  model::packed_attention_cudnn(a.packed_attention == "cudnn");
   model::weight_grads_in_place(a.weight_grads == "in-place");
   trainer::AdamW::use_own_kernel(a.adamw == "ours");
   model::weight_grad_stream(a.weight_grad_stream == "on");
@@ -326,6 +329,7 @@ int bench_train(const BenchTrainArgs& a) {
   j["rope_qkv"] = a.rope_qkv;
   j["mla_qkv"] = a.mla_qkv;
   j["mla_values"] = a.mla_values;
+  j["packed_attention"] = a.packed_attention;
   j["weight_grads"] = a.weight_grads;
   j["adamw"] = a.adamw;
   j["weight_grad_stream"] = a.weight_grad_stream;

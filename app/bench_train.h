@@ -44,6 +44,9 @@ struct BenchTrainArgs {
   // "auto" (dense attention hands cuDNN MLA's V unpadded where SDPA picks cuDNN) or "padded" (V
   // zero-padded to the q/k head width for every backend; model::attention_narrow_values).
   std::string mla_values = "auto";
+  // "cudnn" (packed rows on cuDNN's kernel where it takes the shape, model/cudnn_attention.h) or
+  // "flash" (FlashAttention-2's varlen kernel, V padded), to compare them.
+  std::string packed_attention = "cudnn";
   // "in-place" (the linear layers' bf16 products write their weight gradients into the fp32 .grad,
   // model/mixed_linear.h) or "autograd" (autocast's products, their bf16 weight gradients cast to
   // fp32 and accumulated by autograd), to measure the change.

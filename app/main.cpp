@@ -192,9 +192,15 @@ int main(int argc, char** argv) {
                               "measure the fusion)")
       ->capture_default_str();
   bench_train_cmd->add_option("--mla-values", bench_train.mla_values,
-                              "auto | padded: dense MLA attention hands V to cuDNN's kernel unpadded where LibTorch "
-                              "picks cuDNN (packed batches and other backends get it zero-padded to the q/k head "
-                              "width), or pads it always (to compare)")
+                              "auto | padded: MLA attention hands V to cuDNN's kernels unpadded where they run "
+                              "(dense rows where LibTorch picks cuDNN, packed rows on --packed-attention cudnn; the "
+                              "flash kernels get it zero-padded to the q/k head width), or pads it always (to "
+                              "compare)")
+      ->capture_default_str();
+  bench_train_cmd->add_option("--packed-attention", bench_train.packed_attention,
+                              "cudnn | flash: packed rows' attention on cuDNN's kernel through its frontend graphs "
+                              "(V at its own width; flash where cuDNN refuses the shape), or on FlashAttention-2's "
+                              "varlen kernel (to compare)")
       ->capture_default_str();
   bench_train_cmd->add_option("--weight-grads", bench_train.weight_grads,
                               "in-place | autograd: the linear layers' bf16 products write their weight gradients "

@@ -2,6 +2,7 @@
 // kernels of the GPU-speed issue replace these on the fast path and are tested against them.
 #include "model/layers.h"
 
+#include "model/cudnn_attention.h"
 #include "model/fused_rope.h"
 #include "model/fp8_swiglu_mlp.h"
 #include "model/fused_swiglu.h"
@@ -301,6 +302,43 @@ torch::Tensor causal_attention_flash_varlen(const torch::Tensor& q, const torch:
   return std::get<0>(out).view({B, T, q.size(1), vp.size(3)}).transpose(1, 2);  // [B,H,T,D]
 }
 
+// [B,H,T,D] -> [B*T,H,D]: a view when the memory is token-major ([B,T,H,D] with unit-stride
+// rows, any token and head strides), else one copy.
+torch::Tensor tokens_major(const torch::Tensor& t) {
+  const int64_t B = t.size(0), T = t.size(2);
+  auto r = t.transpose(1, 2);  // [B,T,H,D]
+  auto f = B == 1 ? r.select(0, 0) : r.reshape({B * T, t.size(1), t.size(3)});
+  return f.stride(2) == 1 ? f : f.contiguous();
+}
+
+// The piece count and the span S a packed batch's cuDNN graphs take (model/cudnn_attention.h):
+// S a power of two covering the longest piece, at most the row length T, so that a run meets few
+// graph shapes.
+int64_t packed_pieces(const Positions& p) {
+  return (p.cu_seqlens_device.defined() ? p.cu_seqlens_device : p.cu_seqlens).size(0) - 1;
+}
+int64_t packed_span(const Positions& p, int64_t T) {
+  int64_t S = 64;
+  while (S < p.max_seqlen) S *= 2;
+  return std::min(S, T);
+}
+
+torch::Tensor packed_cu_int32(const Positions& p, const torch::Device& device) {
+  return p.cu_seqlens_device.defined() ? p.cu_seqlens_device
+                                       : p.cu_seqlens.to(torch::TensorOptions().dtype(torch::kInt32).device(device));
+}
+
+// Packed rows on cuDNN's kernel (V at its own width): [B,H,T,dv], or undefined where it does not
+// apply (switched off, no frontend, a shape cuDNN refuses): the caller then takes flash.
+torch::Tensor causal_attention_cudnn_packed(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                            double scale, const Positions& p) {
+  if (!packed_attention_cudnn_enabled() || !cudnn_frontend_built()) return {};
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), dv = v.size(3);
+  auto o = cudnn_packed_attention(tokens_major(q), tokens_major(k), tokens_major(v), packed_cu_int32(p, q.device()),
+                                  packed_span(p, T), scale);
+  return o.defined() ? o.view({B, T, H, dv}).transpose(1, 2) : o;
+}
+
 }  // namespace
 
 namespace {
@@ -376,11 +414,32 @@ bool dense_attention_takes_narrow_values(int64_t B, int64_t T, int64_t H, int64_
   return sdpa_picks_cudnn(qk, qk, v, scale);
 }
 
+bool packed_attention_takes_narrow_values(int64_t T, int64_t H, int64_t dqk, int64_t dv,
+                                          const torch::TensorOptions& opt, double scale, const Positions& p) {
+  if (!g_narrow_values || dv >= dqk || !opt.device().is_cuda() || !packed_attention_cudnn_enabled()) return false;
+  PackedAttentionShape s;
+  s.pieces = packed_attention_pieces(packed_pieces(p));
+  s.S = packed_span(p, T);
+  s.H = s.Hkv = H;
+  s.dqk = dqk;
+  s.dv = dv;
+  s.q_token_stride = s.k_token_stride = H * dqk;
+  s.q_head_stride = s.k_head_stride = dqk;
+  s.v_token_stride = H * dv;
+  s.v_head_stride = dv;
+  s.dtype = c10::typeMetaToScalarType(opt.dtype());
+  s.device = opt.device();
+  s.scale = scale;
+  s.backward = torch::GradMode::is_enabled();
+  return cudnn_packed_attention_supported(s);
+}
+
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double scale,
                                const Positions& p) {
   const int64_t dqk = q.size(-1), dv = v.size(-1);
   if (p.varlen() && !flash_varlen_usable(q)) return causal_attention_masked(q, k, v, scale, p);
   if (p.varlen()) {
+    if (auto o = causal_attention_cudnn_packed(q, k, v, scale, p); o.defined()) return o;
     auto o = causal_attention_flash_varlen(q, k, pad_values(v, dqk), scale, p);
     return dv < dqk ? o.narrow(-1, 0, dv) : o;
   }

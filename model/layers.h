@@ -119,9 +119,11 @@ torch::Tensor document_ids(const torch::Tensor& cu_seqlens, int64_t N, torch::De
 
 // Causal attention over q [B,Hq,T,Dqk], k [B,Hkv,T,Dqk], v [B,Hkv,T,Dv] with Hq a multiple of
 // Hkv (GQA), softmax scale `scale`. Dense: causal SDPA. Varlen: no token attends across a
-// document — on CUDA in bf16/fp16 through the varlen flash kernel, elsewhere through SDPA with a
-// block-diagonal causal mask (the reference). Dv may differ from Dqk; V is zero-padded to Dqk where
-// the backend needs equal head dims and the padding is cut off again. Returns [B,Hq,T,Dv].
+// document — on CUDA in bf16/fp16 through cuDNN's packed kernel (model/cudnn_attention.h) where it
+// takes the shape, else the varlen flash kernel; elsewhere through SDPA with a block-diagonal
+// causal mask (the reference). Dv may differ from Dqk; V is zero-padded to Dqk where the backend
+// needs equal head dims and the padding is cut off again. Returns [B,Hq,T,Dv]; on cuDNN's kernels
+// its memory is [B,T,Hq,Dv].
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double scale,
                                const Positions& p);
 // Whether dense causal attention takes a V narrower than q and k as it is, unpadded: where
@@ -133,6 +135,11 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
 // caller can decide before it writes V; causal_attention asks again of the tensors it is given.
 bool dense_attention_takes_narrow_values(int64_t B, int64_t T, int64_t H, int64_t dqk, int64_t dv,
                                          const torch::TensorOptions& opt, double scale);
+// The same for packed rows (p.varlen(), q/k/v of MLA's contiguous [B,T,H,·] layout): where
+// cuDNN's packed kernel takes this shape (model/cudnn_attention.h), which runs V at its own width.
+// Elsewhere the flash varlen kernel needs V padded. May build (and cache) the cuDNN graphs.
+bool packed_attention_takes_narrow_values(int64_t T, int64_t H, int64_t dqk, int64_t dv,
+                                          const torch::TensorOptions& opt, double scale, const Positions& p);
 // Process-wide switch (default on): off pads a narrower V for every backend, as before cuDNN took
 // it (`bench train --mla-values padded`, to compare).
 void attention_narrow_values(bool on);

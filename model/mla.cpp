@@ -87,9 +87,10 @@ MlaQkv MLAImpl::attention_inputs(const torch::Tensor& u, const Positions& p, boo
   // one concatenation of the parts' gradients, not a zero-filled full-size gradient per part.
   auto a = first[1].split_with_sizes({rkv_, dr_}, -1);  // [B,T,rkv], [B,T,dr]
   auto kv = wkv_b(kv_norm(a[0])).view({B, T, nh_, dn_ + dva_});
-  // Only dense rows on cuDNN's kernel take V unpadded: pad_v false is a request.
-  const bool narrow = !pad_v && !p.varlen() &&
-                      dense_attention_takes_narrow_values(B, T, nh_, dn_ + dr_, dva_, kv.options(), scale());
+  // Only cuDNN's kernels (dense or packed rows) take V unpadded: pad_v false is a request.
+  const bool narrow =
+      !pad_v && (p.varlen() ? packed_attention_takes_narrow_values(T, nh_, dn_ + dr_, dva_, kv.options(), scale(), p)
+                            : dense_attention_takes_narrow_values(B, T, nh_, dn_ + dr_, dva_, kv.options(), scale()));
   return mla_qkv(q_from_first(first[0], B, T), kv, a[1], dn_, p.pos, rope_, /*pad_v=*/!narrow);
 }
 
@@ -102,8 +103,9 @@ double MLAImpl::scale() const { return 1.0 / std::sqrt(static_cast<double>(dn_ +
 
 torch::Tensor MLAImpl::forward(const torch::Tensor& u, const Positions& p) {
   // V comes zero-padded to the q/k head width where the attention kernel needs it (flash): its
-  // output's padding columns are zero and cut off here. cuDNN's dense kernel takes V unpadded and
-  // leaves its output in [B,T,nh,dva] memory, which heads_to_tokens then only views.
+  // output's padding columns are zero and cut off here. cuDNN's kernels (dense and packed rows)
+  // take V unpadded and leave their output in [B,T,nh,dva] memory, which heads_to_tokens then only
+  // views.
   auto qkv = attention_inputs(u, p, /*pad_v=*/false);
   auto o = causal_attention(qkv.q.transpose(1, 2), qkv.k.transpose(1, 2), qkv.v.transpose(1, 2), scale(), p);
   return wo(heads_to_tokens(o, dva_));  // [B,T,nh·dva]: each head's first dva columns

@@ -34,8 +34,9 @@ class MLAImpl : public torch::nn::Module {
   // Q, K, V of forward() before attention; exposed for tests and fused-kernel callers.
   MLAProjections project(const torch::Tensor& u, const Positions& p);
   // Q, K and V [B,T,nh,dn+dr] (V zero-padded to dn+dr where dva is narrower), through mla_qkv.
-  // With pad_v false V stays [B,T,nh,dva] where dense attention takes it so (cuDNN's kernel;
-  // dense_attention_takes_narrow_values), and is padded elsewhere.
+  // With pad_v false V stays [B,T,nh,dva] where attention takes it so (cuDNN's kernels;
+  // dense_attention_takes_narrow_values, packed_attention_takes_narrow_values), and is padded
+  // elsewhere.
   MlaQkv attention_inputs(const torch::Tensor& u, const Positions& p, bool pad_v = true);
   // One decoding step: u [B,1,d] at position cache.pos -> [B,1,d]. Appends c [B,1,rkv] to
   // cache.latent and RoPE'd k_r [B,1,dr] to cache.k_rope, then attends in the absorbed form

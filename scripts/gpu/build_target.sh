@@ -17,13 +17,25 @@ mkdir -p $prefix/.unpacked
 for d in .gpu/debs/*.deb; do
   [ -f "$prefix/.unpacked/$(basename "$d")" ] || { dpkg -x "$d" $prefix && touch "$prefix/.unpacked/$(basename "$d")"; }
 done
+# cuDNN's frontend headers (model/cudnn_attention.cpp) from its wheel, staged once with
+#   .venv/bin/pip download nvidia-cudnn-frontend==1.32.0 --no-deps --only-binary=:all: --python-version 3.12 -d .gpu
+# (the machine reaches no registry; only the wheel's include/ is used). Without it packed rows keep flash.
+frontend_args=()
+whl=$(ls .gpu/nvidia_cudnn_frontend-*.whl 2>/dev/null | head -1 || true)
+if [ -n "$whl" ]; then
+  if [ ! -f $prefix/cudnn-frontend/include/cudnn_frontend.h ]; then
+    python3 -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
+z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith('include/')])" "$whl" $prefix/cudnn-frontend
+  fi
+  frontend_args=(-DCUDNN_FRONTEND_INCLUDE_DIR=$prefix/cudnn-frontend/include)
+fi
 torch_cmake=$(python3 -c "import torch; print(torch.utils.cmake_prefix_path)")
 nccl_root=$(python3 -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])" 2>/dev/null || true)
 export CMAKE_PREFIX_PATH="$torch_cmake:$prefix/usr:$prefix/usr/lib/x86_64-linux-gnu/cmake"
 export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 export CPATH="$prefix/usr/include${nccl_root:+:$nccl_root/include}:${CPATH:-}"
 cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DDELTADECK_GUI=OFF \
-  ${CMAKE_EXTRA:-} > "$build.configure.log" 2>&1 || { tail -30 "$build.configure.log"; exit 1; }
+  "${frontend_args[@]}" ${CMAKE_EXTRA:-} > "$build.configure.log" 2>&1 || { tail -30 "$build.configure.log"; exit 1; }
 cmake --build "$build" -j 16 --target "${targets[@]}" > "$build.build.log" 2>&1 \
   || { grep -E -A6 "error|FAILED" "$build.build.log" | head -40; exit 1; }
 echo "built ${targets[*]} in $build/"

@@ -1,0 +1,421 @@
+// Packed causal attention on cuDNN's fused kernel through its frontend graphs (model/cudnn_attention.h).
+// The graph cache is keyed by the shape and the cuDNN handle: LibTorch hands each thread its own
+// handle per device, and the backward runs on autograd's device thread, so each thread builds and
+// runs its own graphs. Entries are never freed: the process holds a few shapes, and destroying
+// cuDNN descriptors during static destruction could outlive the library.
+#include "model/cudnn_attention.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+
+#if defined(DD_HAVE_CUDNN_FRONTEND)
+#include <ATen/cudnn/Handle.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cudnn_frontend.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+#endif
+
+namespace model {
+
+namespace {
+std::atomic<bool> g_packed_cudnn{true};
+}  // namespace
+
+void packed_attention_cudnn(bool on) { g_packed_cudnn = on; }
+bool packed_attention_cudnn_enabled() { return g_packed_cudnn; }
+
+int64_t packed_attention_pieces(int64_t pieces) {
+  int64_t step = 8;
+  if (pieces > 64) {
+    int64_t pow2 = 64;
+    while (pow2 < pieces) pow2 *= 2;
+    step = pow2 / 8;
+  }
+  return (std::max<int64_t>(pieces, 1) + step - 1) / step * step;
+}
+
+#if defined(DD_HAVE_CUDNN_FRONTEND)
+
+bool cudnn_frontend_built() { return true; }
+
+namespace {
+
+namespace fe = cudnn_frontend;
+using TensorAttr = std::shared_ptr<fe::graph::Tensor_attributes>;
+
+// Tensor uids of both graphs; the variant packs map them to device pointers. The ragged offsets
+// take kOffsets + the index of their token stride in the entry's distinct strides.
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeqLen, kOffsets = 100 };
+
+// Which graph, which shape, on which handle: the cache key.
+using Key = std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                       int64_t, int64_t, int64_t, int, int, double, cudnnHandle_t>;
+Key key_of(const PackedAttentionShape& s, bool backward, cudnnHandle_t h) {
+  return {backward, s.pieces, s.S, s.H, s.Hkv, s.dqk, s.dv, s.q_token_stride, s.q_head_stride, s.k_token_stride,
+          s.k_head_stride, s.v_token_stride, s.v_head_stride, static_cast<int>(s.dtype),
+          static_cast<int>(s.device.index()), s.scale, h};
+}
+
+// One built graph, or why it could not be built.
+struct Entry {
+  std::shared_ptr<fe::graph::Graph> graph;  // null where cuDNN refused the shape
+  std::string refusal;
+  int64_t workspace_bytes = 0;
+  std::vector<int64_t> token_strides;  // the distinct token strides the ragged offsets scale cu_seqlens by
+  at::Tensor strides_column;           // [n, 1] int32 on the device: token_strides, for one multiply
+};
+
+void check(fe::error_t e, const char* what) {
+  TORCH_CHECK(e.is_good(), "cuDNN packed attention (", what, "): ", e.get_message());
+}
+
+// The token strides a graph's ragged tensors use, each once.
+std::vector<int64_t> distinct_token_strides(const PackedAttentionShape& s, bool backward) {
+  std::vector<int64_t> all{s.q_token_stride, s.k_token_stride, s.v_token_stride, s.H * s.dv};
+  if (backward) {
+    for (int64_t t : {s.H * s.dqk, s.Hkv * s.dqk, s.Hkv * s.dv}) all.push_back(t);
+  }
+  std::vector<int64_t> out;
+  for (int64_t t : all)
+    if (std::find(out.begin(), out.end(), t) == out.end()) out.push_back(t);
+  return out;
+}
+
+// Builds one graph: q, k, v (and o, dO) as [pieces, heads, S, D] over token-major rows, each with
+// the ragged offset of its token stride; the piece lengths as both padding masks.
+Entry build_entry(const PackedAttentionShape& s, bool backward, cudnnHandle_t handle) {
+  Entry e;
+  e.token_strides = distinct_token_strides(s, backward);
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(s.dtype == at::kHalf ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  const int64_t P = s.pieces, S = s.S;
+  std::vector<TensorAttr> offsets;
+  for (size_t i = 0; i < e.token_strides.size(); ++i) {
+    offsets.push_back(g->tensor(fe::graph::Tensor_attributes()
+                                    .set_name("ragged_offset_" + std::to_string(i))
+                                    .set_uid(kOffsets + static_cast<int64_t>(i))
+                                    .set_dim({P + 1, 1, 1, 1})
+                                    .set_stride({1, 1, 1, 1})
+                                    .set_data_type(fe::DataType_t::INT32)));
+  }
+  auto offset_of = [&](int64_t token_stride) {
+    const auto it = std::find(e.token_strides.begin(), e.token_strides.end(), token_stride);
+    return offsets[static_cast<size_t>(it - e.token_strides.begin())];
+  };
+  auto seq_len = g->tensor(fe::graph::Tensor_attributes()
+                               .set_name("seq_len")
+                               .set_uid(kSeqLen)
+                               .set_dim({P, 1, 1, 1})
+                               .set_stride({1, 1, 1, 1})
+                               .set_data_type(fe::DataType_t::INT32));
+  auto input = [&](int64_t uid, const char* name, int64_t heads, int64_t D, int64_t ts, int64_t hs) {
+    auto t = g->tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim({P, heads, S, D}).set_stride(
+        {S * ts, hs, ts, 1}));
+    t->set_ragged_offset(offset_of(ts));
+    return t;
+  };
+  auto output = [&](const TensorAttr& t, int64_t uid, int64_t heads, int64_t D) {
+    t->set_output(true).set_uid(uid).set_dim({P, heads, S, D}).set_stride({S * heads * D, D, heads * D, 1});
+    t->set_ragged_offset(offset_of(heads * D));
+  };
+  auto Q = input(kQ, "q", s.H, s.dqk, s.q_token_stride, s.q_head_stride);
+  auto K = input(kK, "k", s.Hkv, s.dqk, s.k_token_stride, s.k_head_stride);
+  auto V = input(kV, "v", s.Hkv, s.dv, s.v_token_stride, s.v_head_stride);
+  const float scale = static_cast<float>(s.scale);
+  if (!backward) {
+    auto attrs = fe::graph::SDPA_attributes()
+                     .set_name("packed_attention")
+                     .set_generate_stats(true)
+                     .set_attn_scale(scale)
+                     .set_padding_mask(true)
+                     .set_seq_len_q(seq_len)
+                     .set_seq_len_kv(seq_len)
+                     .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                     .set_diagonal_band_right_bound(0);
+    auto [O, stats] = g->sdpa(Q, K, V, attrs);
+    output(O, kO, s.H, s.dv);
+    stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT).set_dim({P, s.H, S, 1}).set_stride(
+        {s.H * S, S, 1, 1});
+  } else {
+    auto O = input(kO, "o", s.H, s.dv, s.H * s.dv, s.dv);
+    auto dO = input(kDO, "do", s.H, s.dv, s.H * s.dv, s.dv);
+    auto stats = g->tensor(fe::graph::Tensor_attributes()
+                               .set_name("stats")
+                               .set_uid(kStats)
+                               .set_dim({P, s.H, S, 1})
+                               .set_stride({s.H * S, S, 1, 1})
+                               .set_data_type(fe::DataType_t::FLOAT));
+    auto attrs = fe::graph::SDPA_backward_attributes()
+                     .set_name("packed_attention_backward")
+                     .set_attn_scale(scale)
+                     .set_padding_mask(true)
+                     .set_seq_len_q(seq_len)
+                     .set_seq_len_kv(seq_len)
+                     .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                     .set_diagonal_band_right_bound(0);
+    auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, stats, attrs);
+    output(dQ, kDQ, s.H, s.dqk);
+    output(dK, kDK, s.Hkv, s.dqk);
+    output(dV, kDV, s.Hkv, s.dv);
+  }
+  try {
+    check(g->validate(), "validate");
+    check(g->build_operation_graph(handle), "build_operation_graph");
+    check(g->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
+    check(g->check_support(handle), "check_support");
+    check(g->build_plans(handle), "build_plans");
+    check(g->get_workspace_size(e.workspace_bytes), "get_workspace_size");
+  } catch (const c10::Error& err) {
+    e.refusal = err.what_without_backtrace();
+    return e;
+  } catch (const std::exception& err) {  // the frontend's own exceptions
+    e.refusal = err.what();
+    return e;
+  }
+  std::vector<int32_t> strides(e.token_strides.begin(), e.token_strides.end());
+  e.strides_column = torch::tensor(strides, torch::kInt32).view({-1, 1}).to(s.device);
+  e.graph = std::move(g);
+  return e;
+}
+
+cudnnHandle_t handle_on_current_stream() {
+  cudnnHandle_t h = at::native::getCudnnHandle();
+  TORCH_CHECK(cudnnSetStream(h, c10::cuda::getCurrentCUDAStream().stream()) == CUDNN_STATUS_SUCCESS,
+              "cuDNN packed attention: cudnnSetStream failed");
+  return h;
+}
+
+// The cached graph of this shape on this thread's handle, built on the first ask.
+const Entry& entry(const PackedAttentionShape& s, bool backward) {
+  static std::mutex* mu = new std::mutex;
+  static auto* cache = new std::map<Key, std::unique_ptr<Entry>>;
+  const cudnnHandle_t h = handle_on_current_stream();
+  const Key key = key_of(s, backward, h);
+  std::lock_guard<std::mutex> lock(*mu);
+  auto& slot = (*cache)[key];
+  if (!slot) {
+    slot = std::make_unique<Entry>(build_entry(s, backward, h));
+    if (!slot->graph && (s.dtype == at::kBFloat16 || s.dtype == at::kHalf)) {
+      std::fprintf(stderr,
+                   "deltadeck: cuDNN packed attention %s refused pieces %lld, S %lld, heads %lld/%lld, widths "
+                   "%lld/%lld (flash varlen instead): %s\n",
+                   backward ? "backward" : "forward", (long long)s.pieces, (long long)s.S, (long long)s.H,
+                   (long long)s.Hkv, (long long)s.dqk, (long long)s.dv, slot->refusal.c_str());
+    }
+  }
+  return *slot;
+}
+
+// The shape of one call, from its tensors (layouts checked by the callers).
+PackedAttentionShape shape_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t pieces, int64_t S,
+                              double scale, bool backward) {
+  PackedAttentionShape s;
+  s.pieces = pieces;
+  s.S = S;
+  s.H = q.size(1);
+  s.Hkv = k.size(1);
+  s.dqk = q.size(2);
+  s.dv = v.size(2);
+  s.q_token_stride = q.stride(0);
+  s.q_head_stride = q.stride(1);
+  s.k_token_stride = k.stride(0);
+  s.k_head_stride = k.stride(1);
+  s.v_token_stride = v.stride(0);
+  s.v_head_stride = v.stride(1);
+  s.dtype = q.scalar_type();
+  s.device = q.device();
+  s.scale = scale;
+  s.backward = backward;
+  return s;
+}
+
+// What cuDNN's kernel needs of q, k and v beyond their shapes: unit-stride head rows, strides and
+// addresses aligned to 16 bytes (8 half-width elements), offsets within int32.
+bool aligned(const at::Tensor& t) {
+  return t.stride(2) == 1 && t.stride(1) % 8 == 0 && t.stride(0) % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.size(0) * t.stride(0) < (int64_t{1} << 31);
+}
+
+void check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu) {
+  TORCH_CHECK(q.is_cuda() && q.dim() == 3 && k.dim() == 3 && v.dim() == 3,
+              "cudnn_packed_attention: expected q, k and v [N,heads,D] on a GPU, got ", q.sizes(), ", ", k.sizes(),
+              " and ", v.sizes());
+  TORCH_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == v.size(1) &&
+                  q.size(1) % k.size(1) == 0 && k.size(2) == q.size(2) && k.device() == q.device() &&
+                  v.device() == q.device(),
+              "cudnn_packed_attention: k and v must be [N,Hkv,·] on q's device with Hkv dividing H and k as wide as q, "
+              "got q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes());
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+              "cudnn_packed_attention: q, k and v must share a dtype");
+  TORCH_CHECK(cu.scalar_type() == at::kInt && cu.dim() == 1 && cu.size(0) >= 2 && cu.device() == q.device() &&
+                  cu.is_contiguous(),
+              "cudnn_packed_attention: cu_seqlens must be contiguous int32 [pieces+1] on q's device, got ",
+              cu.sizes(), " ", cu.scalar_type(), " on ", cu.device());
+}
+
+void check_aligned(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(aligned(q) && aligned(k) && aligned(v),
+              "cudnn_packed_attention: q, k and v need unit-stride head rows and 16-byte aligned strides and "
+              "addresses, got strides ", q.strides(), ", ", k.strides(), " and ", v.strides());
+}
+
+// The pieces' lengths [pieces] and the ragged offsets [strides, pieces+1] (one row per distinct
+// token stride, rows 16-byte aligned) of cu_seqlens: two small kernels, no host copy (so a CUDA
+// graph may capture them).
+struct Ragged {
+  at::Tensor seq_len, offsets;
+};
+Ragged ragged(const Entry& e, const at::Tensor& cu) {
+  const int64_t P = cu.size(0) - 1;
+  const int64_t row = (P + 1 + 3) / 4 * 4;
+  Ragged r;
+  r.seq_len = at::sub(cu.narrow(0, 1, P), cu.narrow(0, 0, P));
+  r.offsets = at::empty({e.strides_column.size(0), row}, cu.options());
+  auto used = r.offsets.narrow(1, 0, P + 1);
+  at::mul_out(used, e.strides_column, cu.unsqueeze(0));
+  return r;
+}
+
+void execute(const Entry& e, std::unordered_map<int64_t, void*>& pack, const Ragged& r, const at::Tensor& like) {
+  pack[kSeqLen] = r.seq_len.data_ptr();
+  for (int64_t i = 0; i < r.offsets.size(0); ++i) pack[kOffsets + i] = r.offsets[i].data_ptr();
+  auto ws = at::empty({std::max<int64_t>(e.workspace_bytes, 1)}, like.options().dtype(at::kByte));
+  check(e.graph->execute(handle_on_current_stream(), pack, ws.data_ptr()), "execute");
+}
+
+const Entry& entry_or_throw(const PackedAttentionShape& s, bool backward) {
+  const Entry& e = entry(s, backward);
+  TORCH_CHECK(e.graph, "cuDNN packed attention: cuDNN refused the ", backward ? "backward" : "forward",
+              " graph: ", e.refusal);
+  return e;
+}
+
+class PackedAttentionFn : public torch::autograd::Function<PackedAttentionFn> {
+ public:
+  // cu is already padded to packed_attention_pieces(n) + 1 entries.
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, const at::Tensor& cu, int64_t S, double scale) {
+    const int64_t N = q.size(0), H = q.size(1), pieces = cu.size(0) - 1;
+    auto o = at::empty({N, H, v.size(2)}, q.options());
+    auto stats = at::empty({pieces, H, S, 1}, q.options().dtype(at::kFloat));
+    cudnn_packed_attention_forward(q, k, v, cu, S, scale, o, stats);
+    ctx->save_for_backward({q, k, v, o, stats, cu});
+    ctx->saved_data["S"] = S;
+    ctx->saved_data["scale"] = scale;
+    return o;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3], &stats = saved[4], &cu = saved[5];
+    auto dq = at::empty(q.sizes(), q.options()), dk = at::empty(k.sizes(), k.options()),
+         dv = at::empty(v.sizes(), v.options());
+    cudnn_packed_attention_backward(q, k, v, o, grads[0].contiguous(), stats, cu, ctx->saved_data["S"].toInt(),
+                                    ctx->saved_data["scale"].toDouble(), dq, dk, dv);
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool cudnn_packed_attention_supported(const PackedAttentionShape& s) {
+  if (!g_packed_cudnn || s.device.type() != c10::DeviceType::CUDA ||
+      (s.dtype != at::kBFloat16 && s.dtype != at::kHalf))
+    return false;
+  try {
+    return entry(s, false).graph && (!s.backward || entry(s, true).graph);
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+void cudnn_packed_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const at::Tensor& cu, int64_t S, double scale, const at::Tensor& o,
+                                    const at::Tensor& stats) {
+  check_shapes(q, k, v, cu);
+  check_aligned(q, k, v);
+  const int64_t N = q.size(0), H = q.size(1), pieces = cu.size(0) - 1;
+  TORCH_CHECK(pieces == packed_attention_pieces(pieces), "cudnn_packed_attention_forward: ", pieces,
+              " pieces; pad cu_seqlens to packed_attention_pieces = ", packed_attention_pieces(pieces));
+  TORCH_CHECK(o.is_contiguous() && o.sizes() == at::IntArrayRef({N, H, v.size(2)}) &&
+                  o.scalar_type() == q.scalar_type() && o.device() == q.device(),
+              "cudnn_packed_attention_forward: o must be contiguous [N,H,dv] like q, got ", o.sizes());
+  TORCH_CHECK(stats.is_contiguous() && stats.sizes() == at::IntArrayRef({pieces, H, S, 1}) &&
+                  stats.scalar_type() == at::kFloat && stats.device() == q.device(),
+              "cudnn_packed_attention_forward: stats must be contiguous fp32 [pieces,H,S,1], got ", stats.sizes());
+  const Entry& e = entry_or_throw(shape_of(q, k, v, pieces, S, scale, false), false);
+  std::unordered_map<int64_t, void*> pack{{kQ, q.data_ptr()}, {kK, k.data_ptr()},     {kV, v.data_ptr()},
+                                          {kO, o.data_ptr()}, {kStats, stats.data_ptr()}};
+  execute(e, pack, ragged(e, cu), q);
+}
+
+void cudnn_packed_attention_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const at::Tensor& o, const at::Tensor& dO, const at::Tensor& stats,
+                                     const at::Tensor& cu, int64_t S, double scale, const at::Tensor& dq,
+                                     const at::Tensor& dk, const at::Tensor& dv) {
+  check_shapes(q, k, v, cu);
+  check_aligned(q, k, v);
+  const int64_t N = q.size(0), H = q.size(1), pieces = cu.size(0) - 1;
+  auto like = [&](const at::Tensor& t, at::IntArrayRef sizes) {
+    return t.is_contiguous() && t.sizes() == sizes && t.scalar_type() == q.scalar_type() && t.device() == q.device();
+  };
+  TORCH_CHECK(like(o, {N, H, v.size(2)}) && like(dO, {N, H, v.size(2)}),
+              "cudnn_packed_attention_backward: o and dO must be contiguous [N,H,dv] like q, got ", o.sizes(), " and ",
+              dO.sizes());
+  TORCH_CHECK(like(dq, q.sizes()) && like(dk, k.sizes()) && like(dv, v.sizes()),
+              "cudnn_packed_attention_backward: dq, dk and dv must be contiguous and shaped like q, k and v");
+  TORCH_CHECK(stats.is_contiguous() && stats.sizes() == at::IntArrayRef({pieces, H, S, 1}) &&
+                  stats.scalar_type() == at::kFloat,
+              "cudnn_packed_attention_backward: stats must be the forward's fp32 [pieces,H,S,1], got ", stats.sizes());
+  const Entry& e = entry_or_throw(shape_of(q, k, v, pieces, S, scale, true), true);
+  std::unordered_map<int64_t, void*> pack{{kQ, q.data_ptr()},   {kK, k.data_ptr()},   {kV, v.data_ptr()},
+                                          {kO, o.data_ptr()},   {kDO, dO.data_ptr()}, {kStats, stats.data_ptr()},
+                                          {kDQ, dq.data_ptr()}, {kDK, dk.data_ptr()}, {kDV, dv.data_ptr()}};
+  execute(e, pack, ragged(e, cu), q);
+}
+
+at::Tensor cudnn_packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& cu_seqlens, int64_t S, double scale) {
+  check_shapes(q, k, v, cu_seqlens);
+  if (!aligned(q) || !aligned(k) || !aligned(v)) return {};
+  const int64_t n = cu_seqlens.size(0) - 1, pieces = packed_attention_pieces(n);
+  const bool grad = torch::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  if (!cudnn_packed_attention_supported(shape_of(q, k, v, pieces, S, scale, grad))) return {};
+  // Spare pieces start at the end (N) and hold no token.
+  auto cu = pieces == n ? cu_seqlens : at::constant_pad_nd(cu_seqlens, {0, pieces - n}, q.size(0));
+  return PackedAttentionFn::apply(q, k, v, cu, S, scale);
+}
+
+#else  // no cuDNN frontend in this build: callers keep the flash kernel
+
+bool cudnn_frontend_built() { return false; }
+bool cudnn_packed_attention_supported(const PackedAttentionShape&) { return false; }
+at::Tensor cudnn_packed_attention(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+                                  double) {
+  return {};
+}
+void cudnn_packed_attention_forward(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+                                    double, const at::Tensor&, const at::Tensor&) {
+  TORCH_CHECK(false, "cudnn_packed_attention_forward: this build has no cuDNN frontend");
+}
+void cudnn_packed_attention_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                     const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double,
+                                     const at::Tensor&, const at::Tensor&, const at::Tensor&) {
+  TORCH_CHECK(false, "cudnn_packed_attention_backward: this build has no cuDNN frontend");
+}
+
+#endif
+
+}  // namespace model

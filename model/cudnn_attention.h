@@ -1,0 +1,77 @@
+// Causal attention over packed documents through cuDNN's fused attention kernel, built with cuDNN's
+// frontend graph API (header-only, from the nvidia-cudnn-frontend package) against the cuDNN that
+// LibTorch loads. Each document piece is one batch entry of a [pieces, heads, S, D] view: its start
+// in q, k, v and o is a ragged offset (cu_seqlens × the token stride), its length a padding mask,
+// and a top-left causal band keeps every token to its own past. V may be narrower than q and k
+// (MLA's 64 under 96), so nothing is padded. On an H200 this took 55% of FlashAttention-2's varlen
+// kernel's time (forward + backward) at MLA's widths and 61% at GPT base's (docs/perf.md, stop 50).
+//
+// Graphs are built once per shape (pieces, S, heads, widths, strides, dtype, scale, handle) and
+// cached; building one takes a fraction of a second. The piece count a graph takes is rounded up
+// (packed_attention_pieces) and the spare pieces get length 0, so a run meets a handful of shapes,
+// and a captured CUDA graph (whose cu_seqlens the trainer pads to a fixed length) meets one.
+//
+// Where the frontend's headers were not found at configure time, or cuDNN refuses a shape (fp32,
+// an odd head width, an older GPU), nothing runs here: the caller keeps the flash kernel
+// (model::causal_attention, model/layers.h). The reference is causal_attention_masked.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace model {
+
+// Whether packed rows take cuDNN's kernel where it applies (default on), or FlashAttention-2's
+// varlen kernel: a process-wide switch for `bench train --packed-attention flash`. Any thread.
+void packed_attention_cudnn(bool on);
+bool packed_attention_cudnn_enabled();
+// Whether this build has the cuDNN frontend (DD_HAVE_CUDNN_FRONTEND). Any thread.
+bool cudnn_frontend_built();
+
+// The piece count a graph is built for: `pieces` rounded up to a multiple of 8 (to a multiple of
+// 1/8 of the next power of two above 64 pieces), never more than 12.5% of empty pieces past 64.
+int64_t packed_attention_pieces(int64_t pieces);
+
+// One attention call's geometry. q [N,H,dqk], k [N,Hkv,dqk], v [N,Hkv,dv] are token-major with a
+// unit-stride head row; their token and head strides are free (a view into a fused projection).
+// S bounds every piece's length. o, dO and the gradients are contiguous.
+struct PackedAttentionShape {
+  int64_t pieces = 0, S = 0, H = 0, Hkv = 0, dqk = 0, dv = 0;
+  int64_t q_token_stride = 0, q_head_stride = 0;
+  int64_t k_token_stride = 0, k_head_stride = 0;
+  int64_t v_token_stride = 0, v_head_stride = 0;
+  c10::ScalarType dtype = c10::ScalarType::BFloat16;
+  c10::Device device = c10::Device(c10::DeviceType::CUDA, 0);
+  double scale = 1.0;
+  bool backward = false;  // the backward graph is built (and must build) too
+};
+
+// Whether cuDNN takes this shape (both graphs when shape.backward): builds and caches them on the
+// first ask. False without the frontend, off the GPU, for fp32 or where cuDNN refuses. The thread
+// that will run the attention (its cuDNN handle); does not throw.
+bool cudnn_packed_attention_supported(const PackedAttentionShape& shape);
+
+// Causal attention of q [N,H,dqk], k [N,Hkv,dqk], v [N,Hkv,dv] (layouts as above, bf16/fp16, on
+// one GPU) over the pieces cut by cu_seqlens (int32 on the device, [pieces+1], cu[0] = 0,
+// non-decreasing up to N; trailing repeats of N are empty pieces), S >= every piece's length.
+// Returns o [N,H,dv] (differentiable in q, k and v), or an undefined tensor where
+// cudnn_packed_attention_supported says no or a stride or address is not 16-byte aligned.
+// Inconsistent shapes, dtypes or devices fail a TORCH_CHECK naming the tensor.
+at::Tensor cudnn_packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& cu_seqlens, int64_t S, double scale);
+
+// The two halves of cudnn_packed_attention, writing into tensors the caller gives (tests check
+// that nothing outside the pieces' rows is read or written). cu_seqlens must already hold
+// packed_attention_pieces(n) + 1 entries. o [N,H,dv], dq/dk/dv like q/k/v but contiguous, stats
+// [pieces,H,S,1] fp32 (the softmax's log-sum-exp per row, the backward's input). Both throw
+// c10::Error where the graph cannot be built or run.
+void cudnn_packed_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const at::Tensor& cu_seqlens, int64_t S, double scale, const at::Tensor& o,
+                                    const at::Tensor& stats);
+void cudnn_packed_attention_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const at::Tensor& o, const at::Tensor& dO, const at::Tensor& stats,
+                                     const at::Tensor& cu_seqlens, int64_t S, double scale, const at::Tensor& dq,
+                                     const at::Tensor& dk, const at::Tensor& dv);
+
+}  // namespace model

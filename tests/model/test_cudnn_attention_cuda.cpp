@@ -1,0 +1,275 @@
+// cuDNN's packed causal attention (model/cudnn_attention.h) against the block-diagonal masked
+// reference in fp32 (model::causal_attention_masked): outputs and the three input gradients at
+// MLA's widths (V narrower than q and k), at GPT's (q, k and v strided views into one fused
+// projection, GQA) and at odd small widths, with one-token pieces and pieces rounded up with empty
+// ones; that nothing outside the pieces' rows is read (NaN guard rows around the inputs) or
+// written (sentinel guard rows around the outputs); that model::causal_attention and MLA route
+// packed rows to it and agree with the flash kernel. Fresh random inputs each run. Skips without
+// a GPU; on Hopper cuDNN must take every shape here.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#if defined(DD_HAVE_CUDA)
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/cudnn_attention.h"
+#include "model/fused_rope.h"
+#include "model/layers.h"
+#include "model/mla.h"
+#include "model/model_config.h"
+#include "tests/support/torch_compare.h"
+
+namespace {
+
+using testing_support::max_abs_diff;
+using testing_support::rel_norm_diff;
+
+// Two rows of 100 tokens cut into 7 pieces (one-token pieces included, none crossing a row).
+const std::vector<int64_t> kCuts = {0, 7, 40, 41, 100, 130, 131, 200};
+constexpr int64_t kB = 2, kT = 100, kN = 200;
+
+bool on_hopper() {
+#if defined(DD_HAVE_CUDA)
+  return at::cuda::getCurrentDeviceProperties()->major == 9;
+#else
+  return false;
+#endif
+}
+
+torch::Tensor cu_int32(const std::vector<int64_t>& cu) {
+  return torch::tensor(cu, torch::kInt64).to(torch::kInt32).cuda();
+}
+
+struct Case {
+  std::string name;
+  int64_t H, Hkv, dqk, dv;
+  bool fused;  // q, k and v as strided views into one [N, (H + 2 Hkv) · D] projection (dqk == dv)
+};
+
+// q, k, v [N,·,·] bf16 for a case: separate contiguous tensors, or views into one fused buffer.
+struct Qkv {
+  torch::Tensor q, k, v;
+};
+Qkv random_qkv(const Case& c) {
+  auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
+  if (!c.fused) {
+    return {torch::randn({kN, c.H, c.dqk}, bf16), torch::randn({kN, c.Hkv, c.dqk}, bf16),
+            torch::randn({kN, c.Hkv, c.dv}, bf16)};
+  }
+  auto all = torch::randn({kN, c.H + 2 * c.Hkv, c.dqk}, bf16);
+  return {all.narrow(1, 0, c.H), all.narrow(1, c.H, c.Hkv), all.narrow(1, c.H + c.Hkv, c.Hkv)};
+}
+
+// The fp32 masked reference of [N,heads,D] inputs: o [N,H,dv] and, for the output gradient gy,
+// dq, dk and dv.
+struct Reference {
+  torch::Tensor o, dq, dk, dv;
+};
+Reference reference(const Qkv& in, const torch::Tensor& gy, double scale) {
+  const auto p = model::packed_positions(torch::tensor(kCuts, torch::kInt64), kB, kT, torch::kCUDA);
+  auto rows = [](const torch::Tensor& t) {  // [N,h,D] -> fp32 leaf [B,h,T,D]
+    return t.to(torch::kFloat32).view({kB, kT, t.size(1), t.size(2)}).transpose(1, 2).detach().requires_grad_(true);
+  };
+  auto q = rows(in.q), k = rows(in.k), v = rows(in.v);
+  auto o = model::causal_attention_masked(q, k, v, scale, p).transpose(1, 2).reshape({kN, in.q.size(1), -1});
+  (o * gy).sum().backward();
+  auto back = [](const torch::Tensor& g) { return g.transpose(1, 2).reshape({kN, g.size(1), g.size(3)}); };
+  return {o.detach(), back(q.grad()), back(k.grad()), back(v.grad())};
+}
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> all = {{"MLA widths (96/64)", 4, 4, 96, 64, false},
+                                        {"GPT fused q|k|v, GQA 4/2, 64", 4, 2, 64, 64, true},
+                                        {"odd widths 48/32, GQA 3/1", 3, 1, 48, 32, false}};
+  return all;
+}
+
+}  // namespace
+
+TEST(CudnnPackedAttention, PieceCountsRoundUp) {
+  EXPECT_EQ(model::packed_attention_pieces(1), 8);
+  EXPECT_EQ(model::packed_attention_pieces(8), 8);
+  EXPECT_EQ(model::packed_attention_pieces(9), 16);
+  EXPECT_EQ(model::packed_attention_pieces(64), 64);
+  EXPECT_EQ(model::packed_attention_pieces(65), 80);    // past 64: steps of 1/8 of the next power of two
+  EXPECT_EQ(model::packed_attention_pieces(129), 160);
+  EXPECT_EQ(model::packed_attention_pieces(160), 160);  // a rounded count stays (CUDA graphs' padded cu_seqlens)
+}
+
+// Through cudnn_packed_attention (its autograd function): against the fp32 reference.
+TEST(CudnnPackedAttention, MatchesMaskedReference) {
+  DD_REQUIRE_GPU();
+  if (!model::cudnn_frontend_built()) GTEST_SKIP() << "built without the cuDNN frontend";
+  testing_support::seed_from_gtest(71);
+  for (const auto& c : cases()) {
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.dqk));
+    auto in = random_qkv(c);
+    auto q = in.q.detach().requires_grad_(true), k = in.k.detach().requires_grad_(true),
+         v = in.v.detach().requires_grad_(true);
+    const auto o = model::cudnn_packed_attention(q, k, v, cu_int32(kCuts), kT, scale);
+    if (!o.defined()) {
+      EXPECT_FALSE(on_hopper()) << c.name << ": cuDNN refused the shape on Hopper";
+      continue;
+    }
+    ASSERT_EQ(o.sizes(), torch::IntArrayRef({kN, c.H, c.dv})) << c.name;
+    auto gy = torch::randn({kN, c.H, c.dv}, torch::kCUDA);
+    (o.to(torch::kFloat32) * gy).sum().backward();
+    const auto ref = reference(in, gy, scale);
+    const double eo = rel_norm_diff(o, ref.o), eq = rel_norm_diff(q.grad(), ref.dq),
+                 ek = rel_norm_diff(k.grad(), ref.dk), ev = rel_norm_diff(v.grad(), ref.dv);
+    std::printf("[measured] cuDNN packed attention %s vs fp32 masked: o %.2e, dq %.2e, dk %.2e, dv %.2e\n",
+                c.name.c_str(), eo, eq, ek, ev);
+    // bf16 inputs (the reference gets the same values in fp32), fp32 softmax statistics: the output
+    // rounds to bf16 (2^-9 relative), the gradients accumulate a few such steps.
+    EXPECT_LT(eo, 8e-3) << c.name;
+    EXPECT_LT(eq, 1.5e-2) << c.name;
+    EXPECT_LT(ek, 1.5e-2) << c.name;
+    EXPECT_LT(ev, 1.5e-2) << c.name;
+  }
+}
+
+// The forward and backward into caller-given tensors whose neighbouring rows are guards: NaN rows
+// before and after q, k, v and dO (a read past a piece's rows would reach the output through the
+// P·V product or the gradients), sentinel rows around o, dq, dk, dv and after the statistics (a
+// write past them would change one). cu_seqlens is padded with empty pieces to 16, as the trainer
+// pads it for a captured CUDA graph.
+TEST(CudnnPackedAttention, StaysInsideItsRows) {
+  DD_REQUIRE_GPU();
+  if (!model::cudnn_frontend_built()) GTEST_SKIP() << "built without the cuDNN frontend";
+  testing_support::seed_from_gtest(72);
+  constexpr int64_t G = 64, pieces = 16;
+  std::vector<int64_t> cuts = kCuts;
+  cuts.resize(pieces + 1, kN);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), sentinel = 3.0f;
+  auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
+  // [G + N + G, h, D] filled with `fill`, and its middle N rows.
+  auto guarded = [&](int64_t h, int64_t D, float fill, torch::ScalarType dt = torch::kBFloat16) {
+    auto buf = torch::full({G + kN + G, h, D}, fill, bf16.dtype(dt));
+    return std::make_pair(buf, buf.narrow(0, G, kN));
+  };
+  auto guards_hold = [&](const torch::Tensor& buf, float fill) {
+    auto g = torch::cat({buf.narrow(0, 0, G), buf.narrow(0, G + kN, G)}).to(torch::kFloat32);
+    return (g == fill).all().item<bool>();
+  };
+  for (const auto& c : {cases()[0], cases()[2]}) {
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.dqk));
+    auto [qb, q] = guarded(c.H, c.dqk, nan);
+    auto [kb, k] = guarded(c.Hkv, c.dqk, nan);
+    auto [vb, v] = guarded(c.Hkv, c.dv, nan);
+    auto [dob, dO] = guarded(c.H, c.dv, nan);
+    q.normal_();
+    k.normal_();
+    v.normal_();
+    dO.normal_();
+    auto [ob, o] = guarded(c.H, c.dv, sentinel);
+    auto [dqb, dq] = guarded(c.H, c.dqk, sentinel);
+    auto [dkb, dk] = guarded(c.Hkv, c.dqk, sentinel);
+    auto [dvb, dv] = guarded(c.Hkv, c.dv, sentinel);
+    const int64_t stats_numel = pieces * c.H * kT;
+    auto stats_buf = torch::full({stats_numel + 4096}, sentinel, torch::TensorOptions().device(torch::kCUDA));
+    auto stats = stats_buf.narrow(0, 0, stats_numel).view({pieces, c.H, kT, 1});
+    const auto cu = cu_int32(cuts);
+    model::cudnn_packed_attention_forward(q, k, v, cu, kT, scale, o, stats);
+    model::cudnn_packed_attention_backward(q, k, v, o, dO, stats, cu, kT, scale, dq, dk, dv);
+    torch::cuda::synchronize();
+    const std::vector<std::pair<const char*, torch::Tensor>> outputs = {{"o", o}, {"dq", dq}, {"dk", dk}, {"dv", dv}};
+    for (const auto& [name, t] : outputs)
+      EXPECT_TRUE(torch::isfinite(t).all().item<bool>()) << c.name << ": " << name << " read a guard row";
+    EXPECT_TRUE(guards_hold(ob, sentinel)) << c.name << ": o written outside its rows";
+    EXPECT_TRUE(guards_hold(dqb, sentinel)) << c.name << ": dq written outside its rows";
+    EXPECT_TRUE(guards_hold(dkb, sentinel)) << c.name << ": dk written outside its rows";
+    EXPECT_TRUE(guards_hold(dvb, sentinel)) << c.name << ": dv written outside its rows";
+    EXPECT_TRUE((stats_buf.narrow(0, stats_numel, 4096) == sentinel).all().item<bool>())
+        << c.name << ": statistics written past their end";
+    const auto ref = reference({q, k, v}, dO.to(torch::kFloat32), scale);
+    const double eo = rel_norm_diff(o, ref.o), eq = rel_norm_diff(dq, ref.dq), ek = rel_norm_diff(dk, ref.dk),
+                 ev = rel_norm_diff(dv, ref.dv);
+    std::printf("[measured] cuDNN packed attention %s, 16 pieces (9 empty), guarded: o %.2e, dq %.2e, dk %.2e, "
+                "dv %.2e\n",
+                c.name.c_str(), eo, eq, ek, ev);
+    EXPECT_LT(eo, 8e-3) << c.name;
+    EXPECT_LT(std::max({eq, ek, ev}), 1.5e-2) << c.name;
+  }
+}
+
+// model::causal_attention routes packed bf16 rows to cuDNN (V unpadded: its output is [B,T,H,dv]
+// memory holding exactly N·H·dv values) and agrees with the flash kernel (switch off).
+TEST(CudnnPackedAttention, CausalAttentionRoutesPackedRows) {
+  DD_REQUIRE_GPU();
+  if (!model::cudnn_frontend_built()) GTEST_SKIP() << "built without the cuDNN frontend";
+  testing_support::seed_from_gtest(73);
+  const auto& c = cases()[0];
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.dqk));
+  const auto p = model::packed_positions(torch::tensor(kCuts, torch::kInt64), kB, kT, torch::kCUDA);
+  auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
+  auto q = torch::randn({kB, kT, c.H, c.dqk}, bf16).transpose(1, 2);
+  auto k = torch::randn({kB, kT, c.H, c.dqk}, bf16).transpose(1, 2);
+  auto v = torch::randn({kB, kT, c.H, c.dv}, bf16).transpose(1, 2);
+  const auto fast = model::causal_attention(q, k, v, scale, p);
+  model::packed_attention_cudnn(false);
+  const auto flash = model::causal_attention(q, k, v, scale, p);
+  model::packed_attention_cudnn(true);
+  ASSERT_EQ(fast.sizes(), flash.sizes());
+  const bool unpadded = fast.storage().nbytes() == static_cast<size_t>(kN * c.H * c.dv) * fast.element_size();
+  if (on_hopper()) {
+    EXPECT_TRUE(unpadded) << "packed rows should run on cuDNN with V unpadded";
+  }
+  const double e = rel_norm_diff(fast, flash);
+  std::printf("[measured] causal_attention packed rows, %s vs flash varlen: %.2e\n",
+              unpadded ? "cuDNN" : "flash (cuDNN refused)", e);
+  EXPECT_LT(e, 1e-2);
+}
+
+// MLA over packed rows: V unpadded into cuDNN's kernel against V padded into flash's, and against
+// fp32 (the masked reference): the layer's output and the gradients of its input and weights.
+TEST(CudnnPackedAttention, MlaPackedRowsMatchFlash) {
+  DD_REQUIRE_GPU();
+  testing_support::seed_from_gtest(74);
+  auto c = *model::make_preset("base", model::Family::Hybrid);
+  c.d = 256;  // base's MLA head widths on a narrower layer
+  c.mla_heads = 4;
+  c.mla_q_rank = 64;
+  c.mla_kv_rank = 64;
+  model::MLA m(c);
+  m->to(torch::kCUDA);
+  const auto p = model::packed_positions(torch::tensor(kCuts, torch::kInt64), kB, kT, torch::kCUDA);
+  auto u0 = torch::randn({kB, kT, c.d}, torch::kCUDA), gy = torch::randn({kB, kT, c.d}, torch::kCUDA);
+  auto run = [&](bool cudnn, bool autocast) {
+    model::packed_attention_cudnn(cudnn);
+    m->zero_grad();
+    auto u = u0.clone().requires_grad_(true);
+    torch::Tensor y;
+    {
+      std::optional<testing_support::CudaAutocast> ac;
+      if (autocast) ac.emplace(torch::kBFloat16);
+      const auto qkv = m->attention_inputs(u, p, /*pad_v=*/false);
+      if (autocast && on_hopper() && model::cudnn_frontend_built()) {
+        EXPECT_EQ(qkv.v.size(3), cudnn ? c.mla_v_dim : m->qk_dim()) << "V's width, cuDNN " << cudnn;
+      }
+      y = m->forward(u, p);
+    }
+    (y.to(torch::kFloat32) * gy).sum().backward();
+    std::vector<torch::Tensor> r{y.detach().to(torch::kFloat32), u.grad()};
+    for (auto& w : m->parameters()) r.push_back(w.grad().clone());
+    return r;
+  };
+  const auto fast = run(true, true), flash = run(false, true), exact = run(true, false);
+  model::packed_attention_cudnn(true);
+  double worst_flash = 0, worst_exact = 0;
+  for (size_t i = 0; i < fast.size(); ++i) {
+    const double ef = rel_norm_diff(fast[i], flash[i]), ee = rel_norm_diff(fast[i], exact[i]);
+    EXPECT_LT(ef, 2e-2) << "tensor " << i << " (0: y, 1: du, then the weights' gradients)";
+    EXPECT_LT(ee, 3e-2) << "tensor " << i;
+    worst_flash = std::max(worst_flash, ef);
+    worst_exact = std::max(worst_exact, ee);
+  }
+  std::printf("[measured] MLA packed rows bf16, cuDNN (V unpadded) vs flash (V padded) %.2e, vs fp32 %.2e\n",
+              worst_flash, worst_exact);
+}
