@@ -250,7 +250,9 @@ int64_t act_elems_mixer(const ModelConfig& c, char mixer) {
       const int64_t dqk = c.mla_nope_dim + c.mla_rope_dim, nh = c.mla_heads;
       const int64_t q = (c.mla_q_rank > 0 ? 2 * c.mla_q_rank : 0) + nh * dqk;
       const int64_t kv = (c.mla_kv_rank + c.mla_rope_dim) + c.mla_kv_rank + nh * (c.mla_nope_dim + c.mla_v_dim);
-      return q + kv + 3 * nh * dqk + nh * c.mla_v_dim;  // Q, K, padded V for the kernel; output
+      // Q, K and V as the kernel takes them (V at its own width: cuDNN's kernels take it so on Hopper;
+      // flash's pad it to dqk, so there this is low by nh·(dqk − dva)); the output.
+      return q + kv + 2 * nh * dqk + 2 * nh * c.mla_v_dim;
     }
     case 'S': {
       const int64_t qkv = (c.attn_heads + 2 * c.attn_kv_heads) * c.attn_head_dim;
