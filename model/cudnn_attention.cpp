@@ -13,6 +13,7 @@
 
 #if defined(DD_HAVE_CUDNN_FRONTEND)
 #include <ATen/cudnn/Handle.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cudnn_frontend.h>
 
@@ -57,33 +58,33 @@ using TensorAttr = std::shared_ptr<fe::graph::Tensor_attributes>;
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeqLen, kOffsets = 100 };
 
 // Which graph, which shape, on which handle: the cache key.
-using Key = std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+using Key = std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                        int64_t, int64_t, int64_t, int, int, double, cudnnHandle_t>;
 Key key_of(const PackedAttentionShape& s, bool backward, cudnnHandle_t h) {
-  return {backward, s.pieces, s.S, s.H, s.Hkv, s.dqk, s.dv, s.q_token_stride, s.q_head_stride, s.k_token_stride,
-          s.k_head_stride, s.v_token_stride, s.v_head_stride, static_cast<int>(s.dtype),
+  return {backward, s.tokens, s.pieces, s.S, s.H, s.Hkv, s.dqk, s.dv, s.q_token_stride, s.q_head_stride,
+          s.k_token_stride, s.k_head_stride, s.v_token_stride, s.v_head_stride, static_cast<int>(s.dtype),
           static_cast<int>(s.device.index()), s.scale, h};
 }
 
 // One built graph, or why it could not be built.
 struct Entry {
-  std::shared_ptr<fe::graph::Graph> graph;  // null where cuDNN refused the shape
+  std::shared_ptr<fe::graph::Graph> graph;  // null where it could not be built
   std::string refusal;
+  bool permanent = true;  // the refusal is cuDNN's word on the shape (cached), not a passing failure
   int64_t workspace_bytes = 0;
   std::vector<int64_t> token_strides;  // the distinct token strides the ragged offsets scale cu_seqlens by
   at::Tensor strides_column;           // [n, 1] int32 on the device: token_strides, for one multiply
 };
+using EntryPtr = std::shared_ptr<const Entry>;
 
 void check(fe::error_t e, const char* what) {
   TORCH_CHECK(e.is_good(), "cuDNN packed attention (", what, "): ", e.get_message());
 }
 
-// The token strides a graph's ragged tensors use, each once.
-std::vector<int64_t> distinct_token_strides(const PackedAttentionShape& s, bool backward) {
-  std::vector<int64_t> all{s.q_token_stride, s.k_token_stride, s.v_token_stride, s.H * s.dv};
-  if (backward) {
-    for (int64_t t : {s.H * s.dqk, s.Hkv * s.dqk, s.Hkv * s.dv}) all.push_back(t);
-  }
+// The token strides a graph's ragged tensors use, each once: q, k, v (and their gradients), o (and
+// dO), the statistics.
+std::vector<int64_t> distinct_token_strides(const PackedAttentionShape& s) {
+  std::vector<int64_t> all{s.q_token_stride, s.k_token_stride, s.v_token_stride, s.H * s.dv, s.H};
   std::vector<int64_t> out;
   for (int64_t t : all)
     if (std::find(out.begin(), out.end(), t) == out.end()) out.push_back(t);
@@ -91,10 +92,12 @@ std::vector<int64_t> distinct_token_strides(const PackedAttentionShape& s, bool 
 }
 
 // Builds one graph: q, k, v (and o, dO) as [pieces, heads, S, D] over token-major rows, each with
-// the ragged offset of its token stride; the piece lengths as both padding masks.
+// the ragged offset of its token stride; the piece lengths as both padding masks; the softmax
+// statistics token-major too ([N,H] fp32), so that they and the backward's fp32 accumulators are
+// sized by the N tokens, not by pieces × S (which the empty pieces and short documents inflate).
 Entry build_entry(const PackedAttentionShape& s, bool backward, cudnnHandle_t handle) {
   Entry e;
-  e.token_strides = distinct_token_strides(s, backward);
+  e.token_strides = distinct_token_strides(s);
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(s.dtype == at::kHalf ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -129,6 +132,11 @@ Entry build_entry(const PackedAttentionShape& s, bool backward, cudnnHandle_t ha
     t->set_output(true).set_uid(uid).set_dim({P, heads, S, D}).set_stride({S * heads * D, D, heads * D, 1});
     t->set_ragged_offset(offset_of(heads * D));
   };
+  // [pieces, H, S, 1] over [N, H] fp32 rows.
+  auto stats_layout = [&](fe::graph::Tensor_attributes& t) {
+    t.set_uid(kStats).set_data_type(fe::DataType_t::FLOAT).set_dim({P, s.H, S, 1}).set_stride({S * s.H, 1, s.H, 1});
+    t.set_ragged_offset(offset_of(s.H));
+  };
   auto Q = input(kQ, "q", s.H, s.dqk, s.q_token_stride, s.q_head_stride);
   auto K = input(kK, "k", s.Hkv, s.dqk, s.k_token_stride, s.k_head_stride);
   auto V = input(kV, "v", s.Hkv, s.dv, s.v_token_stride, s.v_head_stride);
@@ -145,46 +153,62 @@ Entry build_entry(const PackedAttentionShape& s, bool backward, cudnnHandle_t ha
                      .set_diagonal_band_right_bound(0);
     auto [O, stats] = g->sdpa(Q, K, V, attrs);
     output(O, kO, s.H, s.dv);
-    stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT).set_dim({P, s.H, S, 1}).set_stride(
-        {s.H * S, S, 1, 1});
+    stats->set_output(true);
+    stats_layout(*stats);
   } else {
     auto O = input(kO, "o", s.H, s.dv, s.H * s.dv, s.dv);
     auto dO = input(kDO, "do", s.H, s.dv, s.H * s.dv, s.dv);
-    auto stats = g->tensor(fe::graph::Tensor_attributes()
-                               .set_name("stats")
-                               .set_uid(kStats)
-                               .set_dim({P, s.H, S, 1})
-                               .set_stride({s.H * S, S, 1, 1})
-                               .set_data_type(fe::DataType_t::FLOAT));
+    fe::graph::Tensor_attributes stats_attrs;
+    stats_attrs.set_name("stats");
+    stats_layout(stats_attrs);
+    auto stats = g->tensor(stats_attrs);
     auto attrs = fe::graph::SDPA_backward_attributes()
                      .set_name("packed_attention_backward")
                      .set_attn_scale(scale)
                      .set_padding_mask(true)
                      .set_seq_len_q(seq_len)
                      .set_seq_len_kv(seq_len)
+                     .set_max_total_seq_len_q(s.tokens)
+                     .set_max_total_seq_len_kv(s.tokens)
                      .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                      .set_diagonal_band_right_bound(0);
     auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, stats, attrs);
-    output(dQ, kDQ, s.H, s.dqk);
-    output(dK, kDK, s.Hkv, s.dqk);
-    output(dV, kDV, s.Hkv, s.dv);
+    // The gradients are laid out as their inputs: with max_total_seq_len set, cuDNN 9.19 sized its
+    // fp32 dQ (and GQA's per-head dK, dV) accumulators by the gradients' layout but read them as the
+    // inputs' (stop 51, call C: q|k|v as views into one projection gave dq 1.2 off and dk NaN).
+    auto same_as_input = [&](const TensorAttr& t, int64_t uid, int64_t heads, int64_t D, int64_t ts, int64_t hs) {
+      t->set_output(true).set_uid(uid).set_dim({P, heads, S, D}).set_stride({S * ts, hs, ts, 1});
+      t->set_ragged_offset(offset_of(ts));
+    };
+    same_as_input(dQ, kDQ, s.H, s.dqk, s.q_token_stride, s.q_head_stride);
+    same_as_input(dK, kDK, s.Hkv, s.dqk, s.k_token_stride, s.k_head_stride);
+    same_as_input(dV, kDV, s.Hkv, s.dv, s.v_token_stride, s.v_head_stride);
   }
+  // Each step's error: GRAPH_NOT_SUPPORTED (and the like) is cuDNN's answer for this shape and is
+  // kept; exceptions (out of memory while building plans, say) may pass and are tried again.
+  auto failed = [&](fe::error_t err, const char* what) {
+    if (err.is_good()) return false;
+    e.refusal = std::string(what) + ": " + err.get_message();
+    return true;
+  };
   try {
-    check(g->validate(), "validate");
-    check(g->build_operation_graph(handle), "build_operation_graph");
-    check(g->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
-    check(g->check_support(handle), "check_support");
-    check(g->build_plans(handle), "build_plans");
-    check(g->get_workspace_size(e.workspace_bytes), "get_workspace_size");
+    if (failed(g->validate(), "validate") || failed(g->build_operation_graph(handle), "build_operation_graph") ||
+        failed(g->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans") ||
+        failed(g->check_support(handle), "check_support") || failed(g->build_plans(handle), "build_plans") ||
+        failed(g->get_workspace_size(e.workspace_bytes), "get_workspace_size"))
+      return e;
+    std::vector<int32_t> strides(e.token_strides.begin(), e.token_strides.end());
+    // Built outside any CUDA graph capture (entry() refuses during one), so this copy is allowed.
+    e.strides_column = torch::tensor(strides, torch::kInt32).view({-1, 1}).to(s.device);
   } catch (const c10::Error& err) {
     e.refusal = err.what_without_backtrace();
+    e.permanent = false;
     return e;
   } catch (const std::exception& err) {  // the frontend's own exceptions
     e.refusal = err.what();
+    e.permanent = false;
     return e;
   }
-  std::vector<int32_t> strides(e.token_strides.begin(), e.token_strides.end());
-  e.strides_column = torch::tensor(strides, torch::kInt32).view({-1, 1}).to(s.device);
   e.graph = std::move(g);
   return e;
 }
@@ -196,31 +220,41 @@ cudnnHandle_t handle_on_current_stream() {
   return h;
 }
 
-// The cached graph of this shape on this thread's handle, built on the first ask.
-const Entry& entry(const PackedAttentionShape& s, bool backward) {
+// The graph of this shape on this thread's handle: cached, or built now. Not built while the
+// stream is being captured into a CUDA graph (the trainer's eager warm-up steps build every graph
+// a captured step needs); such a refusal, and a build that failed for a passing reason, are not
+// cached, so a later call tries again.
+EntryPtr entry(const PackedAttentionShape& s, bool backward) {
   static std::mutex* mu = new std::mutex;
-  static auto* cache = new std::map<Key, std::unique_ptr<Entry>>;
+  static auto* cache = new std::map<Key, EntryPtr>;
   const cudnnHandle_t h = handle_on_current_stream();
   const Key key = key_of(s, backward, h);
   std::lock_guard<std::mutex> lock(*mu);
-  auto& slot = (*cache)[key];
-  if (!slot) {
-    slot = std::make_unique<Entry>(build_entry(s, backward, h));
-    if (!slot->graph && (s.dtype == at::kBFloat16 || s.dtype == at::kHalf)) {
-      std::fprintf(stderr,
-                   "deltadeck: cuDNN packed attention %s refused pieces %lld, S %lld, heads %lld/%lld, widths "
-                   "%lld/%lld (flash varlen instead): %s\n",
-                   backward ? "backward" : "forward", (long long)s.pieces, (long long)s.S, (long long)s.H,
-                   (long long)s.Hkv, (long long)s.dqk, (long long)s.dv, slot->refusal.c_str());
-    }
+  if (auto it = cache->find(key); it != cache->end()) return it->second;
+  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
+    auto refused = std::make_shared<Entry>();
+    refused->refusal = "not built during a CUDA graph capture";
+    refused->permanent = false;
+    return refused;
   }
-  return *slot;
+  auto built = std::make_shared<const Entry>(build_entry(s, backward, h));
+  if (!built->graph && (s.dtype == at::kBFloat16 || s.dtype == at::kHalf)) {
+    std::fprintf(stderr,
+                 "deltadeck: cuDNN packed attention %s not built for %lld tokens, pieces %lld, S %lld, heads "
+                 "%lld/%lld, widths %lld/%lld (flash varlen instead%s): %s\n",
+                 backward ? "backward" : "forward", (long long)s.tokens, (long long)s.pieces, (long long)s.S,
+                 (long long)s.H, (long long)s.Hkv, (long long)s.dqk, (long long)s.dv,
+                 built->permanent ? "" : "; tried again on the next call", built->refusal.c_str());
+  }
+  if (built->graph || built->permanent) cache->emplace(key, built);
+  return built;
 }
 
 // The shape of one call, from its tensors (layouts checked by the callers).
 PackedAttentionShape shape_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t pieces, int64_t S,
                               double scale, bool backward) {
   PackedAttentionShape s;
+  s.tokens = q.size(0);
   s.pieces = pieces;
   s.S = S;
   s.H = q.size(1);
@@ -241,10 +275,16 @@ PackedAttentionShape shape_of(const at::Tensor& q, const at::Tensor& k, const at
 }
 
 // What cuDNN's kernel needs of q, k and v beyond their shapes: unit-stride head rows, strides and
-// addresses aligned to 16 bytes (8 half-width elements), offsets within int32.
+// addresses aligned to 16 bytes (8 half-width elements).
 bool aligned(const at::Tensor& t) {
   return t.stride(2) == 1 && t.stride(1) % 8 == 0 && t.stride(0) % 8 == 0 &&
-         reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.size(0) * t.stride(0) < (int64_t{1} << 31);
+         reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+// Whether every ragged offset (N × each token stride) fits int32.
+bool offsets_fit_int32(const PackedAttentionShape& s) {
+  const auto strides = distinct_token_strides(s);
+  return s.tokens * *std::max_element(strides.begin(), strides.end()) < (int64_t{1} << 31);
 }
 
 void check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu) {
@@ -268,6 +308,14 @@ void check_aligned(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   TORCH_CHECK(aligned(q) && aligned(k) && aligned(v),
               "cudnn_packed_attention: q, k and v need unit-stride head rows and 16-byte aligned strides and "
               "addresses, got strides ", q.strides(), ", ", k.strides(), " and ", v.strides());
+}
+
+// The statistics' shape: [N,H] fp32, contiguous, on q's device.
+void check_stats(const char* fn, const at::Tensor& stats, const at::Tensor& q) {
+  TORCH_CHECK(stats.is_contiguous() && stats.sizes() == at::IntArrayRef({q.size(0), q.size(1)}) &&
+                  stats.scalar_type() == at::kFloat && stats.device() == q.device(),
+              fn, ": stats must be contiguous fp32 [N,H] = [", q.size(0), ",", q.size(1), "] on q's device, got ",
+              stats.sizes(), " ", stats.scalar_type());
 }
 
 // The pieces' lengths [pieces] and the ragged offsets [strides, pieces+1] (one row per distinct
@@ -294,10 +342,12 @@ void execute(const Entry& e, std::unordered_map<int64_t, void*>& pack, const Rag
   check(e.graph->execute(handle_on_current_stream(), pack, ws.data_ptr()), "execute");
 }
 
-const Entry& entry_or_throw(const PackedAttentionShape& s, bool backward) {
-  const Entry& e = entry(s, backward);
-  TORCH_CHECK(e.graph, "cuDNN packed attention: cuDNN refused the ", backward ? "backward" : "forward",
-              " graph: ", e.refusal);
+EntryPtr entry_or_throw(const PackedAttentionShape& s, bool backward) {
+  TORCH_CHECK(offsets_fit_int32(s), "cuDNN packed attention: ", s.tokens,
+              " tokens overflow cuDNN's int32 ragged offsets at these strides");
+  auto e = entry(s, backward);
+  TORCH_CHECK(e->graph, "cuDNN packed attention: the ", backward ? "backward" : "forward",
+              " graph could not be built: ", e->refusal);
   return e;
 }
 
@@ -306,9 +356,9 @@ class PackedAttentionFn : public torch::autograd::Function<PackedAttentionFn> {
   // cu is already padded to packed_attention_pieces(n) + 1 entries.
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, const at::Tensor& cu, int64_t S, double scale) {
-    const int64_t N = q.size(0), H = q.size(1), pieces = cu.size(0) - 1;
+    const int64_t N = q.size(0), H = q.size(1);
     auto o = at::empty({N, H, v.size(2)}, q.options());
-    auto stats = at::empty({pieces, H, S, 1}, q.options().dtype(at::kFloat));
+    auto stats = at::empty({N, H}, q.options().dtype(at::kFloat));
     cudnn_packed_attention_forward(q, k, v, cu, S, scale, o, stats);
     ctx->save_for_backward({q, k, v, o, stats, cu});
     ctx->saved_data["S"] = S;
@@ -320,8 +370,10 @@ class PackedAttentionFn : public torch::autograd::Function<PackedAttentionFn> {
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3], &stats = saved[4], &cu = saved[5];
-    auto dq = at::empty(q.sizes(), q.options()), dk = at::empty(k.sizes(), k.options()),
-         dv = at::empty(v.sizes(), v.options());
+    // Laid out as q, k and v (build_entry says why): a view's gradient takes its input's strides.
+    auto dq = at::empty_strided(q.sizes(), q.strides(), q.options()),
+         dk = at::empty_strided(k.sizes(), k.strides(), k.options()),
+         dv = at::empty_strided(v.sizes(), v.strides(), v.options());
     cudnn_packed_attention_backward(q, k, v, o, grads[0].contiguous(), stats, cu, ctx->saved_data["S"].toInt(),
                                     ctx->saved_data["scale"].toDouble(), dq, dk, dv);
     return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
@@ -332,10 +384,10 @@ class PackedAttentionFn : public torch::autograd::Function<PackedAttentionFn> {
 
 bool cudnn_packed_attention_supported(const PackedAttentionShape& s) {
   if (!g_packed_cudnn || s.device.type() != c10::DeviceType::CUDA ||
-      (s.dtype != at::kBFloat16 && s.dtype != at::kHalf))
+      (s.dtype != at::kBFloat16 && s.dtype != at::kHalf) || s.tokens < 1 || !offsets_fit_int32(s))
     return false;
   try {
-    return entry(s, false).graph && (!s.backward || entry(s, true).graph);
+    return entry(s, false)->graph && (!s.backward || entry(s, true)->graph);
   } catch (const std::exception&) {
     return false;
   }
@@ -352,13 +404,11 @@ void cudnn_packed_attention_forward(const at::Tensor& q, const at::Tensor& k, co
   TORCH_CHECK(o.is_contiguous() && o.sizes() == at::IntArrayRef({N, H, v.size(2)}) &&
                   o.scalar_type() == q.scalar_type() && o.device() == q.device(),
               "cudnn_packed_attention_forward: o must be contiguous [N,H,dv] like q, got ", o.sizes());
-  TORCH_CHECK(stats.is_contiguous() && stats.sizes() == at::IntArrayRef({pieces, H, S, 1}) &&
-                  stats.scalar_type() == at::kFloat && stats.device() == q.device(),
-              "cudnn_packed_attention_forward: stats must be contiguous fp32 [pieces,H,S,1], got ", stats.sizes());
-  const Entry& e = entry_or_throw(shape_of(q, k, v, pieces, S, scale, false), false);
+  check_stats("cudnn_packed_attention_forward", stats, q);
+  const auto e = entry_or_throw(shape_of(q, k, v, pieces, S, scale, false), false);
   std::unordered_map<int64_t, void*> pack{{kQ, q.data_ptr()}, {kK, k.data_ptr()},     {kV, v.data_ptr()},
                                           {kO, o.data_ptr()}, {kStats, stats.data_ptr()}};
-  execute(e, pack, ragged(e, cu), q);
+  execute(*e, pack, ragged(*e, cu), q);
 }
 
 void cudnn_packed_attention_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -368,22 +418,26 @@ void cudnn_packed_attention_backward(const at::Tensor& q, const at::Tensor& k, c
   check_shapes(q, k, v, cu);
   check_aligned(q, k, v);
   const int64_t N = q.size(0), H = q.size(1), pieces = cu.size(0) - 1;
+  TORCH_CHECK(pieces == packed_attention_pieces(pieces), "cudnn_packed_attention_backward: ", pieces,
+              " pieces; pad cu_seqlens to packed_attention_pieces = ", packed_attention_pieces(pieces));
   auto like = [&](const at::Tensor& t, at::IntArrayRef sizes) {
     return t.is_contiguous() && t.sizes() == sizes && t.scalar_type() == q.scalar_type() && t.device() == q.device();
   };
   TORCH_CHECK(like(o, {N, H, v.size(2)}) && like(dO, {N, H, v.size(2)}),
               "cudnn_packed_attention_backward: o and dO must be contiguous [N,H,dv] like q, got ", o.sizes(), " and ",
               dO.sizes());
-  TORCH_CHECK(like(dq, q.sizes()) && like(dk, k.sizes()) && like(dv, v.sizes()),
-              "cudnn_packed_attention_backward: dq, dk and dv must be contiguous and shaped like q, k and v");
-  TORCH_CHECK(stats.is_contiguous() && stats.sizes() == at::IntArrayRef({pieces, H, S, 1}) &&
-                  stats.scalar_type() == at::kFloat,
-              "cudnn_packed_attention_backward: stats must be the forward's fp32 [pieces,H,S,1], got ", stats.sizes());
-  const Entry& e = entry_or_throw(shape_of(q, k, v, pieces, S, scale, true), true);
+  auto strided_like = [&](const at::Tensor& g, const at::Tensor& x) {
+    return g.sizes() == x.sizes() && g.strides() == x.strides() && g.scalar_type() == x.scalar_type() &&
+           g.device() == x.device();
+  };
+  TORCH_CHECK(strided_like(dq, q) && strided_like(dk, k) && strided_like(dv, v),
+              "cudnn_packed_attention_backward: dq, dk and dv must have the sizes and strides of q, k and v");
+  check_stats("cudnn_packed_attention_backward", stats, q);
+  const auto e = entry_or_throw(shape_of(q, k, v, pieces, S, scale, true), true);
   std::unordered_map<int64_t, void*> pack{{kQ, q.data_ptr()},   {kK, k.data_ptr()},   {kV, v.data_ptr()},
                                           {kO, o.data_ptr()},   {kDO, dO.data_ptr()}, {kStats, stats.data_ptr()},
                                           {kDQ, dq.data_ptr()}, {kDK, dk.data_ptr()}, {kDV, dv.data_ptr()}};
-  execute(e, pack, ragged(e, cu), q);
+  execute(*e, pack, ragged(*e, cu), q);
 }
 
 at::Tensor cudnn_packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -6,10 +6,13 @@
 // (MLA's 64 under 96), so nothing is padded. On an H200 this took 55% of FlashAttention-2's varlen
 // kernel's time (forward + backward) at MLA's widths and 61% at GPT base's (docs/perf.md, stop 50).
 //
-// Graphs are built once per shape (pieces, S, heads, widths, strides, dtype, scale, handle) and
-// cached; building one takes a fraction of a second. The piece count a graph takes is rounded up
+// Graphs are built once per shape (tokens, pieces, S, heads, widths, strides, dtype, scale, handle)
+// and cached; building one takes a fraction of a second, never during a CUDA graph capture (the
+// trainer's eager warm-up steps build them first). The piece count a graph takes is rounded up
 // (packed_attention_pieces) and the spare pieces get length 0, so a run meets a handful of shapes,
-// and a captured CUDA graph (whose cu_seqlens the trainer pads to a fixed length) meets one.
+// and a captured CUDA graph (whose cu_seqlens the trainer pads to a fixed length) meets one. The
+// softmax statistics and the backward's fp32 accumulators are token-major, sized by N, not by
+// pieces × S (which many short documents would make many times larger).
 //
 // Where the frontend's headers were not found at configure time, or cuDNN refuses a shape (fp32,
 // an odd head width, an older GPU), nothing runs here: the caller keeps the flash kernel
@@ -29,14 +32,15 @@ bool packed_attention_cudnn_enabled();
 // Whether this build has the cuDNN frontend (DD_HAVE_CUDNN_FRONTEND). Any thread.
 bool cudnn_frontend_built();
 
-// The piece count a graph is built for: `pieces` rounded up to a multiple of 8 (to a multiple of
-// 1/8 of the next power of two above 64 pieces), never more than 12.5% of empty pieces past 64.
+// The piece count a graph is built for: `pieces` rounded up to a multiple of 8, and above 64 to a
+// multiple of 1/8 of the next power of two (fewer than that many empty pieces).
 int64_t packed_attention_pieces(int64_t pieces);
 
 // One attention call's geometry. q [N,H,dqk], k [N,Hkv,dqk], v [N,Hkv,dv] are token-major with a
 // unit-stride head row; their token and head strides are free (a view into a fused projection).
-// S bounds every piece's length. o, dO and the gradients are contiguous.
+// S bounds every piece's length. o and dO are contiguous, the gradients strided as their inputs.
 struct PackedAttentionShape {
+  int64_t tokens = 0;  // N
   int64_t pieces = 0, S = 0, H = 0, Hkv = 0, dqk = 0, dv = 0;
   int64_t q_token_stride = 0, q_head_stride = 0;
   int64_t k_token_stride = 0, k_head_stride = 0;
@@ -48,8 +52,9 @@ struct PackedAttentionShape {
 };
 
 // Whether cuDNN takes this shape (both graphs when shape.backward): builds and caches them on the
-// first ask. False without the frontend, off the GPU, for fp32 or where cuDNN refuses. The thread
-// that will run the attention (its cuDNN handle); does not throw.
+// first ask. False with the switch above off, without the frontend, off the GPU, for fp32, where an
+// offset would overflow int32, where cuDNN refuses, and during a CUDA graph capture for a shape not
+// built before. Call it on the thread that will run the attention (its cuDNN handle); never throws.
 bool cudnn_packed_attention_supported(const PackedAttentionShape& shape);
 
 // Causal attention of q [N,H,dqk], k [N,Hkv,dqk], v [N,Hkv,dv] (layouts as above, bf16/fp16, on
@@ -63,8 +68,8 @@ at::Tensor cudnn_packed_attention(const at::Tensor& q, const at::Tensor& k, cons
 
 // The two halves of cudnn_packed_attention, writing into tensors the caller gives (tests check
 // that nothing outside the pieces' rows is read or written). cu_seqlens must already hold
-// packed_attention_pieces(n) + 1 entries. o [N,H,dv], dq/dk/dv like q/k/v but contiguous, stats
-// [pieces,H,S,1] fp32 (the softmax's log-sum-exp per row, the backward's input). Both throw
+// packed_attention_pieces(n) + 1 entries. o [N,H,dv], dq/dk/dv with q/k/v's sizes and strides, stats
+// [N,H] fp32 (the softmax's log-sum-exp per token and head, the backward's input). Both throw
 // c10::Error where the graph cannot be built or run.
 void cudnn_packed_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const at::Tensor& cu_seqlens, int64_t S, double scale, const at::Tensor& o,

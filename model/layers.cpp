@@ -313,11 +313,12 @@ torch::Tensor tokens_major(const torch::Tensor& t) {
 
 // The piece count and the span S a packed batch's cuDNN graphs take (model/cudnn_attention.h):
 // S a power of two covering the longest piece, at most the row length T, so that a run meets few
-// graph shapes.
+// graph shapes; 0 where a piece is longer than a row (cuDNN's pieces are row-bound; flash then).
 int64_t packed_pieces(const Positions& p) {
   return (p.cu_seqlens_device.defined() ? p.cu_seqlens_device : p.cu_seqlens).size(0) - 1;
 }
 int64_t packed_span(const Positions& p, int64_t T) {
+  if (p.max_seqlen > T) return 0;
   int64_t S = 64;
   while (S < p.max_seqlen) S *= 2;
   return std::min(S, T);
@@ -332,10 +333,10 @@ torch::Tensor packed_cu_int32(const Positions& p, const torch::Device& device) {
 // apply (switched off, no frontend, a shape cuDNN refuses): the caller then takes flash.
 torch::Tensor causal_attention_cudnn_packed(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                             double scale, const Positions& p) {
-  if (!packed_attention_cudnn_enabled() || !cudnn_frontend_built()) return {};
-  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), dv = v.size(3);
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), dv = v.size(3), S = packed_span(p, T);
+  if (!packed_attention_cudnn_enabled() || !cudnn_frontend_built() || S == 0) return {};
   auto o = cudnn_packed_attention(tokens_major(q), tokens_major(k), tokens_major(v), packed_cu_int32(p, q.device()),
-                                  packed_span(p, T), scale);
+                                  S, scale);
   return o.defined() ? o.view({B, T, H, dv}).transpose(1, 2) : o;
 }
 
@@ -414,10 +415,13 @@ bool dense_attention_takes_narrow_values(int64_t B, int64_t T, int64_t H, int64_
   return sdpa_picks_cudnn(qk, qk, v, scale);
 }
 
-bool packed_attention_takes_narrow_values(int64_t T, int64_t H, int64_t dqk, int64_t dv,
+bool packed_attention_takes_narrow_values(int64_t B, int64_t T, int64_t H, int64_t dqk, int64_t dv,
                                           const torch::TensorOptions& opt, double scale, const Positions& p) {
-  if (!g_narrow_values || dv >= dqk || !opt.device().is_cuda() || !packed_attention_cudnn_enabled()) return false;
+  if (!g_narrow_values || dv >= dqk || !opt.device().is_cuda() || !packed_attention_cudnn_enabled() ||
+      packed_span(p, T) == 0)
+    return false;
   PackedAttentionShape s;
+  s.tokens = B * T;
   s.pieces = packed_attention_pieces(packed_pieces(p));
   s.S = packed_span(p, T);
   s.H = s.Hkv = H;

@@ -138,7 +138,7 @@ bool dense_attention_takes_narrow_values(int64_t B, int64_t T, int64_t H, int64_
 // The same for packed rows (p.varlen(), q/k/v of MLA's contiguous [B,T,H,·] layout): where
 // cuDNN's packed kernel takes this shape (model/cudnn_attention.h), which runs V at its own width.
 // Elsewhere the flash varlen kernel needs V padded. May build (and cache) the cuDNN graphs.
-bool packed_attention_takes_narrow_values(int64_t T, int64_t H, int64_t dqk, int64_t dv,
+bool packed_attention_takes_narrow_values(int64_t B, int64_t T, int64_t H, int64_t dqk, int64_t dv,
                                           const torch::TensorOptions& opt, double scale, const Positions& p);
 // Process-wide switch (default on): off pads a narrower V for every backend, as before cuDNN took
 // it (`bench train --mla-values padded`, to compare).

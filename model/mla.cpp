@@ -89,7 +89,7 @@ MlaQkv MLAImpl::attention_inputs(const torch::Tensor& u, const Positions& p, boo
   auto kv = wkv_b(kv_norm(a[0])).view({B, T, nh_, dn_ + dva_});
   // Only cuDNN's kernels (dense or packed rows) take V unpadded: pad_v false is a request.
   const bool narrow =
-      !pad_v && (p.varlen() ? packed_attention_takes_narrow_values(T, nh_, dn_ + dr_, dva_, kv.options(), scale(), p)
+      !pad_v && (p.varlen() ? packed_attention_takes_narrow_values(B, T, nh_, dn_ + dr_, dva_, kv.options(), scale(), p)
                             : dense_attention_takes_narrow_values(B, T, nh_, dn_ + dr_, dva_, kv.options(), scale()));
   return mla_qkv(q_from_first(first[0], B, T), kv, a[1], dn_, p.pos, rope_, /*pad_v=*/!narrow);
 }

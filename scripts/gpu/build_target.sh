@@ -27,7 +27,7 @@ if [ -n "$whl" ]; then
     python3 -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
 z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith('include/')])" "$whl" $prefix/cudnn-frontend
   fi
-  frontend_args=(-DCUDNN_FRONTEND_INCLUDE_DIR=$prefix/cudnn-frontend/include)
+  frontend_args=(-DDD_CUDNN_FRONTEND_INCLUDE_DIR=$prefix/cudnn-frontend/include)
 fi
 torch_cmake=$(python3 -c "import torch; print(torch.utils.cmake_prefix_path)")
 nccl_root=$(python3 -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])" 2>/dev/null || true)
