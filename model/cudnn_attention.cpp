@@ -17,8 +17,10 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cudnn_frontend.h>
 
-#include <cstring>
 #include <map>
+#include <string>
+#include <unordered_map>
+#include <utility>
 #include <memory>
 #include <mutex>
 #include <tuple>
@@ -61,7 +63,8 @@ enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeqLen, kO
 using Key = std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                        int64_t, int64_t, int64_t, int, int, double, cudnnHandle_t>;
 Key key_of(const PackedAttentionShape& s, bool backward, cudnnHandle_t h) {
-  return {backward, s.tokens, s.pieces, s.S, s.H, s.Hkv, s.dqk, s.dv, s.q_token_stride, s.q_head_stride,
+  // Only the backward's workspace depends on N (max_total_seq_len).
+  return {backward, backward ? s.tokens : 0, s.pieces, s.S, s.H, s.Hkv, s.dqk, s.dv, s.q_token_stride, s.q_head_stride,
           s.k_token_stride, s.k_head_stride, s.v_token_stride, s.v_head_stride, static_cast<int>(s.dtype),
           static_cast<int>(s.device.index()), s.scale, h};
 }
@@ -94,7 +97,8 @@ std::vector<int64_t> distinct_token_strides(const PackedAttentionShape& s) {
 // Builds one graph: q, k, v (and o, dO) as [pieces, heads, S, D] over token-major rows, each with
 // the ragged offset of its token stride; the piece lengths as both padding masks; the softmax
 // statistics token-major too ([N,H] fp32), so that they and the backward's fp32 accumulators are
-// sized by the N tokens, not by pieces × S (which the empty pieces and short documents inflate).
+// sized by the N tokens (times the inputs' token strides; for GQA's K and V gradients times H/Hkv),
+// not by pieces × S (which the empty pieces and short documents inflate).
 Entry build_entry(const PackedAttentionShape& s, bool backward, cudnnHandle_t handle) {
   Entry e;
   e.token_strides = distinct_token_strides(s);
@@ -184,10 +188,16 @@ Entry build_entry(const PackedAttentionShape& s, bool backward, cudnnHandle_t ha
     same_as_input(dK, kDK, s.Hkv, s.dqk, s.k_token_stride, s.k_head_stride);
     same_as_input(dV, kDV, s.Hkv, s.dv, s.v_token_stride, s.v_head_stride);
   }
-  // Each step's error: GRAPH_NOT_SUPPORTED (and the like) is cuDNN's answer for this shape and is
-  // kept; exceptions (out of memory while building plans, say) may pass and are tried again.
+  // Each step's error: "not supported" and malformed-graph codes are cuDNN's answer for this shape
+  // (kept); the others (a CUDA or backend call failing, out of memory while building plans) and
+  // exceptions may pass, and entry() tries again a few times.
   auto failed = [&](fe::error_t err, const char* what) {
     if (err.is_good()) return false;
+    using C = fe::error_code_t;
+    const C code = err.get_code();
+    e.permanent = code == C::GRAPH_NOT_SUPPORTED || code == C::ATTRIBUTE_NOT_SET || code == C::INVALID_VALUE ||
+                  code == C::SHAPE_DEDUCTION_FAILED || code == C::INVALID_TENSOR_NAME ||
+                  code == C::UNSUPPORTED_GRAPH_FORMAT || code == C::HEURISTIC_QUERY_FAILED;
     e.refusal = std::string(what) + ": " + err.get_message();
     return true;
   };
@@ -221,12 +231,14 @@ cudnnHandle_t handle_on_current_stream() {
 }
 
 // The graph of this shape on this thread's handle: cached, or built now. Not built while the
-// stream is being captured into a CUDA graph (the trainer's eager warm-up steps build every graph
-// a captured step needs); such a refusal, and a build that failed for a passing reason, are not
-// cached, so a later call tries again.
+// stream is being captured into a CUDA graph (the trainer's eager warm-up steps, forward and
+// backward, build every graph a captured step needs); such a refusal is not cached, and a build
+// that failed for a passing reason is tried again up to kBuildAttempts times before it is.
+constexpr int kBuildAttempts = 3;
 EntryPtr entry(const PackedAttentionShape& s, bool backward) {
   static std::mutex* mu = new std::mutex;
   static auto* cache = new std::map<Key, EntryPtr>;
+  static auto* attempts = new std::map<Key, int>;
   const cudnnHandle_t h = handle_on_current_stream();
   const Key key = key_of(s, backward, h);
   std::lock_guard<std::mutex> lock(*mu);
@@ -246,7 +258,7 @@ EntryPtr entry(const PackedAttentionShape& s, bool backward) {
                  (long long)s.H, (long long)s.Hkv, (long long)s.dqk, (long long)s.dv,
                  built->permanent ? "" : "; tried again on the next call", built->refusal.c_str());
   }
-  if (built->graph || built->permanent) cache->emplace(key, built);
+  if (built->graph || built->permanent || ++(*attempts)[key] >= kBuildAttempts) cache->emplace(key, built);
   return built;
 }
 
@@ -275,16 +287,33 @@ PackedAttentionShape shape_of(const at::Tensor& q, const at::Tensor& k, const at
 }
 
 // What cuDNN's kernel needs of q, k and v beyond their shapes: unit-stride head rows, strides and
-// addresses aligned to 16 bytes (8 half-width elements).
+// addresses aligned to 16 bytes (8 half-width elements), and no two elements at one address (an
+// expanded K or V: its gradient, laid out as it, would take several heads' writes).
 bool aligned(const at::Tensor& t) {
-  return t.stride(2) == 1 && t.stride(1) % 8 == 0 && t.stride(0) % 8 == 0 &&
-         reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  if (t.stride(2) != 1 || t.stride(1) % 8 != 0 || t.stride(0) % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0)
+    return false;
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims that step
+  for (int64_t d = 0; d < 3; ++d)
+    if (t.size(d) > 1) dims.emplace_back(t.stride(d), t.size(d));
+  std::sort(dims.begin(), dims.end());
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const int64_t reach = i == 0 ? 1 : dims[i - 1].first * dims[i - 1].second;
+    if (dims[i].first < reach) return false;
+  }
+  return true;
 }
 
-// Whether every ragged offset (N × each token stride) fits int32.
+// Whether every element cuDNN addresses fits int32: each tensor's last element ((N−1)·token stride
+// + (heads−1)·head stride + D), and GQA's per-head K and V gradient accumulators, which reuse K's
+// and V's offsets times H/Hkv.
 bool offsets_fit_int32(const PackedAttentionShape& s) {
-  const auto strides = distinct_token_strides(s);
-  return s.tokens * *std::max_element(strides.begin(), strides.end()) < (int64_t{1} << 31);
+  const int64_t N = s.tokens, g = s.backward && s.Hkv > 0 ? s.H / s.Hkv : 1;
+  const int64_t reach[] = {(N - 1) * s.q_token_stride + (s.H - 1) * s.q_head_stride + s.dqk,
+                           g * ((N - 1) * s.k_token_stride + (s.Hkv - 1) * s.k_head_stride + s.dqk),
+                           g * ((N - 1) * s.v_token_stride + (s.Hkv - 1) * s.v_head_stride + s.dv), N * s.H * s.dv,
+                           N * s.H};
+  return *std::max_element(std::begin(reach), std::end(reach)) < (int64_t{1} << 31);
 }
 
 void check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu) {
@@ -383,7 +412,10 @@ class PackedAttentionFn : public torch::autograd::Function<PackedAttentionFn> {
 }  // namespace
 
 bool cudnn_packed_attention_supported(const PackedAttentionShape& s) {
-  if (!g_packed_cudnn || s.device.type() != c10::DeviceType::CUDA ||
+  // The cuDNN these graphs were checked against (9.19, PyTorch 2.11's): older ones laid out the
+  // ragged statistics and the backward's accumulators differently, so they keep the flash kernel.
+  static const bool cudnn_recent = cudnnGetVersion() >= 91900;
+  if (!cudnn_recent || !g_packed_cudnn || s.device.type() != c10::DeviceType::CUDA ||
       (s.dtype != at::kBFloat16 && s.dtype != at::kHalf) || s.tokens < 1 || !offsets_fit_int32(s))
     return false;
   try {

@@ -8,11 +8,12 @@
 //
 // Graphs are built once per shape (tokens, pieces, S, heads, widths, strides, dtype, scale, handle)
 // and cached; building one takes a fraction of a second, never during a CUDA graph capture (the
-// trainer's eager warm-up steps build them first). The piece count a graph takes is rounded up
+// trainer's eager warm-up steps, forward and backward, build them first). The piece count a graph takes is rounded up
 // (packed_attention_pieces) and the spare pieces get length 0, so a run meets a handful of shapes,
 // and a captured CUDA graph (whose cu_seqlens the trainer pads to a fixed length) meets one. The
-// softmax statistics and the backward's fp32 accumulators are token-major, sized by N, not by
-// pieces × S (which many short documents would make many times larger).
+// softmax statistics and the backward's fp32 accumulators are token-major, sized by N (times the
+// inputs' token strides), not by pieces × S (which many short documents would make far larger).
+// Needs cuDNN 9.19 or later (the version checked; older ones keep flash).
 //
 // Where the frontend's headers were not found at configure time, or cuDNN refuses a shape (fp32,
 // an odd head width, an older GPU), nothing runs here: the caller keeps the flash kernel
