@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
@@ -262,6 +263,52 @@ TEST(CudnnPackedAttention, CausalAttentionRoutesPackedRows) {
       << "an unaligned token stride must leave cuDNN out";
 }
 
+namespace {
+
+// A layer's output on u0 and the gradients of its input and of every weight for the output gradient
+// gy, over packed rows p: on cuDNN's kernel or flash's, under bf16 autocast or in fp32. `inside`
+// runs in the autocast scope before the forward (to look at the layer's attention inputs).
+std::vector<torch::Tensor> layer_output_and_grads(torch::nn::Module& m,
+                                                  const std::function<torch::Tensor(const torch::Tensor&)>& forward,
+                                                  const torch::Tensor& u0, const torch::Tensor& gy, bool cudnn,
+                                                  bool autocast,
+                                                  const std::function<void(const torch::Tensor&)>& inside = {}) {
+  model::packed_attention_cudnn(cudnn);
+  m.zero_grad();
+  auto u = u0.clone().requires_grad_(true);
+  torch::Tensor y;
+  {
+    std::optional<testing_support::CudaAutocast> ac;
+    if (autocast) ac.emplace(torch::kBFloat16);
+    if (inside) inside(u);
+    y = forward(u);
+  }
+  model::packed_attention_cudnn(true);
+  (y.to(torch::kFloat32) * gy).sum().backward();
+  std::vector<torch::Tensor> r{y.detach().to(torch::kFloat32), u.grad()};
+  for (auto& w : m.parameters()) r.push_back(w.grad().clone());
+  return r;
+}
+
+// The cuDNN run against the flash run (bound 2e-2) and the fp32 run (3e-2), tensor by tensor; prints
+// the worst of each under `what`.
+void expect_close_to_flash_and_fp32(const std::vector<torch::Tensor>& fast, const std::vector<torch::Tensor>& flash,
+                                    const std::vector<torch::Tensor>& exact, const std::string& what) {
+  ASSERT_EQ(fast.size(), flash.size());
+  ASSERT_EQ(fast.size(), exact.size());
+  double worst_flash = 0, worst_exact = 0;
+  for (size_t i = 0; i < fast.size(); ++i) {
+    const double ef = rel_norm_diff(fast[i], flash[i]), ee = rel_norm_diff(fast[i], exact[i]);
+    EXPECT_LT(ef, 2e-2) << what << ", tensor " << i << " (0: y, 1: du, then the weights' gradients)";
+    EXPECT_LT(ee, 3e-2) << what << ", tensor " << i;
+    worst_flash = std::max(worst_flash, ef);
+    worst_exact = std::max(worst_exact, ee);
+  }
+  std::printf("[measured] %s: cuDNN vs flash %.2e, vs fp32 %.2e\n", what.c_str(), worst_flash, worst_exact);
+}
+
+}  // namespace
+
 // MLA over packed rows: V unpadded into cuDNN's kernel against V padded into flash's, and against
 // fp32 (the masked reference): the layer's output and the gradients of its input and weights.
 TEST(CudnnPackedAttention, MlaPackedRowsMatchFlash) {
@@ -276,37 +323,18 @@ TEST(CudnnPackedAttention, MlaPackedRowsMatchFlash) {
   m->to(torch::kCUDA);
   const auto p = model::packed_positions(torch::tensor(kCuts, torch::kInt64), kB, kT, torch::kCUDA);
   auto u0 = torch::randn({kB, kT, c.d}, torch::kCUDA), gy = torch::randn({kB, kT, c.d}, torch::kCUDA);
+  auto forward = [&](const torch::Tensor& u) { return m->forward(u, p); };
   auto run = [&](bool cudnn, bool autocast) {
-    model::packed_attention_cudnn(cudnn);
-    m->zero_grad();
-    auto u = u0.clone().requires_grad_(true);
-    torch::Tensor y;
-    {
-      std::optional<testing_support::CudaAutocast> ac;
-      if (autocast) ac.emplace(torch::kBFloat16);
+    auto check_v = [&](const torch::Tensor& u) {
       const auto qkv = m->attention_inputs(u, p, /*pad_v=*/false);
       if (autocast && on_hopper() && model::cudnn_frontend_built()) {
         EXPECT_EQ(qkv.v.size(3), cudnn ? c.mla_v_dim : m->qk_dim()) << "V's width, cuDNN " << cudnn;
       }
-      y = m->forward(u, p);
-    }
-    (y.to(torch::kFloat32) * gy).sum().backward();
-    std::vector<torch::Tensor> r{y.detach().to(torch::kFloat32), u.grad()};
-    for (auto& w : m->parameters()) r.push_back(w.grad().clone());
-    return r;
+    };
+    return layer_output_and_grads(*m, forward, u0, gy, cudnn, autocast, check_v);
   };
   const auto fast = run(true, true), flash = run(false, true), exact = run(true, false);
-  model::packed_attention_cudnn(true);
-  double worst_flash = 0, worst_exact = 0;
-  for (size_t i = 0; i < fast.size(); ++i) {
-    const double ef = rel_norm_diff(fast[i], flash[i]), ee = rel_norm_diff(fast[i], exact[i]);
-    EXPECT_LT(ef, 2e-2) << "tensor " << i << " (0: y, 1: du, then the weights' gradients)";
-    EXPECT_LT(ee, 3e-2) << "tensor " << i;
-    worst_flash = std::max(worst_flash, ef);
-    worst_exact = std::max(worst_exact, ee);
-  }
-  std::printf("[measured] MLA packed rows bf16, cuDNN (V unpadded) vs flash (V padded) %.2e, vs fp32 %.2e\n",
-              worst_flash, worst_exact);
+  expect_close_to_flash_and_fp32(fast, flash, exact, "MLA packed rows bf16, V unpadded on cuDNN, padded on flash");
 }
 
 // A GPT attention layer over packed rows under bf16 autocast, cuDNN against flash and against fp32
@@ -326,32 +354,11 @@ TEST(CudnnPackedAttention, GptPackedRowsMatchFlash) {
     m->to(torch::kCUDA);
     const auto p = model::packed_positions(torch::tensor(kCuts, torch::kInt64), kB, kT, torch::kCUDA);
     auto u0 = torch::randn({kB, kT, c.d}, torch::kCUDA), gy = torch::randn({kB, kT, c.d}, torch::kCUDA);
-    auto run = [&](bool cudnn, bool autocast) {
-      model::packed_attention_cudnn(cudnn);
-      m->zero_grad();
-      auto u = u0.clone().requires_grad_(true);
-      torch::Tensor y;
-      {
-        std::optional<testing_support::CudaAutocast> ac;
-        if (autocast) ac.emplace(torch::kBFloat16);
-        y = m->forward(u, p);
-      }
-      (y.to(torch::kFloat32) * gy).sum().backward();
-      std::vector<torch::Tensor> r{y.detach().to(torch::kFloat32), u.grad()};
-      for (auto& w : m->parameters()) r.push_back(w.grad().clone());
-      return r;
-    };
+    auto forward = [&](const torch::Tensor& u) { return m->forward(u, p); };
+    auto run = [&](bool cudnn, bool autocast) { return layer_output_and_grads(*m, forward, u0, gy, cudnn, autocast); };
     const auto fast = run(true, true), flash = run(false, true), exact = run(true, false);
-    model::packed_attention_cudnn(true);
-    double worst_flash = 0, worst_exact = 0;
-    for (size_t i = 0; i < fast.size(); ++i) {
-      const double ef = rel_norm_diff(fast[i], flash[i]), ee = rel_norm_diff(fast[i], exact[i]);
-      EXPECT_LT(ef, 2e-2) << "qk_norm " << qk_norm << ", tensor " << i << " (0: y, 1: du, then the weights')";
-      EXPECT_LT(ee, 3e-2) << "qk_norm " << qk_norm << ", tensor " << i;
-      worst_flash = std::max(worst_flash, ef);
-      worst_exact = std::max(worst_exact, ee);
-    }
-    std::printf("[measured] GPT attention packed rows bf16 (QK-norm %s, GQA 6/2), cuDNN vs flash %.2e, vs fp32 %.2e\n",
-                qk_norm ? "on" : "off", worst_flash, worst_exact);
+    expect_close_to_flash_and_fp32(fast, flash, exact,
+                                   std::string("GPT attention packed rows bf16 (QK-norm ") + (qk_norm ? "on" : "off") +
+                                       ", GQA 6/2)");
   }
 }
