@@ -283,27 +283,9 @@ bool flash_varlen_usable(const torch::Tensor& q) {
   return q.is_cuda() && (dt == torch::kBFloat16 || dt == torch::kHalf) && D % 8 == 0 && D <= 256;
 }
 
-torch::Tensor causal_attention_flash_varlen(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& vp,
-                                            double scale, const Positions& p) {
-  // [B,H,T,D] -> [B*T,H,D]: a view for B = 1 when the head dim is unit-stride, else one copy.
-  const int64_t B = q.size(0), T = q.size(2);
-  auto packed = [&](const torch::Tensor& t) {
-    if (B == 1) {
-      auto r = t.select(0, 0).transpose(0, 1);
-      return r.stride(-1) == 1 ? r : r.contiguous();
-    }
-    return t.transpose(1, 2).reshape({B * T, t.size(1), t.size(3)});
-  };
-  auto cu = p.cu_seqlens_device.defined()
-                ? p.cu_seqlens_device
-                : p.cu_seqlens.to(torch::TensorOptions().dtype(torch::kInt32).device(q.device()));
-  auto out = at::_flash_attention_forward(packed(q), packed(k), packed(vp), cu, cu, p.max_seqlen, p.max_seqlen,
-                                          /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false, scale);
-  return std::get<0>(out).view({B, T, q.size(1), vp.size(3)}).transpose(1, 2);  // [B,H,T,D]
-}
-
-// [B,H,T,D] -> [B*T,H,D]: a view when the memory is token-major ([B,T,H,D] with unit-stride
-// rows, any token and head strides), else one copy.
+// [B,H,T,D] -> [B*T,H,D], the packed kernels' (flash's and cuDNN's) layout: a view when the
+// memory is token-major ([B,T,H,D] with unit-stride rows, any token and head strides; for B = 1
+// any layout with unit-stride rows), else one copy.
 torch::Tensor tokens_major(const torch::Tensor& t) {
   const int64_t B = t.size(0), T = t.size(2);
   auto r = t.transpose(1, 2);  // [B,T,H,D]
@@ -327,6 +309,16 @@ int64_t packed_span(const Positions& p, int64_t T) {
 torch::Tensor packed_cu_int32(const Positions& p, const torch::Device& device) {
   return p.cu_seqlens_device.defined() ? p.cu_seqlens_device
                                        : p.cu_seqlens.to(torch::TensorOptions().dtype(torch::kInt32).device(device));
+}
+
+torch::Tensor causal_attention_flash_varlen(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& vp,
+                                            double scale, const Positions& p) {
+  const int64_t B = q.size(0), T = q.size(2);
+  const auto cu = packed_cu_int32(p, q.device());
+  auto out = at::_flash_attention_forward(tokens_major(q), tokens_major(k), tokens_major(vp), cu, cu, p.max_seqlen,
+                                          p.max_seqlen, /*dropout_p=*/0.0, /*is_causal=*/true,
+                                          /*return_debug_mask=*/false, scale);
+  return std::get<0>(out).view({B, T, q.size(1), vp.size(3)}).transpose(1, 2);  // [B,H,T,D]
 }
 
 // Packed rows on cuDNN's kernel (V at its own width): [B,H,T,dv], or undefined where it does not
@@ -417,13 +409,13 @@ bool dense_attention_takes_narrow_values(int64_t B, int64_t T, int64_t H, int64_
 
 bool packed_attention_takes_narrow_values(int64_t B, int64_t T, int64_t H, int64_t dqk, int64_t dv,
                                           const torch::TensorOptions& opt, double scale, const Positions& p) {
-  if (!g_narrow_values || dv >= dqk || !opt.device().is_cuda() || !packed_attention_cudnn_enabled() ||
-      packed_span(p, T) == 0)
+  const int64_t span = packed_span(p, T);
+  if (!g_narrow_values || dv >= dqk || !opt.device().is_cuda() || !packed_attention_cudnn_enabled() || span == 0)
     return false;
   PackedAttentionShape s;
   s.tokens = B * T;
   s.pieces = packed_attention_pieces(packed_pieces(p));
-  s.S = packed_span(p, T);
+  s.S = span;
   s.H = s.Hkv = H;
   s.dqk = dqk;
   s.dv = dv;
