@@ -168,6 +168,68 @@ __global__ void rope_rmsnorm_backward_kernel(T* dx, const T* dy, const T* y, con
   }
 }
 
+// rope_rmsnorm_backward_kernel's work for the q and k heads of a fused projection, written into
+// the q|k|v gradient's row, with the v heads' gradient copied beside them (rope_rmsnorm_qkv_backward).
+// The token's heads in the row's order, G threads each: q's nh, k's nkv, v's nkv; a head's G
+// threads are G consecutive items, so the group's dot product reduces within a warp as there.
+template <typename T, int V, int G>
+__global__ void rope_rmsnorm_qkv_backward_kernel(RopeNormQkvGrads g, const int64_t* pos, const double* cos_t,
+                                                 const double* sin_t) {
+  const int64_t token = blockIdx.x;
+  const int64_t b = token / g.T, t = token % g.T;
+  const int64_t half = g.D / 2;
+  const int64_t p = pos[b * g.pos_sb + t * g.pos_st];
+  const int64_t heads = g.nh + 2 * g.nkv, work = heads * G, span = (work + blockDim.x - 1) / blockDim.x * blockDim.x;
+  T* row = static_cast<T*>(g.dqkv) + token * heads * g.D;
+  for (int64_t i = threadIdx.x; i < span; i += blockDim.x) {
+    const bool active = i < work;
+    const int64_t hd = i / G, j = (i % G) * V;  // hd: the head's place in the row
+    const bool is_q = hd < g.nh, is_v = hd >= g.nh + g.nkv;
+    const int64_t H = is_q ? g.nh : g.nkv, h = is_q ? hd : (is_v ? hd - g.nh - g.nkv : hd - g.nh);
+    const T* dy = static_cast<const T*>(is_q ? g.dq : g.dk);
+    const T* y = static_cast<const T*>(is_q ? g.yq : g.yk);
+    const int64_t base = (token * H + h) * g.D;
+    Vec<T, V> d1, d2, y1, y2;
+    float dot = 0.f;
+    if (active && !is_v && dy != nullptr) {
+      d1.load(dy + base + j);
+      d2.load(dy + base + j + half);
+      y1.load(y + base + j);
+      y2.load(y + base + j + half);
+#pragma unroll
+      for (int k = 0; k < V; ++k) dot += d1.get(k) * y1.get(k) + d2.get(k) * y2.get(k);
+    }
+#pragma unroll
+    for (int off = G / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    if (!active) continue;
+    T* out = row + hd * g.D;
+    Vec<T, V> g1, g2;
+    if (is_v && g.dv != nullptr) {
+      const T* src = static_cast<const T*>(g.dv) + b * g.dv_sb + t * g.dv_st + h * g.dv_sh;
+      g1.load(src + j);
+      g2.load(src + j + half);
+    } else if (is_v || dy == nullptr) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        g1.set(k, 0.f);
+        g2.set(k, 0.f);
+      }
+    } else {
+      const float r = (is_q ? g.rstd_q : g.rstd_k)[token * H + h], m = dot / static_cast<float>(g.D);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float z1 = r * (d1.get(k) - y1.get(k) * m), z2 = r * (d2.get(k) - y2.get(k) * m);
+        const float c = static_cast<float>(cos_t[p * half + j + k]), sn = static_cast<float>(sin_t[p * half + j + k]);
+        // The inverse rotation (by −θ), as rope_rmsnorm_backward_kernel.
+        g1.set(k, z1 * c + z2 * sn);
+        g2.set(k, z2 * c - z1 * sn);
+      }
+    }
+    g1.store(out + j);
+    g2.store(out + j + half);
+  }
+}
+
 // Threads per head for a head of D: (D/2)/V when that is a power of two ≤ 32, else 0.
 template <typename T, int V>
 int threads_per_head(int64_t D) {
@@ -236,6 +298,29 @@ int rope_rmsnorm_backward(void* dx, const void* dy, const void* y, const float* 
     constexpr int V = decltype(vec)::value, G = decltype(grp)::value;
     rope_rmsnorm_backward_kernel<T, V, G><<<static_cast<unsigned>(s.B * s.T), block_for(s.H * G), 0, st>>>(
         static_cast<T*>(dx), static_cast<const T*>(dy), static_cast<const T*>(y), rstd, pos, cos, sin, s);
+  });
+  if (!ok) return static_cast<int>(cudaErrorInvalidValue);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int rope_rmsnorm_qkv_backward(const RopeNormQkvGrads& g, DType dt, const int64_t* pos, const double* cos,
+                              const double* sin, void* stream) {
+  if (g.B * g.T == 0) return 0;
+  const int64_t elem = dt == DType::F32 ? 4 : 2, v = 8 / elem;
+  const bool dv_ok = g.dv == nullptr || (aligned_to(8, g.dv) && g.dv_sb % v == 0 && g.dv_st % v == 0 && g.dv_sh % v == 0);
+  if (g.dqkv == nullptr || g.nh < 1 || g.nkv < 1 || !aligned_to(8, g.dqkv, g.dq, g.dk) || !aligned_to(8, g.yq, g.yk) || !dv_ok ||
+      (g.dq != nullptr && (g.yq == nullptr || g.rstd_q == nullptr)) ||
+      (g.dk != nullptr && (g.yk == nullptr || g.rstd_k == nullptr))) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  RopeShape s{};
+  s.D = g.D;
+  auto st = static_cast<cudaStream_t>(stream);
+  const bool ok = dispatch_rope_norm(dt, s, [&](auto tag, auto vec, auto grp) {
+    using T = decltype(tag);
+    constexpr int V = decltype(vec)::value, G = decltype(grp)::value;
+    rope_rmsnorm_qkv_backward_kernel<T, V, G>
+        <<<static_cast<unsigned>(g.B * g.T), block_for((g.nh + 2 * g.nkv) * G), 0, st>>>(g, pos, cos, sin);
   });
   if (!ok) return static_cast<int>(cudaErrorInvalidValue);
   return static_cast<int>(cudaGetLastError());

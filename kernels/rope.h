@@ -61,6 +61,24 @@ int rope_rmsnorm_forward(void* y, float* rstd, const void* x, DType dt, const in
 // dz = r · (dy − y · mean(dy · y)), dx = rope⁻¹(dz). dy, y contiguous [B,T,H,D]; dx contiguous.
 int rope_rmsnorm_backward(void* dx, const void* dy, const void* y, const float* rstd, DType dt, const int64_t* pos,
                           const double* cos, const double* sin, const RopeShape& s, void* stream);
+
+// The backward of RoPE + QK-norm on q and k out of a fused q|k|v projection, and v's gradient
+// passed through, in one launch (one block per token): each token's row of dqkv [B·T, (nh + 2 nkv)
+// · D] gets rope⁻¹ of the norm's backward of dq (then dk) in its q (k) columns, as
+// rope_rmsnorm_backward computes them, and dv copied into its v columns; a null gradient writes
+// zeros. dq, dk, yq, yk contiguous [B,T,H,D]; dv [B,T,nkv,D] with unit-stride heads (strides
+// multiples of 8 bytes' elements, 8-byte aligned). Head dims as rope_rmsnorm_supported takes them.
+struct RopeNormQkvGrads {
+  void* dqkv = nullptr;
+  const void *dq = nullptr, *dk = nullptr, *yq = nullptr, *yk = nullptr;
+  const float *rstd_q = nullptr, *rstd_k = nullptr;  // [B·T·nh], [B·T·nkv]
+  const void* dv = nullptr;
+  int64_t dv_sb = 0, dv_st = 0, dv_sh = 0;
+  int64_t B = 0, T = 0, nh = 0, nkv = 0, D = 0;
+  int64_t pos_sb = 0, pos_st = 0;
+};
+int rope_rmsnorm_qkv_backward(const RopeNormQkvGrads& g, DType dt, const int64_t* pos, const double* cos,
+                              const double* sin, void* stream);
 #endif
 
 }  // namespace kernels

@@ -254,6 +254,92 @@ class FusedRopeNormFn : public torch::autograd::Function<FusedRopeNormFn> {
   }
 };
 
+// q and k with RoPE and QK-norm, and v, out of the fused projection's rows qkv [B, T, (nh + 2 nkv)
+// · dh]; see rope_norm_qkv.
+class FusedRopeNormQkvFn : public torch::autograd::Function<FusedRopeNormQkvFn> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& qkv, const torch::Tensor& pos,
+                               const torch::Tensor& cos, const torch::Tensor& sin, int64_t nh, int64_t nkv,
+                               int64_t dh, double eps) {
+    const int64_t B = qkv.size(0), T = qkv.size(1);
+    ctx->set_materialize_grads(false);  // an unused output's gradient stays undefined: its columns are zeroed
+    auto part = [&](int64_t col, int64_t heads) { return qkv.narrow(2, col * dh, heads * dh).view({B, T, heads, dh}); };
+    kernels::DType dt{};
+    kernel_dtype(qkv.scalar_type(), dt);
+    auto norm = [&](const torch::Tensor& x, const char* what) {
+      auto y = torch::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+      auto rstd = torch::empty({x.size(0) * x.size(1) * x.size(2)}, x.options().dtype(torch::kFloat32));
+      check_kernel_launch(kernels::rope_rmsnorm_forward(y.data_ptr(), rstd.data_ptr<float>(), x.data_ptr(), dt,
+                                                        pos.data_ptr<int64_t>(), cos.data_ptr<double>(),
+                                                        sin.data_ptr<double>(), shape_of(x, pos),
+                                                        static_cast<float>(eps),
+                                                        c10::cuda::getCurrentCUDAStream(x.device().index()).stream()),
+                          what);
+      return std::make_pair(y, rstd);
+    };
+    auto [q, q_rstd] = norm(part(0, nh), "RoPE + QK-norm forward (q)");
+    auto [k, k_rstd] = norm(part(nh, nkv), "RoPE + QK-norm forward (k)");
+    ctx->save_for_backward({q, q_rstd, k, k_rstd, pos, cos, sin});
+    ctx->saved_data["nh"] = nh;
+    ctx->saved_data["nkv"] = nkv;
+    ctx->saved_data["dh"] = dh;
+    return {q, k, part(nh + nkv, nkv)};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const int64_t nh = ctx->saved_data["nh"].toInt(), nkv = ctx->saved_data["nkv"].toInt();
+    const int64_t dh = ctx->saved_data["dh"].toInt();
+    const auto& pos = saved[4];
+    const torch::Tensor* any = nullptr;
+    for (const auto& g : grads) any = (any == nullptr && g.defined()) ? &g : any;
+    variable_list out(8);
+    if (any == nullptr) return out;
+    const int64_t B = any->size(0), T = any->size(1);
+    auto dqkv = torch::empty({B, T, (nh + 2 * nkv) * dh}, any->options().memory_format(at::MemoryFormat::Contiguous));
+    kernels::DType dt{};
+    kernel_dtype(dqkv.scalar_type(), dt);
+    // One launch: dq and dk through the norm's and the rotation's backward straight into their
+    // columns, dv copied into its own (no tensors of their own to concatenate); a missing gradient
+    // is zeros. dv is read where it is (cuDNN's is a view at the projection's row width) when its
+    // strides suit the kernel's 8-byte loads.
+    const auto dq = grads[0].defined() ? grads[0].contiguous() : torch::Tensor();
+    const auto dk = grads[1].defined() ? grads[1].contiguous() : torch::Tensor();
+    auto dv = grads[2].defined() ? unit_last(grads[2]) : torch::Tensor();
+    const int64_t v = 8 / dqkv.element_size();
+    if (dv.defined() && (dv.stride(0) % v != 0 || dv.stride(1) % v != 0 || dv.stride(2) % v != 0 ||
+                         reinterpret_cast<uintptr_t>(dv.data_ptr()) % 8 != 0)) {
+      dv = dv.contiguous();
+    }
+    kernels::RopeNormQkvGrads g;
+    g.dqkv = dqkv.data_ptr();
+    g.dq = dq.defined() ? dq.data_ptr() : nullptr;
+    g.dk = dk.defined() ? dk.data_ptr() : nullptr;
+    g.yq = saved[0].data_ptr();
+    g.yk = saved[2].data_ptr();
+    g.rstd_q = saved[1].data_ptr<float>();
+    g.rstd_k = saved[3].data_ptr<float>();
+    if (dv.defined()) {
+      g.dv = dv.data_ptr();
+      g.dv_sb = dv.stride(0);
+      g.dv_st = dv.stride(1);
+      g.dv_sh = dv.stride(2);
+    }
+    g.B = B;
+    g.T = T;
+    g.nh = nh;
+    g.nkv = nkv;
+    g.D = dh;
+    g.pos_sb = pos.stride(0);
+    g.pos_st = pos.stride(1);
+    check_kernel_launch(kernels::rope_rmsnorm_qkv_backward(g, dt, pos.data_ptr<int64_t>(), saved[5].data_ptr<double>(),
+                                                           saved[6].data_ptr<double>(),
+                                                           c10::cuda::getCurrentCUDAStream(dqkv.device().index()).stream()),
+                        "RoPE + QK-norm q|k|v backward");
+    out[0] = dqkv;
+    return out;
+  }
+};
+
 }  // namespace
 #endif
 
@@ -282,6 +368,27 @@ RopedQkv rope_qkv(const torch::Tensor& qkv, int64_t nh, int64_t nkv, int64_t dh,
   }
 #endif
   return {rope(q, pos, tables), rope(k, pos, tables), v};
+}
+
+RopedQkv rope_norm_qkv(const torch::Tensor& qkv, int64_t nh, int64_t nkv, int64_t dh, const torch::Tensor& pos,
+                       const RopeTables& tables, double eps) {
+  TORCH_CHECK(qkv.dim() == 3 && qkv.size(2) == (nh + 2 * nkv) * dh, "rope_norm_qkv: expected qkv [B, T, ",
+              (nh + 2 * nkv) * dh, "], got ", qkv.sizes());
+  const int64_t B = qkv.size(0), T = qkv.size(1);
+  auto parts = qkv.split_with_sizes({nh * dh, nkv * dh, nkv * dh}, -1);
+  auto q = parts[0].view({B, T, nh, dh}), k = parts[1].view({B, T, nkv, dh}), v = parts[2].view({B, T, nkv, dh});
+#if defined(DD_HAVE_CUDA)
+  kernels::DType dt{};
+  const int64_t row_bytes = qkv.size(2) * qkv.element_size();
+  if (g_rope_qkv_fused && qkv.is_contiguous() && row_bytes % 8 == 0 && fused_rope_applies(q, pos, tables) &&
+      fused_rope_applies(k, pos, tables) && kernel_dtype(qkv.scalar_type(), dt) &&
+      kernels::rope_rmsnorm_supported(dt, shape_of(q, pos), q.data_ptr()) &&
+      kernels::rope_rmsnorm_supported(dt, shape_of(k, pos), k.data_ptr())) {
+    auto out = FusedRopeNormQkvFn::apply(qkv, pos, tables.cos, tables.sin, nh, nkv, dh, eps);
+    return {out[0], out[1], out[2]};
+  }
+#endif
+  return {rope_qk_norm(q, pos, tables, eps), rope_qk_norm(k, pos, tables, eps), v};
 }
 
 MlaQkv mla_qkv(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& k_r, int64_t dn,

@@ -31,9 +31,18 @@ struct RopedQkv {
 RopedQkv rope_qkv(const torch::Tensor& qkv, int64_t nh, int64_t nkv, int64_t dh, const torch::Tensor& pos,
                   const RopeTables& tables);
 
-// Whether rope_qkv takes its one-node kernel path where it applies (the default), or rotates q and
-// k each as `rope` and lets split's backward concatenate the gradients: a process-wide switch for
-// `bench train --rope-qkv split`.
+// rope_qkv with QK-norm: q and k as rope_qk_norm, v a view of qkv. Through one autograd node when
+// qkv is contiguous and the kernels take q and k (fused_rope_applies, the head dim the norm kernel
+// takes): its backward writes, in one launch, dq and dk through the norm's and RoPE's backward
+// straight into the q and k columns of one gradient of qkv's shape and dv into its own, where
+// split's backward would concatenate three gradients. Else split, rope_qk_norm on q and k and a view
+// of v. The same kernels' arithmetic either way, so the same bits.
+RopedQkv rope_norm_qkv(const torch::Tensor& qkv, int64_t nh, int64_t nkv, int64_t dh, const torch::Tensor& pos,
+                       const RopeTables& tables, double eps = 1e-6);
+
+// Whether rope_qkv and rope_norm_qkv take their one-node kernel paths where they apply (the
+// default), or rotate (and normalise) q and k each and let split's backward concatenate the
+// gradients: a process-wide switch for `bench train --rope-qkv split`.
 void rope_qkv_fused(bool on);
 
 // MLA's per-head attention inputs from its projections (model/mla.h), V zero-padded to the q/k

@@ -160,15 +160,17 @@ AttentionImpl::AttentionImpl(const ModelConfig& c)
 torch::Tensor AttentionImpl::forward(const torch::Tensor& u, const Positions& p) {
   const int64_t B = u.size(0), T = u.size(1);
   torch::Tensor q, k, v;
-  if (!qk_norm_ && !Fp8Scope::active()) {
-    // One matmul, RoPE on q and k; the three gradients land in one tensor (model/fused_rope.h).
-    auto r = rope_qkv(linear_cat(u, {wq, wk, wv}), nh_, nkv_, dh_, p.pos, rope_);
+  if (!Fp8Scope::active()) {
+    // One matmul, RoPE (and QK-norm) on q and k; the three gradients land in one tensor
+    // (model/fused_rope.h).
+    const auto qkv = linear_cat(u, {wq, wk, wv});
+    auto r = qk_norm_ ? rope_norm_qkv(qkv, nh_, nkv_, dh_, p.pos, rope_) : rope_qkv(qkv, nh_, nkv_, dh_, p.pos, rope_);
     q = r.q;
     k = r.k;
     v = r.v;
   } else {
-    // q, k and v from one matmul; split (not narrow) so backward concatenates their gradients once
-    // (or, in fp8, quantises them as one where they are).
+    // fp8: q, k and v from one matmul; split (not narrow) so backward quantises their gradients as
+    // one where they are.
     auto qkv = linear_cat_split(u, {wq, wk, wv});
     // RoPE, then QK-norm when on: one kernel each for q and k on a GPU.
     auto rotate = [&](const torch::Tensor& x) { return qk_norm_ ? rope_qk_norm(x, p.pos, rope_) : rope(x, p.pos, rope_); };

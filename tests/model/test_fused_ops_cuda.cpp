@@ -857,6 +857,85 @@ TEST(FusedOpsCuda, RopeQkNormMatchesReference) {
   }
 }
 
+// rope_norm_qkv (RoPE + QK-norm on q and k out of a fused q|k|v projection, one autograd node
+// writing the three gradients into one tensor) against what the GPT layer ran before it: split,
+// rope_qk_norm on q and k (the same kernels, each writing its own gradient) and a view of v, whose
+// gradients split's backward concatenates. The same kernels on the same values: outputs and the
+// q|k|v gradient equal to the bit. And against the plain reference rms_norm_plain(apply_rope(·))
+// (bf16: 1e-2, as RopeQkNormMatchesReference). Upstream gradients in attention's transposed layout;
+// once with v unused and once with q unused (their gradient columns exactly zero); GPT base's heads,
+// grouped-query heads, a head dim of 128, and one of 34 that the kernel leaves to the reference.
+TEST(FusedOpsCuda, RopeNormQkvMatchesSplitRopeQkNorm) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(83);
+  struct Shape {
+    int64_t B, T, nh, nkv, dh;
+  };
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (const Shape sh : {Shape{2, 37, 12, 12, 64}, Shape{1, 300, 6, 2, 64}, Shape{2, 40, 4, 1, 128},
+                           Shape{2, 20, 2, 2, 34}}) {
+      for (const int unused : {-1, 0, 2}) {  // which output's gradient stays undefined (−1: none)
+        const std::string what = std::string(name_of(dtype)) + " B=" + std::to_string(sh.B) + " T=" +
+                                 std::to_string(sh.T) + " nh=" + std::to_string(sh.nh) + " nkv=" +
+                                 std::to_string(sh.nkv) + " dh=" + std::to_string(sh.dh) +
+                                 (unused == 0 ? " q unused" : unused == 2 ? " v unused" : "");
+        auto tables = model::make_rope_tables(sh.dh, 1024, 10000.0);
+        tables.cos = tables.cos.cuda();
+        tables.sin = tables.sin.cuda();
+        const auto p = model::dense_positions(sh.B, sh.T, torch::kCUDA);
+        const int64_t W = (sh.nh + 2 * sh.nkv) * sh.dh;
+        auto qkv0 = (torch::randn({sh.B, sh.T, W}, torch::kCUDA) * 3).to(dtype);
+        const torch::Tensor g[3] = {torch::randn({sh.B, sh.nh, sh.T, sh.dh}, torch::kCUDA).to(dtype),
+                                    torch::randn({sh.B, sh.nkv, sh.T, sh.dh}, torch::kCUDA).to(dtype),
+                                    torch::randn({sh.B, sh.nkv, sh.T, sh.dh}, torch::kCUDA).to(dtype)};
+        // 0: rope_norm_qkv; 1: split + rope_qk_norm (the layer's former path); 2: the plain reference.
+        auto run = [&](int how) {
+          auto qkv = qkv0.detach().clone().requires_grad_(true);
+          model::RopedQkv r;
+          if (how == 0) {
+            r = model::rope_norm_qkv(qkv, sh.nh, sh.nkv, sh.dh, p.pos, tables);
+          } else {
+            auto parts = qkv.split_with_sizes({sh.nh * sh.dh, sh.nkv * sh.dh, sh.nkv * sh.dh}, -1);
+            auto norm = [&](const torch::Tensor& x) {
+              return how == 1 ? model::rope_qk_norm(x, p.pos, tables)
+                              : model::rms_norm_plain(model::apply_rope(x, p.pos, tables));
+            };
+            r.q = norm(parts[0].view({sh.B, sh.T, sh.nh, sh.dh}));
+            r.k = norm(parts[1].view({sh.B, sh.T, sh.nkv, sh.dh}));
+            r.v = parts[2].view({sh.B, sh.T, sh.nkv, sh.dh});
+          }
+          const torch::Tensor outs[3] = {r.q, r.k, r.v};
+          auto f32 = [](const torch::Tensor& x) { return x.to(torch::kFloat32); };
+          torch::Tensor loss;
+          for (int i = 0; i < 3; ++i) {
+            if (i == unused) continue;
+            auto term = (f32(outs[i].transpose(1, 2)) * f32(g[i])).sum();
+            loss = loss.defined() ? loss + term : term;
+          }
+          loss.backward();
+          return std::vector<torch::Tensor>{r.q.detach(), r.k.detach(), r.v.detach(), qkv.grad()};
+        };
+        const auto fused = run(0), split = run(1), plain = run(2);
+        const double tol = dtype == torch::kFloat32 ? 1e-5 : 1e-2;
+        const char* names[] = {"q", "k", "v", "dqkv"};
+        for (int i = 0; i < 4; ++i) {
+          EXPECT_EQ(fused[i].sizes(), split[i].sizes()) << what << " " << names[i];
+          EXPECT_EQ(fused[i].scalar_type(), dtype) << what << " " << names[i];
+          EXPECT_TRUE(torch::equal(fused[i], split[i])) << what << " " << names[i] << ": not the split path's bits";
+          EXPECT_LT(rel_norm_diff(fused[i], plain[i]), tol) << what << " " << names[i];
+        }
+        if (unused >= 0) {
+          const int64_t col = unused == 0 ? 0 : (sh.nh + sh.nkv) * sh.dh, width = (unused == 0 ? sh.nh : sh.nkv) * sh.dh;
+          EXPECT_EQ(fused[3].narrow(2, col, width).abs().max().item<float>(), 0.f) << what;
+        }
+        if (unused < 0 && sh.T == 300)
+          std::printf("[measured] RoPE + QK-norm q|k|v %s: dqkv %.3g from the plain reference\n", what.c_str(),
+                      rel_norm_diff(fused[3], plain[3]));
+      }
+    }
+  }
+}
+
 // The Gated DeltaNet short conv + SiLU kernel against the ATen shifted-sum reference: output, input
 // gradient and weight gradient, on a column slice of a wider tensor (as the layer feeds it), for
 // dense rows and for one packed row whose taps must stop at document starts, W = 4 and 3, odd
