@@ -96,13 +96,18 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
 }
 
 template <int kWarps, bool kBf16Y, bool kForward>
-__global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) gdr_scan_fused_bf16_kernel(GdrScanArgs a) {
+__global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
+    gdr_scan_fused_bf16_kernel(GdrScanArgs a, TileWalk walk_dk, TileWalk walk_c) {
   static_assert(!kForward || kBf16Y, "the forward form writes y in bf16");
   constexpr int kThreads = 32 * kWarps, kCols = 4 * kWarps, kPairs = kCols / 16;
   constexpr int kPs = pitch16(kCols), kPdo = pitch_do(kCols);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int dk = static_cast<int>(a.dk), C = static_cast<int>(a.C);
+  // Offsets within one chunk row's tiles fit 32 bits (C, dk and dv are head sizes): the loop's
+  // address arithmetic is 32-bit from 64-bit row bases worked out once a step. 64-bit throughout,
+  // with a division per staged piece, it took most of the loop's instructions (docs/perf.md, stop 52).
   const int64_t dv = a.dv;
+  const int ldv = static_cast<int>(dv);
   const int pk = pitch16(dk), pc = pitch16(C);
   const Layout L = kForward ? forward_layout_of(C, dk, kCols) : layout_of(C, dk, kCols);
   uint16_t* S_s = reinterpret_cast<uint16_t*>(smem_raw + L.S);
@@ -121,10 +126,10 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) gdr_scan_fus
   const bool has_state_tile = s_m0 < dk;
   const int y_m0 = 16 * (warp / kPairs), y_n0 = 16 * (warp % kPairs);
   const bool has_y_unit = y_m0 < C;
-  const int64_t doc_head = blockIdx.x;
-  const int64_t doc = doc_head / a.H, head = doc_head % a.H;
-  const int64_t j0 = static_cast<int64_t>(blockIdx.y) * kCols;
-  const int64_t cols = dv - j0 < kCols ? dv - j0 : kCols;  // valid columns (a multiple of 4)
+  const int doc_head = static_cast<int>(blockIdx.x);
+  const int doc = doc_head / static_cast<int>(a.H), head = doc_head % static_cast<int>(a.H);
+  const int j0 = static_cast<int>(blockIdx.y) * kCols;
+  const int cols = ldv - j0 < kCols ? ldv - j0 : kCols;  // valid columns (a multiple of 4)
 
   // The running state as mma accumulators: element e of tile nt is row s_m0 + g (+ 8 for e ≥ 2),
   // column col0 + 8 nt + 2t + e % 2. Written to S_s rounded after each update.
@@ -166,7 +171,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) gdr_scan_fus
       }
     }
   };
-  const float* init = a.init != nullptr ? a.init + doc_head * dk * dv : nullptr;
+  const float* init = a.init != nullptr ? a.init + static_cast<int64_t>(doc_head) * dk * dv : nullptr;
   state_tile_io([&](int nt, int h, int64_t at, bool valid) {
     const float2 v = valid && init != nullptr ? *reinterpret_cast<const float2*>(init + at) : make_float2(0.f, 0.f);
     S_r[nt][2 * h] = v.x;
@@ -181,19 +186,29 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) gdr_scan_fus
   };
   // Kd, Qg, Pm and dO of chunk row r (dO through the row map, zeros for −1), then W apart: W is
   // phase 2's only input, and comes in while phase 1 runs. The forward: W, then Kd apart.
+  // The [C][dk] tiles (Kd, W, Qg) and the [C][C] one (Pm) by their walks (kernels/gdr_scan_stage.cuh).
+  const int tid = static_cast<int>(threadIdx.x);
+  const int dk_row0 = tid / walk_dk.n, dk_col0 = tid % walk_dk.n, c_row0 = tid / walk_c.n, c_col0 = tid % walk_c.n;
+  auto stage_dk_tile = [&](uint16_t* dst, const uint16_t* src) {
+    walk_tile<kThreads>(walk_dk, dk_row0, dk_col0,
+                        [&](int row, int col) { cp_async16(dst + row * pk + 8 * col, src + row * dk + 8 * col); });
+  };
   auto stage_p = [&](int64_t r) {
-    stage_rows<kThreads>(P_s, pk, a.P_bf16 + r * C * dk, dk, C, dk);
+    stage_dk_tile(P_s, a.P_bf16 + r * C * dk);
     if constexpr (kForward) return;
-    stage_rows<kThreads>(Qg_s, pk, a.Qg_bf16 + r * C * dk, dk, C, dk);
-    stage_rows<kThreads>(Pm_s, pc, a.Pm_bf16 + r * C * C, C, C, C);
+    stage_dk_tile(Qg_s, a.Qg_bf16 + r * C * dk);
+    const uint16_t* Pm_src = a.Pm_bf16 + r * C * C;
+    walk_tile<kThreads>(walk_c, c_row0, c_col0,
+                        [&](int row, int col) { cp_async16(Pm_s + row * pc + 8 * col, Pm_src + row * C + 8 * col); });
+    const float* dO_cols = a.dO + j0;
     for (int p = threadIdx.x; p < C * (kCols / 4); p += kThreads) {
       const int i = p / (kCols / 4), c = 4 * (p % (kCols / 4));
       const int64_t src_row = a.dO_rows != nullptr ? a.dO_rows[r * C + i] : r * C + i;
       const bool valid = src_row >= 0 && c < cols;
-      cp_async16_zfill(dO_s + i * kPdo + c, valid ? a.dO + src_row * dv + j0 + c : a.dO, valid);
+      cp_async16_zfill(dO_s + i * kPdo + c, valid ? dO_cols + src_row * dv + c : a.dO, valid);
     }
   };
-  auto stage_q = [&](int64_t r) { stage_rows<kThreads>(Q_s, pk, a.Q_bf16 + r * C * dk, dk, C, dk); };
+  auto stage_q = [&](int64_t r) { stage_dk_tile(Q_s, a.Q_bf16 + r * C * dk); };
   auto out_y = [&] {
     if constexpr (kBf16Y) return a.out_y_bf16;
     else return a.out_y;
@@ -214,11 +229,12 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) gdr_scan_fus
 
     // Phase 0: the state gradient this step starts from (dh_next; the forward: h_in), from the
     // rounded copy: the same bits as rounding the fp32 state.
-    uint16_t* out_state = a.out_state_bf16 + r * dk * dv;
+    uint16_t* out_state = a.out_state_bf16 + r * dk * dv + j0;
     for (int p = threadIdx.x; p < dk * (kCols / 4); p += kThreads) {
       const int i = p / (kCols / 4), c = 4 * (p % (kCols / 4));
-      if (c < cols) *reinterpret_cast<uint2*>(out_state + i * dv + j0 + c) = *reinterpret_cast<const uint2*>(S_s + i * kPs + c);
+      if (c < cols) *reinterpret_cast<uint2*>(out_state + i * ldv + c) = *reinterpret_cast<const uint2*>(S_s + i * kPs + c);
     }
+    const int64_t rows_at = r * C * dv + j0;  // this step's chunk rows [C, dv] from column j0
     const float dec = __ldg(a.decay + r);
     // The forward's A (U) at this thread's y positions [column tile h][row half], raw bf16 pairs:
     // loaded here so they are in flight through phase 1's products.
@@ -230,7 +246,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) gdr_scan_fus
         for (int half = 0; half < 2; ++half) {
           const int row = y_m0 + g + 8 * half, c = y_n0 + 8 * h + 2 * t;
           if (has_y_unit && c < cols) {
-            A_r[h][half] = *reinterpret_cast<const uint32_t*>(a.A_bf16 + (r * C + row) * dv + j0 + c);
+            A_r[h][half] = *reinterpret_cast<const uint32_t*>(a.A_bf16 + rows_at + row * ldv + c);
           }
         }
       }
@@ -290,7 +306,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) gdr_scan_fus
           }
           *reinterpret_cast<uint32_t*>(y_s + row * kPs + c) = bf16_pair(a.sign_q * y.x, a.sign_q * y.y);
           if (c < cols) {
-            auto* dst = out_y() + (r * C + row) * dv + j0 + c;
+            auto* dst = out_y() + rows_at + row * ldv + c;
             if constexpr (kBf16Y) {
               *reinterpret_cast<uint32_t*>(dst) = bf16_pair(y.x, y.y);
             } else {
@@ -333,13 +349,13 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) gdr_scan_fus
     cp_async_commit();
   }
   cp_async_wait<0>();
-  float* fin = a.final_state + doc_head * dk * dv;
+  float* fin = a.final_state + static_cast<int64_t>(doc_head) * dk * dv;
   state_tile_io([&](int nt, int h, int64_t at, bool valid) {
     if (valid) *reinterpret_cast<float2*>(fin + at) = make_float2(S_r[nt][2 * h], S_r[nt][2 * h + 1]);
   });
 }
 
-using ScanKernel = void (*)(GdrScanArgs);
+using ScanKernel = void (*)(GdrScanArgs, TileWalk, TileWalk);
 
 // The kernel, allowed the most shared memory any size takes: an instance runs with several sizes
 // (C, dk), and allow_dynamic_smem sets each (kernel, device, bytes) once, so an opt-in to each
@@ -373,7 +389,9 @@ int launch(ScanKernel kernel, const GdrScanArgs& a, int cols, int64_t smem, void
   if (kernel == nullptr) return static_cast<int>(cudaErrorInvalidValue);
   const dim3 grid(static_cast<unsigned>(a.n_docs * a.H), static_cast<unsigned>((a.dv + cols - 1) / cols));
   GdrScanArgs args = a;
-  void* params[] = {&args};
+  TileWalk walk_dk = tile_walk(static_cast<int>(a.C), static_cast<int>(a.dk / 8), 8 * cols);
+  TileWalk walk_c = tile_walk(static_cast<int>(a.C), static_cast<int>(a.C / 8), 8 * cols);
+  void* params[] = {&args, &walk_dk, &walk_c};
   return static_cast<int>(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, dim3(8 * cols), params,
                                            static_cast<size_t>(smem), static_cast<cudaStream_t>(stream)));
 }
