@@ -182,9 +182,9 @@ int main(int argc, char** argv) {
                               "take the flash varlen kernel)")
       ->capture_default_str();
   bench_train_cmd->add_option("--rope-qkv", bench_train.rope_qkv,
-                              "fused | split: the GPT attention's RoPE on q and k as one autograd node whose backward "
-                              "writes the q, k and v gradients into one tensor, or RoPE on each with split's backward "
-                              "concatenating them (to measure the fusion)")
+                              "fused | split: the GPT attention's RoPE (and QK-norm) on q and k as one autograd node whose "
+                              "backward writes the q, k and v gradients into one tensor, or each on its own with "
+                              "split's backward concatenating them (to measure the fusion)")
       ->capture_default_str();
   bench_train_cmd->add_option("--mla-qkv", bench_train.mla_qkv,
                               "fused | split: MLA's Q, K and V (RoPE'd, K's rope key for every head, V zero-padded) "
