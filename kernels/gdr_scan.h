@@ -150,8 +150,12 @@ inline int64_t gdr_scan_fused_smem_bytes(int64_t C, int64_t dk, int64_t cols) {
 constexpr int64_t gdr_scan_fused_bf16_smem_bytes(int64_t C, int64_t dk, int64_t cols) {
   return ((dk + 2 * C) * (cols + 8) + 3 * C * (dk + 8) + C * (C + 8)) * 2 + C * (cols + 4) * 4;
 }
+// Both bf16 forms index within a chunk row's tiles in 32 bits (offsets up to dk · dv): dv below
+// 2³¹ / 128 keeps them exact (head sizes are far smaller).
+constexpr int64_t kGdrScanBf16MaxDv = (int64_t{1} << 31) / 128 - 1;
 inline bool gdr_scan_fused_bf16_supports(int64_t C, int64_t dk, int64_t dv, int64_t cols) {
   return C >= 16 && C <= 64 && C % 16 == 0 && dk >= 16 && dk <= 128 && dk % 16 == 0 && dv >= 4 && dv % 4 == 0 &&
+         dv <= kGdrScanBf16MaxDv &&
          (cols == 32 || cols == 64 || cols == 96 || cols == 128) &&
          gdr_scan_fused_bf16_smem_bytes(C, dk, cols) <= kGdrScanMmaMaxSmem;
 }
@@ -163,6 +167,7 @@ constexpr int64_t gdr_scan_forward_bf16_smem_bytes(int64_t C, int64_t dk, int64_
 }
 inline bool gdr_scan_forward_bf16_supports(int64_t C, int64_t dk, int64_t dv, int64_t cols) {
   return C >= 16 && C <= 64 && C % 16 == 0 && dk >= 16 && dk <= 128 && dk % 16 == 0 && dv >= 4 && dv % 4 == 0 &&
+         dv <= kGdrScanBf16MaxDv &&
          (cols == 32 || cols == 64 || cols == 96 || cols == 128) &&
          gdr_scan_forward_bf16_smem_bytes(C, dk, cols) <= kGdrScanMmaMaxSmem;
 }

@@ -31,6 +31,7 @@
 
 #include <cstdint>
 
+#include "kernels/cp_async.cuh"
 #include "kernels/gdr_chunk_mma.cuh"
 #include "kernels/gdr_scan.h"
 #include "kernels/gdr_scan_stage.cuh"
@@ -389,6 +390,7 @@ int launch(ScanKernel kernel, const GdrScanArgs& a, int cols, int64_t smem, void
   if (kernel == nullptr) return static_cast<int>(cudaErrorInvalidValue);
   const dim3 grid(static_cast<unsigned>(a.n_docs * a.H), static_cast<unsigned>((a.dv + cols - 1) / cols));
   GdrScanArgs args = a;
+  // The walks for the block of 8 · cols threads, the kernel's 32 · kWarps (kernel_of_width).
   TileWalk walk_dk = tile_walk(static_cast<int>(a.C), static_cast<int>(a.dk / 8), 8 * cols);
   TileWalk walk_c = tile_walk(static_cast<int>(a.C), static_cast<int>(a.C / 8), 8 * cols);
   void* params[] = {&args, &walk_dk, &walk_c};

@@ -66,8 +66,8 @@ int rope_rmsnorm_backward(void* dx, const void* dy, const void* y, const float* 
 // passed through, in one launch (one block per token): each token's row of dqkv [B·T, (nh + 2 nkv)
 // · D] gets rope⁻¹ of the norm's backward of dq (then dk) in its q (k) columns, as
 // rope_rmsnorm_backward computes them, and dv copied into its v columns; a null gradient writes
-// zeros. dq, dk, yq, yk contiguous [B,T,H,D]; dv [B,T,nkv,D] with unit-stride heads (strides
-// multiples of 8 bytes' elements, 8-byte aligned). Head dims as rope_rmsnorm_supported takes them.
+// zeros. dq, dk, yq, yk contiguous [B,T,H,D]; dv [B,T,nkv,D] with a unit-stride last dim (its other
+// strides multiples of 8 bytes' elements, 8-byte aligned). Head dims as rope_rmsnorm_supported takes.
 struct RopeNormQkvGrads {
   void* dqkv = nullptr;
   const void *dq = nullptr, *dk = nullptr, *yq = nullptr, *yk = nullptr;

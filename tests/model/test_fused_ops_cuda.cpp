@@ -863,8 +863,9 @@ TEST(FusedOpsCuda, RopeQkNormMatchesReference) {
 // gradients split's backward concatenates. The same kernels on the same values: outputs and the
 // q|k|v gradient equal to the bit. And against the plain reference rms_norm_plain(apply_rope(·))
 // (bf16: 1e-2, as RopeQkNormMatchesReference). Upstream gradients in attention's transposed layout;
-// once with v unused and once with q unused (their gradient columns exactly zero); GPT base's heads,
-// grouped-query heads, a head dim of 128, and one of 34 that the kernel leaves to the reference.
+// with q's, k's or v's gradient missing (its columns exactly zero); GPT base's heads, grouped-query
+// heads, a head dim of 128, and one of 34 that the kernel leaves to the reference (the node each
+// run went through is checked, so the bitwise comparison cannot pass by running one path twice).
 TEST(FusedOpsCuda, RopeNormQkvMatchesSplitRopeQkNorm) {
   DD_REQUIRE_GPU();
   seed_from_gtest(83);
@@ -874,11 +875,11 @@ TEST(FusedOpsCuda, RopeNormQkvMatchesSplitRopeQkNorm) {
   for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
     for (const Shape sh : {Shape{2, 37, 12, 12, 64}, Shape{1, 300, 6, 2, 64}, Shape{2, 40, 4, 1, 128},
                            Shape{2, 20, 2, 2, 34}}) {
-      for (const int unused : {-1, 0, 2}) {  // which output's gradient stays undefined (−1: none)
+      for (const int unused : {-1, 0, 1, 2}) {  // which output's gradient stays undefined (−1: none)
         const std::string what = std::string(name_of(dtype)) + " B=" + std::to_string(sh.B) + " T=" +
                                  std::to_string(sh.T) + " nh=" + std::to_string(sh.nh) + " nkv=" +
                                  std::to_string(sh.nkv) + " dh=" + std::to_string(sh.dh) +
-                                 (unused == 0 ? " q unused" : unused == 2 ? " v unused" : "");
+                                 (unused == 0 ? " q unused" : unused == 1 ? " k unused" : unused == 2 ? " v unused" : "");
         auto tables = model::make_rope_tables(sh.dh, 1024, 10000.0);
         tables.cos = tables.cos.cuda();
         tables.sin = tables.sin.cuda();
@@ -894,6 +895,8 @@ TEST(FusedOpsCuda, RopeNormQkvMatchesSplitRopeQkNorm) {
           model::RopedQkv r;
           if (how == 0) {
             r = model::rope_norm_qkv(qkv, sh.nh, sh.nkv, sh.dh, p.pos, tables);
+            EXPECT_EQ(r.q.grad_fn()->name().find("FusedRopeNormQkv") != std::string::npos, sh.dh != 34)
+                << what << ": the path taken";
           } else {
             auto parts = qkv.split_with_sizes({sh.nh * sh.dh, sh.nkv * sh.dh, sh.nkv * sh.dh}, -1);
             auto norm = [&](const torch::Tensor& x) {
@@ -925,7 +928,8 @@ TEST(FusedOpsCuda, RopeNormQkvMatchesSplitRopeQkNorm) {
           EXPECT_LT(rel_norm_diff(fused[i], plain[i]), tol) << what << " " << names[i];
         }
         if (unused >= 0) {
-          const int64_t col = unused == 0 ? 0 : (sh.nh + sh.nkv) * sh.dh, width = (unused == 0 ? sh.nh : sh.nkv) * sh.dh;
+          const int64_t col = (unused == 0 ? 0 : unused == 1 ? sh.nh : sh.nh + sh.nkv) * sh.dh;
+          const int64_t width = (unused == 0 ? sh.nh : sh.nkv) * sh.dh;
           EXPECT_EQ(fused[3].narrow(2, col, width).abs().max().item<float>(), 0.f) << what;
         }
         if (unused < 0 && sh.T == 300)
