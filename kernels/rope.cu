@@ -128,6 +128,39 @@ __global__ void rope_rmsnorm_forward_kernel(T* y, float* rstd, const T* x, const
   }
 }
 
+// One thread's V rotation pairs of a head in the backward of RoPE + QK-norm: load takes dy's and
+// y's two halves (columns j.. and j + half..) and returns the thread's share of the head's Σ dy·y;
+// store writes rope⁻¹(r · (dy − y · m)) with m = Σ dy·y / D, the rotation rows at the token's
+// position. Shared by both backward kernels, so the two give the same bits.
+template <typename T, int V>
+struct RopeNormGrad {
+  Vec<T, V> d1, d2, y1, y2;
+  __device__ __forceinline__ float load(const T* dy_head, const T* y_head, int64_t j, int64_t half) {
+    d1.load(dy_head + j);
+    d2.load(dy_head + j + half);
+    y1.load(y_head + j);
+    y2.load(y_head + j + half);
+    float dot = 0.f;
+#pragma unroll
+    for (int k = 0; k < V; ++k) dot += d1.get(k) * y1.get(k) + d2.get(k) * y2.get(k);
+    return dot;
+  }
+  __device__ __forceinline__ void store(T* dx_head, int64_t j, int64_t half, float r, float m, const double* cos_row,
+                                        const double* sin_row) const {
+    Vec<T, V> g1, g2;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float z1 = r * (d1.get(k) - y1.get(k) * m), z2 = r * (d2.get(k) - y2.get(k) * m);
+      const float c = static_cast<float>(cos_row[j + k]), sn = static_cast<float>(sin_row[j + k]);
+      // The inverse rotation (by −θ).
+      g1.set(k, z1 * c + z2 * sn);
+      g2.set(k, z2 * c - z1 * sn);
+    }
+    g1.store(dx_head + j);
+    g2.store(dx_head + j + half);
+  }
+};
+
 template <typename T, int V, int G>
 __global__ void rope_rmsnorm_backward_kernel(T* dx, const T* dy, const T* y, const float* rstd, const int64_t* pos,
                                              const double* cos_t, const double* sin_t, RopeShape s) {
@@ -140,31 +173,13 @@ __global__ void rope_rmsnorm_backward_kernel(T* dx, const T* dy, const T* y, con
     const bool active = i < work;
     const int64_t hd = i / G, j = (i % G) * V;
     const int64_t base = (token * s.H + hd) * s.D;
-    Vec<T, V> d1, d2, y1, y2;
-    float dot = 0.f;
-    if (active) {
-      d1.load(dy + base + j);
-      d2.load(dy + base + j + half);
-      y1.load(y + base + j);
-      y2.load(y + base + j + half);
-#pragma unroll
-      for (int k = 0; k < V; ++k) dot += d1.get(k) * y1.get(k) + d2.get(k) * y2.get(k);
-    }
+    RopeNormGrad<T, V> pairs;
+    float dot = active ? pairs.load(dy + base, y + base, j, half) : 0.f;
 #pragma unroll
     for (int off = G / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
     if (!active) continue;
-    const float r = rstd[token * s.H + hd], m = dot / static_cast<float>(s.D);
-    Vec<T, V> g1, g2;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const float z1 = r * (d1.get(k) - y1.get(k) * m), z2 = r * (d2.get(k) - y2.get(k) * m);
-      const float c = static_cast<float>(cos_t[p * half + j + k]), sn = static_cast<float>(sin_t[p * half + j + k]);
-      // The inverse rotation (by −θ).
-      g1.set(k, z1 * c + z2 * sn);
-      g2.set(k, z2 * c - z1 * sn);
-    }
-    g1.store(dx + base + j);
-    g2.store(dx + base + j + half);
+    pairs.store(dx + base, j, half, rstd[token * s.H + hd], dot / static_cast<float>(s.D), cos_t + p * half,
+                sin_t + p * half);
   }
 }
 
@@ -188,45 +203,34 @@ __global__ void rope_rmsnorm_qkv_backward_kernel(RopeNormQkvGrads g, const int64
     const int64_t H = is_q ? g.nh : g.nkv, h = is_q ? hd : (is_v ? hd - g.nh - g.nkv : hd - g.nh);
     const T* dy = static_cast<const T*>(is_q ? g.dq : g.dk);
     const T* y = static_cast<const T*>(is_q ? g.yq : g.yk);
+    const bool norm = !is_v && dy != nullptr;  // a q or k head with a gradient
     const int64_t base = (token * H + h) * g.D;
-    Vec<T, V> d1, d2, y1, y2;
-    float dot = 0.f;
-    if (active && !is_v && dy != nullptr) {
-      d1.load(dy + base + j);
-      d2.load(dy + base + j + half);
-      y1.load(y + base + j);
-      y2.load(y + base + j + half);
-#pragma unroll
-      for (int k = 0; k < V; ++k) dot += d1.get(k) * y1.get(k) + d2.get(k) * y2.get(k);
-    }
+    RopeNormGrad<T, V> pairs;
+    float dot = active && norm ? pairs.load(dy + base, y + base, j, half) : 0.f;
 #pragma unroll
     for (int off = G / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
     if (!active) continue;
     T* out = row + hd * g.D;
-    Vec<T, V> g1, g2;
+    if (norm) {
+      pairs.store(out, j, half, (is_q ? g.rstd_q : g.rstd_k)[token * H + h], dot / static_cast<float>(g.D),
+                  cos_t + p * half, sin_t + p * half);
+      continue;
+    }
+    // v's gradient copied, or zeros for a missing gradient.
+    Vec<T, V> v1, v2;
     if (is_v && g.dv != nullptr) {
       const T* src = static_cast<const T*>(g.dv) + b * g.dv_sb + t * g.dv_st + h * g.dv_sh;
-      g1.load(src + j);
-      g2.load(src + j + half);
-    } else if (is_v || dy == nullptr) {
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        g1.set(k, 0.f);
-        g2.set(k, 0.f);
-      }
+      v1.load(src + j);
+      v2.load(src + j + half);
     } else {
-      const float r = (is_q ? g.rstd_q : g.rstd_k)[token * H + h], m = dot / static_cast<float>(g.D);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        const float z1 = r * (d1.get(k) - y1.get(k) * m), z2 = r * (d2.get(k) - y2.get(k) * m);
-        const float c = static_cast<float>(cos_t[p * half + j + k]), sn = static_cast<float>(sin_t[p * half + j + k]);
-        // The inverse rotation (by −θ), as rope_rmsnorm_backward_kernel.
-        g1.set(k, z1 * c + z2 * sn);
-        g2.set(k, z2 * c - z1 * sn);
+        v1.set(k, 0.f);
+        v2.set(k, 0.f);
       }
     }
-    g1.store(out + j);
-    g2.store(out + j + half);
+    v1.store(out + j);
+    v2.store(out + j + half);
   }
 }
 

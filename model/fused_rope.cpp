@@ -353,13 +353,23 @@ torch::Tensor rope_qk_norm(const torch::Tensor& x, const torch::Tensor& pos, con
   return rms_norm_plain(apply_rope(x, pos, tables), eps);
 }
 
-RopedQkv rope_qkv(const torch::Tensor& qkv, int64_t nh, int64_t nkv, int64_t dh, const torch::Tensor& pos,
-                  const RopeTables& tables) {
-  TORCH_CHECK(qkv.dim() == 3 && qkv.size(2) == (nh + 2 * nkv) * dh, "rope_qkv: expected qkv [B, T, ",
+namespace {
+
+// q, k and v as views of a fused projection's rows qkv [B, T, (nh + 2 nkv) · dh]; `what` names the
+// caller in the error for another shape.
+RopedQkv qkv_views(const torch::Tensor& qkv, int64_t nh, int64_t nkv, int64_t dh, const char* what) {
+  TORCH_CHECK(qkv.dim() == 3 && qkv.size(2) == (nh + 2 * nkv) * dh, what, ": expected qkv [B, T, ",
               (nh + 2 * nkv) * dh, "], got ", qkv.sizes());
   const int64_t B = qkv.size(0), T = qkv.size(1);
   auto parts = qkv.split_with_sizes({nh * dh, nkv * dh, nkv * dh}, -1);
-  auto q = parts[0].view({B, T, nh, dh}), k = parts[1].view({B, T, nkv, dh}), v = parts[2].view({B, T, nkv, dh});
+  return {parts[0].view({B, T, nh, dh}), parts[1].view({B, T, nkv, dh}), parts[2].view({B, T, nkv, dh})};
+}
+
+}  // namespace
+
+RopedQkv rope_qkv(const torch::Tensor& qkv, int64_t nh, int64_t nkv, int64_t dh, const torch::Tensor& pos,
+                  const RopeTables& tables) {
+  const auto [q, k, v] = qkv_views(qkv, nh, nkv, dh, "rope_qkv");
 #if defined(DD_HAVE_CUDA)
   if (g_rope_qkv_fused && qkv.is_contiguous() && fused_rope_applies(q, pos, tables) &&
       fused_rope_applies(k, pos, tables)) {
@@ -372,15 +382,10 @@ RopedQkv rope_qkv(const torch::Tensor& qkv, int64_t nh, int64_t nkv, int64_t dh,
 
 RopedQkv rope_norm_qkv(const torch::Tensor& qkv, int64_t nh, int64_t nkv, int64_t dh, const torch::Tensor& pos,
                        const RopeTables& tables, double eps) {
-  TORCH_CHECK(qkv.dim() == 3 && qkv.size(2) == (nh + 2 * nkv) * dh, "rope_norm_qkv: expected qkv [B, T, ",
-              (nh + 2 * nkv) * dh, "], got ", qkv.sizes());
-  const int64_t B = qkv.size(0), T = qkv.size(1);
-  auto parts = qkv.split_with_sizes({nh * dh, nkv * dh, nkv * dh}, -1);
-  auto q = parts[0].view({B, T, nh, dh}), k = parts[1].view({B, T, nkv, dh}), v = parts[2].view({B, T, nkv, dh});
+  const auto [q, k, v] = qkv_views(qkv, nh, nkv, dh, "rope_norm_qkv");
 #if defined(DD_HAVE_CUDA)
   kernels::DType dt{};
-  const int64_t row_bytes = qkv.size(2) * qkv.element_size();
-  if (g_rope_qkv_fused && qkv.is_contiguous() && row_bytes % 8 == 0 && fused_rope_applies(q, pos, tables) &&
+  if (g_rope_qkv_fused && qkv.is_contiguous() && fused_rope_applies(q, pos, tables) &&
       fused_rope_applies(k, pos, tables) && kernel_dtype(qkv.scalar_type(), dt) &&
       kernels::rope_rmsnorm_supported(dt, shape_of(q, pos), q.data_ptr()) &&
       kernels::rope_rmsnorm_supported(dt, shape_of(k, pos), k.data_ptr())) {
