@@ -56,6 +56,19 @@ __global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_forward_kernel(TY* 
   }
 }
 
+// The backward at one element, in every backward kernel: from dy, ô = o · r, w, z, sigmoid(z),
+// the row's r and mean = Σ dy ⊙ w ⊙ silu(z) ⊙ ô / D, the gradients of o and z and the element's
+// term of w's gradient:
+//   g_o = r (dy silu(z) w − ô mean),  g_z = dy ô w σ(z) (1 + z (1 − σ(z))),  dw += dy silu(z) ô.
+struct GatedNormGrads {
+  float o, z, w;
+};
+__device__ __forceinline__ GatedNormGrads gated_norm_grads(float dy, float oh, float w, float z, float sg, float r,
+                                                         float mean) {
+  const float s = z * sg;  // silu(z)
+  return {r * (dy * s * w - oh * mean), dy * oh * w * sg * (1.f + z * (1.f - sg)), dy * s * oh};
+}
+
 // PER_LANE: columns per lane, ⌈D / 32⌉ rounded up to a power of two (the unrolled loop and the
 // weight-gradient registers are sized by it, so a 128-wide head does not walk 32 idle slots).
 template <typename TY, typename TZ, int PER_LANE>
@@ -86,11 +99,12 @@ __global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_backward_kernel(flo
     for (int k = 0; k < PER_LANE; ++k) {
       const int c = lane + 32 * k;
       if (c < D) {
-        const float zv = to_f32(zrow[c]), dyv = to_f32(dyrow[c]), oh = orow[c] * r, wc = w[c];
-        const float sg = 1.f / (1.f + expf(-zv)), s = zv * sg;
-        d_orow[c] = r * (dyv * s * wc - oh * mean);
-        dz[z_row(rows, n) + c] = from_f32<TZ>(dyv * oh * wc * sg * (1.f + zv * (1.f - sg)));
-        acc[k] += dyv * s * oh;
+        const float zv = to_f32(zrow[c]);
+        const GatedNormGrads gr =
+            gated_norm_grads(to_f32(dyrow[c]), orow[c] * r, w[c], zv, 1.f / (1.f + expf(-zv)), r, mean);
+        d_orow[c] = gr.o;
+        dz[z_row(rows, n) + c] = from_f32<TZ>(gr.z);
+        acc[k] += gr.w;
       }
     }
   }
@@ -219,10 +233,10 @@ __global__ void __launch_bounds__(kWarps * 32)
         float g_o[kVec], g_z[kVec];
 #pragma unroll
         for (int e = 0; e < kVec; ++e) {
-          const float zz = zv[j][e], sg = sgv[j][e], s = zz * sg;
-          g_o[e] = r * (dyv[j][e] * s * wv[j][e] - oh[j][e] * mean);
-          g_z[e] = dyv[j][e] * oh[j][e] * wv[j][e] * sg * (1.f + zz * (1.f - sg));
-          acc[j][e] += dyv[j][e] * s * oh[j][e];
+          const GatedNormGrads gr = gated_norm_grads(dyv[j][e], oh[j][e], wv[j][e], zv[j][e], sgv[j][e], r, mean);
+          g_o[e] = gr.o;
+          g_z[e] = gr.z;
+          acc[j][e] += gr.w;
         }
         store_run<kVec>(d_orow, c, g_o);
         store_run<kVec>(dz + z_row(rows, n), c, g_z);
@@ -353,10 +367,11 @@ __global__ void __launch_bounds__(kWarps * 32, 4)  // four blocks an SM: 64 regi
 #pragma unroll
         for (int e = 0; e < kVec; ++e) {
           // The sigmoid again rather than kept from the sum above, for the same reason as w.
-          const float zz = zv[j][e], sg = fast_sigmoid(zz), s = zz * sg, oh = ov[j][e], wc = slots.w[c + e];
-          g_o[e] = r * (dyv[j][e] * s * wc - oh * mean);
-          g_z[e] = dyv[j][e] * oh * wc * sg * (1.f + zz * (1.f - sg));
-          acc[j][e] += dyv[j][e] * s * oh;
+          const GatedNormGrads gr =
+              gated_norm_grads(dyv[j][e], ov[j][e], slots.w[c + e], zv[j][e], fast_sigmoid(zv[j][e]), r, mean);
+          g_o[e] = gr.o;
+          g_z[e] = gr.z;
+          acc[j][e] += gr.w;
         }
         store_run<kVec>(d_orow, c, g_o);
         store_run<kVec>(dzrow, c, g_z);
