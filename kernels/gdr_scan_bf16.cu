@@ -233,7 +233,9 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
     uint16_t* out_state = a.out_state_bf16 + r * dk * dv + j0;
     for (int p = threadIdx.x; p < dk * (kCols / 4); p += kThreads) {
       const int i = p / (kCols / 4), c = 4 * (p % (kCols / 4));
-      if (c < cols) *reinterpret_cast<uint2*>(out_state + i * ldv + c) = *reinterpret_cast<const uint2*>(S_s + i * kPs + c);
+      if (c < cols) {
+        *reinterpret_cast<uint2*>(out_state + i * ldv + c) = *reinterpret_cast<const uint2*>(S_s + i * kPs + c);
+      }
     }
     const int64_t rows_at = r * C * dv + j0;  // this step's chunk rows [C, dv] from column j0
     const float dec = __ldg(a.decay + r);

@@ -311,8 +311,10 @@ int rope_rmsnorm_qkv_backward(const RopeNormQkvGrads& g, DType dt, const int64_t
                               const double* sin, void* stream) {
   if (g.B * g.T == 0) return 0;
   const int64_t elem = dt == DType::F32 ? 4 : 2, v = 8 / elem;
-  const bool dv_ok = g.dv == nullptr || (aligned_to(8, g.dv) && g.dv_sb % v == 0 && g.dv_st % v == 0 && g.dv_sh % v == 0);
-  if (g.dqkv == nullptr || g.nh < 1 || g.nkv < 1 || !aligned_to(8, g.dqkv, g.dq, g.dk) || !aligned_to(8, g.yq, g.yk) || !dv_ok ||
+  const bool dv_ok =
+      g.dv == nullptr || (aligned_to(8, g.dv) && g.dv_sb % v == 0 && g.dv_st % v == 0 && g.dv_sh % v == 0);
+  if (g.dqkv == nullptr || g.nh < 1 || g.nkv < 1 || !aligned_to(8, g.dqkv, g.dq, g.dk) || !aligned_to(8, g.yq, g.yk) ||
+      !dv_ok ||
       (g.dq != nullptr && (g.yq == nullptr || g.rstd_q == nullptr)) ||
       (g.dk != nullptr && (g.yk == nullptr || g.rstd_k == nullptr))) {
     return static_cast<int>(cudaErrorInvalidValue);
