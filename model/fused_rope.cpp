@@ -1,6 +1,7 @@
 #include "model/fused_rope.h"
 
 #include <atomic>
+#include <utility>
 #include <vector>
 
 #if defined(DD_HAVE_CUDA)
@@ -221,19 +222,28 @@ kernels::RopeShape shape_of(const torch::Tensor& x, const torch::Tensor& pos) {
           pos.stride(1)};
 }
 
+// RoPE + QK-norm of x [B,T,H,D] (strided, unit-stride last dim) through the forward kernel: y
+// contiguous, and the per-(token, head) rstd the backward reads.
+std::pair<torch::Tensor, torch::Tensor> rope_norm_forward(const torch::Tensor& x, const torch::Tensor& pos,
+                                                          const torch::Tensor& cos, const torch::Tensor& sin,
+                                                          double eps, const char* what) {
+  kernels::DType dt{};
+  kernel_dtype(x.scalar_type(), dt);
+  auto y = torch::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  auto rstd = torch::empty({x.size(0) * x.size(1) * x.size(2)}, x.options().dtype(torch::kFloat32));
+  check_kernel_launch(kernels::rope_rmsnorm_forward(y.data_ptr(), rstd.data_ptr<float>(), x.data_ptr(), dt,
+                                                    pos.data_ptr<int64_t>(), cos.data_ptr<double>(),
+                                                    sin.data_ptr<double>(), shape_of(x, pos), static_cast<float>(eps),
+                                                    c10::cuda::getCurrentCUDAStream(x.device().index()).stream()),
+                      what);
+  return {y, rstd};
+}
+
 class FusedRopeNormFn : public torch::autograd::Function<FusedRopeNormFn> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& pos,
                                const torch::Tensor& cos, const torch::Tensor& sin, double eps) {
-    kernels::DType dt{};
-    kernel_dtype(x.scalar_type(), dt);
-    auto y = torch::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-    auto rstd = torch::empty({x.size(0) * x.size(1) * x.size(2)}, x.options().dtype(torch::kFloat32));
-    check_kernel_launch(kernels::rope_rmsnorm_forward(y.data_ptr(), rstd.data_ptr<float>(), x.data_ptr(), dt,
-                                                      pos.data_ptr<int64_t>(), cos.data_ptr<double>(),
-                                                      sin.data_ptr<double>(), shape_of(x, pos), static_cast<float>(eps),
-                                                      c10::cuda::getCurrentCUDAStream(x.device().index()).stream()),
-                        "RoPE + QK-norm forward");
+    auto [y, rstd] = rope_norm_forward(x, pos, cos, sin, eps, "RoPE + QK-norm forward");
     ctx->save_for_backward({y, rstd, pos, cos, sin});
     return y;
   }
@@ -264,21 +274,8 @@ class FusedRopeNormQkvFn : public torch::autograd::Function<FusedRopeNormQkvFn> 
     const int64_t B = qkv.size(0), T = qkv.size(1);
     ctx->set_materialize_grads(false);  // an unused output's gradient stays undefined: its columns are zeroed
     auto part = [&](int64_t col, int64_t heads) { return qkv.narrow(2, col * dh, heads * dh).view({B, T, heads, dh}); };
-    kernels::DType dt{};
-    kernel_dtype(qkv.scalar_type(), dt);
-    auto norm = [&](const torch::Tensor& x, const char* what) {
-      auto y = torch::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-      auto rstd = torch::empty({x.size(0) * x.size(1) * x.size(2)}, x.options().dtype(torch::kFloat32));
-      check_kernel_launch(kernels::rope_rmsnorm_forward(y.data_ptr(), rstd.data_ptr<float>(), x.data_ptr(), dt,
-                                                        pos.data_ptr<int64_t>(), cos.data_ptr<double>(),
-                                                        sin.data_ptr<double>(), shape_of(x, pos),
-                                                        static_cast<float>(eps),
-                                                        c10::cuda::getCurrentCUDAStream(x.device().index()).stream()),
-                          what);
-      return std::make_pair(y, rstd);
-    };
-    auto [q, q_rstd] = norm(part(0, nh), "RoPE + QK-norm forward (q)");
-    auto [k, k_rstd] = norm(part(nh, nkv), "RoPE + QK-norm forward (k)");
+    auto [q, q_rstd] = rope_norm_forward(part(0, nh), pos, cos, sin, eps, "RoPE + QK-norm forward (q)");
+    auto [k, k_rstd] = rope_norm_forward(part(nh, nkv), pos, cos, sin, eps, "RoPE + QK-norm forward (k)");
     ctx->save_for_backward({q, q_rstd, k, k_rstd, pos, cos, sin});
     ctx->saved_data["nh"] = nh;
     ctx->saved_data["nkv"] = nkv;
