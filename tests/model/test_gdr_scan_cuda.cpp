@@ -724,6 +724,122 @@ TEST(GdrScanCuda, Bf16ProductsForwardScanStaysCloseToFp64) {
   refused_then_runs({{3, 2}, 2, 128, 64, 72}, true);
 }
 
+// The scan's recurrence (kernels/gdr_scan.h) in fp64 on the CPU for either direction and any
+// signs, straight from its definition: per document and head, its chunks in order (or last first),
+// h_in = S, y = A + sign_p P S, S = decay S + sign_q Qᵀ y; final = S, the initial state (or zero)
+// for a document of no chunks. Inputs and init (undefined: zero) fp64 on the CPU.
+struct ScanRecurrence {
+  torch::Tensor state, y, fin;
+};
+ScanRecurrence scan_recurrence_fp64(const torch::Tensor& P, const torch::Tensor& A, const torch::Tensor& Q,
+                                    const torch::Tensor& decay, const torch::Tensor& init, const Case& c,
+                                    const model::GdrScanPlan& plan, bool reverse, double sign_p, double sign_q) {
+  std::vector<int64_t> counts(c.chunk_counts);
+  std::sort(counts.begin(), counts.end(), std::greater<int64_t>());  // the plan's sorted document order
+  const int64_t R = A.size(0), S = plan.n_docs * c.H;
+  ScanRecurrence out{torch::zeros({R, c.dk, c.dv}, A.options()), torch::zeros({R, c.C, c.dv}, A.options()),
+                     torch::zeros({S, c.dk, c.dv}, A.options())};
+  for (int64_t d = 0; d < plan.n_docs; ++d) {
+    const int64_t n = counts[static_cast<size_t>(d)];
+    for (int64_t h = 0; h < c.H; ++h) {
+      auto state = init.defined() ? init[d * c.H + h].clone() : torch::zeros({c.dk, c.dv}, A.options());
+      for (int64_t step = 0; step < n; ++step) {
+        const int64_t m = reverse ? n - 1 - step : step;
+        const int64_t r = (plan.step_off[static_cast<size_t>(m)] + d) * c.H + h;
+        out.state[r].copy_(state);
+        const auto y = A[r] + sign_p * P[r].mm(state);
+        out.y[r].copy_(y);
+        state = decay[r].item<double>() * state + sign_q * Q[r].t().mm(y);
+      }
+      out.fin[d * c.H + h].copy_(state);
+    }
+  }
+  return out;
+}
+
+// The forward bf16 scan (GdrScanArgs::bf16_products on the forward's bf16 form) at the kernel's
+// own interface, in what the model's forward never asks of it: the reverse direction, both signs
+// of each product flipped, no initial state, and a document of no chunks beside documents of one
+// and two; against the recurrence in fp64 on the same bf16 values, bound 8e-3 as for the model's
+// direction above (the state and y rounded to bf16 as operands). A fragment or a chunk row taken
+// from the wrong step gives errors of order one. Every tensor-core width; the final states of all
+// documents written (filled with 7 before).
+TEST(GdrScanCuda, Bf16ForwardScanTakesEitherDirectionAndSign) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 1213);
+  const auto f64 = [](const torch::Tensor& x) { return x.to(torch::kCPU, torch::kFloat64); };
+  const std::vector<Case> cases = {{{5, 0, 1, 2}, 2, 64, 96, 192},  // hybrid base's head sizes
+                                   {{3, 0, 2}, 2, 64, 128, 128},
+                                   {{2, 5}, 2, 16, 16, 8}};
+  double worst = 0;
+  int compared = 0;
+  for (const Case& c : cases) {
+    int64_t N = 0;
+    const auto plan = make_plan(c.chunk_counts, c.H, N);
+    const int64_t R = N * c.H, S = plan.n_docs * c.H;
+    const ScanInputs in = random_scan_inputs(c, R, S);
+    const auto W = in.W.to(torch::kBFloat16), U = in.U.to(torch::kBFloat16), Kd = in.Kd.to(torch::kBFloat16);
+    std::vector<int32_t> off(plan.step_off.begin(), plan.step_off.end()), nch(static_cast<size_t>(plan.n_docs), 0);
+    for (const int64_t cnt : plan.step_count) {
+      for (int64_t k = 0; k < cnt; ++k) ++nch[static_cast<size_t>(k)];
+    }
+    const auto i32 = torch::TensorOptions().dtype(torch::kInt32);
+    const auto step_off = torch::tensor(off, i32).to(torch::kCUDA), n_chunks = torch::tensor(nch, i32).to(torch::kCUDA);
+    const auto bits = [](const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); };
+    for (const int variant : kTensorCoreVariants) {
+      for (const bool reverse : {false, true}) {
+        for (const float sign : {1.f, -1.f}) {
+          for (const bool with_init : {true, false}) {
+            const auto opt = in.U.options();
+            auto state = torch::full({R, c.dk, c.dv}, 7.f, opt.dtype(torch::kBFloat16));
+            auto y = torch::full({R, c.C, c.dv}, 7.f, opt.dtype(torch::kBFloat16));
+            auto fin = torch::full({S, c.dk, c.dv}, 7.f, opt);
+            kernels::GdrScanArgs a;
+            a.A_bf16 = bits(U);
+            a.P_bf16 = bits(W);
+            a.Q_bf16 = bits(Kd);
+            a.out_state_bf16 = bits(state);
+            a.out_y_bf16 = bits(y);
+            a.decay = in.decay.data_ptr<float>();
+            a.init = with_init ? in.h0.data_ptr<float>() : nullptr;
+            a.final_state = fin.data_ptr<float>();
+            a.step_off = step_off.data_ptr<int32_t>();
+            a.n_chunks = n_chunks.data_ptr<int32_t>();
+            a.tf32x3 = false;
+            a.bf16_products = true;
+            a.variant = variant;
+            a.reverse = reverse;
+            a.sign_p = -sign;
+            a.sign_q = sign;
+            a.n_docs = plan.n_docs;
+            a.H = c.H;
+            a.C = c.C;
+            a.dk = c.dk;
+            a.dv = c.dv;
+            const std::string what = describe(c) + ", variant " + std::to_string(variant) +
+                                     (reverse ? ", reverse" : "") + (sign < 0 ? ", signs flipped" : "") +
+                                     (with_init ? "" : ", no initial state");
+            if (kernels::gdr_scan_forward_bf16_width(a) == 0) continue;  // no bf16 width at this fixed variant
+            ASSERT_EQ(kernels::gdr_scan(a, c10::cuda::getCurrentCUDAStream().stream()), 0) << what;
+            const auto ref = scan_recurrence_fp64(f64(W), f64(U), f64(Kd), f64(in.decay),
+                                                  with_init ? f64(in.h0) : torch::Tensor(), c, plan, reverse,
+                                                  -sign, sign);
+            const double e = std::max({rel_norm_diff(f64(state), ref.state), rel_norm_diff(f64(y), ref.y),
+                                       rel_norm_diff(f64(fin), ref.fin)});
+            EXPECT_LT(e, 8e-3) << what << ": against the fp64 recurrence";
+            EXPECT_FALSE((fin == 7.f).any().item<bool>()) << what << ": a final state left unwritten";
+            worst = std::max(worst, e);
+            ++compared;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GE(compared, 3 * 2 * 2 * 2) << "the bf16 forward scan ran too few of the cases";
+  std::printf("[gdr_scan forward bf16, either direction and sign] %d launches, worst against fp64 %.1e\n", compared,
+              worst);
+}
+
 // The fused front's bf16 outputs (GdrChunkFrontArgs::bf16_out) are its fp32 outputs rounded to
 // bf16, bit for bit: the same arithmetic, rounded only as W, U, Kd, Qg and P are stored; Tm and
 // decay stay fp32 and equal. A packed chunk list with ragged chunks, bf16 and fp32 inputs, two V
