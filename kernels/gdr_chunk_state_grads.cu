@@ -132,10 +132,16 @@ __device__ __forceinline__ void mma_tiles(float (&acc)[kN][4], const FragA& A, c
   for (int j = 0; j < kN; ++j) P::mma(acc[j], A, P::b(Y, p, n0 + 8 * j, k0, g, t));
 }
 
-// For each k-step k0 of dv: the A fragment of rows m0.. of X, handed to use(A, k0).
-template <class P, typename TX, class Use>
+// For each k-step k0 of dv: the A fragment of rows m0.. of X, handed to use(A, k0). Unrolled
+// whole where dv is known at compile time (kDV > 0), else as the compiler picks.
+template <class P, int kDV, typename TX, class Use>
 __device__ __forceinline__ void over_k(const TX* X, int p, int dv, int m0, int g, int t, Use use) {
-  for (int k0 = 0; k0 < dv; k0 += P::kStep) use(P::a(X, p, m0, k0, g, t), k0);
+  if constexpr (kDV > 0) {
+#pragma unroll
+    for (int k0 = 0; k0 < kDV; k0 += P::kStep) use(P::a(X, p, m0, k0, g, t), k0);
+  } else {
+    for (int k0 = 0; k0 < dv; k0 += P::kStep) use(P::a(X, p, m0, k0, g, t), k0);
+  }
 }
 
 // alpha · one 16 × 8 accumulator tile into out (row length ld) at rows m0.., columns n0.., in fp32 or
@@ -161,15 +167,25 @@ __device__ __forceinline__ void store_tile(void* out, bool bf16, int64_t first, 
   }
 }
 
+// The bf16 form's pitch (kernels/gdr_chunk_state_grads.h, gdr_chunk_state_grads_pitch), for the
+// kernels that know dv at compile time; the launch checks the two agree.
+__host__ __device__ constexpr int bf16_form_pitch(int dv) { return dv % 32 == 16 ? dv : dv + 16; }
+
 // kNT: 8-column tiles per warp in the [C, dk] products (dk = 32 kNT: a block's half is 16 kNT
 // columns, two warps share each 16-row tile of C).
 // kCompact: dU in bf16, and dh_next and dU staged in dO's room after the first pass (see the top).
-// P: the products' form (Tf32Products or Bf16Products); p: the shared rows' pitch in elements.
-template <class P, int kNT, bool kCompact>
-__global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2) state_grads_kernel(GdrChunkStateGradsArgs a, int p) {
+// P: the products' form (Tf32Products or Bf16Products); pitch_arg: the shared rows' pitch in elements.
+// kDV: dv known at compile time (0: a.dv). The k-loops over dv then unroll whole and the staging
+// loops divide by constants: the launch with dv as an argument spent about nine in ten of its
+// instructions on loop and address arithmetic (ncu, hybrid base: 3.5k instructions a warp for 132
+// mma), and the kernel is bound by issuing them.
+template <class P, int kNT, bool kCompact, int kDV>
+__global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2)
+    state_grads_kernel(GdrChunkStateGradsArgs a, int pitch_arg) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int dk = 32 * kNT, half_dk = 16 * kNT;
-  const int dv = a.dv;
+  const int dv = kDV > 0 ? kDV : a.dv;
+  const int p = kDV > 0 ? bf16_form_pitch(kDV) : pitch_arg;
   const int64_t r = blockIdx.x / 2;
   const int half = blockIdx.x % 2;
   uint16_t* Hs = reinterpret_cast<uint16_t*>(smem);   // [half_dk][p] h_in's rows of this half
@@ -202,7 +218,7 @@ __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2) state_grads_kernel
   __syncthreads();
   {  // pass 1: dQg = s dO h_inᵀ and dP_raw = dO Vnᵀ
     float q_acc[kNT][4] = {}, p_acc[2][4] = {};
-    over_k<P>(static_cast<const float*>(Xs), p, dv, m0, g, t, [&](const FragA& A, int k0) {
+    over_k<P, kDV>(static_cast<const float*>(Xs), p, dv, m0, g, t, [&](const FragA& A, int k0) {
       mma_tiles<P>(q_acc, A, Hs, p, n_first, k0, g, t);
       mma_tiles<P>(p_acc, A, Vs, p, p_first, k0, g, t);
     });
@@ -224,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2) state_grads_kernel
   __syncthreads();
   {  // pass 2: dKd = Vn dh_nextᵀ, and this half's Σ h_in ⊙ dh_next
     float kd_acc[kNT][4] = {};
-    over_k<P>(static_cast<const uint16_t*>(Vs), p, dv, m0, g, t,
+    over_k<P, kDV>(static_cast<const uint16_t*>(Vs), p, dv, m0, g, t,
            [&](const FragA& A, int k0) { mma_tiles<P>(kd_acc, A, Ds, p, n_first, k0, g, t); });
 #pragma unroll
     for (int j = 0; j < kNT; ++j) store_tile(a.dKd, a.bf16_out, out_first, dk, m0, out_col + 8 * j, kd_acc[j], 1.f, g, t);
@@ -252,29 +268,46 @@ __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2) state_grads_kernel
     float w_acc[kNT][4] = {};
     auto products = [&](const FragA& A, int k0) { mma_tiles<P>(w_acc, A, Hs, p, n_first, k0, g, t); };
     if constexpr (kCompact) {
-      over_k<P>(static_cast<const uint16_t*>(dU_s), p, dv, m0, g, t, products);
+      over_k<P, kDV>(static_cast<const uint16_t*>(dU_s), p, dv, m0, g, t, products);
     } else {
-      over_k<P>(static_cast<const float*>(Xs), p, dv, m0, g, t, products);
+      over_k<P, kDV>(static_cast<const float*>(Xs), p, dv, m0, g, t, products);
     }
 #pragma unroll
     for (int j = 0; j < kNT; ++j) store_tile(a.dW, a.bf16_out, out_first, dk, m0, out_col + 8 * j, w_acc[j], -1.f, g, t);
   }
 }
 
-template <class P, int kNT, bool kCompact>
+template <class P, int kNT, bool kCompact, int kDV = 0>
 int launch_as(const GdrChunkStateGradsArgs& a, cudaStream_t stream) {
   const bool bf16_form = gdr_chunk_state_grads_bf16_form(a);
   const int bytes = static_cast<int>(gdr_chunk_state_grads_smem(a.C, a.dk, a.dv, a.dU_bf16, bf16_form));
   const int pitch = static_cast<int>(gdr_chunk_state_grads_pitch(a.dv, bf16_form));
-  const int err = allow_dynamic_smem(reinterpret_cast<const void*>(&state_grads_kernel<P, kNT, kCompact>), bytes);
+  if (kDV > 0 && (a.dv != kDV || pitch != bf16_form_pitch(kDV))) return static_cast<int>(cudaErrorInvalidValue);
+  const auto kernel = &state_grads_kernel<P, kNT, kCompact, kDV>;
+  const int err = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes);
   if (err != 0) return err;
-  state_grads_kernel<P, kNT, kCompact><<<static_cast<unsigned>(2 * a.R), kThreads, bytes, stream>>>(a, pitch);
+  kernel<<<static_cast<unsigned>(2 * a.R), kThreads, bytes, stream>>>(a, pitch);
   return static_cast<int>(cudaGetLastError());
+}
+// The 16-bit path's form (bf16 products and dU) at the model's value head sizes with dv known at
+// compile time (128: bench gdr; 192: hybrid base and small; 256: moe-1b), else dv as an argument.
+template <int kNT>
+int launch_compact_bf16(const GdrChunkStateGradsArgs& a, cudaStream_t stream) {
+  switch (a.dv) {
+    case 128:
+      return launch_as<Bf16Products, kNT, true, 128>(a, stream);
+    case 192:
+      return launch_as<Bf16Products, kNT, true, 192>(a, stream);
+    case 256:
+      return launch_as<Bf16Products, kNT, true, 256>(a, stream);
+    default:
+      return launch_as<Bf16Products, kNT, true>(a, stream);
+  }
 }
 template <int kNT>
 int launch(const GdrChunkStateGradsArgs& a, cudaStream_t stream) {
   if (gdr_chunk_state_grads_bf16_form(a)) {
-    return a.dU_bf16 ? launch_as<Bf16Products, kNT, true>(a, stream) : launch_as<Bf16Products, kNT, false>(a, stream);
+    return a.dU_bf16 ? launch_compact_bf16<kNT>(a, stream) : launch_as<Bf16Products, kNT, false>(a, stream);
   }
   return a.dU_bf16 ? launch_as<Tf32Products, kNT, true>(a, stream) : launch_as<Tf32Products, kNT, false>(a, stream);
 }

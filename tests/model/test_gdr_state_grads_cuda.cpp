@@ -138,10 +138,12 @@ TEST(GdrStateGradsCuda, Bf16ProductsStayCloseToFp64AndTf32Ones) {
   testing_support::seed_from_gtest(78);
   const Bf16ProductsRestored restore;
   // {R, C, dk, dv, map, kernel_takes, dU bf16}, kernel_takes meaning here the bf16 form: the model's
-  // head sizes, compact (bf16 dU) and not; dv of 16 mod 32 (pitch dv) at dk 64 and 96; dv 72, which
-  // the bf16 form does not take.
+  // head sizes, compact (bf16 dU) and not, compact ones at each dv the kernel knows at compile time
+  // (128, 192, 256) and each dk; dv of 16 mod 32 (pitch dv) at dk 64 and 96; dv 72, which the bf16
+  // form does not take.
   const std::vector<StateCase> cases = {{37, 64, 128, 128, true, true, true}, {37, 64, 128, 128, false, true},
                                         {11, 64, 96, 192, true, true, true},  {11, 64, 96, 192, false, true},
+                                        {5, 64, 128, 256, true, true, true},  {9, 64, 64, 128, false, true, true},
                                         {9, 64, 64, 80, true, true, true},    {7, 64, 96, 48, false, true},
                                         {9, 64, 64, 72, false, false, true}};
   const auto bf16 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
