@@ -118,7 +118,8 @@ __device__ __forceinline__ int pass_tiles(int n) {
 // kBf16Grads: dQg, dRw and dKd in bf16 (GdrChunkBackwardTailArgs::bf16_grads; instantiated for q, k
 // and v of one 16-bit type only, the 16-bit training path). kBf16Products: dq and dk's products in
 // bf16 (GdrChunkBackwardTailArgs::bf16_products; with kBf16Grads and bf16 q, k, v only).
-template <typename T, typename TV, int VW, bool kBf16Grads, bool kBf16Products>
+// kDK, kDV: the head sizes known at compile time (with_head_sizes), 0: l.dk and l.dv.
+template <typename T, typename TV, int VW, bool kBf16Grads, bool kBf16Products, int kDK = 0, int kDV = 0>
 __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(GdrChunkList l,
                                                                              GdrChunkBackwardTailArgs a) {
   // Inputs given in bf16 or fp16 are TF32 values: their products skip the remainders' terms, and
@@ -127,7 +128,8 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
   static_assert(!kBf16Products || (kBf16Grads && std::is_same<T, __nv_bfloat16>::value), "bf16 products: bf16 q, k");
   using SQ = Staged<T>;
   extern __shared__ __align__(16) float smem[];
-  const int dk = static_cast<int>(l.dk), dv = static_cast<int>(l.dv), pk = qk_pitch(dk, sizeof(SQ));
+  const int dk = kDK > 0 ? kDK : static_cast<int>(l.dk), dv = kDV > 0 ? kDV : static_cast<int>(l.dv);
+  const int pk = qk_pitch(dk, sizeof(SQ));
   // Regions offset in elements of their own type, not in bytes from a char*: the compiler then
   // shares address registers between them (byte offsets spill ~90 bytes in dq, dk).
   const int qk_bytes = qk_region_bytes(dk, sizeof(SQ));
@@ -507,11 +509,20 @@ int gdr_chunk_backward_tail(const GdrChunkList& l, const GdrChunkBackwardTailArg
   const bool bf16_products = a.bf16_products;
   return launch_fused(
       l, a.in_qk, a.in_v, vec, kThreads, smem, stream,
-      [bf16_products](auto qk, auto v, auto w, auto bf16_grads) {
+      [bf16_products, &l](auto qk, auto v, auto w, auto bf16_grads) {
         using QK = decltype(qk);
+        using V = decltype(v);
+        constexpr int kW = decltype(w)::value;
         constexpr bool kGrads = decltype(bf16_grads)::value;
         if constexpr (kGrads && std::is_same<QK, __nv_bfloat16>::value) {
-          if (bf16_products) return gdr_chunk_backward_tail_kernel<QK, decltype(v), decltype(w)::value, true, true>;
+          if constexpr (kW == 4) {
+            if (bf16_products) {
+              return with_head_sizes(l.dk, l.dv, [](auto dk, auto dv) {
+                return gdr_chunk_backward_tail_kernel<QK, V, kW, true, true, decltype(dk)::value, decltype(dv)::value>;
+              });
+            }
+          }
+          if (bf16_products) return gdr_chunk_backward_tail_kernel<QK, V, kW, true, true>;
         }
         return gdr_chunk_backward_tail_kernel<QK, decltype(v), decltype(w)::value, kGrads, false>;
       },

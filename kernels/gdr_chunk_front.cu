@@ -71,7 +71,8 @@ __host__ __device__ constexpr int smem_bytes(int dk, int qk_bytes, int v_bytes) 
 constexpr int min_blocks(int qk_bytes, int v_bytes) { return qk_bytes == 2 && v_bytes == 2 ? 3 : 2; }
 static_assert(smem_bytes(128, 2, 2) + 1024 <= 228 * 1024 / 3, "three 16-bit blocks fit an H100 SM's shared memory");
 
-template <typename T, typename TV, int VW>
+// kDK, kDV: the head sizes known at compile time (with_head_sizes), 0: l.dk and l.dv.
+template <typename T, typename TV, int VW, int kDK = 0, int kDV = 0>
 __global__ void __launch_bounds__(kThreads, min_blocks(sizeof(Staged<T>), sizeof(Staged<TV>)))
     gdr_chunk_front_kernel(GdrChunkList l, GdrChunkFrontArgs a) {
   // Inputs given in bf16 or fp16 are TF32 values: their products skip the remainders' terms, and
@@ -80,7 +81,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks(sizeof(Staged<T>), sizeof
   using SQ = Staged<T>;
   using SV = Staged<TV>;
   extern __shared__ __align__(16) float smem[];
-  const int dk = static_cast<int>(l.dk), dv = static_cast<int>(l.dv), pk = qk_pitch(dk, sizeof(SQ));
+  const int dk = kDK > 0 ? kDK : static_cast<int>(l.dk), dv = kDV > 0 ? kDV : static_cast<int>(l.dv);
+  const int pk = qk_pitch(dk, sizeof(SQ));
   char* const base = reinterpret_cast<char*>(smem);
   SQ* K_s = reinterpret_cast<SQ*>(base);                               // [C][pk]
   char* const QV_s = base + k_region_bytes(dk, sizeof(SQ));            // Q [C][pk], then a V panel [C][kVPitch]
@@ -274,8 +276,16 @@ int gdr_chunk_front_forward(const GdrChunkList& l, const GdrChunkFrontArgs& a, v
   const size_t smem = static_cast<size_t>(smem_bytes(static_cast<int>(l.dk), elem_bytes(a.in_qk), elem_bytes(a.in_v)));
   return launch_fused(
       l, a.in_qk, a.in_v, vec, kThreads, smem, stream,
-      [](auto qk, auto v, auto w, auto) {
-        return gdr_chunk_front_kernel<decltype(qk), decltype(v), decltype(w)::value>;
+      [&l](auto qk, auto v, auto w, auto) {
+        using QK = decltype(qk);
+        using V = decltype(v);
+        constexpr int kW = decltype(w)::value;
+        if constexpr (std::is_same<QK, __nv_bfloat16>::value && std::is_same<V, __nv_bfloat16>::value && kW == 4) {
+          return with_head_sizes(l.dk, l.dv, [](auto dk, auto dv) {
+            return gdr_chunk_front_kernel<QK, V, kW, decltype(dk)::value, decltype(dv)::value>;
+          });
+        }
+        return gdr_chunk_front_kernel<QK, V, kW>;
       },
       a);
 }

@@ -73,7 +73,9 @@ __device__ __forceinline__ void stage_f32(float* dst, int pitch, const float* sr
 // kMinBlocks: blocks an SM: 2 with fp32 tiles (102 KiB); 3 with bf16 tiles (69 KiB), at 80 registers
 // a thread, where the compiler spills about 120 bytes a thread (two blocks at 128 registers
 // measured 1.46 ms a step on hybrid base, three 1.40: docs/perf.md, stop 48).
-template <typename T, typename TV, int VW, bool kTf32, bool kBf16Tiles = false, int kMinBlocks = 2>
+// kDK, kDV: the head sizes known at compile time (with_head_sizes), 0: l.dk and l.dv.
+template <typename T, typename TV, int VW, bool kTf32, bool kBf16Tiles = false, int kMinBlocks = 2, int kDK = 0,
+          int kDV = 0>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     gdr_chunk_solve_backward_kernel(GdrChunkList l, GdrChunkSolveBackwardArgs a) {
   static_assert(!kBf16Tiles || (kTf32 && std::is_same<T, __nv_bfloat16>::value && std::is_same<TV, __nv_bfloat16>::value),
@@ -84,7 +86,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   constexpr int kGP = kBf16Tiles ? k16Pitch : kGPitch, kBP = kBf16Tiles ? k16Pitch : kBPitch;
   constexpr int kXP = kBf16Tiles ? kX16Pitch : kGPitch;
   extern __shared__ __align__(16) float smem[];
-  const int dk = static_cast<int>(l.dk), dv = static_cast<int>(l.dv);
+  const int dk = kDK > 0 ? kDK : static_cast<int>(l.dk), dv = kDV > 0 ? kDV : static_cast<int>(l.dv);
   float* T_s = smem;                   // Tm [C][kTPitch]
   float* dTm_s = T_s + kC * kTPitch;   // dTm [C][kTPitch]
   Tile* G_s = reinterpret_cast<Tile*>(dTm_s + kC * kTPitch);  // dW, then dU panels [C][kGP]
@@ -288,12 +290,20 @@ int gdr_chunk_solve_backward(const GdrChunkList& l, const GdrChunkSolveBackwardA
   return launch_fused(
       l, a.in_qk, a.in_v, vec, kThreads, sizeof(float) * static_cast<size_t>(tiles16 ? kSmemFloats16 : kSmemFloats),
       stream,
-      [tiles16](auto qk, auto v, auto w, auto tf32) {
+      [tiles16, &l](auto qk, auto v, auto w, auto tf32) {
         using QK = decltype(qk);
         using V = decltype(v);
         constexpr int kW = decltype(w)::value;
         constexpr bool kT = decltype(tf32)::value;
         if constexpr (kT && std::is_same<QK, __nv_bfloat16>::value && std::is_same<V, __nv_bfloat16>::value) {
+          if constexpr (kW == 4) {
+            if (tiles16) {
+              return with_head_sizes(l.dk, l.dv, [](auto dk, auto dv) {
+                return gdr_chunk_solve_backward_kernel<QK, V, kW, true, true, 3, decltype(dk)::value,
+                                                       decltype(dv)::value>;
+              });
+            }
+          }
           if (tiles16) return gdr_chunk_solve_backward_kernel<QK, V, kW, true, true, 3>;
         }
         return gdr_chunk_solve_backward_kernel<QK, V, kW, kT, false>;

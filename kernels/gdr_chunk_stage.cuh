@@ -13,6 +13,7 @@
 #include "kernels/elem.cuh"
 #include "kernels/gdr_chunk_io.cuh"
 #include "kernels/gdr_chunk_mma.cuh"
+#include "kernels/gdr_head_sizes.h"
 
 namespace kernels {
 namespace gdr_chunk_stage {
@@ -23,6 +24,24 @@ constexpr int kRows = 64;  // the chunk size C the fused kernels take
 // exactly, in half the room), fp32 as fp32.
 template <typename T>
 using Staged = typename std::conditional<sizeof(T) == 2, T, float>::type;
+
+// The head sizes (dk, dv) the 16-bit training path's kernels are compiled for with both known at
+// compile time: hybrid base and small (96, 192), bench gdr (128, 128), moe-1b (128, 256). There
+// the kernels' loops over dk and dv unroll with constant bounds and their staging loops divide by
+// constants; with the sizes as arguments the state products' kernel spent most of its
+// instructions on loop and address arithmetic and was bound by issuing them (docs/perf.md, issue
+// 7, stop 53). of(dk_c, dv_c) gets the sizes as integral constants, (0, 0) for any other sizes
+// (the kernels then read them from GdrChunkList), also with gdr_fixed_head_sizes off.
+template <class Of>
+auto with_head_sizes(int64_t dk, int64_t dv, Of of) {
+  using std::integral_constant;
+  const bool fixed = gdr_fixed_head_sizes() && ((dk == 96 && dv == 192) || (dk == 128 && (dv == 128 || dv == 256)));
+  if (!fixed) return of(integral_constant<int, 0>{}, integral_constant<int, 0>{});
+  gdr_count_fixed_head_size_launch();
+  if (dk == 96) return of(integral_constant<int, 96>{}, integral_constant<int, 192>{});
+  if (dv == 128) return of(integral_constant<int, 128>{}, integral_constant<int, 128>{});
+  return of(integral_constant<int, 128>{}, integral_constant<int, 256>{});
+}
 
 // The row pitch, in elements, of staged q or k rows of dk elements of qk_bytes each: fp32 rows
 // padded by 4 elements, 16-bit rows by 8 (16 bytes either way), so that for every dk the kernels

@@ -34,6 +34,7 @@
 #include "kernels/cp_async.cuh"
 #include "kernels/gdr_chunk_mma.cuh"
 #include "kernels/gdr_chunk_state_grads.h"
+#include "kernels/gdr_head_sizes.h"
 #include "kernels/smem_opt_in.cuh"
 #include "kernels/tf32_mma.cuh"
 
@@ -290,19 +291,17 @@ int launch_as(const GdrChunkStateGradsArgs& a, cudaStream_t stream) {
   return static_cast<int>(cudaGetLastError());
 }
 // The 16-bit path's form (bf16 products and dU) at the model's value head sizes with dv known at
-// compile time (128: bench gdr; 192: hybrid base and small; 256: moe-1b), else dv as an argument.
+// compile time (128: bench gdr; 192: hybrid base and small; 256: moe-1b), else (or with
+// gdr_fixed_head_sizes off) dv as an argument.
 template <int kNT>
 int launch_compact_bf16(const GdrChunkStateGradsArgs& a, cudaStream_t stream) {
-  switch (a.dv) {
-    case 128:
-      return launch_as<Bf16Products, kNT, true, 128>(a, stream);
-    case 192:
-      return launch_as<Bf16Products, kNT, true, 192>(a, stream);
-    case 256:
-      return launch_as<Bf16Products, kNT, true, 256>(a, stream);
-    default:
-      return launch_as<Bf16Products, kNT, true>(a, stream);
+  if (!gdr_fixed_head_sizes() || (a.dv != 128 && a.dv != 192 && a.dv != 256)) {
+    return launch_as<Bf16Products, kNT, true>(a, stream);
   }
+  gdr_count_fixed_head_size_launch();
+  if (a.dv == 128) return launch_as<Bf16Products, kNT, true, 128>(a, stream);
+  if (a.dv == 192) return launch_as<Bf16Products, kNT, true, 192>(a, stream);
+  return launch_as<Bf16Products, kNT, true, 256>(a, stream);
 }
 template <int kNT>
 int launch(const GdrChunkStateGradsArgs& a, cudaStream_t stream) {

@@ -33,6 +33,7 @@
 
 #include "kernels/cp_async.cuh"
 #include "kernels/gdr_chunk_mma.cuh"
+#include "kernels/gdr_head_sizes.h"
 #include "kernels/gdr_scan.h"
 #include "kernels/gdr_scan_stage.cuh"
 #include "kernels/ldmatrix.cuh"
@@ -96,14 +97,16 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
   gdr_chunk_mma::mma16<Bf16>(d, Frag16A{{a[0], a[1], a[2], a[3]}}, Frag16B{{b0, b1}});
 }
 
-template <int kWarps, bool kBf16Y, bool kForward>
+// kC, kDK: the chunk and key head size known at compile time (kernels/gdr_head_sizes.h; the
+// k-loops over C and dk then have constant bounds), 0: a.C and a.dk.
+template <int kWarps, bool kBf16Y, bool kForward, int kC = 0, int kDK = 0>
 __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
     gdr_scan_fused_bf16_kernel(GdrScanArgs a, TileWalk walk_dk, TileWalk walk_c) {
   static_assert(!kForward || kBf16Y, "the forward form writes y in bf16");
   constexpr int kThreads = 32 * kWarps, kCols = 4 * kWarps, kPairs = kCols / 16;
   constexpr int kPs = pitch16(kCols), kPdo = pitch_do(kCols);
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const int dk = static_cast<int>(a.dk), C = static_cast<int>(a.C);
+  const int dk = kDK > 0 ? kDK : static_cast<int>(a.dk), C = kC > 0 ? kC : static_cast<int>(a.C);
   // Offsets within one chunk row's tiles fit 32 bits (C, dk and dv are head sizes): the loop's
   // address arithmetic is 32-bit from 64-bit row bases worked out once a step. 64-bit throughout,
   // with a division per staged piece, it took most of the loop's instructions (docs/perf.md, stop 52).
@@ -364,26 +367,40 @@ using ScanKernel = void (*)(GdrScanArgs, TileWalk, TileWalk);
 // (C, dk), and allow_dynamic_smem sets each (kernel, device, bytes) once, so an opt-in to each
 // launch's own size would let a smaller size's opt-in stand under a larger launch (refused, invalid
 // value).
-template <int kWarps, bool kBf16Y, bool kForward = false>
+template <int kWarps, bool kBf16Y, bool kForward = false, int kC = 0, int kDK = 0>
 ScanKernel opted_in() {
-  ScanKernel f = gdr_scan_fused_bf16_kernel<kWarps, kBf16Y, kForward>;
+  ScanKernel f = gdr_scan_fused_bf16_kernel<kWarps, kBf16Y, kForward, kC, kDK>;
   return allow_dynamic_smem(reinterpret_cast<const void*>(f), static_cast<int>(kGdrScanMmaMaxSmem)) == 0 ? f
                                                                                                         : nullptr;
 }
 
+// The instance for a's sizes: the model's (C 64, dk 96 or 128) known at compile time where
+// kernels::gdr_fixed_head_sizes is on, with bf16 y (the 16-bit path's forms); else C and dk as
+// arguments.
+template <int kWarps, bool kBf16Y, bool kForward>
+ScanKernel sized(const GdrScanArgs& a) {
+  if constexpr (kBf16Y) {
+    if (gdr_fixed_head_sizes() && a.C == 64 && (a.dk == 96 || a.dk == 128)) {
+      gdr_count_fixed_head_size_launch();
+      return a.dk == 96 ? opted_in<kWarps, true, kForward, 64, 96>() : opted_in<kWarps, true, kForward, 64, 128>();
+    }
+  }
+  return opted_in<kWarps, kBf16Y, kForward>();
+}
+
 template <int kWarps>
 ScanKernel kernel_for(const GdrScanArgs& a) {
-  return a.out_y_bf16 != nullptr ? opted_in<kWarps, true>() : opted_in<kWarps, false>();
+  return a.out_y_bf16 != nullptr ? sized<kWarps, true, false>(a) : sized<kWarps, false, false>(a);
 }
 
 // The instance of the block width `cols` (one of the four), or null.
 template <bool kForward>
 ScanKernel kernel_of_width(const GdrScanArgs& a, int cols) {
   switch (cols) {
-    case 32: return kForward ? opted_in<8, true, true>() : kernel_for<8>(a);
-    case 64: return kForward ? opted_in<16, true, true>() : kernel_for<16>(a);
-    case 96: return kForward ? opted_in<24, true, true>() : kernel_for<24>(a);
-    case 128: return kForward ? opted_in<32, true, true>() : kernel_for<32>(a);
+    case 32: return kForward ? sized<8, true, true>(a) : kernel_for<8>(a);
+    case 64: return kForward ? sized<16, true, true>(a) : kernel_for<16>(a);
+    case 96: return kForward ? sized<24, true, true>(a) : kernel_for<24>(a);
+    case 128: return kForward ? sized<32, true, true>(a) : kernel_for<32>(a);
     default: return nullptr;
   }
 }
