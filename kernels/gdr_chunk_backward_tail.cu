@@ -373,7 +373,12 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
           dk_epilogue(acc, first, n_tiles, from(rw), from(kd));
         }
       };
-      if (n_half % 4 == 0) {
+      // dk = 96 known at compile time (kDK): its six tiles a half in one pass, so the A fragments
+      // are read once and all the epilogue's loads are in flight together (three passes of two
+      // took a quarter of the kernel's stall samples in their address arithmetic and waits).
+      if constexpr (kDK == 96) {
+        passes(std::integral_constant<int, 6>{});
+      } else if (n_half % 4 == 0) {
         passes(std::integral_constant<int, 4>{});
       } else {
         passes(std::integral_constant<int, 2>{});
