@@ -34,6 +34,16 @@ std::atomic<bool> no_workspace_allowed{true};
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
+// A group's output columns rounded up to 16 bytes' worth (8 16-bit values) on a GPU. cuBLAS takes
+// its Hopper kernels only for sizes and leading dimensions in multiples of 16 bytes; the Gated
+// DeltaNet's a|b projection (2H = 12 columns) fell back to SM80 kernels of 2-byte alignment, 0.56
+// ms a step over its three GEMMs in hybrid base (docs/perf.md, issue 7, stop 53). Its products
+// therefore run at the padded width, the weight and the output's gradient padded with zero rows
+// and columns (zero products: the same sums), and the results' real columns taken out.
+int64_t aligned_columns(int64_t cols, const at::Tensor& x) {
+  return x.is_cuda() && cols % 8 != 0 ? (cols + 7) / 8 * 8 : cols;
+}
+
 int64_t total_rows(const std::vector<at::Tensor>& weights) {
   int64_t rows = 0;
   for (const auto& w : weights) rows += w.size(0);
@@ -114,6 +124,18 @@ std::vector<GradProduct> plan_weight_grads(std::vector<at::Tensor>& weights, con
 
 void run_grad_products(std::vector<GradProduct>& products, const at::Tensor& g2, const at::Tensor& x2,
                        bool no_workspace) {
+  const int64_t cols = g2.size(1), padded = aligned_columns(cols, g2);
+  if (padded != cols && !products.empty()) {
+    // The whole product once at the padded width into fp32 rows, each weight's block out of it.
+    auto whole = torch::empty({padded, x2.size(1)}, x2.options().dtype(at::kFloat));
+    at_b_into_(whole, at::constant_pad_nd(g2, {0, padded - cols}, 0), x2, /*accumulate=*/false, no_workspace);
+    for (auto& p : products) {
+      const auto part = whole.narrow(0, p.col, p.rows);
+      if (p.accumulate) p.c.add_(p.cast_add ? part.to(p.c.scalar_type()) : part);
+      else p.c.copy_(part);
+    }
+    return;
+  }
   for (auto& p : products) {
     auto gi = p.col == 0 && p.rows == g2.size(1) ? g2 : g2.narrow(1, p.col, p.rows);  // [N, rows]
     if (p.cast_add) p.c.add_(torch::mm(gi.t(), x2).to(p.c.scalar_type()));
@@ -189,8 +211,14 @@ struct MixedLinearFn : public torch::autograd::Function<MixedLinearFn> {
       auto wh = shadowed_weight_blocks(weights.slice(first, n), dtype);  // [Σ out_i, in], kept current by AdamW
       first += n;
       auto shape = x.sizes().vec();
-      shape.back() = wh.size(0);
-      ys.push_back(product(x2, wh, /*b_trans=*/true, no_workspace).view(shape));
+      const int64_t cols = wh.size(0), padded = aligned_columns(cols, x2);
+      shape.back() = cols;
+      if (padded == cols) {
+        ys.push_back(product(x2, wh, /*b_trans=*/true, no_workspace).view(shape));
+      } else {
+        const auto y = product(x2, at::constant_pad_nd(wh, {0, 0, 0, padded - cols}, 0), /*b_trans=*/true, no_workspace);
+        ys.push_back(y.narrow(1, 0, cols).contiguous().view(shape));
+      }
       saved.push_back(wh);
     }
     ctx->save_for_backward(saved);
@@ -222,9 +250,17 @@ struct MixedLinearFn : public torch::autograd::Function<MixedLinearFn> {
       auto g2 = grads[gi].reshape({-1, wh.size(0)});
       if (g2.scalar_type() != wh.scalar_type()) g2 = g2.to(wh.scalar_type());
       if (!g2.is_contiguous()) g2 = g2.contiguous();
+      // x's gradient at aligned_columns: g2 and wh padded with zeros (run_grad_products pads g2
+      // for the weights' gradients itself).
+      at::Tensor g_dx = g2, w_dx = wh;
+      const int64_t cols = wh.size(0), padded = aligned_columns(cols, x2);
+      if (padded != cols) {
+        g_dx = at::constant_pad_nd(g2, {0, padded - cols}, 0);
+        w_dx = at::constant_pad_nd(wh, {0, 0, 0, padded - cols}, 0);
+      }
       if (ctx->needs_input_grad(0)) {
-        if (!dx.defined()) dx = product(g2, wh, /*b_trans=*/false, no_workspace);
-        else product_into(dx, g2, wh, /*b_trans=*/false, no_workspace, /*accumulate=*/true);
+        if (!dx.defined()) dx = product(g_dx, w_dx, /*b_trans=*/false, no_workspace);
+        else product_into(dx, g_dx, w_dx, /*b_trans=*/false, no_workspace, /*accumulate=*/true);
       }
       auto products = plan_weight_grads(group, x2);
 #if defined(DD_HAVE_CUDA)
