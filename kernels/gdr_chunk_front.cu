@@ -234,28 +234,29 @@ __global__ void __launch_bounds__(kThreads, min_blocks(sizeof(Staged<T>), sizeof
   // p = w % 2 and 3 − p (10 k-steps together) on the 8-column tiles w / 2, w / 2 + 4, ...
   const int p = warp % 2, tile0 = warp / 2;
   // dst: the output, written from element offset `at` (rows of `pitch` elements).
+  // The warp's tiles tile0 + 4 j < width / 8, as many as there are (1 to 4): at dk = 96 three for W,
+  // and two in dv = 192's second V panel, where four computed a tile or two that were not stored.
   auto tm_product = [&](auto b_exact, const auto* B_s, int b_pitch, int width, const float* scale, const OutRows& dst,
                         int64_t at, int64_t pitch) {
-    const int n_tiles = (width / 8 - tile0 + 3) / 4;  // tiles tile0 + 4 j < width / 8
+    const int n_tiles = (width / 8 - tile0 + 3) / 4;
     if (n_tiles <= 0) return;
-    for (int strip = 0; strip < 2; ++strip) {
-      const int mt = strip == 0 ? p : 3 - p;
-      float acc[4][4];
-      // Tiles past n_tiles (narrow heads) repeat the last one and are not stored.
+    with_tile_count(n_tiles, [&](auto count) {
+      constexpr int kN = decltype(count)::value;
       constexpr bool kBExact = decltype(b_exact)::value;
-      strip_product<4, false, kBExact>(
-          acc, 0, 16 * (mt + 1), [&](int k0) { return frag_a(T_s, kTPitch, 16 * mt, k0, g, t, scale); },
-          [&](int k0, int nt) {
-            return frag_b_kn<kBExact>(B_s, b_pitch, k0, 8 * (tile0 + 4 * (nt < n_tiles ? nt : n_tiles - 1)), g, t);
-          });
+      for (int strip = 0; strip < 2; ++strip) {
+        const int mt = strip == 0 ? p : 3 - p;
+        float acc[kN][4];
+        strip_product<kN, false, kBExact>(
+            acc, 0, 16 * (mt + 1), [&](int k0) { return frag_a(T_s, kTPitch, 16 * mt, k0, g, t, scale); },
+            [&](int k0, int nt) { return frag_b_kn<kBExact>(B_s, b_pitch, k0, 8 * (tile0 + 4 * nt), g, t); });
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        if (nt >= n_tiles) continue;
-        const int c = 8 * (tile0 + 4 * nt) + 2 * t;
-        dst.store2(at + (16 * mt + g) * pitch + c, acc[nt][0], acc[nt][1]);
-        dst.store2(at + (16 * mt + g + 8) * pitch + c, acc[nt][2], acc[nt][3]);
+        for (int nt = 0; nt < kN; ++nt) {
+          const int c = 8 * (tile0 + 4 * nt) + 2 * t;
+          dst.store2(at + (16 * mt + g) * pitch + c, acc[nt][0], acc[nt][1]);
+          dst.store2(at + (16 * mt + g + 8) * pitch + c, acc[nt][2], acc[nt][3]);
+        }
       }
-    }
+    });
   };
   tm_product(std::integral_constant<bool, kQkExact>{}, K_s, pk, dk, be_s, W_out, r * kC * dk, dk);
   for (int p0 = 0; p0 < dv; p0 += kPanel) {
@@ -281,7 +282,7 @@ int gdr_chunk_front_forward(const GdrChunkList& l, const GdrChunkFrontArgs& a, v
         using V = decltype(v);
         constexpr int kW = decltype(w)::value;
         if constexpr (std::is_same<QK, __nv_bfloat16>::value && std::is_same<V, __nv_bfloat16>::value && kW == 4) {
-          return with_head_sizes(l.dk, l.dv, [](auto dk, auto dv) {
+          return with_head_sizes(GdrSizedKernel::kFront, l.dk, l.dv, [](auto dk, auto dv) {
             return gdr_chunk_front_kernel<QK, V, kW, decltype(dk)::value, decltype(dv)::value>;
           });
         }
