@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
 
   // dq = dPm K + e dQg and dk = (dS + dSᵀ) K + dPmᵀ Q + b e dRw + κ dKd: warp w takes row strip
   // w % 4 and half of dk's columns, in passes of up to four 8-column tiles (pass_tiles; pairs of
-  // tiles with bf16 products).
+  // tiles with bf16 products, or all six in one pass at a compile-time dk of 96).
   {
     const int mt = warp % 4, m0 = 16 * mt, half = warp / 4;
     const int n_half = dk / 16;  // tiles per half
@@ -522,7 +522,7 @@ int gdr_chunk_backward_tail(const GdrChunkList& l, const GdrChunkBackwardTailArg
         if constexpr (kGrads && std::is_same<QK, __nv_bfloat16>::value) {
           if constexpr (kW == 4) {
             if (bf16_products) {
-              return with_head_sizes(l.dk, l.dv, [](auto dk, auto dv) {
+              return with_head_sizes(GdrSizedKernel::kTail, l.dk, l.dv, [](auto dk, auto dv) {
                 return gdr_chunk_backward_tail_kernel<QK, V, kW, true, true, decltype(dk)::value, decltype(dv)::value>;
               });
             }

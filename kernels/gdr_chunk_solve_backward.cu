@@ -298,7 +298,7 @@ int gdr_chunk_solve_backward(const GdrChunkList& l, const GdrChunkSolveBackwardA
         if constexpr (kT && std::is_same<QK, __nv_bfloat16>::value && std::is_same<V, __nv_bfloat16>::value) {
           if constexpr (kW == 4) {
             if (tiles16) {
-              return with_head_sizes(l.dk, l.dv, [](auto dk, auto dv) {
+              return with_head_sizes(GdrSizedKernel::kSolveBackward, l.dk, l.dv, [](auto dk, auto dv) {
                 return gdr_chunk_solve_backward_kernel<QK, V, kW, true, true, 3, decltype(dk)::value,
                                                        decltype(dv)::value>;
               });

@@ -31,13 +31,14 @@ using Staged = typename std::conditional<sizeof(T) == 2, T, float>::type;
 // constants; with the sizes as arguments the state products' kernel spent most of its
 // instructions on loop and address arithmetic and was bound by issuing them (docs/perf.md, issue
 // 7, stop 53). of(dk_c, dv_c) gets the sizes as integral constants, (0, 0) for any other sizes
-// (the kernels then read them from GdrChunkList), also with gdr_fixed_head_sizes off.
+// (the kernels then read them from GdrChunkList), also with gdr_fixed_head_sizes off; `kernel`
+// names the caller for the launch counter.
 template <class Of>
-auto with_head_sizes(int64_t dk, int64_t dv, Of of) {
+auto with_head_sizes(GdrSizedKernel kernel, int64_t dk, int64_t dv, Of of) {
   using std::integral_constant;
   const bool fixed = gdr_fixed_head_sizes() && ((dk == 96 && dv == 192) || (dk == 128 && (dv == 128 || dv == 256)));
   if (!fixed) return of(integral_constant<int, 0>{}, integral_constant<int, 0>{});
-  gdr_count_fixed_head_size_launch();
+  gdr_count_fixed_head_size_launch(kernel);
   if (dk == 96) return of(integral_constant<int, 96>{}, integral_constant<int, 192>{});
   if (dv == 128) return of(integral_constant<int, 128>{}, integral_constant<int, 128>{});
   return of(integral_constant<int, 128>{}, integral_constant<int, 256>{});

@@ -30,6 +30,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cp_async.cuh"
 #include "kernels/gdr_chunk_mma.cuh"
@@ -184,6 +185,7 @@ template <class P, int kNT, bool kCompact, int kDV>
 __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2)
     state_grads_kernel(GdrChunkStateGradsArgs a, int pitch_arg) {
   extern __shared__ __align__(16) unsigned char smem[];
+  static_assert(kDV == 0 || (std::is_same<P, Bf16Products>::value && kCompact), "fixed dv: the bf16 form's pitch");
   constexpr int dk = 32 * kNT, half_dk = 16 * kNT;
   const int dv = kDV > 0 ? kDV : a.dv;
   const int p = kDV > 0 ? bf16_form_pitch(kDV) : pitch_arg;
@@ -298,7 +300,7 @@ int launch_compact_bf16(const GdrChunkStateGradsArgs& a, cudaStream_t stream) {
   if (!gdr_fixed_head_sizes() || (a.dv != 128 && a.dv != 192 && a.dv != 256)) {
     return launch_as<Bf16Products, kNT, true>(a, stream);
   }
-  gdr_count_fixed_head_size_launch();
+  gdr_count_fixed_head_size_launch(GdrSizedKernel::kStateGrads);
   if (a.dv == 128) return launch_as<Bf16Products, kNT, true, 128>(a, stream);
   if (a.dv == 192) return launch_as<Bf16Products, kNT, true, 192>(a, stream);
   return launch_as<Bf16Products, kNT, true, 256>(a, stream);

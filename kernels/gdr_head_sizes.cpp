@@ -6,12 +6,12 @@ namespace kernels {
 
 namespace {
 std::atomic<bool> g_fixed_head_sizes{true};
-std::atomic<int64_t> g_fixed_head_size_launches{0};
+std::atomic<int64_t> g_launches[static_cast<int>(GdrSizedKernel::kCount)] = {};
 }  // namespace
 
 void gdr_fixed_head_sizes(bool on) { g_fixed_head_sizes = on; }
 bool gdr_fixed_head_sizes() { return g_fixed_head_sizes.load(); }
-int64_t gdr_fixed_head_size_launches() { return g_fixed_head_size_launches.load(); }
-void gdr_count_fixed_head_size_launch() { ++g_fixed_head_size_launches; }
+int64_t gdr_fixed_head_size_launches(GdrSizedKernel kernel) { return g_launches[static_cast<int>(kernel)].load(); }
+void gdr_count_fixed_head_size_launch(GdrSizedKernel kernel) { ++g_launches[static_cast<int>(kernel)]; }
 
 }  // namespace kernels

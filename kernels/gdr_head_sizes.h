@@ -1,7 +1,10 @@
-// Whether the delta rule's chunk kernels run their instances compiled for the model's head sizes
-// (kernels/gdr_chunk_stage.cuh, with_head_sizes; and the state products' kernel) where the sizes
-// are those: on by default. Off, every launch takes the instance that reads dk and dv as
-// arguments, the same arithmetic in the same order, so tests can compare the two to the bit.
+// Whether the delta rule's kernels on the 16-bit path run their instances compiled for the model's
+// head sizes where the sizes are those (on by default): the front, the solve's backward and the
+// tail at (dk, dv) = (96, 192), (128, 128), (128, 256) (kernels/gdr_chunk_stage.cuh,
+// with_head_sizes); the state products at dv 128, 192, 256 (any dk they take); both bf16 scans at
+// C = 64 and dk 96 or 128 (any dv). Off, every launch takes the instance that reads the sizes as
+// arguments. The results are the same bits either way (the tail at dk = 96 groups its tiles into
+// one pass instead of three, each tile's sums in the same order), so tests compare the two.
 #pragma once
 
 #include <cstdint>
@@ -10,8 +13,12 @@ namespace kernels {
 
 void gdr_fixed_head_sizes(bool on);
 bool gdr_fixed_head_sizes();
-// How many launches this process has made of those instances (tests check they were taken).
-int64_t gdr_fixed_head_size_launches();
-void gdr_count_fixed_head_size_launch();
+
+// The kernels that have such instances, for the launch counters below.
+enum class GdrSizedKernel : int { kFront, kStateGrads, kSolveBackward, kTail, kScanForward, kScanReverse, kCount };
+// How many launches of that kernel's fixed-size instances this process has made (tests check each
+// was taken), and the launches' count.
+int64_t gdr_fixed_head_size_launches(GdrSizedKernel kernel);
+void gdr_count_fixed_head_size_launch(GdrSizedKernel kernel);
 
 }  // namespace kernels

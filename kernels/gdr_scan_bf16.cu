@@ -381,8 +381,12 @@ template <int kWarps, bool kBf16Y, bool kForward>
 ScanKernel sized(const GdrScanArgs& a) {
   if constexpr (kBf16Y) {
     if (gdr_fixed_head_sizes() && a.C == 64 && (a.dk == 96 || a.dk == 128)) {
-      gdr_count_fixed_head_size_launch();
-      return a.dk == 96 ? opted_in<kWarps, true, kForward, 64, 96>() : opted_in<kWarps, true, kForward, 64, 128>();
+      const ScanKernel f =
+          a.dk == 96 ? opted_in<kWarps, true, kForward, 64, 96>() : opted_in<kWarps, true, kForward, 64, 128>();
+      if (f != nullptr) {
+        gdr_count_fixed_head_size_launch(kForward ? GdrSizedKernel::kScanForward : GdrSizedKernel::kScanReverse);
+      }
+      return f;
     }
   }
   return opted_in<kWarps, kBf16Y, kForward>();
