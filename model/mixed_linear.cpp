@@ -66,7 +66,8 @@ bool grads_are_one_buffer(const std::vector<at::Tensor>& weights) {
 }
 
 // One product of the weight gradient: c (+)= g2[:, col : col + rows]ᵀ · x2, c fp32 (or, for a
-// gradient of another dtype or layout, c.add_ of the product cast to it).
+// gradient of another dtype or layout, c.add_ of the product cast to it: the product rounded to
+// x2's dtype first, or at a padded width (run_grad_products) from its fp32 rows).
 struct GradProduct {
   at::Tensor c;
   int64_t col = 0, rows = 0;
@@ -122,13 +123,13 @@ std::vector<GradProduct> plan_weight_grads(std::vector<at::Tensor>& weights, con
   return out;
 }
 
-void run_grad_products(std::vector<GradProduct>& products, const at::Tensor& g2, const at::Tensor& x2,
+// g2 [N, cols], or padded with zero columns past cols (aligned_columns): then the whole product at
+// its width once, into fp32 rows, and each weight's block out of those.
+void run_grad_products(std::vector<GradProduct>& products, const at::Tensor& g2, int64_t cols, const at::Tensor& x2,
                        bool no_workspace) {
-  const int64_t cols = g2.size(1), padded = aligned_columns(cols, g2);
-  if (padded != cols && !products.empty()) {
-    // The whole product once at the padded width into fp32 rows, each weight's block out of it.
-    auto whole = torch::empty({padded, x2.size(1)}, x2.options().dtype(at::kFloat));
-    at_b_into_(whole, at::constant_pad_nd(g2, {0, padded - cols}, 0), x2, /*accumulate=*/false, no_workspace);
+  if (g2.size(1) != cols && !products.empty()) {
+    auto whole = torch::empty({g2.size(1), x2.size(1)}, x2.options().dtype(at::kFloat));
+    at_b_into_(whole, g2, x2, /*accumulate=*/false, no_workspace);
     for (auto& p : products) {
       const auto part = whole.narrow(0, p.col, p.rows);
       if (p.accumulate) p.c.add_(p.cast_add ? part.to(p.c.scalar_type()) : part);
@@ -172,8 +173,8 @@ c10::cuda::CUDAStream grad_stream_with_work(int device) {
 
 // The products on the device's weight-gradient stream, after everything queued so far on the
 // caller's stream; g2 and x2 stay allocated until that stream is done with them.
-void run_grad_products_aside(std::vector<GradProduct>& products, const at::Tensor& g2, const at::Tensor& x2,
-                             bool no_workspace) {
+void run_grad_products_aside(std::vector<GradProduct>& products, const at::Tensor& g2, int64_t cols,
+                             const at::Tensor& x2, bool no_workspace) {
   const int device = g2.device().index();
   auto main = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
   auto side = grad_stream_with_work(device);
@@ -182,7 +183,7 @@ void run_grad_products_aside(std::vector<GradProduct>& products, const at::Tenso
   inputs_ready.block(side);
   {
     c10::cuda::CUDAStreamGuard guard(side);
-    run_grad_products(products, g2, x2, no_workspace);
+    run_grad_products(products, g2, cols, x2, no_workspace);
   }
   g2.record_stream(side);
   x2.record_stream(side);
@@ -216,8 +217,8 @@ struct MixedLinearFn : public torch::autograd::Function<MixedLinearFn> {
       if (padded == cols) {
         ys.push_back(product(x2, wh, /*b_trans=*/true, no_workspace).view(shape));
       } else {
-        const auto y = product(x2, at::constant_pad_nd(wh, {0, 0, 0, padded - cols}, 0), /*b_trans=*/true, no_workspace);
-        ys.push_back(y.narrow(1, 0, cols).contiguous().view(shape));
+        wh = at::constant_pad_nd(wh, {0, 0, 0, padded - cols}, 0);  // zero rows past cols
+        ys.push_back(product(x2, wh, /*b_trans=*/true, no_workspace).narrow(1, 0, cols).contiguous().view(shape));
       }
       saved.push_back(wh);
     }
@@ -246,30 +247,25 @@ struct MixedLinearFn : public torch::autograd::Function<MixedLinearFn> {
       std::vector<at::Tensor> group(weights.begin() + first, weights.begin() + first + n);
       first += n;
       if (!grads[gi].defined()) continue;
-      const at::Tensor& wh = saved[gi + 1];  // [Σ out_i, in]
-      auto g2 = grads[gi].reshape({-1, wh.size(0)});
+      const at::Tensor& wh = saved[gi + 1];  // [Σ out_i, in], with zero rows past them (aligned_columns)
+      const int64_t cols = total_rows(group);
+      auto g2 = grads[gi].reshape({-1, cols});
       if (g2.scalar_type() != wh.scalar_type()) g2 = g2.to(wh.scalar_type());
       if (!g2.is_contiguous()) g2 = g2.contiguous();
-      // x's gradient at aligned_columns: g2 and wh padded with zeros (run_grad_products pads g2
-      // for the weights' gradients itself).
-      at::Tensor g_dx = g2, w_dx = wh;
-      const int64_t cols = wh.size(0), padded = aligned_columns(cols, x2);
-      if (padded != cols) {
-        g_dx = at::constant_pad_nd(g2, {0, padded - cols}, 0);
-        w_dx = at::constant_pad_nd(wh, {0, 0, 0, padded - cols}, 0);
-      }
+      // At a padded width, g2 with zero columns to match: the padding adds zero products.
+      if (wh.size(0) != cols) g2 = at::constant_pad_nd(g2, {0, wh.size(0) - cols}, 0);
       if (ctx->needs_input_grad(0)) {
-        if (!dx.defined()) dx = product(g_dx, w_dx, /*b_trans=*/false, no_workspace);
-        else product_into(dx, g_dx, w_dx, /*b_trans=*/false, no_workspace, /*accumulate=*/true);
+        if (!dx.defined()) dx = product(g2, wh, /*b_trans=*/false, no_workspace);
+        else product_into(dx, g2, wh, /*b_trans=*/false, no_workspace, /*accumulate=*/true);
       }
       auto products = plan_weight_grads(group, x2);
 #if defined(DD_HAVE_CUDA)
       if (!products.empty() && aside) {
-        run_grad_products_aside(products, g2, x2, no_workspace);
+        run_grad_products_aside(products, g2, cols, x2, no_workspace);
         continue;
       }
 #endif
-      run_grad_products(products, g2, x2, no_workspace);
+      run_grad_products(products, g2, cols, x2, no_workspace);
     }
     if (dx.defined()) {
       const auto x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());

@@ -86,6 +86,45 @@ TEST(MixedLinearCuda, WeightGradientsAccumulateInFp32) {
               worst_dx);
 }
 
+// A width that is not a multiple of 8 (the a|b projection's 12) runs its GEMMs padded with zeros
+// (model/mixed_linear.cpp, aligned_columns), on every plan of the weights' gradients: a frozen
+// weight beside one whose gradient is new (a product per weight), a bf16 gradient already there
+// (added cast), and the products on the weight-gradient stream. Against fp64: fp32 gradients
+// within 2e-5, the bf16 one within its own rounding (8e-3), the output and x's gradient within
+// 8e-3; the frozen weight gets no gradient.
+TEST(MixedLinearCuda, UnalignedWidthsTakeEveryGradientPlan) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(93);
+  const int64_t in = 64;
+  for (const bool aside : {false, true}) {
+    auto w0 = (torch::randn({6, in}, torch::kCUDA) * 0.1).requires_grad_(false);  // frozen
+    auto w1 = (torch::randn({6, in}, torch::kCUDA) * 0.1).requires_grad_(true);
+    auto w2 = (torch::randn({5, in}, torch::kCUDA) * 0.1).requires_grad_(true);
+    w2.mutable_grad() = (torch::randn({5, in}, torch::kCUDA) * 0.1).to(at::kBFloat16);  // cast and added
+    const auto w2_grad0 = w2.grad().to(torch::kFloat64);
+    auto x = torch::randn({2, 77, in}, torch::kCUDA).to(at::kBFloat16).requires_grad_(true);
+    auto g = torch::randn({2, 77, 17}, torch::kCUDA).to(at::kBFloat16);
+    torch::Tensor y;
+    {
+      const model::WeightGradInPlaceScope scope(true, /*grad_stream=*/aside);
+      y = model::mixed_linear(x, {w0, w1, w2}, at::kBFloat16);
+      y.backward(g);
+    }
+    model::join_weight_grad_stream(x.device());
+    const auto f64 = [](const torch::Tensor& t) { return t.detach().to(torch::kFloat64); };
+    const auto wc = f64(torch::cat({w0, w1, w2}, 0).to(at::kBFloat16));
+    const auto x2 = f64(x).reshape({-1, in}), g2 = f64(g).reshape({-1, 17});
+    const std::string what = aside ? "on the weight-gradient stream" : "in line";
+    EXPECT_LT(rel_norm_diff(y.reshape({-1, 17}), x2.mm(wc.t())), 8e-3) << what << ": output";
+    EXPECT_LT(rel_norm_diff(x.grad().reshape({-1, in}), g2.mm(wc)), 8e-3) << what << ": x gradient";
+    EXPECT_FALSE(w0.grad().defined()) << what << ": the frozen weight got a gradient";
+    ASSERT_TRUE(w1.grad().defined() && w1.grad().scalar_type() == torch::kFloat32) << what;
+    EXPECT_LT(rel_norm_diff(w1.grad(), g2.narrow(1, 6, 6).t().mm(x2)), 2e-5) << what << ": new fp32 gradient";
+    ASSERT_EQ(w2.grad().scalar_type(), at::kBFloat16) << what;
+    EXPECT_LT(rel_norm_diff(w2.grad(), w2_grad0 + g2.narrow(1, 12, 5).t().mm(x2)), 8e-3) << what << ": added bf16";
+  }
+}
+
 // Two groups over one x on the GPU (the Gated DeltaNet layer's q|k|v|gate and a|b products), with
 // and without cuBLAS's workspace: the outputs and weight gradients equal separate calls' bit for
 // bit, and x's gradient, summed by the second GEMM, is within bf16's rounding of the fp64 sum.
