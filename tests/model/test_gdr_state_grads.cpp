@@ -43,7 +43,9 @@ TEST(GdrStateGrads, ReferenceMatchesFp64) {
       EXPECT_LT(max_rel(got.dQg, t.dQg), 1e-6) << what;
       EXPECT_LT(max_rel(got.dW, t.dW), 1e-6) << what;
       EXPECT_LT(max_rel(got.dKd, t.dKd), 1e-6) << what;
-      EXPECT_LT(max_rel(got.ddecay, t.ddecay), 1e-6) << what;
+      // ddecay sums dk·dv = 30 products a row, which can cancel: against the largest row's sum its
+      // fp32 error reached 1.04e-6 (inputs fresh each run), so 4e-6.
+      EXPECT_LT(max_rel(got.ddecay, t.ddecay), 4e-6) << what;
       if (row_map) {
         EXPECT_EQ(got.dQg.view({R * C, dk})[5].abs().max().item<float>(), 0.f) << "a −1 entry gives a zero row";
       }
