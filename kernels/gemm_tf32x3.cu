@@ -237,7 +237,8 @@ __global__ void __launch_bounds__(64 * kNW, min_blocks(kNW, kIsBf16<TA> && kIsBf
     __syncthreads();
   }
 
-  float* out = g.out + item * g.out_batch;
+  // Element offsets into out: item i's rows start at i · out_batch unless a row map places them.
+  const int64_t item_first = g.out_rows != nullptr ? 0 : item * g.out_batch;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
 #pragma unroll
@@ -248,16 +249,25 @@ __global__ void __launch_bounds__(64 * kNW, min_blocks(kNW, kIsBf16<TA> && kIsBf
         const int64_t m = m0 + wm + 16 * i + grp + 8 * h;
         if (m >= g.M) continue;
         int64_t row = m;
-        float* base = out;
         if (g.out_rows != nullptr) {
           row = __ldg(g.out_rows + item * g.M + m);
           if (row < 0) continue;
-          base = g.out;
         }
-        float* o = base + row * g.out_row + n;
+        const int64_t at = item_first + row * g.out_row + n;
+        const float v0 = g.alpha * acc[i][j][2 * h], v1 = g.alpha * acc[i][j][2 * h + 1];
+        if (g.out_bf16) {  // beta is 0 (gemm_tf32x3_supports)
+          __nv_bfloat16* o = static_cast<__nv_bfloat16*>(g.out) + at;
+          if (n + 1 < g.N) {
+            *reinterpret_cast<__nv_bfloat162*>(o) = __floats2bfloat162_rn(v0, v1);
+          } else if (n < g.N) {
+            o[0] = __float2bfloat16_rn(v0);
+          }
+          continue;
+        }
+        float* o = static_cast<float*>(g.out) + at;
         for (int e = 0; e < 2; ++e) {
           if (n + e >= g.N) break;
-          const float v = g.alpha * acc[i][j][2 * h + e];
+          const float v = e == 0 ? v0 : v1;
           o[e] = g.beta == 0.0f ? v : v + g.beta * o[e];
         }
       }

@@ -39,8 +39,8 @@ struct GemmOperand {
 // The most K rows a gathered b may have (the block reads b's whole map into shared memory once).
 constexpr int64_t kGemmMappedRowsMax = 128;
 
-// out[i] = alpha · (a[i] b[i] + a2[i] b2[i]) + beta · out[i]: a [M, K], b [K, N], out [M, N] (fp32)
-// with unit column stride; the second pair a2 [M, K2], b2 [K2, N] only when K2 > 0 (one pass over
+// out[i] = alpha · (a[i] b[i] + a2[i] b2[i]) + beta · out[i]: a [M, K], b [K, N], out [M, N] (fp32,
+// or bf16 with out_bf16) with unit column stride; the second pair a2 [M, K2], b2 [K2, N] only when K2 > 0 (one pass over
 // out instead of a second product adding to it: the delta rule's O = s (P Vn + Qg h_in)). beta = 0
 // never reads out (it may be uninitialised). Either or both of a and b may be bf16; a bf16 b needs a
 // K-contiguous a (a.col == 1).
@@ -49,7 +49,12 @@ struct GemmTf32x3Args {
   GemmOperand a, b;
   int64_t K2 = 0;
   GemmOperand a2, b2;  // laid out and typed as a and b are (a2.col == 1 exactly when a.col == 1; likewise b2)
-  float* out = nullptr;
+  void* out = nullptr;
+  // out holds bf16 (the fp32 sums rounded once, to nearest even) instead of fp32: beta 0, and even
+  // strides and a 4-byte aligned out (column pairs are stored as one word).
+  // The delta rule's output under 16-bit training: its only readers, the output norm forward and
+  // backward, then read half the bytes (model/gdr_chunk_core.h).
+  bool out_bf16 = false;
   int64_t out_batch = 0, out_row = 0;
   // When set (device memory, [batch · M]): row m of item i is written to out + out_rows[i·M + m] ·
   // out_row instead, and not at all where the entry is negative; out_batch is unused. The delta
@@ -103,7 +108,9 @@ inline bool gemm_tf32x3_supports(const GemmTf32x3Args& args) {
                                            args.b2.bf16 == args.b.bf16);
   return args.batch >= 1 && args.batch < (int64_t{1} << 31) && args.M >= 1 && args.N >= 1 && args.K >= 1 &&
          args.M < (int64_t{1} << 20) && args.N < (int64_t{1} << 20) && operand_ok(args.a, args.M, args.K) &&
-         operand_ok(args.b, args.K, args.N) && types_ok && maps_ok && second_ok && args.out != nullptr;
+         operand_ok(args.b, args.K, args.N) && types_ok && maps_ok && second_ok && args.out != nullptr &&
+         (!args.out_bf16 || (args.beta == 0.0f && args.out_row % 2 == 0 && args.out_batch % 2 == 0 &&
+                             reinterpret_cast<uintptr_t>(args.out) % 4 == 0));
 }
 
 #ifdef DD_HAVE_CUDA

@@ -73,7 +73,8 @@ kernels::GemmOperand operand(const torch::Tensor& x) {
 bool kernel_args_for(const torch::Tensor& out, const torch::Tensor& a_shape, const torch::Tensor& b_shape,
                      const kernels::GemmOperand& ga, const kernels::GemmOperand& gb, double alpha, double beta,
                      kernels::GemmTf32x3Args& g) {
-  if (!g_use_kernel || !out.is_cuda() || out.scalar_type() != torch::kFloat32 || out.numel() == 0 ||
+  const bool bf16_out = is_bf16(out);
+  if (!g_use_kernel || !out.is_cuda() || (out.scalar_type() != torch::kFloat32 && !bf16_out) || out.numel() == 0 ||
       a_shape.size(2) == 0)
     return false;
   g.batch = a_shape.size(0);
@@ -82,7 +83,8 @@ bool kernel_args_for(const torch::Tensor& out, const torch::Tensor& a_shape, con
   g.N = b_shape.size(2);
   g.a = ga;
   g.b = gb;
-  g.out = out.data_ptr<float>();
+  g.out = out.data_ptr();
+  g.out_bf16 = bf16_out;
   g.out_batch = out.stride(0);
   g.out_row = out.stride(1);
   g.alpha = static_cast<float>(alpha);
@@ -131,10 +133,13 @@ torch::Tensor bmm_fp32(const torch::Tensor& a, const torch::Tensor& b, double al
 }
 
 torch::Tensor bmm_fp32_sum(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& a2,
-                           const torch::Tensor& b2, double alpha) {
+                           const torch::Tensor& b2, double alpha, bool bf16_result) {
   check_pairs(a, b, a2, b2, "bmm_fp32_sum");
+  TORCH_CHECK(!bf16_result || result_dtype(a) == torch::kFloat32,
+              "bmm_fp32_sum: a bf16 result is for fp32 products, got ", result_dtype(a), " ones");
 #if defined(DD_HAVE_CUDA)
-  auto out = torch::empty({a.size(0), a.size(1), b.size(2)}, a.options().dtype(result_dtype(a)));
+  auto out = torch::empty({a.size(0), a.size(1), b.size(2)},
+                          a.options().dtype(bf16_result ? torch::kBFloat16 : result_dtype(a)));
   kernels::GemmTf32x3Args g;
   if (a2.size(2) > 0 && kernel_args(out, a, b, alpha, 0.0, g)) {
     g.K2 = a2.size(2);
@@ -147,7 +152,8 @@ torch::Tensor bmm_fp32_sum(const torch::Tensor& a, const torch::Tensor& b, const
   }
 #endif
   auto sum = bmm_fp32(a, b, alpha);
-  return bmm_fp32_accumulate(sum, a2, b2, alpha, 1.0);
+  bmm_fp32_accumulate(sum, a2, b2, alpha, 1.0);
+  return bf16_result ? sum.to(torch::kBFloat16) : sum;
 }
 
 torch::Tensor bmm_fp32_sum_scattered(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& a2,

@@ -20,9 +20,10 @@ torch::Tensor bmm_fp32(const torch::Tensor& a, const torch::Tensor& b, double al
 
 // alpha · (a b + a2 b2) for batches a [R, M, K], b [R, K, N], a2 [R, M, K2], b2 [R, K2, N]: on a GPU
 // one kernel pass over the output when both pairs' layouts fit it (kernels/gemm_tf32x3.h), else
-// bmm_fp32 then bmm_fp32_accumulate. Returns a new contiguous [R, M, N].
+// bmm_fp32 then bmm_fp32_accumulate. Returns a new contiguous [R, M, N]; with bf16_result in bf16, the
+// fp32 sums rounded once (the kernel writes them so; elsewhere rounded after the fp32 result).
 torch::Tensor bmm_fp32_sum(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& a2,
-                           const torch::Tensor& b2, double alpha = 1.0);
+                           const torch::Tensor& b2, double alpha = 1.0, bool bf16_result = false);
 
 // bmm_fp32_sum with its result's rows scattered into a new [n_rows, N]: row m of batch item i goes
 // to row out_rows[i·M + m] (int32 [R·M] on a's device), and nowhere where that is −1. Every output

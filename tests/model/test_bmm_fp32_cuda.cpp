@@ -326,6 +326,41 @@ TEST(BmmFp32Cuda, Bf16MmaMatchesTf32MmaOnTwoBf16Operands) {
   std::printf("bmm of two bf16 operands by bf16 mma vs fp64: worst %.2e\n", worst);
 }
 
+// bmm_fp32_sum's bf16 result (the delta rule's output under 16-bit training): the fp32 result rounded
+// once, to the bit, whether the kernel writes it (even widths) or the fallback rounds it (an odd
+// width, which the kernel's paired stores refuse); fp32 and bf16 operands, both block widths.
+TEST(BmmFp32Cuda, Bf16ResultIsTheFp32ResultRoundedOnce) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 4247);
+  struct Restore {
+    ~Restore() { model::bmm_fp32_wide_tiles(true); }
+  } restore;
+  struct Case {
+    int64_t R, M, N, K;
+  };
+  const Case cases[] = {{6, 64, 192, 64}, {4, 64, 128, 96}, {3, 40, 24, 72}, {2, 64, 21, 64}};
+  const auto bf16 = [](const torch::Tensor& x) { return x.to(torch::kBFloat16); };
+  for (const Case& c : cases) {
+    for (const bool bf16_operands : {false, true}) {
+      for (const bool wide : {true, false}) {
+        model::bmm_fp32_wide_tiles(wide);
+        auto P = make_operand(c.R, c.M, c.K, false), Vn = make_operand(c.R, c.K, c.N, false);
+        auto Qg = make_operand(c.R, c.M, c.K, false), h = make_operand(c.R, c.K, c.N, false);
+        if (bf16_operands) {
+          P = bf16(P), Vn = bf16(Vn), Qg = bf16(Qg), h = bf16(h);
+        }
+        const std::string what = "R=" + std::to_string(c.R) + " M=" + std::to_string(c.M) + " N=" +
+                                 std::to_string(c.N) + " K=" + std::to_string(c.K) +
+                                 (bf16_operands ? " bf16 operands" : " fp32 operands") + (wide ? " wide" : "");
+        const auto fp32 = model::bmm_fp32_sum(P, Vn, Qg, h, 0.125);
+        const auto got = model::bmm_fp32_sum(P, Vn, Qg, h, 0.125, /*bf16_result=*/true);
+        ASSERT_EQ(got.scalar_type(), torch::kBFloat16) << what;
+        EXPECT_TRUE(torch::equal(got, bf16(fp32))) << what;
+      }
+    }
+  }
+}
+
 // The delta rule's decay gradient with its states in bf16: a bf16, b fp32 (or bf16: the fused
 // reverse scan's state gradient), against fp64 sums of the same (widened) values, on the vector
 // and the scalar path.
