@@ -34,24 +34,24 @@ __device__ __forceinline__ int64_t o_offset(const GatedNormRows& r, int64_t n) {
   return (r.o_row != nullptr ? static_cast<int64_t>(r.o_row[n]) : n) * r.D;
 }
 
-template <typename TY, typename TZ>
-__global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_forward_kernel(TY* y, float* rstd, const float* o,
+template <typename TY, typename TZ, typename TO>
+__global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_forward_kernel(TY* y, float* rstd, const TO* o,
                                                                             const TZ* z, const float* w,
                                                                             GatedNormRows rows, float eps) {
   const int lane = threadIdx.x % 32;
   const int D = static_cast<int>(rows.D);
   for (int64_t n = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32; n < rows.N;
        n += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const float* orow = o + o_offset(rows, n);
+    const TO* orow = o + o_offset(rows, n);
     float ss = 0.f;
-    for (int c = lane; c < D; c += 32) ss += orow[c] * orow[c];
+    for (int c = lane; c < D; c += 32) ss += to_f32(orow[c]) * to_f32(orow[c]);
     const float r = rsqrtf(warp_sum(ss) / static_cast<float>(D) + eps);
     if (lane == 0) rstd[n] = r;
     const TZ* zrow = z + z_row(rows, n);
     for (int c = lane; c < D; c += 32) {
       const float zv = to_f32(zrow[c]);
       const float sg = 1.f / (1.f + expf(-zv));
-      y[n * D + c] = from_f32<TY>(orow[c] * r * w[c] * (zv * sg));
+      y[n * D + c] = from_f32<TY>(to_f32(orow[c]) * r * w[c] * (zv * sg));
     }
   }
 }
@@ -71,9 +71,9 @@ __device__ __forceinline__ GatedNormGrads gated_norm_grads(float dy, float oh, f
 
 // PER_LANE: columns per lane, ⌈D / 32⌉ rounded up to a power of two (the unrolled loop and the
 // weight-gradient registers are sized by it, so a 128-wide head does not walk 32 idle slots).
-template <typename TY, typename TZ, int PER_LANE>
-__global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_backward_kernel(float* d_o, TZ* dz, float* dw_partial,
-                                                                             const TY* dy, const float* o, const TZ* z,
+template <typename TY, typename TZ, typename TO, int PER_LANE>
+__global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_backward_kernel(TO* d_o, TZ* dz, float* dw_partial,
+                                                                             const TY* dy, const TO* o, const TZ* z,
                                                                              const float* w, const float* rstd,
                                                                              GatedNormRows rows) {
   const int lane = threadIdx.x % 32;
@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_backward_kernel(flo
 #pragma unroll
   for (int k = 0; k < PER_LANE; ++k) acc[k] = 0.f;
   for (int64_t n = warp_id; n < rows.N; n += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const float* orow = o + o_offset(rows, n);
+    const TO* orow = o + o_offset(rows, n);
     const TZ* zrow = z + z_row(rows, n);
     const TY* dyrow = dy + n * D;
     const float r = rstd[n];
@@ -91,18 +91,18 @@ __global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_backward_kernel(flo
     for (int c = lane; c < D; c += 32) {
       const float zv = to_f32(zrow[c]);
       const float s = zv / (1.f + expf(-zv));
-      dot += to_f32(dyrow[c]) * s * w[c] * (orow[c] * r);
+      dot += to_f32(dyrow[c]) * s * w[c] * (to_f32(orow[c]) * r);
     }
     const float mean = warp_sum(dot) / static_cast<float>(D);
-    float* d_orow = d_o + o_offset(rows, n);
+    TO* d_orow = d_o + o_offset(rows, n);
 #pragma unroll
     for (int k = 0; k < PER_LANE; ++k) {
       const int c = lane + 32 * k;
       if (c < D) {
         const float zv = to_f32(zrow[c]);
         const GatedNormGrads gr =
-            gated_norm_grads(to_f32(dyrow[c]), orow[c] * r, w[c], zv, 1.f / (1.f + expf(-zv)), r, mean);
-        d_orow[c] = gr.o;
+            gated_norm_grads(to_f32(dyrow[c]), to_f32(orow[c]) * r, w[c], zv, 1.f / (1.f + expf(-zv)), r, mean);
+        d_orow[c] = from_f32<TO>(gr.o);
         dz[z_row(rows, n) + c] = from_f32<TZ>(gr.z);
         acc[k] += gr.w;
       }
@@ -121,15 +121,15 @@ __device__ __forceinline__ int run_column(int lane, int j) {
   return kVec * (lane + 32 * j);
 }
 
-template <typename TY, typename TZ, int kRuns, int kVec>
-__global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_forward_regs_kernel(TY* y, float* rstd, const float* o,
+template <typename TY, typename TZ, typename TO, int kRuns, int kVec>
+__global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_forward_regs_kernel(TY* y, float* rstd, const TO* o,
                                                                                  const TZ* z, const float* w,
                                                                                  GatedNormRows rows, float eps) {
   const int lane = threadIdx.x % 32;
   const int D = static_cast<int>(rows.D);
   for (int64_t n = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32; n < rows.N;
        n += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const float* orow = o + o_offset(rows, n);
+    const TO* orow = o + o_offset(rows, n);
     const TZ* zrow = z + z_row(rows, n);
     float ov[kRuns][kVec], zv[kRuns][kVec];
     float ss = 0.f;
@@ -163,9 +163,9 @@ __global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_forward_regs_kernel
   }
 }
 
-template <typename TY, typename TZ, int kRuns, int kVec>
+template <typename TY, typename TZ, typename TO, int kRuns, int kVec>
 __global__ void __launch_bounds__(kWarps * 32)
-    gated_rmsnorm_backward_regs_kernel(float* d_o, TZ* dz, float* dw_partial, const TY* dy, const float* o,
+    gated_rmsnorm_backward_regs_kernel(TO* d_o, TZ* dz, float* dw_partial, const TY* dy, const TO* o,
                                        const TZ* z, const float* w, const float* rstd, GatedNormRows rows) {
   const int lane = threadIdx.x % 32;
   const int D = static_cast<int>(rows.D);
@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
   float next_o[kRuns][kVec], next_z[kRuns][kVec], next_dy[kRuns][kVec];
   auto load_row = [&](int64_t n) {
-    const float* orow = o + o_offset(rows, n);
+    const TO* orow = o + o_offset(rows, n);
     const TZ* zrow = z + z_row(rows, n);
 #pragma unroll
     for (int j = 0; j < kRuns; ++j) {
@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
     const float mean = warp_sum(dot) / static_cast<float>(D);
-    float* d_orow = d_o + o_offset(rows, n);
+    TO* d_orow = d_o + o_offset(rows, n);
 #pragma unroll
     for (int j = 0; j < kRuns; ++j) {
       const int c = run_column<kVec>(lane, j);
@@ -262,9 +262,9 @@ __global__ void __launch_bounds__(kWarps * 32)
 // index three grid strides ahead still fits an int).
 constexpr int kStages = 3;
 
-template <typename T, int kRuns, int kVec>
+template <typename T, typename TO, int kRuns, int kVec>
 struct StagedRowSlots {
-  Vec<float, kVec> o[kStages][kWarps][kRuns][32];
+  Vec<TO, kVec> o[kStages][kWarps][kRuns][32];
   Vec<T, kVec> z[kStages][kWarps][kRuns][32];
   Vec<T, kVec> dy[kStages][kWarps][kRuns][32];
   float r[kStages][kWarps][32];
@@ -275,12 +275,12 @@ struct StagedRowSlots {
 // and the quotient 0, as it should be.
 __device__ __forceinline__ float fast_sigmoid(float z) { return __fdividef(1.f, 1.f + __expf(-z)); }
 
-template <typename T, int kRuns, int kVec>
+template <typename T, typename TO, int kRuns, int kVec>
 __global__ void __launch_bounds__(kWarps * 32, 4)  // four blocks an SM: 64 registers (16 bytes spilled at (2, 4))
-    gated_rmsnorm_backward_staged_kernel(float* d_o, T* dz, float* dw_partial, const T* dy, const float* o,
+    gated_rmsnorm_backward_staged_kernel(TO* d_o, T* dz, float* dw_partial, const T* dy, const TO* o,
                                          const T* z, const float* w, const float* rstd, GatedNormRows rows) {
   extern __shared__ __align__(16) unsigned char staged_smem[];
-  auto& slots = *reinterpret_cast<StagedRowSlots<T, kRuns, kVec>*>(staged_smem);
+  auto& slots = *reinterpret_cast<StagedRowSlots<T, TO, kRuns, kVec>*>(staged_smem);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int D = static_cast<int>(rows.D);
   const int N = static_cast<int>(rows.N), z_heads = static_cast<int>(rows.z_heads);
@@ -301,14 +301,14 @@ __global__ void __launch_bounds__(kWarps * 32, 4)  // four blocks an SM: 64 regi
   // `slot`, as one group: a group is committed for every call, so that the waits below count rows.
   auto stage_row = [&](int n, int o_row, int slot) {
     if (n < N) {
-      const float* orow = o + static_cast<int64_t>(o_row) * D;
+      const TO* orow = o + static_cast<int64_t>(o_row) * D;
       const T* zrow = z + z_offset(n);
       const T* dyrow = dy + static_cast<int64_t>(n) * D;
 #pragma unroll
       for (int j = 0; j < kRuns; ++j) {
         const int c = run_column<kVec>(lane, j);
         if (c < D) {  // D % kVec == 0: a run is whole or past the row
-          cp_async<sizeof(Vec<float, kVec>)>(&slots.o[slot][warp][j][lane], orow + c);
+          cp_async<sizeof(Vec<TO, kVec>)>(&slots.o[slot][warp][j][lane], orow + c);
           cp_async<sizeof(Vec<T, kVec>)>(&slots.z[slot][warp][j][lane], zrow + c);
           cp_async<sizeof(Vec<T, kVec>)>(&slots.dy[slot][warp][j][lane], dyrow + c);
         }
@@ -357,7 +357,7 @@ __global__ void __launch_bounds__(kWarps * 32, 4)  // four blocks an SM: 64 regi
       }
     }
     const float mean = warp_sum(dot) / static_cast<float>(D);
-    float* d_orow = d_o + static_cast<int64_t>(o_n) * D;
+    TO* d_orow = d_o + static_cast<int64_t>(o_n) * D;
     T* dzrow = dz + z_offset(n);
 #pragma unroll
     for (int j = 0; j < kRuns; ++j) {
@@ -424,12 +424,29 @@ bool with_staged_shape(int64_t N, int64_t D, bool vec_ok, F&& f) {
   return true;
 }
 
-// Whether the rows' starts and the base pointers allow 4-column vectors (o, d_o fp32; z, dz in
-// z's dtype; y, dy in y's).
-bool rows_take_vectors(const GatedNormRows& rows, int y_bytes, int z_bytes, const void* y, const void* o,
+// Whether the rows' starts and the base pointers allow 4-column vectors (o, d_o in o's dtype; z, dz in
+// z's; y, dy in y's).
+bool rows_take_vectors(const GatedNormRows& rows, int y_bytes, int z_bytes, int o_bytes, const void* y, const void* o,
                        const void* z, const void* d_o = nullptr, const void* dz = nullptr) {
-  return rows.D % 4 == 0 && rows.z_ld % 4 == 0 && aligned_to(16, o, d_o) && aligned_to(4 * z_bytes, z, dz) &&
+  return rows.D % 4 == 0 && rows.z_ld % 4 == 0 && aligned_to(4 * o_bytes, o, d_o) && aligned_to(4 * z_bytes, z, dz) &&
          aligned_to(4 * y_bytes, y);
+}
+
+// f(o_tag) with o_tag of o's element type: fp32, or bf16 beside bf16 y and z (the 16-bit training
+// path; no other mix is compiled). Returns false where o_dt is not one of those.
+template <typename TY, typename TZ, typename F>
+bool dispatch_o(DType o_dt, F&& f) {
+  if (o_dt == DType::F32) {
+    f(float{});
+    return true;
+  }
+  if constexpr (std::is_same<TY, __nv_bfloat16>::value && std::is_same<TZ, __nv_bfloat16>::value) {
+    if (o_dt == DType::BF16) {
+      f(__nv_bfloat16{});
+      return true;
+    }
+  }
+  return false;
 }
 
 int64_t forward_blocks(int64_t N) { return (N + kWarps - 1) / kWarps < 65535 ? (N + kWarps - 1) / kWarps : 65535; }
@@ -445,9 +462,11 @@ int64_t gated_rmsnorm_backward_partial_rows(int64_t N) {
   return blocks * kWarps;
 }
 
-int gated_rmsnorm_forward(void* y, DType y_dt, float* rstd, const float* o, const void* z, DType z_dt,
+int gated_rmsnorm_forward(void* y, DType y_dt, float* rstd, const void* o, DType o_dt, const void* z, DType z_dt,
                           const float* w, const GatedNormRows& rows, float eps, void* stream) {
-  if (!gated_rmsnorm_supports(rows.D) || rows.z_heads < 1) return static_cast<int>(cudaErrorInvalidValue);
+  if (!gated_rmsnorm_supports(rows.D) || rows.z_heads < 1 || !gated_rmsnorm_takes_o(o_dt, y_dt, z_dt)) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
   if (rows.N == 0) return 0;
   const unsigned grid = static_cast<unsigned>(forward_blocks(rows.N));
   auto st = static_cast<cudaStream_t>(stream);
@@ -455,24 +474,30 @@ int gated_rmsnorm_forward(void* y, DType y_dt, float* rstd, const float* o, cons
     dispatch_dtype(z_dt, [&](auto z_tag) {
       using TY = decltype(y_tag);
       using TZ = decltype(z_tag);
-      const bool vec_ok = rows_take_vectors(rows, sizeof(TY), sizeof(TZ), y, o, z);
-      const bool regs = with_register_shape(rows.D, vec_ok, [&](auto runs, auto vec) {
-        gated_rmsnorm_forward_regs_kernel<TY, TZ, decltype(runs)::value, decltype(vec)::value>
-            <<<grid, kWarps * 32, 0, st>>>(static_cast<TY*>(y), rstd, o, static_cast<const TZ*>(z), w, rows, eps);
+      dispatch_o<TY, TZ>(o_dt, [&](auto o_tag) {
+        using TO = decltype(o_tag);
+        const TO* op = static_cast<const TO*>(o);
+        const bool vec_ok = rows_take_vectors(rows, sizeof(TY), sizeof(TZ), sizeof(TO), y, o, z);
+        const bool regs = with_register_shape(rows.D, vec_ok, [&](auto runs, auto vec) {
+          gated_rmsnorm_forward_regs_kernel<TY, TZ, TO, decltype(runs)::value, decltype(vec)::value>
+              <<<grid, kWarps * 32, 0, st>>>(static_cast<TY*>(y), rstd, op, static_cast<const TZ*>(z), w, rows, eps);
+        });
+        if (!regs) {
+          gated_rmsnorm_forward_kernel<TY, TZ, TO>
+              <<<grid, kWarps * 32, 0, st>>>(static_cast<TY*>(y), rstd, op, static_cast<const TZ*>(z), w, rows, eps);
+        }
       });
-      if (!regs) {
-        gated_rmsnorm_forward_kernel<TY, TZ><<<grid, kWarps * 32, 0, st>>>(static_cast<TY*>(y), rstd, o,
-                                                                           static_cast<const TZ*>(z), w, rows, eps);
-      }
     });
   });
   return static_cast<int>(cudaGetLastError());
 }
 
-int gated_rmsnorm_backward(float* d_o, void* dz, float* dw_partial, const void* dy, DType y_dt, const float* o,
-                           const void* z, DType z_dt, const float* w, const float* rstd, const GatedNormRows& rows,
-                           void* stream) {
-  if (!gated_rmsnorm_supports(rows.D) || rows.z_heads < 1) return static_cast<int>(cudaErrorInvalidValue);
+int gated_rmsnorm_backward(void* d_o, void* dz, float* dw_partial, const void* dy, DType y_dt, const void* o,
+                           DType o_dt, const void* z, DType z_dt, const float* w, const float* rstd,
+                           const GatedNormRows& rows, void* stream) {
+  if (!gated_rmsnorm_supports(rows.D) || rows.z_heads < 1 || !gated_rmsnorm_takes_o(o_dt, y_dt, z_dt)) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
   if (rows.N == 0) return 0;
   const unsigned grid = static_cast<unsigned>(gated_rmsnorm_backward_partial_rows(rows.N) / kWarps);
   auto st = static_cast<cudaStream_t>(stream);
@@ -480,44 +505,46 @@ int gated_rmsnorm_backward(float* d_o, void* dz, float* dw_partial, const void* 
     dispatch_dtype(z_dt, [&](auto z_tag) {
       using TY = decltype(y_tag);
       using TZ = decltype(z_tag);
-      const TY* dyp = static_cast<const TY*>(dy);
-      const TZ* zp = static_cast<const TZ*>(z);
-      TZ* dzp = static_cast<TZ*>(dz);
-      const dim3 block(kWarps * 32);
-      const bool vec_ok = rows_take_vectors(rows, sizeof(TY), sizeof(TZ), dy, o, z, d_o, dz) && aligned_to(16, dw_partial);
-      if constexpr (std::is_same<TY, TZ>::value && sizeof(TY) == 2) {
-        int err = -1;  // -1: no staged kernel for these rows
-        with_staged_shape(rows.N, rows.D, vec_ok, [&](auto runs, auto vec) {
-          constexpr int kRuns = decltype(runs)::value, kVec = decltype(vec)::value;
-          const auto kernel = gated_rmsnorm_backward_staged_kernel<TY, kRuns, kVec>;
-          const int smem = static_cast<int>(sizeof(StagedRowSlots<TY, kRuns, kVec>));
-          err = smem > 48 * 1024 ? allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem) : 0;
-          if (err != 0) return;
-          kernel<<<grid, block, smem, st>>>(d_o, dzp, dw_partial, dyp, o, zp, w, rstd, rows);
-          ++g_staged_launches;
+      dispatch_o<TY, TZ>(o_dt, [&](auto o_tag) {
+        using TO = decltype(o_tag);
+        const TY* dyp = static_cast<const TY*>(dy);
+        const TZ* zp = static_cast<const TZ*>(z);
+        const TO* op = static_cast<const TO*>(o);
+        TO* d_op = static_cast<TO*>(d_o);
+        TZ* dzp = static_cast<TZ*>(dz);
+        const dim3 block(kWarps * 32);
+        const bool vec_ok =
+            rows_take_vectors(rows, sizeof(TY), sizeof(TZ), sizeof(TO), dy, o, z, d_o, dz) && aligned_to(16, dw_partial);
+        if constexpr (std::is_same<TY, TZ>::value && sizeof(TY) == 2) {
+          int err = -1;  // -1: no staged kernel for these rows
+          with_staged_shape(rows.N, rows.D, vec_ok, [&](auto runs, auto vec) {
+            constexpr int kRuns = decltype(runs)::value, kVec = decltype(vec)::value;
+            const auto kernel = gated_rmsnorm_backward_staged_kernel<TY, TO, kRuns, kVec>;
+            const int smem = static_cast<int>(sizeof(StagedRowSlots<TY, TO, kRuns, kVec>));
+            err = smem > 48 * 1024 ? allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem) : 0;
+            if (err != 0) return;
+            kernel<<<grid, block, smem, st>>>(d_op, dzp, dw_partial, dyp, op, zp, w, rstd, rows);
+            ++g_staged_launches;
+          });
+          if (err == 0) return;  // launched (a refused opt-in falls back to the register kernels)
+        }
+        const bool regs = with_register_shape(rows.D, vec_ok, [&](auto runs, auto vec) {
+          gated_rmsnorm_backward_regs_kernel<TY, TZ, TO, decltype(runs)::value, decltype(vec)::value>
+              <<<grid, block, 0, st>>>(d_op, dzp, dw_partial, dyp, op, zp, w, rstd, rows);
         });
-        if (err == 0) return;  // launched (a refused opt-in falls back to the register kernels)
-      }
-      const bool regs = with_register_shape(rows.D, vec_ok, [&](auto runs, auto vec) {
-        gated_rmsnorm_backward_regs_kernel<TY, TZ, decltype(runs)::value, decltype(vec)::value>
-            <<<grid, block, 0, st>>>(d_o, dzp, dw_partial, dyp, o, zp, w, rstd, rows);
+        if (regs) return;
+        auto looped = [&](auto per_lane) {
+          gated_rmsnorm_backward_kernel<TY, TZ, TO, decltype(per_lane)::value>
+              <<<grid, block, 0, st>>>(d_op, dzp, dw_partial, dyp, op, zp, w, rstd, rows);
+        };
+        using std::integral_constant;
+        if (rows.D <= 32) looped(integral_constant<int, 1>{});
+        else if (rows.D <= 64) looped(integral_constant<int, 2>{});
+        else if (rows.D <= 128) looped(integral_constant<int, 4>{});
+        else if (rows.D <= 256) looped(integral_constant<int, 8>{});
+        else if (rows.D <= 512) looped(integral_constant<int, 16>{});
+        else looped(integral_constant<int, 32>{});
       });
-      if (regs) return;
-      if (rows.D <= 32) {
-        gated_rmsnorm_backward_kernel<TY, TZ, 1><<<grid, block, 0, st>>>(d_o, dzp, dw_partial, dyp, o, zp, w, rstd, rows);
-      } else if (rows.D <= 64) {
-        gated_rmsnorm_backward_kernel<TY, TZ, 2><<<grid, block, 0, st>>>(d_o, dzp, dw_partial, dyp, o, zp, w, rstd, rows);
-      } else if (rows.D <= 128) {
-        gated_rmsnorm_backward_kernel<TY, TZ, 4><<<grid, block, 0, st>>>(d_o, dzp, dw_partial, dyp, o, zp, w, rstd, rows);
-      } else if (rows.D <= 256) {
-        gated_rmsnorm_backward_kernel<TY, TZ, 8><<<grid, block, 0, st>>>(d_o, dzp, dw_partial, dyp, o, zp, w, rstd, rows);
-      } else if (rows.D <= 512) {
-        gated_rmsnorm_backward_kernel<TY, TZ, 16><<<grid, block, 0, st>>>(d_o, dzp, dw_partial, dyp, o, zp, w, rstd,
-                                                                         rows);
-      } else {
-        gated_rmsnorm_backward_kernel<TY, TZ, 32><<<grid, block, 0, st>>>(d_o, dzp, dw_partial, dyp, o, zp, w, rstd,
-                                                                         rows);
-      }
     });
   });
   return static_cast<int>(cudaGetLastError());

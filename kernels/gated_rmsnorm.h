@@ -3,7 +3,8 @@
 // and its backward, with s = silu(z), σ = sigmoid(z):
 //   g = dy ⊙ s ⊙ w;  do = r · (g − ô · mean(g ⊙ ô));  dz = dy ⊙ ô ⊙ w ⊙ σ (1 + z (1 − σ));  dw = Σ_rows dy ⊙ s ⊙ ô
 // One kernel each way instead of the RMSNorm kernel plus ATen's cast, silu, product and their
-// backward. o and do are fp32 (the delta rule's output); z is read in place from the gate
+// backward. o and do are fp32 (the delta rule's output), or bf16 beside bf16 y and z (its output
+// under 16-bit training, model/gdr_chunk_core.h; statistics still fp32); z is read in place from the gate
 // projection's column slice: row n sits at (n / z_heads) · z_ld + (n % z_heads) · D (z_heads rows per
 // token, token stride z_ld); dz is written in z's layout and dtype (so that it can share one buffer
 // with the gradients of the columns beside z); y, dy in the output dtype;
@@ -28,9 +29,16 @@ struct GatedNormRows {
 
 inline bool gated_rmsnorm_supports(int64_t D) { return D >= 1 && D <= 1024; }
 
+// Whether the kernels take o (and d_o) of o_dt beside y_dt and z_dt: fp32 o with any, bf16 o with
+// bf16 y and z.
+inline bool gated_rmsnorm_takes_o(DType o_dt, DType y_dt, DType z_dt) {
+  return o_dt == DType::F32 || (o_dt == DType::BF16 && y_dt == DType::BF16 && z_dt == DType::BF16);
+}
+
 #ifdef DD_HAVE_CUDA
-// Each returns the cudaError_t of the launch (0 = success); unsupported sizes are cudaErrorInvalidValue.
-int gated_rmsnorm_forward(void* y, DType y_dt, float* rstd, const float* o, const void* z, DType z_dt,
+// Each returns the cudaError_t of the launch (0 = success); unsupported sizes and dtypes are
+// cudaErrorInvalidValue.
+int gated_rmsnorm_forward(void* y, DType y_dt, float* rstd, const void* o, DType o_dt, const void* z, DType z_dt,
                           const float* w, const GatedNormRows& rows, float eps, void* stream);
 
 // Whether rows up to 512 wide take the register kernels (the default) or the looped ones: a
@@ -47,9 +55,10 @@ int64_t gated_rmsnorm_staged_launches();
 // Rows of dw's partial sums the backward writes: dw = dw_partial[0:rows].sum(0).
 int64_t gated_rmsnorm_backward_partial_rows(int64_t N);
 
-int gated_rmsnorm_backward(float* d_o, void* dz, float* dw_partial, const void* dy, DType y_dt, const float* o,
-                           const void* z, DType z_dt, const float* w, const float* rstd, const GatedNormRows& rows,
-                           void* stream);
+// d_o in o's dtype.
+int gated_rmsnorm_backward(void* d_o, void* dz, float* dw_partial, const void* dy, DType y_dt, const void* o,
+                           DType o_dt, const void* z, DType z_dt, const float* w, const float* rstd,
+                           const GatedNormRows& rows, void* stream);
 #endif
 
 }  // namespace kernels

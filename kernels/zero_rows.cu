@@ -1,4 +1,4 @@
-// zero_unnamed_rows_f32: a byte per row marks the named ones; then each warp reads 32 rows' marks at
+// zero_unnamed_rows_f32 / _16bit: a byte per row marks the named ones; then each warp reads 32 rows' marks at
 // once and zeroes only the unnamed rows among them, the whole warp on one row at a time (most warps
 // find none and leave after one load).
 #include <cuda_runtime.h>
@@ -16,8 +16,11 @@ __global__ void mark_named_rows_kernel(uint8_t* named, const int32_t* row_of, in
     named[row_of[i]] = 1;
 }
 
-template <bool kVec4>
-__global__ void zero_unnamed_rows_kernel(float* x, int64_t M, int64_t D, const uint8_t* named) {
+// T: float or uint16_t (bf16 bits); zero bits are 0 in both. kVec16: 16-byte stores (D a multiple
+// of 16 bytes' elements, x aligned to 16 bytes).
+template <typename T, bool kVec16>
+__global__ void zero_unnamed_rows_kernel(T* x, int64_t M, int64_t D, const uint8_t* named) {
+  constexpr int kPer16 = 16 / static_cast<int>(sizeof(T));
   const int lane = threadIdx.x % 32;
   const int64_t first = (int64_t{blockIdx.x} * (kThreads / 32) + threadIdx.x / 32) * 32;
   if (first >= M) return;
@@ -26,12 +29,12 @@ __global__ void zero_unnamed_rows_kernel(float* x, int64_t M, int64_t D, const u
   while (todo != 0) {
     const int j = __ffs(todo) - 1;
     todo &= todo - 1;
-    float* row = x + (first + j) * D;
-    if (kVec4) {
-      for (int64_t c = int64_t{lane} * 4; c < D; c += 32 * 4)
-        *reinterpret_cast<float4*>(row + c) = make_float4(0.f, 0.f, 0.f, 0.f);
+    T* row = x + (first + j) * D;
+    if (kVec16) {
+      for (int64_t c = int64_t{lane} * kPer16; c < D; c += 32 * kPer16)
+        *reinterpret_cast<uint4*>(row + c) = make_uint4(0u, 0u, 0u, 0u);
     } else {
-      for (int64_t c = lane; c < D; c += 32) row[c] = 0.f;
+      for (int64_t c = lane; c < D; c += 32) row[c] = T{0};
     }
   }
 }
@@ -41,10 +44,8 @@ unsigned blocks_for(int64_t work) {
   return static_cast<unsigned>(b < 132 * 16 ? b : 132 * 16);
 }
 
-}  // namespace
-
-int zero_unnamed_rows_f32(float* x, int64_t M, int64_t D, const int32_t* row_of, int64_t n, uint8_t* named,
-                          void* stream) {
+template <typename T>
+int zero_unnamed_rows(T* x, int64_t M, int64_t D, const int32_t* row_of, int64_t n, uint8_t* named, void* stream) {
   if (M == 0 || D == 0) return 0;
   auto st = static_cast<cudaStream_t>(stream);
   cudaError_t e = cudaMemsetAsync(named, 0, static_cast<size_t>(M), st);
@@ -52,10 +53,22 @@ int zero_unnamed_rows_f32(float* x, int64_t M, int64_t D, const int32_t* row_of,
   if (n > 0) mark_named_rows_kernel<<<blocks_for(n), kThreads, 0, st>>>(named, row_of, n);
   // One warp per 32 rows.
   const unsigned grid = static_cast<unsigned>((M + kThreads - 1) / kThreads);
-  const bool vec4 = D % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  if (vec4) zero_unnamed_rows_kernel<true><<<grid, kThreads, 0, st>>>(x, M, D, named);
-  else zero_unnamed_rows_kernel<false><<<grid, kThreads, 0, st>>>(x, M, D, named);
+  const bool vec16 = D % (16 / sizeof(T)) == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  if (vec16) zero_unnamed_rows_kernel<T, true><<<grid, kThreads, 0, st>>>(x, M, D, named);
+  else zero_unnamed_rows_kernel<T, false><<<grid, kThreads, 0, st>>>(x, M, D, named);
   return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace
+
+int zero_unnamed_rows_f32(float* x, int64_t M, int64_t D, const int32_t* row_of, int64_t n, uint8_t* named,
+                          void* stream) {
+  return zero_unnamed_rows(x, M, D, row_of, n, named, stream);
+}
+
+int zero_unnamed_rows_16bit(void* x, int64_t M, int64_t D, const int32_t* row_of, int64_t n, uint8_t* named,
+                            void* stream) {
+  return zero_unnamed_rows(static_cast<uint16_t*>(x), M, D, row_of, n, named, stream);
 }
 
 }  // namespace kernels

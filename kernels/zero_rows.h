@@ -1,4 +1,4 @@
-// Zeroes the rows of an fp32 matrix that no entry of a row map names: the Gated DeltaNet output's
+// Zeroes the rows of an fp32 (or 16-bit) matrix that no entry of a row map names: the Gated DeltaNet output's
 // chunk-padding rows, whose gradient must be exactly 0 while every other row is written by the
 // output norm's backward. A zero fill of the whole [M, D] gradient first cost 31 µs a layer at
 // moe-1b's shape ([100992, 256], 2.7% of it padding); this writes the padding rows only. Raw
@@ -15,6 +15,9 @@ namespace kernels {
 // touched. One memset and two launches. Returns the cudaError_t of the launches (0 = success).
 int zero_unnamed_rows_f32(float* x, int64_t M, int64_t D, const int32_t* row_of, int64_t n, uint8_t* named,
                           void* stream);
+// The same for rows of 16-bit elements (bf16 or fp16: zero is the same bits).
+int zero_unnamed_rows_16bit(void* x, int64_t M, int64_t D, const int32_t* row_of, int64_t n, uint8_t* named,
+                            void* stream);
 #endif
 
 }  // namespace kernels

@@ -48,9 +48,10 @@ torch::Tensor gather_rows(const torch::Tensor& o_rows, const torch::Tensor& o_ro
 torch::Tensor gated_rms_norm_reference(const torch::Tensor& o, const torch::Tensor& z, const torch::Tensor& w,
                                        double eps, torch::ScalarType out_dtype) {
   check_shapes(o.sizes(), z, w);
-  const auto ft = o.scalar_type();
+  // fp32 math for a 16-bit o (its gradient comes back in o's dtype through the cast).
+  const auto ft = o.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
   auto zf = z.reshape(o.sizes()).to(ft);
-  auto y = rms_norm_reference(o, w.to(ft), eps) * torch::silu(zf);
+  auto y = rms_norm_reference(o.to(ft), w.to(ft), eps) * torch::silu(zf);
   return y.to(out_dtype);
 }
 
@@ -112,10 +113,10 @@ class GatedRmsNormFn : public torch::autograd::Function<GatedRmsNormFn> {
     auto y = torch::empty(y_sizes, o.options().dtype(yt));
     const auto rows = rows_of(y.sizes(), z, row);
     auto rstd = torch::empty({rows.N}, o.options().dtype(torch::kFloat32));
-    check_kernel_launch(kernels::gated_rmsnorm_forward(y.data_ptr(), dtype_of(yt), rstd.data_ptr<float>(),
-                                                       oc.data_ptr<float>(), z.data_ptr(), dtype_of(z.scalar_type()),
-                                                       wf.data_ptr<float>(), rows, static_cast<float>(eps),
-                                                       stream_of(o)),
+    check_kernel_launch(kernels::gated_rmsnorm_forward(y.data_ptr(), dtype_of(yt), rstd.data_ptr<float>(), oc.data_ptr(),
+                                                       dtype_of(oc.scalar_type()), z.data_ptr(),
+                                                       dtype_of(z.scalar_type()), wf.data_ptr<float>(), rows,
+                                                       static_cast<float>(eps), stream_of(o)),
                         "gated RMSNorm forward");
     ctx->save_for_backward({oc, z, wf, rstd});
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
@@ -134,17 +135,22 @@ class GatedRmsNormFn : public torch::autograd::Function<GatedRmsNormFn> {
     auto d_o = torch::empty_like(o);
     if (row.defined() && rows.N != o.size(0)) {
       auto named = torch::empty({o.size(0)}, o.options().dtype(torch::kUInt8));
-      check_kernel_launch(kernels::zero_unnamed_rows_f32(d_o.data_ptr<float>(), o.size(0), o.size(1),
-                                                         row.data_ptr<int32_t>(), row.numel(), named.data_ptr<uint8_t>(),
-                                                         stream_of(o)),
-                          "gated RMSNorm backward: padding rows");
+      const int32_t* row_of = row.data_ptr<int32_t>();
+      uint8_t* marks = named.data_ptr<uint8_t>();
+      const int err = o.scalar_type() == torch::kFloat32
+                          ? kernels::zero_unnamed_rows_f32(d_o.data_ptr<float>(), o.size(0), o.size(1), row_of,
+                                                           row.numel(), marks, stream_of(o))
+                          : kernels::zero_unnamed_rows_16bit(d_o.data_ptr(), o.size(0), o.size(1), row_of,
+                                                             row.numel(), marks, stream_of(o));
+      check_kernel_launch(err, "gated RMSNorm backward: padding rows");
     }
     auto dz = gradient_like_slice(z);
     auto partial = torch::empty({kernels::gated_rmsnorm_backward_partial_rows(rows.N), rows.D},
                                 o.options().dtype(torch::kFloat32));
-    check_kernel_launch(kernels::gated_rmsnorm_backward(d_o.data_ptr<float>(), dz.data_ptr(), partial.data_ptr<float>(),
-                                                        dy.data_ptr(), dtype_of(dy.scalar_type()), o.data_ptr<float>(),
-                                                        z.data_ptr(), dtype_of(z.scalar_type()), wf.data_ptr<float>(),
+    check_kernel_launch(kernels::gated_rmsnorm_backward(d_o.data_ptr(), dz.data_ptr(), partial.data_ptr<float>(),
+                                                        dy.data_ptr(), dtype_of(dy.scalar_type()), o.data_ptr(),
+                                                        dtype_of(o.scalar_type()), z.data_ptr(),
+                                                        dtype_of(z.scalar_type()), wf.data_ptr<float>(),
                                                         rstd.data_ptr<float>(), rows, stream_of(o)),
                         "gated RMSNorm backward");
     auto dw = partial.sum(0).to(static_cast<torch::ScalarType>(ctx->saved_data["w_dtype"].toInt()));
@@ -152,13 +158,14 @@ class GatedRmsNormFn : public torch::autograd::Function<GatedRmsNormFn> {
   }
 };
 
-// The kernels take fp32 o on a GPU, z with unit column stride and a token stride that covers the
-// batch (z[b, t] at (b·T + t) · stride(1)) with rows that do not overlap (dz is written in z's
-// layout), and widths up to 1024.
+// The kernels take fp32 o on a GPU (or bf16 o beside bf16 z and y), z with unit column stride and a
+// token stride that covers the batch (z[b, t] at (b·T + t) · stride(1)) with rows that do not overlap
+// (dz is written in z's layout), and widths up to 1024.
 bool kernels_apply(const torch::Tensor& o, const torch::Tensor& z, const torch::Tensor& w, torch::ScalarType out) {
-  kernels::DType d{};
-  return o.is_cuda() && z.is_cuda() && w.is_cuda() && o.scalar_type() == torch::kFloat32 &&
-         kernel_dtype(z.scalar_type(), d) && kernel_dtype(out, d) && z.stride(2) == 1 && z.stride(1) >= z.size(2) &&
+  kernels::DType o_dt{}, z_dt{}, y_dt{};
+  return o.is_cuda() && z.is_cuda() && w.is_cuda() && kernel_dtype(o.scalar_type(), o_dt) &&
+         kernel_dtype(z.scalar_type(), z_dt) && kernel_dtype(out, y_dt) &&
+         kernels::gated_rmsnorm_takes_o(o_dt, y_dt, z_dt) && z.stride(2) == 1 && z.stride(1) >= z.size(2) &&
          (z.size(0) == 1 || z.stride(0) == z.size(1) * z.stride(1)) &&
          kernels::gated_rmsnorm_supports(o.size(o.dim() - 1)) && o.numel() > 0;
 }

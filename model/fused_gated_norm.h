@@ -8,7 +8,8 @@
 
 namespace model {
 
-// o [B,T,H,D] (fp32 or fp64: the delta rule's output), z [B,T,H·D] (any dtype; may be a column slice
+// o [B,T,H,D] (fp32 or fp64: the delta rule's output; or bf16, its output under 16-bit training, in
+// fp32 math with its gradient in bf16), z [B,T,H·D] (any dtype; may be a column slice
 // of a wider tensor), w [D]. Returns y [B,T,H,D] in out_dtype; fp32 (fp64) math. Differentiable in
 // o, z and w. Any thread; bad shapes throw c10::Error.
 torch::Tensor gated_rms_norm_reference(const torch::Tensor& o, const torch::Tensor& z, const torch::Tensor& w,
@@ -16,7 +17,7 @@ torch::Tensor gated_rms_norm_reference(const torch::Tensor& o, const torch::Tens
 torch::Tensor gated_rms_norm(const torch::Tensor& o, const torch::Tensor& z, const torch::Tensor& w, double eps,
                              torch::ScalarType out_dtype);
 
-// The same norm of o given as rows in another order: o_rows [M, D] (fp32 or fp64) and o_row
+// The same norm of o given as rows in another order: o_rows [M, D] (fp32, fp64 or bf16) and o_row
 // [B,T,H] int32, the row of o_rows that holds head h of token (b, t); rows no entry names (the
 // delta rule's chunk padding) are read by nobody and get zero gradient. On a GPU the kernels read
 // and write those rows in place, so o never exists in token order; elsewhere, and as the

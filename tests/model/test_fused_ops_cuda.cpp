@@ -1163,7 +1163,9 @@ TEST(FusedOpsCuda, ShortConvPartsTakeTheGateGradientInPlace) {
 // register kernels (4-column vectors where z's slice is aligned, else one column per load); the
 // looped kernels run for D = 1024 and with the switch off. The bf16 backward with z aligned and
 // D ≤ 256 takes the staged kernel (3 runs of 2 columns at D = 192, else runs of 4), unless that
-// switch is off: the test counts its launches.
+// switch is off: the test counts its launches. With bf16 y and z, o comes in bf16 too (the delta
+// rule's output under 16-bit training): its gradient comes back in bf16, one rounding of the same
+// value on both sides.
 TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
   DD_REQUIRE_GPU();
   seed_from_gtest(43);
@@ -1182,10 +1184,13 @@ TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
     const bool registers = form != kLooped;
     kernels::gated_rmsnorm_register_rows(registers);
     kernels::gated_rmsnorm_staged_rows(form == kStaged);
-    for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
+    for (auto dt : {torch::kFloat32, torch::kBFloat16})
+    for (const bool o16 : {false, true}) {
+      if (o16 && dt != torch::kBFloat16) continue;
       auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
       const int64_t N = c.B * c.T * c.H, M = rows ? N + 7 : N;
       auto o0 = rows ? torch::randn({M, c.D}, f32) * 3.0 : torch::randn({c.B, c.T, c.H, c.D}, f32) * 3.0;
+      if (o16) o0 = o0.to(torch::kBFloat16);
       auto perm = torch::randperm(M, f32.dtype(torch::kInt64));
       auto o_row = perm.narrow(0, 0, N).to(torch::kInt32).view({c.B, c.T, c.H});
       // z at column 5 of rows H·D + 11 wide, or at column 8 of rows H·D + 16 wide (4-column vectors).
@@ -1221,7 +1226,7 @@ TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
       std::string what = "B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " H" + std::to_string(c.H) + " D" +
                          std::to_string(c.D) + " " + name_of(dt) + (rows ? " rows" : "") +
                          (form == kStaged ? " staged" : registers ? " registers" : " looped") +
-                         (aligned_z ? " z aligned" : "");
+                         (aligned_z ? " z aligned" : "") + (o16 ? " bf16 o" : "");
       double e[4];
       for (int i = 0; i < 4; ++i) {
         EXPECT_EQ(got[i].scalar_type(), want[i].scalar_type()) << what << " " << names[i];
@@ -1237,7 +1242,8 @@ TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
 
 // The padding rows' zero fill of the output norm's backward (kernels/zero_rows.h): on a matrix full
 // of 7s, exactly the rows the map does not name become 0 and every named row keeps its 7s; widths
-// with and without 4-column vectors, a map naming every row, none, and with repeats.
+// with and without 16-byte vectors, a map naming every row, none, and with repeats; fp32 and bf16
+// rows (the 16-bit entry point).
 TEST(FusedOpsCuda, ZeroUnnamedRowsTouchesOnlyThoseRows) {
   DD_REQUIRE_GPU();
   seed_from_gtest(48);
@@ -1246,16 +1252,21 @@ TEST(FusedOpsCuda, ZeroUnnamedRowsTouchesOnlyThoseRows) {
     int64_t M, D, n;
   };
   for (const Case c : {Case{100992 / 8, 256, 100992 / 8 - 336}, Case{1000, 37, 993}, Case{77, 4, 77}, Case{65, 12, 0},
-                       Case{300, 96, 1}}) {
-    auto x = torch::full({c.M, c.D}, 7.0f, i64.dtype(torch::kFloat32));
+                       Case{300, 96, 1}, Case{130, 8, 60}})
+  for (const auto dt : {torch::kFloat32, torch::kBFloat16}) {
+    auto x = torch::full({c.M, c.D}, 7.0f, i64.dtype(dt));
     auto perm = torch::randperm(c.M, i64);
     auto row_of = perm.narrow(0, 0, c.n).to(torch::kInt32);
     if (c.n > 1) row_of = torch::cat({row_of, row_of.narrow(0, 0, c.n / 2)});  // repeats are allowed
     auto named = torch::empty({c.M}, i64.dtype(torch::kUInt8));
-    model::check_kernel_launch(kernels::zero_unnamed_rows_f32(x.data_ptr<float>(), c.M, c.D, row_of.data_ptr<int32_t>(),
-                                                              row_of.numel(), named.data_ptr<uint8_t>(), model::stream_of(x)),
-                               "zero_unnamed_rows_f32");
-    const std::string what = "M" + std::to_string(c.M) + " D" + std::to_string(c.D) + " n" + std::to_string(c.n);
+    const int err = dt == torch::kFloat32
+                        ? kernels::zero_unnamed_rows_f32(x.data_ptr<float>(), c.M, c.D, row_of.data_ptr<int32_t>(),
+                                                         row_of.numel(), named.data_ptr<uint8_t>(), model::stream_of(x))
+                        : kernels::zero_unnamed_rows_16bit(x.data_ptr(), c.M, c.D, row_of.data_ptr<int32_t>(),
+                                                           row_of.numel(), named.data_ptr<uint8_t>(), model::stream_of(x));
+    model::check_kernel_launch(err, "zero_unnamed_rows");
+    const std::string what = "M" + std::to_string(c.M) + " D" + std::to_string(c.D) + " n" + std::to_string(c.n) +
+                             (dt == torch::kFloat32 ? " fp32" : " bf16");
     auto kept = x.index_select(0, perm.narrow(0, 0, c.n)), zeroed = x.index_select(0, perm.narrow(0, c.n, c.M - c.n));
     if (c.n > 0) {
       EXPECT_TRUE((kept == 7.0f).all().item<bool>()) << what;
