@@ -7,7 +7,9 @@
 // With an fp32 dU (kCompact off) dh_next's group comes in during the first pass, and two blocks fit
 // an SM at bench gdr's shape (87 kB a block, 92 kB in the bf16 form). With a bf16 dU (the 16-bit
 // path, kCompact) dh_next and dU both take dO's fp32 room after the first pass: 70 kB (74 kB), three
-// blocks an SM, whose loads and products overlap instead.
+// blocks an SM, whose loads and products overlap instead. With a bf16 dO too (kDOBf16) dO takes half
+// that room and dh_next the other half, in a group of its own staged with the first (it lands
+// during the first pass), and dU takes dO's half after it.
 // and takes three passes over k = dv, each warp a 16-row tile of C and a quarter of the columns:
 //   pass 1 (dO)   dQg and dP_raw tiles, one A fragment for both;
 //   pass 2 (Vn)   dKd tiles, and the block's share of ddecay from the staged h_in and dh_next;
@@ -56,16 +58,18 @@ __device__ __forceinline__ void stage_bf16(uint16_t* dst, const uint16_t* src, i
   }
 }
 
-// The C fp32 rows of chunk row r into shared rows of pitch p: row i from src row map[first + i]
-// (zeros where that is −1), or first + i without a map.
-__device__ __forceinline__ void stage_f32_rows(float* dst, const float* src, const int32_t* map, int64_t first, int dv,
-                                               int p) {
-  const int per_row = dv / 4;
+// The C rows (fp32 or bf16 bits) of chunk row r into shared rows of pitch p: row i from src row
+// map[first + i] (zeros where that is −1), or first + i without a map.
+template <typename T>
+__device__ __forceinline__ void stage_rows(T* dst, const T* src, const int32_t* map, int64_t first, int dv, int p) {
+  constexpr int kPer16 = 16 / static_cast<int>(sizeof(T));
+  const int per_row = dv / kPer16;
   for (int i = threadIdx.x; i < kC * per_row; i += kThreads) {
     const int row = i / per_row, c = i % per_row;
     const int64_t src_row = map != nullptr ? map[first + row] : first + row;
     const bool valid = src_row >= 0;
-    cp_async16_zfill(dst + row * p + 4 * c, valid ? src + src_row * dv + 4 * c : src, valid);
+    const T* from = valid ? src + src_row * dv + kPer16 * c : src;
+    cp_async16_zfill(reinterpret_cast<float*>(dst + row * p + kPer16 * c), reinterpret_cast<const float*>(from), valid);
   }
 }
 
@@ -181,11 +185,13 @@ __host__ __device__ constexpr int bf16_form_pitch(int dv) { return dv % 32 == 16
 // loops divide by constants: the launch with dv as an argument spent about nine in ten of its
 // instructions on loop and address arithmetic (ncu, hybrid base: 3.5k instructions a warp for 132
 // mma), and the kernel is bound by issuing them.
-template <class P, int kNT, bool kCompact, int kDV>
+// kDOBf16: dO in bf16 (the bf16 form with kCompact only; see the top).
+template <class P, int kNT, bool kCompact, int kDV, bool kDOBf16 = false>
 __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2)
     state_grads_kernel(GdrChunkStateGradsArgs a, int pitch_arg) {
   extern __shared__ __align__(16) unsigned char smem[];
   static_assert(kDV == 0 || (std::is_same<P, Bf16Products>::value && kCompact), "fixed dv: the bf16 form's pitch");
+  static_assert(!kDOBf16 || (std::is_same<P, Bf16Products>::value && kCompact), "a bf16 dO: the bf16 compact form");
   constexpr int dk = 32 * kNT, half_dk = 16 * kNT;
   const int dv = kDV > 0 ? kDV : a.dv;
   const int p = kDV > 0 ? bf16_form_pitch(kDV) : pitch_arg;
@@ -194,17 +200,25 @@ __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2)
   uint16_t* Hs = reinterpret_cast<uint16_t*>(smem);   // [half_dk][p] h_in's rows of this half
   uint16_t* Vs = Hs + half_dk * p;                    // [C][p] Vn
   float* Xs = reinterpret_cast<float*>(Vs + kC * p);  // [C][p] dO, then (kCompact off) dU
-  // [half_dk][p] dh_next's rows of this half, and (kCompact) [C][p] the bf16 dU after them.
-  uint16_t* Ds = kCompact ? reinterpret_cast<uint16_t*>(Xs) : reinterpret_cast<uint16_t*>(Xs + kC * p);
-  uint16_t* dU_s = Ds + half_dk * p;
+  uint16_t* dO16_s = reinterpret_cast<uint16_t*>(Xs);  // kDOBf16: [C][p] dO, then dU
+  // [half_dk][p] dh_next's rows of this half, and (kCompact) [C][p] the bf16 dU after them; with
+  // kDOBf16 dh_next after the bf16 dO, and dU in dO's place.
+  uint16_t* Ds = kDOBf16    ? dO16_s + kC * p
+                 : kCompact ? reinterpret_cast<uint16_t*>(Xs)
+                            : reinterpret_cast<uint16_t*>(Xs + kC * p);
+  uint16_t* dU_s = kDOBf16 ? dO16_s : Ds + half_dk * p;
   float* warp_sums = kCompact ? Xs + kC * p : reinterpret_cast<float*>(Ds + half_dk * p);  // [kWarps]
 
   const int64_t state_first = (r * dk + half * half_dk) * dv;
-  stage_f32_rows(Xs, a.dO, a.dO_rows, r * kC, dv, p);
+  if constexpr (kDOBf16) {
+    stage_rows(dO16_s, static_cast<const uint16_t*>(a.dO), a.dO_rows, r * kC, dv, p);
+  } else {
+    stage_rows(Xs, static_cast<const float*>(a.dO), a.dO_rows, r * kC, dv, p);
+  }
   stage_bf16(Hs, a.h_in + state_first, half_dk, dv, p);
   stage_bf16(Vs, a.v_new + r * kC * dv, kC, dv, p);
   cp_async_commit();
-  if (!kCompact) {
+  if (!kCompact || kDOBf16) {
     stage_bf16(Ds, a.dh_next + state_first, half_dk, dv, p);
     cp_async_commit();
   }
@@ -217,14 +231,19 @@ __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2)
   const int64_t out_first = r * kC * dk;  // of dQg, dW and dKd
   float* dP = a.dP_raw + r * kC * kC;
 
-  cp_async_wait<kCompact ? 0 : 1>();
+  cp_async_wait<kCompact && !kDOBf16 ? 0 : 1>();
   __syncthreads();
   {  // pass 1: dQg = s dO h_inᵀ and dP_raw = dO Vnᵀ
     float q_acc[kNT][4] = {}, p_acc[2][4] = {};
-    over_k<P, kDV>(static_cast<const float*>(Xs), p, dv, m0, g, t, [&](const FragA& A, int k0) {
+    auto products = [&](const FragA& A, int k0) {
       mma_tiles<P>(q_acc, A, Hs, p, n_first, k0, g, t);
       mma_tiles<P>(p_acc, A, Vs, p, p_first, k0, g, t);
-    });
+    };
+    if constexpr (kDOBf16) {
+      over_k<P, kDV>(static_cast<const uint16_t*>(dO16_s), p, dv, m0, g, t, products);
+    } else {
+      over_k<P, kDV>(static_cast<const float*>(Xs), p, dv, m0, g, t, products);
+    }
 #pragma unroll
     for (int j = 0; j < kNT; ++j) store_tile(a.dQg, a.bf16_out, out_first, dk, m0, out_col + 8 * j, q_acc[j], a.scale, g, t);
 #pragma unroll
@@ -232,11 +251,13 @@ __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2)
   }
   __syncthreads();  // every warp is done with dO
   if (kCompact) {
-    stage_bf16(Ds, a.dh_next + state_first, half_dk, dv, p);
-    cp_async_commit();
+    if (!kDOBf16) {
+      stage_bf16(Ds, a.dh_next + state_first, half_dk, dv, p);
+      cp_async_commit();
+    }
     stage_bf16(dU_s, static_cast<const uint16_t*>(a.dU) + r * kC * dv, kC, dv, p);
   } else {
-    stage_f32_rows(Xs, static_cast<const float*>(a.dU), nullptr, r * kC, dv, p);
+    stage_rows(Xs, static_cast<const float*>(a.dU), nullptr, r * kC, dv, p);
   }
   cp_async_commit();
   cp_async_wait<1>();  // dh_next's group (the older one) has landed
@@ -280,13 +301,13 @@ __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2)
   }
 }
 
-template <class P, int kNT, bool kCompact, int kDV = 0>
+template <class P, int kNT, bool kCompact, int kDV = 0, bool kDOBf16 = false>
 int launch_as(const GdrChunkStateGradsArgs& a, cudaStream_t stream) {
   const bool bf16_form = gdr_chunk_state_grads_bf16_form(a);
   const int bytes = static_cast<int>(gdr_chunk_state_grads_smem(a.C, a.dk, a.dv, a.dU_bf16, bf16_form));
   const int pitch = static_cast<int>(gdr_chunk_state_grads_pitch(a.dv, bf16_form));
   if (kDV > 0 && (a.dv != kDV || pitch != bf16_form_pitch(kDV))) return static_cast<int>(cudaErrorInvalidValue);
-  const auto kernel = &state_grads_kernel<P, kNT, kCompact, kDV>;
+  const auto kernel = &state_grads_kernel<P, kNT, kCompact, kDV, kDOBf16>;
   const int err = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes);
   if (err != 0) return err;
   kernel<<<static_cast<unsigned>(2 * a.R), kThreads, bytes, stream>>>(a, pitch);
@@ -295,20 +316,21 @@ int launch_as(const GdrChunkStateGradsArgs& a, cudaStream_t stream) {
 // The 16-bit path's form (bf16 products and dU) at the model's value head sizes with dv known at
 // compile time (128: bench gdr; 192: hybrid base and small; 256: moe-1b), else (or with
 // gdr_fixed_head_sizes off) dv as an argument.
-template <int kNT>
+template <int kNT, bool kDOBf16>
 int launch_compact_bf16(const GdrChunkStateGradsArgs& a, cudaStream_t stream) {
   if (!gdr_fixed_head_sizes() || (a.dv != 128 && a.dv != 192 && a.dv != 256)) {
-    return launch_as<Bf16Products, kNT, true>(a, stream);
+    return launch_as<Bf16Products, kNT, true, 0, kDOBf16>(a, stream);
   }
   gdr_count_fixed_head_size_launch(GdrSizedKernel::kStateGrads);
-  if (a.dv == 128) return launch_as<Bf16Products, kNT, true, 128>(a, stream);
-  if (a.dv == 192) return launch_as<Bf16Products, kNT, true, 192>(a, stream);
-  return launch_as<Bf16Products, kNT, true, 256>(a, stream);
+  if (a.dv == 128) return launch_as<Bf16Products, kNT, true, 128, kDOBf16>(a, stream);
+  if (a.dv == 192) return launch_as<Bf16Products, kNT, true, 192, kDOBf16>(a, stream);
+  return launch_as<Bf16Products, kNT, true, 256, kDOBf16>(a, stream);
 }
 template <int kNT>
 int launch(const GdrChunkStateGradsArgs& a, cudaStream_t stream) {
   if (gdr_chunk_state_grads_bf16_form(a)) {
-    return a.dU_bf16 ? launch_compact_bf16<kNT>(a, stream) : launch_as<Bf16Products, kNT, false>(a, stream);
+    if (!a.dU_bf16) return launch_as<Bf16Products, kNT, false>(a, stream);
+    return a.dO_bf16 ? launch_compact_bf16<kNT, true>(a, stream) : launch_compact_bf16<kNT, false>(a, stream);
   }
   return a.dU_bf16 ? launch_as<Tf32Products, kNT, true>(a, stream) : launch_as<Tf32Products, kNT, false>(a, stream);
 }

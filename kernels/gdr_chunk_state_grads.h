@@ -27,7 +27,7 @@ namespace kernels {
 struct GdrChunkStateGradsArgs {
   int64_t R = 0;                  // rows (chunks × heads)
   int C = 0, dk = 0, dv = 0;      // chunk length, key and value head sizes
-  const float* dO = nullptr;      // [n, dv]: the output gradient's rows
+  const void* dO = nullptr;       // [n, dv]: the output gradient's rows, fp32, or bf16 (dO_bf16)
   const int32_t* dO_rows = nullptr;  // [R·C]: the dO row of chunk row r·C + i, −1 for zeros; null: r·C + i
   const void* dU = nullptr;       // [R, C, dv], fp32, or bf16 (dU_bf16: widened exactly)
   const uint16_t* h_in = nullptr;     // [R, dk, dv] bf16 bits: the state each chunk starts from
@@ -43,6 +43,11 @@ struct GdrChunkStateGradsArgs {
   // half the bytes written here and read by the solve's backward and the tail.
   bool bf16_out = false;
   bool dU_bf16 = false;
+  // dO in bf16 (the 16-bit path's output gradient, model/gdr_chunk_core.h): taken by the bf16 form
+  // with a bf16 dU only, which rounds dO to bf16 for its products anyway (the same results as an
+  // fp32 dO holding these values, bit for bit). dO then takes half its fp32 room, and dh_next the
+  // other half, staged with it instead of after the first pass.
+  bool dO_bf16 = false;
   // The products as bf16 m16n8k16 mma (see the top); taken where dv is a multiple of 16 and the
   // block fits (gdr_chunk_state_grads_bf16_form), TF32 mma otherwise.
   bool bf16_products = false;
@@ -74,13 +79,14 @@ inline bool gdr_chunk_state_grads_bf16_form(const GdrChunkStateGradsArgs& a) {
 }
 
 // Whether the kernel takes these sizes and inputs: C = 64, dk 64, 96 or 128, dv a multiple of 8
-// whose block fits the 227 KiB of shared memory a block may opt into, and 16-byte aligned input
-// pointers. The outputs are checked at the launch (16-byte aligned, as new allocations are).
+// whose block fits the 227 KiB of shared memory a block may opt into, a bf16 dO only in the bf16
+// form with a bf16 dU, and 16-byte aligned input pointers. The outputs are checked at the launch (16-byte aligned, as new allocations are).
 inline bool gdr_chunk_state_grads_supports(const GdrChunkStateGradsArgs& a) {
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return a.R >= 1 && a.R < (int64_t{1} << 30) && a.C == 64 && (a.dk == 64 || a.dk == 96 || a.dk == 128) &&
          a.dv >= 8 && a.dv % 8 == 0 &&
          gdr_chunk_state_grads_smem(a.C, a.dk, a.dv, a.dU_bf16, gdr_chunk_state_grads_bf16_form(a)) <= 227 * 1024 &&
+         (!a.dO_bf16 || (a.dU_bf16 && gdr_chunk_state_grads_bf16_form(a))) &&
          aligned(a.dO) && aligned(a.dU) && aligned(a.h_in) && aligned(a.dh_next) && aligned(a.v_new);
 }
 

@@ -193,7 +193,7 @@ int launch_rpw(const GdrScanArgs& a, dim3 grid, size_t smem, cudaStream_t st) {
 }  // namespace
 
 int gdr_scan_tensor_core_width(const GdrScanArgs& a) {
-  if (a.dO != nullptr) return gdr_scan_fused_width(a);
+  if (gdr_scan_reads_output_grad(a)) return gdr_scan_fused_width(a);
   if (a.variant == kGdrScanAuto) return gdr_scan_mma_width(a);
   const int fixed_cols = a.variant == kGdrScanTensorCores32    ? 32
                          : a.variant == kGdrScanTensorCores64  ? 64
@@ -207,7 +207,7 @@ int gdr_scan(const GdrScanArgs& a, void* stream) {
   if (!gdr_scan_supports(a.C, a.dk) || a.n_docs < 1 || a.H < 1 || a.dv < 1) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
-  if (a.dO != nullptr) {  // the fused backward form runs on the tensor-core kernel only
+  if (gdr_scan_reads_output_grad(a)) {  // the fused backward form runs on the tensor-core kernel only
     const int fused_cols = gdr_scan_fused_width(a);
     if (fused_cols == 0 || !gdr_scan_fused_form_ok(a)) return static_cast<int>(cudaErrorInvalidValue);
     if (a.bf16_products) return gdr_scan_fused_bf16(a, fused_cols, stream);

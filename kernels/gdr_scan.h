@@ -70,6 +70,11 @@ struct GdrScanArgs {
   // the bytes for the state gradient here and for its two readers after; and y in fp32 (out_y) or
   // rounded to bf16 (out_y_bf16).
   const float* dO = nullptr;            // [rows, dv]: the output's gradient
+  // Or the output's gradient in bf16 (the 16-bit path's, model/gdr_chunk_core.h), for the form with
+  // bf16 products only (which rounds dO to bf16 for them anyway: the same results as an fp32 dO
+  // holding these values, bit for bit): staged straight into its operand tile, with no fp32 copy in
+  // shared memory and no rounding pass a step. dv a multiple of 8; set dO or dO_bf16, not both.
+  const uint16_t* dO_bf16 = nullptr;    // [rows, dv]
   const int32_t* dO_rows = nullptr;     // [R·C]: the dO row of chunk row r·C + i, −1 for zeros; null: r·C + i
   const uint16_t* Pm_bf16 = nullptr;    // [R, C, C]: the masked Q Kᵀ of the output (zero above the diagonal)
   const uint16_t* Qg_bf16 = nullptr;    // [R, C, dk]: the gated queries
@@ -147,8 +152,9 @@ inline int64_t gdr_scan_fused_smem_bytes(int64_t C, int64_t dk, int64_t cols) {
 // `cols` columns (S, y and dO rounded [·][cols + 8] and Kd, W, Qg [C][dk + 8], Pm [C][C + 8], all
 // bf16; dO as staged, fp32 [C][cols + 4]), and the sizes it takes: one 16-row tile of y and one of
 // the state per warp (C ≤ 64, dk ≤ 128), 16-element k-steps.
-constexpr int64_t gdr_scan_fused_bf16_smem_bytes(int64_t C, int64_t dk, int64_t cols) {
-  return ((dk + 2 * C) * (cols + 8) + 3 * C * (dk + 8) + C * (C + 8)) * 2 + C * (cols + 4) * 4;
+// With dO_bf16 (GdrScanArgs::dO_bf16) there is no fp32 copy of dO.
+constexpr int64_t gdr_scan_fused_bf16_smem_bytes(int64_t C, int64_t dk, int64_t cols, bool dO_bf16 = false) {
+  return ((dk + 2 * C) * (cols + 8) + 3 * C * (dk + 8) + C * (C + 8)) * 2 + (dO_bf16 ? 0 : C * (cols + 4) * 4);
 }
 // Both bf16 forms index within a chunk row's tiles in 32 bits (offsets up to dk · dv): dv below
 // 2³¹ / 128 keeps them exact (head sizes are far smaller).
@@ -203,11 +209,15 @@ inline int gdr_scan_mma_width_for(int64_t C, int64_t dk, int64_t dv, int64_t doc
   return best;
 }
 
-// Whether a's pointers are the fused backward form's (GdrScanArgs::dO): dO, Pm, Qg, bf16 P and Q,
-// a bf16 out_state and one out_y (fp32 or bf16), neither A nor E, TF32 products, and the backward's
-// sign_p of +1.
+// Whether a reads the output's gradient (GdrScanArgs::dO or dO_bf16): the fused backward form.
+inline bool gdr_scan_reads_output_grad(const GdrScanArgs& a) { return a.dO != nullptr || a.dO_bf16 != nullptr; }
+
+// Whether a's pointers are the fused backward form's (GdrScanArgs::dO): dO (or dO_bf16, with bf16
+// products and dv a multiple of 8), Pm, Qg, bf16 P and Q, a bf16 out_state and one out_y (fp32 or
+// bf16), neither A nor E, TF32 products, and the backward's sign_p of +1.
 inline bool gdr_scan_fused_form_ok(const GdrScanArgs& a) {
-  return a.dO != nullptr && a.Pm_bf16 != nullptr && a.Qg_bf16 != nullptr && a.P_bf16 != nullptr &&
+  const bool dO_ok = a.dO_bf16 == nullptr ? a.dO != nullptr : a.dO == nullptr && a.bf16_products && a.dv % 8 == 0;
+  return dO_ok && a.Pm_bf16 != nullptr && a.Qg_bf16 != nullptr && a.P_bf16 != nullptr &&
          a.Q_bf16 != nullptr && a.P == nullptr && a.Q == nullptr && a.A == nullptr && a.A_bf16 == nullptr &&
          a.E == nullptr && a.out_state == nullptr && (a.out_y != nullptr) != (a.out_y_bf16 != nullptr) &&
          a.out_state_bf16 != nullptr && !a.tf32x3 && a.sign_p == 1.f;
@@ -215,7 +225,9 @@ inline bool gdr_scan_fused_form_ok(const GdrScanArgs& a) {
 
 // The pointers of one of the two bf16-input forms (GdrScanArgs::P_bf16), or of fp32 inputs.
 inline bool gdr_scan_bf16_inputs_ok(const GdrScanArgs& a) {
-  if (a.dO != nullptr || a.Pm_bf16 != nullptr || a.Qg_bf16 != nullptr || a.dO_rows != nullptr) return false;
+  if (gdr_scan_reads_output_grad(a) || a.Pm_bf16 != nullptr || a.Qg_bf16 != nullptr || a.dO_rows != nullptr) {
+    return false;
+  }
   const bool any = a.P_bf16 != nullptr || a.Q_bf16 != nullptr || a.A_bf16 != nullptr;
   if (!any) return a.A != nullptr && a.P != nullptr && a.Q != nullptr;
   if (a.P_bf16 == nullptr || a.Q_bf16 == nullptr || a.P != nullptr || a.Q != nullptr) return false;
@@ -259,7 +271,7 @@ int gdr_scan_fused_bf16(const GdrScanArgs& a, int cols, void* stream);
 // does not take.
 int gdr_scan_forward_bf16(const GdrScanArgs& a, int cols, void* stream);
 // The width of state columns of the tensor-core kernel gdr_scan runs for a's sizes and variant,
-// or 0 when it runs an FMA kernel; for the fused form (a.dO set) gdr_scan_fused_width, where 0
+// or 0 when it runs an FMA kernel; for the fused form (dO or dO_bf16 set) gdr_scan_fused_width, where 0
 // means gdr_scan fails.
 int gdr_scan_tensor_core_width(const GdrScanArgs& a);
 // Whether gdr_scan takes bf16 inputs (P_bf16, Q_bf16, and in the forward A_bf16) for these
@@ -272,7 +284,7 @@ inline bool gdr_scan_takes_bf16_outputs(const GdrScanArgs& a) { return a.E == nu
 // The block width of the forward form with bf16 products for a's sizes and variant (the width the
 // TF32 kernel would take, where gdr_scan_forward_bf16_supports takes it), or 0 when it does not run.
 inline int gdr_scan_forward_bf16_width(const GdrScanArgs& a) {
-  if (a.dO != nullptr || a.E != nullptr) return 0;
+  if (gdr_scan_reads_output_grad(a) || a.E != nullptr) return 0;
   const int cols = gdr_scan_tensor_core_width(a);
   return cols > 0 && gdr_scan_forward_bf16_supports(a.C, a.dk, a.dv, cols) ? cols : 0;
 }

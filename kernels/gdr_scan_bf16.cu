@@ -71,7 +71,8 @@ __host__ __device__ constexpr Layout forward_layout_of(int64_t C, int64_t dk, in
 static_assert(forward_layout_of(64, 128, 128).total == gdr_scan_forward_bf16_smem_bytes(64, 128, 128) &&
                   forward_layout_of(32, 80, 32).total == gdr_scan_forward_bf16_smem_bytes(32, 80, 32),
               "the forward layout and the header's size agree");
-__host__ __device__ constexpr Layout layout_of(int64_t C, int64_t dk, int64_t cols) {
+// dO_bf16: dO comes in bf16 (GdrScanArgs::dO_bf16), staged straight into dOb; no fp32 region.
+__host__ __device__ constexpr Layout layout_of(int64_t C, int64_t dk, int64_t cols, bool dO_bf16 = false) {
   Layout l{};
   l.S = 0;                                                  // bf16 [dk][cols + 8]: S rounded
   l.y = l.S + dk * pitch16(cols) * 2;                       // bf16 [C][cols + 8]: −y rounded
@@ -81,11 +82,12 @@ __host__ __device__ constexpr Layout layout_of(int64_t C, int64_t dk, int64_t co
   l.Qg = l.Q + C * pitch16(dk) * 2;                         // bf16 [C][dk + 8]
   l.Pm = l.Qg + C * pitch16(dk) * 2;                        // bf16 [C][C + 8]
   l.dO = l.Pm + C * pitch16(C) * 2;                         // fp32 [C][cols + 4], as staged
-  l.total = l.dO + C * pitch_do(static_cast<int>(cols)) * 4;
+  l.total = l.dO + (dO_bf16 ? 0 : C * pitch_do(static_cast<int>(cols)) * 4);
   return l;
 }
 static_assert(layout_of(64, 128, 128).total == gdr_scan_fused_bf16_smem_bytes(64, 128, 128) &&
-                  layout_of(32, 80, 32).total == gdr_scan_fused_bf16_smem_bytes(32, 80, 32),
+                  layout_of(32, 80, 32).total == gdr_scan_fused_bf16_smem_bytes(32, 80, 32) &&
+                  layout_of(64, 96, 96, true).total == gdr_scan_fused_bf16_smem_bytes(64, 96, 96, true),
               "the layout and the header's size agree");
 
 __device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
@@ -113,7 +115,9 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
   const int64_t dv = a.dv;
   const int ldv = static_cast<int>(dv);
   const int pk = pitch16(dk), pc = pitch16(C);
-  const Layout L = kForward ? forward_layout_of(C, dk, kCols) : layout_of(C, dk, kCols);
+  // dO in bf16 (GdrScanArgs::dO_bf16): staged into dOb_s as it comes, no fp32 copy to round a step.
+  const bool dO16 = !kForward && a.dO_bf16 != nullptr;
+  const Layout L = kForward ? forward_layout_of(C, dk, kCols) : layout_of(C, dk, kCols, dO16);
   uint16_t* S_s = reinterpret_cast<uint16_t*>(smem_raw + L.S);
   uint16_t* y_s = reinterpret_cast<uint16_t*>(smem_raw + L.y);
   uint16_t* dOb_s = reinterpret_cast<uint16_t*>(smem_raw + L.dOb);
@@ -204,6 +208,17 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
     const uint16_t* Pm_src = a.Pm_bf16 + r * C * C;
     walk_tile<kThreads>(walk_c, c_row0, c_col0,
                         [&](int row, int col) { cp_async16(Pm_s + row * pc + 8 * col, Pm_src + row * C + 8 * col); });
+    if (dO16) {  // 8 bf16 a copy (cols is a multiple of 8 here: dv is, and so is j0)
+      const uint16_t* dO_cols = a.dO_bf16 + j0;
+      for (int p = threadIdx.x; p < C * (kCols / 8); p += kThreads) {
+        const int i = p / (kCols / 8), c = 8 * (p % (kCols / 8));
+        const int64_t src_row = a.dO_rows != nullptr ? a.dO_rows[r * C + i] : r * C + i;
+        const bool valid = src_row >= 0 && c < cols;
+        const uint16_t* src = valid ? dO_cols + src_row * dv + c : a.dO_bf16;
+        cp_async16_zfill(reinterpret_cast<float*>(dOb_s + i * kPs + c), reinterpret_cast<const float*>(src), valid);
+      }
+      return;
+    }
     const float* dO_cols = a.dO + j0;
     for (int p = threadIdx.x; p < C * (kCols / 4); p += kThreads) {
       const int i = p / (kCols / 4), c = 4 * (p % (kCols / 4));
@@ -260,7 +275,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
 
     cp_async_wait<1>();  // Kd, Qg, Pm, dO (W may still be in flight); the forward: W
     __syncthreads();
-    if constexpr (!kForward) {
+    if (!kForward && !dO16) {
       for (int p = threadIdx.x; p < C * (kCols / 4); p += kThreads) {
         const int i = p / (kCols / 4), c = 4 * (p % (kCols / 4));
         const float4 v = *reinterpret_cast<const float4*>(dO_s + i * kPdo + c);
@@ -428,7 +443,8 @@ int gdr_scan_fused_bf16(const GdrScanArgs& a, int cols, void* stream) {
       a.n_docs < 1 || a.H < 1) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
-  return launch(kernel_of_width<false>(a, cols), a, cols, gdr_scan_fused_bf16_smem_bytes(a.C, a.dk, cols), stream);
+  return launch(kernel_of_width<false>(a, cols), a, cols,
+                gdr_scan_fused_bf16_smem_bytes(a.C, a.dk, cols, a.dO_bf16 != nullptr), stream);
 }
 
 int gdr_scan_forward_bf16(const GdrScanArgs& a, int cols, void* stream) {

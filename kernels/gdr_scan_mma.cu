@@ -492,8 +492,8 @@ ScanKernel opted_in_kernel() {
 // null otherwise).
 template <int kWarps, int kUnits, int kRowTiles>
 ScanKernel kernel_flagged(const GdrScanArgs& a) {
-  if (a.dO != nullptr) {
-    if (!gdr_scan_fused_form_ok(a)) return nullptr;
+  if (gdr_scan_reads_output_grad(a)) {
+    if (!gdr_scan_fused_form_ok(a) || a.dO == nullptr) return nullptr;  // a bf16 dO: the bf16 products' kernel
     return a.out_y_bf16 != nullptr ? opted_in_kernel<kWarps, kUnits, kRowTiles, false, false, true, true, true>()
                                    : opted_in_kernel<kWarps, kUnits, kRowTiles, false, false, false, true, true>();
   }
@@ -540,7 +540,7 @@ ScanKernel kernel_for_width(const GdrScanArgs& a, int cols) {
 }  // namespace
 
 int gdr_scan_tensor_cores(const GdrScanArgs& a, int cols, void* stream) {
-  const bool fused = a.dO != nullptr;
+  const bool fused = gdr_scan_reads_output_grad(a);
   if ((cols != 32 && cols != 64 && cols != 96 && cols != 128) || !gdr_scan_mma_supports(a.C, a.dk, a.dv, cols) ||
       a.n_docs < 1 || a.H < 1 || (fused && gdr_scan_fused_smem_bytes(a.C, a.dk, cols) > kGdrScanMmaMaxSmem)) {
     return static_cast<int>(cudaErrorInvalidValue);

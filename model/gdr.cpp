@@ -136,8 +136,10 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
   // Token order (unless the caller reads the chunk rows in place): on a GPU the output product
   // writes each row where it belongs; elsewhere the rows are copied there after it.
   const bool direct_tokens = !o_as_rows && q.is_cuda();
+  // The rows' one reader, the Gated DeltaNet's output norm, takes them in bf16 (written so on the 16-bit path).
   const auto core = gdr_chunk_core(q, k, v, beta, g, h0s, layout, scale,
-                                   direct_tokens ? gdr_chunk_row_targets(layout, H, q.device()) : torch::Tensor());
+                                   direct_tokens ? gdr_chunk_row_targets(layout, H, q.device()) : torch::Tensor(),
+                                   /*bf16_output_ok=*/o_as_rows);
   torch::Tensor h_final;  // undefined unless the caller reads it
   if (final_state) {
     h_final = core.h_final.view({n_seq, H, dk, dv});

@@ -23,7 +23,8 @@ struct GdrOutput {
   torch::Tensor o;  // [B,T,H,dv] in the compute dtype; undefined when o_rows is returned instead
   torch::Tensor h;  // final state [B or n_docs, H, dk, dv] (key-major), compute dtype
   // gdr_forward_chunked with o_as_rows: o as the chunk layout's rows [M, dv] and o_row [B,T,H]
-  // int32, the row of each (token, head) (gated_rms_norm_rows reads them in place).
+  // int32, the row of each (token, head) (gated_rms_norm_rows reads them in place). The rows are in
+  // the compute dtype, or bf16 on the 16-bit path (model::gdr_bf16_output).
   torch::Tensor o_rows{}, o_row{};
 };
 

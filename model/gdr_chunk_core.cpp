@@ -49,6 +49,7 @@ std::atomic<bool> g_bf16_chunk_grads{true};
 std::atomic<bool> g_bf16_scan_products{true};
 std::atomic<bool> g_bf16_tail_products{true};
 std::atomic<bool> g_bf16_solve_tiles{true};
+std::atomic<bool> g_bf16_output{true};
 std::atomic<int64_t> g_bf16_solve_tile_launches{0};
 std::atomic<int64_t> g_front_recomputes{0};
 
@@ -581,11 +582,20 @@ Ctx make_ctx(const GdrChunkLayout& l, const torch::Tensor& q, const torch::Tenso
   return c;
 }
 
-// Where the output's rows go (gdr_chunk_row_targets; undefined: the chunk layout). A struct, not a
-// tensor argument: autograd records every tensor argument as an input and refuses undefined ones.
+// Where the output's rows go (gdr_chunk_row_targets; undefined: the chunk layout), and whether the
+// caller takes the output in bf16 (gdr_chunk_core's bf16_output_ok). A struct, not a tensor
+// argument: autograd records every tensor argument as an input and refuses undefined ones.
 struct OutputTargets {
   torch::Tensor rows;
+  bool bf16_ok = false;
 };
+
+// Whether the output is written in bf16 (gdr_chunk_core's bf16_output_ok): in the chunk layout on the
+// 16-bit path, bf16 v and the bf16 front.
+bool bf16_output(const Ctx& c, const torch::Tensor& v, const OutputTargets& targets) {
+  return targets.bf16_ok && g_bf16_output && !targets.rows.defined() && v.scalar_type() == torch::kBFloat16 &&
+         bf16_front(c);
+}
 
 class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
  public:
@@ -601,10 +611,11 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     // O = s (P Vn + Qg h_in), both products in one pass over O. h_in and v_new are bf16 under the
     // plan's bf16_states (TF32 products on a GPU); the products here and in the backward read them so.
     // With o_targets, written straight into the token layout.
+    // Or in bf16 where the caller takes it (bf16_output).
     const bool tokens = o_targets.defined();
     auto O = tokens ? bmm_fp32_sum_scattered(rows(f.P), scan.v_new, rows(f.Qg), scan.h_in, scale, o_targets,
                                              l.B * l.T * c.H)
-                    : bmm_fp32_sum(rows(f.P), scan.v_new, rows(f.Qg), scan.h_in, scale);
+                    : bmm_fp32_sum(rows(f.P), scan.v_new, rows(f.Qg), scan.h_in, scale, bf16_output(c, v, targets));
     // With the fused kernels the backward reads the front's Kd, Qg, P and decay again: kept here
     // (gdr_save_front), or recomputed there.
     const bool keep_front = fused_kernels(c) && g_save_front;
@@ -707,7 +718,9 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
       // The output may have gone straight into token order, its gradient then coming back in that
       // layout: the products read its rows there by the output's row map (no copy into chunk rows on
       // a GPU).
-      const auto dO_src = dO.to(c.dt).contiguous().view({-1, dv});
+      // A bf16 output's gradient stays bf16 (the scan and the state products read it so).
+      const bool dO16 = dO.scalar_type() == torch::kBFloat16 && c.dt == torch::kFloat32;
+      const auto dO_src = (dO16 ? dO : dO.to(c.dt)).contiguous().view({-1, dv});
       const torch::Tensor dO_rows = sd["o_tokens"].toBool() ? sd["o_rows"].toTensor() : torch::Tensor();
       const bool bf16_grads = bf16_chunk_grads(fused, f, h_in);
       sg = gdr_scan_backward_from_output_grad(rows(W), rows(ff.Kd), decay_rows, rows(ff.P), rows(ff.Qg), dO_src,
@@ -779,6 +792,9 @@ void gdr_use_kernels(bool on) {
 
 void gdr_use_fused_kernels(bool on) { g_use_fused_kernels = on; }
 
+void gdr_bf16_output(bool on) { g_bf16_output = on; }
+bool gdr_bf16_output() { return g_bf16_output; }
+
 void gdr_bf16_front(bool on) { g_bf16_front = on; }
 
 void gdr_save_front(bool on) { g_save_front = on; }
@@ -801,7 +817,8 @@ void gdr_tf32_chunk_products(bool on) { g_tf32_chunk_products = on; }
 
 GdrChunkCoreOutput gdr_chunk_core(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                   const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0,
-                                  const GdrChunkLayout& l, double scale, const torch::Tensor& o_targets) {
+                                  const GdrChunkLayout& l, double scale, const torch::Tensor& o_targets,
+                                  bool bf16_output_ok) {
   TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 && v.sizes().slice(0, 3) == q.sizes().slice(0, 3),
               "gdr_chunk_core: expected q, k [B,T,H,dk] and v [B,T,H,dv], got ", q.sizes(), ", ", k.sizes(), ", ",
               v.sizes());
@@ -815,7 +832,7 @@ GdrChunkCoreOutput gdr_chunk_core(const torch::Tensor& q, const torch::Tensor& k
               "gdr_chunk_core: expected h0 [n_docs·H, dk, dv], got ", h0.sizes());
   // The core stays in fp32 under bf16 autocast (MODEL.md §0).
   AutocastOff fp32_core;
-  auto outs = GdrChunkCoreFn::apply(q, k, v, beta, g, h0, l, scale, OutputTargets{o_targets});
+  auto outs = GdrChunkCoreFn::apply(q, k, v, beta, g, h0, l, scale, OutputTargets{o_targets, bf16_output_ok});
   return {outs[0], outs[1]};
 }
 

@@ -28,7 +28,7 @@
 namespace model {
 
 struct GdrChunkCoreOutput {
-  torch::Tensor O;        // [N, H, C, dv] in the compute dtype, or [B, T, H, dv] with o_targets
+  torch::Tensor O;        // [N, H, C, dv] in the compute dtype (or bf16), or [B, T, H, dv] with o_targets
   torch::Tensor h_final;  // [n_docs · H, dk, dv] in sorted document order
 };
 
@@ -37,9 +37,20 @@ struct GdrChunkCoreOutput {
 // six. Any thread may call it; bad shapes throw c10::Error.
 // o_targets (gdr_chunk_row_targets, optional): O comes back in the token layout [B, T, H, dv],
 // each chunk row written where it belongs by the output product (no copy after it).
+// bf16_output_ok: the caller takes O in bf16 (the Gated DeltaNet's output norm does, fused or not).
+// It comes so, with gdr_bf16_output on, in the chunk layout (no o_targets) on the 16-bit path: the
+// bf16 front (gdr_bf16_front) with bf16 v. O's gradient then comes back in bf16, which the reverse
+// scan and the state products read as it is (they round it to bf16 for their products anyway).
 GdrChunkCoreOutput gdr_chunk_core(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                   const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0,
-                                  const GdrChunkLayout& l, double scale, const torch::Tensor& o_targets = {});
+                                  const GdrChunkLayout& l, double scale, const torch::Tensor& o_targets = {},
+                                  bool bf16_output_ok = false);
+
+// Process-wide switch (default on), for benchmarks and tests: whether gdr_chunk_core writes O in
+// bf16 where the caller allows it (bf16_output_ok): half the bytes for the output product's write,
+// the norm's reads of o and its write of o's gradient, and the two reads of that gradient after.
+void gdr_bf16_output(bool on);
+bool gdr_bf16_output();
 
 // Process-wide switch for benchmarks and tests that compare the kernels with the ATen pieces
 // (default on). Covers the chunk kernels and the scan kernel (model/gdr_scan.h).

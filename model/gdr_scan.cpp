@@ -28,7 +28,7 @@ std::atomic<int> g_variant{kernels::kGdrScanAuto};
 std::atomic<int64_t> g_split_launches{0}, g_tf32_launches{0};  // gdr_scan_launch_counts
 std::atomic<bool> g_bf16_states{true};
 std::atomic<bool> g_fuse_output_grads{true};
-std::atomic<int64_t> g_fused_backward_launches{0}, g_bf16_product_launches{0};
+std::atomic<int64_t> g_fused_backward_launches{0}, g_bf16_product_launches{0}, g_bf16_output_grad_launches{0};
 std::atomic<bool> g_bf16_forward_products{true};
 std::atomic<int64_t> g_bf16_forward_launches{0};
 }  // namespace
@@ -51,6 +51,7 @@ int64_t gdr_scan_busy_docs(const GdrScanPlan& plan) {
 void gdr_scan_fuse_output_grads(bool on) { g_fuse_output_grads = on; }
 int64_t gdr_scan_fused_backward_launches() { return g_fused_backward_launches.load(); }
 int64_t gdr_scan_bf16_product_launches() { return g_bf16_product_launches.load(); }
+int64_t gdr_scan_bf16_output_grad_launches() { return g_bf16_output_grad_launches.load(); }
 
 GdrScanLaunchCounts gdr_scan_launch_counts() { return {g_split_launches.load(), g_tf32_launches.load()}; }
 
@@ -324,7 +325,16 @@ GdrScanGrads run_fused_backward(const torch::Tensor& W, const torch::Tensor& Kd,
   a.Q_bf16 = bf16_bits(Wc);
   a.Pm_bf16 = bf16_bits(Pc);
   a.Qg_bf16 = bf16_bits(Qgc);
-  a.dO = dO.data_ptr<float>();
+  a.bf16_products = bf16_products && kernels::gdr_scan_fused_bf16_width(a) > 0;  // sizes only
+  // A bf16 dO goes in as it is where the bf16 products take it, else widened (exactly).
+  torch::Tensor dO_widened;
+  if (is_bf16(dO) && a.bf16_products && dv % 8 == 0) {
+    a.dO_bf16 = bf16_bits(dO);
+    ++g_bf16_output_grad_launches;
+  } else {
+    dO_widened = dO.to(torch::kFloat32);
+    a.dO = dO_widened.data_ptr<float>();
+  }
   a.dO_rows = rows_map.defined() ? rows_map.data_ptr<int32_t>() : nullptr;
   a.out_scale = static_cast<float>(scale);
   a.decay = dc.data_ptr<float>();
@@ -345,7 +355,6 @@ GdrScanGrads run_fused_backward(const torch::Tensor& W, const torch::Tensor& Kd,
     a.out_y = out.dU.data_ptr<float>();
   }
   a.final_state = out.dh0.data_ptr<float>();
-  a.bf16_products = bf16_products && kernels::gdr_scan_fused_bf16_width(a) > 0;
   check_kernel_launch(kernels::gdr_scan(a, c10::cuda::getCurrentCUDAStream(W.device().index()).stream()),
                       "gated delta rule scan (fused backward)");
   ++g_tf32_launches;
@@ -398,7 +407,7 @@ bool gdr_scan_backward_takes_output_grad(const torch::Tensor& W, const torch::Te
 #if defined(DD_HAVE_CUDA)
   if (!g_fuse_output_grads || !g_use_kernel || !plan.tf32_products || plan.n_docs < 1 || plan.heads < 1 ||
       !W.is_cuda() || W.size(0) == 0 || !is_bf16(W) || !is_bf16(Kd) || !is_bf16(Pm) || !is_bf16(Qg) ||
-      dO.scalar_type() != torch::kFloat32 || dO.dim() != 2 || !dO.is_contiguous()) {
+      (dO.scalar_type() != torch::kFloat32 && !is_bf16(dO)) || dO.dim() != 2 || !dO.is_contiguous()) {
     return false;
   }
   return kernels::gdr_scan_fused_width(sized_args(plan, W.size(1), W.size(2), dO.size(1))) > 0;
@@ -437,12 +446,13 @@ GdrScanGrads gdr_scan_backward_from_output_grad(const torch::Tensor& W, const to
   }
 #endif
   torch::Tensor d_vnew, d_hin;
+  const auto dO_f = dO.scalar_type() == torch::kBFloat16 ? dO.to(torch::kFloat32) : dO;  // widened exactly
   if (dO_rows.defined()) {
-    const GatheredRows dOr{dO, dO_rows, R, C};
+    const GatheredRows dOr{dO_f, dO_rows, R, C};
     d_vnew = bmm_fp32(Pm.transpose(1, 2), dOr, scale);
     d_hin = bmm_fp32(Qg.transpose(1, 2), dOr, scale);
   } else {
-    const auto dOr = dO.view({R, C, dO.size(1)});
+    const auto dOr = dO_f.view({R, C, dO_f.size(1)});
     d_vnew = bmm_fp32(Pm.transpose(1, 2), dOr, scale);
     d_hin = bmm_fp32(Qg.transpose(1, 2), dOr, scale);
   }

@@ -90,8 +90,8 @@ GdrScanGrads gdr_scan_backward(const torch::Tensor& W, const torch::Tensor& Kd, 
 // On a GPU where gdr_scan_backward_takes_output_grad, one kernel takes both products inside the
 // reverse scan (kernels::GdrScanArgs::dO) and returns dh_next in bf16 (rounded once from the fp32
 // running state; dU and dh0 fp32); otherwise the two products (model/bmm_fp32.h), then
-// gdr_scan_backward. dO holds the gradient's rows [n_rows, dv] (fp32; off the kernel path also
-// what model/bmm_fp32.h takes beside Pm and Qg): chunk row r·C + i is row dO_rows[r·C + i] (int32
+// gdr_scan_backward. dO holds the gradient's rows [n_rows, dv] (fp32, or bf16: the 16-bit path's,
+// which the kernel's bf16 products read as it is and everything else widens): chunk row r·C + i is row dO_rows[r·C + i] (int32
 // [R·C] on dO's device, −1 for zeros) or, with dO_rows undefined, row r·C + i. Pm [R, C, C] (zero
 // above its diagonal, as the chunk core's P is), Qg [R, C, dk]. Mismatched shapes throw. With
 // bf16_dU the kernel also writes dU rounded to bf16 (the fused backward's 16-bit mode,
@@ -105,7 +105,7 @@ GdrScanGrads gdr_scan_backward_from_output_grad(const torch::Tensor& W, const to
                                                 const torch::Tensor& d_hfinal, const GdrScanPlan& plan,
                                                 bool bf16_dU = false, bool bf16_products = false);
 // Whether gdr_scan_backward_from_output_grad runs its one kernel for these inputs: a GPU, the plan's
-// TF32 products, W, Kd, Pm and Qg in bf16, dO fp32, sizes the fused form's shared memory takes
+// TF32 products, W, Kd, Pm and Qg in bf16, dO fp32 or bf16, sizes the fused form's shared memory takes
 // (kernels::gdr_scan_fused_width), and the switch below on. False without CUDA.
 bool gdr_scan_backward_takes_output_grad(const torch::Tensor& W, const torch::Tensor& Kd, const torch::Tensor& Pm,
                                          const torch::Tensor& Qg, const torch::Tensor& dO, const GdrScanPlan& plan);
@@ -116,6 +116,8 @@ void gdr_scan_fuse_output_grads(bool on);
 // how many of them took bf16 products.
 int64_t gdr_scan_fused_backward_launches();
 int64_t gdr_scan_bf16_product_launches();
+// How many of them read a bf16 dO as it is (kernels::GdrScanArgs::dO_bf16) rather than widened.
+int64_t gdr_scan_bf16_output_grad_launches();
 
 // Process-wide switch for benchmarks that time the kernel against the ATen loop (default on).
 void gdr_scan_use_kernel(bool on);

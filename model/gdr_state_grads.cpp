@@ -40,8 +40,9 @@ void check_inputs(const torch::Tensor& dO_src, const torch::Tensor& dO_rows, con
 bool bf16(const torch::Tensor& x) { return x.scalar_type() == torch::kBFloat16; }
 const uint16_t* bits(const torch::Tensor& x) { return reinterpret_cast<const uint16_t*>(x.data_ptr()); }
 
-// The kernel's arguments when it takes these inputs (fp32 dO, fp32 or bf16 dU, bf16 states, contiguous, on
-// one GPU, sizes it supports), its products in bf16 if asked; else nothing is launched and `ok` is false.
+// The kernel's arguments when it takes these inputs (fp32 dO, or bf16 beside a bf16 dU and bf16
+// products; fp32 or bf16 dU, bf16 states, contiguous, on one GPU, sizes it supports), its products in
+// bf16 if asked; else nothing is launched and `ok` is false.
 kernels::GdrChunkStateGradsArgs kernel_args(const torch::Tensor& dO_src, const torch::Tensor& dO_rows,
                                             const torch::Tensor& dU, const torch::Tensor& h_in,
                                             const torch::Tensor& dh_next, const torch::Tensor& v_new,
@@ -53,8 +54,8 @@ kernels::GdrChunkStateGradsArgs kernel_args(const torch::Tensor& dO_src, const t
                                                dO_rows.is_contiguous());
   const bool devices_ok = dU.is_cuda() && dO_src.device() == dev && h_in.device() == dev &&
                           dh_next.device() == dev && v_new.device() == dev;
-  const bool dtypes_ok = dO_src.scalar_type() == f32 && (dU.scalar_type() == f32 || bf16(dU)) && bf16(h_in) &&
-                         bf16(dh_next) && bf16(v_new);
+  const bool dO_ok = dO_src.scalar_type() == f32 || (bf16(dO_src) && bf16(dU) && bf16_products);
+  const bool dtypes_ok = dO_ok && (dU.scalar_type() == f32 || bf16(dU)) && bf16(h_in) && bf16(dh_next) && bf16(v_new);
   const bool contiguous = dO_src.is_contiguous() && dU.is_contiguous() && h_in.is_contiguous() &&
                           dh_next.is_contiguous() && v_new.is_contiguous();
   ok = g_fuse && devices_ok && map_ok && dtypes_ok && contiguous;
@@ -63,7 +64,8 @@ kernels::GdrChunkStateGradsArgs kernel_args(const torch::Tensor& dO_src, const t
   a.C = static_cast<int>(dU.size(1));
   a.dk = static_cast<int>(h_in.size(1));
   a.dv = static_cast<int>(dU.size(2));
-  a.dO = dO_src.data_ptr<float>();
+  a.dO = dO_src.data_ptr();
+  a.dO_bf16 = bf16(dO_src);
   a.dO_rows = dO_rows.defined() ? dO_rows.data_ptr<int32_t>() : nullptr;
   a.dU = dU.data_ptr();
   a.dU_bf16 = bf16(dU);
@@ -124,7 +126,9 @@ GdrStateGrads gdr_state_grads(const torch::Tensor& dO_src, const torch::Tensor& 
     return out;
   }
 #endif
-  auto out = gdr_state_grads_reference(dO_src, dO_rows, dU, h_in, dh_next, v_new, scale);
+  // A bf16 dO widened (exactly) for the products the kernel's paths do not take.
+  const auto dO_f = dO_src.scalar_type() == torch::kBFloat16 ? dO_src.to(torch::kFloat32) : dO_src;
+  auto out = gdr_state_grads_reference(dO_f, dO_rows, dU, h_in, dh_next, v_new, scale);
   if (bf16_out) {
     out.dQg = out.dQg.to(torch::kBFloat16);
     out.dW = out.dW.to(torch::kBFloat16);

@@ -18,7 +18,9 @@ struct GdrStateGrads {
   torch::Tensor ddecay;  // [R]
 };
 
-// dO_src [n, dv] fp32 holds the output gradient's rows: chunk row r·C + i is row dO_rows[r·C + i]
+// dO_src [n, dv] fp32 (or bf16: the 16-bit path's output gradient, which the kernel's bf16 products
+// with a bf16 dU read as it is, and everything else widens) holds the output gradient's rows: chunk
+// row r·C + i is row dO_rows[r·C + i]
 // (int32, −1 for zeros), or row r·C + i when dO_rows is undefined. dU [R, C, dv] fp32 or bf16;
 // h_in, dh_next [R, dk, dv] and v_new [R, C, dv] fp32 or bf16. Results fp32; with bf16_out dQg, dW
 // and dKd are rounded to bf16 (the fused backward's 16-bit mode, model::gdr_bf16_chunk_grads), and

@@ -560,7 +560,8 @@ TEST(GdrScanCuda, FusedOutputGradBackwardMatchesProductsThenScan) {
 }
 
 // The fused backward scan with bf16 products (kernels/gdr_scan_bf16.cu) against its TF32 form and
-// fp64, at every block width that takes it and where it is refused (C or dk too large). Rounding
+// fp64, at every block width that takes it and where it is refused (C or dk too large), and a bf16
+// dO against an fp32 one of the same values (the same bits). Rounding
 // dO, the state gradient and dU to bf16 as operands (2⁻⁹ relative) gave gradients at most 4.9e-3
 // from fp64 on these inputs on an H100 (the TF32 products 1.8e-3), so the bound is 8e-3; a fragment
 // read from the wrong place would give errors of order one.
@@ -590,6 +591,17 @@ TEST(GdrScanCuda, Bf16ProductsReverseScanStaysCloseToFp64) {
       const auto got16 = f.run(og, true, true);
       EXPECT_TRUE(torch::equal(got16.dU, got.dU.to(torch::kBFloat16))) << what << ": bf16 dU";
       EXPECT_TRUE(torch::equal(got16.dh_next, got.dh_next) && torch::equal(got16.dh0, got.dh0)) << what;
+      // dO in bf16 (the 16-bit path's, staged as it comes): the same bits as an fp32 dO of its values.
+      auto og_bf16 = og, og_values = og;
+      og_bf16.dO = og.dO.to(torch::kBFloat16);
+      og_values.dO = og_bf16.dO.to(torch::kFloat32);
+      const int64_t bf16_dO_before = model::gdr_scan_bf16_output_grad_launches();
+      const auto from_bf16 = f.run(og_bf16, true, true);
+      EXPECT_EQ(model::gdr_scan_bf16_output_grad_launches() - bf16_dO_before, 1) << what << ": bf16 dO staged as it is";
+      const auto from_values = f.run(og_values, true, true);
+      EXPECT_TRUE(torch::equal(from_bf16.dU, from_values.dU) && torch::equal(from_bf16.dh_next, from_values.dh_next) &&
+                  torch::equal(from_bf16.dh0, from_values.dh0))
+          << what << ": bf16 dO";
       const auto ref = f.reference(og);
       const double e = std::max({rel_norm_diff(got.dU, ref.dU), rel_norm_diff(got.dh0, ref.dh0),
                                  rel_norm_diff(got.dh_next, ref.dh_next)});
@@ -976,12 +988,14 @@ struct ChunkCase {
   int64_t v_pad = 0;  // > 0: v is a column slice of a [B, T, H·dv + v_pad] tensor (read in place)
   bool state_loss_only = false;  // the loss reads the final state only: no gradient reaches o
   bool tf32_scan = false;        // TF32 scan products (16-bit training's; with them the bf16 front)
+  bool o_as_rows = false;        // the output as chunk rows (the Gated DeltaNet's), gathered for the loss
 
   std::string name() const {
     std::string s = "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
                     " dk=" + std::to_string(dk) + " dv=" + std::to_string(dv) + " C=" + std::to_string(C);
     return s + (cu.empty() ? "" : " packed") + (qk_bf16 ? " q,k bf16" : " q,k fp32") + (v_bf16 ? " v bf16" : " v fp32") +
-           (v_pad > 0 ? " strided" : "") + (state_loss_only ? " loss on h only" : "") + (tf32_scan ? " TF32 scan" : "");
+           (v_pad > 0 ? " strided" : "") + (state_loss_only ? " loss on h only" : "") + (tf32_scan ? " TF32 scan" : "") +
+           (o_as_rows ? " o as rows" : "");
   }
 };
 
@@ -1019,11 +1033,14 @@ class ChunkCaseRun {
     const torch::Tensor cu = c_.cu.empty() ? torch::Tensor() : torch::tensor(c_.cu, torch::kInt64);
     const double scale = 1.0 / std::sqrt(static_cast<double>(c_.dk));
     auto out = model::gdr_forward_chunked(in[0], in[1], v, in[3], in[4], scale, c_.h0 ? in[5] : torch::Tensor(), cu,
-                                          c_.C, c_.tf32_scan);
+                                          c_.C, c_.tf32_scan, c_.o_as_rows);
+    if (c_.o_as_rows) {
+      out.o = out.o_rows.index_select(0, out.o_row.reshape({-1}).to(torch::kInt64)).view(dO_.sizes());
+    }
     if (c_.state_loss_only) {
       (out.h * dH_).sum().backward();
     } else {
-      ((out.o * dO_).sum() + (out.h * dH_).sum()).backward();
+      ((out.o.to(torch::kFloat32) * dO_).sum() + (out.h * dH_).sum()).backward();
     }
     std::vector<torch::Tensor> res{out.o.detach(), out.h.detach()};
     for (auto& t : in) res.push_back(t.grad());
@@ -1339,6 +1356,53 @@ TEST(GdrScanCuda, FixedHeadSizeKernelsMatchTheGeneralOnes) {
     }
     for (size_t i = 0; i < want.size(); ++i) {
       ASSERT_TRUE(got[i].defined() && want[i].defined()) << c.name() << ": " << kChunkOutputNames[i];
+      const bool atomic_sums = i == 5 || i == 6;  // dbeta, dg
+      if (atomic_sums) {
+        EXPECT_LT(rel_norm_diff(got[i], want[i]), 1e-6) << c.name() << ": " << kChunkOutputNames[i];
+      } else {
+        EXPECT_TRUE(torch::equal(got[i], want[i]))
+            << c.name() << ": " << kChunkOutputNames[i] << " differs by " << rel_norm_diff(got[i], want[i]);
+      }
+    }
+  }
+}
+
+// The output in bf16 (model::gdr_bf16_output: on the 16-bit path, with the output as chunk rows, as
+// the Gated DeltaNet takes it) against fp32: the output product's fp32 result rounded once, to the
+// bit. The backward's readers of the output gradient, the reverse scan and the state products,
+// round an fp32 one to bf16 (to nearest even) for their products, so they take the bf16 gradient
+// with the same bits: every gradient the same, but dβ and dg (the tail's atomics, 1e-6). fp32 v
+// (not the 16-bit path) keeps an fp32 output with the switch on.
+TEST(GdrScanCuda, Bf16OutputIsTheFp32OutputRounded) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  struct Restore {
+    ~Restore() { model::gdr_bf16_output(true); }
+  } restore;
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 959);
+  const ChunkCase cases[] = {
+      {1, 300, 2, 96, 192, 64, {0, 17, 150, 151, 300}, true, true, true, 0, false, true, true},
+      {2, 150, 3, 128, 128, 64, {}, true, true, false, 0, false, true, true},
+      {1, 200, 2, 64, 48, 64, {0, 70, 200}, true, true, false, 0, false, true, true},
+      {1, 200, 2, 64, 48, 64, {0, 70, 200}, true, false, false, 0, false, true, true},
+  };
+  for (const ChunkCase& c : cases) {
+    const ChunkCaseRun r(c);
+    model::gdr_bf16_output(false);
+    const auto want = r.run();
+    model::gdr_bf16_output(true);
+    const int64_t bf16_dO_before = model::gdr_scan_bf16_output_grad_launches();
+    const auto got = r.run();
+    EXPECT_EQ(want[0].scalar_type(), torch::kFloat32) << c.name();
+    if (!c.v_bf16) {
+      EXPECT_EQ(got[0].scalar_type(), torch::kFloat32) << c.name() << ": fp32 v keeps an fp32 output";
+      EXPECT_TRUE(torch::equal(got[0], want[0])) << c.name();
+      continue;
+    }
+    ASSERT_EQ(got[0].scalar_type(), torch::kBFloat16) << c.name();
+    EXPECT_EQ(model::gdr_scan_bf16_output_grad_launches() - bf16_dO_before, 1) << c.name() << ": the scan's bf16 dO";
+    EXPECT_TRUE(torch::equal(got[0], want[0].to(torch::kBFloat16))) << c.name() << ": o";
+    for (size_t i = 1; i < want.size(); ++i) {
+      if (!want[i].defined()) continue;  // no h0
       const bool atomic_sums = i == 5 || i == 6;  // dbeta, dg
       if (atomic_sums) {
         EXPECT_LT(rel_norm_diff(got[i], want[i]), 1e-6) << c.name() << ": " << kChunkOutputNames[i];

@@ -189,5 +189,21 @@ TEST(GdrStateGradsCuda, Bf16ProductsStayCloseToFp64AndTf32Ones) {
       EXPECT_EQ(got.dQg.view({rows, c.dk}).index_select(0, zero_rows).abs().max().item<float>(), 0.f) << what;
       EXPECT_EQ(got.dP_raw.view({rows, c.C}).index_select(0, zero_rows).abs().max().item<float>(), 0.f) << what;
     }
+    if (c.dU_bf16 && c.kernel_takes) {
+      // dO in bf16 (the 16-bit path's output gradient), staged as it is: every output the same bits
+      // as from an fp32 dO of its values. Both launches take the bf16 form (counted): the kernel
+      // reads a bf16 dO in no other.
+      model::gdr_bf16_state_grads_products(true);
+      const auto dO16 = dO_src.to(torch::kBFloat16);
+      const int64_t before = model::gdr_state_grads_bf16_launches();
+      const auto from16 = model::gdr_state_grads(dO16, dO_rows, dU, h_in, dh_next, v_new, scale, true);
+      const auto from_values =
+          model::gdr_state_grads(dO16.to(torch::kFloat32), dO_rows, dU, h_in, dh_next, v_new, scale, true);
+      EXPECT_EQ(model::gdr_state_grads_bf16_launches() - before, 2) << what << ", bf16 dO";
+      const std::vector<torch::Tensor> a = {from16.dP_raw, from16.dQg, from16.dW, from16.dKd, from16.ddecay};
+      const std::vector<torch::Tensor> b = {from_values.dP_raw, from_values.dQg, from_values.dW, from_values.dKd,
+                                            from_values.ddecay};
+      for (size_t i = 0; i < names.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << names[i] << ", bf16 dO, " << what;
+    }
   }
 }
