@@ -1,14 +1,15 @@
 #!/bin/bash
 # Workstation: build CMake targets for the GPU machine here (Release, sm_90, no GUI, this
 # checkout's .venv torch, which is the GPU machine's torch 2.11 + CUDA 13.0) and pack them,
-# stripped and gzipped, into build-bin/ (ignored), to carry to the GPU machine with
+# stripped and xz-compressed, into build-bin/ (ignored), to carry to the GPU machine with
 # scripts/gpu/run_prebuilt.sh: a call then spends no time compiling (about a minute in all instead
 # of four), and binaries of two commits can run side by side in one call.
-#   bash scripts/gpu/pack_prebuilt.sh deltadeck test_model_cuda      # -> build-bin/*.gz
-#   NAME=deltadeck.base bash scripts/gpu/pack_prebuilt.sh deltadeck  # packs it as deltadeck.base.gz
+#   bash scripts/gpu/pack_prebuilt.sh deltadeck test_model_cuda      # -> build-bin/*.xz
+#   NAME=deltadeck.base bash scripts/gpu/pack_prebuilt.sh deltadeck  # packs it as deltadeck.base.xz
 # The first build takes about 12 minutes on two cores; later ones rebuild what changed.
 # Carry ["build-bin", ".gpu/debs"] (run_prebuilt.sh is tracked, so it travels anyway); keep build-bin
-# under the 64 MiB carry limit (about 18 MiB a binary).
+# and the tracked files under the 64 MiB carry limit (about 12 MiB a binary; gzip's 19 MiB left room
+# for only two beside the tree).
 set -euo pipefail
 targets=("${@:?usage: pack_prebuilt.sh TARGET...}")
 build=${BUILD:-build-sm90}
@@ -26,6 +27,7 @@ for t in "${targets[@]}"; do
   [ -n "$bin" ] || { echo "no binary named $t under $build"; exit 1; }
   name=${NAME:-$t}
   strip -o "build-bin/$name" "$bin"
-  gzip -f "build-bin/$name"
-  echo "build-bin/$name.gz $(du -h "build-bin/$name.gz" | cut -f1)"
+  rm -f "build-bin/$name.gz"
+  xz -T2 -6 -f "build-bin/$name"
+  echo "build-bin/$name.xz $(du -h "build-bin/$name.xz" | cut -f1)"
 done

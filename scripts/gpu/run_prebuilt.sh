@@ -1,7 +1,7 @@
 # GPU machine: source this to run binaries packed by scripts/gpu/pack_prebuilt.sh (carry
 # ["build-bin", ".gpu/debs"]): it unpacks the staged runtime libraries (gloo, sentencepiece,
 # toml++ ...; staged by ../shared/gpu/stage.sh), puts torch's, the CUDA libraries' and those on
-# LD_LIBRARY_PATH, and unzips build-bin/*.gz into bin/.
+# LD_LIBRARY_PATH, and unpacks build-bin/*.xz (and *.gz) into bin/.
 #   source scripts/gpu/run_prebuilt.sh && bin/test_model_cuda --gtest_filter='GdrScanCuda.*'
 prefix=/tmp/gpu-prefix
 mkdir -p $prefix/.unpacked bin
@@ -13,7 +13,13 @@ nv=$(cd "$torch_lib/../../nvidia" && pwd)
 libs=$prefix/usr/lib/x86_64-linux-gnu:$torch_lib:$nv/cudnn/lib:$nv/cu13/lib:$nv/nccl/lib:$nv/nvshmem/lib
 export LD_LIBRARY_PATH=$libs:$nv/cusparselt/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0
-for f in build-bin/*.gz; do
-  n=bin/$(basename "$f" .gz)
-  gunzip -c "$f" > "$n" && chmod +x "$n"
+for f in build-bin/*.xz build-bin/*.gz; do
+  [ -f "$f" ] || continue
+  n=bin/$(basename "${f%.*}")
+  case "$f" in
+    *.xz) xz -dc "$f" > "$n" 2>/dev/null ||
+            python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)' "$f" > "$n" ;;
+    *) gunzip -c "$f" > "$n" ;;
+  esac
+  chmod +x "$n"
 done
