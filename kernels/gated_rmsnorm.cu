@@ -478,10 +478,18 @@ int gated_rmsnorm_forward(void* y, DType y_dt, float* rstd, const void* o, DType
         using TO = decltype(o_tag);
         const TO* op = static_cast<const TO*>(o);
         const bool vec_ok = rows_take_vectors(rows, sizeof(TY), sizeof(TZ), sizeof(TO), y, o, z);
-        const bool regs = with_register_shape(rows.D, vec_ok, [&](auto runs, auto vec) {
+        auto launch_regs = [&](auto runs, auto vec) {
           gated_rmsnorm_forward_regs_kernel<TY, TZ, TO, decltype(runs)::value, decltype(vec)::value>
               <<<grid, kWarps * 32, 0, st>>>(static_cast<TY*>(y), rstd, op, static_cast<const TZ*>(z), w, rows, eps);
-        });
+        };
+        // A row of 192 as three runs of 2 columns, every lane busy (as the staged backward takes it),
+        // where two runs of 4 leave half the lanes idle in the second.
+        bool regs = g_register_rows && vec_ok && rows.D == 192;
+        if (regs) {
+          launch_regs(std::integral_constant<int, 3>{}, std::integral_constant<int, 2>{});
+        } else {
+          regs = with_register_shape(rows.D, vec_ok, launch_regs);
+        }
         if (!regs) {
           gated_rmsnorm_forward_kernel<TY, TZ, TO>
               <<<grid, kWarps * 32, 0, st>>>(static_cast<TY*>(y), rstd, op, static_cast<const TZ*>(z), w, rows, eps);
