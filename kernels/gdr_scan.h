@@ -73,7 +73,8 @@ struct GdrScanArgs {
   // Or the output's gradient in bf16 (the 16-bit path's, model/gdr_chunk_core.h), for the form with
   // bf16 products only (which rounds dO to bf16 for them anyway: the same results as an fp32 dO
   // holding these values, bit for bit): staged straight into its operand tile, with no fp32 copy in
-  // shared memory and no rounding pass a step. dv a multiple of 8; set dO or dO_bf16, not both.
+  // shared memory and no rounding pass a step. dv a multiple of 8 and y in bf16 (out_y_bf16); set
+  // dO or dO_bf16, not both.
   const uint16_t* dO_bf16 = nullptr;    // [rows, dv]
   const int32_t* dO_rows = nullptr;     // [R·C]: the dO row of chunk row r·C + i, −1 for zeros; null: r·C + i
   const uint16_t* Pm_bf16 = nullptr;    // [R, C, C]: the masked Q Kᵀ of the output (zero above the diagonal)
@@ -213,10 +214,11 @@ inline int gdr_scan_mma_width_for(int64_t C, int64_t dk, int64_t dv, int64_t doc
 inline bool gdr_scan_reads_output_grad(const GdrScanArgs& a) { return a.dO != nullptr || a.dO_bf16 != nullptr; }
 
 // Whether a's pointers are the fused backward form's (GdrScanArgs::dO): dO (or dO_bf16, with bf16
-// products and dv a multiple of 8), Pm, Qg, bf16 P and Q, a bf16 out_state and one out_y (fp32 or
-// bf16), neither A nor E, TF32 products, and the backward's sign_p of +1.
+// products, bf16 out_y and dv a multiple of 8), Pm, Qg, bf16 P and Q, a bf16 out_state and one
+// out_y (fp32 or bf16), neither A nor E, TF32 products, and the backward's sign_p of +1.
 inline bool gdr_scan_fused_form_ok(const GdrScanArgs& a) {
-  const bool dO_ok = a.dO_bf16 == nullptr ? a.dO != nullptr : a.dO == nullptr && a.bf16_products && a.dv % 8 == 0;
+  const bool dO_ok = a.dO_bf16 == nullptr ? a.dO != nullptr
+                                           : a.dO == nullptr && a.bf16_products && a.dv % 8 == 0 && a.out_y_bf16 != nullptr;
   return dO_ok && a.Pm_bf16 != nullptr && a.Qg_bf16 != nullptr && a.P_bf16 != nullptr &&
          a.Q_bf16 != nullptr && a.P == nullptr && a.Q == nullptr && a.A == nullptr && a.A_bf16 == nullptr &&
          a.E == nullptr && a.out_state == nullptr && (a.out_y != nullptr) != (a.out_y_bf16 != nullptr) &&

@@ -95,16 +95,28 @@ __device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// threadIdx.x by a volatile read, which the compiler neither hoists out of a loop nor keeps live
+// across one (for offsets cheaper to recompute than to hold in a register).
+__device__ __forceinline__ int thread_index_now() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
+
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   gdr_chunk_mma::mma16<Bf16>(d, Frag16A{{a[0], a[1], a[2], a[3]}}, Frag16B{{b0, b1}});
 }
 
 // kC, kDK: the chunk and key head size known at compile time (kernels/gdr_head_sizes.h; the
 // k-loops over C and dk then have constant bounds), 0: a.C and a.dk.
-template <int kWarps, bool kBf16Y, bool kForward, int kC = 0, int kDK = 0>
+// kDO16: the backward's dO in bf16 (GdrScanArgs::dO_bf16; with bf16 y, the 16-bit path's form). A
+// compile-time choice: as a run-time one, the fp32 staging beside it cost the 24-warp instance 32
+// more bytes of register spills.
+template <int kWarps, bool kBf16Y, bool kForward, int kC = 0, int kDK = 0, bool kDO16 = false>
 __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
     gdr_scan_fused_bf16_kernel(GdrScanArgs a, TileWalk walk_dk, TileWalk walk_c) {
   static_assert(!kForward || kBf16Y, "the forward form writes y in bf16");
+  static_assert(!kDO16 || (kBf16Y && !kForward), "a bf16 dO: the backward with bf16 y");
   constexpr int kThreads = 32 * kWarps, kCols = 4 * kWarps, kPairs = kCols / 16;
   constexpr int kPs = pitch16(kCols), kPdo = pitch_do(kCols);
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -116,7 +128,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
   const int ldv = static_cast<int>(dv);
   const int pk = pitch16(dk), pc = pitch16(C);
   // dO in bf16 (GdrScanArgs::dO_bf16): staged into dOb_s as it comes, no fp32 copy to round a step.
-  const bool dO16 = !kForward && a.dO_bf16 != nullptr;
+  constexpr bool dO16 = kDO16;
   const Layout L = kForward ? forward_layout_of(C, dk, kCols) : layout_of(C, dk, kCols, dO16);
   uint16_t* S_s = reinterpret_cast<uint16_t*>(smem_raw + L.S);
   uint16_t* y_s = reinterpret_cast<uint16_t*>(smem_raw + L.y);
@@ -195,10 +207,29 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
   // Kd, Qg, Pm and dO of chunk row r (dO through the row map, zeros for −1), then W apart: W is
   // phase 2's only input, and comes in while phase 1 runs. The forward: W, then Kd apart.
   // The [C][dk] tiles (Kd, W, Qg) and the [C][C] one (Pm) by their walks (kernels/gdr_scan_stage.cuh).
+  // A thread's first piece of each walk. The forward and the bf16-dO backward work it out at each
+  // use from the thread index read anew (thread_index_now), over the 16-byte pieces a row known at
+  // compile time where the instance has them: held in registers through the loop, these offsets
+  // cost their 24-warp instances register spills (16 and 68 bytes) and time (the reverse scan 1.36
+  // against 1.30 ms a step at hybrid base). The fp32-dO backward keeps them (recomputed, its own
+  // 32-warp instance spilled 20 bytes and ran slower).
+  constexpr bool kRecompute = kForward || kDO16;
   const int tid = static_cast<int>(threadIdx.x);
   const int dk_row0 = tid / walk_dk.n, dk_col0 = tid % walk_dk.n, c_row0 = tid / walk_c.n, c_col0 = tid % walk_c.n;
+  auto first_piece = [&](const TileWalk& walk, int known_n, int kept_row, int kept_col, int& row, int& col) {
+    if constexpr (kRecompute) {
+      const int t = thread_index_now(), per_row = known_n > 0 ? known_n : walk.n;
+      row = t / per_row;
+      col = t % per_row;
+    } else {
+      row = kept_row;
+      col = kept_col;
+    }
+  };
   auto stage_dk_tile = [&](uint16_t* dst, const uint16_t* src) {
-    walk_tile<kThreads>(walk_dk, dk_row0, dk_col0,
+    int row0, col0;
+    first_piece(walk_dk, kDK / 8, dk_row0, dk_col0, row0, col0);
+    walk_tile<kThreads>(walk_dk, row0, col0,
                         [&](int row, int col) { cp_async16(dst + row * pk + 8 * col, src + row * dk + 8 * col); });
   };
   auto stage_p = [&](int64_t r) {
@@ -206,25 +237,28 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
     if constexpr (kForward) return;
     stage_dk_tile(Qg_s, a.Qg_bf16 + r * C * dk);
     const uint16_t* Pm_src = a.Pm_bf16 + r * C * C;
-    walk_tile<kThreads>(walk_c, c_row0, c_col0,
+    int row0, col0;
+    first_piece(walk_c, kC / 8, c_row0, c_col0, row0, col0);
+    walk_tile<kThreads>(walk_c, row0, col0,
                         [&](int row, int col) { cp_async16(Pm_s + row * pc + 8 * col, Pm_src + row * C + 8 * col); });
-    if (dO16) {  // 8 bf16 a copy (cols is a multiple of 8 here: dv is, and so is j0)
+    if constexpr (dO16) {  // 8 bf16 a copy (cols is a multiple of 8 here: dv is, and so is j0)
       const uint16_t* dO_cols = a.dO_bf16 + j0;
-      for (int p = threadIdx.x; p < C * (kCols / 8); p += kThreads) {
+      // The thread index read anew each step, as for the walks above.
+      for (int p = thread_index_now(); p < C * (kCols / 8); p += kThreads) {
         const int i = p / (kCols / 8), c = 8 * (p % (kCols / 8));
         const int64_t src_row = a.dO_rows != nullptr ? a.dO_rows[r * C + i] : r * C + i;
         const bool valid = src_row >= 0 && c < cols;
         const uint16_t* src = valid ? dO_cols + src_row * dv + c : a.dO_bf16;
         cp_async16_zfill(reinterpret_cast<float*>(dOb_s + i * kPs + c), reinterpret_cast<const float*>(src), valid);
       }
-      return;
-    }
-    const float* dO_cols = a.dO + j0;
-    for (int p = threadIdx.x; p < C * (kCols / 4); p += kThreads) {
-      const int i = p / (kCols / 4), c = 4 * (p % (kCols / 4));
-      const int64_t src_row = a.dO_rows != nullptr ? a.dO_rows[r * C + i] : r * C + i;
-      const bool valid = src_row >= 0 && c < cols;
-      cp_async16_zfill(dO_s + i * kPdo + c, valid ? dO_cols + src_row * dv + c : a.dO, valid);
+    } else {
+      const float* dO_cols = a.dO + j0;
+      for (int p = threadIdx.x; p < C * (kCols / 4); p += kThreads) {
+        const int i = p / (kCols / 4), c = 4 * (p % (kCols / 4));
+        const int64_t src_row = a.dO_rows != nullptr ? a.dO_rows[r * C + i] : r * C + i;
+        const bool valid = src_row >= 0 && c < cols;
+        cp_async16_zfill(dO_s + i * kPdo + c, valid ? dO_cols + src_row * dv + c : a.dO, valid);
+      }
     }
   };
   auto stage_q = [&](int64_t r) { stage_dk_tile(Q_s, a.Q_bf16 + r * C * dk); };
@@ -249,7 +283,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
     // Phase 0: the state gradient this step starts from (dh_next; the forward: h_in), from the
     // rounded copy: the same bits as rounding the fp32 state.
     uint16_t* out_state = a.out_state_bf16 + r * dk * dv + j0;
-    for (int p = threadIdx.x; p < dk * (kCols / 4); p += kThreads) {
+    for (int p = kRecompute ? thread_index_now() : tid; p < dk * (kCols / 4); p += kThreads) {
       const int i = p / (kCols / 4), c = 4 * (p % (kCols / 4));
       if (c < cols) {
         *reinterpret_cast<uint2*>(out_state + i * ldv + c) = *reinterpret_cast<const uint2*>(S_s + i * kPs + c);
@@ -275,7 +309,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
 
     cp_async_wait<1>();  // Kd, Qg, Pm, dO (W may still be in flight); the forward: W
     __syncthreads();
-    if (!kForward && !dO16) {
+    if constexpr (!kForward && !dO16) {
       for (int p = threadIdx.x; p < C * (kCols / 4); p += kThreads) {
         const int i = p / (kCols / 4), c = 4 * (p % (kCols / 4));
         const float4 v = *reinterpret_cast<const float4*>(dO_s + i * kPdo + c);
@@ -382,9 +416,9 @@ using ScanKernel = void (*)(GdrScanArgs, TileWalk, TileWalk);
 // (C, dk), and allow_dynamic_smem sets each (kernel, device, bytes) once, so an opt-in to each
 // launch's own size would let a smaller size's opt-in stand under a larger launch (refused, invalid
 // value).
-template <int kWarps, bool kBf16Y, bool kForward = false, int kC = 0, int kDK = 0>
+template <int kWarps, bool kBf16Y, bool kForward = false, int kC = 0, int kDK = 0, bool kDO16 = false>
 ScanKernel opted_in() {
-  ScanKernel f = gdr_scan_fused_bf16_kernel<kWarps, kBf16Y, kForward, kC, kDK>;
+  ScanKernel f = gdr_scan_fused_bf16_kernel<kWarps, kBf16Y, kForward, kC, kDK, kDO16>;
   return allow_dynamic_smem(reinterpret_cast<const void*>(f), static_cast<int>(kGdrScanMmaMaxSmem)) == 0 ? f
                                                                                                         : nullptr;
 }
@@ -392,24 +426,27 @@ ScanKernel opted_in() {
 // The instance for a's sizes: the model's (C 64, dk 96 or 128) known at compile time where
 // kernels::gdr_fixed_head_sizes is on, with bf16 y (the 16-bit path's forms); else C and dk as
 // arguments.
-template <int kWarps, bool kBf16Y, bool kForward>
+template <int kWarps, bool kBf16Y, bool kForward, bool kDO16 = false>
 ScanKernel sized(const GdrScanArgs& a) {
   if constexpr (kBf16Y) {
     if (gdr_fixed_head_sizes() && a.C == 64 && (a.dk == 96 || a.dk == 128)) {
-      const ScanKernel f =
-          a.dk == 96 ? opted_in<kWarps, true, kForward, 64, 96>() : opted_in<kWarps, true, kForward, 64, 128>();
+      const ScanKernel f = a.dk == 96 ? opted_in<kWarps, true, kForward, 64, 96, kDO16>()
+                                      : opted_in<kWarps, true, kForward, 64, 128, kDO16>();
       if (f != nullptr) {
         gdr_count_fixed_head_size_launch(kForward ? GdrSizedKernel::kScanForward : GdrSizedKernel::kScanReverse);
       }
       return f;
     }
   }
-  return opted_in<kWarps, kBf16Y, kForward>();
+  return opted_in<kWarps, kBf16Y, kForward, 0, 0, kDO16>();
 }
 
+// The backward's instance: bf16 y, with a bf16 dO or not; or fp32 y (whose dO is fp32:
+// gdr_scan_fused_form_ok).
 template <int kWarps>
 ScanKernel kernel_for(const GdrScanArgs& a) {
-  return a.out_y_bf16 != nullptr ? sized<kWarps, true, false>(a) : sized<kWarps, false, false>(a);
+  if (a.out_y_bf16 == nullptr) return sized<kWarps, false, false>(a);
+  return a.dO_bf16 != nullptr ? sized<kWarps, true, false, true>(a) : sized<kWarps, true, false>(a);
 }
 
 // The instance of the block width `cols` (one of the four), or null.

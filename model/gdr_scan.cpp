@@ -328,7 +328,7 @@ GdrScanGrads run_fused_backward(const torch::Tensor& W, const torch::Tensor& Kd,
   a.bf16_products = bf16_products && kernels::gdr_scan_fused_bf16_width(a) > 0;  // sizes only
   // A bf16 dO goes in as it is where the bf16 products take it, else widened (exactly).
   torch::Tensor dO_widened;
-  if (is_bf16(dO) && a.bf16_products && dv % 8 == 0) {
+  if (is_bf16(dO) && a.bf16_products && bf16_dU && dv % 8 == 0) {
     a.dO_bf16 = bf16_bits(dO);
     ++g_bf16_output_grad_launches;
   } else {
