@@ -38,9 +38,9 @@ constexpr int kShortConvMaxParts = 4;
 
 #ifdef DD_HAVE_CUDA
 // short_conv_backward over 1 to kShortConvMaxParts parts in one launch: parts in order of c0, not
-// overlapping, ending within ld and ld_dx, each with its dy unless it is empty (else
-// cudaErrorInvalidValue); channels between parts are left alone. ld_dx is dx's token stride (no
-// 0 for C here). short_conv_backward is this with one part.
+// overlapping, ending within ld and ld_dx, each with its dy unless it is empty, ld_dx below 2³¹ / 64
+// (else cudaErrorInvalidValue); channels between parts are left alone. ld_dx is dx's token stride
+// (no 0 for C here). short_conv_backward is this with one part.
 int short_conv_backward_parts(void* dx, float* dw, const ShortConvGradPart* parts, int n_parts, const void* x, DType dt,
                               const float* w, const int64_t* pos, int64_t R, int64_t T, int64_t ld, int W, void* stream,
                               int64_t ld_dx);
