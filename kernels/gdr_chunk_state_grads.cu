@@ -10,7 +10,7 @@
 // blocks an SM, whose loads and products overlap instead. With a bf16 dO too (kDOBf16) dO takes half
 // that room and dh_next the other half, in a group of its own staged with the first (it lands
 // during the first pass), and dU takes dO's half after it.
-// and takes three passes over k = dv, each warp a 16-row tile of C and a quarter of the columns:
+// A block takes three passes over k = dv, each warp a 16-row tile of C and a quarter of the columns:
 //   pass 1 (dO)   dQg and dP_raw tiles, one A fragment for both;
 //   pass 2 (Vn)   dKd tiles, and the block's share of ddecay from the staged h_in and dh_next;
 //   pass 3 (dU)   dW tiles.
@@ -192,6 +192,7 @@ __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2)
   extern __shared__ __align__(16) unsigned char smem[];
   static_assert(kDV == 0 || (std::is_same<P, Bf16Products>::value && kCompact), "fixed dv: the bf16 form's pitch");
   static_assert(!kDOBf16 || (std::is_same<P, Bf16Products>::value && kCompact), "a bf16 dO: the bf16 compact form");
+  static_assert(16 * kNT <= kC, "kDOBf16: dh_next's half of dk rows fits the half of the fp32 room after dO");
   constexpr int dk = 32 * kNT, half_dk = 16 * kNT;
   const int dv = kDV > 0 ? kDV : a.dv;
   const int p = kDV > 0 ? bf16_form_pitch(kDV) : pitch_arg;

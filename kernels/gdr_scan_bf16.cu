@@ -109,9 +109,8 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
 
 // kC, kDK: the chunk and key head size known at compile time (kernels/gdr_head_sizes.h; the
 // k-loops over C and dk then have constant bounds), 0: a.C and a.dk.
-// kDO16: the backward's dO in bf16 (GdrScanArgs::dO_bf16; with bf16 y, the 16-bit path's form). A
-// compile-time choice: as a run-time one, the fp32 staging beside it cost the 24-warp instance 32
-// more bytes of register spills.
+// kDO16: the backward's dO in bf16 (GdrScanArgs::dO_bf16; with bf16 y, the 16-bit path's form), an
+// instance of its own so that it carries no fp32 staging.
 template <int kWarps, bool kBf16Y, bool kForward, int kC = 0, int kDK = 0, bool kDO16 = false>
 __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
     gdr_scan_fused_bf16_kernel(GdrScanArgs a, TileWalk walk_dk, TileWalk walk_c) {
@@ -127,9 +126,8 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
   const int64_t dv = a.dv;
   const int ldv = static_cast<int>(dv);
   const int pk = pitch16(dk), pc = pitch16(C);
-  // dO in bf16 (GdrScanArgs::dO_bf16): staged into dOb_s as it comes, no fp32 copy to round a step.
-  constexpr bool dO16 = kDO16;
-  const Layout L = kForward ? forward_layout_of(C, dk, kCols) : layout_of(C, dk, kCols, dO16);
+  // With kDO16 dO is staged into dOb_s as it comes: no fp32 copy to round a step.
+  const Layout L = kForward ? forward_layout_of(C, dk, kCols) : layout_of(C, dk, kCols, kDO16);
   uint16_t* S_s = reinterpret_cast<uint16_t*>(smem_raw + L.S);
   uint16_t* y_s = reinterpret_cast<uint16_t*>(smem_raw + L.y);
   uint16_t* dOb_s = reinterpret_cast<uint16_t*>(smem_raw + L.dOb);
@@ -208,19 +206,20 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
   // phase 2's only input, and comes in while phase 1 runs. The forward: W, then Kd apart.
   // The [C][dk] tiles (Kd, W, Qg) and the [C][C] one (Pm) by their walks (kernels/gdr_scan_stage.cuh).
   // A thread's first piece of each walk. The forward and the bf16-dO backward work it out at each
-  // use from the thread index read anew (thread_index_now), over the 16-byte pieces a row known at
-  // compile time where the instance has them: held in registers through the loop, these offsets
-  // cost their 24-warp instances register spills (16 and 68 bytes) and time (the reverse scan 1.36
-  // against 1.30 ms a step at hybrid base). The fp32-dO backward keeps them (recomputed, its own
-  // 32-warp instance spilled 20 bytes and ran slower).
+  // use from the thread index read anew (thread_index_now), dividing by a row's count of 16-byte
+  // pieces as a constant where the instance knows the head sizes. Held in registers through the
+  // loop, these offsets made their 24-warp instances spill (the forward 16 bytes, the bf16-dO
+  // reverse 68) and cost time (the reverse scan 1.49 against 1.30 ms a step at hybrid base); now
+  // neither spills. The fp32-dO backward keeps them held (recomputed, bench gdr's 32-warp instance
+  // spilled 20 bytes where it spills none).
   constexpr bool kRecompute = kForward || kDO16;
   const int tid = static_cast<int>(threadIdx.x);
   const int dk_row0 = tid / walk_dk.n, dk_col0 = tid % walk_dk.n, c_row0 = tid / walk_c.n, c_col0 = tid % walk_c.n;
   auto first_piece = [&](const TileWalk& walk, int known_n, int kept_row, int kept_col, int& row, int& col) {
     if constexpr (kRecompute) {
-      const int t = thread_index_now(), per_row = known_n > 0 ? known_n : walk.n;
-      row = t / per_row;
-      col = t % per_row;
+      const int thread = thread_index_now(), per_row = known_n > 0 ? known_n : walk.n;
+      row = thread / per_row;
+      col = thread % per_row;
     } else {
       row = kept_row;
       col = kept_col;
@@ -241,7 +240,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
     first_piece(walk_c, kC / 8, c_row0, c_col0, row0, col0);
     walk_tile<kThreads>(walk_c, row0, col0,
                         [&](int row, int col) { cp_async16(Pm_s + row * pc + 8 * col, Pm_src + row * C + 8 * col); });
-    if constexpr (dO16) {  // 8 bf16 a copy (cols is a multiple of 8 here: dv is, and so is j0)
+    if constexpr (kDO16) {  // 8 bf16 a copy (cols is a multiple of 8 here: dv is, and so is j0)
       const uint16_t* dO_cols = a.dO_bf16 + j0;
       // The thread index read anew each step, as for the walks above.
       for (int p = thread_index_now(); p < C * (kCols / 8); p += kThreads) {
@@ -309,7 +308,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
 
     cp_async_wait<1>();  // Kd, Qg, Pm, dO (W may still be in flight); the forward: W
     __syncthreads();
-    if constexpr (!kForward && !dO16) {
+    if constexpr (!kForward && !kDO16) {
       for (int p = threadIdx.x; p < C * (kCols / 4); p += kThreads) {
         const int i = p / (kCols / 4), c = 4 * (p % (kCols / 4));
         const float4 v = *reinterpret_cast<const float4*>(dO_s + i * kPdo + c);

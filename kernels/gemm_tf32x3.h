@@ -40,8 +40,9 @@ struct GemmOperand {
 constexpr int64_t kGemmMappedRowsMax = 128;
 
 // out[i] = alpha · (a[i] b[i] + a2[i] b2[i]) + beta · out[i]: a [M, K], b [K, N], out [M, N] (fp32,
-// or bf16 with out_bf16) with unit column stride; the second pair a2 [M, K2], b2 [K2, N] only when K2 > 0 (one pass over
-// out instead of a second product adding to it: the delta rule's O = s (P Vn + Qg h_in)). beta = 0
+// or bf16 with out_bf16) with unit column stride; the second pair a2 [M, K2], b2 [K2, N] only when
+// K2 > 0 (one pass over out instead of a second product adding to it: the delta rule's
+// O = s (P Vn + Qg h_in)). beta = 0
 // never reads out (it may be uninitialised). Either or both of a and b may be bf16; a bf16 b needs a
 // K-contiguous a (a.col == 1).
 struct GemmTf32x3Args {

@@ -49,7 +49,8 @@ GdrOutput gdr_forward_ref(const torch::Tensor& q, const torch::Tensor& k, const 
 // and, on a GPU, keeps the chunk states and corrected values it saves in bf16 (bf16_states, unless
 // switched off by gdr_bf16_states).
 // o_as_rows: return o_rows and o_row instead of o, saving the copy into token order (and its
-// gradient's copy back) for a consumer that reads rows by index.
+// gradient's copy back) for a consumer that reads rows by index, and that takes them in bf16 on
+// the 16-bit path (model/gdr_chunk_core.h, bf16_output_ok: the Gated DeltaNet's output norm).
 // slots: a packed row's plan at fixed device addresses (model/gdr_plan_slots.h, for steps captured
 // as CUDA graphs; cu_seqlens is then its padded copy and no h0 is taken). h then covers the fixed
 // layout's documents: the batch's first, in order, then its dummies' (zero) states.
