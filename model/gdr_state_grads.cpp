@@ -108,6 +108,13 @@ GdrStateGrads gdr_state_grads(const torch::Tensor& dO_src, const torch::Tensor& 
 #if defined(DD_HAVE_CUDA)
   bool ok = false;
   auto a = kernel_args(dO_src, dO_rows, dU, h_in, dh_next, v_new, bf16_out && g_bf16_products, ok);
+  // A bf16 dO the kernel's form for these inputs does not read as it is (an fp32 dU, the TF32
+  // products, a dv of 8 mod 16): widened, exactly, for the kernel rather than the reference.
+  torch::Tensor dO_widened;
+  if (!ok && dO_src.scalar_type() == torch::kBFloat16) {
+    dO_widened = dO_src.to(torch::kFloat32);
+    a = kernel_args(dO_widened, dO_rows, dU, h_in, dh_next, v_new, bf16_out && g_bf16_products, ok);
+  }
   if (ok) {
     const int64_t R = a.R, C = a.C, dk = a.dk;
     const auto opts = dU.options().dtype(torch::kFloat32), dk_opts = bf16_out ? opts.dtype(torch::kBFloat16) : opts;
