@@ -17,6 +17,7 @@ namespace {
 std::atomic<bool> g_use_kernel{true};
 std::atomic<bool> g_wide_tiles{true};
 std::atomic<bool> g_bf16_mma{true};
+std::atomic<int64_t> g_bf16_result_launches{0};
 
 bool is_bf16(const torch::Tensor& x) { return x.scalar_type() == torch::kBFloat16; }
 
@@ -112,6 +113,8 @@ void bmm_fp32_wide_tiles(bool on) { g_wide_tiles = on; }
 
 void bmm_fp32_bf16_mma(bool on) { g_bf16_mma = on; }
 
+int64_t bmm_fp32_bf16_result_launches() { return g_bf16_result_launches.load(); }
+
 torch::Tensor bmm_fp32_reference(const torch::Tensor& a, const torch::Tensor& b, double alpha) {
   check_operands(a, b, "bmm_fp32_reference");
   const auto aw = widened(a), bw = widened(b);
@@ -147,6 +150,7 @@ torch::Tensor bmm_fp32_sum(const torch::Tensor& a, const torch::Tensor& b, const
     g.b2 = operand(b2);
     if (kernels::gemm_tf32x3_supports(g)) {
       launch(g, a);
+      if (bf16_result) ++g_bf16_result_launches;
       return out;
     }
   }

@@ -24,6 +24,8 @@ torch::Tensor bmm_fp32(const torch::Tensor& a, const torch::Tensor& b, double al
 // fp32 sums rounded once (the kernel writes them so; elsewhere rounded after the fp32 result).
 torch::Tensor bmm_fp32_sum(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& a2,
                            const torch::Tensor& b2, double alpha = 1.0, bool bf16_result = false);
+// How many of bmm_fp32_sum's kernel launches wrote a bf16 result (for the tests).
+int64_t bmm_fp32_bf16_result_launches();
 
 // bmm_fp32_sum with its result's rows scattered into a new [n_rows, N]: row m of batch item i goes
 // to row out_rows[i·M + m] (int32 [R·M] on a's device), and nowhere where that is −1. Every output

@@ -74,6 +74,32 @@ TEST(BmmFp32, MismatchedOperandTypesAreRefusedByName) {
   EXPECT_THROW(model::bmm_fp32_accumulate(out_bf16, a.to(torch::kBFloat16), b, 1.0, 0.0), c10::Error);
 }
 
+// A bf16 output (GemmTf32x3Args::out_bf16): taken with beta 0, even strides and a 4-byte aligned
+// out (column pairs are stored as one word), refused otherwise.
+TEST(BmmFp32, KernelTakesABf16OutputOnItsConditions) {
+  const void* aligned = reinterpret_cast<const void*>(uintptr_t{4096});
+  kernels::GemmTf32x3Args g;
+  g.batch = 8, g.M = 64, g.N = 128, g.K = 64;
+  g.a = {aligned, 64 * 64, 64, 1, true};
+  g.b = {aligned, 64 * 128, 128, 1, true};
+  g.out = reinterpret_cast<void*>(uintptr_t{8192});
+  g.out_batch = 64 * 128, g.out_row = 128;
+  g.out_bf16 = true;
+  EXPECT_TRUE(kernels::gemm_tf32x3_supports(g));
+  g.beta = 1.0f;  // a bf16 out is never read
+  EXPECT_FALSE(kernels::gemm_tf32x3_supports(g));
+  g.beta = 0.0f;
+  g.out_row = 129;
+  EXPECT_FALSE(kernels::gemm_tf32x3_supports(g));
+  g.out_row = 128, g.out_batch = 64 * 128 + 1;
+  EXPECT_FALSE(kernels::gemm_tf32x3_supports(g));
+  g.out_batch = 64 * 128, g.out = reinterpret_cast<void*>(uintptr_t{8194});
+  EXPECT_FALSE(kernels::gemm_tf32x3_supports(g));
+  g.out_bf16 = false;  // an fp32 out takes any of these but the alignment (one float at a time)
+  g.out = reinterpret_cast<void*>(uintptr_t{8192}), g.out_row = 129, g.beta = 1.0f;
+  EXPECT_TRUE(kernels::gemm_tf32x3_supports(g));
+}
+
 // Which bf16 operands the kernel takes: A in either layout, B only beside a K-contiguous A (so
 // both together with a K-contiguous A), and 16-byte aligned pieces (8 bf16 elements) along the
 // contiguous dimension.

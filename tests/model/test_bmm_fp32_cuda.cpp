@@ -353,7 +353,9 @@ TEST(BmmFp32Cuda, Bf16ResultIsTheFp32ResultRoundedOnce) {
                                  std::to_string(c.N) + " K=" + std::to_string(c.K) +
                                  (bf16_operands ? " bf16 operands" : " fp32 operands") + (wide ? " wide" : "");
         const auto fp32 = model::bmm_fp32_sum(P, Vn, Qg, h, 0.125);
+        const int64_t before = model::bmm_fp32_bf16_result_launches();
         const auto got = model::bmm_fp32_sum(P, Vn, Qg, h, 0.125, /*bf16_result=*/true);
+        EXPECT_EQ(model::bmm_fp32_bf16_result_launches() - before, c.N % 2 == 0 ? 1 : 0) << what << ": the kernel";
         ASSERT_EQ(got.scalar_type(), torch::kBFloat16) << what;
         EXPECT_TRUE(torch::equal(got, bf16(fp32))) << what;
       }

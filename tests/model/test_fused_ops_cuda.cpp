@@ -1209,6 +1209,9 @@ TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
         } else {
           y = fused ? model::gated_rms_norm(o, z, w, 1e-6, dt) : model::gated_rms_norm_reference(o, z, w, 1e-6, dt);
         }
+        if (fused) {  // the kernels' node, not the reference's ATen ops (a bf16 o too)
+          EXPECT_NE(y.grad_fn()->name().find("GatedRmsNorm"), std::string::npos) << y.grad_fn()->name();
+        }
         (y.to(torch::kFloat32) * gy.to(torch::kFloat32)).sum().backward();
         return std::vector<torch::Tensor>{y.detach(), o.grad(), wide.grad(), w.grad()};
       };
