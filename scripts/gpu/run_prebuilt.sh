@@ -13,13 +13,15 @@ nv=$(cd "$torch_lib/../../nvidia" && pwd)
 libs=$prefix/usr/lib/x86_64-linux-gnu:$torch_lib:$nv/cudnn/lib:$nv/cu13/lib:$nv/nccl/lib:$nv/nvshmem/lib
 export LD_LIBRARY_PATH=$libs:$nv/cusparselt/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0
-for f in build-bin/*.xz build-bin/*.gz; do
+# .gz first, so that an .xz of the same name (the newer packing) wins; a failed unpack removes its
+# binary and says so.
+for f in build-bin/*.gz build-bin/*.xz; do
   [ -f "$f" ] || continue
   n=bin/$(basename "${f%.*}")
   case "$f" in
     *.xz) xz -dc "$f" > "$n" 2>/dev/null ||
             python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)' "$f" > "$n" ;;
     *) gunzip -c "$f" > "$n" ;;
-  esac
+  esac || { echo "run_prebuilt.sh: could not unpack $f" >&2; rm -f "$n"; continue; }
   chmod +x "$n"
 done
