@@ -16,12 +16,15 @@
 //   W, U    W = (Tm diag(β e)) K and U = (Tm diag(β)) V, the diagonal scales applied to Tm's
 //           fragments as they load, only the k-steps left of each strip's diagonal block (Tm is
 //           lower triangular): warp w takes strips w % 2 and 3 − w % 2 (10 k-steps together) on
-//           every fourth 8-column tile.
+//           every fourth 8-column tile. With bf16 K and V these are bf16 mma, the scaled Tm in two
+//           bf16 parts (scaled_tm_times_bf16).
 // W, U, Kd, Qg and P are stored in fp32 or, with bf16_out, rounded to bf16 as they are stored.
 // The other products are split-TF32 mma.sync (kernels/gdr_chunk_mma.cuh); an operand read from
 // bf16 or fp16 inputs is a TF32 value already, so the products with its zero remainder are
 // skipped. (Tm rounded to TF32 for W and U instead of split, as the solve's backward takes its
-// products under 16-bit training, left this kernel's time as it was: 0.34 ms either way.) Shared rows are padded so that a fragment's 32 loads fall in 32 banks where the tile is
+// products under 16-bit training, left this kernel's time as it was: 0.34 ms either way; what
+// cost was loading each bf16 value of K and V by itself, which ldmatrix now does eight at a time.)
+// Shared rows are padded so that a fragment's 32 loads fall in 32 banks where the tile is
 // read in one orientation; fp32 K is read both as [n][k] (for G) and [k][n] (for W), and takes
 // 2-way conflicts in the second. Per block and phase (clock64, bench gdr's shape, bf16 inputs,
 // fp32 staging of stop 31): gates 3k cycles, load 10k, G 8k, inverse 13k, W 5k, U 6k.
@@ -33,6 +36,7 @@
 #include "kernels/gdr_chunk_io.cuh"
 #include "kernels/gdr_chunk_mma.cuh"
 #include "kernels/gdr_chunk_stage.cuh"
+#include "kernels/ldmatrix.cuh"
 
 namespace kernels {
 
@@ -70,6 +74,66 @@ __host__ __device__ constexpr int smem_bytes(int dk, int qk_bytes, int v_bytes) 
 // 73.75 KiB with 16-bit q, k and v at dk = 128: three blocks per SM (at most 80 registers a thread).
 constexpr int min_blocks(int qk_bytes, int v_bytes) { return qk_bytes == 2 && v_bytes == 2 ? 3 : 2; }
 static_assert(smem_bytes(128, 2, 2) + 1024 <= 228 * 1024 / 3, "three 16-bit blocks fit an H100 SM's shared memory");
+
+// The bf16 parts of two scaled values: hi = the pair rounded to bf16, lo = what is left, rounded
+// (x − hi is exact in fp32; hi + lo leaves out about 2⁻¹⁸ of each value).
+__device__ __forceinline__ void split_bf16_pair(float2 x, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x.x, x.y);  // x.x in the low half
+  const float2 hf = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(x.x - hf.x, x.y - hf.y);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
+// acc[j] = (Tm diag(scale)) B for a 16-row strip from m0 of Tm (fp32 rows of kTPitch, k < k_end)
+// and kN 8-column tiles of B (bf16 rows [k][n] of b_pitch), tile j at column col0 + 32 j: bf16
+// m16n8k16 mma, the scaled Tm split into two bf16 parts (split_bf16_pair), B exact. Each fragment
+// of B by ldmatrix (two tiles an instruction), where the TF32 form loaded each B value by itself
+// (two 16-bit loads and two shifts a tile and k-step of 8) and split every Tm value in two TF32
+// parts for two mma a k-step of 8: half the mma and about a third of the loads.
+template <int kN>
+__device__ __forceinline__ void scaled_tm_times_bf16(float (&acc)[kN][4], const float* T_s, const float* scale, int m0,
+                                                     int k_end, const __nv_bfloat16* B_s, int b_pitch, int col0,
+                                                     int lane) {
+#pragma unroll
+  for (int j = 0; j < kN; ++j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
+  }
+  const int g = lane / 4, t = lane % 4, m = lane / 8;
+  for (int k0 = 0; k0 < k_end; k0 += 16) {
+    // The A fragment's rows m0 + g and m0 + g + 8 at columns k0 + 2t, + 1 and k0 + 2t + 8, + 9.
+    const float* r0 = T_s + (m0 + g) * kTPitch + k0 + 2 * t;
+    const float* r1 = r0 + 8 * kTPitch;
+    const float2 s0 = *reinterpret_cast<const float2*>(scale + k0 + 2 * t);
+    const float2 s1 = *reinterpret_cast<const float2*>(scale + k0 + 2 * t + 8);
+    const float2 x[4] = {*reinterpret_cast<const float2*>(r0), *reinterpret_cast<const float2*>(r1),
+                         *reinterpret_cast<const float2*>(r0 + 8), *reinterpret_cast<const float2*>(r1 + 8)};
+    Frag16A hi, lo;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 sc = i < 2 ? s0 : s1;
+      split_bf16_pair(make_float2(x[i].x * sc.x, x[i].y * sc.y), hi.r[i], lo.r[i]);
+    }
+#pragma unroll
+    for (int pair = 0; pair < kN / 2; ++pair) {
+      // Matrices (k0, tile j), (k0 + 8, tile j), (k0, tile j + 1), (k0 + 8, tile j + 1).
+      const int j = 2 * pair;
+      uint32_t b[4];
+      ldmatrix_x4_trans_b16(b, B_s + (k0 + lane % 8 + 8 * (m % 2)) * b_pitch + col0 + 32 * (j + m / 2));
+      mma16<__nv_bfloat16>(acc[j], hi, Frag16B{{b[0], b[1]}});
+      mma16<__nv_bfloat16>(acc[j], lo, Frag16B{{b[0], b[1]}});
+      mma16<__nv_bfloat16>(acc[j + 1], hi, Frag16B{{b[2], b[3]}});
+      mma16<__nv_bfloat16>(acc[j + 1], lo, Frag16B{{b[2], b[3]}});
+    }
+    if constexpr (kN % 2 == 1) {
+      uint32_t b[2];  // matrices (k0, last tile), (k0 + 8, last tile); lanes 16–31 give no address
+      ldmatrix_x2_trans_b16(b, B_s + (k0 + lane % 8 + 8 * (m % 2)) * b_pitch + col0 + 32 * (kN - 1));
+      mma16<__nv_bfloat16>(acc[kN - 1], hi, Frag16B{{b[0], b[1]}});
+      mma16<__nv_bfloat16>(acc[kN - 1], lo, Frag16B{{b[0], b[1]}});
+    }
+  }
+}
 
 // kDK, kDV: the head sizes known at compile time (with_head_sizes), 0: l.dk and l.dv.
 template <typename T, typename TV, int VW, int kDK = 0, int kDV = 0>
@@ -240,15 +304,19 @@ __global__ void __launch_bounds__(kThreads, min_blocks(sizeof(Staged<T>), sizeof
                         int64_t at, int64_t pitch) {
     const int n_tiles = (width / 8 - tile0 + 3) / 4;
     if (n_tiles <= 0) return;
-    with_tile_count(n_tiles, [&](auto count) {
+    with_tile_count<4>(n_tiles, [&](auto count) {
       constexpr int kN = decltype(count)::value;
       constexpr bool kBExact = decltype(b_exact)::value;
       for (int strip = 0; strip < 2; ++strip) {
         const int mt = strip == 0 ? p : 3 - p;
         float acc[kN][4];
-        strip_product<kN, false, kBExact>(
-            acc, 0, 16 * (mt + 1), [&](int k0) { return frag_a(T_s, kTPitch, 16 * mt, k0, g, t, scale); },
-            [&](int k0, int nt) { return frag_b_kn<kBExact>(B_s, b_pitch, k0, 8 * (tile0 + 4 * nt), g, t); });
+        if constexpr (std::is_same<std::remove_cv_t<std::remove_pointer_t<decltype(B_s)>>, __nv_bfloat16>::value) {
+          scaled_tm_times_bf16<kN>(acc, T_s, scale, 16 * mt, 16 * (mt + 1), B_s, b_pitch, 8 * tile0, lane);
+        } else {
+          strip_product<kN, false, kBExact>(
+              acc, 0, 16 * (mt + 1), [&](int k0) { return frag_a(T_s, kTPitch, 16 * mt, k0, g, t, scale); },
+              [&](int k0, int nt) { return frag_b_kn<kBExact>(B_s, b_pitch, k0, 8 * (tile0 + 4 * nt), g, t); });
+        }
 #pragma unroll
         for (int nt = 0; nt < kN; ++nt) {
           const int c = 8 * (tile0 + 4 * nt) + 2 * t;

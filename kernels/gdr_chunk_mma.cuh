@@ -220,15 +220,17 @@ __device__ __forceinline__ void strip_times_kt(float (&acc)[kTiles][4], const S*
   }
 }
 
-// Calls f(std::integral_constant<int, n>) for n in 1..5 (a tile count known only at run time).
-template <class F>
+// Calls f(std::integral_constant<int, n>) for n in 1..kMax (a tile count known only at run time;
+// kMax at most 5). Callers whose counts stop below 5 say so: fewer instances, less code.
+template <int kMax = 5, class F>
 __device__ __forceinline__ void with_tile_count(int n, F f) {
+  static_assert(kMax >= 1 && kMax <= 5, "1 to 5 tiles");
   switch (n) {
     case 1: f(std::integral_constant<int, 1>{}); break;
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    case 3: f(std::integral_constant<int, 3>{}); break;
-    case 4: f(std::integral_constant<int, 4>{}); break;
-    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 2: if constexpr (kMax >= 2) f(std::integral_constant<int, 2>{}); break;
+    case 3: if constexpr (kMax >= 3) f(std::integral_constant<int, 3>{}); break;
+    case 4: if constexpr (kMax >= 4) f(std::integral_constant<int, 4>{}); break;
+    case 5: if constexpr (kMax >= 5) f(std::integral_constant<int, 5>{}); break;
     default: break;
   }
 }

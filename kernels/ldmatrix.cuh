@@ -28,6 +28,12 @@ __device__ __forceinline__ void ldmatrix_x4_trans_b16(uint32_t (&r)[4], const vo
                : "memory");
 }
 
+// Two matrices, transposed: lanes 0 – 15 give the rows' addresses (the others' are not read).
+__device__ __forceinline__ void ldmatrix_x2_trans_b16(uint32_t (&r)[2], const void* smem_row) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem_row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr) : "memory");
+}
+
 // The A fragment (16 × 16 from (m0, k0)) of a row-major [m][k] tile of 16-bit values.
 template <typename T>
 __device__ __forceinline__ void ldsm_a(uint32_t (&r)[4], const T* s, int pitch, int m0, int k0, int lane) {
