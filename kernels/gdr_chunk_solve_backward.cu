@@ -23,8 +23,9 @@
 // fp32 operand is rounded to TF32 instead of split: one mma per product.
 // With bf16 tiles (kBf16Tiles, GdrChunkSolveBackwardArgs::bf16_tiles: the 16-bit path's bf16 dW,
 // dU, k and v) dW, dU, K and V stay bf16 in shared memory: dTm's products are bf16 m16n8k16 mma
-// (exact products, as the TF32 ones of the same values), Tmᵀ dW and Tmᵀ dU read them widened, and
-// X takes the two tiles' room once they are done. 69 KiB a block: three an SM.
+// (exact products, as the TF32 ones of the same values), Tmᵀ dW and Tmᵀ dU are bf16 mma too with
+// Tmᵀ in two bf16 parts (tm_t_times_bf16), and X takes the two tiles' room once they are done.
+// 69 KiB a block: three an SM.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -33,6 +34,7 @@
 #include "kernels/gdr_chunk_mma.cuh"
 #include "kernels/gdr_chunk_stage.cuh"
 #include "kernels/gdr_chunk_solve_backward.h"
+#include "kernels/ldmatrix.cuh"
 
 namespace kernels {
 
@@ -67,6 +69,54 @@ __device__ __forceinline__ void stage_f32(float* dst, int pitch, const float* sr
   for (int p = threadIdx.x; p < rows * n4; p += kThreads) {
     const int r = p / n4, c = 4 * (p % n4);
     cp_async16_zfill(dst + r * pitch + c, src + r * ld + c, true);
+  }
+}
+
+// The bf16 parts of two fp32 values: hi = the pair rounded to bf16, lo = what is left, rounded
+// (x − hi is exact in fp32; hi + lo leaves out about 2⁻¹⁸ of each value).
+__device__ __forceinline__ void split_bf16_pair(float x, float y, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);  // x in the low half
+  const float2 hf = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(x - hf.x, y - hf.y);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
+// acc[n] = Tmᵀ G for the 16-row strip m0 of Tmᵀ (Tm fp32 rows of kTPitch, k from k_begin to C) and
+// four 8-column tiles of G (bf16 rows [k][n] of g_pitch, tile n at column col(n)): bf16 m16n8k16
+// mma with Tmᵀ in two bf16 parts (split_bf16_pair), G exact, two tiles' G fragments an ldmatrix.
+// The TF32 products this replaces rounded Tm to TF32 (2⁻¹¹; the parts keep 2⁻¹⁸) with the same
+// count of mma, and loaded each bf16 value of G by itself.
+template <class Col>
+__device__ __forceinline__ void tm_t_times_bf16(float (&acc)[4][4], const float* T_s, int m0, int k_begin,
+                                                const __nv_bfloat16* G_s, int g_pitch, Col col, int lane) {
+#pragma unroll
+  for (int n = 0; n < 4; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[n][i] = 0.f;
+  }
+  const int g = lane / 4, t = lane % 4, m = lane / 8;
+  for (int k0 = k_begin; k0 < kC; k0 += 16) {
+    // Tmᵀ's fragment: rows m0 + g (+ 8) of Tmᵀ are columns of Tm, its k pairs rows k0 + 2t, + 1
+    // (and + 8, + 9).
+    const float* c0 = T_s + (k0 + 2 * t) * kTPitch + m0 + g;
+    gdr_chunk_mma::Frag16A hi, lo;
+    split_bf16_pair(c0[0], c0[kTPitch], hi.r[0], lo.r[0]);
+    split_bf16_pair(c0[8], c0[kTPitch + 8], hi.r[1], lo.r[1]);
+    split_bf16_pair(c0[8 * kTPitch], c0[9 * kTPitch], hi.r[2], lo.r[2]);
+    split_bf16_pair(c0[8 * kTPitch + 8], c0[9 * kTPitch + 8], hi.r[3], lo.r[3]);
+#pragma unroll
+    for (int pair = 0; pair < 2; ++pair) {
+      // Matrices (k0, tile 2 pair), (k0 + 8, tile 2 pair), (k0, tile 2 pair + 1), (k0 + 8, ...).
+      uint32_t b[4];
+      ldmatrix_x4_trans_b16(b, G_s + (k0 + lane % 8 + 8 * (m % 2)) * g_pitch + col(2 * pair + m / 2));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const gdr_chunk_mma::Frag16B bf{{b[2 * h], b[2 * h + 1]}};
+        gdr_chunk_mma::mma16<__nv_bfloat16>(acc[2 * pair + h], hi, bf);
+        gdr_chunk_mma::mma16<__nv_bfloat16>(acc[2 * pair + h], lo, bf);
+      }
+    }
   }
 }
 
@@ -180,9 +230,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         const int n_tiles = n_all - 4 * pass < 4 ? n_all - 4 * pass : 4;
         auto col = [&](int nt) { return 8 * (tile0 + 2 * (4 * pass + (nt < n_tiles ? nt : n_tiles - 1))); };
         float acc[4][4];
-        strip_product<4, kTf32, kTf32>(
-            acc, 16 * mt, kC, [&](int k0) { return frag_at<false, kTf32>(T_s, kTPitch, 16 * mt, k0, g, t); },
-            [&](int k0, int nt) { return frag_b_kn<kBf16Tiles, kTf32>(G_s, kGP, k0, col(nt), g, t); });
+        if constexpr (kBf16Tiles) {
+          tm_t_times_bf16(acc, T_s, 16 * mt, 16 * mt, G_s, kGP, col, lane);
+        } else {
+          strip_product<4, kTf32, kTf32>(
+              acc, 16 * mt, kC, [&](int k0) { return frag_at<false, kTf32>(T_s, kTPitch, 16 * mt, k0, g, t); },
+              [&](int k0, int nt) { return frag_b_kn<kBf16Tiles, kTf32>(G_s, kGP, k0, col(nt), g, t); });
+        }
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
           if (nt >= n_tiles) continue;
