@@ -225,21 +225,43 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
       col = kept_col;
     }
   };
+  // With C and dk known (the fixed-size instances) a tile's walk is known too: kThreads is a multiple
+  // of a row's pieces, so each thread keeps its column and its row moves by a constant, a loop the
+  // compiler unrolls (one piece a thread for the 24-warp block's [64][96] tiles) in place of the
+  // run-time walk's loop, counters and wrap test.
+  auto walk_known = [&](auto rows_tag, auto per_row_tag, auto f) {
+    constexpr int kRows = decltype(rows_tag)::value, kPer = decltype(per_row_tag)::value;
+    static_assert(kThreads % kPer == 0, "a thread keeps its column");
+    const int thread = thread_index_now();
+#pragma unroll
+    for (int row = thread / kPer; row < kRows; row += kThreads / kPer) f(row, thread % kPer);
+  };
+  // (The fp32-dO backward keeps its held offsets and run-time walks, as above.)
+  constexpr bool kKnownWalks =
+      kRecompute && kC > 0 && kDK > 0 && kThreads % (kDK / 8) == 0 && kThreads % (kC / 8) == 0;
   auto stage_dk_tile = [&](uint16_t* dst, const uint16_t* src) {
-    int row0, col0;
-    first_piece(walk_dk, kDK / 8, dk_row0, dk_col0, row0, col0);
-    walk_tile<kThreads>(walk_dk, row0, col0,
-                        [&](int row, int col) { cp_async16(dst + row * pk + 8 * col, src + row * dk + 8 * col); });
+    auto copy = [&](int row, int col) { cp_async16(dst + row * pk + 8 * col, src + row * dk + 8 * col); };
+    if constexpr (kKnownWalks) {
+      walk_known(std::integral_constant<int, kC>{}, std::integral_constant<int, kDK / 8>{}, copy);
+    } else {
+      int row0, col0;
+      first_piece(walk_dk, kDK / 8, dk_row0, dk_col0, row0, col0);
+      walk_tile<kThreads>(walk_dk, row0, col0, copy);
+    }
   };
   auto stage_p = [&](int64_t r) {
     stage_dk_tile(P_s, a.P_bf16 + r * C * dk);
     if constexpr (kForward) return;
     stage_dk_tile(Qg_s, a.Qg_bf16 + r * C * dk);
     const uint16_t* Pm_src = a.Pm_bf16 + r * C * C;
-    int row0, col0;
-    first_piece(walk_c, kC / 8, c_row0, c_col0, row0, col0);
-    walk_tile<kThreads>(walk_c, row0, col0,
-                        [&](int row, int col) { cp_async16(Pm_s + row * pc + 8 * col, Pm_src + row * C + 8 * col); });
+    auto copy = [&](int row, int col) { cp_async16(Pm_s + row * pc + 8 * col, Pm_src + row * C + 8 * col); };
+    if constexpr (kKnownWalks) {
+      walk_known(std::integral_constant<int, kC>{}, std::integral_constant<int, kC / 8>{}, copy);
+    } else {
+      int row0, col0;
+      first_piece(walk_c, kC / 8, c_row0, c_col0, row0, col0);
+      walk_tile<kThreads>(walk_c, row0, col0, copy);
+    }
     if constexpr (kDO16) {  // 8 bf16 a copy (cols is a multiple of 8 here: dv is, and so is j0)
       const uint16_t* dO_cols = a.dO_bf16 + j0;
       // The thread index read anew each step, as for the walks above.
@@ -281,11 +303,27 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
 
     // Phase 0: the state gradient this step starts from (dh_next; the forward: h_in), from the
     // rounded copy: the same bits as rounding the fp32 state.
-    uint16_t* out_state = a.out_state_bf16 + r * dk * dv + j0;
-    for (int p = kRecompute ? thread_index_now() : tid; p < dk * (kCols / 4); p += kThreads) {
-      const int i = p / (kCols / 4), c = 4 * (p % (kCols / 4));
+    // 8-byte pieces, kCols / 4 = kWarps of them a row: the block's 32 · kWarps threads take 32 rows a
+    // pass, each thread the same column in every pass, so only the row moves (a division and the
+    // row and column arithmetic for every piece cost the forward about 50 of its 450 instructions a
+    // warp and step). The fp32-dO backward keeps the loop by pieces: the held column and pointers
+    // made its instances spill.
+    if constexpr (kRecompute) {
+      const int thread = thread_index_now(), c = 4 * (thread % kWarps);
       if (c < cols) {
-        *reinterpret_cast<uint2*>(out_state + i * ldv + c) = *reinterpret_cast<const uint2*>(S_s + i * kPs + c);
+        uint16_t* out_state = a.out_state_bf16 + r * dk * dv + j0 + c;
+        const uint16_t* from = S_s + c;
+        for (int i = thread / kWarps; i < dk; i += 32) {
+          *reinterpret_cast<uint2*>(out_state + i * ldv) = *reinterpret_cast<const uint2*>(from + i * kPs);
+        }
+      }
+    } else {
+      uint16_t* out_state = a.out_state_bf16 + r * dk * dv + j0;
+      for (int p = tid; p < dk * (kCols / 4); p += kThreads) {
+        const int i = p / (kCols / 4), c = 4 * (p % (kCols / 4));
+        if (c < cols) {
+          *reinterpret_cast<uint2*>(out_state + i * ldv + c) = *reinterpret_cast<const uint2*>(S_s + i * kPs + c);
+        }
       }
     }
     const int64_t rows_at = r * C * dv + j0;  // this step's chunk rows [C, dv] from column j0
