@@ -15,9 +15,9 @@
 //           per block, three levels;
 //   W, U    W = (Tm diag(β e)) K and U = (Tm diag(β)) V, the diagonal scales applied to Tm's
 //           fragments as they load, only the k-steps left of each strip's diagonal block (Tm is
-//           lower triangular): warp w takes strips w % 2 and 3 − w % 2 (10 k-steps together) on
-//           every fourth 8-column tile. With bf16 K and V these are bf16 mma, the scaled Tm in two
-//           bf16 parts (scaled_tm_times_bf16).
+//           lower triangular): warp w takes strips w % 2 and 3 − w % 2 (10 k-steps of 8 together)
+//           on every fourth 8-column tile. With bf16 K and V these are bf16 mma in k-steps of 16
+//           (5 together), the scaled Tm in two bf16 parts (scaled_tm_times_bf16).
 // W, U, Kd, Qg and P are stored in fp32 or, with bf16_out, rounded to bf16 as they are stored.
 // The other products are split-TF32 mma.sync (kernels/gdr_chunk_mma.cuh); an operand read from
 // bf16 or fp16 inputs is a TF32 value already, so the products with its zero remainder are
@@ -26,7 +26,9 @@
 // cost was loading each bf16 value of K and V by itself, which ldmatrix now does eight at a time.)
 // Shared rows are padded so that a fragment's 32 loads fall in 32 banks where the tile is
 // read in one orientation; fp32 K is read both as [n][k] (for G) and [k][n] (for W), and takes
-// 2-way conflicts in the second. Per block and phase (clock64, bench gdr's shape, bf16 inputs,
+// 2-way conflicts in the second. The bf16 W and U products' 8-byte reads of Tm (pitch 68) take
+// 2-way conflicts too (a pitch of 8 mod 32 would clear them but put them on the inverse's reads).
+// Per block and phase (clock64, bench gdr's shape, bf16 inputs,
 // fp32 staging of stop 31): gates 3k cycles, load 10k, G 8k, inverse 13k, W 5k, U 6k.
 #include <cuda_runtime.h>
 
@@ -294,8 +296,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks(sizeof(Staged<T>), sizeof
   }
 
   // W = (Tm diag(β e)) K and U = (Tm diag(β)) V. Row strip mt needs the k-steps left of its
-  // diagonal block only (Tm is lower triangular), 2 (mt + 1) of them, so warp w takes the strips
-  // p = w % 2 and 3 − p (10 k-steps together) on the 8-column tiles w / 2, w / 2 + 4, ...
+  // diagonal block only (Tm is lower triangular), 2 (mt + 1) of them of 8 (mt + 1 of 16 in the bf16
+  // form), so warp w takes the strips p = w % 2 and 3 − p (10 k-steps of 8 together) on the
+  // 8-column tiles w / 2, w / 2 + 4, ...
   const int p = warp % 2, tile0 = warp / 2;
   // dst: the output, written from element offset `at` (rows of `pitch` elements).
   // The warp's tiles tile0 + 4 j < width / 8, as many as there are (1 to 4): at dk = 96 three for W,

@@ -17,8 +17,8 @@
 //   X       X = dTm Tmᵀ on the lower block triangle (the rows dA needs), 8 warps;
 //   dA      dA_raw = Tmᵀ X on the lower block triangle, written with zeros at and above the
 //           diagonal.
-// Products are split-TF32 mma.sync (kernels/gdr_chunk_mma.cuh), except dTm's with bf16 tiles
-// (below); K and V read from bf16 or fp16 are TF32 values already, so the products with their zero
+// Products are split-TF32 mma.sync (kernels/gdr_chunk_mma.cuh), except dTm's, Tmᵀ dW's and Tmᵀ
+// dU's with bf16 tiles (below); K and V read from bf16 or fp16 are TF32 values already, so the products with their zero
 // remainders are skipped. In the TF32 mode (kTf32, GdrChunkSolveBackwardArgs::tf32_products) every
 // fp32 operand is rounded to TF32 instead of split: one mma per product.
 // With bf16 tiles (kBf16Tiles, GdrChunkSolveBackwardArgs::bf16_tiles: the 16-bit path's bf16 dW,
@@ -221,7 +221,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
   // Warps 4–7: Tmᵀ G_s for `width` columns, each result pair (i, c), (i, c + 1) to store(i, c, x, y)
   // (called by the whole warp). Strip mt takes the k-steps from 16 mt on; warp 4 + w' takes strips
-  // w' % 2 and 3 − w' % 2 (10 k-steps together) on every second 8-column tile from w' / 2.
+  // w' % 2 and 3 − w' % 2 (10 k-steps of 8, or 5 of 16 with bf16 tiles, together) on every second
+  // 8-column tile from w' / 2.
   auto tm_t_product = [&](int width, auto store) {
     const int w4 = warp - 4, p = w4 % 2, tile0 = w4 / 2, n_all = (width / 8 - tile0 + 1) / 2;
     for (int strip = 0; strip < 2; ++strip) {

@@ -1,9 +1,9 @@
 // Fragments of 16-bit mma.sync operands (m16n8k16, kernels/gdr_chunk_mma.cuh's Frag16A/Frag16B)
-// straight from shared memory by ldmatrix: four 8 × 8 matrices of 16-bit values per instruction,
-// lane l giving the address of row l % 8 of matrix l / 8 (16 bytes, 16-byte aligned). Without
-// .trans, lane 4g + t receives (row g, columns 2t, 2t + 1) of each matrix; with .trans, (rows 2t,
-// 2t + 1, column g). Rows whose pitch is an odd number of 16-byte units put a matrix's eight rows
-// in eight different bank groups: one wavefront per matrix.
+// straight from shared memory by ldmatrix: four (or, with .x2, two) 8 × 8 matrices of 16-bit
+// values per instruction, lane l giving the address of row l % 8 of matrix l / 8 (16 bytes,
+// 16-byte aligned). Without .trans, lane 4g + t receives (row g, columns 2t, 2t + 1) of each
+// matrix; with .trans, (rows 2t, 2t + 1, column g). Rows whose pitch is an odd number of 16-byte
+// units put a matrix's eight rows in eight different bank groups: one wavefront per matrix.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,7 +31,10 @@ __device__ __forceinline__ void ldmatrix_x4_trans_b16(uint32_t (&r)[4], const vo
 // Two matrices, transposed: lanes 0 – 15 give the rows' addresses (the others' are not read).
 __device__ __forceinline__ void ldmatrix_x2_trans_b16(uint32_t (&r)[2], const void* smem_row) {
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem_row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr) : "memory");
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(addr)
+               : "memory");
 }
 
 // The A fragment (16 × 16 from (m0, k0)) of a row-major [m][k] tile of 16-bit values.
