@@ -77,16 +77,6 @@ __host__ __device__ constexpr int smem_bytes(int dk, int qk_bytes, int v_bytes) 
 constexpr int min_blocks(int qk_bytes, int v_bytes) { return qk_bytes == 2 && v_bytes == 2 ? 3 : 2; }
 static_assert(smem_bytes(128, 2, 2) + 1024 <= 228 * 1024 / 3, "three 16-bit blocks fit an H100 SM's shared memory");
 
-// The bf16 parts of two scaled values: hi = the pair rounded to bf16, lo = what is left, rounded
-// (x − hi is exact in fp32; hi + lo leaves out about 2⁻¹⁸ of each value).
-__device__ __forceinline__ void split_bf16_pair(float2 x, uint32_t& hi, uint32_t& lo) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(x.x, x.y);  // x.x in the low half
-  const float2 hf = __bfloat1622float2(h);
-  const __nv_bfloat162 l = __floats2bfloat162_rn(x.x - hf.x, x.y - hf.y);
-  hi = *reinterpret_cast<const uint32_t*>(&h);
-  lo = *reinterpret_cast<const uint32_t*>(&l);
-}
-
 // acc[j] = (Tm diag(scale)) B for a 16-row strip from m0 of Tm (fp32 rows of kTPitch, k < k_end)
 // and kN 8-column tiles of B (bf16 rows [k][n] of b_pitch), tile j at column col0 + 32 j: bf16
 // m16n8k16 mma, the scaled Tm split into two bf16 parts (split_bf16_pair), B exact. Each fragment
@@ -115,7 +105,7 @@ __device__ __forceinline__ void scaled_tm_times_bf16(float (&acc)[kN][4], const 
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const float2 sc = i < 2 ? s0 : s1;
-      split_bf16_pair(make_float2(x[i].x * sc.x, x[i].y * sc.y), hi.r[i], lo.r[i]);
+      split_bf16_pair(x[i].x * sc.x, x[i].y * sc.y, hi.r[i], lo.r[i]);
     }
 #pragma unroll
     for (int pair = 0; pair < kN / 2; ++pair) {

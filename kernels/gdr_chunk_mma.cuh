@@ -186,6 +186,18 @@ __device__ __forceinline__ void mma16(float (&d)[4], const Frag16A& a, const Fra
   }
 }
 
+// The bf16 parts of two fp32 values as m16n8k16 operand pairs (x in the low half): hi = the pair
+// rounded to bf16, lo = what is left, rounded (x − hi is exact in fp32; hi + lo leaves out about
+// 2⁻¹⁸ of each value). Two mma, hi's and lo's, with an exact bf16 operand then give an fp32
+// operand's products to about 2⁻¹⁸ (TF32 rounding keeps 2⁻¹¹, its split 2⁻²¹).
+__device__ __forceinline__ void split_bf16_pair(float x, float y, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+  const float2 hf = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(x - hf.x, y - hf.y);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
 // acc[n] = Σ_{k0 in [0, k_end), step 16} a(k0) · b(k0, n) for the kTiles column tiles of one
 // 16-row strip of 16-bit operands of type S (strip_product's counterpart).
 template <int kTiles, typename S, class LoadA, class LoadB>

@@ -72,16 +72,6 @@ __device__ __forceinline__ void stage_f32(float* dst, int pitch, const float* sr
   }
 }
 
-// The bf16 parts of two fp32 values: hi = the pair rounded to bf16, lo = what is left, rounded
-// (x − hi is exact in fp32; hi + lo leaves out about 2⁻¹⁸ of each value).
-__device__ __forceinline__ void split_bf16_pair(float x, float y, uint32_t& hi, uint32_t& lo) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);  // x in the low half
-  const float2 hf = __bfloat1622float2(h);
-  const __nv_bfloat162 l = __floats2bfloat162_rn(x - hf.x, y - hf.y);
-  hi = *reinterpret_cast<const uint32_t*>(&h);
-  lo = *reinterpret_cast<const uint32_t*>(&l);
-}
-
 // acc[n] = Tmᵀ G for the 16-row strip m0 of Tmᵀ (Tm fp32 rows of kTPitch, k from k_begin to C) and
 // four 8-column tiles of G (bf16 rows [k][n] of g_pitch, tile n at column col(n)): bf16 m16n8k16
 // mma with Tmᵀ in two bf16 parts (split_bf16_pair), G exact, two tiles' G fragments an ldmatrix.
@@ -101,10 +91,10 @@ __device__ __forceinline__ void tm_t_times_bf16(float (&acc)[4][4], const float*
     // (and + 8, + 9).
     const float* c0 = T_s + (k0 + 2 * t) * kTPitch + m0 + g;
     gdr_chunk_mma::Frag16A hi, lo;
-    split_bf16_pair(c0[0], c0[kTPitch], hi.r[0], lo.r[0]);
-    split_bf16_pair(c0[8], c0[kTPitch + 8], hi.r[1], lo.r[1]);
-    split_bf16_pair(c0[8 * kTPitch], c0[9 * kTPitch], hi.r[2], lo.r[2]);
-    split_bf16_pair(c0[8 * kTPitch + 8], c0[9 * kTPitch + 8], hi.r[3], lo.r[3]);
+    gdr_chunk_mma::split_bf16_pair(c0[0], c0[kTPitch], hi.r[0], lo.r[0]);
+    gdr_chunk_mma::split_bf16_pair(c0[8], c0[kTPitch + 8], hi.r[1], lo.r[1]);
+    gdr_chunk_mma::split_bf16_pair(c0[8 * kTPitch], c0[9 * kTPitch], hi.r[2], lo.r[2]);
+    gdr_chunk_mma::split_bf16_pair(c0[8 * kTPitch + 8], c0[9 * kTPitch + 8], hi.r[3], lo.r[3]);
 #pragma unroll
     for (int pair = 0; pair < 2; ++pair) {
       // Matrices (k0, tile 2 pair), (k0 + 8, tile 2 pair), (k0, tile 2 pair + 1), (k0 + 8, ...).
