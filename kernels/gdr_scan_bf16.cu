@@ -239,29 +239,27 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
   // (The fp32-dO backward keeps its held offsets and run-time walks, as above.)
   constexpr bool kKnownWalks =
       kRecompute && kC > 0 && kDK > 0 && kThreads % (kDK / 8) == 0 && kThreads % (kC / 8) == 0;
-  auto stage_dk_tile = [&](uint16_t* dst, const uint16_t* src) {
-    auto copy = [&](int row, int col) { cp_async16(dst + row * pk + 8 * col, src + row * dk + 8 * col); };
+  // A [C][8 · pieces] tile by 16-byte copies from src (rows of src_pitch) into dst (rows of
+  // dst_pitch): by the known walk, or by the run-time one from the thread's first piece.
+  auto stage_tile = [&](auto pieces_tag, const TileWalk& walk, int kept_row, int kept_col, uint16_t* dst,
+                        int dst_pitch, const uint16_t* src, int src_pitch) {
+    auto copy = [&](int row, int col) { cp_async16(dst + row * dst_pitch + 8 * col, src + row * src_pitch + 8 * col); };
     if constexpr (kKnownWalks) {
-      walk_known(std::integral_constant<int, kC>{}, std::integral_constant<int, kDK / 8>{}, copy);
+      walk_known(std::integral_constant<int, kC>{}, pieces_tag, copy);
     } else {
       int row0, col0;
-      first_piece(walk_dk, kDK / 8, dk_row0, dk_col0, row0, col0);
-      walk_tile<kThreads>(walk_dk, row0, col0, copy);
+      first_piece(walk, decltype(pieces_tag)::value, kept_row, kept_col, row0, col0);
+      walk_tile<kThreads>(walk, row0, col0, copy);
     }
+  };
+  auto stage_dk_tile = [&](uint16_t* dst, const uint16_t* src) {
+    stage_tile(std::integral_constant<int, kDK / 8>{}, walk_dk, dk_row0, dk_col0, dst, pk, src, dk);
   };
   auto stage_p = [&](int64_t r) {
     stage_dk_tile(P_s, a.P_bf16 + r * C * dk);
     if constexpr (kForward) return;
     stage_dk_tile(Qg_s, a.Qg_bf16 + r * C * dk);
-    const uint16_t* Pm_src = a.Pm_bf16 + r * C * C;
-    auto copy = [&](int row, int col) { cp_async16(Pm_s + row * pc + 8 * col, Pm_src + row * C + 8 * col); };
-    if constexpr (kKnownWalks) {
-      walk_known(std::integral_constant<int, kC>{}, std::integral_constant<int, kC / 8>{}, copy);
-    } else {
-      int row0, col0;
-      first_piece(walk_c, kC / 8, c_row0, c_col0, row0, col0);
-      walk_tile<kThreads>(walk_c, row0, col0, copy);
-    }
+    stage_tile(std::integral_constant<int, kC / 8>{}, walk_c, c_row0, c_col0, Pm_s, pc, a.Pm_bf16 + r * C * C, C);
     if constexpr (kDO16) {  // 8 bf16 a copy (cols is a multiple of 8 here: dv is, and so is j0)
       const uint16_t* dO_cols = a.dO_bf16 + j0;
       // The thread index read anew each step, as for the walks above.
