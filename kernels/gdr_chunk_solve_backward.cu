@@ -18,9 +18,10 @@
 //   dA      dA_raw = Tmᵀ X on the lower block triangle, written with zeros at and above the
 //           diagonal.
 // Products are split-TF32 mma.sync (kernels/gdr_chunk_mma.cuh), except dTm's, Tmᵀ dW's and Tmᵀ
-// dU's with bf16 tiles (below); K and V read from bf16 or fp16 are TF32 values already, so the products with their zero
-// remainders are skipped. In the TF32 mode (kTf32, GdrChunkSolveBackwardArgs::tf32_products) every
-// fp32 operand is rounded to TF32 instead of split: one mma per product.
+// dU's with bf16 tiles (below); K and V read from bf16 or fp16 are TF32 values already, so the
+// products with their zero remainders are skipped. In the TF32 mode (kTf32,
+// GdrChunkSolveBackwardArgs::tf32_products) every fp32 operand is rounded to TF32 instead of
+// split: one mma per product.
 // With bf16 tiles (kBf16Tiles, GdrChunkSolveBackwardArgs::bf16_tiles: the 16-bit path's bf16 dW,
 // dU, k and v) dW, dU, K and V stay bf16 in shared memory: dTm's products are bf16 m16n8k16 mma
 // (exact products, as the TF32 ones of the same values), Tmᵀ dW and Tmᵀ dU are bf16 mma too with

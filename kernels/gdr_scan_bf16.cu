@@ -226,9 +226,10 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
     }
   };
   // With C and dk known (the fixed-size instances) a tile's walk is known too: kThreads is a multiple
-  // of a row's pieces, so each thread keeps its column and its row moves by a constant, a loop the
-  // compiler unrolls (one piece a thread for the 24-warp block's [64][96] tiles) in place of the
-  // run-time walk's loop, counters and wrap test.
+  // of a row's pieces, so each thread keeps its column and its row moves by a constant (one piece a
+  // thread for the 24-warp block's [64][96] tiles), in place of the run-time walk's counters and
+  // wrap test. (Counting its passes at compile time, so that the loop unrolls whole, made both
+  // scans slower: docs/perf.md, stop 55.)
   auto walk_known = [&](auto rows_tag, auto per_row_tag, auto f) {
     constexpr int kRows = decltype(rows_tag)::value, kPer = decltype(per_row_tag)::value;
     static_assert(kThreads % kPer == 0, "a thread keeps its column");
