@@ -65,6 +65,9 @@ const std::vector<GdrScanChoice>& gdr_scan_choices() {
       {"scan-96", "the state scan in blocks of 96 columns"},
       {"scan-128", "the state scan in blocks of 128 columns"},
       {"fma-scan", "the state scan in fp32 FMA instead of tensor cores"},
+      {"block-scan", "both bf16 scans' block kernels (warps sharing the state) instead of warps owning its columns"},
+      {"warp-scan-64", "the bf16 scans' warp-column kernels in blocks of 64 columns"},
+      {"warp-scan-128", "the bf16 scans' warp-column kernels in blocks of 128 columns"},
       {"token-order", "its output copied into token order before the output norm"},
       {"fp32-states", "the scan's saved states in fp32 instead of bf16"},
       {"fp32-front", "the fused front's outputs in fp32 instead of bf16"},
@@ -178,6 +181,9 @@ int bench_train(const BenchTrainArgs& a) {
   kernels::gated_rmsnorm_register_rows(a.row_kernels != "baseline");
   kernels::gated_rmsnorm_staged_rows(a.row_kernels != "baseline" && a.row_kernels != "register-norm");
   kernels::l2_norm_pair_rows(a.row_kernels != "baseline" && a.row_kernels != "warp-l2");
+  // block-scan: the bf16 scans' block kernels; warp-scan-64|128: the warp-column kernels' width.
+  kernels::gdr_scan_warp_columns(a.gdr_scan != "block-scan");
+  kernels::gdr_scan_warp_width(a.gdr_scan == "warp-scan-64" ? 64 : a.gdr_scan == "warp-scan-128" ? 128 : 0);
 #endif
   model::fp8_swiglu_mlp_enabled(a.fp8_ffn == "fused");
   model::gdr_use_kernels(a.gdr_scan != "aten");

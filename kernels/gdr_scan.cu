@@ -210,12 +210,20 @@ int gdr_scan(const GdrScanArgs& a, void* stream) {
   if (gdr_scan_reads_output_grad(a)) {  // the fused backward form runs on the tensor-core kernel only
     const int fused_cols = gdr_scan_fused_width(a);
     if (fused_cols == 0 || !gdr_scan_fused_form_ok(a)) return static_cast<int>(cudaErrorInvalidValue);
-    if (a.bf16_products) return gdr_scan_fused_bf16(a, fused_cols, stream);
+    if (a.bf16_products) {
+      if (a.variant == kGdrScanAuto && gdr_scan_warp_columns() && gdr_scan_reverse_warps_width(a) > 0) {
+        return gdr_scan_reverse_warps(a, stream);
+      }
+      return gdr_scan_fused_bf16(a, fused_cols, stream);
+    }
     return gdr_scan_tensor_cores(a, fused_cols, stream);
   }
   if (a.bf16_products) {  // the fused form's, and the forward's bf16 form
     const int forward_cols = gdr_scan_forward_bf16_width(a);
     if (forward_cols == 0) return static_cast<int>(cudaErrorInvalidValue);
+    if (a.variant == kGdrScanAuto && gdr_scan_warp_columns() && gdr_scan_forward_warps_width(a) > 0) {
+      return gdr_scan_forward_warps(a, stream);
+    }
     return gdr_scan_forward_bf16(a, forward_cols, stream);
   }
   const int cols = gdr_scan_tensor_core_width(a);

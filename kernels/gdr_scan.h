@@ -272,6 +272,22 @@ int gdr_scan_fused_bf16(const GdrScanArgs& a, int cols, void* stream);
 // in blocks of `cols` columns: gdr_scan calls it; cudaErrorInvalidValue for pointers or sizes it
 // does not take.
 int gdr_scan_forward_bf16(const GdrScanArgs& a, int cols, void* stream);
+// The forward bf16 form and the fused backward form with bf16 dO (GdrScanArgs::dO_bf16, bf16
+// products, bf16 y) with each warp owning 16 state columns in registers (kernels/gdr_scan_warps.cu):
+// gdr_scan takes them for the automatic variant (kGdrScanAuto) where gdr_scan_warp_columns is on
+// (the default) and their width is not 0, in place of gdr_scan_bf16.cu's block kernels. The width
+// is the block's columns (64, 96 or 128), 0 where the kernel does not take a's sizes or pointers:
+// C 64, dk 96 or 128, dv a multiple of 16, signs ±1, the form's pointers. gdr_scan_warp_width forces
+// a width (0: picked for dv; bench train's --gdr-scan).
+// The launch counter (both kernels) is for tests.
+void gdr_scan_warp_columns(bool on);
+bool gdr_scan_warp_columns();
+void gdr_scan_warp_width(int cols);
+int gdr_scan_forward_warps_width(const GdrScanArgs& a);
+int gdr_scan_forward_warps(const GdrScanArgs& a, void* stream);
+int gdr_scan_reverse_warps_width(const GdrScanArgs& a);
+int gdr_scan_reverse_warps(const GdrScanArgs& a, void* stream);
+int64_t gdr_scan_warp_launches();
 // The width of state columns of the tensor-core kernel gdr_scan runs for a's sizes and variant,
 // or 0 when it runs an FMA kernel; for the fused form (dO or dO_bf16 set) gdr_scan_fused_width, where 0
 // means gdr_scan fails.

@@ -564,9 +564,15 @@ TEST(GdrScanCuda, FusedOutputGradBackwardMatchesProductsThenScan) {
 // dO against an fp32 one of the same values (the same bits). Rounding
 // dO, the state gradient and dU to bf16 as operands (2⁻⁹ relative) gave gradients at most 4.9e-3
 // from fp64 on these inputs on an H100 (the TF32 products 1.8e-3), so the bound is 8e-3; a fragment
-// read from the wrong place would give errors of order one.
+// read from the wrong place would give errors of order one. The block kernel's (the warp-column
+// kernel off: it takes only a bf16 dO, so the bf16 and fp32 dO below would run different kernels;
+// WarpColumnReverseScanMatchesFp64 tests it).
 TEST(GdrScanCuda, Bf16ProductsReverseScanStaysCloseToFp64) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  struct Restore {
+    ~Restore() { kernels::gdr_scan_warp_columns(true); }
+  } restore;
+  kernels::gdr_scan_warp_columns(false);
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 1187);
   double worst = 0, worst_tf32 = 0;
   for (const int variant : kTensorCoreVariants) {
@@ -614,6 +620,60 @@ TEST(GdrScanCuda, Bf16ProductsReverseScanStaysCloseToFp64) {
   }
   model::gdr_scan_variant(kernels::kGdrScanAuto);
   std::printf("[gdr_scan bf16 products] worst against fp64: %.1e (TF32 products: %.1e)\n", worst, worst_tf32);
+}
+
+// The fused backward form with each warp owning 16 columns of the state gradient in registers
+// (kernels/gdr_scan_warps.cu: the automatic variant's kernel for a bf16 dO and bf16 dU at C 64, dk
+// 96 or 128), through the model's op: against fp64 (bound 8e-3, as the block kernel's bf16 products
+// above; a fragment in the wrong place gives errors of order one) and against the block kernel on
+// the same inputs (which rounds the same operands, its sums in another order: 8e-3 as well), at
+// the model's head sizes and a value width of 48 (one 64-column block with a warp idle), each width
+// forced (64, 96, 128 columns), dO through a row map and a final gradient in some cases; each launch
+// counted.
+TEST(GdrScanCuda, WarpColumnReverseScanMatchesFp64) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  struct Restore {
+    ~Restore() {
+      kernels::gdr_scan_warp_columns(true);
+      kernels::gdr_scan_warp_width(0);
+    }
+  } restore;
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 1223);
+  const Case cases[] = {{{4, 4}, 3, 64, 128, 128},
+                        {{9, 1, 3, 3, 2}, 2, 64, 96, 192},
+                        {{3, 2}, 2, 64, 128, 256},
+                        {{3, 0, 1}, 2, 64, 96, 48}};
+  double worst = 0, worst_vs_block = 0;
+  int launches = 0;
+  for (const Case& c : cases) {
+    const FusedScanCase f(c);
+    auto og = f.output_grad(c.chunk_counts.size() % 2 == 1, c.H % 2 == 0, 11);
+    og.dO = og.dO.to(torch::kBFloat16);
+    const auto ref = f.reference(og);
+    kernels::gdr_scan_warp_columns(false);
+    const auto block = f.run(og, true, true);
+    kernels::gdr_scan_warp_columns(true);
+    for (const int width : {0, 64, 96, 128}) {
+      kernels::gdr_scan_warp_width(width);
+      const std::string what = describe(c) + ", width " + std::to_string(width);
+      const int64_t before = kernels::gdr_scan_warp_launches();
+      const auto got = f.run(og, true, true);
+      EXPECT_EQ(kernels::gdr_scan_warp_launches() - before, 1) << what << ": the warp-column kernel not taken";
+      const auto err = [](const model::GdrScanGrads& x, const model::GdrScanGrads& y) {
+        return std::max({rel_norm_diff(x.dU.to(torch::kFloat64), y.dU.to(torch::kFloat64)),
+                         rel_norm_diff(x.dh0.to(torch::kFloat64), y.dh0.to(torch::kFloat64)),
+                         rel_norm_diff(x.dh_next.to(torch::kFloat64), y.dh_next.to(torch::kFloat64))});
+      };
+      const double e = err(got, ref), d = err(got, block);
+      EXPECT_LT(e, 8e-3) << what << ": against fp64";
+      EXPECT_LT(d, 8e-3) << what << ": against the block kernel";
+      worst = std::max(worst, e);
+      worst_vs_block = std::max(worst_vs_block, d);
+      ++launches;
+    }
+  }
+  std::printf("[gdr_scan reverse, warp columns] %d launches, worst against fp64 %.1e, against the block kernel %.1e\n",
+              launches, worst, worst_vs_block);
 }
 
 // The forward scan of bf16 inputs and states with its two products as bf16 mma
@@ -770,17 +830,93 @@ ScanRecurrence scan_recurrence_fp64(const torch::Tensor& P, const torch::Tensor&
   return out;
 }
 
+// One launch of the forward's bf16 form (GdrScanArgs::bf16_products) on case c's plan: bf16 W, U
+// and Kd in, the outputs filled with 7 first, in either direction with both products' signs flipped
+// (sign −1) or not, with an initial state or none; against the fp64 recurrence on the same bf16
+// values (the largest of the state's, y's and the final state's relative norm errors).
+struct ForwardBf16Scan {
+  Case c;
+  model::GdrScanPlan plan;
+  int64_t R = 0, S = 0;
+  ScanInputs in;
+  torch::Tensor W, U, Kd, step_off, n_chunks;
+
+  explicit ForwardBf16Scan(const Case& cs) : c(cs) {
+    int64_t N = 0;
+    plan = make_plan(c.chunk_counts, c.H, N);
+    R = N * c.H;
+    S = plan.n_docs * c.H;
+    in = random_scan_inputs(c, R, S);
+    W = in.W.to(torch::kBFloat16), U = in.U.to(torch::kBFloat16), Kd = in.Kd.to(torch::kBFloat16);
+    std::vector<int32_t> off(plan.step_off.begin(), plan.step_off.end()), nch(static_cast<size_t>(plan.n_docs), 0);
+    for (const int64_t cnt : plan.step_count) {
+      for (int64_t k = 0; k < cnt; ++k) ++nch[static_cast<size_t>(k)];
+    }
+    const auto i32 = torch::TensorOptions().dtype(torch::kInt32);
+    step_off = torch::tensor(off, i32).to(torch::kCUDA), n_chunks = torch::tensor(nch, i32).to(torch::kCUDA);
+  }
+
+  struct Out {
+    torch::Tensor state, y, fin;
+    kernels::GdrScanArgs a;
+  };
+  Out prepare(int variant, bool reverse, float sign, bool with_init) const {
+    const auto bits = [](const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); };
+    const auto opt = in.U.options();
+    Out o{torch::full({R, c.dk, c.dv}, 7.f, opt.dtype(torch::kBFloat16)),
+          torch::full({R, c.C, c.dv}, 7.f, opt.dtype(torch::kBFloat16)), torch::full({S, c.dk, c.dv}, 7.f, opt), {}};
+    kernels::GdrScanArgs& a = o.a;
+    a.A_bf16 = bits(U);
+    a.P_bf16 = bits(W);
+    a.Q_bf16 = bits(Kd);
+    a.out_state_bf16 = bits(o.state);
+    a.out_y_bf16 = bits(o.y);
+    a.decay = in.decay.data_ptr<float>();
+    a.init = with_init ? in.h0.data_ptr<float>() : nullptr;
+    a.final_state = o.fin.data_ptr<float>();
+    a.step_off = step_off.data_ptr<int32_t>();
+    a.n_chunks = n_chunks.data_ptr<int32_t>();
+    a.tf32x3 = false;
+    a.bf16_products = true;
+    a.variant = variant;
+    a.reverse = reverse;
+    a.sign_p = -sign;
+    a.sign_q = sign;
+    a.n_docs = plan.n_docs;
+    a.H = c.H;
+    a.C = c.C;
+    a.dk = c.dk;
+    a.dv = c.dv;
+    return o;
+  }
+  double error(const Out& o, bool reverse, float sign, bool with_init) const {
+    const auto f64 = [](const torch::Tensor& x) { return x.to(torch::kCPU, torch::kFloat64); };
+    const auto ref = scan_recurrence_fp64(f64(W), f64(U), f64(Kd), f64(in.decay),
+                                          with_init ? f64(in.h0) : torch::Tensor(), c, plan, reverse, -sign, sign);
+    return std::max({rel_norm_diff(f64(o.state), ref.state), rel_norm_diff(f64(o.y), ref.y),
+                     rel_norm_diff(f64(o.fin), ref.fin)});
+  }
+  static std::string what(const Case& c, bool reverse, float sign, bool with_init) {
+    return describe(c) + (reverse ? ", reverse" : "") + (sign < 0 ? ", signs flipped" : "") +
+           (with_init ? "" : ", no initial state");
+  }
+};
+
 // The forward bf16 scan (GdrScanArgs::bf16_products on the forward's bf16 form) at the kernel's
 // own interface, in what the model's forward never asks of it: the reverse direction, both signs
 // of each product flipped, no initial state, and a document of no chunks beside documents of one
 // and two; against the recurrence in fp64 on the same bf16 values, bound 8e-3 as for the model's
 // direction above (the state and y rounded to bf16 as operands). A fragment or a chunk row taken
-// from the wrong step gives errors of order one. Every tensor-core width; the final states of all
-// documents written (filled with 7 before).
+// from the wrong step gives errors of order one. Every tensor-core width of the block kernel (the
+// warp-column kernel off, kernels::gdr_scan_warp_columns: the next test has it); the final states of
+// all documents written (filled with 7 before).
 TEST(GdrScanCuda, Bf16ForwardScanTakesEitherDirectionAndSign) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  struct Restore {
+    ~Restore() { kernels::gdr_scan_warp_columns(true); }
+  } restore;
+  kernels::gdr_scan_warp_columns(false);
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 1213);
-  const auto f64 = [](const torch::Tensor& x) { return x.to(torch::kCPU, torch::kFloat64); };
   const std::vector<Case> cases = {{{5, 0, 1, 2}, 2, 64, 96, 192},  // hybrid base's head sizes
                                    {{3, 0, 2}, 2, 64, 128, 128},
                                    {{2, 5}, 2, 16, 16, 8}};
@@ -788,60 +924,21 @@ TEST(GdrScanCuda, Bf16ForwardScanTakesEitherDirectionAndSign) {
   int compared = 0;
   for (const Case& c : cases) {
     const int compared_before = compared;
-    int64_t N = 0;
-    const auto plan = make_plan(c.chunk_counts, c.H, N);
-    const int64_t R = N * c.H, S = plan.n_docs * c.H;
-    const ScanInputs in = random_scan_inputs(c, R, S);
-    const auto W = in.W.to(torch::kBFloat16), U = in.U.to(torch::kBFloat16), Kd = in.Kd.to(torch::kBFloat16);
-    std::vector<int32_t> off(plan.step_off.begin(), plan.step_off.end()), nch(static_cast<size_t>(plan.n_docs), 0);
-    for (const int64_t cnt : plan.step_count) {
-      for (int64_t k = 0; k < cnt; ++k) ++nch[static_cast<size_t>(k)];
-    }
-    const auto i32 = torch::TensorOptions().dtype(torch::kInt32);
-    const auto step_off = torch::tensor(off, i32).to(torch::kCUDA), n_chunks = torch::tensor(nch, i32).to(torch::kCUDA);
-    const auto bits = [](const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); };
+    const ForwardBf16Scan run(c);
     for (const int variant : kTensorCoreVariants) {
       for (const bool reverse : {false, true}) {
         for (const float sign : {1.f, -1.f}) {
           for (const bool with_init : {true, false}) {
-            const auto opt = in.U.options();
-            auto state = torch::full({R, c.dk, c.dv}, 7.f, opt.dtype(torch::kBFloat16));
-            auto y = torch::full({R, c.C, c.dv}, 7.f, opt.dtype(torch::kBFloat16));
-            auto fin = torch::full({S, c.dk, c.dv}, 7.f, opt);
-            kernels::GdrScanArgs a;
-            a.A_bf16 = bits(U);
-            a.P_bf16 = bits(W);
-            a.Q_bf16 = bits(Kd);
-            a.out_state_bf16 = bits(state);
-            a.out_y_bf16 = bits(y);
-            a.decay = in.decay.data_ptr<float>();
-            a.init = with_init ? in.h0.data_ptr<float>() : nullptr;
-            a.final_state = fin.data_ptr<float>();
-            a.step_off = step_off.data_ptr<int32_t>();
-            a.n_chunks = n_chunks.data_ptr<int32_t>();
-            a.tf32x3 = false;
-            a.bf16_products = true;
-            a.variant = variant;
-            a.reverse = reverse;
-            a.sign_p = -sign;
-            a.sign_q = sign;
-            a.n_docs = plan.n_docs;
-            a.H = c.H;
-            a.C = c.C;
-            a.dk = c.dk;
-            a.dv = c.dv;
-            const std::string what = describe(c) + ", variant " + std::to_string(variant) +
-                                     (reverse ? ", reverse" : "") + (sign < 0 ? ", signs flipped" : "") +
-                                     (with_init ? "" : ", no initial state");
-            if (kernels::gdr_scan_forward_bf16_width(a) == 0) continue;  // no bf16 width at this fixed variant
-            ASSERT_EQ(kernels::gdr_scan(a, c10::cuda::getCurrentCUDAStream().stream()), 0) << what;
-            const auto ref = scan_recurrence_fp64(f64(W), f64(U), f64(Kd), f64(in.decay),
-                                                  with_init ? f64(in.h0) : torch::Tensor(), c, plan, reverse,
-                                                  -sign, sign);
-            const double e = std::max({rel_norm_diff(f64(state), ref.state), rel_norm_diff(f64(y), ref.y),
-                                       rel_norm_diff(f64(fin), ref.fin)});
+            auto o = run.prepare(variant, reverse, sign, with_init);
+            const std::string what = ForwardBf16Scan::what(c, reverse, sign, with_init) + ", variant " +
+                                     std::to_string(variant);
+            if (kernels::gdr_scan_forward_bf16_width(o.a) == 0) continue;  // no bf16 width at this fixed variant
+            const int64_t warp_launches = kernels::gdr_scan_warp_launches();
+            ASSERT_EQ(kernels::gdr_scan(o.a, c10::cuda::getCurrentCUDAStream().stream()), 0) << what;
+            EXPECT_EQ(kernels::gdr_scan_warp_launches(), warp_launches) << what << ": the warp-column kernel ran";
+            const double e = run.error(o, reverse, sign, with_init);
             EXPECT_LT(e, 8e-3) << what << ": against the fp64 recurrence";
-            EXPECT_FALSE((fin == 7.f).any().item<bool>()) << what << ": a final state left unwritten";
+            EXPECT_FALSE((o.fin == 7.f).any().item<bool>()) << what << ": a final state left unwritten";
             worst = std::max(worst, e);
             ++compared;
           }
@@ -853,6 +950,67 @@ TEST(GdrScanCuda, Bf16ForwardScanTakesEitherDirectionAndSign) {
   }
   std::printf("[gdr_scan forward bf16, either direction and sign] %d launches, worst against fp64 %.1e\n", compared,
               worst);
+}
+
+// The forward bf16 scan with each warp owning 16 state columns in registers
+// (kernels/gdr_scan_warps.cu, the automatic variant's kernel where it takes the sizes): against the
+// fp64 recurrence as above (bound 8e-3; a fragment in the wrong place gives errors of order one),
+// in both directions and signs, with and without an initial state, a document of no chunks beside
+// others; each block width (64, 96, 128 columns, forced) on the model's head sizes and on a value
+// width of 48 (one block of 64 with a warp left idle), each launch counted. And against the block
+// kernel on the same inputs, which rounds the same operands and sums in another order: 8e-3 as well
+// (measured: a few 1e-3, rounding to bf16 of values that differ in the last fp32 bits).
+TEST(GdrScanCuda, WarpColumnForwardScanMatchesTheRecurrence) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  struct Restore {
+    ~Restore() {
+      kernels::gdr_scan_warp_columns(true);
+      kernels::gdr_scan_warp_width(0);
+    }
+  } restore;
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 1217);
+  const std::vector<Case> cases = {{{5, 0, 1, 2}, 2, 64, 96, 192},
+                                   {{3, 0, 2}, 3, 64, 128, 128},
+                                   {{2, 4}, 2, 64, 128, 256},
+                                   {{3, 1}, 2, 64, 96, 48}};
+  double worst = 0, worst_vs_block = 0;
+  int launches = 0;
+  for (const Case& c : cases) {
+    const ForwardBf16Scan run(c);
+    for (const int width : {0, 64, 96, 128}) {
+      kernels::gdr_scan_warp_width(width);
+      for (const bool reverse : {false, true}) {
+        for (const float sign : {1.f, -1.f}) {
+          for (const bool with_init : {true, false}) {
+            const std::string what = ForwardBf16Scan::what(c, reverse, sign, with_init) + ", width " +
+                                     std::to_string(width);
+            auto o = run.prepare(kernels::kGdrScanAuto, reverse, sign, with_init);
+            ASSERT_GT(kernels::gdr_scan_forward_warps_width(o.a), 0) << what;
+            const int64_t before = kernels::gdr_scan_warp_launches();
+            ASSERT_EQ(kernels::gdr_scan(o.a, c10::cuda::getCurrentCUDAStream().stream()), 0) << what;
+            EXPECT_EQ(kernels::gdr_scan_warp_launches() - before, 1) << what << ": the warp-column kernel not taken";
+            const double e = run.error(o, reverse, sign, with_init);
+            EXPECT_LT(e, 8e-3) << what << ": against the fp64 recurrence";
+            EXPECT_FALSE((o.fin == 7.f).any().item<bool>()) << what << ": a final state left unwritten";
+            worst = std::max(worst, e);
+            ++launches;
+            if (width != 0) continue;
+            kernels::gdr_scan_warp_columns(false);
+            auto b = run.prepare(kernels::kGdrScanAuto, reverse, sign, with_init);
+            ASSERT_EQ(kernels::gdr_scan(b.a, c10::cuda::getCurrentCUDAStream().stream()), 0) << what << ", block kernel";
+            kernels::gdr_scan_warp_columns(true);
+            const auto f64 = [](const torch::Tensor& x) { return x.to(torch::kCPU, torch::kFloat64); };
+            const double d = std::max({rel_norm_diff(f64(o.state), f64(b.state)), rel_norm_diff(f64(o.y), f64(b.y)),
+                                       rel_norm_diff(f64(o.fin), f64(b.fin))});
+            EXPECT_LT(d, 8e-3) << what << ": against the block kernel";
+            worst_vs_block = std::max(worst_vs_block, d);
+          }
+        }
+      }
+    }
+  }
+  std::printf("[gdr_scan forward, warp columns] %d launches, worst against fp64 %.1e, against the block kernel %.1e\n",
+              launches, worst, worst_vs_block);
 }
 
 // The fused front's bf16 outputs (GdrChunkFrontArgs::bf16_out) are its fp32 outputs rounded to
@@ -1270,15 +1428,19 @@ TEST(GdrScanCuda, Bf16ChunkGradsStayCloseToFp32Ones) {
 
 // The reverse scan's products in bf16 (model::gdr_bf16_scan_products, the default on the 16-bit
 // training path) against TF32 ones, through the whole op: the forward is the same to the bit (it
-// does not run the reverse scan), every gradient within the 16-bit bound above (4e-3), dβ and dg
-// changed, and the bf16 scan ran (its launch counter) only with the switch on.
+// does not run the reverse scan), every gradient within the 16-bit bound above (4e-3) but dβ and dg
+// (8e-3, as above: with the warp-column reverse scan dβ measured 5.0e-3 in one run on an H200), dβ
+// and dg changed, and the bf16 scan ran (its launch counter) only with the switch on.
 TEST(GdrScanCuda, Bf16ScanProductsStayCloseToTf32Ones) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   std::printf("[gdr_chunk] bf16 against TF32 reverse-scan products:\n");
   const auto diffs = counted_switch_differences<model::gdr_bf16_scan_products,
                                                 model::gdr_scan_bf16_product_launches>(877, "the bf16 scan");
   for (const auto& d : diffs) {
-    for (size_t i = 0; i < d.size(); ++i) EXPECT_LT(d[i], i < 2 ? 1e-7 : 4e-3) << kChunkOutputNames[i];
+    for (size_t i = 0; i < d.size(); ++i) {
+      const bool gate_sum = i == 5 || i == 6;  // dbeta, dg
+      EXPECT_LT(d[i], i < 2 ? 1e-7 : gate_sum ? 8e-3 : 4e-3) << kChunkOutputNames[i];
+    }
     EXPECT_GT(std::max(d[5], d[6]), 1e-7) << "dβ and dg did not change";
   }
 }
@@ -1338,11 +1500,17 @@ TEST(GdrScanCuda, Bf16TailProductsStayCloseToSplitOnes) {
 // but dβ and dg: the tail adds their per-row terms into shared memory by atomics, in an order that
 // changes from run to run (1.7e-8 apart at most in these runs, on an H200), so they get 1e-6; and
 // each of the six kernels' fixed instances launched (its counter) with the switch on, none off.
+// The forward scan is its block kernel's here (the warp-column kernel off, whose only instances are
+// fixed sizes; WarpColumnForwardScanMatchesTheRecurrence tests it).
 TEST(GdrScanCuda, FixedHeadSizeKernelsMatchTheGeneralOnes) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   struct Restore {
-    ~Restore() { kernels::gdr_fixed_head_sizes(true); }
+    ~Restore() {
+      kernels::gdr_fixed_head_sizes(true);
+      kernels::gdr_scan_warp_columns(true);
+    }
   } restore;
+  kernels::gdr_scan_warp_columns(false);  // the forward scan's block kernel, whose fixed instances these are
   using K = kernels::GdrSizedKernel;
   const std::pair<K, const char*> kernels_named[] = {{K::kFront, "front"},
                                                      {K::kStateGrads, "state products"},
@@ -1388,8 +1556,13 @@ TEST(GdrScanCuda, FixedHeadSizeKernelsMatchTheGeneralOnes) {
 TEST(GdrScanCuda, Bf16OutputIsTheFp32OutputRounded) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   struct Restore {
-    ~Restore() { model::gdr_bf16_output(true); }
+    ~Restore() {
+      model::gdr_bf16_output(true);
+      kernels::gdr_scan_warp_columns(true);
+    }
   } restore;
+  // The reverse scan's block kernel on both sides: the warp-column kernel takes only the bf16 one.
+  kernels::gdr_scan_warp_columns(false);
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 959);
   const ChunkCase cases[] = {
       {1, 300, 2, 96, 192, 64, {0, 17, 150, 151, 300}, true, true, true, 0, false, true, true},

@@ -1,0 +1,550 @@
+// The two bf16 scans (kernels/gdr_scan.h's recurrence: the forward's bf16 form, and the fused
+// backward form with a bf16 dO) with each warp owning 16 columns of the state whole, in registers:
+// no shared copy of the state, no exchange between warps, one barrier a step. The state is held
+// transposed, Sᵀ [16 columns, dk] as fp32 mma accumulators, so that each product takes it, and y,
+// as its A operand straight from the accumulators (rounded to bf16). The forward's step, for warp
+// w's columns:
+//   out_state[r] = S                               (rounded to bf16)
+//   yᵀ  = Aᵀ + sign_p · Sᵀ Pᵀ        [16, C]       P = W [C][dk] by ldmatrix
+//   out_y[r] = y                                   (rounded to bf16)
+//   Sᵀ  = decay · Sᵀ + sign_q · yᵀ Q  [16, dk]     Q = Kd [C][dk] by ldmatrix.trans
+// and the reverse's (gdr_scan_reverse_warps_kernel) four products likewise. The operands are
+// rounded where gdr_scan_bf16.cu's block kernels round them (the state and y to bf16, sums and
+// the running state fp32); only the order of the fp32 sums differs. Those kernels share the state
+// between 24 warps through shared memory, each warp a 16 × 16 unit of y and a 16 × 32 tile of the
+// state: four barriers and about 450 instructions a warp for 24 mma each step (docs/perf.md, stop
+// 55). At hybrid base the scans took 0.99 and 1.21 ms a step there, 0.68 and 0.90 here (stop 56).
+//
+// Blocks: kWarps warps, 16 · kWarps columns from j0 = blockIdx.y · 16 · kWarps, one (document,
+// head) per blockIdx.x; the block stages the next steps' tiles by cp.async while the warps work on
+// this one (stages_of: buffers in a ring). Each warp writes its rows of out_state and out_y through
+// a shared staging tile of its own (stmatrix.trans, then 16-byte stores). C = 64 and dk 96 or 128
+// compiled in; dv a multiple of 16; the signs ±1 (applied to the bf16 values' sign bits: exact).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "kernels/cp_async.cuh"
+#include "kernels/gdr_chunk_mma.cuh"
+#include "kernels/gdr_scan.h"
+#include "kernels/ldmatrix.cuh"
+#include "kernels/smem_opt_in.cuh"
+#include "kernels/tf32_mma.cuh"
+
+namespace kernels {
+
+namespace {
+
+std::atomic<bool> g_warp_columns{true};
+std::atomic<int> g_warp_width{0};
+std::atomic<int64_t> g_warp_launches{0};
+
+constexpr int kChunk = 64;     // C
+constexpr int kStagePitch = 24;  // a warp's staging rows: 16 columns + 8 (48 bytes, an odd count of 16-byte units)
+
+__host__ __device__ constexpr int pitch16(int n) { return n + 8; }  // conflict-free ldmatrix rows
+
+// Shared bytes of a block: `stages` buffers, then each warp's staging tile [dk][24] (the state's
+// rows, then y's), all bf16. A forward buffer holds W and Kd [C][dk + 8] and U [C][cols + 8]; a
+// reverse one Kd, W and Qg [C][dk + 8], Pm [C][C + 8] and dO [C][cols + 8].
+__host__ __device__ constexpr int64_t smem_bytes_of(int warps, int dk, int stages, bool reverse) {
+  const int64_t buffer = reverse ? 3 * kChunk * pitch16(dk) + kChunk * pitch16(kChunk) + kChunk * pitch16(16 * warps)
+                                 : 2 * kChunk * pitch16(dk) + kChunk * pitch16(16 * warps);
+  return (stages * buffer + warps * dk * kStagePitch) * 2;
+}
+
+__device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Four 8 × 8 matrices of 16-bit values stored transposed: lane l gives the address of row l % 8 of
+// matrix l / 8; lane 4g + t's register j holds (row g, columns 2t, 2t + 1) of matrix j before the
+// transpose, stored at (rows 2t, 2t + 1, column g).
+__device__ __forceinline__ void stmatrix_x4_trans_b16(void* smem_row, const uint32_t (&r)[4]) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem_row));
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  gdr_chunk_mma::mma16<__nv_bfloat16>(d, gdr_chunk_mma::Frag16A{{a[0], a[1], a[2], a[3]}},
+                                      gdr_chunk_mma::Frag16B{{b0, b1}});
+}
+
+// The A fragments (k-step ks: 16 of the accumulators' n) of Xᵀ-shaped accumulators acc[n-tile][4]
+// (m16 × n8 tiles: element e at row g + 8 (e / 2), column 8 nt + 2t + e % 2), rounded to bf16 and
+// sign-flipped by `flip` (0 or 0x80008000): tiles 2ks and 2ks + 1 make one 16 × 16 A fragment.
+template <int kTiles>
+__device__ __forceinline__ void pack_a(uint32_t (&out)[kTiles / 2][4], const float (&acc)[kTiles][4], uint32_t flip) {
+#pragma unroll
+  for (int ks = 0; ks < kTiles / 2; ++ks) {
+    out[ks][0] = bf16_pair(acc[2 * ks][0], acc[2 * ks][1]) ^ flip;
+    out[ks][1] = bf16_pair(acc[2 * ks][2], acc[2 * ks][3]) ^ flip;
+    out[ks][2] = bf16_pair(acc[2 * ks + 1][0], acc[2 * ks + 1][1]) ^ flip;
+    out[ks][3] = bf16_pair(acc[2 * ks + 1][2], acc[2 * ks + 1][3]) ^ flip;
+  }
+}
+
+template <int kN>
+__device__ __forceinline__ void flip_all(uint32_t (&x)[kN][4], uint32_t flip) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) x[i][q] ^= flip;
+  }
+}
+template <int kN>
+__device__ __forceinline__ void scale_all(float (&x)[kN][4], float by) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) x[i][q] *= by;
+  }
+}
+
+// acc[2p], acc[2p + 1] += a[ks] · B(ks, p) over k-steps ks < kKs and column-tile pairs p < kTiles / 2,
+// load_b(fb, ks, p) giving the B fragments of k-step ks, tiles 2p and 2p + 1: each k-step's
+// fragments loaded while the one before is multiplied (ncu: the mma waited on their ldmatrix).
+template <int kKs, int kTiles, typename LoadB>
+__device__ __forceinline__ void mma_tiles(float (&acc)[kTiles][4], const uint32_t (&a)[kKs][4], LoadB load_b) {
+  constexpr int kPairs = kTiles / 2;
+  uint32_t fb[2][kPairs][4];
+#pragma unroll
+  for (int p = 0; p < kPairs; ++p) load_b(fb[0][p], 0, p);
+#pragma unroll
+  for (int ks = 0; ks < kKs; ++ks) {
+    if (ks + 1 < kKs) {
+#pragma unroll
+      for (int p = 0; p < kPairs; ++p) load_b(fb[(ks + 1) % 2][p], ks + 1, p);
+    }
+#pragma unroll
+    for (int p = 0; p < kPairs; ++p) {
+      mma_bf16(acc[2 * p], a[ks], fb[ks % 2][p][0], fb[ks % 2][p][1]);
+      mma_bf16(acc[2 * p + 1], a[ks], fb[ks % 2][p][2], fb[ks % 2][p][3]);
+    }
+  }
+}
+
+// Writes a warp's packed fragments (pack_a's, [rows][16 columns] once transposed) to its staging
+// tile [rows][24], then out as 16-byte pieces to dst (rows of `pitch` elements).
+template <int kRows>
+__device__ __forceinline__ void store_transposed(uint16_t* stage, const uint32_t (&frag)[kRows / 16][4], uint16_t* dst,
+                                                 int pitch, int lane) {
+  __syncwarp();  // the last step's reads of the tile are done
+  const int j = lane / 8;
+#pragma unroll
+  for (int ks = 0; ks < kRows / 16; ++ks) {
+    stmatrix_x4_trans_b16(stage + (16 * ks + 8 * (j / 2) + lane % 8) * kStagePitch + 8 * (j % 2), frag[ks]);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int p = lane; p < 2 * kRows; p += 32) {
+    const int row = p / 2, half = p % 2;
+    *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(row) * pitch + 8 * half) =
+        *reinterpret_cast<const uint4*>(stage + row * kStagePitch + 8 * half);
+  }
+}
+
+// The pieces of a [kRows][8 · kPieces] tile a thread copies: where kThreads is a multiple of a
+// row's pieces, the thread keeps one column and its rows step by a constant (a count known at
+// compile time: a few immediate offsets from one base, where a division per piece and 64-bit
+// addresses took a quarter of the forward's instructions, measured by ncu); else every
+// kThreads-th piece. f(row, col) for each.
+template <int kThreads, int kRows, int kPieces, typename F>
+__device__ __forceinline__ void for_pieces(F f) {
+  const int tid = static_cast<int>(threadIdx.x);
+  if constexpr (kThreads % kPieces == 0) {
+    constexpr int kStep = kThreads / kPieces, kPasses = (kRows + kStep - 1) / kStep;
+    const int row0 = tid / kPieces, col = 8 * (tid % kPieces);
+#pragma unroll
+    for (int k = 0; k < kPasses; ++k) {
+      if (kRows % kStep == 0 || row0 + k * kStep < kRows) f(row0 + k * kStep, col);
+    }
+  } else {
+#pragma unroll
+    for (int p = tid; p < kRows * kPieces; p += kThreads) f(p / kPieces, 8 * (p % kPieces));
+  }
+}
+
+// Starts 16-byte copies of a [kRows][8 · kPieces] tile of 16-bit values (rows of src_pitch) into dst
+// (rows of kDstPitch), all kThreads threads of the block; pieces from column `limit` on are left out.
+template <int kThreads, int kRows, int kPieces, int kDstPitch>
+__device__ __forceinline__ void stage_tile(uint16_t* dst, const uint16_t* src, int src_pitch,
+                                           int limit = 8 * kPieces) {
+  for_pieces<kThreads, kRows, kPieces>([&](int row, int col) {
+    if (col < limit) cp_async16(dst + row * kDstPitch + col, src + row * src_pitch + col);
+  });
+}
+
+// What a block and its warp own, and the steps ahead of the one in hand (both kernels).
+template <int kWarps, int kDK, int kStages>
+struct WarpScanBlock {
+  static constexpr int kCols = 16 * kWarps, kDkTiles = kDK / 8;
+  const GdrScanArgs& a;
+  int lane, g, t, doc_head, doc, head, dv, j0, cols, c0, n;
+  bool active;
+  // kStages − 1 steps ahead: chunk rows and decays in registers (shifted a place a step), their
+  // tiles in flight, one cp.async group a step (empty past the end, so that every wait counts alike).
+  // And the row of the step after those (row_after), worked out a step before its copies start
+  // from the plan's entry (raw_next) read a step before that: no load's latency is waited for at
+  // the top of a step (ncu: the chunk row's load, waited for there, took 3% of the samples).
+  int64_t rows[kStages - 1];
+  float decays[kStages - 1];
+  int64_t row_after;
+  int raw_next;
+
+  __device__ explicit WarpScanBlock(const GdrScanArgs& args) : a(args) {
+    lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    doc_head = static_cast<int>(blockIdx.x);
+    doc = doc_head / static_cast<int>(a.H), head = doc_head % static_cast<int>(a.H);
+    dv = static_cast<int>(a.dv);
+    j0 = static_cast<int>(blockIdx.y) * kCols;
+    cols = dv - j0 < kCols ? dv - j0 : kCols;  // a multiple of 16
+    c0 = 16 * static_cast<int>(threadIdx.x / 32);  // this warp's first column within the block
+    active = c0 < cols;
+    n = a.n_chunks[doc];
+  }
+  __device__ int raw_of_step(int step) const { return step < n ? a.step_off[a.reverse ? n - 1 - step : step] : 0; }
+  __device__ int64_t row_of_raw(int raw) const { return (static_cast<int64_t>(raw) + doc) * a.H + head; }
+  __device__ int64_t row_of_step(int step) const { return row_of_raw(raw_of_step(step)); }
+  // Sᵀ's element e of tile nt (state row 8 nt + 2t + e % 2, column c0 + g + 8 (e / 2)) in a
+  // [n_docs · H, dk, dv] state.
+  __device__ int64_t state_at(int nt, int e) const {
+    return (static_cast<int64_t>(doc_head) * kDK + 8 * nt + 2 * t + e % 2) * dv + j0 + c0 + g + 8 * (e / 2);
+  }
+  __device__ void load_init(float (&st)[kDkTiles][4]) const {
+#pragma unroll
+    for (int nt = 0; nt < kDkTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[nt][e] = active && a.init != nullptr ? a.init[state_at(nt, e)] : 0.f;
+    }
+  }
+  __device__ void store_final(const float (&st)[kDkTiles][4]) const {
+    if (!active) return;
+#pragma unroll
+    for (int nt = 0; nt < kDkTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) a.final_state[state_at(nt, e)] = st[nt][e];
+    }
+  }
+  // stage(r, b): chunk row r's tiles into buffer b.
+  template <typename Stage>
+  __device__ void prime(Stage stage) {
+#pragma unroll
+    for (int q = 0; q < kStages - 1; ++q) {
+      rows[q] = q < n ? row_of_step(q) : 0;
+      decays[q] = q < n ? __ldg(a.decay + rows[q]) : 0.f;
+      if (q < n) stage(rows[q], q);
+      cp_async_commit();
+    }
+    row_after = row_of_step(kStages - 1);
+    raw_next = raw_of_step(kStages);
+  }
+  // At the top of `step` (whose row and decay the caller has taken from rows[0], decays[0]): waits
+  // for its buffer, then shifts the look-ahead and starts the copies kStages − 1 steps ahead, into
+  // the buffer the last step read (every warp is past it at the barrier).
+  template <typename Stage>
+  __device__ void advance(int step, Stage stage) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+#pragma unroll
+    for (int q = 0; q + 1 < kStages - 1; ++q) {
+      rows[q] = rows[q + 1];
+      decays[q] = decays[q + 1];
+    }
+    const int ahead = step + kStages - 1;
+    if (ahead < n) {
+      rows[kStages - 2] = row_after;
+      decays[kStages - 2] = __ldg(a.decay + row_after);
+      stage(row_after, ahead % kStages);
+      row_after = row_of_raw(raw_next);
+      raw_next = raw_of_step(ahead + 2);
+    }
+    cp_async_commit();
+  }
+};
+
+template <int kWarps, int kDK, int kStages>
+__global__ void __launch_bounds__(32 * kWarps) gdr_scan_forward_warps_kernel(GdrScanArgs a) {
+  constexpr int kC = kChunk, kThreads = 32 * kWarps, kCols = 16 * kWarps;
+  constexpr int kPk = pitch16(kDK), kPu = pitch16(kCols);
+  constexpr int kDkTiles = kDK / 8, kRowTiles = kC / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint16_t* const smem = reinterpret_cast<uint16_t*>(smem_raw);
+  constexpr int kBuf = 2 * kC * kPk + kC * kPu;  // one buffer: W, Kd, U
+  uint16_t* const stage_s = smem + kStages * kBuf + (threadIdx.x / 32) * kDK * kStagePitch;
+  WarpScanBlock<kWarps, kDK, kStages> blk(a);
+  const int lane = blk.lane, dv = blk.dv, c0 = blk.c0;
+  const uint32_t flip_p = a.sign_p < 0.f ? 0x80008000u : 0u, flip_q = a.sign_q < 0.f ? 0x80008000u : 0u;
+
+  // Sᵀ: tile nt holds state rows (dk) 8 nt + 2t, + 1 for columns c0 + g (e 0, 1) and c0 + g + 8 (e 2, 3).
+  float st[kDkTiles][4];
+  blk.load_init(st);
+
+  // Chunk row r's W and Kd [C][dk] and the block's valid columns of U into buffer b.
+  auto stage = [&](int64_t r, int b) {
+    uint16_t* w_s = smem + b * kBuf;
+    stage_tile<kThreads, kC, kDK / 8, kPk>(w_s, a.P_bf16 + r * kC * kDK, kDK);
+    stage_tile<kThreads, kC, kDK / 8, kPk>(w_s + kC * kPk, a.Q_bf16 + r * kC * kDK, kDK);
+    stage_tile<kThreads, kC, kCols / 8, kPu>(w_s + 2 * kC * kPk, a.A_bf16 + r * kC * dv + blk.j0, dv, blk.cols);
+  };
+  blk.prime(stage);
+  for (int step = 0; step < blk.n; ++step) {
+    const int64_t r = blk.rows[0];
+    const float dec = blk.decays[0];
+    const int b = step % kStages;
+    blk.advance(step, stage);
+    if (!blk.active) continue;
+    const uint16_t* w_s = smem + b * kBuf;
+    const uint16_t* kd_s = w_s + kC * kPk;
+    const uint16_t* u_s = kd_s + kC * kPk;
+
+    // The state this step starts from, rounded: the A operand of Sᵀ Wᵀ, and out_state[r].
+    uint32_t sa[kDkTiles / 2][4];
+    pack_a<kDkTiles>(sa, st, 0u);
+    store_transposed<kDK>(stage_s, sa, a.out_state_bf16 + r * kDK * dv + blk.j0 + c0, dv, lane);
+
+    // yᵀ = sign_p (sign_p Aᵀ + Sᵀ Wᵀ): the accumulators start at sign_p Aᵀ, U's bf16 pairs by
+    // ldmatrix.trans (rows 2t, 2t + 1 of column g: yᵀ's accumulator layout) widened exactly.
+    float acc[kRowTiles][4];
+#pragma unroll
+    for (int rt = 0; rt < kRowTiles; rt += 2) {
+      uint32_t u4[4];
+      const int j = lane / 8;
+      ldmatrix_x4_trans_b16(u4, u_s + (8 * (rt + j / 2) + lane % 8) * kPu + c0 + 8 * (j % 2));
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const uint32_t bits = u4[q] ^ flip_p;
+        acc[rt + q / 2][2 * (q % 2)] = __uint_as_float(bits << 16);
+        acc[rt + q / 2][2 * (q % 2) + 1] = __uint_as_float(bits & 0xffff0000u);
+      }
+    }
+    mma_tiles(acc, sa, [&](uint32_t(&fb)[4], int ks, int p) {
+      ldsm_b_pair_of_transposed(fb, w_s, kPk, 16 * ks, 16 * p, lane);
+    });
+    // y rounded (its sign restored), out to out_y[r]; the update's operand is sign_q · y.
+    uint32_t ya[kRowTiles / 2][4];
+    pack_a<kRowTiles>(ya, acc, flip_p);
+    store_transposed<kC>(stage_s, ya, a.out_y_bf16 + r * kC * dv + blk.j0 + c0, dv, lane);
+    flip_all(ya, flip_q);
+
+    // Sᵀ = decay · Sᵀ + (sign_q y)ᵀ Kd.
+    scale_all(st, dec);
+    mma_tiles(st, ya, [&](uint32_t(&fb)[4], int ks, int p) { ldsm_b_pair(fb, kd_s, kPk, 16 * ks, 16 * p, lane); });
+  }
+  cp_async_wait<0>();
+  blk.store_final(st);
+}
+
+// The fused backward form (GdrScanArgs::dO_bf16 with bf16 products and bf16 y; gdr_scan_bf16.cu's
+// kDO16 instances) with warp-owned columns: per reverse step, for this warp's 16 columns,
+//   out_state[r] = S                                           (dh_next, rounded to bf16)
+//   yᵀ  = s (dOᵀ Pm) + Sᵀ Kdᵀ          [16, C]   (Pm zero above its diagonal: k-steps from the tile's)
+//   out_y[r] = y                                               (dU, rounded)
+//   Sᵀ  = decay · Sᵀ + s (dOᵀ Qg) + sign_q yᵀ W    [16, dk]
+// dOᵀ's A fragments come once a step by ldmatrix.trans and serve both of its products. dO comes
+// through the row map (dO_rows; −1: a zero row) into each buffer.
+template <int kWarps, int kDK, int kStages>
+__global__ void __launch_bounds__(32 * kWarps) gdr_scan_reverse_warps_kernel(GdrScanArgs a) {
+  constexpr int kC = kChunk, kThreads = 32 * kWarps, kCols = 16 * kWarps;
+  constexpr int kPk = pitch16(kDK), kPc = pitch16(kC), kPo = pitch16(kCols);
+  constexpr int kDkTiles = kDK / 8, kRowTiles = kC / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint16_t* const smem = reinterpret_cast<uint16_t*>(smem_raw);
+  constexpr int kBuf = 3 * kC * kPk + kC * kPc + kC * kPo;  // one buffer: Kd, W, Qg, Pm, dO
+  uint16_t* const stage_s = smem + kStages * kBuf + (threadIdx.x / 32) * kDK * kStagePitch;
+  WarpScanBlock<kWarps, kDK, kStages> blk(a);
+  const int lane = blk.lane, dv = blk.dv, c0 = blk.c0;
+  const uint32_t flip_q = a.sign_q < 0.f ? 0x80008000u : 0u;
+  const float s = a.out_scale;
+
+  float st[kDkTiles][4];  // Sᵀ, as in the forward
+  blk.load_init(st);
+
+  // The dO rows of this thread's pieces of the next chunk row staged (for_pieces' order), read a step
+  // before their copies (as WarpScanBlock::row_after): −1 for a zero row.
+  constexpr int kDoPieces = kCols / 8;
+  constexpr int kPerThread = kThreads % kDoPieces == 0 ? (kC + kThreads / kDoPieces - 1) / (kThreads / kDoPieces)
+                                                       : (kC * kDoPieces + kThreads - 1) / kThreads;
+  int64_t do_rows[kPerThread];
+  auto read_do_rows = [&](int64_t r) {
+    int k = 0;
+    for_pieces<kThreads, kC, kDoPieces>([&](int i, int) {
+      do_rows[k++] = a.dO_rows != nullptr ? a.dO_rows[r * kC + i] : r * kC + i;
+    });
+  };
+  auto stage = [&](int64_t r, int b) {
+    uint16_t* kd_s = smem + b * kBuf;
+    stage_tile<kThreads, kC, kDK / 8, kPk>(kd_s, a.P_bf16 + r * kC * kDK, kDK);
+    stage_tile<kThreads, kC, kDK / 8, kPk>(kd_s + kC * kPk, a.Q_bf16 + r * kC * kDK, kDK);
+    stage_tile<kThreads, kC, kDK / 8, kPk>(kd_s + 2 * kC * kPk, a.Qg_bf16 + r * kC * kDK, kDK);
+    stage_tile<kThreads, kC, kC / 8, kPc>(kd_s + 3 * kC * kPk, a.Pm_bf16 + r * kC * kC, kC);
+    uint16_t* do_s = kd_s + 3 * kC * kPk + kC * kPc;
+    const uint16_t* dO_cols = a.dO_bf16 + blk.j0;
+    int k = 0;
+    for_pieces<kThreads, kC, kDoPieces>([&](int i, int c) {
+      const int64_t src_row = do_rows[k++];
+      const bool valid = src_row >= 0 && c < blk.cols;
+      const uint16_t* src = valid ? dO_cols + src_row * dv + c : a.dO_bf16;
+      cp_async16_zfill(reinterpret_cast<float*>(do_s + i * kPo + c), reinterpret_cast<const float*>(src), valid);
+    });
+  };
+  blk.prime([&](int64_t r, int b) {
+    read_do_rows(r);
+    stage(r, b);
+  });
+  if (kStages - 1 < blk.n) read_do_rows(blk.row_after);
+  for (int step = 0; step < blk.n; ++step) {
+    const int64_t r = blk.rows[0];
+    const float dec = blk.decays[0];
+    const int b = step % kStages;
+    blk.advance(step, stage);
+    if (step + kStages < blk.n) read_do_rows(blk.row_after);  // for the next step's copies
+    if (!blk.active) continue;
+    const uint16_t* kd_s = smem + b * kBuf;
+    const uint16_t* w_s = kd_s + kC * kPk;
+    const uint16_t* qg_s = w_s + kC * kPk;
+    const uint16_t* pm_s = qg_s + kC * kPk;
+    const uint16_t* do_s = pm_s + kC * kPc;
+
+    uint32_t sa[kDkTiles / 2][4];
+    pack_a<kDkTiles>(sa, st, 0u);
+    store_transposed<kDK>(stage_s, sa, a.out_state_bf16 + r * kDK * dv + blk.j0 + c0, dv, lane);
+
+    // dOᵀ's A fragments (m: this warp's columns, k: the chunk's rows).
+    uint32_t oa[kC / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < kC / 16; ++ks) ldsm_a_of_transposed(oa[ks], do_s, kPo, c0, 16 * ks, lane);
+
+    // yᵀ = s (dOᵀ Pm) + Sᵀ Kdᵀ; Pm's row tiles k below the column tile's first row are zero.
+    float acc[kRowTiles][4] = {};
+#pragma unroll
+    for (int p = 0; p < kRowTiles / 2; ++p) {
+#pragma unroll
+      for (int ks = p; ks < kC / 16; ++ks) {
+        uint32_t fb[4];
+        ldsm_b_pair(fb, pm_s, kPc, 16 * ks, 16 * p, lane);
+        mma_bf16(acc[2 * p], oa[ks], fb[0], fb[1]);
+        mma_bf16(acc[2 * p + 1], oa[ks], fb[2], fb[3]);
+      }
+    }
+    scale_all(acc, s);
+    mma_tiles(acc, sa, [&](uint32_t(&fb)[4], int ks, int p) {
+      ldsm_b_pair_of_transposed(fb, kd_s, kPk, 16 * ks, 16 * p, lane);
+    });
+    uint32_t ya[kRowTiles / 2][4];
+    pack_a<kRowTiles>(ya, acc, 0u);
+    store_transposed<kC>(stage_s, ya, a.out_y_bf16 + r * kC * dv + blk.j0 + c0, dv, lane);
+    flip_all(ya, flip_q);
+
+    // Sᵀ = decay · Sᵀ + s (dOᵀ Qg), a pair of dk tiles at a time (their sums in 8 registers), then
+    // + (sign_q y)ᵀ W.
+#pragma unroll
+    for (int p = 0; p < kDkTiles / 2; ++p) {
+      float e[2][4] = {};
+#pragma unroll
+      for (int ks = 0; ks < kC / 16; ++ks) {
+        uint32_t fb[4];
+        ldsm_b_pair(fb, qg_s, kPk, 16 * ks, 16 * p, lane);
+        mma_bf16(e[0], oa[ks], fb[0], fb[1]);
+        mma_bf16(e[1], oa[ks], fb[2], fb[3]);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) st[2 * p + h][q] = dec * st[2 * p + h][q] + s * e[h][q];
+      }
+    }
+    mma_tiles(st, ya, [&](uint32_t(&fb)[4], int ks, int p) { ldsm_b_pair(fb, w_s, kPk, 16 * ks, 16 * p, lane); });
+  }
+  cp_async_wait<0>();
+  blk.store_final(st);
+}
+
+using WarpsKernel = void (*)(GdrScanArgs);
+
+// The copies' depth: chunk rows staged ahead of the one in hand, 2 in the forward and 1 in the
+// reverse (3 and 2 buffers). Measured at hybrid base (docs/perf.md, issue 7, stop 56): forward 0.99
+// ms a step with 2 buffers, 0.68 with 3, 0.69 with 4; reverse 0.90 with 2, 0.92 with 3.
+constexpr int stages_of(bool reverse) { return reverse ? 2 : 3; }
+
+template <bool kReverse, int kWarps, int kDK>
+WarpsKernel opted_in() {
+  constexpr int kStages = stages_of(kReverse);
+  constexpr int64_t kBytes = smem_bytes_of(kWarps, kDK, kStages, kReverse);
+  static_assert(kBytes <= kGdrScanMmaMaxSmem, "the block's buffers fit");
+  WarpsKernel f = nullptr;
+  if constexpr (kReverse) {
+    f = gdr_scan_reverse_warps_kernel<kWarps, kDK, kStages>;
+  } else {
+    f = gdr_scan_forward_warps_kernel<kWarps, kDK, kStages>;
+  }
+  return allow_dynamic_smem(reinterpret_cast<const void*>(f), static_cast<int>(kBytes)) == 0 ? f : nullptr;
+}
+
+template <bool kReverse>
+WarpsKernel kernel_of(int warps, int dk) {
+  if (warps == 4) return dk == 96 ? opted_in<kReverse, 4, 96>() : opted_in<kReverse, 4, 128>();
+  if (warps == 6) return dk == 96 ? opted_in<kReverse, 6, 96>() : opted_in<kReverse, 6, 128>();
+  return dk == 96 ? opted_in<kReverse, 8, 96>() : opted_in<kReverse, 8, 128>();
+}
+
+// The sizes both kernels take, and the block width for them (forced, or picked for dv).
+int width_for(const GdrScanArgs& a) {
+  if (a.C != kChunk || (a.dk != 96 && a.dk != 128) || a.dv < 16 || a.dv % 16 != 0 || a.dv > kGdrScanBf16MaxDv ||
+      (a.sign_p != 1.f && a.sign_p != -1.f) || (a.sign_q != 1.f && a.sign_q != -1.f)) {
+    return 0;
+  }
+  const int forced = g_warp_width.load();
+  if (forced == 64 || forced == 96 || forced == 128) return forced;
+  // Two blocks a head where the value width splits so (hybrid base's 192 in 96, 256 in 128),
+  // else 64-column blocks.
+  if (a.dv % 96 == 0 && a.dv / 96 <= 2) return 96;
+  if (a.dv % 128 == 0) return 128;
+  return 64;
+}
+
+template <bool kReverse>
+int launch(const GdrScanArgs& a, int cols, void* stream) {
+  if (cols == 0 || a.n_docs < 1 || a.H < 1) return static_cast<int>(cudaErrorInvalidValue);
+  const int warps = cols / 16, dk = static_cast<int>(a.dk);
+  const WarpsKernel f = kernel_of<kReverse>(warps, dk);
+  if (f == nullptr) return static_cast<int>(cudaErrorInvalidValue);
+  ++g_warp_launches;
+  const dim3 grid(static_cast<unsigned>(a.n_docs * a.H), static_cast<unsigned>((a.dv + cols - 1) / cols));
+  GdrScanArgs args = a;
+  void* params[] = {&args};
+  return static_cast<int>(cudaLaunchKernel(reinterpret_cast<const void*>(f), grid, dim3(32 * warps), params,
+                                           static_cast<size_t>(smem_bytes_of(warps, dk, stages_of(kReverse), kReverse)),
+                                           static_cast<cudaStream_t>(stream)));
+}
+
+}  // namespace
+
+void gdr_scan_warp_columns(bool on) { g_warp_columns = on; }
+bool gdr_scan_warp_columns() { return g_warp_columns.load(); }
+void gdr_scan_warp_width(int cols) { g_warp_width = cols; }
+int64_t gdr_scan_warp_launches() { return g_warp_launches.load(); }
+
+int gdr_scan_forward_warps_width(const GdrScanArgs& a) {
+  return gdr_scan_forward_bf16_form_ok(a) ? width_for(a) : 0;
+}
+
+int gdr_scan_forward_warps(const GdrScanArgs& a, void* stream) {
+  return launch<false>(a, gdr_scan_forward_warps_width(a), stream);
+}
+
+int gdr_scan_reverse_warps_width(const GdrScanArgs& a) {
+  const bool form = gdr_scan_fused_form_ok(a) && a.bf16_products && a.dO_bf16 != nullptr && a.out_y_bf16 != nullptr;
+  return form ? width_for(a) : 0;
+}
+
+int gdr_scan_reverse_warps(const GdrScanArgs& a, void* stream) {
+  return launch<true>(a, gdr_scan_reverse_warps_width(a), stream);
+}
+
+}  // namespace kernels
