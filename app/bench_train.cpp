@@ -75,6 +75,7 @@ const std::vector<GdrScanChoice>& gdr_scan_choices() {
        "the fused backward through the solve with its fp32 operands split in two TF32 parts instead of rounded to TF32"},
       {"fp32-qk", "the layer's q and k in fp32 instead of the activations' 16-bit dtype"},
       {"products-then-scan", "the output gradient's two products into the reverse scan run before it, not inside it"},
+      {"output-product", "the delta rule's output as a product after the forward scan, not inside it"},
       {"recompute-front", "the backward recomputing the front's outputs instead of reading the forward's"},
       {"state-gemms", "the backward's products with the chunk states as four GEMMs and a row dot, not one kernel"},
       {"dv-in-tail", "v's gradient from the backward's tail instead of the solve's backward"},
@@ -205,6 +206,8 @@ int bench_train(const BenchTrainArgs& a) {
   // products-then-scan: the backward's products of dO into the values' and states' gradients as
   // two launches before the reverse scan, instead of inside it (model::gdr_scan_fuse_output_grads).
   model::gdr_scan_fuse_output_grads(a.gdr_scan != "products-then-scan");
+  // output-product: the chunk output as its own product after the forward scan (model::gdr_output_in_scan).
+  model::gdr_output_in_scan(a.gdr_scan != "output-product");
   // recompute-front: the backward runs the fused front again for Kd, Qg, P and decay instead of
   // reading the forward's (model::gdr_save_front).
   model::gdr_save_front(a.gdr_scan != "recompute-front");

@@ -218,6 +218,8 @@ int gdr_scan(const GdrScanArgs& a, void* stream) {
     }
     return gdr_scan_tensor_cores(a, fused_cols, stream);
   }
+  // The chunk output is written by the warp-column forward only.
+  if (a.out_o_bf16 != nullptr && gdr_scan_forward_output_width(a) == 0) return static_cast<int>(cudaErrorInvalidValue);
   if (a.bf16_products) {  // the fused form's, and the forward's bf16 form
     const int forward_cols = gdr_scan_forward_bf16_width(a);
     if (forward_cols == 0) return static_cast<int>(cudaErrorInvalidValue);

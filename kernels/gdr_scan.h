@@ -80,6 +80,14 @@ struct GdrScanArgs {
   const uint16_t* Pm_bf16 = nullptr;    // [R, C, C]: the masked Q Kᵀ of the output (zero above the diagonal)
   const uint16_t* Qg_bf16 = nullptr;    // [R, C, dk]: the gated queries
   float out_scale = 1.f;                // s
+  // The forward's bf16 form on the warp-column kernel (gdr_scan_forward_output_width) may also take
+  // the chunk output O = out_scale · (P_o out_y + Qg_o out_state) [C, dv] of each chunk row, from
+  // the same bf16 y and state its products take, rounded once to bf16: the output product in the
+  // scan (docs/perf.md, issue 7, stop 56). P_o [R, C, C] is zero above its diagonal. gdr_scan fails
+  // for these pointers where that kernel does not run.
+  const uint16_t* o_P_bf16 = nullptr;   // [R, C, C]
+  const uint16_t* o_Qg_bf16 = nullptr;  // [R, C, dk]
+  uint16_t* out_o_bf16 = nullptr;       // [R, C, dv]
   // The fused form's four products as bf16 mma (kernels/gdr_scan_bf16.cu) instead of TF32: dO, the
   // running state and y rounded to bf16 as operands (2⁻⁹ relative where TF32 has 2⁻¹¹), sums and
   // the running state in fp32. Taken where gdr_scan_fused_bf16_width is not 0. In the forward's
@@ -285,6 +293,9 @@ bool gdr_scan_warp_columns();
 void gdr_scan_warp_width(int cols);
 int gdr_scan_forward_warps_width(const GdrScanArgs& a);
 int gdr_scan_forward_warps(const GdrScanArgs& a, void* stream);
+// The warp-column forward's width where gdr_scan runs it for a (the automatic variant, the switch
+// on, its sizes), else 0: where it may also write the chunk output (GdrScanArgs::out_o_bf16).
+int gdr_scan_forward_output_width(const GdrScanArgs& a);
 int gdr_scan_reverse_warps_width(const GdrScanArgs& a);
 int gdr_scan_reverse_warps(const GdrScanArgs& a, void* stream);
 int64_t gdr_scan_warp_launches();

@@ -46,13 +46,18 @@ constexpr int kStagePitch = 24;  // a warp's staging rows: 16 columns + 8 (48 by
 
 __host__ __device__ constexpr int pitch16(int n) { return n + 8; }  // conflict-free ldmatrix rows
 
+// Elements of one buffer: a forward one holds W and Kd [C][dk + 8] and U [C][cols + 8], and with
+// the chunk output (kOutput) Qg [C][dk + 8] and P [C][C + 8]; a reverse one Kd, W and Qg
+// [C][dk + 8], Pm [C][C + 8] and dO [C][cols + 8]. All bf16.
+__host__ __device__ constexpr int buffer_elems(int warps, int dk, bool reverse, bool output) {
+  return reverse  ? 3 * kChunk * pitch16(dk) + kChunk * pitch16(kChunk) + kChunk * pitch16(16 * warps)
+         : output ? 3 * kChunk * pitch16(dk) + kChunk * pitch16(kChunk) + kChunk * pitch16(16 * warps)
+                  : 2 * kChunk * pitch16(dk) + kChunk * pitch16(16 * warps);
+}
 // Shared bytes of a block: `stages` buffers, then each warp's staging tile [dk][24] (the state's
-// rows, then y's), all bf16. A forward buffer holds W and Kd [C][dk + 8] and U [C][cols + 8]; a
-// reverse one Kd, W and Qg [C][dk + 8], Pm [C][C + 8] and dO [C][cols + 8].
-__host__ __device__ constexpr int64_t smem_bytes_of(int warps, int dk, int stages, bool reverse) {
-  const int64_t buffer = reverse ? 3 * kChunk * pitch16(dk) + kChunk * pitch16(kChunk) + kChunk * pitch16(16 * warps)
-                                 : 2 * kChunk * pitch16(dk) + kChunk * pitch16(16 * warps);
-  return (stages * buffer + warps * dk * kStagePitch) * 2;
+// rows, then y's, then the output's).
+__host__ __device__ constexpr int64_t smem_bytes_of(int warps, int dk, int stages, bool reverse, bool output = false) {
+  return (static_cast<int64_t>(stages) * buffer_elems(warps, dk, reverse, output) + warps * dk * kStagePitch) * 2;
 }
 
 __device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
@@ -268,14 +273,16 @@ struct WarpScanBlock {
   }
 };
 
-template <int kWarps, int kDK, int kStages>
+// kOutput: also the chunk output O = s (P y + Qg S) (GdrScanArgs::out_o_bf16): Oᵀ = s (Sᵀ Qgᵀ + yᵀ Pᵀ)
+// from the same A fragments as the step's own products.
+template <int kWarps, int kDK, int kStages, bool kOutput>
 __global__ void __launch_bounds__(32 * kWarps) gdr_scan_forward_warps_kernel(GdrScanArgs a) {
   constexpr int kC = kChunk, kThreads = 32 * kWarps, kCols = 16 * kWarps;
-  constexpr int kPk = pitch16(kDK), kPu = pitch16(kCols);
+  constexpr int kPk = pitch16(kDK), kPu = pitch16(kCols), kPc = pitch16(kC);
   constexpr int kDkTiles = kDK / 8, kRowTiles = kC / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint16_t* const smem = reinterpret_cast<uint16_t*>(smem_raw);
-  constexpr int kBuf = 2 * kC * kPk + kC * kPu;  // one buffer: W, Kd, U
+  constexpr int kBuf = buffer_elems(kWarps, kDK, false, kOutput);  // one buffer: W, Kd, U (Qg, P)
   uint16_t* const stage_s = smem + kStages * kBuf + (threadIdx.x / 32) * kDK * kStagePitch;
   WarpScanBlock<kWarps, kDK, kStages> blk(a);
   const int lane = blk.lane, dv = blk.dv, c0 = blk.c0;
@@ -291,6 +298,11 @@ __global__ void __launch_bounds__(32 * kWarps) gdr_scan_forward_warps_kernel(Gdr
     stage_tile<kThreads, kC, kDK / 8, kPk>(w_s, a.P_bf16 + r * kC * kDK, kDK);
     stage_tile<kThreads, kC, kDK / 8, kPk>(w_s + kC * kPk, a.Q_bf16 + r * kC * kDK, kDK);
     stage_tile<kThreads, kC, kCols / 8, kPu>(w_s + 2 * kC * kPk, a.A_bf16 + r * kC * dv + blk.j0, dv, blk.cols);
+    if constexpr (kOutput) {
+      uint16_t* qg_s = w_s + 2 * kC * kPk + kC * kPu;
+      stage_tile<kThreads, kC, kDK / 8, kPk>(qg_s, a.o_Qg_bf16 + r * kC * kDK, kDK);
+      stage_tile<kThreads, kC, kC / 8, kPc>(qg_s + kC * kPk, a.o_P_bf16 + r * kC * kC, kC);
+    }
   };
   blk.prime(stage);
   for (int step = 0; step < blk.n; ++step) {
@@ -326,10 +338,37 @@ __global__ void __launch_bounds__(32 * kWarps) gdr_scan_forward_warps_kernel(Gdr
     mma_tiles(acc, sa, [&](uint32_t(&fb)[4], int ks, int p) {
       ldsm_b_pair_of_transposed(fb, w_s, kPk, 16 * ks, 16 * p, lane);
     });
+    // Oᵀ = Sᵀ Qgᵀ, then + yᵀ Pᵀ below.
+    const uint16_t* qg_s = u_s + kC * kPu;
+    const uint16_t* p_s = qg_s + kC * kPk;
+    float o[kOutput ? kRowTiles : 1][4] = {};
+    if constexpr (kOutput) {
+      mma_tiles(o, sa, [&](uint32_t(&fb)[4], int ks, int p) {
+        ldsm_b_pair_of_transposed(fb, qg_s, kPk, 16 * ks, 16 * p, lane);
+      });
+    }
     // y rounded (its sign restored), out to out_y[r]; the update's operand is sign_q · y.
     uint32_t ya[kRowTiles / 2][4];
     pack_a<kRowTiles>(ya, acc, flip_p);
     store_transposed<kC>(stage_s, ya, a.out_y_bf16 + r * kC * dv + blk.j0 + c0, dv, lane);
+    if constexpr (kOutput) {
+      // Oᵀ += yᵀ Pᵀ: P's row tile pair p (O's rows 16p..) has no terms past column 16p + 15, so
+      // k-steps up to p.
+#pragma unroll
+      for (int p = 0; p < kRowTiles / 2; ++p) {
+#pragma unroll
+        for (int ks = 0; ks <= p; ++ks) {
+          uint32_t fb[4];
+          ldsm_b_pair_of_transposed(fb, p_s, kPc, 16 * ks, 16 * p, lane);
+          mma_bf16(o[2 * p], ya[ks], fb[0], fb[1]);
+          mma_bf16(o[2 * p + 1], ya[ks], fb[2], fb[3]);
+        }
+      }
+      scale_all(o, a.out_scale);
+      uint32_t oa[kRowTiles / 2][4];
+      pack_a<kRowTiles>(oa, o, 0u);
+      store_transposed<kC>(stage_s, oa, a.out_o_bf16 + r * kC * dv + blk.j0 + c0, dv, lane);
+    }
     flip_all(ya, flip_q);
 
     // Sᵀ = decay · Sᵀ + (sign_q y)ᵀ Kd.
@@ -469,28 +508,31 @@ using WarpsKernel = void (*)(GdrScanArgs);
 
 // The copies' depth: chunk rows staged ahead of the one in hand, 2 in the forward and 1 in the
 // reverse (3 and 2 buffers). Measured at hybrid base (docs/perf.md, issue 7, stop 56): forward 0.99
-// ms a step with 2 buffers, 0.68 with 3, 0.69 with 4; reverse 0.90 with 2, 0.92 with 3.
-constexpr int stages_of(bool reverse) { return reverse ? 2 : 3; }
+// ms a step with 2 buffers, 0.68 with 3, 0.69 with 4; reverse 0.90 with 2, 0.92 with 3. The
+// forward with the chunk output takes 2 where 3 do not fit.
+constexpr int stages_of(bool reverse, bool output, int warps, int dk) {
+  return reverse ? 2 : smem_bytes_of(warps, dk, 3, false, output) <= kGdrScanMmaMaxSmem ? 3 : 2;
+}
 
-template <bool kReverse, int kWarps, int kDK>
+template <bool kReverse, int kWarps, int kDK, bool kOutput = false>
 WarpsKernel opted_in() {
-  constexpr int kStages = stages_of(kReverse);
-  constexpr int64_t kBytes = smem_bytes_of(kWarps, kDK, kStages, kReverse);
+  constexpr int kStages = stages_of(kReverse, kOutput, kWarps, kDK);
+  constexpr int64_t kBytes = smem_bytes_of(kWarps, kDK, kStages, kReverse, kOutput);
   static_assert(kBytes <= kGdrScanMmaMaxSmem, "the block's buffers fit");
   WarpsKernel f = nullptr;
   if constexpr (kReverse) {
     f = gdr_scan_reverse_warps_kernel<kWarps, kDK, kStages>;
   } else {
-    f = gdr_scan_forward_warps_kernel<kWarps, kDK, kStages>;
+    f = gdr_scan_forward_warps_kernel<kWarps, kDK, kStages, kOutput>;
   }
   return allow_dynamic_smem(reinterpret_cast<const void*>(f), static_cast<int>(kBytes)) == 0 ? f : nullptr;
 }
 
-template <bool kReverse>
+template <bool kReverse, bool kOutput = false>
 WarpsKernel kernel_of(int warps, int dk) {
-  if (warps == 4) return dk == 96 ? opted_in<kReverse, 4, 96>() : opted_in<kReverse, 4, 128>();
-  if (warps == 6) return dk == 96 ? opted_in<kReverse, 6, 96>() : opted_in<kReverse, 6, 128>();
-  return dk == 96 ? opted_in<kReverse, 8, 96>() : opted_in<kReverse, 8, 128>();
+  if (warps == 4) return dk == 96 ? opted_in<kReverse, 4, 96, kOutput>() : opted_in<kReverse, 4, 128, kOutput>();
+  if (warps == 6) return dk == 96 ? opted_in<kReverse, 6, 96, kOutput>() : opted_in<kReverse, 6, 128, kOutput>();
+  return dk == 96 ? opted_in<kReverse, 8, 96, kOutput>() : opted_in<kReverse, 8, 128, kOutput>();
 }
 
 // The sizes both kernels take, and the block width for them (forced, or picked for dv).
@@ -512,14 +554,16 @@ template <bool kReverse>
 int launch(const GdrScanArgs& a, int cols, void* stream) {
   if (cols == 0 || a.n_docs < 1 || a.H < 1) return static_cast<int>(cudaErrorInvalidValue);
   const int warps = cols / 16, dk = static_cast<int>(a.dk);
-  const WarpsKernel f = kernel_of<kReverse>(warps, dk);
+  const bool output = !kReverse && a.out_o_bf16 != nullptr;
+  if (output && (a.o_P_bf16 == nullptr || a.o_Qg_bf16 == nullptr)) return static_cast<int>(cudaErrorInvalidValue);
+  const WarpsKernel f = output ? kernel_of<false, true>(warps, dk) : kernel_of<kReverse>(warps, dk);
   if (f == nullptr) return static_cast<int>(cudaErrorInvalidValue);
   ++g_warp_launches;
   const dim3 grid(static_cast<unsigned>(a.n_docs * a.H), static_cast<unsigned>((a.dv + cols - 1) / cols));
   GdrScanArgs args = a;
   void* params[] = {&args};
   return static_cast<int>(cudaLaunchKernel(reinterpret_cast<const void*>(f), grid, dim3(32 * warps), params,
-                                           static_cast<size_t>(smem_bytes_of(warps, dk, stages_of(kReverse), kReverse)),
+                                           static_cast<size_t>(smem_bytes_of(warps, dk, stages_of(kReverse, output, warps, dk), kReverse, output)),
                                            static_cast<cudaStream_t>(stream)));
 }
 
@@ -536,6 +580,13 @@ int gdr_scan_forward_warps_width(const GdrScanArgs& a) {
 
 int gdr_scan_forward_warps(const GdrScanArgs& a, void* stream) {
   return launch<false>(a, gdr_scan_forward_warps_width(a), stream);
+}
+
+int gdr_scan_forward_output_width(const GdrScanArgs& a) {
+  if (!a.bf16_products || a.variant != kGdrScanAuto || !g_warp_columns.load() || gdr_scan_forward_bf16_width(a) == 0) {
+    return 0;
+  }
+  return gdr_scan_forward_warps_width(a);
 }
 
 int gdr_scan_reverse_warps_width(const GdrScanArgs& a) {

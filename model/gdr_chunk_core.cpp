@@ -607,15 +607,22 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     ctx->set_materialize_grads(false);
     const Ctx c = make_ctx(l, q, v, h0);
     const ForwardFront f = forward_front(c, q, k, v, beta, g);  // W, U, Kd, Qg, P bf16 with bf16_front(c)
-    const auto scan = gdr_scan(rows(f.W), rows(f.U), rows(f.Kd), f.decay.reshape({-1}), h0, l.scan);
     // O = s (P Vn + Qg h_in), both products in one pass over O. h_in and v_new are bf16 under the
     // plan's bf16_states (TF32 products on a GPU); the products here and in the backward read them so.
     // With o_targets, written straight into the token layout.
-    // Or in bf16 where the caller takes it (bf16_output).
+    // Or in bf16 where the caller takes it (bf16_output), then by the scan itself where it can
+    // (gdr_scan_with_output: the same bf16 operands, the sums in another order).
     const bool tokens = o_targets.defined();
-    auto O = tokens ? bmm_fp32_sum_scattered(rows(f.P), scan.v_new, rows(f.Qg), scan.h_in, scale, o_targets,
-                                             l.B * l.T * c.H)
-                    : bmm_fp32_sum(rows(f.P), scan.v_new, rows(f.Qg), scan.h_in, scale, bf16_output(c, v, targets));
+    torch::Tensor O;
+    const auto scan = !tokens && bf16_output(c, v, targets)
+                          ? gdr_scan_with_output(rows(f.W), rows(f.U), rows(f.Kd), f.decay.reshape({-1}), h0, l.scan,
+                                                 rows(f.P), rows(f.Qg), scale, O)
+                          : gdr_scan(rows(f.W), rows(f.U), rows(f.Kd), f.decay.reshape({-1}), h0, l.scan);
+    if (!O.defined()) {
+      O = tokens ? bmm_fp32_sum_scattered(rows(f.P), scan.v_new, rows(f.Qg), scan.h_in, scale, o_targets,
+                                          l.B * l.T * c.H)
+                 : bmm_fp32_sum(rows(f.P), scan.v_new, rows(f.Qg), scan.h_in, scale, bf16_output(c, v, targets));
+    }
     // With the fused kernels the backward reads the front's Kd, Qg, P and decay again: kept here
     // (gdr_save_front), or recomputed there.
     const bool keep_front = fused_kernels(c) && g_save_front;

@@ -31,7 +31,12 @@ std::atomic<bool> g_fuse_output_grads{true};
 std::atomic<int64_t> g_fused_backward_launches{0}, g_bf16_product_launches{0}, g_bf16_output_grad_launches{0};
 std::atomic<bool> g_bf16_forward_products{true};
 std::atomic<int64_t> g_bf16_forward_launches{0};
+std::atomic<bool> g_output_in_scan{true};
+std::atomic<int64_t> g_output_in_scan_launches{0};
 }  // namespace
+
+void gdr_output_in_scan(bool on) { g_output_in_scan = on; }
+int64_t gdr_scan_output_launches() { return g_output_in_scan_launches.load(); }
 
 void gdr_bf16_forward_scan_products(bool on) { g_bf16_forward_products = on; }
 int64_t gdr_scan_bf16_forward_launches() { return g_bf16_forward_launches.load(); }
@@ -190,11 +195,18 @@ kernels::GdrScanArgs sized_args(const GdrScanPlan& plan, int64_t C, int64_t dk, 
 // form for the sizes (kernels::gdr_scan_forward_bf16_width), TF32 ones otherwise.
 // P and Q may be bf16 (both), in the forward with a bf16 A and bf16 outputs, in the backward with
 // an fp32 A and E (kernels::GdrScanArgs::P_bf16); the callers check the kernel takes them.
+// With `output` (the forward's bf16 form only): also the chunk output O = scale (oP v_new + oQg h_in)
+// where the kernel takes it (kernels::gdr_scan_forward_output_width), as a fourth tensor (bf16
+// [R, C, dv]; undefined where it does not).
+struct ScanOutput {
+  torch::Tensor P, Qg;  // bf16 [R, C, C] and [R, C, dk]
+  double scale = 1;
+};
 std::vector<torch::Tensor> run_scan(const torch::Tensor& A, const torch::Tensor& P, const torch::Tensor& Q,
                                     const torch::Tensor& decay, const torch::Tensor& E, const torch::Tensor& init,
                                     const DevicePlan& dp, int64_t n_docs, int64_t busy, int64_t H, float sign_p,
                                     float sign_q, bool reverse, bool tf32_products, bool bf16_outputs = false,
-                                    bool bf16_products = false) {
+                                    bool bf16_products = false, const ScanOutput* output = nullptr) {
   const int64_t R = A.size(0), C = A.size(1), dv = A.size(2), dk = P.size(2);
   kernels::GdrScanArgs a;
   if (is_bf16(P)) {
@@ -237,11 +249,20 @@ std::vector<torch::Tensor> run_scan(const torch::Tensor& A, const torch::Tensor&
   a.final_state = fin.data_ptr<float>();
   a.bf16_products =
       bf16_products && kernels::gdr_scan_forward_bf16_form_ok(a) && kernels::gdr_scan_forward_bf16_width(a) > 0;
+  torch::Tensor O;
+  if (output != nullptr && kernels::gdr_scan_forward_output_width(a) > 0) {
+    O = torch::empty({R, C, dv}, A.options().dtype(torch::kBFloat16));
+    a.o_P_bf16 = bf16_bits(output->P);
+    a.o_Qg_bf16 = bf16_bits(output->Qg);
+    a.out_o_bf16 = reinterpret_cast<uint16_t*>(O.data_ptr());
+    a.out_scale = static_cast<float>(output->scale);
+  }
   check_kernel_launch(kernels::gdr_scan(a, c10::cuda::getCurrentCUDAStream(A.device().index()).stream()),
                       "gated delta rule scan");
   if (a.bf16_products) ++g_bf16_forward_launches;
+  if (O.defined()) ++g_output_in_scan_launches;
   ++(tf32_products ? g_tf32_launches : g_split_launches);
-  return {out_state, out_y, fin};
+  return {out_state, out_y, fin, O};
 }
 
 torch::Tensor contiguous_or_undefined(const torch::Tensor& t) { return t.defined() ? t.contiguous() : t; }
@@ -272,7 +293,8 @@ class GdrScanFn : public torch::autograd::Function<GdrScanFn> {
     ctx->saved_data["busy_docs"] = gdr_scan_busy_docs(plan);
     ctx->saved_data["heads"] = plan.heads;
     ctx->saved_data["tf32_products"] = plan.tf32_products;
-    return outs;  // h_in, v_new, h_final
+    outs.resize(3);  // h_in, v_new, h_final (no chunk output asked for)
+    return outs;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -400,6 +422,29 @@ GdrScanResult gdr_scan(const torch::Tensor& W, const torch::Tensor& U, const tor
   if (W.scalar_type() == torch::kBFloat16) return gdr_scan(f32(W), f32(U), f32(Kd), decay, h0, plan);
   check_loop_not_captured(plan);
   return gdr_scan_reference(W, U, Kd, decay, h0, plan);
+}
+
+GdrScanResult gdr_scan_with_output(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& Kd,
+                                   const torch::Tensor& decay, const torch::Tensor& h0, const GdrScanPlan& plan,
+                                   const torch::Tensor& P, const torch::Tensor& Qg, double scale, torch::Tensor& O) {
+  O = torch::Tensor();
+#if defined(DD_HAVE_CUDA)
+  if (g_output_in_scan && g_bf16_forward_products && is_bf16(P) && is_bf16(Qg) && P.is_contiguous() &&
+      Qg.is_contiguous() && kernel_takes(W, U, Kd, decay, h0, plan, true)) {
+    const auto dp = device_plan(plan, W.device());
+    const ScanOutput output{P, Qg, scale};
+    auto outs = run_scan(U.contiguous(), W.contiguous(), Kd.contiguous(), decay.contiguous(), {},
+                         h0.defined() ? h0.contiguous() : h0, dp, plan.n_docs, gdr_scan_busy_docs(plan), plan.heads,
+                         -1.f, 1.f, false, plan.tf32_products, plan.tf32_products && plan.bf16_states, true, &output);
+    if (outs[3].defined()) {
+      O = outs[3];
+      return {outs[0], outs[1], outs[2]};
+    }
+  }
+#else
+  (void)P, (void)Qg, (void)scale;
+#endif
+  return gdr_scan(W, U, Kd, decay, h0, plan);
 }
 
 bool gdr_scan_backward_takes_output_grad(const torch::Tensor& W, const torch::Tensor& Kd, const torch::Tensor& Pm,

@@ -55,6 +55,20 @@ GdrScanResult gdr_scan_reference(const torch::Tensor& W, const torch::Tensor& U,
 GdrScanResult gdr_scan(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& Kd,
                        const torch::Tensor& decay, const torch::Tensor& h0, const GdrScanPlan& plan);
 
+// gdr_scan's forward with the chunk output O = scale (P v_new + Qg h_in) [R, C, dv] taken in the
+// same kernel, from the same bf16 v_new and h_in, rounded once to bf16 (in place of the separate
+// product; docs/perf.md, issue 7, stop 56): where the warp-column forward scan runs (bf16 W, U, Kd,
+// P [R, C, C] zero above its diagonal and Qg [R, C, dk], bf16 states and products, the kernel's
+// sizes; kernels::gdr_scan_forward_output_width) and gdr_output_in_scan is on. Elsewhere O is left
+// undefined and the result is gdr_scan's. No autograd: for a caller's own forward (the chunk core).
+GdrScanResult gdr_scan_with_output(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& Kd,
+                                   const torch::Tensor& decay, const torch::Tensor& h0, const GdrScanPlan& plan,
+                                   const torch::Tensor& P, const torch::Tensor& Qg, double scale, torch::Tensor& O);
+// Process-wide switch (default on), for benchmarks and tests, and how many scans this process has
+// launched that wrote the chunk output.
+void gdr_output_in_scan(bool on);
+int64_t gdr_scan_output_launches();
+
 // Σ chunks / steps rounded up: the plan's documents' worth of full-length scans, which the
 // kernel's automatic block width is picked for (kernels::GdrScanArgs::busy_docs); 0 without steps.
 int64_t gdr_scan_busy_docs(const GdrScanPlan& plan);

@@ -1590,6 +1590,41 @@ TEST(GdrScanCuda, Bf16OutputIsTheFp32OutputRounded) {
   }
 }
 
+// The chunk output taken in the forward scan (model::gdr_output_in_scan: on the 16-bit path with
+// a bf16 output in chunk rows, where the warp-column forward scan runs) against the separate output
+// product: o from the same bf16 operands, its sums in another order, rounded once to bf16 (bound
+// 2e-3 of the norm: values a bf16 step apart here and there); everything else the same to the bit
+// (the scan's states and values come from the same code, and the backward reads o's gradient, not
+// o) but dβ and dg (the tail's atomics, 1e-6); one such launch a run with the switch on, none off.
+TEST(GdrScanCuda, ChunkOutputInTheScanMatchesTheProduct) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  struct Restore {
+    ~Restore() { model::gdr_output_in_scan(true); }
+  } restore;
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 971);
+  const ChunkCase cases[] = {
+      {1, 300, 2, 96, 192, 64, {0, 17, 150, 151, 300}, true, true, true, 0, false, true, true},
+      {2, 150, 3, 128, 128, 64, {}, true, true, false, 0, false, true, true},
+      {1, 200, 2, 128, 256, 64, {0, 70, 200}, true, true, true, 0, false, true, true},
+  };
+  for (const ChunkCase& c : cases) {
+    const ChunkCaseRun r(c);
+    model::gdr_output_in_scan(false);
+    const int64_t before_off = model::gdr_scan_output_launches();
+    const auto want = r.run();
+    EXPECT_EQ(model::gdr_scan_output_launches(), before_off) << c.name() << ": the output taken in the scan, switched off";
+    model::gdr_output_in_scan(true);
+    const int64_t before_on = model::gdr_scan_output_launches();
+    const auto got = r.run();
+    EXPECT_EQ(model::gdr_scan_output_launches() - before_on, 1) << c.name() << ": the output not taken in the scan";
+    ASSERT_EQ(got[0].scalar_type(), torch::kBFloat16) << c.name();
+    const double e = rel_norm_diff(got[0].to(torch::kFloat32), want[0].to(torch::kFloat32));
+    EXPECT_LT(e, 2e-3) << c.name() << ": o";
+    std::printf("[gdr_chunk] %s: o in the scan against the product %.1e\n", c.name().c_str(), e);
+    expect_same_bits_but_atomic_sums(c, got, want, 1);
+  }
+}
+
 // The solve's backward on bf16 tiles (model::gdr_bf16_solve_tiles, the default on the 16-bit
 // training path with bf16 q, k, v) against its fp32 tiles: dTm's products multiply the same bf16
 // values exactly either way and only the order of their fp32 sums changes. So the forward is the
