@@ -8,7 +8,9 @@
 //   yᵀ  = Aᵀ + sign_p · Sᵀ Pᵀ        [16, C]       P = W [C][dk] by ldmatrix
 //   out_y[r] = y                                   (rounded to bf16)
 //   Sᵀ  = decay · Sᵀ + sign_q · yᵀ Q  [16, dk]     Q = Kd [C][dk] by ldmatrix.trans
-// and the reverse's (gdr_scan_reverse_warps_kernel) four products likewise. The operands are
+// and with GdrScanArgs::out_o_bf16 also the chunk output Oᵀ = s (Sᵀ Qgᵀ + yᵀ Pᵀ) from the same A
+// fragments (in place of the separate output product: 0.68 + 0.56 -> 1.07 ms a step at hybrid
+// base); the reverse's (gdr_scan_reverse_warps_kernel) four products likewise. The operands are
 // rounded where gdr_scan_bf16.cu's block kernels round them (the state and y to bf16, sums and
 // the running state fp32); only the order of the fp32 sums differs. Those kernels share the state
 // between 24 warps through shared memory, each warp a 16 × 16 unit of y and a 16 × 32 tile of the
