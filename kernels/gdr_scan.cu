@@ -207,7 +207,13 @@ int gdr_scan(const GdrScanArgs& a, void* stream) {
   if (!gdr_scan_supports(a.C, a.dk) || a.n_docs < 1 || a.H < 1 || a.dv < 1) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
-  if (gdr_scan_reads_output_grad(a)) {  // the fused backward form runs on the tensor-core kernel only
+  // The chunk output is written by the warp-column forward only, and needs all three pointers.
+  const bool any_output = a.out_o_bf16 != nullptr || a.o_P_bf16 != nullptr || a.o_Qg_bf16 != nullptr;
+  if (any_output && (a.out_o_bf16 == nullptr || a.o_P_bf16 == nullptr || a.o_Qg_bf16 == nullptr ||
+                     gdr_scan_forward_output_width(a) == 0)) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  if (gdr_scan_reads_output_grad(a)) {  // the fused backward form: tensor-core or warp-column kernels
     const int fused_cols = gdr_scan_fused_width(a);
     if (fused_cols == 0 || !gdr_scan_fused_form_ok(a)) return static_cast<int>(cudaErrorInvalidValue);
     if (a.bf16_products) {
@@ -218,8 +224,6 @@ int gdr_scan(const GdrScanArgs& a, void* stream) {
     }
     return gdr_scan_tensor_cores(a, fused_cols, stream);
   }
-  // The chunk output is written by the warp-column forward only.
-  if (a.out_o_bf16 != nullptr && gdr_scan_forward_output_width(a) == 0) return static_cast<int>(cudaErrorInvalidValue);
   if (a.bf16_products) {  // the fused form's, and the forward's bf16 form
     const int forward_cols = gdr_scan_forward_bf16_width(a);
     if (forward_cols == 0) return static_cast<int>(cudaErrorInvalidValue);

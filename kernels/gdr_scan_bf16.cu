@@ -239,7 +239,8 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
   };
   // (The fp32-dO backward keeps its held offsets and run-time walks, as above.)
   constexpr bool kKnownWalks =
-      kRecompute && kC > 0 && kDK > 0 && kThreads % (kDK > 0 ? kDK / 8 : 1) == 0 && kThreads % (kC > 0 ? kC / 8 : 1) == 0;
+      kRecompute && kC > 0 && kDK > 0 && kThreads % (kDK > 0 ? kDK / 8 : 1) == 0 &&
+      kThreads % (kC > 0 ? kC / 8 : 1) == 0;
   // A [C][8 · pieces] tile by 16-byte copies from src (rows of src_pitch) into dst (rows of
   // dst_pitch): by the known walk, or by the run-time one from the thread's first piece.
   auto stage_tile = [&](auto pieces_tag, const TileWalk& walk, int kept_row, int kept_col, uint16_t* dst,

@@ -10,7 +10,8 @@
 //   Sᵀ  = decay · Sᵀ + sign_q · yᵀ Q  [16, dk]     Q = Kd [C][dk] by ldmatrix.trans
 // and with GdrScanArgs::out_o_bf16 also the chunk output Oᵀ = s (Sᵀ Qgᵀ + yᵀ Pᵀ) from the same A
 // fragments (in place of the separate output product: 0.68 + 0.56 -> 1.07 ms a step at hybrid
-// base); the reverse's (gdr_scan_reverse_warps_kernel) four products likewise. The operands are
+// base). The reverse (gdr_scan_reverse_warps_kernel) holds the state gradient the same way for its
+// four products. The operands are
 // rounded where gdr_scan_bf16.cu's block kernels round them (the state and y to bf16, sums and
 // the running state fp32); only the order of the fp32 sums differs. Those kernels share the state
 // between 24 warps through shared memory, each warp a 16 × 16 unit of y and a 16 × 32 tile of the
@@ -461,7 +462,7 @@ __global__ void __launch_bounds__(32 * kWarps) gdr_scan_reverse_warps_kernel(Gdr
 #pragma unroll
     for (int ks = 0; ks < kC / 16; ++ks) ldsm_a_of_transposed(oa[ks], do_s, kPo, c0, 16 * ks, lane);
 
-    // yᵀ = s (dOᵀ Pm) + Sᵀ Kdᵀ; Pm's row tiles k below the column tile's first row are zero.
+    // yᵀ = s (dOᵀ Pm) + Sᵀ Kdᵀ; Pm[k][i] is zero for k < i, so tile pair p takes k-steps from p on.
     float acc[kRowTiles][4] = {};
 #pragma unroll
     for (int p = 0; p < kRowTiles / 2; ++p) {
@@ -522,7 +523,9 @@ WarpsKernel opted_in() {
   constexpr int64_t kBytes = smem_bytes_of(kWarps, kDK, kStages, kReverse, kOutput);
   static_assert(kBytes <= kGdrScanMmaMaxSmem, "the block's buffers fit");
   WarpsKernel f = nullptr;
-  if constexpr (kReverse) {
+  if constexpr (kOutput && kStages != 3) {
+    return nullptr;  // not taken (gdr_scan_forward_output_width): no instance
+  } else if constexpr (kReverse) {
     f = gdr_scan_reverse_warps_kernel<kWarps, kDK, kStages>;
   } else {
     f = gdr_scan_forward_warps_kernel<kWarps, kDK, kStages, kOutput>;
@@ -559,13 +562,14 @@ int launch(const GdrScanArgs& a, int cols, void* stream) {
   const bool output = !kReverse && a.out_o_bf16 != nullptr;
   if (output && (a.o_P_bf16 == nullptr || a.o_Qg_bf16 == nullptr)) return static_cast<int>(cudaErrorInvalidValue);
   const WarpsKernel f = output ? kernel_of<false, true>(warps, dk) : kernel_of<kReverse>(warps, dk);
+  const int stages = stages_of(kReverse, output, warps, dk);
   if (f == nullptr) return static_cast<int>(cudaErrorInvalidValue);
   ++g_warp_launches;
   const dim3 grid(static_cast<unsigned>(a.n_docs * a.H), static_cast<unsigned>((a.dv + cols - 1) / cols));
   GdrScanArgs args = a;
   void* params[] = {&args};
   return static_cast<int>(cudaLaunchKernel(reinterpret_cast<const void*>(f), grid, dim3(32 * warps), params,
-                                           static_cast<size_t>(smem_bytes_of(warps, dk, stages_of(kReverse, output, warps, dk), kReverse, output)),
+                                           static_cast<size_t>(smem_bytes_of(warps, dk, stages, kReverse, output)),
                                            static_cast<cudaStream_t>(stream)));
 }
 
@@ -588,7 +592,10 @@ int gdr_scan_forward_output_width(const GdrScanArgs& a) {
   if (!a.bf16_products || a.variant != kGdrScanAuto || !g_warp_columns.load() || gdr_scan_forward_bf16_width(a) == 0) {
     return 0;
   }
-  return gdr_scan_forward_warps_width(a);
+  // Only where the output's tiles leave room for the 3 buffers: with 2 the forward took 0.99 ms a
+  // step against 0.68 (stages_of), more than the separate product saves.
+  const int cols = gdr_scan_forward_warps_width(a);
+  return cols > 0 && stages_of(false, true, cols / 16, static_cast<int>(a.dk)) == 3 ? cols : 0;
 }
 
 int gdr_scan_reverse_warps_width(const GdrScanArgs& a) {

@@ -433,13 +433,13 @@ GdrScanResult gdr_scan_with_output(const torch::Tensor& W, const torch::Tensor& 
       Qg.is_contiguous() && kernel_takes(W, U, Kd, decay, h0, plan, true)) {
     const auto dp = device_plan(plan, W.device());
     const ScanOutput output{P, Qg, scale};
+    // run_scan launches the scan either way (its results are gdr_scan's: the same arguments), with
+    // the output where the kernel takes it.
     auto outs = run_scan(U.contiguous(), W.contiguous(), Kd.contiguous(), decay.contiguous(), {},
                          h0.defined() ? h0.contiguous() : h0, dp, plan.n_docs, gdr_scan_busy_docs(plan), plan.heads,
                          -1.f, 1.f, false, plan.tf32_products, plan.tf32_products && plan.bf16_states, true, &output);
-    if (outs[3].defined()) {
-      O = outs[3];
-      return {outs[0], outs[1], outs[2]};
-    }
+    O = outs[3];
+    return {outs[0], outs[1], outs[2]};
   }
 #else
   (void)P, (void)Qg, (void)scale;

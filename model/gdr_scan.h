@@ -60,7 +60,8 @@ GdrScanResult gdr_scan(const torch::Tensor& W, const torch::Tensor& U, const tor
 // product; docs/perf.md, issue 7, stop 56): where the warp-column forward scan runs (bf16 W, U, Kd,
 // P [R, C, C] zero above its diagonal and Qg [R, C, dk], bf16 states and products, the kernel's
 // sizes; kernels::gdr_scan_forward_output_width) and gdr_output_in_scan is on. Elsewhere O is left
-// undefined and the result is gdr_scan's. No autograd: for a caller's own forward (the chunk core).
+// undefined; the scan's results are gdr_scan's either way (one launch). P and Qg contiguous. No
+// autograd: for a caller's own forward (the chunk core), where the caller's backward takes over.
 GdrScanResult gdr_scan_with_output(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& Kd,
                                    const torch::Tensor& decay, const torch::Tensor& h0, const GdrScanPlan& plan,
                                    const torch::Tensor& P, const torch::Tensor& Qg, double scale, torch::Tensor& O);
