@@ -840,6 +840,9 @@ struct ForwardBf16Scan {
   int64_t R = 0, S = 0;
   ScanInputs in;
   torch::Tensor W, U, Kd, step_off, n_chunks;
+  // For the chunk output (GdrScanArgs::out_o_bf16): P zero above its diagonal, Qg, and the scale.
+  torch::Tensor P, Qg;
+  static constexpr double kOutScale = 0.3;
 
   explicit ForwardBf16Scan(const Case& cs) : c(cs) {
     int64_t N = 0;
@@ -854,17 +857,28 @@ struct ForwardBf16Scan {
     }
     const auto i32 = torch::TensorOptions().dtype(torch::kInt32);
     step_off = torch::tensor(off, i32).to(torch::kCUDA), n_chunks = torch::tensor(nch, i32).to(torch::kCUDA);
+    P = (torch::randn({R, c.C, c.C}, in.U.options()).tril() / std::sqrt(static_cast<double>(c.C))).to(torch::kBFloat16);
+    Qg = (torch::randn({R, c.C, c.dk}, in.U.options()) / std::sqrt(static_cast<double>(c.dk))).to(torch::kBFloat16);
   }
 
   struct Out {
-    torch::Tensor state, y, fin;
+    torch::Tensor state, y, fin, o;  // o: the chunk output where attach_output set it
     kernels::GdrScanArgs a;
   };
+  // Asks the launch for the chunk output too (filled with 7 first).
+  void attach_output(Out& o) const {
+    o.o = torch::full({R, c.C, c.dv}, 7.f, in.U.options().dtype(torch::kBFloat16));
+    o.a.o_P_bf16 = reinterpret_cast<const uint16_t*>(P.data_ptr());
+    o.a.o_Qg_bf16 = reinterpret_cast<const uint16_t*>(Qg.data_ptr());
+    o.a.out_o_bf16 = reinterpret_cast<uint16_t*>(o.o.data_ptr());
+    o.a.out_scale = static_cast<float>(kOutScale);
+  }
   Out prepare(int variant, bool reverse, float sign, bool with_init) const {
     const auto bits = [](const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); };
     const auto opt = in.U.options();
     Out o{torch::full({R, c.dk, c.dv}, 7.f, opt.dtype(torch::kBFloat16)),
-          torch::full({R, c.C, c.dv}, 7.f, opt.dtype(torch::kBFloat16)), torch::full({S, c.dk, c.dv}, 7.f, opt), {}};
+          torch::full({R, c.C, c.dv}, 7.f, opt.dtype(torch::kBFloat16)), torch::full({S, c.dk, c.dv}, 7.f, opt), {},
+          {}};
     kernels::GdrScanArgs& a = o.a;
     a.A_bf16 = bits(U);
     a.P_bf16 = bits(W);
@@ -889,10 +903,15 @@ struct ForwardBf16Scan {
     a.dv = c.dv;
     return o;
   }
-  double error(const Out& o, bool reverse, float sign, bool with_init) const {
+  // With the chunk output, *o_error gets its error against s (P y + Qg state) from the fp64 recurrence.
+  double error(const Out& o, bool reverse, float sign, bool with_init, double* o_error = nullptr) const {
     const auto f64 = [](const torch::Tensor& x) { return x.to(torch::kCPU, torch::kFloat64); };
     const auto ref = scan_recurrence_fp64(f64(W), f64(U), f64(Kd), f64(in.decay),
                                           with_init ? f64(in.h0) : torch::Tensor(), c, plan, reverse, -sign, sign);
+    if (o_error != nullptr && o.o.defined()) {
+      const auto o_ref = kOutScale * (torch::bmm(f64(P), ref.y) + torch::bmm(f64(Qg), ref.state));
+      *o_error = rel_norm_diff(f64(o.o), o_ref);
+    }
     return std::max({rel_norm_diff(f64(o.state), ref.state), rel_norm_diff(f64(o.y), ref.y),
                      rel_norm_diff(f64(o.fin), ref.fin)});
   }
@@ -959,7 +978,10 @@ TEST(GdrScanCuda, Bf16ForwardScanTakesEitherDirectionAndSign) {
 // others; each block width (64, 96, 128 columns, forced) on the model's head sizes and on a value
 // width of 48 (one block of 64 with a warp left idle), each launch counted. And against the block
 // kernel on the same inputs, which rounds the same operands and sums in another order: 8e-3 as well
-// (measured: a few 1e-3, rounding to bf16 of values that differ in the last fp32 bits).
+// (measured: a few 1e-4, rounding to bf16 of values that differ in the last fp32 bits). Where the
+// kernel takes the chunk output (gdr_scan_forward_output_width: dk 96 here, including a 96-column
+// block with half its warps idle), it is asked for too: against s (P y + Qg state) from the fp64
+// recurrence, 8e-3.
 TEST(GdrScanCuda, WarpColumnForwardScanMatchesTheRecurrence) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   struct Restore {
@@ -973,8 +995,8 @@ TEST(GdrScanCuda, WarpColumnForwardScanMatchesTheRecurrence) {
                                    {{3, 0, 2}, 3, 64, 128, 128},
                                    {{2, 4}, 2, 64, 128, 256},
                                    {{3, 1}, 2, 64, 96, 48}};
-  double worst = 0, worst_vs_block = 0;
-  int launches = 0;
+  double worst = 0, worst_vs_block = 0, worst_o = 0;
+  int launches = 0, with_output = 0;
   for (const Case& c : cases) {
     const ForwardBf16Scan run(c);
     for (const int width : {0, 64, 96, 128}) {
@@ -986,11 +1008,18 @@ TEST(GdrScanCuda, WarpColumnForwardScanMatchesTheRecurrence) {
                                      std::to_string(width);
             auto o = run.prepare(kernels::kGdrScanAuto, reverse, sign, with_init);
             ASSERT_GT(kernels::gdr_scan_forward_warps_width(o.a), 0) << what;
+            if (kernels::gdr_scan_forward_output_width(o.a) > 0) run.attach_output(o);
             const int64_t before = kernels::gdr_scan_warp_launches();
             ASSERT_EQ(kernels::gdr_scan(o.a, c10::cuda::getCurrentCUDAStream().stream()), 0) << what;
             EXPECT_EQ(kernels::gdr_scan_warp_launches() - before, 1) << what << ": the warp-column kernel not taken";
-            const double e = run.error(o, reverse, sign, with_init);
+            double e_o = 0;
+            const double e = run.error(o, reverse, sign, with_init, &e_o);
             EXPECT_LT(e, 8e-3) << what << ": against the fp64 recurrence";
+            if (o.o.defined()) {
+              EXPECT_LT(e_o, 8e-3) << what << ": the chunk output against fp64";
+              worst_o = std::max(worst_o, e_o);
+              ++with_output;
+            }
             EXPECT_FALSE((o.fin == 7.f).any().item<bool>()) << what << ": a final state left unwritten";
             worst = std::max(worst, e);
             ++launches;
@@ -1010,8 +1039,11 @@ TEST(GdrScanCuda, WarpColumnForwardScanMatchesTheRecurrence) {
       }
     }
   }
-  std::printf("[gdr_scan forward, warp columns] %d launches, worst against fp64 %.1e, against the block kernel %.1e\n",
-              launches, worst, worst_vs_block);
+  // dk 96: both cases at widths 0, 64 and 96, each in 8 launches.
+  EXPECT_EQ(with_output, 2 * 3 * 8) << "launches with the chunk output";
+  std::printf("[gdr_scan forward, warp columns] %d launches, worst against fp64 %.1e, against the block kernel %.1e; "
+              "%d with the chunk output, worst %.1e\n",
+              launches, worst, worst_vs_block, with_output, worst_o);
 }
 
 // The fused front's bf16 outputs (GdrChunkFrontArgs::bf16_out) are its fp32 outputs rounded to
