@@ -94,6 +94,15 @@ struct ScanSwitchesRestored {
   }
 };
 
+// Likewise for the warp-column scans' switches (kernels::gdr_scan_warp_columns on, the width
+// picked for the sizes).
+struct WarpColumnsRestored {
+  ~WarpColumnsRestored() {
+    kernels::gdr_scan_warp_columns(true);
+    kernels::gdr_scan_warp_width(0);
+  }
+};
+
 // The bf16-product tests' cases: the model's head sizes and the smallest sizes, which the bf16
 // kernels take, and C > 64 and dk > 128, which they do not; and the tensor-core variants they run
 // in (the automatic width and each fixed one).
@@ -569,9 +578,7 @@ TEST(GdrScanCuda, FusedOutputGradBackwardMatchesProductsThenScan) {
 // WarpColumnReverseScanMatchesFp64 tests it).
 TEST(GdrScanCuda, Bf16ProductsReverseScanStaysCloseToFp64) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
-  struct Restore {
-    ~Restore() { kernels::gdr_scan_warp_columns(true); }
-  } restore;
+  const WarpColumnsRestored restore;
   kernels::gdr_scan_warp_columns(false);
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 1187);
   double worst = 0, worst_tf32 = 0;
@@ -632,12 +639,7 @@ TEST(GdrScanCuda, Bf16ProductsReverseScanStaysCloseToFp64) {
 // counted.
 TEST(GdrScanCuda, WarpColumnReverseScanMatchesFp64) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
-  struct Restore {
-    ~Restore() {
-      kernels::gdr_scan_warp_columns(true);
-      kernels::gdr_scan_warp_width(0);
-    }
-  } restore;
+  const WarpColumnsRestored restore;
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 1223);
   const Case cases[] = {{{4, 4}, 3, 64, 128, 128},
                         {{9, 1, 3, 3, 2}, 2, 64, 96, 192},
@@ -931,9 +933,7 @@ struct ForwardBf16Scan {
 // all documents written (filled with 7 before).
 TEST(GdrScanCuda, Bf16ForwardScanTakesEitherDirectionAndSign) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
-  struct Restore {
-    ~Restore() { kernels::gdr_scan_warp_columns(true); }
-  } restore;
+  const WarpColumnsRestored restore;
   kernels::gdr_scan_warp_columns(false);
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 1213);
   const std::vector<Case> cases = {{{5, 0, 1, 2}, 2, 64, 96, 192},  // hybrid base's head sizes
@@ -984,12 +984,7 @@ TEST(GdrScanCuda, Bf16ForwardScanTakesEitherDirectionAndSign) {
 // recurrence, 8e-3.
 TEST(GdrScanCuda, WarpColumnForwardScanMatchesTheRecurrence) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
-  struct Restore {
-    ~Restore() {
-      kernels::gdr_scan_warp_columns(true);
-      kernels::gdr_scan_warp_width(0);
-    }
-  } restore;
+  const WarpColumnsRestored restore;
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 1217);
   const std::vector<Case> cases = {{{5, 0, 1, 2}, 2, 64, 96, 192},
                                    {{3, 0, 2}, 3, 64, 128, 128},
