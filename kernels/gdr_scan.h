@@ -294,7 +294,8 @@ void gdr_scan_warp_width(int cols);
 int gdr_scan_forward_warps_width(const GdrScanArgs& a);
 int gdr_scan_forward_warps(const GdrScanArgs& a, void* stream);
 // The warp-column forward's width where gdr_scan runs it for a (the automatic variant, the switch
-// on, its sizes), else 0: where it may also write the chunk output (GdrScanArgs::out_o_bf16).
+// on, its sizes) and the chunk output's tiles leave room for its three buffers (dk 96 at the
+// presets' sizes), else 0: where it may also write the chunk output (GdrScanArgs::out_o_bf16).
 int gdr_scan_forward_output_width(const GdrScanArgs& a);
 int gdr_scan_reverse_warps_width(const GdrScanArgs& a);
 int gdr_scan_reverse_warps(const GdrScanArgs& a, void* stream);
