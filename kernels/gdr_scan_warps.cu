@@ -11,12 +11,12 @@
 // and with GdrScanArgs::out_o_bf16 also the chunk output Oᵀ = s (Sᵀ Qgᵀ + yᵀ Pᵀ) from the same A
 // fragments (in place of the separate output product: 0.68 + 0.56 -> 1.07 ms a step at hybrid
 // base). The reverse (gdr_scan_reverse_warps_kernel) holds the state gradient the same way for its
-// four products. The operands are
-// rounded where gdr_scan_bf16.cu's block kernels round them (the state and y to bf16, sums and
-// the running state fp32); only the order of the fp32 sums differs. Those kernels share the state
-// between 24 warps through shared memory, each warp a 16 × 16 unit of y and a 16 × 32 tile of the
-// state: four barriers and about 450 instructions a warp for 24 mma each step (docs/perf.md, stop
-// 55). At hybrid base the scans took 0.99 and 1.21 ms a step there, 0.68 and 0.90 here (stop 56).
+// four products. The operands are rounded where gdr_scan_bf16.cu's block kernels round them (the
+// state and y to bf16, sums and the running state fp32); only the order of the fp32 sums differs.
+// Those kernels share the state between 24 warps through shared memory, each warp a 16 × 16 unit
+// of y and a 16 × 32 tile of the state: four barriers and about 450 instructions a warp for 24 mma
+// each step (docs/perf.md, stop 55). At hybrid base the scans took 0.99 and 1.21 ms a step there,
+// 0.68 and 0.90 here (stop 56).
 //
 // Blocks: kWarps warps, 16 · kWarps columns from j0 = blockIdx.y · 16 · kWarps, one (document,
 // head) per blockIdx.x; the block stages the next steps' tiles by cp.async while the warps work on
