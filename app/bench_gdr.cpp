@@ -6,6 +6,10 @@
 // alone, synchronised before and after (the host's own time per call counts), and on a GPU also
 // queued back to back, each run timed by CUDA events while the host stays ahead, as in a training
 // step (the host's time is hidden behind the GPU's).
+// The default rows call the rule as the Gated DeltaNet layer does in training (o_as_rows, no final
+// state): on the 16-bit path the output comes back as bf16 chunk rows, which its output norm reads
+// in place, and its gradient goes back so. One row ("fp32 tokens") takes the output in token order
+// and in the core's fp32 instead, as a caller outside the layer gets it.
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
@@ -110,13 +114,12 @@ int bench_gdr(const BenchGdrArgs& a) {
   auto v = torch::randn({B, T, H, Dv}, opt).to(dt);
   auto beta = torch::rand({B, T, H}, opt).to(dt);
   auto g = torch::nn::functional::logsigmoid(torch::randn({B, T, H}, opt) + 4.0).to(dt);  // mostly near 0, ≤ 0
-  auto grad_o = torch::randn({B, T, H, Dv}, opt).to(dt);
-  // The output's gradient as the op takes it, in its output's dtype (fp32: the core computes and
-  // returns O in fp32), cast once outside the timed runs: the cast is the benchmark's (its random
-  // gradient is drawn in the inputs' dtype), not work the op asks of a caller, whose next layer
-  // hands back a gradient of O's own dtype. At B8 T2048 H16 d128 the bf16 -> fp32 cast of 33.5M
-  // values is printed below; fwd+bwd timed it until issue 7, stop 37 (docs/perf.md).
-  torch::Tensor grad_o_cast;  // grad_o in O's dtype: cast at the first (untimed) run
+  // The output's gradient as the op takes it: in its output's shape (token order, or the chunk
+  // rows) and dtype (bf16 rows on the 16-bit path, else the core's fp32), drawn once outside the
+  // timed runs, not cast in them: a caller's next layer hands back a gradient of O's own dtype. (At
+  // B8 T2048 H16 d128 a bf16 -> fp32 cast of 33.5M values is printed below; fwd+bwd timed it until
+  // issue 7, stop 37, docs/perf.md.)
+  torch::Tensor grad_o;  // drawn at the first (untimed) run, again when a mode's output differs
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
 
   // The scan's products as training takes them for inputs of this dtype (model.gdn_scan_precision
@@ -166,6 +169,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     bool tf32_bf16_gemms = false;      // products of two bf16 operands as TF32 mma, not bf16 (model::bmm_fp32_bf16_mma)
     bool split_tail = false;           // the tail's dq, dk products split-TF32, not bf16 (model::gdr_bf16_tail_products)
     bool fp32_solve_tiles = false;     // the solve's backward on fp32 tiles, TF32 mma (model::gdr_bf16_solve_tiles)
+    bool token_output = false;         // the output in token order and fp32, not the layer's rows (o_as_rows)
   };
   // The default kernels with one setting changed.
   auto default_but = [](const char* name, auto Mode::*field, auto value) {
@@ -176,6 +180,7 @@ int bench_gdr(const BenchGdrArgs& a) {
   const char* other_products = tf32_default ? "kernels, split-TF32 scan" : "kernels, TF32 scan";
   const std::vector<Mode> modes =
       dev.is_cuda() ? std::vector<Mode>{Mode{"kernels (default)"},
+                                        default_but("kernels, fp32 tokens", &Mode::token_output, true),
                                         default_but(other_products, &Mode::other_scan_products, true),
                                         default_but("kernels, fp32 states", &Mode::fp32_states, true),
                                         default_but("kernels, fp32 front", &Mode::fp32_front, true),
@@ -226,20 +231,24 @@ int bench_gdr(const BenchGdrArgs& a) {
     model::gdr_bf16_tail_products(!mode.split_tail);
     model::gdr_bf16_solve_tiles(!mode.fp32_solve_tiles);
     const bool tf32_scan = mode.other_scan_products ? !tf32_default : tf32_default;
+    const bool rows = !mode.token_output;
     auto forward = [&] {
       torch::NoGradGuard no_grad;
-      model::gdr_forward_chunked(q, k, v, beta, g, scale, {}, {}, a.chunk, tf32_scan);
+      model::gdr_forward_chunked(q, k, v, beta, g, scale, {}, {}, a.chunk, tf32_scan, rows, nullptr,
+                                 /*final_state=*/!rows);
     };
     const double fwd = median_ms(dev, a.repeats, forward);
     auto fwd_bwd = [&] {
       auto qq = q.detach().requires_grad_(true), kk = k.detach().requires_grad_(true);
       auto vv = v.detach().requires_grad_(true), bb = beta.detach().requires_grad_(true);
       auto gg = g.detach().requires_grad_(true);
-      auto out = model::gdr_forward_chunked(qq, kk, vv, bb, gg, scale, {}, {}, a.chunk, tf32_scan);
-      if (!grad_o_cast.defined() || grad_o_cast.scalar_type() != out.o.scalar_type()) {
-        grad_o_cast = grad_o.to(out.o.scalar_type());
+      auto out = model::gdr_forward_chunked(qq, kk, vv, bb, gg, scale, {}, {}, a.chunk, tf32_scan, rows, nullptr,
+                                            /*final_state=*/!rows);
+      const torch::Tensor& o = rows ? out.o_rows : out.o;
+      if (!grad_o.defined() || grad_o.sizes() != o.sizes() || grad_o.scalar_type() != o.scalar_type()) {
+        grad_o = torch::randn(o.sizes(), opt).to(o.scalar_type());
       }
-      out.o.backward(grad_o_cast);
+      o.backward(grad_o);
     };
     const double both = median_ms(dev, a.repeats, fwd_bwd);
     if (dev.is_cuda()) {
@@ -251,7 +260,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     }
     std::fflush(stdout);
     if (a.profile && mode.kernels && mode.fused && mode.wide_products && mode.scan_variant == kernels::kGdrScanAuto &&
-        !mode.other_scan_products && !mode.fp32_states && dev.is_cuda()) {
+        !mode.other_scan_products && !mode.fp32_states && !mode.token_output && dev.is_cuda()) {
       for (const bool backward : {false, true}) {
         constexpr int kRuns = 3;
         auto prof = trainer::StepProfile::start(dev.index());
@@ -262,8 +271,9 @@ int bench_gdr(const BenchGdrArgs& a) {
       }
     }
   }
-  if (grad_o.scalar_type() != torch::kFloat32) {
-    auto cast = [&] { (void)grad_o.to(torch::kFloat32); };
+  if (dt != torch::kFloat32) {
+    const auto grad_16 = torch::randn({B, T, H, Dv}, opt).to(dt);
+    auto cast = [&] { (void)grad_16.to(torch::kFloat32); };
     std::printf("the output gradient's cast, %s -> fp32, outside the timed runs above: %.3f ms%s\n", a.dtype.c_str(),
                 dev.is_cuda() ? median_queued_ms(dev, a.repeats, cast) : median_ms(dev, a.repeats, cast),
                 dev.is_cuda() ? " queued" : "");
