@@ -12,6 +12,7 @@
 #include <ATen/Context.h>
 #include <nlohmann/json.hpp>
 
+#include "kernels/gdr_chunk_state_grads.h"
 #include "kernels/gdr_scan.h"
 #include "model/bmm_fp32.h"
 #include "model/cudnn_attention.h"
@@ -123,6 +124,7 @@ int bench_train(const BenchTrainArgs& a) {
       {"--adamw", &a.adamw, {"ours", "aten"}},
       {"--weight-grad-stream", &a.weight_grad_stream, {"on", "off"}},
       {"--graph-gemms", &a.graph_gemms, {"no-workspace", "workspace"}},
+      {"--state-products", &a.state_products, {"tight", "staged"}},
       {"--weight-shadows", &a.weight_shadows, {"on", "off"}},
       {"--expert-weights", &a.expert_weights, {"in-place", "autograd"}},
       {"--moe-inputs", &a.moe_inputs, {"fused", "separate"}},
@@ -146,6 +148,9 @@ int bench_train(const BenchTrainArgs& a) {
   trainer::AdamW::use_own_kernel(a.adamw == "ours");
   model::weight_grad_stream(a.weight_grad_stream == "on");
   model::gemms_without_workspace(a.graph_gemms == "no-workspace");
+#if defined(DD_HAVE_CUDA)
+  kernels::gdr_chunk_state_grads_tight(a.state_products == "tight");
+#endif
   model::weight_shadows(a.weight_shadows == "on");
   model::expert_products(a.expert_weights == "in-place");
   model::moe_inputs_fusion(a.moe_inputs == "fused");
@@ -343,6 +348,7 @@ int bench_train(const BenchTrainArgs& a) {
   j["adamw"] = a.adamw;
   j["weight_grad_stream"] = a.weight_grad_stream;
   j["graph_gemms"] = a.graph_gemms;
+  j["state_products"] = a.state_products;
   j["weight_shadows"] = a.weight_shadows;
   j["expert_weights"] = a.expert_weights;
   j["moe_inputs"] = a.moe_inputs;

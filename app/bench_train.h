@@ -60,6 +60,9 @@ struct BenchTrainArgs {
   // "no-workspace" (a CUDA-graph step's in-place products run cuBLAS without its workspace, so
   // without semaphore memsets) or "workspace", to measure it.
   std::string graph_gemms = "no-workspace";
+  // "tight" (the delta rule's state products with a bf16 dO stage each operand only while a pass
+  // needs it: three blocks an SM at hybrid base) or "staged" (dh_next staged with dO), to measure it.
+  std::string state_products = "tight";
   std::string weight_shadows = "on";  // on | off: bf16 weight copies kept by AdamW (model/weight_shadow.h)
   std::string expert_weights = "in-place";  // in-place | autograd: MoE experts' products (model/expert_product.h)
   std::string grad_norm = "producers";

@@ -215,6 +215,11 @@ int main(int argc, char** argv) {
                               "no-workspace | workspace: in a step captured as a CUDA graph, the linear layers' GEMMs "
                               "run cuBLAS without its workspace (no semaphore memsets) or with it (to measure it)")
       ->capture_default_str();
+  bench_train_cmd->add_option("--state-products", bench_train.state_products,
+                              "tight | staged: the delta rule's products with the chunk states (16-bit path) stage "
+                              "each operand only while a pass needs it, or dh_next with dO from the start (to "
+                              "measure it)")
+      ->capture_default_str();
   bench_train_cmd->add_option("--weight-shadows", bench_train.weight_shadows,
                               "on | off: the linear layers multiply with bf16 copies of their weights that AdamW "
                               "writes as it updates them, or cast the fp32 weights in every forward (to measure it)")

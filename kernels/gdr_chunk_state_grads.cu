@@ -9,7 +9,10 @@
 // path, kCompact) dh_next and dU both take dO's fp32 room after the first pass: 70 kB (74 kB), three
 // blocks an SM, whose loads and products overlap instead. With a bf16 dO too (kDOBf16) dO takes half
 // that room and dh_next the other half, in a group of its own staged with the first (it lands
-// during the first pass), and dU takes dO's half after it.
+// during the first pass), and dU takes dO's half after it; or, by default (kTight), dO takes a bf16
+// room of its own, dh_next takes it after the first pass and dU takes Vn's after the second: 73 kB
+// at dv 192, three blocks an SM instead of two (hybrid base: 0.97 -> 0.94 ms a step; moe-1b at dv
+// 256, two blocks instead of one: 2.52 -> 2.18; docs/perf.md stop 57).
 // A block takes three passes over k = dv, each warp a 16-row tile of C and a quarter of the columns:
 //   pass 1 (dO)   dQg and dP_raw tiles, one A fragment for both;
 //   pass 2 (Vn)   dKd tiles, and the block's share of ddecay from the staged h_in and dh_next;
@@ -31,6 +34,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -44,6 +48,9 @@
 namespace kernels {
 
 namespace {
+
+std::atomic<bool> g_tight{true};
+std::atomic<int64_t> g_tight_launches{0};
 
 constexpr int kC = 64;
 constexpr int kWarps = 8;
@@ -186,13 +193,19 @@ __host__ __device__ constexpr int bf16_form_pitch(int dv) { return dv % 32 == 16
 // instructions on loop and address arithmetic (ncu, hybrid base: 3.5k instructions a warp for 132
 // mma), and the kernel is bound by issuing them.
 // kDOBf16: dO in bf16 (the bf16 form with kCompact only; see the top).
-template <class P, int kNT, bool kCompact, int kDV, bool kDOBf16 = false>
+// kTight (with kDOBf16): each operand staged only while a pass needs it, in 73 KiB at hybrid base's
+// dv 192 (three blocks an SM, against two in the 94 KiB of kDOBf16's layout; kernels/
+// gdr_chunk_state_grads.h, gdr_chunk_state_grads_tight): dO, h_in's half and Vn for the first pass;
+// then dh_next in dO's room for the second; then dU in Vn's room for the third. Each pass waits for
+// its operand, and the other blocks of the SM run meanwhile.
+template <class P, int kNT, bool kCompact, int kDV, bool kDOBf16 = false, bool kTight = false>
 __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2)
     state_grads_kernel(GdrChunkStateGradsArgs a, int pitch_arg) {
   extern __shared__ __align__(16) unsigned char smem[];
   static_assert(kDV == 0 || (std::is_same<P, Bf16Products>::value && kCompact), "fixed dv: the bf16 form's pitch");
   static_assert(!kDOBf16 || (std::is_same<P, Bf16Products>::value && kCompact), "a bf16 dO: the bf16 compact form");
   static_assert(16 * kNT <= kC, "kDOBf16: dh_next's half of dk rows fits the half of the fp32 room after dO");
+  static_assert(!kTight || kDOBf16, "the tight layout: a bf16 dO");
   constexpr int dk = 32 * kNT, half_dk = 16 * kNT;
   const int dv = kDV > 0 ? kDV : a.dv;
   const int p = kDV > 0 ? bf16_form_pitch(kDV) : pitch_arg;
@@ -204,11 +217,15 @@ __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2)
   uint16_t* dO16_s = reinterpret_cast<uint16_t*>(Xs);  // kDOBf16: [C][p] dO, then dU
   // [half_dk][p] dh_next's rows of this half, and (kCompact) [C][p] the bf16 dU after them; with
   // kDOBf16 dh_next after the bf16 dO, and dU in dO's place.
-  uint16_t* Ds = kDOBf16    ? dO16_s + kC * p
+  // kTight: dh_next in dO's room, dU in Vn's, the warps' sums after dO's bf16 room.
+  uint16_t* Ds = kTight     ? dO16_s
+                 : kDOBf16  ? dO16_s + kC * p
                  : kCompact ? reinterpret_cast<uint16_t*>(Xs)
                             : reinterpret_cast<uint16_t*>(Xs + kC * p);
-  uint16_t* dU_s = kDOBf16 ? dO16_s : Ds + half_dk * p;
-  float* warp_sums = kCompact ? Xs + kC * p : reinterpret_cast<float*>(Ds + half_dk * p);  // [kWarps]
+  uint16_t* dU_s = kTight ? Vs : kDOBf16 ? dO16_s : Ds + half_dk * p;
+  float* warp_sums = kTight     ? reinterpret_cast<float*>(dO16_s + kC * p)
+                     : kCompact ? Xs + kC * p
+                                : reinterpret_cast<float*>(Ds + half_dk * p);  // [kWarps]
 
   const int64_t state_first = (r * dk + half * half_dk) * dv;
   if constexpr (kDOBf16) {
@@ -219,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2)
   stage_bf16(Hs, a.h_in + state_first, half_dk, dv, p);
   stage_bf16(Vs, a.v_new + r * kC * dv, kC, dv, p);
   cp_async_commit();
-  if (!kCompact || kDOBf16) {
+  if (!kCompact || (kDOBf16 && !kTight)) {
     stage_bf16(Ds, a.dh_next + state_first, half_dk, dv, p);
     cp_async_commit();
   }
@@ -232,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2)
   const int64_t out_first = r * kC * dk;  // of dQg, dW and dKd
   float* dP = a.dP_raw + r * kC * kC;
 
-  cp_async_wait<kCompact && !kDOBf16 ? 0 : 1>();
+  cp_async_wait<kCompact && (!kDOBf16 || kTight) ? 0 : 1>();
   __syncthreads();
   {  // pass 1: dQg = s dO h_inᵀ and dP_raw = dO Vnᵀ
     float q_acc[kNT][4] = {}, p_acc[2][4] = {};
@@ -251,7 +268,9 @@ __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2)
     for (int j = 0; j < 2; ++j) store_tile(dP, kC, m0, p_first + 8 * j, p_acc[j], 1.f, g, t);
   }
   __syncthreads();  // every warp is done with dO
-  if (kCompact) {
+  if constexpr (kTight) {
+    stage_bf16(Ds, a.dh_next + state_first, half_dk, dv, p);  // into dO's room; dU waits for Vn's
+  } else if (kCompact) {
     if (!kDOBf16) {
       stage_bf16(Ds, a.dh_next + state_first, half_dk, dv, p);
       cp_async_commit();
@@ -261,7 +280,7 @@ __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2)
     stage_rows(Xs, static_cast<const float*>(a.dU), nullptr, r * kC, dv, p);
   }
   cp_async_commit();
-  cp_async_wait<1>();  // dh_next's group (the older one) has landed
+  cp_async_wait<kTight ? 0 : 1>();  // dh_next's group (the older one) has landed
   __syncthreads();
   {  // pass 2: dKd = Vn dh_nextᵀ, and this half's Σ h_in ⊙ dh_next
     float kd_acc[kNT][4] = {};
@@ -281,6 +300,11 @@ __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2)
     }
     for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
     if (lane == 0) warp_sums[warp] = acc;
+  }
+  if constexpr (kTight) {
+    __syncthreads();  // every warp is done with Vn
+    stage_bf16(dU_s, static_cast<const uint16_t*>(a.dU) + r * kC * dv, kC, dv, p);
+    cp_async_commit();
   }
   cp_async_wait<0>();
   __syncthreads();
@@ -302,41 +326,48 @@ __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2)
   }
 }
 
-template <class P, int kNT, bool kCompact, int kDV = 0, bool kDOBf16 = false>
+template <class P, int kNT, bool kCompact, int kDV = 0, bool kDOBf16 = false, bool kTight = false>
 int launch_as(const GdrChunkStateGradsArgs& a, cudaStream_t stream) {
   const bool bf16_form = gdr_chunk_state_grads_bf16_form(a);
-  const int bytes = static_cast<int>(gdr_chunk_state_grads_smem(a.C, a.dk, a.dv, a.dU_bf16, bf16_form));
   const int pitch = static_cast<int>(gdr_chunk_state_grads_pitch(a.dv, bf16_form));
+  // The tight layout: h_in's half, Vn (then dU) and dO (then dh_next), bf16 rows, and the warps' sums.
+  const int bytes = kTight ? (16 * kNT + 2 * kC) * 2 * pitch + 64
+                           : static_cast<int>(gdr_chunk_state_grads_smem(a.C, a.dk, a.dv, a.dU_bf16, bf16_form));
   if (kDV > 0 && (a.dv != kDV || pitch != bf16_form_pitch(kDV))) return static_cast<int>(cudaErrorInvalidValue);
-  const auto kernel = &state_grads_kernel<P, kNT, kCompact, kDV, kDOBf16>;
+  const auto kernel = &state_grads_kernel<P, kNT, kCompact, kDV, kDOBf16, kTight>;
   const int err = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes);
   if (err != 0) return err;
   kernel<<<static_cast<unsigned>(2 * a.R), kThreads, bytes, stream>>>(a, pitch);
+  if (kTight) ++g_tight_launches;
   return static_cast<int>(cudaGetLastError());
 }
 // The 16-bit path's form (bf16 products and dU) at the model's value head sizes with dv known at
 // compile time (128: bench gdr; 192: hybrid base and small; 256: moe-1b), else (or with
 // gdr_fixed_head_sizes off) dv as an argument.
-template <int kNT, bool kDOBf16>
+template <int kNT, bool kDOBf16, bool kTight = false>
 int launch_compact_bf16(const GdrChunkStateGradsArgs& a, cudaStream_t stream) {
   if (!gdr_fixed_head_sizes() || (a.dv != 128 && a.dv != 192 && a.dv != 256)) {
-    return launch_as<Bf16Products, kNT, true, 0, kDOBf16>(a, stream);
+    return launch_as<Bf16Products, kNT, true, 0, kDOBf16, kTight>(a, stream);
   }
   gdr_count_fixed_head_size_launch(GdrSizedKernel::kStateGrads);
-  if (a.dv == 128) return launch_as<Bf16Products, kNT, true, 128, kDOBf16>(a, stream);
-  if (a.dv == 192) return launch_as<Bf16Products, kNT, true, 192, kDOBf16>(a, stream);
-  return launch_as<Bf16Products, kNT, true, 256, kDOBf16>(a, stream);
+  if (a.dv == 128) return launch_as<Bf16Products, kNT, true, 128, kDOBf16, kTight>(a, stream);
+  if (a.dv == 192) return launch_as<Bf16Products, kNT, true, 192, kDOBf16, kTight>(a, stream);
+  return launch_as<Bf16Products, kNT, true, 256, kDOBf16, kTight>(a, stream);
 }
 template <int kNT>
 int launch(const GdrChunkStateGradsArgs& a, cudaStream_t stream) {
   if (gdr_chunk_state_grads_bf16_form(a)) {
     if (!a.dU_bf16) return launch_as<Bf16Products, kNT, false>(a, stream);
-    return a.dO_bf16 ? launch_compact_bf16<kNT, true>(a, stream) : launch_compact_bf16<kNT, false>(a, stream);
+    if (!a.dO_bf16) return launch_compact_bf16<kNT, false>(a, stream);
+    return g_tight.load() ? launch_compact_bf16<kNT, true, true>(a, stream) : launch_compact_bf16<kNT, true>(a, stream);
   }
   return a.dU_bf16 ? launch_as<Tf32Products, kNT, true>(a, stream) : launch_as<Tf32Products, kNT, false>(a, stream);
 }
 
 }  // namespace
+
+void gdr_chunk_state_grads_tight(bool on) { g_tight = on; }
+int64_t gdr_chunk_state_grads_tight_launches() { return g_tight_launches.load(); }
 
 int gdr_chunk_state_grads(const GdrChunkStateGradsArgs& a, void* stream) {
   auto out_ok = [](const void* p) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0; };

@@ -95,6 +95,14 @@ inline bool gdr_chunk_state_grads_supports(const GdrChunkStateGradsArgs& a) {
 // cudaErrorInvalidValue for arguments gdr_chunk_state_grads_supports refuses, or a missing or
 // misaligned output.
 int gdr_chunk_state_grads(const GdrChunkStateGradsArgs& a, void* stream);
+
+// Process-wide switch (default on), for benchmarks and tests: the launches with a bf16 dO (the
+// 16-bit path's) stage each operand only while a pass needs it (dh_next after the first pass in dO's
+// room, dU after the second in Vn's), 73 KiB a block at dv 192 and three blocks an SM, instead of
+// dh_next beside dO from the start, 94 KiB and two. The same products in the same order: the same
+// bits either way. Launches of that layout are counted.
+void gdr_chunk_state_grads_tight(bool on);
+int64_t gdr_chunk_state_grads_tight_launches();
 #endif
 
 }  // namespace kernels

@@ -6,6 +6,7 @@
 // the kernel refuses; and its bf16 outputs are its fp32 ones rounded under TF32 products. Then its
 // bf16 products (model::gdr_bf16_state_grads_products, the default with bf16 outputs) against fp64
 // and against the TF32 ones, at the same sizes and at dv of 16 mod 32 (the unpadded pitch).
+// Last, the tight layout of the bf16-dO launches against the staged one: the same bits.
 // Fresh random inputs each run, seeded from GoogleTest's seed. Skips without a GPU.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -13,6 +14,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "kernels/gdr_chunk_state_grads.h"
 #include "model/gdr_state_grads.h"
 #include "tests/support/gdr_state_grads_truth.h"
 #include "tests/support/torch_compare.h"
@@ -205,5 +207,44 @@ TEST(GdrStateGradsCuda, Bf16ProductsStayCloseToFp64AndTf32Ones) {
                                             from_values.ddecay};
       for (size_t i = 0; i < names.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << names[i] << ", bf16 dO, " << what;
     }
+  }
+}
+
+// The tight layout (kernels::gdr_chunk_state_grads_tight: with a bf16 dO, dh_next staged after the
+// first pass in dO's room and dU after the second in Vn's) against the layout that stages dh_next
+// with dO: the same products in the same order, so every output the same bits (ddecay too: each
+// row's two halves added onto zero). At each dv the kernel knows at compile time (128, 192, 256),
+// each dk, a dv it takes as an argument (80), the row map with zero rows; counted.
+TEST(GdrStateGradsCuda, TightLayoutGivesTheSameBits) {
+  DD_REQUIRE_GPU();
+  testing_support::seed_from_gtest(80);
+  struct TightRestored {
+    ~TightRestored() { kernels::gdr_chunk_state_grads_tight(true); }
+  } restore;
+  const Bf16ProductsRestored products_back;
+  model::gdr_bf16_state_grads_products(true);
+  const std::vector<StateCase> cases = {{300, 64, 96, 192, true, true, true}, {37, 64, 128, 128, false, true, true},
+                                        {5, 64, 128, 256, true, true, true},  {9, 64, 64, 80, true, true, true}};
+  const auto bf16 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  for (const auto& c : cases) {
+    auto h_in = torch::randn({c.R, c.dk, c.dv}, bf16);
+    auto dh_next = torch::randn({c.R, c.dk, c.dv}, bf16);
+    auto v_new = torch::randn({c.R, c.C, c.dv}, bf16);
+    const auto [dO_src, dO_rows, dU] = random_output_grads(c);
+    const auto dO16 = dO_src.to(torch::kBFloat16);
+    const std::string what = "R " + std::to_string(c.R) + " dk " + std::to_string(c.dk) + " dv " + std::to_string(c.dv);
+    kernels::gdr_chunk_state_grads_tight(true);
+    const int64_t before = kernels::gdr_chunk_state_grads_tight_launches();
+    const auto tight = model::gdr_state_grads(dO16, dO_rows, dU, h_in, dh_next, v_new, 0.0884, true);
+    EXPECT_EQ(kernels::gdr_chunk_state_grads_tight_launches() - before, 1) << what;
+    kernels::gdr_chunk_state_grads_tight(false);
+    const auto staged = model::gdr_state_grads(dO16, dO_rows, dU, h_in, dh_next, v_new, 0.0884, true);
+    EXPECT_EQ(kernels::gdr_chunk_state_grads_tight_launches() - before, 1) << what;
+    EXPECT_TRUE(torch::equal(tight.dP_raw, staged.dP_raw)) << "dP_raw, " << what;
+    EXPECT_TRUE(torch::equal(tight.dQg, staged.dQg)) << "dQg, " << what;
+    EXPECT_TRUE(torch::equal(tight.dW, staged.dW)) << "dW, " << what;
+    EXPECT_TRUE(torch::equal(tight.dKd, staged.dKd)) << "dKd, " << what;
+    EXPECT_TRUE(torch::equal(tight.ddecay, staged.ddecay)) << "ddecay, " << what;
+    EXPECT_GT(tight.dQg.abs().max().item<float>(), 0.f) << what;
   }
 }
