@@ -3,18 +3,20 @@
 
 #include <cuda_runtime.h>
 
+#include <map>
 #include <mutex>
-#include <set>
-#include <tuple>
+#include <utility>
 
 namespace kernels {
 
 // Allows `kernel` `bytes` of dynamic shared memory on the current device. The attribute belongs to
 // one device, and the trainer drives several GPUs from the rank threads of one process: an opt-in
 // made once per process leaves the other GPUs at the 48 KiB default, where the launch fails. Each
-// (kernel, device, bytes) is set once; any thread. Returns the cudaError_t (0 = success); a refusal
-// (a device whose opt-in limit is lower) is also cleared from the thread's last error, so the caller
-// can fall back to another kernel.
+// (kernel, device) keeps the largest size allowed so far, raised when a launch asks for more and
+// never lowered (a kernel taking its size at run time, such as one with dv as an argument, may ask
+// for a large block, then a small one, then the large one again); any thread. Returns the
+// cudaError_t (0 = success); a refusal (a device whose opt-in limit is lower) is also cleared from
+// the thread's last error, so the caller can fall back to another kernel.
 inline int allow_dynamic_smem(const void* kernel, int bytes) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
@@ -23,15 +25,16 @@ inline int allow_dynamic_smem(const void* kernel, int bytes) {
     return static_cast<int>(err);
   }
   static std::mutex mu;
-  static std::set<std::tuple<const void*, int, int>> done;
+  static std::map<std::pair<const void*, int>, int> allowed;  // (kernel, device) -> bytes
   std::lock_guard<std::mutex> lock(mu);
-  if (done.count({kernel, device, bytes}) != 0) return 0;
+  const auto it = allowed.find({kernel, device});
+  if (it != allowed.end() && it->second >= bytes) return 0;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
     return static_cast<int>(err);
   }
-  done.insert({kernel, device, bytes});
+  allowed[{kernel, device}] = bytes;
   return 0;
 }
 

@@ -6,7 +6,8 @@
 // the kernel refuses; and its bf16 outputs are its fp32 ones rounded under TF32 products. Then its
 // bf16 products (model::gdr_bf16_state_grads_products, the default with bf16 outputs) against fp64
 // and against the TF32 ones, at the same sizes and at dv of 16 mod 32 (the unpadded pitch).
-// Last, the tight layout of the bf16-dO launches against the staged one: the same bits.
+// Last, the tight layout of the bf16-dO launches against the staged one: the same bits; and one
+// kernel asking for a large, a small and again the large shared-memory size.
 // Fresh random inputs each run, seeded from GoogleTest's seed. Skips without a GPU.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "kernels/gdr_chunk_state_grads.h"
+#include "kernels/gdr_head_sizes.h"
 #include "model/gdr_state_grads.h"
 #include "tests/support/gdr_state_grads_truth.h"
 #include "tests/support/torch_compare.h"
@@ -247,4 +249,37 @@ TEST(GdrStateGradsCuda, TightLayoutGivesTheSameBits) {
     EXPECT_TRUE(torch::equal(tight.ddecay, staged.ddecay)) << "ddecay, " << what;
     EXPECT_GT(tight.dQg.abs().max().item<float>(), 0.f) << what;
   }
+}
+
+// The kernel that takes dv as an argument (gdr_fixed_head_sizes off) asks for its shared memory at
+// each launch: 102 KiB at dv 256, 30 KiB at dv 64, then 102 KiB again. The opt-in
+// (kernels/smem_opt_in.cuh) must keep the largest size allowed: lowered to dv 64's, the third
+// launch would fail. Each launch's outputs equal those of the same inputs launched before.
+TEST(GdrStateGradsCuda, OneKernelTakesALargeASmallAndALargeBlockAgain) {
+  DD_REQUIRE_GPU();
+  testing_support::seed_from_gtest(81);
+  struct Restore {
+    ~Restore() { kernels::gdr_fixed_head_sizes(true); }
+  } restore;
+  kernels::gdr_fixed_head_sizes(false);
+  const auto bf16 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  struct Inputs {
+    torch::Tensor dO, dO_rows, dU, h_in, dh_next, v_new;
+  };
+  auto draw = [&](int64_t dv) {
+    const StateCase c{5, 64, 128, dv, false, true, true};
+    const auto g = random_output_grads(c);
+    return Inputs{g.dO_src.to(torch::kBFloat16), g.dO_rows, g.dU, torch::randn({c.R, c.dk, c.dv}, bf16),
+                  torch::randn({c.R, c.dk, c.dv}, bf16), torch::randn({c.R, c.C, c.dv}, bf16)};
+  };
+  auto run = [](const Inputs& in) {
+    return model::gdr_state_grads(in.dO, in.dO_rows, in.dU, in.h_in, in.dh_next, in.v_new, 0.0884, true);
+  };
+  const Inputs wide = draw(256), narrow = draw(64);
+  const auto large = run(wide);
+  const auto small = run(narrow);
+  EXPECT_GT(small.dQg.abs().max().item<float>(), 0.f);
+  const auto large_again = run(wide);
+  EXPECT_TRUE(torch::equal(large.dQg, large_again.dQg) && torch::equal(large.dW, large_again.dW) &&
+              torch::equal(large.dKd, large_again.dKd) && torch::equal(large.dP_raw, large_again.dP_raw));
 }
