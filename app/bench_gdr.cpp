@@ -115,10 +115,9 @@ int bench_gdr(const BenchGdrArgs& a) {
   auto beta = torch::rand({B, T, H}, opt).to(dt);
   auto g = torch::nn::functional::logsigmoid(torch::randn({B, T, H}, opt) + 4.0).to(dt);  // mostly near 0, ≤ 0
   // The output's gradient as the op takes it: in its output's shape (token order, or the chunk
-  // rows) and dtype (bf16 rows on the 16-bit path, else the core's fp32), drawn once outside the
-  // timed runs, not cast in them: a caller's next layer hands back a gradient of O's own dtype. (At
-  // B8 T2048 H16 d128 a bf16 -> fp32 cast of 33.5M values is printed below; fwd+bwd timed it until
-  // issue 7, stop 37, docs/perf.md.)
+  // rows) and dtype (bf16 rows on the 16-bit path, else the core's fp32), drawn outside the timed
+  // runs, not cast in them: a caller's next layer hands back a gradient of O's own dtype. (Until
+  // issue 7, stop 37, fwd+bwd timed a bf16 -> fp32 cast of it; docs/perf.md.)
   torch::Tensor grad_o;  // drawn at the first (untimed) run, again when a mode's output differs
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
 
@@ -135,10 +134,15 @@ int bench_gdr(const BenchGdrArgs& a) {
   } else {
     std::printf("%-22s %12s %16s %8s\n", "chunk core", "forward ms", "fwd+bwd ms", "ratio");
   }
-  // The kernels run on a GPU only; on the CPU every row would be the ATen twins. The second row is
-  // the same kernels without the fused ones (the forward's front and the backward through the
-  // solve as the separate launches they replace), the third with the batched products against the
-  // states in 64-column block tiles; then the tensor-core scan in blocks of each
+  // The kernels run on a GPU only; on the CPU every row would be the ATen twins. Each row calls the
+  // rule as the layer would with that row's setting: the output comes as bf16 rows only where the
+  // front is bf16 (the 16-bit path), so the rows that turn that path off (fp32 front or states,
+  // split-TF32 scan, unfused, a scan variant the bf16 scan does not take) also take an fp32 output
+  // and gradient, and the backward kernels that read them. The second row takes the output in token
+  // order and fp32 (the call outside the layer); then the scan's products of the other kind, the
+  // states and the front in fp32, ...; the same kernels without the fused ones (the forward's front
+  // and the backward through the solve as the separate launches they replace), with the batched
+  // products against the states in 64-column block tiles; then the tensor-core scan in blocks of each
   // fixed width of state columns (the first row's picks one by kernels::gdr_scan_mma_width), the
   // state scan in fp32 FMA instead of on tensor cores, the scan's products of the other kind, and
   // (where the products are TF32) the states and corrected values kept in fp32 instead of bf16, and
@@ -259,8 +263,7 @@ int bench_gdr(const BenchGdrArgs& a) {
       std::printf("%-22s %12.3f %16.3f %7.2fx\n", mode.name, fwd, both, both / fwd);
     }
     std::fflush(stdout);
-    if (a.profile && mode.kernels && mode.fused && mode.wide_products && mode.scan_variant == kernels::kGdrScanAuto &&
-        !mode.other_scan_products && !mode.fp32_states && !mode.token_output && dev.is_cuda()) {
+    if (a.profile && &mode == &modes.front() && dev.is_cuda()) {  // the default row's kernels
       for (const bool backward : {false, true}) {
         constexpr int kRuns = 3;
         auto prof = trainer::StepProfile::start(dev.index());
@@ -270,13 +273,6 @@ int bench_gdr(const BenchGdrArgs& a) {
                     prof->stop("", kRuns, backward ? both : fwd).c_str());
       }
     }
-  }
-  if (dt != torch::kFloat32) {
-    const auto grad_16 = torch::randn({B, T, H, Dv}, opt).to(dt);
-    auto cast = [&] { (void)grad_16.to(torch::kFloat32); };
-    std::printf("the output gradient's cast, %s -> fp32, outside the timed runs above: %.3f ms%s\n", a.dtype.c_str(),
-                dev.is_cuda() ? median_queued_ms(dev, a.repeats, cast) : median_ms(dev, a.repeats, cast),
-                dev.is_cuda() ? " queued" : "");
   }
   model::gdr_scan_variant(kernels::kGdrScanAuto);
   model::gdr_bf16_states(true);

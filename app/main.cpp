@@ -132,7 +132,8 @@ int main(int argc, char** argv) {
   bench_gdr_cmd->add_option("--chunk", bench_gdr.chunk, "Chunk size C")->capture_default_str();
   bench_gdr_cmd->add_option("--dtype", bench_gdr.dtype, "bf16 | fp32 inputs")->capture_default_str();
   bench_gdr_cmd->add_option("--repeats", bench_gdr.repeats, "Timed runs (median reported)")->capture_default_str();
-  bench_gdr_cmd->add_flag("--profile", bench_gdr.profile, "Also print the GPU time by component and kernel");
+  bench_gdr_cmd->add_flag("--profile", bench_gdr.profile,
+                          "Also print the default row's GPU time by component and kernel");
   bench_gdr_cmd->add_flag("--default-only", bench_gdr.default_only,
                           "Only the default row (the kernels as training runs them), e.g. under a profiler");
 
