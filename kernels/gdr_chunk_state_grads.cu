@@ -10,9 +10,10 @@
 // blocks an SM, whose loads and products overlap instead. With a bf16 dO too (kDOBf16) dO takes half
 // that room and dh_next the other half, in a group of its own staged with the first (it lands
 // during the first pass), and dU takes dO's half after it; or, by default (kTight), dO takes a bf16
-// room of its own, dh_next takes it after the first pass and dU takes Vn's after the second: 73 kB
-// at dv 192, three blocks an SM instead of two (hybrid base: 0.97 -> 0.94 ms a step; moe-1b at dv
-// 256, two blocks instead of one: 2.52 -> 2.18; docs/perf.md stop 57).
+// room of its own, dh_next takes it after the first pass and dU takes Vn's after the second: at
+// hybrid base's dk 96, dv 192, 71.6 KiB instead of 97.6, three blocks an SM instead of two (0.97 ->
+// 0.94 ms a step); at moe-1b's dk 128, dv 256, 102 KiB instead of 136, two blocks instead of one
+// (2.52 -> 2.18; docs/perf.md stop 57).
 // A block takes three passes over k = dv, each warp a 16-row tile of C and a quarter of the columns:
 //   pass 1 (dO)   dQg and dP_raw tiles, one A fragment for both;
 //   pass 2 (Vn)   dKd tiles, and the block's share of ddecay from the staged h_in and dh_next;
@@ -193,8 +194,8 @@ __host__ __device__ constexpr int bf16_form_pitch(int dv) { return dv % 32 == 16
 // instructions on loop and address arithmetic (ncu, hybrid base: 3.5k instructions a warp for 132
 // mma), and the kernel is bound by issuing them.
 // kDOBf16: dO in bf16 (the bf16 form with kCompact only; see the top).
-// kTight (with kDOBf16): each operand staged only while a pass needs it, in 73 KiB at hybrid base's
-// dv 192 (three blocks an SM, against two in the 94 KiB of kDOBf16's layout; kernels/
+// kTight (with kDOBf16): each operand staged only while a pass needs it, in 71.6 KiB at hybrid base's
+// dk 96, dv 192 (three blocks an SM, against two in the 97.6 KiB of kDOBf16's other layout; kernels/
 // gdr_chunk_state_grads.h, gdr_chunk_state_grads_tight): dO, h_in's half and Vn for the first pass;
 // then dh_next in dO's room for the second; then dU in Vn's room for the third. Each pass waits for
 // its operand, and the other blocks of the SM run meanwhile.

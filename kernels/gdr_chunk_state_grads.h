@@ -45,8 +45,9 @@ struct GdrChunkStateGradsArgs {
   bool dU_bf16 = false;
   // dO in bf16 (the 16-bit path's output gradient, model/gdr_chunk_core.h): taken by the bf16 form
   // with a bf16 dU only, which rounds dO to bf16 for its products anyway (the same results as an
-  // fp32 dO holding these values, bit for bit). dO then takes half its fp32 room, and dh_next the
-  // other half, staged with it instead of after the first pass.
+  // fp32 dO holding these values, bit for bit). dO then takes a bf16 room of its own, dh_next taking
+  // it after the first pass and dU Vn's after the second (gdr_chunk_state_grads_tight, the default),
+  // or half the fp32 room, dh_next the other half, staged with it instead of after the first pass.
   bool dO_bf16 = false;
   // The products as bf16 m16n8k16 mma (see the top); taken where dv is a multiple of 16 and the
   // block fits (gdr_chunk_state_grads_bf16_form), TF32 mma otherwise.
@@ -98,8 +99,8 @@ int gdr_chunk_state_grads(const GdrChunkStateGradsArgs& a, void* stream);
 
 // Process-wide switch (default on), for benchmarks and tests: the launches with a bf16 dO (the
 // 16-bit path's) stage each operand only while a pass needs it (dh_next after the first pass in dO's
-// room, dU after the second in Vn's), 73 KiB a block at dv 192 and three blocks an SM, instead of
-// dh_next beside dO from the start, 94 KiB and two. The same products in the same order: the same
+// room, dU after the second in Vn's), 71.6 KiB a block at dk 96, dv 192 and three blocks an SM,
+// instead of dh_next beside dO from the start, 97.6 KiB and two. The same products in the same order: the same
 // bits either way. Launches of that layout are counted.
 void gdr_chunk_state_grads_tight(bool on);
 int64_t gdr_chunk_state_grads_tight_launches();
