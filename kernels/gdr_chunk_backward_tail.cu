@@ -1,11 +1,12 @@
 // The end of the chunked gated delta rule's backward (kernels/gdr_chunk_backward_tail.h): one block
-// of 8 warps per (chunk, head), two blocks per SM (held there by 128 registers a thread). With
-// bf16 or fp16 q and k they are staged in shared memory as they come, 71 KiB a block at dk = 128
-// (89 KiB with bf16 products); fp32 q and k are staged in fp32, 103 KiB.
+// of 8 warps per (chunk, head), two blocks per SM (held there by 128 registers a thread), three
+// for the fixed head sizes with bf16 products (80 registers). With bf16 or fp16 q and k they are staged in shared memory as
+// they come, 71 KiB a block at dk = 128 (55 KiB with bf16 products, 47 KiB at dk = 96); fp32 q and
+// k are staged in fp32, 103 KiB.
 //
 //   gates   γ = cumsum(g) as a warp scan, b, e, κ, b e, decay;
 //   load    Q and K into shared memory, four pieces per thread in flight at once; dA_raw and
-//           dP_raw's lower block triangles by cp.async meanwhile;
+//           dP_raw's lower block triangles by cp.async meanwhile (not with bf16 products, below);
 //   masks   S = K Kᵀ and QK = Q Kᵀ on the lower block triangle, five tiles per warp (as the fused
 //           front's G), by 16-bit mma on 16-bit rows. In registers: dS = dA b_i D and Z's part
 //           dS ⊙ S on the K warps, dPm and Z's part dPm ⊙ QK on the Q warps; dS and dPm replace
@@ -21,8 +22,9 @@
 //   rows    dβ, dγ, and dg as the reverse cumsum of dγ.
 // The other products are split-TF32 mma.sync (kernels/gdr_chunk_mma.cuh), skipping the products
 // with a bf16 or fp16 operand's zero remainder; or, with bf16_products, bf16 mma: the masks'
-// backward then writes dS + dSᵀ and dPm as bf16 tiles of their own (18 KiB more), read by
-// ldmatrix (kernels/ldmatrix.cuh). (dS and dPm rounded to TF32 instead of split, as
+// backward then reads dA_raw and dP_raw straight from global memory and writes dS + dSᵀ and dPm
+// as bf16 tiles (18 KiB) in place of the fp32 ones (34 KiB), read by ldmatrix
+// (kernels/ldmatrix.cuh). (Staged in fp32 as well, the block took 81 KiB at dk = 96: two an SM.) (dS and dPm rounded to TF32 instead of split, as
 // the solve's backward takes them under 16-bit training, made this kernel slower: 0.76 -> 0.83 ms
 // at bench gdr's shape, docs/perf.md stop 32.) Per-row sums go through shared-memory atomics, as
 // in the masks' backward kernel (gdr_chunk.cu).
@@ -59,15 +61,23 @@ constexpr int kPitch16 = kC + 8;  // rows of the bf16 dS + dSᵀ and dPm (bf16_p
 // (a multiple of 16) then puts a fragment's loads in 32 different banks, for 16-bit rows in both
 // orientations (K and Q are read as [n][k] for the masks and as [k][n] for dq and dk).
 __host__ __device__ constexpr int qk_region_bytes(int dk, int qk_bytes) { return kC * qk_pitch(dk, qk_bytes) * qk_bytes; }
-constexpr int kFloatsAfterQk = 2 * kC * kTPitch  // dS, dPm
-                               + 12 * kC;        // γ, b, e, κ, b e and the seven per-row sums
+// The fp32 dS and dPm tiles only without bf16 products: with them, the masks' backward reads dA_raw
+// and dP_raw from global memory (each element once, by one lane) and writes only the bf16 tiles.
+__host__ __device__ constexpr int fp32_tile_floats(bool bf16_products) { return bf16_products ? 0 : 2 * kC * kTPitch; }
+constexpr int kRowFloats = 12 * kC;  // γ, b, e, κ, b e and the seven per-row sums
 constexpr int kBf16TileBytes = 2 * kC * kPitch16;
 __host__ __device__ constexpr int smem_bytes(int dk, int qk_bytes, bool bf16_products) {
-  return 2 * qk_region_bytes(dk, qk_bytes) + 4 * kFloatsAfterQk + (bf16_products ? 2 * kBf16TileBytes : 0);
+  return 2 * qk_region_bytes(dk, qk_bytes) + 4 * (fp32_tile_floats(bf16_products) + kRowFloats) +
+         (bf16_products ? 2 * kBf16TileBytes : 0);
 }
 static_assert(smem_bytes(128, 2, false) == 72704 && smem_bytes(128, 4, false) == 105472 &&
-                  smem_bytes(128, 2, true) == 91136,
-              "71 KiB and 103 KiB at dk = 128; 89 KiB with bf16 products");
+                  smem_bytes(128, 2, true) == 56320 && smem_bytes(96, 2, true) == 48128,
+              "71 KiB and 103 KiB at dk = 128; with bf16 products 55 KiB, and 47 KiB at dk = 96");
+// Blocks an SM the kernel is compiled for: three for the fixed head sizes' instances with bf16
+// products (80 registers a thread, 12 – 16 bytes spilled), else two (128 registers; the instance
+// that reads the sizes as arguments spills ~860 bytes at 80).
+template <bool kBf16Products, int kDK>
+constexpr int kMinBlocks = kBf16Products && kDK > 0 ? 3 : 2;
 
 // Elements at, at + 1 (at even) of a chunk-layout input in fp32, or in bf16 (kBf16).
 template <bool kBf16>
@@ -120,8 +130,8 @@ __device__ __forceinline__ int pass_tiles(int n) {
 // bf16 (GdrChunkBackwardTailArgs::bf16_products; with kBf16Grads and bf16 q, k, v only).
 // kDK, kDV: the head sizes known at compile time (with_head_sizes), 0: l.dk and l.dv.
 template <typename T, typename TV, int VW, bool kBf16Grads, bool kBf16Products, int kDK = 0, int kDV = 0>
-__global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(GdrChunkList l,
-                                                                             GdrChunkBackwardTailArgs a) {
+__global__ void __launch_bounds__(kThreads, kMinBlocks<kBf16Products, kDK>)
+    gdr_chunk_backward_tail_kernel(GdrChunkList l, GdrChunkBackwardTailArgs a) {
   // Inputs given in bf16 or fp16 are TF32 values: their products skip the remainders' terms, and
   // the masks' products take the 16-bit mma on the staged rows.
   constexpr bool kQkExact = !std::is_same<T, float>::value;
@@ -135,9 +145,9 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
   const int qk_bytes = qk_region_bytes(dk, sizeof(SQ));
   SQ* Q_s = reinterpret_cast<SQ*>(smem);                    // [C][pk]
   SQ* K_s = Q_s + qk_bytes / static_cast<int>(sizeof(SQ));  // [C][pk]
-  float* dS_s = smem + 2 * qk_bytes / 4;                    // [C][kTPitch]
-  float* dPm_s = dS_s + kC * kTPitch;  // [C][kTPitch]
-  float* gam_s = dPm_s + kC * kTPitch;
+  float* dS_s = smem + 2 * qk_bytes / 4;                    // [C][kTPitch], without bf16 products
+  float* dPm_s = dS_s + kC * kTPitch;                       // [C][kTPitch], without bf16 products
+  float* gam_s = dS_s + fp32_tile_floats(kBf16Products);
   float* b_s = gam_s + kC;
   float* e_s = b_s + kC;
   float* kap_s = e_s + kC;
@@ -161,10 +171,11 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
   const int len = l.chunk_len[n];
 
   // dA_raw and dP_raw's lower block triangles into dS_s and dPm_s by cp.async (the masks' backward
-  // turns them into dS and dPm in place); zeros above it, where dS is read as dSᵀ.
-  {
-    const float* dA_raw = a.dA_raw + r * kC * kC;
-    const float* dP_raw = a.dP_raw != nullptr ? a.dP_raw + r * kC * kC : nullptr;
+  // turns them into dS and dPm in place); zeros above it, where dS is read as dSᵀ. With bf16
+  // products the masks' backward reads them from global memory instead.
+  const float* dA_raw = a.dA_raw + r * kC * kC;
+  const float* dP_raw = a.dP_raw != nullptr ? a.dP_raw + r * kC * kC : nullptr;
+  if constexpr (!kBf16Products) {
     for (int e = tid; e < kC * kC / 4; e += kThreads) {
       const int i = e / (kC / 4), c = 4 * (e % (kC / 4));
       const bool lower = c < 16 * (i / 16 + 1);
@@ -198,6 +209,20 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
       with_tile_count(n_tiles, [&](auto count) {
         constexpr int kN = decltype(count)::value;
         const int m0 = 16 * mt;
+        // With bf16 products, this lane's pairs of dP_raw (Q warps) or dA_raw (K warps), loaded
+        // before the product so that their latency passes under it.
+        float2 raw[kN][2];
+        if constexpr (kBf16Products) {
+          const float* src = is_q ? dP_raw : dA_raw;
+#pragma unroll
+          for (int nt = 0; nt < kN; ++nt) {
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+              const int i = m0 + g + 8 * hr, j = 8 * (n_first + nt) + 2 * t;
+              raw[nt][hr] = src != nullptr ? __ldg(reinterpret_cast<const float2*>(src + i * kC + j)) : float2{};
+            }
+          }
+        }
         float acc[kN][4];
         strip_times_kt<kN>(acc, X_s, K_s, pk, dk, m0, 8 * n_first, g, t);
         float zr[2] = {0.f, 0.f}, dbr[2] = {0.f, 0.f};  // this lane's part of rows m0 + g, m0 + g + 8
@@ -209,7 +234,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdr_chunk_backward_tail_kernel(Gd
           for (int hr = 0; hr < 2; ++hr) {
             const int i = m0 + g + 8 * hr;
             float2* io = reinterpret_cast<float2*>((is_q ? dPm_s : dS_s) + i * kTPitch + j);
-            const float2 staged = *io;  // dP_raw (Q warps) or dA_raw (K warps)
+            const float2 staged = kBf16Products ? raw[nt][hr] : *io;  // dP_raw (Q warps) or dA_raw (K warps)
             const float in[2] = {staged.x, staged.y};
             float out[2];
 #pragma unroll
