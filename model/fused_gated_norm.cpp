@@ -8,6 +8,7 @@
 #include "model/fused_rmsnorm.h"
 
 #if defined(DD_HAVE_CUDA)
+#include "kernels/column_sum.h"
 #include "kernels/gated_rmsnorm.h"
 #include "kernels/zero_rows.h"
 #include "model/kernel_dtype.h"
@@ -153,7 +154,11 @@ class GatedRmsNormFn : public torch::autograd::Function<GatedRmsNormFn> {
                                                         dtype_of(z.scalar_type()), wf.data_ptr<float>(),
                                                         rstd.data_ptr<float>(), rows, stream_of(o)),
                         "gated RMSNorm backward");
-    auto dw = partial.sum(0).to(static_cast<torch::ScalarType>(ctx->saved_data["w_dtype"].toInt()));
+    auto dw = torch::empty({rows.D}, partial.options());
+    check_kernel_launch(kernels::column_sum_f32(dw.data_ptr<float>(), partial.data_ptr<float>(), partial.size(0),
+                                                rows.D, stream_of(o)),
+                        "gated RMSNorm weight gradient");
+    dw = dw.to(static_cast<torch::ScalarType>(ctx->saved_data["w_dtype"].toInt()));
     return {d_o, dz, dw, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
