@@ -30,6 +30,9 @@ struct GdrChunkLayout {
   bool fixed = false;
   torch::Tensor table;     // fixed only: [2, N] int32, chunk_start then chunk_len
   torch::Tensor doc_slot;  // fixed only: [n_docs] int64, sorted position of document i (inverse of order)
+  // fixed only: [B·T, heads] int32, gdr_chunk_token_rows's map for scan.heads heads, worked out on
+  // the host with the other tables (a step's layers read it: no index kernels in each layer).
+  torch::Tensor token_rows;
 };
 
 // The fixed capacity of packed rows' layouts (gdr_chunk_layout_fixed): `chunks` chunks, `docs`

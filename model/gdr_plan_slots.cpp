@@ -15,6 +15,23 @@ void copy_in(torch::Tensor& dst, const torch::Tensor& src) {
   dst.copy_(dst.is_cuda() ? src.pin_memory() : src, /*non_blocking=*/true);
 }
 
+// gdr_chunk_token_rows's map of a host plan for H heads, [T, H] int32 on the CPU: token t at chunk
+// slot n·C + c is row (n·H + h)·C + c of head h (model/gdr_chunk_layout.cpp's token_rows).
+torch::Tensor host_token_rows(const GdrChunkLayout& l, int64_t H) {
+  TORCH_CHECK(l.n_chunks * H * l.C < (int64_t{1} << 31), "GdrPlanSlots: at most 2^31 output rows, got ",
+              l.n_chunks * H * l.C);
+  const auto slot = l.token_slot.contiguous();
+  const int64_t* s = slot.data_ptr<int64_t>();
+  const int64_t T = slot.numel(), C = l.C;
+  auto out = torch::empty({T, H}, torch::kInt32);
+  int32_t* o = out.data_ptr<int32_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t n = s[t] / C, c = s[t] % C;
+    for (int64_t h = 0; h < H; ++h) o[t * H + h] = static_cast<int32_t>((n * H + h) * C + c);
+  }
+  return out;
+}
+
 }  // namespace
 
 GdrPlanSlots::GdrPlanSlots(int64_t B, int64_t T, int64_t max_pieces, const torch::Device& device)
@@ -55,6 +72,7 @@ void GdrPlanSlots::upload(Slot& s, GdrChunkLayout host) {
   copy_in(s.step_off, i32(step_off));
   copy_in(s.doc_chunks, i32(doc_chunks));
   copy_in(s.doc_slot, torch::tensor(doc_slot, torch::kInt64));
+  for (auto& [heads, buf] : s.rows) copy_in(buf, host_token_rows(l, heads));
 }
 
 GdrChunkLayout GdrPlanSlots::plan(const Slot& s, const torch::Tensor& cu) const {
@@ -89,8 +107,20 @@ GdrChunkLayout GdrPlanSlots::layout(int64_t H, int64_t C) {
     slot->cap = gdr_layout_capacity(B_, T_, C, max_pieces_);
     upload(*slot, plan(*slot, cu_));
   }
+  torch::Tensor* rows = nullptr;
+  for (auto& r : slot->rows) {
+    if (r.first == H) rows = &r.second;
+  }
+  if (rows == nullptr) {
+    TORCH_CHECK(!(device_.is_cuda() && cuda_stream_capturing()), "GdrPlanSlots: ", H,
+                " heads were first asked for during a CUDA graph capture (the eager warm-up steps must ask first)");
+    slot->rows.emplace_back(H, torch::empty({B_ * T_, H}, torch::TensorOptions().dtype(torch::kInt32).device(device_)));
+    rows = &slot->rows.back().second;
+    copy_in(*rows, host_token_rows(slot->host, H));
+  }
   GdrChunkLayout l = slot->host;
   l.scan.heads = H;
+  l.token_rows = *rows;
   l.token_slot = slot->token_slot;
   l.fixed = true;
   l.table = slot->table;

@@ -11,6 +11,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "model/gdr_chunk_layout.h"
@@ -30,8 +31,9 @@ class GdrPlanSlots {
   void set_batch(const torch::Tensor& cu_seqlens);
 
   // The plan of the current batch for chunk size C and H heads, with its device tables in this
-  // object's buffers (GdrChunkLayout::fixed). A chunk size seen for the first time is planned now,
-  // which may not happen during a graph capture (the warm-up steps before it ask first).
+  // object's buffers (GdrChunkLayout::fixed, and its token_rows for H). A chunk size or head count
+  // seen for the first time is planned now, which may not happen during a graph capture (the
+  // warm-up steps before it ask first).
   GdrChunkLayout layout(int64_t H, int64_t C);
 
   int64_t tokens() const { return B_ * T_; }
@@ -42,6 +44,9 @@ class GdrPlanSlots {
     GdrLayoutCapacity cap;
     GdrChunkLayout host;  // the current batch's plan (token_slot on the CPU)
     torch::Tensor token_slot, table, step_off, doc_chunks, doc_slot;  // device buffers
+    // gdr_chunk_token_rows's map for each head count asked for so far: (heads, [B·T, heads] int32
+    // device buffer), refilled from the host plan with the tables above.
+    std::vector<std::pair<int64_t, torch::Tensor>> rows;
   };
   GdrChunkLayout plan(const Slot& s, const torch::Tensor& cu) const;  // the host plan of cu at s's capacity
   void upload(Slot& s, GdrChunkLayout host);  // host becomes s's plan; its tables go into s's buffers

@@ -285,6 +285,16 @@ TEST(Gdr, FixedCapacityPlanMatchesTheBatchPlan) {
     slots.set_batch(padded);
     const auto l = slots.layout(H, C);
     EXPECT_TRUE(l.fixed && l.table.defined());
+    // The output rows' map the slots keep per head count, refilled with each batch, against the one
+    // worked out from the plan's token slots (both head counts in turn).
+    for (const int64_t heads : {H, H + 1}) {
+      auto lh = slots.layout(heads, C), formula = lh;
+      ASSERT_TRUE(lh.token_rows.defined());
+      formula.token_rows = torch::Tensor();
+      EXPECT_TRUE(torch::equal(model::gdr_chunk_token_rows(lh, heads, torch::kCPU),
+                               model::gdr_chunk_token_rows(formula, heads, torch::kCPU)))
+          << "packing with " << packing.size() - 1 << " pieces, " << heads << " heads";
+    }
     EXPECT_EQ(l.n_chunks, cap.chunks);
     EXPECT_EQ(l.scan.n_docs, cap.docs);
     int64_t tokens = 0;
