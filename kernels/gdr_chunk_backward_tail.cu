@@ -169,6 +169,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kBf16Products, kDK>)
   const int64_t r = blockIdx.x, n = r / l.H, h = r % l.H;
   const int64_t start = l.chunk_start[n];
   const int len = l.chunk_len[n];
+  // A fixed layout's spare chunk (no tokens: a step captured as a CUDA graph plans for the most
+  // chunks a batch can have) has nothing to write: every output is a token's.
+  if (len == 0) return;
 
   // dA_raw and dP_raw's lower block triangles into dS_s and dPm_s by cp.async (the masks' backward
   // turns them into dS and dPm in place); zeros above it, where dS is read as dSᵀ. With bf16

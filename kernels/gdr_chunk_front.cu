@@ -157,6 +157,35 @@ __global__ void __launch_bounds__(kThreads, min_blocks(sizeof(Staged<T>), sizeof
   const int64_t start = l.chunk_start[n];
   const int len = l.chunk_len[n];
 
+  // The outputs, fp32 or bf16 (GdrChunkFrontArgs::bf16_out).
+  const OutRows W_out{a.W, a.bf16_out}, U_out{a.U, a.bf16_out}, Kd_out{a.Kd, a.bf16_out};
+  const OutRows Qg_out{a.Qg, a.bf16_out}, P_out{a.P, a.bf16_out};
+
+  // A fixed layout's spare chunk (no tokens; model/gdr_plan_slots.h) gets what the products below
+  // give a chunk of zero rows, without them: zero Kd, Qg, P, W and U, Tm = I, decay 1. The scans
+  // read them for their dummy documents, whose states stay zero.
+  if (len == 0) {
+    auto zeros = [&](const OutRows& o, int64_t at, int n) {
+      if constexpr (VW == 4) {  // every width a multiple of 4, every row aligned to it
+        for (int e = 4 * tid; e < n; e += 4 * kThreads) o.zero4(at + e);
+      } else {
+        for (int e = tid; e < n; e += kThreads) {
+          if (o.bf16) static_cast<__nv_bfloat16*>(o.base)[at + e] = __float2bfloat16_rn(0.f);
+          else static_cast<float*>(o.base)[at + e] = 0.f;
+        }
+      }
+    };
+    zeros(Kd_out, r * kC * dk, kC * dk);
+    zeros(Qg_out, r * kC * dk, kC * dk);
+    zeros(P_out, r * kC * kC, kC * kC);
+    if (tid == 0) a.decay[r] = 1.f;
+    if (a.W == nullptr) return;
+    zeros(W_out, r * kC * dk, kC * dk);
+    zeros(U_out, r * kC * dv, kC * dv);
+    for (int e = tid; e < kC * kC; e += kThreads) a.Tm[r * kC * kC + e] = e / kC == e % kC ? 1.f : 0.f;
+    return;
+  }
+
   // Gates. Rows past the chunk's length have g = β = 0 (and zero q, k, v below).
   for (int e = tid; e < kC * kTPitch; e += kThreads) T_s[e] = 0.f;
   stage_gates(a.g, a.beta, start, len, l.H, h, gam_s, b_s);
@@ -167,10 +196,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks(sizeof(Staged<T>), sizeof
     if (tid == 0) a.decay[r] = expf(gam_s[kC - 1]);
   }
   __syncthreads();
-
-  // The outputs, fp32 or bf16 (GdrChunkFrontArgs::bf16_out).
-  const OutRows W_out{a.W, a.bf16_out}, U_out{a.U, a.bf16_out}, Kd_out{a.Kd, a.bf16_out};
-  const OutRows Qg_out{a.Qg, a.bf16_out}, P_out{a.P, a.bf16_out};
 
   // Q and K into shared memory; Kd and Qg out.
   SQ* Q_s = reinterpret_cast<SQ*>(QV_s);

@@ -142,6 +142,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int64_t r = blockIdx.x, n = r / l.H, h = r % l.H;
   const int64_t start = l.chunk_start[n];
   const int len = l.chunk_len[n];
+  // A fixed layout's spare chunk (no tokens; model/gdr_plan_slots.h): its dA_raw, dRw, dRu and
+  // dbeta_v rows are read only by the tail of the same chunk, which skips it too.
+  if (len == 0) return;
 
   // Tm and dW by cp.async while the gates and K are read (a bf16 dW is read with K: widened, or
   // kept bf16 with bf16 tiles).

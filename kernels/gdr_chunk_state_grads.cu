@@ -212,6 +212,7 @@ __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2)
   const int p = kDV > 0 ? bf16_form_pitch(kDV) : pitch_arg;
   const int64_t r = blockIdx.x / 2;
   const int half = blockIdx.x % 2;
+  if (a.chunk_len != nullptr && a.chunk_len[r / a.heads] == 0) return;  // a spare chunk's row
   uint16_t* Hs = reinterpret_cast<uint16_t*>(smem);   // [half_dk][p] h_in's rows of this half
   uint16_t* Vs = Hs + half_dk * p;                    // [C][p] Vn
   float* Xs = reinterpret_cast<float*>(Vs + kC * p);  // [C][p] dO, then (kCompact off) dU

@@ -733,7 +733,9 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
       sg = gdr_scan_backward_from_output_grad(rows(W), rows(ff.Kd), decay_rows, rows(ff.P), rows(ff.Qg), dO_src,
                                               dO_rows, s, dh_final, c.l.scan, bf16_grads,
                                               bf16_grads && g_bf16_scan_products);
-      const auto sgr = gdr_state_grads(dO_src, dO_rows, sg.dU, rows(h_in), sg.dh_next, rows(v_new), s, bf16_grads);
+      // The fused kernels after it skip chunks of no tokens (a fixed layout's spare ones), so it may too.
+      const auto sgr = gdr_state_grads(dO_src, dO_rows, sg.dU, rows(h_in), sg.dh_next, rows(v_new), s, bf16_grads,
+                                       fused ? c.table.select(0, 1) : torch::Tensor(), H);
       dP_raw = sgr.dP_raw.view({N, H, C, C});
       dQg = sgr.dQg.view({N, H, C, dk});
       dW = sgr.dW.view({N, H, C, dk});

@@ -103,7 +103,7 @@ GdrStateGrads gdr_state_grads_reference(const torch::Tensor& dO_src, const torch
 
 GdrStateGrads gdr_state_grads(const torch::Tensor& dO_src, const torch::Tensor& dO_rows, const torch::Tensor& dU,
                               const torch::Tensor& h_in, const torch::Tensor& dh_next, const torch::Tensor& v_new,
-                              double scale, bool bf16_out) {
+                              double scale, bool bf16_out, const torch::Tensor& chunk_len, int64_t heads) {
   check_inputs(dO_src, dO_rows, dU, h_in, dh_next, v_new);
 #if defined(DD_HAVE_CUDA)
   bool ok = false;
@@ -127,6 +127,13 @@ GdrStateGrads gdr_state_grads(const torch::Tensor& dO_src, const torch::Tensor& 
     a.dKd = out.dKd.data_ptr();
     a.bf16_out = bf16_out;
     a.ddecay = out.ddecay.data_ptr<float>();
+    if (chunk_len.defined()) {
+      TORCH_CHECK(chunk_len.scalar_type() == torch::kInt32 && chunk_len.is_contiguous() &&
+                      chunk_len.device() == dU.device() && chunk_len.numel() * heads == R,
+                  "gated delta rule state products: chunk_len must be int32 [rows / heads] on dU's device");
+      a.chunk_len = chunk_len.data_ptr<int32_t>();
+      a.heads = heads;
+    }
     check_kernel_launch(kernels::gdr_chunk_state_grads(a, stream_of(dU)), "gated delta rule state products");
     ++g_launches;
     if (kernels::gdr_chunk_state_grads_bf16_form(a)) ++g_bf16_launches;

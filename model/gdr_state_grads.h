@@ -24,10 +24,14 @@ struct GdrStateGrads {
 // (int32, −1 for zeros), or row r·C + i when dO_rows is undefined. dU [R, C, dv] fp32 or bf16;
 // h_in, dh_next [R, dk, dv] and v_new [R, C, dv] fp32 or bf16. Results fp32; with bf16_out dQg, dW
 // and dKd are rounded to bf16 (the fused backward's 16-bit mode, model::gdr_bf16_chunk_grads), and
-// the kernel then takes its products in bf16 (gdr_bf16_state_grads_products below).
+// the kernel then takes its products in bf16 (gdr_bf16_state_grads_products below). chunk_len
+// (int32 [R / heads] on the GPU, optional): the kernel leaves the rows of chunks of length 0
+// unwritten (row r is chunk r / heads's), for callers whose readers skip those chunks too (the fused
+// backward under a fixed layout, whose spare chunks have no tokens).
 GdrStateGrads gdr_state_grads(const torch::Tensor& dO_src, const torch::Tensor& dO_rows, const torch::Tensor& dU,
                               const torch::Tensor& h_in, const torch::Tensor& dh_next, const torch::Tensor& v_new,
-                              double scale, bool bf16_out = false);
+                              double scale, bool bf16_out = false, const torch::Tensor& chunk_len = {},
+                              int64_t heads = 1);
 // The same by the batched products and the row dot, whatever the device.
 GdrStateGrads gdr_state_grads_reference(const torch::Tensor& dO_src, const torch::Tensor& dO_rows,
                                         const torch::Tensor& dU, const torch::Tensor& h_in,

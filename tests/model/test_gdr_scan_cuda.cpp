@@ -1770,6 +1770,7 @@ TEST(GdrScanCuda, FixedPlanReplayedInAGraphMatchesEachBatchPlan) {
                              : r.o;
       auto out = torch::autograd::grad({(o.to(torch::kFloat32) * grad_o).sum()}, x);
       out.insert(out.begin(), o.detach());
+      if (slots != nullptr) out.push_back(r.h.detach());  // the final states, every document of the room
       return out;
     };
     model::GdrPlanSlots slots(B, Trow, pieces, torch::Device(torch::kCUDA, 0));
@@ -1787,6 +1788,13 @@ TEST(GdrScanCuda, FixedPlanReplayedInAGraphMatchesEachBatchPlan) {
       slots.set_batch(padded(packings[p]));
       graph.replay();
       const auto want = run(torch::tensor(packings[p], torch::kInt64), nullptr);
+      // The dummy and empty documents after the batch's own keep zero states (the front gives a
+      // spare chunk what a chunk of zero rows gives, without its products; the backward's chunk
+      // kernels skip it).
+      const int64_t n_docs = static_cast<int64_t>(packings[p].size()) - 1;
+      const auto& h = replayed.back();
+      EXPECT_EQ(h.narrow(0, n_docs, h.size(0) - n_docs).abs().max().item<double>(), 0.0)
+          << "the dummy documents' states, packing " << p;
       for (size_t i = 0; i < want.size(); ++i) {
         const double e = rel_norm_diff(replayed[i], want[i]);
         EXPECT_LT(e, tol) << names[i] << ", packing " << p << (training_path ? ", bf16 inputs" : ", fp32 inputs");
