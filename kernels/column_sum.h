@@ -1,7 +1,7 @@
 // out[c] = Σ_r in[r, c] for a small fp32 matrix of per-block partial sums (an RMSNorm weight's
 // gradient: ≤ 1056 rows of C; the gated RMSNorm's: 4096 rows of its D): one launch, no workspace, a
-// fixed summation order. ATen's sum(0)
-// over such a matrix took 11 µs and a semaphore memset per call, 25 calls per GPT-124M step.
+// fixed summation order. ATen's sum(0) over such a matrix took 11 µs and a semaphore memset per
+// call, 25 calls per GPT-124M step.
 // Raw pointers, no torch; the reference is at::sum(in, 0).
 #pragma once
 

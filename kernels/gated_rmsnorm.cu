@@ -276,7 +276,6 @@ struct StagedRowSlots {
   float w[kRuns * kVec * 32];
 };
 
-
 template <typename T, typename TO, int kRuns, int kVec>
 __global__ void __launch_bounds__(kWarps * 32, 4)  // four blocks an SM: 64 registers (16 bytes spilled at (2, 4))
     gated_rmsnorm_backward_staged_kernel(TO* d_o, T* dz, float* dw_partial, const T* dy, const TO* o,

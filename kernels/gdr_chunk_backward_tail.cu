@@ -1,8 +1,9 @@
 // The end of the chunked gated delta rule's backward (kernels/gdr_chunk_backward_tail.h): one block
 // of 8 warps per (chunk, head), two blocks per SM (held there by 128 registers a thread), three
-// for the fixed head sizes with bf16 products (80 registers). With bf16 or fp16 q and k they are staged in shared memory as
-// they come, 71 KiB a block at dk = 128 (55 KiB with bf16 products, 47 KiB at dk = 96); fp32 q and
-// k are staged in fp32, 103 KiB.
+// for the fixed head sizes with bf16 products (80 registers). With bf16 or fp16 q and k they are
+// staged in shared memory as they come, 71 KiB a block at dk = 128 (55 KiB with bf16 products,
+// 47 KiB at dk = 96); fp32 q and k are staged in fp32, 103 KiB. A chunk of no tokens (a fixed
+// layout's spare chunk, model/gdr_plan_slots.h) has nothing to write: its block returns at once.
 //
 //   gates   γ = cumsum(g) as a warp scan, b, e, κ, b e, decay;
 //   load    Q and K into shared memory, four pieces per thread in flight at once; dA_raw and
@@ -10,8 +11,8 @@
 //   masks   S = K Kᵀ and QK = Q Kᵀ on the lower block triangle, five tiles per warp (as the fused
 //           front's G), by 16-bit mma on 16-bit rows. In registers: dS = dA b_i D and Z's part
 //           dS ⊙ S on the K warps, dPm and Z's part dPm ⊙ QK on the Q warps; dS and dPm replace
-//           dA_raw and dP_raw in shared memory, Z's row and column sums and Σ_j dA S D go to
-//           per-row accumulators;
+//           dA_raw and dP_raw in shared memory (with bf16 products: go to bf16 tiles of their
+//           own), Z's row and column sums and Σ_j dA S D go to per-row accumulators;
 //   dq, dk  warp w takes row strip w % 4 and half the columns: dq = dPm K (k-steps left of the
 //           diagonal block), dk = (dS + dSᵀ) K (all k-steps) + dPmᵀ Q (from the diagonal block on),
 //           nine k-blocks per strip whichever strip; the epilogue adds e dQg, b e dRw and κ dKd
@@ -24,10 +25,10 @@
 // with a bf16 or fp16 operand's zero remainder; or, with bf16_products, bf16 mma: the masks'
 // backward then reads dA_raw and dP_raw straight from global memory and writes dS + dSᵀ and dPm
 // as bf16 tiles (18 KiB) in place of the fp32 ones (34 KiB), read by ldmatrix
-// (kernels/ldmatrix.cuh). (Staged in fp32 as well, the block took 81 KiB at dk = 96: two an SM.) (dS and dPm rounded to TF32 instead of split, as
-// the solve's backward takes them under 16-bit training, made this kernel slower: 0.76 -> 0.83 ms
-// at bench gdr's shape, docs/perf.md stop 32.) Per-row sums go through shared-memory atomics, as
-// in the masks' backward kernel (gdr_chunk.cu).
+// (kernels/ldmatrix.cuh); staged in fp32 as well, the block took 81 KiB at dk = 96, two an SM. (dS
+// and dPm rounded to TF32 instead of split, as the solve's backward takes them under 16-bit
+// training, made this kernel slower: 0.76 -> 0.83 ms at bench gdr's shape, docs/perf.md stop 32.)
+// Per-row sums go through shared-memory atomics, as in the masks' backward kernel (gdr_chunk.cu).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -55,7 +56,7 @@ constexpr int kPitch16 = kC + 8;  // rows of the bf16 dS + dSᵀ and dPm (bf16_p
 
 // Shared memory, regions of kC rows of a multiple of 16 bytes (cp.async's alignment):
 //   Q, K     [C][qk_pitch] each, of q and k's staged type (qk_bytes a value);
-//   dS, dPm  [C][kTPitch] each, and the per-row values, in fp32;
+//   dS, dPm  [C][kTPitch] each in fp32, only without bf16 products; the per-row values in fp32;
 //   with bf16 products, dS + dSᵀ and dPm in bf16, [C][kPitch16] each.
 // Rows of fp32 are padded by 4 elements, 16-bit rows by 8 (16 bytes either way): every dk taken
 // (a multiple of 16) then puts a fragment's loads in 32 different banks, for 16-bit rows in both
@@ -237,7 +238,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kBf16Products, kDK>)
           for (int hr = 0; hr < 2; ++hr) {
             const int i = m0 + g + 8 * hr;
             float2* io = reinterpret_cast<float2*>((is_q ? dPm_s : dS_s) + i * kTPitch + j);
-            const float2 staged = kBf16Products ? raw[nt][hr] : *io;  // dP_raw (Q warps) or dA_raw (K warps)
+            float2 staged;  // dP_raw (Q warps) or dA_raw (K warps)
+            if constexpr (kBf16Products) {
+              staged = raw[nt][hr];
+            } else {
+              staged = *io;
+            }
             const float in[2] = {staged.x, staged.y};
             float out[2];
 #pragma unroll
@@ -528,7 +534,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kBf16Products, kDK>)
 
 int gdr_chunk_backward_tail(const GdrChunkList& l, const GdrChunkBackwardTailArgs& a, void* stream) {
   // dRw, dKd, dQg are read two floats at a time at the fragments' positions; dA_raw and dP_raw
-  // move by 16-byte cp.async.
+  // move by 16-byte cp.async (or, with bf16 products, are read two floats at a time).
   if (!aligned_to(8, a.dRw, a.dKd, a.dQg) || !aligned_to(16, a.dA_raw, a.dP_raw)) {
     return static_cast<int>(cudaErrorInvalidValue);
   }

@@ -12,7 +12,8 @@
 //        and dγ_last += Σ_i κ_i Σ(dKd ⊙ K)_i + ddecay · decay;  dg = reverse cumsum of dγ.
 // model/gdr_chunk_core.cpp otherwise takes this as the recomputed X Kᵀ product, the masks' backward
 // kernel, three batched products and the input-gradient kernel (kernels/gdr_chunk.h), which stay
-// as the reference and for the sizes this kernel does not take.
+// as the reference and for the sizes this kernel does not take. Every output is a token's, so a
+// chunk of no tokens (a fixed layout's spare chunk, model/gdr_plan_slots.h) is skipped.
 #pragma once
 
 #include <cstdint>

@@ -165,11 +165,13 @@ __global__ void __launch_bounds__(kThreads, min_blocks(sizeof(Staged<T>), sizeof
   // give a chunk of zero rows, without them: zero Kd, Qg, P, W and U, Tm = I, decay 1. The scans
   // read them for their dummy documents, whose states stay zero.
   if (len == 0) {
-    auto zeros = [&](const OutRows& o, int64_t at, int n) {
-      if constexpr (VW == 4) {  // every width a multiple of 4, every row aligned to it
-        for (int e = 4 * tid; e < n; e += 4 * kThreads) o.zero4(at + e);
+    auto zeros = [&](const OutRows& o, int64_t at, int count) {
+      // Four at a time where every width is a multiple of 4 (VW) and the output's base is aligned.
+      const bool four = VW == 4 && reinterpret_cast<uintptr_t>(o.base) % (o.bf16 ? 8 : 16) == 0;
+      if (four) {
+        for (int e = 4 * tid; e < count; e += 4 * kThreads) o.zero4(at + e);
       } else {
-        for (int e = tid; e < n; e += kThreads) {
+        for (int e = tid; e < count; e += kThreads) {
           if (o.bf16) static_cast<__nv_bfloat16*>(o.base)[at + e] = __float2bfloat16_rn(0.f);
           else static_cast<float*>(o.base)[at + e] = 0.f;
         }

@@ -9,7 +9,9 @@
 // Tm R_w, Tm R_u compute as six launches (model/gdr_chunk_core.cpp), which stay as the reference.
 // The backward's recompute takes the same kernel without the inverse, W and U. Products are
 // split-TF32 mma.sync (kernels/gdr_chunk_mma.cuh), so the results keep close to fp32 accuracy
-// (MODEL.md §0: the core runs in fp32).
+// (MODEL.md §0: the core runs in fp32). A chunk of no tokens (length 0: a fixed layout's spare
+// chunk, model/gdr_plan_slots.h) gets what a chunk of zero rows gives, without the products: zero
+// Kd, Qg, P, W and U, Tm = I, decay 1 (the scans read them for their dummy documents).
 #pragma once
 
 #include <cstdint>

@@ -8,6 +8,8 @@
 // path for sizes this kernel does not take). R_w and R_u are rebuilt from k, v and the gates. Only
 // dA_raw's strictly lower triangle is used (dA = −strict_lower(dA_raw)), and only that is computed:
 // Tmᵀ is upper triangular, so the entries of dTm at and above its diagonal add nothing there.
+// A chunk of no tokens (length 0: a fixed layout's spare chunk, model/gdr_plan_slots.h) is skipped,
+// nothing written for it: only the tail of the same chunk reads these rows, and it skips it too.
 #pragma once
 
 #include <cstdint>

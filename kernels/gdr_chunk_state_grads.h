@@ -52,9 +52,10 @@ struct GdrChunkStateGradsArgs {
   // The products as bf16 m16n8k16 mma (see the top); taken where dv is a multiple of 16 and the
   // block fits (gdr_chunk_state_grads_bf16_form), TF32 mma otherwise.
   bool bf16_products = false;
-  // Rows to skip (nothing written for them): row r is chunk r / heads's, skipped where
-  // chunk_len[chunk] is 0 (a fixed layout's spare chunks, whose outputs only the solve's backward
-  // and the tail of the same chunk would read, and both skip such chunks). Null: every row.
+  // Rows to skip (nothing written for them but ddecay, which is zeroed for every row first): row r
+  // is chunk r / heads's, skipped where chunk_len[chunk] is 0 (a fixed layout's spare chunks, whose
+  // outputs only the solve's backward and the tail of the same chunk would read, and both skip such
+  // chunks). Null: every row.
   const int32_t* chunk_len = nullptr;
   int64_t heads = 1;
 };

@@ -235,7 +235,9 @@ torch::Tensor gdr_scatter_chunks(const torch::Tensor& o, const GdrChunkLayout& l
 torch::Tensor gdr_chunk_token_rows(const GdrChunkLayout& l, int64_t H, const torch::Device& device) {
   TORCH_CHECK(l.n_chunks * H * l.C < (int64_t{1} << 31), "gdr: at most 2^31 output rows per call, got ",
               l.n_chunks * H * l.C);
-  if (l.token_rows.defined() && l.token_rows.size(1) == H) return l.token_rows.view({l.B, l.T, H});
+  if (l.token_rows.defined() && l.token_rows.size(1) == H && l.token_rows.device() == device) {
+    return l.token_rows.view({l.B, l.T, H});
+  }
   return token_rows(l, H, device).to(torch::kInt32).view({l.B, l.T, H});
 }
 

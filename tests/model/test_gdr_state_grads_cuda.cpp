@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <utility>
 #include <vector>
 
 #include "kernels/gdr_chunk_state_grads.h"
@@ -248,6 +249,44 @@ TEST(GdrStateGradsCuda, TightLayoutGivesTheSameBits) {
     EXPECT_TRUE(torch::equal(tight.dKd, staged.dKd)) << "dKd, " << what;
     EXPECT_TRUE(torch::equal(tight.ddecay, staged.ddecay)) << "ddecay, " << what;
     EXPECT_GT(tight.dQg.abs().max().item<float>(), 0.f) << what;
+  }
+}
+
+// Chunks of length 0 (a fixed layout's spare chunks) skipped through chunk_len (row r is chunk
+// r / heads's): every row of the other chunks the same bits as without skipping, and the skipped
+// rows' ddecay zero (each row's sum starts from zero). The skipped rows of the other outputs are
+// left as they were (no reader: the fused backward's solve and tail skip those chunks too); the
+// first chunk, the last and two runs in between are skipped, at hybrid base's and moe-1b's sizes.
+TEST(GdrStateGradsCuda, ChunksOfLengthZeroAreSkipped) {
+  DD_REQUIRE_GPU();
+  testing_support::seed_from_gtest(81);
+  const Bf16ProductsRestored products_back;
+  model::gdr_bf16_state_grads_products(true);
+  const auto bf16 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  const std::vector<std::pair<StateCase, int64_t>> cases = {{{60, 64, 96, 192, true, true, true}, 6},
+                                                             {{24, 64, 128, 256, false, true, true}, 3}};
+  for (const auto& [c, heads] : cases) {
+    auto h_in = torch::randn({c.R, c.dk, c.dv}, bf16);
+    auto dh_next = torch::randn({c.R, c.dk, c.dv}, bf16);
+    auto v_new = torch::randn({c.R, c.C, c.dv}, bf16);
+    const auto [dO_src, dO_rows, dU] = random_output_grads(c);
+    const auto dO16 = dO_src.to(torch::kBFloat16);
+    const int64_t n_chunks = c.R / heads;
+    auto len = torch::full({n_chunks}, c.C, torch::kInt32);
+    for (const int64_t n : {int64_t{0}, n_chunks - 1, n_chunks / 2, n_chunks / 2 + 1, n_chunks / 3}) len[n] = 0;
+    const auto skipped = (len == 0).repeat_interleave(heads).to(torch::kCUDA);  // [R]
+    const auto kept = skipped.logical_not();
+    const auto all = model::gdr_state_grads(dO16, dO_rows, dU, h_in, dh_next, v_new, 0.0884, true);
+    const auto some = model::gdr_state_grads(dO16, dO_rows, dU, h_in, dh_next, v_new, 0.0884, true,
+                                             len.to(torch::kCUDA), heads);
+    const std::string what = "dk " + std::to_string(c.dk) + " dv " + std::to_string(c.dv);
+    EXPECT_TRUE(torch::equal(some.dP_raw.index({kept}), all.dP_raw.index({kept}))) << "dP_raw, " << what;
+    EXPECT_TRUE(torch::equal(some.dQg.index({kept}), all.dQg.index({kept}))) << "dQg, " << what;
+    EXPECT_TRUE(torch::equal(some.dW.index({kept}), all.dW.index({kept}))) << "dW, " << what;
+    EXPECT_TRUE(torch::equal(some.dKd.index({kept}), all.dKd.index({kept}))) << "dKd, " << what;
+    EXPECT_TRUE(torch::equal(some.ddecay.index({kept}), all.ddecay.index({kept}))) << "ddecay, " << what;
+    EXPECT_EQ(some.ddecay.index({skipped}).abs().max().item<float>(), 0.f) << "skipped rows' ddecay, " << what;
+    EXPECT_GT(all.ddecay.index({skipped}).abs().max().item<float>(), 0.f) << "the skipped rows had sums to skip";
   }
 }
 
