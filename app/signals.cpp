@@ -85,6 +85,11 @@ void install_stop_signals() {
   // Started under nohup (SIGHUP ignored), the run goes on, as the user asked.
   struct sigaction hup {};
   if (sigaction(SIGHUP, nullptr, &hup) == 0 && hup.sa_handler != SIG_IGN) install(SIGHUP, on_stop_signal, SA_RESTART);
+  // A write to a peer that is gone (another rank's socket after it died, a closed pipe on stdout)
+  // fails with EPIPE, which the collective or the log turns into an error the run records (status
+  // failed, the rank named). SIGPIPE's default action would end the process at once instead: exit
+  // 141, the run left 'running' in the database.
+  std::signal(SIGPIPE, SIG_IGN);
 }
 
 int stop_signals_received() { return static_cast<int>(g_stop_signals); }

@@ -6,7 +6,8 @@
 // dashboard open, every way out puts the terminal back first: the second SIGINT, a crash
 // (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL: restored, then the signal is raised again with its
 // default action, so the exit status and core dump stay those of the crash), and Ctrl-Z (restored
-// while stopped, dashboard mode entered again on SIGCONT). SIGWINCH is turned into a flag.
+// while stopped, dashboard mode entered again on SIGCONT). SIGWINCH is turned into a flag. SIGPIPE
+// is ignored: a write to a dead peer or a closed stdout fails with EPIPE rather than killing the run.
 #pragma once
 
 #include "trainer/api.h"
