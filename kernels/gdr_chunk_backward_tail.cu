@@ -21,6 +21,9 @@
 //   dv      dv = b dRu and Σ(dRu ⊙ V) per row, a warp per row; or Σ(dRu ⊙ V) read from
 //           dbeta_v where the solve's backward took dRu's part (and wrote dv);
 //   rows    dβ, dγ, and dg as the reverse cumsum of dγ.
+// At dk = 96 with bf16 products (one pass over each half's columns), dq and dk's epilogues may
+// also apply L2Norm's backward as they store (GdrChunkBackwardTailArgs::q_rstd; see the dq, dk
+// phase): no pass of the norm's own over dq and dk through memory.
 // The other products are split-TF32 mma.sync (kernels/gdr_chunk_mma.cuh), skipping the products
 // with a bf16 or fp16 operand's zero remainder; or, with bf16_products, bf16 mma: the masks'
 // backward then reads dA_raw and dP_raw straight from global memory and writes dS + dSᵀ and dPm
@@ -65,20 +68,24 @@ __host__ __device__ constexpr int qk_region_bytes(int dk, int qk_bytes) { return
 // The fp32 dS and dPm tiles only without bf16 products: with them, the masks' backward reads dA_raw
 // and dP_raw from global memory (each element once, by one lane) and writes only the bf16 tiles.
 __host__ __device__ constexpr int fp32_tile_floats(bool bf16_products) { return bf16_products ? 0 : 2 * kC * kTPitch; }
-constexpr int kRowFloats = 12 * kC;  // γ, b, e, κ, b e and the seven per-row sums
+constexpr int kRowFloats = 16 * kC;  // γ, b, e, κ, b e, the seven per-row sums, L2Norm's four
 constexpr int kBf16TileBytes = 2 * kC * kPitch16;
 __host__ __device__ constexpr int smem_bytes(int dk, int qk_bytes, bool bf16_products) {
   return 2 * qk_region_bytes(dk, qk_bytes) + 4 * (fp32_tile_floats(bf16_products) + kRowFloats) +
          (bf16_products ? 2 * kBf16TileBytes : 0);
 }
-static_assert(smem_bytes(128, 2, false) == 72704 && smem_bytes(128, 4, false) == 105472 &&
-                  smem_bytes(128, 2, true) == 56320 && smem_bytes(96, 2, true) == 48128,
-              "71 KiB and 103 KiB at dk = 128; with bf16 products 55 KiB, and 47 KiB at dk = 96");
+static_assert(smem_bytes(128, 2, false) == 73728 && smem_bytes(128, 4, false) == 106496 &&
+                  smem_bytes(128, 2, true) == 57344 && smem_bytes(96, 2, true) == 49152,
+              "72 KiB and 104 KiB at dk = 128; with bf16 products 56 KiB, and 48 KiB at dk = 96");
 // Blocks an SM the kernel is compiled for: three for the fixed head sizes' instances with bf16
 // products (80 registers a thread, 12 – 16 bytes spilled), else two (128 registers; the instance
 // that reads the sizes as arguments spills ~860 bytes at 80).
 template <bool kBf16Products, int kDK>
 constexpr int kMinBlocks = kBf16Products && kDK > 0 ? 3 : 2;
+// The instances whose dq, dk phase covers each half's columns in one pass (dk = 96 with bf16
+// products), the ones that take L2Norm's backward (GdrChunkBackwardTailArgs::q_rstd).
+template <bool kBf16Products, int kDK>
+constexpr bool kOnePass = kBf16Products && kDK == 96;
 
 // Elements at, at + 1 (at even) of a chunk-layout input in fp32, or in bf16 (kBf16).
 template <bool kBf16>
@@ -160,9 +167,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kBf16Products, kDK>)
   float* qg_q = rw_k + kC;    // Σ dQg ⊙ Q
   float* kd_k = qg_q + kC;    // Σ dKd ⊙ K
   float* ru_v = kd_k + kC;    // Σ dRu ⊙ V
+  // L2Norm's backward (GdrChunkBackwardTailArgs::q_rstd): the scales r of q's and k's rows, and
+  // the rows' Σ(y ⊙ dy) of dq and dk.
+  float* rq_s = ru_v + kC;
+  float* rk_s = rq_s + kC;
+  float* dot_q = rk_s + kC;
+  float* dot_k = dot_q + kC;
   // bf16 products: dS + dSᵀ and dPm as bf16 [C][kPitch16] (dPm's tiles above the block diagonal
   // are neither written nor read).
-  __nv_bfloat16* dSsym16 = reinterpret_cast<__nv_bfloat16*>(ru_v + kC);
+  __nv_bfloat16* dSsym16 = reinterpret_cast<__nv_bfloat16*>(dot_k + kC);
   __nv_bfloat16* dPm16 = dSsym16 + kC * kPitch16;
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -170,6 +183,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kBf16Products, kDK>)
   const int64_t r = blockIdx.x, n = r / l.H, h = r % l.H;
   const int64_t start = l.chunk_start[n];
   const int len = l.chunk_len[n];
+  const bool norm = kOnePass<kBf16Products, kDK> && a.q_rstd != nullptr;  // L2Norm's backward in dq, dk
   // A fixed layout's spare chunk (no tokens: a step captured as a CUDA graph plans for the most
   // chunks a batch can have) has nothing to write: every output is a token's.
   if (len == 0) return;
@@ -191,6 +205,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kBf16Products, kDK>)
 
   // Gates, and zeros for the accumulators.
   if (tid < kC) row_z[tid] = col_z[tid] = row_db[tid] = rw_k[tid] = qg_q[tid] = kd_k[tid] = ru_v[tid] = 0.f;
+  if (norm && tid < kC) {
+    rq_s[tid] = tid < len ? a.q_rstd[(start + tid) * l.H + h] : 0.f;
+    rk_s[tid] = tid < len ? a.k_rstd[(start + tid) * l.H + h] : 0.f;
+    dot_q[tid] = dot_k[tid] = 0.f;
+  }
   stage_gates(a.g, a.beta, start, len, l.H, h, gam_s, b_s);
   if (tid < kC) {
     e_s[tid] = expf(gam_s[tid]);
@@ -314,12 +333,49 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kBf16Products, kDK>)
   // dq = dPm K + e dQg and dk = (dS + dSᵀ) K + dPmᵀ Q + b e dRw + κ dKd: warp w takes row strip
   // w % 4 and half of dk's columns, in passes of up to four 8-column tiles (pass_tiles; pairs of
   // tiles with bf16 products, or all six in one pass at a compile-time dk of 96).
+  //
+  // With L2Norm's backward (norm), each epilogue stores dx = r dy − (r Σ(y ⊙ dy)) y, y the staged
+  // q or k, dy the value the epilogue would store. The one pass holds a row's half in each of two
+  // warps' accumulators, so their sums of y ⊙ dy meet in shared memory behind a barrier before
+  // the stores: the sum is that of the fp32 values (where the norm's own kernel read them rounded
+  // to bf16). (A pass over the written rows at the kernel's end, read back from L2, cost the tail
+  // 0.20 ms a step at hybrid base, as much as the norm's kernel; the rows' sums worked out from
+  // the masks' ones took dS and dPm in fp32 where the products take them in bf16.)
   {
     const int mt = warp % 4, m0 = 16 * mt, half = warp / 4;
     const int n_half = dk / 16;  // tiles per half
     T* dq = static_cast<T*>(a.dq);
     T* dkk = static_cast<T*>(a.dk);
     float srw[2] = {0.f, 0.f}, sqg[2] = {0.f, 0.f}, skd[2] = {0.f, 0.f};
+    // With norm, the next epilogue's r and r Σ(y ⊙ dy) for this lane's rows m0 + g + 8 hr.
+    float nr[2] = {0.f, 0.f}, na[2] = {0.f, 0.f};
+    // With norm: the pass's Σ(y ⊙ dy) of this lane's rows, dy(nt, hr) = (first, second) of tile nt,
+    // row m0 + g + 8 hr; summed over both halves' warps in dot_s, then the epilogue's scales.
+    auto norm_scales = [&](int n0, int n_tiles, const SQ* Y_s, float* dot_s, const float* r_s, auto dy) {
+      float part[2] = {0.f, 0.f};
+#pragma unroll
+      for (int nt = 0; nt < 6; ++nt) {
+        if (nt >= n_tiles) continue;
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int i = m0 + g + 8 * hr, c = n0 + 8 * nt + 2 * t;
+          const float2 v = dy(nt, hr);
+          part[hr] += to_f32(Y_s[i * pk + c]) * v.x + to_f32(Y_s[i * pk + c + 1]) * v.y;
+        }
+      }
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const float s = sum_over_t(part[hr]);
+        if (t == 0) atomicAdd(dot_s + m0 + g + 8 * hr, s);
+      }
+      __syncthreads();  // every warp takes its one pass here (norm is one block's)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int i = m0 + g + 8 * hr;
+        nr[hr] = r_s[i];
+        na[hr] = r_s[i] * dot_s[i];
+      }
+    };
     // The epilogues of a pass's tiles, from tile `first` of this half, n_tiles of them stored;
     // qg_at(nt, hr, at), rw_at and kd_at give dQg's, dRw's and dKd's pair at element `at`, row
     // m0 + g + 8 hr of tile nt.
@@ -338,8 +394,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kBf16Products, kDK>)
           const float2 qg = qg_at(nt, hr, (r * kC + i) * dk + c);
           sqg[hr] += qg.x * to_f32(Q_s[i * pk + c]) + qg.y * to_f32(Q_s[i * pk + c + 1]);
           if (i < len) {
-            store2(dq + ((start + i) * l.H + h) * dk + c, acc[nt][2 * hr] + e_s[i] * qg.x,
-                   acc[nt][2 * hr + 1] + e_s[i] * qg.y);
+            float x0 = acc[nt][2 * hr] + e_s[i] * qg.x, x1 = acc[nt][2 * hr + 1] + e_s[i] * qg.y;
+            if (norm) {
+              x0 = nr[hr] * x0 - na[hr] * to_f32(Q_s[i * pk + c]);
+              x1 = nr[hr] * x1 - na[hr] * to_f32(Q_s[i * pk + c + 1]);
+            }
+            store2(dq + ((start + i) * l.H + h) * dk + c, x0, x1);
           }
         }
       }
@@ -360,8 +420,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kBf16Products, kDK>)
           srw[hr] += rw.x * k0v + rw.y * k1v;
           skd[hr] += kd.x * k0v + kd.y * k1v;
           if (i < len) {
-            store2(dkk + ((start + i) * l.H + h) * dk + c, acc[nt][2 * hr] + be_s[i] * rw.x + kap_s[i] * kd.x,
-                   acc[nt][2 * hr + 1] + be_s[i] * rw.y + kap_s[i] * kd.y);
+            float x0 = acc[nt][2 * hr] + be_s[i] * rw.x + kap_s[i] * kd.x;
+            float x1 = acc[nt][2 * hr + 1] + be_s[i] * rw.y + kap_s[i] * kd.y;
+            if (norm) {
+              x0 = nr[hr] * x0 - na[hr] * k0v;
+              x1 = nr[hr] * x1 - na[hr] * k1v;
+            }
+            store2(dkk + ((start + i) * l.H + h) * dk + c, x0, x1);
           }
         }
       }
@@ -396,6 +461,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kBf16Products, kDK>)
           };
           float acc[kW][4] = {};
           bf16_strip_accumulate<kW, false>(acc, dPm16, kPitch16, m0, 0, m0 + 16, K_s, pk, n0, lane);
+          if constexpr (kOnePass<kBf16Products, kDK>) {
+            if (norm) {
+              norm_scales(n0, n_tiles, Q_s, dot_q, rq_s, [&](int nt, int hr) {
+                const float e = e_s[m0 + g + 8 * hr];
+                const float2 q2 = from(qg)(nt, hr, 0);
+                return make_float2(acc[nt][2 * hr] + e * q2.x, acc[nt][2 * hr + 1] + e * q2.y);
+              });
+            }
+          }
           dq_epilogue(acc, first, n_tiles, from(qg));
 #pragma unroll
           for (int nt = 0; nt < kW; ++nt) {
@@ -404,6 +478,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kBf16Products, kDK>)
           }
           bf16_strip_accumulate<kW, false>(acc, dSsym16, kPitch16, m0, 0, kC, K_s, pk, n0, lane);
           bf16_strip_accumulate<kW, true>(acc, dPm16, kPitch16, m0, m0, kC, Q_s, pk, n0, lane);
+          if constexpr (kOnePass<kBf16Products, kDK>) {
+            if (norm) {
+              norm_scales(n0, n_tiles, K_s, dot_k, rk_s, [&](int nt, int hr) {
+                const int i = m0 + g + 8 * hr;
+                const float2 r2 = from(rw)(nt, hr, 0), k2 = from(kd)(nt, hr, 0);
+                return make_float2(acc[nt][2 * hr] + be_s[i] * r2.x + kap_s[i] * k2.x,
+                                   acc[nt][2 * hr + 1] + be_s[i] * r2.y + kap_s[i] * k2.y);
+              });
+            }
+          }
           dk_epilogue(acc, first, n_tiles, from(rw), from(kd));
         }
       };
@@ -532,6 +616,21 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kBf16Products, kDK>)
 
 }  // namespace
 
+namespace {
+
+bool tail_vectorizable(const GdrChunkList& l, const GdrChunkBackwardTailArgs& a) {
+  return vectorizable(l, a.in_qk, a.in_v, {a.dRu}, {a.q, a.k}, {a.v, a.dv}, a.v_token_stride);
+}
+
+}  // namespace
+
+bool gdr_chunk_backward_tail_takes_norm(const GdrChunkList& l, const GdrChunkBackwardTailArgs& a) {
+  // The instance launch_fused and with_head_sizes pick below for these arguments is a one-pass one.
+  return a.bf16_grads && a.bf16_products && a.in_qk == DType::BF16 && a.in_v == DType::BF16 &&
+         tail_vectorizable(l, a) && gdr_fixed_head_sizes() && l.dk == 96 && l.dv == 192 &&
+         gdr_chunk_fused_supports(l.C, l.dk, l.dv);
+}
+
 int gdr_chunk_backward_tail(const GdrChunkList& l, const GdrChunkBackwardTailArgs& a, void* stream) {
   // dRw, dKd, dQg are read two floats at a time at the fragments' positions; dA_raw and dP_raw
   // move by 16-byte cp.async (or, with bf16 products, are read two floats at a time).
@@ -542,7 +641,12 @@ int gdr_chunk_backward_tail(const GdrChunkList& l, const GdrChunkBackwardTailArg
   if (a.bf16_grads && (a.in_qk != a.in_v || a.in_qk == DType::F32)) return static_cast<int>(cudaErrorInvalidValue);
   // bf16 products only on that path with bf16 inputs (the dS and dPm tiles share the mma with K, Q).
   if (a.bf16_products && (!a.bf16_grads || a.in_qk != DType::BF16)) return static_cast<int>(cudaErrorInvalidValue);
-  const bool vec = vectorizable(l, a.in_qk, a.in_v, {a.dRu}, {a.q, a.k}, {a.v, a.dv}, a.v_token_stride);
+  // L2Norm's backward takes both rows' scales, and the one-pass instances.
+  if ((a.q_rstd == nullptr) != (a.k_rstd == nullptr) ||
+      (a.q_rstd != nullptr && !gdr_chunk_backward_tail_takes_norm(l, a))) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  const bool vec = tail_vectorizable(l, a);
   const size_t smem =
       static_cast<size_t>(smem_bytes(static_cast<int>(l.dk), elem_bytes(a.in_qk), a.bf16_products));
   const bool bf16_products = a.bf16_products;

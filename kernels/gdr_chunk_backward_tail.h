@@ -10,6 +10,7 @@
 //   dβ = Σ_j dA S D + e Σ(dRw ⊙ K) + Σ(dRu ⊙ V)
 //   dγ = rowsum(Z) − colsum(Z) + b e Σ(dRw ⊙ K) + e Σ(dQg ⊙ Q) − κ Σ(dKd ⊙ K), Z = dS ⊙ S + dPm ⊙ QK,
 //        and dγ_last += Σ_i κ_i Σ(dKd ⊙ K)_i + ddecay · decay;  dg = reverse cumsum of dγ.
+//   and optionally L2Norm's backward on dq and dk (q_rstd, k_rstd below).
 // model/gdr_chunk_core.cpp otherwise takes this as the recomputed X Kᵀ product, the masks' backward
 // kernel, three batched products and the input-gradient kernel (kernels/gdr_chunk.h), which stay
 // as the reference and for the sizes this kernel does not take. Every output is a token's, so a
@@ -46,6 +47,13 @@ struct GdrChunkBackwardTailArgs {
   void* dv = nullptr;             // [tokens, H, dv], dtype in_v, contiguous
   float* dbeta = nullptr;         // [tokens, H]
   float* dg = nullptr;            // [tokens, H]
+  // With q_rstd and k_rstd ([tokens, H] fp32; both or neither), q and k are L2Norm's outputs
+  // y = x · r (r = 1/sqrt(Σ x² + eps) per token and head, MODEL.md §4) and dq, dk are the
+  // gradients of its inputs x instead: dx = r (dy − y Σ(y ⊙ dy)), dy the gradient above (in fp32)
+  // and y the q or k given, stored once, with no pass of the norm's own after this kernel. Only
+  // where gdr_chunk_backward_tail_takes_norm says so.
+  const float* q_rstd = nullptr;
+  const float* k_rstd = nullptr;
   // dQg, dRw and dKd come in bf16 (the fused backward's 16-bit mode, model::gdr_bf16_chunk_grads);
   // taken with q, k and v of one 16-bit type only.
   bool bf16_grads = false;
@@ -58,9 +66,14 @@ struct GdrChunkBackwardTailArgs {
 
 #ifdef DD_HAVE_CUDA
 // Returns the cudaError_t of the launch (0 = success); cudaErrorInvalidValue for sizes
-// gdr_chunk_fused_supports refuses, bf16_grads beside other input types, or bf16_products without
-// bf16_grads and bf16 inputs.
+// gdr_chunk_fused_supports refuses, bf16_grads beside other input types, bf16_products without
+// bf16_grads and bf16 inputs, or one of q_rstd and k_rstd without the other or where the kernel
+// does not take them.
 int gdr_chunk_backward_tail(const GdrChunkList& l, const GdrChunkBackwardTailArgs& a, void* stream);
+// Whether the launch for l and a (q_rstd aside) may take L2Norm's backward: the instance it runs
+// covers each half of dk in one pass (bf16 q, k, v and products, bf16_grads, the fixed head sizes'
+// instance at dk 96, dv 192, kernels/gdr_head_sizes.h).
+bool gdr_chunk_backward_tail_takes_norm(const GdrChunkList& l, const GdrChunkBackwardTailArgs& a);
 #endif
 
 }  // namespace kernels

@@ -70,16 +70,20 @@ class FusedL2NormFn : public torch::autograd::Function<FusedL2NormFn> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto &x = saved[0], &rstd = saved[1];
+    return {input_grad_kernel(grads[0], saved[0], saved[1]), torch::Tensor(), torch::Tensor()};
+  }
+
+  // x as the forward read it (rows_in_place), r fp32 [rows].
+  static torch::Tensor input_grad_kernel(const torch::Tensor& grad, const torch::Tensor& x, const torch::Tensor& rstd) {
     // dy in y's dtype as the forward wrote it (fp32 or x's), read as it comes.
-    auto dy = grads[0].contiguous();
+    auto dy = grad.contiguous();
     if (dy.scalar_type() != torch::kFloat32 && dy.scalar_type() != x.scalar_type()) dy = dy.to(torch::kFloat32);
     auto dx = torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
     check_kernel_launch(kernels::l2_norm_backward(dx.data_ptr(), dy.data_ptr(), dtype_of(dy.scalar_type()), x.data_ptr(),
                                                   dtype_of(x.scalar_type()), rstd.data_ptr<float>(), rows_of(x),
                                                   stream_of(x)),
                         "L2Norm backward");
-    return {dx, torch::Tensor(), torch::Tensor()};
+    return dx;
   }
 };
 
@@ -98,6 +102,48 @@ torch::Tensor fused_l2_norm(const torch::Tensor& x, double eps, torch::ScalarTyp
   if (kernels_apply(x, out_dtype)) return FusedL2NormFn::apply(x, eps, static_cast<int64_t>(out_dtype));
 #endif
   return l2_norm_reference(x, eps, out_dtype);
+}
+
+L2NormRowsOut l2_norm_rows(const torch::Tensor& x, double eps, torch::ScalarType out_dtype) {
+  check_shape(x);
+  torch::NoGradGuard no_grad;
+#if defined(DD_HAVE_CUDA)
+  if (kernels_apply(x, out_dtype)) {
+    auto xr = rows_in_place(x) ? x : x.contiguous();
+    const auto rows = rows_of(xr);
+    L2NormRowsOut out;
+    out.y = torch::empty(x.sizes(), x.options().dtype(out_dtype));
+    out.rstd = torch::empty({rows.N}, x.options().dtype(torch::kFloat32));
+    check_kernel_launch(kernels::l2_norm_forward(out.y.data_ptr(), dtype_of(out_dtype), out.rstd.data_ptr<float>(),
+                                                 xr.data_ptr(), dtype_of(xr.scalar_type()), rows,
+                                                 static_cast<float>(eps), stream_of(xr)),
+                        "L2Norm forward");
+    return out;
+  }
+#endif
+  const auto math = out_dtype == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  auto xf = x.scalar_type() == math ? x : x.to(math);
+  auto r = torch::rsqrt(xf.square().sum(-1, /*keepdim=*/true) + eps);
+  auto y = xf * r;
+  return {y.scalar_type() == out_dtype ? y : y.to(out_dtype), r.reshape({-1})};
+}
+
+torch::Tensor l2_norm_input_grad(const torch::Tensor& dy, const torch::Tensor& x, const torch::Tensor& rstd) {
+  check_shape(x);
+  TORCH_CHECK(dy.sizes() == x.sizes() && rstd.numel() * x.size(3) == x.numel(),
+              "l2_norm_input_grad: dy ", dy.sizes(), ", x ", x.sizes(), " and rstd ", rstd.sizes(), " do not match");
+  torch::NoGradGuard no_grad;
+#if defined(DD_HAVE_CUDA)
+  if (rstd.scalar_type() == torch::kFloat32 && kernels_apply(x, dy.scalar_type() == x.scalar_type() ? x.scalar_type()
+                                                                                                      : torch::kFloat32)) {
+    return FusedL2NormFn::input_grad_kernel(dy, rows_in_place(x) ? x : x.contiguous(), rstd.contiguous());
+  }
+#endif
+  const auto math = rstd.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  auto r = rstd.to(math).reshape({x.size(0), x.size(1), x.size(2), 1});
+  auto y = x.to(math) * r, dyf = dy.to(math);
+  auto dx = r * (dyf - y * (y * dyf).sum(-1, /*keepdim=*/true));
+  return dx.to(x.scalar_type()).contiguous();
 }
 
 }  // namespace model

@@ -17,4 +17,16 @@ namespace model {
 torch::Tensor l2_norm_reference(const torch::Tensor& x, double eps, torch::ScalarType out_dtype);
 torch::Tensor fused_l2_norm(const torch::Tensor& x, double eps, torch::ScalarType out_dtype);
 
+// For an op that takes L2Norm's backward into its own (the chunked delta rule's core,
+// model/gdr_chunk_core.h): the forward without autograd, y as fused_l2_norm's (the same kernel on
+// a GPU) and r = 1/sqrt(Σ x² + eps) per row [B·T·H] (fp32; fp64 for an fp64 out_dtype)...
+struct L2NormRowsOut {
+  torch::Tensor y, rstd;
+};
+L2NormRowsOut l2_norm_rows(const torch::Tensor& x, double eps, torch::ScalarType out_dtype);
+// ... and the backward, for where that op's kernels do not take it: dx = r (dy − y Σ(y ⊙ dy)),
+// y = x r, as fused_l2norm's backward computes it (the same kernel on a GPU), from x and the
+// forward's r; dx in x's dtype, contiguous.
+torch::Tensor l2_norm_input_grad(const torch::Tensor& dy, const torch::Tensor& x, const torch::Tensor& rstd);
+
 }  // namespace model

@@ -31,7 +31,8 @@ torch::Tensor to_dtype(const torch::Tensor& x, torch::ScalarType dt) {
 
 // L2Norm(x) = x / sqrt(Σ x² + 1e-6) over the last dim D, in `dt`: on a GPU one kernel each way,
 // reading x in place in its own dtype (model/fused_l2norm.h); the ATen formula elsewhere.
-torch::Tensor l2_norm(const torch::Tensor& x, torch::ScalarType dt) { return fused_l2_norm(x, 1e-6, dt); }
+constexpr double kL2NormEps = 1e-6;
+torch::Tensor l2_norm(const torch::Tensor& x, torch::ScalarType dt) { return fused_l2_norm(x, kL2NormEps, dt); }
 
 // One token through the short conv: x [B,1,C] pre-conv input, state [B,W-1,C] the previous
 // W-1 pre-conv inputs (zeros when undefined), w [C,W]. Returns silu(conv) [B,1,C]; replaces state.
@@ -153,8 +154,16 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& u, const Positions
   const bool qk16 = tf32_scan && !use_reference && gdn_qk_in_activation_dtype() && qkv_parts[0].is_cuda() &&
                     (qkv_dtype == torch::kBFloat16 || qkv_dtype == torch::kHalf);
   const auto qk_dt = qk16 ? qkv_dtype : ft;
-  auto q = l2_norm(qkv_parts[0].reshape({B, T, H_, dk_}), qk_dt);
-  auto k = l2_norm(qkv_parts[1].reshape({B, T, H_, dk_}), qk_dt);
+  // On a GPU the chunked rule takes q and k before their L2Norm and normalises them itself, so that
+  // its backward's tail kernel also writes the norm's input gradients (GdrQkNorm).
+  const bool norm_in_core = !use_reference && gdn_l2norm_in_core() && qkv_parts[0].is_cuda();
+  const GdrQkNorm qk_norm{norm_in_core, kL2NormEps, qk_dt};
+  auto q = qkv_parts[0].reshape({B, T, H_, dk_});
+  auto k = qkv_parts[1].reshape({B, T, H_, dk_});
+  if (!norm_in_core) {
+    q = l2_norm(q, qk_dt);
+    k = l2_norm(k, qk_dt);
+  }
   auto v = qkv_parts[2].reshape({B, T, H_, dv_});
   auto gt = use_reference ? gdn_gates_reference(gate_rows.narrow(2, 0, H_), gate_rows.narrow(2, H_, H_), A_log, dt_bias,
                                                neg_eig_, ft)
@@ -162,7 +171,7 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& u, const Positions
   auto r = use_reference ? gdr_forward_ref(q, k, v, gt.beta, gt.g, scale_, {}, p.cu_seqlens)
                          : gdr_forward_chunked(q, k, v, gt.beta, gt.g, scale_, {}, p.cu_seqlens, chunk_, tf32_scan,
                                                /*o_as_rows=*/gdr_output_as_rows(), p.gdr_slots.get(),
-                                               /*final_state=*/false);
+                                               /*final_state=*/false, qk_norm);
   return output(r, front.rest, u.scalar_type());
 }
 

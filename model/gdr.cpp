@@ -104,12 +104,15 @@ GdrOutput gdr_forward_ref(const torch::Tensor& q, const torch::Tensor& k, const 
 GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& beta, const torch::Tensor& g, double scale,
                               const torch::Tensor& h0, const torch::Tensor& cu_seqlens, int64_t chunk,
-                              bool tf32_scan, bool o_as_rows, GdrPlanSlots* slots, bool final_state) {
+                              bool tf32_scan, bool o_as_rows, GdrPlanSlots* slots, bool final_state,
+                              const GdrQkNorm& qk_norm) {
   check_inputs("gdr_forward_chunked", q, k, v, beta, g, h0, cu_seqlens);
   TORCH_CHECK(chunk > 0, "gdr_forward_chunked: chunk must be > 0, got ", chunk);
   // The core stays in fp32 under bf16 autocast (MODEL.md §0): no matmul here may be cast down.
   AutocastOff fp32_core;
-  const auto dt = compute_dtype(q);
+  // With the norm inside, the core computes in the dtype of the q it normalises to.
+  const auto norm_dt = qk_norm.dtype == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  const auto dt = qk_norm.on ? norm_dt : compute_dtype(q);
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), dk = q.size(3), dv = v.size(3), C = chunk;
   if (T == 0) {
     auto h = h0.defined() ? to_dtype(h0, dt) : torch::zeros({B, H, dk, dv}, q.options().dtype(dt));
@@ -139,7 +142,7 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
   // The rows' one reader, the Gated DeltaNet's output norm, takes them in bf16 (written so on the 16-bit path).
   const auto core = gdr_chunk_core(q, k, v, beta, g, h0s, layout, scale,
                                    direct_tokens ? gdr_chunk_row_targets(layout, H, q.device()) : torch::Tensor(),
-                                   /*bf16_output_ok=*/o_as_rows);
+                                   /*bf16_output_ok=*/o_as_rows, qk_norm);
   torch::Tensor h_final;  // undefined unless the caller reads it
   if (final_state) {
     h_final = core.h_final.view({n_seq, H, dk, dv});
@@ -164,7 +167,11 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
 namespace {
 std::atomic<bool> g_output_as_rows{true};
 std::atomic<bool> g_qk_in_activation_dtype{true};
+std::atomic<bool> g_l2norm_in_core{true};
 }  // namespace
+
+void gdn_l2norm_in_core(bool on) { g_l2norm_in_core = on; }
+bool gdn_l2norm_in_core() { return g_l2norm_in_core; }
 
 void gdr_output_as_rows(bool on) { g_output_as_rows = on; }
 bool gdr_output_as_rows() { return g_output_as_rows; }

@@ -19,6 +19,17 @@ namespace model {
 
 class GdrPlanSlots;
 
+// L2Norm of q and k taken into the chunked rule's op (gdr_forward_chunked, gdr_chunk_core): with
+// `on`, q and k come as the norm's inputs x and the op normalises them itself, y = x / sqrt(Σ x² +
+// eps) over dk in `dtype` (model/fused_l2norm.h), and their gradients go back to x. On a GPU the
+// backward's tail kernel then writes those gradients directly (kernels/gdr_chunk_backward_tail.h),
+// with no pass of the norm's own backward after it.
+struct GdrQkNorm {
+  bool on = false;
+  double eps = 1e-6;
+  torch::ScalarType dtype = torch::kFloat32;
+};
+
 struct GdrOutput {
   torch::Tensor o;  // [B,T,H,dv] in the compute dtype; undefined when o_rows is returned instead
   torch::Tensor h;  // final state [B or n_docs, H, dk, dv] (key-major), compute dtype
@@ -54,13 +65,14 @@ GdrOutput gdr_forward_ref(const torch::Tensor& q, const torch::Tensor& k, const 
 // slots: a packed row's plan at fixed device addresses (model/gdr_plan_slots.h, for steps captured
 // as CUDA graphs; cu_seqlens is then its padded copy and no h0 is taken). h then covers the fixed
 // layout's documents: the batch's first, in order, then its dummies' (zero) states.
+// qk_norm: q and k are L2Norm's inputs, normalised here (GdrQkNorm).
 // final_state: false leaves h undefined, for a caller that never reads it (a training forward): the
 // states then stay in the scan's document order, with no reordering gather.
 GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& beta, const torch::Tensor& g, double scale,
                               const torch::Tensor& h0, const torch::Tensor& cu_seqlens, int64_t chunk,
                               bool tf32_scan = false, bool o_as_rows = false, GdrPlanSlots* slots = nullptr,
-                              bool final_state = true);
+                              bool final_state = true, const GdrQkNorm& qk_norm = {});
 
 // Process-wide switch (default on), for benchmarks: whether the Gated DeltaNet layer takes the
 // chunked rule's output as rows (o_as_rows, read in place by its output norm) or copied into token
@@ -74,6 +86,12 @@ bool gdr_output_as_rows();
 // come; off emits them in fp32.
 void gdn_qk_in_activation_dtype(bool on);
 bool gdn_qk_in_activation_dtype();
+
+// Process-wide switch (default on), for benchmarks and tests: on a GPU the Gated DeltaNet layer
+// hands q and k to the chunked rule before their L2Norm (GdrQkNorm), so that the backward's tail
+// takes the norm's backward; off runs the norm as an op of its own each way.
+void gdn_l2norm_in_core(bool on);
+bool gdn_l2norm_in_core();
 
 // What the scan's products should be for the config value model.gdn_scan_precision ("tf32",
 // "fp32" or "auto") when the layer's matmuls run in `matmul_dtype`: "auto" is TF32 when they run in

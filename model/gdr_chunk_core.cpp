@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "model/bmm_fp32.h"
+#include "model/fused_l2norm.h"
 #include "model/gdr_state_grads.h"
 #include "model/layers.h"
 #include "model/tril_solve.h"
@@ -48,6 +49,7 @@ std::atomic<bool> g_dv_in_solve{true};
 std::atomic<bool> g_bf16_chunk_grads{true};
 std::atomic<bool> g_bf16_scan_products{true};
 std::atomic<bool> g_bf16_tail_products{true};
+std::atomic<int64_t> g_tail_norm_launches{0};
 std::atomic<bool> g_bf16_solve_tiles{true};
 std::atomic<bool> g_bf16_output{true};
 std::atomic<int64_t> g_bf16_solve_tile_launches{0};
@@ -442,10 +444,14 @@ SolveGrads solve_backward_kernel(const Ctx& c, const KernelInputs& ki, const tor
 // The input gradients from the solve's and the output products' gradients in one kernel
 // (kernels/gdr_chunk_backward_tail.h). dP_raw and dQg may be undefined (no output gradient). Where
 // the solve's backward took dRu's part (sg.dv defined), the tail takes dbeta_v and returns sg.dv.
+// With q_rstd and k_rstd defined (the core's qk_norm), dq and dk come back as the gradients of the
+// norm's inputs where the kernel takes the norm's backward (kernels::GdrChunkBackwardTailArgs::
+// q_rstd), and *norm_taken says whether it did.
 variable_list backward_tail_kernel(const Ctx& c, const KernelInputs& ki, double scale, const SolveGrads& sg,
                                    const torch::Tensor& dP_raw, const torch::Tensor& dQg, const torch::Tensor& dKd,
                                    const torch::Tensor& ddecay, const torch::Tensor& q, const torch::Tensor& k,
-                                   const torch::Tensor& v, const torch::Tensor& beta, const torch::Tensor& g) {
+                                   const torch::Tensor& v, const torch::Tensor& beta, const torch::Tensor& g,
+                                   const torch::Tensor& q_rstd, const torch::Tensor& k_rstd, bool* norm_taken) {
   auto dq = torch::empty_like(ki.q), dk = torch::empty_like(ki.k);
   const bool dv_given = sg.dv.defined();
   auto dv = dv_given ? sg.dv : torch::empty(ki.v.sizes(), ki.v.options());  // contiguous, whatever v's layout
@@ -475,6 +481,18 @@ variable_list backward_tail_kernel(const Ctx& c, const KernelInputs& ki, double 
   a.dv = dv.data_ptr();
   a.dbeta = dbeta.data_ptr<float>();
   a.dg = dg.data_ptr<float>();
+  *norm_taken = false;
+  if (q_rstd.defined() && kernels::gdr_chunk_backward_tail_takes_norm(chunk_list(c), a)) {
+    auto ok = [&](const torch::Tensor& r) {
+      return r.defined() && r.scalar_type() == torch::kFloat32 && r.is_contiguous() && r.numel() == c.l.B * c.l.T * c.H;
+    };
+    TORCH_CHECK(ok(q_rstd) && ok(k_rstd),
+                "gated delta rule backward tail: expected fp32 L2Norm scales [", c.l.B * c.l.T * c.H, "] for q and k");
+    a.q_rstd = q_rstd.data_ptr<float>();
+    a.k_rstd = k_rstd.data_ptr<float>();
+    *norm_taken = true;
+    ++g_tail_norm_launches;
+  }
   check_kernel_launch(kernels::gdr_chunk_backward_tail(chunk_list(c), a, stream_of(dq)),
                       "gated delta rule backward tail");
   return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dbeta.to(beta.scalar_type()),
@@ -599,12 +617,22 @@ bool bf16_output(const Ctx& c, const torch::Tensor& v, const OutputTargets& targ
 
 class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
  public:
-  static variable_list forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& q_in, const torch::Tensor& k_in,
                                const torch::Tensor& v, const torch::Tensor& beta, const torch::Tensor& g,
                                const torch::Tensor& h0, const GdrChunkLayout& l, double scale,
-                               const OutputTargets& targets) {
+                               const OutputTargets& targets, const GdrQkNorm& qk_norm) {
     const torch::Tensor& o_targets = targets.rows;
     ctx->set_materialize_grads(false);
+    // With qk_norm, q and k are the norm's outputs from here on; its scales are saved for the backward.
+    torch::Tensor q = q_in, k = k_in, q_rstd, k_rstd;
+    if (qk_norm.on) {
+      auto nq = l2_norm_rows(q_in, qk_norm.eps, qk_norm.dtype);
+      auto nk = l2_norm_rows(k_in, qk_norm.eps, qk_norm.dtype);
+      q = nq.y;
+      k = nk.y;
+      q_rstd = nq.rstd;
+      k_rstd = nk.rstd;
+    }
     const Ctx c = make_ctx(l, q, v, h0);
     const ForwardFront f = forward_front(c, q, k, v, beta, g);  // W, U, Kd, Qg, P bf16 with bf16_front(c)
     // O = s (P Vn + Qg h_in), both products in one pass over O. h_in and v_new are bf16 under the
@@ -628,9 +656,14 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     const bool keep_front = fused_kernels(c) && g_save_front;
     std::vector<torch::Tensor> saved{q, k, v, beta, g, f.Tm, f.W, scan.h_in, scan.v_new};
     if (keep_front) saved.insert(saved.end(), {f.Kd, f.Qg, f.P, f.decay});
+    const int64_t norm_at = static_cast<int64_t>(saved.size());
+    // The norm's inputs as given (views of the short conv's output, which v keeps alive anyway),
+    // for its own backward where the tail kernel does not take it.
+    if (qk_norm.on) saved.insert(saved.end(), {q_rstd, k_rstd, q_in, k_in});
     ctx->save_for_backward(saved);
     auto& sd = ctx->saved_data;
     sd["front_saved"] = keep_front;
+    sd["qk_norm_at"] = qk_norm.on ? norm_at : int64_t{-1};  // where the norm's scales are saved
     sd["n_docs"] = l.scan.n_docs;
     sd["heads"] = l.scan.heads;
     sd["step_count"] = l.scan.step_count;
@@ -689,6 +722,10 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     // and k): saved by the forward (gdr_save_front) or recomputed, in bf16 where the forward wrote
     // bf16; else the whole of prep, the masks and X Kᵀ, recomputed.
     const bool fused = fused_kernels(c);
+    const int64_t norm_at = sd["qk_norm_at"].toInt();
+    const torch::Tensor q_rstd = norm_at >= 0 ? sv[norm_at] : torch::Tensor();
+    const torch::Tensor k_rstd = norm_at >= 0 ? sv[norm_at + 1] : torch::Tensor();
+    bool norm_taken = false;  // whether the tail kernel took the norm's backward
     Front f;
     ForwardFront ff;
 #if defined(DD_HAVE_CUDA)
@@ -755,7 +792,8 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
 #if defined(DD_HAVE_CUDA)
     if (fused) {
       const auto solved = solve_backward_kernel(c, f.ki, Tm, dW, dU, sd["tf32_chunk"].toBool(), g_dv_in_solve);
-      dx = backward_tail_kernel(c, f.ki, s, solved, dP_raw, dQg, u.dKd, u.ddecay, q, k, v, beta, g);
+      dx = backward_tail_kernel(c, f.ki, s, solved, dP_raw, dQg, u.dKd, u.ddecay, q, k, v, beta, g, q_rstd, k_rstd,
+                                &norm_taken);
     }
 #endif
     if (!fused) {
@@ -788,7 +826,15 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
       dx = input_grads_reference(c, p, u, q, k, v, beta, g);
 #endif
     }
-    return {dx[0], dx[1], dx[2], dx[3], dx[4], sg.dh0, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    if (norm_at >= 0) {
+      // The norm's own backward where the tail did not take it, as its op would run it; the norm's
+      // inputs' dtypes either way.
+      const auto &q_in = sv[norm_at + 2], &k_in = sv[norm_at + 3];
+      dx[0] = norm_taken ? dx[0].to(q_in.scalar_type()) : l2_norm_input_grad(dx[0], q_in, q_rstd);
+      dx[1] = norm_taken ? dx[1].to(k_in.scalar_type()) : l2_norm_input_grad(dx[1], k_in, k_rstd);
+    }
+    return {dx[0], dx[1], dx[2], dx[3], dx[4], sg.dh0, torch::Tensor(), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
   }
 };
 
@@ -822,12 +868,14 @@ int64_t gdr_bf16_solve_tile_launches() { return g_bf16_solve_tile_launches.load(
 
 int64_t gdr_front_recomputes() { return g_front_recomputes.load(); }
 
+int64_t gdr_tail_norm_launches() { return g_tail_norm_launches.load(); }
+
 void gdr_tf32_chunk_products(bool on) { g_tf32_chunk_products = on; }
 
 GdrChunkCoreOutput gdr_chunk_core(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                   const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0,
                                   const GdrChunkLayout& l, double scale, const torch::Tensor& o_targets,
-                                  bool bf16_output_ok) {
+                                  bool bf16_output_ok, const GdrQkNorm& qk_norm) {
   TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 && v.sizes().slice(0, 3) == q.sizes().slice(0, 3),
               "gdr_chunk_core: expected q, k [B,T,H,dk] and v [B,T,H,dv], got ", q.sizes(), ", ", k.sizes(), ", ",
               v.sizes());
@@ -841,7 +889,8 @@ GdrChunkCoreOutput gdr_chunk_core(const torch::Tensor& q, const torch::Tensor& k
               "gdr_chunk_core: expected h0 [n_docs·H, dk, dv], got ", h0.sizes());
   // The core stays in fp32 under bf16 autocast (MODEL.md §0).
   AutocastOff fp32_core;
-  auto outs = GdrChunkCoreFn::apply(q, k, v, beta, g, h0, l, scale, OutputTargets{o_targets, bf16_output_ok});
+  auto outs =
+      GdrChunkCoreFn::apply(q, k, v, beta, g, h0, l, scale, OutputTargets{o_targets, bf16_output_ok}, qk_norm);
   return {outs[0], outs[1]};
 }
 

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 
+#include "model/gdr.h"
 #include "model/gdr_chunk_layout.h"
 
 namespace model {
@@ -41,10 +42,15 @@ struct GdrChunkCoreOutput {
 // It comes so, with gdr_bf16_output on, in the chunk layout (no o_targets) on the 16-bit path: the
 // bf16 front (gdr_bf16_front) with bf16 v. O's gradient then comes back in bf16, which the reverse
 // scan and the state products read as it is (they round it to bf16 for their products anyway).
+// qk_norm (model/gdr.h): q and k are L2Norm's inputs; the op normalises them first and saves the
+// norm's scales, and its backward returns their gradients: from the fused tail kernel where it
+// takes the norm (kernels::gdr_chunk_backward_tail_takes_norm: the 16-bit path at dk 96, dv 192),
+// else by the norm's own backward after the core's (model/fused_l2norm.h, the same as the norm's
+// op would run).
 GdrChunkCoreOutput gdr_chunk_core(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                   const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0,
                                   const GdrChunkLayout& l, double scale, const torch::Tensor& o_targets = {},
-                                  bool bf16_output_ok = false);
+                                  bool bf16_output_ok = false, const GdrQkNorm& qk_norm = {});
 
 // Process-wide switch (default on), for benchmarks and tests: whether gdr_chunk_core writes O in
 // bf16 where the caller allows it (bf16_output_ok): half the bytes for the output product's write,
@@ -114,5 +120,7 @@ void gdr_bf16_tail_products(bool on);
 void gdr_bf16_solve_tiles(bool on);
 // How many of the solve backward's launches took the bf16 tiles (tests check the path was taken).
 int64_t gdr_bf16_solve_tile_launches();
+// How many backward tails took L2Norm's backward (GdrQkNorm; tests check the path was taken).
+int64_t gdr_tail_norm_launches();
 
 }  // namespace model

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/fused_l2norm.h"
 #include "model/gdr.h"
 #include "model/gdr_chunk_core.h"
 #include "model/gdr_chunk_layout.h"
@@ -340,6 +341,58 @@ TEST(Gdr, FixedCapacityPlanMatchesTheBatchPlan) {
     EXPECT_NE(std::string(e.what_without_backtrace()).find("document 0 has 4 chunks"), std::string::npos)
         << e.what_without_backtrace();
   }
+}
+
+// L2Norm of q and k taken into the chunked rule's op (model::GdrQkNorm, the Gated DeltaNet's path
+// on a GPU) against the norm as an op of its own before it (autograd through its ATen formula,
+// model::l2_norm_reference):
+// the same normalised q and k, so the same outputs and final states to the bit; the gradients of
+// the norm's inputs, from the formula the op applies after its own backward here (on the CPU), equal
+// to 1e-12 in fp64, and every other gradient to the bit. Dense and packed, unnormalised inputs of
+// several scales.
+TEST(Gdr, L2NormInsideTheCoreMatchesTheNormBefore) {
+  torch::manual_seed(57);
+  const char* names[] = {"q", "k", "v", "beta", "g", "h0"};
+  const int64_t T = 70, H = 2, dk = 6, dv = 5;
+  const double scale = 1.0 / std::sqrt(6.0);
+  double worst = 0;
+  for (const bool varlen : {false, true}) {
+    const int64_t B = varlen ? 1 : 2;
+    const torch::Tensor cu = varlen ? torch::tensor({0, 17, 50, 51, 70}, torch::kInt64) : torch::Tensor();
+    auto in = random_inputs(B, T, H, dk, dv, /*strong=*/false, varlen ? 4 : B);
+    // The norm's inputs: rows of any length, as the short conv gives them.
+    in.q = torch::randn({B, T, H, dk}, F64) * torch::rand({B, T, H, 1}, F64) * 3.0;
+    in.k = torch::randn({B, T, H, dk}, F64) * torch::rand({B, T, H, 1}, F64) * 3.0;
+    const auto R1 = torch::randn({B, T, H, dv}, F64);
+    const auto R2 = torch::randn_like(in.h0);
+    std::vector<torch::Tensor> outs[2], grads[2];
+    for (const bool inside : {false, true}) {
+      std::vector<torch::Tensor> x{in.q, in.k, in.v, in.beta, in.g, in.h0};
+      for (auto& t : x) t = t.clone().requires_grad_(true);
+      const model::GdrQkNorm norm{inside, 1e-6, torch::kFloat64};
+      auto before = [](const torch::Tensor& t) { return model::l2_norm_reference(t, 1e-6, torch::kFloat64); };
+      const auto q = inside ? x[0] : before(x[0]), k = inside ? x[1] : before(x[1]);
+      const auto out = model::gdr_forward_chunked(q, k, x[2], x[3], x[4], scale, x[5], cu, 16, false, false, nullptr,
+                                                  true, norm);
+      ((out.o * R1).sum() + (out.h * R2).sum()).backward();
+      outs[inside] = {out.o.detach(), out.h.detach()};
+      for (auto& t : x) grads[inside].push_back(t.grad());
+    }
+    EXPECT_TRUE(torch::equal(outs[1][0], outs[0][0])) << "o, varlen=" << varlen;
+    EXPECT_TRUE(torch::equal(outs[1][1], outs[0][1])) << "h, varlen=" << varlen;
+    for (size_t i = 0; i < grads[0].size(); ++i) {
+      ASSERT_TRUE(grads[1][i].defined()) << names[i];
+      EXPECT_GT(grads[0][i].abs().max().item<double>(), 1e-3) << names[i];
+      const double e = max_abs_diff(grads[1][i], grads[0][i]);
+      if (i < 2) {
+        EXPECT_LE(e, 1e-12) << names[i] << " varlen=" << varlen;
+        worst = std::max(worst, e);
+      } else {
+        EXPECT_TRUE(torch::equal(grads[1][i], grads[0][i])) << names[i] << " varlen=" << varlen << " differs by " << e;
+      }
+    }
+  }
+  std::printf("[gdr] L2Norm inside the core vs before it (fp64): q, k gradients max %.2e\n", worst);
 }
 
 // model.gdn_scan_precision: "auto" takes the scan's plain-TF32 products exactly when the layer's

@@ -23,6 +23,7 @@
 #include "kernels/gdr_chunk_front.h"
 #include "kernels/gdr_head_sizes.h"
 #include "kernels/gdr_scan.h"
+#include "model/fused_l2norm.h"
 #include "model/gdr.h"
 #include "model/gdr_chunk_core.h"
 #include "model/gdr_plan_slots.h"
@@ -1376,6 +1377,92 @@ TEST(GdrScanCuda, FusedKernelsMatchSeparateOnes) {
                   dv_in_solve ? "solve" : "tail", c.name().c_str(), expect_runs_match(c, got, want));
     }
     model::gdr_dv_in_solve(true);
+  }
+}
+
+// L2Norm of q and k taken into the chunked rule's op (model::GdrQkNorm, the Gated DeltaNet's
+// default on a GPU) against the norm's own op before it (model::fused_l2_norm, the same forward
+// kernel): the same normalised q and k, so o and h to the bit. Where the backward's tail takes the
+// norm's backward (hybrid base's heads on the 16-bit path, counted by gdr_tail_norm_launches), q
+// and k's gradients differ by rounding (the sums of y ⊙ dy taken from fp32 dy, where the norm's
+// kernel reads dy rounded to bf16): within 4e-3 of the other path, and no further from an fp64
+// run of the same inputs than it is (1.1 times its error, plus 1e-4). Elsewhere the core runs the
+// norm's own backward kernel after its own, so every gradient is the other path's to the bit. The
+// other gradients are the same either way, but for the tail's atomic sums (dβ, dg: 1e-6). Inputs
+// of several scales per row, read in place from a wider tensor as the short conv's output is.
+TEST(GdrScanCuda, L2NormInsideTheCoreMatchesTheNormBefore) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 563);
+  struct NormCase {
+    int64_t B, T, H, dk, dv;
+    std::vector<int64_t> cu;
+    bool bf16, tf32_scan, in_tail;
+  };
+  const NormCase cases[] = {
+      {1, 300, 2, 96, 192, {0, 17, 150, 151, 300}, true, true, true},  // hybrid base's heads, the 16-bit path
+      {2, 150, 3, 96, 192, {}, true, true, true},                      // dense, a ragged chunk
+      {2, 150, 3, 128, 128, {}, true, true, false},                    // moe-1b's dk: the norm's kernel
+      {1, 300, 2, 128, 128, {0, 17, 150, 151, 300}, false, false, false},  // fp32 q, k
+      {2, 150, 2, 36, 40, {}, false, false, false},                    // sizes the fused kernels do not take
+  };
+  auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+  for (const NormCase& c : cases) {
+    const std::string name = "B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) + " dk=" +
+                             std::to_string(c.dk) + " dv=" + std::to_string(c.dv) + (c.bf16 ? " bf16" : " fp32") +
+                             (c.cu.empty() ? "" : " packed");
+    const auto dt = c.bf16 ? torch::kBFloat16 : torch::kFloat32;
+    const int64_t Kg = c.H * c.dk, n_state = c.cu.empty() ? c.B : static_cast<int64_t>(c.cu.size()) - 1;
+    // q | k | 8 spare columns, as the conv's output rows hold q, k and v side by side.
+    const auto qk = (torch::randn({c.B, c.T, 2 * Kg + 8}, f32) * (torch::rand({c.B, c.T, 1}, f32) * 3.0 + 0.1)).to(dt);
+    const auto v = torch::randn({c.B, c.T, c.H, c.dv}, f32).to(dt);
+    const auto beta = torch::sigmoid(torch::randn({c.B, c.T, c.H}, f32));
+    const auto g = -torch::rand({c.B, c.T, c.H}, f32) * 0.5;
+    const auto dO = torch::randn({c.B, c.T, c.H, c.dv}, f32), dH = torch::randn({n_state, c.H, c.dk, c.dv}, f32);
+    const torch::Tensor cu = c.cu.empty() ? torch::Tensor() : torch::tensor(c.cu, torch::kInt64);
+    // inside: the norm in the core; fp64: the norm before it, every input in fp64 (the reference).
+    auto run = [&](bool inside, bool fp64) {
+      const auto x_dt = fp64 ? torch::kFloat64 : dt;
+      // Fresh leaves each run (to() of the same dtype would hand back the shared tensor itself).
+      auto qk_in = qk.to(x_dt).clone().requires_grad_(true);
+      std::vector<torch::Tensor> x{v.to(fp64 ? torch::kFloat64 : dt), beta.to(fp64 ? torch::kFloat64 : torch::kFloat32),
+                                   g.to(fp64 ? torch::kFloat64 : torch::kFloat32)};
+      for (auto& t : x) t = t.clone().requires_grad_(true);
+      auto q = qk_in.narrow(2, 0, Kg).view({c.B, c.T, c.H, c.dk});
+      auto k = qk_in.narrow(2, Kg, Kg).view({c.B, c.T, c.H, c.dk});
+      if (!inside) {
+        q = model::fused_l2_norm(q, 1e-6, x_dt);
+        k = model::fused_l2_norm(k, 1e-6, x_dt);
+      }
+      const auto out = model::gdr_forward_chunked(q, k, x[0], x[1], x[2], 1.0 / std::sqrt(double(c.dk)), {}, cu, 64,
+                                                  c.tf32_scan && !fp64, false, nullptr, true,
+                                                  model::GdrQkNorm{inside, 1e-6, x_dt});
+      ((out.o.to(torch::kFloat64) * dO.to(torch::kFloat64)).sum() + (out.h.to(torch::kFloat64) * dH).sum()).backward();
+      const auto dqk = qk_in.grad();
+      EXPECT_TRUE(dqk.narrow(2, 2 * Kg, 8).eq(0).all().item<bool>()) << name << ": the spare columns got a gradient";
+      return std::vector<torch::Tensor>{out.o, out.h, dqk.narrow(2, 0, Kg), dqk.narrow(2, Kg, Kg), x[0].grad(),
+                                        x[1].grad(), x[2].grad()};
+    };
+    const auto before = run(false, false);
+    const int64_t taken = model::gdr_tail_norm_launches();
+    const auto inside = run(true, false);
+    EXPECT_EQ(model::gdr_tail_norm_launches() - taken, c.in_tail ? 1 : 0) << name;
+    const auto ref = c.in_tail ? run(false, true) : std::vector<torch::Tensor>{};
+    const char* const names[] = {"o", "h", "dq", "dk", "dv", "dbeta", "dg"};
+    for (size_t i = 0; i < 7; ++i) {
+      const double e = rel_norm_diff(inside[i], before[i]);
+      if ((i == 2 || i == 3) && c.in_tail) {
+        EXPECT_LT(e, 4e-3) << name << ": " << names[i];
+        const double e_inside = rel_norm_diff(inside[i].to(torch::kFloat64), ref[i]);
+        const double e_before = rel_norm_diff(before[i].to(torch::kFloat64), ref[i]);
+        EXPECT_LT(e_inside, 1.1 * e_before + 1e-4) << name << ": " << names[i];
+        std::printf("[gdr_chunk] L2Norm in the tail, %s: %s %.1e from the norm's kernel; from fp64 %.1e (norm's "
+                    "kernel %.1e)\n", name.c_str(), names[i], e, e_inside, e_before);
+      } else if (i == 5 || i == 6) {
+        EXPECT_LT(e, 1e-6) << name << ": " << names[i];
+      } else {
+        EXPECT_TRUE(torch::equal(inside[i], before[i])) << name << ": " << names[i] << " differs by " << e;
+      }
+    }
   }
 }
 
