@@ -336,8 +336,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kBf16Products, kDK>)
   //
   // With L2Norm's backward (norm), each epilogue stores dx = r dy − (r Σ(y ⊙ dy)) y, y the staged
   // q or k, dy the value the epilogue would store. The one pass holds a row's half in each of two
-  // warps' accumulators, so their sums of y ⊙ dy meet in shared memory behind a barrier before
-  // the stores: the sum is that of the fp32 values (where the norm's own kernel read them rounded
+  // warps' accumulators, so their sums of y ⊙ dy meet in shared memory behind the two warps'
+  // barrier before the stores: the sum is that of the fp32 values (where the norm's own kernel read them rounded
   // to bf16). (A pass over the written rows at the kernel's end, read back from L2, cost the tail
   // 0.20 ms a step at hybrid base, as much as the norm's kernel; the rows' sums worked out from
   // the masks' ones took dS and dPm in fp32 where the products take them in bf16.)
@@ -368,7 +368,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kBf16Products, kDK>)
         const float s = sum_over_t(part[hr]);
         if (t == 0) atomicAdd(dot_s + m0 + g + 8 * hr, s);
       }
-      __syncthreads();  // every warp takes its one pass here (norm is one block's)
+      // The row strip's two warps (halves 0 and 1) meet at a barrier of their own (ids 1 – 4; 0 is
+      // __syncthreads'): the others need not wait for them.
+      asm volatile("bar.sync %0, 64;" ::"r"(1 + mt) : "memory");
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int i = m0 + g + 8 * hr;
