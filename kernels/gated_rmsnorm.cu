@@ -1,6 +1,7 @@
 // One warp per row, rows grid-strided over the launch's warps. The backward's weight gradient is
-// kept per lane in registers for the lane's columns across the warp's rows and written once per
-// warp as one row of dw_partial, summed by the caller.
+// kept per lane in registers for the lane's columns across the warp's rows, the block's warps' rows
+// summed in shared memory at the end and written as one row of dw_partial a block, summed by the
+// caller (a row a warp gave the caller's column sum 4096 rows at hybrid base, 8 times as many).
 // Rows up to 512 wide: each lane loads its runs of kVec adjacent columns (lane + 32 j, as one
 // vector when D is a multiple of 4 and the rows are aligned) into registers once, so every value
 // is read once and all of a row's loads are in flight before its warp sum. Wider rows (and
@@ -32,6 +33,24 @@ __device__ __forceinline__ int64_t z_row(const GatedNormRows& r, int64_t n) {
 
 __device__ __forceinline__ int64_t o_offset(const GatedNormRows& r, int64_t n) {
   return (r.o_row != nullptr ? static_cast<int64_t>(r.o_row[n]) : n) * r.D;
+}
+
+// The block's row of dw_partial: each warp's weight-gradient sums (for_each_column(f) calls f(c,
+// value) for this lane's columns c < D, every column of the row among the warp's lanes) into
+// red [kWarps][pitch] in shared memory, then summed over the warps in their order (the same bits
+// whatever the timing) into row blockIdx.x. Every thread of the block calls it.
+template <class ForEachColumn>
+__device__ __forceinline__ void store_block_dw(float* dw_partial, float* red, int pitch, int D,
+                                               ForEachColumn for_each_column) {
+  const int warp = threadIdx.x / 32;
+  for_each_column([&](int c, float v) { red[warp * pitch + c] = v; });
+  __syncthreads();
+  for (int c = threadIdx.x; c < D; c += kWarps * 32) {
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += red[w * pitch + c];
+    dw_partial[static_cast<int64_t>(blockIdx.x) * D + c] = sum;
+  }
 }
 
 template <typename TY, typename TZ, typename TO>
@@ -108,11 +127,13 @@ __global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_backward_kernel(TO*
       }
     }
   }
+  __shared__ float red[kWarps * 32 * PER_LANE];
+  store_block_dw(dw_partial, red, 32 * PER_LANE, D, [&](auto f) {
 #pragma unroll
-  for (int k = 0; k < PER_LANE; ++k) {
-    const int c = lane + 32 * k;
-    if (c < D) dw_partial[warp_id * D + c] = acc[k];
-  }
+    for (int k = 0; k < PER_LANE; ++k) {
+      if (lane + 32 * k < D) f(lane + 32 * k, acc[k]);
+    }
+  });
 }
 
 // 1 / (1 + e^-z) without IEEE division's slow path; for z < about −88 the denominator is infinite
@@ -248,11 +269,17 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
+  __shared__ float red[kWarps * 32 * kRuns * kVec];
+  store_block_dw(dw_partial, red, 32 * kRuns * kVec, D, [&](auto f) {
 #pragma unroll
-  for (int j = 0; j < kRuns; ++j) {
-    const int c = run_column<kVec>(lane, j);
-    if (c < D) store_run<kVec>(dw_partial + warp_id * D, c, acc[j]);
-  }
+    for (int j = 0; j < kRuns; ++j) {
+      const int c = run_column<kVec>(lane, j);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        if (c < D) f(c + e, acc[j][e]);
+      }
+    }
+  });
 }
 
 // The backward for 16-bit y and z, its rows staged through shared memory. The register kernel
@@ -277,7 +304,7 @@ struct StagedRowSlots {
 };
 
 template <typename T, typename TO, int kRuns, int kVec>
-__global__ void __launch_bounds__(kWarps * 32, 4)  // four blocks an SM: 64 registers (16 bytes spilled at (2, 4))
+__global__ void __launch_bounds__(kWarps * 32, 4)  // four blocks an SM: 64 registers (24 bytes spilled at (2, 4))
     gated_rmsnorm_backward_staged_kernel(TO* d_o, T* dz, float* dw_partial, const T* dy, const TO* o,
                                          const T* z, const float* w, const float* rstd, GatedNormRows rows) {
   extern __shared__ __align__(16) unsigned char staged_smem[];
@@ -380,11 +407,20 @@ __global__ void __launch_bounds__(kWarps * 32, 4)  // four blocks an SM: 64 regi
     }
   }
   cp_async_wait_all();  // no copy outlives the block (the ring's last groups are empty or unread)
+  // The ring's o slots take the warps' rows (kStages · kWarps · kRuns · 32 pieces hold kWarps · D
+  // floats) once every warp is done reading them.
+  __syncthreads();
+  static_assert(sizeof(slots.o) >= sizeof(float) * kWarps * kRuns * kVec * 32, "the o slots hold the warps' rows");
+  store_block_dw(dw_partial, reinterpret_cast<float*>(&slots.o[0][0][0][0]), 32 * kRuns * kVec, D, [&](auto f) {
 #pragma unroll
-  for (int j = 0; j < kRuns; ++j) {
-    const int c = run_column<kVec>(lane, j);
-    if (c < D) store_run<kVec>(dw_partial + static_cast<int64_t>(warp_id) * D, c, acc[j]);
-  }
+    for (int j = 0; j < kRuns; ++j) {
+      const int c = run_column<kVec>(lane, j);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        if (c < D) f(c + e, acc[j][e]);
+      }
+    }
+  });
 }
 
 bool g_register_rows = true;  // gated_rmsnorm_register_rows
@@ -471,8 +507,8 @@ void gated_rmsnorm_staged_rows(bool on) { g_staged_rows = on; }
 int64_t gated_rmsnorm_staged_launches() { return g_staged_launches.load(); }
 
 int64_t gated_rmsnorm_backward_partial_rows(int64_t N) {
-  const int64_t blocks = (N + kWarps - 1) / kWarps < kBackwardBlocks ? (N + kWarps - 1) / kWarps : kBackwardBlocks;
-  return blocks * kWarps;
+  // One row a block (store_block_dw).
+  return (N + kWarps - 1) / kWarps < kBackwardBlocks ? (N + kWarps - 1) / kWarps : kBackwardBlocks;
 }
 
 int gated_rmsnorm_forward(void* y, DType y_dt, float* rstd, const void* o, DType o_dt, const void* z, DType z_dt,
@@ -512,7 +548,7 @@ int gated_rmsnorm_backward(void* d_o, void* dz, float* dw_partial, const void* d
     return static_cast<int>(cudaErrorInvalidValue);
   }
   if (rows.N == 0) return 0;
-  const unsigned grid = static_cast<unsigned>(gated_rmsnorm_backward_partial_rows(rows.N) / kWarps);
+  const unsigned grid = static_cast<unsigned>(gated_rmsnorm_backward_partial_rows(rows.N));
   auto st = static_cast<cudaStream_t>(stream);
   dispatch_dtype(y_dt, [&](auto y_tag) {
     dispatch_dtype(z_dt, [&](auto z_tag) {
