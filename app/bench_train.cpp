@@ -131,6 +131,7 @@ int bench_train(const BenchTrainArgs& a) {
       {"--moe-weights", &a.moe_weights, {"swiglu", "combine"}},
       {"--grad-norm", &a.grad_norm, {"producers", "read"}},
       {"--expert-grads", &a.expert_grads, {"pieces", "scatter"}},
+      {"--gdn-l2norm", &a.gdn_l2norm, {"in-core", "separate"}},
   };
   for (const auto& [flag, value, choices] : switches) {
     if (std::find(choices.begin(), choices.end(), *value) != choices.end()) continue;
@@ -157,6 +158,7 @@ int bench_train(const BenchTrainArgs& a) {
   model::moe_router_weights_in_swiglu(a.moe_weights == "swiglu");
   model::producer_grad_square_sums(a.grad_norm == "producers");
   model::expert_grads_in_pieces_allowed(a.expert_grads == "pieces");
+  model::gdn_l2norm_in_core(a.gdn_l2norm == "in-core");
   {
     int64_t piece_rows = -1;
     if (a.expert_grad_pieces == "off") {
@@ -353,6 +355,7 @@ int bench_train(const BenchTrainArgs& a) {
   j["expert_weights"] = a.expert_weights;
   j["moe_inputs"] = a.moe_inputs;
   j["moe_weights"] = a.moe_weights;
+  j["gdn_l2norm"] = a.gdn_l2norm;
   j["grad_norm"] = a.grad_norm;
   j["expert_grads"] = a.expert_grads;
   j["expert_grad_pieces"] = a.expert_grad_pieces;

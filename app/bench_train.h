@@ -65,8 +65,12 @@ struct BenchTrainArgs {
   std::string state_products = "tight";
   std::string weight_shadows = "on";  // on | off: bf16 weight copies kept by AdamW (model/weight_shadow.h)
   std::string expert_weights = "in-place";  // in-place | autograd: MoE experts' products (model/expert_product.h)
-  std::string grad_norm = "producers";
-  std::string expert_grads = "pieces";  // pieces | scatter: MoE expert gradients left in bf16 pieces for AdamW, or written to .grad  // producers | read: where the clipping norm's sums of squares come from
+  std::string grad_norm = "producers";  // producers | read: where the clipping norm's sums of squares come from
+  // pieces | scatter: MoE expert gradients left in bf16 pieces for AdamW, or written to .grad
+  std::string expert_grads = "pieces";
+  // in-core | separate: the Gated DeltaNet's L2Norm of q and k inside the delta rule's op (its
+  // backward in the tail kernel, model::GdrQkNorm) or as an op of its own, to measure it.
+  std::string gdn_l2norm = "in-core";
   std::string moe_weights = "swiglu";  // swiglu | combine: where the MoE applies its router weights (model/moe.h)
   std::string moe_inputs = "fused";  // fused | separate: the MoE input's fan-out and fan-in (model/moe_dispatch.h)
   // "auto" (the default rule), "off" (one piece per expert) or a row count: the pieces the MoE

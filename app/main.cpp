@@ -249,6 +249,11 @@ int main(int argc, char** argv) {
                               "gradients stay in the bf16 pieces their product wrote and AdamW reads them there, or "
                               "they are written to fp32 .grad first (to measure it)")
       ->capture_default_str();
+  bench_train_cmd->add_option("--gdn-l2norm", bench_train.gdn_l2norm,
+                              "in-core | separate: on a GPU the Gated DeltaNet's L2Norm of q and k runs inside the "
+                              "delta rule's op (its backward in the rule's tail kernel) or as an op of its own (to "
+                              "measure it)")
+      ->capture_default_str();
   bench_train_cmd->add_option("--expert-grad-pieces", bench_train.expert_grad_pieces,
                               "auto | off | ROWS: the MoE experts' weight-gradient product cuts each expert's rows into "
                               "pieces of at most ROWS (auto: twice the mean rows per expert) so an overloaded expert's "

@@ -15,7 +15,9 @@
 #include <optional>
 
 #include "model/decoder_lm.h"
+#include "model/gated_deltanet.h"
 #include "model/gdr.h"
+#include "model/gdr_chunk_core.h"
 #include "model/fused_rmsnorm.h"
 #include "model/fused_rope.h"
 #include "model/linear_cross_entropy.h"
@@ -314,6 +316,54 @@ TEST(ModelCuda, CachedDecodeEqualsForward) {
     for (int64_t t = 0; t < 70; ++t) worst = std::max(worst, max_abs_diff(m->step(tokens.narrow(1, t, 1), state), full.narrow(1, t, 1)));
     std::printf("[measured] %s cached decode vs forward on CUDA fp32: max|d| = %.3g\n", name.c_str(), worst);
     EXPECT_LE(worst, 1e-4) << name;
+  }
+}
+
+// The Gated DeltaNet layer with its L2Norm inside the delta rule's op (model::gdn_l2norm_in_core,
+// the default on a GPU) against the norm as an op of its own, under bf16 autocast at hybrid base's
+// head sizes (dk 96, dv 192, where the rule's tail kernel takes the norm's backward: counted), on
+// a packed row: the same output to the bit (the same forward kernels); the gradients of the
+// parameters q and k come from (wq, wk, conv_q, conv_k) within 1e-2 of the other path (bf16
+// rounding in different places); every other parameter's within 1e-5 (the tail's atomic sums).
+TEST(ModelCuda, GdnL2NormInsideTheRuleMatchesTheSeparateNorm) {
+  DD_REQUIRE_GPU();
+  model::ModelConfig c;
+  c.d = 192;
+  c.gdn_heads = 2;
+  c.gdn_dk = 96;
+  c.gdn_dv = 192;
+  torch::manual_seed(59);
+  model::GatedDeltaNet m(c);
+  m->reset_parameters(0.02, 0.02);
+  m->to(torch::kCUDA);
+  const int64_t T = 300;
+  auto u = torch::randn({1, T, c.d}, torch::TensorOptions().device(torch::kCUDA));
+  const auto dy = torch::randn({1, T, c.d}, u.options());
+  const auto p = model::packed_positions(torch::tensor(std::vector<int64_t>{0, 17, 150, 151, 300}), T, torch::kCUDA);
+  auto run = [&](bool inside) {
+    model::gdn_l2norm_in_core(inside);
+    m->zero_grad();
+    torch::Tensor y;
+    {
+      AutocastBf16 ac;
+      y = m->forward(u, p);
+    }
+    (y.to(torch::kFloat32) * dy).sum().backward();
+    std::map<std::string, torch::Tensor> grads;
+    for (const auto& kv : m->named_parameters()) grads[kv.key()] = kv.value().grad().clone();
+    return std::make_pair(y.detach(), grads);
+  };
+  const auto separate = run(false);
+  const int64_t taken = model::gdr_tail_norm_launches();
+  const auto inside = run(true);
+  EXPECT_EQ(model::gdr_tail_norm_launches() - taken, 1) << "the tail did not take the norm's backward";
+  EXPECT_TRUE(torch::equal(inside.first, separate.first)) << "the output differs";
+  for (const auto& [name, g] : separate.second) {
+    const bool via_qk = name == "wq.weight" || name == "wk.weight" || name == "conv_q" || name == "conv_k";
+    const double e = rel_norm_diff(inside.second.at(name), g);
+    EXPECT_LT(e, via_qk ? 1e-2 : 1e-5) << name;
+    EXPECT_GT(g.abs().max().item<double>(), 0.0) << name << ": no gradient to compare";
+    if (via_qk) std::printf("[measured] GDN layer, L2Norm inside the rule vs separate: %s %.1e\n", name.c_str(), e);
   }
 }
 
