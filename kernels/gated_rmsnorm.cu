@@ -1,7 +1,7 @@
 // One warp per row, rows grid-strided over the launch's warps. The backward's weight gradient is
-// kept per lane in registers for the lane's columns across the warp's rows, the block's warps' rows
-// summed in shared memory at the end and written as one row of dw_partial a block, summed by the
-// caller (a row a warp gave the caller's column sum 4096 rows at hybrid base, 8 times as many).
+// kept per lane in registers for the lane's columns across the warp's rows; at the end the block
+// sums its warps' rows in shared memory and writes one row of dw_partial, which the caller sums
+// (512 rows at hybrid base; one row a warp gave the caller 4096).
 // Rows up to 512 wide: each lane loads its runs of kVec adjacent columns (lane + 32 j, as one
 // vector when D is a multiple of 4 and the rows are aligned) into registers once, so every value
 // is read once and all of a row's loads are in flight before its warp sum. Wider rows (and
@@ -563,7 +563,7 @@ int gated_rmsnorm_backward(void* d_o, void* dz, float* dw_partial, const void* d
         TZ* dzp = static_cast<TZ*>(dz);
         const dim3 block(kWarps * 32);
         const bool vec_ok =
-            rows_take_vectors(rows, sizeof(TY), sizeof(TZ), sizeof(TO), dy, o, z, d_o, dz) && aligned_to(16, dw_partial);
+            rows_take_vectors(rows, sizeof(TY), sizeof(TZ), sizeof(TO), dy, o, z, d_o, dz);
         if constexpr (std::is_same<TY, TZ>::value && sizeof(TY) == 2) {
           int err = -1;  // -1: no staged kernel for these rows
           with_staged_shape(rows.N, rows.D, vec_ok, [&](auto runs, auto vec) {

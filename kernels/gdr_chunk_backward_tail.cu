@@ -2,8 +2,9 @@
 // of 8 warps per (chunk, head), two blocks per SM (held there by 128 registers a thread), three
 // for the fixed head sizes with bf16 products (80 registers). With bf16 or fp16 q and k they are
 // staged in shared memory as they come, 71 KiB a block at dk = 128 (55 KiB with bf16 products,
-// 47 KiB at dk = 96); fp32 q and k are staged in fp32, 103 KiB. A chunk of no tokens (a fixed
-// layout's spare chunk, model/gdr_plan_slots.h) has nothing to write: its block returns at once.
+// 47 KiB at dk = 96, 48 with L2Norm's rows); fp32 q and k are staged in fp32, 103 KiB. A chunk of
+// no tokens (a fixed layout's spare chunk, model/gdr_plan_slots.h) has nothing to write: its block
+// returns at once.
 //
 //   gates   γ = cumsum(g) as a warp scan, b, e, κ, b e, decay;
 //   load    Q and K into shared memory, four pieces per thread in flight at once; dA_raw and
@@ -60,7 +61,8 @@ constexpr int kPitch16 = kC + 8;  // rows of the bf16 dS + dSᵀ and dPm (bf16_p
 // Shared memory, regions of kC rows of a multiple of 16 bytes (cp.async's alignment):
 //   Q, K     [C][qk_pitch] each, of q and k's staged type (qk_bytes a value);
 //   dS, dPm  [C][kTPitch] each in fp32, only without bf16 products; the per-row values in fp32;
-//   with bf16 products, dS + dSᵀ and dPm in bf16, [C][kPitch16] each.
+//   with bf16 products, dS + dSᵀ and dPm in bf16, [C][kPitch16] each;
+//   last, only for a launch that takes L2Norm's backward (norm_rows), its four per-row values.
 // Rows of fp32 are padded by 4 elements, 16-bit rows by 8 (16 bytes either way): every dk taken
 // (a multiple of 16) then puts a fragment's loads in 32 different banks, for 16-bit rows in both
 // orientations (K and Q are read as [n][k] for the masks and as [k][n] for dq and dk).
@@ -68,17 +70,20 @@ __host__ __device__ constexpr int qk_region_bytes(int dk, int qk_bytes) { return
 // The fp32 dS and dPm tiles only without bf16 products: with them, the masks' backward reads dA_raw
 // and dP_raw from global memory (each element once, by one lane) and writes only the bf16 tiles.
 __host__ __device__ constexpr int fp32_tile_floats(bool bf16_products) { return bf16_products ? 0 : 2 * kC * kTPitch; }
-constexpr int kRowFloats = 16 * kC;  // γ, b, e, κ, b e, the seven per-row sums, L2Norm's four
+constexpr int kRowFloats = 12 * kC;  // γ, b, e, κ, b e and the seven per-row sums
+constexpr int kNormRowFloats = 4 * kC;  // L2Norm's r and Σ(y ⊙ dy) of q's and k's rows
 constexpr int kBf16TileBytes = 2 * kC * kPitch16;
-__host__ __device__ constexpr int smem_bytes(int dk, int qk_bytes, bool bf16_products) {
+__host__ __device__ constexpr int smem_bytes(int dk, int qk_bytes, bool bf16_products, bool norm_rows = false) {
   return 2 * qk_region_bytes(dk, qk_bytes) + 4 * (fp32_tile_floats(bf16_products) + kRowFloats) +
-         (bf16_products ? 2 * kBf16TileBytes : 0);
+         (bf16_products ? 2 * kBf16TileBytes : 0) + (norm_rows ? 4 * kNormRowFloats : 0);
 }
-static_assert(smem_bytes(128, 2, false) == 73728 && smem_bytes(128, 4, false) == 106496 &&
-                  smem_bytes(128, 2, true) == 57344 && smem_bytes(96, 2, true) == 49152,
-              "72 KiB and 104 KiB at dk = 128; with bf16 products 56 KiB, and 48 KiB at dk = 96");
+static_assert(smem_bytes(128, 2, false) == 72704 && smem_bytes(128, 4, false) == 105472 &&
+                  smem_bytes(128, 2, true) == 56320 && smem_bytes(96, 2, true) == 48128 &&
+                  smem_bytes(96, 2, true, true) == 49152,
+              "71 KiB and 103 KiB at dk = 128; with bf16 products 55 KiB, 47 KiB at dk = 96 (48 with L2Norm's rows)");
 // Blocks an SM the kernel is compiled for: three for the fixed head sizes' instances with bf16
-// products (80 registers a thread, 12 – 16 bytes spilled), else two (128 registers; the instance
+// products (80 registers a thread, 12 bytes spilled, 52 at dk = 96 with L2Norm's backward), else
+// two (128 registers; the instance
 // that reads the sizes as arguments spills ~860 bytes at 80).
 template <bool kBf16Products, int kDK>
 constexpr int kMinBlocks = kBf16Products && kDK > 0 ? 3 : 2;
@@ -167,16 +172,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kBf16Products, kDK>)
   float* qg_q = rw_k + kC;    // Σ dQg ⊙ Q
   float* kd_k = qg_q + kC;    // Σ dKd ⊙ K
   float* ru_v = kd_k + kC;    // Σ dRu ⊙ V
-  // L2Norm's backward (GdrChunkBackwardTailArgs::q_rstd): the scales r of q's and k's rows, and
-  // the rows' Σ(y ⊙ dy) of dq and dk.
-  float* rq_s = ru_v + kC;
+  // bf16 products: dS + dSᵀ and dPm as bf16 [C][kPitch16] (dPm's tiles above the block diagonal
+  // are neither written nor read).
+  __nv_bfloat16* dSsym16 = reinterpret_cast<__nv_bfloat16*>(ru_v + kC);
+  __nv_bfloat16* dPm16 = dSsym16 + kC * kPitch16;
+  // L2Norm's backward (GdrChunkBackwardTailArgs::q_rstd), after the rest (only such launches have
+  // room for them): the scales r of q's and k's rows, and the rows' Σ(y ⊙ dy) of dq and dk.
+  float* rq_s = reinterpret_cast<float*>(smem_bytes(dk, sizeof(SQ), kBf16Products) + reinterpret_cast<char*>(smem));
   float* rk_s = rq_s + kC;
   float* dot_q = rk_s + kC;
   float* dot_k = dot_q + kC;
-  // bf16 products: dS + dSᵀ and dPm as bf16 [C][kPitch16] (dPm's tiles above the block diagonal
-  // are neither written nor read).
-  __nv_bfloat16* dSsym16 = reinterpret_cast<__nv_bfloat16*>(dot_k + kC);
-  __nv_bfloat16* dPm16 = dSsym16 + kC * kPitch16;
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;
@@ -337,10 +342,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kBf16Products, kDK>)
   // With L2Norm's backward (norm), each epilogue stores dx = r dy − (r Σ(y ⊙ dy)) y, y the staged
   // q or k, dy the value the epilogue would store. The one pass holds a row's half in each of two
   // warps' accumulators, so their sums of y ⊙ dy meet in shared memory behind the two warps'
-  // barrier before the stores: the sum is that of the fp32 values (where the norm's own kernel read them rounded
-  // to bf16). (A pass over the written rows at the kernel's end, read back from L2, cost the tail
-  // 0.20 ms a step at hybrid base, as much as the norm's kernel; the rows' sums worked out from
-  // the masks' ones took dS and dPm in fp32 where the products take them in bf16.)
+  // barrier before the stores: the sum of the fp32 values (the norm's own kernel reads them
+  // rounded to bf16). Measured and not kept (docs/perf.md, stop 59): a pass over the written rows
+  // at the kernel's end, read back from L2 (0.20 ms a step at hybrid base, as much as the norm's
+  // kernel); the rows' sums worked out from the masks' (dS and dPm in fp32 where the products
+  // take them in bf16: 2.8e-3 off).
   {
     const int mt = warp % 4, m0 = 16 * mt, half = warp / 4;
     const int n_half = dk / 16;  // tiles per half
@@ -650,7 +656,8 @@ int gdr_chunk_backward_tail(const GdrChunkList& l, const GdrChunkBackwardTailArg
   }
   const bool vec = tail_vectorizable(l, a);
   const size_t smem =
-      static_cast<size_t>(smem_bytes(static_cast<int>(l.dk), elem_bytes(a.in_qk), a.bf16_products));
+      static_cast<size_t>(smem_bytes(static_cast<int>(l.dk), elem_bytes(a.in_qk), a.bf16_products,
+                                     gdr_chunk_backward_tail_takes_norm(l, a)));
   const bool bf16_products = a.bf16_products;
   return launch_fused(
       l, a.in_qk, a.in_v, vec, kThreads, smem, stream,

@@ -134,8 +134,9 @@ torch::Tensor l2_norm_input_grad(const torch::Tensor& dy, const torch::Tensor& x
               "l2_norm_input_grad: dy ", dy.sizes(), ", x ", x.sizes(), " and rstd ", rstd.sizes(), " do not match");
   torch::NoGradGuard no_grad;
 #if defined(DD_HAVE_CUDA)
-  if (rstd.scalar_type() == torch::kFloat32 && kernels_apply(x, dy.scalar_type() == x.scalar_type() ? x.scalar_type()
-                                                                                                      : torch::kFloat32)) {
+  // The kernel reads dy in fp32 or in x's dtype (input_grad_kernel converts any other).
+  const auto dy_dt = dy.scalar_type() == x.scalar_type() ? x.scalar_type() : torch::kFloat32;
+  if (rstd.scalar_type() == torch::kFloat32 && kernels_apply(x, dy_dt)) {
     return FusedL2NormFn::input_grad_kernel(dy, rows_in_place(x) ? x : x.contiguous(), rstd.contiguous());
   }
 #endif

@@ -155,7 +155,7 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& u, const Positions
                     (qkv_dtype == torch::kBFloat16 || qkv_dtype == torch::kHalf);
   const auto qk_dt = qk16 ? qkv_dtype : ft;
   // On a GPU the chunked rule takes q and k before their L2Norm and normalises them itself, so that
-  // its backward's tail kernel also writes the norm's input gradients (GdrQkNorm).
+  // its backward's tail kernel also writes the norm's input gradients where it can (GdrQkNorm).
   const bool norm_in_core = !use_reference && gdn_l2norm_in_core() && qkv_parts[0].is_cuda();
   const GdrQkNorm qk_norm{norm_in_core, kL2NormEps, qk_dt};
   auto q = qkv_parts[0].reshape({B, T, H_, dk_});

@@ -21,9 +21,10 @@ class GdrPlanSlots;
 
 // L2Norm of q and k taken into the chunked rule's op (gdr_forward_chunked, gdr_chunk_core): with
 // `on`, q and k come as the norm's inputs x and the op normalises them itself, y = x / sqrt(Σ x² +
-// eps) over dk in `dtype` (model/fused_l2norm.h), and their gradients go back to x. On a GPU the
-// backward's tail kernel then writes those gradients directly (kernels/gdr_chunk_backward_tail.h),
-// with no pass of the norm's own backward after it.
+// eps) over dk in `dtype` (model/fused_l2norm.h), and their gradients go back to x. Where the
+// backward's tail kernel takes it (the 16-bit path at dk 96, dv 192: kernels::
+// gdr_chunk_backward_tail_takes_norm) it writes those gradients directly, with no pass of the
+// norm's own backward after it; elsewhere the norm's backward runs after the rule's.
 struct GdrQkNorm {
   bool on = false;
   double eps = 1e-6;
@@ -89,7 +90,7 @@ bool gdn_qk_in_activation_dtype();
 
 // Process-wide switch (default on), for benchmarks and tests: on a GPU the Gated DeltaNet layer
 // hands q and k to the chunked rule before their L2Norm (GdrQkNorm), so that the backward's tail
-// takes the norm's backward; off runs the norm as an op of its own each way.
+// takes the norm's backward where it can; off runs the norm as an op of its own each way.
 void gdn_l2norm_in_core(bool on);
 bool gdn_l2norm_in_core();
 

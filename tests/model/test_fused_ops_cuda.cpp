@@ -428,7 +428,7 @@ TEST(FusedOpsCuda, TinyModelsLossAndGradientsMatchCpu) {
 }
 
 // The column sums that finish an RMSNorm weight's gradient (kernels/column_sum.h) against fp64 sums
-// row counts around the kernel's 32 row groups and 8-way unroll (and the gated RMSNorm's 4096),
+// row counts around the kernel's 32 row groups and 8-way unroll (and 4096, as tall as the gated RMSNorm's used to be),
 // column counts around its 32.
 TEST(FusedOpsCuda, ColumnSumMatchesFp64) {
   DD_REQUIRE_GPU();
