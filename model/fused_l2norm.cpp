@@ -15,15 +15,21 @@ void check_shape(const torch::Tensor& x) {
   TORCH_CHECK(x.dim() == 4 && x.size(3) > 0, "l2_norm: expected x [B,T,H,D] with D > 0, got ", x.sizes());
 }
 
+// The ATen formula, differentiable: y, and r [rows] in the math dtype.
+L2NormRowsOut reference_rows(const torch::Tensor& x, double eps, torch::ScalarType out_dtype) {
+  // fp64 math for an fp64 result, else fp32 (a 16-bit result is the fp32 one rounded).
+  const auto math = out_dtype == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  auto xf = x.scalar_type() == math ? x : x.to(math);
+  auto r = torch::rsqrt(xf.square().sum(-1, /*keepdim=*/true) + eps);
+  auto y = xf * r;
+  return {y.scalar_type() == out_dtype ? y : y.to(out_dtype), r.reshape({-1})};
+}
+
 }  // namespace
 
 torch::Tensor l2_norm_reference(const torch::Tensor& x, double eps, torch::ScalarType out_dtype) {
   check_shape(x);
-  // fp64 math for an fp64 result, else fp32 (a 16-bit result is the fp32 one rounded).
-  const auto math = out_dtype == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-  auto xf = x.scalar_type() == math ? x : x.to(math);
-  auto y = xf * torch::rsqrt(xf.square().sum(-1, /*keepdim=*/true) + eps);
-  return y.scalar_type() == out_dtype ? y : y.to(out_dtype);
+  return reference_rows(x, eps, out_dtype).y;
 }
 
 #if defined(DD_HAVE_CUDA)
@@ -55,17 +61,24 @@ class FusedL2NormFn : public torch::autograd::Function<FusedL2NormFn> {
   // out_dtype: fp32, or x's own dtype.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, double eps, int64_t out_dtype) {
     auto xr = rows_in_place(x) ? x : x.contiguous();
+    auto out = forward_kernel(xr, eps, static_cast<torch::ScalarType>(out_dtype));
+    // x is saved as the view it is: its storage (the short conv's output) is kept for the delta
+    // rule's v in any case, so no copy of q or k is held.
+    ctx->save_for_backward({xr, out.rstd});
+    return out.y;
+  }
+
+  // y and r from x as the kernel reads it (rows_in_place).
+  static L2NormRowsOut forward_kernel(const torch::Tensor& xr, double eps, torch::ScalarType out_dtype) {
     const auto rows = rows_of(xr);
-    auto y = torch::empty(x.sizes(), x.options().dtype(static_cast<torch::ScalarType>(out_dtype)));
-    auto rstd = torch::empty({rows.N}, x.options().dtype(torch::kFloat32));
-    check_kernel_launch(kernels::l2_norm_forward(y.data_ptr(), dtype_of(y.scalar_type()), rstd.data_ptr<float>(),
+    L2NormRowsOut out;
+    out.y = torch::empty(xr.sizes(), xr.options().dtype(out_dtype));
+    out.rstd = torch::empty({rows.N}, xr.options().dtype(torch::kFloat32));
+    check_kernel_launch(kernels::l2_norm_forward(out.y.data_ptr(), dtype_of(out_dtype), out.rstd.data_ptr<float>(),
                                                  xr.data_ptr(), dtype_of(xr.scalar_type()), rows,
                                                  static_cast<float>(eps), stream_of(xr)),
                         "L2Norm forward");
-    // x is saved as the view it is: its storage (the short conv's output) is kept for the delta
-    // rule's v in any case, so no copy of q or k is held.
-    ctx->save_for_backward({xr, rstd});
-    return y;
+    return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -109,23 +122,10 @@ L2NormRowsOut l2_norm_rows(const torch::Tensor& x, double eps, torch::ScalarType
   torch::NoGradGuard no_grad;
 #if defined(DD_HAVE_CUDA)
   if (kernels_apply(x, out_dtype)) {
-    auto xr = rows_in_place(x) ? x : x.contiguous();
-    const auto rows = rows_of(xr);
-    L2NormRowsOut out;
-    out.y = torch::empty(x.sizes(), x.options().dtype(out_dtype));
-    out.rstd = torch::empty({rows.N}, x.options().dtype(torch::kFloat32));
-    check_kernel_launch(kernels::l2_norm_forward(out.y.data_ptr(), dtype_of(out_dtype), out.rstd.data_ptr<float>(),
-                                                 xr.data_ptr(), dtype_of(xr.scalar_type()), rows,
-                                                 static_cast<float>(eps), stream_of(xr)),
-                        "L2Norm forward");
-    return out;
+    return FusedL2NormFn::forward_kernel(rows_in_place(x) ? x : x.contiguous(), eps, out_dtype);
   }
 #endif
-  const auto math = out_dtype == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-  auto xf = x.scalar_type() == math ? x : x.to(math);
-  auto r = torch::rsqrt(xf.square().sum(-1, /*keepdim=*/true) + eps);
-  auto y = xf * r;
-  return {y.scalar_type() == out_dtype ? y : y.to(out_dtype), r.reshape({-1})};
+  return reference_rows(x, eps, out_dtype);
 }
 
 torch::Tensor l2_norm_input_grad(const torch::Tensor& dy, const torch::Tensor& x, const torch::Tensor& rstd) {
