@@ -7,14 +7,18 @@
 // memory with the last W inputs (and, backward, the last W pre-activation gradients and positions)
 // in registers, reading one staged value of x (and dy) per token.
 //
-// These kernels are bound by instruction issue and latency, not memory (ncu on the H100, backward
-// a launch a part: 64% issue slots busy at 18% of DRAM bandwidth), so the walk keeps 32-bit row
-// offsets and reads one staged value per token. A tap is tested against the document's start by
-// the token's position only (the forward's and the pre-activation's sums skip even that away from
-// document starts): taps before the row's start read staged zeros. Loading token by token from
-// global memory instead, every thread waited on one memory round trip per token and the backward
-// ran at a fifth of the memory bandwidth. The backward's weight gradient is summed per thread over
-// its tile and added with one fp32 atomic per tap (R·T/tile additions per weight).
+// These kernels are bound by instruction issue and latency more than by memory (ncu on an H200,
+// hybrid base's q|k|v backward before the groups below: 79% of issue slots busy at 34% of DRAM
+// bandwidth, about 50 instructions a token; about 27 with them). So the walk reads one staged
+// value of x (and dy) per token; it tests a group of W tokens against document starts once
+// (group_whole) and walks the group without tests when none starts there (taps before the row's
+// start read staged zeros); and it writes each output into its tile's shared memory rows (the
+// forward's x rows, the backward's dy rows, already read), which the block then stores 16 bytes at
+// a time: one store a token, with its 64-bit address, had been a sixth of the backward's
+// instructions. Loading token by token from global memory instead, every thread waited on one
+// memory round trip per token and the backward ran at a fifth of the memory bandwidth. The
+// backward's weight gradient is summed per thread over its tile and added with one fp32 atomic per
+// tap (R·T/tile additions per weight).
 //
 // One backward launch takes every part of the Gated DeltaNet's q|k|v conv, each with its own dy:
 // three launches of a few waves each left the SMs idle in their tails (hybrid base's 576-wide
@@ -45,9 +49,16 @@ __host__ __device__ constexpr int backward_tile_of() {
   return sizeof(T) == 4 ? 32 : 48;
 }
 
-// __fdividef: 1 / (1 + e^-s) without IEEE division's slow path (the walk is bound by instruction
-// issue); for s < about -88 the denominator is infinite and the quotient 0, as it should be.
-__device__ __forceinline__ float sigmoid(float s) { return __fdividef(1.f, 1.f + __expf(-s)); }
+// e^-s as ex2.approx.ftz of −s·log2 e, then 1 / (1 + e^-s) by __fdividef: the walks are bound by
+// instruction issue, and __expf's guard for subnormal results (three instructions) changes nothing
+// here, since 1 + e^-s rounds to 1 for any e^-s that small. For s < about −88 the denominator is
+// infinite and the quotient 0, as it should be.
+__device__ __forceinline__ float exp2_ftz(float a) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(a));
+  return r;
+}
+__device__ __forceinline__ float sigmoid(float s) { return __fdividef(1.f, 1.f + exp2_ftz(s * -1.44269504f)); }
 
 // Copies tokens [ta, ta + n) of one row (token stride ld; tokens outside [0, T_len) read as 0) ×
 // channels [c0, c0 + kThreads) (those ≥ C read as 0) of src into dst [n][kThreads]. `vec`: 16-byte
@@ -87,30 +98,73 @@ __device__ __forceinline__ void stage_positions(int* dst, const int64_t* pos_row
   }
 }
 
-// The pre-activation of a token whose last W inputs are xw (oldest first) and whose position in its
-// document is p: taps reaching before the document's start are left out. Taps before the row's
-// start need no test: their inputs were staged as zeros.
-template <int W>
-__device__ __forceinline__ float conv_at(const float* wc, const float* xw, int p) {
-  float s = 0.f;
-  if (p >= W - 1) {
-#pragma unroll
-    for (int j = 0; j < W; ++j) s += wc[j] * xw[j];
-  } else {
-#pragma unroll
-    for (int j = 0; j < W; ++j)
-      if (p >= W - 1 - j) s += wc[j] * xw[j];
+// Copies rows [0, n) of src [n][kThreads] (a block's output tile, staged in shared memory) to n
+// rows of dst at token stride ld, into channels c0 + k of each (k < kThreads; channels ≥ C are left
+// alone). `vec`: 16-byte stores (the caller checked C, ld and the pointer allow them); one store
+// instruction moves eight bf16 outputs, where the walk's own stores moved one each and worked out
+// a 64-bit address for each. Runs after a __syncthreads that follows the tile's last write.
+template <typename T>
+__device__ __forceinline__ void store_rows(T* dst, const T* src, int64_t ld, int n, int64_t c0, int64_t C, bool vec) {
+  if (vec) {
+    constexpr int V = 16 / sizeof(T), kPerRow = kThreads / V;
+    for (int i = threadIdx.x; i < n * kPerRow; i += kThreads) {
+      const int row = i / kPerRow, k = (i % kPerRow) * V;
+      if (c0 + k < C)
+        *reinterpret_cast<uint4*>(dst + row * ld + c0 + k) = *reinterpret_cast<const uint4*>(src + row * kThreads + k);
+    }
+    return;
   }
-  return s;
+  for (int i = threadIdx.x; i < n * kThreads; i += kThreads) {
+    const int row = i / kThreads, k = i % kThreads;
+    if (c0 + k < C) dst[row * ld + c0 + k] = src[i];
+  }
 }
 
-template <typename T>
-__device__ __forceinline__ void y_store(T* yp, float s) { *yp = from_f32<T>(s * sigmoid(s)); }
+// Positions of steps [i0, i0 + W) into p; whether each of those tokens is at least W − 1 tokens
+// into its document (or the row has no positions), so that none of their taps needs testing. The
+// walks test a group of W tokens once and take a copy of their steps without tests when it passes.
+template <int W>
+__device__ __forceinline__ bool group_whole(const int* p_s, int i0, int* p) {
+  int m = INT_MAX;
+#pragma unroll
+  for (int u = 0; u < W; ++u) {
+    p[u] = p_s[i0 + u];
+    m = min(m, p[u]);
+  }
+  return m >= W - 1;
+}
+
+// One token of the forward's walk: its input into ring slot `newest` (entry j of the window, oldest
+// first, is slot (newest + 1 + j) % W), its output into ys. Taps reaching before the document's
+// start (position p) are left out, unless `whole` says none does; taps before the row's start need
+// no test: their inputs were staged as zeros.
+template <typename T, int W>
+__device__ __forceinline__ void forward_step(float* xr, int newest, const float* wc, float x_new, int p, bool whole,
+                                             T* y_out) {
+  xr[newest] = x_new;
+  float s = 0.f;
+#pragma unroll
+  for (int j = 0; j < W; ++j)
+    if (whole || p >= W - 1 - j) s += wc[j] * xr[(newest + 1 + j) % W];
+  *y_out = from_f32<T>(s * sigmoid(s));
+}
+
+// W steps of the forward's walk from step i0 (a multiple of W, so each step's ring slot is a
+// constant); kWhole: group_whole passed, and no tap is tested.
+template <typename T, int W, bool kWhole>
+__device__ __forceinline__ void forward_group(float* xr, const float* wc, const T* xs, T* ys, int i0, const int* p) {
+#pragma unroll
+  for (int u = 0; u < W; ++u) {
+    const int i = i0 + u;
+    forward_step<T, W>(xr, u, wc, to_f32(xs[(i + W - 1) * kThreads]), p[u], kWhole || p[u] >= W - 1,
+                       ys + i * kThreads);
+  }
+}
 
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads) short_conv_forward_kernel(T* y, const T* x, const float* w,
                                                                       const int64_t* pos, int64_t T_len, int64_t C,
-                                                                      int64_t ld, bool vec) {
+                                                                      int64_t ld, bool vec, bool vec_y) {
   constexpr int kTile = tile_of<T>();
   __shared__ __align__(16) T x_s[(kTile + W - 1) * kThreads];
   __shared__ int p_s[kTile];
@@ -119,25 +173,37 @@ __global__ void __launch_bounds__(kThreads) short_conv_forward_kernel(T* y, cons
   const int64_t r = blockIdx.y / tiles, t0 = (blockIdx.y % tiles) * kTile;
   const int64_t t1 = min(t0 + kTile, T_len);
   const int64_t xa = t0 - (W - 1);  // x_s row 0
+  const int n = static_cast<int>(t1 - t0);
   stage_rows(x_s, x + r * T_len * ld, ld, xa, static_cast<int>(t1 - xa), T_len, c0, C, vec);
-  stage_positions(p_s, pos ? pos + r * T_len : nullptr, t0, static_cast<int>(t1 - t0), T_len);
+  stage_positions(p_s, pos ? pos + r * T_len : nullptr, t0, n, T_len);
   cp_async_wait_all();
   __syncthreads();
-  if (c >= C) return;
-  float wc[W], xw[W];  // xw[j]: x of token t − (W−1) + j
+  if (c < C) {
+    float wc[W], xr[W];  // xr: ring of the last W inputs, token t0 + i's in slot i % W
 #pragma unroll
-  for (int j = 0; j < W; ++j) wc[j] = w[c * W + j];
-  const T* xs = x_s + threadIdx.x;  // row i: token xa + i
+    for (int j = 0; j < W; ++j) wc[j] = w[c * W + j];
+    const T* xs = x_s + threadIdx.x;  // row i: token xa + i
+    // Token t0 + i's output goes into x_s row i, whose input step i − (W − 1) has read already.
+    T* ys = x_s + threadIdx.x;
+    // Slots 1..W−1: the W − 1 inputs before the tile (slot 0 takes step 0's).
 #pragma unroll
-  for (int j = 0; j < W - 1; ++j) xw[j + 1] = to_f32(xs[j * kThreads]);
-  T* yp = y + (r * T_len + t0) * C + c;
-  const int n = static_cast<int>(t1 - t0);
-  for (int i = 0; i < n; ++i, yp += C) {
+    for (int j = 0; j < W - 1; ++j) xr[j + 1] = to_f32(xs[j * kThreads]);
+    int i0 = 0;
+    for (; i0 + W <= n; i0 += W) {
+      int p[W];
+      if (group_whole<W>(p_s, i0, p)) forward_group<T, W, true>(xr, wc, xs, ys, i0, p);
+      else forward_group<T, W, false>(xr, wc, xs, ys, i0, p);
+    }
 #pragma unroll
-    for (int j = 0; j < W - 1; ++j) xw[j] = xw[j + 1];
-    xw[W - 1] = to_f32(xs[(i + W - 1) * kThreads]);
-    y_store(yp, conv_at<W>(wc, xw, p_s[i]));
+    for (int u = 0; u < W; ++u) {  // the tile's last n % W tokens
+      const int i = i0 + u;
+      if (i >= n) break;
+      forward_step<T, W>(xr, u, wc, to_f32(xs[(i + W - 1) * kThreads]), p_s[i], p_s[i] >= W - 1,
+                         ys + i * kThreads);
+    }
   }
+  __syncthreads();
+  store_rows(y + (r * T_len + t0) * C, x_s, C, n, c0, C, vec_y);
 }
 
 // The backward's window: the last W inputs (xr), pre-activation gradients (dsr) and positions
@@ -153,12 +219,13 @@ struct ConvWindow {
 // One token of the backward's walk, its input already in win.xr[newest]: its pre-activation
 // gradient into the window (and the weight gradients' sums when sum_dw), and the input gradient
 // of the token W − 1 back, which has every later gradient it needs now (tap k of token
-// t − (W−1) + k), returned. `whole`: the token is at least W − 1 tokens into its document (or the
-// row has no positions), so no tap of it, and none of the W − 1 tokens before it, needs testing
-// against a document start.
+// t − (W−1) + k), returned. `whole`: the token is at least W − 1 tokens into its position p in
+// its document (or the row has no positions), so no tap of it, and none of the W − 1 tokens
+// before it, needs testing against a document start; p ≥ W − 1, or a constant true where the
+// caller knows it.
 template <int W>
 __device__ __forceinline__ float backward_step(ConvWindow<W>& win, int newest, const float* wc, float* dwc,
-                                               float dy_new, int p, bool sum_dw) {
+                                               float dy_new, int p, bool whole, bool sum_dw) {
   win.pr[newest] = p;
 #define XW(j) win.xr[(newest + 1 + (j)) % W]
 #define DSW(j) win.dsr[(newest + 1 + (j)) % W]
@@ -167,7 +234,7 @@ __device__ __forceinline__ float backward_step(ConvWindow<W>& win, int newest, c
   // branch region for each (hybrid base's backward 0.91 -> 0.83 ms a step with one). The same sums
   // in the same order.
   float s = 0.f, g = 0.f;
-  if (p >= W - 1) {
+  if (whole) {
 #pragma unroll
     for (int j = 0; j < W; ++j) s += wc[j] * XW(j);
     const float sg = sigmoid(s);
@@ -201,14 +268,30 @@ __device__ __forceinline__ float backward_step(ConvWindow<W>& win, int newest, c
 #undef PW
 }
 
+// W steps of the backward's walk from step i0 (a multiple of W, so each step's ring slot is a
+// constant) inside the tile: each sums dw, and each from step W − 1 on finishes the input gradient
+// of the token W − 1 back, into dxs (row i: token t0 + i). kWhole: group_whole passed.
+template <typename T, int W, bool kWhole>
+__device__ __forceinline__ void backward_group(ConvWindow<W>& win, const float* wc, float* dwc, const T* xs,
+                                               const T* dys, T* dxs, int i0, const int* p) {
+#pragma unroll
+  for (int u = 0; u < W; ++u) {
+    const int i = i0 + u;
+    win.xr[u] = to_f32(xs[(i + W - 1) * kThreads]);
+    const float g =
+        backward_step<W>(win, u, wc, dwc, to_f32(dys[i * kThreads]), p[u], kWhole || p[u] >= W - 1, true);
+    if (i0 > 0 || u == W - 1) dxs[(i - (W - 1)) * kThreads] = from_f32<T>(g);
+  }
+}
+
 // The parts of one backward launch (see short_conv_backward_parts), with what the host worked out
-// for each: its first channel block (blockIdx.x), and whether its rows of x and dy can be staged
-// in 16-byte pieces.
+// for each: its first channel block (blockIdx.x), and whether its rows of x, dy and dx can be
+// moved in 16-byte pieces.
 struct BackwardParts {
   const void* dy[kShortConvMaxParts];
   int64_t c0[kShortConvMaxParts], C[kShortConvMaxParts];
   int block0[kShortConvMaxParts + 1];
-  bool vec_x[kShortConvMaxParts], vec_dy[kShortConvMaxParts];
+  bool vec_x[kShortConvMaxParts], vec_dy[kShortConvMaxParts], vec_dx[kShortConvMaxParts];
   int n;
 };
 
@@ -240,40 +323,50 @@ __global__ void __launch_bounds__(kThreads)
   stage_positions(p_s, pos ? pos + r * T_len : nullptr, t0, static_cast<int>(t_end - t0), T_len);
   cp_async_wait_all();
   __syncthreads();
-  if (cl >= C) return;
-  // Tokens past the row's end were staged as x = dy = 0 (so their ds is 0) and position 0.
-  float wc[W], dwc[W];
-  ConvWindow<W> win;
+  const int n = static_cast<int>(t1 - t0);
+  if (cl < C) {
+    // Tokens past the row's end were staged as x = dy = 0 (so their ds is 0) and position 0.
+    float wc[W], dwc[W];
+    ConvWindow<W> win;
 #pragma unroll
-  for (int j = 0; j < W; ++j) {
-    wc[j] = w[c * W + j];
-    dwc[j] = 0.f;
-    win.dsr[j] = 0.f;
-    win.pr[j] = 0;
-  }
-  const T* xs = x_s + threadIdx.x;    // row i: token xa + i
-  const T* dys = dy_s + threadIdx.x;  // row i: token t0 + i
-  // Ring slots 1..W−1 hold the W − 1 inputs before the tile's first token (slot 0 takes step 0's).
-#pragma unroll
-  for (int j = 0; j < W - 1; ++j) win.xr[j + 1] = to_f32(xs[j * kThreads]);
-  // Token t0's dx, written W − 1 steps behind the walk; its later tokens at 32-bit offsets (a tile's
-  // rows of ld_dx fit: the host checks).
-  T* dx_tile = dx + (r * T_len + t0) * ld_dx + c;
-  const int ld_dx32 = static_cast<int>(ld_dx);
-  const int n = static_cast<int>(t1 - t0), steps = n + W - 1;
-  for (int i0 = 0; i0 < steps; i0 += W) {
-    // Unrolled by W, so each step's ring slot (u) is a constant.
-#pragma unroll
-    for (int u = 0; u < W; ++u) {
-      const int i = i0 + u;
-      if (i >= steps) break;
-      win.xr[u] = to_f32(xs[(i + W - 1) * kThreads]);
-      const float g = backward_step<W>(win, u, wc, dwc, to_f32(dys[i * kThreads]), p_s[i], i < n);
-      if (i >= W - 1) dx_tile[(i - (W - 1)) * ld_dx32] = from_f32<T>(g);
+    for (int j = 0; j < W; ++j) {
+      wc[j] = w[c * W + j];
+      dwc[j] = 0.f;
+      win.dsr[j] = 0.f;
+      win.pr[j] = 0;
     }
-  }
+    const T* xs = x_s + threadIdx.x;    // row i: token xa + i
+    const T* dys = dy_s + threadIdx.x;  // row i: token t0 + i
+    // Token t0 + i's input gradient, finished W − 1 steps behind the walk, goes into dy_s row i,
+    // which step i has read already.
+    T* dxs = dy_s + threadIdx.x;
+    // Ring slots 1..W−1 hold the W − 1 inputs before the tile's first token (slot 0 takes step 0's).
 #pragma unroll
-  for (int j = 0; j < W; ++j) atomicAdd(dw + c * W + j, dwc[j]);
+    for (int j = 0; j < W - 1; ++j) win.xr[j + 1] = to_f32(xs[j * kThreads]);
+    int i0 = 0;
+    for (; i0 + W <= n; i0 += W) {
+      int p[W];
+      if (group_whole<W>(p_s, i0, p)) backward_group<T, W, true>(win, wc, dwc, xs, dys, dxs, i0, p);
+      else backward_group<T, W, false>(win, wc, dwc, xs, dys, dxs, i0, p);
+    }
+    // The tile's last n % W tokens, then W − 1 steps past it that only finish input gradients.
+    const int steps = n + W - 1;
+    for (; i0 < steps; i0 += W) {
+#pragma unroll
+      for (int u = 0; u < W; ++u) {
+        const int i = i0 + u;
+        if (i >= steps) break;
+        win.xr[u] = to_f32(xs[(i + W - 1) * kThreads]);
+        const int p = p_s[i];
+        const float g = backward_step<W>(win, u, wc, dwc, to_f32(dys[i * kThreads]), p, p >= W - 1, i < n);
+        if (i >= W - 1) dxs[(i - (W - 1)) * kThreads] = from_f32<T>(g);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < W; ++j) atomicAdd(dw + c * W + j, dwc[j]);
+  }
+  __syncthreads();
+  store_rows(dx + (r * T_len + t0) * ld_dx + parts.c0[part], dy_s, ld_dx, n, b0, C, parts.vec_dx[part]);
 }
 
 // Whether rows of C channels at token stride ld from p can be staged in 16-byte pieces.
@@ -289,7 +382,8 @@ int launch_forward(void* y, const void* x, const float* w, const int64_t* pos, i
   const dim3 grid(static_cast<unsigned>((C + kThreads - 1) / kThreads),
                   static_cast<unsigned>(R * ((T_len + tile_of<T>() - 1) / tile_of<T>())));
   short_conv_forward_kernel<T, W><<<grid, kThreads, 0, st>>>(static_cast<T*>(y), static_cast<const T*>(x), w, pos,
-                                                             T_len, C, ld, rows_vectorizable<T>(x, C, ld));
+                                                             T_len, C, ld, rows_vectorizable<T>(x, C, ld),
+                                                             rows_vectorizable<T>(y, C, C));
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -308,6 +402,7 @@ int launch_backward(void* dx, float* dw, const ShortConvGradPart* in, int n_part
     blocks += (C + kThreads - 1) / kThreads;
     parts.vec_x[i] = rows_vectorizable<T>(static_cast<const T*>(x) + c0, C, ld);
     parts.vec_dy[i] = rows_vectorizable<T>(in[i].dy, C, C);
+    parts.vec_dx[i] = rows_vectorizable<T>(static_cast<const T*>(dx) + c0, C, ld_dx);
   }
   parts.block0[n_parts] = static_cast<int>(blocks);
   constexpr int kTile = backward_tile_of<T>();
@@ -355,8 +450,7 @@ int short_conv_backward_parts(void* dx, float* dw, const ShortConvGradPart* part
     end = q.c0 + q.C;
     width += q.C;
   }
-  // The walk writes dx at 32-bit offsets within a tile (backward_tile_of: at most 48 rows).
-  if (end > ld || end > ld_dx || ld_dx > INT_MAX / 64) return static_cast<int>(cudaErrorInvalidValue);
+  if (end > ld || end > ld_dx) return static_cast<int>(cudaErrorInvalidValue);
   if (R * T == 0 || width == 0) return 0;
   auto st = static_cast<cudaStream_t>(stream);
 #define DD_BWD(E, K) launch_backward<E, K>(dx, dw, parts, n_parts, x, w, pos, R, T, ld, ld_dx, st)
