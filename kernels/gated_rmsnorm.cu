@@ -17,6 +17,7 @@
 
 #include "kernels/cp_async.cuh"
 #include "kernels/elem.cuh"
+#include "kernels/fast_sigmoid.cuh"
 #include "kernels/gated_rmsnorm.h"
 #include "kernels/smem_opt_in.cuh"
 
@@ -136,11 +137,9 @@ __global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_backward_kernel(TO*
   });
 }
 
-// 1 / (1 + e^-z) without IEEE division's slow path; for z < about −88 the denominator is infinite
-// and the quotient 0, as it should be. The register forward and the staged backward take it: they
+// The register forward and the staged backward take fast_sigmoid (kernels/fast_sigmoid.cuh): they
 // are bound by instruction issue more than by memory (the staged backward 0.77 -> 0.60 ms a step at
-// hybrid base with it, docs/perf.md stop 49).
-__device__ __forceinline__ float fast_sigmoid(float z) { return __fdividef(1.f, 1.f + __expf(-z)); }
+// hybrid base with __expf and __fdividef, docs/perf.md stop 49).
 
 // The register kernels: runs of kVec columns at kVec · (lane + 32 j), j < kRuns.
 template <int kVec>

@@ -29,6 +29,7 @@
 
 #include "kernels/cp_async.cuh"
 #include "kernels/elem.cuh"
+#include "kernels/fast_sigmoid.cuh"
 #include "kernels/short_conv.h"
 
 namespace kernels {
@@ -48,17 +49,6 @@ template <typename T>
 __host__ __device__ constexpr int backward_tile_of() {
   return sizeof(T) == 4 ? 32 : 48;
 }
-
-// e^-s as ex2.approx.ftz of −s·log2 e, then 1 / (1 + e^-s) by __fdividef: the walks are bound by
-// instruction issue, and __expf's guard for subnormal results (three instructions) changes nothing
-// here, since 1 + e^-s rounds to 1 for any e^-s that small. For s < about −88 the denominator is
-// infinite and the quotient 0, as it should be.
-__device__ __forceinline__ float exp2_ftz(float a) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(a));
-  return r;
-}
-__device__ __forceinline__ float sigmoid(float s) { return __fdividef(1.f, 1.f + exp2_ftz(s * -1.44269504f)); }
 
 // Copies tokens [ta, ta + n) of one row (token stride ld; tokens outside [0, T_len) read as 0) ×
 // channels [c0, c0 + kThreads) (those ≥ C read as 0) of src into dst [n][kThreads]. `vec`: 16-byte
@@ -146,7 +136,7 @@ __device__ __forceinline__ void forward_step(float* xr, int newest, const float*
 #pragma unroll
   for (int j = 0; j < W; ++j)
     if (whole || p >= W - 1 - j) s += wc[j] * xr[(newest + 1 + j) % W];
-  *y_out = from_f32<T>(s * sigmoid(s));
+  *y_out = from_f32<T>(s * fast_sigmoid(s));
 }
 
 // W steps of the forward's walk from step i0 (a multiple of W, so each step's ring slot is a
@@ -237,7 +227,7 @@ __device__ __forceinline__ float backward_step(ConvWindow<W>& win, int newest, c
   if (whole) {
 #pragma unroll
     for (int j = 0; j < W; ++j) s += wc[j] * XW(j);
-    const float sg = sigmoid(s);
+    const float sg = fast_sigmoid(s);
     const float ds = dy_new * sg * (1.f + s * (1.f - sg));
     if (sum_dw) {
 #pragma unroll
@@ -250,7 +240,7 @@ __device__ __forceinline__ float backward_step(ConvWindow<W>& win, int newest, c
 #pragma unroll
     for (int j = 0; j < W; ++j)
       if (p >= W - 1 - j) s += wc[j] * XW(j);
-    const float sg = sigmoid(s);
+    const float sg = fast_sigmoid(s);
     const float ds = dy_new * sg * (1.f + s * (1.f - sg));
     if (sum_dw) {
 #pragma unroll

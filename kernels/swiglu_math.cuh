@@ -5,11 +5,12 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/fast_sigmoid.cuh"
+
 namespace kernels {
 
-// σ(g) without IEEE division's slow path (__fdividef; the row kernels are bound by instruction
-// issue as much as by memory); for g < about −88 the denominator is infinite and σ 0, as it should be.
-__device__ __forceinline__ float swiglu_sigmoid(float g) { return __fdividef(1.f, 1.f + __expf(-g)); }
+// σ(g) by fast_sigmoid: the row kernels are bound by instruction issue as much as by memory.
+__device__ __forceinline__ float swiglu_sigmoid(float g) { return fast_sigmoid(g); }
 
 // h = g σ(g) u
 __device__ __forceinline__ float swiglu_value(float g, float u) { return g * swiglu_sigmoid(g) * u; }
