@@ -1388,9 +1388,10 @@ TEST(GdrScanCuda, FusedKernelsMatchSeparateOnes) {
 // kernel reads dy rounded to bf16): within 4e-3 of the other path, and no further from an fp64
 // run of the same inputs than it is (1.1 times its error, plus 1e-4). Elsewhere (and there with the
 // fixed head sizes' instances off) the core runs the norm's own backward kernel after its own, so
-// every gradient is the other path's to the bit. The
-// other gradients are the same either way, but for the tail's atomic sums (dβ, dg: 1e-6). Inputs
-// of several scales per row, read in place from a wider tensor as the short conv's output is.
+// every gradient is the other path's to the bit. The other gradients are the same either way, but
+// for the tail's atomic sums (dβ, dg: 1e-6). Inputs of several scales per row, read in place from
+// a wider tensor as the short conv's output is. One case's loss reads only the final states: q's
+// gradient is then zero both ways, and k's the separate norm's to the bit.
 TEST(GdrScanCuda, L2NormInsideTheCoreMatchesTheNormBefore) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 563);
@@ -1398,9 +1399,13 @@ TEST(GdrScanCuda, L2NormInsideTheCoreMatchesTheNormBefore) {
     int64_t B, T, H, dk, dv;
     std::vector<int64_t> cu;
     bool bf16, tf32_scan, in_tail;
+    bool o_grad = true;  // false: the loss reads only the final states (the tail runs without dQg)
   };
   const NormCase cases[] = {
       {1, 300, 2, 96, 192, {0, 17, 150, 151, 300}, true, true, true},  // hybrid base's heads, the 16-bit path
+      // The same with no output gradient: the core's fp32 dKd then leaves the tail's bf16 path, and
+      // the norm's own backward runs after it.
+      {1, 300, 2, 96, 192, {0, 17, 150, 151, 300}, true, true, false, false},
       {2, 150, 3, 96, 192, {}, true, true, true},                      // dense, a ragged chunk
       {2, 150, 3, 128, 128, {}, true, true, false},                    // moe-1b's dk: the norm's kernel
       {1, 300, 2, 128, 128, {0, 17, 150, 151, 300}, false, false, false},  // fp32 q, k
@@ -1410,7 +1415,7 @@ TEST(GdrScanCuda, L2NormInsideTheCoreMatchesTheNormBefore) {
   for (const NormCase& c : cases) {
     const std::string name = "B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) + " dk=" +
                              std::to_string(c.dk) + " dv=" + std::to_string(c.dv) + (c.bf16 ? " bf16" : " fp32") +
-                             (c.cu.empty() ? "" : " packed");
+                             (c.cu.empty() ? "" : " packed") + (c.o_grad ? "" : " states only");
     const auto dt = c.bf16 ? torch::kBFloat16 : torch::kFloat32;
     const int64_t Kg = c.H * c.dk, n_state = c.cu.empty() ? c.B : static_cast<int64_t>(c.cu.size()) - 1;
     // q | k | 8 spare columns, as the conv's output rows hold q, k and v side by side.
@@ -1437,7 +1442,9 @@ TEST(GdrScanCuda, L2NormInsideTheCoreMatchesTheNormBefore) {
       const auto out = model::gdr_forward_chunked(q, k, x[0], x[1], x[2], 1.0 / std::sqrt(double(c.dk)), {}, cu, 64,
                                                   c.tf32_scan && !fp64, false, nullptr, true,
                                                   model::GdrQkNorm{inside, 1e-6, x_dt});
-      ((out.o.to(torch::kFloat64) * dO.to(torch::kFloat64)).sum() + (out.h.to(torch::kFloat64) * dH).sum()).backward();
+      auto loss = (out.h.to(torch::kFloat64) * dH).sum();
+      if (c.o_grad) loss = loss + (out.o.to(torch::kFloat64) * dO.to(torch::kFloat64)).sum();
+      loss.backward();
       const auto dqk = qk_in.grad();
       return std::vector<torch::Tensor>{out.o, out.h, dqk.narrow(2, 0, Kg), dqk.narrow(2, Kg, Kg), x[0].grad(),
                                         x[1].grad(), x[2].grad()};
@@ -1450,7 +1457,11 @@ TEST(GdrScanCuda, L2NormInsideTheCoreMatchesTheNormBefore) {
     const char* const names[] = {"o", "h", "dq", "dk", "dv", "dbeta", "dg"};
     for (size_t i = 0; i < 7; ++i) {
       const double e = rel_norm_diff(inside[i], before[i]);
-      if ((i == 2 || i == 3) && c.in_tail) {
+      if (i == 2 && !c.o_grad) {
+        // q reaches the loss only through o.
+        EXPECT_EQ(inside[i].abs().max().item<double>(), 0.0) << name << ": dq";
+        EXPECT_EQ(before[i].abs().max().item<double>(), 0.0) << name << ": dq";
+      } else if ((i == 2 || i == 3) && c.in_tail) {
         EXPECT_LT(e, 4e-3) << name << ": " << names[i];
         const double e_inside = rel_norm_diff(inside[i].to(torch::kFloat64), ref[i]);
         const double e_before = rel_norm_diff(before[i].to(torch::kFloat64), ref[i]);
@@ -1824,14 +1835,16 @@ TEST(GdrScanCuda, OutputWrittenIntoTokenOrderMatchesTheCopy) {
 // batch's own plan gives eagerly, the output and all five input gradients. So the kernels read each
 // batch's plan from the slots' buffers, its spare chunks (no tokens) and empty documents included.
 // fp32 inputs with split products and token-order output; bf16 q, k, v with TF32 products and the
-// output as chunk rows (the training path).
+// output as chunk rows (the training path); and the training path at hybrid base's head sizes with
+// q and k's L2Norm inside the core, whose backward's tail then writes the norm's input gradients
+// (GdrQkNorm; counted).
 TEST(GdrScanCuda, FixedPlanReplayedInAGraphMatchesEachBatchPlan) {
 #if !defined(DD_HAVE_CUDA)
   GTEST_SKIP() << "built without CUDA";
 #else
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 933);
-  const int64_t B = 4, Trow = 300, T = B * Trow, H = 3, dk = 64, dv = 48, C = 64, pieces = 12;
+  const int64_t B = 4, Trow = 300, T = B * Trow, C = 64, pieces = 12;
   const std::vector<std::vector<int64_t>> packings = {
       {0, 300, 600, 900, 1200},
       {0, 17, 150, 151, 300, 364, 600, 700, 701, 702, 900, 1000, 1200},  // 12 pieces: the room full
@@ -1844,8 +1857,16 @@ TEST(GdrScanCuda, FixedPlanReplayedInAGraphMatchesEachBatchPlan) {
   const auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
   torch::cuda::synchronize();
   c10::cuda::CUDAStreamGuard on_side(c10::cuda::getStreamFromPool());  // captures need a side stream
-  for (const bool training_path : {false, true}) {
+  struct Config {
+    bool training_path, norm_in_core;
+    int64_t H, dk, dv;
+  };
+  for (const Config& cfg : {Config{false, false, 3, 64, 48}, Config{true, false, 3, 64, 48},
+                            Config{true, true, 2, 96, 192}}) {
+    const bool training_path = cfg.training_path;
+    const int64_t H = cfg.H, dk = cfg.dk, dv = cfg.dv;
     const auto in_dt = training_path ? torch::kBFloat16 : torch::kFloat32;
+    const model::GdrQkNorm qk_norm{cfg.norm_in_core, 1e-6, in_dt};
     // The graph's inputs: leaves whose values each batch copies in before the replay.
     std::vector<torch::Tensor> x = {torch::zeros({1, T, H, dk}, f32.dtype(in_dt)), torch::zeros({1, T, H, dk}, f32.dtype(in_dt)),
                                     torch::zeros({1, T, H, dv}, f32.dtype(in_dt)), torch::zeros({1, T, H}, f32),
@@ -1854,7 +1875,10 @@ TEST(GdrScanCuda, FixedPlanReplayedInAGraphMatchesEachBatchPlan) {
     auto grad_o = torch::zeros({1, T, H, dv}, f32);
     auto fill = [&] {
       torch::NoGradGuard no_grad;
-      auto unit = [](const torch::Tensor& y) { return y / y.norm(2, -1, true); };
+      // Unit rows, or with the norm inside the core its inputs: rows of any length.
+      auto unit = [&](const torch::Tensor& y) {
+        return cfg.norm_in_core ? y * (torch::rand({1, T, H, 1}, f32) * 3.0 + 0.1) : y / y.norm(2, -1, true);
+      };
       x[0].copy_(unit(torch::randn({1, T, H, dk}, f32)));
       x[1].copy_(unit(torch::randn({1, T, H, dk}, f32)));
       x[2].copy_(torch::randn({1, T, H, dv}, f32));
@@ -1865,7 +1889,7 @@ TEST(GdrScanCuda, FixedPlanReplayedInAGraphMatchesEachBatchPlan) {
     // o in token order, then the five input gradients.
     auto run = [&](const torch::Tensor& cu, model::GdrPlanSlots* slots) {
       auto r = model::gdr_forward_chunked(x[0], x[1], x[2], x[3], x[4], 0.125, {}, cu, C, training_path, training_path,
-                                          slots);
+                                          slots, /*final_state=*/true, qk_norm);
       auto o = training_path ? r.o_rows.index_select(0, r.o_row.reshape({-1}).to(torch::kInt64)).view({1, T, H, dv})
                              : r.o;
       auto out = torch::autograd::grad({(o.to(torch::kFloat32) * grad_o).sum()}, x);
@@ -1876,7 +1900,9 @@ TEST(GdrScanCuda, FixedPlanReplayedInAGraphMatchesEachBatchPlan) {
     model::GdrPlanSlots slots(B, Trow, pieces, torch::Device(torch::kCUDA, 0));
     fill();
     slots.set_batch(padded(packings[0]));
+    const int64_t tail_norms = model::gdr_tail_norm_launches();
     run(padded(packings[0]), &slots);  // the eager warm-up a capture needs
+    EXPECT_EQ(model::gdr_tail_norm_launches() - tail_norms, cfg.norm_in_core ? 1 : 0) << "the tail took the norm";
     at::cuda::CUDAGraph graph;
     graph.capture_begin();
     const auto replayed = run(padded(packings[0]), &slots);
@@ -1897,16 +1923,18 @@ TEST(GdrScanCuda, FixedPlanReplayedInAGraphMatchesEachBatchPlan) {
           << "the dummy documents' states, packing " << p;
       for (size_t i = 0; i < want.size(); ++i) {
         const double e = rel_norm_diff(replayed[i], want[i]);
-        EXPECT_LT(e, tol) << names[i] << ", packing " << p << (training_path ? ", bf16 inputs" : ", fp32 inputs");
+        EXPECT_LT(e, tol) << names[i] << ", packing " << p << (training_path ? ", bf16 inputs" : ", fp32 inputs")
+                          << (cfg.norm_in_core ? ", L2Norm in the core" : "");
       }
       if (p > 0) {
         // The packings differ enough that the capture's plan would not pass for this one's.
         const auto other = run(torch::tensor(packings[0], torch::kInt64), nullptr);
         EXPECT_GT(rel_norm_diff(other[0], want[0]), 1e-2) << "packing " << p;
       }
-      std::printf("fixed plan in a graph, packing %zu, %s: o %.2e, dq %.2e, dg %.2e\n", p,
-                  training_path ? "bf16 q, k, v" : "fp32", rel_norm_diff(replayed[0], want[0]),
-                  rel_norm_diff(replayed[1], want[1]), rel_norm_diff(replayed[5], want[5]));
+      std::printf("fixed plan in a graph, packing %zu, %s%s: o %.2e, dq %.2e, dk %.2e, dg %.2e\n", p,
+                  training_path ? "bf16 q, k, v" : "fp32", cfg.norm_in_core ? ", L2Norm in the core" : "",
+                  rel_norm_diff(replayed[0], want[0]), rel_norm_diff(replayed[1], want[1]),
+                  rel_norm_diff(replayed[2], want[2]), rel_norm_diff(replayed[5], want[5]));
     }
   }
 #endif
