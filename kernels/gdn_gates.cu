@@ -19,12 +19,12 @@ __device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : log
 template <typename T>
 __global__ void __launch_bounds__(kThreads) gates_forward_kernel(float* beta, float* g, const T* ab,
                                                                  const float* A_log, const float* dt_bias, int64_t N,
-                                                                 int64_t H, float beta_scale) {
+                                                                 int64_t H, int64_t ld, float beta_scale) {
   const int64_t total = N * H;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * kThreads) {
     const int64_t n = e / H, h = e % H;
-    const float a = to_f32(ab[n * 2 * H + h]), b = to_f32(ab[n * 2 * H + H + h]);
+    const float a = to_f32(ab[n * ld + h]), b = to_f32(ab[n * ld + H + h]);
     beta[e] = beta_scale * sigmoid_f(b);
     g[e] = -expf(A_log[h]) * softplus_f(a + dt_bias[h]);
   }
@@ -34,7 +34,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) gates_backward_kernel(T* dab, float* sums, const float* dbeta,
                                                                   const float* dg, const T* ab, const float* A_log,
                                                                   const float* dt_bias, int64_t N, int64_t H,
-                                                                  float beta_scale) {
+                                                                  int64_t ld, float beta_scale) {
   __shared__ float s_dA[kGdnGatesMaxHeads], s_ddt[kGdnGatesMaxHeads];
   for (int i = threadIdx.x; i < H; i += kThreads) s_dA[i] = s_ddt[i] = 0.f;
   __syncthreads();
@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(kThreads) gates_backward_kernel(T* dab, float*
   for (int64_t e = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * kThreads) {
     const int64_t n = e / H, h = e % H;
-    const float a = to_f32(ab[n * 2 * H + h]), b = to_f32(ab[n * 2 * H + H + h]);
+    const float a = to_f32(ab[n * ld + h]), b = to_f32(ab[n * ld + H + h]);
     const float sb = sigmoid_f(b);
     const float db = dbeta != nullptr ? dbeta[e] * beta_scale * sb * (1.f - sb) : 0.f;
     float da = 0.f;
@@ -71,25 +71,27 @@ unsigned blocks_for(int64_t total) {
 }  // namespace
 
 int gdn_gates_forward(float* beta, float* g, const void* ab, DType ab_dt, const float* A_log, const float* dt_bias,
-                      int64_t N, int64_t H, bool neg_eig, void* stream) {
-  if (H < 1) return static_cast<int>(cudaErrorInvalidValue);
+                      int64_t N, int64_t H, bool neg_eig, void* stream, int64_t ab_ld) {
+  if (H < 1 || (ab_ld != 0 && ab_ld < 2 * H)) return static_cast<int>(cudaErrorInvalidValue);
   if (N == 0) return 0;
   dispatch_dtype(ab_dt, [&](auto tag) {
     using T = decltype(tag);
     gates_forward_kernel<<<blocks_for(N * H), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        beta, g, static_cast<const T*>(ab), A_log, dt_bias, N, H, neg_eig ? 2.f : 1.f);
+        beta, g, static_cast<const T*>(ab), A_log, dt_bias, N, H, ab_ld != 0 ? ab_ld : 2 * H, neg_eig ? 2.f : 1.f);
   });
   return static_cast<int>(cudaGetLastError());
 }
 
 int gdn_gates_backward(void* dab, float* sums, const float* dbeta, const float* dg, const void* ab, DType ab_dt,
-                       const float* A_log, const float* dt_bias, int64_t N, int64_t H, bool neg_eig, void* stream) {
-  if (H < 1 || H > kGdnGatesMaxHeads) return static_cast<int>(cudaErrorInvalidValue);
+                       const float* A_log, const float* dt_bias, int64_t N, int64_t H, bool neg_eig, void* stream,
+                       int64_t ab_ld) {
+  if (H < 1 || H > kGdnGatesMaxHeads || (ab_ld != 0 && ab_ld < 2 * H)) return static_cast<int>(cudaErrorInvalidValue);
   if (N == 0) return 0;
   dispatch_dtype(ab_dt, [&](auto tag) {
     using T = decltype(tag);
     gates_backward_kernel<<<blocks_for(N * H), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<T*>(dab), sums, dbeta, dg, static_cast<const T*>(ab), A_log, dt_bias, N, H, neg_eig ? 2.f : 1.f);
+        static_cast<T*>(dab), sums, dbeta, dg, static_cast<const T*>(ab), A_log, dt_bias, N, H,
+        ab_ld != 0 ? ab_ld : 2 * H, neg_eig ? 2.f : 1.f);
   });
   return static_cast<int>(cudaGetLastError());
 }

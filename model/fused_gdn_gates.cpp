@@ -33,6 +33,14 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// Whether ab's rows sit at one token stride with unit column stride (contiguous, or a column slice
+// of a wider projection's rows, as one product hands the Gated DeltaNet's a|b beside q|k|v|g): the
+// kernels read them in place at that stride.
+bool rows_in_place(const torch::Tensor& ab) {
+  return ab.stride(2) == 1 && ab.stride(1) >= ab.size(2) &&
+         (ab.size(0) == 1 || ab.stride(0) == ab.size(1) * ab.stride(1));
+}
+
 class FusedGdnGatesFn : public torch::autograd::Function<FusedGdnGatesFn> {
  public:
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& ab, const torch::Tensor& A_log,
@@ -44,7 +52,7 @@ class FusedGdnGatesFn : public torch::autograd::Function<FusedGdnGatesFn> {
     check_kernel_launch(kernels::gdn_gates_forward(beta.data_ptr<float>(), g.data_ptr<float>(), ab.data_ptr(),
                                                    checked_kernel_dtype(ab.scalar_type(), "gdn gates"),
                                                    A_log.data_ptr<float>(), dt_bias.data_ptr<float>(), N, H, neg_eig,
-                                                   stream_of(ab)),
+                                                   stream_of(ab), ab.stride(1)),
                         "gdn gates forward");
     ctx->save_for_backward({ab, A_log, dt_bias});
     ctx->saved_data["neg_eig"] = neg_eig;
@@ -67,7 +75,7 @@ class FusedGdnGatesFn : public torch::autograd::Function<FusedGdnGatesFn> {
                                     dbeta.defined() ? dbeta.data_ptr<float>() : nullptr,
                                     dg.defined() ? dg.data_ptr<float>() : nullptr, ab.data_ptr(),
                                     checked_kernel_dtype(ab.scalar_type(), "gdn gates"), A_log.data_ptr<float>(),
-                                    dt_bias.data_ptr<float>(), N, H, neg_eig, stream_of(ab)),
+                                    dt_bias.data_ptr<float>(), N, H, neg_eig, stream_of(ab), ab.stride(1)),
         "gdn gates backward");
     return {dab, sums.narrow(0, 0, H), sums.narrow(0, H, H), torch::Tensor()};
   }
@@ -79,7 +87,7 @@ bool kernels_apply(const torch::Tensor& ab, const torch::Tensor& A_log, const to
   const auto on_gpu_f32 = [&](const torch::Tensor& t) {
     return t.device() == ab.device() && t.scalar_type() == torch::kFloat32 && t.is_contiguous();
   };
-  return ab.is_cuda() && ft == torch::kFloat32 && kernel_dtype(ab.scalar_type(), d) && ab.is_contiguous() &&
+  return ab.is_cuda() && ft == torch::kFloat32 && kernel_dtype(ab.scalar_type(), d) && rows_in_place(ab) &&
          on_gpu_f32(A_log) && on_gpu_f32(dt_bias) && A_log.size(0) <= kernels::kGdnGatesMaxHeads;
 }
 
