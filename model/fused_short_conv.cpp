@@ -94,20 +94,20 @@ class FusedShortConvFn : public torch::autograd::Function<FusedShortConvFn> {
 bool kernel_taps(int64_t W) { return W == 2 || W == 3 || W == 4 || W == 6 || W == 8; }
 
 // Whether the rest's gradient already sits at columns [C, Wd) of a buffer laid out as y [B, T, Wd]
-// that nothing else holds (the gated output norm writes dz so, model/fused_gated_norm.cpp): then
-// the conv's gradients fill the buffer's other columns and no [B, T, Wd] gradient is allocated
-// and copied into. Anything else (another consumer, autograd's sum of two gradients) fails a test
-// and takes the copy.
+// is, rows of ld = y.stride(1) ≥ Wd columns (the gated output norm writes dz so,
+// model/fused_gated_norm.cpp), that nothing else holds: then the conv's gradients fill the buffer's
+// other columns and no [B, T, Wd] gradient is allocated and copied into. Anything else (another
+// consumer, autograd's sum of two gradients) fails a test and takes the copy.
 bool rest_gradient_has_room(const torch::Tensor& g, const torch::Tensor& y, int64_t C) {
-  const int64_t B = y.size(0), T = y.size(1), Wd = y.size(2);
+  const int64_t B = y.size(0), T = y.size(1), Wd = y.size(2), ld = y.stride(1);
   if (!g.defined() || g.scalar_type() != y.scalar_type() || g.device() != y.device() || g.dim() != 3 ||
-      g.size(0) != B || g.size(1) != T || g.size(2) != Wd - C || g.stride(2) != 1 || g.stride(1) != Wd ||
-      (B > 1 && g.stride(0) != T * Wd) || g.storage_offset() < C)
+      g.size(0) != B || g.size(1) != T || g.size(2) != Wd - C || g.stride(2) != 1 || g.stride(1) != ld ||
+      (B > 1 && g.stride(0) != T * ld) || g.storage_offset() < C)
     return false;
   // Only this gradient refers to the buffer, and the buffer holds all B·T rows.
   const auto& st = g.storage();
   return st.use_count() == 1 &&
-         st.nbytes() >= static_cast<size_t>((g.storage_offset() - C + B * T * Wd) * g.element_size());
+         st.nbytes() >= static_cast<size_t>((g.storage_offset() - C + B * T * ld) * g.element_size());
 }
 
 std::atomic<int64_t> gate_gradients_in_place{0};
@@ -138,14 +138,20 @@ class ShortConvPartsFn : public torch::autograd::Function<ShortConvPartsFn> {
     const auto pos_or_none = ctx->saved_data["pos"];
     const torch::Tensor pos = pos_or_none.isTensor() ? pos_or_none.toTensor() : torch::Tensor();
     const auto widths = ctx->saved_data["widths"].toIntVector();
-    const int64_t B = y.size(0), T = y.size(1), Wd = y.size(2), C = wf.size(0), taps = wf.size(1);
+    // y's rows are ld ≥ Wd columns apart (wider where y is a column slice of a product's rows,
+    // model/mixed_linear.h mixed_linear_split); its gradient takes the same layout, so that the
+    // product's backward finds the other columns' room beside it.
+    const int64_t B = y.size(0), T = y.size(1), Wd = y.size(2), C = wf.size(0), taps = wf.size(1), ld = y.stride(1);
     kernels::DType dt{};
     kernel_dtype(y.scalar_type(), dt);
     const auto& g_rest = grads[widths.size()];
     const bool in_place = rest_gradient_has_room(g_rest, y, C);
     if (in_place) gate_gradients_in_place.fetch_add(1, std::memory_order_relaxed);
-    auto dy_full = in_place ? g_rest.as_strided({B, T, Wd}, {T * Wd, Wd, 1}, g_rest.storage_offset() - C)
-                            : torch::empty({B, T, Wd}, y.options().memory_format(torch::MemoryFormat::Contiguous));
+    // Set on the buffer's storage rather than as a view of a tensor: a view keeps its base alive, and
+    // the product's backward takes the rows in place only when this gradient is their one holder.
+    const auto storage = in_place ? g_rest.storage() : torch::empty({B * T * ld}, y.options()).storage();
+    auto dy_full = torch::empty({0}, y.options())
+                       .set_(storage, in_place ? g_rest.storage_offset() - C : 0, {B, T, Wd}, {T * ld, ld, 1});
     auto dw = torch::zeros_like(wf);
     const auto stream = c10::cuda::getCurrentCUDAStream(y.device().index()).stream();
     // Each part's channels with its gradient as it comes (its columns of y, w and dw), its input
@@ -164,7 +170,7 @@ class ShortConvPartsFn : public torch::autograd::Function<ShortConvPartsFn> {
                                                              parts.data() + first, n, y.data_ptr(), dt,
                                                              wf.data_ptr<float>(),
                                                              pos.defined() ? pos.data_ptr<int64_t>() : nullptr, B, T,
-                                                             y.stride(1), static_cast<int>(taps), stream, Wd),
+                                                             y.stride(1), static_cast<int>(taps), stream, ld),
                           "short conv backward");
     }
     // The rest's gradient into its columns, unless it is already there: the one copy left (a
