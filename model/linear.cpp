@@ -62,17 +62,26 @@ std::vector<torch::Tensor> linear_cat_split(const torch::Tensor& x, const std::v
   return torch::linear(x, weights.size() == 1 ? weights[0] : torch::cat(weights, 0)).split_with_sizes(outs, -1);
 }
 
-std::vector<torch::Tensor> linear_cat_groups(const torch::Tensor& x, const std::vector<std::vector<Linear>>& groups) {
+std::vector<torch::Tensor> linear_cat_groups(const torch::Tensor& x, const std::vector<std::vector<Linear>>& groups,
+                                             bool one_product) {
   TORCH_CHECK(!groups.empty(), "linear_cat_groups: no groups");
   std::vector<torch::Tensor> weights;
-  std::vector<int64_t> sizes;
+  std::vector<int64_t> sizes, columns;
   for (const auto& g : groups) {
     TORCH_CHECK(!g.empty(), "linear_cat_groups: an empty group");
-    for (const auto& l : g) weights.push_back(l->weight);
+    int64_t cols = 0;
+    for (const auto& l : g) {
+      weights.push_back(l->weight);
+      cols += l->weight.size(0);
+    }
     sizes.push_back(static_cast<int64_t>(g.size()));
+    columns.push_back(cols);
   }
-  if (!fp8_active && mixed_linear_applies(x, weights))
-    return mixed_linear_groups(x, weights, sizes, at::autocast::get_autocast_dtype(at::kCUDA));
+  if (!fp8_active && mixed_linear_applies(x, weights)) {
+    const auto dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+    if (one_product) return mixed_linear_split(x, weights, columns, dtype);
+    return mixed_linear_groups(x, weights, sizes, dtype);
+  }
   std::vector<torch::Tensor> out;
   for (const auto& g : groups) out.push_back(linear_cat(x, g));
   return out;

@@ -41,8 +41,11 @@ std::vector<torch::Tensor> linear_cat_split(const torch::Tensor& x, const std::v
 
 // linear_cat over each group of layers, all reading the same x: one output per group. Where the
 // products take mixed_linear, one op (mixed_linear_groups) whose backward sums x's gradient inside
-// its GEMMs; else (FP8, CPU, no scope) one linear_cat per group, autograd adding their gradients.
-std::vector<torch::Tensor> linear_cat_groups(const torch::Tensor& x, const std::vector<std::vector<Linear>>& groups);
+// its GEMMs; with `one_product` there, one GEMM for all the groups (mixed_linear_split), each
+// output a view of its columns in the product's rows (for consumers that read rows at any stride).
+// Else (FP8, CPU, no scope) one linear_cat per group, autograd adding their gradients.
+std::vector<torch::Tensor> linear_cat_groups(const torch::Tensor& x, const std::vector<std::vector<Linear>>& groups,
+                                             bool one_product = false);
 
 // Every Linear of `model` that has run in fp8, by module path, with its Fp8History.
 std::vector<std::pair<std::string, Fp8History*>> fp8_histories(torch::nn::Module& model);

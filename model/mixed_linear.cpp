@@ -30,6 +30,7 @@ thread_local bool no_workspace_active = false;
 std::atomic<bool> in_place_allowed{true};
 std::atomic<bool> grad_stream_allowed{true};
 std::atomic<bool> no_workspace_allowed{true};
+std::atomic<int64_t> split_gradients_in_place{0};
 
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
@@ -190,6 +191,33 @@ void run_grad_products_aside(std::vector<GradProduct>& products, const at::Tenso
 }
 #endif
 
+// x as the products read it: [N, in] in the product's dtype, contiguous.
+at::Tensor product_rows(const at::Tensor& x, at::ScalarType dtype) {
+  auto x2 = (x.scalar_type() == dtype ? x : x.to(dtype)).reshape({-1, x.size(-1)});
+  return x2.is_contiguous() ? x2 : x2.contiguous();
+}
+
+// The scope's choices a product's backward keeps: the weight-gradient stream and the GEMMs without
+// workspace.
+void save_scope_flags(AutogradContext* ctx, const at::Tensor& x, bool no_workspace) {
+  if (grad_stream_active && x.is_cuda()) ctx->saved_data["grad_stream"] = true;
+  if (no_workspace) ctx->saved_data["no_workspace"] = true;
+}
+
+// Each weight's block of g2ᵀ · x2 into its .grad (plan_weight_grads), on the weight-gradient
+// stream where the scope asked for it.
+void weight_grads(AutogradContext* ctx, std::vector<at::Tensor>& weights, const at::Tensor& g2, int64_t cols,
+                  const at::Tensor& x2, bool no_workspace) {
+  auto products = plan_weight_grads(weights, x2);
+#if defined(DD_HAVE_CUDA)
+  if (!products.empty() && ctx->saved_data.count("grad_stream") > 0) {
+    run_grad_products_aside(products, g2, cols, x2, no_workspace);
+    return;
+  }
+#endif
+  run_grad_products(products, g2, cols, x2, no_workspace);
+}
+
 // The products of x with one or more groups of weights, y_g = x · [W_g1; W_g2; ...]ᵀ, one output
 // per group (group_sizes: how many of `weights` each takes, in order). x's gradient is the sum of
 // the groups' products, each GEMM after the first adding into it (fp32 accumulation, one rounding)
@@ -203,8 +231,7 @@ struct MixedLinearFn : public torch::autograd::Function<MixedLinearFn> {
     for (const auto& w : weights)
       TORCH_CHECK(w.dim() == 2 && w.size(1) == in, "mixed_linear: weight ", w.sizes(), " for input ", x.sizes());
     ctx->set_materialize_grads(false);  // an output nobody used hands back no gradient, not zeros
-    auto x2 = (x.scalar_type() == dtype ? x : x.to(dtype)).reshape({-1, in});
-    if (!x2.is_contiguous()) x2 = x2.contiguous();
+    const auto x2 = product_rows(x, dtype);
     const bool no_workspace = no_workspace_active && x.is_cuda();
     tensor_list ys, saved = {x2};
     size_t first = 0;
@@ -227,8 +254,7 @@ struct MixedLinearFn : public torch::autograd::Function<MixedLinearFn> {
     ctx->saved_data["group_sizes"] = group_sizes;
     ctx->saved_data["x_shape"] = x.sizes().vec();
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
-    if (grad_stream_active && x.is_cuda()) ctx->saved_data["grad_stream"] = true;
-    if (no_workspace) ctx->saved_data["no_workspace"] = true;
+    save_scope_flags(ctx, x, no_workspace);
     return ys;
   }
 
@@ -239,7 +265,6 @@ struct MixedLinearFn : public torch::autograd::Function<MixedLinearFn> {
     const auto group_sizes = ctx->saved_data["group_sizes"].toIntVector();
     tensor_list out(weights.size() + 3);  // x, each weight (their gradients went to .grad), dtype, groups
     const bool no_workspace = ctx->saved_data.count("no_workspace") > 0;
-    const bool aside = ctx->saved_data.count("grad_stream") > 0;
     at::Tensor dx;  // [N, in], the product's dtype
     size_t first = 0;
     for (size_t gi = 0; gi < group_sizes.size(); ++gi) {
@@ -258,20 +283,104 @@ struct MixedLinearFn : public torch::autograd::Function<MixedLinearFn> {
         if (!dx.defined()) dx = product(g2, wh, /*b_trans=*/false, no_workspace);
         else product_into(dx, g2, wh, /*b_trans=*/false, no_workspace, /*accumulate=*/true);
       }
-      auto products = plan_weight_grads(group, x2);
-#if defined(DD_HAVE_CUDA)
-      if (!products.empty() && aside) {
-        run_grad_products_aside(products, g2, cols, x2, no_workspace);
-        continue;
-      }
-#endif
-      run_grad_products(products, g2, cols, x2, no_workspace);
+      weight_grads(ctx, group, g2, cols, x2, no_workspace);
     }
     if (dx.defined()) {
       const auto x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
       dx = dx.view(ctx->saved_data["x_shape"].toIntVector());
       out[0] = dx.scalar_type() == x_dtype ? dx : dx.to(x_dtype);
     }
+    return out;
+  }
+};
+
+// x · [W1; W2; ...]ᵀ as one product whose columns go out in consecutive splits (split_sizes): see
+// mixed_linear_split. The product's rows are its padded width (aligned_columns), and each output
+// is a view of its columns there, so nothing is copied out.
+struct MixedLinearSplitFn : public torch::autograd::Function<MixedLinearSplitFn> {
+  static tensor_list forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights, int64_t dtype_code,
+                             std::vector<int64_t> split_sizes) {
+    const auto dtype = static_cast<at::ScalarType>(dtype_code);
+    const int64_t in = x.size(-1);
+    for (const auto& w : weights)
+      TORCH_CHECK(w.dim() == 2 && w.size(1) == in, "mixed_linear_split: weight ", w.sizes(), " for input ", x.sizes());
+    ctx->set_materialize_grads(false);
+    const auto x2 = product_rows(x, dtype);
+    const bool no_workspace = no_workspace_active && x.is_cuda();
+    auto wh = shadowed_weight_blocks(weights, dtype);  // [Σ out_i, in]
+    const int64_t cols = wh.size(0), padded = aligned_columns(cols, x2);
+    if (padded != cols) wh = at::constant_pad_nd(wh, {0, 0, 0, padded - cols}, 0);  // zero rows past cols
+    const auto y = product(x2, wh, /*b_trans=*/true, no_workspace);  // [N, padded]
+    tensor_list ys;
+    int64_t col = 0;
+    for (const int64_t n : split_sizes) {
+      auto shape = x.sizes().vec();
+      shape.back() = n;
+      ys.push_back(y.narrow(1, col, n).view(shape));
+      col += n;
+    }
+    ctx->save_for_backward({x2, wh});
+    ctx->saved_data["weights"] = weights.vec();
+    ctx->saved_data["split_sizes"] = split_sizes;
+    ctx->saved_data["x_shape"] = x.sizes().vec();
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    save_scope_flags(ctx, x, no_workspace);
+    return ys;
+  }
+
+  // The outputs' gradients as one [N, padded] matrix g (zeros where an output had none and past the
+  // columns): the first output's gradient itself where it already sits at the start of such rows
+  // in a buffer nothing else holds, with room for the rest (the Gated DeltaNet's conv backward
+  // leaves it so, model/fused_short_conv.cpp), the others copied into their columns; else a new one.
+  static at::Tensor gradient_rows(const tensor_list& grads, const std::vector<int64_t>& split_sizes, int64_t N,
+                                  int64_t padded, at::ScalarType dtype) {
+    const at::Tensor& g0 = grads[0];
+    bool in_place = g0.defined() && g0.scalar_type() == dtype && g0.dim() >= 2 && g0.stride(-1) == 1 &&
+                    g0.stride(-2) == padded && g0.numel() == N * split_sizes[0] && g0.storage().use_count() == 1 &&
+                    g0.storage().nbytes() >=
+                        static_cast<size_t>((g0.storage_offset() + N * padded) * g0.element_size());
+    // Leading dims stacked over the rows (one row stride for all N rows).
+    for (int64_t d = g0.dim() - 3; in_place && d >= 0; --d)
+      in_place = g0.stride(d) == g0.size(d + 1) * g0.stride(d + 1);
+    at::Tensor g;
+    if (in_place) {
+      g = g0.as_strided({N, padded}, {padded, 1}, g0.storage_offset());
+    } else {
+      for (const auto& gi : grads)
+        if (gi.defined() && !g.defined()) g = torch::empty({N, padded}, gi.options().dtype(dtype));
+    }
+    int64_t col = 0;
+    for (size_t i = 0; i < split_sizes.size(); ++i) {
+      const int64_t n = split_sizes[i];
+      auto part = g.narrow(1, col, n);
+      col += n;
+      if (i == 0 && in_place) continue;
+      if (grads[i].defined()) part.copy_(grads[i].reshape({N, n}));
+      else part.zero_();
+    }
+    if (col < padded) g.narrow(1, col, padded - col).zero_();
+    if (in_place) split_gradients_in_place.fetch_add(1, std::memory_order_relaxed);
+    return g;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &x2 = saved[0], &wh = saved[1];  // [N, in]; [padded, in], the product's dtype
+    auto weights = ctx->saved_data["weights"].toTensorVector();
+    const auto split_sizes = ctx->saved_data["split_sizes"].toIntVector();
+    tensor_list out(weights.size() + 3);  // x, each weight (their gradients went to .grad), dtype, splits
+    bool any = false;
+    for (const auto& g : grads) any = any || g.defined();
+    if (!any) return out;
+    const bool no_workspace = ctx->saved_data.count("no_workspace") > 0;
+    const int64_t N = x2.size(0), cols = total_rows(weights);
+    const auto g2 = gradient_rows(grads, split_sizes, N, wh.size(0), wh.scalar_type());
+    if (ctx->needs_input_grad(0)) {
+      const auto x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+      auto dx = product(g2, wh, /*b_trans=*/false, no_workspace).view(ctx->saved_data["x_shape"].toIntVector());
+      out[0] = dx.scalar_type() == x_dtype ? dx : dx.to(x_dtype);
+    }
+    weight_grads(ctx, weights, g2, cols, x2, no_workspace);
     return out;
   }
 };
@@ -349,6 +458,24 @@ std::vector<at::Tensor> mixed_linear_groups(const at::Tensor& x, at::TensorList 
               group_sizes, " do not add up to the ", weights.size(), " weights");
   return MixedLinearFn::apply(x, weights, static_cast<int64_t>(dtype), group_sizes);
 }
+
+std::vector<at::Tensor> mixed_linear_split(const at::Tensor& x, at::TensorList weights,
+                                           const std::vector<int64_t>& split_sizes, at::ScalarType dtype) {
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf, "mixed_linear: product dtype must be bf16 or fp16, got ",
+              dtype);
+  TORCH_CHECK(!weights.empty(), "mixed_linear_split: no weights");
+  int64_t cols = 0, total = 0;
+  for (const auto& w : weights) cols += w.size(0);
+  for (const int64_t n : split_sizes) {
+    TORCH_CHECK(n > 0, "mixed_linear_split: every split needs a column, got split sizes ", split_sizes);
+    total += n;
+  }
+  TORCH_CHECK(!split_sizes.empty() && total == cols, "mixed_linear_split: split sizes ", split_sizes,
+              " do not add up to the weights' ", cols, " rows");
+  return MixedLinearSplitFn::apply(x, weights, static_cast<int64_t>(dtype), split_sizes);
+}
+
+int64_t mixed_linear_split_gradients_in_place() { return split_gradients_in_place.load(std::memory_order_relaxed); }
 
 namespace {
 

@@ -86,6 +86,19 @@ at::Tensor mixed_linear(const at::Tensor& x, at::TensorList weights, at::ScalarT
 std::vector<at::Tensor> mixed_linear_groups(const at::Tensor& x, at::TensorList weights,
                                             const std::vector<int64_t>& group_sizes, at::ScalarType dtype);
 
+// One product of x with all the weights, y = x · [W1; W2; ...]ᵀ as mixed_linear's, handed out as
+// consecutive column splits (split_sizes, adding up to the weights' rows): each output a view of
+// its columns in the product's rows, whose width is the columns rounded up to 16 bytes on a GPU.
+// For projections whose outputs' consumers read rows at any stride (the Gated DeltaNet's q|k|v|g
+// and a|b): the narrow split's products would otherwise each be a GEMM of their own, a pass over x
+// (or over x's gradient) apiece. The backward takes the splits' gradients as one matrix, in place
+// where the first split's gradient already sits at the start of such rows in a buffer with room
+// for the rest (counted by mixed_linear_split_gradients_in_place), and runs one GEMM for x's
+// gradient and one for the weights'. Throws c10::Error on split sizes that do not cover the rows.
+std::vector<at::Tensor> mixed_linear_split(const at::Tensor& x, at::TensorList weights,
+                                           const std::vector<int64_t>& split_sizes, at::ScalarType dtype);
+int64_t mixed_linear_split_gradients_in_place();
+
 // [W1; W2; ...] [Σ out_i, in] cast to `dtype`: one kernel on a GPU for up to 4 contiguous fp32
 // blocks, else torch::cat(weights).to(dtype) (the reference). Stacked experts' weights [E, out_i,
 // in] (MoE) concatenate per expert: [E, Σ out_i, in], torch::cat(weights, 1).

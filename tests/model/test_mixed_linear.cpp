@@ -207,6 +207,49 @@ TEST(MixedLinear, GroupsShareOneInputGradient) {
   EXPECT_THROW(model::mixed_linear_groups(x, w, {3, 0}, at::kBFloat16), c10::Error);
 }
 
+// One product handed out in column splits (mixed_linear_split): each output a view of its columns
+// in the product's rows (one row stride, the second split right after the first), the product,
+// x's gradient and every weight's gradient within bf16's rounding of the fp64 products over the
+// splits' gradients side by side. An output that gets no gradient counts as zeros: x's gradient is
+// the other's alone, and its weights' gradients are zero.
+TEST(MixedLinear, SplitOutputsShareOneProduct) {
+  seed(36);
+  const int64_t in = 24;
+  auto x0 = torch::randn({3, 7, in});
+  auto g_a = torch::randn({3, 7, 12}).to(at::kBFloat16), g_b = torch::randn({3, 7, 5}).to(at::kBFloat16);
+  auto w = make_weights({8, 4, 5}, in);
+  auto x = x0.clone().requires_grad_(true);
+  auto ys = model::mixed_linear_split(x, w, {12, 5}, at::kBFloat16);
+  ASSERT_EQ(ys.size(), 2u);
+  EXPECT_EQ(ys[0].sizes(), (std::vector<int64_t>{3, 7, 12}));
+  EXPECT_EQ(ys[1].sizes(), (std::vector<int64_t>{3, 7, 5}));
+  EXPECT_EQ(ys[0].stride(1), 17);
+  EXPECT_EQ(ys[1].stride(1), 17);
+  EXPECT_EQ(static_cast<const char*>(ys[1].data_ptr()) - static_cast<const char*>(ys[0].data_ptr()), 12 * 2);
+  torch::autograd::backward({ys[0], ys[1]}, {g_a, g_b});
+  const auto want = truth(x, w, torch::cat({g_a, g_b}, -1), at::kBFloat16);
+  EXPECT_LT(rel(torch::cat({ys[0], ys[1]}, -1).reshape({-1, 17}), want.y), tolerance(at::kBFloat16));
+  EXPECT_LT(rel(x.grad().reshape({-1, in}), want.dx), tolerance(at::kBFloat16));
+  for (size_t i = 0; i < w.size(); ++i) {
+    ASSERT_TRUE(w[i].grad().defined()) << "weight " << i;
+    EXPECT_EQ(w[i].grad().scalar_type(), torch::kFloat32);
+    EXPECT_LT(rel(w[i].grad(), want.dw[i]), tolerance(at::kBFloat16)) << "weight " << i;
+  }
+
+  // Only the second output used.
+  auto w2 = make_weights({8, 4, 5}, in);
+  auto x2 = x0.clone().requires_grad_(true);
+  auto ys2 = model::mixed_linear_split(x2, w2, {12, 5}, at::kBFloat16);
+  ys2[1].backward(g_b);
+  EXPECT_LT(rel(x2.grad().reshape({-1, in}), truth(x2, {w2[2]}, g_b, at::kBFloat16).dx), tolerance(at::kBFloat16));
+  EXPECT_EQ(w2[0].grad().abs().max().item<float>(), 0.f);
+  EXPECT_EQ(w2[1].grad().abs().max().item<float>(), 0.f);
+  EXPECT_LT(rel(w2[2].grad(), truth(x2, {w2[2]}, g_b, at::kBFloat16).dw[0]), tolerance(at::kBFloat16));
+
+  EXPECT_THROW(model::mixed_linear_split(x, w, {12, 4}, at::kBFloat16), c10::Error);
+  EXPECT_THROW(model::mixed_linear_split(x, w, {17, 0}, at::kBFloat16), c10::Error);
+}
+
 TEST(MixedLinear, LayersTakeItOnlyInsideAnActiveScopeOnAGpu) {
   auto x = torch::randn({2, 8});
   auto w = torch::randn({4, 8}, torch::requires_grad());
