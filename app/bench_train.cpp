@@ -132,6 +132,7 @@ int bench_train(const BenchTrainArgs& a) {
       {"--grad-norm", &a.grad_norm, {"producers", "read"}},
       {"--expert-grads", &a.expert_grads, {"pieces", "scatter"}},
       {"--gdn-l2norm", &a.gdn_l2norm, {"in-core", "separate"}},
+      {"--gdn-gates", &a.gdn_gates, {"in-projection", "apart"}},
   };
   for (const auto& [flag, value, choices] : switches) {
     if (std::find(choices.begin(), choices.end(), *value) != choices.end()) continue;
@@ -159,6 +160,7 @@ int bench_train(const BenchTrainArgs& a) {
   model::producer_grad_square_sums(a.grad_norm == "producers");
   model::expert_grads_in_pieces_allowed(a.expert_grads == "pieces");
   model::gdn_l2norm_in_core(a.gdn_l2norm == "in-core");
+  model::gdn_gates_in_projection(a.gdn_gates == "in-projection");
   {
     int64_t piece_rows = -1;
     if (a.expert_grad_pieces == "off") {
@@ -356,6 +358,7 @@ int bench_train(const BenchTrainArgs& a) {
   j["moe_inputs"] = a.moe_inputs;
   j["moe_weights"] = a.moe_weights;
   j["gdn_l2norm"] = a.gdn_l2norm;
+  j["gdn_gates"] = a.gdn_gates;
   j["grad_norm"] = a.grad_norm;
   j["expert_grads"] = a.expert_grads;
   j["expert_grad_pieces"] = a.expert_grad_pieces;

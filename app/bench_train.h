@@ -71,6 +71,9 @@ struct BenchTrainArgs {
   // in-core | separate: the Gated DeltaNet's L2Norm of q and k inside the delta rule's op (its
   // backward in the tail kernel, model::GdrQkNorm) or as an op of its own, to measure it.
   std::string gdn_l2norm = "in-core";
+  // in-projection | apart: the Gated DeltaNet's a|b gate projection in the q|k|v|g product's GEMM
+  // or a GEMM of its own each way (model::gdn_gates_in_projection), to measure it.
+  std::string gdn_gates = "in-projection";
   std::string moe_weights = "swiglu";  // swiglu | combine: where the MoE applies its router weights (model/moe.h)
   std::string moe_inputs = "fused";  // fused | separate: the MoE input's fan-out and fan-in (model/moe_dispatch.h)
   // "auto" (the default rule), "off" (one piece per expert) or a row count: the pieces the MoE

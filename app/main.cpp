@@ -254,6 +254,10 @@ int main(int argc, char** argv) {
                               "delta rule's op (its backward in the rule's tail kernel) or as an op of its own (to "
                               "measure it)")
       ->capture_default_str();
+  bench_train_cmd->add_option("--gdn-gates", bench_train.gdn_gates,
+                              "in-projection | apart: on a GPU under 16-bit autocast the Gated DeltaNet's a|b gate "
+                              "projection shares the q|k|v|g product's GEMM, or runs its own (to measure it)")
+      ->capture_default_str();
   bench_train_cmd->add_option("--expert-grad-pieces", bench_train.expert_grad_pieces,
                               "auto | off | ROWS: the MoE experts' weight-gradient product cuts each expert's rows into "
                               "pieces of at most ROWS (auto: twice the mean rows per expert) so an overloaded expert's "

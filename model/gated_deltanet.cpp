@@ -143,8 +143,10 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& u, const Positions
   // The conv's parts and the output gate's columns come out of the projection's rows together, so
   // that on a GPU their gradients go back into one tensor without concatenations.
   // a | b side by side, read whole by the gates (no split, and no concatenation in its backward).
-  // Both products read u in one op, so u's gradient comes out of their GEMMs already summed.
-  const auto proj = linear_cat_groups(u, {{wq, wk, wv, wg}, {wa, wb}});
+  // Both products read u in one op, so u's gradient comes out of their GEMMs already summed; with
+  // gdn_gates_in_projection, one GEMM, both outputs views of its rows (the conv and the gates
+  // read rows at their stride).
+  const auto proj = linear_cat_groups(u, {{wq, wk, wv, wg}, {wa, wb}}, gdn_gates_in_projection());
   auto front = fused_short_conv_parts(proj[0], torch::cat({conv_q, conv_k, conv_v}, 0), p, {Kg, Kg, Vg});
   const auto& gate_rows = proj[1];
   const auto& qkv_parts = front.parts;

@@ -168,7 +168,11 @@ namespace {
 std::atomic<bool> g_output_as_rows{true};
 std::atomic<bool> g_qk_in_activation_dtype{true};
 std::atomic<bool> g_l2norm_in_core{true};
+std::atomic<bool> g_gates_in_projection{true};
 }  // namespace
+
+void gdn_gates_in_projection(bool on) { g_gates_in_projection = on; }
+bool gdn_gates_in_projection() { return g_gates_in_projection; }
 
 void gdn_l2norm_in_core(bool on) { g_l2norm_in_core = on; }
 bool gdn_l2norm_in_core() { return g_l2norm_in_core; }

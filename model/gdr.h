@@ -94,6 +94,13 @@ bool gdn_qk_in_activation_dtype();
 void gdn_l2norm_in_core(bool on);
 bool gdn_l2norm_in_core();
 
+// Process-wide switch (default on), for benchmarks and tests: where the Gated DeltaNet's input
+// projections take mixed_linear (a GPU under 16-bit autocast, not FP8), q|k|v|g and the gates'
+// a|b come out of one GEMM each way (model::linear_cat_groups's one_product), not two: the a|b
+// product's 12 columns cost three more passes over the layer's input or its gradient a step.
+void gdn_gates_in_projection(bool on);
+bool gdn_gates_in_projection();
+
 // What the scan's products should be for the config value model.gdn_scan_precision ("tf32",
 // "fp32" or "auto") when the layer's matmuls run in `matmul_dtype`: "auto" is TF32 when they run in
 // a 16-bit type (bf16 or fp8 training), where the products' 2⁻¹¹ is far below the inputs'

@@ -20,7 +20,9 @@
 #include "model/gdr_chunk_core.h"
 #include "model/fused_rmsnorm.h"
 #include "model/fused_rope.h"
+#include "model/fused_short_conv.h"
 #include "model/linear_cross_entropy.h"
+#include "model/mixed_linear.h"
 #include "model/mla.h"
 #include "tests/support/torch_compare.h"
 
@@ -365,6 +367,66 @@ TEST(ModelCuda, GdnL2NormInsideTheRuleMatchesTheSeparateNorm) {
     EXPECT_GT(g.abs().max().item<double>(), 0.0) << name << ": no gradient to compare";
     if (via_qk) std::printf("[measured] GDN layer, L2Norm inside the rule vs separate: %s %.1e\n", name.c_str(), e);
   }
+}
+
+// The Gated DeltaNet's a|b gate projection in the q|k|v|g product's GEMM (model::
+// gdn_gates_in_projection, the default) against a GEMM of its own, as the trainer runs the layer
+// (bf16 input and autocast inside a WeightGradInPlaceScope, so the products take mixed_linear) at
+// hybrid base's head sizes on a packed row: the output, the input's gradient and every parameter's
+// gradient within 1e-2 (the same sums in other GEMM kernels; bf16 rounding). The one product's
+// backward takes the conv's gradient buffer for its own, counted, and the conv still fills the
+// output gate's gradient buffer in place either way (with an fp32 input the output norm's kernels
+// do not run, so neither does).
+TEST(ModelCuda, GdnGatesInTheProjectionMatchTheirOwnProduct) {
+  DD_REQUIRE_GPU();
+  model::ModelConfig c;
+  c.d = 192;
+  c.gdn_heads = 2;
+  c.gdn_dk = 96;
+  c.gdn_dv = 192;
+  torch::manual_seed(60);
+  model::GatedDeltaNet m(c);
+  m->reset_parameters(0.02, 0.02);
+  m->to(torch::kCUDA);
+  const int64_t T = 300;
+  const auto u0 = torch::randn({1, T, c.d}, torch::TensorOptions().device(torch::kCUDA)).to(torch::kBFloat16);
+  const auto dy = torch::randn({1, T, c.d}, torch::TensorOptions().device(torch::kCUDA));
+  const auto p = model::packed_positions(torch::tensor(std::vector<int64_t>{0, 17, 150, 151, 300}), T, torch::kCUDA);
+  auto run = [&](bool one_product) {
+    model::gdn_gates_in_projection(one_product);
+    m->zero_grad();
+    auto u = u0.clone().requires_grad_(true);
+    torch::Tensor y;
+    {
+      model::WeightGradInPlaceScope in_place(true);
+      AutocastBf16 ac;
+      y = m->forward(u, p);
+    }
+    (y.to(torch::kFloat32) * dy).sum().backward();
+    std::map<std::string, torch::Tensor> grads;
+    for (const auto& kv : m->named_parameters()) grads[kv.key()] = kv.value().grad().clone();
+    grads["input"] = u.grad().clone();
+    return std::make_pair(y.detach(), grads);
+  };
+  const int64_t split0 = model::mixed_linear_split_gradients_in_place();
+  const int64_t conv0 = model::short_conv_parts_gradients_in_place();
+  const auto apart = run(false);
+  EXPECT_EQ(model::mixed_linear_split_gradients_in_place(), split0) << "apart, the one product ran";
+  const auto one = run(true);
+  model::gdn_gates_in_projection(true);
+  EXPECT_EQ(model::mixed_linear_split_gradients_in_place() - split0, 1) << "the product's gradient was copied";
+  EXPECT_EQ(model::short_conv_parts_gradients_in_place() - conv0, 2) << "the conv copied the gate's gradient";
+  const double ey = rel_norm_diff(one.first, apart.first);
+  EXPECT_LT(ey, 1e-2) << "the output";
+  std::printf("[measured] GDN layer, gates in the projection vs apart: y %.1e", ey);
+  for (const auto& [name, g] : apart.second) {
+    const double e = rel_norm_diff(one.second.at(name), g);
+    EXPECT_LT(e, 1e-2) << name;
+    EXPECT_GT(g.abs().max().item<double>(), 0.0) << name << ": no gradient to compare";
+    if (name == "input" || name == "wa.weight" || name == "wb.weight" || name == "wq.weight")
+      std::printf(", %s %.1e", name.c_str(), e);
+  }
+  std::printf("\n");
 }
 
 TEST(ModelCuda, OverfitsOneBatchUnderBf16Autocast) {
