@@ -136,16 +136,17 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& u, const Positions
   const auto ft = float_dtype(u);
   const bool tf32_scan = gdr_scan_uses_tf32(scan_precision_, matmul_dtype(u));
   const int64_t Kg = H_ * dk_, Vg = H_ * dv_;
-  // The input projections as two matmuls (each part's gradient still reaches its own weight), and
-  // one short conv over the q|k|v channels with the three conv weights side by side: a few large
-  // launches instead of six matmuls and three convs of W taps each. The H-wide gate projections
-  // stay apart from the wide ones so that those keep sizes FP8 matmuls accept (multiples of 16).
-  // The conv's parts and the output gate's columns come out of the projection's rows together, so
-  // that on a GPU their gradients go back into one tensor without concatenations.
+  // The input projections in one op (each part's gradient still reaches its own weight), and one
+  // short conv over the q|k|v channels with the three conv weights side by side: a few large
+  // launches instead of six matmuls and three convs of W taps each. Where the products take
+  // mixed_linear (a GPU under 16-bit autocast, in the trainer's scope) and gdn_gates_in_projection
+  // is on, q|k|v|g and a|b are one GEMM each way, both outputs views of its rows, which the conv
+  // and the gates read at their stride. Elsewhere two matmuls: under FP8 the H-wide gate
+  // projections stay apart so that the wide ones keep sizes FP8 matmuls accept (multiples of 16);
+  // u's gradient then comes out of their GEMMs already summed (mixed_linear_groups) or autograd adds
+  // them. The conv's parts and the output gate's columns come out of the projection's rows
+  // together, so that on a GPU their gradients go back into one tensor without concatenations;
   // a | b side by side, read whole by the gates (no split, and no concatenation in its backward).
-  // Both products read u in one op, so u's gradient comes out of their GEMMs already summed; with
-  // gdn_gates_in_projection, one GEMM, both outputs views of its rows (the conv and the gates
-  // read rows at their stride).
   const auto proj = linear_cat_groups(u, {{wq, wk, wv, wg}, {wa, wb}}, gdn_gates_in_projection());
   auto front = fused_short_conv_parts(proj[0], torch::cat({conv_q, conv_k, conv_v}, 0), p, {Kg, Kg, Vg});
   const auto& gate_rows = proj[1];

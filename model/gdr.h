@@ -95,8 +95,8 @@ void gdn_l2norm_in_core(bool on);
 bool gdn_l2norm_in_core();
 
 // Process-wide switch (default on), for benchmarks and tests: where the Gated DeltaNet's input
-// projections take mixed_linear (a GPU under 16-bit autocast, not FP8), q|k|v|g and the gates'
-// a|b come out of one GEMM each way (model::linear_cat_groups's one_product), not two: the a|b
+// projections take mixed_linear (a GPU under 16-bit autocast inside the trainer's
+// WeightGradInPlaceScope, not FP8), q|k|v|g and the gates' a|b come out of one GEMM each way (model::linear_cat_groups's one_product), not two: the a|b
 // product's 12 columns cost three more passes over the layer's input or its gradient a step.
 void gdn_gates_in_projection(bool on);
 bool gdn_gates_in_projection();

@@ -94,7 +94,9 @@ std::vector<at::Tensor> mixed_linear_groups(const at::Tensor& x, at::TensorList 
 // (or over x's gradient) apiece. The backward takes the splits' gradients as one matrix, in place
 // where the first split's gradient already sits at the start of such rows in a buffer with room
 // for the rest (counted by mixed_linear_split_gradients_in_place), and runs one GEMM for x's
-// gradient and one for the weights'. Throws c10::Error on split sizes that do not cover the rows.
+// gradient and one for the weights'. An output that gets no gradient counts as zeros (its weights'
+// gradients are written as zeros, where mixed_linear_groups leaves a group's untouched). Throws
+// c10::Error on split sizes that do not cover the rows.
 std::vector<at::Tensor> mixed_linear_split(const at::Tensor& x, at::TensorList weights,
                                            const std::vector<int64_t>& split_sizes, at::ScalarType dtype);
 int64_t mixed_linear_split_gradients_in_place();

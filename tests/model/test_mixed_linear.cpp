@@ -246,6 +246,29 @@ TEST(MixedLinear, SplitOutputsShareOneProduct) {
   EXPECT_EQ(w2[1].grad().abs().max().item<float>(), 0.f);
   EXPECT_LT(rel(w2[2].grad(), truth(x2, {w2[2]}, g_b, at::kBFloat16).dw[0]), tolerance(at::kBFloat16));
 
+  // The first output's gradient laid out in rows of the product's width, in a buffer nothing else
+  // holds (as the Gated DeltaNet's conv backward hands it over): the backward takes those rows in
+  // place, copies the second output's gradient into their other columns, and gives the same
+  // gradients as from a gradient of its own.
+  auto w3 = make_weights({8, 4, 5}, in);
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < w.size(); ++i) w3[i].copy_(w[i]);
+  }
+  auto x3 = x0.clone().requires_grad_(true);
+  auto ys3 = model::mixed_linear_split(x3, w3, {12, 5}, at::kBFloat16);
+  torch::Tensor g_rows;
+  {
+    const auto storage = torch::empty({3 * 7 * 17}, g_a.options()).storage();
+    g_rows = torch::empty({0}, g_a.options()).set_(storage, 0, {3, 7, 12}, {7 * 17, 17, 1});
+  }
+  g_rows.copy_(g_a);
+  const int64_t in_place = model::mixed_linear_split_gradients_in_place();
+  torch::autograd::backward({ys3[0], ys3[1]}, {g_rows, g_b});
+  EXPECT_EQ(model::mixed_linear_split_gradients_in_place(), in_place + 1) << "the rows were not taken in place";
+  EXPECT_TRUE(torch::equal(x3.grad(), x.grad()));
+  for (size_t i = 0; i < w.size(); ++i) EXPECT_TRUE(torch::equal(w3[i].grad(), w[i].grad())) << "weight " << i;
+
   EXPECT_THROW(model::mixed_linear_split(x, w, {12, 4}, at::kBFloat16), c10::Error);
   EXPECT_THROW(model::mixed_linear_split(x, w, {17, 0}, at::kBFloat16), c10::Error);
 }

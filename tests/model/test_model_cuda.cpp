@@ -372,7 +372,7 @@ TEST(ModelCuda, GdnL2NormInsideTheRuleMatchesTheSeparateNorm) {
 // The Gated DeltaNet's a|b gate projection in the q|k|v|g product's GEMM (model::
 // gdn_gates_in_projection, the default) against a GEMM of its own, as the trainer runs the layer
 // (bf16 input and autocast inside a WeightGradInPlaceScope, so the products take mixed_linear) at
-// hybrid base's head sizes on a packed row: the output, the input's gradient and every parameter's
+// hybrid base's head dims (dk 96, dv 192; two heads) on a packed row: the output, the input's gradient and every parameter's
 // gradient within 1e-2 (the same sums in other GEMM kernels; bf16 rounding). The one product's
 // backward takes the conv's gradient buffer for its own, counted, and the conv still fills the
 // output gate's gradient buffer in place either way (with an fp32 input the output norm's kernels
