@@ -75,6 +75,41 @@ GdrInputs gdr_inputs(int64_t B, int64_t T, int64_t H, int64_t dk, int64_t dv) {
   return in;
 }
 
+// A Gated DeltaNet layer at hybrid base's head dims (dk 96, dv 192; two heads, d 192) on the GPU,
+// seeded, with an input (drawn in fp32, held in u_dtype), an output gradient and one packed row
+// of 300 tokens: the layer tests below compare two paths of it.
+struct GdnLayerCase {
+  model::GatedDeltaNet m{nullptr};
+  torch::Tensor u, dy;
+  model::Positions p;
+};
+
+GdnLayerCase gdn_layer_case(uint64_t seed, torch::ScalarType u_dtype) {
+  model::ModelConfig c;
+  c.d = 192;
+  c.gdn_heads = 2;
+  c.gdn_dk = 96;
+  c.gdn_dv = 192;
+  torch::manual_seed(seed);
+  GdnLayerCase k;
+  k.m = model::GatedDeltaNet(c);
+  k.m->reset_parameters(0.02, 0.02);
+  k.m->to(torch::kCUDA);
+  const int64_t T = 300;
+  const auto f32 = torch::TensorOptions().device(torch::kCUDA);
+  k.u = torch::randn({1, T, c.d}, f32).to(u_dtype);
+  k.dy = torch::randn({1, T, c.d}, f32);
+  k.p = model::packed_positions(torch::tensor(std::vector<int64_t>{0, 17, 150, 151, 300}), T, torch::kCUDA);
+  return k;
+}
+
+// Every parameter's gradient of m, cloned, by name.
+std::map<std::string, torch::Tensor> parameter_grads(model::GatedDeltaNet& m) {
+  std::map<std::string, torch::Tensor> grads;
+  for (const auto& kv : m->named_parameters()) grads[kv.key()] = kv.value().grad().clone();
+  return grads;
+}
+
 }  // namespace
 
 TEST(ModelCuda, ChunkedGdrFp32MatchesFp64Reference) {
@@ -329,31 +364,18 @@ TEST(ModelCuda, CachedDecodeEqualsForward) {
 // rounding in different places); every other parameter's within 1e-5 (the tail's atomic sums).
 TEST(ModelCuda, GdnL2NormInsideTheRuleMatchesTheSeparateNorm) {
   DD_REQUIRE_GPU();
-  model::ModelConfig c;
-  c.d = 192;
-  c.gdn_heads = 2;
-  c.gdn_dk = 96;
-  c.gdn_dv = 192;
-  torch::manual_seed(59);
-  model::GatedDeltaNet m(c);
-  m->reset_parameters(0.02, 0.02);
-  m->to(torch::kCUDA);
-  const int64_t T = 300;
-  auto u = torch::randn({1, T, c.d}, torch::TensorOptions().device(torch::kCUDA));
-  const auto dy = torch::randn({1, T, c.d}, u.options());
-  const auto p = model::packed_positions(torch::tensor(std::vector<int64_t>{0, 17, 150, 151, 300}), T, torch::kCUDA);
+  auto k = gdn_layer_case(59, torch::kFloat32);
+  auto& m = k.m;
   auto run = [&](bool inside) {
     model::gdn_l2norm_in_core(inside);
     m->zero_grad();
     torch::Tensor y;
     {
       AutocastBf16 ac;
-      y = m->forward(u, p);
+      y = m->forward(k.u, k.p);
     }
-    (y.to(torch::kFloat32) * dy).sum().backward();
-    std::map<std::string, torch::Tensor> grads;
-    for (const auto& kv : m->named_parameters()) grads[kv.key()] = kv.value().grad().clone();
-    return std::make_pair(y.detach(), grads);
+    (y.to(torch::kFloat32) * k.dy).sum().backward();
+    return std::make_pair(y.detach(), parameter_grads(m));
   };
   const auto separate = run(false);
   const int64_t taken = model::gdr_tail_norm_launches();
@@ -372,39 +394,27 @@ TEST(ModelCuda, GdnL2NormInsideTheRuleMatchesTheSeparateNorm) {
 // The Gated DeltaNet's a|b gate projection in the q|k|v|g product's GEMM (model::
 // gdn_gates_in_projection, the default) against a GEMM of its own, as the trainer runs the layer
 // (bf16 input and autocast inside a WeightGradInPlaceScope, so the products take mixed_linear) at
-// hybrid base's head dims (dk 96, dv 192; two heads) on a packed row: the output, the input's gradient and every parameter's
-// gradient within 1e-2 (the same sums in other GEMM kernels; bf16 rounding). The one product's
+// hybrid base's head dims (dk 96, dv 192; two heads) on a packed row: the output, the input's
+// gradient and every parameter's gradient within 1e-2 (the same sums in other GEMM kernels; bf16 rounding). The one product's
 // backward takes the conv's gradient buffer for its own, counted, and the conv still fills the
 // output gate's gradient buffer in place either way (with an fp32 input the output norm's kernels
 // do not run, so neither does).
 TEST(ModelCuda, GdnGatesInTheProjectionMatchTheirOwnProduct) {
   DD_REQUIRE_GPU();
-  model::ModelConfig c;
-  c.d = 192;
-  c.gdn_heads = 2;
-  c.gdn_dk = 96;
-  c.gdn_dv = 192;
-  torch::manual_seed(60);
-  model::GatedDeltaNet m(c);
-  m->reset_parameters(0.02, 0.02);
-  m->to(torch::kCUDA);
-  const int64_t T = 300;
-  const auto u0 = torch::randn({1, T, c.d}, torch::TensorOptions().device(torch::kCUDA)).to(torch::kBFloat16);
-  const auto dy = torch::randn({1, T, c.d}, torch::TensorOptions().device(torch::kCUDA));
-  const auto p = model::packed_positions(torch::tensor(std::vector<int64_t>{0, 17, 150, 151, 300}), T, torch::kCUDA);
+  auto k = gdn_layer_case(60, torch::kBFloat16);
+  auto& m = k.m;
   auto run = [&](bool one_product) {
     model::gdn_gates_in_projection(one_product);
     m->zero_grad();
-    auto u = u0.clone().requires_grad_(true);
+    auto u = k.u.clone().requires_grad_(true);
     torch::Tensor y;
     {
       model::WeightGradInPlaceScope in_place(true);
       AutocastBf16 ac;
-      y = m->forward(u, p);
+      y = m->forward(u, k.p);
     }
-    (y.to(torch::kFloat32) * dy).sum().backward();
-    std::map<std::string, torch::Tensor> grads;
-    for (const auto& kv : m->named_parameters()) grads[kv.key()] = kv.value().grad().clone();
+    (y.to(torch::kFloat32) * k.dy).sum().backward();
+    auto grads = parameter_grads(m);
     grads["input"] = u.grad().clone();
     return std::make_pair(y.detach(), grads);
   };
