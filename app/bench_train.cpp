@@ -29,6 +29,7 @@
 #include "model/gdr_scan.h"
 #include "model/gdr_state_grads.h"
 #include "model/layers.h"
+#include "model/mla.h"
 #include "model/expert_product.h"
 #include "model/expert_grads_in_pieces.h"
 #include "model/grad_square_sums.h"
@@ -118,7 +119,7 @@ int bench_train(const BenchTrainArgs& a) {
       {"--sdpa", &a.sdpa, {"default", "flash", "cudnn"}},
       {"--rope-qkv", &a.rope_qkv, {"fused", "split"}},
       {"--mla-qkv", &a.mla_qkv, {"fused", "split"}},
-      {"--mla-values", &a.mla_values, {"auto", "padded"}},
+      {"--mla-values", &a.mla_values, {"auto", "copied", "padded"}},
       {"--packed-attention", &a.packed_attention, {"cudnn", "flash"}},
       {"--weight-grads", &a.weight_grads, {"in-place", "autograd"}},
       {"--adamw", &a.adamw, {"ours", "aten"}},
@@ -144,7 +145,8 @@ int bench_train(const BenchTrainArgs& a) {
   }
   model::rope_qkv_fused(a.rope_qkv == "fused");
   model::mla_qkv_fused(a.mla_qkv == "fused");
-  model::attention_narrow_values(a.mla_values == "auto");
+  model::attention_narrow_values(a.mla_values != "padded");
+  model::mla_values_in_kv(a.mla_values == "auto");
   model::packed_attention_cudnn(a.packed_attention == "cudnn");
   model::weight_grads_in_place(a.weight_grads == "in-place");
   trainer::AdamW::use_own_kernel(a.adamw == "ours");

@@ -41,8 +41,10 @@ struct BenchTrainArgs {
   std::string rope_qkv = "fused";
   // "fused" (model::mla_qkv's one kernel each way) or "split" (RoPE, cat, expand and pad as ATen ops).
   std::string mla_qkv = "fused";
-  // "auto" (dense attention hands cuDNN MLA's V unpadded where SDPA picks cuDNN) or "padded" (V
-  // zero-padded to the q/k head width for every backend; model::attention_narrow_values).
+  // "auto" (dense attention hands cuDNN MLA's V unpadded where SDPA picks cuDNN; packed rows hand
+  // it as the K|V projection's own columns), "copied" (unpadded, but copied out of those columns,
+  // model::mla_values_in_kv) or "padded" (V zero-padded to the q/k head width for every backend;
+  // model::attention_narrow_values).
   std::string mla_values = "auto";
   // "cudnn" (packed rows on cuDNN's kernel where it takes the shape, model/cudnn_attention.h) or
   // "flash" (FlashAttention-2's varlen kernel, V padded), to compare them.

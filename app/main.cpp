@@ -193,9 +193,10 @@ int main(int argc, char** argv) {
                               "measure the fusion)")
       ->capture_default_str();
   bench_train_cmd->add_option("--mla-values", bench_train.mla_values,
-                              "auto | padded: MLA attention hands V to cuDNN's kernels unpadded where they run "
-                              "(dense rows where LibTorch picks cuDNN, packed rows on --packed-attention cudnn; the "
-                              "flash kernels get it zero-padded to the q/k head width), or pads it always (to "
+                              "auto | copied | padded: MLA attention hands V to cuDNN's kernels unpadded where they "
+                              "run (dense rows where LibTorch picks cuDNN, packed rows on --packed-attention cudnn, "
+                              "there as the K|V projection's own columns; the flash kernels get it zero-padded to "
+                              "the q/k head width), unpadded but copied out of those columns, or pads it always (to "
                               "compare)")
       ->capture_default_str();
   bench_train_cmd->add_option("--packed-attention", bench_train.packed_attention,

@@ -380,15 +380,40 @@ EntryPtr entry_or_throw(const PackedAttentionShape& s, bool backward) {
   return e;
 }
 
+// q, k and v as [N,H,D]: [B,T,H,D] tokens-major ones (rows one token stride apart across B, as
+// cudnn_packed_attention checks) flattened to N = B·T rows, views taken inside the autograd
+// function so that their gradients reach its caller as the tensors gradient_like makes.
+at::Tensor token_rows(const at::Tensor& t) {
+  return t.dim() == 4 ? t.view({t.size(0) * t.size(1), t.size(2), t.size(3)}) : t;
+}
+
+// The gradient of x laid out as x in its storage: the same sizes, strides and storage offset, on a
+// fresh storage as large as x's, so that a caller that made x as a view into wider rows (MLA's V:
+// columns of its K|V projection's rows) finds the gradient at the same place in rows of the same
+// width, which it may fill in (model/fused_rope.cpp). The tensor is set on the storage, not a view
+// of another tensor, so that it is the storage's only holder. Where x's storage is more than four
+// times x's own elements (a small view into a large buffer), the gradient takes x's reach only.
+at::Tensor gradient_like(const at::Tensor& x) {
+  const auto es = static_cast<int64_t>(x.element_size());
+  const auto storage_elems = static_cast<int64_t>(x.storage().nbytes()) / es;
+  if (storage_elems <= 4 * x.numel()) {
+    auto rows = at::empty({storage_elems}, x.options());
+    return at::empty({0}, x.options()).set_(rows.storage(), x.storage_offset(), x.sizes(), x.strides());
+  }
+  return at::empty_strided(x.sizes(), x.strides(), x.options());
+}
+
 class PackedAttentionFn : public torch::autograd::Function<PackedAttentionFn> {
  public:
-  // cu is already padded to packed_attention_pieces(n) + 1 entries.
+  // cu is already padded to packed_attention_pieces(n) + 1 entries. q, k and v are [N,H,D] or
+  // [B,T,H,D] (token_rows); o comes back as [N,H,dv] or [B,T,H,dv] likewise.
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, const at::Tensor& cu, int64_t S, double scale) {
-    const int64_t N = q.size(0), H = q.size(1);
-    auto o = at::empty({N, H, v.size(2)}, q.options());
+    const auto qr = token_rows(q), kr = token_rows(k), vr = token_rows(v);
+    const int64_t N = qr.size(0), H = qr.size(1), dv = vr.size(2);
+    auto o = q.dim() == 4 ? at::empty({q.size(0), q.size(1), H, dv}, q.options()) : at::empty({N, H, dv}, q.options());
     auto stats = at::empty({N, H}, q.options().dtype(at::kFloat));
-    cudnn_packed_attention_forward(q, k, v, cu, S, scale, o, stats);
+    cudnn_packed_attention_forward(qr, kr, vr, cu, S, scale, token_rows(o), stats);
     ctx->save_for_backward({q, k, v, o, stats, cu});
     ctx->saved_data["S"] = S;
     ctx->saved_data["scale"] = scale;
@@ -400,11 +425,11 @@ class PackedAttentionFn : public torch::autograd::Function<PackedAttentionFn> {
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3], &stats = saved[4], &cu = saved[5];
     // Laid out as q, k and v (build_entry says why): a view's gradient takes its input's strides.
-    auto dq = at::empty_strided(q.sizes(), q.strides(), q.options()),
-         dk = at::empty_strided(k.sizes(), k.strides(), k.options()),
-         dv = at::empty_strided(v.sizes(), v.strides(), v.options());
-    cudnn_packed_attention_backward(q, k, v, o, grads[0].contiguous(), stats, cu, ctx->saved_data["S"].toInt(),
-                                    ctx->saved_data["scale"].toDouble(), dq, dk, dv);
+    auto dq = gradient_like(q), dk = gradient_like(k), dv = gradient_like(v);
+    cudnn_packed_attention_backward(token_rows(q), token_rows(k), token_rows(v), token_rows(o),
+                                    token_rows(grads[0].contiguous()), stats, cu, ctx->saved_data["S"].toInt(),
+                                    ctx->saved_data["scale"].toDouble(), token_rows(dq), token_rows(dk),
+                                    token_rows(dv));
     return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -474,13 +499,24 @@ void cudnn_packed_attention_backward(const at::Tensor& q, const at::Tensor& k, c
 
 at::Tensor cudnn_packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const at::Tensor& cu_seqlens, int64_t S, double scale) {
-  check_shapes(q, k, v, cu_seqlens);
-  if (!aligned(q) || !aligned(k) || !aligned(v)) return {};
+  if (q.dim() == 4 || k.dim() == 4 || v.dim() == 4) {
+    auto rows_apart = [&](const at::Tensor& t) {
+      return t.dim() == 4 && t.size(0) == q.size(0) && t.size(1) == q.size(1) &&
+             (t.size(0) == 1 || t.stride(0) == t.size(1) * t.stride(1));
+    };
+    TORCH_CHECK(rows_apart(q) && rows_apart(k) && rows_apart(v),
+                "cudnn_packed_attention: [B,T,H,D] q, k and v must all be 4-d over the same B and T, with rows one "
+                "token stride apart across B, got q ",
+                q.sizes(), " ", q.strides(), ", k ", k.sizes(), " ", k.strides(), ", v ", v.sizes(), " ", v.strides());
+  }
+  const auto qr = token_rows(q), kr = token_rows(k), vr = token_rows(v);
+  check_shapes(qr, kr, vr, cu_seqlens);
+  if (!aligned(qr) || !aligned(kr) || !aligned(vr)) return {};
   const int64_t n = cu_seqlens.size(0) - 1, pieces = packed_attention_pieces(n);
   const bool grad = torch::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  if (!cudnn_packed_attention_supported(shape_of(q, k, v, pieces, S, scale, grad))) return {};
+  if (!cudnn_packed_attention_supported(shape_of(qr, kr, vr, pieces, S, scale, grad))) return {};
   // Spare pieces start at the end (N) and hold no token.
-  auto cu = pieces == n ? cu_seqlens : at::constant_pad_nd(cu_seqlens, {0, pieces - n}, q.size(0));
+  auto cu = pieces == n ? cu_seqlens : at::constant_pad_nd(cu_seqlens, {0, pieces - n}, qr.size(0));
   return PackedAttentionFn::apply(q, k, v, cu, S, scale);
 }
 

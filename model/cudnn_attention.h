@@ -63,6 +63,11 @@ bool cudnn_packed_attention_supported(const PackedAttentionShape& shape);
 // non-decreasing up to N; trailing repeats of N are empty pieces), S >= every piece's length.
 // Returns o [N,H,dv] (differentiable in q, k and v), or an undefined tensor where
 // cudnn_packed_attention_supported says no or a stride or address is not 16-byte aligned.
+// q, k and v may also come as [B,T,·,·] (N = B·T tokens, rows one token stride apart across B);
+// o is then [B,T,H,dv]. Each gradient comes back in a fresh storage laid out as its input's (the
+// same strides and storage offset, in a storage as large, where that is at most four times the
+// input's elements), the gradient tensor its storage's only holder: a caller whose input was
+// columns of wider rows finds the gradient in the same columns of rows it may fill in.
 // Inconsistent shapes, dtypes or devices fail a TORCH_CHECK naming the tensor.
 at::Tensor cudnn_packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const at::Tensor& cu_seqlens, int64_t S, double scale);

@@ -16,10 +16,12 @@ namespace model {
 namespace {
 std::atomic<bool> g_rope_qkv_fused{true};
 std::atomic<bool> g_mla_qkv_fused{true};
+std::atomic<int64_t> g_mla_grads_in_place{0};
 }  // namespace
 
 void rope_qkv_fused(bool on) { g_rope_qkv_fused = on; }
 void mla_qkv_fused(bool on) { g_mla_qkv_fused = on; }
+int64_t mla_gradients_in_place() { return g_mla_grads_in_place; }
 
 bool fused_rope_applies(const torch::Tensor& x, const torch::Tensor& pos, const RopeTables& tables) {
 #if defined(DD_HAVE_CUDA)
@@ -153,23 +155,39 @@ class FusedRopeQkvFn : public torch::autograd::Function<FusedRopeQkvFn> {
   }
 };
 
+// Whether g [B,T,H,D] sits in rows of `row` elements (its heads D_row = row / H apart, unit-stride
+// rows, tokens one row apart) at column `col` of each head, in a storage that holds all B·T rows
+// from col elements before g's first one and that nothing but g holds: a gradient the caller may
+// widen into those rows and fill in (cuDNN's backward lays V's gradient out so,
+// model/cudnn_attention.h).
+bool sole_rows_at(const torch::Tensor& g, int64_t head_row, int64_t col) {
+  if (!g.defined() || g.dim() != 4 || g.stride(3) != 1 || g.stride(2) != head_row ||
+      g.stride(1) != g.size(2) * head_row || (g.size(0) > 1 && g.stride(0) != g.size(1) * g.stride(1)) ||
+      g.storage_offset() < col)
+    return false;
+  const auto& st = g.storage();
+  const int64_t rows_elems = g.size(0) * g.size(1) * g.size(2) * head_row;
+  return st.use_count() == 1 &&
+         st.nbytes() >= static_cast<size_t>((g.storage_offset() - col + rows_elems) * g.element_size());
+}
+
 // MLA's Q, K and V from its projections' pieces; see mla_qkv. Inputs: q [B,T,nh,dn+dr], kv
 // [B,T,nh,dn+dva], k_r [B,T,dr] (strided, unit-stride last dim), dva <= dn + dr. V is dn + dr
-// wide (zero-padded) when pad_v, else dva.
+// wide (zero-padded) when pad_v, else dva; with v_view (not pad_v) the view of kv's V columns.
 class MlaQkvFn : public torch::autograd::Function<MlaQkvFn> {
  public:
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& kv,
                                const torch::Tensor& k_r, const torch::Tensor& pos, const torch::Tensor& cos,
-                               const torch::Tensor& sin, int64_t dn, bool pad_v) {
+                               const torch::Tensor& sin, int64_t dn, bool pad_v, bool v_view) {
     const int64_t B = q.size(0), T = q.size(1), nh = q.size(2), dqk = q.size(3), dr = dqk - dn;
     const int64_t dva = kv.size(3) - dn, st = nh * dqk, dv_out = pad_v ? dqk : dva;
     ctx->save_for_backward({pos, cos, sin});
     ctx->saved_data["dn"] = dn;
     ctx->saved_data["dva"] = dva;
     ctx->saved_data["dqk"] = dqk;
+    ctx->saved_data["kv_row"] = kv.stride(2);  // elements between kv's heads: where dV's rows would be
     auto opt = q.options().memory_format(at::MemoryFormat::Contiguous);
     auto Q = torch::empty({B, T, nh, dqk}, opt), K = torch::empty({B, T, nh, dqk}, opt);
-    auto V = torch::empty({B, T, nh, dv_out}, opt);
     auto tail = [](const torch::Tensor& x, int64_t from) { return static_cast<char*>(x.data_ptr()) + from * x.element_size(); };
     auto piece = [&](const torch::Tensor& x, int64_t col, int64_t width, int64_t heads, int64_t x_sh, void* out,
                      bool rotate) {
@@ -179,41 +197,65 @@ class MlaQkvFn : public torch::autograd::Function<MlaQkvFn> {
         piece(q, 0, dn, nh, q.stride(2), Q.data_ptr(), false),              // q_n
         piece(q, dn, dr, nh, q.stride(2), tail(Q, dn), true),               // RoPE(q_r)
         piece(kv, 0, dn, nh, kv.stride(2), K.data_ptr(), false),            // kv_n
-        piece(k_r, 0, dr, nh, 0, tail(K, dn), true),                        // RoPE(k_r), every head
-        kernels::RopePart{tail(kv, dn), kv.stride(0), kv.stride(1), kv.stride(2), nh, V.data_ptr(), nh * dv_out,
-                          false, dva, dv_out}};  // kv_v
-    if (dva < dv_out) parts.push_back(kernels::RopePart{nullptr, 0, 0, 0, nh, tail(V, dva), st, false, dqk - dva, dqk});
+        piece(k_r, 0, dr, nh, 0, tail(K, dn), true)};                       // RoPE(k_r), every head
+    // V as kv's own columns where the attention takes them strided (cuDNN's packed kernel): no copy,
+    // and its gradient comes back in rows laid out as kv's.
+    torch::Tensor V = v_view ? kv.narrow(3, dn, dva) : torch::empty({B, T, nh, dv_out}, opt);
+    if (!v_view) {
+      parts.push_back(kernels::RopePart{tail(kv, dn), kv.stride(0), kv.stride(1), kv.stride(2), nh, V.data_ptr(),
+                                        nh * dv_out, false, dva, dv_out});  // kv_v
+      if (dva < dv_out)
+        parts.push_back(kernels::RopePart{nullptr, 0, 0, 0, nh, tail(V, dva), st, false, dqk - dva, dqk});
+    }
     launch_parts(parts, Q, pos, cos, sin, /*inverse=*/false, "MLA q|k|v forward", dr);
     return {Q, K, V};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
     const int64_t dn = ctx->saved_data["dn"].toInt(), dva = ctx->saved_data["dva"].toInt();
-    const int64_t dqk = ctx->saved_data["dqk"].toInt(), dr = dqk - dn;
+    const int64_t dqk = ctx->saved_data["dqk"].toInt(), dr = dqk - dn, kv_row = ctx->saved_data["kv_row"].toInt();
     const torch::Tensor* any = nullptr;
     for (const auto& g : grads) any = (any == nullptr && g.defined()) ? &g : any;
     const int64_t B = any->size(0), T = any->size(1), nh = any->size(2);
     auto zeros = [&](int64_t width) { return torch::zeros({B, T, nh, width}, any->options()); };
-    auto dQ = grads[0].defined() ? unit_last(grads[0]) : zeros(dqk);
-    auto dK = grads[1].defined() ? unit_last(grads[1]) : zeros(dqk);
-    auto dV = grads[2].defined() ? unit_last(grads[2]) : zeros(dva);  // only its first dva columns are read
     auto opt = any->options().memory_format(at::MemoryFormat::Contiguous);
-    auto dq = torch::empty({B, T, nh, dqk}, opt), dkv = torch::empty({B, T, nh, dn + dva}, opt);
+    // dq is Q's gradient with its rope columns turned back in place, where Q's gradient is a
+    // contiguous buffer nothing else holds (cuDNN's); dkv the rows V's gradient sits in, where it
+    // sits in rows of kv's width (cuDNN's, for a V viewed in kv): kv's other columns are filled in.
+    const bool dq_in_place = sole_rows_at(grads[0], dqk, 0);
+    const bool dkv_in_place = kv_row == dn + dva && sole_rows_at(grads[2], dn + dva, dn);
+    auto dQ = dq_in_place ? grads[0] : (grads[0].defined() ? unit_last(grads[0]) : zeros(dqk));
+    auto dK = grads[1].defined() ? unit_last(grads[1]) : zeros(dqk);
+    auto dq = dq_in_place ? grads[0] : torch::empty({B, T, nh, dqk}, opt);
+    torch::Tensor dkv;
+    if (dkv_in_place) {
+      const auto& g = grads[2];
+      dkv = torch::empty({0}, g.options())
+                .set_(g.storage(), g.storage_offset() - dn, {B, T, nh, dn + dva},
+                      {T * nh * (dn + dva), nh * (dn + dva), dn + dva, 1});
+    } else {
+      dkv = torch::empty({B, T, nh, dn + dva}, opt);
+    }
+    g_mla_grads_in_place += static_cast<int64_t>(dq_in_place) + static_cast<int64_t>(dkv_in_place);
     auto dkr_heads = torch::empty({B, T, nh, dr}, opt);
     auto at = [](const torch::Tensor& x, int64_t col) { return static_cast<char*>(x.data_ptr()) + col * x.element_size(); };
     auto piece = [&](const torch::Tensor& g, int64_t col, int64_t width, void* out, int64_t out_st, int64_t out_sh,
                      bool rotate) {
       return kernels::RopePart{at(g, col), g.stride(0), g.stride(1), g.stride(2), nh, out, out_st, rotate, width, out_sh};
     };
-    // The rotation is orthogonal: its transpose is the rotation by −θ.
-    launch_parts({piece(dQ, 0, dn, dq.data_ptr(), nh * dqk, dqk, false),
-                  piece(dQ, dn, dr, at(dq, dn), nh * dqk, dqk, true),
-                  piece(dK, 0, dn, dkv.data_ptr(), nh * (dn + dva), dn + dva, false),
-                  piece(dV, 0, dva, at(dkv, dn), nh * (dn + dva), dn + dva, false),
-                  piece(dK, dn, dr, dkr_heads.data_ptr(), nh * dr, dr, true)},
-                 dq, saved[0], saved[1], saved[2], /*inverse=*/true, "MLA q|k|v backward", dr);
-    return {dq, dkv, dkr_heads.sum(2), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
-            torch::Tensor()};
+    // The rotation is orthogonal: its transpose is the rotation by −θ. In place, each pair of dQ's
+    // rope columns is read and written by the same thread.
+    std::vector<kernels::RopePart> parts = {piece(dQ, dn, dr, at(dq, dn), nh * dqk, dqk, true),
+                                            piece(dK, 0, dn, dkv.data_ptr(), nh * (dn + dva), dn + dva, false),
+                                            piece(dK, dn, dr, dkr_heads.data_ptr(), nh * dr, dr, true)};
+    if (!dq_in_place) parts.push_back(piece(dQ, 0, dn, dq.data_ptr(), nh * dqk, dqk, false));
+    if (!dkv_in_place) {
+      auto dV = grads[2].defined() ? unit_last(grads[2]) : zeros(dva);  // only its first dva columns are read
+      parts.push_back(piece(dV, 0, dva, at(dkv, dn), nh * (dn + dva), dn + dva, false));
+    }
+    launch_parts(parts, dq, saved[0], saved[1], saved[2], /*inverse=*/true, "MLA q|k|v backward", dr);
+    return {dq,           dkv,           dkr_heads.sum(2), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -394,12 +436,13 @@ RopedQkv rope_norm_qkv(const torch::Tensor& qkv, int64_t nh, int64_t nkv, int64_
 }
 
 MlaQkv mla_qkv(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& k_r, int64_t dn,
-               const torch::Tensor& pos, const RopeTables& tables, bool pad_v) {
+               const torch::Tensor& pos, const RopeTables& tables, bool pad_v, bool v_view) {
   TORCH_CHECK(q.dim() == 4 && kv.dim() == 4 && k_r.dim() == 3 && kv.sizes().slice(0, 3) == q.sizes().slice(0, 3) &&
                   k_r.size(0) == q.size(0) && k_r.size(1) == q.size(1) && 0 < dn && dn < q.size(3) &&
                   k_r.size(2) == q.size(3) - dn && kv.size(3) > dn,
               "mla_qkv: expected q [B,T,nh,dn+dr], kv [B,T,nh,dn+dva] and k_r [B,T,dr] with dn=", dn, ", got ",
               q.sizes(), ", ", kv.sizes(), ", ", k_r.sizes());
+  TORCH_CHECK(!(pad_v && v_view), "mla_qkv: V cannot be both padded and a view of kv");
   const int64_t B = q.size(0), T = q.size(1), nh = q.size(2), dqk = q.size(3), dr = dqk - dn, dva = kv.size(3) - dn;
   auto q_parts = q.split_with_sizes({dn, dr}, -1);
   auto kv_parts = kv.split_with_sizes({dn, dva}, -1);
@@ -410,13 +453,14 @@ MlaQkv mla_qkv(const torch::Tensor& q, const torch::Tensor& kv, const torch::Ten
       kv.scalar_type() == q.scalar_type() && k_r.scalar_type() == q.scalar_type() && kv.device() == q.device() &&
       k_r.device() == q.device() && kv.stride(3) == 1 && fused_rope_applies(q_parts[1], pos, tables) &&
       fused_rope_applies(k_heads, pos, tables)) {
-    auto out = MlaQkvFn::apply(q, kv, k_r, pos, tables.cos, tables.sin, dn, pad_v);
+    auto out = MlaQkvFn::apply(q, kv, k_r, pos, tables.cos, tables.sin, dn, pad_v, v_view);
     return {out[0], out[1], out[2]};
   }
 #endif
   auto Q = torch::cat({q_parts[0], rope(q_parts[1], pos, tables)}, -1);
   auto K = torch::cat({kv_parts[0], rope(k_r.unsqueeze(2), pos, tables).expand({B, T, nh, dr})}, -1);
-  auto V = pad_v && dva < dqk ? torch::constant_pad_nd(kv_parts[1], {0, dqk - dva}) : kv_parts[1].contiguous();
+  auto V = pad_v && dva < dqk ? torch::constant_pad_nd(kv_parts[1], {0, dqk - dva})
+                              : (v_view ? kv_parts[1] : kv_parts[1].contiguous());
   return {Q, K, V};
 }
 

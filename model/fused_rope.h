@@ -55,11 +55,19 @@ void rope_qkv_fused(bool on);
 // kernel takes them: the backward writes dq and dkv in the projections' layouts and dk_r as the
 // heads' sum, where split, cat, expand and pad move every gradient once more. Else exactly that
 // reference: `rope`, cat, expand and pad.
+// With v_view (not pad_v) V is kv's V columns themselves, a strided view, for an attention that
+// takes V so (cuDNN's packed kernel, model::causal_attention_token_rows): no copy forward, and
+// where its gradient comes back in rows of kv's width that nothing else holds (that kernel's
+// backward lays it out so) the backward writes dkv's other columns into those rows. Likewise dq is
+// Q's gradient with its rope columns turned back in place where that gradient is a contiguous
+// buffer nothing else holds.
 struct MlaQkv {
   torch::Tensor q, k, v;  // [B,T,nh,dn+dr] each (v: [B,T,nh,dva] when dva > dn + dr or !pad_v)
 };
 MlaQkv mla_qkv(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& k_r, int64_t dn,
-               const torch::Tensor& pos, const RopeTables& tables, bool pad_v = true);
+               const torch::Tensor& pos, const RopeTables& tables, bool pad_v = true, bool v_view = false);
+// How many of mla_qkv's backward gradients (dq, dkv) were taken in place so far (for tests). Any thread.
+int64_t mla_gradients_in_place();
 // Whether mla_qkv takes its kernel path where it applies (default on): `bench train --mla-qkv split`.
 void mla_qkv_fused(bool on);
 

@@ -410,7 +410,8 @@ bool dense_attention_takes_narrow_values(int64_t B, int64_t T, int64_t H, int64_
 }
 
 bool packed_attention_takes_narrow_values(int64_t B, int64_t T, int64_t H, int64_t dqk, int64_t dv,
-                                          const torch::TensorOptions& opt, double scale, const Positions& p) {
+                                          const torch::TensorOptions& opt, double scale, const Positions& p,
+                                          int64_t v_head_stride) {
   const int64_t span = packed_span(p, T);
   if (!g_narrow_values || dv >= dqk || !opt.device().is_cuda() || !packed_attention_cudnn_enabled() || span == 0)
     return false;
@@ -423,13 +424,30 @@ bool packed_attention_takes_narrow_values(int64_t B, int64_t T, int64_t H, int64
   s.dv = dv;
   s.q_token_stride = s.k_token_stride = H * dqk;
   s.q_head_stride = s.k_head_stride = dqk;
-  s.v_token_stride = H * dv;
-  s.v_head_stride = dv;
+  s.v_head_stride = v_head_stride != 0 ? v_head_stride : dv;
+  s.v_token_stride = H * s.v_head_stride;
   s.dtype = c10::typeMetaToScalarType(opt.dtype());
   s.device = opt.device();
   s.scale = scale;
   s.backward = torch::GradMode::is_enabled();
   return cudnn_packed_attention_supported(s);
+}
+
+torch::Tensor causal_attention_token_rows(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                          double scale, const Positions& p, int64_t dv) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && dv >= 1 && dv <= v.size(3),
+              "causal_attention_token_rows: expected q, k and v [B,T,H,D] and 1 <= dv <= V's width, got ", q.sizes(),
+              ", ", k.sizes(), ", ", v.sizes(), " and dv = ", dv);
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2);
+  // Straight to cuDNN's packed kernel where it runs: no autograd view between the caller's tensors
+  // and the kernel's, so their gradients come back laid out as the kernel's backward makes them.
+  if (p.varlen() && flash_varlen_usable(q) && packed_attention_cudnn_enabled() && cudnn_frontend_built()) {
+    if (const int64_t S = packed_span(p, T); S > 0) {
+      auto o = cudnn_packed_attention(q, k, v, packed_cu_int32(p, q.device()), S, scale);
+      if (o.defined()) return dv == v.size(3) ? o.view({B, T, H * dv}) : heads_to_tokens(o.transpose(1, 2), dv);
+    }
+  }
+  return heads_to_tokens(causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, p), dv);
 }
 
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double scale,

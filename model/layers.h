@@ -135,11 +135,13 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
 // caller can decide before it writes V; causal_attention asks again of the tensors it is given.
 bool dense_attention_takes_narrow_values(int64_t B, int64_t T, int64_t H, int64_t dqk, int64_t dv,
                                          const torch::TensorOptions& opt, double scale);
-// The same for packed rows (p.varlen(), q/k/v of MLA's contiguous [B,T,H,·] layout): where
-// cuDNN's packed kernel takes this shape (model/cudnn_attention.h), which runs V at its own width.
-// Elsewhere the flash varlen kernel needs V padded. May build (and cache) the cuDNN graphs.
+// The same for packed rows (p.varlen(), q/k/v of MLA's [B,T,H,·] layout, contiguous, or V's heads
+// v_head_stride elements apart in its rows when that is not 0): where cuDNN's packed kernel takes
+// this shape (model/cudnn_attention.h), which runs V at its own width. Elsewhere the flash varlen
+// kernel needs V padded. May build (and cache) the cuDNN graphs.
 bool packed_attention_takes_narrow_values(int64_t B, int64_t T, int64_t H, int64_t dqk, int64_t dv,
-                                          const torch::TensorOptions& opt, double scale, const Positions& p);
+                                          const torch::TensorOptions& opt, double scale, const Positions& p,
+                                          int64_t v_head_stride = 0);
 // Process-wide switch (default on): off pads a narrower V for every backend, as before cuDNN took
 // it (`bench train --mla-values padded`, to compare).
 void attention_narrow_values(bool on);
@@ -150,6 +152,15 @@ void attention_narrow_values(bool on);
 // layout the flash kernels' packed output has, so their backward reads it without a copy. Through
 // autograd's narrow, transpose and reshape that was a zero fill, a slice copy and a clone.
 torch::Tensor heads_to_tokens(const torch::Tensor& o, int64_t dv);
+// causal_attention of tokens-major q, k and v [B,T,H,·] (any token and head strides, unit-stride
+// rows), returned as the output projection's input [B,T,H·dv]: each head's first dv columns (V
+// may come zero-padded beyond them). Packed rows that cuDNN's kernel
+// takes go to it as they are, so that each input's gradient comes back laid out in a storage like
+// the input's (model/cudnn_attention.cpp's gradient_like): MLA's V, columns of its K|V projection's
+// rows, gets its gradient in rows of that width, which MLA's backward fills in. Elsewhere
+// causal_attention then heads_to_tokens.
+torch::Tensor causal_attention_token_rows(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                          double scale, const Positions& p, int64_t dv);
 // The varlen reference path of causal_attention (block-diagonal mask), whatever the device.
 torch::Tensor causal_attention_masked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                       double scale, const Positions& p);

@@ -9,10 +9,13 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 namespace model {
 namespace {
+
+std::atomic<bool> g_v_view{true};
 
 torch::Tensor as_dtype(const torch::Tensor& t, torch::ScalarType s) {
   return t.scalar_type() == s ? t : t.to(s);
@@ -23,6 +26,8 @@ Linear linear(int64_t in, int64_t out) {
 }
 
 }  // namespace
+
+void mla_values_in_kv(bool on) { g_v_view = on; }
 
 MLAImpl::MLAImpl(const ModelConfig& c)
     : nh_(c.mla_heads), rq_(c.mla_q_rank), rkv_(c.mla_kv_rank), dn_(c.mla_nope_dim), dr_(c.mla_rope_dim),
@@ -87,11 +92,17 @@ MlaQkv MLAImpl::attention_inputs(const torch::Tensor& u, const Positions& p, boo
   // one concatenation of the parts' gradients, not a zero-filled full-size gradient per part.
   auto a = first[1].split_with_sizes({rkv_, dr_}, -1);  // [B,T,rkv], [B,T,dr]
   auto kv = wkv_b(kv_norm(a[0])).view({B, T, nh_, dn_ + dva_});
-  // Only cuDNN's kernels (dense or packed rows) take V unpadded: pad_v false is a request.
+  // Only cuDNN's kernels (dense or packed rows) take V unpadded: pad_v false is a request. The
+  // packed one takes it as kv's own columns too (strided: no copy forward, and its gradient comes
+  // back in rows of kv's width, which mla_qkv's backward fills in).
+  const bool v_view = !pad_v && p.varlen() && g_v_view && kv.is_contiguous() &&
+                      packed_attention_takes_narrow_values(B, T, nh_, dn_ + dr_, dva_, kv.options(), scale(), p,
+                                                           /*v_head_stride=*/dn_ + dva_);
   const bool narrow =
-      !pad_v && (p.varlen() ? packed_attention_takes_narrow_values(B, T, nh_, dn_ + dr_, dva_, kv.options(), scale(), p)
-                            : dense_attention_takes_narrow_values(B, T, nh_, dn_ + dr_, dva_, kv.options(), scale()));
-  return mla_qkv(q_from_first(first[0], B, T), kv, a[1], dn_, p.pos, rope_, /*pad_v=*/!narrow);
+      v_view ||
+      (!pad_v && (p.varlen() ? packed_attention_takes_narrow_values(B, T, nh_, dn_ + dr_, dva_, kv.options(), scale(), p)
+                             : dense_attention_takes_narrow_values(B, T, nh_, dn_ + dr_, dva_, kv.options(), scale())));
+  return mla_qkv(q_from_first(first[0], B, T), kv, a[1], dn_, p.pos, rope_, /*pad_v=*/!narrow, v_view);
 }
 
 MLAProjections MLAImpl::project(const torch::Tensor& u, const Positions& p) {
@@ -103,12 +114,12 @@ double MLAImpl::scale() const { return 1.0 / std::sqrt(static_cast<double>(dn_ +
 
 torch::Tensor MLAImpl::forward(const torch::Tensor& u, const Positions& p) {
   // V comes zero-padded to the q/k head width where the attention kernel needs it (flash): its
-  // output's padding columns are zero and cut off here. cuDNN's kernels (dense and packed rows)
-  // take V unpadded and leave their output in [B,T,nh,dva] memory, which heads_to_tokens then only
-  // views.
+  // output's padding columns are zero and cut off (heads_to_tokens). cuDNN's kernels (dense and
+  // packed rows) take V unpadded and leave their output in [B,T,nh,dva] memory, which is then only
+  // viewed; the packed one takes Q, K and V as they are, so their gradients come back as mla_qkv's
+  // backward takes them in place.
   auto qkv = attention_inputs(u, p, /*pad_v=*/false);
-  auto o = causal_attention(qkv.q.transpose(1, 2), qkv.k.transpose(1, 2), qkv.v.transpose(1, 2), scale(), p);
-  return wo(heads_to_tokens(o, dva_));  // [B,T,nh·dva]: each head's first dva columns
+  return wo(causal_attention_token_rows(qkv.q, qkv.k, qkv.v, scale(), p, dva_));  // [B,T,nh·dva]
 }
 
 torch::Tensor MLAImpl::step(const torch::Tensor& u, MixerCache& cache) {

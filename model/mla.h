@@ -23,6 +23,10 @@ struct MLAProjections {
   torch::Tensor v;  // [B,nh,T,dva]
 };
 
+// Whether MLA hands packed cuDNN attention V as its K|V projection's own columns (default on; see
+// mla_qkv's v_view) or a copy of them (`bench train --mla-values copied`, to compare). Any thread.
+void mla_values_in_kv(bool on);
+
 class MLAImpl : public torch::nn::Module {
  public:
   // Parameters are drawn by reset_parameters(c.init_std, c.init_std / sqrt(2L)).

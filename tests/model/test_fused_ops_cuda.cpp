@@ -240,8 +240,8 @@ TEST(FusedOpsCuda, RopeQkvMatchesSplitAndRope) {
 
 // MLA's Q, K and V from its projections through one kernel each way (model::mla_qkv) against its
 // reference (split, RoPE, cat, expand, pad) on the same GPU: the outputs and the three inputs'
-// gradients, for base's and moe-1b's MLA widths (V padded, and V at its own width as cuDNN's
-// attention takes it), a V as wide as Q (no padding) and odd widths (narrow vector paths), on
+// gradients, for base's and moe-1b's MLA widths (V padded, V at its own width as cuDNN's
+// attention takes it, copied or as kv's own columns), a V as wide as Q (no padding) and odd widths (narrow vector paths), on
 // packed positions, with q and kv as column slices of wider rows
 // and k_r a slice of the latent's row, as the layer hands them over.
 TEST(FusedOpsCuda, MlaQkvMatchesReference) {
@@ -253,11 +253,12 @@ TEST(FusedOpsCuda, MlaQkvMatchesReference) {
   for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
     for (const Shape sh : {Shape{1, 300, 12, 64, 32, 64}, Shape{2, 64, 16, 128, 64, 128}, Shape{2, 40, 3, 32, 32, 64},
                            Shape{1, 37, 5, 6, 10, 4}})
-      for (const bool pad_v : {true, false}) {
+      for (const int v_mode : {0, 1, 2}) {  // V padded, V copied at its own width, V a view of kv
+        const bool pad_v = v_mode == 0, v_view = v_mode == 2;
         const std::string what = std::string(name_of(dtype)) + " B=" + std::to_string(sh.B) +
                                  " T=" + std::to_string(sh.T) + " nh=" + std::to_string(sh.nh) + " dn=" + std::to_string(sh.dn) +
                                  " dr=" + std::to_string(sh.dr) + " dva=" + std::to_string(sh.dva) +
-                                 (pad_v ? " V padded" : " V unpadded");
+                                 (pad_v ? " V padded" : v_view ? " V in kv" : " V unpadded");
         const int64_t dqk = sh.dn + sh.dr, rkv = 8;
         auto tables = model::make_rope_tables(sh.dr, 1024, 10000.0);
         tables.cos = tables.cos.cuda();
@@ -282,8 +283,12 @@ TEST(FusedOpsCuda, MlaQkvMatchesReference) {
           auto ar = a_rows.detach().clone().requires_grad_(true);
           auto q = qr.narrow(2, 0, sh.nh * dqk).view({sh.B, sh.T, sh.nh, dqk});
           auto kv = kvr.narrow(2, 0, sh.nh * (sh.dn + sh.dva)).view({sh.B, sh.T, sh.nh, sh.dn + sh.dva});
-          auto out = model::mla_qkv(q, kv, ar.narrow(2, rkv, sh.dr), sh.dn, p.pos, tables, pad_v);
+          auto out = model::mla_qkv(q, kv, ar.narrow(2, rkv, sh.dr), sh.dn, p.pos, tables, pad_v, v_view);
           EXPECT_EQ(out.v.size(3), dv_out) << what << ": V's width";
+          if (v_view) {
+            EXPECT_EQ(out.v.data_ptr(), kv.narrow(3, sh.dn, sh.dva).data_ptr()) << what << ": V is kv's columns";
+            EXPECT_EQ(out.v.strides(), kv.strides()) << what << ": V is kv's columns";
+          }
           EXPECT_EQ(out.q.grad_fn()->name().find("MlaQkv") != std::string::npos, fused) << what << ": the path taken";
           auto f32 = [](const torch::Tensor& x) { return x.to(torch::kFloat32); };
           auto loss = (f32(out.q) * f32(gq)).sum() + (f32(out.k) * f32(gk)).sum() + (f32(out.v) * f32(gv)).sum();
