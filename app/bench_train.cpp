@@ -132,7 +132,7 @@ int bench_train(const BenchTrainArgs& a) {
       {"--moe-weights", &a.moe_weights, {"swiglu", "combine"}},
       {"--grad-norm", &a.grad_norm, {"producers", "read"}},
       {"--expert-grads", &a.expert_grads, {"pieces", "scatter"}},
-      {"--gdn-l2norm", &a.gdn_l2norm, {"in-core", "separate"}},
+      {"--gdn-l2norm", &a.gdn_l2norm, {"in-front", "in-core", "separate"}},
       {"--gdn-gates", &a.gdn_gates, {"in-projection", "apart"}},
   };
   for (const auto& [flag, value, choices] : switches) {
@@ -161,7 +161,8 @@ int bench_train(const BenchTrainArgs& a) {
   model::moe_router_weights_in_swiglu(a.moe_weights == "swiglu");
   model::producer_grad_square_sums(a.grad_norm == "producers");
   model::expert_grads_in_pieces_allowed(a.expert_grads == "pieces");
-  model::gdn_l2norm_in_core(a.gdn_l2norm == "in-core");
+  model::gdn_l2norm_in_core(a.gdn_l2norm != "separate");
+  model::gdr_l2norm_in_front(a.gdn_l2norm == "in-front");
   model::gdn_gates_in_projection(a.gdn_gates == "in-projection");
   {
     int64_t piece_rows = -1;

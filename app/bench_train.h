@@ -70,9 +70,10 @@ struct BenchTrainArgs {
   std::string grad_norm = "producers";  // producers | read: where the clipping norm's sums of squares come from
   // pieces | scatter: MoE expert gradients left in bf16 pieces for AdamW, or written to .grad
   std::string expert_grads = "pieces";
-  // in-core | separate: the Gated DeltaNet's L2Norm of q and k inside the delta rule's op (its
-  // backward in the tail kernel, model::GdrQkNorm) or as an op of its own, to measure it.
-  std::string gdn_l2norm = "in-core";
+  // in-front | in-core | separate: the Gated DeltaNet's L2Norm of q and k inside the delta rule's
+  // op (its backward in the tail kernel, model::GdrQkNorm), its forward in the front kernel
+  // (model::gdr_l2norm_in_front) or in the norm's own kernel, or as an op of its own, to measure it.
+  std::string gdn_l2norm = "in-front";
   // in-projection | apart: the Gated DeltaNet's a|b gate projection in the q|k|v|g product's GEMM
   // or a GEMM of its own each way (model::gdn_gates_in_projection), to measure it.
   std::string gdn_gates = "in-projection";

@@ -251,8 +251,9 @@ int main(int argc, char** argv) {
                               "they are written to fp32 .grad first (to measure it)")
       ->capture_default_str();
   bench_train_cmd->add_option("--gdn-l2norm", bench_train.gdn_l2norm,
-                              "in-core | separate: on a GPU the Gated DeltaNet's L2Norm of q and k runs inside the "
-                              "delta rule's op (its backward in the rule's tail kernel) or as an op of its own (to "
+                              "in-front | in-core | separate: on a GPU the Gated DeltaNet's L2Norm of q and k runs "
+                              "inside the delta rule's op (its backward in the rule's tail kernel), its forward in "
+                              "the rule's front kernel or in the norm's own kernel, or as an op of its own (to "
                               "measure it)")
       ->capture_default_str();
   bench_train_cmd->add_option("--gdn-gates", bench_train.gdn_gates,

@@ -102,6 +102,14 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// Sum over each half of the warp (shuffles at offsets 8 to 1); every lane gets its half's sum (all
+// 32 lanes take part). The delta rule's front repeats the L2Norm pair kernel's sums with it, bit for
+// bit (kernels/gdr_chunk_front.cu).
+__device__ __forceinline__ float half_warp_sum(float v) {
+  for (int off = 8; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
 // Sum over the block; every thread gets the result. `scratch` holds 32 floats; blockDim.x is a
 // multiple of 32.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {

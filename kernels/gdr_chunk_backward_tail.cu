@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kBf16Products, kDK>)
   }
 
   // Q and K into shared memory.
-  stage_qk<VW>(static_cast<const T*>(a.q), static_cast<const T*>(a.k), l.H, h, dk, start, len, Q_s, K_s, pk,
+  stage_qk<VW>(static_cast<const T*>(a.q), static_cast<const T*>(a.k), l.H * dk, h, dk, start, len, Q_s, K_s, pk,
                [](int, int, const float*, const float*) {});
   cp_async_wait<0>();
   __syncthreads();

@@ -109,20 +109,20 @@ __device__ __forceinline__ void stage_rows(const E* src, int64_t token_stride, i
   }
 }
 
-// The chunk's q and k rows of head h ([tokens, H, dk]) into Q_s and K_s [kRows][pitch] of element
-// type D (fp32, or T itself), by all threads of the block, four pieces of each per thread in
-// flight at once. Calls also(i, d, q_piece, k_piece) with the pieces in fp32, for work on the
-// values as they pass.
+// The chunk's q and k rows of head h ([tokens, H, dk], tokens token_stride elements apart) into
+// Q_s and K_s [kRows][pitch] of element type D (fp32, or T itself), by all threads of the block,
+// four pieces of each per thread in flight at once. Calls also(i, d, q_piece, k_piece) with the
+// pieces in fp32, for work on the values as they pass.
 template <int VW, typename T, typename D, class Also>
-__device__ __forceinline__ void stage_qk(const T* q, const T* k, int64_t H, int64_t h, int dk, int64_t start, int len,
-                                         D* Q_s, D* K_s, int pitch, Also also) {
+__device__ __forceinline__ void stage_qk(const T* q, const T* k, int64_t token_stride, int64_t h, int dk,
+                                         int64_t start, int len, D* Q_s, D* K_s, int pitch, Also also) {
   const int dk_n = dk / VW, stride = blockDim.x;
   for (int base = threadIdx.x; base < kRows * dk_n; base += 4 * stride) {
     Vec<T, VW> qr[4], kr[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int el = base + u * stride, i = el / dk_n;
-      const int64_t src = ((start + i) * H + h) * dk + (el % dk_n) * VW;
+      const int64_t src = (start + i) * token_stride + h * dk + (el % dk_n) * VW;
       const bool valid = el < kRows * dk_n && i < len;
       qr[u] = gdr_chunk_mma::load_raw<VW>(q + src, valid);
       kr[u] = gdr_chunk_mma::load_raw<VW>(k + src, valid);

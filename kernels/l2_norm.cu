@@ -105,10 +105,6 @@ __global__ void __launch_bounds__(kWarps * 32) l2_norm_backward_kernel(TX* dx, c
 // sum is over its half-warp (shuffles at offsets 8 to 1). A pair moves as one 4-byte access.
 constexpr int kRows = 2;
 
-__device__ __forceinline__ float half_warp_sum(float v) {
-  for (int off = 8; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
 
 // The first of the kRows rows a half-warp takes in its pass `pass` (rows first, first + 1, ...);
 // its column pairs start at 2 · (lane % 16).

@@ -45,6 +45,8 @@ std::atomic<bool> g_use_fused_kernels{true};
 std::atomic<bool> g_bf16_front{true};
 std::atomic<bool> g_tf32_chunk_products{true};
 std::atomic<bool> g_save_front{true};
+std::atomic<bool> g_l2norm_in_front{true};
+std::atomic<int64_t> g_front_norms{0};
 std::atomic<bool> g_dv_in_solve{true};
 std::atomic<bool> g_bf16_chunk_grads{true};
 std::atomic<bool> g_bf16_scan_products{true};
@@ -154,6 +156,9 @@ struct ForwardFront {
   torch::Tensor W, U, Kd, Qg;  // [N,H,C,dk|dv]
   torch::Tensor P, Tm;         // [N,H,C,C]
   torch::Tensor decay;         // [N,H]
+  // Where the front took L2Norm (front_takes_norm): q and k normalised [B,T,H,dk] and the norm's
+  // scales [B·T·H] fp32.
+  torch::Tensor q_norm, k_norm, q_rstd, k_rstd;
 };
 
 struct Upstream {  // the gradients reaching the prep outputs, plus what the last step needs
@@ -216,7 +221,8 @@ torch::Tensor device_table(const GdrChunkLayout& l, const torch::Device& dev) {
 // column slice of the conv's q|k|v output); otherwise it is copied.
 struct KernelInputs {
   torch::Tensor q, k, v, beta, g;
-  int64_t v_token_stride = 0;  // 0: contiguous
+  int64_t v_token_stride = 0;   // 0: contiguous
+  int64_t qk_token_stride = 0;  // 0: contiguous; else only for the front (kernel_inputs' strided_qk)
   kernels::DType in_qk = kernels::DType::F32, in_v = kernels::DType::F32;
 
   // Points a chunk kernel's arguments at these inputs: the fields every such struct has (k, v and
@@ -243,8 +249,10 @@ int64_t token_stride(const torch::Tensor& x) {
   return s;
 }
 
+// strided_qk: q and k may stay in place where they share a token stride (the front reads them so;
+// the other kernels want them contiguous).
 KernelInputs kernel_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                           const torch::Tensor& beta, const torch::Tensor& g) {
+                           const torch::Tensor& beta, const torch::Tensor& g, bool strided_qk = false) {
   KernelInputs ki;
   auto qk_dt = q.scalar_type(), v_dt = v.scalar_type();
   if (k.scalar_type() != qk_dt || !kernel_dtype(qk_dt, ki.in_qk)) {
@@ -255,8 +263,15 @@ KernelInputs kernel_inputs(const torch::Tensor& q, const torch::Tensor& k, const
     v_dt = torch::kFloat32;
     ki.in_v = kernels::DType::F32;
   }
-  ki.q = q.to(qk_dt).contiguous();
-  ki.k = k.to(qk_dt).contiguous();
+  ki.q = q.to(qk_dt);
+  ki.k = k.to(qk_dt);
+  const int64_t qk_stride = strided_qk && !ki.q.is_contiguous() ? token_stride(ki.q) : 0;
+  if (qk_stride != 0 && token_stride(ki.k) == qk_stride) {
+    ki.qk_token_stride = qk_stride;
+  } else {
+    ki.q = ki.q.contiguous();
+    ki.k = ki.k.contiguous();
+  }
   ki.v = v.to(v_dt);
   ki.v_token_stride = ki.v.is_contiguous() ? 0 : token_stride(ki.v);
   if (!ki.v.is_contiguous() && ki.v_token_stride == 0) ki.v = ki.v.contiguous();
@@ -371,7 +386,10 @@ variable_list input_grads_kernel(const Ctx& c, const Prep& p, const Upstream& u,
 
 // with_solve = false (the backward's recompute): Kd, Qg, P and decay only. bf16: W, U, Kd, Qg and P
 // rounded to bf16 (Tm and decay stay fp32).
-ForwardFront forward_front_kernel(const Ctx& c, const KernelInputs& ki, bool with_solve, bool bf16) {
+// With norm (whose front_takes_norm held for ki), the front takes L2Norm of q and k (its inputs
+// x) itself and returns their normalised rows and scales too.
+ForwardFront forward_front_kernel(const Ctx& c, const KernelInputs& ki, bool with_solve, bool bf16,
+                                  const GdrQkNorm* norm = nullptr) {
   const int64_t N = c.l.n_chunks, H = c.H, C = c.l.C;
   auto opt = ki.beta.options();
   auto out_opt = bf16 ? opt.dtype(torch::kBFloat16) : opt;
@@ -396,10 +414,24 @@ ForwardFront forward_front_kernel(const Ctx& c, const KernelInputs& ki, bool wit
   a.Tm = with_solve ? f.Tm.data_ptr<float>() : nullptr;
   a.decay = f.decay.data_ptr<float>();
   a.bf16_out = bf16;
+  a.qk_token_stride = ki.qk_token_stride;
+  if (norm != nullptr) {
+    const int64_t B = ki.q.size(0), T = ki.q.size(1);
+    f.q_norm = torch::empty({B, T, c.H, c.dk}, ki.q.options().memory_format(at::MemoryFormat::Contiguous));
+    f.k_norm = torch::empty_like(f.q_norm);
+    f.q_rstd = torch::empty({B * T * c.H}, opt);
+    f.k_rstd = torch::empty_like(f.q_rstd);
+    a.q_norm = f.q_norm.data_ptr();
+    a.k_norm = f.k_norm.data_ptr();
+    a.q_rstd = f.q_rstd.data_ptr<float>();
+    a.k_rstd = f.k_rstd.data_ptr<float>();
+    a.norm_eps = static_cast<float>(norm->eps);
+  }
   check_kernel_launch(kernels::gdr_chunk_front_forward(chunk_list(c), a, stream_of(f.P)),
                       "gated delta rule fused front");
   return f;
 }
+
 
 // dA_raw, dRw and dRu from Tm, dW and dU in one kernel (kernels/gdr_chunk_solve_backward.h). dA_raw
 // holds its strictly lower triangle (all the masks' backward reads) and zeros above it within the
@@ -560,6 +592,21 @@ bool bf16_front(const Ctx& c) {
          gdr_scan_takes_bf16_inputs(c.l.scan, c.l.C, c.dk, c.dv);
 }
 
+#if defined(DD_HAVE_CUDA)
+// Whether the fused front takes L2Norm of q_in and k_in (the norm's inputs, as ki holds them) for
+// the core's qk_norm: the 16-bit path (the bf16 front) with the norm emitting q's own dtype, where
+// the kernel takes it (kernels::gdr_chunk_front_takes_norm) and the switch is on.
+bool front_takes_norm(const Ctx& c, const KernelInputs& ki, const GdrQkNorm& norm) {
+  if (!norm.on || !g_l2norm_in_front || !fused_kernels(c) || !bf16_front(c) || ki.q.scalar_type() != norm.dtype)
+    return false;
+  kernels::GdrChunkFrontArgs a;
+  a.q = ki.q.data_ptr();
+  ki.point(a);
+  a.qk_token_stride = ki.qk_token_stride;
+  return kernels::gdr_chunk_front_takes_norm(chunk_list(c), a);
+}
+#endif
+
 // Whether the solve's backward kernel takes its products in TF32 (gdr_tf32_chunk_products); the
 // kernel applies it to 16-bit k and v of one type only.
 bool tf32_chunk_products(const Ctx& c) { return g_tf32_chunk_products && bf16_front(c); }
@@ -624,17 +671,37 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     const torch::Tensor& o_targets = targets.rows;
     ctx->set_materialize_grads(false);
     // With qk_norm, q and k are the norm's outputs from here on; its scales are saved for the backward.
+    // The fused front takes the norm itself where it can (front_takes_norm: it reads q_in and k_in
+    // in place and writes the normalised rows beside its own outputs); else the norm's kernel first.
     torch::Tensor q = q_in, k = k_in, q_rstd, k_rstd;
-    if (qk_norm.on) {
-      auto nq = l2_norm_rows(q_in, qk_norm.eps, qk_norm.dtype);
-      auto nk = l2_norm_rows(k_in, qk_norm.eps, qk_norm.dtype);
-      q = nq.y;
-      k = nk.y;
-      q_rstd = nq.rstd;
-      k_rstd = nk.rstd;
+    const Ctx c = make_ctx(l, q_in, v, h0);
+    ForwardFront f;  // W, U, Kd, Qg, P bf16 with bf16_front(c)
+    bool front_took_norm = false;
+#if defined(DD_HAVE_CUDA)
+    if (qk_norm.on && fused_kernels(c)) {
+      const auto ki = kernel_inputs(q_in, k_in, v, beta, g, /*strided_qk=*/true);
+      if (front_takes_norm(c, ki, qk_norm)) {
+        f = forward_front_kernel(c, ki, true, bf16_front(c), &qk_norm);
+        q = f.q_norm;
+        k = f.k_norm;
+        q_rstd = f.q_rstd;
+        k_rstd = f.k_rstd;
+        front_took_norm = true;
+        ++g_front_norms;
+      }
     }
-    const Ctx c = make_ctx(l, q, v, h0);
-    const ForwardFront f = forward_front(c, q, k, v, beta, g);  // W, U, Kd, Qg, P bf16 with bf16_front(c)
+#endif
+    if (!front_took_norm) {
+      if (qk_norm.on) {
+        auto nq = l2_norm_rows(q_in, qk_norm.eps, qk_norm.dtype);
+        auto nk = l2_norm_rows(k_in, qk_norm.eps, qk_norm.dtype);
+        q = nq.y;
+        k = nk.y;
+        q_rstd = nq.rstd;
+        k_rstd = nk.rstd;
+      }
+      f = forward_front(c, q, k, v, beta, g);
+    }
     // O = s (P Vn + Qg h_in), both products in one pass over O. h_in and v_new are bf16 under the
     // plan's bf16_states (TF32 products on a GPU); the products here and in the backward read them so.
     // With o_targets, written straight into the token layout.
@@ -853,6 +920,9 @@ bool gdr_bf16_output() { return g_bf16_output; }
 void gdr_bf16_front(bool on) { g_bf16_front = on; }
 
 void gdr_save_front(bool on) { g_save_front = on; }
+
+void gdr_l2norm_in_front(bool on) { g_l2norm_in_front = on; }
+int64_t gdr_front_norms() { return g_front_norms; }
 
 void gdr_dv_in_solve(bool on) { g_dv_in_solve = on; }
 

@@ -88,6 +88,14 @@ void gdr_tf32_chunk_products(bool on);
 void gdr_save_front(bool on);
 int64_t gdr_front_recomputes();
 
+// Process-wide switch (default on), for benchmarks and tests: where the rule takes L2Norm of q and
+// k (GdrQkNorm) on the 16-bit path, the fused front normalises them as it stages them
+// (kernels::GdrChunkFrontArgs::q_norm), reading q and k in place in the short conv's rows, instead
+// of the norm's own kernel running before it. The same arithmetic, up to the order of each row's
+// sum of squares. gdr_front_norms counts the forwards that took it.
+void gdr_l2norm_in_front(bool on);
+int64_t gdr_front_norms();
+
 // Process-wide switch (default on), for benchmarks and tests: with the fused kernels, the solve's
 // backward writes v's gradient and Σ dRu ⊙ V itself instead of dRu (fp32 [N, H, C, dv]) for the
 // backward's tail to read (kernels/gdr_chunk_solve_backward.h). The same values either way, up to

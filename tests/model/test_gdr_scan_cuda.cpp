@@ -1391,7 +1391,9 @@ TEST(GdrScanCuda, FusedKernelsMatchSeparateOnes) {
 // every gradient is the other path's to the bit. The other gradients are the same either way, but
 // for the tail's atomic sums (dβ, dg: 1e-6). Inputs of several scales per row, read in place from
 // a wider tensor as the short conv's output is. One case's loss reads only the final states: q's
-// gradient is then zero both ways, and k's the separate norm's to the bit.
+// gradient is then zero both ways, and k's the separate norm's to the bit. On the 16-bit path the
+// forward's norm runs inside the front kernel (counted by gdr_front_norms), reading q and k in
+// place: every result the same bits as with the norm's own kernel before the front.
 TEST(GdrScanCuda, L2NormInsideTheCoreMatchesTheNormBefore) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 563);
@@ -1449,12 +1451,30 @@ TEST(GdrScanCuda, L2NormInsideTheCoreMatchesTheNormBefore) {
       return std::vector<torch::Tensor>{out.o, out.h, dqk.narrow(2, 0, Kg), dqk.narrow(2, Kg, Kg), x[0].grad(),
                                         x[1].grad(), x[2].grad()};
     };
+    const char* const names[] = {"o", "h", "dq", "dk", "dv", "dbeta", "dg"};
     const auto before = run(false, false);
-    const int64_t taken = model::gdr_tail_norm_launches();
+    const int64_t taken = model::gdr_tail_norm_launches(), front_norms = model::gdr_front_norms();
     const auto inside = run(true, false);
     EXPECT_EQ(model::gdr_tail_norm_launches() - taken, c.in_tail ? 1 : 0) << name;
+    // The forward's norm inside the front kernel on the 16-bit path (dk a multiple of 32): the norm
+    // kernel's arithmetic in its order, so every result is the same bits as with that kernel, but
+    // for dβ and dg, the tail's atomic sums (1e-6).
+    const bool in_front = c.bf16 && c.tf32_scan && c.dk % 32 == 0;
+    EXPECT_EQ(model::gdr_front_norms() - front_norms, in_front ? 1 : 0) << name << ": the front's norm";
+    if (in_front) {
+      model::gdr_l2norm_in_front(false);
+      const auto norm_kernel = run(true, false);
+      model::gdr_l2norm_in_front(true);
+      for (size_t i = 0; i < norm_kernel.size(); ++i) {
+        if (i == 5 || i == 6) {
+          EXPECT_LT(rel_norm_diff(inside[i], norm_kernel[i]), 1e-6) << name << ": " << names[i];
+        } else {
+          EXPECT_TRUE(torch::equal(inside[i], norm_kernel[i]))
+              << name << ": the front's norm against the norm's kernel, " << names[i];
+        }
+      }
+    }
     const auto ref = c.in_tail ? run(false, true) : std::vector<torch::Tensor>{};
-    const char* const names[] = {"o", "h", "dq", "dk", "dv", "dbeta", "dg"};
     for (size_t i = 0; i < 7; ++i) {
       const double e = rel_norm_diff(inside[i], before[i]);
       if (i == 2 && !c.o_grad) {
