@@ -127,9 +127,8 @@ __device__ __forceinline__ void scaled_tm_times_bf16(float (&acc)[kN][4], const 
   }
 }
 
-// L2Norm of the staged rows of Q and K (GdrChunkFrontArgs::q_norm), 16-bit T, dk a multiple of 32
-// up to 128: the arithmetic of kernels/l2_norm.cu's pair kernel, in its order, so y and r are that
-// kernel's bits. Half a warp a row; lane l of the half holds the pairs at columns 2l + 32p; r =
+// L2Norm of the staged rows of Q and K (GdrChunkFrontArgs::q_norm), 16-bit T, dk 64, 96 or 128: the
+// arithmetic of kernels/l2_norm.cu's pair kernel, in its order, so y and r are that kernel's bits. Half a warp a row; lane l of the half holds the pairs at columns 2l + 32p; r =
 // 1/sqrt(Σ x² + eps) by a half-warp sum, y = x · r rounded to T back into the staged row and to
 // q_norm / k_norm; qg_pair / kd_pair get y (as fp32) to write Qg and Kd from; r goes to q_rstd /
 // k_rstd. Rows past the chunk's length (zeros) give zero y and write only Qg and Kd. The caller
@@ -433,7 +432,8 @@ bool front_vec(const GdrChunkList& l, const GdrChunkFrontArgs& a) {
 }  // namespace
 
 bool gdr_chunk_front_takes_norm(const GdrChunkList& l, const GdrChunkFrontArgs& a) {
-  return l.dk <= 128 && l.dk % 32 == 0 && a.in_qk != DType::F32 && front_vec(l, a);
+  // The sizes the L2Norm's pair kernel takes (kernels/l2_norm.cu), whose arithmetic the front repeats.
+  return (l.dk == 64 || l.dk == 96 || l.dk == 128) && a.in_qk != DType::F32 && front_vec(l, a);
 }
 
 int gdr_chunk_front_forward(const GdrChunkList& l, const GdrChunkFrontArgs& a, void* stream) {

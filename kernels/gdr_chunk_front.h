@@ -45,8 +45,8 @@ struct GdrChunkFrontArgs {
   int64_t qk_token_stride = 0;
   // With q_norm (and k_norm, q_rstd, k_rstd: all four or none), q and k are L2Norm's inputs x
   // (MODEL.md §4) and the front takes the norm itself: it stages y = x · r, r = 1/sqrt(Σ x² +
-  // norm_eps) per token and head over dk (fp32 math, y rounded to q's dtype, as kernels/l2_norm.h's
-  // kernels compute it), takes every product from y, and writes y to q_norm and k_norm ([tokens, H,
+  // norm_eps) per token and head over dk (fp32 math, y rounded to q's dtype, as kernels/l2_norm.cu's
+  // pair kernel computes it), takes every product from y, and writes y to q_norm and k_norm ([tokens, H,
   // dk], contiguous, q's dtype) and r to q_rstd and k_rstd ([tokens, H]): what the backward reads,
   // with no pass of the norm's own before this kernel. Only where gdr_chunk_front_takes_norm says so.
   void* q_norm = nullptr;
@@ -60,9 +60,9 @@ struct GdrChunkFrontArgs {
 // Returns the cudaError_t of the launch (0 = success); cudaErrorInvalidValue for sizes
 // gdr_chunk_fused_supports refuses.
 int gdr_chunk_front_forward(const GdrChunkList& l, const GdrChunkFrontArgs& a, void* stream);
-// Whether the launch for l and a (the norm's outputs aside) may take L2Norm (q_norm above): the
-// 4-wide instances (dk and the strides multiples of 4, the pointers aligned) at dk ≤ 128, where a
-// warp's lanes hold a row's pieces.
+// Whether the launch for l and a (the norm's outputs aside) may take L2Norm (q_norm above): 16-bit q
+// and k on the 4-wide instances (the strides multiples of 4, the pointers aligned) at dk 64, 96 or
+// 128, the sizes of the L2Norm pair kernel whose arithmetic the front repeats.
 bool gdr_chunk_front_takes_norm(const GdrChunkList& l, const GdrChunkFrontArgs& a);
 #endif
 

@@ -386,7 +386,7 @@ variable_list input_grads_kernel(const Ctx& c, const Prep& p, const Upstream& u,
 
 // with_solve = false (the backward's recompute): Kd, Qg, P and decay only. bf16: W, U, Kd, Qg and P
 // rounded to bf16 (Tm and decay stay fp32).
-// With norm (whose front_takes_norm held for ki), the front takes L2Norm of q and k (its inputs
+// With norm (front_may_take_norm and front_takes_norm held for ki), the front takes L2Norm of q and k (its inputs
 // x) itself and returns their normalised rows and scales too.
 ForwardFront forward_front_kernel(const Ctx& c, const KernelInputs& ki, bool with_solve, bool bf16,
                                   const GdrQkNorm* norm = nullptr) {
@@ -592,13 +592,18 @@ bool bf16_front(const Ctx& c) {
          gdr_scan_takes_bf16_inputs(c.l.scan, c.l.C, c.dk, c.dv);
 }
 
+// Whether the fused front may take L2Norm of q_in and k_in (the norm's inputs) for the core's
+// qk_norm: the switch, the 16-bit path (the bf16 front) and q and k in the dtype the norm emits;
+// front_takes_norm then asks the kernel about the sizes and layout.
+bool front_may_take_norm(const Ctx& c, const torch::Tensor& q_in, const torch::Tensor& k_in, const GdrQkNorm& norm) {
+  return norm.on && g_l2norm_in_front && bf16_front(c) && q_in.scalar_type() == norm.dtype &&
+         k_in.scalar_type() == norm.dtype && (norm.dtype == torch::kBFloat16 || norm.dtype == torch::kHalf);
+}
+
 #if defined(DD_HAVE_CUDA)
-// Whether the fused front takes L2Norm of q_in and k_in (the norm's inputs, as ki holds them) for
-// the core's qk_norm: the 16-bit path (the bf16 front) with the norm emitting q's own dtype, where
-// the kernel takes it (kernels::gdr_chunk_front_takes_norm) and the switch is on.
-bool front_takes_norm(const Ctx& c, const KernelInputs& ki, const GdrQkNorm& norm) {
-  if (!norm.on || !g_l2norm_in_front || !fused_kernels(c) || !bf16_front(c) || ki.q.scalar_type() != norm.dtype)
-    return false;
+// Whether the fused front kernel takes the norm for q and k as ki holds them
+// (kernels::gdr_chunk_front_takes_norm).
+bool front_takes_norm(const Ctx& c, const KernelInputs& ki) {
   kernels::GdrChunkFrontArgs a;
   a.q = ki.q.data_ptr();
   ki.point(a);
@@ -678,9 +683,9 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     ForwardFront f;  // W, U, Kd, Qg, P bf16 with bf16_front(c)
     bool front_took_norm = false;
 #if defined(DD_HAVE_CUDA)
-    if (qk_norm.on && fused_kernels(c)) {
+    if (front_may_take_norm(c, q_in, k_in, qk_norm)) {
       const auto ki = kernel_inputs(q_in, k_in, v, beta, g, /*strided_qk=*/true);
-      if (front_takes_norm(c, ki, qk_norm)) {
+      if (front_takes_norm(c, ki)) {
         f = forward_front_kernel(c, ki, true, bf16_front(c), &qk_norm);
         q = f.q_norm;
         k = f.k_norm;

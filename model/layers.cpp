@@ -441,7 +441,9 @@ torch::Tensor causal_attention_token_rows(const torch::Tensor& q, const torch::T
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2);
   // Straight to cuDNN's packed kernel where it runs: no autograd view between the caller's tensors
   // and the kernel's, so their gradients come back laid out as the kernel's backward makes them.
-  if (p.varlen() && flash_varlen_usable(q) && packed_attention_cudnn_enabled() && cudnn_frontend_built()) {
+  auto rows_apart = [&](const torch::Tensor& t) { return B == 1 || t.stride(0) == T * t.stride(1); };
+  if (p.varlen() && flash_varlen_usable(q) && packed_attention_cudnn_enabled() && cudnn_frontend_built() &&
+      rows_apart(q) && rows_apart(k) && rows_apart(v)) {
     if (const int64_t S = packed_span(p, T); S > 0) {
       auto o = cudnn_packed_attention(q, k, v, packed_cu_int32(p, q.device()), S, scale);
       if (o.defined()) return dv == v.size(3) ? o.view({B, T, H * dv}) : heads_to_tokens(o.transpose(1, 2), dv);

@@ -152,10 +152,11 @@ void attention_narrow_values(bool on);
 // layout the flash kernels' packed output has, so their backward reads it without a copy. Through
 // autograd's narrow, transpose and reshape that was a zero fill, a slice copy and a clone.
 torch::Tensor heads_to_tokens(const torch::Tensor& o, int64_t dv);
-// causal_attention of tokens-major q, k and v [B,T,H,·] (any token and head strides, unit-stride
-// rows), returned as the output projection's input [B,T,H·dv]: each head's first dv columns (V
-// may come zero-padded beyond them). Packed rows that cuDNN's kernel
-// takes go to it as they are, so that each input's gradient comes back laid out in a storage like
+// causal_attention of tokens-major q, k and v [B,T,H,·] (any strides, unit-stride rows), returned
+// as the output projection's input [B,T,H·dv]: each head's first dv columns (V may come
+// zero-padded beyond them). Packed rows that cuDNN's kernel takes (with batch rows one token
+// stride apart, so that the B·T tokens are rows of one stride) go to it as they are, so that
+// each input's gradient comes back laid out in a storage like
 // the input's (model/cudnn_attention.cpp's gradient_like): MLA's V, columns of its K|V projection's
 // rows, gets its gradient in rows of that width, which MLA's backward fills in. Elsewhere
 // causal_attention then heads_to_tokens.

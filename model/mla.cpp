@@ -94,7 +94,9 @@ MlaQkv MLAImpl::attention_inputs(const torch::Tensor& u, const Positions& p, boo
   auto kv = wkv_b(kv_norm(a[0])).view({B, T, nh_, dn_ + dva_});
   // Only cuDNN's kernels (dense or packed rows) take V unpadded: pad_v false is a request. The
   // packed one takes it as kv's own columns too (strided: no copy forward, and its gradient comes
-  // back in rows of kv's width, which mla_qkv's backward fills in).
+  // back in rows of kv's width, which mla_qkv's backward fills in). The attention then keeps all of
+  // kv for its backward, K's columns too (hybrid base: 0.09 GiB more at the peak, docs/perf.md
+  // stop 61), where the copy kept only V.
   const bool v_view = !pad_v && p.varlen() && g_v_view && kv.is_contiguous() &&
                       packed_attention_takes_narrow_values(B, T, nh_, dn_ + dr_, dva_, kv.options(), scale(), p,
                                                            /*v_head_stride=*/dn_ + dva_);

@@ -313,7 +313,8 @@ void expect_close_to_flash_and_fp32(const std::vector<torch::Tensor>& fast, cons
 // fp32 (the masked reference): the layer's output and the gradients of its input and weights. On
 // cuDNN V is kv's own columns (a strided view), and the backward takes Q's gradient and the K|V
 // rows V's gradient comes back in as they are (counted); against V copied out of kv
-// (model::mla_values_in_kv off) the results are the same to a few bf16 steps.
+// (model::mla_values_in_kv off) the results are the same (1e-6: the same kernels on the same
+// values, only V's strides differ; measured equal).
 TEST(CudnnPackedAttention, MlaPackedRowsMatchFlash) {
   DD_REQUIRE_GPU();
   testing_support::seed_from_gtest(74);
@@ -353,7 +354,7 @@ TEST(CudnnPackedAttention, MlaPackedRowsMatchFlash) {
   double worst = 0;
   for (size_t i = 0; i < fast.size(); ++i) {
     const double e = rel_norm_diff(fast[i], copied[i]);
-    EXPECT_LT(e, 5e-3) << "V in kv against V copied, tensor " << i;
+    EXPECT_LT(e, 1e-6) << "V in kv against V copied, tensor " << i;
     worst = std::max(worst, e);
   }
   std::printf("[measured] MLA packed rows bf16 on cuDNN, V in kv's rows vs copied: %.2e\n", worst);

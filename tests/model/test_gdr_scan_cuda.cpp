@@ -1409,7 +1409,8 @@ TEST(GdrScanCuda, L2NormInsideTheCoreMatchesTheNormBefore) {
       // the norm's own backward runs after it.
       {1, 300, 2, 96, 192, {0, 17, 150, 151, 300}, true, true, false, false},
       {2, 150, 3, 96, 192, {}, true, true, true},                      // dense, a ragged chunk
-      {2, 150, 3, 128, 128, {}, true, true, false},                    // moe-1b's dk: the norm's kernel
+      {2, 150, 3, 128, 128, {}, true, true, false},   // moe-1b's dk: the norm's own backward after the tail
+      {2, 150, 2, 32, 64, {}, true, true, false},     // dk 32: the norm's kernel forward (not the front's)
       {1, 300, 2, 128, 128, {0, 17, 150, 151, 300}, false, false, false},  // fp32 q, k
       {2, 150, 2, 36, 40, {}, false, false, false},                    // sizes the fused kernels do not take
   };
@@ -1456,10 +1457,10 @@ TEST(GdrScanCuda, L2NormInsideTheCoreMatchesTheNormBefore) {
     const int64_t taken = model::gdr_tail_norm_launches(), front_norms = model::gdr_front_norms();
     const auto inside = run(true, false);
     EXPECT_EQ(model::gdr_tail_norm_launches() - taken, c.in_tail ? 1 : 0) << name;
-    // The forward's norm inside the front kernel on the 16-bit path (dk a multiple of 32): the norm
+    // The forward's norm inside the front kernel on the 16-bit path (dk 64, 96, 128): the norm
     // kernel's arithmetic in its order, so every result is the same bits as with that kernel, but
     // for dβ and dg, the tail's atomic sums (1e-6).
-    const bool in_front = c.bf16 && c.tf32_scan && c.dk % 32 == 0;
+    const bool in_front = c.bf16 && c.tf32_scan && (c.dk == 64 || c.dk == 96 || c.dk == 128);
     EXPECT_EQ(model::gdr_front_norms() - front_norms, in_front ? 1 : 0) << name << ": the front's norm";
     if (in_front) {
       model::gdr_l2norm_in_front(false);
