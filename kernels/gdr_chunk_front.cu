@@ -128,11 +128,12 @@ __device__ __forceinline__ void scaled_tm_times_bf16(float (&acc)[kN][4], const 
 }
 
 // L2Norm of the staged rows of Q and K (GdrChunkFrontArgs::q_norm), 16-bit T, dk 64, 96 or 128: the
-// arithmetic of kernels/l2_norm.cu's pair kernel, in its order, so y and r are that kernel's bits. Half a warp a row; lane l of the half holds the pairs at columns 2l + 32p; r =
-// 1/sqrt(Σ x² + eps) by a half-warp sum, y = x · r rounded to T back into the staged row and to
-// q_norm / k_norm; qg_pair / kd_pair get y (as fp32) to write Qg and Kd from; r goes to q_rstd /
-// k_rstd. Rows past the chunk's length (zeros) give zero y and write only Qg and Kd. The caller
-// has synchronised after staging; the block synchronises after this before the rows are read.
+// arithmetic of kernels/l2_norm.cu's pair kernel, in its order, so y and r are that kernel's bits.
+// Half a warp a row; lane l of the half holds the pairs at columns 2l + 32p; r = 1/sqrt(Σ x² +
+// eps) by a half-warp sum, y = x · r rounded to T back into the staged row and to q_norm / k_norm;
+// qg_pair / kd_pair get y (as fp32) to write Qg and Kd from; r goes to q_rstd / k_rstd. Rows past
+// the chunk's length (zeros) give zero y and write only Qg and Kd. The caller has synchronised
+// after staging; the block synchronises after this before the rows are read.
 template <typename T, class QgPair, class KdPair>
 __device__ __forceinline__ void normalise_qk(T* Q_s, T* K_s, int pk, int dk, int64_t start, int len, int64_t H,
                                              int64_t h, const GdrChunkFrontArgs& a, QgPair qg_pair, KdPair kd_pair) {

@@ -220,11 +220,10 @@ class MlaQkvFn : public torch::autograd::Function<MlaQkvFn> {
     auto zeros = [&](int64_t width) { return torch::zeros({B, T, nh, width}, any->options()); };
     auto opt = any->options().memory_format(at::MemoryFormat::Contiguous);
     // dq is Q's gradient with its rope columns turned back in place, where Q's gradient is a
-    // contiguous buffer nothing else holds (cuDNN's); dkv the rows V's gradient sits in, where it
-    // sits in rows of kv's width (cuDNN's, for a V viewed in kv): kv's other columns are filled in.
-    // dq is written over Q's gradient only where that tensor itself has no other holder either: two
-    // references are this call's (CppNode hands backward a copy of its own list); a third (a hook,
-    // a gradient handed to two inputs) would see it change.
+    // contiguous buffer nothing else holds (cuDNN's), nor the tensor itself: two references are this
+    // call's (CppNode hands backward a copy of its own list), a third (a hook, a gradient handed to
+    // two inputs) would see it change. dkv is the rows V's gradient sits in, where it sits in rows of
+    // kv's width (cuDNN's, for a V viewed in kv): only kv's other columns are written there.
     const bool dq_in_place = sole_rows_at(grads[0], dqk, 0) && grads[0].use_count() <= 2;
     const bool dkv_in_place = kv_row == dn + dva && sole_rows_at(grads[2], dn + dva, dn);
     auto dQ = dq_in_place ? grads[0] : (grads[0].defined() ? unit_last(grads[0]) : zeros(dqk));

@@ -386,8 +386,8 @@ variable_list input_grads_kernel(const Ctx& c, const Prep& p, const Upstream& u,
 
 // with_solve = false (the backward's recompute): Kd, Qg, P and decay only. bf16: W, U, Kd, Qg and P
 // rounded to bf16 (Tm and decay stay fp32).
-// With norm (front_may_take_norm and front_takes_norm held for ki), the front takes L2Norm of q and k (its inputs
-// x) itself and returns their normalised rows and scales too.
+// With norm (front_may_take_norm and front_takes_norm held for ki), the front takes L2Norm of q and
+// k (its inputs x) itself and returns their normalised rows and scales too.
 ForwardFront forward_front_kernel(const Ctx& c, const KernelInputs& ki, bool with_solve, bool bf16,
                                   const GdrQkNorm* norm = nullptr) {
   const int64_t N = c.l.n_chunks, H = c.H, C = c.l.C;
@@ -431,7 +431,6 @@ ForwardFront forward_front_kernel(const Ctx& c, const KernelInputs& ki, bool wit
                       "gated delta rule fused front");
   return f;
 }
-
 
 // dA_raw, dRw and dRu from Tm, dW and dU in one kernel (kernels/gdr_chunk_solve_backward.h). dA_raw
 // holds its strictly lower triangle (all the masks' backward reads) and zeros above it within the
@@ -592,6 +591,7 @@ bool bf16_front(const Ctx& c) {
          gdr_scan_takes_bf16_inputs(c.l.scan, c.l.C, c.dk, c.dv);
 }
 
+#if defined(DD_HAVE_CUDA)
 // Whether the fused front may take L2Norm of q_in and k_in (the norm's inputs) for the core's
 // qk_norm: the switch, the 16-bit path (the bf16 front) and q and k in the dtype the norm emits;
 // front_takes_norm then asks the kernel about the sizes and layout.
@@ -600,7 +600,6 @@ bool front_may_take_norm(const Ctx& c, const torch::Tensor& q_in, const torch::T
          k_in.scalar_type() == norm.dtype && (norm.dtype == torch::kBFloat16 || norm.dtype == torch::kHalf);
 }
 
-#if defined(DD_HAVE_CUDA)
 // Whether the fused front kernel takes the norm for q and k as ki holds them
 // (kernels::gdr_chunk_front_takes_norm).
 bool front_takes_norm(const Ctx& c, const KernelInputs& ki) {

@@ -100,10 +100,11 @@ MlaQkv MLAImpl::attention_inputs(const torch::Tensor& u, const Positions& p, boo
   const bool v_view = !pad_v && p.varlen() && g_v_view && kv.is_contiguous() &&
                       packed_attention_takes_narrow_values(B, T, nh_, dn_ + dr_, dva_, kv.options(), scale(), p,
                                                            /*v_head_stride=*/dn_ + dva_);
-  const bool narrow =
-      v_view ||
-      (!pad_v && (p.varlen() ? packed_attention_takes_narrow_values(B, T, nh_, dn_ + dr_, dva_, kv.options(), scale(), p)
-                             : dense_attention_takes_narrow_values(B, T, nh_, dn_ + dr_, dva_, kv.options(), scale())));
+  const auto takes_narrow = [&] {
+    return p.varlen() ? packed_attention_takes_narrow_values(B, T, nh_, dn_ + dr_, dva_, kv.options(), scale(), p)
+                      : dense_attention_takes_narrow_values(B, T, nh_, dn_ + dr_, dva_, kv.options(), scale());
+  };
+  const bool narrow = v_view || (!pad_v && takes_narrow());
   return mla_qkv(q_from_first(first[0], B, T), kv, a[1], dn_, p.pos, rope_, /*pad_v=*/!narrow, v_view);
 }
 

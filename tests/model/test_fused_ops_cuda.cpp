@@ -241,9 +241,9 @@ TEST(FusedOpsCuda, RopeQkvMatchesSplitAndRope) {
 // MLA's Q, K and V from its projections through one kernel each way (model::mla_qkv) against its
 // reference (split, RoPE, cat, expand, pad) on the same GPU: the outputs and the three inputs'
 // gradients, for base's and moe-1b's MLA widths (V padded, V at its own width as cuDNN's
-// attention takes it, copied or as kv's own columns), a V as wide as Q (no padding) and odd widths (narrow vector paths), on
-// packed positions, with q and kv as column slices of wider rows
-// and k_r a slice of the latent's row, as the layer hands them over.
+// attention takes it, copied or as kv's own columns), a V as wide as Q (no padding) and odd widths
+// (narrow vector paths), on packed positions, with q and kv as column slices of wider rows and k_r
+// a slice of the latent's row, as the layer hands them over.
 TEST(FusedOpsCuda, MlaQkvMatchesReference) {
   DD_REQUIRE_GPU();
   seed_from_gtest(83);
