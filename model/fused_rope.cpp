@@ -9,6 +9,7 @@
 
 #include "kernels/rope.h"
 #include "model/kernel_dtype.h"
+#include "model/sole_storage.h"
 #endif
 
 namespace model {
@@ -162,13 +163,9 @@ class FusedRopeQkvFn : public torch::autograd::Function<FusedRopeQkvFn> {
 // model/cudnn_attention.h).
 bool sole_rows_at(const torch::Tensor& g, int64_t head_row, int64_t col) {
   if (!g.defined() || g.dim() != 4 || g.stride(3) != 1 || g.stride(2) != head_row ||
-      g.stride(1) != g.size(2) * head_row || (g.size(0) > 1 && g.stride(0) != g.size(1) * g.stride(1)) ||
-      g.storage_offset() < col)
+      g.stride(1) != g.size(2) * head_row || (g.size(0) > 1 && g.stride(0) != g.size(1) * g.stride(1)))
     return false;
-  const auto& st = g.storage();
-  const int64_t rows_elems = g.size(0) * g.size(1) * g.size(2) * head_row;
-  return st.use_count() == 1 &&
-         st.nbytes() >= static_cast<size_t>((g.storage_offset() - col + rows_elems) * g.element_size());
+  return sole_storage_with_room(g, col, g.size(0) * g.size(1) * g.size(2) * head_row);
 }
 
 // MLA's Q, K and V from its projections' pieces; see mla_qkv. Inputs: q [B,T,nh,dn+dr], kv

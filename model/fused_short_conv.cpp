@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "model/gated_deltanet.h"
+#include "model/sole_storage.h"
 
 #if defined(DD_HAVE_CUDA)
 #include <c10/cuda/CUDAStream.h>
@@ -102,12 +103,10 @@ bool rest_gradient_has_room(const torch::Tensor& g, const torch::Tensor& y, int6
   const int64_t B = y.size(0), T = y.size(1), Wd = y.size(2), ld = y.stride(1);
   if (!g.defined() || g.scalar_type() != y.scalar_type() || g.device() != y.device() || g.dim() != 3 ||
       g.size(0) != B || g.size(1) != T || g.size(2) != Wd - C || g.stride(2) != 1 || g.stride(1) != ld ||
-      (B > 1 && g.stride(0) != T * ld) || g.storage_offset() < C)
+      (B > 1 && g.stride(0) != T * ld))
     return false;
-  // Only this gradient refers to the buffer, and the buffer holds all B·T rows.
-  const auto& st = g.storage();
-  return st.use_count() == 1 &&
-         st.nbytes() >= static_cast<size_t>((g.storage_offset() - C + B * T * ld) * g.element_size());
+  // Only this gradient refers to the buffer, and the buffer holds all B·T rows from their column 0.
+  return sole_storage_with_room(g, C, B * T * ld);
 }
 
 std::atomic<int64_t> gate_gradients_in_place{0};

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "model/linear.h"
+#include "model/sole_storage.h"
 #include "model/weight_shadow.h"
 
 #if defined(DD_HAVE_CUDA)
@@ -336,9 +337,8 @@ struct MixedLinearSplitFn : public torch::autograd::Function<MixedLinearSplitFn>
                                   int64_t padded, at::ScalarType dtype) {
     const at::Tensor& g0 = grads[0];
     bool in_place = g0.defined() && g0.scalar_type() == dtype && g0.dim() >= 2 && g0.stride(-1) == 1 &&
-                    g0.stride(-2) == padded && g0.numel() == N * split_sizes[0] && g0.storage().use_count() == 1 &&
-                    g0.storage().nbytes() >=
-                        static_cast<size_t>((g0.storage_offset() + N * padded) * g0.element_size());
+                    g0.stride(-2) == padded && g0.numel() == N * split_sizes[0] &&
+                    sole_storage_with_room(g0, 0, N * padded);
     // Leading dims stacked over the rows (one row stride for all N rows).
     for (int64_t d = g0.dim() - 3; in_place && d >= 0; --d)
       in_place = g0.stride(d) == g0.size(d + 1) * g0.stride(d + 1);
