@@ -3,6 +3,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -77,11 +78,12 @@ struct GradProduct {
   bool cast_add = false;
 };
 
-// The products that put each weight's block of g2ᵀ · x2 (g2 [N, Σ out_i], x2 [N, in]) into its
-// .grad: written where that is undefined, added otherwise. When no weight has a gradient yet, one
-// fp32 buffer takes the whole product and each .grad becomes a view of its rows. Every gradient
+// The products that put each weight's block of g2ᵀ · x2 (g2 [N, width], width Σ out_i or more
+// with zero columns past them, x2 [N, in]) into its .grad: written where that is undefined, added
+// otherwise. When no weight has a gradient yet, one fp32 buffer of `width` rows takes the whole
+// product (the padding's rows zero) and each .grad becomes a view of its rows. Every gradient
 // buffer is allocated here, on the caller's stream, so the products may run on another one.
-std::vector<GradProduct> plan_weight_grads(std::vector<at::Tensor>& weights, const at::Tensor& x2) {
+std::vector<GradProduct> plan_weight_grads(std::vector<at::Tensor>& weights, const at::Tensor& x2, int64_t width) {
   const int64_t in = x2.size(1);
   bool none_defined = true, all_need = true;
   for (const auto& w : weights) {
@@ -95,7 +97,7 @@ std::vector<GradProduct> plan_weight_grads(std::vector<at::Tensor>& weights, con
     return {};
   }
   if (none_defined && all_need) {
-    auto whole = torch::empty({total_rows(weights), in}, x2.options().dtype(at::kFloat));
+    auto whole = torch::empty({std::max(width, total_rows(weights)), in}, x2.options().dtype(at::kFloat));
     int64_t row = 0;
     for (auto& w : weights) {
       w.mutable_grad() = whole.narrow(0, row, w.size(0));
@@ -126,10 +128,12 @@ std::vector<GradProduct> plan_weight_grads(std::vector<at::Tensor>& weights, con
 }
 
 // g2 [N, cols], or padded with zero columns past cols (aligned_columns): then the whole product at
-// its width once, into fp32 rows, and each weight's block out of those.
+// its width once, into fp32 rows, and each weight's block out of those; or straight into one
+// product's buffer where that spans the whole width (plan_weight_grads' padded buffer).
 void run_grad_products(std::vector<GradProduct>& products, const at::Tensor& g2, int64_t cols, const at::Tensor& x2,
                        bool no_workspace) {
-  if (g2.size(1) != cols && !products.empty()) {
+  const bool one_whole_width = products.size() == 1 && products[0].col == 0 && products[0].rows == g2.size(1);
+  if (g2.size(1) != cols && !products.empty() && !one_whole_width) {
     auto whole = torch::empty({g2.size(1), x2.size(1)}, x2.options().dtype(at::kFloat));
     at_b_into_(whole, g2, x2, /*accumulate=*/false, no_workspace);
     for (auto& p : products) {
@@ -209,7 +213,7 @@ void save_scope_flags(AutogradContext* ctx, const at::Tensor& x, bool no_workspa
 // stream where the scope asked for it.
 void weight_grads(AutogradContext* ctx, std::vector<at::Tensor>& weights, const at::Tensor& g2, int64_t cols,
                   const at::Tensor& x2, bool no_workspace) {
-  auto products = plan_weight_grads(weights, x2);
+  auto products = plan_weight_grads(weights, x2, g2.size(1));
 #if defined(DD_HAVE_CUDA)
   if (!products.empty() && ctx->saved_data.count("grad_stream") > 0) {
     run_grad_products_aside(products, g2, cols, x2, no_workspace);
@@ -237,15 +241,17 @@ struct MixedLinearFn : public torch::autograd::Function<MixedLinearFn> {
     tensor_list ys, saved = {x2};
     size_t first = 0;
     for (const int64_t n : group_sizes) {
-      auto wh = shadowed_weight_blocks(weights.slice(first, n), dtype);  // [Σ out_i, in], kept current by AdamW
+      const auto group = weights.slice(first, n);
       first += n;
       auto shape = x.sizes().vec();
-      const int64_t cols = wh.size(0), padded = aligned_columns(cols, x2);
+      const int64_t cols = total_rows(group.vec()), padded = aligned_columns(cols, x2);
+      // [Σ out_i, in] kept current by AdamW, with its zero rows to `padded` where the shadow has them.
+      auto wh = shadowed_weight_blocks(group, dtype, padded);
       shape.back() = cols;
       if (padded == cols) {
         ys.push_back(product(x2, wh, /*b_trans=*/true, no_workspace).view(shape));
       } else {
-        wh = at::constant_pad_nd(wh, {0, 0, 0, padded - cols}, 0);  // zero rows past cols
+        if (wh.size(0) != padded) wh = at::constant_pad_nd(wh, {0, 0, 0, padded - cols}, 0);  // zero rows past cols
         ys.push_back(product(x2, wh, /*b_trans=*/true, no_workspace).narrow(1, 0, cols).contiguous().view(shape));
       }
       saved.push_back(wh);
@@ -308,9 +314,9 @@ struct MixedLinearSplitFn : public torch::autograd::Function<MixedLinearSplitFn>
     ctx->set_materialize_grads(false);
     const auto x2 = product_rows(x, dtype);
     const bool no_workspace = no_workspace_active && x.is_cuda();
-    auto wh = shadowed_weight_blocks(weights, dtype);  // [Σ out_i, in]
-    const int64_t cols = wh.size(0), padded = aligned_columns(cols, x2);
-    if (padded != cols) wh = at::constant_pad_nd(wh, {0, 0, 0, padded - cols}, 0);  // zero rows past cols
+    const int64_t cols = total_rows(weights.vec()), padded = aligned_columns(cols, x2);
+    auto wh = shadowed_weight_blocks(weights, dtype, padded);  // [Σ out_i, in], or the shadow's padded rows
+    if (wh.size(0) != padded) wh = at::constant_pad_nd(wh, {0, 0, 0, padded - cols}, 0);  // zero rows past cols
     const auto y = product(x2, wh, /*b_trans=*/true, no_workspace);  // [N, padded]
     tensor_list ys;
     int64_t col = 0;

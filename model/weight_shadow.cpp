@@ -25,7 +25,9 @@ struct Group {
   std::vector<int64_t> versions;       // each weight's version when the shadow was last written whole
   std::vector<const void*> data;       // and its data pointer then
   std::vector<int64_t> row_offsets;    // each weight's first row in the buffer (per expert when stacked)
-  at::Tensor buffer;                   // [Σ out_i, in], or [E, Σ out_i, in] for experts, in the group's dtype
+  int64_t rows = 0;                    // Σ out_i
+  at::Tensor buffer;                   // [Σ out_i, in], or [E, Σ out_i, in] for experts, in the group's dtype;
+                                       // plain weights' may have zero rows past Σ out_i (padded_rows)
   bool current = false;                // false: recast before the next use (invalidate_weight_shadows)
 };
 
@@ -67,7 +69,8 @@ bool up_to_date(const Group& g) {
 // capture's eager fallback, or the refresh before the first replay, casts it for real).
 void recast(Group& g, at::TensorList weights) {
   torch::NoGradGuard no_grad;  // the cat fallback must not record autograd history into the buffer
-  cast_weight_blocks_into(g.buffer, weights);
+  at::Tensor weight_rows = g.buffer.size(-2) == g.rows ? g.buffer : g.buffer.narrow(-2, 0, g.rows);
+  cast_weight_blocks_into(weight_rows, weights);
   g.buffer.unsafeGetTensorImpl()->bump_version();
   ++casts;
   if (g.buffer.is_cuda() && cuda_stream_capturing()) return;
@@ -97,7 +100,7 @@ void prune_expired() {
 }
 
 // Both kinds of groups: plain weights [out_i, in] (dims 2) or stacked experts [E, out_i, in] (dims 3).
-at::Tensor shadowed_blocks(at::TensorList weights, at::ScalarType dtype, int64_t dims) {
+at::Tensor shadowed_blocks(at::TensorList weights, at::ScalarType dtype, int64_t dims, int64_t padded_rows) {
   TORCH_CHECK(!weights.empty(), "shadowed_weight_blocks: no weights");
   // Any device: the trainer only reaches this on a GPU (model/mixed_linear.h), and on the CPU the
   // same bookkeeping is tested without one.
@@ -135,25 +138,30 @@ at::Tensor shadowed_blocks(at::TensorList weights, at::ScalarType dtype, int64_t
     }
     g.versions.assign(weights.size(), -1);
     g.data.assign(weights.size(), nullptr);
-    std::vector<int64_t> shape{rows, weights[0].size(-1)};
+    g.rows = rows;
+    const int64_t buffer_rows = dims == 2 && padded_rows > rows ? padded_rows : rows;
+    std::vector<int64_t> shape{buffer_rows, weights[0].size(-1)};
     if (dims == 3) shape.insert(shape.begin(), weights[0].size(0));
     g.buffer = torch::empty(shape, weights[0].options().dtype(dtype));
+    if (buffer_rows > rows) g.buffer.narrow(0, rows, buffer_rows - rows).zero_();
     it = groups.emplace(key, std::move(g)).first;
     for (size_t i = 0; i < weights.size(); ++i) owners[weights[i].unsafeGetTensorImpl()] = {key, i};
   }
   Group& g = it->second;
   if (!up_to_date(g)) recast(g, weights);
-  return g.buffer;
+  // The padding's rows only for a caller that asks for that width.
+  if (g.buffer.size(-2) == g.rows || g.buffer.size(-2) == padded_rows) return g.buffer;
+  return g.buffer.narrow(-2, 0, g.rows);
 }
 
 }  // namespace
 
-at::Tensor shadowed_weight_blocks(at::TensorList weights, at::ScalarType dtype) {
-  return shadowed_blocks(weights, dtype, 2);
+at::Tensor shadowed_weight_blocks(at::TensorList weights, at::ScalarType dtype, int64_t padded_rows) {
+  return shadowed_blocks(weights, dtype, 2, padded_rows);
 }
 
 at::Tensor shadowed_expert_blocks(at::TensorList weights, at::ScalarType dtype) {
-  return shadowed_blocks(weights, dtype, 3);
+  return shadowed_blocks(weights, dtype, 3, 0);
 }
 
 at::Tensor weight_shadow_of(const at::Tensor& weight) {

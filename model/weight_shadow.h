@@ -30,7 +30,13 @@ namespace model {
 // Falls back to cast_weight_blocks (nothing kept) when shadows are off, while a CUDA graph is being
 // captured and the group has no shadow yet, for a weight already shadowed in another group, or for
 // weights that are not 2-D contiguous fp32 of one device and width.
-at::Tensor shadowed_weight_blocks(at::TensorList weights, at::ScalarType dtype);
+// With padded_rows above Σ out_i, a group's first call allocates its shadow with zero rows past the
+// weights' up to padded_rows (never written again: the optimizer and the recasts write the weights'
+// rows only), and every call for it returns all padded_rows rows: a product at an aligned width
+// (model/mixed_linear.cpp) reads them as they are, where a padded copy of the weights cost a pass
+// over them a forward. A group allocated narrower, or no shadow, returns Σ out_i rows; the caller
+// pads those itself.
+at::Tensor shadowed_weight_blocks(at::TensorList weights, at::ScalarType dtype, int64_t padded_rows = 0);
 
 // The same for stacked experts' weights, each [E, out_i, in] (MoE gate and up): [E, Σ out_i, in],
 // the same values as cast_weight_blocks(weights, dtype), under the same rules (3-D contiguous fp32

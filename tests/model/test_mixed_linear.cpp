@@ -370,6 +370,40 @@ TEST(WeightShadow, KeptWhileCurrentRecastWhenAWeightChanges) {
   EXPECT_FALSE(model::weight_shadow_of(b).defined());
 }
 
+// A shadow made with padded rows (a product at an aligned width): the weights' rows are the cast,
+// the rows past them zero and left so through recasts; each weight's shadow is its block; a call
+// at the weights' own width gets a view of their rows; a group made unpadded stays so.
+TEST(WeightShadow, PaddedRowsStayZeroThroughRecasts) {
+  seed(11);
+  model::clear_weight_shadows();
+  auto a = torch::randn({12, 8}), b = torch::randn({5, 8});
+  std::vector<torch::Tensor> group = {a, b};
+  auto fresh = [&] { return model::cast_weight_blocks(group, at::kBFloat16); };
+  auto s1 = model::shadowed_weight_blocks(group, at::kBFloat16, 24);
+  ASSERT_EQ(s1.sizes(), (std::vector<int64_t>{24, 8}));
+  EXPECT_TRUE(torch::equal(s1.narrow(0, 0, 17), fresh()));
+  EXPECT_TRUE(torch::equal(s1.narrow(0, 17, 7), torch::zeros({7, 8}, s1.options()))) << "padding rows";
+  EXPECT_EQ(model::weight_shadow_of(b).data_ptr(), s1.narrow(0, 12, 5).data_ptr());
+  auto unpadded = model::shadowed_weight_blocks(group, at::kBFloat16);
+  EXPECT_EQ(unpadded.sizes(), (std::vector<int64_t>{17, 8}));
+  EXPECT_EQ(unpadded.data_ptr(), s1.data_ptr());
+  {
+    torch::NoGradGuard no_grad;
+    b.mul_(-3.0);
+  }
+  auto s2 = model::shadowed_weight_blocks(group, at::kBFloat16, 24);
+  EXPECT_EQ(s2.data_ptr(), s1.data_ptr()) << "the kept buffer";
+  EXPECT_TRUE(torch::equal(s2.narrow(0, 0, 17), fresh())) << "recast";
+  EXPECT_TRUE(torch::equal(s2.narrow(0, 17, 7), torch::zeros({7, 8}, s2.options()))) << "padding after the recast";
+
+  auto c = torch::randn({3, 8});
+  std::vector<torch::Tensor> narrow_first = {c};
+  EXPECT_EQ(model::shadowed_weight_blocks(narrow_first, at::kBFloat16).size(0), 3);
+  EXPECT_EQ(model::shadowed_weight_blocks(narrow_first, at::kBFloat16, 8).size(0), 3)
+      << "a group made at its own width has no padding rows to hand out";
+  model::clear_weight_shadows();
+}
+
 // A group whose weights are gone is pruned when the next group is made: its buffer goes with it.
 TEST(WeightShadow, GroupsOfDroppedWeightsArePruned) {
   seed(10);

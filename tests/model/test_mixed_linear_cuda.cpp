@@ -125,6 +125,47 @@ TEST(MixedLinearCuda, UnalignedWidthsTakeEveryGradientPlan) {
   }
 }
 
+// The split product at an unaligned width (11 columns, run at 16: the Gated DeltaNet's q|k|v|g|a|b)
+// with new gradients, in line and on the weight-gradient stream: the weights' shadow carries the
+// zero rows to 16 (no padded copy a forward), and the GEMM writes the whole padded gradient into
+// one buffer whose first rows are the weights' .grad (no copy out of a temporary). Against fp64:
+// the outputs and x's gradient within 8e-3, the weight gradients within 2e-5.
+TEST(MixedLinearCuda, UnalignedSplitReadsPaddedShadowAndWritesPaddedGradients) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(94);
+  const int64_t in = 64;
+  for (const bool aside : {false, true}) {
+    model::clear_weight_shadows();
+    auto w1 = (torch::randn({6, in}, torch::kCUDA) * 0.1).requires_grad_(true);
+    auto w2 = (torch::randn({5, in}, torch::kCUDA) * 0.1).requires_grad_(true);
+    auto x = torch::randn({2, 77, in}, torch::kCUDA).to(at::kBFloat16).requires_grad_(true);
+    auto g1 = torch::randn({2, 77, 6}, torch::kCUDA).to(at::kBFloat16);
+    auto g2 = torch::randn({2, 77, 5}, torch::kCUDA).to(at::kBFloat16);
+    std::vector<torch::Tensor> ys;
+    {
+      const model::WeightGradInPlaceScope scope(true, /*grad_stream=*/aside);
+      ys = model::mixed_linear_split(x, {w1, w2}, {6, 5}, at::kBFloat16);
+      torch::autograd::backward({ys[0], ys[1]}, {g1, g2});
+    }
+    model::join_weight_grad_stream(x.device());
+    const std::string what = aside ? "on the weight-gradient stream" : "in line";
+    const auto shadow = model::shadowed_weight_blocks({w1, w2}, at::kBFloat16, 16);
+    ASSERT_EQ(shadow.size(0), 16) << what;
+    EXPECT_TRUE(torch::equal(shadow.narrow(0, 11, 5), torch::zeros({5, in}, shadow.options()))) << what;
+    ASSERT_TRUE(w1.grad().defined() && w2.grad().defined()) << what;
+    EXPECT_EQ(w1.grad().storage().nbytes(), static_cast<size_t>(16 * in * 4)) << what << ": one padded buffer";
+    EXPECT_TRUE(w2.grad().storage().is_alias_of(w1.grad().storage())) << what;
+    const auto f64 = [](const torch::Tensor& t) { return t.detach().to(torch::kFloat64); };
+    const auto wc = f64(torch::cat({w1, w2}, 0).to(at::kBFloat16));
+    const auto x2 = f64(x).reshape({-1, in}), gc = torch::cat({f64(g1), f64(g2)}, 2).reshape({-1, 11});
+    EXPECT_LT(rel_norm_diff(torch::cat({ys[0], ys[1]}, 2).reshape({-1, 11}), x2.mm(wc.t())), 8e-3) << what;
+    EXPECT_LT(rel_norm_diff(x.grad().reshape({-1, in}), gc.mm(wc)), 8e-3) << what << ": x gradient";
+    EXPECT_LT(rel_norm_diff(w1.grad(), gc.narrow(1, 0, 6).t().mm(x2)), 2e-5) << what << ": w1";
+    EXPECT_LT(rel_norm_diff(w2.grad(), gc.narrow(1, 6, 5).t().mm(x2)), 2e-5) << what << ": w2";
+  }
+  model::clear_weight_shadows();
+}
+
 // Two groups over one x on the GPU (the Gated DeltaNet layer's q|k|v|gate and a|b products), with
 // and without cuBLAS's workspace: the outputs and weight gradients equal separate calls' bit for
 // bit, and x's gradient, summed by the second GEMM, is within bf16's rounding of the fp64 sum.
