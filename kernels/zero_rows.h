@@ -18,6 +18,12 @@ int zero_unnamed_rows_f32(float* x, int64_t M, int64_t D, const int32_t* row_of,
 // The same for rows of 16-bit elements (bf16 or fp16: zero is the same bits).
 int zero_unnamed_rows_16bit(void* x, int64_t M, int64_t D, const int32_t* row_of, int64_t n, uint8_t* named,
                             void* stream);
+// The same when the caller has the unnamed rows as a list: rows [n] int32, each a row of x (not
+// checked), zeroed; no other row is touched. One launch, a warp a listed row (a fixed chunk
+// layout's padding rows, model/gdr_plan_slots.h, where marking the named rows first took two
+// launches and a pass over every row's mark in each layer).
+int zero_listed_rows_f32(float* x, int64_t D, const int32_t* rows, int64_t n, void* stream);
+int zero_listed_rows_16bit(void* x, int64_t D, const int32_t* rows, int64_t n, void* stream);
 #endif
 
 }  // namespace kernels

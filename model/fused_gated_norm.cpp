@@ -105,7 +105,7 @@ class GatedRmsNormFn : public torch::autograd::Function<GatedRmsNormFn> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& o, const torch::Tensor& z,
                                const torch::Tensor& w, double eps, int64_t out_dtype,
-                               const std::optional<torch::Tensor>& o_row) {
+                               const std::optional<torch::Tensor>& o_row, const std::optional<torch::Tensor>& pad_rows) {
     const auto yt = static_cast<torch::ScalarType>(out_dtype);
     auto oc = o.contiguous();
     auto row = o_row.has_value() ? o_row->contiguous() : torch::Tensor();
@@ -122,6 +122,7 @@ class GatedRmsNormFn : public torch::autograd::Function<GatedRmsNormFn> {
     ctx->save_for_backward({oc, z, wf, rstd});
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
     if (row.defined()) ctx->saved_data["o_row"] = row;
+    if (pad_rows.has_value()) ctx->saved_data["pad_rows"] = *pad_rows;
     return y;
   }
 
@@ -134,7 +135,15 @@ class GatedRmsNormFn : public torch::autograd::Function<GatedRmsNormFn> {
     // Rows of o no (token, head) reads (chunk padding) get zero gradient, written by a pass over
     // those rows alone; a permutation of o's rows writes every one.
     auto d_o = torch::empty_like(o);
-    if (row.defined() && rows.N != o.size(0)) {
+    if (row.defined() && rows.N != o.size(0) && ctx->saved_data.count("pad_rows")) {
+      const auto pad = ctx->saved_data["pad_rows"].toTensor();
+      const int err = o.scalar_type() == torch::kFloat32
+                          ? kernels::zero_listed_rows_f32(d_o.data_ptr<float>(), o.size(1), pad.data_ptr<int32_t>(),
+                                                          pad.numel(), stream_of(o))
+                          : kernels::zero_listed_rows_16bit(d_o.data_ptr(), o.size(1), pad.data_ptr<int32_t>(),
+                                                            pad.numel(), stream_of(o));
+      check_kernel_launch(err, "gated RMSNorm backward: padding rows by list");
+    } else if (row.defined() && rows.N != o.size(0)) {
       auto named = torch::empty({o.size(0)}, o.options().dtype(torch::kUInt8));
       const int32_t* row_of = row.data_ptr<int32_t>();
       uint8_t* marks = named.data_ptr<uint8_t>();
@@ -159,7 +168,7 @@ class GatedRmsNormFn : public torch::autograd::Function<GatedRmsNormFn> {
                                                 rows.D, stream_of(o)),
                         "gated RMSNorm weight gradient");
     dw = dw.to(static_cast<torch::ScalarType>(ctx->saved_data["w_dtype"].toInt()));
-    return {d_o, dz, dw, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {d_o, dz, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -183,19 +192,26 @@ torch::Tensor gated_rms_norm(const torch::Tensor& o, const torch::Tensor& z, con
   check_shapes(o.sizes(), z, w);
 #if defined(DD_HAVE_CUDA)
   if (kernels_apply(o, z, w, out_dtype)) {
-    return GatedRmsNormFn::apply(o, z, w, eps, static_cast<int64_t>(out_dtype), std::nullopt);
+    return GatedRmsNormFn::apply(o, z, w, eps, static_cast<int64_t>(out_dtype), std::nullopt, std::nullopt);
   }
 #endif
   return gated_rms_norm_reference(o, z, w, eps, out_dtype);
 }
 
 torch::Tensor gated_rms_norm_rows(const torch::Tensor& o_rows, const torch::Tensor& o_row, const torch::Tensor& z,
-                                  const torch::Tensor& w, double eps, torch::ScalarType out_dtype) {
+                                  const torch::Tensor& w, double eps, torch::ScalarType out_dtype,
+                                  const torch::Tensor& pad_rows) {
   check_rows(o_rows, o_row);
 #if defined(DD_HAVE_CUDA)
   if (o_row.is_cuda() && o_row.numel() > 0 && kernels_apply(o_rows, z, w, out_dtype)) {
     check_shapes(token_order_sizes(o_row, o_rows.size(1)), z, w);
-    return GatedRmsNormFn::apply(o_rows, z, w, eps, static_cast<int64_t>(out_dtype), std::optional<torch::Tensor>(o_row));
+    // The padding rows' list only as its producer describes it: int32 on o_rows' device, one row
+    // for each row o_row leaves out.
+    const bool list = pad_rows.defined() && pad_rows.is_cuda() && pad_rows.device() == o_rows.device() &&
+                      pad_rows.scalar_type() == torch::kInt32 && pad_rows.dim() == 1 && pad_rows.is_contiguous() &&
+                      pad_rows.numel() + o_row.numel() == o_rows.size(0);
+    return GatedRmsNormFn::apply(o_rows, z, w, eps, static_cast<int64_t>(out_dtype), std::optional<torch::Tensor>(o_row),
+                                 list ? std::optional<torch::Tensor>(pad_rows) : std::nullopt);
   }
 #endif
   return gated_rms_norm_rows_reference(o_rows, o_row, z, w, eps, out_dtype);

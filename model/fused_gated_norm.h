@@ -21,11 +21,15 @@ torch::Tensor gated_rms_norm(const torch::Tensor& o, const torch::Tensor& z, con
 // [B,T,H] int32, the row of o_rows that holds head h of token (b, t); rows no entry names (the
 // delta rule's chunk padding) are read by nobody and get zero gradient. On a GPU the kernels read
 // and write those rows in place, so o never exists in token order; elsewhere, and as the
-// reference, o_rows.index_select(0, o_row) and the formula above.
+// reference, o_rows.index_select(0, o_row) and the formula above. pad_rows (optional: int32 on
+// o_rows' device) lists exactly the rows o_row does not name, when the caller has it (a fixed
+// chunk layout's GdrChunkLayout::pad_rows): the backward then zeroes those rows' gradient by the
+// list instead of working them out from o_row first.
 torch::Tensor gated_rms_norm_rows_reference(const torch::Tensor& o_rows, const torch::Tensor& o_row,
                                             const torch::Tensor& z, const torch::Tensor& w, double eps,
                                             torch::ScalarType out_dtype);
 torch::Tensor gated_rms_norm_rows(const torch::Tensor& o_rows, const torch::Tensor& o_row, const torch::Tensor& z,
-                                  const torch::Tensor& w, double eps, torch::ScalarType out_dtype);
+                                  const torch::Tensor& w, double eps, torch::ScalarType out_dtype,
+                                  const torch::Tensor& pad_rows = {});
 
 }  // namespace model

@@ -159,6 +159,10 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
     out.h = h_final;
     out.o_rows = core.O.reshape({-1, dv});
     out.o_row = gdr_chunk_token_rows(layout, H, q.device());
+    if (layout.pad_rows.defined() && layout.token_rows.defined() && layout.token_rows.size(1) == H &&
+        layout.pad_rows.device() == q.device()) {
+      out.o_pad_rows = layout.pad_rows;
+    }
     return out;
   }
   return {direct_tokens ? core.O : gdr_scatter_chunks(core.O, layout), h_final};

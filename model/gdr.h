@@ -38,6 +38,9 @@ struct GdrOutput {
   // int32, the row of each (token, head) (gated_rms_norm_rows reads them in place). The rows are in
   // the compute dtype, or bf16 on the 16-bit path (model::gdr_bf16_output).
   torch::Tensor o_rows{}, o_row{};
+  // With a fixed layout (model/gdr_plan_slots.h), the rows of o_rows o_row does not name
+  // (GdrChunkLayout::pad_rows), for the output norm's backward to zero; else undefined.
+  torch::Tensor o_pad_rows{};
 };
 
 // Inputs of both functions:

@@ -33,6 +33,10 @@ struct GdrChunkLayout {
   // fixed only: [B·T, heads] int32, gdr_chunk_token_rows's map for scan.heads heads, worked out on
   // the host with the other tables (a step's layers read it: no index kernels in each layer).
   torch::Tensor token_rows;
+  // fixed only: [N·heads·C − B·T·heads] int32, the rows of [N·heads·C, D] that token_rows does not
+  // name (chunk padding), ascending: what the output norm's backward zeroes, with no pass that
+  // marks the named rows in each layer.
+  torch::Tensor pad_rows;
 };
 
 // The fixed capacity of packed rows' layouts (gdr_chunk_layout_fixed): `chunks` chunks, `docs`

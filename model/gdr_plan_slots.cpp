@@ -32,6 +32,32 @@ torch::Tensor host_token_rows(const GdrChunkLayout& l, int64_t H) {
   return out;
 }
 
+// The rows of [n_chunks·H·C, D] that a token-rows map (host_token_rows') leaves out, ascending,
+// int32 on the CPU: every (token, head) names its own row, so there are n_chunks·H·C − T·H of them
+// for any batch at a fixed capacity.
+torch::Tensor host_pad_rows(const GdrChunkLayout& l, int64_t H, const torch::Tensor& token_rows) {
+  const int64_t rows = l.n_chunks * H * l.C;
+  std::vector<uint8_t> named(static_cast<size_t>(rows), 0);
+  const int32_t* r = token_rows.data_ptr<int32_t>();
+  for (int64_t i = 0; i < token_rows.numel(); ++i) named[static_cast<size_t>(r[i])] = 1;
+  auto out = torch::empty({rows - token_rows.numel()}, torch::kInt32);
+  int32_t* o = out.data_ptr<int32_t>();
+  int64_t n = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    if (named[static_cast<size_t>(i)]) continue;
+    TORCH_CHECK(n < out.numel(), "GdrPlanSlots: the token rows name a row twice");
+    o[n++] = static_cast<int32_t>(i);
+  }
+  return out;
+}
+
+// The two maps of one head count for the current plan into their device buffers.
+void fill_head_maps(torch::Tensor& rows, torch::Tensor& pad_rows, const GdrChunkLayout& l, int64_t H) {
+  const auto host_rows = host_token_rows(l, H);
+  copy_in(rows, host_rows);
+  copy_in(pad_rows, host_pad_rows(l, H, host_rows));
+}
+
 }  // namespace
 
 GdrPlanSlots::GdrPlanSlots(int64_t B, int64_t T, int64_t max_pieces, const torch::Device& device)
@@ -72,7 +98,7 @@ void GdrPlanSlots::upload(Slot& s, GdrChunkLayout host) {
   copy_in(s.step_off, i32(step_off));
   copy_in(s.doc_chunks, i32(doc_chunks));
   copy_in(s.doc_slot, torch::tensor(doc_slot, torch::kInt64));
-  for (auto& [heads, buf] : s.rows) copy_in(buf, host_token_rows(l, heads));
+  for (auto& m : s.maps) fill_head_maps(m.rows, m.pad_rows, l, m.heads);
 }
 
 GdrChunkLayout GdrPlanSlots::plan(const Slot& s, const torch::Tensor& cu) const {
@@ -107,20 +133,26 @@ GdrChunkLayout GdrPlanSlots::layout(int64_t H, int64_t C) {
     slot->cap = gdr_layout_capacity(B_, T_, C, max_pieces_);
     upload(*slot, plan(*slot, cu_));
   }
-  torch::Tensor* rows = nullptr;
-  for (auto& r : slot->rows) {
-    if (r.first == H) rows = &r.second;
+  Slot::HeadMaps* maps = nullptr;
+  for (auto& m : slot->maps) {
+    if (m.heads == H) maps = &m;
   }
-  if (rows == nullptr) {
+  if (maps == nullptr) {
     TORCH_CHECK(!(device_.is_cuda() && cuda_stream_capturing()), "GdrPlanSlots: ", H,
                 " heads were first asked for during a CUDA graph capture (the eager warm-up steps must ask first)");
-    slot->rows.emplace_back(H, torch::empty({B_ * T_, H}, torch::TensorOptions().dtype(torch::kInt32).device(device_)));
-    rows = &slot->rows.back().second;
-    copy_in(*rows, host_token_rows(slot->host, H));
+    const auto i32 = torch::TensorOptions().dtype(torch::kInt32).device(device_);
+    Slot::HeadMaps m;
+    m.heads = H;
+    m.rows = torch::empty({B_ * T_, H}, i32);
+    m.pad_rows = torch::empty({slot->host.n_chunks * H * C - B_ * T_ * H}, i32);
+    fill_head_maps(m.rows, m.pad_rows, slot->host, H);
+    slot->maps.push_back(std::move(m));
+    maps = &slot->maps.back();
   }
   GdrChunkLayout l = slot->host;
   l.scan.heads = H;
-  l.token_rows = *rows;
+  l.token_rows = maps->rows;
+  l.pad_rows = maps->pad_rows;
   l.token_slot = slot->token_slot;
   l.fixed = true;
   l.table = slot->table;

@@ -44,9 +44,14 @@ class GdrPlanSlots {
     GdrLayoutCapacity cap;
     GdrChunkLayout host;  // the current batch's plan (token_slot on the CPU)
     torch::Tensor token_slot, table, step_off, doc_chunks, doc_slot;  // device buffers
-    // gdr_chunk_token_rows's map for each head count asked for so far: (heads, [B·T, heads] int32
-    // device buffer), refilled from the host plan with the tables above.
-    std::vector<std::pair<int64_t, torch::Tensor>> rows;
+    // For each head count asked for so far: gdr_chunk_token_rows's map ([B·T, heads] int32) and the
+    // rows it leaves out (GdrChunkLayout::pad_rows), device buffers refilled from the host plan
+    // with the tables above.
+    struct HeadMaps {
+      int64_t heads = 0;
+      torch::Tensor rows, pad_rows;
+    };
+    std::vector<HeadMaps> maps;
   };
   GdrChunkLayout plan(const Slot& s, const torch::Tensor& cu) const;  // the host plan of cu at s's capacity
   void upload(Slot& s, GdrChunkLayout host);  // host becomes s's plan; its tables go into s's buffers

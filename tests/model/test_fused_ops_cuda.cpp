@@ -1204,13 +1204,13 @@ TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
       auto wide0 = (torch::randn({c.B, c.T, c.H * c.D + z_pad}, f32) * 2.0).to(dt);
       auto w0 = torch::rand({c.D}, f32) + 0.5;
       auto gy = torch::randn({c.B, c.T, c.H, c.D}, f32).to(dt);
-      auto run = [&](bool fused) {
+      auto run = [&](bool fused, const torch::Tensor& pad_rows = {}) {
         auto o = o0.clone().requires_grad_(true), wide = wide0.clone().requires_grad_(true);
         auto w = w0.clone().requires_grad_(true);
         auto z = wide.narrow(2, z_col, c.H * c.D);
         torch::Tensor y;
         if (rows) {
-          y = fused ? model::gated_rms_norm_rows(o, o_row, z, w, 1e-6, dt)
+          y = fused ? model::gated_rms_norm_rows(o, o_row, z, w, 1e-6, dt, pad_rows)
                     : model::gated_rms_norm_rows_reference(o, o_row, z, w, 1e-6, dt);
         } else {
           y = fused ? model::gated_rms_norm(o, z, w, 1e-6, dt) : model::gated_rms_norm_reference(o, z, w, 1e-6, dt);
@@ -1229,6 +1229,10 @@ TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
       if (rows) {
         auto unread = perm.narrow(0, N, M - N);
         EXPECT_EQ(got[1].index_select(0, unread).abs().max().item<float>(), 0.f) << "padding rows' gradient";
+        // With the padding rows handed over as a list (a fixed chunk layout's), the same bits.
+        const auto listed = run(true, unread.to(torch::kInt32).contiguous());
+        for (size_t i = 0; i < listed.size(); ++i)
+          EXPECT_TRUE(torch::equal(listed[i], got[i])) << "padding rows by list, output " << i << ", D " << c.D;
       }
       const char* names[] = {"y", "do", "dz", "dw"};
       const double tol = tol_for(dt);
@@ -1252,7 +1256,8 @@ TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
 // The padding rows' zero fill of the output norm's backward (kernels/zero_rows.h): on a matrix full
 // of 7s, exactly the rows the map does not name become 0 and every named row keeps its 7s; widths
 // with and without 16-byte vectors, a map naming every row, none, and with repeats; fp32 and bf16
-// rows (the 16-bit entry point).
+// rows (the 16-bit entry point). The listed form, given the unnamed rows in a shuffled list, leaves
+// the same matrix bit for bit.
 TEST(FusedOpsCuda, ZeroUnnamedRowsTouchesOnlyThoseRows) {
   DD_REQUIRE_GPU();
   seed_from_gtest(48);
@@ -1283,6 +1288,16 @@ TEST(FusedOpsCuda, ZeroUnnamedRowsTouchesOnlyThoseRows) {
     if (c.n < c.M) {
       EXPECT_EQ(zeroed.abs().max().item<float>(), 0.f) << what;
     }
+    auto listed = torch::full({c.M, c.D}, 7.0f, i64.dtype(dt));
+    auto unnamed = perm.narrow(0, c.n, c.M - c.n);
+    unnamed = unnamed.index_select(0, torch::randperm(unnamed.numel(), i64)).to(torch::kInt32).contiguous();
+    const int err_list = dt == torch::kFloat32
+                             ? kernels::zero_listed_rows_f32(listed.data_ptr<float>(), c.D, unnamed.data_ptr<int32_t>(),
+                                                             unnamed.numel(), model::stream_of(x))
+                             : kernels::zero_listed_rows_16bit(listed.data_ptr(), c.D, unnamed.data_ptr<int32_t>(),
+                                                               unnamed.numel(), model::stream_of(x));
+    model::check_kernel_launch(err_list, "zero_listed_rows");
+    EXPECT_TRUE(torch::equal(listed, x)) << what << ": the listed form";
   }
 }
 

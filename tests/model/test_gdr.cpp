@@ -295,6 +295,14 @@ TEST(Gdr, FixedCapacityPlanMatchesTheBatchPlan) {
       EXPECT_TRUE(torch::equal(model::gdr_chunk_token_rows(lh, heads, torch::kCPU),
                                model::gdr_chunk_token_rows(formula, heads, torch::kCPU)))
           << "packing with " << packing.size() - 1 << " pieces, " << heads << " heads";
+      // The padding rows' list: ascending, the rows the map leaves out, all of them.
+      const int64_t rows = lh.n_chunks * heads * C;
+      ASSERT_TRUE(lh.pad_rows.defined());
+      ASSERT_EQ(lh.pad_rows.numel(), rows - T * heads);
+      auto both = torch::cat({lh.token_rows.reshape({-1}), lh.pad_rows}).to(torch::kInt64);
+      EXPECT_TRUE(torch::equal(std::get<0>(both.sort()), torch::arange(rows, torch::kInt64)))
+          << "token rows and padding rows together name every row once, " << heads << " heads";
+      EXPECT_TRUE(torch::equal(lh.pad_rows, std::get<0>(lh.pad_rows.sort()))) << "ascending";
     }
     EXPECT_EQ(l.n_chunks, cap.chunks);
     EXPECT_EQ(l.scan.n_docs, cap.docs);
