@@ -12,6 +12,7 @@
 // more rows are in flight than registers allow.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <type_traits>
 
@@ -185,6 +186,81 @@ __global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_forward_regs_kernel
         store_run<kVec>(y + n * D, c, out);
       }
     }
+  }
+}
+
+// The forward for 16-bit o, z and y of one type, D a multiple of 8 up to 256, every row start
+// aligned to 16 bytes: four rows a warp, eight lanes a row, each lane kJ 16-byte pieces of its row
+// (piece p of a row's D / 8 at lane p % 8, slot p / 8), so a row's sum of squares takes three
+// shuffles within its eight lanes. The register kernel above holds one row a warp, its loads
+// waiting on the row's o_row entry first: two memory latencies a row with one row in flight a
+// warp. Here each warp has four rows' loads in flight at once, and the o_row entries of its next
+// four rows are loaded a group ahead. w is read from shared memory (in registers it took 24 of
+// them at D = 192 and spilled under four blocks an SM).
+template <typename T, int kJ>
+__global__ void __launch_bounds__(kWarps * 32, 4) gated_rmsnorm_forward_groups_kernel(T* y, float* rstd, const T* o,
+                                                                                   const T* z, const float* w,
+                                                                                   GatedNormRows rows, float eps) {
+  const int lane = threadIdx.x % 32, sub = lane / 8, sl = lane % 8;
+  const int D = static_cast<int>(rows.D), pieces = D / 8;
+  __shared__ __align__(16) float w_s[64 * kJ];
+  for (int c = threadIdx.x; c < 64 * kJ; c += kWarps * 32) w_s[c] = c < D ? w[c] : 0.f;
+  __syncthreads();
+  const int64_t N = rows.N, groups = (N + 3) / 4, stride = static_cast<int64_t>(gridDim.x) * kWarps;
+  auto o_index = [&](int64_t gi) -> int64_t {  // this lane's row of o in group gi (0 past the rows)
+    const int64_t n = 4 * gi + sub;
+    return gi < groups && n < N ? (rows.o_row != nullptr ? static_cast<int64_t>(__ldg(rows.o_row + n)) : n) : 0;
+  };
+  int64_t gi = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  int64_t o_at = o_index(gi);
+  for (; gi < groups; gi += stride) {  // warp-uniform: every lane takes the shuffles below
+    const int64_t n = 4 * gi + sub;
+    const bool live = n < N;
+    const int64_t o_next = o_index(gi + stride);
+    Vec<T, 8> ov[kJ], zv[kJ];
+    const T* orow = o + o_at * D;
+    const T* zrow = z + (live ? z_row(rows, n) : 0);
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+      const int p = sl + 8 * j;
+      if (live && p < pieces) {
+        ov[j].load(orow + 8 * p);
+        zv[j].load(zrow + 8 * p);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ov[j].set(e, 0.f), zv[j].set(e, 0.f);
+      }
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) ss += ov[j].get(e) * ov[j].get(e);
+    }
+    ss += __shfl_xor_sync(0xffffffffu, ss, 4);
+    ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+    ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+    const float r = rsqrtf(ss / static_cast<float>(D) + eps);
+    if (live) {
+      if (sl == 0) rstd[n] = r;
+#pragma unroll
+      for (int j = 0; j < kJ; ++j) {
+        const int p = sl + 8 * j;
+        if (p < pieces) {
+          Vec<T, 8> out;
+          const float4 w0 = *reinterpret_cast<const float4*>(w_s + 8 * p);
+          const float4 w1 = *reinterpret_cast<const float4*>(w_s + 8 * p + 4);
+          const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            const float zf = zv[j].get(e);
+            out.set(e, ov[j].get(e) * r * wv[e] * (zf * fast_sigmoid(zf)));
+          }
+          out.store(y + n * D + 8 * p);
+        }
+      }
+    }
+    o_at = o_next;
   }
 }
 
@@ -422,9 +498,149 @@ __global__ void __launch_bounds__(kWarps * 32, 4)  // four blocks an SM: 64 regi
   });
 }
 
+constexpr int kGroupedBackwardBlocks = 2;  // an SM's: its registers hold a row group's values and dw's parts
+
+// The backward in the grouped forward's layout (16-bit o, z, y of one type, D a multiple of 8 up to
+// 256, rows aligned): four rows a warp, eight lanes a row, kJ 16-byte pieces a lane, each row's o,
+// z, dy and r loaded at once (the o_row entries of the warp's next group a group ahead), the row's
+// Σ g ⊙ ô by three shuffles in its eight lanes. The lane's columns are the same in every row, so
+// its share of dw stays in registers (kJ · 8 of them: two blocks an SM); at the end the four
+// rows' lanes of a column add theirs by shuffles and the block's warps through shared memory
+// (store_block_dw). The grid may be smaller than the caller's dw_partial rows: block b also zeroes
+// rows b + grid, b + 2 grid, ... of it.
+template <typename T, int kJ>
+__global__ void __launch_bounds__(kWarps * 32, kGroupedBackwardBlocks)
+    gated_rmsnorm_backward_groups_kernel(T* d_o, T* dz, float* dw_partial, int partial_rows, const T* dy, const T* o,
+                                         const T* z, const float* w, const float* rstd, GatedNormRows rows) {
+  const int lane = threadIdx.x % 32, sub = lane / 8, sl = lane % 8;
+  const int D = static_cast<int>(rows.D), pieces = D / 8;
+  __shared__ __align__(16) float w_s[64 * kJ];
+  __shared__ float red[kWarps * 64 * kJ];
+  for (int c = threadIdx.x; c < 64 * kJ; c += kWarps * 32) w_s[c] = c < D ? w[c] : 0.f;
+  __syncthreads();
+  float acc[kJ][8];
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[j][e] = 0.f;
+  }
+  const int64_t N = rows.N, groups = (N + 3) / 4, stride = static_cast<int64_t>(gridDim.x) * kWarps;
+  auto o_index = [&](int64_t gi) -> int64_t {  // this lane's row of o in group gi (0 past the rows)
+    const int64_t n = 4 * gi + sub;
+    return gi < groups && n < N ? (rows.o_row != nullptr ? static_cast<int64_t>(__ldg(rows.o_row + n)) : n) : 0;
+  };
+  int64_t gi = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  int64_t o_at = o_index(gi);
+  for (; gi < groups; gi += stride) {  // warp-uniform: every lane takes the shuffles below
+    const int64_t n = 4 * gi + sub;
+    const bool live = n < N;
+    const int64_t o_next = o_index(gi + stride);
+    const int64_t z_at = live ? z_row(rows, n) : 0;
+    Vec<T, 8> ov[kJ], zv[kJ], dyv[kJ];
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+      const int p = sl + 8 * j;
+      if (live && p < pieces) {
+        ov[j].load(o + o_at * D + 8 * p);
+        zv[j].load(z + z_at + 8 * p);
+        dyv[j].load(dy + n * D + 8 * p);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ov[j].set(e, 0.f), zv[j].set(e, 0.f), dyv[j].set(e, 0.f);
+      }
+    }
+    const float r = live ? rstd[n] : 0.f;
+    float dot = 0.f;  // Σ g ⊙ ô over the lane's columns
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+      const int p = sl + 8 * j;
+      const float4 w0 = *reinterpret_cast<const float4*>(w_s + 8 * p);
+      const float4 w1 = *reinterpret_cast<const float4*>(w_s + 8 * p + 4);
+      const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float zf = zv[j].get(e);
+        dot += dyv[j].get(e) * (zf * fast_sigmoid(zf)) * wv[e] * (ov[j].get(e) * r);
+      }
+    }
+    dot += __shfl_xor_sync(0xffffffffu, dot, 4);
+    dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+    dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+    const float mean = dot / static_cast<float>(D);
+    if (live) {
+#pragma unroll
+      for (int j = 0; j < kJ; ++j) {
+        const int p = sl + 8 * j;
+        if (p < pieces) {
+          const float4 w0 = *reinterpret_cast<const float4*>(w_s + 8 * p);
+          const float4 w1 = *reinterpret_cast<const float4*>(w_s + 8 * p + 4);
+          const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+          Vec<T, 8> g_o, g_z;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            const float zf = zv[j].get(e);
+            const GatedNormGrads gr =
+                gated_norm_grads(dyv[j].get(e), ov[j].get(e) * r, wv[e], zf, fast_sigmoid(zf), r, mean);
+            g_o.set(e, gr.o);
+            g_z.set(e, gr.z);
+            acc[j][e] += gr.w;
+          }
+          g_o.store(d_o + o_at * D + 8 * p);
+          g_z.store(dz + z_at + 8 * p);
+        }
+      }
+    }
+    o_at = o_next;
+  }
+  // The warp's four rows' lanes of a column hold its parts: lanes sl, sl + 8, sl + 16, sl + 24.
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      acc[j][e] += __shfl_xor_sync(0xffffffffu, acc[j][e], 8);
+      acc[j][e] += __shfl_xor_sync(0xffffffffu, acc[j][e], 16);
+    }
+  }
+  store_block_dw(dw_partial, red, 64 * kJ, D, [&](auto f) {
+    if (sub != 0) return;
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+      const int p = sl + 8 * j;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        if (p < pieces) f(8 * p + e, acc[j][e]);
+      }
+    }
+  });
+  for (int64_t row = blockIdx.x + gridDim.x; row < partial_rows; row += gridDim.x) {
+    for (int c = threadIdx.x; c < D; c += kWarps * 32) dw_partial[row * D + c] = 0.f;
+  }
+}
+
 bool g_register_rows = true;  // gated_rmsnorm_register_rows
 bool g_staged_rows = true;    // gated_rmsnorm_staged_rows
+bool g_grouped_rows = true;   // gated_rmsnorm_grouped_rows
 std::atomic<int64_t> g_staged_launches{0};
+std::atomic<int64_t> g_grouped_launches{0};
+
+// f(integral_constant<kJ>) for the grouped kernels when they take the rows: 16-bit o, z, y of one
+// type (the caller's), D a multiple of 8 up to 64 · max_pieces (at most 256), z's rows and every
+// pointer 16-byte aligned.
+template <typename F>
+bool with_grouped_shape(const GatedNormRows& rows, const void* y, const void* o, const void* z, int max_pieces,
+                        F&& f) {
+  using std::integral_constant;
+  if (!g_register_rows || !g_grouped_rows || rows.D % 8 != 0 || rows.D > 64 * max_pieces || rows.D > 256 ||
+      rows.z_ld % 8 != 0 || !aligned_to(16, y, o, z)) {
+    return false;
+  }
+  const int64_t per_lane = (rows.D / 8 + 7) / 8;
+  if (per_lane == 1) f(integral_constant<int, 1>{});
+  else if (per_lane == 2) f(integral_constant<int, 2>{});
+  else if (per_lane == 3) f(integral_constant<int, 3>{});
+  else f(integral_constant<int, 4>{});
+  return true;
+}
 
 // f(integral_constant<kRuns>, integral_constant<kVec>) for the register kernels when they take a
 // row of D (D ≤ 512, the switch on); false otherwise. kVec = 4 needs D % 4 == 0 and every pointer
@@ -504,6 +720,8 @@ int64_t forward_blocks(int64_t N) { return (N + kWarps - 1) / kWarps < 65535 ? (
 void gated_rmsnorm_register_rows(bool on) { g_register_rows = on; }
 void gated_rmsnorm_staged_rows(bool on) { g_staged_rows = on; }
 int64_t gated_rmsnorm_staged_launches() { return g_staged_launches.load(); }
+void gated_rmsnorm_grouped_rows(bool on) { g_grouped_rows = on; }
+int64_t gated_rmsnorm_grouped_launches() { return g_grouped_launches.load(); }
 
 int64_t gated_rmsnorm_backward_partial_rows(int64_t N) {
   // One row a block (store_block_dw).
@@ -525,6 +743,25 @@ int gated_rmsnorm_forward(void* y, DType y_dt, float* rstd, const void* o, DType
       dispatch_o<TY, TZ>(o_dt, [&](auto o_tag) {
         using TO = decltype(o_tag);
         const TO* op = static_cast<const TO*>(o);
+        if constexpr (sizeof(TY) == 2 && sizeof(TZ) == 2 && sizeof(TO) == 2) {  // bf16 o comes with bf16 y and z only
+          const bool grouped = with_grouped_shape(rows, y, o, z, 4, [&](auto per_lane) {
+            // Four blocks an SM at most, so that each warp walks several groups and the o_row
+            // entries it loads a group ahead are in hand when their rows' loads start.
+            const int64_t groups = (rows.N + 3) / 4;
+            int device = 0, sms = 132;
+            if (cudaGetDevice(&device) != cudaSuccess ||
+                cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+              sms = 132;
+            }
+            const unsigned g_grid =
+                static_cast<unsigned>(std::min<int64_t>((groups + kWarps - 1) / kWarps, int64_t{4} * sms));
+            gated_rmsnorm_forward_groups_kernel<TY, decltype(per_lane)::value>
+                <<<g_grid, kWarps * 32, 0, st>>>(static_cast<TY*>(y), rstd, op, static_cast<const TZ*>(z), w, rows,
+                                                 eps);
+            ++g_grouped_launches;
+          });
+          if (grouped) return;
+        }
         const bool vec_ok = rows_take_vectors(rows, sizeof(TY), sizeof(TZ), sizeof(TO), y, o, z);
         const bool regs = with_forward_shape(rows.D, vec_ok, [&](auto runs, auto vec) {
           gated_rmsnorm_forward_regs_kernel<TY, TZ, TO, decltype(runs)::value, decltype(vec)::value>
@@ -563,6 +800,23 @@ int gated_rmsnorm_backward(void* d_o, void* dz, float* dw_partial, const void* d
         const dim3 block(kWarps * 32);
         const bool vec_ok =
             rows_take_vectors(rows, sizeof(TY), sizeof(TZ), sizeof(TO), dy, o, z, d_o, dz);
+        if constexpr (sizeof(TY) == 2 && sizeof(TZ) == 2 && sizeof(TO) == 2) {  // bf16 o comes with bf16 y and z only
+          // Rows up to 192 wide: at 256 the kernel's values spill from its registers (the staged
+          // kernel takes those).
+          const bool grouped = aligned_to(16, d_o, dz) && with_grouped_shape(rows, dy, o, z, 3, [&](auto per_lane) {
+            // The blocks an SM holds (the kernel's bound), in one wave; the dw_partial rows past the grid zeroed.
+            int device = 0, sms = 132;
+            if (cudaGetDevice(&device) != cudaSuccess ||
+                cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+              sms = 132;
+            }
+            const unsigned g_grid = std::min<unsigned>(grid, static_cast<unsigned>(kGroupedBackwardBlocks * sms));
+            gated_rmsnorm_backward_groups_kernel<TY, decltype(per_lane)::value><<<g_grid, block, 0, st>>>(
+                d_op, dzp, dw_partial, static_cast<int>(grid), dyp, op, zp, w, rstd, rows);
+            ++g_grouped_launches;
+          });
+          if (grouped) return;
+        }
         if constexpr (std::is_same<TY, TZ>::value && sizeof(TY) == 2) {
           int err = -1;  // -1: no staged kernel for these rows
           with_staged_shape(rows.N, rows.D, vec_ok, [&](auto runs, auto vec) {

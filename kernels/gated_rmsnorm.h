@@ -45,6 +45,15 @@ int gated_rmsnorm_forward(void* y, DType y_dt, float* rstd, const void* o, DType
 // process-wide switch for `bench train --row-kernels baseline` and the tests.
 void gated_rmsnorm_register_rows(bool on);
 
+// Whether the forward and backward for 16-bit o, z and y of one type (the Gated DeltaNet's under
+// 16-bit training) take four rows a warp, eight lanes a row, 16-byte pieces (the default, with the
+// register rows on; D a multiple of 8 up to 256, rows aligned), or a row a warp (the register
+// forward, the staged backward): a process-wide switch for `bench train --row-kernels
+// row-a-warp-norm` and the tests.
+void gated_rmsnorm_grouped_rows(bool on);
+// Launches of the grouped kernels so far in this process, both directions (for the tests).
+int64_t gated_rmsnorm_grouped_launches();
+
 // Whether the backward for 16-bit y and z (same dtype) stages its rows through shared memory where
 // it takes the register kernels' rows of up to 256 (the default), or keeps them in registers as
 // those do: a process-wide switch for `bench train --row-kernels register-norm` and the tests.

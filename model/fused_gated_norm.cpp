@@ -105,7 +105,8 @@ class GatedRmsNormFn : public torch::autograd::Function<GatedRmsNormFn> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& o, const torch::Tensor& z,
                                const torch::Tensor& w, double eps, int64_t out_dtype,
-                               const std::optional<torch::Tensor>& o_row, const std::optional<torch::Tensor>& pad_rows) {
+                               const std::optional<torch::Tensor>& o_row,
+                               const std::optional<torch::Tensor>& pad_rows) {
     const auto yt = static_cast<torch::ScalarType>(out_dtype);
     auto oc = o.contiguous();
     auto row = o_row.has_value() ? o_row->contiguous() : torch::Tensor();
@@ -210,7 +211,8 @@ torch::Tensor gated_rms_norm_rows(const torch::Tensor& o_rows, const torch::Tens
     const bool list = pad_rows.defined() && pad_rows.is_cuda() && pad_rows.device() == o_rows.device() &&
                       pad_rows.scalar_type() == torch::kInt32 && pad_rows.dim() == 1 && pad_rows.is_contiguous() &&
                       pad_rows.numel() + o_row.numel() == o_rows.size(0);
-    return GatedRmsNormFn::apply(o_rows, z, w, eps, static_cast<int64_t>(out_dtype), std::optional<torch::Tensor>(o_row),
+    return GatedRmsNormFn::apply(o_rows, z, w, eps, static_cast<int64_t>(out_dtype),
+                                 std::optional<torch::Tensor>(o_row),
                                  list ? std::optional<torch::Tensor>(pad_rows) : std::nullopt);
   }
 #endif

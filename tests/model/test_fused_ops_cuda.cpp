@@ -1171,7 +1171,10 @@ TEST(FusedOpsCuda, ShortConvPartsTakeTheGateGradientInPlace) {
 // D ≤ 256 takes the staged kernel (3 runs of 2 columns at D = 192, else runs of 4), unless that
 // switch is off: the test counts its launches. With bf16 y and z, o comes in bf16 too (the delta
 // rule's output under 16-bit training): its gradient comes back in bf16, one rounding of the same
-// value on both sides.
+// value on both sides; with z aligned and D a multiple of 8 up to 256 the forward takes the grouped
+// kernel (four rows a warp) in the grouped form, and so does the backward up to D = 192; the staged
+// backward and the register forward otherwise: the test counts their launches (the last case's rows
+// take several groups a warp, the second's end in a partial group).
 TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
   DD_REQUIRE_GPU();
   seed_from_gtest(43);
@@ -1182,14 +1185,15 @@ TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
   // each warp takes 11 or 12 rows (the staged kernel's ring of slots turns over).
   const Case cases[] = {Case{2, 150, 6, 128}, Case{1, 333, 3, 40}, Case{2, 100, 6, 192}, Case{1, 90, 4, 256},
                         Case{3, 17, 1, 1024}, Case{4, 2047, 6, 192}};
-  enum Form { kStaged, kRegisters, kLooped };
-  for (const Form form : {kStaged, kRegisters, kLooped})
+  enum Form { kGrouped, kStaged, kRegisters, kLooped };
+  for (const Form form : {kGrouped, kStaged, kRegisters, kLooped})
   for (const bool aligned_z : {false, true})
   for (const Case c : cases)
   for (const bool rows : {false, true}) {
     const bool registers = form != kLooped;
     kernels::gated_rmsnorm_register_rows(registers);
-    kernels::gated_rmsnorm_staged_rows(form == kStaged);
+    kernels::gated_rmsnorm_staged_rows(form == kStaged || form == kGrouped);
+    kernels::gated_rmsnorm_grouped_rows(form == kGrouped);
     for (auto dt : {torch::kFloat32, torch::kBFloat16})
     for (const bool o16 : {false, true}) {
       if (o16 && dt != torch::kBFloat16) continue;
@@ -1222,10 +1226,17 @@ TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
         return std::vector<torch::Tensor>{y.detach(), o.grad(), wide.grad(), w.grad()};
       };
       const int64_t staged_before = kernels::gated_rmsnorm_staged_launches();
+      const int64_t grouped_before = kernels::gated_rmsnorm_grouped_launches();
       const auto got = run(true), want = run(false);
-      const bool staged = form == kStaged && dt == torch::kBFloat16 && aligned_z && c.D <= 256;
+      const bool grouped = form == kGrouped && o16 && aligned_z && c.D % 8 == 0 && c.D <= 256;
+      const bool grouped_back = grouped && c.D <= 192;
+      const bool staged =
+          (form == kStaged || form == kGrouped) && !grouped_back && dt == torch::kBFloat16 && aligned_z && c.D <= 256;
       EXPECT_EQ(kernels::gated_rmsnorm_staged_launches() - staged_before, staged ? 1 : 0)
           << "staged backward launches, D " << c.D << (rows ? " rows" : "");
+      EXPECT_EQ(kernels::gated_rmsnorm_grouped_launches() - grouped_before,
+                (grouped ? 1 : 0) + (grouped_back ? 1 : 0))
+          << "grouped forward and backward launches, D " << c.D << (rows ? " rows" : "");
       if (rows) {
         auto unread = perm.narrow(0, N, M - N);
         EXPECT_EQ(got[1].index_select(0, unread).abs().max().item<float>(), 0.f) << "padding rows' gradient";
@@ -1238,7 +1249,10 @@ TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
       const double tol = tol_for(dt);
       std::string what = "B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " H" + std::to_string(c.H) + " D" +
                          std::to_string(c.D) + " " + name_of(dt) + (rows ? " rows" : "") +
-                         (form == kStaged ? " staged" : registers ? " registers" : " looped") +
+                         (form == kGrouped  ? " grouped"
+                          : form == kStaged ? " staged"
+                          : registers       ? " registers"
+                                            : " looped") +
                          (aligned_z ? " z aligned" : "") + (o16 ? " bf16 o" : "");
       double e[4];
       for (int i = 0; i < 4; ++i) {
@@ -1251,6 +1265,7 @@ TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
   }
   kernels::gated_rmsnorm_register_rows(true);
   kernels::gated_rmsnorm_staged_rows(true);
+  kernels::gated_rmsnorm_grouped_rows(true);
 }
 
 // The padding rows' zero fill of the output norm's backward (kernels/zero_rows.h): on a matrix full
