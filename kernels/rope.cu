@@ -28,18 +28,10 @@ __device__ __forceinline__ int part_width(const RopeParts& p, const RopePart& pt
 template <typename T, int V>
 __global__ void rope_parts_kernel(RopeParts p, const int64_t* pos, const double* cos_t, const double* sin_t,
                                   float sign) {
-  // The token's cos and sign·sin as fp32, converted once here: every head of every part reads the
-  // same row, and converting the fp64 tables per element held the kernel well under the bandwidth.
   extern __shared__ float table[];  // [2, D/2]
   const int64_t token = blockIdx.x;
   const int64_t b = token / p.T, t = token % p.T;
   const int rot_half = static_cast<int>(p.D / 2);
-  const int64_t ps = pos[b * p.pos_sb + t * p.pos_st];
-  for (int j = threadIdx.x; j < rot_half; j += blockDim.x) {
-    table[j] = static_cast<float>(cos_t[ps * rot_half + j]);
-    table[rot_half + j] = sign * static_cast<float>(sin_t[ps * rot_half + j]);
-  }
-  __syncthreads();
   // Vectors of V pairs in part k: H · (D_k / 2) / V.
   auto vectors = [&](int k) {
     const RopePart& pt = part_of(p, k);
@@ -47,17 +39,26 @@ __global__ void rope_parts_kernel(RopeParts p, const int64_t* pos, const double*
   };
   int total = 0;
   for (int k = 0; k < p.n; ++k) total += vectors(k);
-  for (int i = threadIdx.x; i < total; i += blockDim.x) {
-    int k = 0, w = i;
-    while (w >= vectors(k)) w -= vectors(k), ++k;
-    const RopePart& pt = part_of(p, k);
-    const int width = part_width(p, pt), half = width / 2, per_head = half / V;
-    const int hd = w / per_head, j = (w % per_head) * V;
-    Vec<T, V> x1, x2, o1, o2;
+  // Vector i's part, head and first pair, and its two halves' loads.
+  struct Item {
+    int k = 0, hd = 0, j = 0;
+  };
+  auto locate = [&](int i) {
+    Item it;
+    int w = i;
+    while (w >= vectors(it.k)) w -= vectors(it.k), ++it.k;
+    const int per_head = part_width(p, part_of(p, it.k)) / 2 / V;
+    it.hd = w / per_head;
+    it.j = (w % per_head) * V;
+    return it;
+  };
+  auto load = [&](const Item& it, Vec<T, V>& x1, Vec<T, V>& x2) {
+    const RopePart& pt = part_of(p, it.k);
+    const int half = part_width(p, pt) / 2;
     if (pt.x != nullptr) {
-      const T* xh = static_cast<const T*>(pt.x) + b * pt.x_sb + t * pt.x_st + hd * pt.x_sh;
-      x1.load(xh + j);
-      x2.load(xh + j + half);
+      const T* xh = static_cast<const T*>(pt.x) + b * pt.x_sb + t * pt.x_st + it.hd * pt.x_sh;
+      x1.load(xh + it.j);
+      x2.load(xh + it.j + half);
     } else {
 #pragma unroll
       for (int e = 0; e < V; ++e) {
@@ -65,6 +66,11 @@ __global__ void rope_parts_kernel(RopeParts p, const int64_t* pos, const double*
         x2.set(e, 0.f);
       }
     }
+  };
+  auto rotate_and_store = [&](const Item& it, const Vec<T, V>& x1, const Vec<T, V>& x2) {
+    const RopePart& pt = part_of(p, it.k);
+    const int width = part_width(p, pt), half = width / 2, j = it.j;
+    Vec<T, V> o1, o2;
     if (pt.rotate && pt.x != nullptr) {
 #pragma unroll
       for (int e = 0; e < V; ++e) {
@@ -76,9 +82,34 @@ __global__ void rope_parts_kernel(RopeParts p, const int64_t* pos, const double*
       o1 = x1;
       o2 = x2;
     }
-    T* oh = static_cast<T*>(pt.out) + token * pt.out_st + static_cast<int64_t>(hd) * (pt.out_sh != 0 ? pt.out_sh : width);
+    T* oh = static_cast<T*>(pt.out) + token * pt.out_st +
+            static_cast<int64_t>(it.hd) * (pt.out_sh != 0 ? pt.out_sh : width);
     o1.store(oh + j);
     o2.store(oh + j + half);
+  };
+  // The thread's first vector is loaded before the token's position and table, which it does not
+  // need until the rotation: its loads and the position's and table's are in flight together,
+  // where they took three memory latencies one after another (a block has a token's few hundred
+  // bytes of work, so those latencies set its time).
+  Item first;
+  Vec<T, V> x1, x2;
+  if (static_cast<int>(threadIdx.x) < total) {
+    first = locate(threadIdx.x);
+    load(first, x1, x2);
+  }
+  // The token's cos and sign·sin as fp32, converted once here: every head of every part reads the
+  // same row, and converting the fp64 tables per element held the kernel well under the bandwidth.
+  const int64_t ps = pos[b * p.pos_sb + t * p.pos_st];
+  for (int j = threadIdx.x; j < rot_half; j += blockDim.x) {
+    table[j] = static_cast<float>(cos_t[ps * rot_half + j]);
+    table[rot_half + j] = sign * static_cast<float>(sin_t[ps * rot_half + j]);
+  }
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) < total) rotate_and_store(first, x1, x2);
+  for (int i = threadIdx.x + blockDim.x; i < total; i += blockDim.x) {
+    const Item it = locate(i);
+    load(it, x1, x2);
+    rotate_and_store(it, x1, x2);
   }
 }
 
