@@ -193,7 +193,7 @@ int bench_train(const BenchTrainArgs& a) {
   kernels::cross_entropy_staged_rows(a.row_kernels != "baseline");
   kernels::gated_rmsnorm_register_rows(a.row_kernels != "baseline");
   kernels::gated_rmsnorm_staged_rows(a.row_kernels != "baseline" && a.row_kernels != "register-norm");
-  kernels::gated_rmsnorm_grouped_rows(a.row_kernels != "baseline" && a.row_kernels != "row-a-warp-norm");
+  kernels::gated_rmsnorm_grouped_rows(a.row_kernels == "default" || a.row_kernels == "warp-l2");
   kernels::l2_norm_pair_rows(a.row_kernels != "baseline" && a.row_kernels != "warp-l2");
   // block-scan: the bf16 scans' block kernels; warp-scan-64|128: the warp-column kernels' width.
   kernels::gdr_scan_warp_columns(a.gdr_scan != "block-scan");

@@ -175,7 +175,8 @@ int main(int argc, char** argv) {
                               "load, keeping gated-norm rows in registers, staging bf16 logits rows and the gated "
                               "RMSNorm backward's rows in shared memory and giving the L2Norm half a warp per row "
                               "(to measure those changes); register-norm: as they are but the gated RMSNorm's "
-                              "backward keeping its rows in registers instead of staging them in shared memory; "
+                              "kernels a row a warp, its backward keeping its rows in registers instead of staging "
+                              "them in shared memory; "
                               "warp-l2: as they are but the L2Norm taking a warp per row instead of half a warp; "
                               "row-a-warp-norm: as they are but the gated RMSNorm's 16-bit kernels taking a row a "
                               "warp instead of four")

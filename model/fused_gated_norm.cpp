@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <optional>
 #include <vector>
 
@@ -17,6 +18,8 @@
 namespace model {
 
 namespace {
+
+std::atomic<int64_t> g_pad_rows_by_list{0};
 
 // o: o's sizes in token order, [B,T,H,D].
 void check_shapes(at::IntArrayRef o, const torch::Tensor& z, const torch::Tensor& w) {
@@ -144,6 +147,7 @@ class GatedRmsNormFn : public torch::autograd::Function<GatedRmsNormFn> {
                           : kernels::zero_listed_rows_16bit(d_o.data_ptr(), o.size(1), pad.data_ptr<int32_t>(),
                                                             pad.numel(), stream_of(o));
       check_kernel_launch(err, "gated RMSNorm backward: padding rows by list");
+      ++g_pad_rows_by_list;
     } else if (row.defined() && rows.N != o.size(0)) {
       auto named = torch::empty({o.size(0)}, o.options().dtype(torch::kUInt8));
       const int32_t* row_of = row.data_ptr<int32_t>();
@@ -218,5 +222,7 @@ torch::Tensor gated_rms_norm_rows(const torch::Tensor& o_rows, const torch::Tens
 #endif
   return gated_rms_norm_rows_reference(o_rows, o_row, z, w, eps, out_dtype);
 }
+
+int64_t gated_norm_padding_rows_by_list() { return g_pad_rows_by_list.load(); }
 
 }  // namespace model

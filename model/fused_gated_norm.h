@@ -31,5 +31,7 @@ torch::Tensor gated_rms_norm_rows_reference(const torch::Tensor& o_rows, const t
 torch::Tensor gated_rms_norm_rows(const torch::Tensor& o_rows, const torch::Tensor& o_row, const torch::Tensor& z,
                                   const torch::Tensor& w, double eps, torch::ScalarType out_dtype,
                                   const torch::Tensor& pad_rows = {});
+// Backwards so far in this process that zeroed the padding rows by pad_rows' list (for the tests).
+int64_t gated_norm_padding_rows_by_list();
 
 }  // namespace model

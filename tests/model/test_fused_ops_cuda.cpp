@@ -1240,8 +1240,11 @@ TEST(FusedOpsCuda, GatedRmsNormMatchesReference) {
       if (rows) {
         auto unread = perm.narrow(0, N, M - N);
         EXPECT_EQ(got[1].index_select(0, unread).abs().max().item<float>(), 0.f) << "padding rows' gradient";
-        // With the padding rows handed over as a list (a fixed chunk layout's), the same bits.
+        // With the padding rows handed over as a list (a fixed chunk layout's), the same bits, by
+        // the list's path.
+        const int64_t by_list = model::gated_norm_padding_rows_by_list();
         const auto listed = run(true, unread.to(torch::kInt32).contiguous());
+        EXPECT_EQ(model::gated_norm_padding_rows_by_list() - by_list, 1) << "D " << c.D;
         for (size_t i = 0; i < listed.size(); ++i)
           EXPECT_TRUE(torch::equal(listed[i], got[i])) << "padding rows by list, output " << i << ", D " << c.D;
       }
