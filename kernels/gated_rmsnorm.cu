@@ -189,6 +189,42 @@ __global__ void __launch_bounds__(kWarps * 32) gated_rmsnorm_forward_regs_kernel
   }
 }
 
+// The grouped kernels' walk (gated_rmsnorm_forward_groups_kernel below): four rows a warp, the
+// eight lanes 8·sub .. 8·sub + 7 on row 4·group + sub, lane sl of them holding the row's pieces sl,
+// sl + 8, ...; groups grid-strided over the launch's warps. o_index(gi) is this lane's row of o in
+// group gi (its o_row entry; 0 past the rows), read a group ahead by the kernels.
+struct RowGroups {
+  const GatedNormRows& rows;
+  int sub, sl;
+  int64_t groups, stride;
+  __device__ explicit RowGroups(const GatedNormRows& r) : rows(r) {
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    sub = lane / 8;
+    sl = lane % 8;
+    groups = (r.N + 3) / 4;
+    stride = static_cast<int64_t>(gridDim.x) * kWarps;
+  }
+  __device__ int64_t first_group() const { return static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; }
+  __device__ int64_t o_index(int64_t gi) const {
+    const int64_t n = 4 * gi + sub;
+    return gi < groups && n < rows.N ? (rows.o_row != nullptr ? static_cast<int64_t>(__ldg(rows.o_row + n)) : n) : 0;
+  }
+};
+
+// w (D ≤ 64 kJ) into the block's w_s [64 kJ], zeros past D; every thread of the block calls it.
+template <int kJ>
+__device__ __forceinline__ void stage_w(float* w_s, const float* w, int D) {
+  for (int c = threadIdx.x; c < 64 * kJ; c += kWarps * 32) w_s[c] = c < D ? w[c] : 0.f;
+  __syncthreads();
+}
+
+// The eight values of w at piece p (columns 8p .. 8p + 7) from w_s.
+__device__ __forceinline__ void w_piece(const float* w_s, int p, float (&wv)[8]) {
+  const float4 w0 = *reinterpret_cast<const float4*>(w_s + 8 * p);
+  const float4 w1 = *reinterpret_cast<const float4*>(w_s + 8 * p + 4);
+  wv[0] = w0.x, wv[1] = w0.y, wv[2] = w0.z, wv[3] = w0.w, wv[4] = w1.x, wv[5] = w1.y, wv[6] = w1.z, wv[7] = w1.w;
+}
+
 // The forward for 16-bit o, z and y of one type, D a multiple of 8 up to 256, every row start
 // aligned to 16 bytes: four rows a warp, eight lanes a row, each lane kJ 16-byte pieces of its row
 // (piece p of a row's D / 8 at lane p % 8, slot p / 8), so a row's sum of squares takes three
@@ -201,22 +237,16 @@ template <typename T, int kJ>
 __global__ void __launch_bounds__(kWarps * 32, 4) gated_rmsnorm_forward_groups_kernel(T* y, float* rstd, const T* o,
                                                                                    const T* z, const float* w,
                                                                                    GatedNormRows rows, float eps) {
-  const int lane = threadIdx.x % 32, sub = lane / 8, sl = lane % 8;
-  const int D = static_cast<int>(rows.D), pieces = D / 8;
+  const RowGroups rg(rows);
+  const int sl = rg.sl, D = static_cast<int>(rows.D), pieces = D / 8;
   __shared__ __align__(16) float w_s[64 * kJ];
-  for (int c = threadIdx.x; c < 64 * kJ; c += kWarps * 32) w_s[c] = c < D ? w[c] : 0.f;
-  __syncthreads();
-  const int64_t N = rows.N, groups = (N + 3) / 4, stride = static_cast<int64_t>(gridDim.x) * kWarps;
-  auto o_index = [&](int64_t gi) -> int64_t {  // this lane's row of o in group gi (0 past the rows)
-    const int64_t n = 4 * gi + sub;
-    return gi < groups && n < N ? (rows.o_row != nullptr ? static_cast<int64_t>(__ldg(rows.o_row + n)) : n) : 0;
-  };
-  int64_t gi = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  int64_t o_at = o_index(gi);
-  for (; gi < groups; gi += stride) {  // warp-uniform: every lane takes the shuffles below
-    const int64_t n = 4 * gi + sub;
-    const bool live = n < N;
-    const int64_t o_next = o_index(gi + stride);
+  stage_w<kJ>(w_s, w, D);
+  int64_t gi = rg.first_group();
+  int64_t o_at = rg.o_index(gi);
+  for (; gi < rg.groups; gi += rg.stride) {  // warp-uniform: every lane takes the shuffles below
+    const int64_t n = 4 * gi + rg.sub;
+    const bool live = n < rows.N;
+    const int64_t o_next = rg.o_index(gi + rg.stride);
     Vec<T, 8> ov[kJ], zv[kJ];
     const T* orow = o + o_at * D;
     const T* zrow = z + (live ? z_row(rows, n) : 0);
@@ -248,9 +278,8 @@ __global__ void __launch_bounds__(kWarps * 32, 4) gated_rmsnorm_forward_groups_k
         const int p = sl + 8 * j;
         if (p < pieces) {
           Vec<T, 8> out;
-          const float4 w0 = *reinterpret_cast<const float4*>(w_s + 8 * p);
-          const float4 w1 = *reinterpret_cast<const float4*>(w_s + 8 * p + 4);
-          const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+          float wv[8];
+          w_piece(w_s, p, wv);
 #pragma unroll
           for (int e = 0; e < 8; ++e) {
             const float zf = zv[j].get(e);
@@ -512,29 +541,23 @@ template <typename T, int kJ>
 __global__ void __launch_bounds__(kWarps * 32, kGroupedBackwardBlocks)
     gated_rmsnorm_backward_groups_kernel(T* d_o, T* dz, float* dw_partial, int partial_rows, const T* dy, const T* o,
                                          const T* z, const float* w, const float* rstd, GatedNormRows rows) {
-  const int lane = threadIdx.x % 32, sub = lane / 8, sl = lane % 8;
-  const int D = static_cast<int>(rows.D), pieces = D / 8;
+  const RowGroups rg(rows);
+  const int sub = rg.sub, sl = rg.sl, D = static_cast<int>(rows.D), pieces = D / 8;
   __shared__ __align__(16) float w_s[64 * kJ];
   __shared__ float red[kWarps * 64 * kJ];
-  for (int c = threadIdx.x; c < 64 * kJ; c += kWarps * 32) w_s[c] = c < D ? w[c] : 0.f;
-  __syncthreads();
+  stage_w<kJ>(w_s, w, D);
   float acc[kJ][8];
 #pragma unroll
   for (int j = 0; j < kJ; ++j) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[j][e] = 0.f;
   }
-  const int64_t N = rows.N, groups = (N + 3) / 4, stride = static_cast<int64_t>(gridDim.x) * kWarps;
-  auto o_index = [&](int64_t gi) -> int64_t {  // this lane's row of o in group gi (0 past the rows)
+  int64_t gi = rg.first_group();
+  int64_t o_at = rg.o_index(gi);
+  for (; gi < rg.groups; gi += rg.stride) {  // warp-uniform: every lane takes the shuffles below
     const int64_t n = 4 * gi + sub;
-    return gi < groups && n < N ? (rows.o_row != nullptr ? static_cast<int64_t>(__ldg(rows.o_row + n)) : n) : 0;
-  };
-  int64_t gi = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  int64_t o_at = o_index(gi);
-  for (; gi < groups; gi += stride) {  // warp-uniform: every lane takes the shuffles below
-    const int64_t n = 4 * gi + sub;
-    const bool live = n < N;
-    const int64_t o_next = o_index(gi + stride);
+    const bool live = n < rows.N;
+    const int64_t o_next = rg.o_index(gi + rg.stride);
     const int64_t z_at = live ? z_row(rows, n) : 0;
     Vec<T, 8> ov[kJ], zv[kJ], dyv[kJ];
 #pragma unroll
@@ -554,9 +577,8 @@ __global__ void __launch_bounds__(kWarps * 32, kGroupedBackwardBlocks)
 #pragma unroll
     for (int j = 0; j < kJ; ++j) {
       const int p = sl + 8 * j;
-      const float4 w0 = *reinterpret_cast<const float4*>(w_s + 8 * p);
-      const float4 w1 = *reinterpret_cast<const float4*>(w_s + 8 * p + 4);
-      const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+      float wv[8];
+      w_piece(w_s, p, wv);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const float zf = zv[j].get(e);
@@ -572,9 +594,8 @@ __global__ void __launch_bounds__(kWarps * 32, kGroupedBackwardBlocks)
       for (int j = 0; j < kJ; ++j) {
         const int p = sl + 8 * j;
         if (p < pieces) {
-          const float4 w0 = *reinterpret_cast<const float4*>(w_s + 8 * p);
-          const float4 w1 = *reinterpret_cast<const float4*>(w_s + 8 * p + 4);
-          const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+          float wv[8];
+          w_piece(w_s, p, wv);
           Vec<T, 8> g_o, g_z;
 #pragma unroll
           for (int e = 0; e < 8; ++e) {
