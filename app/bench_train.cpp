@@ -70,6 +70,7 @@ const std::vector<GdrScanChoice>& gdr_scan_choices() {
       {"block-scan", "both bf16 scans' block kernels (warps sharing the state) instead of warps owning its columns"},
       {"warp-scan-64", "the bf16 scans' warp-column kernels in blocks of 64 columns"},
       {"warp-scan-128", "the bf16 scans' warp-column kernels in blocks of 128 columns"},
+      {"wgmma-scan", "the forward bf16 scan on warpgroup products (wgmma) instead of the warp-column kernel"},
       {"token-order", "its output copied into token order before the output norm"},
       {"fp32-states", "the scan's saved states in fp32 instead of bf16"},
       {"fp32-front", "the fused front's outputs in fp32 instead of bf16"},
@@ -198,6 +199,7 @@ int bench_train(const BenchTrainArgs& a) {
   // block-scan: the bf16 scans' block kernels; warp-scan-64|128: the warp-column kernels' width.
   kernels::gdr_scan_warp_columns(a.gdr_scan != "block-scan");
   kernels::gdr_scan_warp_width(a.gdr_scan == "warp-scan-64" ? 64 : a.gdr_scan == "warp-scan-128" ? 128 : 0);
+  kernels::gdr_scan_wgmma(a.gdr_scan == "wgmma-scan");
 #endif
   model::fp8_swiglu_mlp_enabled(a.fp8_ffn == "fused");
   model::gdr_use_kernels(a.gdr_scan != "aten");

@@ -300,6 +300,18 @@ int gdr_scan_forward_output_width(const GdrScanArgs& a);
 int gdr_scan_reverse_warps_width(const GdrScanArgs& a);
 int gdr_scan_reverse_warps(const GdrScanArgs& a, void* stream);
 int64_t gdr_scan_warp_launches();
+// The forward form on Hopper's warpgroup products (kernels/gdr_scan_wgmma.cu, built for sm_90a), off
+// by default: measured slower than the warp-column kernel at hybrid base (1.25 against 1.07 ms a
+// step; docs/perf.md, stop 63). Switched on (bench train's --gdr-scan wgmma-scan),
+// gdr_scan_forward_warps runs it in place of the warp-column kernel where its width (the block's
+// 64 state columns) is not 0: the forward's bf16 form with or without the chunk output, C 64, dk 96
+// or 128, dv a multiple of 64, signs ±1, and a kernel image for this GPU. The launch counter is for
+// tests.
+void gdr_scan_wgmma(bool on);
+bool gdr_scan_wgmma();
+int gdr_scan_forward_wgmma_width(const GdrScanArgs& a);
+int gdr_scan_forward_wgmma(const GdrScanArgs& a, void* stream);
+int64_t gdr_scan_wgmma_launches();
 // The width of state columns of the tensor-core kernel gdr_scan runs for a's sizes and variant,
 // or 0 when it runs an FMA kernel; for the fused form (dO or dO_bf16 set) gdr_scan_fused_width, where 0
 // means gdr_scan fails.

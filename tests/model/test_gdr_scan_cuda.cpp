@@ -23,6 +23,7 @@
 #include "kernels/gdr_chunk_front.h"
 #include "kernels/gdr_head_sizes.h"
 #include "kernels/gdr_scan.h"
+#include "kernels/wgmma_check.h"
 #include "model/fused_l2norm.h"
 #include "model/gdr.h"
 #include "model/gdr_chunk_core.h"
@@ -101,6 +102,7 @@ struct WarpColumnsRestored {
   ~WarpColumnsRestored() {
     kernels::gdr_scan_warp_columns(true);
     kernels::gdr_scan_warp_width(0);
+    kernels::gdr_scan_wgmma(false);
   }
 };
 
@@ -986,6 +988,7 @@ TEST(GdrScanCuda, Bf16ForwardScanTakesEitherDirectionAndSign) {
 TEST(GdrScanCuda, WarpColumnForwardScanMatchesTheRecurrence) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   const WarpColumnsRestored restore;
+  kernels::gdr_scan_wgmma(false);  // the warpgroup kernel (off by default) has the next test
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 1217);
   const std::vector<Case> cases = {{{5, 0, 1, 2}, 2, 64, 96, 192},
                                    {{3, 0, 2}, 3, 64, 128, 128},
@@ -1040,6 +1043,92 @@ TEST(GdrScanCuda, WarpColumnForwardScanMatchesTheRecurrence) {
   std::printf("[gdr_scan forward, warp columns] %d launches, worst against fp64 %.1e, against the block kernel %.1e; "
               "%d with the chunk output, worst %.1e\n",
               launches, worst, worst_vs_block, with_output, worst_o);
+}
+
+// kernels/wgmma.cuh's products at the smallest size, B staged either way: bf16 products exact,
+// fp32 sums, so within 1e-5 of the fp32 product of the same values (a core matrix read from the
+// wrong place gives errors of order one).
+TEST(Wgmma, ProductsReadBothLayouts) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 1301);
+  const auto opt = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  const auto A = torch::randn({64, 32}, opt), B = torch::randn({32, 64}, opt);
+  const auto want = torch::matmul(A.to(torch::kFloat32), B.to(torch::kFloat32));
+  const auto bits = [](const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr()); };
+  for (const bool n_major : {true, false}) {
+    const auto b = n_major ? B.contiguous() : B.t().contiguous();
+    auto D = torch::full({64, 64}, 7.f, opt.dtype(torch::kFloat32));
+    ASSERT_EQ(kernels::wgmma_product_check(bits(A), bits(b), D.data_ptr<float>(), n_major,
+                                           c10::cuda::getCurrentCUDAStream().stream()),
+              0);
+    const double e = rel_norm_diff(D.to(torch::kFloat64), want.to(torch::kFloat64));
+    EXPECT_LT(e, 1e-5) << (n_major ? "B staged N-major" : "B staged K-major");
+    std::printf("[wgmma] %s: %.1e against the fp32 product\n", n_major ? "N-major" : "K-major", e);
+  }
+}
+
+// The forward bf16 scan on warpgroup products (kernels/gdr_scan_wgmma.cu, switched on here), where
+// it takes the sizes: against the recurrence in fp64 (bound 8e-3, as the warp-column kernel above),
+// with and without the chunk output (where the scan takes it), both directions and signs, with and
+// without an initial state; and against the warp-column kernel (the switch off), whose roundings it
+// shares: only the order of fp32 sums may differ, so the two stay within a few bf16 roundings (4e-3
+// of the norm).
+TEST(GdrScanCuda, WarpgroupForwardScanMatchesTheRecurrence) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  const WarpColumnsRestored restore;
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 1303);
+  const std::vector<Case> cases = {{{5, 0, 1, 2}, 2, 64, 96, 192},  // hybrid base's head sizes
+                                   {{3, 0, 2}, 3, 64, 128, 128},
+                                   {{2, 4}, 2, 64, 128, 256}};
+  const auto f64 = [](const torch::Tensor& x) { return x.to(torch::kCPU, torch::kFloat64); };
+  double worst = 0, worst_o = 0, worst_vs_warps = 0;
+  int launches = 0;
+  for (const Case& c : cases) {
+    const ForwardBf16Scan run(c);
+    for (const bool output : {true, false}) {
+      for (const bool reverse : {false, true}) {
+        for (const float sign : {1.f, -1.f}) {
+          for (const bool with_init : {true, false}) {
+            const std::string what =
+                ForwardBf16Scan::what(c, reverse, sign, with_init) + (output ? ", with the chunk output" : "");
+            kernels::gdr_scan_wgmma(true);
+            auto o = run.prepare(kernels::kGdrScanAuto, reverse, sign, with_init);
+            // The output goes into the scan where the warp-column kernel would take it (dk 96 here).
+            if (output && kernels::gdr_scan_forward_output_width(o.a) == 0) continue;
+            if (output) run.attach_output(o);
+            ASSERT_EQ(kernels::gdr_scan_forward_wgmma_width(o.a), 64) << what;
+            const int64_t before = kernels::gdr_scan_wgmma_launches();
+            ASSERT_EQ(kernels::gdr_scan(o.a, c10::cuda::getCurrentCUDAStream().stream()), 0) << what;
+            EXPECT_EQ(kernels::gdr_scan_wgmma_launches() - before, 1) << what << ": the warpgroup kernel not taken";
+            double e_o = 0;
+            const double e = run.error(o, reverse, sign, with_init, &e_o);
+            EXPECT_LT(e, 8e-3) << what << ": against the fp64 recurrence";
+            if (output) {
+              EXPECT_LT(e_o, 8e-3) << what << ": the chunk output against fp64";
+              worst_o = std::max(worst_o, e_o);
+            }
+            EXPECT_FALSE((o.fin == 7.f).any().item<bool>()) << what << ": a final state left unwritten";
+            worst = std::max(worst, e);
+            ++launches;
+
+            kernels::gdr_scan_wgmma(false);
+            auto w = run.prepare(kernels::kGdrScanAuto, reverse, sign, with_init);
+            if (output) run.attach_output(w);
+            ASSERT_EQ(kernels::gdr_scan(w.a, c10::cuda::getCurrentCUDAStream().stream()), 0) << what << ", warps";
+            double d = std::max({rel_norm_diff(f64(o.state), f64(w.state)), rel_norm_diff(f64(o.y), f64(w.y)),
+                                 rel_norm_diff(f64(o.fin), f64(w.fin))});
+            if (output) d = std::max(d, rel_norm_diff(f64(o.o), f64(w.o)));
+            EXPECT_LT(d, 4e-3) << what << ": against the warp-column kernel";
+            worst_vs_warps = std::max(worst_vs_warps, d);
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(launches, 3 * 8 + 8) << "launches: each case without the output, the first also with it";
+  std::printf("[gdr_scan forward, warpgroups] %d launches, worst against fp64 %.1e (chunk output %.1e), against the "
+              "warp-column kernel %.1e\n",
+              launches, worst, worst_o, worst_vs_warps);
 }
 
 // The fused front's bf16 outputs (GdrChunkFrontArgs::bf16_out) are its fp32 outputs rounded to

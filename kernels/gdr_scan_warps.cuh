@@ -1,0 +1,271 @@
+// The pieces the warp-column scans share (kernels/gdr_scan_warps.cu, and gdr_scan_wgmma.cu's
+// warpgroup form): the chunk size, bf16 packing of accumulators into A fragments, the warps' output
+// staging, the block's tile copies and WarpScanBlock, which walks a (document, head)'s chunk rows
+// and keeps the copies of the steps ahead in flight.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cp_async.cuh"
+#include "kernels/gdr_chunk_mma.cuh"
+#include "kernels/gdr_scan.h"
+
+namespace kernels::warp_scan {
+constexpr int kChunk = 64;     // C
+constexpr int kStagePitch = 24;  // a warp's staging rows: 16 columns + 8 (48 bytes, an odd count of 16-byte units)
+
+__host__ __device__ constexpr int pitch16(int n) { return n + 8; }  // conflict-free ldmatrix rows
+
+// Elements of one buffer: a forward one holds W and Kd [C][dk + 8] and U [C][cols + 8], and with
+// the chunk output (kOutput) Qg [C][dk + 8] and P [C][C + 8]; a reverse one Kd, W and Qg
+// [C][dk + 8], Pm [C][C + 8] and dO [C][cols + 8]. All bf16.
+__host__ __device__ constexpr int buffer_elems(int warps, int dk, bool reverse, bool output) {
+  return reverse  ? 3 * kChunk * pitch16(dk) + kChunk * pitch16(kChunk) + kChunk * pitch16(16 * warps)
+         : output ? 3 * kChunk * pitch16(dk) + kChunk * pitch16(kChunk) + kChunk * pitch16(16 * warps)
+                  : 2 * kChunk * pitch16(dk) + kChunk * pitch16(16 * warps);
+}
+// Shared bytes of a block: `stages` buffers, then each warp's staging tile [dk][24] (the state's
+// rows, then y's, then the output's).
+__host__ __device__ constexpr int64_t smem_bytes_of(int warps, int dk, int stages, bool reverse, bool output = false) {
+  return (static_cast<int64_t>(stages) * buffer_elems(warps, dk, reverse, output) + warps * dk * kStagePitch) * 2;
+}
+
+__device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Four 8 × 8 matrices of 16-bit values stored transposed: lane l gives the address of row l % 8 of
+// matrix l / 8; lane 4g + t's register j holds (row g, columns 2t, 2t + 1) of matrix j before the
+// transpose, stored at (rows 2t, 2t + 1, column g).
+__device__ __forceinline__ void stmatrix_x4_trans_b16(void* smem_row, const uint32_t (&r)[4]) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem_row));
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  gdr_chunk_mma::mma16<__nv_bfloat16>(d, gdr_chunk_mma::Frag16A{{a[0], a[1], a[2], a[3]}},
+                                      gdr_chunk_mma::Frag16B{{b0, b1}});
+}
+
+// The A fragments (k-step ks: 16 of the accumulators' n) of Xᵀ-shaped accumulators acc[n-tile][4]
+// (m16 × n8 tiles: element e at row g + 8 (e / 2), column 8 nt + 2t + e % 2), rounded to bf16 and
+// sign-flipped by `flip` (0 or 0x80008000): tiles 2ks and 2ks + 1 make one 16 × 16 A fragment.
+template <int kTiles>
+__device__ __forceinline__ void pack_a(uint32_t (&out)[kTiles / 2][4], const float (&acc)[kTiles][4], uint32_t flip) {
+#pragma unroll
+  for (int ks = 0; ks < kTiles / 2; ++ks) {
+    out[ks][0] = bf16_pair(acc[2 * ks][0], acc[2 * ks][1]) ^ flip;
+    out[ks][1] = bf16_pair(acc[2 * ks][2], acc[2 * ks][3]) ^ flip;
+    out[ks][2] = bf16_pair(acc[2 * ks + 1][0], acc[2 * ks + 1][1]) ^ flip;
+    out[ks][3] = bf16_pair(acc[2 * ks + 1][2], acc[2 * ks + 1][3]) ^ flip;
+  }
+}
+
+template <int kN>
+__device__ __forceinline__ void flip_all(uint32_t (&x)[kN][4], uint32_t flip) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) x[i][q] ^= flip;
+  }
+}
+template <int kN>
+__device__ __forceinline__ void scale_all(float (&x)[kN][4], float by) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) x[i][q] *= by;
+  }
+}
+
+// acc[2p], acc[2p + 1] += a[ks] · B(ks, p) over k-steps ks < kKs and column-tile pairs p < kTiles / 2,
+// load_b(fb, ks, p) giving the B fragments of k-step ks, tiles 2p and 2p + 1: each k-step's
+// fragments loaded while the one before is multiplied (ncu: the mma waited on their ldmatrix).
+template <int kKs, int kTiles, typename LoadB>
+__device__ __forceinline__ void mma_tiles(float (&acc)[kTiles][4], const uint32_t (&a)[kKs][4], LoadB load_b) {
+  constexpr int kPairs = kTiles / 2;
+  uint32_t fb[2][kPairs][4];
+#pragma unroll
+  for (int p = 0; p < kPairs; ++p) load_b(fb[0][p], 0, p);
+#pragma unroll
+  for (int ks = 0; ks < kKs; ++ks) {
+    if (ks + 1 < kKs) {
+#pragma unroll
+      for (int p = 0; p < kPairs; ++p) load_b(fb[(ks + 1) % 2][p], ks + 1, p);
+    }
+#pragma unroll
+    for (int p = 0; p < kPairs; ++p) {
+      mma_bf16(acc[2 * p], a[ks], fb[ks % 2][p][0], fb[ks % 2][p][1]);
+      mma_bf16(acc[2 * p + 1], a[ks], fb[ks % 2][p][2], fb[ks % 2][p][3]);
+    }
+  }
+}
+
+// Writes a warp's packed fragments (pack_a's, [rows][16 columns] once transposed) to its staging
+// tile [rows][24], then out as 16-byte pieces to dst (rows of `pitch` elements).
+template <int kRows>
+__device__ __forceinline__ void store_transposed(uint16_t* stage, const uint32_t (&frag)[kRows / 16][4], uint16_t* dst,
+                                                 int pitch, int lane) {
+  __syncwarp();  // the last step's reads of the tile are done
+  const int j = lane / 8;
+#pragma unroll
+  for (int ks = 0; ks < kRows / 16; ++ks) {
+    stmatrix_x4_trans_b16(stage + (16 * ks + 8 * (j / 2) + lane % 8) * kStagePitch + 8 * (j % 2), frag[ks]);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int p = lane; p < 2 * kRows; p += 32) {
+    const int row = p / 2, half = p % 2;
+    *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(row) * pitch + 8 * half) =
+        *reinterpret_cast<const uint4*>(stage + row * kStagePitch + 8 * half);
+  }
+}
+
+// The same as store_transposed through a smaller staging area: two slots of [16][24], one 16-row
+// piece at a time (a stmatrix, then one 16-byte load and store a lane), the slots alternating so
+// that a piece's stores need no wait for the reads of the one before.
+template <int kRows>
+__device__ __forceinline__ void store_transposed_pieces(uint16_t* stage, const uint32_t (&frag)[kRows / 16][4],
+                                                        uint16_t* dst, int pitch, int lane) {
+  __syncwarp();  // the last call's reads of the slots are done
+  const int j = lane / 8, row = lane / 2, half = lane % 2;
+#pragma unroll
+  for (int ks = 0; ks < kRows / 16; ++ks) {
+    uint16_t* slot = stage + (ks % 2) * 16 * kStagePitch;
+    stmatrix_x4_trans_b16(slot + (8 * (j / 2) + lane % 8) * kStagePitch + 8 * (j % 2), frag[ks]);
+    __syncwarp();
+    *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(16 * ks + row) * pitch + 8 * half) =
+        *reinterpret_cast<const uint4*>(slot + row * kStagePitch + 8 * half);
+  }
+}
+
+// The pieces of a [kRows][8 · kPieces] tile a thread copies: where kThreads is a multiple of a
+// row's pieces, the thread keeps one column and its rows step by a constant (a count known at
+// compile time: a few immediate offsets from one base, where a division per piece and 64-bit
+// addresses took a quarter of the forward's instructions, measured by ncu); else every
+// kThreads-th piece. f(row, col) for each.
+template <int kThreads, int kRows, int kPieces, typename F>
+__device__ __forceinline__ void for_pieces(F f) {
+  const int tid = static_cast<int>(threadIdx.x);
+  if constexpr (kThreads % kPieces == 0) {
+    constexpr int kStep = kThreads / kPieces, kPasses = (kRows + kStep - 1) / kStep;
+    const int row0 = tid / kPieces, col = 8 * (tid % kPieces);
+#pragma unroll
+    for (int k = 0; k < kPasses; ++k) {
+      if (kRows % kStep == 0 || row0 + k * kStep < kRows) f(row0 + k * kStep, col);
+    }
+  } else {
+#pragma unroll
+    for (int p = tid; p < kRows * kPieces; p += kThreads) f(p / kPieces, 8 * (p % kPieces));
+  }
+}
+
+// Starts 16-byte copies of a [kRows][8 · kPieces] tile of 16-bit values (rows of src_pitch) into dst
+// (rows of kDstPitch), all kThreads threads of the block; pieces from column `limit` on are left out.
+template <int kThreads, int kRows, int kPieces, int kDstPitch>
+__device__ __forceinline__ void stage_tile(uint16_t* dst, const uint16_t* src, int src_pitch,
+                                           int limit = 8 * kPieces) {
+  for_pieces<kThreads, kRows, kPieces>([&](int row, int col) {
+    if (col < limit) cp_async16(dst + row * kDstPitch + col, src + row * src_pitch + col);
+  });
+}
+
+// What a block and its warp own, and the steps ahead of the one in hand (both kernels).
+template <int kWarps, int kDK, int kStages>
+struct WarpScanBlock {
+  static constexpr int kCols = 16 * kWarps, kDkTiles = kDK / 8;
+  const GdrScanArgs& a;
+  int lane, g, t, doc_head, doc, head, dv, j0, cols, c0, n;
+  bool active;
+  // kStages − 1 steps ahead: chunk rows and decays in registers (shifted a place a step), their
+  // tiles in flight, one cp.async group a step (empty past the end, so that every wait counts alike).
+  // And the row of the step after those (row_after), worked out a step before its copies start
+  // from the plan's entry (raw_next) read a step before that: no load's latency is waited for at
+  // the top of a step (ncu: the chunk row's load, waited for there, took 3% of the samples).
+  int64_t rows[kStages - 1];
+  float decays[kStages - 1];
+  int64_t row_after;
+  int raw_next;
+
+  // The (document, head) from blockIdx.x and the column block from blockIdx.y, or the other way
+  // round (columns_in_x: a document's column blocks next to each other in the launch order).
+  __device__ explicit WarpScanBlock(const GdrScanArgs& args, bool columns_in_x = false) : a(args) {
+    lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    doc_head = static_cast<int>(columns_in_x ? blockIdx.y : blockIdx.x);
+    doc = doc_head / static_cast<int>(a.H), head = doc_head % static_cast<int>(a.H);
+    dv = static_cast<int>(a.dv);
+    j0 = static_cast<int>(columns_in_x ? blockIdx.x : blockIdx.y) * kCols;
+    cols = dv - j0 < kCols ? dv - j0 : kCols;  // a multiple of 16
+    c0 = 16 * static_cast<int>(threadIdx.x / 32);  // this warp's first column within the block
+    active = c0 < cols;
+    n = a.n_chunks[doc];
+  }
+  __device__ int raw_of_step(int step) const { return step < n ? a.step_off[a.reverse ? n - 1 - step : step] : 0; }
+  __device__ int64_t row_of_raw(int raw) const { return (static_cast<int64_t>(raw) + doc) * a.H + head; }
+  __device__ int64_t row_of_step(int step) const { return row_of_raw(raw_of_step(step)); }
+  // Sᵀ's element e of tile nt (state row 8 nt + 2t + e % 2, column c0 + g + 8 (e / 2)) in a
+  // [n_docs · H, dk, dv] state.
+  __device__ int64_t state_at(int nt, int e) const {
+    return (static_cast<int64_t>(doc_head) * kDK + 8 * nt + 2 * t + e % 2) * dv + j0 + c0 + g + 8 * (e / 2);
+  }
+  __device__ void load_init(float (&st)[kDkTiles][4]) const {
+#pragma unroll
+    for (int nt = 0; nt < kDkTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[nt][e] = active && a.init != nullptr ? a.init[state_at(nt, e)] : 0.f;
+    }
+  }
+  __device__ void store_final(const float (&st)[kDkTiles][4]) const {
+    if (!active) return;
+#pragma unroll
+    for (int nt = 0; nt < kDkTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) a.final_state[state_at(nt, e)] = st[nt][e];
+    }
+  }
+  // stage(r, b): chunk row r's tiles into buffer b.
+  template <typename Stage>
+  __device__ void prime(Stage stage) {
+#pragma unroll
+    for (int q = 0; q < kStages - 1; ++q) {
+      rows[q] = q < n ? row_of_step(q) : 0;
+      decays[q] = q < n ? __ldg(a.decay + rows[q]) : 0.f;
+      if (q < n) stage(rows[q], q);
+      cp_async_commit();
+    }
+    row_after = row_of_step(kStages - 1);
+    raw_next = raw_of_step(kStages);
+  }
+  // At the top of `step` (whose row and decay the caller has taken from rows[0], decays[0]): waits
+  // for its buffer, then shifts the look-ahead and starts the copies kStages − 1 steps ahead, into
+  // the buffer the last step read (every warp is past it at the barrier). kForProducts: the buffer is
+  // read by warpgroup products (kernels/wgmma.cuh), which see the copies only after a proxy fence.
+  template <bool kForProducts = false, typename Stage>
+  __device__ void advance(int step, Stage stage) {
+    cp_async_wait<kStages - 2>();
+    if constexpr (kForProducts) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+#pragma unroll
+    for (int q = 0; q + 1 < kStages - 1; ++q) {
+      rows[q] = rows[q + 1];
+      decays[q] = decays[q + 1];
+    }
+    const int ahead = step + kStages - 1;
+    if (ahead < n) {
+      rows[kStages - 2] = row_after;
+      decays[kStages - 2] = __ldg(a.decay + row_after);
+      stage(row_after, ahead % kStages);
+      row_after = row_of_raw(raw_next);
+      raw_next = raw_of_step(ahead + 2);
+    }
+    cp_async_commit();
+  }
+};
+
+}  // namespace kernels::warp_scan
