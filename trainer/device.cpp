@@ -12,6 +12,9 @@
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
+#if defined(DD_HAVE_CUDA)
+#include "kernels/kernel_image.h"
+#endif
 #include "model/fp8_linear.h"
 
 namespace trainer {
@@ -76,6 +79,18 @@ std::vector<std::string> check_device(const RunConfig& cfg) {
                          std::to_string(gpus) + (gpus == 1 ? " GPU" : " GPUs") + ")");
   }
   if (!errors.empty()) return errors;
+#if defined(DD_HAVE_CUDA)
+  if (on_gpu) {
+    for (const auto& dev : rank_devices(d)) {
+      if (kernels::kernel_image_status(dev.index()) != 0) {
+        errors.push_back("run.devices: " + describe_device(dev) + " cannot run deltadeck's CUDA kernels, which this " +
+                         "build compiled for compute capability 9.0 (Hopper: H100, H200) and newer (use \"cpu\", or " +
+                         "a Hopper GPU)");
+      }
+    }
+  }
+  if (!errors.empty()) return errors;
+#endif
   const std::string& p = cfg.train.precision;
   if (!on_gpu && (p == "fp16" || p == "fp8"))
     errors.push_back("train.precision: \"" + p + "\" needs a CUDA GPU and this run is on the CPU (use \"fp32\" or "

@@ -12,7 +12,8 @@
 
 namespace trainer {
 
-// Problems with run.devices and train.precision on this machine (no GPU, an index out of range,
+// Problems with run.devices and train.precision on this machine (no GPU, an index out of range, a
+// GPU our kernels have no image for (before compute capability 9.0: kernels/kernel_image.h),
 // fp16/fp8 on the CPU, fp8 before compute capability 8.9). Empty = runnable.
 std::vector<std::string> check_device(const RunConfig& cfg);
 

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <c10/cuda/CUDAFunctions.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -12,6 +14,7 @@
 #include <string>
 
 #include "kernels/adamw.h"
+#include "kernels/kernel_image.h"
 #include "model/expert_grads_in_pieces.h"
 #include "model/expert_product.h"
 #include "model/fp8_linear.h"
@@ -25,6 +28,7 @@
 #include "tests/support/torch_compare.h"
 #include "tests/trainer/train_harness.h"
 #include "trainer/adamw.h"
+#include "trainer/device.h"
 
 using namespace train_harness;
 
@@ -36,6 +40,25 @@ double rel_error(const torch::Tensor& got, const torch::Tensor& want) {
 }
 
 }  // namespace
+
+// The check for GPUs our kernels have no image for (kernels/kernel_image.h; before compute
+// capability 9.0 the first launch would fail inside a training step): every GPU of the GPU machine
+// (Hopper) takes them, so trainer::check_device accepts run.devices = "all" there, the thread's
+// current device stays as it was, and an index past the last GPU is an error, not an image. (The
+// refusal itself needs an older GPU, which the GPU machine does not have.)
+TEST(TrainerCuda, KernelImageCheckAcceptsThisMachinesGpus) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  const int n = static_cast<int>(torch::cuda::device_count());
+  const auto before = c10::cuda::current_device();
+  for (int i = 0; i < n; ++i) EXPECT_EQ(kernels::kernel_image_status(i), 0) << "cuda:" << i;
+  EXPECT_NE(kernels::kernel_image_status(n), 0) << "a device past the last";
+  EXPECT_EQ(c10::cuda::current_device(), before) << "the current device restored";
+  trainer::RunConfig cfg;
+  cfg.run.devices = "all";
+  cfg.train.precision = "bf16";
+  const auto errors = trainer::check_device(cfg);
+  EXPECT_TRUE(errors.empty()) << (errors.empty() ? "" : errors.front());
+}
 
 // Quantisation puts amax on the format's largest value; every element of a normal-range value comes
 // back within half an e4m3 step (2^-4 relative).
