@@ -305,8 +305,8 @@ int64_t gdr_scan_warp_launches();
 // step; docs/perf.md, stop 63). Switched on (bench train's --gdr-scan wgmma-scan),
 // gdr_scan_forward_warps runs it in place of the warp-column kernel where its width (the block's
 // 64 state columns) is not 0: the forward's bf16 form with or without the chunk output, C 64, dk 96
-// or 128, dv a multiple of 64, signs ±1, and a kernel image for this GPU. The launch counter is for
-// tests.
+// or 128, dv a multiple of 64, signs ±1, n_docs · H ≤ 65535 (the grid's y), and a kernel image for
+// this GPU. The launch counter is for tests.
 void gdr_scan_wgmma(bool on);
 bool gdr_scan_wgmma();
 int gdr_scan_forward_wgmma_width(const GdrScanArgs& a);

@@ -23,19 +23,16 @@
 // this one (stages_of: buffers in a ring). Each warp writes its rows of out_state and out_y through
 // a shared staging tile of its own (stmatrix.trans, then 16-byte stores). C = 64 and dk 96 or 128
 // compiled in; dv a multiple of 16; the signs ±1 (applied to the bf16 values' sign bits: exact).
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
 #include <cstdint>
 
 #include "kernels/cp_async.cuh"
-#include "kernels/gdr_chunk_mma.cuh"
 #include "kernels/gdr_scan.h"
 #include "kernels/gdr_scan_warps.cuh"
 #include "kernels/ldmatrix.cuh"
 #include "kernels/smem_opt_in.cuh"
-#include "kernels/tf32_mma.cuh"
 
 namespace kernels {
 
@@ -97,18 +94,7 @@ __global__ void __launch_bounds__(32 * kWarps) gdr_scan_forward_warps_kernel(Gdr
     // yᵀ = sign_p (sign_p Aᵀ + Sᵀ Wᵀ): the accumulators start at sign_p Aᵀ, U's bf16 pairs by
     // ldmatrix.trans (rows 2t, 2t + 1 of column g: yᵀ's accumulator layout) widened exactly.
     float acc[kRowTiles][4];
-#pragma unroll
-    for (int rt = 0; rt < kRowTiles; rt += 2) {
-      uint32_t u4[4];
-      const int j = lane / 8;
-      ldmatrix_x4_trans_b16(u4, u_s + (8 * (rt + j / 2) + lane % 8) * kPu + c0 + 8 * (j % 2));
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const uint32_t bits = u4[q] ^ flip_p;
-        acc[rt + q / 2][2 * (q % 2)] = __uint_as_float(bits << 16);
-        acc[rt + q / 2][2 * (q % 2) + 1] = __uint_as_float(bits & 0xffff0000u);
-      }
-    }
+    load_transposed_widened<kRowTiles>(acc, u_s, kPu, c0, lane, flip_p);
     mma_tiles(acc, sa, [&](uint32_t(&fb)[4], int ks, int p) {
       ldsm_b_pair_of_transposed(fb, w_s, kPk, 16 * ks, 16 * p, lane);
     });

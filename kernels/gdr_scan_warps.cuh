@@ -12,6 +12,7 @@
 #include "kernels/cp_async.cuh"
 #include "kernels/gdr_chunk_mma.cuh"
 #include "kernels/gdr_scan.h"
+#include "kernels/ldmatrix.cuh"
 
 namespace kernels::warp_scan {
 constexpr int kChunk = 64;     // C
@@ -64,6 +65,27 @@ __device__ __forceinline__ void pack_a(uint32_t (&out)[kTiles / 2][4], const flo
     out[ks][1] = bf16_pair(acc[2 * ks][2], acc[2 * ks][3]) ^ flip;
     out[ks][2] = bf16_pair(acc[2 * ks + 1][0], acc[2 * ks + 1][1]) ^ flip;
     out[ks][3] = bf16_pair(acc[2 * ks + 1][2], acc[2 * ks + 1][3]) ^ flip;
+  }
+}
+
+// Accumulators acc[n-tile][4] of Xᵀ (kTiles 8-column tiles: element e at row g + 8 (e / 2),
+// column 8 nt + 2t + e % 2) from a row-major bf16 tile X [8 kTiles][pitch] in shared memory, columns
+// c0 .. c0 + 15: by ldmatrix.trans (rows 2t, 2t + 1 of column g), each bf16 widened exactly, its sign
+// flipped by `flip` (0 or 0x80008000).
+template <int kTiles>
+__device__ __forceinline__ void load_transposed_widened(float (&acc)[kTiles][4], const uint16_t* x_s, int pitch,
+                                                        int c0, int lane, uint32_t flip) {
+  const int j = lane / 8;
+#pragma unroll
+  for (int rt = 0; rt < kTiles; rt += 2) {
+    uint32_t u4[4];
+    ldmatrix_x4_trans_b16(u4, x_s + (8 * (rt + j / 2) + lane % 8) * pitch + c0 + 8 * (j % 2));
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint32_t bits = u4[q] ^ flip;
+      acc[rt + q / 2][2 * (q % 2)] = __uint_as_float(bits << 16);
+      acc[rt + q / 2][2 * (q % 2) + 1] = __uint_as_float(bits & 0xffff0000u);
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 // The forward bf16 scan (kernels/gdr_scan.h's forward form with bf16 products, optionally the
 // chunk output) with its products on Hopper's warpgroup instructions (kernels/wgmma.cuh): the
-// same recurrence and roundings as gdr_scan_warps.cu's forward kernel (bit-equal in the test),
+// same recurrence and roundings as gdr_scan_warps.cu's forward kernel (bit-equal in every run of
+// the test so far, which bounds the difference at 4e-3),
 // whose warps each own 16 state columns and load every product's B operand from shared memory by
 // ldmatrix, warp by warp (ncu at hybrid base: 940 instructions a warp a step, 166 of them mma,
 // the warps stalled most on those loads). Here the four warps of a group (64 state columns) take
@@ -10,7 +11,7 @@
 // 1.07. A head's dv 192 takes three 64-column blocks where the warp kernel takes two of 96, so
 // each chunk's four tiles are copied in half again as often, and with one block of four warps an
 // SM (the copies' three buffers fill shared memory) the step is a chain of waits: the copies, the
-// products, the output stores (ncu: long-scoreboard stalls 4 – 7 cycles an instruction).
+// products, the output stores (ncu: long-scoreboard stalls 4 – 8 cycles an instruction).
 //
 // A step, for the group's columns (Sᵀ [64 columns, dk] fp32 accumulators, as in the warp kernel):
 //   out_state[r] = S                                  (rounded to bf16: the A fragments sa)
@@ -23,7 +24,6 @@
 // copies. Built for sm_90a only (kernels/CMakeLists.txt: deltadeck_kernels_sm90a);
 // gdr_scan_forward_wgmma_width is 0 where the kernel cannot run (no image for the GPU: its
 // shared-memory opt-in fails).
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -32,7 +32,6 @@
 #include "kernels/cp_async.cuh"
 #include "kernels/gdr_scan.h"
 #include "kernels/gdr_scan_warps.cuh"
-#include "kernels/ldmatrix.cuh"
 #include "kernels/smem_opt_in.cuh"
 #include "kernels/wgmma.cuh"
 #include "kernels/wgmma_check.h"
@@ -133,25 +132,19 @@ __global__ void __launch_bounds__(32 * kWarps, 1) gdr_scan_forward_wgmma_kernel(
     pack_a<kDkTiles>(sa, st, 0u);
     // yᵀ's accumulators start at sign_p Aᵀ (U's bf16 pairs by ldmatrix.trans, widened exactly).
     float acc[kRowTiles][4];
-#pragma unroll
-    for (int rt = 0; rt < kRowTiles; rt += 2) {
-      uint32_t u4[4];
-      const int j = lane / 8;
-      ldmatrix_x4_trans_b16(u4, u_s + (8 * (rt + j / 2) + lane % 8) * kPu + c0 + 8 * (j % 2));
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const uint32_t bits = u4[q] ^ flip_p;
-        acc[rt + q / 2][2 * (q % 2)] = __uint_as_float(bits << 16);
-        acc[rt + q / 2][2 * (q % 2) + 1] = __uint_as_float(bits & 0xffff0000u);
-      }
-    }
+    load_transposed_widened<kRowTiles>(acc, u_s, kPu, c0, lane, flip_p);
+    // Registers a product reads or writes are written before the fence (hold keeps the compiler from
+    // moving those writes past it) and not touched again until the wait (PTX: undefined otherwise).
+    wgmma::hold(sa);
+    wgmma::hold(acc);
     wgmma::fence();
 #pragma unroll
     for (int ks = 0; ks < kDK / 16; ++ks) wgmma::product<kC, false>(acc, sa[ks], wgmma::at_k_step(w_desc, ks), true);
     wgmma::commit();
-    store_transposed_pieces<kDK>(stage_s, sa, a.out_state_bf16 + r * kDK * dv + blk.j0 + c0, dv, lane);
     wgmma::wait<0>();
     wgmma::hold(acc);
+    wgmma::hold(sa);
+    store_transposed_pieces<kDK>(stage_s, sa, a.out_state_bf16 + r * kDK * dv + blk.j0 + c0, dv, lane);
 
     // y rounded (its sign restored): out_y[r], and the A operand of the update and of Oᵀ += yᵀ Pᵀ.
     uint32_t ya[kRowTiles / 2][4];
@@ -160,6 +153,9 @@ __global__ void __launch_bounds__(32 * kWarps, 1) gdr_scan_forward_wgmma_kernel(
     // Oᵀ = Sᵀ Qgᵀ + yᵀ Pᵀ from the step's two A operands: after y, so that its sums do not hold
     // registers while y's do.
     scale_all(st, dec);
+    wgmma::hold(st);
+    wgmma::hold(ya);
+    if constexpr (kOutput) wgmma::hold(o);
     wgmma::fence();
 #pragma unroll
     for (int ks = 0; ks < kC / 16; ++ks) {
@@ -176,11 +172,11 @@ __global__ void __launch_bounds__(32 * kWarps, 1) gdr_scan_forward_wgmma_kernel(
       for (int ks = 0; ks < kC / 16; ++ks) wgmma::product<kC, false>(o, ya[ks], wgmma::at_k_step(p_desc, ks), true);
     }
     wgmma::commit();
-    store_transposed_pieces<kC>(stage_s, ya, a.out_y_bf16 + r * kC * dv + blk.j0 + c0, dv, lane);
     wgmma::wait<0>();
     wgmma::hold(st);
     wgmma::hold(sa);
     wgmma::hold(ya);
+    store_transposed_pieces<kC>(stage_s, ya, a.out_y_bf16 + r * kC * dv + blk.j0 + c0, dv, lane);
     if constexpr (kOutput) {
       wgmma::hold(o);
       scale_all(o, a.out_scale);
@@ -196,8 +192,8 @@ __global__ void __launch_bounds__(32 * kWarps, 1) gdr_scan_forward_wgmma_kernel(
 
 using Kernel = void (*)(GdrScanArgs);
 
-// One warpgroup a block: 64 state columns. Three (one block a head at hybrid base's dv 192) had
-// 168 registers a thread and room for two buffers only: 3.97 ms a step (stop 63).
+// One warpgroup a block: 64 state columns. Three (one block a head at hybrid base's dv 192) have
+// 168 registers a thread: 1.67 ms a step with three buffers and 3.97 with two (stop 63).
 constexpr int kWarps = 4, kCols = 16 * kWarps;
 
 template <int kDK, bool kOutput, bool kNegQ>
@@ -287,6 +283,8 @@ __global__ void __launch_bounds__(128) wgmma_check_kernel(const uint16_t* A, con
   }
   float d[8][4] = {};
   const uint64_t desc = wgmma::descriptor(b_s, 128, 128 * 4);  // 4 core matrices along K either way
+  wgmma::hold(a);
+  wgmma::hold(d);
   wgmma::fence();
   for (int ks = 0; ks < 2; ++ks) wgmma::product<64, kNMajor>(d, a[ks], wgmma::at_k_step(desc, ks), true);
   wgmma::commit();

@@ -1072,7 +1072,7 @@ TEST(Wgmma, ProductsReadBothLayouts) {
 // with and without the chunk output (where the scan takes it), both directions and signs, with and
 // without an initial state; and against the warp-column kernel (the switch off), whose roundings it
 // shares: only the order of fp32 sums may differ, so the two stay within a few bf16 roundings (4e-3
-// of the norm).
+// of the norm; on the H200 they agreed to the bit in every run so far).
 TEST(GdrScanCuda, WarpgroupForwardScanMatchesTheRecurrence) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   const WarpColumnsRestored restore;
