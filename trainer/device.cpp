@@ -81,11 +81,12 @@ std::vector<std::string> check_device(const RunConfig& cfg) {
   if (!errors.empty()) return errors;
 #if defined(DD_HAVE_CUDA)
   if (on_gpu) {
+    const int arch = kernels::kernel_arch();
     for (const auto& dev : rank_devices(d)) {
-      if (kernels::kernel_image_status(dev.index()) != 0) {
-        errors.push_back("run.devices: " + describe_device(dev) + " cannot run deltadeck's CUDA kernels, which this " +
-                         "build compiled for compute capability 9.0 (Hopper: H100, H200) and newer (use \"cpu\", or " +
-                         "a Hopper GPU)");
+      if (kernels::kernel_image_missing(dev.index())) {
+        errors.push_back("run.devices: " + describe_device(dev) + " cannot run deltadeck's CUDA kernels: this build " +
+                         "compiled them for compute capability " + std::to_string(arch / 10) + "." +
+                         std::to_string(arch % 10) + " (Hopper: H100, H200) (use \"cpu\", or a Hopper GPU)");
       }
     }
   }

@@ -44,15 +44,20 @@ double rel_error(const torch::Tensor& got, const torch::Tensor& want) {
 // The check for GPUs our kernels have no image for (kernels/kernel_image.h; before compute
 // capability 9.0 the first launch would fail inside a training step): every GPU of the GPU machine
 // (Hopper) takes them, so trainer::check_device accepts run.devices = "all" there, the thread's
-// current device stays as it was, and an index past the last GPU is an error, not an image. (The
-// refusal itself needs an older GPU, which the GPU machine does not have.)
+// current device stays as it was, and an index past the last GPU is an error of its own, not a
+// missing image. (The refusal itself needs an older GPU, which the GPU machine does not have.)
 TEST(TrainerCuda, KernelImageCheckAcceptsThisMachinesGpus) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   const int n = static_cast<int>(torch::cuda::device_count());
   const auto before = c10::cuda::current_device();
-  for (int i = 0; i < n; ++i) EXPECT_EQ(kernels::kernel_image_status(i), 0) << "cuda:" << i;
+  EXPECT_EQ(kernels::kernel_arch(), 90);
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(kernels::kernel_image_status(i), 0) << "cuda:" << i;
+    EXPECT_FALSE(kernels::kernel_image_missing(i)) << "cuda:" << i;
+  }
   EXPECT_NE(kernels::kernel_image_status(n), 0) << "a device past the last";
-  EXPECT_EQ(c10::cuda::current_device(), before) << "the current device restored";
+  EXPECT_FALSE(kernels::kernel_image_missing(n)) << "a device past the last is not a missing image";
+  EXPECT_EQ(c10::cuda::current_device(), before) << "the current device left alone";
   trainer::RunConfig cfg;
   cfg.run.devices = "all";
   cfg.train.precision = "bf16";
