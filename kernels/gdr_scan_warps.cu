@@ -17,6 +17,10 @@
 // of y and a 16 × 32 tile of the state: four barriers and about 450 instructions a warp for 24 mma
 // each step (docs/perf.md, stop 55). At hybrid base the scans took 0.99 and 1.21 ms a step there,
 // 0.68 and 0.90 here (stop 56).
+// A warp issues each step's work in the order the next step needs it: y, then the state's update,
+// and only then the stores and the output (and in the reverse the products without the state
+// first), so that the update's products run while the rest of the step issues: at hybrid base the
+// scans went 1.07 -> 1.02 and 0.91 -> 0.88 ms a step, with the same bits (stop 64).
 //
 // Blocks: kWarps warps, 16 · kWarps columns from j0 = blockIdx.y · 16 · kWarps, one (document,
 // head) per blockIdx.x; the block stages the next steps' tiles by cp.async while the warps work on
@@ -86,10 +90,10 @@ __global__ void __launch_bounds__(32 * kWarps) gdr_scan_forward_warps_kernel(Gdr
     const uint16_t* kd_s = w_s + kC * kPk;
     const uint16_t* u_s = kd_s + kC * kPk;
 
-    // The state this step starts from, rounded: the A operand of Sᵀ Wᵀ, and out_state[r].
+    // The state this step starts from, rounded: the A operand of Sᵀ Wᵀ (and of the output's Sᵀ
+    // Qgᵀ), and out_state[r].
     uint32_t sa[kDkTiles / 2][4];
     pack_a<kDkTiles>(sa, st, 0u);
-    store_transposed<kDK>(stage_s, sa, a.out_state_bf16 + r * kDK * dv + blk.j0 + c0, dv, lane);
 
     // yᵀ = sign_p (sign_p Aᵀ + Sᵀ Wᵀ): the accumulators start at sign_p Aᵀ, U's bf16 pairs by
     // ldmatrix.trans (rows 2t, 2t + 1 of column g: yᵀ's accumulator layout) widened exactly.
@@ -98,22 +102,31 @@ __global__ void __launch_bounds__(32 * kWarps) gdr_scan_forward_warps_kernel(Gdr
     mma_tiles(acc, sa, [&](uint32_t(&fb)[4], int ks, int p) {
       ldsm_b_pair_of_transposed(fb, w_s, kPk, 16 * ks, 16 * p, lane);
     });
-    // Oᵀ = Sᵀ Qgᵀ, then + yᵀ Pᵀ below.
-    const uint16_t* qg_s = u_s + kC * kPu;
-    const uint16_t* p_s = qg_s + kC * kPk;
-    float o[kOutput ? kRowTiles : 1][4] = {};
+    // y rounded (its sign restored): out_y[r], and the update's operand as sign_q · y.
+    uint32_t ya[kRowTiles / 2][4];
+    pack_a<kRowTiles>(ya, acc, flip_p);
+
+    // Sᵀ = decay · Sᵀ + (sign_q y)ᵀ Kd, issued before the stores and the output: the next step
+    // waits on these products, the rest of this one does not, and runs while they do (the
+    // products are asm volatile, so the order here is the order they issue in).
+    {
+      uint32_t yq[kRowTiles / 2][4];
+      flipped(yq, ya, flip_q);
+      scale_all(st, dec);
+      mma_tiles(st, yq, [&](uint32_t(&fb)[4], int ks, int p) { ldsm_b_pair(fb, kd_s, kPk, 16 * ks, 16 * p, lane); });
+    }
+
+    store_transposed<kDK>(stage_s, sa, a.out_state_bf16 + r * kDK * dv + blk.j0 + c0, dv, lane);
+    store_transposed<kC>(stage_s, ya, a.out_y_bf16 + r * kC * dv + blk.j0 + c0, dv, lane);
     if constexpr (kOutput) {
+      // Oᵀ = Sᵀ Qgᵀ + yᵀ Pᵀ: P's row tile pair p (O's rows 16p..) has no terms past column 16p + 15,
+      // so k-steps up to p.
+      const uint16_t* qg_s = u_s + kC * kPu;
+      const uint16_t* p_s = qg_s + kC * kPk;
+      float o[kRowTiles][4] = {};
       mma_tiles(o, sa, [&](uint32_t(&fb)[4], int ks, int p) {
         ldsm_b_pair_of_transposed(fb, qg_s, kPk, 16 * ks, 16 * p, lane);
       });
-    }
-    // y rounded (its sign restored), out to out_y[r]; the update's operand is sign_q · y.
-    uint32_t ya[kRowTiles / 2][4];
-    pack_a<kRowTiles>(ya, acc, flip_p);
-    store_transposed<kC>(stage_s, ya, a.out_y_bf16 + r * kC * dv + blk.j0 + c0, dv, lane);
-    if constexpr (kOutput) {
-      // Oᵀ += yᵀ Pᵀ: P's row tile pair p (O's rows 16p..) has no terms past column 16p + 15, so
-      // k-steps up to p.
 #pragma unroll
       for (int p = 0; p < kRowTiles / 2; ++p) {
 #pragma unroll
@@ -129,11 +142,6 @@ __global__ void __launch_bounds__(32 * kWarps) gdr_scan_forward_warps_kernel(Gdr
       pack_a<kRowTiles>(oa, o, 0u);
       store_transposed<kC>(stage_s, oa, a.out_o_bf16 + r * kC * dv + blk.j0 + c0, dv, lane);
     }
-    flip_all(ya, flip_q);
-
-    // Sᵀ = decay · Sᵀ + (sign_q y)ᵀ Kd.
-    scale_all(st, dec);
-    mma_tiles(st, ya, [&](uint32_t(&fb)[4], int ks, int p) { ldsm_b_pair(fb, kd_s, kPk, 16 * ks, 16 * p, lane); });
   }
   cp_async_wait<0>();
   blk.store_final(st);
@@ -210,16 +218,13 @@ __global__ void __launch_bounds__(32 * kWarps) gdr_scan_reverse_warps_kernel(Gdr
     const uint16_t* pm_s = qg_s + kC * kPk;
     const uint16_t* do_s = pm_s + kC * kPc;
 
-    uint32_t sa[kDkTiles / 2][4];
-    pack_a<kDkTiles>(sa, st, 0u);
-    store_transposed<kDK>(stage_s, sa, a.out_state_bf16 + r * kDK * dv + blk.j0 + c0, dv, lane);
-
     // dOᵀ's A fragments (m: this warp's columns, k: the chunk's rows).
     uint32_t oa[kC / 16][4];
 #pragma unroll
     for (int ks = 0; ks < kC / 16; ++ks) ldsm_a_of_transposed(oa[ks], do_s, kPo, c0, 16 * ks, lane);
 
     // yᵀ = s (dOᵀ Pm) + Sᵀ Kdᵀ; Pm[k][i] is zero for k < i, so tile pair p takes k-steps from p on.
+    // The part without the state first: it does not wait for the last step's products.
     float acc[kRowTiles][4] = {};
 #pragma unroll
     for (int p = 0; p < kRowTiles / 2; ++p) {
@@ -232,33 +237,54 @@ __global__ void __launch_bounds__(32 * kWarps) gdr_scan_reverse_warps_kernel(Gdr
       }
     }
     scale_all(acc, s);
+    uint32_t sa[kDkTiles / 2][4];
+    pack_a<kDkTiles>(sa, st, 0u);
     mma_tiles(acc, sa, [&](uint32_t(&fb)[4], int ks, int p) {
       ldsm_b_pair_of_transposed(fb, kd_s, kPk, 16 * ks, 16 * p, lane);
     });
+
+    // Sᵀ = decay · Sᵀ + s (dOᵀ Qg), a pair of dk tiles at a time (their sums in 8 registers); then
+    // + (sign_q y)ᵀ W. At dk 96 the first part runs while y's products do, and the stores come after
+    // the update's products are issued: the next step waits on the state, not on them (the
+    // products are asm volatile, so the order here is the order they issue in). At dk 128 that
+    // order needs more than 255 registers (ptxas spilled, and bench gdr's backward took 1.6% longer,
+    // docs/perf.md stop 64), so there each part comes where its operands are first ready.
+    auto add_do_qg = [&] {
+#pragma unroll
+      for (int p = 0; p < kDkTiles / 2; ++p) {
+        float e[2][4] = {};
+#pragma unroll
+        for (int ks = 0; ks < kC / 16; ++ks) {
+          uint32_t fb[4];
+          ldsm_b_pair(fb, qg_s, kPk, 16 * ks, 16 * p, lane);
+          mma_bf16(e[0], oa[ks], fb[0], fb[1]);
+          mma_bf16(e[1], oa[ks], fb[2], fb[3]);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) st[2 * p + h][q] = dec * st[2 * p + h][q] + s * e[h][q];
+        }
+      }
+    };
+    constexpr bool kEarlyUpdate = kDK <= 96;
+    if constexpr (kEarlyUpdate) add_do_qg();
     uint32_t ya[kRowTiles / 2][4];
     pack_a<kRowTiles>(ya, acc, 0u);
-    store_transposed<kC>(stage_s, ya, a.out_y_bf16 + r * kC * dv + blk.j0 + c0, dv, lane);
-    flip_all(ya, flip_q);
-
-    // Sᵀ = decay · Sᵀ + s (dOᵀ Qg), a pair of dk tiles at a time (their sums in 8 registers), then
-    // + (sign_q y)ᵀ W.
-#pragma unroll
-    for (int p = 0; p < kDkTiles / 2; ++p) {
-      float e[2][4] = {};
-#pragma unroll
-      for (int ks = 0; ks < kC / 16; ++ks) {
-        uint32_t fb[4];
-        ldsm_b_pair(fb, qg_s, kPk, 16 * ks, 16 * p, lane);
-        mma_bf16(e[0], oa[ks], fb[0], fb[1]);
-        mma_bf16(e[1], oa[ks], fb[2], fb[3]);
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) st[2 * p + h][q] = dec * st[2 * p + h][q] + s * e[h][q];
-      }
+    if constexpr (!kEarlyUpdate) {
+      store_transposed<kDK>(stage_s, sa, a.out_state_bf16 + r * kDK * dv + blk.j0 + c0, dv, lane);
+      store_transposed<kC>(stage_s, ya, a.out_y_bf16 + r * kC * dv + blk.j0 + c0, dv, lane);
+      add_do_qg();
     }
-    mma_tiles(st, ya, [&](uint32_t(&fb)[4], int ks, int p) { ldsm_b_pair(fb, w_s, kPk, 16 * ks, 16 * p, lane); });
+    {
+      uint32_t yq[kRowTiles / 2][4];
+      flipped(yq, ya, flip_q);
+      mma_tiles(st, yq, [&](uint32_t(&fb)[4], int ks, int p) { ldsm_b_pair(fb, w_s, kPk, 16 * ks, 16 * p, lane); });
+    }
+    if constexpr (kEarlyUpdate) {
+      store_transposed<kDK>(stage_s, sa, a.out_state_bf16 + r * kDK * dv + blk.j0 + c0, dv, lane);
+      store_transposed<kC>(stage_s, ya, a.out_y_bf16 + r * kC * dv + blk.j0 + c0, dv, lane);
+    }
   }
   cp_async_wait<0>();
   blk.store_final(st);

@@ -89,12 +89,13 @@ __device__ __forceinline__ void load_transposed_widened(float (&acc)[kTiles][4],
   }
 }
 
+// out = x with each bf16's sign flipped by `flip` (0 or 0x80008000).
 template <int kN>
-__device__ __forceinline__ void flip_all(uint32_t (&x)[kN][4], uint32_t flip) {
+__device__ __forceinline__ void flipped(uint32_t (&out)[kN][4], const uint32_t (&x)[kN][4], uint32_t flip) {
 #pragma unroll
   for (int i = 0; i < kN; ++i) {
 #pragma unroll
-    for (int q = 0; q < 4; ++q) x[i][q] ^= flip;
+    for (int q = 0; q < 4; ++q) out[i][q] = x[i][q] ^ flip;
   }
 }
 template <int kN>
