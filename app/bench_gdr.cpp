@@ -174,6 +174,7 @@ int bench_gdr(const BenchGdrArgs& a) {
     bool split_tail = false;           // the tail's dq, dk products split-TF32, not bf16 (model::gdr_bf16_tail_products)
     bool fp32_solve_tiles = false;     // the solve's backward on fp32 tiles, TF32 mma (model::gdr_bf16_solve_tiles)
     bool token_output = false;         // the output in token order and fp32, not the layer's rows (o_as_rows)
+    bool thread_copies = false;        // the bf16 scans' threads all copying, not two copy warps
   };
   // The default kernels with one setting changed.
   auto default_but = [](const char* name, auto Mode::*field, auto value) {
@@ -184,6 +185,7 @@ int bench_gdr(const BenchGdrArgs& a) {
   const char* other_products = tf32_default ? "kernels, split-TF32 scan" : "kernels, TF32 scan";
   const std::vector<Mode> modes =
       dev.is_cuda() ? std::vector<Mode>{Mode{"kernels (default)"},
+                                        default_but("kernels, thread copies", &Mode::thread_copies, true),
                                         default_but("kernels, fp32 tokens", &Mode::token_output, true),
                                         default_but(other_products, &Mode::other_scan_products, true),
                                         default_but("kernels, fp32 states", &Mode::fp32_states, true),
@@ -217,6 +219,9 @@ int bench_gdr(const BenchGdrArgs& a) {
   for (const Mode& mode : modes) {
     if (a.default_only && &mode != &modes.front()) break;
     model::gdr_use_kernels(mode.kernels);
+#if defined(DD_HAVE_CUDA)
+    kernels::gdr_scan_copy_warps(!mode.thread_copies);  // kernels/gdr_scan_copy_warps.cu
+#endif
     model::gdr_use_fused_kernels(mode.fused);
     model::gdr_scan_variant(mode.scan_variant);
     model::bmm_fp32_wide_tiles(mode.wide_products);

@@ -71,6 +71,8 @@ const std::vector<GdrScanChoice>& gdr_scan_choices() {
       {"warp-scan-64", "the bf16 scans' warp-column kernels in blocks of 64 columns"},
       {"warp-scan-128", "the bf16 scans' warp-column kernels in blocks of 128 columns"},
       {"wgmma-scan", "the forward bf16 scan on warpgroup products (wgmma) instead of the warp-column kernel"},
+      {"thread-copies",
+       "the bf16 scans' warp-column kernels with every thread copying and a block barrier a step, not two copy warps"},
       {"token-order", "its output copied into token order before the output norm"},
       {"fp32-states", "the scan's saved states in fp32 instead of bf16"},
       {"fp32-front", "the fused front's outputs in fp32 instead of bf16"},
@@ -200,6 +202,7 @@ int bench_train(const BenchTrainArgs& a) {
   kernels::gdr_scan_warp_columns(a.gdr_scan != "block-scan");
   kernels::gdr_scan_warp_width(a.gdr_scan == "warp-scan-64" ? 64 : a.gdr_scan == "warp-scan-128" ? 128 : 0);
   kernels::gdr_scan_wgmma(a.gdr_scan == "wgmma-scan");
+  kernels::gdr_scan_copy_warps(a.gdr_scan != "thread-copies");
 #endif
   model::fp8_swiglu_mlp_enabled(a.fp8_ffn == "fused");
   model::gdr_use_kernels(a.gdr_scan != "aten");

@@ -309,6 +309,17 @@ int64_t gdr_scan_warp_launches();
 // this GPU. The launch counter is for tests.
 void gdr_scan_wgmma(bool on);
 bool gdr_scan_wgmma();
+// The warp-column scans fed by two copy warps (kernels/gdr_scan_copy_warps.cu): the same steps and
+// bits, with the column warps waiting only for their own step's buffer instead of a __syncthreads a
+// step. On by default: gdr_scan_forward_warps and gdr_scan_reverse_warps launch them in place of
+// their own kernels where gdr_scan_copy_warps_take says so (the width, the form: backward_form is
+// the fused backward form, GdrScanArgs::dO_bf16; the buffers fitting). The launch counter is for
+// tests.
+void gdr_scan_copy_warps(bool on);
+bool gdr_scan_copy_warps();
+bool gdr_scan_copy_warps_take(const GdrScanArgs& a, int cols, bool backward_form);
+int gdr_scan_copy_warps_launch(const GdrScanArgs& a, int cols, bool backward_form, void* stream);
+int64_t gdr_scan_copy_warps_launches();
 int gdr_scan_forward_wgmma_width(const GdrScanArgs& a);
 int gdr_scan_forward_wgmma(const GdrScanArgs& a, void* stream);
 int64_t gdr_scan_wgmma_launches();

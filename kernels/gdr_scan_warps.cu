@@ -20,7 +20,11 @@
 // A warp issues each step's work in the order the next step needs it: y, then the state's update,
 // and only then the stores and the output (and in the reverse the products without the state
 // first), so that the update's products run while the rest of the step issues: at hybrid base the
-// scans went 1.07 -> 1.02 and 0.91 -> 0.88 ms a step, with the same bits (stop 64).
+// scans went 1.07 -> 1.02 and 0.91 -> 0.88 ms a step, with the same bits (stop 64). The steps
+// themselves are warp_scan::forward_step and reverse_step (gdr_scan_warps.cuh): by default
+// gdr_scan_forward_warps and gdr_scan_reverse_warps launch them in kernels fed by two copy warps
+// (gdr_scan_copy_warps.cu: 0.98 and 0.80 ms), and these kernels, whose every thread copies, where
+// those do not take the sizes (128-column blocks) or are switched off.
 //
 // Blocks: kWarps warps, 16 · kWarps columns from j0 = blockIdx.y · 16 · kWarps, one (document,
 // head) per blockIdx.x; the block stages the next steps' tiles by cp.async while the warps work on
@@ -54,13 +58,13 @@ template <int kWarps, int kDK, int kStages, bool kOutput>
 __global__ void __launch_bounds__(32 * kWarps) gdr_scan_forward_warps_kernel(GdrScanArgs a) {
   constexpr int kC = kChunk, kThreads = 32 * kWarps, kCols = 16 * kWarps;
   constexpr int kPk = pitch16(kDK), kPu = pitch16(kCols), kPc = pitch16(kC);
-  constexpr int kDkTiles = kDK / 8, kRowTiles = kC / 8;
+  constexpr int kDkTiles = kDK / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint16_t* const smem = reinterpret_cast<uint16_t*>(smem_raw);
   constexpr int kBuf = buffer_elems(kWarps, kDK, false, kOutput);  // one buffer: W, Kd, U (Qg, P)
   uint16_t* const stage_s = smem + kStages * kBuf + (threadIdx.x / 32) * kDK * kStagePitch;
   WarpScanBlock<kWarps, kDK, kStages> blk(a);
-  const int lane = blk.lane, dv = blk.dv, c0 = blk.c0;
+  const int dv = blk.dv;
   const uint32_t flip_p = a.sign_p < 0.f ? 0x80008000u : 0u, flip_q = a.sign_q < 0.f ? 0x80008000u : 0u;
 
   // Sᵀ: tile nt holds state rows (dk) 8 nt + 2t, + 1 for columns c0 + g (e 0, 1) and c0 + g + 8 (e 2, 3).
@@ -86,62 +90,7 @@ __global__ void __launch_bounds__(32 * kWarps) gdr_scan_forward_warps_kernel(Gdr
     const int b = step % kStages;
     blk.advance(step, stage);
     if (!blk.active) continue;
-    const uint16_t* w_s = smem + b * kBuf;
-    const uint16_t* kd_s = w_s + kC * kPk;
-    const uint16_t* u_s = kd_s + kC * kPk;
-
-    // The state this step starts from, rounded: the A operand of Sᵀ Wᵀ (and of the output's Sᵀ
-    // Qgᵀ), and out_state[r].
-    uint32_t sa[kDkTiles / 2][4];
-    pack_a<kDkTiles>(sa, st, 0u);
-
-    // yᵀ = sign_p (sign_p Aᵀ + Sᵀ Wᵀ): the accumulators start at sign_p Aᵀ, U's bf16 pairs by
-    // ldmatrix.trans (rows 2t, 2t + 1 of column g: yᵀ's accumulator layout) widened exactly.
-    float acc[kRowTiles][4];
-    load_transposed_widened<kRowTiles>(acc, u_s, kPu, c0, lane, flip_p);
-    mma_tiles(acc, sa, [&](uint32_t(&fb)[4], int ks, int p) {
-      ldsm_b_pair_of_transposed(fb, w_s, kPk, 16 * ks, 16 * p, lane);
-    });
-    // y rounded (its sign restored): out_y[r], and the update's operand as sign_q · y.
-    uint32_t ya[kRowTiles / 2][4];
-    pack_a<kRowTiles>(ya, acc, flip_p);
-
-    // Sᵀ = decay · Sᵀ + (sign_q y)ᵀ Kd, issued before the stores and the output: the next step
-    // waits on these products, the rest of this one does not, and runs while they do (the
-    // products are asm volatile, so the order here is the order they issue in).
-    {
-      uint32_t yq[kRowTiles / 2][4];
-      flipped(yq, ya, flip_q);
-      scale_all(st, dec);
-      mma_tiles(st, yq, [&](uint32_t(&fb)[4], int ks, int p) { ldsm_b_pair(fb, kd_s, kPk, 16 * ks, 16 * p, lane); });
-    }
-
-    store_transposed<kDK>(stage_s, sa, a.out_state_bf16 + r * kDK * dv + blk.j0 + c0, dv, lane);
-    store_transposed<kC>(stage_s, ya, a.out_y_bf16 + r * kC * dv + blk.j0 + c0, dv, lane);
-    if constexpr (kOutput) {
-      // Oᵀ = Sᵀ Qgᵀ + yᵀ Pᵀ: P's row tile pair p (O's rows 16p..) has no terms past column 16p + 15,
-      // so k-steps up to p.
-      const uint16_t* qg_s = u_s + kC * kPu;
-      const uint16_t* p_s = qg_s + kC * kPk;
-      float o[kRowTiles][4] = {};
-      mma_tiles(o, sa, [&](uint32_t(&fb)[4], int ks, int p) {
-        ldsm_b_pair_of_transposed(fb, qg_s, kPk, 16 * ks, 16 * p, lane);
-      });
-#pragma unroll
-      for (int p = 0; p < kRowTiles / 2; ++p) {
-#pragma unroll
-        for (int ks = 0; ks <= p; ++ks) {
-          uint32_t fb[4];
-          ldsm_b_pair_of_transposed(fb, p_s, kPc, 16 * ks, 16 * p, lane);
-          mma_bf16(o[2 * p], ya[ks], fb[0], fb[1]);
-          mma_bf16(o[2 * p + 1], ya[ks], fb[2], fb[3]);
-        }
-      }
-      scale_all(o, a.out_scale);
-      uint32_t oa[kRowTiles / 2][4];
-      pack_a<kRowTiles>(oa, o, 0u);
-      store_transposed<kC>(stage_s, oa, a.out_o_bf16 + r * kC * dv + blk.j0 + c0, dv, lane);
-    }
+    forward_step<kWarps, kDK, kOutput>(st, smem + b * kBuf, stage_s, a, blk, r, dec, flip_p, flip_q);
   }
   cp_async_wait<0>();
   blk.store_final(st);
@@ -159,15 +108,14 @@ template <int kWarps, int kDK, int kStages>
 __global__ void __launch_bounds__(32 * kWarps) gdr_scan_reverse_warps_kernel(GdrScanArgs a) {
   constexpr int kC = kChunk, kThreads = 32 * kWarps, kCols = 16 * kWarps;
   constexpr int kPk = pitch16(kDK), kPc = pitch16(kC), kPo = pitch16(kCols);
-  constexpr int kDkTiles = kDK / 8, kRowTiles = kC / 8;
+  constexpr int kDkTiles = kDK / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint16_t* const smem = reinterpret_cast<uint16_t*>(smem_raw);
-  constexpr int kBuf = 3 * kC * kPk + kC * kPc + kC * kPo;  // one buffer: Kd, W, Qg, Pm, dO
+  constexpr int kBuf = buffer_elems(kWarps, kDK, true, false);  // one buffer: Kd, W, Qg, Pm, dO
   uint16_t* const stage_s = smem + kStages * kBuf + (threadIdx.x / 32) * kDK * kStagePitch;
   WarpScanBlock<kWarps, kDK, kStages> blk(a);
-  const int lane = blk.lane, dv = blk.dv, c0 = blk.c0;
+  const int dv = blk.dv;
   const uint32_t flip_q = a.sign_q < 0.f ? 0x80008000u : 0u;
-  const float s = a.out_scale;
 
   float st[kDkTiles][4];  // Sᵀ, as in the forward
   blk.load_init(st);
@@ -212,79 +160,7 @@ __global__ void __launch_bounds__(32 * kWarps) gdr_scan_reverse_warps_kernel(Gdr
     blk.advance(step, stage);
     if (step + kStages < blk.n) read_do_rows(blk.row_after);  // for the next step's copies
     if (!blk.active) continue;
-    const uint16_t* kd_s = smem + b * kBuf;
-    const uint16_t* w_s = kd_s + kC * kPk;
-    const uint16_t* qg_s = w_s + kC * kPk;
-    const uint16_t* pm_s = qg_s + kC * kPk;
-    const uint16_t* do_s = pm_s + kC * kPc;
-
-    // dOᵀ's A fragments (m: this warp's columns, k: the chunk's rows).
-    uint32_t oa[kC / 16][4];
-#pragma unroll
-    for (int ks = 0; ks < kC / 16; ++ks) ldsm_a_of_transposed(oa[ks], do_s, kPo, c0, 16 * ks, lane);
-
-    // yᵀ = s (dOᵀ Pm) + Sᵀ Kdᵀ; Pm[k][i] is zero for k < i, so tile pair p takes k-steps from p on.
-    // The part without the state first: it does not wait for the last step's products.
-    float acc[kRowTiles][4] = {};
-#pragma unroll
-    for (int p = 0; p < kRowTiles / 2; ++p) {
-#pragma unroll
-      for (int ks = p; ks < kC / 16; ++ks) {
-        uint32_t fb[4];
-        ldsm_b_pair(fb, pm_s, kPc, 16 * ks, 16 * p, lane);
-        mma_bf16(acc[2 * p], oa[ks], fb[0], fb[1]);
-        mma_bf16(acc[2 * p + 1], oa[ks], fb[2], fb[3]);
-      }
-    }
-    scale_all(acc, s);
-    uint32_t sa[kDkTiles / 2][4];
-    pack_a<kDkTiles>(sa, st, 0u);
-    mma_tiles(acc, sa, [&](uint32_t(&fb)[4], int ks, int p) {
-      ldsm_b_pair_of_transposed(fb, kd_s, kPk, 16 * ks, 16 * p, lane);
-    });
-
-    // Sᵀ = decay · Sᵀ + s (dOᵀ Qg), a pair of dk tiles at a time (their sums in 8 registers); then
-    // + (sign_q y)ᵀ W. At dk 96 the first part runs while y's products do, and the stores come after
-    // the update's products are issued: the next step waits on the state, not on them (the
-    // products are asm volatile, so the order here is the order they issue in). At dk 128 that
-    // order needs more than 255 registers (ptxas spilled, and bench gdr's backward took 1.6% longer,
-    // docs/perf.md stop 64), so there each part comes where its operands are first ready.
-    auto add_do_qg = [&] {
-#pragma unroll
-      for (int p = 0; p < kDkTiles / 2; ++p) {
-        float e[2][4] = {};
-#pragma unroll
-        for (int ks = 0; ks < kC / 16; ++ks) {
-          uint32_t fb[4];
-          ldsm_b_pair(fb, qg_s, kPk, 16 * ks, 16 * p, lane);
-          mma_bf16(e[0], oa[ks], fb[0], fb[1]);
-          mma_bf16(e[1], oa[ks], fb[2], fb[3]);
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-#pragma unroll
-          for (int q = 0; q < 4; ++q) st[2 * p + h][q] = dec * st[2 * p + h][q] + s * e[h][q];
-        }
-      }
-    };
-    constexpr bool kEarlyUpdate = kDK <= 96;
-    if constexpr (kEarlyUpdate) add_do_qg();
-    uint32_t ya[kRowTiles / 2][4];
-    pack_a<kRowTiles>(ya, acc, 0u);
-    if constexpr (!kEarlyUpdate) {
-      store_transposed<kDK>(stage_s, sa, a.out_state_bf16 + r * kDK * dv + blk.j0 + c0, dv, lane);
-      store_transposed<kC>(stage_s, ya, a.out_y_bf16 + r * kC * dv + blk.j0 + c0, dv, lane);
-      add_do_qg();
-    }
-    {
-      uint32_t yq[kRowTiles / 2][4];
-      flipped(yq, ya, flip_q);
-      mma_tiles(st, yq, [&](uint32_t(&fb)[4], int ks, int p) { ldsm_b_pair(fb, w_s, kPk, 16 * ks, 16 * p, lane); });
-    }
-    if constexpr (kEarlyUpdate) {
-      store_transposed<kDK>(stage_s, sa, a.out_state_bf16 + r * kDK * dv + blk.j0 + c0, dv, lane);
-      store_transposed<kC>(stage_s, ya, a.out_y_bf16 + r * kC * dv + blk.j0 + c0, dv, lane);
-    }
+    reverse_step<kWarps, kDK>(st, smem + b * kBuf, stage_s, a, blk, r, dec, flip_q);
   }
   cp_async_wait<0>();
   blk.store_final(st);
@@ -369,7 +245,12 @@ int gdr_scan_forward_warps_width(const GdrScanArgs& a) {
 
 int gdr_scan_forward_warps(const GdrScanArgs& a, void* stream) {
   if (gdr_scan_forward_wgmma_width(a) > 0) return gdr_scan_forward_wgmma(a, stream);
-  return launch<false>(a, gdr_scan_forward_warps_width(a), stream);
+  const int cols = gdr_scan_forward_warps_width(a);
+  if (gdr_scan_copy_warps_take(a, cols, false)) {
+    ++g_warp_launches;
+    return gdr_scan_copy_warps_launch(a, cols, false, stream);
+  }
+  return launch<false>(a, cols, stream);
 }
 
 int gdr_scan_forward_output_width(const GdrScanArgs& a) {
@@ -388,7 +269,12 @@ int gdr_scan_reverse_warps_width(const GdrScanArgs& a) {
 }
 
 int gdr_scan_reverse_warps(const GdrScanArgs& a, void* stream) {
-  return launch<true>(a, gdr_scan_reverse_warps_width(a), stream);
+  const int cols = gdr_scan_reverse_warps_width(a);
+  if (gdr_scan_copy_warps_take(a, cols, true)) {
+    ++g_warp_launches;
+    return gdr_scan_copy_warps_launch(a, cols, true, stream);
+  }
+  return launch<true>(a, cols, stream);
 }
 
 }  // namespace kernels

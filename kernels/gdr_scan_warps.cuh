@@ -291,4 +291,163 @@ struct WarpScanBlock {
   }
 };
 
+// One forward step of warp-owned columns (both forward kernels, gdr_scan_warps.cu and
+// gdr_scan_copy_warps.cu): from the state st and a buffer holding chunk row r's W, Kd [C][dk + 8] and U
+// [C][cols + 8] (and with kOutput Qg [C][dk + 8] and P [C][C + 8]), writes out_state[r], out_y[r]
+// (and out_o[r]) through the warp's staging tile and leaves st at the next step's state. The
+// work issues in the order the next step needs it: y, then the state's update, and only then the
+// stores and the output, so that the update's products run while the rest issues (the products
+// are asm volatile, so the order here is the order they issue in).
+template <int kWarps, int kDK, bool kOutput, int kStages>
+__device__ __forceinline__ void forward_step(float (&st)[kDK / 8][4], const uint16_t* buf, uint16_t* stage_s,
+                                             const GdrScanArgs& a, const WarpScanBlock<kWarps, kDK, kStages>& blk,
+                                             int64_t r, float dec, uint32_t flip_p, uint32_t flip_q) {
+  constexpr int kC = kChunk, kCols = 16 * kWarps;
+  constexpr int kPk = pitch16(kDK), kPu = pitch16(kCols), kPc = pitch16(kC);
+  constexpr int kDkTiles = kDK / 8, kRowTiles = kC / 8;
+  const int lane = blk.lane, dv = blk.dv, c0 = blk.c0;
+  const uint16_t* w_s = buf;
+  const uint16_t* kd_s = w_s + kC * kPk;
+  const uint16_t* u_s = kd_s + kC * kPk;
+
+  // The state this step starts from, rounded: the A operand of Sᵀ Wᵀ (and of the output's Sᵀ
+  // Qgᵀ), and out_state[r].
+  uint32_t sa[kDkTiles / 2][4];
+  pack_a<kDkTiles>(sa, st, 0u);
+
+  // yᵀ = sign_p (sign_p Aᵀ + Sᵀ Wᵀ): the accumulators start at sign_p Aᵀ, U's bf16 pairs by
+  // ldmatrix.trans (rows 2t, 2t + 1 of column g: yᵀ's accumulator layout) widened exactly.
+  float acc[kRowTiles][4];
+  load_transposed_widened<kRowTiles>(acc, u_s, kPu, c0, lane, flip_p);
+  mma_tiles(acc, sa, [&](uint32_t(&fb)[4], int ks, int p) {
+    ldsm_b_pair_of_transposed(fb, w_s, kPk, 16 * ks, 16 * p, lane);
+  });
+  // y rounded (its sign restored): out_y[r], and the update's operand as sign_q · y.
+  uint32_t ya[kRowTiles / 2][4];
+  pack_a<kRowTiles>(ya, acc, flip_p);
+
+  // Sᵀ = decay · Sᵀ + (sign_q y)ᵀ Kd, before the stores and the output: the next step waits on it.
+  {
+    uint32_t yq[kRowTiles / 2][4];
+    flipped(yq, ya, flip_q);
+    scale_all(st, dec);
+    mma_tiles(st, yq, [&](uint32_t(&fb)[4], int ks, int p) { ldsm_b_pair(fb, kd_s, kPk, 16 * ks, 16 * p, lane); });
+  }
+
+  store_transposed<kDK>(stage_s, sa, a.out_state_bf16 + r * kDK * dv + blk.j0 + c0, dv, lane);
+  store_transposed<kC>(stage_s, ya, a.out_y_bf16 + r * kC * dv + blk.j0 + c0, dv, lane);
+  if constexpr (kOutput) {
+    // Oᵀ = Sᵀ Qgᵀ + yᵀ Pᵀ: P's row tile pair p (O's rows 16p..) has no terms past column 16p + 15,
+    // so k-steps up to p.
+    const uint16_t* qg_s = u_s + kC * kPu;
+    const uint16_t* p_s = qg_s + kC * kPk;
+    float o[kRowTiles][4] = {};
+    mma_tiles(o, sa, [&](uint32_t(&fb)[4], int ks, int p) {
+      ldsm_b_pair_of_transposed(fb, qg_s, kPk, 16 * ks, 16 * p, lane);
+    });
+#pragma unroll
+    for (int p = 0; p < kRowTiles / 2; ++p) {
+#pragma unroll
+      for (int ks = 0; ks <= p; ++ks) {
+        uint32_t fb[4];
+        ldsm_b_pair_of_transposed(fb, p_s, kPc, 16 * ks, 16 * p, lane);
+        mma_bf16(o[2 * p], ya[ks], fb[0], fb[1]);
+        mma_bf16(o[2 * p + 1], ya[ks], fb[2], fb[3]);
+      }
+    }
+    scale_all(o, a.out_scale);
+    uint32_t oa[kRowTiles / 2][4];
+    pack_a<kRowTiles>(oa, o, 0u);
+    store_transposed<kC>(stage_s, oa, a.out_o_bf16 + r * kC * dv + blk.j0 + c0, dv, lane);
+  }
+}
+
+// One reverse step of warp-owned columns (both reverse kernels, gdr_scan_warps.cu and
+// gdr_scan_copy_warps.cu): from the state gradient st and a buffer holding chunk row r's Kd, W, Qg
+// [C][dk + 8], Pm [C][C + 8] and the block's columns of dO [C][cols + 8], writes out_state[r] and
+// out_y[r] (dU) through the warp's staging tile and leaves st at the next step's state.
+template <int kWarps, int kDK, int kStages>
+__device__ __forceinline__ void reverse_step(float (&st)[kDK / 8][4], const uint16_t* buf, uint16_t* stage_s,
+                                             const GdrScanArgs& a, const WarpScanBlock<kWarps, kDK, kStages>& blk,
+                                             int64_t r, float dec, uint32_t flip_q) {
+  constexpr int kC = kChunk, kCols = 16 * kWarps;
+  constexpr int kPk = pitch16(kDK), kPc = pitch16(kC), kPo = pitch16(kCols);
+  constexpr int kDkTiles = kDK / 8, kRowTiles = kC / 8;
+  const int lane = blk.lane, dv = blk.dv, c0 = blk.c0;
+  const float s = a.out_scale;
+  const uint16_t* kd_s = buf;
+  const uint16_t* w_s = kd_s + kC * kPk;
+  const uint16_t* qg_s = w_s + kC * kPk;
+  const uint16_t* pm_s = qg_s + kC * kPk;
+  const uint16_t* do_s = pm_s + kC * kPc;
+
+  // dOᵀ's A fragments (m: this warp's columns, k: the chunk's rows).
+  uint32_t oa[kC / 16][4];
+#pragma unroll
+  for (int ks = 0; ks < kC / 16; ++ks) ldsm_a_of_transposed(oa[ks], do_s, kPo, c0, 16 * ks, lane);
+
+  // yᵀ = s (dOᵀ Pm) + Sᵀ Kdᵀ; Pm[k][i] is zero for k < i, so tile pair p takes k-steps from p on.
+  // The part without the state first: it does not wait for the last step's products.
+  float acc[kRowTiles][4] = {};
+#pragma unroll
+  for (int p = 0; p < kRowTiles / 2; ++p) {
+#pragma unroll
+    for (int ks = p; ks < kC / 16; ++ks) {
+      uint32_t fb[4];
+      ldsm_b_pair(fb, pm_s, kPc, 16 * ks, 16 * p, lane);
+      mma_bf16(acc[2 * p], oa[ks], fb[0], fb[1]);
+      mma_bf16(acc[2 * p + 1], oa[ks], fb[2], fb[3]);
+    }
+  }
+  scale_all(acc, s);
+  uint32_t sa[kDkTiles / 2][4];
+  pack_a<kDkTiles>(sa, st, 0u);
+  mma_tiles(acc, sa, [&](uint32_t(&fb)[4], int ks, int p) {
+    ldsm_b_pair_of_transposed(fb, kd_s, kPk, 16 * ks, 16 * p, lane);
+  });
+
+  // Sᵀ = decay · Sᵀ + s (dOᵀ Qg), a pair of dk tiles at a time (their sums in 8 registers); then
+  // + (sign_q y)ᵀ W. At dk 96 the first part runs while y's products do, and the stores come after
+  // the update's products are issued: the next step waits on the state, not on them (the
+  // products are asm volatile, so the order here is the order they issue in). At dk 128 that
+  // order needs more than 255 registers (ptxas spilled, and bench gdr's backward took 1.6% longer,
+  // docs/perf.md stop 64), so there each part comes where its operands are first ready.
+  auto add_do_qg = [&] {
+#pragma unroll
+    for (int p = 0; p < kDkTiles / 2; ++p) {
+      float e[2][4] = {};
+#pragma unroll
+      for (int ks = 0; ks < kC / 16; ++ks) {
+        uint32_t fb[4];
+        ldsm_b_pair(fb, qg_s, kPk, 16 * ks, 16 * p, lane);
+        mma_bf16(e[0], oa[ks], fb[0], fb[1]);
+        mma_bf16(e[1], oa[ks], fb[2], fb[3]);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) st[2 * p + h][q] = dec * st[2 * p + h][q] + s * e[h][q];
+      }
+    }
+  };
+  constexpr bool kEarlyUpdate = kDK <= 96;
+  if constexpr (kEarlyUpdate) add_do_qg();
+  uint32_t ya[kRowTiles / 2][4];
+  pack_a<kRowTiles>(ya, acc, 0u);
+  if constexpr (!kEarlyUpdate) {
+    store_transposed<kDK>(stage_s, sa, a.out_state_bf16 + r * kDK * dv + blk.j0 + c0, dv, lane);
+    store_transposed<kC>(stage_s, ya, a.out_y_bf16 + r * kC * dv + blk.j0 + c0, dv, lane);
+    add_do_qg();
+  }
+  {
+    uint32_t yq[kRowTiles / 2][4];
+    flipped(yq, ya, flip_q);
+    mma_tiles(st, yq, [&](uint32_t(&fb)[4], int ks, int p) { ldsm_b_pair(fb, w_s, kPk, 16 * ks, 16 * p, lane); });
+  }
+  if constexpr (kEarlyUpdate) {
+    store_transposed<kDK>(stage_s, sa, a.out_state_bf16 + r * kDK * dv + blk.j0 + c0, dv, lane);
+    store_transposed<kC>(stage_s, ya, a.out_y_bf16 + r * kC * dv + blk.j0 + c0, dv, lane);
+  }
+}
+
 }  // namespace kernels::warp_scan

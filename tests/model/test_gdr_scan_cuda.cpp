@@ -99,10 +99,12 @@ struct ScanSwitchesRestored {
 // Likewise for the warp-column scans' switches (kernels::gdr_scan_warp_columns on, the width
 // picked for the sizes).
 struct WarpColumnsRestored {
+  const bool copy_warps = kernels::gdr_scan_copy_warps();
   ~WarpColumnsRestored() {
     kernels::gdr_scan_warp_columns(true);
     kernels::gdr_scan_warp_width(0);
     kernels::gdr_scan_wgmma(false);
+    kernels::gdr_scan_copy_warps(copy_warps);
   }
 };
 
@@ -1129,6 +1131,88 @@ TEST(GdrScanCuda, WarpgroupForwardScanMatchesTheRecurrence) {
   std::printf("[gdr_scan forward, warpgroups] %d launches, worst against fp64 %.1e (chunk output %.1e), against the "
               "warp-column kernel %.1e\n",
               launches, worst, worst_o, worst_vs_warps);
+}
+
+// The warp-column scans fed by copy warps (kernels/gdr_scan_copy_warps.cu, the default) run the same
+// steps as the kernels whose every thread copies (gdr_scan_copy_warps off): the same bits. The
+// forward form in blocks of 96 (hybrid base) and 64 columns (128-column blocks keep the thread
+// copies), both directions and signs, with
+// and without an initial state and the chunk output; the fused backward form at the model's head
+// sizes and a value width of 48 (a warp idle), dO through a row map with zero rows and a final
+// gradient in some cases. Each launch counted; the forward also within 8e-3 of fp64.
+TEST(GdrScanCuda, CopyWarpScansGiveTheThreadCopyKernelsBits) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  const WarpColumnsRestored restore;
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 1307);
+  const auto stream = [] { return c10::cuda::getCurrentCUDAStream().stream(); };
+  double worst = 0;
+  int forward_launches = 0, reverse_launches = 0;
+  for (const Case& c : std::vector<Case>{{{5, 0, 1, 2}, 2, 64, 96, 192},  // hybrid base's head sizes
+                                         {{3, 0, 2}, 3, 64, 128, 192},
+                                         {{4, 1}, 2, 64, 96, 64}}) {
+    const ForwardBf16Scan run(c);
+    for (const bool output : {true, false}) {
+      for (const bool reverse : {false, true}) {
+        for (const float sign : {1.f, -1.f}) {
+          for (const bool with_init : {true, false}) {
+            const std::string what =
+                ForwardBf16Scan::what(c, reverse, sign, with_init) + (output ? ", with the chunk output" : "");
+            kernels::gdr_scan_copy_warps(true);
+            auto cw = run.prepare(kernels::kGdrScanAuto, reverse, sign, with_init);
+            if (output && kernels::gdr_scan_forward_output_width(cw.a) == 0) continue;
+            if (output) run.attach_output(cw);
+            const int cols = kernels::gdr_scan_forward_warps_width(cw.a);
+            ASSERT_TRUE(kernels::gdr_scan_copy_warps_take(cw.a, cols, false)) << what;
+            const int64_t before = kernels::gdr_scan_copy_warps_launches();
+            ASSERT_EQ(kernels::gdr_scan(cw.a, stream()), 0) << what;
+            EXPECT_EQ(kernels::gdr_scan_copy_warps_launches() - before, 1) << what << ": copy warps not taken";
+            const double e = run.error(cw, reverse, sign, with_init);
+            EXPECT_LT(e, 8e-3) << what << ": against the fp64 recurrence";
+            worst = std::max(worst, e);
+            ++forward_launches;
+
+            kernels::gdr_scan_copy_warps(false);
+            auto tc = run.prepare(kernels::kGdrScanAuto, reverse, sign, with_init);
+            if (output) run.attach_output(tc);
+            ASSERT_EQ(kernels::gdr_scan(tc.a, stream()), 0) << what << ", thread copies";
+            EXPECT_TRUE(torch::equal(cw.state, tc.state)) << what << ": states";
+            EXPECT_TRUE(torch::equal(cw.y, tc.y)) << what << ": y";
+            EXPECT_TRUE(torch::equal(cw.fin, tc.fin)) << what << ": final states";
+            if (output) EXPECT_TRUE(torch::equal(cw.o, tc.o)) << what << ": the chunk output";
+          }
+        }
+      }
+    }
+  }
+  for (const Case& c : std::vector<Case>{{{9, 1, 3, 3, 2}, 2, 64, 96, 192}, {{4, 4}, 3, 64, 128, 192},
+                                         {{3, 0, 1}, 2, 64, 96, 48}}) {
+    const FusedScanCase f(c);
+    for (const bool rows : {true, false}) {
+      const std::string what = describe(c) + (rows ? ", dO through a row map" : "");
+      auto og = f.output_grad(rows, c.H % 2 == 0, 11);
+      og.dO = og.dO.to(torch::kBFloat16);
+      kernels::gdr_scan_copy_warps(true);
+      const int64_t before = kernels::gdr_scan_copy_warps_launches();
+      const auto cw = f.run(og, true, true);
+      EXPECT_EQ(kernels::gdr_scan_copy_warps_launches() - before, 1) << what << ": the copy warps' kernel not taken";
+      kernels::gdr_scan_copy_warps(false);
+      const auto tc = f.run(og, true, true);
+      EXPECT_TRUE(torch::equal(cw.dU, tc.dU)) << what << ": dU";
+      EXPECT_TRUE(torch::equal(cw.dh_next, tc.dh_next)) << what << ": the state gradients";
+      EXPECT_TRUE(torch::equal(cw.dh0, tc.dh0)) << what << ": the initial state's gradient";
+      ++reverse_launches;
+    }
+  }
+  EXPECT_GE(forward_launches, 3 * 8) << "each forward case without the output";
+  // 128-column blocks keep the thread copies.
+  kernels::gdr_scan_copy_warps(true);
+  const ForwardBf16Scan wide(Case{{2, 1}, 2, 64, 128, 128});
+  auto w = wide.prepare(kernels::kGdrScanAuto, false, 1.f, true);
+  EXPECT_EQ(kernels::gdr_scan_forward_warps_width(w.a), 128);
+  EXPECT_FALSE(kernels::gdr_scan_copy_warps_take(w.a, 128, false)) << "128-column blocks";
+  std::printf("[gdr_scan, copy warps] %d forward and %d reverse launches, the thread-copy kernels' bits, forward "
+              "against fp64 %.1e\n",
+              forward_launches, reverse_launches, worst);
 }
 
 // The fused front's bf16 outputs (GdrChunkFrontArgs::bf16_out) are its fp32 outputs rounded to
