@@ -161,8 +161,7 @@ __global__ void __launch_bounds__(32 * (kWarps + kCopyWarps)) gdr_scan_copy_warp
         if constexpr (kReverse) read_do_rows(r_next);
       }
     }
-    cp_async_wait<0>();
-    return;
+    return;  // the column warps wait for every copy (their steps' "full" barriers) before the block ends
   }
 
   uint16_t* const stage_s = smem + kStages * kBuf + warp * kDK * kStagePitch;
@@ -225,7 +224,9 @@ bool gdr_scan_copy_warps() { return g_copy_warps.load(); }
 int64_t gdr_scan_copy_warps_launches() { return g_launches.load(); }
 
 bool gdr_scan_copy_warps_take(const GdrScanArgs& a, int cols, bool backward_form) {
-  if (!g_copy_warps.load() || cols == 0 || a.n_docs < 1 || a.H < 1) return false;
+  if (!g_copy_warps.load() || (cols != 64 && cols != 96) || (a.dk != 96 && a.dk != 128) || a.n_docs < 1 || a.H < 1) {
+    return false;
+  }
   if (!backward_form && a.out_o_bf16 != nullptr && (a.o_P_bf16 == nullptr || a.o_Qg_bf16 == nullptr)) return false;
   return kernel_for(a, cols, backward_form) != nullptr;
 }

@@ -1135,21 +1135,22 @@ TEST(GdrScanCuda, WarpgroupForwardScanMatchesTheRecurrence) {
 
 // The warp-column scans fed by copy warps (kernels/gdr_scan_copy_warps.cu, the default) run the same
 // steps as the kernels whose every thread copies (gdr_scan_copy_warps off): the same bits. The
-// forward form in blocks of 96 (hybrid base) and 64 columns (128-column blocks keep the thread
-// copies), both directions and signs, with
-// and without an initial state and the chunk output; the fused backward form at the model's head
-// sizes and a value width of 48 (a warp idle), dO through a row map with zero rows and a final
-// gradient in some cases. Each launch counted; the forward also within 8e-3 of fp64.
+// forward form in blocks of 96 (hybrid base, dk 96 and 128, documents long enough to refill every
+// buffer twice) and 64 columns (one with a warp idle), both directions and signs, with and without
+// an initial state and the chunk output; the fused backward form at dk 96 and 128 and a value width
+// of 48, dO through a row map with zero rows and a final gradient in some cases, also against fp64
+// (8e-3). Each launch counted, both ways; 128-column blocks keep the thread copies.
 TEST(GdrScanCuda, CopyWarpScansGiveTheThreadCopyKernelsBits) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   const WarpColumnsRestored restore;
   torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 1307);
   const auto stream = [] { return c10::cuda::getCurrentCUDAStream().stream(); };
-  double worst = 0;
-  int forward_launches = 0, reverse_launches = 0;
-  for (const Case& c : std::vector<Case>{{{5, 0, 1, 2}, 2, 64, 96, 192},  // hybrid base's head sizes
-                                         {{3, 0, 2}, 3, 64, 128, 192},
-                                         {{4, 1}, 2, 64, 96, 64}}) {
+  double worst = 0, worst_reverse = 0;
+  int forward_launches = 0, output_launches = 0, reverse_launches = 0;
+  for (const Case& c : std::vector<Case>{{{7, 0, 1, 2}, 2, 64, 96, 192},  // hybrid base's head sizes
+                                         {{8, 0, 3}, 3, 64, 128, 192},
+                                         {{4, 1}, 2, 64, 96, 64},
+                                         {{5, 2}, 2, 64, 128, 48}}) {  // 64 columns, a warp idle
     const ForwardBf16Scan run(c);
     for (const bool output : {true, false}) {
       for (const bool reverse : {false, true}) {
@@ -1170,11 +1171,14 @@ TEST(GdrScanCuda, CopyWarpScansGiveTheThreadCopyKernelsBits) {
             EXPECT_LT(e, 8e-3) << what << ": against the fp64 recurrence";
             worst = std::max(worst, e);
             ++forward_launches;
+            if (output) ++output_launches;
 
             kernels::gdr_scan_copy_warps(false);
             auto tc = run.prepare(kernels::kGdrScanAuto, reverse, sign, with_init);
             if (output) run.attach_output(tc);
+            const int64_t off_before = kernels::gdr_scan_copy_warps_launches();
             ASSERT_EQ(kernels::gdr_scan(tc.a, stream()), 0) << what << ", thread copies";
+            EXPECT_EQ(kernels::gdr_scan_copy_warps_launches(), off_before) << what << ": copy warps with the switch off";
             EXPECT_TRUE(torch::equal(cw.state, tc.state)) << what << ": states";
             EXPECT_TRUE(torch::equal(cw.y, tc.y)) << what << ": y";
             EXPECT_TRUE(torch::equal(cw.fin, tc.fin)) << what << ": final states";
@@ -1184,7 +1188,9 @@ TEST(GdrScanCuda, CopyWarpScansGiveTheThreadCopyKernelsBits) {
       }
     }
   }
-  for (const Case& c : std::vector<Case>{{{9, 1, 3, 3, 2}, 2, 64, 96, 192}, {{4, 4}, 3, 64, 128, 192},
+  EXPECT_EQ(output_launches, 2 * 8) << "the chunk output at dk 96 (96 and 64 columns)";
+  EXPECT_EQ(forward_launches, 4 * 8 + output_launches) << "each case without the output";
+  for (const Case& c : std::vector<Case>{{{9, 1, 3, 3, 2}, 2, 64, 96, 192}, {{6, 4}, 3, 64, 128, 192},
                                          {{3, 0, 1}, 2, 64, 96, 48}}) {
     const FusedScanCase f(c);
     for (const bool rows : {true, false}) {
@@ -1194,25 +1200,35 @@ TEST(GdrScanCuda, CopyWarpScansGiveTheThreadCopyKernelsBits) {
       kernels::gdr_scan_copy_warps(true);
       const int64_t before = kernels::gdr_scan_copy_warps_launches();
       const auto cw = f.run(og, true, true);
-      EXPECT_EQ(kernels::gdr_scan_copy_warps_launches() - before, 1) << what << ": the copy warps' kernel not taken";
+      EXPECT_EQ(kernels::gdr_scan_copy_warps_launches() - before, 1) << what << ": copy warps not taken";
       kernels::gdr_scan_copy_warps(false);
       const auto tc = f.run(og, true, true);
+      EXPECT_EQ(kernels::gdr_scan_copy_warps_launches() - before, 1) << what << ": copy warps with the switch off";
       EXPECT_TRUE(torch::equal(cw.dU, tc.dU)) << what << ": dU";
       EXPECT_TRUE(torch::equal(cw.dh_next, tc.dh_next)) << what << ": the state gradients";
       EXPECT_TRUE(torch::equal(cw.dh0, tc.dh0)) << what << ": the initial state's gradient";
+      const auto ref = f.reference(og);
+      const auto f64 = [](const torch::Tensor& x) { return x.to(torch::kFloat64); };
+      const double e = std::max({rel_norm_diff(f64(cw.dU), ref.dU), rel_norm_diff(f64(cw.dh0), ref.dh0),
+                                 rel_norm_diff(f64(cw.dh_next), ref.dh_next)});
+      EXPECT_LT(e, 8e-3) << what << ": against fp64";
+      worst_reverse = std::max(worst_reverse, e);
       ++reverse_launches;
     }
   }
-  EXPECT_GE(forward_launches, 3 * 8) << "each forward case without the output";
   // 128-column blocks keep the thread copies.
   kernels::gdr_scan_copy_warps(true);
   const ForwardBf16Scan wide(Case{{2, 1}, 2, 64, 128, 128});
   auto w = wide.prepare(kernels::kGdrScanAuto, false, 1.f, true);
   EXPECT_EQ(kernels::gdr_scan_forward_warps_width(w.a), 128);
   EXPECT_FALSE(kernels::gdr_scan_copy_warps_take(w.a, 128, false)) << "128-column blocks";
-  std::printf("[gdr_scan, copy warps] %d forward and %d reverse launches, the thread-copy kernels' bits, forward "
-              "against fp64 %.1e\n",
-              forward_launches, reverse_launches, worst);
+  const int64_t copy_before = kernels::gdr_scan_copy_warps_launches(), warp_before = kernels::gdr_scan_warp_launches();
+  ASSERT_EQ(kernels::gdr_scan(w.a, stream()), 0);
+  EXPECT_EQ(kernels::gdr_scan_copy_warps_launches(), copy_before) << "128-column blocks on copy warps";
+  EXPECT_EQ(kernels::gdr_scan_warp_launches() - warp_before, 1) << "128-column blocks: the thread-copy kernel";
+  std::printf("[gdr_scan, copy warps] %d forward and %d reverse launches, the thread-copy kernels' bits; against "
+              "fp64 %.1e (forward), %.1e (reverse)\n",
+              forward_launches, reverse_launches, worst, worst_reverse);
 }
 
 // The fused front's bf16 outputs (GdrChunkFrontArgs::bf16_out) are its fp32 outputs rounded to
