@@ -15,7 +15,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/cp_async.cuh"
 #include "kernels/gdr_scan.h"
