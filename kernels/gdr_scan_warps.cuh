@@ -130,6 +130,15 @@ __device__ __forceinline__ void mma_tiles(float (&acc)[kTiles][4], const uint32_
   }
 }
 
+// The staging row (of 16) and half (8 columns) lane `lane` reads back as one 16-byte piece. Each
+// quarter-warp takes whole rows (two lanes a row: a full 32-byte sector of dst each), rows 2 apart:
+// rows 48 bytes apart then put its 8 pieces in 8 different 16-byte bank groups. Adjacent rows (row
+// lane / 2) put rows r and r + 3 of a quarter in one group (ncu: twice the ideal wavefronts at every
+// such load); a quarter taking 8 rows at one half cleared that but wrote half sectors, and the scans
+// ran 4% and 10% slower (docs/perf.md, stop 65).
+__device__ __forceinline__ int staged_row(int lane) { return 8 * (lane / 16) + (lane / 8) % 2 + 2 * ((lane % 8) / 2); }
+__device__ __forceinline__ int staged_half(int lane) { return lane % 2; }
+
 // Writes a warp's packed fragments (pack_a's, [rows][16 columns] once transposed) to its staging
 // tile [rows][24], then out as 16-byte pieces to dst (rows of `pitch` elements).
 template <int kRows>
@@ -142,9 +151,10 @@ __device__ __forceinline__ void store_transposed(uint16_t* stage, const uint32_t
     stmatrix_x4_trans_b16(stage + (16 * ks + 8 * (j / 2) + lane % 8) * kStagePitch + 8 * (j % 2), frag[ks]);
   }
   __syncwarp();
+  const int half = staged_half(lane);
 #pragma unroll
-  for (int p = lane; p < 2 * kRows; p += 32) {
-    const int row = p / 2, half = p % 2;
+  for (int r0 = 0; r0 < kRows; r0 += 16) {
+    const int row = r0 + staged_row(lane);
     *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(row) * pitch + 8 * half) =
         *reinterpret_cast<const uint4*>(stage + row * kStagePitch + 8 * half);
   }
@@ -157,7 +167,7 @@ template <int kRows>
 __device__ __forceinline__ void store_transposed_pieces(uint16_t* stage, const uint32_t (&frag)[kRows / 16][4],
                                                         uint16_t* dst, int pitch, int lane) {
   __syncwarp();  // the last call's reads of the slots are done
-  const int j = lane / 8, row = lane / 2, half = lane % 2;
+  const int j = lane / 8, row = staged_row(lane), half = staged_half(lane);
 #pragma unroll
   for (int ks = 0; ks < kRows / 16; ++ks) {
     uint16_t* slot = stage + (ks % 2) * 16 * kStagePitch;
