@@ -34,10 +34,10 @@ __device__ __forceinline__ int64_t column_of(int k) {
 
 template <typename TX, typename TY, typename TB, int kPer, int kVec>
 __global__ void __launch_bounds__(512) add_norm_forward_kernel(TY* y, TX* h, float* rstd, const TX* x, const TB* b,
-                                                               const float* w, int64_t C, float eps) {
+                                                               const float* w, int64_t C, float eps, int64_t x_ld) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
-  const TX* xr = x + row * C;
+  const TX* xr = x + row * x_ld;
   const TB* br = b ? b + row * C : nullptr;
   TX* hr = h + row * C;
   float v[kPer];
@@ -106,7 +106,7 @@ __device__ __forceinline__ float2 block_sum2(float a, float b, float* scratch) {
 template <typename TX, typename TY, typename TB, int kPer, int kVec>
 __global__ void __launch_bounds__(512)
     add_norm_backward_kernel(TX* dx, TB* db, float* dw_partial, const TY* dy, const TX* dh, const TX* h, const float* w,
-                             const float* rstd, int64_t N, int64_t C) {
+                             const float* rstd, int64_t N, int64_t C, int64_t h_ld) {
   constexpr int kRows = kPer <= 8 ? 2 : 1;
   __shared__ float scratch[64];
   float dw_acc[kPer];
@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(512)
 #pragma unroll
         for (int e = 0; e < kVec; ++e) hh[q][k + e] = g[q][k + e] = dhv[q][k + e] = 0.f;
         if (valid && c < C) {
-          load_run<kVec>(h + row * C, c, hh[q] + k);
+          load_run<kVec>(h + row * h_ld, c, hh[q] + k);
           load_run<kVec>(dy + row * C, c, g[q] + k);
           if (dh) load_run<kVec>(dh + row * C, c, dhv[q] + k);
         }
@@ -198,11 +198,12 @@ void with_per(int per, F&& f) {
   else f(std::integral_constant<int, 16>{});
 }
 
-// f(integral_constant<4>) when rows of C move in 4-column vectors: C % 4 == 0 and every pointer
-// aligned to 4 of its elements (bytes_per_4: 16 for fp32, 8 for 16-bit types); else f(<1>).
+// f(integral_constant<4>) when rows of C move in 4-column vectors: C % 4 == 0 (and a strided
+// input's row stride ld), and every pointer aligned to 4 of its elements (bytes_per_4: 16 for fp32,
+// 8 for 16-bit types); else f(<1>).
 template <typename F>
-void with_vec(int64_t C, std::initializer_list<std::pair<const void*, int>> ptrs, F&& f) {
-  bool vec = g_vector_loads && C % 4 == 0;
+void with_vec(int64_t C, std::initializer_list<std::pair<const void*, int>> ptrs, F&& f, int64_t ld = 0) {
+  bool vec = g_vector_loads && C % 4 == 0 && ld % 4 == 0;
   for (const auto& [p, bytes_per_4] : ptrs) vec = vec && aligned_to(bytes_per_4, p);
   if (vec) f(std::integral_constant<int, 4>{});
   else f(std::integral_constant<int, 1>{});
@@ -240,9 +241,10 @@ bool add_rmsnorm_supported(DType x_dt, DType y_dt, DType b_dt, int64_t C) {
 }
 
 int add_rmsnorm_forward(void* y, DType y_dt, void* h, float* rstd, const void* x, DType x_dt, const void* b,
-                        DType b_dt, const float* w, int64_t N, int64_t C, float eps, void* stream) {
+                        DType b_dt, const float* w, int64_t N, int64_t C, float eps, void* stream, int64_t x_ld) {
   RowShape s;
-  if (!row_shape(C, s)) return static_cast<int>(cudaErrorInvalidValue);
+  if (x_ld == 0) x_ld = C;
+  if (!row_shape(C, s) || x_ld < C || (b != nullptr && x_ld != C)) return static_cast<int>(cudaErrorInvalidValue);
   if (N == 0) return 0;
   auto st = static_cast<cudaStream_t>(stream);
   const bool ok = dispatch_combo(x_dt, y_dt, b_dt, [&](auto tx, auto ty, auto tb) {
@@ -250,12 +252,15 @@ int add_rmsnorm_forward(void* y, DType y_dt, void* h, float* rstd, const void* x
     using TY = decltype(ty);
     using TB = decltype(tb);
     with_per(s.per, [&](auto per) {
-      with_vec(C, {{y, 4 * sizeof(TY)}, {h, 4 * sizeof(TX)}, {x, 4 * sizeof(TX)}, {b, 4 * sizeof(TB)}}, [&](auto vec) {
-        add_norm_forward_kernel<TX, TY, TB, decltype(per)::value, decltype(vec)::value>
-            <<<static_cast<unsigned>(N), s.threads, 0, st>>>(static_cast<TY*>(y), static_cast<TX*>(h), rstd,
-                                                             static_cast<const TX*>(x), static_cast<const TB*>(b), w,
-                                                             C, eps);
-      });
+      with_vec(
+          C, {{y, 4 * sizeof(TY)}, {h, 4 * sizeof(TX)}, {x, 4 * sizeof(TX)}, {b, 4 * sizeof(TB)}},
+          [&](auto vec) {
+            add_norm_forward_kernel<TX, TY, TB, decltype(per)::value, decltype(vec)::value>
+                <<<static_cast<unsigned>(N), s.threads, 0, st>>>(static_cast<TY*>(y), static_cast<TX*>(h), rstd,
+                                                                 static_cast<const TX*>(x), static_cast<const TB*>(b),
+                                                                 w, C, eps, x_ld);
+          },
+          x_ld);
     });
   });
   if (!ok) return static_cast<int>(cudaErrorInvalidValue);
@@ -268,9 +273,10 @@ int rmsnorm_backward_partial_rows(int64_t N) {
 
 int add_rmsnorm_backward(void* dx, void* db, float* dw_partial, const void* dy, const void* dh, const void* h,
                          DType x_dt, DType y_dt, DType b_dt, const float* w, const float* rstd, int64_t N, int64_t C,
-                         void* stream) {
+                         void* stream, int64_t h_ld) {
   RowShape s;
-  if (!row_shape(C, s)) return static_cast<int>(cudaErrorInvalidValue);
+  if (h_ld == 0) h_ld = C;
+  if (!row_shape(C, s) || h_ld < C) return static_cast<int>(cudaErrorInvalidValue);
   if (N == 0) return 0;
   auto st = static_cast<cudaStream_t>(stream);
   const unsigned blocks = static_cast<unsigned>(rmsnorm_backward_partial_rows(N));
@@ -286,8 +292,9 @@ int add_rmsnorm_backward(void* dx, void* db, float* dw_partial, const void* dy, 
                  add_norm_backward_kernel<TX, TY, TB, decltype(per)::value, decltype(vec)::value>
                      <<<blocks, s.threads, 0, st>>>(static_cast<TX*>(dx), static_cast<TB*>(db), dw_partial,
                                                     static_cast<const TY*>(dy), static_cast<const TX*>(dh),
-                                                    static_cast<const TX*>(h), w, rstd, N, C);
-               });
+                                                    static_cast<const TX*>(h), w, rstd, N, C, h_ld);
+               },
+               h_ld);
     });
   });
   if (!ok) return static_cast<int>(cudaErrorInvalidValue);

@@ -1,6 +1,6 @@
 // RMSNorm for training, with the residual add of a pre-norm block fused in front of it:
 //   h = x + b (b optional),  y = h · r · w,  r = 1/sqrt(mean(h²) + eps)
-// and its backward. Raw pointers, no torch; rows are contiguous (stride C).
+// and its backward. Raw pointers, no torch; rows are contiguous (stride C) except a strided input x.
 //   dh_total = dh + r · (g − ĥ · mean(g · ĥ)),  g = dy · w,  ĥ = h · r;   dw = Σ_rows dy · ĥ
 //   dx = dh_total (x's dtype),  db = dh_total (b's dtype)
 // x, h, dh, dx are in the residual stream's dtype `x_dt`; y, dy in the output dtype `y_dt`; b, db in
@@ -24,20 +24,22 @@ bool add_rmsnorm_supported(DType x_dt, DType y_dt, DType b_dt, int64_t C);
 // default), or one: a process-wide switch for `bench train --row-kernels baseline` and the tests.
 void add_rmsnorm_vector_loads(bool on);
 
-// b may be nullptr (no add: h is x and is not written). w may be nullptr (weight-free).
-// Returns the cudaError_t of the launch (0 = success); an unsupported combination is refused
-// (cudaErrorInvalidValue).
+// b may be nullptr (no add: h is x and is not written). w may be nullptr (weight-free). x_ld: the
+// elements between x's rows, C where 0; with no add, x may be a column slice of wider rows
+// (x_ld > C: no copy of it needed). Returns the cudaError_t of the launch (0 = success); an
+// unsupported combination is refused (cudaErrorInvalidValue).
 int add_rmsnorm_forward(void* y, DType y_dt, void* h, float* rstd, const void* x, DType x_dt, const void* b,
-                        DType b_dt, const float* w, int64_t N, int64_t C, float eps, void* stream);
+                        DType b_dt, const float* w, int64_t N, int64_t C, float eps, void* stream, int64_t x_ld = 0);
 
 // Rows of dw's partial sums the backward writes: dw = dw_partial[0:rows].sum(0).
 int rmsnorm_backward_partial_rows(int64_t N);
 
-// h: the normalised input (x when there was no add). dh (grad of h from its other uses) and db may
-// be nullptr; dw_partial [rmsnorm_backward_partial_rows(N), C] fp32, unused when w is nullptr.
+// h: the normalised input (x when there was no add), rows h_ld elements apart (C where 0). dh (grad
+// of h from its other uses) and db may be nullptr; dw_partial [rmsnorm_backward_partial_rows(N), C]
+// fp32, unused when w is nullptr.
 int add_rmsnorm_backward(void* dx, void* db, float* dw_partial, const void* dy, const void* dh, const void* h,
                          DType x_dt, DType y_dt, DType b_dt, const float* w, const float* rstd, int64_t N, int64_t C,
-                         void* stream);
+                         void* stream, int64_t h_ld = 0);
 #endif
 
 }  // namespace kernels

@@ -36,6 +36,16 @@ kernels::DType dtype_of(torch::ScalarType t) { return checked_kernel_dtype(t, "R
 
 void* ptr_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
+// x as [N, C] rows: a view with x's own row stride where its rows are C unit-stride columns equally
+// far apart (a column slice of wider rows, such as MLA's latent out of its K|V projection), which the
+// kernels read in place; else contiguous (a copy where x is not).
+torch::Tensor rows_of(const torch::Tensor& x, int64_t N, int64_t C) {
+  bool strided = x.dim() >= 2 && x.size(-2) > 1 && x.stride(-1) == 1 && x.stride(-2) > C;
+  for (int64_t d = x.dim() - 3; strided && d >= 0; --d)
+    strided = x.size(d) == 1 || x.stride(d) == x.size(d + 1) * x.stride(d + 1);
+  return strided ? x.as_strided({N, C}, {x.stride(-2), 1}) : x.contiguous().view({N, C});
+}
+
 // Inputs: x, b (empty = no add), w (empty = weight-free). Outputs: y, then h when there is an add.
 class FusedAddRmsNormFn : public torch::autograd::Function<FusedAddRmsNormFn> {
  public:
@@ -44,11 +54,14 @@ class FusedAddRmsNormFn : public torch::autograd::Function<FusedAddRmsNormFn> {
     const int64_t C = x.size(-1), N = x.numel() / C;
     const bool has_b = b.numel() > 0;
     const auto yt = static_cast<torch::ScalarType>(y_dtype);
-    auto x2 = x.contiguous().view({N, C});
+    // With no add, x is read in place even as a column slice (its rows x_ld apart) and kept so for
+    // the backward; with one, h is written contiguous and x read so too.
+    auto x2 = has_b ? x.contiguous().view({N, C}) : rows_of(x, N, C);
+    const int64_t x_ld = x2.stride(0);
     auto b2 = has_b ? b.contiguous().view({N, C}) : torch::Tensor();
     auto wf = w.numel() > 0 ? w.to(torch::kFloat32).contiguous() : torch::Tensor();
     auto y = torch::empty({N, C}, x2.options().dtype(yt));
-    auto h = has_b ? torch::empty_like(x2) : x2;
+    auto h = has_b ? torch::empty({N, C}, x2.options()) : x2;
     auto rstd = torch::empty({N}, x2.options().dtype(torch::kFloat32));
     const auto b_dt = has_b ? b.scalar_type() : yt;
     check_kernel_launch(
@@ -56,7 +69,7 @@ class FusedAddRmsNormFn : public torch::autograd::Function<FusedAddRmsNormFn> {
                                      rstd.data_ptr<float>(), x2.data_ptr(), dtype_of(x.scalar_type()),
                                      ptr_or_null(b2), dtype_of(b_dt), wf.defined() ? wf.data_ptr<float>() : nullptr,
                                      N, C, static_cast<float>(eps),
-                                     c10::cuda::getCurrentCUDAStream(x.device().index()).stream()),
+                                     c10::cuda::getCurrentCUDAStream(x.device().index()).stream(), x_ld),
         "RMSNorm forward");
     ctx->save_for_backward({h, wf.defined() ? wf : torch::empty({0}, rstd.options()), rstd});
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
@@ -78,7 +91,7 @@ class FusedAddRmsNormFn : public torch::autograd::Function<FusedAddRmsNormFn> {
     auto dy = grads[0].contiguous().view({N, C});
     torch::Tensor dh;
     if (has_b && grads.size() > 1 && grads[1].defined()) dh = grads[1].to(h.scalar_type()).contiguous().view({N, C});
-    auto dx = torch::empty_like(h);
+    auto dx = torch::empty({N, C}, h.options());  // contiguous, h strided or not
     // The branch's gradient is the same value; a separate tensor only when its dtype differs.
     const bool separate_db = has_b && b_dt != h.scalar_type();
     auto db = separate_db ? torch::empty({N, C}, h.options().dtype(b_dt)) : torch::Tensor();
@@ -90,7 +103,7 @@ class FusedAddRmsNormFn : public torch::autograd::Function<FusedAddRmsNormFn> {
                                       dy.data_ptr(), ptr_or_null(dh), h.data_ptr(), dtype_of(h.scalar_type()),
                                       dtype_of(dy.scalar_type()), dtype_of(b_dt),
                                       wf.defined() ? wf.data_ptr<float>() : nullptr, rstd.data_ptr<float>(), N, C,
-                                      c10::cuda::getCurrentCUDAStream(h.device().index()).stream()),
+                                      c10::cuda::getCurrentCUDAStream(h.device().index()).stream(), h.stride(0)),
         "RMSNorm backward");
     torch::Tensor dw;
     if (wf.defined()) {

@@ -122,6 +122,45 @@ TEST(FusedOpsCuda, AddRmsNormMatchesReference) {
   kernels::add_rmsnorm_vector_loads(true);
 }
 
+// An RMSNorm with no add reads a column slice of wider rows in place (MLA's latent, the first rkv
+// columns of its K|V projection's rows): the same bits forward and backward as on a contiguous copy,
+// in 4-column vectors where the row stride allows them and one at a time where it does not (the
+// copy then too: a thread's columns, and so the sums' order, follow the vector width).
+TEST(FusedOpsCuda, RmsNormReadsAColumnSliceInPlace) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(79);
+  struct Shape {
+    int64_t B, T, C, width, col;
+  };
+  for (const Shape sh : {Shape{4, 300, 256, 288, 0}, Shape{2, 97, 512, 516, 4}, Shape{3, 50, 64, 67, 1}}) {
+    for (const auto dt : {torch::kBFloat16, torch::kFloat32}) {
+      const std::string what = std::string(name_of(dt)) + " C=" + std::to_string(sh.C) + " of rows of " +
+                               std::to_string(sh.width) + " from column " + std::to_string(sh.col);
+      kernels::add_rmsnorm_vector_loads(sh.width % 4 == 0 && sh.col % 4 == 0);
+      const auto rows = torch::randn({sh.B, sh.T, sh.width}, torch::kCUDA).to(dt);
+      const auto w0 = torch::rand({sh.C}, torch::kCUDA) + 0.5;
+      const auto dy = torch::randn({sh.B, sh.T, sh.C}, torch::kCUDA).to(dt);
+      auto run = [&](bool slice) {
+        auto base = rows.detach().clone().requires_grad_(true);
+        auto x = base.narrow(-1, sh.col, sh.C);
+        if (!slice) x = x.contiguous();
+        EXPECT_EQ(x.is_contiguous(), !slice) << what;
+        auto w = w0.detach().clone().requires_grad_(true);
+        auto y = model::fused_rms_norm(x, w, 1e-6);
+        (y.to(torch::kFloat32) * dy.to(torch::kFloat32)).sum().backward();
+        return std::vector<torch::Tensor>{y.detach(), base.grad(), w.grad()};
+      };
+      const auto in_place = run(true), copied = run(false);
+      EXPECT_TRUE(torch::equal(in_place[0], copied[0])) << what << ": y";
+      EXPECT_TRUE(torch::equal(in_place[1], copied[1])) << what << ": x's gradient";
+      EXPECT_TRUE(torch::equal(in_place[2], copied[2])) << what << ": w's gradient";
+      const auto ref = model::rms_norm_reference(rows.narrow(-1, sh.col, sh.C).to(torch::kFloat32), w0, 1e-6);
+      EXPECT_LT(rel_norm_diff(in_place[0].to(torch::kFloat32), ref), tol_for(dt)) << what << ": against the reference";
+    }
+  }
+  kernels::add_rmsnorm_vector_loads(true);
+}
+
 TEST(FusedOpsCuda, RopeMatchesReference) {
   DD_REQUIRE_GPU();
   seed_from_gtest(72);
