@@ -134,7 +134,7 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
     h0s = to_dtype(varlen ? h0.index_select(0, host_to_device(torch::tensor(layout.order, torch::kInt64), h0.device())) : h0, dt);
     h0s = h0s.reshape({n_seq * H, dk, dv});
   } else {
-    h0s = torch::zeros({n_seq * H, dk, dv}, q.options().dtype(dt));
+    h0s = torch::empty({0}, q.options().dtype(dt));  // zero states (gdr_chunk_core), with no tensor of them
   }
   // Token order (unless the caller reads the chunk rows in place): on a GPU the output product
   // writes each row where it belongs; elsewhere the rows are copied there after it.

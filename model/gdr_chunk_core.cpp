@@ -713,10 +713,13 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     // (gdr_scan_with_output: the same bf16 operands, the sums in another order).
     const bool tokens = o_targets.defined();
     torch::Tensor O;
+    // An empty h0 starts every document from zero states: the scans take none (undefined), and make
+    // zeros only where their path needs a tensor of them.
+    const torch::Tensor init = h0.numel() > 0 ? h0 : torch::Tensor();
     const auto scan = !tokens && bf16_output(c, v, targets)
-                          ? gdr_scan_with_output(rows(f.W), rows(f.U), rows(f.Kd), f.decay.reshape({-1}), h0, l.scan,
+                          ? gdr_scan_with_output(rows(f.W), rows(f.U), rows(f.Kd), f.decay.reshape({-1}), init, l.scan,
                                                  rows(f.P), rows(f.Qg), scale, O)
-                          : gdr_scan(rows(f.W), rows(f.U), rows(f.Kd), f.decay.reshape({-1}), h0, l.scan);
+                          : gdr_scan(rows(f.W), rows(f.U), rows(f.Kd), f.decay.reshape({-1}), init, l.scan);
     if (!O.defined()) {
       O = tokens ? bmm_fp32_sum_scattered(rows(f.P), scan.v_new, rows(f.Qg), scan.h_in, scale, o_targets,
                                           l.B * l.T * c.H)
@@ -734,6 +737,7 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     ctx->save_for_backward(saved);
     auto& sd = ctx->saved_data;
     sd["front_saved"] = keep_front;
+    sd["no_h0"] = h0.numel() == 0;  // the backward then gives h0 (empty) no gradient
     sd["qk_norm_at"] = qk_norm.on ? norm_at : int64_t{-1};  // where the norm's scales are saved
     sd["n_docs"] = l.scan.n_docs;
     sd["heads"] = l.scan.heads;
@@ -904,8 +908,8 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
       dx[0] = norm_taken ? dx[0].to(q_in.scalar_type()) : l2_norm_input_grad(dx[0], q_in, q_rstd);
       dx[1] = norm_taken ? dx[1].to(k_in.scalar_type()) : l2_norm_input_grad(dx[1], k_in, k_rstd);
     }
-    return {dx[0], dx[1], dx[2], dx[3], dx[4], sg.dh0, torch::Tensor(), torch::Tensor(), torch::Tensor(),
-            torch::Tensor()};
+    const torch::Tensor dh0 = sd["no_h0"].toBool() ? torch::Tensor() : sg.dh0;
+    return {dx[0], dx[1], dx[2], dx[3], dx[4], dh0, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -958,9 +962,9 @@ GdrChunkCoreOutput gdr_chunk_core(const torch::Tensor& q, const torch::Tensor& k
   TORCH_CHECK(q.size(0) == l.B && q.size(1) == l.T && q.size(2) == l.scan.heads,
               "gdr_chunk_core: inputs ", q.sizes(), " do not match the chunk layout (B=", l.B, ", T=", l.T,
               ", H=", l.scan.heads, ")");
-  TORCH_CHECK(h0.dim() == 3 && h0.size(0) == l.scan.n_docs * q.size(2) && h0.size(1) == q.size(3) &&
-                  h0.size(2) == v.size(3),
-              "gdr_chunk_core: expected h0 [n_docs·H, dk, dv], got ", h0.sizes());
+  TORCH_CHECK(h0.numel() == 0 || (h0.dim() == 3 && h0.size(0) == l.scan.n_docs * q.size(2) &&
+                                  h0.size(1) == q.size(3) && h0.size(2) == v.size(3)),
+              "gdr_chunk_core: expected h0 [n_docs·H, dk, dv] (or empty: zero states), got ", h0.sizes());
   // The core stays in fp32 under bf16 autocast (MODEL.md §0).
   AutocastOff fp32_core;
   auto outs =

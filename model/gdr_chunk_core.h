@@ -34,8 +34,10 @@ struct GdrChunkCoreOutput {
 };
 
 // q, k [B,T,H,dk], v [B,T,H,dv], beta and g [B,T,H] in the token layout of `l`; h0 [n_docs · H,
-// dk, dv] in the compute dtype (fp32 or fp64), which the inputs are cast to. Differentiable in all
-// six. Any thread may call it; bad shapes throw c10::Error.
+// dk, dv] in the compute dtype (fp32 or fp64), which the inputs are cast to, or an empty tensor of
+// that dtype: zero states, which the forward scan's kernel then starts from with no tensor of zeros
+// (and h0 gets no gradient). Differentiable in all six. Any thread may call it; bad shapes throw
+// c10::Error.
 // o_targets (gdr_chunk_row_targets, optional): O comes back in the token layout [B, T, H, dv],
 // each chunk row written where it belongs by the output product (no copy after it).
 // bf16_output_ok: the caller takes O in bf16 (the Gated DeltaNet's output norm does, fused or not).

@@ -413,6 +413,10 @@ bool gdr_scan_takes_bf16_inputs(const GdrScanPlan& plan, int64_t C, int64_t dk, 
 
 GdrScanResult gdr_scan(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& Kd,
                        const torch::Tensor& decay, const torch::Tensor& h0, const GdrScanPlan& plan) {
+  if (!h0.defined()) {  // zero states, as a tensor for the paths below
+    const auto state_opt = U.options().dtype(decay.scalar_type());
+    return gdr_scan(W, U, Kd, decay, torch::zeros({plan.n_docs * plan.heads, W.size(2), U.size(2)}, state_opt), plan);
+  }
 #if defined(DD_HAVE_CUDA)
   if (kernel_takes(W, U, Kd, decay, h0, plan, true)) {
     auto outs = GdrScanFn::apply(W, U, Kd, decay, h0, plan);

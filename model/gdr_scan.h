@@ -49,7 +49,9 @@ GdrScanResult gdr_scan_reference(const torch::Tensor& W, const torch::Tensor& U,
 // with h_in and v_new in bf16 where the plan asks for bf16_states and the kernel takes them.
 // W, U and Kd may also come in bf16 (the chunk core's front writes them so under 16-bit training):
 // the kernel reads them as they are where gdr_scan_takes_bf16_inputs (with bf16_states), and every
-// other path widens them to fp32 first. h0 and decay are fp32. That bf16 form takes its products as
+// other path widens them to fp32 first. h0 and decay are fp32; h0 undefined: zero states (made here
+// as a tensor where the path needs one, not made where the kernel starts from zero itself, as
+// gdr_scan_with_output's does). That bf16 form takes its products as
 // bf16 mma by default (gdr_bf16_forward_scan_products below), so its results are close to, not the
 // same bits as, those of fp32 tensors holding the same values.
 GdrScanResult gdr_scan(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& Kd,

@@ -1182,7 +1182,9 @@ TEST(GdrScanCuda, CopyWarpScansGiveTheThreadCopyKernelsBits) {
             EXPECT_TRUE(torch::equal(cw.state, tc.state)) << what << ": states";
             EXPECT_TRUE(torch::equal(cw.y, tc.y)) << what << ": y";
             EXPECT_TRUE(torch::equal(cw.fin, tc.fin)) << what << ": final states";
-            if (output) EXPECT_TRUE(torch::equal(cw.o, tc.o)) << what << ": the chunk output";
+            if (output) {
+              EXPECT_TRUE(torch::equal(cw.o, tc.o)) << what << ": the chunk output";
+            }
           }
         }
       }
@@ -1763,6 +1765,51 @@ std::vector<std::vector<double>> counted_switch_differences(uint64_t seed, const
 // over the chunk of terms each rounded in bf16 where they cancel, spread wider from run to run
 // (2.0e-3 to 4.2e-3 for dβ on an H200, inputs fresh each run), so they get 8e-3. And the switch
 // does change dβ and dg (a path not taken would give 0 difference).
+// No initial state (h0 undefined) starts every document from zero states without a tensor of
+// zeros, where the forward scan's kernel takes none (the output as chunk rows, the training path):
+// the same bits as an explicit h0 of zeros, forward and backward (but dβ and dg, whose atomic sums
+// differ by order: 1e-6), with the output as rows and in token order, packed and dense.
+TEST(GdrScanCuda, NoInitialStateMatchesZeroStates) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 577);
+  auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+  const int64_t H = 2, dk = 96, dv = 192;
+  for (const bool packed : {true, false}) {
+    for (const bool rows : {true, false}) {
+      const int64_t B = packed ? 1 : 2, T = packed ? 300 : 150;
+      const torch::Tensor cu = packed ? torch::tensor(std::vector<int64_t>{0, 17, 150, 151, 300}) : torch::Tensor();
+      const int64_t n_docs = packed ? 4 : B;
+      const std::string name = std::string(packed ? "packed" : "dense") + (rows ? ", output as rows" : ", tokens");
+      auto unit = [](const torch::Tensor& x) { return x / x.norm(2, -1, true); };
+      const auto q = unit(torch::randn({B, T, H, dk}, f32)).to(torch::kBFloat16);
+      const auto k = unit(torch::randn({B, T, H, dk}, f32)).to(torch::kBFloat16);
+      const auto v = torch::randn({B, T, H, dv}, f32).to(torch::kBFloat16);
+      const auto beta = torch::sigmoid(torch::randn({B, T, H}, f32)), g = -torch::rand({B, T, H}, f32) * 0.5;
+      const auto dO = torch::randn({2048, dv}, f32);  // as many rows as the output has, tokens or chunk rows
+      const auto dH = torch::randn({n_docs, H, dk, dv}, f32);
+      auto run = [&](bool zeros) {
+        std::vector<torch::Tensor> x{q.clone(), k.clone(), v.clone(), beta.clone(), g.clone()};
+        for (auto& t : x) t.requires_grad_(true);
+        const torch::Tensor h0 = zeros ? torch::zeros({n_docs, H, dk, dv}, f32) : torch::Tensor();
+        const auto out = model::gdr_forward_chunked(x[0], x[1], x[2], x[3], x[4], 0.125, h0, cu, 64, true, rows);
+        const auto o = rows ? out.o_rows : out.o.reshape({-1, dv});
+        auto loss = (o.to(torch::kFloat32) * dO.narrow(0, 0, o.size(0))).sum() + (out.h * dH).sum();
+        loss.backward();
+        return std::vector<torch::Tensor>{o, out.h, x[0].grad(), x[1].grad(), x[2].grad(), x[3].grad(), x[4].grad()};
+      };
+      const auto none = run(false), zeros = run(true);
+      const char* const names[] = {"o", "h", "dq", "dk", "dv", "dbeta", "dg"};
+      for (size_t i = 0; i < none.size(); ++i) {
+        if (i >= 5) {
+          EXPECT_LT(rel_norm_diff(none[i], zeros[i]), 1e-6) << name << ": " << names[i];
+        } else {
+          EXPECT_TRUE(torch::equal(none[i], zeros[i])) << name << ": " << names[i];
+        }
+      }
+    }
+  }
+}
+
 TEST(GdrScanCuda, Bf16ChunkGradsStayCloseToFp32Ones) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   std::printf("[gdr_chunk] bf16 against fp32 chunk gradients:\n");
