@@ -41,8 +41,14 @@ void* ptr_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr() : 
 // kernels read in place; else contiguous (a copy where x is not).
 torch::Tensor rows_of(const torch::Tensor& x, int64_t N, int64_t C) {
   bool strided = x.dim() >= 2 && x.size(-2) > 1 && x.stride(-1) == 1 && x.stride(-2) > C;
-  for (int64_t d = x.dim() - 3; strided && d >= 0; --d)
-    strided = x.size(d) == 1 || x.stride(d) == x.size(d + 1) * x.stride(d + 1);
+  // Each outer dim (but those of size 1, whose stride means nothing) steps over the whole of the
+  // dims inside it.
+  int64_t span = x.size(-2) * x.stride(-2);
+  for (int64_t d = x.dim() - 3; strided && d >= 0; --d) {
+    if (x.size(d) == 1) continue;
+    strided = x.stride(d) == span;
+    span = x.size(d) * x.stride(d);
+  }
   return strided ? x.as_strided({N, C}, {x.stride(-2), 1}) : x.contiguous().view({N, C});
 }
 

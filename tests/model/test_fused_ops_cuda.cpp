@@ -123,41 +123,87 @@ TEST(FusedOpsCuda, AddRmsNormMatchesReference) {
 }
 
 // An RMSNorm with no add reads a column slice of wider rows in place (MLA's latent, the first rkv
-// columns of its K|V projection's rows): the same bits forward and backward as on a contiguous copy,
-// in 4-column vectors where the row stride allows them and one at a time where it does not (the
-// copy then too: a thread's columns, and so the sums' order, follow the vector width).
+// columns of its K|V projection's rows): the same bits forward and backward as on a contiguous copy
+// where both take the same vector width (a thread's columns, and so the sums' order, follow it), and
+// within rounding of the reference where they do not (a row stride that is not a multiple of 4 on
+// aligned rows: one column at a time). The slice is read in place, not copied: the saved input then
+// shares the slice's version, and changing the slice in place makes the backward refuse. Slices of
+// 2-D, 3-D and 4-D tensors, one with a dim of size 1 whose stride is that of a wider tensor, and a
+// 4-D view that is not one row stride apart across its outer dims (copied).
 TEST(FusedOpsCuda, RmsNormReadsAColumnSliceInPlace) {
   DD_REQUIRE_GPU();
   seed_from_gtest(79);
   struct Shape {
-    int64_t B, T, C, width, col;
+    std::vector<int64_t> outer;  // the leading dims of the buffer, rows last
+    int64_t C, width, col;
+    bool vec_both;  // both sides in 4-column vectors (or both one at a time): the same bits
+    bool in_place;  // read where it lies (else the norm copies it)
   };
-  for (const Shape sh : {Shape{4, 300, 256, 288, 0}, Shape{2, 97, 512, 516, 4}, Shape{3, 50, 64, 67, 1}}) {
+  const Shape shapes[] = {{{4, 300}, 256, 288, 0, true, true},   {{2, 97}, 512, 516, 4, true, true},
+                          {{3, 50}, 64, 67, 1, false, true},     {{3, 50}, 64, 66, 0, false, true},
+                          {{200}, 128, 136, 8, true, true},       {{2, 1, 40}, 64, 72, 0, true, true},
+                          {{2, 3, 40}, 64, 72, 0, true, true}};
+  for (const Shape& sh : shapes) {
     for (const auto dt : {torch::kBFloat16, torch::kFloat32}) {
-      const std::string what = std::string(name_of(dt)) + " C=" + std::to_string(sh.C) + " of rows of " +
-                               std::to_string(sh.width) + " from column " + std::to_string(sh.col);
-      kernels::add_rmsnorm_vector_loads(sh.width % 4 == 0 && sh.col % 4 == 0);
-      const auto rows = torch::randn({sh.B, sh.T, sh.width}, torch::kCUDA).to(dt);
+      std::string what = std::string(name_of(dt)) + " C=" + std::to_string(sh.C) + " of rows of " +
+                         std::to_string(sh.width) + " from column " + std::to_string(sh.col) + ", " +
+                         std::to_string(sh.outer.size() + 1) + "-d";
+      std::vector<int64_t> sizes = sh.outer;
+      sizes.push_back(sh.width);
+      const auto rows = torch::randn(sizes, torch::kCUDA).to(dt);
       const auto w0 = torch::rand({sh.C}, torch::kCUDA) + 0.5;
-      const auto dy = torch::randn({sh.B, sh.T, sh.C}, torch::kCUDA).to(dt);
+      auto dy_sizes = sh.outer;
+      dy_sizes.push_back(sh.C);
+      const auto dy = torch::randn(dy_sizes, torch::kCUDA).to(dt);
       auto run = [&](bool slice) {
         auto base = rows.detach().clone().requires_grad_(true);
         auto x = base.narrow(-1, sh.col, sh.C);
         if (!slice) x = x.contiguous();
-        EXPECT_EQ(x.is_contiguous(), !slice) << what;
         auto w = w0.detach().clone().requires_grad_(true);
         auto y = model::fused_rms_norm(x, w, 1e-6);
         (y.to(torch::kFloat32) * dy.to(torch::kFloat32)).sum().backward();
         return std::vector<torch::Tensor>{y.detach(), base.grad(), w.grad()};
       };
-      const auto in_place = run(true), copied = run(false);
-      EXPECT_TRUE(torch::equal(in_place[0], copied[0])) << what << ": y";
-      EXPECT_TRUE(torch::equal(in_place[1], copied[1])) << what << ": x's gradient";
-      EXPECT_TRUE(torch::equal(in_place[2], copied[2])) << what << ": w's gradient";
-      const auto ref = model::rms_norm_reference(rows.narrow(-1, sh.col, sh.C).to(torch::kFloat32), w0, 1e-6);
-      EXPECT_LT(rel_norm_diff(in_place[0].to(torch::kFloat32), ref), tol_for(dt)) << what << ": against the reference";
+      kernels::add_rmsnorm_vector_loads(sh.vec_both || sh.width % 4 != 0);
+      const auto in_place = run(true);
+      if (sh.vec_both) {
+        const auto copied = run(false);
+        EXPECT_TRUE(torch::equal(in_place[0], copied[0])) << what << ": y";
+        EXPECT_TRUE(torch::equal(in_place[1], copied[1])) << what << ": x's gradient";
+        EXPECT_TRUE(torch::equal(in_place[2], copied[2])) << what << ": w's gradient";
+      }
+      auto xr = rows.narrow(-1, sh.col, sh.C).to(torch::kFloat32).requires_grad_(true);
+      auto wr = w0.clone().requires_grad_(true);
+      auto ref = model::rms_norm_reference(xr, wr, 1e-6);
+      (ref * dy.to(torch::kFloat32)).sum().backward();
+      EXPECT_LT(rel_norm_diff(in_place[0].to(torch::kFloat32), ref.detach()), tol_for(dt)) << what << ": y, reference";
+      EXPECT_LT(rel_norm_diff(in_place[1].narrow(-1, sh.col, sh.C).to(torch::kFloat32), xr.grad()), 2 * tol_for(dt))
+          << what << ": x's gradient, reference";
+      EXPECT_LT(rel_norm_diff(in_place[2], wr.grad()), dt == torch::kFloat32 ? 1e-5 : 1e-2) << what << ": w's gradient";
+      // Read in place: a later in-place change of the rows reaches the saved input.
+      auto base = rows.detach().clone().requires_grad_(true);
+      auto base2 = base * 1;
+      auto y = model::fused_rms_norm(base2.narrow(-1, sh.col, sh.C), w0.detach().clone().requires_grad_(true), 1e-6);
+      {
+        torch::NoGradGuard no_grad;
+        base2.mul_(1);
+      }
+      bool refused = false;
+      try {
+        y.to(torch::kFloat32).sum().backward();
+      } catch (const c10::Error&) {
+        refused = true;
+      }
+      EXPECT_EQ(refused, sh.in_place) << what << ": the slice read in place";
     }
   }
+  // A 4-D view whose size-1 dim carries the stride of a tensor twice as long: not one row stride
+  // apart across its outer dims, so the norm copies it (reading it in place would be wrong).
+  const auto wide = torch::randn({2, 2 * 40, 72}, torch::kCUDA).to(torch::kBFloat16);
+  const auto view = wide.view({2, 1, 80, 72}).narrow(2, 0, 40).narrow(3, 0, 64);
+  const auto w1 = torch::rand({64}, torch::kCUDA) + 0.5;
+  EXPECT_TRUE(torch::equal(model::fused_rms_norm(view, w1, 1e-6), model::fused_rms_norm(view.contiguous(), w1, 1e-6)))
+      << "a view whose outer dims are not one row stride apart";
   kernels::add_rmsnorm_vector_loads(true);
 }
 
