@@ -73,6 +73,9 @@ const std::vector<GdrScanChoice>& gdr_scan_choices() {
       {"wgmma-scan", "the forward bf16 scan on warpgroup products (wgmma) instead of the warp-column kernel"},
       {"thread-copies",
        "the bf16 scans' warp-column kernels with every thread copying and a block barrier a step, not two copy warps"},
+      {"zeroed-pad-rows",
+       "the output norm's backward zeroing the delta rule's padding rows, which its backward then reads, instead of "
+       "the backward skipping them by a row map"},
       {"token-order", "its output copied into token order before the output norm"},
       {"fp32-states", "the scan's saved states in fp32 instead of bf16"},
       {"fp32-front", "the fused front's outputs in fp32 instead of bf16"},
@@ -212,6 +215,7 @@ int bench_train(const BenchTrainArgs& a) {
   model::bmm_fp32_wide_tiles(a.gdr_scan != "narrow-products");
   // token-order: the delta rule's output copied into token order before the output norm.
   model::gdr_output_as_rows(a.gdr_scan != "token-order");
+  model::gdr_output_grad_row_map(a.gdr_scan != "zeroed-pad-rows");
   // fp32-states: the scan's saved states and corrected values in fp32 under TF32 products.
   model::gdr_bf16_states(a.gdr_scan != "fp32-states");
   // fp32-front: the fused front's W, U, Kd, Qg and P in fp32 under TF32 products.

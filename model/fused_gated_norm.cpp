@@ -20,6 +20,7 @@ namespace model {
 namespace {
 
 std::atomic<int64_t> g_pad_rows_by_list{0};
+std::atomic<int64_t> g_pad_rows_unread{0};
 
 // o: o's sizes in token order, [B,T,H,D].
 void check_shapes(at::IntArrayRef o, const torch::Tensor& z, const torch::Tensor& w) {
@@ -109,7 +110,7 @@ class GatedRmsNormFn : public torch::autograd::Function<GatedRmsNormFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& o, const torch::Tensor& z,
                                const torch::Tensor& w, double eps, int64_t out_dtype,
                                const std::optional<torch::Tensor>& o_row,
-                               const std::optional<torch::Tensor>& pad_rows) {
+                               const std::optional<torch::Tensor>& pad_rows, bool pad_rows_unread) {
     const auto yt = static_cast<torch::ScalarType>(out_dtype);
     auto oc = o.contiguous();
     auto row = o_row.has_value() ? o_row->contiguous() : torch::Tensor();
@@ -127,6 +128,7 @@ class GatedRmsNormFn : public torch::autograd::Function<GatedRmsNormFn> {
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
     if (row.defined()) ctx->saved_data["o_row"] = row;
     if (pad_rows.has_value()) ctx->saved_data["pad_rows"] = *pad_rows;
+    ctx->saved_data["pad_rows_unread"] = pad_rows_unread;
     return y;
   }
 
@@ -139,7 +141,9 @@ class GatedRmsNormFn : public torch::autograd::Function<GatedRmsNormFn> {
     // Rows of o no (token, head) reads (chunk padding) get zero gradient, written by a pass over
     // those rows alone; a permutation of o's rows writes every one.
     auto d_o = torch::empty_like(o);
-    if (row.defined() && rows.N != o.size(0) && ctx->saved_data.count("pad_rows")) {
+    if (ctx->saved_data["pad_rows_unread"].toBool()) {
+      ++g_pad_rows_unread;  // left unwritten: their one reader skips them
+    } else if (row.defined() && rows.N != o.size(0) && ctx->saved_data.count("pad_rows")) {
       const auto pad = ctx->saved_data["pad_rows"].toTensor();
       const int err = o.scalar_type() == torch::kFloat32
                           ? kernels::zero_listed_rows_f32(d_o.data_ptr<float>(), o.size(1), pad.data_ptr<int32_t>(),
@@ -173,7 +177,7 @@ class GatedRmsNormFn : public torch::autograd::Function<GatedRmsNormFn> {
                                                 rows.D, stream_of(o)),
                         "gated RMSNorm weight gradient");
     dw = dw.to(static_cast<torch::ScalarType>(ctx->saved_data["w_dtype"].toInt()));
-    return {d_o, dz, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {d_o, dz, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -197,7 +201,7 @@ torch::Tensor gated_rms_norm(const torch::Tensor& o, const torch::Tensor& z, con
   check_shapes(o.sizes(), z, w);
 #if defined(DD_HAVE_CUDA)
   if (kernels_apply(o, z, w, out_dtype)) {
-    return GatedRmsNormFn::apply(o, z, w, eps, static_cast<int64_t>(out_dtype), std::nullopt, std::nullopt);
+    return GatedRmsNormFn::apply(o, z, w, eps, static_cast<int64_t>(out_dtype), std::nullopt, std::nullopt, false);
   }
 #endif
   return gated_rms_norm_reference(o, z, w, eps, out_dtype);
@@ -205,7 +209,7 @@ torch::Tensor gated_rms_norm(const torch::Tensor& o, const torch::Tensor& z, con
 
 torch::Tensor gated_rms_norm_rows(const torch::Tensor& o_rows, const torch::Tensor& o_row, const torch::Tensor& z,
                                   const torch::Tensor& w, double eps, torch::ScalarType out_dtype,
-                                  const torch::Tensor& pad_rows) {
+                                  const torch::Tensor& pad_rows, bool pad_rows_unread) {
   check_rows(o_rows, o_row);
 #if defined(DD_HAVE_CUDA)
   if (o_row.is_cuda() && o_row.numel() > 0 && kernels_apply(o_rows, z, w, out_dtype)) {
@@ -217,12 +221,13 @@ torch::Tensor gated_rms_norm_rows(const torch::Tensor& o_rows, const torch::Tens
                       pad_rows.numel() + o_row.numel() == o_rows.size(0);
     return GatedRmsNormFn::apply(o_rows, z, w, eps, static_cast<int64_t>(out_dtype),
                                  std::optional<torch::Tensor>(o_row),
-                                 list ? std::optional<torch::Tensor>(pad_rows) : std::nullopt);
+                                 list ? std::optional<torch::Tensor>(pad_rows) : std::nullopt, pad_rows_unread);
   }
 #endif
   return gated_rms_norm_rows_reference(o_rows, o_row, z, w, eps, out_dtype);
 }
 
 int64_t gated_norm_padding_rows_by_list() { return g_pad_rows_by_list.load(); }
+int64_t gated_norm_padding_rows_unread() { return g_pad_rows_unread.load(); }
 
 }  // namespace model

@@ -24,14 +24,18 @@ torch::Tensor gated_rms_norm(const torch::Tensor& o, const torch::Tensor& z, con
 // reference, o_rows.index_select(0, o_row) and the formula above. pad_rows (optional: int32 on
 // o_rows' device) lists exactly the rows o_row does not name, when the caller has it (a fixed
 // chunk layout's GdrChunkLayout::pad_rows): the backward then zeroes those rows' gradient by the
-// list instead of working them out from o_row first.
+// list instead of working them out from o_row first. pad_rows_unread: nobody reads those rows of
+// o_rows' gradient either (the delta rule's backward skips them by its row map, GdrOutput::
+// o_pad_rows_unread), and the backward leaves them unwritten.
 torch::Tensor gated_rms_norm_rows_reference(const torch::Tensor& o_rows, const torch::Tensor& o_row,
                                             const torch::Tensor& z, const torch::Tensor& w, double eps,
                                             torch::ScalarType out_dtype);
 torch::Tensor gated_rms_norm_rows(const torch::Tensor& o_rows, const torch::Tensor& o_row, const torch::Tensor& z,
                                   const torch::Tensor& w, double eps, torch::ScalarType out_dtype,
-                                  const torch::Tensor& pad_rows = {});
+                                  const torch::Tensor& pad_rows = {}, bool pad_rows_unread = false);
 // Backwards so far in this process that zeroed the padding rows by pad_rows' list (for the tests).
 int64_t gated_norm_padding_rows_by_list();
+// Backwards so far that left the padding rows unwritten (pad_rows_unread; for the tests).
+int64_t gated_norm_padding_rows_unread();
 
 }  // namespace model

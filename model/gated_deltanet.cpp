@@ -119,7 +119,8 @@ torch::Tensor GatedDeltaNetImpl::output(const GdrOutput& r, const torch::Tensor&
   // Per-head RMSNorm over dv with the shared weight, gated by silu(z); fp32 (fp64) math, emitted in
   // the output projection's dtype (one fused kernel each way on a GPU; the ATen formula elsewhere).
   // The chunked rule hands over its output in chunk layout, read in place by index.
-  auto y = r.o_rows.defined() ? gated_rms_norm_rows(r.o_rows, r.o_row, z_proj, norm_w, 1e-6, out_dtype, r.o_pad_rows)
+  auto y = r.o_rows.defined() ? gated_rms_norm_rows(r.o_rows, r.o_row, z_proj, norm_w, 1e-6, out_dtype, r.o_pad_rows,
+                                                    r.o_pad_rows_unread)
                               : gated_rms_norm(r.o, z_proj, norm_w, 1e-6, out_dtype);
   return wo(y.reshape({B, T, H_ * dv_}));
 }

@@ -16,6 +16,8 @@
 namespace model {
 namespace {
 
+std::atomic<bool> g_output_grad_row_map{true};
+
 torch::ScalarType compute_dtype(const torch::Tensor& q) {
   return q.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
 }
@@ -126,6 +128,9 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
     TORCH_CHECK(!h0.defined(), "gdr_forward_chunked: a fixed chunk plan takes no initial state h0");
   }
   GdrChunkLayout layout = slots ? slots->layout(H, C) : gdr_chunk_layout(B, T, H, C, cu_seqlens, q.device());
+  // The row map serves the output's gradient as chunk rows only (o_as_rows), and only where switched on.
+  if (layout.row_map.defined() && (!o_as_rows || !g_output_grad_row_map || layout.row_map.device() != q.device()))
+    layout.row_map = torch::Tensor();
   layout.scan.tf32_products = tf32_scan;
   layout.scan.bf16_states = tf32_scan && gdr_bf16_states();
   const int64_t n_seq = layout.scan.n_docs;
@@ -159,8 +164,10 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
     out.h = h_final;
     out.o_rows = core.O.reshape({-1, dv});
     out.o_row = gdr_chunk_token_rows(layout, H, q.device());
-    if (layout.pad_rows.defined() && layout.token_rows.defined() && layout.token_rows.size(1) == H &&
-        layout.pad_rows.device() == q.device()) {
+    if (layout.row_map.defined()) {
+      out.o_pad_rows_unread = true;  // the core's backward skips them (GdrChunkLayout::row_map)
+    } else if (layout.pad_rows.defined() && layout.token_rows.defined() && layout.token_rows.size(1) == H &&
+               layout.pad_rows.device() == q.device()) {
       out.o_pad_rows = layout.pad_rows;
     }
     return out;
@@ -183,6 +190,9 @@ bool gdn_l2norm_in_core() { return g_l2norm_in_core; }
 
 void gdr_output_as_rows(bool on) { g_output_as_rows = on; }
 bool gdr_output_as_rows() { return g_output_as_rows; }
+
+void gdr_output_grad_row_map(bool on) { g_output_grad_row_map = on; }
+bool gdr_output_grad_row_map() { return g_output_grad_row_map; }
 
 void gdn_qk_in_activation_dtype(bool on) { g_qk_in_activation_dtype = on; }
 bool gdn_qk_in_activation_dtype() { return g_qk_in_activation_dtype; }

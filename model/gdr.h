@@ -39,8 +39,11 @@ struct GdrOutput {
   // the compute dtype, or bf16 on the 16-bit path (model::gdr_bf16_output).
   torch::Tensor o_rows{}, o_row{};
   // With a fixed layout (model/gdr_plan_slots.h), the rows of o_rows o_row does not name
-  // (GdrChunkLayout::pad_rows), for the output norm's backward to zero; else undefined.
+  // (GdrChunkLayout::pad_rows), for the output norm's backward to zero; else undefined. Or, where
+  // the rule's backward reads o_rows' gradient through the layout's row map, which skips those rows
+  // (gdr_output_grad_row_map), o_pad_rows_unread: nobody reads them, and nobody need zero them.
   torch::Tensor o_pad_rows{};
+  bool o_pad_rows_unread = false;
 };
 
 // Inputs of both functions:
@@ -83,6 +86,14 @@ GdrOutput gdr_forward_chunked(const torch::Tensor& q, const torch::Tensor& k, co
 // order.
 void gdr_output_as_rows(bool on);
 bool gdr_output_as_rows();
+
+// Process-wide switch (default on), for benchmarks and tests: with o_as_rows and a fixed layout,
+// the delta rule's backward reads the output's gradient through the layout's row map
+// (GdrChunkLayout::row_map), skipping the chunk padding's rows, so that the output norm's backward
+// leaves those rows of the gradient unwritten (GdrOutput::o_pad_rows_unread); off, it zeroes them
+// by their list and the backward reads every row.
+void gdr_output_grad_row_map(bool on);
+bool gdr_output_grad_row_map();
 
 // Process-wide switch (default on), for benchmarks: on a GPU under TF32 scan products with 16-bit
 // activations (bf16 or fp16 training), the Gated DeltaNet layer's L2Norm emits q and k in the

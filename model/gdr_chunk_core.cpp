@@ -757,6 +757,9 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
     sd["scale"] = scale;
     sd["o_tokens"] = tokens;
     if (tokens) sd["o_rows"] = o_targets;  // the backward reads the output's gradient by the same map
+    // In the chunk layout, a fixed layout's row map (where the caller left it on: gdr.cpp) has the
+    // backward skip the padding rows of the output's gradient, which nobody then zeroes.
+    if (!tokens && l.row_map.defined()) sd["o_rows"] = l.row_map;
     sd["bf16_front"] = f.W.scalar_type() == torch::kBFloat16;  // the backward's recompute writes the same
     sd["tf32_chunk"] = tf32_chunk_products(c);                  // the solve's backward in TF32
     if (tokens) return {O.view({l.B, l.T, c.H, c.dv}), scan.h_final};
@@ -840,7 +843,7 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
       // A bf16 output's gradient stays bf16 (the scan and the state products read it so).
       const bool dO16 = dO.scalar_type() == torch::kBFloat16 && c.dt == torch::kFloat32;
       const auto dO_src = (dO16 ? dO : dO.to(c.dt)).contiguous().view({-1, dv});
-      const torch::Tensor dO_rows = sd["o_tokens"].toBool() ? sd["o_rows"].toTensor() : torch::Tensor();
+      const torch::Tensor dO_rows = sd.count("o_rows") > 0 ? sd["o_rows"].toTensor() : torch::Tensor();
       const bool bf16_grads = bf16_chunk_grads(fused, f, h_in);
       sg = gdr_scan_backward_from_output_grad(rows(W), rows(ff.Kd), decay_rows, rows(ff.P), rows(ff.Qg), dO_src,
                                               dO_rows, s, dh_final, c.l.scan, bf16_grads,
@@ -962,9 +965,10 @@ GdrChunkCoreOutput gdr_chunk_core(const torch::Tensor& q, const torch::Tensor& k
   TORCH_CHECK(q.size(0) == l.B && q.size(1) == l.T && q.size(2) == l.scan.heads,
               "gdr_chunk_core: inputs ", q.sizes(), " do not match the chunk layout (B=", l.B, ", T=", l.T,
               ", H=", l.scan.heads, ")");
-  TORCH_CHECK(h0.numel() == 0 || (h0.dim() == 3 && h0.size(0) == l.scan.n_docs * q.size(2) &&
-                                  h0.size(1) == q.size(3) && h0.size(2) == v.size(3)),
-              "gdr_chunk_core: expected h0 [n_docs·H, dk, dv] (or empty: zero states), got ", h0.sizes());
+  TORCH_CHECK(h0.defined() && (h0.numel() == 0 || (h0.dim() == 3 && h0.size(0) == l.scan.n_docs * q.size(2) &&
+                                  h0.size(1) == q.size(3) && h0.size(2) == v.size(3))),
+              "gdr_chunk_core: expected h0 [n_docs·H, dk, dv] (or empty: zero states), got ",
+              h0.defined() ? c10::str(h0.sizes()) : std::string("an undefined tensor"));
   // The core stays in fp32 under bf16 autocast (MODEL.md §0).
   AutocastOff fp32_core;
   auto outs =

@@ -37,6 +37,10 @@ struct GdrChunkLayout {
   // name (chunk padding), ascending: what the output norm's backward zeroes, with no pass that
   // marks the named rows in each layer.
   torch::Tensor pad_rows;
+  // fixed only: [N·heads·C] int32, each of those rows' own index, or −1 for the padding rows: the
+  // delta rule's backward reads its output's gradient through it (gdr_output_grad_row_map), so
+  // that nobody has to zero the padding rows of that gradient.
+  torch::Tensor row_map;
 };
 
 // The fixed capacity of packed rows' layouts (gdr_chunk_layout_fixed): `chunks` chunks, `docs`

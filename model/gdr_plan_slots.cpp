@@ -51,11 +51,23 @@ torch::Tensor host_pad_rows(const GdrChunkLayout& l, int64_t H, const torch::Ten
   return out;
 }
 
-// The two maps of one head count for the current plan into their device buffers.
-void fill_head_maps(torch::Tensor& rows, torch::Tensor& pad_rows, const GdrChunkLayout& l, int64_t H) {
+// GdrChunkLayout::row_map of a token-rows map (host_token_rows'), int32 on the CPU: the rows it
+// names keep their index, the others (chunk padding) −1.
+torch::Tensor host_row_map(const GdrChunkLayout& l, int64_t H, const torch::Tensor& token_rows) {
+  auto out = torch::full({l.n_chunks * H * l.C}, -1, torch::kInt32);
+  int32_t* o = out.data_ptr<int32_t>();
+  const int32_t* r = token_rows.data_ptr<int32_t>();
+  for (int64_t i = 0; i < token_rows.numel(); ++i) o[r[i]] = r[i];
+  return out;
+}
+
+// The maps of one head count for the current plan into their device buffers.
+void fill_head_maps(torch::Tensor& rows, torch::Tensor& pad_rows, torch::Tensor& row_map, const GdrChunkLayout& l,
+                    int64_t H) {
   const auto host_rows = host_token_rows(l, H);
   copy_in(rows, host_rows);
   copy_in(pad_rows, host_pad_rows(l, H, host_rows));
+  copy_in(row_map, host_row_map(l, H, host_rows));
 }
 
 }  // namespace
@@ -98,7 +110,7 @@ void GdrPlanSlots::upload(Slot& s, GdrChunkLayout host) {
   copy_in(s.step_off, i32(step_off));
   copy_in(s.doc_chunks, i32(doc_chunks));
   copy_in(s.doc_slot, torch::tensor(doc_slot, torch::kInt64));
-  for (auto& m : s.maps) fill_head_maps(m.rows, m.pad_rows, l, m.heads);
+  for (auto& m : s.maps) fill_head_maps(m.rows, m.pad_rows, m.row_map, l, m.heads);
 }
 
 GdrChunkLayout GdrPlanSlots::plan(const Slot& s, const torch::Tensor& cu) const {
@@ -145,7 +157,8 @@ GdrChunkLayout GdrPlanSlots::layout(int64_t H, int64_t C) {
     m.heads = H;
     m.rows = torch::empty({B_ * T_, H}, i32);
     m.pad_rows = torch::empty({slot->host.n_chunks * H * C - B_ * T_ * H}, i32);
-    fill_head_maps(m.rows, m.pad_rows, slot->host, H);
+    m.row_map = torch::empty({slot->host.n_chunks * H * C}, i32);
+    fill_head_maps(m.rows, m.pad_rows, m.row_map, slot->host, H);
     slot->maps.push_back(std::move(m));
     maps = &slot->maps.back();
   }
@@ -153,6 +166,7 @@ GdrChunkLayout GdrPlanSlots::layout(int64_t H, int64_t C) {
   l.scan.heads = H;
   l.token_rows = maps->rows;
   l.pad_rows = maps->pad_rows;
+  l.row_map = maps->row_map;
   l.token_slot = slot->token_slot;
   l.fixed = true;
   l.table = slot->table;

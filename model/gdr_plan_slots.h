@@ -45,11 +45,11 @@ class GdrPlanSlots {
     GdrChunkLayout host;  // the current batch's plan (token_slot on the CPU)
     torch::Tensor token_slot, table, step_off, doc_chunks, doc_slot;  // device buffers
     // For each head count asked for so far: gdr_chunk_token_rows's map ([B·T, heads] int32) and the
-    // rows it leaves out (GdrChunkLayout::pad_rows), device buffers refilled from the host plan
-    // with the tables above.
+    // rows it leaves out (GdrChunkLayout::pad_rows, and as row_map's −1), device buffers refilled
+    // from the host plan with the tables above.
     struct HeadMaps {
       int64_t heads = 0;
-      torch::Tensor rows, pad_rows;
+      torch::Tensor rows, pad_rows, row_map;
     };
     std::vector<HeadMaps> maps;
   };

@@ -303,6 +303,11 @@ TEST(Gdr, FixedCapacityPlanMatchesTheBatchPlan) {
       EXPECT_TRUE(torch::equal(std::get<0>(both.sort()), torch::arange(rows, torch::kInt64)))
           << "token rows and padding rows together name every row once, " << heads << " heads";
       EXPECT_TRUE(torch::equal(lh.pad_rows, std::get<0>(lh.pad_rows.sort()))) << "ascending";
+      // The row map: each row its own index, the padding rows −1.
+      ASSERT_TRUE(lh.row_map.defined());
+      auto want = torch::arange(rows, torch::kInt32);
+      want.index_fill_(0, lh.pad_rows.to(torch::kInt64), -1);
+      EXPECT_TRUE(torch::equal(lh.row_map, want)) << "row map, " << heads << " heads";
     }
     EXPECT_EQ(l.n_chunks, cap.chunks);
     EXPECT_EQ(l.scan.n_docs, cap.docs);

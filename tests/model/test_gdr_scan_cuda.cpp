@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -1758,13 +1759,6 @@ std::vector<std::vector<double>> counted_switch_differences(uint64_t seed, const
   return diffs;
 }
 
-// The fused backward's five intermediates in bf16 (dU, dQg, dKd, dW, dRw; model::gdr_bf16_chunk_grads,
-// the default on the 16-bit training path) against the same run with them in fp32: the forward is
-// the same to the bit, and every gradient stays within the bf16 rounding the inputs' own gradients
-// carry (4e-3, the bound the fused-vs-separate test gives 16-bit gradients). dβ and dg, fp32 sums
-// over the chunk of terms each rounded in bf16 where they cancel, spread wider from run to run
-// (2.0e-3 to 4.2e-3 for dβ on an H200, inputs fresh each run), so they get 8e-3. And the switch
-// does change dβ and dg (a path not taken would give 0 difference).
 // No initial state (h0 undefined) starts every document from zero states without a tensor of
 // zeros, where the forward scan's kernel takes none (the output as chunk rows, the training path):
 // the same bits as an explicit h0 of zeros, forward and backward (but dβ and dg, whose atomic sums
@@ -1791,7 +1785,10 @@ TEST(GdrScanCuda, NoInitialStateMatchesZeroStates) {
         std::vector<torch::Tensor> x{q.clone(), k.clone(), v.clone(), beta.clone(), g.clone()};
         for (auto& t : x) t.requires_grad_(true);
         const torch::Tensor h0 = zeros ? torch::zeros({n_docs, H, dk, dv}, f32) : torch::Tensor();
+        const int64_t in_scan = model::gdr_scan_output_launches();
         const auto out = model::gdr_forward_chunked(x[0], x[1], x[2], x[3], x[4], 0.125, h0, cu, 64, true, rows);
+        // The rows' path: the scan with the output, which takes no tensor of zero states.
+        EXPECT_EQ(model::gdr_scan_output_launches() - in_scan, rows ? 1 : 0) << name;
         const auto o = rows ? out.o_rows : out.o.reshape({-1, dv});
         auto loss = (o.to(torch::kFloat32) * dO.narrow(0, 0, o.size(0))).sum() + (out.h * dH).sum();
         loss.backward();
@@ -1810,6 +1807,13 @@ TEST(GdrScanCuda, NoInitialStateMatchesZeroStates) {
   }
 }
 
+// The fused backward's five intermediates in bf16 (dU, dQg, dKd, dW, dRw; model::gdr_bf16_chunk_grads,
+// the default on the 16-bit training path) against the same run with them in fp32: the forward is
+// the same to the bit, and every gradient stays within the bf16 rounding the inputs' own gradients
+// carry (4e-3, the bound the fused-vs-separate test gives 16-bit gradients). dβ and dg, fp32 sums
+// over the chunk of terms each rounded in bf16 where they cancel, spread wider from run to run
+// (2.0e-3 to 4.2e-3 for dβ on an H200, inputs fresh each run), so they get 8e-3. And the switch
+// does change dβ and dg (a path not taken would give 0 difference).
 TEST(GdrScanCuda, Bf16ChunkGradsStayCloseToFp32Ones) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   std::printf("[gdr_chunk] bf16 against fp32 chunk gradients:\n");
@@ -2095,6 +2099,61 @@ TEST(GdrScanCuda, OutputWrittenIntoTokenOrderMatchesTheCopy) {
 // output as chunk rows (the training path); and the training path at hybrid base's head sizes with
 // q and k's L2Norm inside the core, whose backward's tail then writes the norm's input gradients
 // (GdrQkNorm; counted).
+// A fixed layout's row map (GdrChunkLayout::row_map) has the delta rule's backward skip the padding
+// rows of its output's gradient (as chunk rows, the training path), which the output norm then
+// leaves unwritten: with NaN in those rows the input gradients are the ones the zeroed rows give
+// without the map (but dβ and dg, whose atomic sums differ by order: 1e-6), and without the map
+// the NaN reaches them (what the zeroing was for).
+TEST(GdrScanCuda, RowMapSkipsThePaddingRowsOfTheOutputGradient) {
+#if !defined(DD_HAVE_CUDA)
+  GTEST_SKIP() << "built without CUDA";
+#else
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 941);
+  const int64_t B = 2, Trow = 300, T = B * Trow, C = 64, pieces = 8, H = 2, dk = 96, dv = 192;
+  auto cu = torch::full({pieces + 1}, T, torch::kInt64);
+  const std::vector<int64_t> packing{0, 17, 150, 151, 300, 420, 600};
+  cu.narrow(0, 0, static_cast<int64_t>(packing.size())).copy_(torch::tensor(packing, torch::kInt64));
+  const auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+  auto unit = [](const torch::Tensor& y) { return y / y.norm(2, -1, true); };
+  const std::vector<torch::Tensor> in = {unit(torch::randn({1, T, H, dk}, f32)).to(torch::kBFloat16),
+                                         unit(torch::randn({1, T, H, dk}, f32)).to(torch::kBFloat16),
+                                         torch::randn({1, T, H, dv}, f32).to(torch::kBFloat16),
+                                         torch::rand({1, T, H}, f32), -torch::rand({1, T, H}, f32) * 0.1};
+  model::GdrPlanSlots slots(B, Trow, pieces, torch::Device(torch::kCUDA, 0));
+  slots.set_batch(cu);
+  const auto g_tokens = torch::randn({T * H, dv}, f32);
+  // The five input gradients with the output's gradient in chunk rows: the token rows' values, and
+  // `pad` in the rows no token names.
+  auto run = [&](bool row_map, float pad) {
+    model::gdr_output_grad_row_map(row_map);
+    std::vector<torch::Tensor> x;
+    for (const auto& t : in) x.push_back(t.clone().requires_grad_(true));
+    const auto r = model::gdr_forward_chunked(x[0], x[1], x[2], x[3], x[4], 0.125, {}, cu, C, true, true, &slots,
+                                              /*final_state=*/false);
+    model::gdr_output_grad_row_map(true);
+    EXPECT_EQ(r.o_pad_rows_unread, row_map);
+    auto g_rows = torch::full({r.o_rows.size(0), dv}, pad, f32);
+    g_rows.index_copy_(0, r.o_row.reshape({-1}).to(torch::kInt64), g_tokens);
+    return torch::autograd::grad({(r.o_rows.to(torch::kFloat32) * g_rows).sum()}, x);
+  };
+  const auto nan = std::numeric_limits<float>::quiet_NaN();
+  const auto skipped = run(true, nan), zeroed = run(false, 0.f), unskipped = run(false, nan);
+  const char* const names[] = {"dq", "dk", "dv", "dbeta", "dg"};
+  bool nan_reached = false;
+  for (size_t i = 0; i < skipped.size(); ++i) {
+    EXPECT_TRUE(torch::isfinite(skipped[i]).all().item<bool>()) << names[i] << ": NaN read from a padding row";
+    if (i >= 3) {
+      EXPECT_LT(rel_norm_diff(skipped[i], zeroed[i]), 1e-6) << names[i];
+    } else {
+      EXPECT_TRUE(torch::equal(skipped[i], zeroed[i])) << names[i];
+    }
+    nan_reached = nan_reached || !torch::isfinite(unskipped[i]).all().item<bool>();
+  }
+  EXPECT_TRUE(nan_reached) << "without the row map the padding rows' NaN should reach the gradients";
+#endif
+}
+
 TEST(GdrScanCuda, FixedPlanReplayedInAGraphMatchesEachBatchPlan) {
 #if !defined(DD_HAVE_CUDA)
   GTEST_SKIP() << "built without CUDA";

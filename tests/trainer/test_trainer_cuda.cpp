@@ -518,15 +518,21 @@ TEST(TrainerCuda, CudaGraphStepMatchesTheEagerStep) {
       return make_config(dir, 30, o);
     };
     const int64_t by_list_0 = model::gated_norm_padding_rows_by_list();
+    const int64_t unread_0 = model::gated_norm_padding_rows_unread();
     auto eager = run(with("off"), dir.path() + "/eager");
     const int64_t by_list_1 = model::gated_norm_padding_rows_by_list();
+    const int64_t unread_1 = model::gated_norm_padding_rows_unread();
     auto graph = run(with("on"), dir.path() + "/graph");
-    // Packed hybrid rows: the captured step's fixed chunk layouts hand the output norm their
-    // padding rows as a list (model/gdr_plan_slots.h); the eager step's layouts do not.
+    // Packed hybrid rows: the captured step's fixed chunk layouts have the delta rule's backward
+    // skip their padding rows by a row map, so the output norm leaves those rows of its gradient
+    // unwritten (model/gdr_plan_slots.h); the eager step's layouts do neither (the norm zeroes
+    // them after marking the named rows).
     const bool packed_hybrid = std::string(c.name) == "hybrid, packed";
     EXPECT_EQ(by_list_1 - by_list_0, 0) << c.name << ": the eager step zeroed padding rows by a list";
+    EXPECT_EQ(unread_1 - unread_0, 0) << c.name << ": the eager step left padding rows unwritten";
+    EXPECT_EQ(model::gated_norm_padding_rows_by_list(), by_list_1) << c.name << ": padding rows zeroed by list";
     if (packed_hybrid) {
-      EXPECT_GT(model::gated_norm_padding_rows_by_list(), by_list_1) << c.name << ": no padding rows by list";
+      EXPECT_GT(model::gated_norm_padding_rows_unread(), unread_1) << c.name << ": padding rows written";
     }
     ASSERT_EQ(eager.ended.status, trainer::RunStatus::Finished) << c.name << ": " << eager.ended.message;
     ASSERT_EQ(graph.ended.status, trainer::RunStatus::Finished) << c.name << ": " << graph.ended.message;
