@@ -2091,14 +2091,6 @@ TEST(GdrScanCuda, OutputWrittenIntoTokenOrderMatchesTheCopy) {
   }
 }
 
-// Packed batches through a fixed chunk plan (model/gdr_plan_slots.h), captured once in a CUDA graph
-// with the forward and the backward and replayed for three packings: each replay gives what that
-// batch's own plan gives eagerly, the output and all five input gradients. So the kernels read each
-// batch's plan from the slots' buffers, its spare chunks (no tokens) and empty documents included.
-// fp32 inputs with split products and token-order output; bf16 q, k, v with TF32 products and the
-// output as chunk rows (the training path); and the training path at hybrid base's head sizes with
-// q and k's L2Norm inside the core, whose backward's tail then writes the norm's input gradients
-// (GdrQkNorm; counted).
 // A fixed layout's row map (GdrChunkLayout::row_map) has the delta rule's backward skip the padding
 // rows of its output's gradient (as chunk rows, the training path), which the output norm then
 // leaves unwritten: with NaN in those rows the input gradients are the ones the zeroed rows give
@@ -2123,6 +2115,13 @@ TEST(GdrScanCuda, RowMapSkipsThePaddingRowsOfTheOutputGradient) {
   model::GdrPlanSlots slots(B, Trow, pieces, torch::Device(torch::kCUDA, 0));
   slots.set_batch(cu);
   const auto g_tokens = torch::randn({T * H, dv}, f32);
+  // The switches back on however the test ends.
+  struct Restore {
+    ~Restore() {
+      model::gdr_output_grad_row_map(true);
+      model::gdr_use_kernels(true);
+    }
+  } restore;
   // The five input gradients with the output's gradient in chunk rows: the token rows' values, and
   // `pad` in the rows no token names.
   auto run = [&](bool row_map, float pad) {
@@ -2131,29 +2130,41 @@ TEST(GdrScanCuda, RowMapSkipsThePaddingRowsOfTheOutputGradient) {
     for (const auto& t : in) x.push_back(t.clone().requires_grad_(true));
     const auto r = model::gdr_forward_chunked(x[0], x[1], x[2], x[3], x[4], 0.125, {}, cu, C, true, true, &slots,
                                               /*final_state=*/false);
-    model::gdr_output_grad_row_map(true);
     EXPECT_EQ(r.o_pad_rows_unread, row_map);
     auto g_rows = torch::full({r.o_rows.size(0), dv}, pad, f32);
     g_rows.index_copy_(0, r.o_row.reshape({-1}).to(torch::kInt64), g_tokens);
     return torch::autograd::grad({(r.o_rows.to(torch::kFloat32) * g_rows).sum()}, x);
   };
   const auto nan = std::numeric_limits<float>::quiet_NaN();
-  const auto skipped = run(true, nan), zeroed = run(false, 0.f), unskipped = run(false, nan);
-  const char* const names[] = {"dq", "dk", "dv", "dbeta", "dg"};
-  bool nan_reached = false;
-  for (size_t i = 0; i < skipped.size(); ++i) {
-    EXPECT_TRUE(torch::isfinite(skipped[i]).all().item<bool>()) << names[i] << ": NaN read from a padding row";
-    if (i >= 3) {
-      EXPECT_LT(rel_norm_diff(skipped[i], zeroed[i]), 1e-6) << names[i];
-    } else {
-      EXPECT_TRUE(torch::equal(skipped[i], zeroed[i])) << names[i];
+  // The kernels, and the ATen paths the core falls back to (which read the map as gathered rows).
+  for (const bool kernels : {true, false}) {
+    model::gdr_use_kernels(kernels);
+    const std::string path = kernels ? "kernels" : "ATen paths";
+    const auto skipped = run(true, nan), zeroed = run(false, 0.f), unskipped = run(false, nan);
+    const char* const names[] = {"dq", "dk", "dv", "dbeta", "dg"};
+    bool nan_reached = false;
+    for (size_t i = 0; i < skipped.size(); ++i) {
+      EXPECT_TRUE(torch::isfinite(skipped[i]).all().item<bool>()) << path << ", " << names[i] << ": NaN read";
+      if (i >= 3 || !kernels) {
+        EXPECT_LT(rel_norm_diff(skipped[i], zeroed[i]), 1e-6) << path << ", " << names[i];
+      } else {
+        EXPECT_TRUE(torch::equal(skipped[i], zeroed[i])) << path << ", " << names[i];
+      }
+      nan_reached = nan_reached || !torch::isfinite(unskipped[i]).all().item<bool>();
     }
-    nan_reached = nan_reached || !torch::isfinite(unskipped[i]).all().item<bool>();
+    EXPECT_TRUE(nan_reached) << path << ": without the row map the padding rows' NaN should reach the gradients";
   }
-  EXPECT_TRUE(nan_reached) << "without the row map the padding rows' NaN should reach the gradients";
 #endif
 }
 
+// Packed batches through a fixed chunk plan (model/gdr_plan_slots.h), captured once in a CUDA graph
+// with the forward and the backward and replayed for three packings: each replay gives what that
+// batch's own plan gives eagerly, the output and all five input gradients. So the kernels read each
+// batch's plan from the slots' buffers, its spare chunks (no tokens) and empty documents included.
+// fp32 inputs with split products and token-order output; bf16 q, k, v with TF32 products and the
+// output as chunk rows (the training path); and the training path at hybrid base's head sizes with
+// q and k's L2Norm inside the core, whose backward's tail then writes the norm's input gradients
+// (GdrQkNorm; counted).
 TEST(GdrScanCuda, FixedPlanReplayedInAGraphMatchesEachBatchPlan) {
 #if !defined(DD_HAVE_CUDA)
   GTEST_SKIP() << "built without CUDA";
