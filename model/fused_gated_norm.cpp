@@ -139,7 +139,8 @@ class GatedRmsNormFn : public torch::autograd::Function<GatedRmsNormFn> {
     auto dy = grads[0].contiguous();
     const auto rows = rows_of(dy.sizes(), z, row);
     // Rows of o no (token, head) reads (chunk padding) get zero gradient, written by a pass over
-    // those rows alone; a permutation of o's rows writes every one.
+    // those rows alone, or are left unwritten where their one reader skips them (pad_rows_unread);
+    // a permutation of o's rows writes every one.
     auto d_o = torch::empty_like(o);
     if (ctx->saved_data["pad_rows_unread"].toBool()) {
       ++g_pad_rows_unread;  // left unwritten: their one reader skips them
