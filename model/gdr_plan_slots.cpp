@@ -32,32 +32,29 @@ torch::Tensor host_token_rows(const GdrChunkLayout& l, int64_t H) {
   return out;
 }
 
-// The rows of [n_chunks·H·C, D] that a token-rows map (host_token_rows') leaves out, ascending,
-// int32 on the CPU: every (token, head) names its own row, so there are n_chunks·H·C − T·H of them
-// for any batch at a fixed capacity.
-torch::Tensor host_pad_rows(const GdrChunkLayout& l, int64_t H, const torch::Tensor& token_rows) {
-  const int64_t rows = l.n_chunks * H * l.C;
-  std::vector<uint8_t> named(static_cast<size_t>(rows), 0);
-  const int32_t* r = token_rows.data_ptr<int32_t>();
-  for (int64_t i = 0; i < token_rows.numel(); ++i) named[static_cast<size_t>(r[i])] = 1;
-  auto out = torch::empty({rows - token_rows.numel()}, torch::kInt32);
-  int32_t* o = out.data_ptr<int32_t>();
-  int64_t n = 0;
-  for (int64_t i = 0; i < rows; ++i) {
-    if (named[static_cast<size_t>(i)]) continue;
-    TORCH_CHECK(n < out.numel(), "GdrPlanSlots: the token rows name a row twice");
-    o[n++] = static_cast<int32_t>(i);
-  }
-  return out;
-}
-
 // GdrChunkLayout::row_map of a token-rows map (host_token_rows'), int32 on the CPU: the rows it
 // names keep their index, the others (chunk padding) −1.
 torch::Tensor host_row_map(const GdrChunkLayout& l, int64_t H, const torch::Tensor& token_rows) {
   auto out = torch::full({l.n_chunks * H * l.C}, -1, torch::kInt32);
   int32_t* o = out.data_ptr<int32_t>();
   const int32_t* r = token_rows.data_ptr<int32_t>();
-  for (int64_t i = 0; i < token_rows.numel(); ++i) o[r[i]] = r[i];
+  for (int64_t i = 0; i < token_rows.numel(); ++i) {
+    TORCH_CHECK(o[r[i]] < 0, "GdrPlanSlots: the token rows name a row twice");
+    o[r[i]] = r[i];
+  }
+  return out;
+}
+
+// The rows a row map (host_row_map's) leaves out, ascending, int32 on the CPU: every (token, head)
+// names its own row, so there are n_chunks·H·C − T·H of them for any batch at a fixed capacity.
+torch::Tensor host_pad_rows(const torch::Tensor& row_map, int64_t named) {
+  auto out = torch::empty({row_map.numel() - named}, torch::kInt32);
+  const int32_t* m = row_map.data_ptr<int32_t>();
+  int32_t* o = out.data_ptr<int32_t>();
+  int64_t n = 0;
+  for (int64_t i = 0; i < row_map.numel(); ++i) {
+    if (m[i] < 0) o[n++] = static_cast<int32_t>(i);
+  }
   return out;
 }
 
@@ -65,9 +62,10 @@ torch::Tensor host_row_map(const GdrChunkLayout& l, int64_t H, const torch::Tens
 void fill_head_maps(torch::Tensor& rows, torch::Tensor& pad_rows, torch::Tensor& row_map, const GdrChunkLayout& l,
                     int64_t H) {
   const auto host_rows = host_token_rows(l, H);
+  const auto host_map = host_row_map(l, H, host_rows);
   copy_in(rows, host_rows);
-  copy_in(pad_rows, host_pad_rows(l, H, host_rows));
-  copy_in(row_map, host_row_map(l, H, host_rows));
+  copy_in(pad_rows, host_pad_rows(host_map, host_rows.numel()));
+  copy_in(row_map, host_map);
 }
 
 }  // namespace
