@@ -21,24 +21,36 @@ std::set<prof::ActivityType> activities(bool gpu) {
 
 prof::ProfilerConfig config(bool shapes) { return prof::ProfilerConfig(prof::ProfilerState::KINETO, shapes, false); }
 
-// A kernel's component, from its name (cuBLAS/CUTLASS/flash/ATen kernel naming).
-std::string component_of(const std::string& name) {
+}  // namespace
+
+std::string profile_component_of(const std::string& name) {
+  // In order: the first rule that matches names the component. Ours come before the libraries'
+  // (a name of ours may contain "norm" or "gemm"), and the gradient-norm rule before the norms'.
   static const std::vector<std::pair<std::regex, std::string>> rules = {
       {std::regex("nccl", std::regex::icase), "communication (NCCL)"},
-      {std::regex("flash|fmha|attention", std::regex::icase), "attention"},
+      {std::regex("flash|fmha|attention|sdpa|cudnn::fusion|qkv_tma_setup", std::regex::icase), "attention"},
+      {std::regex("gdr_|state_grads|unit_lower_inverse|gemm_tf32x3|row_dot"), "Gated DeltaNet: delta rule"},
+      {std::regex("short_conv|gates_forward|gates_backward"), "Gated DeltaNet: short conv, gates"},
+      {std::regex("moe_|router_|order_count|order_scan|order_place|scatter_block_grads|expert_grad_pieces|gather_rows"),
+       "MoE routing and combine"},
+      {std::regex("quantize|amax|fp8", std::regex::icase), "FP8 quantisation"},
       {std::regex("gemm|cutlass|xmma|nvjet|sm90_|cublas|matmul", std::regex::icase), "matmul"},
       {std::regex("ce_grad", std::regex::icase), "cross-entropy kernel"},
-      {std::regex("adam", std::regex::icase), "optimizer"},
-      {std::regex("reduce|norm", std::regex::icase), "reductions (norms, sums)"},
-      {std::regex("cat|copy|index|gather|scatter|embedding", std::regex::icase), "copies / indexing"},
-      {std::regex("elementwise|vectorized|unrolled|foreach", std::regex::icase), "elementwise"},
+      {std::regex("adam|muon", std::regex::icase), "optimizer"},
+      {std::regex("LpNorm|foreach_norm"), "gradient norm (clipping)"},
+      {std::regex("rope", std::regex::icase), "RoPE (with QK-norm)"},
+      {std::regex("swiglu", std::regex::icase), "SwiGLU"},
+      {std::regex("norm", std::regex::icase), "norms (RMSNorm, gated, L2)"},
+      {std::regex("reduce|column_sum|sum_functor", std::regex::icase), "reductions (sums)"},
+      {std::regex("cat|copy|index|gather|scatter|embedding|cast|sort|zero_|named_rows", std::regex::icase),
+       "copies, casts, indexing"},
+      {std::regex("memset|memcpy", std::regex::icase), "memset / memcpy"},
+      {std::regex("elementwise|vectorized|unrolled|foreach", std::regex::icase), "elementwise (ATen)"},
   };
   for (const auto& [re, label] : rules)
     if (std::regex_search(name, re)) return label;
   return "other";
 }
-
-}  // namespace
 
 std::unique_ptr<StepProfile> StepProfile::start(int gpu_index, bool shapes) {
   const bool gpu = gpu_index >= 0;
@@ -82,8 +94,8 @@ std::string StepProfile::stop(const std::string& trace_path, int64_t steps, doub
     const std::string name = e.name();
     by_kernel[name].ms += ms;
     by_kernel[name].count += 1;
-    by_component[component_of(name)].ms += ms;
-    by_component[component_of(name)].count += 1;
+    by_component[profile_component_of(name)].ms += ms;
+    by_component[profile_component_of(name)].count += 1;
     gpu_ms += ms;
   }
   const double n = static_cast<double>(std::max<int64_t>(1, steps));

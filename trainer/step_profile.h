@@ -9,6 +9,12 @@
 
 namespace trainer {
 
+// The component a GPU kernel's time is counted under, from its name: our kernels by the layer part
+// they belong to (the delta rule, the short conv and gates, norms, RoPE, SwiGLU, MoE routing, FP8
+// quantisation), the libraries' by what they do (cuBLAS's GEMMs "matmul", cuDNN's and flash's
+// "attention"), ATen's by kind; "other" for the rest.
+std::string profile_component_of(const std::string& kernel_name);
+
 class StepProfile {
  public:
   // Starts collecting CPU ops, and GPU kernels (all threads, CUPTI) when `gpu_index` >= 0; the

@@ -19,6 +19,7 @@
 #include "trainer/grad_clip.h"
 #include "trainer/loss_scaler.h"
 #include "trainer/muon.h"
+#include "trainer/step_profile.h"
 #include "trainer/zero1.h"
 #include "model/grad_square_sums.h"
 
@@ -380,4 +381,66 @@ TEST(Fp8Checkpoint, EveryRanksRecordsAndEachResumesFromItsOwn) {
     EXPECT_NE(std::string(e.what()).find("fp8_amax_rankX.blocks.0.attn.wq"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("ckpt/state.safetensors"), std::string::npos) << e.what();
   }
+}
+
+// bench train --profile's components: kernel names as the profiler reported them in hybrid, GPT
+// and MoE steps on an H200 (shortened where the template arguments run on), each counted under
+// the part of the step it belongs to, ours ahead of the rules for the libraries' names.
+TEST(StepProfile, ComponentsNameTheLayerPartsAndLibraries) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", "matmul"},
+      {"void cublasLt::splitKreduce_kernel<32, 16, int, float, float, float>(cublasLt::cublasSplitKParams<float>)",
+       "matmul"},
+      {"cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x128_1x4x1_cga1x1x1_kernel0_0",
+       "attention"},
+      {"void cudnn::fusion::compute_dot_do_o_ragged_specialized<true, 64>(void const*, void const*)", "attention"},
+      {"void kernels::(anonymous namespace)::gdr_chunk_front_kernel<__nv_bfloat16, __nv_bfloat16, 4, 96, 192>("
+       "kernels::GdrChunkList, kernels::GdrChunkFrontArgs)",
+       "Gated DeltaNet: delta rule"},
+      {"void kernels::(anonymous namespace)::state_grads_kernel<kernels::(anonymous namespace)::Bf16Products, 3, true, "
+       "192, true, true>(kernels::GdrChunkStateGradsArgs, int)",
+       "Gated DeltaNet: delta rule"},
+      {"void kernels::(anonymous namespace)::short_conv_backward_kernel<__nv_bfloat16, 4>(__nv_bfloat16*, float*)",
+       "Gated DeltaNet: short conv, gates"},
+      {"void kernels::(anonymous namespace)::gates_backward_kernel<__nv_bfloat16>(__nv_bfloat16*, float*)",
+       "Gated DeltaNet: short conv, gates"},
+      {"void kernels::(anonymous namespace)::gated_rmsnorm_backward_groups_kernel<__nv_bfloat16, 3>(__nv_bfloat16*)",
+       "norms (RMSNorm, gated, L2)"},
+      {"void kernels::(anonymous namespace)::add_norm_backward_kernel<float, __nv_bfloat16, __nv_bfloat16, 4, 4>(float*)",
+       "norms (RMSNorm, gated, L2)"},
+      {"void kernels::(anonymous namespace)::rope_rmsnorm_qkv_backward_kernel<__nv_bfloat16, 4, 8>("
+       "kernels::RopeNormQkvGrads, long const*, double const*, double const*)",
+       "RoPE (with QK-norm)"},
+      {"void kernels::(anonymous namespace)::swiglu_backward_kernel<__nv_bfloat16, 8>(__nv_bfloat16*)", "SwiGLU"},
+      {"void kernels::(anonymous namespace)::moe_fan_in_kernel<__nv_bfloat16>(__nv_bfloat16*)",
+       "MoE routing and combine"},
+      {"void kernels::(anonymous namespace)::scatter_block_grads_kernel(float*, double*)", "MoE routing and combine"},
+      {"void kernels::(anonymous namespace)::quantize_kernel<__nv_bfloat16, 8>(__nv_fp8_e4m3*, float const*)",
+       "FP8 quantisation"},
+      {"void kernels::(anonymous namespace)::ce_grad_smem_kernel<__nv_bfloat16>(__nv_bfloat16*, long, float*)",
+       "cross-entropy kernel"},
+      {"void kernels::(anonymous namespace)::adamw_kernel<kernels::(anonymous namespace)::AdamWLaunch>("
+       "kernels::(anonymous namespace)::AdamWLaunch, float const*)",
+       "optimizer"},
+      {"void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+       "TensorListMetadata<1>, at::native::LpNormFunctor<float, (at::native::NormType)1, float, float>, float>",
+       "gradient norm (clipping)"},
+      {"kernels::(anonymous namespace)::column_sum_kernel(float*, float const*, long, long, float)",
+       "reductions (sums)"},
+      {"void at::native::reduce_kernel<128, 4, at::native::ReduceOp<c10::BFloat16, at::native::func_wrapper_t<"
+       "c10::BFloat16, at::native::sum_functor<c10::BFloat16, float, c10::BFloat16>>>>",
+       "reductions (sums)"},
+      {"void kernels::(anonymous namespace)::embedding_backward_add_kernel<4>(float*, float const*, long const*)",
+       "copies, casts, indexing"},
+      {"void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::direct_copy_kernel_"
+       "cuda(at::TensorIteratorBase&)>>",
+       "copies, casts, indexing"},
+      {"Memset (Device)", "memset / memcpy"},
+      {"Memcpy HtoD (Pinned -> Device)", "memset / memcpy"},
+      {"void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >",
+       "elementwise (ATen)"},
+      {"ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication (NCCL)"},
+      {"void kernels::(anonymous namespace)::wgmma_check_kernel(float*)", "other"},
+  };
+  for (const auto& [name, component] : cases) EXPECT_EQ(trainer::profile_component_of(name), component) << name;
 }
