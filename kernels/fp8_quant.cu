@@ -6,6 +6,10 @@
 // kept in shared memory, from which the transposed tile goes out in 4 × 4 byte blocks.
 // Delayed scaling runs the quantising kernel alone: its threads also take the max of |x| they
 // read, and the grid's last block files it in the record.
+// The kernel was bound by instruction issue (ncu, docs/perf.md stop 66: 32 instructions an element,
+// 37% of DRAM bandwidth): per element it now divides by the scale through the scale's reciprocal
+// with one correcting FMA (ReciprocalDivide: the same fp32 quotient as x / scale), converts values
+// two at a time, and takes |x|'s max on its bits.
 //
 // What is quantised comes from a source (kernels/fp8_quant_sources.cuh): a plain tensor, blocks of
 // one operand read in place, or SwiGLU's activation or gradient computed on the way in (so neither
@@ -78,8 +82,39 @@ __global__ void amax_kernel(float* amax, Src src, int64_t rows, int64_t cols, bo
   }
 }
 
-__device__ __forceinline__ unsigned char to_fp8(float v, bool e5m2) {
-  return static_cast<unsigned char>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3));
+// Two values in one conversion: a in the low byte, b in the high one.
+__device__ __forceinline__ unsigned short to_fp8x2(float a, float b, bool e5m2) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
+}
+
+// x / s as fp32 division rounds it, the reference's arithmetic.
+struct ExactDivide {
+  float s;
+  __device__ __forceinline__ float operator()(float x) const { return x / s; }
+};
+
+// x / s through y = 1 / s (correctly rounded, once per thread): q = x·y, then one correction
+// q + (x − q·s)·y, whose residual the FMA computes exactly. With y correctly rounded and q within an
+// ulp of x / s this is x / s correctly rounded (Markstein's theorem), so the same bits as
+// ExactDivide, where no step leaves fp32's normal range: reciprocal_divides() keeps s within
+// [2^-80, 2^100], so a quotient fp8 can tell from zero (at least 2^-17) has a normal residual; an
+// infinite or NaN q (x infinite or NaN, or the quotient past fp32's range) is returned as it is.
+// (A check against fp32 division over 2·10^8 random pairs, docs/perf.md stop 66: no difference.)
+struct ReciprocalDivide {
+  float s, y;
+  __device__ __forceinline__ float operator()(float x) const {
+    const float q = x * y;
+    const float q1 = fmaf(fmaf(-q, s, x), y, q);
+    return fabsf(q) <= 3.402823466e38f ? q1 : q;
+  }
+};
+
+__device__ __forceinline__ bool reciprocal_divides(float s) { return s >= 0x1p-80f && s <= 0x1p100f; }
+
+// The running max of |v| kept as bits: non-negative floats order like their bit patterns, and a
+// NaN's (sign cleared) exceed +inf's, so a NaN wins as in amax_step.
+__device__ __forceinline__ unsigned int amax_bits_step(unsigned int m, float v) {
+  return max(m, __float_as_uint(v) & 0x7fffffffu);
 }
 
 // Where a quantize_kernel launch takes its scale from, and where it files the amax.
@@ -159,89 +194,95 @@ __global__ void __launch_bounds__(kThreads)
   // Transposed pass: thread t moves the 4 × 4 bytes at rows 4·rb.., columns 4·cb.. of the tile.
   const int rb = threadIdx.x % 8 + 8 * (threadIdx.x / 128), cb = (threadIdx.x / 8) % 16;
   const int64_t tiles_x = (cols + kTile - 1) / kTile, tiles = tiles_x * ((rows + kTile - 1) / kTile);
-  float m = 0.f;  // delayed scaling: this thread's max |value|
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int64_t r0 = (t / tiles_x) * kTile, c0 = (t % tiles_x) * kTile;
-    const bool full_cols = vec && c0 + kTile <= cols;
-    // Both rows' loads first, so each thread has two in flight.
-    float v[kPasses][kOut][kVec];
+  unsigned int m_bits = 0;  // delayed scaling: this thread's max |value| (amax_bits_step)
+  // The tiles, dividing by the scale as `divide` does (the choice is the same for the whole grid).
+  auto quantize_tiles = [&](auto divide) {
+    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+      const int64_t r0 = (t / tiles_x) * kTile, c0 = (t % tiles_x) * kTile;
+      const bool full_cols = vec && c0 + kTile <= cols;
+      // Both rows' loads first, so each thread has two in flight.
+      float v[kPasses][kOut][kVec];
 #pragma unroll
-    for (int p = 0; p < kPasses; ++p) {
-      const int64_t r = r0 + trow + p * kRowsPerPass;
-      if (r < rows && full_cols) {
-        src.load(r, c0 + tc, v[p]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) {
-          float one[kOut] = {};
-          const bool in = r < rows && c0 + tc + e < cols;
-          if (in) src.at(r, c0 + tc + e, one);
-#pragma unroll
-          for (int o = 0; o < kOut; ++o) v[p][o][e] = in ? one[o] : 0.f;
-        }
-      }
-    }
-#pragma unroll
-    for (int p = 0; p < kPasses; ++p) {
-      const int k = trow + p * kRowsPerPass;
-      const int64_t r = r0 + k;
-#pragma unroll
-      for (int o = 0; o < kOut; ++o) {
-        unsigned char b[kVec];
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) {
-          m = amax_step(m, v[p][o][e]);  // positions outside x hold 0
-          b[e] = to_fp8(v[p][o][e] / scale, e5m2);
-        }
-        unsigned char* q_row = q + r * q_cols + o * cols + c0 + tc;
+      for (int p = 0; p < kPasses; ++p) {
+        const int64_t r = r0 + trow + p * kRowsPerPass;
         if (r < rows && full_cols) {
-          // 8 bytes of q in one store (q rows are 8-byte aligned when vec is set).
-          uint2 packed;
-          memcpy(&packed, b, sizeof packed);
-          *reinterpret_cast<uint2*>(q_row) = packed;
-        } else if (r < rows) {
+          src.load(r, c0 + tc, v[p]);
+        } else {
 #pragma unroll
-          for (int e = 0; e < kVec; ++e)
-            if (c0 + tc + e < cols) q_row[e] = b[e];
-        }
-        unsigned int words[2];
-        memcpy(words, b, sizeof words);
-        tile[o][k][tc / 4] = words[0];
-        tile[o][k][tc / 4 + 1] = words[1];
-      }
-    }
-    if (qt != nullptr) {
-      __syncthreads();
-      // qᵀ rows o·cols + c0 + 4·cb + j (j < 4) take the tile's column 4·cb + j at rows 4·rb..+3: four
-      // words read, transposed as 4 × 4 bytes in registers, written as four 4-byte pieces.
-      const bool full_rows = vec && r0 + kTile <= rows;
+          for (int e = 0; e < kVec; ++e) {
+            float one[kOut] = {};
+            const bool in = r < rows && c0 + tc + e < cols;
+            if (in) src.at(r, c0 + tc + e, one);
 #pragma unroll
-      for (int o = 0; o < kOut; ++o) {
-        unsigned int w[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) w[i] = tile[o][4 * rb + i][cb];
-        const unsigned int lo01 = __byte_perm(w[0], w[1], 0x5140), lo23 = __byte_perm(w[2], w[3], 0x5140);
-        const unsigned int hi01 = __byte_perm(w[0], w[1], 0x7362), hi23 = __byte_perm(w[2], w[3], 0x7362);
-        const unsigned int col[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
-                                     __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int64_t cc = c0 + 4 * cb + j;
-          if (cc >= cols) break;
-          unsigned char* qt_row = qt + (o * cols + cc) * rows + r0 + 4 * rb;
-          if (full_rows) {
-            *reinterpret_cast<unsigned int*>(qt_row) = col[j];
-          } else {
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-              if (r0 + 4 * rb + i < rows) qt_row[i] = static_cast<unsigned char>(col[j] >> (8 * i));
+            for (int o = 0; o < kOut; ++o) v[p][o][e] = in ? one[o] : 0.f;
           }
         }
       }
+#pragma unroll
+      for (int p = 0; p < kPasses; ++p) {
+        const int k = trow + p * kRowsPerPass;
+        const int64_t r = r0 + k;
+#pragma unroll
+        for (int o = 0; o < kOut; ++o) {
+          // Element e in byte e % 4 of words[e / 4].
+          unsigned int words[2];
+#pragma unroll
+          for (int w = 0; w < 2; ++w) {
+            const float* x = v[p][o] + 4 * w;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) m_bits = amax_bits_step(m_bits, x[e]);  // positions outside x hold 0
+            const unsigned int lo = to_fp8x2(divide(x[0]), divide(x[1]), e5m2);
+            const unsigned int hi = to_fp8x2(divide(x[2]), divide(x[3]), e5m2);
+            words[w] = lo | (hi << 16);
+          }
+          unsigned char* q_row = q + r * q_cols + o * cols + c0 + tc;
+          if (r < rows && full_cols) {
+            // 8 bytes of q in one store (q rows are 8-byte aligned when vec is set).
+            *reinterpret_cast<uint2*>(q_row) = make_uint2(words[0], words[1]);
+          } else if (r < rows) {
+#pragma unroll
+            for (int e = 0; e < kVec; ++e)
+              if (c0 + tc + e < cols) q_row[e] = static_cast<unsigned char>(words[e / 4] >> (8 * (e % 4)));
+          }
+          tile[o][k][tc / 4] = words[0];
+          tile[o][k][tc / 4 + 1] = words[1];
+        }
+      }
+      if (qt != nullptr) {
+        __syncthreads();
+        // qᵀ rows o·cols + c0 + 4·cb + j (j < 4) take the tile's column 4·cb + j at rows 4·rb..+3: four
+        // words read, transposed as 4 × 4 bytes in registers, written as four 4-byte pieces.
+        const bool full_rows = vec && r0 + kTile <= rows;
+#pragma unroll
+        for (int o = 0; o < kOut; ++o) {
+          unsigned int w[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) w[i] = tile[o][4 * rb + i][cb];
+          const unsigned int lo01 = __byte_perm(w[0], w[1], 0x5140), lo23 = __byte_perm(w[2], w[3], 0x5140);
+          const unsigned int hi01 = __byte_perm(w[0], w[1], 0x7362), hi23 = __byte_perm(w[2], w[3], 0x7362);
+          const unsigned int col[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
+                                       __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int64_t cc = c0 + 4 * cb + j;
+            if (cc >= cols) break;
+            unsigned char* qt_row = qt + (o * cols + cc) * rows + r0 + 4 * rb;
+            if (full_rows) {
+              *reinterpret_cast<unsigned int*>(qt_row) = col[j];
+            } else {
+#pragma unroll
+              for (int i = 0; i < 4; ++i)
+                if (r0 + 4 * rb + i < rows) qt_row[i] = static_cast<unsigned char>(col[j] >> (8 * i));
+            }
+          }
+        }
+      }
+      __syncthreads();  // the next tile overwrites `tile`
     }
-    __syncthreads();  // the next tile overwrites `tile`
-  }
-  if (scale_src.record != nullptr) file_amax(scale_src, m, scale, fmax, saturations);
+  };
+  if (reciprocal_divides(scale)) quantize_tiles(ReciprocalDivide{scale, 1.f / scale});
+  else quantize_tiles(ExactDivide{scale});
+  if (scale_src.record != nullptr) file_amax(scale_src, __uint_as_float(m_bits), scale, fmax, saturations);
 }
 
 // Blocks of quantize_kernel<Src> resident per SM, asked once per source type.
