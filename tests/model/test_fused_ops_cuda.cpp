@@ -596,6 +596,22 @@ TEST(FusedOpsCuda, Fp8QuantizeMatchesReferenceBitForBit) {
       }
     }
   }
+  // Magnitudes that put the scale outside [2^-80, 2^100], where the kernel divides as fp32 division
+  // does (ExactDivide), and just inside, where it divides through the scale's reciprocal
+  // (ReciprocalDivide): the same bits either way.
+  for (const auto dtype : {torch::kBFloat16, torch::kFloat32}) {
+    for (const double magnitude : {1e-30, 1.6e-25, 1e25, 1e30}) {
+      const std::string what = std::string(name_of(dtype)) + " e4m3 magnitude " + std::to_string(magnitude);
+      auto x = (torch::randn({1000, 768}, torch::kCUDA) * torch::exp(torch::randn({1000, 768}, torch::kCUDA) * 2) *
+                magnitude)
+                   .to(dtype);
+      auto got = model::quantize_fp8_operand(x, at::kFloat8_e4m3fn, /*transposed=*/true);
+      auto [q_ref, s_ref] = model::quantize_fp8(x, at::kFloat8_e4m3fn);
+      EXPECT_EQ(got.scale.item<float>(), s_ref.item<float>()) << what;
+      EXPECT_TRUE(torch::equal(got.q.view(torch::kUInt8), q_ref.view(torch::kUInt8))) << what << " q";
+      EXPECT_TRUE(torch::equal(got.qt.view(torch::kUInt8), q_ref.t().contiguous().view(torch::kUInt8))) << what << " qt";
+    }
+  }
   const torch::Device dev(torch::kCUDA, 0);
   model::take_fp8_saturations(dev);
   auto x = torch::randn({64, 64}, torch::kCUDA).to(torch::kBFloat16);
