@@ -24,8 +24,9 @@ prof::ProfilerConfig config(bool shapes) { return prof::ProfilerConfig(prof::Pro
 }  // namespace
 
 std::string profile_component_of(const std::string& name) {
-  // In order: the first rule that matches names the component. Ours come before the libraries'
-  // (a name of ours may contain "norm" or "gemm"), and the gradient-norm rule before the norms'.
+  // In order: the first rule that matches names the component. The delta rule's come before the
+  // libraries' (one of its kernels is a "gemm"), matmul before FP8 (a library's fp8 GEMM is a
+  // matmul), and the gradient-norm rule before the norms'.
   static const std::vector<std::pair<std::regex, std::string>> rules = {
       {std::regex("nccl", std::regex::icase), "communication (NCCL)"},
       {std::regex("flash|fmha|attention|sdpa|cudnn::fusion|qkv_tma_setup", std::regex::icase), "attention"},
@@ -33,8 +34,8 @@ std::string profile_component_of(const std::string& name) {
       {std::regex("short_conv|gates_forward|gates_backward"), "Gated DeltaNet: short conv, gates"},
       {std::regex("moe_|router_|order_count|order_scan|order_place|scatter_block_grads|expert_grad_pieces|gather_rows"),
        "MoE routing and combine"},
-      {std::regex("quantize|amax|fp8", std::regex::icase), "FP8 quantisation"},
       {std::regex("gemm|cutlass|xmma|nvjet|sm90_|cublas|matmul", std::regex::icase), "matmul"},
+      {std::regex("quantize|amax|fp8", std::regex::icase), "FP8 quantisation"},  // after matmul: fp8 GEMMs
       {std::regex("ce_grad", std::regex::icase), "cross-entropy kernel"},
       {std::regex("adam|muon", std::regex::icase), "optimizer"},
       {std::regex("LpNorm|foreach_norm"), "gradient norm (clipping)"},

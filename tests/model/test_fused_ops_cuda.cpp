@@ -601,7 +601,9 @@ TEST(FusedOpsCuda, Fp8QuantizeMatchesReferenceBitForBit) {
   // (ReciprocalDivide): the same bits either way.
   for (const auto dtype : {torch::kBFloat16, torch::kFloat32}) {
     for (const double magnitude : {1e-30, 1.6e-25, 1e25, 1e30}) {
-      const std::string what = std::string(name_of(dtype)) + " e4m3 magnitude " + std::to_string(magnitude);
+      char label[64];
+      std::snprintf(label, sizeof label, " e4m3 magnitude %g", magnitude);
+      const std::string what = std::string(name_of(dtype)) + label;
       auto x = (torch::randn({1000, 768}, torch::kCUDA) * torch::exp(torch::randn({1000, 768}, torch::kCUDA) * 2) *
                 magnitude)
                    .to(dtype);
