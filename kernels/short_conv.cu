@@ -25,6 +25,7 @@
 // parts took 1.6 waves each).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 
 #include "kernels/cp_async.cuh"
@@ -151,16 +152,31 @@ __device__ __forceinline__ void forward_group(float* xr, const float* wc, const 
   }
 }
 
+// The (row, token tile) pairs are the grid's y·z blocks, row-major: one grid dimension holds at
+// most 65535 blocks, about 3.1M tokens a call at 48-token tiles, so the rest go to z.
+// row_tiles_grid is the launch's grid for `row_tiles` pairs; row_tile_of a block's pair, or −1
+// for a block past the last (the y·z rectangle's spare corner), which returns at once.
+dim3 row_tiles_grid(int64_t channel_blocks, int64_t row_tiles) {
+  const int64_t y = std::min<int64_t>(row_tiles, 65535);
+  return dim3(static_cast<unsigned>(channel_blocks), static_cast<unsigned>(y),
+              static_cast<unsigned>((row_tiles + y - 1) / y));
+}
+__device__ __forceinline__ int64_t row_tile_of(int64_t row_tiles) {
+  const int64_t i = static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y;
+  return i < row_tiles ? i : -1;
+}
+
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads) short_conv_forward_kernel(T* y, const T* x, const float* w,
-                                                                      const int64_t* pos, int64_t T_len, int64_t C,
-                                                                      int64_t ld, bool vec, bool vec_y) {
+                                                                      const int64_t* pos, int64_t R, int64_t T_len,
+                                                                      int64_t C, int64_t ld, bool vec, bool vec_y) {
   constexpr int kTile = tile_of<T>();
   __shared__ __align__(16) T x_s[(kTile + W - 1) * kThreads];
   __shared__ int p_s[kTile];
   const int64_t c0 = blockIdx.x * static_cast<int64_t>(kThreads), c = c0 + threadIdx.x;
-  const int64_t tiles = (T_len + kTile - 1) / kTile;
-  const int64_t r = blockIdx.y / tiles, t0 = (blockIdx.y % tiles) * kTile;
+  const int64_t tiles = (T_len + kTile - 1) / kTile, row_tile = row_tile_of(R * tiles);
+  if (row_tile < 0) return;
+  const int64_t r = row_tile / tiles, t0 = (row_tile % tiles) * kTile;
   const int64_t t1 = min(t0 + kTile, T_len);
   const int64_t xa = t0 - (W - 1);  // x_s row 0
   const int n = static_cast<int>(t1 - t0);
@@ -288,7 +304,8 @@ struct BackwardParts {
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads)
     short_conv_backward_kernel(T* dx, float* dw, const __grid_constant__ BackwardParts parts, const T* x,
-                               const float* w, const int64_t* pos, int64_t T_len, int64_t ld, int64_t ld_dx) {
+                               const float* w, const int64_t* pos, int64_t R, int64_t T_len, int64_t ld,
+                               int64_t ld_dx) {
   constexpr int kTile = backward_tile_of<T>();
   __shared__ __align__(16) T x_s[(kTile + 2 * (W - 1)) * kThreads];
   __shared__ __align__(16) T dy_s[(kTile + W - 1) * kThreads];
@@ -300,8 +317,9 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t cl = b0 + threadIdx.x;
   const int64_t c = parts.c0[part] + cl;  // the thread's channel in x, w, dw and dx
   const T* dy = static_cast<const T*>(parts.dy[part]);
-  const int64_t tiles = (T_len + kTile - 1) / kTile;
-  const int64_t r = blockIdx.y / tiles, t0 = (blockIdx.y % tiles) * kTile;
+  const int64_t tiles = (T_len + kTile - 1) / kTile, row_tile = row_tile_of(R * tiles);
+  if (row_tile < 0) return;
+  const int64_t r = row_tile / tiles, t0 = (row_tile % tiles) * kTile;
   const int64_t t1 = min(t0 + kTile, T_len);
   // Token t's pre-activation gradient is needed by dx of tokens t−W+1..t, so the walk runs W−1
   // tokens past the tile (ds = 0 past the row's end); s of those needs x from W−1 tokens back.
@@ -369,10 +387,9 @@ bool rows_vectorizable(const void* p, int64_t C, int64_t ld) {
 template <typename T, int W>
 int launch_forward(void* y, const void* x, const float* w, const int64_t* pos, int64_t R, int64_t T_len, int64_t C,
                    int64_t ld, cudaStream_t st) {
-  const dim3 grid(static_cast<unsigned>((C + kThreads - 1) / kThreads),
-                  static_cast<unsigned>(R * ((T_len + tile_of<T>() - 1) / tile_of<T>())));
+  const dim3 grid = row_tiles_grid((C + kThreads - 1) / kThreads, R * ((T_len + tile_of<T>() - 1) / tile_of<T>()));
   short_conv_forward_kernel<T, W><<<grid, kThreads, 0, st>>>(static_cast<T*>(y), static_cast<const T*>(x), w, pos,
-                                                             T_len, C, ld, rows_vectorizable<T>(x, C, ld),
+                                                             R, T_len, C, ld, rows_vectorizable<T>(x, C, ld),
                                                              rows_vectorizable<T>(y, C, C));
   return static_cast<int>(cudaGetLastError());
 }
@@ -396,9 +413,9 @@ int launch_backward(void* dx, float* dw, const ShortConvGradPart* in, int n_part
   }
   parts.block0[n_parts] = static_cast<int>(blocks);
   constexpr int kTile = backward_tile_of<T>();
-  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(R * ((T_len + kTile - 1) / kTile)));
+  const dim3 grid = row_tiles_grid(blocks, R * ((T_len + kTile - 1) / kTile));
   short_conv_backward_kernel<T, W><<<grid, kThreads, 0, st>>>(static_cast<T*>(dx), dw, parts, static_cast<const T*>(x),
-                                                              w, pos, T_len, ld, ld_dx);
+                                                              w, pos, R, T_len, ld, ld_dx);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -1110,6 +1110,44 @@ TEST(FusedOpsCuda, ShortConvMatchesReference) {
   }
 }
 
+// More (row, token tile) pairs than one grid dimension holds (65535 blocks: 3.1M tokens a call at
+// the backward's 48-token tiles, 4.2M at the forward's 64): the kernels put the rest on the grid's
+// z and must still cover every tile once. Two rows of 2.5M tokens, 8 channels, fp32 and bf16,
+// against the reference with ShortConvMatchesReference's tolerances.
+TEST(FusedOpsCuda, ShortConvCoversMoreTokenTilesThanAGridDimensionHolds) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(44);
+  const int64_t B = 2, T = 2500000, C = 8, W = 4;
+  for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
+    auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(dt);
+    auto x0 = torch::randn({B, T, C}, opts);
+    auto w0 = torch::randn({C, W}, torch::kCUDA) * 0.5;
+    const model::Positions p = model::dense_positions(B, T, torch::kCUDA);
+    auto run = [&](bool fused) {
+      auto x = x0.detach().clone().requires_grad_(true);
+      auto w = w0.detach().clone().requires_grad_(true);
+      auto y = fused ? model::fused_short_conv(x, w, p) : model::short_conv(x, w, p);
+      auto gy = torch::ones_like(y) + torch::arange(y.numel(), opts).view(y.sizes()).remainder(7) * 0.1;
+      (y.to(torch::kFloat32) * gy.to(torch::kFloat32)).sum().backward();
+      return std::vector<torch::Tensor>{y.detach(), x.grad(), w.grad()};
+    };
+    const auto got = run(true), want = run(false);
+    const double tol = dt == torch::kFloat32 ? 1e-5 : 2e-2;
+    // Each row's last tokens too: a tile left out would leave them as the output's fresh memory.
+    for (size_t i = 0; i < 2; ++i) {
+      const double e = rel_norm_diff(got[i], want[i]);
+      const double tail = rel_norm_diff(got[i].narrow(1, T - 1000, 1000), want[i].narrow(1, T - 1000, 1000));
+      EXPECT_LT(e, tol) << name_of(dt) << (i == 0 ? " y" : " dx");
+      EXPECT_LT(tail, tol) << name_of(dt) << (i == 0 ? " y" : " dx") << ", the rows' last tokens";
+    }
+    // dw sums 5M tokens' products: fp32 atomics in another order than the reference's sums.
+    EXPECT_LT(rel_norm_diff(got[2], want[2]), dt == torch::kFloat32 ? 1e-4 : 2e-2) << name_of(dt) << " dw";
+    std::printf("short conv, two rows of %lld tokens, %s: y %.1e, dx %.1e, dw %.1e\n", static_cast<long long>(T),
+                name_of(dt), rel_norm_diff(got[0], want[0]), rel_norm_diff(got[1], want[1]),
+                rel_norm_diff(got[2], want[2]));
+  }
+}
+
 // The Gated DeltaNet's front (model::fused_short_conv_parts): the conv over the q|k|v columns of
 // the projection's rows, cut into its parts, and the output gate's columns as they are, against
 // split, short_conv and split (the reference): each part, the rest, and the gradients of the rows
