@@ -577,6 +577,14 @@ TEST(FusedOpsCuda, Fp8QuantizeMatchesReferenceBitForBit) {
   struct Shape {
     int64_t rows, cols;
   };
+  // The kernel's q, qᵀ and scale against the reference's, bit for bit.
+  auto expect_reference_bits = [](const torch::Tensor& x, at::ScalarType fp8, const std::string& what) {
+    auto got = model::quantize_fp8_operand(x, fp8, /*transposed=*/true);
+    auto [q_ref, s_ref] = model::quantize_fp8(x, fp8);
+    EXPECT_EQ(got.scale.item<float>(), s_ref.item<float>()) << what;
+    EXPECT_TRUE(torch::equal(got.q.view(torch::kUInt8), q_ref.view(torch::kUInt8))) << what << " q";
+    EXPECT_TRUE(torch::equal(got.qt.view(torch::kUInt8), q_ref.t().contiguous().view(torch::kUInt8))) << what << " qt";
+  };
   for (const auto dtype : {torch::kBFloat16, torch::kFloat32}) {
     for (const auto fp8 : {at::kFloat8_e4m3fn, at::kFloat8_e5m2}) {
       for (const Shape sh : {Shape{1000, 768}, Shape{37, 4097}, Shape{16, 16}, Shape{130, 65}}) {
@@ -587,12 +595,7 @@ TEST(FusedOpsCuda, Fp8QuantizeMatchesReferenceBitForBit) {
                                                                                               torch::kCUDA) * 2))
                      .narrow(1, 2, sh.cols)
                      .to(dtype);
-        auto got = model::quantize_fp8_operand(x, fp8, /*transposed=*/true);
-        auto [q_ref, s_ref] = model::quantize_fp8(x, fp8);
-        EXPECT_EQ(got.scale.item<float>(), s_ref.item<float>()) << what;
-        EXPECT_TRUE(torch::equal(got.q.view(torch::kUInt8), q_ref.view(torch::kUInt8))) << what << " q";
-        EXPECT_TRUE(torch::equal(got.qt.view(torch::kUInt8), q_ref.t().contiguous().view(torch::kUInt8)))
-            << what << " qt";
+        expect_reference_bits(x, fp8, what);
       }
     }
   }
@@ -607,11 +610,7 @@ TEST(FusedOpsCuda, Fp8QuantizeMatchesReferenceBitForBit) {
       auto x = (torch::randn({1000, 768}, torch::kCUDA) * torch::exp(torch::randn({1000, 768}, torch::kCUDA) * 2) *
                 magnitude)
                    .to(dtype);
-      auto got = model::quantize_fp8_operand(x, at::kFloat8_e4m3fn, /*transposed=*/true);
-      auto [q_ref, s_ref] = model::quantize_fp8(x, at::kFloat8_e4m3fn);
-      EXPECT_EQ(got.scale.item<float>(), s_ref.item<float>()) << what;
-      EXPECT_TRUE(torch::equal(got.q.view(torch::kUInt8), q_ref.view(torch::kUInt8))) << what << " q";
-      EXPECT_TRUE(torch::equal(got.qt.view(torch::kUInt8), q_ref.t().contiguous().view(torch::kUInt8))) << what << " qt";
+      expect_reference_bits(x, at::kFloat8_e4m3fn, what);
     }
   }
   const torch::Device dev(torch::kCUDA, 0);
