@@ -39,14 +39,16 @@ std::string gpu_name(int index) {
 #endif
 }
 
-// The GPU indices of a list like "0,2"; an item that is not a number ends the list early (the
-// config validation reports malformed lists by key).
+// The GPU indices of a list like "0,2" or "0, 2" (the config validation trims items, so this does
+// too); an item that is not a number ends the list early (the validation reports those by key).
 std::vector<int64_t> gpu_indices(const std::string& list) {
   std::vector<int64_t> out;
   size_t pos = 0;
   for (;;) {
     const size_t comma = list.find(',', pos);
-    const std::string item = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    std::string item = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    const size_t first = item.find_first_not_of(" \t");
+    item = first == std::string::npos ? "" : item.substr(first, item.find_last_not_of(" \t") - first + 1);
     if (!all_digits(item)) break;
     out.push_back(std::stoll(item));
     if (comma == std::string::npos) break;

@@ -54,6 +54,11 @@ TEST(TrainOptions, DeviceAndPrecisionProblemsNameTheKey) {
   EXPECT_TRUE(resolve_errors(dir, {"run.devices=\"cpu:4\""}).empty());  // four CPU ranks
   e = resolve_errors(dir, {"run.devices=\"0,1\""});
   EXPECT_TRUE(mentions(e, "run.devices: GPU 0 does not exist")) << (e.empty() ? "" : e[0]);
+  // Spaces around the commas pass the validation, so every GPU listed must be checked and taken,
+  // not only those before the first space (such a list once ran silently on its first GPU).
+  e = resolve_errors(dir, {"run.devices=\"0, 98 ,99\""});
+  EXPECT_TRUE(mentions(e, "run.devices: GPU 98 does not exist")) << (e.empty() ? "" : e[0]);
+  EXPECT_TRUE(mentions(e, "run.devices: GPU 99 does not exist")) << (e.empty() ? "" : e[0]);
 }
 
 // bf16 autocast on the CPU trains (the GDN core and router stay fp32 inside it); without a known
