@@ -361,10 +361,13 @@ std::unique_ptr<RunStore> RunStore::open(const std::string& path, bool read_only
   sqlite3_busy_timeout(db, 5000);
   exec(db, path, "PRAGMA foreign_keys = ON");
   if (!read_only) {
-    // WAL lets the UI's readers read while the writer thread commits; NORMAL only fsyncs at
-    // checkpoints, which in WAL mode can lose the last commits on power loss but never corrupts.
+    // WAL lets the UI's readers read while the writer thread commits. FULL syncs the WAL at every
+    // commit: a checkpoint is fsynced before it counts, and the metric rows committed before it
+    // (MetricsWriter::flush) must survive a power loss with it, or a resume from it leaves a gap
+    // it never fills (NORMAL syncs only at WAL checkpoints). The cost, one fsync a commit, falls
+    // on the storage thread, which commits at most every 50 ms.
     exec(db, path, "PRAGMA journal_mode = WAL");
-    exec(db, path, "PRAGMA synchronous = NORMAL");
+    exec(db, path, "PRAGMA synchronous = FULL");
     // Automatic checkpoints stay on (every 1000 pages); after one, the WAL file is cut back to
     // 64 MiB, so a burst of writes while a reader held an old snapshot does not leave it large.
     exec(db, path, "PRAGMA journal_size_limit = 67108864");
@@ -829,6 +832,11 @@ std::vector<EventRecord> RunStore::events(int64_t run_id) const {
 std::string RunStore::integrity_check() const {
   Stmt s(db_, path_, "PRAGMA integrity_check");
   return s.step() ? s.text(0) : std::string();
+}
+
+bool RunStore::commits_are_synced() const {
+  Stmt s(db_, path_, "PRAGMA synchronous");
+  return s.step() && s.i64(0) >= 2;  // 2 = FULL, 3 = EXTRA
 }
 
 int RunStore::schema_version() const {

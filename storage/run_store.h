@@ -113,6 +113,9 @@ class RunStore {
   // PRAGMA integrity_check's first line ("ok" when healthy).
   std::string integrity_check() const;
   int schema_version() const;
+  // Whether a commit returns only after it is on disk (PRAGMA synchronous FULL or EXTRA on this
+  // connection): true for read-write stores.
+  bool commits_are_synced() const;
   const std::string& path() const { return path_; }
 
  private:
