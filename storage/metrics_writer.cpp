@@ -12,6 +12,8 @@
 #include <exception>
 #include <iterator>
 
+#include <sqlite3.h>
+
 #include "storage/run_store.h"
 
 namespace storage {
@@ -23,6 +25,17 @@ constexpr auto GATHER = std::chrono::milliseconds(50);
 constexpr size_t MAX_BATCH = 10000;
 // Rows of an already committed step wait at most this long for the next step's.
 constexpr auto HOLD = std::chrono::seconds(5);
+// A batch whose failure may pass is tried again after a pause that doubles up to MAX_PAUSE, for
+// RETRY_FOR in all (each try itself waits out the 5 s busy timeout).
+constexpr auto FIRST_PAUSE = std::chrono::milliseconds(100);
+constexpr auto MAX_PAUSE = std::chrono::seconds(5);
+constexpr auto RETRY_FOR = std::chrono::minutes(3);
+
+// The failure that passes: another process holding the write lock past the busy timeout (a
+// `runs delete` of a long run removes its rows in one transaction). Others are not waited out: a
+// run_id with no run fails every time, and a full disk stops the run's checkpoints too, so a
+// checkpoint's flush() held for minutes behind it would only stall the step.
+bool may_pass(int code) { return code == SQLITE_BUSY || code == SQLITE_LOCKED; }
 
 }  // namespace
 
@@ -120,30 +133,39 @@ void MetricsWriter::run() {
     }
     lock.unlock();
 
-    // A failed batch is retried once, then dropped. The failure worth retrying is SQLITE_BUSY
-    // after the 5 s busy timeout (another process held the write lock); the others (a run_id with
-    // no run, a full disk) fail again, and keeping their rows would grow the queue without bound
-    // while the trainer keeps pushing.
-    std::string error;
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      try {
-        store_->insert_metrics(batch);
-        rows_written_ += static_cast<int64_t>(n);
-        ++commits_;
-        break;
-      } catch (const std::exception& e) {
-        error = attempt == 0 ? std::string("metrics batch of ") + std::to_string(n) +
-                                   " rows failed, retrying: " + e.what()
-                             : std::string("dropped ") + std::to_string(n) +
-                                   " metric rows after a retry: " + e.what();
-      }
-    }
+    const std::string error = write(batch);
     last_commit = std::chrono::steady_clock::now();
 
     lock.lock();
     committed_ += static_cast<int64_t>(n);
     if (!error.empty()) last_error_ = error;
     flushed_cv_.notify_all();
+  }
+}
+
+std::string MetricsWriter::write(const std::vector<MetricRow>& batch) {
+  // A batch that fails for a reason that may pass stays here, retried, and flush() waits for it,
+  // so a checkpoint is never committed over metric rows that are not in the database. A failure
+  // that will not pass, or one that outlasts RETRY_FOR, drops the batch (rows kept any longer
+  // would pile up while the trainer keeps pushing) and says so.
+  const auto give_up_at = std::chrono::steady_clock::now() + RETRY_FOR;
+  std::chrono::milliseconds pause = FIRST_PAUSE;
+  for (int tries = 1;; ++tries) {
+    try {
+      store_->insert_metrics(batch);
+      rows_written_ += static_cast<int64_t>(batch.size());
+      ++commits_;
+      return "";
+    } catch (const SqliteError& e) {
+      if (!may_pass(e.code()) || std::chrono::steady_clock::now() + pause > give_up_at) {
+        return "dropped " + std::to_string(batch.size()) + " metric rows after " + std::to_string(tries) +
+               (tries == 1 ? " try: " : " tries: ") + e.what();
+      }
+    } catch (const std::exception& e) {
+      return "dropped " + std::to_string(batch.size()) + " metric rows: " + e.what();
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min<std::chrono::milliseconds>(pause * 2, MAX_PAUSE);
   }
 }
 

@@ -40,12 +40,14 @@ class MetricsWriter {
 
  private:
   void run();
+  // Inserts one batch (writer thread, mu_ not held): "" when written, else why it was dropped.
+  std::string write(const std::vector<MetricRow>& batch);
   bool note_arrival(int64_t step);  // mu_ held
   std::unique_ptr<RunStore> store_;
   mutable std::mutex mu_;
   std::condition_variable cv_, flushed_cv_;
   std::deque<MetricRow> pending_;
-  // committed_ counts rows settled: written, or dropped after a failed retry (last_error says so).
+  // committed_ counts rows settled: written, or dropped (see write(); last_error says so).
   int64_t pushed_ = 0, committed_ = 0;
   // flush() raises this so the thread writes at once instead of waiting to gather a fuller batch.
   int64_t flush_to_ = 0;

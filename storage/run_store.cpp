@@ -29,7 +29,7 @@ constexpr int64_t HEARTBEAT_TIMEOUT_S = 3600;
 constexpr size_t MAX_CANDIDATES = 10;
 
 [[noreturn]] void fail(sqlite3* db, const std::string& path, const std::string& what) {
-  throw std::runtime_error(path + ": " + what + ": " + sqlite3_errmsg(db));
+  throw SqliteError(path + ": " + what + ": " + sqlite3_errmsg(db), sqlite3_errcode(db) & 0xff);
 }
 
 std::string utc_iso8601(std::time_t t) {

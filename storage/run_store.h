@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,18 @@ namespace storage {
 std::string network_filesystem_problem(const std::string& path);
 // The name of a network (or FUSE) file system for a statfs f_type, or nullptr for a local one.
 const char* network_filesystem_name(long f_type);
+
+// A failed SQLite call: the message names the database and the statement; code() is SQLite's
+// primary result code (SQLITE_BUSY, SQLITE_FULL, SQLITE_CONSTRAINT, ...), so a caller can tell a
+// failure that may pass (another process holding the write lock) from one that will not.
+class SqliteError : public std::runtime_error {
+ public:
+  SqliteError(const std::string& what, int code) : std::runtime_error(what), code_(code) {}
+  int code() const { return code_; }
+
+ private:
+  int code_;
+};
 
 // The schema version this program writes.
 constexpr int SCHEMA_VERSION = 4;

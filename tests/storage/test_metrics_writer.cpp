@@ -1,10 +1,13 @@
 // Tests of MetricsWriter: rows from several threads land exactly once, flush() means committed,
-// a bad batch is reported and does not stop the thread, and a read-only reader on the same file
-// keeps reading while the writer commits (the reason for WAL mode).
+// a bad batch is reported and does not stop the thread, rows wait out another process's write
+// lock, and a read-only reader on the same file keeps reading while the writer commits (the reason
+// for WAL mode).
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 #include <stdlib.h>
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <set>
 #include <stdexcept>
@@ -130,6 +133,30 @@ TEST(MetricsWriter, BadBatchIsReportedAndWritingGoesOn) {
   writer.flush();
   EXPECT_EQ(writer.rows_written(), 1);
   EXPECT_EQ(RunStore::open(path, true)->metrics(id).size(), 1u);
+}
+
+// Another process holding the write lock past two busy timeouts (a `runs delete` of a long run
+// removes its rows in one transaction) must not cost metric rows: the batch waits, and flush() --
+// which a checkpoint waits on before it commits -- returns only once the rows are written.
+TEST(MetricsWriter, RowsWaitOutAWriteLockHeldPastTheBusyTimeout) {
+  TempDir dir;
+  const std::string path = dir.file("locked.db");
+  const int64_t id = make_run(path);
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+  MetricsWriter writer(path);
+  writer.push(std::vector<MetricRow>{row(id, 1, "loss", 3.0), row(id, 2, "loss", 2.0), row(id, 3, "loss", 1.0)});
+  std::thread holder([other] {
+    std::this_thread::sleep_for(std::chrono::seconds(11));  // the writer's busy timeout is 5 s a try
+    sqlite3_exec(other, "COMMIT", nullptr, nullptr, nullptr);
+  });
+  writer.flush();
+  EXPECT_EQ(writer.rows_written(), 3);
+  EXPECT_EQ(writer.last_error(), "");
+  holder.join();
+  sqlite3_close(other);
+  EXPECT_EQ(RunStore::open(path, true)->metrics(id).size(), 3u);
 }
 
 TEST(MetricsWriter, ReaderReadsWhileWriterWrites) {
