@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 
@@ -73,8 +74,11 @@ int bench_model(const BenchModelArgs& a) {
 }
 
 int bench_data(const BenchDataArgs& a) {
-  if (a.sources.empty() || a.threads < 1 || a.seq_len < 1 || a.batch_size < 1 || !(a.seconds > 0)) {
-    std::cerr << "deltadeck: bench data needs --source, and --threads, --seq-len, --batch, --seconds >= 1\n";
+  // --seconds inf would pass "> 0" and never end.
+  const bool seconds_ok = a.seconds > 0 && std::isfinite(a.seconds);
+  if (a.sources.empty() || a.threads < 1 || a.seq_len < 1 || a.batch_size < 1 || !seconds_ok) {
+    std::cerr << "deltadeck: bench data needs --source, --threads, --seq-len and --batch >= 1, and a finite "
+                 "--seconds > 0\n";
     return 2;
   }
   trainer::RunConfig cfg;

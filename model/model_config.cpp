@@ -5,6 +5,7 @@
 #include "model/model_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <sstream>
 
@@ -224,10 +225,18 @@ void check_even(std::vector<std::string>& out, const char* key, int64_t v, const
   out.push_back(s.str());
 }
 
+// inf and nan are TOML floats too; either one here would make every step's loss nan.
 void check_positive(std::vector<std::string>& out, const char* key, double v) {
-  if (v > 0) return;
+  if (v > 0 && std::isfinite(v)) return;
   std::ostringstream s;
-  s << "model." << key << ": must be > 0 (got " << v << ")";
+  s << "model." << key << ": must be a finite number > 0 (got " << v << ")";
+  out.push_back(s.str());
+}
+
+void check_finite_min0(std::vector<std::string>& out, const char* key, double v, const char* zero_means) {
+  if (v >= 0 && std::isfinite(v)) return;
+  std::ostringstream s;
+  s << "model." << key << ": must be a finite number >= 0" << zero_means << " (got " << v << ")";
   out.push_back(s.str());
 }
 
@@ -356,11 +365,8 @@ std::vector<std::string> validate(const ModelConfig& c) {
   check_positive(out, "init_std", c.init_std);
   check_positive(out, "rope_theta", c.rope_theta);
   check_min(out, "loss_chunk_tokens", c.loss_chunk_tokens, -1);
-  if (!(c.logit_softcap >= 0)) {
-    std::ostringstream s;
-    s << "model.logit_softcap: must be >= 0, 0 = off (got " << c.logit_softcap << ")";
-    out.push_back(s.str());
-  }
+  check_finite_min0(out, "logit_softcap", c.logit_softcap, ", 0 = off");
+  check_finite_min0(out, "moe_aux_coef", c.moe_aux_coef, ", 0 = no load-balancing loss");
   return out;
 }
 

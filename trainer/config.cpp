@@ -757,7 +757,11 @@ std::vector<std::string> validate(const RunConfig& c) {
   k.at_least("run.keep_checkpoints", r.keep_checkpoints, 1);
   k.at_least("run.threads", r.threads, 0);
   k.non_negative("run.peak_tflops", r.peak_tflops);
-  k.positive("run.collective_timeout_s", r.collective_timeout_s);
+  // c10d takes the timeout in whole milliseconds and 0 as "none": below a second a healthy
+  // collective fails (or one rounded to 0 never does); above 30 days the conversion overflows.
+  if (!(r.collective_timeout_s >= 1 && r.collective_timeout_s <= 2592000))
+    k.fail("run.collective_timeout_s",
+           "must be in [1, 2592000] seconds (got " + format_double(r.collective_timeout_s) + ")");
   k.at_least("run.bucket_mb", r.bucket_mb, 1);
   k.at_least("run.save_retries", r.save_retries, 0);
   k.non_negative("run.save_retry_delay_s", r.save_retry_delay_s);

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <string>
 #include <vector>
@@ -189,6 +190,12 @@ TEST(ModelConfig, ValidateRejects) {
       {"init_std", [](ModelConfig& c) { c.init_std = 0; }, "model.init_std:", "0"},
       {"rope_theta", [](ModelConfig& c) { c.rope_theta = -1; }, "model.rope_theta:", "-1"},
       {"softcap", [](ModelConfig& c) { c.logit_softcap = -15; }, "model.logit_softcap:", "-15"},
+      // inf and nan pass a plain "> 0" test, then make every step's loss nan.
+      {"init_std inf", [](ModelConfig& c) { c.init_std = INFINITY; }, "model.init_std:", "inf"},
+      {"rope_theta nan", [](ModelConfig& c) { c.rope_theta = NAN; }, "model.rope_theta:", "nan"},
+      {"softcap inf", [](ModelConfig& c) { c.logit_softcap = INFINITY; }, "model.logit_softcap:", "inf"},
+      {"aux coef", [](ModelConfig& c) { c.moe_aux_coef = -1; }, "model.moe_aux_coef:", "-1"},
+      {"aux coef nan", [](ModelConfig& c) { c.moe_aux_coef = NAN; }, "model.moe_aux_coef:", "nan"},
   };
   for (const BadCase& bc : cases) {
     for (Family f : {Family::Gpt, Family::Hybrid}) {

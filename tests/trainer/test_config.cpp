@@ -327,6 +327,16 @@ TEST(Config, OutOfRange) {
   EXPECT_EQ(train_lines, 2) << joined(r.errors);  // "text:" has no path; "csv:" is no source kind
 }
 
+// A timeout c10d would round to 0 ms means no timeout at all, and a dead rank would hang the others.
+TEST(Config, CollectiveTimeoutRange) {
+  for (const char* bad : {"0.0004", "0.5", "-3.0", "inf", "nan", "1e16"}) {
+    ConfigResult r = parse(MINIMAL, {std::string("run.collective_timeout_s=") + bad});
+    EXPECT_NE(error_for(r, "run.collective_timeout_s").find("must be in [1, 2592000] seconds"), std::string::npos)
+        << bad;
+  }
+  EXPECT_TRUE(parse(MINIMAL, {"run.collective_timeout_s=3.0"}).ok());
+}
+
 TEST(Config, DevicesForms) {
   for (const char* ok : {"auto", "cpu", "cpu:4", "all", "0", "0,1,3", "1, 2"}) {
     ConfigResult r = parse(MINIMAL, {std::string("run.devices=") + ok});
