@@ -5,6 +5,7 @@
 #include "storage/run_store.h"
 
 #include "storage/file_util.h"
+#include "storage/run_name.h"
 
 #include <signal.h>
 #include <sqlite3.h>
@@ -165,15 +166,6 @@ std::vector<std::string> tags_of(sqlite3* db, const std::string& path, int64_t r
   s.bind(1, run_id);
   while (s.step()) out.push_back(s.text(0));
   return out;
-}
-
-// A run name becomes a folder name, so it must be exactly one path component.
-std::string name_problem(const std::string& name) {
-  if (name.empty()) return "must not be empty";
-  if (name == "." || name == "..") return "must not be '.' or '..'";
-  if (name.find('/') != std::string::npos) return "must not contain '/'";
-  if (name.size() > 200) return "must be at most 200 characters";
-  return "";
 }
 
 std::string tag_problem(const std::string& tag) {
@@ -587,7 +579,7 @@ RunSummary RunStore::summary_or_throw(int64_t run_id, const char* what) const {
 
 void RunStore::rename_run(int64_t run_id, const std::string& new_name) {
   const RunSummary r = summary_or_throw(run_id, "rename");
-  if (const std::string why = name_problem(new_name); !why.empty()) {
+  if (const std::string why = run_name_problem(new_name); !why.empty()) {
     throw std::runtime_error("new name '" + new_name + "' " + why);
   }
   if (r.name == new_name) return;
@@ -719,7 +711,17 @@ DeletedRun RunStore::delete_run(int64_t run_id) {
 RunSummary RunStore::find_run(const std::string& id_or_name) const {
   int64_t id = 0;
   if (parse_id(id_or_name, &id)) {
-    if (auto r = run(id)) return *r;
+    if (auto r = run(id)) {
+      // A run may be named "7" while another has the id 7: say so rather than pick one.
+      Stmt named(db_, path_, "SELECT id FROM runs WHERE name = ?1 AND id != ?2");
+      named.bind(1, id_or_name).bind(2, id);
+      if (named.step()) {
+        throw std::runtime_error(path_ + ": run '" + id_or_name + "' is ambiguous: the id of run '" + r->name +
+                                 "' and the name of run " + std::to_string(named.i64(0)) +
+                                 " (name either by its id)");
+      }
+      return *r;
+    }
   }
   std::vector<std::pair<int64_t, std::string>> matches;
   {

@@ -20,6 +20,8 @@
 #include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
+#include "storage/run_name.h"
+
 namespace trainer {
 namespace {
 
@@ -649,7 +651,9 @@ std::string toml_value(const Field& f, RunConfig& c) {
 
 std::vector<std::string> validate(const RunConfig& c) {
   Checker k;
-  if (c.name.empty()) k.fail("name", "must not be empty");
+  // The run's folder under runs_dir is named after it.
+  if (const std::string why = storage::run_name_problem(c.name); !why.empty())
+    k.fail("name", why + " (got " + quote(c.name) + ")");
   // TOML integers are signed 64-bit, so a larger seed could not be written back by to_toml.
   if (c.seed > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
     k.fail("seed", "must be < 2^63 (got " + std::to_string(c.seed) + ")");

@@ -242,6 +242,14 @@ TEST(RunStore, FindRun) {
   EXPECT_NE(unknown.find(":memory:"), std::string::npos) << unknown;
   // A number that is no id falls back to names.
   EXPECT_NE(error_of([&] { store->find_run("42"); }).find("no run named '42'"), std::string::npos);
+  // A run named like another run's id is not silently the other run (`runs delete 1` must not
+  // delete run 1 when the user meant the run named "1").
+  const int64_t named_one = store->create_run(new_run(std::to_string(demo)));
+  const std::string both = error_of([&] { store->find_run(std::to_string(demo)); });
+  EXPECT_NE(both.find("is ambiguous: the id of run 'demo' and the name of run " + std::to_string(named_one)),
+            std::string::npos)
+      << both;
+  EXPECT_EQ(store->find_run(std::to_string(named_one)).id, named_one);
 }
 
 TEST(RunStore, FindRunListsAtMostTenNames) {

@@ -327,6 +327,19 @@ TEST(Config, OutOfRange) {
   EXPECT_EQ(train_lines, 2) << joined(r.errors);  // "text:" has no path; "csv:" is no source kind
 }
 
+// The run's folder is runs_dir/<name>: a name that is not one path component would put its
+// checkpoints elsewhere (and an over-long one fails only after the run's row exists).
+TEST(Config, NameIsOneFolderName) {
+  for (const char* bad : {"../../tmp/x", "a/b", "..", "."}) {
+    ConfigResult r = parse(MINIMAL, {std::string("name=\"") + bad + "\""});
+    EXPECT_NE(error_for(r, "name").find(std::string("(got \"") + bad + "\")"), std::string::npos) << bad;
+  }
+  ConfigResult long_name = parse(MINIMAL, {"name=" + std::string(201, 'x')});
+  EXPECT_NE(error_for(long_name, "name").find("at most 200 characters"), std::string::npos);
+  EXPECT_TRUE(parse(MINIMAL, {"name=" + std::string(200, 'x')}).ok());
+  EXPECT_TRUE(parse(MINIMAL, {"name=lr-sweep.3e-4"}).ok());
+}
+
 // A timeout c10d would round to 0 ms means no timeout at all, and a dead rank would hang the others.
 TEST(Config, CollectiveTimeoutRange) {
   for (const char* bad : {"0.0004", "0.5", "-3.0", "inf", "nan", "1e16"}) {
