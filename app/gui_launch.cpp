@@ -142,15 +142,8 @@ ResumeOutcome prepare_resume(const std::string& db_path, int64_t run_id, int64_t
     // Nothing was written before this point: a refused resume leaves the run as it was.
     const int64_t from = step_of(prep->resume_from);
     // Checkpoints after the one resumed from belong to the attempt being abandoned: the newest of
-    // them would be the next resume's choice although its metrics are superseded. They are renamed
-    // out of every listing (a name with a '.' is never chosen, never pruned), not deleted.
-    for (const auto& [s, dir] : trainer::list_checkpoints(prep->run_dir + "/checkpoints")) {
-      if (s <= from) continue;
-      std::string to = dir + ".superseded";
-      for (int k = 2; storage::files::exists(to); ++k) to = dir + ".superseded-" + std::to_string(k);
-      if (std::rename(dir.c_str(), to.c_str()) != 0)
-        throw std::runtime_error("cannot set aside " + dir + " (a checkpoint after step " + std::to_string(from) +
-                                 " that a later resume would choose): " + std::strerror(errno));
+    // them would be the next resume's choice although its metrics are superseded.
+    for (const auto& [s, to] : trainer::set_aside_checkpoints_after(prep->run_dir + "/checkpoints", from)) {
       prep->store->remove_checkpoint(run_id, s);
       out.set_aside.push_back(to);
     }

@@ -159,8 +159,24 @@ int prepare_resume(const TrainArgs& args, int nnodes, PreparedRun& out) {
   std::vector<std::string> skipped;
   if (int rc = resolve_resume(args, /*node0=*/true, nnodes, out, run, &skipped); rc != 0) return rc;
   const int64_t step = std::stoll(out.resume_from.substr(out.resume_from.rfind("step_") + 5));
+  // Checkpoints after the chosen one are those the choice skipped as damaged: left in place they
+  // would count as the newest when pruning, which would then delete the resumed run's fresh saves.
+  std::vector<std::string> set_aside;
+  try {
+    for (const auto& [s, to] : trainer::set_aside_checkpoints_after(out.run_dir + "/checkpoints", step)) {
+      out.store->remove_checkpoint(run.id, s);
+      set_aside.push_back(to);
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "deltadeck: --resume " << args.resume << ": " << e.what() << "; nothing was started\n";
+    return 2;
+  }
   out.store->reopen_run(run.id);
   for (const std::string& s : skipped) out.store->add_event({run.id, step, "warn", "resume skipped " + s, ""});
+  for (const std::string& to : set_aside) {
+    std::cerr << "deltadeck: --resume: set aside " << to << " (after the resumed step " << step << ")\n";
+    out.store->add_event({run.id, step, "info", "resume from step " + std::to_string(step) + " set aside " + to, ""});
+  }
   const int64_t superseded = out.store->supersede_metrics_after(run.id, step);
   out.store->add_event({run.id, step, "info",
                         "resumed from " + out.resume_from + " (" + std::to_string(superseded) +

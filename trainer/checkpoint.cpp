@@ -361,6 +361,22 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
   return out;
 }
 
+std::vector<std::pair<int64_t, std::string>> set_aside_checkpoints_after(const std::string& root, int64_t from) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  for (const auto& [step, dir] : list_checkpoints(root)) {
+    if (step <= from) continue;
+    std::string to = dir + ".superseded";
+    for (int k = 2; files::exists(to); ++k) to = dir + ".superseded-" + std::to_string(k);
+    if (std::rename(dir.c_str(), to.c_str()) != 0) {
+      throw std::runtime_error("cannot set aside " + dir + " (a checkpoint after step " + std::to_string(from) +
+                               " that a later resume would choose): " + std::strerror(errno));
+    }
+    out.emplace_back(step, to);
+  }
+  if (!out.empty()) files::fsync_path(root);
+  return out;
+}
+
 std::vector<int64_t> prune_checkpoints(const std::string& root, int64_t keep, int64_t protected_step,
                                        storage::FileIo& io) {
   auto all = list_checkpoints(root);

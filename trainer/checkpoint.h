@@ -99,6 +99,14 @@ std::string find_checkpoint(const std::string& path);
 // oldest step first; unfinished saves (".tmp") and leftovers (".old") are not listed.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& root);
 
+// Renames the checkpoints list_checkpoints finds under root after step `from` to
+// "<dir>.superseded" ("-2", "-3", ... when taken), fsyncing root: a resume from `from` abandons
+// them, and left as they are they would be a later resume's choice, or (damaged ones a resume
+// skipped) count as the newest in prune_checkpoints and get fresh saves deleted. A name with a
+// '.' is never chosen and never pruned; nothing is deleted. Returns each (step, new path); throws
+// std::runtime_error naming the checkpoint when a rename fails (those renamed before stay so).
+std::vector<std::pair<int64_t, std::string>> set_aside_checkpoints_after(const std::string& root, int64_t from);
+
 // Deletes all but the newest `keep` checkpoints and the one of protected_step (the best by
 // validation loss; -1 = none) through `io`, then fsyncs root; returns the steps removed. A
 // checkpoint that cannot be removed stays (and is not listed).

@@ -72,18 +72,28 @@ grep -q "e2e" "$work/none.out" || fail "unknown run error does not list the runs
 # 4. Resume: the finished 40-step run continues to 60 in the same record. A stale row after the
 #    checkpoint (as a crash leaves behind) is marked superseded, so every logged step has exactly one
 #    current row (schema 4).
+#    A damaged checkpoint after the one chosen (a copy of step 40 as step 50 with a flipped byte) is
+#    skipped and set aside, so pruning never counts it as the newest.
 run_id=$(sqlite3 "$db" "SELECT id FROM runs WHERE name='e2e'")
 sqlite3 "$db" "INSERT INTO metrics(run_id, step, tokens, wall_s, key, value) VALUES($run_id, 45, 0, 0, 'loss', 99)"
+ckpts="$work/runs/e2e/checkpoints"
+cp -r "$ckpts/step_00000040" "$ckpts/step_00000050"
+printf '\377' | dd of="$ckpts/step_00000050/model.safetensors" bs=1 seek=200 conv=notrunc status=none
 "$bin" train --no-gui --resume e2e --runs-dir "$work/runs" --set train.steps=60 > "$work/resume.out" 2>&1 \
   || { cat "$work/resume.out"; fail "resume failed"; }
 grep -q "resuming from .*step_00000040" "$work/resume.out" || { cat "$work/resume.out"; fail "did not resume from step 40"; }
 grep -q "^step 60/60 | loss" "$work/resume.out" || { cat "$work/resume.out"; fail "resumed run did not reach step 60"; }
+grep -q "set aside .*step_00000050.superseded" "$work/resume.out" || { cat "$work/resume.out"; fail "step 50 not set aside"; }
+[ -d "$ckpts/step_00000050.superseded" ] && [ ! -e "$ckpts/step_00000050" ] && [ -d "$ckpts/step_00000060" ] \
+  || { ls "$ckpts"; fail "checkpoints after the resume"; }
 [ "$(sqlite3 "$db" "SELECT count(*) FROM runs")" = 2 ] || fail "resume created a new run record"
 [ "$(sqlite3 "$db" "SELECT status FROM runs WHERE name='e2e'")" = finished ] || fail "resumed run not finished"
 rows=$(sqlite3 "$db" "SELECT count(*) || '/' || count(DISTINCT step) FROM metrics WHERE run_id=$run_id AND key='loss' AND superseded=0")
 [ "$rows" = "12/12" ] || fail "expected 12 current loss rows for 12 steps (5..60) after resume, got $rows"
 [ "$(sqlite3 "$db" "SELECT superseded FROM metrics WHERE run_id=$run_id AND value=99")" = 1 ] || fail "stale row not superseded"
 sqlite3 "$db" "SELECT text FROM events WHERE run_id=$run_id" | grep -q "resumed from" || fail "no resume event"
+sqlite3 "$db" "SELECT text FROM events WHERE run_id=$run_id" | grep -q "set aside .*step_00000050.superseded" \
+  || fail "no set-aside event"
 set +e
 "$bin" train --no-gui --resume nosuchrun --runs-dir "$work/runs" > "$work/resume_bad.out" 2>&1
 rc=$?

@@ -102,6 +102,28 @@ TEST(Checkpoint, PruneSparesTheProtectedBestStep) {
   EXPECT_EQ(left, (std::vector<int64_t>{20, 40, 50}));
 }
 
+// A resume from step 20 whose newer checkpoints were damaged: set aside, they no longer count as
+// the newest, so a fresh save after the resume survives pruning with keep = 1 (left in place, the
+// damaged step 40 would have been kept and step 30 deleted right after it was written).
+TEST(Checkpoint, SetAsideCheckpointsAfterTheResumedStep) {
+  TempDir dir;
+  for (int64_t s : {10, 20, 30, 40}) trainer::save_checkpoint(dir.path(), sample(s));
+  flip_byte(dir.path() + "/step_00000040/model.safetensors", 100);
+  storage::files::make_dirs(dir.path() + "/step_00000040.superseded");  // from an earlier resume
+  storage::files::remove_tree(dir.path() + "/step_00000030");
+  const auto moved = trainer::set_aside_checkpoints_after(dir.path(), 20);
+  ASSERT_EQ(moved.size(), 1u);
+  EXPECT_EQ(moved[0].first, 40);
+  EXPECT_EQ(moved[0].second, dir.path() + "/step_00000040.superseded-2");
+  EXPECT_TRUE(storage::files::exists(dir.path() + "/step_00000040.superseded-2/manifest.json"));
+  trainer::save_checkpoint(dir.path(), sample(30));
+  EXPECT_EQ(trainer::prune_checkpoints(dir.path(), 1, /*protected_step=*/20), (std::vector<int64_t>{10}));
+  std::vector<int64_t> left;
+  for (const auto& [step, path] : trainer::list_checkpoints(dir.path())) left.push_back(step);
+  EXPECT_EQ(left, (std::vector<int64_t>{20, 30}));
+  EXPECT_TRUE(trainer::set_aside_checkpoints_after(dir.path(), 30).empty());
+}
+
 TEST(Checkpoint, SavingTheSameStepAgainReplacesIt) {
   TempDir dir;
   trainer::save_checkpoint(dir.path(), sample(7));
