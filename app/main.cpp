@@ -6,6 +6,7 @@
 #include "app/bench_command.h"
 #include "app/bench_train.h"
 #include "app/build_info.h"
+#include "app/cli_integers.h"
 #include "app/export_command.h"
 #include "app/model_command.h"
 #include "app/runs_command.h"
@@ -313,6 +314,7 @@ int main(int argc, char** argv) {
   auto* gui_cmd = app::add_gui_command(cli, gui);
 #endif
 
+  app::read_integers_as_decimal(cli);
   try {
     cli.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -107,6 +107,17 @@ grep -q "step 60" "$work/export.out" || { cat "$work/export.out"; fail "export d
 [ -s "$work/export/model.safetensors" ] || fail "no exported weights"
 grep -q '"d": 64' "$work/export/config.json" || { cat "$work/export/config.json"; fail "config.json lacks model.d"; }
 "$bin" export e2e --runs-dir "$work/runs" --step 40 --out "$work/export40" > /dev/null 2>&1 || fail "export --step 40"
+# Integers are decimal: a step copied from a step_00000040 folder name is step 40 (not octal 32),
+# and a hexadecimal one is refused naming the flag.
+"$bin" export e2e --runs-dir "$work/runs" --step 00000040 --out "$work/export40z" > "$work/export40z.out" 2>&1 \
+  || { cat "$work/export40z.out"; fail "export --step 00000040"; }
+grep -q "step 40" "$work/export40z.out" || { cat "$work/export40z.out"; fail "--step 00000040 is not step 40"; }
+set +e
+"$bin" export e2e --runs-dir "$work/runs" --step 0x28 --out "$work/export28" > "$work/export28.out" 2>&1
+rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q -- "--step.*expects a decimal integer (got 0x28)" "$work/export28.out" \
+  || { cat "$work/export28.out"; fail "--step 0x28 exited $rc"; }
 set +e
 "$bin" export e2e --runs-dir "$work/runs" --step 7 --out "$work/export7" > "$work/export7.out" 2>&1
 rc=$?
