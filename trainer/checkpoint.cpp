@@ -151,18 +151,28 @@ nlohmann::json read_manifest(const std::string& dir) {
   } catch (const std::exception& e) {
     throw std::runtime_error(path + ": not valid JSON (" + e.what() + ")");
   }
-  if (!manifest.is_object() || manifest.value("format", "") != "deltadeck-checkpoint")
-    throw std::runtime_error(path + ": not a deltadeck checkpoint manifest");
-  if (manifest.value("version", 0) != CHECKPOINT_VERSION)
-    throw std::runtime_error(path + ": version " + std::to_string(manifest.value("version", 0)) +
-                             ", this program reads version " + std::to_string(CHECKPOINT_VERSION));
-  for (const char* file : {"model.safetensors", "state.safetensors"}) {
-    if (!manifest.contains("files") || !manifest["files"].contains(file) ||
-        !manifest["files"][file].contains("bytes") || !manifest["files"][file].contains("sha256"))
-      throw std::runtime_error(path + ": lists no bytes and sha256 for " + file);
+  // A field of the wrong JSON type (a hand-edited manifest, "version": "2") throws nlohmann's
+  // type_error, which would not name the file.
+  try {
+    if (!manifest.is_object() || manifest.value("format", "") != "deltadeck-checkpoint")
+      throw std::runtime_error(path + ": not a deltadeck checkpoint manifest");
+    if (manifest.value("version", 0) != CHECKPOINT_VERSION)
+      throw std::runtime_error(path + ": version " + manifest["version"].dump() + ", this program reads version " +
+                               std::to_string(CHECKPOINT_VERSION));
+    for (const char* file : {"model.safetensors", "state.safetensors"}) {
+      const nlohmann::json* entry = manifest.contains("files") && manifest["files"].is_object() &&
+                                            manifest["files"].contains(file)
+                                        ? &manifest["files"][file]
+                                        : nullptr;
+      if (!entry || !entry->is_object() || !entry->contains("bytes") || !(*entry)["bytes"].is_number_integer() ||
+          !entry->contains("sha256") || !(*entry)["sha256"].is_string())
+        throw std::runtime_error(path + ": lists no bytes (an integer) and sha256 (a string) for " + file);
+    }
+    if (!manifest.contains("step") || !manifest["step"].is_number_integer())
+      throw std::runtime_error(path + ": has no step");
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(path + ": malformed (" + e.what() + ")");
   }
-  if (!manifest.contains("step") || !manifest["step"].is_number_integer())
-    throw std::runtime_error(path + ": has no step");
   return manifest;
 }
 

@@ -1012,7 +1012,15 @@ class TrainLoop {
     // This rank's own amax records (a resume keeps the world size, so every rank finds its own).
     for (const auto& e : fp8_records_for_rank(d.state, comm_.rank(), dir + "/state.safetensors"))
       restore_fp8_history(e.state_name, e.module, e.records, dir);
-    auto meta_int = [&](const std::string& k) { return std::stoll(d.meta.at(k)); };
+    // A checkpoint of another version (or edited by hand) may lack a key: say which, and where.
+    auto meta_int = [&](const std::string& k) -> int64_t {
+      const auto it = d.meta.find(k);
+      try {
+        if (it != d.meta.end()) return std::stoll(it->second);
+      } catch (const std::exception&) {
+      }
+      throw std::runtime_error(dir + "/state.safetensors: metadata \"" + k + "\" is missing or not an integer");
+    };
     if (zero_) zero_->load_state(opt_state, meta_int("optimizer.steps"));
     else opt_->load_state(opt_state, meta_int("optimizer.steps"));
     if (opt_hidden_) opt_hidden_->load_state(opt_state, meta_int("optimizer.steps"));

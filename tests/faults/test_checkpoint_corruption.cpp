@@ -40,6 +40,17 @@ std::string manifest_sha(const std::string& dir, const std::string& file) {
   return m["files"][file]["sha256"].get<std::string>();
 }
 
+// Rewrites dir's manifest.json after `edit` (a hand-edited manifest: valid JSON, wrong types).
+void edit_manifest(const std::string& dir, const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json m;
+  {
+    std::ifstream in(dir + "/manifest.json");
+    in >> m;
+  }
+  edit(m);
+  std::ofstream(dir + "/manifest.json") << m.dump();
+}
+
 struct Damage {
   const char* name;
   std::function<void(const std::string& dir)> apply;
@@ -76,6 +87,17 @@ std::vector<Damage> damages() {
       {"emptied manifest",
        [](const std::string& d) { ASSERT_EQ(::truncate((d + "/manifest.json").c_str(), 0), 0); },
        [](const std::string& d) { return std::vector<std::string>{d + "/manifest.json", "empty (0 bytes)"}; }},
+      {"version as a string",
+       [](const std::string& d) { edit_manifest(d, [](nlohmann::json& m) { m["version"] = "1"; }); },
+       [](const std::string& d) { return std::vector<std::string>{d + "/manifest.json", "malformed"}; }},
+      {"a file's size as a string",
+       [](const std::string& d) {
+         edit_manifest(d, [](nlohmann::json& m) { m["files"]["state.safetensors"]["bytes"] = "12"; });
+       },
+       [](const std::string& d) {
+         return std::vector<std::string>{d + "/manifest.json", "lists no bytes (an integer) and sha256 (a string) for "
+                                                                "state.safetensors"};
+       }},
   };
 }
 
