@@ -173,9 +173,15 @@ void RunHost::handle(const trainer::Event& ev) {
   } else if (auto* c = std::get_if<trainer::CheckpointEvent>(&ev)) {
     try {
       prep_.store->add_checkpoint({run_id, c->step, c->path, c->bytes, c->sha256, ""});
-      // The engine prunes old checkpoints from disk; their records go too.
+      // The engine prunes old checkpoints from disk and names them; their records go too (the view
+      // drops them in apply_event below), and so do those of checkpoints removed by hand. Only an
+      // absolute path is checked: a relative one, recorded by an older version, is relative to
+      // the working directory of the process that saved it, not necessarily this one's.
       for (const auto& rec : prep_.store->checkpoints(run_id)) {
-        if (storage::files::exists(rec.path)) continue;
+        if (rec.step == c->step) continue;
+        const bool pruned = std::find(c->pruned.begin(), c->pruned.end(), rec.step) != c->pruned.end();
+        const bool vanished = !rec.path.empty() && rec.path[0] == '/' && !storage::files::exists(rec.path);
+        if (!pruned && !vanished) continue;
         prep_.store->remove_checkpoint(run_id, rec.step);
         std::lock_guard<std::mutex> lk(mu_);
         ui::drop_checkpoint(view_, rec.step);

@@ -69,6 +69,28 @@ std::string parent_dir(const std::string& path) {
   return p.substr(0, slash);
 }
 
+std::string absolute_path(const std::string& path) {
+  std::string joined = path;
+  if (path.empty() || path[0] != '/') {
+    std::vector<char> buf(4096);
+    while (::getcwd(buf.data(), buf.size()) == nullptr) {
+      if (errno != ERANGE || buf.size() > (1u << 20)) return path;
+      buf.resize(buf.size() * 2);
+    }
+    joined = std::string(buf.data()) + "/" + path;
+  }
+  std::string out;
+  size_t i = 0;
+  while (i < joined.size()) {
+    size_t j = joined.find('/', i);
+    if (j == std::string::npos) j = joined.size();
+    const std::string seg = joined.substr(i, j - i);
+    if (!seg.empty() && seg != ".") out += "/" + seg;
+    i = j + 1;
+  }
+  return out.empty() ? "/" : out;
+}
+
 void fsync_path(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw std::runtime_error(path + ": cannot open for fsync (" + std::strerror(errno) + ")");

@@ -23,6 +23,10 @@ bool remove_tree(const std::string& path);
 std::vector<std::string> list_dir(const std::string& path);
 // "a/b/c" -> "a/b"; "c" -> "".
 std::string parent_dir(const std::string& path);
+// The path from the filesystem's root: relative ones joined to the working directory, "." and
+// empty segments dropped ("runs/./x" -> "/cwd/runs/x"). ".." is kept, as a symlinked folder's ".."
+// is not its textual parent. Unchanged when the working directory cannot be read.
+std::string absolute_path(const std::string& path);
 // fsync of a file or directory. Throws std::runtime_error naming the path.
 void fsync_path(const std::string& path);
 // A new, unique directory under $TMPDIR (or /tmp) whose name starts with prefix.

@@ -141,9 +141,10 @@ struct MetricsEvent {
 };
 struct CheckpointEvent {
   int64_t step = 0;
-  std::string path;     // directory of the checkpoint
+  std::string path;     // directory of the checkpoint, an absolute path
   int64_t bytes = 0;
   std::string sha256;   // of the weights file
+  std::vector<int64_t> pruned;  // steps whose checkpoints this save's pruning removed from disk
 };
 struct LogEvent {
   int64_t step = 0;

@@ -35,6 +35,7 @@
 #include "model/linear.h"
 #include "model/mixed_linear.h"
 #include "kernels/gdr_scan.h"
+#include "storage/file_util.h"
 #include "model/moe.h"
 #include "model/weight_shadow.h"
 #include "trainer/adamw.h"
@@ -943,9 +944,11 @@ class TrainLoop {
     const std::string root = opts_.run_dir + "/checkpoints";
     const SavedCheckpoint saved = save_with_retries(root, d);
     last_saved_step_ = step_;
-    push(CheckpointEvent{step_, saved.dir, saved.bytes, saved.sha256});
+    // Pruned before the event, which names what went: the front ends drop those records at once
+    // rather than at the next save (the last save's pruned checkpoints were never dropped).
+    std::vector<int64_t> pruned = prune_checkpoints(root, cfg_.run.keep_checkpoints, best_step_);
+    push(CheckpointEvent{step_, storage::files::absolute_path(saved.dir), saved.bytes, saved.sha256, std::move(pruned)});
     if (!why.empty()) log("info", why + ": checkpoint at step " + std::to_string(step_));
-    prune_checkpoints(root, cfg_.run.keep_checkpoints, best_step_);
   }
 
   // save_checkpoint, retried run.save_retries times save_retry_delay_s apart (a full disk that

@@ -186,6 +186,9 @@ std::vector<LogRecord> apply_event(RunView& v, const trainer::Event& e) {
                                [](const CheckpointView& x, int64_t s) { return x.step < s; });
     if (it != v.checkpoints.end() && it->step == c->step) *it = {c->step, c->path, c->bytes};
     else v.checkpoints.insert(it, {c->step, c->path, c->bytes});
+    for (int64_t gone : c->pruned) {
+      if (gone != c->step) drop_checkpoint(v, gone);
+    }
     LogRecord r = record("checkpoint", c->step, v.tokens, v.elapsed_s);
     r.path = c->path;
     r.text = "checkpoint saved at step " + std::to_string(c->step) + ": " + c->path + " (" +

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <functional>
 #include <thread>
+#include <unistd.h>
+#include <vector>
 
 #include "app/run_host.h"
 #include "tests/support/temp_dir.h"
@@ -17,17 +19,17 @@ namespace {
 using testing_support::TempDir;
 using Clock = std::chrono::steady_clock;
 
-trainer::RunConfig tiny_config(const TempDir& dir) {
+trainer::RunConfig tiny_config(const TempDir& dir, std::vector<std::string> overrides = {}) {
   std::string corpus;
   for (int d = 0; d < 200; ++d) corpus += "abcdefghijklmnopqrstuvwxyz " + std::to_string(d) + "\n%\n";
   dir.write("corpus/a.txt", corpus);
-  auto parsed = trainer::parse_config(
-      "", "<test>",
-      {"name=\"host\"", "data.train=[\"text:" + dir.path() + "/corpus/*.txt\"]", "data.val=0.05", "model.d=32",
+  std::vector<std::string> sets = {"name=\"host\"", "data.train=[\"text:" + dir.path() + "/corpus/*.txt\"]", "data.val=0.05", "model.d=32",
        "model.L=1", "model.attn_heads=2", "model.attn_kv_heads=1", "model.attn_head_dim=16", "model.ffn_hidden=64",
        "train.steps=100000", "train.batch_size=2", "train.seq_len=16", "train.warmup_steps=2", "train.eval_batches=1",
        "run.log_interval=1", "run.eval_interval=0", "run.save_interval=0", "run.threads=1", "run.devices=\"cpu\"",
-       "run.runs_dir=\"" + dir.path() + "/runs\""});
+       "run.runs_dir=\"" + dir.path() + "/runs\""};
+  sets.insert(sets.end(), overrides.begin(), overrides.end());  // a later setting of a key wins
+  auto parsed = trainer::parse_config("", "<test>", sets);
   EXPECT_TRUE(parsed.ok()) << (parsed.errors.empty() ? "" : parsed.errors[0]);
   auto cfg = parsed.config;
   auto unresolved = trainer::resolve_config(cfg);
@@ -145,6 +147,47 @@ TEST(RunHost, DroppingARunningHostStopsWithACheckpoint) {
   auto ro = storage::RunStore::open(db_path, /*read_only=*/true);
   EXPECT_EQ(ro->run(run_id)->status, "stopped");
   EXPECT_EQ(ro->checkpoints(run_id).size(), 1u);
+}
+
+// Checkpoint records follow the engine's pruning at each save, the last one included, and are
+// recorded by absolute path even when run.runs_dir is relative (a resume from another working
+// directory then still finds them, and never takes them for deleted).
+TEST(RunHost, CheckpointRecordsAreTheCheckpointsOnDiskByAbsolutePath) {
+  TempDir dir;
+  struct InDir {
+    std::string before, now;  // now: the folder as getcwd spells it (symlinks resolved)
+    explicit InDir(const std::string& d) {
+      char buf[4096];
+      before = ::getcwd(buf, sizeof buf) ? buf : "/";
+      EXPECT_EQ(::chdir(d.c_str()), 0);
+      now = ::getcwd(buf, sizeof buf) ? buf : d;
+    }
+    ~InDir() { (void)::chdir(before.c_str()); }
+  } in_dir(dir.path());
+  app::PreparedRun prep = app::record_new_run(
+      tiny_config(dir, {"train.steps=9", "run.save_interval=2", "run.keep_checkpoints=1", "run.runs_dir=\"runs\""}), 1,
+      "test-rev");
+  const std::string db_path = prep.db_path;
+  const int64_t run_id = prep.run_id;
+  app::RunHost host(std::move(prep));
+  host.start();
+  const trainer::EndedEvent end = host.wait();
+  EXPECT_EQ(end.status, trainer::RunStatus::Finished) << end.message;
+  EXPECT_TRUE(host.warnings().empty()) << host.warnings()[0];
+  ui::RunView view;
+  host.snapshot(view);
+  ASSERT_EQ(view.checkpoints.size(), 1u);
+  EXPECT_EQ(view.checkpoints[0].step, 9);
+
+  const std::string kept = in_dir.now + "/runs/host/checkpoints/step_00000009";
+  ASSERT_TRUE(storage::files::is_dir(kept));
+  for (const std::string& name : storage::files::list_dir(dir.path() + "/runs/host/checkpoints"))
+    EXPECT_EQ(name, "step_00000009") << "keep_checkpoints = 1 left another folder";
+  auto ro = storage::RunStore::open(db_path, /*read_only=*/true);
+  const auto rows = ro->checkpoints(run_id);
+  ASSERT_EQ(rows.size(), 1u) << "a record of a pruned checkpoint was left";
+  EXPECT_EQ(rows[0].step, 9);
+  EXPECT_EQ(rows[0].path, kept);
 }
 
 }  // namespace

@@ -65,6 +65,13 @@ TEST(RunView, EvalCheckpointLogAndEnd) {
   EXPECT_EQ(v.checkpoints[1].bytes, 4096);
   ui::drop_checkpoint(v, 20);
   ASSERT_EQ(v.checkpoints.size(), 1u);
+  // A save names the checkpoints its pruning removed; the view drops them with the same event.
+  ui::apply_event(v, trainer::CheckpointEvent{45, "/r/checkpoints/step_00000045", 4096, "01"});
+  ASSERT_EQ(v.checkpoints.size(), 2u);
+  ui::apply_event(v, trainer::CheckpointEvent{50, "/r/checkpoints/step_00000050", 4096, "02", {45}});
+  ASSERT_EQ(v.checkpoints.size(), 1u);
+  EXPECT_EQ(v.checkpoints[0].step, 50);
+  EXPECT_EQ(v.checkpoints[0].bytes, 4096);
 
   recs = ui::apply_event(v, trainer::LogEvent{51, "warn", "loader slow"});
   EXPECT_EQ(recs[0].level, "warn");
@@ -76,7 +83,7 @@ TEST(RunView, EvalCheckpointLogAndEnd) {
   EXPECT_TRUE(v.ended());
   EXPECT_EQ(v.step, 60);
   EXPECT_EQ(v.events.back().text, "stopped by request");
-  EXPECT_EQ(v.events_total, 6);  // eval, 3 checkpoints, log, end
+  EXPECT_EQ(v.events_total, 8);  // eval, 5 checkpoints, log, end
 }
 
 TEST(RunView, SkippedStepsAndBackoffAreDerivedFromTheScaler) {
