@@ -141,6 +141,12 @@ ResumeOutcome prepare_resume(const std::string& db_path, int64_t run_id, int64_t
     if (!out.error.empty() || !out.mismatches.empty()) return out;
     // Nothing was written before this point: a refused resume leaves the run as it was.
     const int64_t from = step_of(prep->resume_from);
+    // A checkpoint a crash left moved aside mid-save gets its name back before the run saves again.
+    const std::string chosen = prep->resume_from;
+    prep->resume_from = trainer::restore_moved_aside(chosen);
+    if (prep->resume_from != chosen)
+      prep->store->add_event({run_id, from, "info", "resume renamed " + chosen + " back to " + prep->resume_from +
+                                                        " (a save of the same step was cut short)", ""});
     // Checkpoints after the one resumed from belong to the attempt being abandoned: the newest of
     // them would be the next resume's choice although its metrics are superseded.
     for (const auto& [s, to] : trainer::set_aside_checkpoints_after(prep->run_dir + "/checkpoints", from)) {

@@ -163,6 +163,12 @@ int prepare_resume(const TrainArgs& args, int nnodes, PreparedRun& out) {
   // would count as the newest when pruning, which would then delete the resumed run's fresh saves.
   std::vector<std::string> set_aside;
   try {
+    // A checkpoint a crash left moved aside mid-save gets its name back before the run saves again.
+    const std::string chosen = out.resume_from;
+    out.resume_from = trainer::restore_moved_aside(chosen);
+    if (out.resume_from != chosen)
+      std::cerr << "deltadeck: --resume: renamed " << chosen << " back to " << out.resume_from
+                << " (a save of the same step was cut short)\n";
     for (const auto& [s, to] : trainer::set_aside_checkpoints_after(out.run_dir + "/checkpoints", step)) {
       out.store->remove_checkpoint(run.id, s);
       set_aside.push_back(to);

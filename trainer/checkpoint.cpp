@@ -308,6 +308,43 @@ std::map<std::string, std::string> read_compat(const std::string& dir) {
   return out;
 }
 
+namespace {
+
+constexpr const char* kMovedAside = ".old";
+
+// "step_X.old" directories with a manifest and no "step_X" beside them (choose_checkpoint).
+std::vector<std::pair<int64_t, std::string>> moved_aside_checkpoints(const std::string& root) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  const std::string suffix = kMovedAside;
+  for (const auto& name : files::list_dir(root)) {
+    if (name.rfind("step_", 0) != 0 || name.size() <= suffix.size() + 5 ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    const std::string base = name.substr(0, name.size() - suffix.size());
+    if (base.find('.') != std::string::npos || files::exists(root + "/" + base)) continue;
+    const std::string dir = root + "/" + name;
+    if (!files::is_dir(dir) || !files::exists(dir + "/manifest.json")) continue;
+    try {
+      out.emplace_back(std::stoll(base.substr(5)), dir);
+    } catch (const std::exception&) {
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string restore_moved_aside(const std::string& dir) {
+  const std::string suffix = kMovedAside;
+  if (dir.size() <= suffix.size() || dir.compare(dir.size() - suffix.size(), suffix.size(), suffix) != 0) return dir;
+  const std::string to = dir.substr(0, dir.size() - suffix.size());
+  if (files::exists(to)) return dir;  // chosen by its own path beside a step_X: resumed from as it is
+  if (std::rename(dir.c_str(), to.c_str()) != 0)
+    throw std::runtime_error("cannot rename " + dir + " back to " + to + ": " + std::strerror(errno));
+  files::fsync_path(files::parent_dir(to));
+  return to;
+}
+
 CheckpointChoice choose_checkpoint(const std::string& path) {
   CheckpointChoice out;
   if (files::exists(path + "/manifest.json")) {
@@ -333,6 +370,8 @@ CheckpointChoice choose_checkpoint(const std::string& path) {
         out.skipped.push_back(dir + "/manifest.json: missing; the save did not finish (no committed manifest)");
     }
     auto all = list_checkpoints(root);
+    for (const auto& [step, dir] : moved_aside_checkpoints(root)) all.emplace_back(step, dir);
+    std::sort(all.begin(), all.end());
     for (auto it = all.rbegin(); it != all.rend(); ++it) {
       const std::string problem = checkpoint_problem(it->second);
       if (problem.empty()) {

@@ -88,9 +88,16 @@ struct CheckpointChoice {
 };
 // The checkpoint a user means by `path`: a step directory (has manifest.json) as is, or the newest
 // usable checkpoint under path/checkpoints or path itself, verified by checkpoint_problem; damaged
-// ones and unfinished saves ("step_X.tmp") are skipped and listed. Throws std::runtime_error naming
-// path when it is neither a checkpoint nor a run directory. Any thread.
+// ones and unfinished saves ("step_X.tmp") are skipped and listed. A "step_X.old" without a step_X
+// beside it is a committed checkpoint that a crash caught while a save of the same step replaced
+// it (between its two renames): it stands for step X (restore_moved_aside gives it its name back).
+// Throws std::runtime_error naming path when it is neither a checkpoint nor a run directory. Reads
+// only; any thread.
 CheckpointChoice choose_checkpoint(const std::string& path);
+// For a resume's chosen dir: "…/step_X.old" is renamed back to "…/step_X" when no step_X exists, and
+// the folder fsynced; returns the dir to resume from (`dir` itself otherwise). Throws
+// std::runtime_error naming both paths when the rename fails.
+std::string restore_moved_aside(const std::string& dir);
 // choose_checkpoint's dir; throws std::runtime_error naming path and every skipped checkpoint when
 // none is usable.
 std::string find_checkpoint(const std::string& path);

@@ -134,6 +134,38 @@ TEST(Checkpoint, SavingTheSameStepAgainReplacesIt) {
   EXPECT_EQ(trainer::list_checkpoints(dir.path()).size(), 1u);
 }
 
+// A crash between a re-save's two renames (step_X moved to step_X.old, the complete step_X.tmp not
+// yet renamed) leaves no step_X: the moved-aside checkpoint is still the run's newest, is chosen,
+// and gets its name back at the resume. Beside a step_X, a stray ".old" is never chosen.
+TEST(Checkpoint, ACheckpointMovedAsideByAnInterruptedResaveIsChosenAndRestored) {
+  TempDir dir;
+  const std::string root = dir.path() + "/checkpoints";
+  for (int64_t s : {10, 20}) trainer::save_checkpoint(root, sample(s));
+  const std::string step20 = root + "/step_00000020";
+  ASSERT_EQ(std::rename(step20.c_str(), (step20 + ".old").c_str()), 0);
+  trainer::save_checkpoint(dir.path() + "/elsewhere", sample(20));  // the new save, complete but not renamed
+  ASSERT_EQ(std::rename((dir.path() + "/elsewhere/step_00000020").c_str(), (step20 + ".tmp").c_str()), 0);
+
+  trainer::CheckpointChoice c = trainer::choose_checkpoint(dir.path());
+  EXPECT_EQ(c.dir, step20 + ".old");
+  ASSERT_EQ(c.skipped.size(), 1u);  // the unfinished .tmp, named
+  EXPECT_NE(c.skipped[0].find("step_00000020.tmp"), std::string::npos) << c.skipped[0];
+  EXPECT_EQ(trainer::load_checkpoint(c.dir).step, 20);
+
+  EXPECT_EQ(trainer::restore_moved_aside(c.dir), step20);
+  EXPECT_FALSE(storage::files::exists(step20 + ".old"));
+  EXPECT_TRUE(trainer::checkpoint_problem(step20).empty());
+  EXPECT_EQ(trainer::choose_checkpoint(dir.path()).dir, step20);
+  EXPECT_EQ(trainer::restore_moved_aside(step20), step20);  // not a leftover: unchanged
+
+  // A stray step_20.old beside step_20 (a save that committed, then failed to remove it).
+  trainer::save_checkpoint(dir.path() + "/elsewhere", sample(20));
+  ASSERT_EQ(std::rename((dir.path() + "/elsewhere/step_00000020").c_str(), (step20 + ".old").c_str()), 0);
+  EXPECT_EQ(trainer::choose_checkpoint(dir.path()).dir, step20);
+  EXPECT_EQ(trainer::restore_moved_aside(step20 + ".old"), step20 + ".old");  // step_20 exists: left as it is
+  EXPECT_EQ(trainer::list_checkpoints(root).size(), 2u);
+}
+
 TEST(AdamW, MatchesLibTorchAdamW) {
   torch::manual_seed(42);
   auto w0 = torch::randn({5, 3}), b0 = torch::randn({3});
