@@ -3,6 +3,7 @@
 #include "app/dry_run.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -173,11 +174,22 @@ int dry_run(const trainer::RunConfig& cfg, const DryRunInfo& info) {
 
   // ---- schedule
   const trainer::TrainConfig& t = cfg.train;
+  // The tokens of all steps, phase by phase: a step takes its rows from the phase whose token mark
+  // the steps before it reached. Whole runs of steps at a time, so that train.steps = 10^12 is as
+  // quick as 10 (one step at a time, the dry run would have worked through them for hours).
   double tokens_total = 0;
   size_t phase = 0;
-  for (int64_t step = 0; step < t.steps; ++step) {
+  for (int64_t left = t.steps; left > 0;) {
     while (phase + 1 < phases.size() && tokens_total >= static_cast<double>(phases[phase + 1].tokens)) ++phase;
-    tokens_total += static_cast<double>(phases[phase].batch_size * phases[phase].seq_len * t.grad_accum * world);
+    const double per_step =
+        static_cast<double>(phases[phase].batch_size * phases[phase].seq_len * t.grad_accum * world);
+    int64_t n = left;
+    if (phase + 1 < phases.size() && per_step > 0) {
+      const double to_next = static_cast<double>(phases[phase + 1].tokens) - tokens_total;  // > 0 here
+      n = static_cast<int64_t>(std::min(static_cast<double>(left), std::max(1.0, std::ceil(to_next / per_step))));
+    }
+    tokens_total += static_cast<double>(n) * per_step;
+    left -= n;
   }
   const int64_t first_step_tokens = phases[0].batch_size * phases[0].seq_len * t.grad_accum * world;
   std::cout << "schedule " << ui::format_grouped(t.steps) << " steps × " << ui::format_grouped(first_step_tokens) << " tokens ("

@@ -23,6 +23,15 @@ has demo.out "evaluation every 100 steps and at the end (6 in all)"
 has demo.out "dry run ok"
 grep -qE '^ +[0-9]+ files, [0-9.]+ MiB, [0-9.]+M tokens \(about one per byte' demo.out || { cat demo.out; fail "no data figures"; }
 [ ! -e "$work/runs" ] || fail "a dry run created $work/runs"
+# The schedule's tokens by phases (10 steps of 64 × 16 reach 10,000 tokens, then 590 of 128 × 16),
+# and a trillion steps counted at once rather than walked (that took hours).
+"$bin" train --dry-run --runs-dir "$work/runs" --set 'train.phases=["0:64x16", "10000:128x16"]' > phases.out 2>&1 \
+  || { cat phases.out; fail "dry run with phases"; }
+has phases.out "= 1.22M tokens"
+timeout 60 "$bin" train --dry-run --runs-dir "$work/runs" --set train.steps=1000000000000 > huge.out 2>&1 \
+  || { cat huge.out; fail "dry run of 10^12 steps (exit $?)"; }
+has huge.out "1,000,000,000,000 steps"
+has huge.out "dry run ok"
 
 # 2. An llm.c token shard: 256 int32 header (magic, version, token count), then uint16 tokens.
 python3 - <<'PY'
