@@ -7,6 +7,8 @@
 #include <cstring>
 #include <unistd.h>
 
+#include "trainer/data/mapped_files.h"
+
 namespace app {
 
 namespace {
@@ -43,6 +45,23 @@ void on_crash(int sig) {
   // would have (status, core dump).
   std::signal(sig, SIG_DFL);
   raise(sig);
+}
+
+// A bus error in a memory-mapped corpus file (truncated while the run read it) is named with the
+// file and byte before the process ends as the signal's default action would end it.
+void on_bus_error(int sig, siginfo_t* info, void*) {
+  restore_terminal();
+  if (info != nullptr) trainer::data::report_mapped_fault(info->si_addr, STDERR_FILENO);
+  std::signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+void install_bus_error_report() {
+  struct sigaction sa {};
+  sa.sa_sigaction = on_bus_error;
+  sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGBUS, &sa, nullptr);
 }
 
 void on_resize(int) { g_resized = 1; }
@@ -90,6 +109,7 @@ void install_stop_signals() {
   // failed, the rank named). SIGPIPE's default action would end the process at once instead: exit
   // 141, the run left 'running' in the database.
   std::signal(SIGPIPE, SIG_IGN);
+  install_bus_error_report();
 }
 
 int stop_signals_received() { return static_cast<int>(g_stop_signals); }
@@ -102,6 +122,7 @@ void set_terminal_restore(void (*restore)()) { g_restore = restore; }
 
 void install_dashboard_signals() {
   for (int sig : CRASH_SIGNALS) install(sig, on_crash, SA_RESETHAND);
+  install_bus_error_report();  // SIGBUS: the terminal put back too, and a mapped corpus file named
   // SA_RESTART keeps other threads' blocking calls going through a resize; the dashboard's own
   // poll() returns early and checks the flag.
   install(SIGWINCH, on_resize, SA_RESTART);

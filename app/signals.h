@@ -8,6 +8,8 @@
 // default action, so the exit status and core dump stay those of the crash), and Ctrl-Z (restored
 // while stopped, dashboard mode entered again on SIGCONT). SIGWINCH is turned into a flag. SIGPIPE
 // is ignored: a write to a dead peer or a closed stdout fails with EPIPE rather than killing the run.
+// A SIGBUS in a memory-mapped corpus file (truncated while the run reads it) names the file and the
+// byte on stderr before the process ends with the signal's default action.
 #pragma once
 
 #include "trainer/api.h"

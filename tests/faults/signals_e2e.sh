@@ -121,4 +121,24 @@ set -e
 grep -q "skipped .*step_00000003.tmp: an unfinished save" "$d.resume.out" || fail "partial save not reported"
 grep -q "resuming from .*step_00000002$" "$d.resume.out" || fail "second signal in a save: not resumed from 2"
 [ "$(q "$d/deltadeck.db" "SELECT status FROM runs")" = finished ] || fail "second signal in a save: not finished"
+# A corpus file truncated under a running process: the next read of its mapping faults (SIGBUS),
+# and the process says which file and byte before it ends with the signal (exit 128 + 7).
+d="$work/truncated"
+mkdir -p "$work/big"
+for i in $(seq 1 40000); do printf 'pack my box with five dozen liquor jugs %d\n%%\n' "$i"; done > "$work/big/big.txt"
+set +e
+"$bin" train "${tiny[@]}" --set "data.train=[\"text:$work/big/*.txt\"]" --runs-dir "$d" --set train.steps=1000000 \
+  > "$d.out" 2>&1 &
+pid=$!
+for _ in $(seq 300); do [ "$(grep -c "^step " "$d.out")" -ge 3 ] && break; sleep 0.1; done
+: > "$work/big/big.txt"
+for _ in $(seq 600); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
+if kill -0 "$pid" 2> /dev/null; then kill -9 "$pid"; fail "truncated corpus: the run went on for a minute"; fi
+wait "$pid"
+rc=$?
+set -e
+[ "$rc" = 135 ] || { tail -5 "$d.out"; fail "truncated corpus: exited $rc, expected 135 (SIGBUS)"; }
+grep -q "bus error reading $work/big/big.txt at byte [0-9]*: the file is shorter than when the run opened it" \
+  "$d.out" || { tail -5 "$d.out"; fail "truncated corpus: the file was not named"; }
+
 echo "signals e2e: ok"

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <sentencepiece_trainer.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <climits>
@@ -13,9 +14,12 @@
 #include <set>
 #include <initializer_list>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include "tests/support/temp_dir.h"
 #include "trainer/data/byte_tokenizer.h"
+#include "trainer/data/mapped_files.h"
 #include "trainer/data/source.h"
 #include "trainer/data/source_internal.h"
 #include "trainer/data/tokenizer.h"
@@ -622,4 +626,39 @@ TEST(RandomSource, DeterministicDocumentsInRange) {
   }
   o.vocab_size = 0;
   EXPECT_THROW(open_source("random:10", o, tok), std::runtime_error);
+}
+
+// A bus error inside a mapped corpus file is reported naming the file and the byte (the handler in
+// app/signals.cpp calls this; faults' signals e2e truncates a shard under a running process).
+TEST(MappedFiles, AFaultInAMappedFileIsReportedByFileAndByte) {
+  TempDir dir;
+  const std::string path = dir.write("shard.bin", std::string(20000, 'x'));
+  const std::string report_path = dir.file("report.txt");
+  auto report_of = [&](const void* addr) {
+    const int fd = ::open(report_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    EXPECT_GE(fd, 0);
+    const bool named = report_mapped_fault(addr, fd);
+    ::close(fd);
+    std::ifstream in(report_path);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return std::make_pair(named, text);
+  };
+  const char* data = nullptr;
+  {
+    detail::MappedFile a(path, "data.train");
+    detail::MappedFile b(std::move(a));  // the report follows the mapping through moves
+    data = b.data();
+    ASSERT_NE(data, nullptr);
+    auto [named, text] = report_of(data + 5000);
+    EXPECT_TRUE(named);
+    EXPECT_NE(text.find("bus error reading " + path + " at byte 5000: the file is shorter than when the run opened"),
+              std::string::npos)
+        << text;
+    std::tie(named, text) = report_of(data + 20000);  // one past the end: not this file
+    EXPECT_FALSE(named);
+    EXPECT_TRUE(text.empty()) << text;
+  }
+  auto [named, text] = report_of(data + 5000);  // unmapped: forgotten
+  EXPECT_FALSE(named);
+  EXPECT_TRUE(text.empty()) << text;
 }

@@ -18,6 +18,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "trainer/data/mapped_files.h"
 #include "trainer/data/source_internal.h"
 
 namespace trainer::data {
@@ -43,28 +44,34 @@ MappedFile::MappedFile(const std::string& path, const std::string& key) {
                                std::strerror(err) + ")");
     }
     data_ = static_cast<const char*>(p);
+    fault_handle_ = remember_mapping(data_, static_cast<size_t>(size_), path);
   }
   // The mapping keeps the file's pages reachable; the descriptor is not needed any more.
   ::close(fd);
 }
 
-MappedFile::MappedFile(MappedFile&& o) noexcept : data_(o.data_), size_(o.size_) {
+MappedFile::MappedFile(MappedFile&& o) noexcept : data_(o.data_), size_(o.size_), fault_handle_(o.fault_handle_) {
   o.data_ = nullptr;
   o.size_ = 0;
+  o.fault_handle_ = -1;
 }
 
 MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
   if (this != &o) {
+    forget_mapping(fault_handle_);
     if (data_) ::munmap(const_cast<char*>(data_), static_cast<size_t>(size_));
     data_ = o.data_;
     size_ = o.size_;
+    fault_handle_ = o.fault_handle_;
     o.data_ = nullptr;
     o.size_ = 0;
+    o.fault_handle_ = -1;
   }
   return *this;
 }
 
 MappedFile::~MappedFile() {
+  forget_mapping(fault_handle_);
   if (data_) ::munmap(const_cast<char*>(data_), static_cast<size_t>(size_));
 }
 

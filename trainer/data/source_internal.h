@@ -42,6 +42,7 @@ class MappedFile {
  private:
   const char* data_ = nullptr;
   int64_t size_ = 0;
+  int fault_handle_ = -1;  // trainer/data/mapped_files.h: names the file if a read of it faults
 };
 
 // "KEY: FILE: byte N: WHAT" as a std::runtime_error.
