@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 
 #include <iostream>
+#include <limits>
 
 #include "app/bench_command.h"
 #include "app/bench_train.h"
@@ -41,11 +42,16 @@ int main(int argc, char** argv) {
                         "appending to the same run")
       ->excludes("--config");
   train_cmd->add_option("--nnodes", train.cluster.nnodes,
-                        "Nodes of a multi-node run, one deltadeck process each (default: from torchrun/Slurm, else 1)");
-  train_cmd->add_option("--node-rank", train.cluster.node_rank, "This node's rank (default: NODE_RANK/RANK/SLURM_NODEID)");
+                        "Nodes of a multi-node run, one deltadeck process each (default: from torchrun/Slurm, else 1)")
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()));
+  // The cluster options' defaults of -1 mean "not given" (the launcher's environment decides), so a
+  // value typed out of range is refused here rather than taken for not given.
+  train_cmd->add_option("--node-rank", train.cluster.node_rank, "This node's rank (default: NODE_RANK/RANK/SLURM_NODEID)")
+      ->check(CLI::Range(0, std::numeric_limits<int>::max()));
   train_cmd->add_option("--master-addr", train.cluster.master_addr,
                         "Host of node 0's rendezvous store (default: MASTER_ADDR, Slurm's first node, 127.0.0.1)");
-  train_cmd->add_option("--master-port", train.cluster.master_port, "Its port (default: MASTER_PORT or 29500)");
+  train_cmd->add_option("--master-port", train.cluster.master_port, "Its port (default: MASTER_PORT or 29500)")
+      ->check(CLI::Range(1, 65535));
   train_cmd->add_flag("--no-gui", train.no_gui,
                       "Run headless: the terminal dashboard when stdout is a terminal, else plain log lines");
   train_cmd->add_flag("--dry-run", train.dry_run,
@@ -304,7 +310,8 @@ int main(int argc, char** argv) {
   app::ExportArgs export_args;
   auto* export_cmd = cli.add_subcommand("export", "Write a run's checkpoint as model.safetensors + config.json");
   export_cmd->add_option("run", export_args.run, "Run id, name or unique name prefix")->required();
-  export_cmd->add_option("--step", export_args.step, "Checkpoint step (default: the newest)");
+  export_cmd->add_option("--step", export_args.step, "Checkpoint step (default: the newest)")
+      ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
   export_cmd->add_option("--out", export_args.out, "Folder to write (created)")->required();
   export_cmd->add_flag("--ema", export_args.ema, "Export the EMA weights instead of the live ones");
   export_cmd->add_option("--runs-dir", export_args.runs_dir, "Folder of the run database")->capture_default_str();

@@ -118,6 +118,17 @@ rc=$?
 set -e
 [ "$rc" = 2 ] && grep -q -- "--step.*expects a decimal integer (got 0x28)" "$work/export28.out" \
   || { cat "$work/export28.out"; fail "--step 0x28 exited $rc"; }
+# The options whose defaults mean "not given" (-1) refuse a negative value instead of ignoring it.
+for bad in "export e2e --out $work/export-5 --step -5" "train --dry-run --node-rank -1" "train --dry-run --nnodes -2" \
+           "train --dry-run --master-port 0"; do
+  set +e
+  # shellcheck disable=SC2086  # the words of $bad are the arguments
+  "$bin" $bad --runs-dir "$work/runs" > "$work/neg.out" 2>&1
+  rc=$?
+  set -e
+  flag=$(echo "$bad" | grep -o -- '--[a-z-]* -\?[0-9]*$' | cut -d' ' -f1)
+  [ "$rc" = 2 ] && grep -q -- "$flag" "$work/neg.out" || { cat "$work/neg.out"; fail "$bad exited $rc"; }
+done
 set +e
 "$bin" export e2e --runs-dir "$work/runs" --step 7 --out "$work/export7" > "$work/export7.out" 2>&1
 rc=$?
