@@ -110,7 +110,9 @@ int main(int argc, char** argv) {
   auto* sample_cmd = cli.add_subcommand("sample", "Generate text from a checkpoint (cached token-by-token decoding)");
   sample_cmd->add_option("--checkpoint", sample.checkpoint, "A step_XXXXXXXX checkpoint folder, or a run folder (its newest checkpoint)")
       ->required();
-  sample_cmd->add_option("--prompt", sample.prompt, "Text to continue (default: start a new document)");
+  sample_cmd->add_option("--prompt", sample.prompt,
+                         "Text to continue (default: start a new document); for a run on token files (llmc:, u16:), "
+                         "token ids separated by spaces, and the output is ids too");
   sample_cmd->add_option("-n,--max-tokens", sample.max_tokens, "Tokens to generate at most")->capture_default_str();
   sample_cmd->add_option("-t,--temperature", sample.temperature, "Softmax temperature; 0 = greedy")->capture_default_str();
   sample_cmd->add_option("-k,--top-k", sample.top_k, "Sample among the k likeliest tokens; 0 = all")->capture_default_str();

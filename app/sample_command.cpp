@@ -26,10 +26,11 @@ int run_sample(const trainer::SampleOptions& opts) {
   }
   std::cout << "\n" << std::flush;
   const double tok_s = st.decode_s > 0 ? static_cast<double>(st.generated_tokens) / st.decode_s : 0.0;
-  std::fprintf(stderr, "[%s: %lld prompt tokens in %.2f s, %lld generated in %.2f s (%.0f tok/s)%s]\n",
+  std::fprintf(stderr, "[%s: %lld prompt tokens in %.2f s, %lld generated in %.2f s (%.0f tok/s)%s%s]\n",
                st.checkpoint_dir.c_str(), static_cast<long long>(st.prompt_tokens), st.prefill_s,
                static_cast<long long>(st.generated_tokens), st.decode_s, tok_s,
-               st.ended_document ? ", stopped at end of document" : "");
+               st.ended_document ? ", stopped at end of document" : "",
+               st.token_ids ? "; token ids, as the run trained on token files" : "");
   return 0;
 }
 

@@ -4,8 +4,10 @@
 
 #include <torch/torch.h>
 
+#include <cctype>
 #include <chrono>
 #include <map>
+#include <memory>
 #include <stdexcept>
 
 #include "model/decoder_lm.h"
@@ -32,6 +34,42 @@ int64_t pick_token(const torch::Tensor& logits, double temperature, int64_t top_
   return torch::multinomial(torch::softmax(z, 0), 1).item<int64_t>();
 }
 
+// Token files (llmc:, u16:, random:) hold ids of a tokenizer the run never had (GPT-2's, for llm.c
+// shards): data.tokenizer would decode them as garbage, so such runs sample ids, not text.
+bool trained_on_token_ids(const RunConfig& c) {
+  if (c.data.train.empty()) return false;
+  for (const std::string& src : c.data.train) {
+    if (src.rfind("llmc:", 0) != 0 && src.rfind("u16:", 0) != 0 && src.rfind("random:", 0) != 0) return false;
+  }
+  return true;
+}
+
+// "50256 464 3290" -> ids, each below the vocabulary size; errors name --prompt.
+std::vector<int32_t> parse_prompt_ids(const std::string& text, int64_t vocab, const std::string& sources) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  while (i < text.size()) {
+    if (std::isspace(static_cast<unsigned char>(text[i]))) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < text.size() && !std::isspace(static_cast<unsigned char>(text[j]))) ++j;
+    const std::string word = text.substr(i, j - i);
+    if (word.size() > 9 || word.find_first_not_of("0123456789") != std::string::npos)
+      throw std::runtime_error("--prompt: this run trained on token files (" + sources +
+                               "), whose tokenizer deltadeck does not have: give the prompt as token ids separated by "
+                               "spaces, e.g. --prompt \"50256 464\" (got '" + word + "')");
+    const int64_t id = std::stoll(word);
+    if (id >= vocab)
+      throw std::runtime_error("--prompt: token id " + word + " is not below the model's vocabulary size " +
+                               std::to_string(vocab));
+    ids.push_back(static_cast<int32_t>(id));
+    i = j;
+  }
+  return ids;
+}
+
 }  // namespace
 
 SampleStats sample_text(const SampleOptions& o, const std::function<void(const std::string&)>& on_text) {
@@ -49,12 +87,20 @@ SampleStats sample_text(const SampleOptions& o, const std::function<void(const s
   auto parsed = parse_config(ck.config_toml, st.checkpoint_dir + " (embedded config)", {});
   if (!parsed.ok()) throw std::runtime_error(st.checkpoint_dir + ": embedded config is invalid: " + parsed.errors[0]);
   RunConfig cfg = parsed.config;
-  // The run's tokenizer (a SentencePiece .model is read from the path the run used).
-  auto tok_ptr = data::make_tokenizer(cfg.data.tokenizer);
-  const data::Tokenizer& tok = *tok_ptr;
+  // The run's tokenizer (a SentencePiece .model is read from the path the run used), or token ids.
+  st.token_ids = trained_on_token_ids(cfg);
+  std::unique_ptr<data::Tokenizer> tok;
+  if (!st.token_ids) tok = data::make_tokenizer(cfg.data.tokenizer);
+  const int64_t eot = st.token_ids ? cfg.data.eot_token : tok->eot();
   std::vector<int32_t> prompt;
-  if (o.prompt.empty()) prompt.push_back(tok.eot());  // a fresh document follows an end-of-document
-  else tok.encode(o.prompt, prompt, "--prompt");
+  if (st.token_ids && !o.prompt.empty()) {
+    std::string sources;
+    for (const std::string& src : cfg.data.train) sources += (sources.empty() ? "" : ", ") + src;
+    prompt = parse_prompt_ids(o.prompt, cfg.model.vocab_size, "data.train = " + sources);
+  } else if (!o.prompt.empty()) {
+    tok->encode(o.prompt, prompt, "--prompt");
+  }
+  if (prompt.empty()) prompt.push_back(static_cast<int32_t>(eot));  // a fresh document follows an end-of-document
   // RoPE tables are rebuilt, not stored: size them for the whole generation.
   cfg.model.max_seq_len = std::max<int64_t>(cfg.model.max_seq_len, static_cast<int64_t>(prompt.size()) + o.max_tokens);
 
@@ -88,11 +134,13 @@ SampleStats sample_text(const SampleOptions& o, const std::function<void(const s
   for (int64_t i = 0; i < o.max_tokens; ++i) {
     const int64_t next = pick_token(logits, o.temperature, o.top_k);
     ++st.generated_tokens;
-    if (next == tok.eot()) {
+    if (next == eot) {
       st.ended_document = true;
       break;
     }
-    on_text(tok.decode({static_cast<int32_t>(next)}));
+    // Ids are separated by spaces, and from the prompt's when one was given.
+    if (st.token_ids) on_text((i == 0 && o.prompt.empty() ? "" : " ") + std::to_string(next));
+    else on_text(tok->decode({static_cast<int32_t>(next)}));
     if (i + 1 < o.max_tokens) logits = feed(next);
   }
   st.decode_s = seconds_since(t0);

@@ -25,6 +25,9 @@ struct SampleStats {
   int64_t generated_tokens = 0;
   double prefill_s = 0, decode_s = 0;
   bool ended_document = false;    // stopped at the end-of-document token
+  // The run trained on token files (llmc:, u16:, random:), whose tokenizer deltadeck does not have:
+  // the prompt was read as token ids and on_text got ids, each after a space but the first.
+  bool token_ids = false;
 };
 
 // Generates text; every decoded piece is passed to on_text as soon as it exists (the prompt is

@@ -169,4 +169,34 @@ rc=$?
 set -e
 [ "$rc" = 2 ] || { cat "$work/top.out"; fail "--profile-top 0 exited $rc, expected 2"; }
 grep -q -- "--profile-top" "$work/top.out" || fail "the --profile-top error does not name the flag: $(cat "$work/top.out")"
+# `sample`: text from a text run; token ids from a run on llm.c token shards, whose tokenizer
+# (GPT-2's) the run never had, and a prompt that is not ids refused naming --prompt.
+"$bin" sample --checkpoint "$work/runs/e2e" -n 12 --seed 3 > "$work/sample.out" 2> "$work/sample.err" \
+  || { cat "$work/sample.err"; fail "sample of the text run"; }
+[ -s "$work/sample.out" ] || fail "sample printed no text"
+grep -q "generated in" "$work/sample.err" || { cat "$work/sample.err"; fail "sample: no summary"; }
+python3 - "$work/shard_000.bin" <<'PY'
+import random, struct, sys
+random.seed(1)
+tokens = []
+for _ in range(60):
+    tokens += [50256] + [random.randrange(50000) for _ in range(80)]
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
+    f.write(struct.pack("<%dH" % len(tokens), *tokens))
+PY
+"$bin" train --no-gui --runs-dir "$work/runs" --set name=shards --set "data.train=[\"llmc:$work/shard_*.bin\"]" \
+  --set model.vocab_size=50304 --set model.d=32 --set model.L=1 --set train.steps=3 --set train.batch_size=2 \
+  --set train.seq_len=32 --set train.warmup_steps=1 --set run.threads=1 > "$work/shards.out" 2>&1 \
+  || { cat "$work/shards.out"; fail "training on a token shard"; }
+"$bin" sample --checkpoint "$work/runs/shards" --prompt "50256 464" -n 6 -t 0 > "$work/ids.out" 2> "$work/ids.err" \
+  || { cat "$work/ids.err"; fail "sample of the token-shard run"; }
+grep -qE '^50256 464( [0-9]+)+$' "$work/ids.out" || { cat "$work/ids.out"; fail "sample of a token run: not ids"; }
+grep -q "token ids, as the run trained on token files" "$work/ids.err" || { cat "$work/ids.err"; fail "no ids note"; }
+set +e
+"$bin" sample --checkpoint "$work/runs/shards" --prompt "hello" -n 6 > /dev/null 2> "$work/ids-bad.err"
+rc=$?
+set -e
+[ "$rc" = 1 ] && grep -q -- "--prompt: this run trained on token files" "$work/ids-bad.err" \
+  || { cat "$work/ids-bad.err"; fail "a text prompt for a token run exited $rc"; }
 echo "cli e2e: ok"
