@@ -62,7 +62,7 @@ step_re='^step [0-9]+/6 \| loss [0-9]+\.[0-9]{4} \| grad_norm [0-9.]+ \| lr [0-9
 grep '^step ' base.out | grep -qvE "$step_re" && { grep '^step ' base.out; fail "a step line breaks the documented format"; }
 grep -qE '^step 4/6 .* \| eta [0-9]+s$' base.out || { cat base.out; fail "no eta on the second logged step"; }
 grep -qE '^eval step 3 \| val_loss [0-9.]+ \| val_ppl [0-9.]+$' base.out || fail "no eval line"
-grep -qE '^checkpoint step 3 \| runs/base/checkpoints/step_00000003 \| [0-9.]+[kM]B$' base.out || fail "no checkpoint line"
+grep -qE '^checkpoint step 3 \| /.*/runs/base/checkpoints/step_00000003 \| [0-9.]+[kM]B$' base.out || fail "no checkpoint line"
 
 # JSON lines: each parses; each step line carries every metric the database has for that step.
 python3 - "$db" other.jsonl <<'PY' || fail "JSON log lines"
