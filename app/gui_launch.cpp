@@ -76,9 +76,8 @@ void resolve(ResumeOutcome& out, PreparedRun& prep, int64_t run_id, int64_t step
     return;
   }
   out.run_name = run->name;
-  char host[256] = {0};
-  gethostname(host, sizeof host - 1);
-  if (run->status == "running" && run->pid != 0 && run->host == host && kill(static_cast<pid_t>(run->pid), 0) == 0) {
+  if (run->status == "running" &&
+      storage::process_liveness(run->host, run->pid, run->proc_ns) == storage::Liveness::Alive) {
     out.error = "run '" + run->name + "' is still running (pid " + std::to_string(run->pid) + ")";
     return;
   }

@@ -102,10 +102,8 @@ int resolve_resume(const TrainArgs& args, bool node0, int nnodes, PreparedRun& o
   } else {
     run = out.store->find_run(args.resume);
   }
-  char host[256] = {0};
-  gethostname(host, sizeof host - 1);
-  if (node0 && run.status == "running" && run.pid != 0 && run.host == host &&
-      kill(static_cast<pid_t>(run.pid), 0) == 0) {
+  if (node0 && run.status == "running" &&
+      storage::process_liveness(run.host, run.pid, run.proc_ns) == storage::Liveness::Alive) {
     std::cerr << "deltadeck: --resume: run '" << run.name << "' is still running (pid " << run.pid << ")\n";
     return 2;
   }

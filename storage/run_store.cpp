@@ -1,6 +1,7 @@
 // RunStore: the run database through the sqlite3 C API (schema and migrations in schema.cpp).
 // A run left 'running' is judged dead only from evidence this machine can check: a pid on this
-// host that no longer exists, or (other hosts) no heartbeat for an hour. Marking a live run
+// host and in this pid namespace that no longer exists, or (other hosts, other containers) no
+// heartbeat for an hour. Marking a live run
 // 'interrupted' would be worse than showing a dead one as running, so anything else is left alone.
 #include "storage/run_store.h"
 
@@ -14,6 +15,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <cstdlib>
 #include <ctime>
@@ -138,7 +140,7 @@ void exec(sqlite3* db, const std::string& path, const char* sql) {
 
 constexpr const char* SUMMARY_COLUMNS =
     "SELECT id, name, status, model, host, pid, params, world_size, revision, started_at, "
-    "ended_at, message, note FROM runs";
+    "ended_at, message, note, proc_ns FROM runs";
 
 constexpr const char* STATUSES[] = {"running", "finished", "stopped", "failed", "interrupted", "preempted", "diverged"};
 
@@ -157,6 +159,7 @@ RunSummary read_summary(const Stmt& s) {
   r.ended_at = s.text(10);
   r.message = s.text(11);
   r.note = s.text(12);
+  r.proc_ns = s.text(13);
   return r;
 }
 
@@ -262,18 +265,16 @@ int mark_interrupted(sqlite3* db, const std::string& path) {
   std::vector<Dead> dead;
   {
     Stmt s(db, path,
-           "SELECT id, host, pid, COALESCE(heartbeat_at, started_at) FROM runs "
+           "SELECT id, host, pid, COALESCE(heartbeat_at, started_at), proc_ns FROM runs "
            "WHERE status = 'running'");
     while (s.step()) {
       const int64_t id = s.i64(0), pid = s.i64(2);
       const std::string run_host = s.text(1), seen = s.text(3);
       const std::string who = "process " + std::to_string(pid) + " on " + run_host;
-      if (run_host == host && pid > 0) {
-        // EPERM means the pid exists but is someone else's: alive, as far as we can tell.
-        if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
-          dead.push_back({id, who + " ended without closing the run"});
-        }
-      } else if (!seen.empty() && seen < cutoff) {
+      const Liveness live = process_liveness(run_host, pid, s.text(4));
+      if (live == Liveness::Dead) {
+        dead.push_back({id, who + " ended without closing the run"});
+      } else if (live == Liveness::Unknown && !seen.empty() && seen < cutoff) {
         dead.push_back({id, "no heartbeat from " + who + " since " + seen});
       }
     }
@@ -290,6 +291,28 @@ int mark_interrupted(sqlite3* db, const std::string& path) {
 }
 
 }  // namespace
+
+std::string this_process_namespace() {
+  std::string boot;
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof buf, f)) boot = buf;
+    std::fclose(f);
+  }
+  while (!boot.empty() && (boot.back() == '\n' || boot.back() == ' ')) boot.pop_back();
+  char ns[64] = {};
+  const ssize_t n = ::readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+  if (boot.empty() || n <= 0) return "";
+  return boot + " " + std::string(ns, static_cast<size_t>(n));
+}
+
+Liveness process_liveness(const std::string& host, int64_t pid, const std::string& proc_ns) {
+  if (pid <= 0 || host != this_host()) return Liveness::Unknown;
+  if (!proc_ns.empty() && proc_ns != this_process_namespace()) return Liveness::Unknown;
+  // EPERM means the pid exists but is someone else's: alive, as far as we can tell.
+  if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return Liveness::Dead;
+  return Liveness::Alive;
+}
 
 const char* network_filesystem_name(long f_type) {
   // statfs(2) magic numbers (linux/magic.h and the file systems' own headers).
@@ -416,8 +439,8 @@ int64_t RunStore::create_run(const NewRun& r) {
   const std::string now = now_utc();
   Stmt s(db_, path_,
          "INSERT INTO runs(name, status, model, config_toml, config_json, host, pid, params, "
-         "world_size, revision, started_at, heartbeat_at) "
-         "VALUES(?1, 'running', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)");
+         "world_size, revision, started_at, heartbeat_at, proc_ns) "
+         "VALUES(?1, 'running', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11)");
   s.bind(1, name)
       .bind_or_null(2, r.model)
       .bind(3, r.config_toml)
@@ -428,6 +451,7 @@ int64_t RunStore::create_run(const NewRun& r) {
       .bind(8, r.world_size)
       .bind_or_null(9, r.revision)
       .bind(10, now)
+      .bind_or_null(11, this_process_namespace())
       .run();
   const int64_t id = sqlite3_last_insert_rowid(db_);
   tx.commit();
@@ -454,8 +478,9 @@ void RunStore::reopen_run(int64_t run_id) {
   Transaction tx(db_, path_);
   Stmt s(db_, path_,
          "UPDATE runs SET status = 'running', ended_at = NULL, message = NULL, host = ?1, "
-         "pid = ?2, heartbeat_at = ?3 WHERE id = ?4");
-  s.bind(1, this_host()).bind(2, static_cast<int64_t>(getpid())).bind(3, now).bind(4, run_id).run();
+         "pid = ?2, heartbeat_at = ?3, proc_ns = ?5 WHERE id = ?4");
+  s.bind(1, this_host()).bind(2, static_cast<int64_t>(getpid())).bind(3, now).bind(4, run_id);
+  s.bind_or_null(5, this_process_namespace()).run();
   if (sqlite3_changes(db_) == 0) {
     throw std::runtime_error(path_ + ": reopen_run: no run with id " + std::to_string(run_id));
   }

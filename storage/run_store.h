@@ -40,7 +40,19 @@ class SqliteError : public std::runtime_error {
 };
 
 // The schema version this program writes.
-constexpr int SCHEMA_VERSION = 4;
+constexpr int SCHEMA_VERSION = 5;
+
+// This process's machine boot and pid namespace: "BOOT_ID pid:[INODE]" from /proc, empty where
+// /proc does not tell. Two containers on one host (even with one hostname) differ in the second
+// part, two machines in the first.
+std::string this_process_namespace();
+
+// What this process can tell about the process of a run record: Alive or Dead only when it ran on
+// this host (hostname) in this pid namespace (or the record predates namespaces: empty proc_ns),
+// where kill(pid, 0) means that process; Unknown elsewhere (another machine, or another container
+// sharing the hostname, where the same pid is another process or none).
+enum class Liveness { Alive, Dead, Unknown };
+Liveness process_liveness(const std::string& host, int64_t pid, const std::string& proc_ns);
 
 // Applies migrations 1..target_version to an open database (exposed so tests can build an
 // older schema and check that opening it with the full store migrates it). Throws on failure.

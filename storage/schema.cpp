@@ -113,9 +113,17 @@ void migration_4(sqlite3* db) {
   )sql", "migration 4");
 }
 
+// Version 5: the pid namespace of a run's process beside its host and pid, so that a run started
+// in another container with the same hostname is not judged by a pid that means nothing here.
+void migration_5(sqlite3* db) {
+  exec(db, R"sql(
+    ALTER TABLE runs ADD COLUMN proc_ns TEXT;
+  )sql", "migration 5");
+}
+
 using Migration = void (*)(sqlite3*);
 // MIGRATIONS[i] takes the database from version i to version i + 1.
-constexpr Migration MIGRATIONS[] = {migration_1, migration_2, migration_3, migration_4};
+constexpr Migration MIGRATIONS[] = {migration_1, migration_2, migration_3, migration_4, migration_5};
 static_assert(sizeof(MIGRATIONS) / sizeof(MIGRATIONS[0]) == SCHEMA_VERSION,
               "one migration per schema version");
 

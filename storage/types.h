@@ -39,6 +39,9 @@ struct RunSummary {
   std::string model;
   std::string host;
   int64_t pid = 0;
+  // The machine boot and pid namespace of that process (schema 5; empty for older rows): a pid
+  // is checked only where it means the same process (see process_liveness).
+  std::string proc_ns;
   int64_t params = 0;
   int64_t world_size = 1;
   std::string revision;

@@ -375,6 +375,7 @@ TEST(RunStore, MarksRunsOfDeadProcessesInterrupted) {
   TempDir dir;
   const std::string path = dir.file("i.db");
   int64_t dead = 0, alive = 0, remote_stale = 0, remote_fresh = 0, finished = 0;
+  int64_t other_ns = 0, other_ns_stale = 0, legacy = 0;
   int64_t pid = 0;
   std::string host;
   {
@@ -384,6 +385,9 @@ TEST(RunStore, MarksRunsOfDeadProcessesInterrupted) {
     remote_stale = store->create_run(new_run("remote-stale"));
     remote_fresh = store->create_run(new_run("remote-fresh"));
     finished = store->create_run(new_run("finished"));
+    other_ns = store->create_run(new_run("other-ns"));
+    other_ns_stale = store->create_run(new_run("other-ns-stale"));
+    legacy = store->create_run(new_run("legacy"));
     store->finish_run(finished, "finished", "");
     host = store->run(dead)->host;
   }
@@ -395,7 +399,13 @@ TEST(RunStore, MarksRunsOfDeadProcessesInterrupted) {
       "UPDATE runs SET host = 'elsewhere', heartbeat_at = '2020-01-01T00:00:00Z' "
       "  WHERE name = 'remote-stale';"
       "UPDATE runs SET host = 'elsewhere', pid = " + std::to_string(pid) +
-      " WHERE name = 'remote-fresh';";
+      " WHERE name = 'remote-fresh';"
+      // Another container with this host name: its pid is not this namespace's, dead or alive.
+      "UPDATE runs SET pid = " + std::to_string(pid) + ", proc_ns = 'another-boot pid:[4026531836]' "
+      "  WHERE name IN ('other-ns', 'other-ns-stale');"
+      "UPDATE runs SET heartbeat_at = '2020-01-01T00:00:00Z' WHERE name = 'other-ns-stale';"
+      // A row from before schema 5: host and pid alone, as then.
+      "UPDATE runs SET pid = " + std::to_string(pid) + ", proc_ns = NULL WHERE name = 'legacy';";
   exec(db, sql.c_str());
   sqlite3_close(db);
 
@@ -412,8 +422,30 @@ TEST(RunStore, MarksRunsOfDeadProcessesInterrupted) {
   EXPECT_EQ(store->run(remote_stale)->status, "interrupted");
   EXPECT_NE(store->run(remote_stale)->message.find("no heartbeat"), std::string::npos);
   EXPECT_EQ(store->run(remote_fresh)->status, "running");  // its pid means nothing here
+  EXPECT_EQ(store->run(other_ns)->status, "running");      // nor here, under this host name
+  EXPECT_EQ(store->run(other_ns_stale)->status, "interrupted");
+  EXPECT_NE(store->run(other_ns_stale)->message.find("no heartbeat"), std::string::npos);
+  EXPECT_EQ(store->run(legacy)->status, "interrupted");
+  EXPECT_EQ(store->run(alive)->proc_ns, storage::this_process_namespace());
   EXPECT_EQ(store->run(finished)->status, "finished");
   EXPECT_EQ(store->run(finished)->message, "");
+}
+
+// A pid is judged only on this host and in this pid namespace: "BOOT_ID pid:[INODE]" from /proc.
+TEST(RunStore, ProcessLivenessNeedsThisHostAndNamespace) {
+  const std::string ns = storage::this_process_namespace();
+  ASSERT_NE(ns.find(" pid:["), std::string::npos) << ns;  // a Linux /proc
+  const int64_t me = getpid(), gone = dead_pid();
+  char host[256] = {};
+  ASSERT_EQ(gethostname(host, sizeof host - 1), 0);
+  using storage::Liveness;
+  EXPECT_EQ(storage::process_liveness(host, me, ns), Liveness::Alive);
+  EXPECT_EQ(storage::process_liveness(host, me, ""), Liveness::Alive);  // before schema 5
+  EXPECT_EQ(storage::process_liveness(host, gone, ns), Liveness::Dead);
+  EXPECT_EQ(storage::process_liveness(host, gone, "another-boot pid:[1]"), Liveness::Unknown);
+  EXPECT_EQ(storage::process_liveness(host, me, "another-boot pid:[1]"), Liveness::Unknown);
+  EXPECT_EQ(storage::process_liveness("another-host", gone, ns), Liveness::Unknown);
+  EXPECT_EQ(storage::process_liveness(host, 0, ns), Liveness::Unknown);
 }
 
 // What `deltadeck runs list` and the app's Runs view open: a run whose process died without
