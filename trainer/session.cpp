@@ -143,6 +143,7 @@ struct Session::Impl {
   void telemetry_loop(std::unique_ptr<Telemetry> nvml) {
     std::unique_lock<std::mutex> lk(telemetry_mu);
     while (!telemetry_cv.wait_for(lk, std::chrono::seconds(1), [&] { return worker_done; })) {
+      if (!progress.known.load()) continue;  // still building the model or loading the checkpoint
       MetricsEvent m{progress.step.load(), progress.tokens.load(), progress.wall_s.load(),
                      Telemetry::as_metrics(nvml->sample())};
       events.try_push(std::move(m));  // never block the reporting on a slow consumer

@@ -265,6 +265,12 @@ class TrainLoop {
 
     t_start_ = Clock::now();
     wall_offset_ = wall_at_resume_;
+    if (lead_) {
+      progress_.step = step_;
+      progress_.tokens = tokens_;
+      progress_.wall_s = wall();
+      progress_.known = true;
+    }
     t_last_log_ = Clock::now();
     tokens_at_last_log_ = tokens_;
     const int64_t total = cfg_.train.steps;

@@ -15,6 +15,9 @@ namespace trainer {
 
 // Where the worker is, for threads that report beside it (GPU telemetry). Written after every step.
 struct RunProgress {
+  // False until the worker knows its starting step (a resume's checkpoint loaded): telemetry
+  // sampled before is dropped, where it was recorded at step 0 of a run resumed from step N.
+  std::atomic<bool> known{false};
   std::atomic<int64_t> step{0};
   std::atomic<int64_t> tokens{0};
   std::atomic<double> wall_s{0};
