@@ -13,6 +13,7 @@
 #include "model/decoder_lm.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
+#include "trainer/data/source.h"
 #include "trainer/data/tokenizer.h"
 
 namespace trainer {
@@ -39,7 +40,7 @@ int64_t pick_token(const torch::Tensor& logits, double temperature, int64_t top_
 bool trained_on_token_ids(const RunConfig& c) {
   if (c.data.train.empty()) return false;
   for (const std::string& src : c.data.train) {
-    if (src.rfind("llmc:", 0) != 0 && src.rfind("u16:", 0) != 0 && src.rfind("random:", 0) != 0) return false;
+    if (!data::is_token_source(src)) return false;
   }
   return true;
 }

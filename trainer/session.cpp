@@ -18,14 +18,6 @@
 
 namespace trainer {
 
-namespace {
-
-bool is_token_source(const std::string& spec) {
-  return spec.rfind("llmc:", 0) == 0 || spec.rfind("u16:", 0) == 0 || spec.rfind("random:", 0) == 0;
-}
-
-}  // namespace
-
 std::vector<std::string> resolve_config(RunConfig& cfg) {
   std::vector<std::string> errors;
   std::vector<std::pair<std::string, std::string>> sources;  // (key, spec)
@@ -34,14 +26,14 @@ std::vector<std::string> resolve_config(RunConfig& cfg) {
   for (size_t i = 0; i < cfg.data.val_sources.size(); ++i)
     sources.emplace_back("data.val[" + std::to_string(i) + "]", cfg.data.val_sources[i]);
   bool any_text = false, any_tokens = false;
-  for (const auto& [key, spec] : sources) (is_token_source(spec) ? any_tokens : any_text) = true;
+  for (const auto& [key, spec] : sources) (data::is_token_source(spec) ? any_tokens : any_text) = true;
 
   std::unique_ptr<data::Tokenizer> tok;
   try {
     tok = data::make_tokenizer(cfg.data.tokenizer);
     const int64_t tok_vocab = tok->vocab_size();
     if (cfg.model.vocab_size == 0 && any_tokens) {
-      errors.push_back("model.vocab_size: required with token sources (llmc:, u16:), which carry no tokenizer; e.g. "
+      errors.push_back("model.vocab_size: required with token sources (llmc:, u16:, random:), which carry no tokenizer; e.g. "
                        "50304 for GPT-2 shards");
     } else if (cfg.model.vocab_size == 0) {
       cfg.model.vocab_size = tok_vocab;

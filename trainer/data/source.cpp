@@ -81,6 +81,10 @@ void fail_at(const std::string& key, const std::string& file, int64_t byte, cons
 
 }  // namespace detail
 
+bool is_token_source(const std::string& spec) {
+  return spec.rfind("llmc:", 0) == 0 || spec.rfind("u16:", 0) == 0 || spec.rfind("random:", 0) == 0;
+}
+
 namespace {
 
 bool excluded(const std::string& path, const std::vector<std::string>& exclude) {

@@ -59,6 +59,9 @@ class Source {
 // UTF-8 when tok.needs_utf8(), a JSONL line that is not an object with a string opts.text_field.
 // A source with no documents is an error too.
 std::unique_ptr<Source> open_source(const std::string& spec, const SourceOptions& opts, const Tokenizer& tok);
+// True for the formats that hold token ids rather than text (llmc:, u16:, random:): they carry no
+// tokenizer, so the model's vocabulary must be given and data.tokenizer does not decode them.
+bool is_token_source(const std::string& spec);
 
 // The files spec names ("FORMAT:GLOB"), as open_source would read them: sorted, files matching an
 // exclude glob (by base name or full path) dropped, symlinked duplicates (same real path) kept
