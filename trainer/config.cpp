@@ -561,6 +561,11 @@ struct Checker {
   void at_least(const std::string& key, int64_t v, int64_t lo) {
     if (v < lo) fail(key, "must be >= " + std::to_string(lo) + " (got " + std::to_string(v) + ")");
   }
+  void in_range(const std::string& key, int64_t v, int64_t lo, int64_t hi, const std::string& why = "") {
+    if (v < lo || v > hi)
+      fail(key, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]" + why + " (got " +
+                    std::to_string(v) + ")");
+  }
   // The float checks are written so that nan and inf fail them.
   void positive(const std::string& key, double v) {
     if (!(std::isfinite(v) && v > 0)) fail(key, "must be > 0 (got " + format_double(v) + ")");
@@ -703,8 +708,10 @@ std::vector<std::string> validate(const RunConfig& c) {
       if (!(std::isfinite(w) && w > 0)) k.fail("data.weights", "every weight must be > 0 (got " + format_double(w) + ")");
   }
   if (c.data.text_field.empty()) k.fail("data.text_field", "must not be empty");
-  k.at_least("data.loader_threads", c.data.loader_threads, 1);
-  k.at_least("data.prefetch", c.data.prefetch, 1);
+  // Bounded so that a typo cannot start thousands of threads (a failed start ended the process)
+  // or queue batches until memory runs out.
+  k.in_range("data.loader_threads", c.data.loader_threads, 1, 256, ": threads that read and tokenize documents");
+  k.in_range("data.prefetch", c.data.prefetch, 1, 1024, ": packed batches queued ahead of the step");
   for (const Phase& ph : resolve_phases(c.train, &k.out)) {
     if (c.model.max_seq_len >= 1 && ph.seq_len > c.model.max_seq_len)
       k.fail("train.phases", "seq_len " + std::to_string(ph.seq_len) + " exceeds model.max_seq_len " +

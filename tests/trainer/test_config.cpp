@@ -350,6 +350,16 @@ TEST(Config, CollectiveTimeoutRange) {
   EXPECT_TRUE(parse(MINIMAL, {"run.collective_timeout_s=3.0"}).ok());
 }
 
+TEST(Config, LoaderThreadsAndPrefetchAreBounded) {
+  for (const char* bad : {"0", "257", "3000"}) {
+    ConfigResult r = parse(MINIMAL, {std::string("data.loader_threads=") + bad});
+    EXPECT_NE(error_for(r, "data.loader_threads").find("must be in [1, 256]"), std::string::npos) << bad;
+  }
+  ConfigResult r = parse(MINIMAL, {"data.prefetch=100000"});
+  EXPECT_NE(error_for(r, "data.prefetch").find("must be in [1, 1024]"), std::string::npos);
+  EXPECT_TRUE(parse(MINIMAL, {"data.loader_threads=256", "data.prefetch=1024"}).ok());
+}
+
 TEST(Config, DevicesForms) {
   for (const char* ok : {"auto", "cpu", "cpu:4", "all", "0", "0,1,3", "1, 2"}) {
     ConfigResult r = parse(MINIMAL, {std::string("run.devices=") + ok});

@@ -235,6 +235,27 @@ TEST(Packer, PhasesChangeShapeAtTheirTokenCount) {
   EXPECT_EQ(shapes, want);
 }
 
+// The phase is the run's: tokens counted over every rank, chosen once a step. With 2 ranks the
+// second phase starts after 128 tokens of all ranks (batch 2 here, 32 tokens a rank and batch); with
+// 3 micro-batches a step, the step that crosses 64 tokens keeps its first shape.
+TEST(Packer, PhasesCountEveryRanksTokensAndChangeAtStepBoundaries) {
+  Corpus s(some_lengths(40));
+  auto shapes_of = [&](int64_t world, int64_t accum, std::vector<trainer::Phase> phases, int n) {
+    auto f = s.fetcher(fresh(), 0);
+    PackOptions o;
+    o.phases = std::move(phases);
+    o.world = world;
+    o.micro_batches_per_step = accum;
+    Packer p(*f, o);
+    std::vector<int64_t> T;
+    for (int k = 0; k < n; ++k) T.push_back(p.next().T);
+    return T;
+  };
+  EXPECT_EQ(shapes_of(2, 1, {{0, 8, 4}, {128, 16, 2}}, 4), (std::vector<int64_t>{8, 8, 16, 16}));
+  EXPECT_EQ(shapes_of(1, 1, {{0, 8, 4}, {128, 16, 2}}, 6), (std::vector<int64_t>{8, 8, 8, 8, 16, 16}));
+  EXPECT_EQ(shapes_of(1, 3, {{0, 8, 4}, {64, 16, 2}}, 6), (std::vector<int64_t>{8, 8, 8, 16, 16, 16}));
+}
+
 TEST(Packer, WeightsSetSourceProportions) {
   DocumentSequence seq({all_docs(10), all_docs(1000)}, {3.0, 1.0}, 5, 0, 1, true);
   int64_t first = 0;

@@ -207,6 +207,8 @@ Loader::Loader(const RunConfig& cfg, int64_t rank, int64_t world, const std::str
                                            std::max<int64_t>(64, 4 * cfg.data.loader_threads));
   PackOptions o;
   o.phases = resolve_phases(cfg.train);
+  o.world = world;
+  o.micro_batches_per_step = cfg.train.grad_accum;
   o.mask_boundary_labels = cfg.data.mask_boundary_labels;
   m.packer = std::make_unique<Packer>(*m.fetcher, o, start);
   m.packer_thread = std::thread([&m] { m.run_packer(); });

@@ -8,6 +8,7 @@
 #include <random>
 #include <sstream>
 #include <stdexcept>
+#include <system_error>
 
 
 namespace trainer::data {
@@ -90,16 +91,28 @@ void DocumentSequence::restore(const SequenceState& s) {
 DocFetcher::DocFetcher(DocumentSequence seq, std::vector<const Source*> sources, const Tokenizer& tok, int64_t threads,
                        int64_t lookahead)
     : seq_(std::move(seq)), sources_(std::move(sources)), tok_(tok), lookahead_(std::max<int64_t>(1, lookahead)) {
-  for (int64_t i = 0; i < threads; ++i) workers_.emplace_back([this] { produce(); });
+  for (int64_t i = 0; i < threads; ++i) {
+    try {
+      workers_.emplace_back([this] { produce(); });
+    } catch (const std::system_error& e) {
+      // The threads already started must be joined before the members go, or std::terminate.
+      stop_workers();
+      throw std::runtime_error("data.loader_threads: could not start loader thread " + std::to_string(i + 1) +
+                               " of " + std::to_string(threads) + " (" + e.what() + ")");
+    }
+  }
 }
 
-DocFetcher::~DocFetcher() {
+DocFetcher::~DocFetcher() { stop_workers(); }
+
+void DocFetcher::stop_workers() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   cv_.notify_all();
   for (auto& w : workers_) w.join();
+  workers_.clear();
 }
 
 void DocFetcher::produce() {
@@ -240,7 +253,10 @@ void Packer::pack_row(int64_t T, PackedBatch& b) {
 }
 
 PackedBatch Packer::next() {
-  const Phase& ph = phase_at(state_.tokens);
+  // Checkpoints, and so resumes, fall on step boundaries: there the phase is chosen again.
+  if (step_phase_ == nullptr || state_.batches % std::max<int64_t>(1, opts_.micro_batches_per_step) == 0)
+    step_phase_ = &phase_at(state_.tokens * std::max<int64_t>(1, opts_.world));
+  const Phase& ph = *step_phase_;
   PackedBatch b;
   b.B = ph.batch_size;
   b.T = ph.seq_len;

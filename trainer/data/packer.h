@@ -95,6 +95,8 @@ class DocFetcher {
     std::exception_ptr error;
   };
   void produce();
+  // Asks the workers to stop and joins them (the destructor, and a constructor that failed).
+  void stop_workers();
   DocumentSequence seq_;
   std::vector<const Source*> sources_;
   const Tokenizer& tok_;
@@ -128,6 +130,11 @@ PackerState decode_state(const std::string& text, const std::string& where);
 
 struct PackOptions {
   std::vector<Phase> phases;          // at least one, the first at 0 tokens
+  // A phase is chosen at the first micro-batch of each step, from the tokens every rank has packed
+  // before it (this rank's × world, as the run counts `tokens` and the dry run's schedule does);
+  // the step's other micro-batches keep its shape, so one step never mixes two.
+  int64_t world = 1;
+  int64_t micro_batches_per_step = 1;
   bool mask_boundary_labels = false;  // label -1 where it would cross into the next document
 };
 
@@ -149,6 +156,7 @@ class Packer {
   DocFetcher& fetcher_;
   PackOptions opts_;
   PackerState state_;
+  const Phase* step_phase_ = nullptr;  // the phase of the step under way (see PackOptions)
   std::deque<FetchedDocument> docs_;  // docs_[0] holds the cursor at state_.offset
 };
 
