@@ -153,6 +153,7 @@ ResumeOutcome prepare_resume(const std::string& db_path, int64_t run_id, int64_t
       out.set_aside.push_back(to);
     }
     prep->store->reopen_run(run_id);
+    record_resumed_config(*prep, from);
     for (const std::string& k : out.skipped) prep->store->add_event({run_id, from, "warn", "resume skipped " + k, ""});
     for (const std::string& k : out.set_aside)
       prep->store->add_event({run_id, from, "info",

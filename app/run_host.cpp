@@ -9,6 +9,8 @@
 #include <utility>
 #include <variant>
 
+#include <nlohmann/json.hpp>
+
 #include "storage/file_util.h"
 #include "storage/metrics_writer.h"
 #include "trainer/config.h"
@@ -33,6 +35,40 @@ PreparedRun record_new_run(trainer::RunConfig cfg, int64_t world_size, const std
   storage::files::make_dirs(out.run_dir);
   out.cfg = std::move(cfg);
   return out;
+}
+
+std::string record_resumed_config(PreparedRun& prep, int64_t step) {
+  const std::string toml = trainer::to_toml(prep.cfg), json = trainer::to_json(prep.cfg);
+  const std::string old_json = prep.store->run_config_json(prep.run_id);
+  if (toml == prep.store->run_config_toml(prep.run_id) && json == old_json) return "";
+  // The keys that changed, from a JSON diff of the two configs ("/train/steps" -> train.steps).
+  std::string changed;
+  int listed = 0, more = 0;
+  try {
+    const nlohmann::json before = nlohmann::json::parse(old_json), after = nlohmann::json::parse(json);
+    for (const auto& op : nlohmann::json::diff(before, after)) {
+      std::string key = op.value("path", "");
+      if (!key.empty() && key[0] == '/') key.erase(0, 1);
+      std::replace(key.begin(), key.end(), '/', '.');
+      if (listed == 8) {
+        ++more;
+        continue;
+      }
+      const nlohmann::json::json_pointer at(op.value("path", ""));
+      std::string what = key;
+      if (op.value("op", "") == "replace" && before.contains(at))
+        what += " " + before.at(at).dump() + " -> " + after.at(at).dump();
+      changed += (listed++ == 0 ? "" : ", ") + what;
+    }
+  } catch (const std::exception&) {
+    changed = "";  // an unreadable recorded JSON: the event says only that the config changed
+  }
+  if (more > 0) changed += " and " + std::to_string(more) + " more";
+  prep.store->update_run_config(prep.run_id, toml, json);
+  const std::string text = "resume changed the run's config" + (changed.empty() ? "" : ": " + changed) +
+                           " (later resumes keep it)";
+  prep.store->add_event({prep.run_id, step, "info", text, ""});
+  return text;
 }
 
 RunHost::RunHost(PreparedRun prep, RunHostOptions opts) : prep_(std::move(prep)), opts_(std::move(opts)) {

@@ -55,6 +55,10 @@ struct PreparedRun {
 // gets a suffix if taken; read it back from the store) and creates its folder. world_size = ranks
 // over every node. Main thread; throws std::runtime_error naming the database or folder on failure.
 PreparedRun record_new_run(trainer::RunConfig cfg, int64_t world_size, const std::string& revision);
+// A resume's config (the run's recorded one with this resume's --set changes) becomes the run's
+// recorded config, so that the next resume keeps them; an event at `step` names the keys that
+// changed. Nothing is written when nothing changed. Returns the event's text ("" when none).
+std::string record_resumed_config(PreparedRun& prep, int64_t step);
 
 struct RunHostOptions {
   trainer::ClusterSpec cluster;  // this process's node of a multi-node run; default: one node

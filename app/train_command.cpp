@@ -176,6 +176,8 @@ int prepare_resume(const TrainArgs& args, int nnodes, PreparedRun& out) {
     return 2;
   }
   out.store->reopen_run(run.id);
+  if (const std::string changed = record_resumed_config(out, step); !changed.empty())
+    std::cerr << "deltadeck: --resume: " << changed << "\n";
   for (const std::string& s : skipped) out.store->add_event({run.id, step, "warn", "resume skipped " + s, ""});
   for (const std::string& to : set_aside) {
     std::cerr << "deltadeck: --resume: set aside " << to << " (after the resumed step " << step << ")\n";

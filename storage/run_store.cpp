@@ -780,6 +780,16 @@ RunSummary RunStore::find_run(const std::string& id_or_name) const {
                            (more ? "..., " : "") + join_names(names));
 }
 
+void RunStore::update_run_config(int64_t run_id, const std::string& config_toml, const std::string& config_json) {
+  Transaction tx(db_, path_);
+  Stmt s(db_, path_, "UPDATE runs SET config_toml = ?1, config_json = ?2 WHERE id = ?3");
+  s.bind(1, config_toml).bind(2, config_json).bind(3, run_id).run();
+  if (sqlite3_changes(db_) == 0) {
+    throw std::runtime_error(path_ + ": update_run_config: no run with id " + std::to_string(run_id));
+  }
+  tx.commit();
+}
+
 std::string RunStore::run_config_toml(int64_t run_id) const {
   Stmt s(db_, path_, "SELECT config_toml FROM runs WHERE id = ?1");
   s.bind(1, run_id);

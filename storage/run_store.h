@@ -87,6 +87,8 @@ class RunStore {
   void finish_run(int64_t run_id, const std::string& status, const std::string& message);
   // Marks a run 'running' again (resume), clearing ended_at and message.
   void reopen_run(int64_t run_id);
+  // Replaces a run's recorded config (a resume's --set changes): the next resume starts from it.
+  void update_run_config(int64_t run_id, const std::string& config_toml, const std::string& config_json);
 
   // Inserts many metric rows in one transaction (the writer thread's call).
   void insert_metrics(const std::vector<MetricRow>& rows);

@@ -94,6 +94,15 @@ rows=$(sqlite3 "$db" "SELECT count(*) || '/' || count(DISTINCT step) FROM metric
 sqlite3 "$db" "SELECT text FROM events WHERE run_id=$run_id" | grep -q "resumed from" || fail "no resume event"
 sqlite3 "$db" "SELECT text FROM events WHERE run_id=$run_id" | grep -q "set aside .*step_00000050.superseded" \
   || fail "no set-aside event"
+# The resume's --set is now the run's config: the next resume (no --set) keeps steps = 60 rather
+# than going back to the recorded 40, and the change is in the run's events.
+sqlite3 "$db" "SELECT json_extract(config_json, '$.train.steps') FROM runs WHERE id=$run_id" | grep -qx 60 \
+  || fail "the resume's train.steps is not in the run's config"
+sqlite3 "$db" "SELECT text FROM events WHERE run_id=$run_id" | grep -q "resume changed the run's config: train.steps 40 -> 60" \
+  || { sqlite3 "$db" "SELECT text FROM events WHERE run_id=$run_id"; fail "no config-change event"; }
+"$bin" train --no-gui --dry-run --resume e2e --runs-dir "$work/runs" > "$work/resume2.out" 2>&1 \
+  || { cat "$work/resume2.out"; fail "dry run of a second resume"; }
+grep -q "^schedule 60 steps" "$work/resume2.out" || { cat "$work/resume2.out"; fail "a second resume lost train.steps = 60"; }
 set +e
 "$bin" train --no-gui --resume nosuchrun --runs-dir "$work/runs" > "$work/resume_bad.out" 2>&1
 rc=$?
