@@ -32,6 +32,11 @@ std::map<std::string, std::string> resume_fingerprint(const RunConfig& cfg, int6
     out["model." + it.key()] = it.value().dump();
   }
   out["train.precision"] = j["train"]["precision"].dump();
+  // What the optimizer state holds: AdamW moments, or Muon's momenta beside them; EMA weights or
+  // none. A run that needs state the checkpoint lacks failed at its first step, after the resume
+  // had reopened the run. (Checkpoints written before these keys are not compared on them.)
+  out["train.optimizer"] = j["train"]["optimizer"].dump();
+  out["train.ema"] = cfg.train.ema_decay > 0 ? "on" : "off";
   out["world_size"] = std::to_string(world_size);
   return out;
 }
@@ -44,6 +49,8 @@ std::vector<std::string> resume_mismatches(const std::map<std::string, std::stri
     if (it == run.end() || it->second == have) continue;
     std::string line = key + ": the checkpoint has " + have + ", this run has " + it->second;
     if (key == "world_size") line += " (each rank's data position is saved; resume on as many ranks)";
+    if (key == "train.optimizer") line += " (the optimizer state is saved for the optimizer that wrote it)";
+    if (key == "train.ema") line += " (EMA weights are saved only while train.ema_decay > 0)";
     out.push_back(line);
   }
   return out;

@@ -153,7 +153,7 @@ TEST(CheckpointCorruption, NoUsableCheckpointIsAnErrorListingEach) {
 // The manifest records what a resume must match; a mismatch is refused naming the field and both
 // values. The checkpoint's data files are deleted first: a refusal that read any tensor (or built
 // anything from them) would fail on the missing file instead.
-TEST(ResumeRefusal, ShapeVocabDtypeAndWorldSizeBeforeAnythingIsRead) {
+TEST(ResumeRefusal, ShapeVocabDtypeWorldSizeAndOptimizerStateBeforeAnythingIsRead) {
   TempDir dir;
   auto cfg = train_harness::make_config(dir, 2, {"train.warmup_steps=1"});
   auto first = train_harness::run(cfg, dir.path() + "/run");
@@ -171,6 +171,9 @@ TEST(ResumeRefusal, ShapeVocabDtypeAndWorldSizeBeforeAnythingIsRead) {
       {{"model.vocab_size=300"}, "model.vocab_size: the checkpoint has 4096, this run has 300"},
       {{"train.precision=\"bf16\""}, "train.precision: the checkpoint has \"fp32\", this run has \"bf16\""},
       {{"run.devices=\"cpu:2\""}, "world_size: the checkpoint has 1, this run has 2"},
+      // The optimizer state: Muon's momenta and EMA weights are in the checkpoint only if the run had them.
+      {{"train.optimizer=\"muon\""}, "train.optimizer: the checkpoint has \"adamw\", this run has \"muon\""},
+      {{"train.ema_decay=0.99"}, "train.ema: the checkpoint has off, this run has on"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.set[0]);
@@ -190,7 +193,7 @@ TEST(ResumeRefusal, ShapeVocabDtypeAndWorldSizeBeforeAnythingIsRead) {
   }
   // Keys that change no parameter's shape may change on resume.
   auto same_shape = train_harness::make_config(
-      dir, 4, {"model.rope_theta=5000.0", "model.activation_checkpointing=true", "train.warmup_steps=1"});
+      dir, 4, {"model.rope_theta=5000.0", "model.activation_checkpointing=true", "train.warmup_steps=1", "train.lr=1e-4"});
   EXPECT_TRUE(trainer::resume_mismatches(trainer::read_compat(ck), trainer::resume_fingerprint(same_shape, 1)).empty());
 }
 
