@@ -261,6 +261,7 @@ class TrainLoop {
     log("info", "data: " + std::to_string(ds.train_documents) + " train documents, " +
                     std::to_string(ds.val_documents) + " validation documents (" + std::to_string(ds.val_tokens) +
                     " tokens in " + std::to_string(loader_->validation().size()) + " batches)");
+    if (!ds.resume_note.empty()) log("warn", ds.resume_note);
     if (step_ > 0) log("info", "resumed from " + opts_.resume_from + " at step " + std::to_string(step_));
 
     t_start_ = Clock::now();

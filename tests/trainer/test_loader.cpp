@@ -87,6 +87,28 @@ TEST(Loader, ResumeFromStateGivesTheSameBatches) {
   }
 }
 
+// A resume over other training documents (a file added to the glob) is named, and goes on from a
+// document's start instead of an offset that belonged to another document; the same documents
+// resume exactly and silently; a position saved before the corpus was recorded is taken as it is.
+TEST(Loader, AResumeOverChangedDocumentsIsNamedAndStartsADocument) {
+  TempDir dir;
+  auto cfg = config(dir);
+  std::string state;
+  {
+    trainer::data::Loader a(cfg, 0, 1, "");
+    for (int k = 0; k < 3; ++k) state = a.next(nullptr).state_after;
+  }
+  EXPECT_TRUE(trainer::data::Loader(cfg, 0, 1, state).stats().resume_note.empty());
+  dir.write("c/c.txt", corpus(50));
+  auto grown = config(dir);
+  trainer::data::Loader b(grown, 0, 1, state);
+  EXPECT_NE(b.stats().resume_note.find("not those the checkpoint's loader position was taken over"), std::string::npos)
+      << b.stats().resume_note;
+  for (int k = 0; k < 10; ++k) EXPECT_EQ(b.next(nullptr).inputs.size(0), 4);
+  const std::string v1 = "v1" + state.substr(2, state.rfind(' ') - 2);  // the same position, no corpus
+  EXPECT_TRUE(trainer::data::Loader(grown, 0, 1, v1).stats().resume_note.empty());
+}
+
 TEST(Loader, ValidationBatchesAreFixedAndHeldOut) {
   TempDir dir;
   auto cfg = config(dir);

@@ -276,7 +276,10 @@ TEST(Packer, StateTextRejectsGarbage) {
   s.offset = 3;
   s.tokens = 4096;
   s.batches = 8;
+  s.corpus = 0xfedcba9876543210ull;
   auto back = decode_state(encode_state(s), "x");
+  EXPECT_EQ(back.corpus, s.corpus);
+  EXPECT_EQ(decode_state("v1 17 3 4096 8 2 5 12", "older checkpoint").corpus, 0u);  // before v2: unknown
   EXPECT_EQ(back.before.draws, 17);
   EXPECT_EQ(back.before.cursors, s.before.cursors);
   EXPECT_EQ(back.offset, 3);

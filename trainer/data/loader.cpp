@@ -12,6 +12,7 @@
 #include <thread>
 #include <variant>
 
+#include "storage/file_util.h"
 #include "trainer/channel.h"
 #include "trainer/config.h"
 #include "trainer/data/packer.h"
@@ -178,6 +179,33 @@ struct Loader::Impl {
     }
   }
 
+  // An FNV-1a hash of what the training documents' order depends on: each source's spec, its files'
+  // paths and sizes, its document count and which documents are held out, the weights and the seed.
+  uint64_t corpus_id() const {
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&](const void* p, size_t n) {
+      for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
+    };
+    auto mix_int = [&](int64_t v) { mix(&v, sizeof v); };
+    auto mix_text = [&](const std::string& t) {
+      mix_int(static_cast<int64_t>(t.size()));
+      mix(t.data(), t.size());
+    };
+    mix_int(static_cast<int64_t>(cfg.seed));
+    for (double w : cfg.data.weights) mix(&w, sizeof w);
+    for (size_t s = 0; s < train_sources.size(); ++s) {
+      mix_text(cfg.data.train[s]);
+      for (const std::string& f : train_sources[s]->files()) {
+        mix_text(f);
+        mix_int(storage::files::file_size(f));
+      }
+      mix_int(train_sources[s]->num_documents());
+      mix_int(static_cast<int64_t>(train_eligible[s].size()));
+      mix(train_eligible[s].data(), train_eligible[s].size() * sizeof(int64_t));
+    }
+    return h == 0 ? 1 : h;  // 0 means "unknown" in a saved state
+  }
+
   void run_packer() {
     try {
       for (;;) {
@@ -197,7 +225,20 @@ Loader::Loader(const RunConfig& cfg, int64_t rank, int64_t world, const std::str
   m.build_validation();
   PackerState start;
   start.before.cursors.assign(m.train_sources.size(), 0);
-  if (!resume_state.empty()) start = decode_state(resume_state, "checkpoint loader.state");
+  const uint64_t corpus = m.corpus_id();
+  if (!resume_state.empty()) {
+    start = decode_state(resume_state, "checkpoint loader.state");
+    if (start.corpus != 0 && start.corpus != corpus) {
+      // The same place in another document order: start it at a document's beginning, since the
+      // saved offset belonged to another document.
+      start.offset = 0;
+      m.stats.resume_note =
+          "data: the training documents are not those the checkpoint's loader position was taken over (files "
+          "added, removed or resized, or data.val, data.weights or the seed changed); the resumed run goes on "
+          "from the same point of the new document order, so some documents may repeat or be skipped";
+    }
+  }
+  start.corpus = corpus;
   DocumentSequence seq(m.train_eligible, cfg.data.weights, cfg.seed, rank, world, /*shuffle=*/true);
   seq.restore(start.before);
   std::vector<const Source*> sources;

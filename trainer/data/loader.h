@@ -30,6 +30,9 @@ struct Batch {
 struct LoaderStats {
   int64_t train_documents = 0, val_documents = 0;
   int64_t val_tokens = 0;    // tokens in the validation batches
+  // Set when a resume's saved position was taken over other training documents than these (files
+  // added, removed or resized, data.val or the seed changed): says what the resumed run does then.
+  std::string resume_note;
 };
 
 class Loader {

@@ -167,8 +167,9 @@ FetchedDocument DocFetcher::take() {
 
 std::string encode_state(const PackerState& s) {
   std::ostringstream o;
-  o << "v1 " << s.before.draws << " " << s.offset << " " << s.tokens << " " << s.batches << " " << s.before.cursors.size();
+  o << "v2 " << s.before.draws << " " << s.offset << " " << s.tokens << " " << s.batches << " " << s.before.cursors.size();
   for (int64_t c : s.before.cursors) o << " " << c;
+  o << " " << std::hex << s.corpus;
   return o.str();
 }
 
@@ -178,10 +179,11 @@ PackerState decode_state(const std::string& text, const std::string& where) {
   PackerState s;
   size_t n = 0;
   in >> version >> s.before.draws >> s.offset >> s.tokens >> s.batches >> n;
-  if (version != "v1" || !in || n > 1000000)
+  if ((version != "v1" && version != "v2") || !in || n > 1000000)
     throw std::runtime_error(where + ": loader position \"" + text + "\" is not one this version wrote");
   s.before.cursors.resize(n);
   for (auto& c : s.before.cursors) in >> c;
+  if (version == "v2") in >> std::hex >> s.corpus;  // v1 (older checkpoints): corpus unknown, 0
   if (!in) throw std::runtime_error(where + ": loader position \"" + text + "\" is truncated");
   return s;
 }
@@ -205,7 +207,8 @@ const FetchedDocument& Packer::doc(size_t index) {
     // A resumed packer starts inside its first document.
     if (docs_.size() == 1 && state_.offset >= static_cast<int64_t>(docs_[0].tokens.size()))
       throw std::runtime_error("data: the saved loader position points past the end of its document; the corpus "
-                               "changed since the checkpoint was written");
+                               "changed since the checkpoint was written (restore the files it was written over to "
+                               "resume from it)");
   }
   return docs_[index];
 }

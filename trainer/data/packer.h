@@ -123,6 +123,10 @@ struct PackerState {
   int64_t offset = 0;     // tokens of that document already consumed
   int64_t tokens = 0;     // training tokens packed so far (inputs), for the phases
   int64_t batches = 0;
+  // Which training documents the position counts over (the loader's corpus_id: files, their
+  // sizes, document counts, the validation split, the seed); 0 when unknown (states written
+  // before it was kept). Not the packer's own: the loader sets it and compares it at a resume.
+  uint64_t corpus = 0;
 };
 std::string encode_state(const PackerState& s);
 // Throws std::runtime_error naming `where` when the text is not a state this version wrote.
