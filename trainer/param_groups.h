@@ -12,9 +12,11 @@ inline bool gets_weight_decay(const std::string& name, int64_t dim) {
   return dim >= 2 && name.rfind("emb.", 0) != 0 && name != "lm_head";
 }
 
-// The hidden matrices: 2-D weights inside the blocks (Muon's parameters, and μP's scaled group).
-// The embedding/head, norms, gates and the GDN conv taps (per-channel filters, not maps between
-// spaces) are not.
+// The hidden matrices: 2-D weights inside the blocks (Muon's parameters, and μP's scaled group),
+// the Gated DeltaNet's gate projections (wa, wb) and the MoE router included: each is a map
+// between spaces. Not: the embedding/head, norms and 1-D gate parameters (A_log, dt_bias), the
+// GDN conv taps (per-channel filters), and the MoE experts' stacked [E, ...] weights, which are
+// 3-D and so take AdamW.
 inline bool is_hidden_matrix(const std::string& name, int64_t dim) {
   return dim == 2 && name.rfind("blocks.", 0) == 0 && name.find(".conv_") == std::string::npos;
 }
