@@ -256,6 +256,19 @@ TEST(Packer, PhasesCountEveryRanksTokensAndChangeAtStepBoundaries) {
   EXPECT_EQ(shapes_of(1, 3, {{0, 8, 4}, {64, 16, 2}}, 6), (std::vector<int64_t>{8, 8, 8, 16, 16, 16}));
 }
 
+// Unshuffled (validation): the sources in order, each one's documents in order, then again; never a
+// second pass of one source while another has documents left.
+TEST(Packer, UnshuffledSequenceTakesTheSourcesInTurn) {
+  DocumentSequence seq({{0, 1, 2}, {10, 11}}, {1.0, 5.0}, 9, 0, 1, /*shuffle=*/false);
+  std::vector<std::pair<int32_t, int64_t>> got;
+  for (int k = 0; k < 7; ++k) {
+    const DocumentPick p = seq.next();
+    got.emplace_back(p.source, p.doc);
+  }
+  const std::vector<std::pair<int32_t, int64_t>> want = {{0, 0}, {0, 1}, {0, 2}, {1, 10}, {1, 11}, {0, 0}, {0, 1}};
+  EXPECT_EQ(got, want);
+}
+
 TEST(Packer, WeightsSetSourceProportions) {
   DocumentSequence seq({all_docs(10), all_docs(1000)}, {3.0, 1.0}, 5, 0, 1, true);
   int64_t first = 0;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -59,7 +60,19 @@ int64_t DocumentSequence::doc_at(int32_t s, int64_t cursor) {
 
 DocumentPick DocumentSequence::draw() {
   int32_t s = 0;
-  if (cumulative_.size() > 1) {
+  if (!shuffle_ && cumulative_.size() > 1) {
+    // In order: the sources one after another (the first one not through its current pass), so a
+    // single pass (validation) reads every document once; a random choice wrapped one source
+    // while others still had documents.
+    int64_t pass = std::numeric_limits<int64_t>::max();
+    for (size_t i = 0; i < eligible_.size(); ++i) {
+      const int64_t p = state_.cursors[i] / static_cast<int64_t>(eligible_[i].size());
+      if (p < pass) {
+        pass = p;
+        s = static_cast<int32_t>(i);
+      }
+    }
+  } else if (cumulative_.size() > 1) {
     const double u = static_cast<double>(mix64(seed_ ^ mix64(static_cast<uint64_t>(state_.draws) + 0x5eed)) >> 11) *
                      (1.0 / 9007199254740992.0);
     s = static_cast<int32_t>(std::upper_bound(cumulative_.begin(), cumulative_.end(), u) - cumulative_.begin());

@@ -47,7 +47,8 @@ class DocumentSequence {
  public:
   // eligible[s]: the document indices of source s in this split (train or validation), ascending.
   // weights empty: proportional to the eligible document counts. shuffle=false keeps index order
-  // (validation). Throws std::invalid_argument when a source has no eligible documents.
+  // and takes the sources one after another, ignoring the weights (validation: one pass reads each
+  // document once). Throws std::invalid_argument when a source has no eligible documents.
   DocumentSequence(std::vector<std::vector<int64_t>> eligible, std::vector<double> weights, uint64_t seed,
                    int64_t rank, int64_t world, bool shuffle);
   DocumentPick next();
