@@ -103,6 +103,16 @@ int dry_run(const trainer::RunConfig& cfg, const DryRunInfo& info) {
                    source_figures(cfg.data.val_sources[i], cfg.data, "data.val[" + std::to_string(i) + "]"));
     }
   }
+  const DryRunSplit split = probe_split(cfg);
+  if (!split.error.empty()) {
+    std::cout << std::flush;
+    std::cerr << "deltadeck: dry run: " << split.error << "\n";
+    return 2;
+  }
+  std::cout << "         split  " << ui::format_grouped(split.train_documents) << " training documents, "
+            << ui::format_grouped(split.val_documents) << " held out: " << split.val_batches
+            << (split.val_batches == 1 ? " validation batch (" : " validation batches (")
+            << ui::format_count(static_cast<double>(split.val_tokens)) << " tokens)\n";
   std::cout << "         tokenizer " << cfg.data.tokenizer << ", vocabulary " << cfg.model.vocab_size << "\n";
 
   // ---- model

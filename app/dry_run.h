@@ -19,7 +19,8 @@ struct DryRunInfo {
   int nnodes = 1;
 };
 
-// Prints the report to stdout; returns 0. Main thread. Throws std::runtime_error only for a broken
+// Prints the report to stdout; returns 0, or 2 (the problem on stderr) when the loader cannot make
+// the data split. Main thread. Throws std::runtime_error only for a broken
 // build (the model failing to construct from a validated config).
 int dry_run(const trainer::RunConfig& cfg, const DryRunInfo& info);
 
@@ -32,6 +33,14 @@ struct DryRunDevices {
   double peak_tflops = 0;
 };
 DryRunDevices probe_devices(const trainer::RunConfig& cfg);
+// The data split as the run's loader makes it (rank 0 of one): document counts and the validation
+// batches, or the loader's error (an empty or too small validation split), which the run would
+// otherwise meet only after it was recorded.
+struct DryRunSplit {
+  int64_t train_documents = 0, val_documents = 0, val_batches = 0, val_tokens = 0;
+  std::string error;
+};
+DryRunSplit probe_split(const trainer::RunConfig& cfg);
 // Builds the model on the CPU and returns its parameter count (Σ numel), or -1 without building it
 // when its fp32 weights would exceed max_bytes.
 int64_t built_param_count(const trainer::RunConfig& cfg, int64_t max_bytes);

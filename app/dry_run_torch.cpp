@@ -4,6 +4,7 @@
 #include "app/dry_run.h"
 #include "model/decoder_lm.h"
 #include "model/model_config.h"
+#include "trainer/data/loader.h"
 #include "trainer/device.h"
 
 namespace app {
@@ -15,6 +16,20 @@ DryRunDevices probe_devices(const trainer::RunConfig& cfg) {
   out.peak_tflops = cfg.run.peak_tflops > 0 ? cfg.run.peak_tflops
                     : devices.empty()      ? 0
                                            : trainer::known_peak_tflops(devices[0], cfg.train.precision);
+  return out;
+}
+
+DryRunSplit probe_split(const trainer::RunConfig& cfg) {
+  DryRunSplit out;
+  try {
+    trainer::data::Loader loader(cfg, 0, 1, "");
+    out.train_documents = loader.stats().train_documents;
+    out.val_documents = loader.stats().val_documents;
+    out.val_tokens = loader.stats().val_tokens;
+    out.val_batches = static_cast<int64_t>(loader.validation().size());
+  } catch (const std::exception& e) {
+    out.error = e.what();
+  }
   return out;
 }
 

@@ -45,6 +45,23 @@ PY
   --set model.vocab_size=50304 > shard.out 2>&1 || { cat shard.out; fail "dry run on a token shard"; }
 has shard.out "1 file, 20.5 KiB, 10k tokens (from the shard headers)"
 has shard.out "vocabulary 50304"
+has shard.out "split  24 training documents, 1 held out: 1 validation batch (384 tokens)"
+# A split the loader cannot make (3 documents, none held out at data.val = 0.02) is refused here,
+# not after the run was recorded.
+python3 - <<'PY'
+import struct
+tokens = ([50256] + list(range(1, 400))) * 3
+with open("small_000.bin", "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
+    f.write(struct.pack("<%dH" % len(tokens), *tokens))
+PY
+set +e
+"$bin" train --dry-run --runs-dir "$work/runs" --set "data.train=[\"llmc:$work/small_*.bin\"]" \
+  --set model.vocab_size=50304 > small.out 2>&1
+rc=$?
+set -e
+[ "$rc" = 2 ] || { cat small.out; fail "a dry run with an empty validation split exited $rc"; }
+has small.out "data.val: the validation split came out empty"
 
 # 3. A bad config: exit 2, the key named, nothing created.
 set +e
