@@ -5,6 +5,7 @@
 
 #include "ui/gui/config_diff.h"
 #include "ui/gui/run_filter.h"
+#include "ui/gui/text_fit.h"
 
 namespace {
 
@@ -85,4 +86,21 @@ TEST(ConfigDiff, OnlyKeysThatDiffer) {
   EXPECT_EQ(diff[2].values[2], ui::MISSING);
   EXPECT_TRUE(ui::config_diff({fa, fa}).empty());
   EXPECT_TRUE(ui::flatten_config_json("{not json").empty());
+}
+
+// A checkpoint's absolute path in a narrow column keeps its end: whole folder names where they fit,
+// characters (never half of a UTF-8 one) where not even the last name fits.
+TEST(FitPathTail, KeepsTheEndOfAPathThatDoesNotFit) {
+  const auto bytes = [](const std::string& s) { return static_cast<float>(s.size()); };  // 1 a byte; "…" is 3
+  const std::string p = "/home/me/project/runs/demo/checkpoints/step_00000040";
+  EXPECT_EQ(ui::fit_path_tail(p, 200, bytes), p);
+  EXPECT_EQ(ui::fit_path_tail(p, static_cast<float>(p.size()), bytes), p);
+  EXPECT_EQ(ui::fit_path_tail(p, 40, bytes), "\xE2\x80\xA6/runs/demo/checkpoints/step_00000040");  // 38
+  EXPECT_EQ(ui::fit_path_tail(p, 17, bytes), "\xE2\x80\xA6/step_00000040");
+  EXPECT_EQ(ui::fit_path_tail(p, 10, bytes), "\xE2\x80\xA6" "0000040");
+  EXPECT_EQ(ui::fit_path_tail(p, 2, bytes), "\xE2\x80\xA6");
+  // "é" is two bytes: a cut lands before it or after it, not inside.
+  EXPECT_EQ(ui::fit_path_tail("/r/caf\xC3\xA9", 6, bytes), "\xE2\x80\xA6" "f\xC3\xA9");
+  EXPECT_EQ(ui::fit_path_tail("/r/caf\xC3\xA9", 5, bytes), "\xE2\x80\xA6" "\xC3\xA9");
+  EXPECT_EQ(ui::fit_path_tail("/r/caf\xC3\xA9", 4, bytes), "\xE2\x80\xA6");
 }

@@ -11,6 +11,7 @@
 #include "ui/gui/panels.h"
 #include "ui/gui/plot_math.h"
 #include "ui/gui/recovery.h"
+#include "ui/gui/text_fit.h"
 #include "ui/log/log_line.h"
 
 namespace ui {
@@ -88,7 +89,11 @@ void draw_checkpoints(GuiState& s, int64_t run_id, const std::vector<storage::Ch
     if (ImGui::SmallButton("verify")) s.actions.push_back(act::VerifyCheckpoint{run_id, c.step, c.path, c.sha256});
     ImGui::EndDisabled();
     ImGui::TableNextColumn();
-    ImGui::TextDisabled("%s", c.path.c_str());
+    // Recorded paths are absolute: where the column is too narrow, the end (run, step) stays.
+    const std::string shown = fit_path_tail(c.path, ImGui::GetContentRegionAvail().x,
+                                            [](const std::string& t) { return ImGui::CalcTextSize(t.c_str()).x; });
+    ImGui::TextDisabled("%s", shown.c_str());
+    if (shown != c.path && ImGui::IsItemHovered()) ImGui::SetTooltip("%s", c.path.c_str());
     ImGui::PopID();
   }
   ImGui::EndTable();
