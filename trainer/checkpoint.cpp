@@ -25,6 +25,9 @@ constexpr int CHECKPOINT_VERSION = 1;
 
 namespace files = storage::files;
 
+// A committed checkpoint that a save of the same step moves aside until its own commit.
+constexpr const char* kMovedAside = ".old";
+
 std::string errno_text() { return std::strerror(errno); }
 
 const char* safetensors_dtype(at::ScalarType t) {
@@ -194,7 +197,7 @@ SavedCheckpoint save_checkpoint(const std::string& root, const CheckpointData& d
   io.make_dirs(root);
   const std::string final_dir = root + "/" + step_dir_name(data.step);
   const std::string tmp_dir = final_dir + ".tmp";
-  const std::string old_dir = final_dir + ".old";
+  const std::string old_dir = final_dir + kMovedAside;
   // A leftover of a crashed or failed save of this step: saving the same step again starts clean.
   io.remove_tree(tmp_dir);
   io.make_dirs(tmp_dir);
@@ -252,7 +255,7 @@ SavedCheckpoint save_checkpoint(const std::string& root, const CheckpointData& d
     try {
       io.remove_tree(old_dir);
     } catch (const std::exception&) {
-      // Committed already; a stray ".old" directory is never chosen and is removed by the next save.
+      // Committed already; a stray ".old" beside the new step_X is never chosen; the next save removes it.
     }
   }
   saved.dir = final_dir;
@@ -309,8 +312,6 @@ std::map<std::string, std::string> read_compat(const std::string& dir) {
 }
 
 namespace {
-
-constexpr const char* kMovedAside = ".old";
 
 // "step_X.old" directories with a manifest and no "step_X" beside them (choose_checkpoint).
 std::vector<std::pair<int64_t, std::string>> moved_aside_checkpoints(const std::string& root) {
