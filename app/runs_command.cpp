@@ -2,6 +2,7 @@
 #include "app/runs_command.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <stdexcept>
@@ -60,6 +61,20 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
+namespace {
+
+// The point with the lowest value, NaN points (a skipped step's loss) passed over; a NaN point
+// when every value is NaN. `points` is not empty.
+storage::MetricPoint lowest(const std::vector<storage::MetricPoint>& points) {
+  const storage::MetricPoint* best = &points.front();
+  for (const auto& p : points) {
+    if (std::isnan(best->value) || p.value < best->value) best = &p;
+  }
+  return *best;
+}
+
+}  // namespace
+
 Summary summarize(const storage::RunStore& store, int64_t run_id) {
   Summary s;
   auto loss = store.metrics(run_id, "loss");
@@ -69,21 +84,15 @@ Summary summarize(const storage::RunStore& store, int64_t run_id) {
     s.tokens = loss.back().tokens;
     s.wall_s = loss.back().wall_s;
     s.final_loss = loss.back().value;
-    s.best_loss = loss.front().value;
-    for (const auto& p : loss) s.best_loss = std::min(s.best_loss, p.value);
+    s.best_loss = lowest(loss).value;
   }
   auto val = store.metrics(run_id, "val_loss");
   if (!val.empty()) {
     s.has_val = true;
     s.final_val = val.back().value;
-    s.best_val = val.front().value;
-    s.best_val_step = val.front().step;
-    for (const auto& p : val) {
-      if (p.value < s.best_val) {
-        s.best_val = p.value;
-        s.best_val_step = p.step;
-      }
-    }
+    const storage::MetricPoint best = lowest(val);
+    s.best_val = best.value;
+    s.best_val_step = best.step;
   }
   auto median = [&](const char* key) {
     auto pts = store.metrics(run_id, key);
@@ -182,8 +191,7 @@ int runs_show(const RunsArgs& a) {
   for (const auto& key : store->metric_keys(r.id)) {
     auto pts = store->metrics(r.id, key);
     if (pts.empty()) continue;
-    double mn = pts.front().value;
-    for (const auto& p : pts) mn = std::min(mn, p.value);
+    const double mn = runs::lowest(pts).value;
     std::printf("  %-14s %12.6g at step %-8lld min %12.6g  (%zu points)\n", key.c_str(), pts.back().value,
                 static_cast<long long>(pts.back().step), mn, pts.size());
   }

@@ -108,7 +108,7 @@ RunFigures run_figures(sqlite3* db, int64_t run_id) {
       f.last_step = q.i64(0);
       f.tokens = q.i64(1);
       f.wall_s = q.f64(2);
-      f.final_loss = q.f64(3);
+      f.final_loss = q.null(3) ? std::numeric_limits<double>::quiet_NaN() : q.f64(3);  // NaN is stored as NULL
     }
   }
   {

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <cstdlib>
 #include <ctime>
+#include <limits>
 #include <set>
 #include <stdexcept>
 #include <utility>
@@ -820,7 +821,8 @@ std::vector<MetricPoint> RunStore::metrics(int64_t run_id, const std::string& ke
     p.tokens = s.i64(1);
     p.wall_s = s.f64(2);
     p.key = s.text(3);
-    p.value = s.f64(4);
+    // SQLite stores a NaN as NULL: a non-finite loss comes back as NaN, not as 0.
+    p.value = s.is_null(4) ? std::numeric_limits<double>::quiet_NaN() : s.f64(4);
     out.push_back(std::move(p));
   }
   return out;

@@ -2,6 +2,9 @@
 // checkpoints, events and interrupted-run detection. File-backed tests use a fresh mkdtemp dir
 // each, because WAL mode and the migration path only exist on a real file.
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
 #include <sqlite3.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -288,6 +291,22 @@ TEST(RunStore, MetricsRoundTrip) {
   EXPECT_EQ(store->run(id)->last_step, 3);
   EXPECT_EQ(store->list_runs()[1].last_step, 9);
   EXPECT_TRUE(store->metrics(id, "missing").empty());
+}
+
+// SQLite keeps a NaN as NULL: it reads back as NaN (a skipped step's loss), not as 0; infinities
+// stay infinities.
+TEST(RunStore, NonFiniteMetricValuesReadBackAsTheyWere) {
+  auto store = RunStore::open(":memory:");
+  const int64_t id = store->create_run(new_run("nan"));
+  const double inf = std::numeric_limits<double>::infinity();
+  store->insert_metrics({row(id, 1, "loss", 4.0), row(id, 2, "loss", std::nan("")), row(id, 3, "loss", inf),
+                         row(id, 4, "loss", -inf)});
+  auto loss = store->metrics(id, "loss");
+  ASSERT_EQ(loss.size(), 4u);
+  EXPECT_EQ(loss[0].value, 4.0);
+  EXPECT_TRUE(std::isnan(loss[1].value)) << loss[1].value;
+  EXPECT_EQ(loss[2].value, inf);
+  EXPECT_EQ(loss[3].value, -inf);
 }
 
 TEST(RunStore, InsertMetricsIsAllOrNothing) {
