@@ -39,7 +39,13 @@ int run_export(const ExportArgs& args) {
       return 2;
     }
   }
-  const trainer::ExportResult r = trainer::export_checkpoint(dir, args.out, args.ema);
+  trainer::ExportResult r;
+  try {
+    r = trainer::export_checkpoint(dir, args.out, args.ema, args.force);
+  } catch (const std::exception& e) {
+    std::cerr << "deltadeck: export: " << e.what() << "\n";
+    return 1;
+  }
   std::cout << "exported run '" << run.name << "' step " << r.step << (r.ema ? " (EMA weights)" : "") << ": "
             << r.tensors << " tensors, " << ui::format_count(static_cast<double>(r.bytes)) << "B\n"
             << "  " << r.weights_path << "\n  " << r.config_path << "\n";

@@ -13,6 +13,7 @@ struct ExportArgs {
   int64_t step = -1;      // -1: the newest complete checkpoint
   std::string out;
   bool ema = false;
+  bool force = false;     // replace an export already in --out
 };
 
 // Returns the exit code: 0 written, 2 bad arguments (unknown run or step), 1 other failures.

@@ -80,6 +80,7 @@ int main(int argc, char** argv) {
   rexport_cmd->add_option("run", runs.run, run_help)->required();
   rexport_cmd->add_option("--format", runs.format, "csv (step,tokens,wall_s,key,value) | json")->capture_default_str();
   rexport_cmd->add_option("-o,--out", runs.out, "File to write; - = stdout")->capture_default_str();
+  rexport_cmd->add_flag("--force", runs.force, "Replace --out if it exists (never the run database)");
   auto* tag_cmd = runs_cmd->add_subcommand("tag", "Add tags to a run (or remove them with --remove)");
   tag_cmd->add_option("run", runs.run, run_help)->required();
   tag_cmd->add_option("tags", runs.tags, "Tags: no whitespace or ','")->required();
@@ -316,6 +317,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
   export_cmd->add_option("--out", export_args.out, "Folder to write (created)")->required();
   export_cmd->add_flag("--ema", export_args.ema, "Export the EMA weights instead of the live ones");
+  export_cmd->add_flag("--force", export_args.force, "Replace model.safetensors and config.json already in --out");
   export_cmd->add_option("--runs-dir", export_args.runs_dir, "Folder of the run database")->capture_default_str();
 
 #ifdef DD_HAVE_GUI

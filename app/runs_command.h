@@ -18,6 +18,7 @@ struct RunsArgs {
   std::string tag;                 // list --tag
   std::string format = "csv";      // export --format csv | json
   std::string out = "-";           // export --out FILE ("-" = stdout)
+  bool force = false;              // export --force: replace an existing FILE
   std::vector<std::string> tags;   // tag TAG...
   bool remove = false;             // tag --remove
   std::string text;                // note TEXT, rename NAME

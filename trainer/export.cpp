@@ -3,6 +3,9 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <stdexcept>
 
@@ -12,7 +15,18 @@
 
 namespace trainer {
 
-ExportResult export_checkpoint(const std::string& checkpoint_dir, const std::string& out_dir, bool ema) {
+ExportResult export_checkpoint(const std::string& checkpoint_dir, const std::string& out_dir, bool ema,
+                               bool replace) {
+  if (out_dir.empty()) throw std::runtime_error("export: no output folder given (--out)");
+  if (storage::files::exists(out_dir + "/manifest.json"))
+    throw std::runtime_error(out_dir + ": a checkpoint folder (it holds manifest.json); the export would replace its "
+                             "weights: export to another folder");
+  if (!replace) {
+    for (const char* name : {"/model.safetensors", "/config.json"}) {
+      if (storage::files::exists(out_dir + name))
+        throw std::runtime_error(out_dir + name + " exists; export to another folder, or replace it (--force)");
+    }
+  }
   CheckpointData ckpt = load_checkpoint(checkpoint_dir);
   if (ckpt.config_toml.empty())
     throw std::runtime_error(checkpoint_dir + "/model.safetensors: carries no run config (written by an older "
@@ -39,8 +53,17 @@ ExportResult export_checkpoint(const std::string& checkpoint_dir, const std::str
   r.ema = ema;
   r.weights_path = out_dir + "/model.safetensors";
   r.config_path = out_dir + "/config.json";
-  r.bytes = write_weights_file(r.weights_path, weights,
+  // Each file goes in by rename, so a failed export leaves whatever was there whole.
+  auto put_in_place = [](const std::string& tmp, const std::string& path) {
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+      const std::string why = std::strerror(errno);
+      storage::files::remove_tree(tmp);
+      throw std::runtime_error(path + ": could not be written (" + why + ")");
+    }
+  };
+  r.bytes = write_weights_file(r.weights_path + ".tmp", weights,
                                {{"format", "pt"}, {"producer", "deltadeck"}, {"step", std::to_string(ckpt.step)}});
+  put_in_place(r.weights_path + ".tmp", r.weights_path);
   r.tensors = static_cast<int64_t>(weights.size());
 
   nlohmann::json cfg;
@@ -51,10 +74,16 @@ ExportResult export_checkpoint(const std::string& checkpoint_dir, const std::str
   cfg["tokenizer"] = run.at("data").at("tokenizer");
   cfg["tensors"] = nlohmann::json::object();
   for (const auto& [name, t] : weights) cfg["tensors"][name] = t.sizes().vec();
-  std::ofstream f(r.config_path, std::ios::trunc);
-  f << cfg.dump(2) << "\n";
-  f.close();
-  if (!f) throw std::runtime_error(r.config_path + ": could not be written");
+  {
+    std::ofstream f(r.config_path + ".tmp", std::ios::trunc);
+    f << cfg.dump(2) << "\n";
+    f.close();
+    if (!f) {
+      storage::files::remove_tree(r.config_path + ".tmp");
+      throw std::runtime_error(r.config_path + ": could not be written");
+    }
+  }
+  put_in_place(r.config_path + ".tmp", r.config_path);
   return r;
 }
 

@@ -15,8 +15,12 @@ struct ExportResult {
 };
 
 // Verifies and reads the checkpoint in `checkpoint_dir`, then writes out_dir/model.safetensors and
-// out_dir/config.json (out_dir is created). With ema, the EMA weights replace the live ones (an
-// error names the checkpoint when it has none). Throws std::runtime_error naming the file.
-ExportResult export_checkpoint(const std::string& checkpoint_dir, const std::string& out_dir, bool ema);
+// out_dir/config.json (out_dir is created), each to a temporary name first and renamed into place.
+// With ema, the EMA weights replace the live ones (an error names the checkpoint when it has none).
+// Refused before anything is written: an empty out_dir, a checkpoint folder (it holds
+// manifest.json: the export would replace its weights), and, unless `replace`, a folder that
+// already holds model.safetensors or config.json. Throws std::runtime_error naming the file.
+ExportResult export_checkpoint(const std::string& checkpoint_dir, const std::string& out_dir, bool ema,
+                               bool replace = false);
 
 }  // namespace trainer

@@ -216,4 +216,32 @@ expect 0 deleted2.out "$bin" runs delete lr-low --yes --runs-dir runs
 [ -d runs/base/checkpoints ] || fail "deleting other runs touched base's checkpoints"
 expect 1 gone.out "$bin" runs show other --runs-dir runs
 has gone.out "no run named 'other'; runs: base"
+# ---- a NaN metric (a skipped step's loss; SQLite keeps NaN as NULL) reads as NaN, not 0: the
+# summaries pass over it and the JSON export writes null
+q "INSERT INTO metrics(run_id, step, tokens, wall_s, key, value) VALUES(1, 999, 0, 0, 'loss', NULL)"
+expect 0 nan.out "$bin" runs show base --runs-dir runs
+grep -q "loss       final nan, best 0.0000" nan.out && { cat nan.out; fail "a NaN loss was read as 0"; }
+grep -qE "loss       final nan, best [1-9]" nan.out || { cat nan.out; fail "runs show with a NaN loss"; }
+expect 0 nan-json.err "$bin" runs export base --format json --out nan.json --runs-dir runs
+python3 -c "import json,sys; d=json.load(open('nan.json')); v=d['metrics']['loss']['value']; sys.exit(0 if v[-1] is None and v[0] is not None else 1)" \
+  || fail "the JSON export does not hold the NaN loss as null"
+# ---- runs export never overwrites the database, and another existing file only with --force;
+# export refuses a checkpoint folder and an existing export (without --force) and an empty --out
+before=$(q "SELECT count(*) FROM metrics")
+expect 2 clobber.out "$bin" runs export base --format csv --out runs/deltadeck.db --force --runs-dir runs
+has clobber.out "is the run database"
+[ "$(q "SELECT count(*) FROM metrics")" = "$before" ] || fail "the database changed"
+expect 2 exists.out "$bin" runs export base --format csv --out nan.json --runs-dir runs
+has exists.out "nan.json exists; pass --force to replace it"
+expect 0 forced.err "$bin" runs export base --format csv --out nan.json --force --runs-dir runs
+head -1 nan.json | grep -qx "step,tokens,wall_s,key,value" || fail "--force did not replace the file"
+ck=$(ls -d runs/base/checkpoints/step_* | tail -1)
+expect 1 into-ckpt.out "$bin" export base --out "$ck" --runs-dir runs
+has into-ckpt.out "a checkpoint folder (it holds manifest.json)"
+expect 0 first-export.out "$bin" export base --out "$work/exp2" --runs-dir runs
+expect 1 again.out "$bin" export base --out "$work/exp2" --runs-dir runs
+has again.out "model.safetensors exists; export to another folder, or replace it (--force)"
+expect 0 again-forced.out "$bin" export base --out "$work/exp2" --force --runs-dir runs
+expect 1 empty-out.out "$bin" export base --out "" --runs-dir runs
+has empty-out.out "no output folder given (--out)"
 echo "runs e2e: ok"
