@@ -28,14 +28,32 @@ void flatten(const nlohmann::json& j, const std::string& prefix, Flat& out) {
   }
 }
 
-// Values wider than a column are cut, keeping their start.
-std::string cell(const std::string& v, size_t width) {
-  return v.size() <= width ? v : v.substr(0, width - 3) + "...";
+// Values wider than a column are cut: from their start, or where `from` says (the place a row's
+// values start to differ), with "..." where text was left out.
+std::string cell(const std::string& v, size_t width, size_t from = 0) {
+  if (v.size() <= width) return v;
+  const size_t keep = width - 3;  // beside one "..."
+  if (from == 0) return v.substr(0, keep) + "...";
+  if (from + keep >= v.size()) return "..." + v.substr(v.size() - keep);  // the end fits
+  return "..." + v.substr(from, keep - 3) + "...";
 }
 
-void print_row(const std::string& label, const std::vector<std::string>& values, size_t label_w, size_t col_w) {
+// Where a row's cells should start so that values sharing a long start still look different: a
+// few characters before the first difference, or 0 when it falls inside the first cut.
+size_t difference_start(const std::vector<std::string>& values, size_t width) {
+  size_t common = values.empty() ? 0 : values[0].size();
+  for (const auto& v : values) {
+    size_t i = 0;
+    while (i < common && i < v.size() && v[i] == values[0][i]) ++i;
+    common = i;
+  }
+  return common + 3 < width ? 0 : common - std::min<size_t>(common, 4);
+}
+
+void print_row(const std::string& label, const std::vector<std::string>& values, size_t label_w, size_t col_w,
+               size_t from = 0) {
   std::printf("  %-*s", static_cast<int>(label_w), label.c_str());
-  for (const auto& v : values) std::printf("  %-*s", static_cast<int>(col_w), cell(v, col_w).c_str());
+  for (const auto& v : values) std::printf("  %-*s", static_cast<int>(col_w), cell(v, col_w, from).c_str());
   std::printf("\n");
 }
 
@@ -133,7 +151,7 @@ int runs_compare(const RunsArgs& a) {
       const auto it = c.find(k);
       values.push_back(it == c.end() ? "(absent)" : it->second);
     }
-    print_row(k, values, key_w, col_w);
+    print_row(k, values, key_w, col_w, difference_start(values, col_w));
   }
   return 0;
 }
