@@ -49,6 +49,8 @@ int run_export(const ExportArgs& args) {
   std::cout << "exported run '" << run.name << "' step " << r.step << (r.ema ? " (EMA weights)" : "") << ": "
             << r.tensors << " tensors, " << ui::format_count(static_cast<double>(r.bytes)) << "B\n"
             << "  " << r.weights_path << "\n  " << r.config_path << "\n";
+  if (!r.tokenizer_path.empty()) std::cout << "  " << r.tokenizer_path << "\n";
+  if (!r.warning.empty()) std::cerr << "deltadeck: export: warning: " << r.warning << "\n";
   return 0;
 }
 

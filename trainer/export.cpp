@@ -22,7 +22,7 @@ ExportResult export_checkpoint(const std::string& checkpoint_dir, const std::str
     throw std::runtime_error(out_dir + ": a checkpoint folder (it holds manifest.json); the export would replace its "
                              "weights: export to another folder");
   if (!replace) {
-    for (const char* name : {"/model.safetensors", "/config.json"}) {
+    for (const char* name : {"/model.safetensors", "/config.json", "/tokenizer.model"}) {
       if (storage::files::exists(out_dir + name))
         throw std::runtime_error(out_dir + name + " exists; export to another folder, or replace it (--force)");
     }
@@ -72,6 +72,31 @@ ExportResult export_checkpoint(const std::string& checkpoint_dir, const std::str
   cfg["weights"] = ema ? "ema" : "live";
   cfg["model"] = run.at("model");
   cfg["tokenizer"] = run.at("data").at("tokenizer");
+  // A SentencePiece model goes along, so the folder is all a user of the weights needs.
+  const std::string tok = run.at("data").at("tokenizer").get<std::string>();
+  const std::string sp = "sentencepiece:";
+  if (tok.rfind(sp, 0) == 0) {
+    const std::string model_path = tok.substr(sp.size());
+    std::ifstream in(model_path, std::ios::binary);
+    if (!in) {
+      r.warning = "the run's tokenizer model " + model_path + " cannot be read (" + std::strerror(errno) +
+                  "); config.json names it as the run recorded it";
+    } else {
+      r.tokenizer_path = out_dir + "/tokenizer.model";
+      {
+        std::ofstream o(r.tokenizer_path + ".tmp", std::ios::binary | std::ios::trunc);
+        o << in.rdbuf();
+        o.close();
+        if (!o) {
+          storage::files::remove_tree(r.tokenizer_path + ".tmp");
+          throw std::runtime_error(r.tokenizer_path + ": could not be written");
+        }
+      }
+      put_in_place(r.tokenizer_path + ".tmp", r.tokenizer_path);
+      cfg["tokenizer"] = sp + "tokenizer.model";  // relative to the export folder
+      cfg["tokenizer_recorded"] = tok;
+    }
+  }
   cfg["tensors"] = nlohmann::json::object();
   for (const auto& [name, t] : weights) cfg["tensors"][name] = t.sizes().vec();
   {

@@ -208,4 +208,16 @@ rc=$?
 set -e
 [ "$rc" = 1 ] && grep -q -- "--prompt: this run trained on token files" "$work/ids-bad.err" \
   || { cat "$work/ids-bad.err"; fail "a text prompt for a token run exited $rc"; }
+# A SentencePiece run's export carries its tokenizer model, named by config.json, so the folder
+# stands alone.
+"$bin" tokenizer train --input "/usr/share/games/fortunes/fortunes" --vocab-size 512 --out "$work/sp.model" \
+  > "$work/sp.out" 2>&1 || { cat "$work/sp.out"; fail "tokenizer train"; }
+"$bin" train --no-gui --runs-dir "$work/runs" --set name=sp --set "data.tokenizer=\"sentencepiece:$work/sp.model\"" \
+  --set model.vocab_size=512 --set train.steps=2 --set train.warmup_steps=1 --set run.threads=1 > "$work/sp-run.out" 2>&1 \
+  || { cat "$work/sp-run.out"; fail "training with the SentencePiece tokenizer"; }
+"$bin" export sp --runs-dir "$work/runs" --out "$work/sp-export" > "$work/sp-export.out" 2>&1 \
+  || { cat "$work/sp-export.out"; fail "export of the SentencePiece run"; }
+cmp -s "$work/sp.model" "$work/sp-export/tokenizer.model" || fail "the export's tokenizer.model is not the run's"
+grep -q '"tokenizer": "sentencepiece:tokenizer.model"' "$work/sp-export/config.json" \
+  || { cat "$work/sp-export/config.json"; fail "config.json does not name the exported tokenizer"; }
 echo "cli e2e: ok"
