@@ -13,7 +13,7 @@ q() { sqlite3 "$1" "$2"; }
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 # The run's checkpoint of step $3 under runs folder $1 (run name $2) loads with its checksums verified.
 valid_checkpoint() {
-  "$bin" export "$2" --runs-dir "$1" --step "$3" --out "$work/export.$$" > /dev/null 2>&1
+  "$bin" export "$2" --runs-dir "$1" --step "$3" --out "$work/export.$$" --force > /dev/null 2>&1
 }
 # Exactly one current metric row per (step, key): the resume bookkeeping (schema 4).
 one_current_row_each() {
