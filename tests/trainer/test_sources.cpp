@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <fstream>
@@ -402,6 +403,29 @@ TEST(SentencePiece, TrainLoadRoundTrip) {
   // A .vocab is written next to the model.
   std::ifstream vocab(m.dir.file("tok.vocab"));
   EXPECT_TRUE(vocab.good());
+}
+
+// The end-of-document symbol is a user-defined piece, which SentencePiece matches wherever its
+// text occurs: a document quoting "<|eot|>" must still encode as text, or the packer would cut it
+// into two documents there.
+TEST(SentencePiece, LiteralEotTextInADocumentIsTextNotTheEndOfDocument) {
+  const auto& m = spm_model();
+  auto tok = make_tokenizer("sentencepiece:" + m.model);
+  for (const std::string text : {"a<|eot|>b", "<|eot|>", "the <|eot|><|eot|> fox <|eot|>", "<|eot|<|eot|>|>"}) {
+    std::vector<int32_t> ids;
+    tok->encode(text, ids, "t");
+    ASSERT_FALSE(ids.empty()) << text;
+    for (int32_t id : ids) EXPECT_NE(id, tok->eot()) << text;
+    EXPECT_EQ(tok->decode(ids), text);
+  }
+  // Through a text source: one document, one end-of-document id, at its end.
+  TempDir dir;
+  dir.write("a.txt", "quoted <|eot|> inside\n");
+  auto src = open_source("text:" + dir.file("a.txt"), options("%"), *tok);
+  ASSERT_EQ(src->num_documents(), 1);
+  auto ids = read_doc(*src, 0, *tok);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), tok->eot()), 1);
+  EXPECT_EQ(ids.back(), tok->eot());
 }
 
 TEST(SentencePiece, TextSourceThroughSentencePiece) {

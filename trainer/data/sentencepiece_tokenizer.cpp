@@ -55,10 +55,19 @@ class SentencePieceTokenizer final : public Tokenizer {
       throw std::runtime_error(where + ": byte " + std::to_string(bad) +
                                " of the document: invalid UTF-8; expected UTF-8 text (SentencePiece)");
     }
-    std::vector<int> ids;
-    const auto status = sp_.Encode(text, &ids);
-    if (!status.ok()) throw std::runtime_error(where + ": SentencePiece cannot encode (" + status.ToString() + ")");
-    out.insert(out.end(), ids.begin(), ids.end());
+    // SentencePiece matches a user-defined piece wherever its text occurs, so a document quoting
+    // "<|eot|>" would get the end-of-document id there and be cut in two by the packer. Each
+    // occurrence is encoded as the two plain texts "<|eot" and "|>", which decode back to it.
+    const std::string_view eot_text(EOT_PIECE);
+    size_t at = 0;
+    while (true) {
+      const size_t hit = text.find(eot_text, at);
+      encode_plain(text.substr(at, hit == std::string_view::npos ? std::string_view::npos : hit - at), out, where);
+      if (hit == std::string_view::npos) break;
+      encode_plain(eot_text.substr(0, eot_text.size() - 2), out, where);
+      encode_plain(eot_text.substr(eot_text.size() - 2), out, where);
+      at = hit + eot_text.size();
+    }
   }
 
   std::string decode(const std::vector<int32_t>& ids) const override {
@@ -83,6 +92,15 @@ class SentencePieceTokenizer final : public Tokenizer {
   }
 
  private:
+  // Text holding no "<|eot|>": SentencePiece's ids for it as they are.
+  void encode_plain(std::string_view text, std::vector<int32_t>& out, const std::string& where) const {
+    if (text.empty()) return;
+    std::vector<int> ids;
+    const auto status = sp_.Encode(text, &ids);
+    if (!status.ok()) throw std::runtime_error(where + ": SentencePiece cannot encode (" + status.ToString() + ")");
+    out.insert(out.end(), ids.begin(), ids.end());
+  }
+
   sentencepiece::SentencePieceProcessor sp_;
   int64_t vocab_ = 0;
   int32_t eot_ = 0;

@@ -19,7 +19,7 @@ class Tokenizer {
   virtual int32_t eot() const = 0;
   // Appends the ids of text. `where` (e.g. "/data/a.txt:1234") names the text in errors; the
   // SentencePiece tokenizer throws std::runtime_error on invalid UTF-8 with where + the byte offset
-  // of the first bad byte. Any thread.
+  // of the first bad byte. Text never encodes to eot(), even text that reads "<|eot|>". Any thread.
   virtual void encode(std::string_view text, std::vector<int32_t>& out, const std::string& where) const = 0;
   // Text of ids (end-of-document shown as "\n<|eot|>\n"). Any thread.
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
