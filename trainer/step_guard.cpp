@@ -35,8 +35,14 @@ bool StepGuard::loss_skips(int64_t step, double loss) const {
   return opt_.skip_spikes && is_spike(step, loss, nullptr);
 }
 
-StepVerdict StepGuard::record(int64_t step, double loss, double grad_norm) {
+StepVerdict StepGuard::record(int64_t step, double loss, double grad_norm, bool scaler_backoff) {
   StepVerdict v;
+  if (scaler_backoff && std::isfinite(loss)) {
+    v.nonfinite = true;
+    v.skip = true;
+    v.diverged = opt_.max_skipped > 0 && in_a_row_ >= opt_.max_skipped;
+    return v;
+  }
   v.nonfinite = !std::isfinite(loss) || !std::isfinite(grad_norm);
   if (!v.nonfinite) v.spike = is_spike(step, loss, &v);
   v.skip = v.nonfinite || (v.spike && opt_.skip_spikes);

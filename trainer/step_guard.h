@@ -45,8 +45,11 @@ class StepGuard {
   bool loss_skips(int64_t step, double loss) const;
   // Judges step `step` from its loss and grad norm (pass +inf for the norm when the loss scaler
   // found a non-finite gradient) and updates the window and counters. Call once per step, in step
-  // order. Never throws.
-  StepVerdict record(int64_t step, double loss, double grad_norm);
+  // order. Never throws. `scaler_backoff`: the loss scaler overflowed at a scale above 1 with a
+  // finite loss. That is the scaler finding its range, not a broken step: it is skipped but neither
+  // counts towards max_skipped nor breaks a run of skips (at a scale of 1 or below the gradient
+  // itself overflows, and that counts).
+  StepVerdict record(int64_t step, double loss, double grad_norm, bool scaler_backoff = false);
 
   int64_t skipped_in_a_row() const { return in_a_row_; }
   int64_t skipped_total() const { return total_; }

@@ -467,7 +467,7 @@ class TrainLoop {
         const auto r = zero_->step(lr, scaler_->enabled() ? scaler_->scale() : 1.0, max_norm);
         found_inf = r.found_inf;
         grad_norm = torch::tensor(r.grad_norm, torch::kFloat64);
-        if (decide_in_step_) verdict = guard_.record(number, loss_host, r.grad_norm);
+        if (decide_in_step_) verdict = guard_.record(number, loss_host, r.grad_norm, scaler_backoff(r.found_inf));
         if (!found_inf && ema_) ema_->update();
       }
     } else {
@@ -485,7 +485,7 @@ class TrainLoop {
         const at::Tensor host = torch::stack({losses[0].to(torch::kFloat64),
                                               grad_norm.to(losses.device(), torch::kFloat64).reshape({})})
                                     .to(torch::kCPU);
-        verdict = guard_.record(number, host[0].item<double>(), host[1].item<double>());
+        verdict = guard_.record(number, host[0].item<double>(), host[1].item<double>(), scaler_backoff(found_inf));
         skip = verdict->skip;
       }
       fault_point("optimizer", rank, number);
@@ -733,6 +733,10 @@ class TrainLoop {
       if (!decide_in_step_) act_on(guard_.record(v.step, loss, norm), v.step, false);
     }
   }
+
+  // Whether an overflow the loss scaler found is its own range search (a scale above 1, before
+  // this step's update), which StepGuard skips without counting towards train.max_nonfinite_steps.
+  bool scaler_backoff(bool found_inf) const { return found_inf && scaler_->enabled() && scaler_->scale() > 1.0; }
 
   // Applies a StepGuard verdict of step `number`: logs a skip or a spike (rank 0), fails the run for
   // a non-finite step when train.nonfinite says so, and marks the run diverged after

@@ -138,6 +138,23 @@ TEST(NonFinite, TooManyInARowEndTheRunAsDiverged) {
   EXPECT_EQ(o.checkpoints.at(4).sha256, o.checkpoints.at(6).sha256);
 }
 
+// A loss scale far above what fp32 holds: the first steps overflow and the scaler backs off. Those
+// are the scaler finding its range, so they do not end the run as diverged, however few skips in a
+// row train.max_nonfinite_steps allows.
+TEST(NonFinite, LossScalerBackoffsDoNotCountTowardsDivergence) {
+  TempDir dir;
+  auto cfg = train_harness::make_config(
+      dir, 12, {"train.warmup_steps=1", "train.loss_scaling=\"dynamic\"", "train.loss_scale_init=3e38",
+                "train.max_nonfinite_steps=1", "run.save_interval=12"});
+  const Outcome o = run(cfg, dir.path() + "/run");
+  EXPECT_EQ(o.ended.status, trainer::RunStatus::Finished) << o.ended.message;
+  ASSERT_EQ(o.checkpoints.count(12), 1u);
+  const auto meta = trainer::load_checkpoint(o.checkpoints.at(12).path).meta;
+  EXPECT_GE(std::stod(meta.at("scaler.skipped")), 2.0);  // the scaler did skip, more than the limit allows
+  EXPECT_LT(std::stod(meta.at("scaler.scale")), 1e38);  // halved at least twice
+  EXPECT_NE(meta.at("guard.state").find("v1;0;0;"), std::string::npos) << meta.at("guard.state");
+}
+
 TEST(NonFinite, FailModeFailsTheRunNamingTheStep) {
   TempDir dir;
   auto cfg = train_harness::make_config(dir, 8, {"train.warmup_steps=1", "train.nonfinite=\"fail\""});

@@ -76,6 +76,25 @@ TEST(StepGuard, SkipsInARowDivergeAndAFiniteStepResetsTheCount) {
   for (int64_t s = 1; s <= 50; ++s) EXPECT_FALSE(never.record(s, NAN, 1).diverged);
 }
 
+// The loss scaler's overflows above a scale of 1 are skipped without counting towards the limit:
+// with a high train.loss_scale_init they come many in a row at the start of a healthy run.
+TEST(StepGuard, LossScalerBackoffsAreSkippedWithoutCountingTowardsDivergence) {
+  StepGuard g(opts(0, 8, false, 3, 0));
+  for (int64_t s = 1; s <= 30; ++s) {
+    const auto v = g.record(s, 2.0, INFINITY, /*scaler_backoff=*/true);
+    EXPECT_TRUE(v.skip);
+    EXPECT_FALSE(v.diverged) << s;
+  }
+  EXPECT_EQ(g.skipped_in_a_row(), 0);
+  EXPECT_EQ(g.skipped_total(), 0);
+  // Neither do they break a run of counted skips; a non-finite loss counts even during a back-off.
+  EXPECT_FALSE(g.record(31, NAN, 1).diverged);
+  EXPECT_FALSE(g.record(32, 2.0, INFINITY, true).diverged);
+  EXPECT_FALSE(g.record(33, NAN, INFINITY, true).diverged);
+  EXPECT_EQ(g.skipped_in_a_row(), 2);
+  EXPECT_TRUE(g.record(34, 2.0, INFINITY).diverged);  // an overflow at a scale of 1 or below counts
+}
+
 TEST(StepGuard, LossSkipsMatchesRecordWithoutChangingState) {
   StepGuard g(opts());
   for (int64_t s = 1; s <= 10; ++s) g.record(s, plateau(s), 1.0);
