@@ -225,7 +225,9 @@ int run_worker_node(const TrainArgs& args, const trainer::ClusterSpec& cluster) 
     }
     cfg = std::move(prep.cfg);
     cfg.name = run.name;
-    resume_from = prep.resume_from;
+    // A checkpoint moved aside by a cut-short save is renamed back by node 0 before the nodes meet:
+    // this node resumes from (and names at the rendezvous) the name it will have then.
+    resume_from = trainer::restored_name(prep.resume_from);
   }
   storage::files::make_dirs(cfg.run.runs_dir);
   const std::string log_path = cfg.run.runs_dir + "/" + cfg.name + ".node" + std::to_string(cluster.node_rank) + ".log";

@@ -335,11 +335,17 @@ std::vector<std::pair<int64_t, std::string>> moved_aside_checkpoints(const std::
 
 }  // namespace
 
-std::string restore_moved_aside(const std::string& dir) {
+std::string restored_name(const std::string& dir) {
   const std::string suffix = kMovedAside;
   if (dir.size() <= suffix.size() || dir.compare(dir.size() - suffix.size(), suffix.size(), suffix) != 0) return dir;
   const std::string to = dir.substr(0, dir.size() - suffix.size());
   if (files::exists(to)) return dir;  // chosen by its own path beside a step_X: resumed from as it is
+  return to;
+}
+
+std::string restore_moved_aside(const std::string& dir) {
+  const std::string to = restored_name(dir);
+  if (to == dir) return dir;
   if (std::rename(dir.c_str(), to.c_str()) != 0)
     throw std::runtime_error("cannot rename " + dir + " back to " + to + ": " + std::strerror(errno));
   files::fsync_path(files::parent_dir(to));

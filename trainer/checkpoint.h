@@ -98,6 +98,9 @@ CheckpointChoice choose_checkpoint(const std::string& path);
 // the folder fsynced; returns the dir to resume from (`dir` itself otherwise). Throws
 // std::runtime_error naming both paths when the rename fails.
 std::string restore_moved_aside(const std::string& dir);
+// The dir restore_moved_aside(dir) would return, without renaming anything: what a node other than
+// node 0 of a multi-node resume takes, as node 0 renames the checkpoint back before they meet.
+std::string restored_name(const std::string& dir);
 // choose_checkpoint's dir; throws std::runtime_error naming path and every skipped checkpoint when
 // none is usable.
 std::string find_checkpoint(const std::string& path);

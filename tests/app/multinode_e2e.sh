@@ -137,4 +137,22 @@ wait "$node1" || { cat "$work/r1.out"; fail "resumed node 1 failed"; }
 grep -q "resumed from .*step_$(printf %08d "$stop_step")" "$work/r0.out" || { cat "$work/r0.out"; fail "node 0 did not resume from step $stop_step"; }
 [ "$(sqlite3 "$db" "SELECT status FROM runs")" = finished ] || fail "resumed run not finished"
 grep -q "node 1 finished at step $target" "$work/term/multi.node1.log" || { cat "$work/term/multi.node1.log"; fail "node 1 did not finish at step $target"; }
-echo "multinode e2e: ok (node 0 stopped ${took}s after its peer was killed: $msg; SIGTERM on node 1 stopped the run at step $stop_step; resumed on both nodes to step $target)"
+# 6. A save of the last step cut short between its two renames left it as step_X.old. Node 1 starts
+#    first and finds it under that name; node 0 renames it back before they meet. Both must name the
+#    same checkpoint at the rendezvous and resume from it.
+last=$work/term/multi/checkpoints/step_$(printf %08d "$target")
+mv "$last" "$last.old" || fail "cannot move $last aside"
+target2=$((target + 2))
+port=$((port + 1))
+"$bin" train --no-gui --runs-dir "$work/term" --resume latest --set train.steps=$target2 --nnodes 2 --node-rank 1 \
+  --master-port "$port" > "$work/o1.out" 2>&1 &
+node1=$!
+pids+=($node1)
+sleep 2
+"$bin" train --no-gui --runs-dir "$work/term" --resume latest --set train.steps=$target2 --nnodes 2 --node-rank 0 \
+  --master-port "$port" > "$work/o0.out" 2>&1 || { cat "$work/o0.out" "$work/o1.out" "$work/term/multi.node1.log"; fail "node 0 failed resuming a moved-aside checkpoint"; }
+wait "$node1" || { cat "$work/o1.out" "$work/term/multi.node1.log"; fail "node 1 failed resuming a moved-aside checkpoint"; }
+grep -q "renamed $last.old back to $last" "$work/o0.out" || { cat "$work/o0.out"; fail "node 0 did not rename the checkpoint back"; }
+grep -q "node 1 finished at step $target2" "$work/term/multi.node1.log" || { cat "$work/term/multi.node1.log"; fail "node 1 did not finish at step $target2"; }
+
+echo "multinode e2e: ok (node 0 stopped ${took}s after its peer was killed: $msg; SIGTERM on node 1 stopped the run at step $stop_step; resumed on both nodes to step $target, then from a moved-aside checkpoint to $target2)"

@@ -152,6 +152,9 @@ TEST(Checkpoint, ACheckpointMovedAsideByAnInterruptedResaveIsChosenAndRestored) 
   EXPECT_NE(c.skipped[0].find("step_00000020.tmp"), std::string::npos) << c.skipped[0];
   EXPECT_EQ(trainer::load_checkpoint(c.dir).step, 20);
 
+  // What the other nodes of a multi-node resume take: the name node 0's rename gives it.
+  EXPECT_EQ(trainer::restored_name(c.dir), step20);
+  EXPECT_TRUE(storage::files::exists(step20 + ".old"));  // renames nothing
   EXPECT_EQ(trainer::restore_moved_aside(c.dir), step20);
   EXPECT_FALSE(storage::files::exists(step20 + ".old"));
   EXPECT_TRUE(trainer::checkpoint_problem(step20).empty());
@@ -163,6 +166,8 @@ TEST(Checkpoint, ACheckpointMovedAsideByAnInterruptedResaveIsChosenAndRestored) 
   ASSERT_EQ(std::rename((dir.path() + "/elsewhere/step_00000020").c_str(), (step20 + ".old").c_str()), 0);
   EXPECT_EQ(trainer::choose_checkpoint(dir.path()).dir, step20);
   EXPECT_EQ(trainer::restore_moved_aside(step20 + ".old"), step20 + ".old");  // step_20 exists: left as it is
+  EXPECT_EQ(trainer::restored_name(step20 + ".old"), step20 + ".old");
+  EXPECT_EQ(trainer::restored_name(step20), step20);
   EXPECT_EQ(trainer::list_checkpoints(root).size(), 2u);
 }
 
