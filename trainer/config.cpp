@@ -505,6 +505,27 @@ std::optional<toml::table> parse_value(const std::string& text) {
   return std::nullopt;
 }
 
+// Whether text is valid UTF-8 (no overlong forms, surrogates or code points past U+10FFFF): a TOML
+// file is checked by its parser, an override's raw text only here.
+bool valid_utf8(const std::string& text) {
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned c = p[i];
+    int len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (len == 0 || i + len > n) return false;
+    uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1f) : len == 3 ? (c & 0x0f) : (c & 0x07);
+    for (int k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (p[i + k] & 0x3f);
+    }
+    const uint32_t min_cp[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min_cp[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += static_cast<size_t>(len);
+  }
+  return true;
+}
+
 void apply_override(toml::table& doc, const std::string& override_text, Errors& e) {
   const std::string bad = "override " + quote(override_text) + ": expected section.key=value (e.g. train.lr=1e-3)";
   size_t eq = override_text.find('=');
@@ -529,8 +550,17 @@ void apply_override(toml::table& doc, const std::string& override_text, Errors& 
   if (!section.empty()) {
     if (!doc.contains(section)) doc.insert(section, toml::table{});
     target = doc.get_as<toml::table>(section);
-    // A non-table value under that name is reported by extraction ("expected a table").
-    if (!target) return;
+    if (!target) {
+      e.lines.push_back("override " + quote(override_text) + ": " + quote(section) +
+                        " holds a value, not a section, so it has no key " + quote(name));
+      return;
+    }
+  } else if (doc.get_as<toml::table>(name) || is_section(name)) {
+    // `model={d=256}` would replace the whole [model] section, its other keys going back to their
+    // defaults without a word.
+    e.lines.push_back("override " + quote(override_text) + ": would replace the whole [" + name +
+                      "] section; set its keys one at a time (e.g. " + name + ".KEY=VALUE)");
+    return;
   }
 
   // `run.devices=0` or `name=123` mean the text itself: for keys that hold strings, a value
@@ -545,6 +575,10 @@ void apply_override(toml::table& doc, const std::string& override_text, Errors& 
   std::optional<toml::table> parsed = parse_value(text);
   toml::node* value = parsed ? parsed->get("v") : nullptr;
   if (!value || (wants_string && !value->is_string() && !(wants_list && value->is_array()))) {
+    if (!valid_utf8(text)) {
+      e.lines.push_back("override " + quote(override_text) + ": the value is not valid UTF-8 text");
+      return;
+    }
     target->insert_or_assign(name, text);
     return;
   }
@@ -593,6 +627,9 @@ bool all_digits(const std::string& s) {
   return true;
 }
 
+// The most CPU ranks run.devices = "cpu:N" takes.
+constexpr int64_t kMaxCpuRanks = 256;
+
 void check_devices(Checker& k, const std::string& devices) {
   const std::string allowed = "must be auto, cpu, cpu:N, all or a list of GPU ids like \"0,1\" (got " +
                               quote(devices) + ")";
@@ -600,6 +637,10 @@ void check_devices(Checker& k, const std::string& devices) {
   if (starts_with(devices, "cpu:")) {
     std::string n = devices.substr(4);
     if (!all_digits(n) || std::stoll(n) < 1) k.fail("run.devices", allowed);
+    // One thread and one Gloo process-group member a rank: past a few hundred, a thread that cannot
+    // start would end the process.
+    else if (std::stoll(n) > kMaxCpuRanks)
+      k.fail("run.devices", "cpu:N takes at most " + std::to_string(kMaxCpuRanks) + " ranks (got " + quote(devices) + ")");
     return;
   }
   std::set<int64_t> seen;
@@ -766,7 +807,7 @@ std::vector<std::string> validate(const RunConfig& c) {
   if (r.log_interval == 0 && (r.eval_interval > 0 || r.save_interval > 0))
     k.fail("run.log_interval", "must be >= 1 when run.eval_interval or run.save_interval is set (got 0)");
   k.at_least("run.keep_checkpoints", r.keep_checkpoints, 1);
-  k.at_least("run.threads", r.threads, 0);
+  k.in_range("run.threads", r.threads, 0, 1024, " (0: the library's default)");
   k.non_negative("run.peak_tflops", r.peak_tflops);
   // c10d takes the timeout in whole milliseconds and 0 as "none": below a second a healthy
   // collective fails (or one rounded to 0 never does); above 30 days the conversion overflows.
@@ -802,8 +843,9 @@ std::vector<Phase> resolve_phases(const TrainConfig& t, std::vector<std::string>
       try {
         size_t used = 0;
         const double tokens = std::stod(spec.substr(0, colon), &used);
-        ok = used == colon && std::isfinite(tokens) && tokens >= 0 && tokens == std::floor(tokens);
-        ph.tokens = static_cast<int64_t>(tokens);
+        // Below 2^62 tokens: past 2^63 the conversion is undefined.
+        ok = used == colon && std::isfinite(tokens) && tokens >= 0 && tokens == std::floor(tokens) && tokens < 0x1p62;
+        ph.tokens = ok ? static_cast<int64_t>(tokens) : 0;
         ph.seq_len = std::stoll(spec.substr(colon + 1, x - colon - 1), &used);
         ok = ok && used == x - colon - 1;
         ph.batch_size = std::stoll(spec.substr(x + 1), &used);
@@ -813,7 +855,8 @@ std::vector<Phase> resolve_phases(const TrainConfig& t, std::vector<std::string>
       }
     }
     if (!ok || ph.seq_len < 1 || ph.batch_size < 1) {
-      fail("each phase is \"TOKENS:SEQ_LENxBATCH\" with SEQ_LEN, BATCH >= 1, e.g. \"0:256x32\" (got " + quote(spec) + ")");
+      fail("each phase is \"TOKENS:SEQ_LENxBATCH\" with TOKENS a whole number below 2^62 and SEQ_LEN, BATCH >= 1, "
+           "e.g. \"0:256x32\" (got " + quote(spec) + ")");
       continue;
     }
     if (out.empty() && ph.tokens != 0) fail("the first phase must start at 0 tokens (got " + quote(spec) + ")");

@@ -365,6 +365,9 @@ TEST(Config, DevicesForms) {
     ConfigResult r = parse(MINIMAL, {std::string("run.devices=") + ok});
     EXPECT_TRUE(r.ok()) << ok << ":\n" << joined(r.errors);
   }
+  EXPECT_TRUE(parse(MINIMAL, {"run.devices=\"cpu:256\""}).ok());
+  EXPECT_TRUE(contains(error_for(parse(MINIMAL, {"run.devices=\"cpu:100000\""}), "run.devices"), "at most 256"));
+  EXPECT_TRUE(contains(error_for(parse(MINIMAL, {"run.threads=100000"}), "run.threads"), "[0, 1024]"));
   for (const char* bad : {"cpu:0", "cpu:x", "gpu", "0,,1", "0,", "-1", "0,0", ""}) {
     ConfigResult r = parse(MINIMAL, {std::string("run.devices=\"") + bad + "\""});
     EXPECT_FALSE(r.ok()) << bad;
@@ -404,6 +407,26 @@ TEST(Config, BadOverrideSyntax) {
   EXPECT_EQ(r.errors.size(), 4u) << joined(r.errors);
   EXPECT_TRUE(contains(r.errors[0], "\"train.steps\"")) << r.errors[0];
   EXPECT_TRUE(contains(r.errors[0], "section.key=value")) << r.errors[0];
+}
+
+// Overrides that would silently drop settings: a whole section as one value (its other keys back
+// to their defaults), a key under a name that holds a value, and text that is not UTF-8.
+TEST(Config, OverridesThatWouldDropSettingsAreRefused) {
+  ConfigResult whole = parse(std::string(MINIMAL) + "[train]\nsteps = 700\n", {"model={d=256}", "train={steps=5}"});
+  ASSERT_EQ(whole.errors.size(), 2u) << joined(whole.errors);
+  EXPECT_TRUE(contains(whole.errors[0], "would replace the whole [model] section")) << whole.errors[0];
+  EXPECT_TRUE(contains(whole.errors[0], "model.KEY=VALUE")) << whole.errors[0];
+  EXPECT_TRUE(contains(whole.errors[1], "[train]")) << whole.errors[1];
+  ConfigResult under_value = parse(std::string("name = \"demo\"\n") + MINIMAL, {"name.x=foo"});
+  ASSERT_EQ(under_value.errors.size(), 1u) << joined(under_value.errors);
+  EXPECT_TRUE(contains(under_value.errors[0], "\"name\" holds a value, not a section")) << under_value.errors[0];
+  ConfigResult latin1 = parse(MINIMAL, {"data.separator=\xa7"});
+  ASSERT_EQ(latin1.errors.size(), 1u) << joined(latin1.errors);
+  EXPECT_TRUE(contains(latin1.errors[0], "not valid UTF-8")) << latin1.errors[0];
+  EXPECT_TRUE(contains(latin1.errors[0], "data.separator")) << latin1.errors[0];
+  ConfigResult utf8 = parse(MINIMAL, {"data.separator=\xc2\xa7"});  // § in UTF-8
+  EXPECT_TRUE(utf8.ok()) << joined(utf8.errors);
+  EXPECT_EQ(utf8.config.data.separator, "\xc2\xa7");
 }
 
 TEST(Config, ReportsEveryErrorAtOnce) {
@@ -526,7 +549,13 @@ TEST(Config, ProgressivePhases) {
   ConfigResult bad = parse(MINIMAL, {"train.phases=[\"10:64x2\", \"5:64\", \"4:64x1\"]"});
   ASSERT_EQ(bad.errors.size(), 3u) << joined(bad.errors);
   EXPECT_EQ(bad.errors[0], "train.phases: the first phase must start at 0 tokens (got \"10:64x2\")");
-  EXPECT_EQ(bad.errors[1], "train.phases: each phase is \"TOKENS:SEQ_LENxBATCH\" with SEQ_LEN, BATCH >= 1, e.g. \"0:256x32\" (got \"5:64\")");
+  EXPECT_EQ(bad.errors[1], "train.phases: each phase is \"TOKENS:SEQ_LENxBATCH\" with TOKENS a whole number below "
+                           "2^62 and SEQ_LEN, BATCH >= 1, e.g. \"0:256x32\" (got \"5:64\")");
+  // A token count past int64 (1e19) is refused by its own message, not taken as a negative number.
+  ConfigResult huge = parse(MINIMAL, {"train.phases=[\"0:64x2\", \"1e19:64x1\"]"});
+  ASSERT_EQ(huge.errors.size(), 1u) << joined(huge.errors);
+  EXPECT_TRUE(contains(huge.errors[0], "below 2^62")) << huge.errors[0];
+  EXPECT_TRUE(contains(huge.errors[0], "1e19:64x1")) << huge.errors[0];
   EXPECT_EQ(bad.errors[2], "train.phases: phases must start at increasing token counts (got \"4:64x1\" after 10)");
   ConfigResult too_long = parse(MINIMAL, {"train.phases=[\"0:4096x1\"]", "model.max_seq_len=256"});
   ASSERT_EQ(too_long.errors.size(), 1u) << joined(too_long.errors);
