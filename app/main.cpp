@@ -40,7 +40,10 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--resume", train.resume,
                         "Continue a run (id, name, unique prefix or \"latest\") from its newest complete checkpoint, "
                         "appending to the same run")
-      ->excludes("--config");
+      ->excludes("--config")
+      // An empty value (an unset shell variable) would otherwise start a new run from the demo config.
+      ->check(CLI::Validator([](std::string& v) { return v.empty() ? std::string("expected a run, got nothing") : std::string(); },
+                             "RUN"));
   train_cmd->add_option("--nnodes", train.cluster.nnodes,
                         "Nodes of a multi-node run, one deltadeck process each (default: from torchrun/Slurm, else 1)")
       ->check(CLI::Range(1, std::numeric_limits<int>::max()));
@@ -104,8 +107,10 @@ int main(int argc, char** argv) {
   auto* info_cmd = model_cmd->add_subcommand("info", "Parameters, training FLOPs per token and activation memory of a preset");
   info_cmd->add_option("-p,--preset", info.preset, "tiny | tiny-moe | small | base | moe-1b")->capture_default_str();
   info_cmd->add_option("-f,--family", info.family, "hybrid | gpt")->capture_default_str();
-  info_cmd->add_option("--seq-len", info.seq_len, "Training context T for the FLOPs (default: the preset's)");
-  info_cmd->add_option("--vocab", info.vocab_size, "Vocabulary size (default: the preset's)");
+  info_cmd->add_option("--seq-len", info.seq_len, "Training context T for the FLOPs (default: the preset's)")
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
+  info_cmd->add_option("--vocab", info.vocab_size, "Vocabulary size (default: the preset's)")
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
 
   trainer::SampleOptions sample;
   auto* sample_cmd = cli.add_subcommand("sample", "Generate text from a checkpoint (cached token-by-token decoding)");
@@ -118,7 +123,7 @@ int main(int argc, char** argv) {
   sample_cmd->add_option("-t,--temperature", sample.temperature, "Softmax temperature; 0 = greedy")->capture_default_str();
   sample_cmd->add_option("-k,--top-k", sample.top_k, "Sample among the k likeliest tokens; 0 = all")->capture_default_str();
   sample_cmd->add_option("--seed", sample.seed, "Sampling seed")->capture_default_str();
-  sample_cmd->add_option("--threads", sample.threads, "CPU threads (default: all)");
+  sample_cmd->add_option("--threads", sample.threads, "CPU threads (default: all)")->check(CLI::Range(1, 1024));
 
   app::BenchModelArgs bench;
   auto* bench_cmd = cli.add_subcommand("bench", "Benchmarks that print figures");
@@ -128,7 +133,7 @@ int main(int argc, char** argv) {
   bench_model_cmd->add_option("-p,--preset", bench.preset, "Hybrid preset giving the layer's sizes")->capture_default_str();
   bench_model_cmd->add_option("--lengths", bench.lengths, "Sequence lengths T")->delimiter(',')->capture_default_str();
   bench_model_cmd->add_option("--repeats", bench.repeats, "Timed runs per length (best reported)")->capture_default_str();
-  bench_model_cmd->add_option("--threads", bench.threads, "CPU threads (default: all)");
+  bench_model_cmd->add_option("--threads", bench.threads, "CPU threads (default: all)")->check(CLI::Range(1, 1024));
 
   app::BenchGdrArgs bench_gdr;
   auto* bench_gdr_cmd = bench_cmd->add_subcommand(
@@ -152,7 +157,8 @@ int main(int argc, char** argv) {
   bench_data_cmd->add_option("--source", bench_data.sources, "A data.train source, e.g. llmc:/data/*.bin (repeatable)")
       ->required();
   bench_data_cmd->add_option("--tokenizer", bench_data.tokenizer, "byte | sentencepiece:PATH.model")->capture_default_str();
-  bench_data_cmd->add_option("--vocab", bench_data.vocab_size, "Vocabulary size (default: the tokenizer's; 65536 for token shards)");
+  bench_data_cmd->add_option("--vocab", bench_data.vocab_size, "Vocabulary size (default: the tokenizer's; 65536 for token shards)")
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   bench_data_cmd->add_option("--threads", bench_data.threads, "Producer threads")->capture_default_str();
   bench_data_cmd->add_option("--seq-len", bench_data.seq_len, "Row length T")->capture_default_str();
   bench_data_cmd->add_option("--batch", bench_data.batch_size, "Rows per batch")->capture_default_str();
@@ -309,6 +315,7 @@ int main(int argc, char** argv) {
   tok_train_cmd->add_option("--vocab-size", tok_train.vocab_size, "Vocabulary size (>= 300)")->required();
   tok_train_cmd->add_option("--out", tok_train.out, "The .model file to write")->required();
   tok_train_cmd->add_option("--model-type", tok_train.model_type, "bpe | unigram")->capture_default_str();
+  tok_train_cmd->add_flag("--force", tok_train.force, "Replace an existing --out model (and its .vocab)");
 
   app::ExportArgs export_args;
   auto* export_cmd = cli.add_subcommand("export", "Write a run's checkpoint as model.safetensors + config.json");

@@ -2,6 +2,7 @@
 // text; timings go to stderr.
 #include "app/sample_command.h"
 
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <stdexcept>
@@ -9,9 +10,11 @@
 namespace app {
 
 int run_sample(const trainer::SampleOptions& opts) {
-  if (opts.max_tokens < 1 || opts.temperature < 0 || opts.top_k < 0) {
+  // The temperature check is written so that nan and inf fail it (inf would sample uniformly).
+  const bool temperature_ok = std::isfinite(opts.temperature) && opts.temperature >= 0;
+  if (opts.max_tokens < 1 || !temperature_ok || opts.top_k < 0) {
     if (opts.max_tokens < 1) std::cerr << "deltadeck: --max-tokens: must be >= 1\n";
-    if (opts.temperature < 0) std::cerr << "deltadeck: --temperature: must be >= 0 (0 = greedy)\n";
+    if (!temperature_ok) std::cerr << "deltadeck: --temperature: must be a finite number >= 0 (0 = greedy)\n";
     if (opts.top_k < 0) std::cerr << "deltadeck: --top-k: must be >= 0 (0 = off)\n";
     return 2;
   }

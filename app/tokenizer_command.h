@@ -15,9 +15,12 @@ struct TokenizerTrainArgs {
   int64_t vocab_size = 0;
   std::string out;                   // F.model (F.vocab is written next to it)
   std::string model_type = "bpe";    // bpe | unigram
+  bool force = false;                // replace an existing F.model (and F.vocab)
 };
 
-// Trains, reloads the model to check it, and prints one summary line; returns the exit code.
+// Trains, reloads the model to check it, and prints one summary line; returns the exit code (2 when
+// --out exists and --force was not given: runs that read that model would go on with other ids).
+// The model and vocab are written under temporary names and renamed into place once checked.
 // Main thread. Throws std::runtime_error (main prints it) for unreadable inputs or bad options.
 int tokenizer_train(const TokenizerTrainArgs& args);
 

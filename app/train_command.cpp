@@ -132,6 +132,15 @@ int resolve_resume(const TrainArgs& args, bool node0, int nnodes, PreparedRun& o
       return 2;
     }
     out.resume_from = choice.dir;
+    // A train.steps below what the checkpoint already trained (a typo for a larger number) would
+    // "finish" the run at once and record that step count as its config.
+    const int64_t from_step = std::stoll(out.resume_from.substr(out.resume_from.rfind("step_") + 5));
+    if (cfg.train.steps < from_step) {
+      std::cerr << "deltadeck: --resume " << args.resume << ": train.steps = " << cfg.train.steps
+                << " is below the step " << from_step << " that " << out.resume_from
+                << " already trained; raise it (--set train.steps=N) to go on. Nothing was started\n";
+      return 2;
+    }
     const int64_t world = static_cast<int64_t>(trainer::rank_devices(cfg.run.devices).size()) * nnodes;
     const auto mismatches =
         trainer::resume_mismatches(trainer::read_compat(out.resume_from), trainer::resume_fingerprint(cfg, world));

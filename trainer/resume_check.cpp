@@ -37,6 +37,9 @@ std::map<std::string, std::string> resume_fingerprint(const RunConfig& cfg, int6
   // had reopened the run. (Checkpoints written before these keys are not compared on them.)
   out["train.optimizer"] = j["train"]["optimizer"].dump();
   out["train.ema"] = cfg.train.ema_decay > 0 ? "on" : "off";
+  // The loader's saved position holds one cursor a training source; another count failed at the
+  // first step (after the resume had recorded the new config as the run's).
+  out["data.train_sources"] = std::to_string(cfg.data.train.size());
   out["world_size"] = std::to_string(world_size);
   return out;
 }
@@ -51,6 +54,9 @@ std::vector<std::string> resume_mismatches(const std::map<std::string, std::stri
     if (key == "world_size") line += " (each rank's data position is saved; resume on as many ranks)";
     if (key == "train.optimizer") line += " (the optimizer state is saved for the optimizer that wrote it)";
     if (key == "train.ema") line += " (EMA weights are saved only while train.ema_decay > 0)";
+    if (key == "data.train_sources")
+      line += " data.train sources (the loader's position is saved for each; other files behind the same sources "
+              "are allowed)";
     out.push_back(line);
   }
   return out;

@@ -108,6 +108,37 @@ set +e
 rc=$?
 set -e
 [ "$rc" != 0 ] || fail "resuming an unknown run succeeded"
+# Resumes refused before anything starts (exit 2, the run left as it was): an empty --resume (an
+# unset shell variable), train.steps below the checkpoint's step, and another number of training
+# sources than the loader's saved position holds.
+src=$(sqlite3 "$db" "SELECT json_extract(config_json, '$.data.train[0]') FROM runs WHERE id=$run_id")
+for bad in "--resume=" "--resume e2e --set train.steps=10" "--resume e2e --set data.train=[\"$src\",\"$src\"]"; do
+  set +e
+  # shellcheck disable=SC2086  # the words of $bad are the arguments
+  "$bin" train --no-gui $bad --runs-dir "$work/runs" > "$work/resume_refused.out" 2>&1
+  rc=$?
+  set -e
+  [ "$rc" = 2 ] || { cat "$work/resume_refused.out"; fail "train $bad exited $rc, expected 2"; }
+done
+grep -q "data.train_sources: the checkpoint has 1, this run has 2" "$work/resume_refused.out" \
+  || { cat "$work/resume_refused.out"; fail "a resume with another source count does not name data.train_sources"; }
+"$bin" train --no-gui --resume e2e --runs-dir "$work/runs" --set train.steps=10 > "$work/resume_low.out" 2>&1 || true
+grep -q "train.steps = 10 is below the step 60" "$work/resume_low.out" \
+  || { cat "$work/resume_low.out"; fail "a resume below the checkpoint's step does not say so"; }
+sqlite3 "$db" "SELECT json_extract(config_json, '$.train.steps') FROM runs WHERE id=$run_id" | grep -qx 60 \
+  || fail "a refused resume changed the run's recorded config"
+[ "$(sqlite3 "$db" "SELECT status FROM runs WHERE id=$run_id")" = finished ] || fail "a refused resume changed the run's status"
+# Values no command can use are refused naming the flag.
+for bad in "model info --seq-len -5" "model info --vocab 0" "sample --checkpoint $work/runs/e2e -t inf" \
+           "sample --checkpoint $work/runs/e2e -t nan" "sample --checkpoint $work/runs/e2e --threads -2"; do
+  set +e
+  # shellcheck disable=SC2086
+  "$bin" $bad > "$work/flag.out" 2>&1
+  rc=$?
+  set -e
+  flag=$(echo "$bad" | grep -o -- '-[-a-z]* [-a-z0-9]*$' | cut -d' ' -f1)
+  [ "$rc" = 2 ] && grep -q -- "$flag" "$work/flag.out" || { cat "$work/flag.out"; fail "$bad exited $rc"; }
+done
 
 # 5. Export: the newest checkpoint or a chosen step as model.safetensors + config.json.
 "$bin" export e2e --runs-dir "$work/runs" --out "$work/export" > "$work/export.out" 2>&1 \
@@ -212,6 +243,20 @@ set -e
 # stands alone.
 "$bin" tokenizer train --input "/usr/share/games/fortunes/fortunes" --vocab-size 512 --out "$work/sp.model" \
   > "$work/sp.out" 2>&1 || { cat "$work/sp.out"; fail "tokenizer train"; }
+# Training again onto an existing model is refused (runs that read it would get other ids), unless
+# --force; the model is replaced whole, and no temporary files are left.
+cp "$work/sp.model" "$work/sp.model.first"
+set +e
+"$bin" tokenizer train --input "/usr/share/games/fortunes/fortunes" --vocab-size 300 --out "$work/sp.model" \
+  > "$work/sp2.out" 2>&1
+rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q -- "--out: .*sp.model exists" "$work/sp2.out" && cmp -s "$work/sp.model" "$work/sp.model.first" \
+  || { cat "$work/sp2.out"; fail "tokenizer train over an existing model exited $rc"; }
+"$bin" tokenizer train --input "/usr/share/games/fortunes/fortunes" --vocab-size 512 --out "$work/sp.model" --force \
+  > "$work/sp3.out" 2>&1 || { cat "$work/sp3.out"; fail "tokenizer train --force"; }
+[ -f "$work/sp.vocab" ] && [ ! -e "$work/sp.tmp.model" ] && [ ! -e "$work/sp.tmp.vocab" ] \
+  || { ls "$work"; fail "tokenizer train --force left temporary files or no .vocab"; }
 "$bin" train --no-gui --runs-dir "$work/runs" --set name=sp --set "data.tokenizer=\"sentencepiece:$work/sp.model\"" \
   --set model.vocab_size=512 --set train.steps=2 --set train.warmup_steps=1 --set run.threads=1 > "$work/sp-run.out" 2>&1 \
   || { cat "$work/sp-run.out"; fail "training with the SentencePiece tokenizer"; }

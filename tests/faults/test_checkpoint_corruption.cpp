@@ -174,6 +174,9 @@ TEST(ResumeRefusal, ShapeVocabDtypeWorldSizeAndOptimizerStateBeforeAnythingIsRea
       // The optimizer state: Muon's momenta and EMA weights are in the checkpoint only if the run had them.
       {{"train.optimizer=\"muon\""}, "train.optimizer: the checkpoint has \"adamw\", this run has \"muon\""},
       {{"train.ema_decay=0.99"}, "train.ema: the checkpoint has off, this run has on"},
+      // The loader's position holds a cursor a training source.
+      {{"data.train=[\"text:" + dir.path() + "/corpus/*.txt\", \"text:" + dir.path() + "/corpus/*.txt\"]"},
+       "data.train_sources: the checkpoint has 1, this run has 2"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.set[0]);
