@@ -16,7 +16,7 @@ int run_export(const ExportArgs& args) {
     std::cerr << "deltadeck: export: no run database at " << db_path << " (pass --runs-dir)\n";
     return 2;
   }
-  auto store = storage::RunStore::open(db_path, /*read_only=*/true);
+  auto store = storage::RunStore::open_for_display(db_path);  // migrates an older file it may write
   const storage::RunSummary run = store->find_run(args.run);
   const std::string run_dir = args.runs_dir + "/" + run.name;
   const auto all = trainer::list_checkpoints(run_dir + "/checkpoints");

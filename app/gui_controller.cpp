@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -100,6 +101,8 @@ struct GuiController::DbContext {
   static constexpr std::chrono::seconds kSweepEvery{20};
   bool any_running = false;
   bool sweep_refused = false;
+  // Runs not running at the last listing, and those of them read since they were seen ended.
+  std::set<int64_t> ended_runs, read_after_end;
   std::chrono::steady_clock::time_point last_sweep = std::chrono::steady_clock::now();
 
   // True when the sweep marked a run interrupted (the list is then read again).
@@ -109,8 +112,13 @@ struct GuiController::DbContext {
     last_sweep = now;
     try {
       return writable().mark_dead_runs() > 0;
+    } catch (const storage::SqliteError& e) {
+      // Busy (another process holds the write lock) may pass: tried again at the next sweep.
+      // Anything else (a read-only file or directory) will not: the stored statuses are shown.
+      if (!e.may_pass()) sweep_refused = true;
+      return false;
     } catch (const std::exception&) {
-      sweep_refused = true;  // read-only file or directory: show what is stored
+      sweep_refused = true;
       return false;
     }
   }
@@ -147,6 +155,12 @@ struct GuiController::DbContext {
       row.name = r.name;
       row.status = r.status;
       any_running |= r.status == "running";
+      if (r.status == "running") {
+        ended_runs.erase(r.id);
+        read_after_end.erase(r.id);  // resumed: rows come again
+      } else {
+        ended_runs.insert(r.id);
+      }
       row.model = r.model;
       row.params = r.params;
       row.world_size = r.world_size;
@@ -185,7 +199,12 @@ struct GuiController::DbContext {
       }
       for (const auto& run : req.runs) {
         if (!changed && !run.must) continue;
+        // A run that ended and was read once since gets no more rows: reading after its last one
+        // would scan the rest of the table (rowids past it belong to other runs) at every commit.
+        const bool ended = ended_runs.count(run.id) > 0;
+        if (!run.must && ended && read_after_end.count(run.id) > 0) continue;
         auto got = storage::metrics_after(conn.get(), run.id, run.after, ROWS_PER_POLL);
+        if (ended) read_after_end.insert(run.id);
         res.more |= static_cast<int64_t>(got.size()) == ROWS_PER_POLL;
         res.metrics[run.id] = {run.generation, run.after, std::move(got)};
       }
@@ -329,7 +348,7 @@ GuiController::GuiController(GuiOptions opts, std::function<void()> wake) : opts
   init_launcher();
   if (!opts_.resume.empty()) {
     try {
-      auto store = storage::RunStore::open(db_->path, /*read_only=*/true);
+      auto store = storage::RunStore::open_for_display(db_->path);
       int64_t id = 0;
       if (opts_.resume == "latest") {
         for (const auto& r : store->list_runs()) id = std::max(id, r.id);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <thread>
 #include <utility>
 #include <variant>
 
@@ -13,10 +14,39 @@
 
 #include "storage/file_util.h"
 #include "storage/metrics_writer.h"
+#include "storage/run_store.h"
 #include "trainer/config.h"
 #include "trainer/session.h"
 
 namespace app {
+
+namespace {
+
+// Runs a write to the run database, trying again while another process holds its write lock past
+// the busy timeout (e.g. `runs delete` of a large run), for up to `patience`; other failures and
+// the last busy one are thrown.
+template <class Write>
+void write_while_busy(Write write, std::chrono::seconds patience) {
+  const auto give_up_at = std::chrono::steady_clock::now() + patience;
+  std::chrono::milliseconds pause{100};
+  for (;;) {
+    try {
+      write();
+      return;
+    } catch (const storage::SqliteError& e) {
+      if (!e.may_pass() || std::chrono::steady_clock::now() + pause > give_up_at) throw;
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min<std::chrono::milliseconds>(pause * 2, std::chrono::seconds(2));
+  }
+}
+
+// How long the run's end may wait for the lock (nothing else is left to do then), and how long a
+// checkpoint's or event's row may hold up the events behind it.
+constexpr std::chrono::seconds kEndPatience{180};
+constexpr std::chrono::seconds kRowPatience{30};
+
+}  // namespace
 
 PreparedRun record_new_run(trainer::RunConfig cfg, int64_t world_size, const std::string& revision) {
   PreparedRun out;
@@ -161,7 +191,8 @@ void RunHost::forward() {
     end = end_;
   }
   try {
-    prep_.store->finish_run(prep_.run_id, trainer::status_name(end.status), end.message);
+    write_while_busy([&] { prep_.store->finish_run(prep_.run_id, trainer::status_name(end.status), end.message); },
+                     kEndPatience);
   } catch (const std::exception& e) {
     warn(std::string("recording the run's end: ") + e.what());
   }
@@ -208,7 +239,8 @@ void RunHost::handle(const trainer::Event& ev) {
     writer_->push(rows);
   } else if (auto* c = std::get_if<trainer::CheckpointEvent>(&ev)) {
     try {
-      prep_.store->add_checkpoint({run_id, c->step, c->path, c->bytes, c->sha256, ""});
+      write_while_busy([&] { prep_.store->add_checkpoint({run_id, c->step, c->path, c->bytes, c->sha256, ""}); },
+                       kRowPatience);
       // The engine prunes old checkpoints from disk and names them; their records go too (the view
       // drops them in apply_event below), and so do those of checkpoints removed by hand. Only an
       // absolute path is checked: a relative one, recorded by an older version, is relative to
@@ -228,7 +260,7 @@ void RunHost::handle(const trainer::Event& ev) {
     }
   } else if (auto* l = std::get_if<trainer::LogEvent>(&ev)) {
     try {
-      prep_.store->add_event({run_id, l->step, l->level, l->text, ""});
+      write_while_busy([&] { prep_.store->add_event({run_id, l->step, l->level, l->text, ""}); }, kRowPatience);
     } catch (const std::exception& e) {
       warn(std::string("recording an event: ") + e.what());
     }

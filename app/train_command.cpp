@@ -91,7 +91,8 @@ int resolve_resume(const TrainArgs& args, bool node0, int nnodes, PreparedRun& o
               << " (pass --runs-dir)\n";
     return 2;
   }
-  out.store = storage::RunStore::open(out.db_path, read_only);
+  // A dry run only reads; open_for_display still migrates an older file this user may write.
+  out.store = read_only ? storage::RunStore::open_for_display(out.db_path) : storage::RunStore::open(out.db_path);
   if (args.resume == "latest") {
     auto runs = out.store->list_runs();
     if (runs.empty()) {

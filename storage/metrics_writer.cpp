@@ -12,7 +12,6 @@
 #include <exception>
 #include <iterator>
 
-#include <sqlite3.h>
 
 #include "storage/run_store.h"
 
@@ -35,7 +34,6 @@ constexpr auto RETRY_FOR = std::chrono::minutes(3);
 // `runs delete` of a long run removes its rows in one transaction). Others are not waited out: a
 // run_id with no run fails every time, and a full disk stops the run's checkpoints too, so a
 // checkpoint's flush() held for minutes behind it would only stall the step.
-bool may_pass(int code) { return code == SQLITE_BUSY || code == SQLITE_LOCKED; }
 
 }  // namespace
 
@@ -157,7 +155,7 @@ std::string MetricsWriter::write(const std::vector<MetricRow>& batch) {
       ++commits_;
       return "";
     } catch (const SqliteError& e) {
-      if (!may_pass(e.code()) || std::chrono::steady_clock::now() + pause > give_up_at) {
+      if (!e.may_pass() || std::chrono::steady_clock::now() + pause > give_up_at) {
         return "dropped " + std::to_string(batch.size()) + " metric rows after " + std::to_string(tries) +
                (tries == 1 ? " try: " : " tries: ") + e.what();
       }

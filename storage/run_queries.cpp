@@ -130,18 +130,21 @@ std::vector<std::pair<int64_t, std::string>> run_configs(sqlite3* db) {
 }
 
 int64_t export_metrics_csv(sqlite3* db, int64_t run_id, const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "w");
-  if (!f) throw std::runtime_error(path + ": cannot write: " + std::strerror(errno));
+  // The query first: one that cannot be prepared (a damaged file) leaves no empty file behind.
   Query q(db, "SELECT step, tokens, wall_s, key, value FROM metrics WHERE run_id = ?1 AND superseded = 0 "
               "ORDER BY key, step, rowid");
   q.bind(1, run_id);
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) throw std::runtime_error(path + ": cannot write: " + std::strerror(errno));
   std::fputs("step,tokens,wall_s,key,value\n", f);
   int64_t rows = 0;
   try {
     while (q.step()) {
-      // Keys are metric names (letters, digits, '.', '_'): no quoting needed.
+      // Keys are metric names (letters, digits, '.', '_'): no quoting needed. SQLite stores NaN
+      // as NULL: written back as nan (a skipped step's loss is not 0).
+      const double value = q.null(4) ? std::numeric_limits<double>::quiet_NaN() : q.f64(4);
       std::fprintf(f, "%lld,%lld,%.17g,%s,%.17g\n", static_cast<long long>(q.i64(0)),
-                   static_cast<long long>(q.i64(1)), q.f64(2), q.text(3).c_str(), q.f64(4));
+                   static_cast<long long>(q.i64(1)), q.f64(2), q.text(3).c_str(), value);
       ++rows;
     }
   } catch (...) {

@@ -293,6 +293,8 @@ int mark_interrupted(sqlite3* db, const std::string& path) {
 
 }  // namespace
 
+bool SqliteError::may_pass() const { return code_ == SQLITE_BUSY || code_ == SQLITE_LOCKED; }
+
 std::string this_process_namespace() {
   std::string boot;
   if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {

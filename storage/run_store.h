@@ -34,6 +34,9 @@ class SqliteError : public std::runtime_error {
  public:
   SqliteError(const std::string& what, int code) : std::runtime_error(what), code_(code) {}
   int code() const { return code_; }
+  // Whether the failure may pass if tried again: another connection held a lock past the busy
+  // timeout (SQLITE_BUSY, SQLITE_LOCKED).
+  bool may_pass() const;
 
  private:
   int code_;

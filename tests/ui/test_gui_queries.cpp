@@ -3,6 +3,7 @@
 
 #include <sqlite3.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -75,16 +76,18 @@ TEST(RunQueries, CsvExportReadsBackBitForBit) {
   const int64_t a = add_run(*store, "a", "{}");
   const double tricky = 0.1 + 0.2;  // not representable in 15 digits
   store->insert_metrics({{a, {2, 200, 1.0 / 3.0, "loss", tricky}}, {a, {1, 100, 0.25, "loss", 1e-300}},
-                         {a, {1, 100, 0.25, "lr", 3e-3}}});
+                         {a, {1, 100, 0.25, "lr", 3e-3}}, {a, {3, 300, 2.0, "loss", std::nan("")}}});
   auto conn = storage::open_read_connection(db);
   const std::string csv = dir.file("a.csv");
-  EXPECT_EQ(storage::export_metrics_csv(conn.get(), a, csv), 3);
+  EXPECT_EQ(storage::export_metrics_csv(conn.get(), a, csv), 4);
   std::ifstream in(csv);
-  std::string header, l1, l2, l3;
+  std::string header, l1, l2, l3, l4;
   std::getline(in, header);
   std::getline(in, l1);
   std::getline(in, l2);
+  std::getline(in, l4);  // the NaN loss of step 3 (stored as NULL) comes back as nan, not 0
   std::getline(in, l3);
+  EXPECT_EQ(l4, "3,300,2,loss,nan");
   EXPECT_EQ(header, "step,tokens,wall_s,key,value");
   EXPECT_EQ(l1.substr(0, 16), "1,100,0.25,loss,");
   EXPECT_EQ(std::stod(l1.substr(16)), 1e-300);
