@@ -429,11 +429,16 @@ int64_t RunStore::create_run(const NewRun& r) {
   // IMMEDIATE makes the name check and the insert atomic against another process doing the same.
   Transaction tx(db_, path_);
   std::string name = base;
+  // A run's folder is <runs dir>/<name>, beside the database. A folder of that name left behind
+  // (a delete cut short, files it could not remove) takes the name too: pruning and --resume trust
+  // the checkpoints on disk, and would take the old run's for the new one's.
+  const std::string db_dir = files::parent_dir(path_);
+  const std::string runs_dir = path_ == ":memory:" ? "" : db_dir.empty() ? "." : db_dir;
   {
     Stmt taken(db_, path_, "SELECT 1 FROM runs WHERE name = ?1");
     for (int64_t n = 2;; ++n) {
       taken.bind(1, name);
-      const bool exists = taken.step();
+      const bool exists = taken.step() || (!runs_dir.empty() && files::exists(runs_dir + "/" + name));
       taken.reset();
       if (!exists) break;
       name = base + "-" + std::to_string(n);

@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "storage/file_util.h"
 #include "storage/run_store.h"
 
 namespace {
@@ -200,6 +201,18 @@ TEST(RunStore, CreateRunPicksUniqueNames) {
   EXPECT_EQ(runs[0].id, a);
   EXPECT_EQ(runs[2].id, c);
   EXPECT_FALSE(store->run(12345).has_value());
+}
+
+// A folder left where a deleted run lived (a delete cut short) is not given to a new run of that
+// name: its checkpoints would be pruned and resumed from as the new run's.
+TEST(RunStore, CreateRunSkipsNamesWhoseFolderIsLeftOnDisk) {
+  TempDir dir;
+  storage::files::make_dirs(dir.file("demo/checkpoints/step_00002000"));
+  auto store = RunStore::open(dir.file("deltadeck.db"));
+  const int64_t a = store->create_run(new_run("demo"));
+  EXPECT_EQ(store->run(a)->name, "demo-2");
+  const int64_t b = store->create_run(new_run("fresh"));
+  EXPECT_EQ(store->run(b)->name, "fresh");
 }
 
 TEST(RunStore, FinishAndReopen) {
