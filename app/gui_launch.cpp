@@ -76,9 +76,8 @@ void resolve(ResumeOutcome& out, PreparedRun& prep, int64_t run_id, int64_t step
     return;
   }
   out.run_name = run->name;
-  if (run->status == "running" &&
-      storage::process_liveness(run->host, run->pid, run->proc_ns) == storage::Liveness::Alive) {
-    out.error = "run '" + run->name + "' is still running (pid " + std::to_string(run->pid) + ")";
+  if (const std::string busy = storage::still_running(*run); !busy.empty()) {
+    out.error = "run '" + run->name + "' " + busy;
     return;
   }
   const std::string runs_dir = storage::files::parent_dir(prep.db_path);

@@ -103,6 +103,7 @@ std::string record_resumed_config(PreparedRun& prep, int64_t step) {
 
 RunHost::RunHost(PreparedRun prep, RunHostOptions opts) : prep_(std::move(prep)), opts_(std::move(opts)) {
   writer_ = std::make_unique<storage::MetricsWriter>(prep_.db_path);
+  writer_->keep_alive(prep_.run_id);  // other machines tell this run is alive by its heartbeat
   const storage::RunSummary rec = *prep_.store->run(prep_.run_id);
   view_.run_id = prep_.run_id;
   view_.run_name = rec.name;

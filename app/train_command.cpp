@@ -103,9 +103,10 @@ int resolve_resume(const TrainArgs& args, bool node0, int nnodes, PreparedRun& o
   } else {
     run = out.store->find_run(args.resume);
   }
-  if (node0 && run.status == "running" &&
-      storage::process_liveness(run.host, run.pid, run.proc_ns) == storage::Liveness::Alive) {
-    std::cerr << "deltadeck: --resume: run '" << run.name << "' is still running (pid " << run.pid << ")\n";
+  // Its process alive here, or another machine's or container's with a recent heartbeat: two
+  // processes would then train and record the same run.
+  if (const std::string busy = node0 ? storage::still_running(run) : ""; !busy.empty()) {
+    std::cerr << "deltadeck: --resume: run '" << run.name << "' " << busy << "\n";
     return 2;
   }
   out.run_id = run.id;

@@ -107,14 +107,42 @@ bool MetricsWriter::note_arrival(int64_t step) {
   return wake;
 }
 
+void MetricsWriter::keep_alive(int64_t run_id, std::chrono::milliseconds every) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    alive_run_ = run_id;
+    alive_every_ = every;
+    next_beat_ = std::chrono::steady_clock::now() + every;
+  }
+  cv_.notify_one();
+}
+
 void MetricsWriter::run() {
   auto last_commit = std::chrono::steady_clock::now() - GATHER;
   std::vector<MetricRow> batch;
   std::unique_lock<std::mutex> lock(mu_);
   auto urgent = [&] { return stop_ || flush_to_ > committed_ || pending_.size() >= MAX_BATCH; };
   auto new_step = [&] { return max_pending_step_ > max_committed_step_; };
+  auto has_work = [&] { return stop_ || !pending_.empty(); };
   for (;;) {
-    cv_.wait(lock, [&] { return stop_ || !pending_.empty(); });
+    // Idle: wait for rows, stamping the kept-alive run's heartbeat when it falls due (a commit of
+    // rows stamps it too, insert_metrics).
+    while (!has_work()) {
+      if (alive_run_ == 0) {
+        cv_.wait(lock, [&] { return has_work() || alive_run_ != 0; });
+        continue;
+      }
+      if (cv_.wait_until(lock, next_beat_, has_work)) break;
+      const int64_t run = alive_run_;
+      next_beat_ = std::chrono::steady_clock::now() + alive_every_;
+      lock.unlock();
+      try {
+        store_->heartbeat(run);
+      } catch (const std::exception&) {
+        // Busy or gone for a moment: the next beat (or commit) stamps it.
+      }
+      lock.lock();
+    }
     if (pending_.empty()) break;
     cv_.wait_until(lock, last_commit + GATHER, urgent);
     if (!urgent() && !new_step())

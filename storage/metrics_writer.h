@@ -14,11 +14,10 @@
 #include <thread>
 #include <vector>
 
+#include "storage/run_store.h"
 #include "storage/types.h"
 
 namespace storage {
-
-class RunStore;
 
 class MetricsWriter {
  public:
@@ -32,6 +31,10 @@ class MetricsWriter {
   void push(const std::vector<MetricRow>& rows);
   // Blocks until every row pushed before the call is committed. Any thread except the writer.
   void flush();
+  // From now on the thread also stamps run_id's heartbeat every `every` when no rows come (paused,
+  // a long evaluation or save, a slow step), so other machines can tell the run is alive
+  // (storage::still_running). Any thread.
+  void keep_alive(int64_t run_id, std::chrono::milliseconds every = std::chrono::seconds(HEARTBEAT_EVERY_S));
   // Rows committed so far, and the last error (empty when none).
   int64_t rows_written() const { return rows_written_.load(); }
   // Transactions committed so far (at most one per training step, see metrics_writer.cpp).
@@ -52,6 +55,9 @@ class MetricsWriter {
   // flush() raises this so the thread writes at once instead of waiting to gather a fuller batch.
   int64_t flush_to_ = 0;
   bool stop_ = false;
+  int64_t alive_run_ = 0;  // keep_alive's run (0: none)
+  std::chrono::milliseconds alive_every_{0};
+  std::chrono::steady_clock::time_point next_beat_{};
   std::atomic<int64_t> rows_written_{0}, commits_{0};
   // The commit-once-per-step policy: the newest step queued and committed, and when the oldest
   // queued row arrived.

@@ -141,7 +141,7 @@ void exec(sqlite3* db, const std::string& path, const char* sql) {
 
 constexpr const char* SUMMARY_COLUMNS =
     "SELECT id, name, status, model, host, pid, params, world_size, revision, started_at, "
-    "ended_at, message, note, proc_ns FROM runs";
+    "ended_at, message, note, proc_ns, COALESCE(heartbeat_at, started_at) FROM runs";
 
 constexpr const char* STATUSES[] = {"running", "finished", "stopped", "failed", "interrupted", "preempted", "diverged"};
 
@@ -161,6 +161,7 @@ RunSummary read_summary(const Stmt& s) {
   r.message = s.text(11);
   r.note = s.text(12);
   r.proc_ns = s.text(13);
+  r.heartbeat_at = s.text(14);
   return r;
 }
 
@@ -315,6 +316,20 @@ Liveness process_liveness(const std::string& host, int64_t pid, const std::strin
   // EPERM means the pid exists but is someone else's: alive, as far as we can tell.
   if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return Liveness::Dead;
   return Liveness::Alive;
+}
+
+std::string still_running(const RunSummary& run) {
+  if (run.status != "running") return "";
+  const std::string who = "pid " + std::to_string(run.pid) + " on " + run.host;
+  switch (process_liveness(run.host, run.pid, run.proc_ns)) {
+    case Liveness::Alive: return "is still running (" + who + ")";
+    case Liveness::Dead: return "";
+    case Liveness::Unknown: break;
+  }
+  // Another machine or container: only its heartbeat tells. ISO 8601 UTC stamps compare as text.
+  if (run.heartbeat_at.empty() || run.heartbeat_at < utc_iso8601(std::time(nullptr) - RUN_QUIET_S)) return "";
+  return "may still be running (" + who + ", last heartbeat " + run.heartbeat_at + "); a run whose process is gone "
+         "is taken as ended " + std::to_string(RUN_QUIET_S) + " s after its last heartbeat";
 }
 
 const char* network_filesystem_name(long f_type) {
@@ -493,6 +508,11 @@ void RunStore::reopen_run(int64_t run_id) {
     throw std::runtime_error(path_ + ": reopen_run: no run with id " + std::to_string(run_id));
   }
   tx.commit();
+}
+
+void RunStore::heartbeat(int64_t run_id) {
+  Stmt s(db_, path_, "UPDATE runs SET heartbeat_at = ?1 WHERE id = ?2 AND status = 'running'");
+  s.bind(1, now_utc()).bind(2, run_id).run();
 }
 
 void RunStore::insert_metrics(const std::vector<MetricRow>& rows) {

@@ -57,6 +57,16 @@ std::string this_process_namespace();
 enum class Liveness { Alive, Dead, Unknown };
 Liveness process_liveness(const std::string& host, int64_t pid, const std::string& proc_ns);
 
+// A live run's process stamps runs.heartbeat_at at least this often (MetricsWriter::keep_alive),
+// and one whose stamp is older than RUN_QUIET_S is taken as gone by a resume.
+constexpr int64_t HEARTBEAT_EVERY_S = 30;
+constexpr int64_t RUN_QUIET_S = 120;
+
+// Why `run` must not be resumed or changed now because its process may still be running it: alive
+// here (same host and pid namespace), or elsewhere with a heartbeat in the last RUN_QUIET_S
+// seconds. Empty when it is not 'running', its process is gone, or it has been quiet longer.
+std::string still_running(const RunSummary& run);
+
 // Applies migrations 1..target_version to an open database (exposed so tests can build an
 // older schema and check that opening it with the full store migrates it). Throws on failure.
 void migrate(sqlite3* db, int target_version);
@@ -90,6 +100,8 @@ class RunStore {
   void finish_run(int64_t run_id, const std::string& status, const std::string& message);
   // Marks a run 'running' again (resume), clearing ended_at and message.
   void reopen_run(int64_t run_id);
+  // Stamps a running run's heartbeat_at with the time now (the writer's keep-alive).
+  void heartbeat(int64_t run_id);
   // Replaces a run's recorded config (a resume's --set changes): the next resume starts from it.
   void update_run_config(int64_t run_id, const std::string& config_toml, const std::string& config_json);
 

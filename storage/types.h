@@ -46,6 +46,7 @@ struct RunSummary {
   int64_t world_size = 1;
   std::string revision;
   std::string started_at;    // UTC, ISO 8601
+  std::string heartbeat_at;  // UTC, ISO 8601: the run process's last sign of life (started_at if none)
   std::string ended_at;      // empty while running
   std::string message;       // why it ended, when it failed
   int64_t last_step = 0;     // highest step with a metric

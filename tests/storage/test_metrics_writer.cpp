@@ -109,6 +109,45 @@ TEST(MetricsWriter, DestructorFlushes) {
   EXPECT_EQ(RunStore::open(path)->metrics(id, "loss").size(), 1000u);
 }
 
+// With no rows coming (a paused run, a long evaluation), the writer still stamps the run's
+// heartbeat, which is how other machines tell the run is alive.
+TEST(MetricsWriter, KeepAliveStampsTheHeartbeatWithoutRows) {
+  TempDir dir;
+  const std::string path = dir.file("k.db");
+  const int64_t id = make_run(path);
+  auto store = RunStore::open(path);
+  auto heartbeat = [&] { return store->run(id)->heartbeat_at; };
+  const std::string old = "2000-01-01T00:00:00Z";
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  auto set_old = [&] {
+    ASSERT_EQ(sqlite3_exec(db, ("UPDATE runs SET heartbeat_at = '" + old + "'").c_str(), nullptr, nullptr, nullptr),
+              SQLITE_OK);
+  };
+  set_old();
+  {
+    MetricsWriter writer(path);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_EQ(heartbeat(), old);  // not kept alive: nothing written
+    writer.keep_alive(id, std::chrono::milliseconds(50));
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    EXPECT_GT(heartbeat(), old);
+    set_old();
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    EXPECT_GT(heartbeat(), old);  // and again, each beat
+  }
+  // An ended run's heartbeat is left as it was.
+  store->finish_run(id, "finished", "");
+  set_old();
+  {
+    MetricsWriter writer(path);
+    writer.keep_alive(id, std::chrono::milliseconds(50));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  EXPECT_EQ(heartbeat(), old);
+  sqlite3_close(db);
+}
+
 TEST(MetricsWriter, FlushWithNothingPendingReturns) {
   TempDir dir;
   MetricsWriter writer(dir.file("e.db"));

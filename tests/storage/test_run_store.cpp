@@ -480,6 +480,32 @@ TEST(RunStore, ProcessLivenessNeedsThisHostAndNamespace) {
   EXPECT_EQ(storage::process_liveness(host, 0, ns), Liveness::Unknown);
 }
 
+// Whether a resume must leave a run alone: alive here, or elsewhere with a recent heartbeat.
+TEST(RunStore, StillRunningByPidHereAndByHeartbeatElsewhere) {
+  TempDir dir;
+  const std::string path = dir.file("alive.db");
+  auto store = RunStore::open(path);
+  const int64_t id = store->create_run(new_run("r"));
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  auto sql = [&](const std::string& s) { ASSERT_EQ(sqlite3_exec(db, s.c_str(), nullptr, nullptr, nullptr), SQLITE_OK); };
+  EXPECT_NE(storage::still_running(*store->run(id)).find("is still running"), std::string::npos);  // this process
+  sql("UPDATE runs SET pid = " + std::to_string(dead_pid()));
+  EXPECT_EQ(storage::still_running(*store->run(id)), "");  // its process is gone
+  // Another machine: alive while its heartbeat is recent, taken as gone after RUN_QUIET_S.
+  sql("UPDATE runs SET host = 'another-host'");
+  store->heartbeat(id);
+  const std::string busy = storage::still_running(*store->run(id));
+  EXPECT_NE(busy.find("may still be running"), std::string::npos) << busy;
+  EXPECT_NE(busy.find("another-host"), std::string::npos) << busy;
+  sql("UPDATE runs SET heartbeat_at = '2000-01-01T00:00:00Z'");
+  EXPECT_EQ(storage::still_running(*store->run(id)), "");
+  store->heartbeat(id);
+  store->finish_run(id, "stopped", "");
+  EXPECT_EQ(storage::still_running(*store->run(id)), "");  // not running
+  sqlite3_close(db);
+}
+
 // What `deltadeck runs list` and the app's Runs view open: a run whose process died without
 // closing it (SIGKILL, OOM) shows as interrupted, with the reason, not as running; a file this
 // user cannot write is read as it is (not checked as root, who may write any file).
