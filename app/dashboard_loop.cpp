@@ -1,7 +1,9 @@
 // The terminal dashboard's main loop: keys in, frames out, the run host in between. The screen is
 // redrawn only when the view or the dashboard state changed (or the terminal was resized), and
 // only its changed rows are sent.
+#include <chrono>
 #include <iostream>
+#include <thread>
 
 #include "app/front_ends.h"
 #include "app/signals.h"
@@ -41,6 +43,7 @@ bool run_dashboard(RunHost& host, trainer::EndedEvent& ended) {
   uint64_t drawn = ~uint64_t{0};
   bool dirty = true;
   int signals_seen = 0;
+  bool reenter_pending = false;
   while (!host.ended()) {
     if (stop_signals_received() > signals_seen) {
       signals_seen = stop_signals_received();
@@ -56,7 +59,15 @@ bool run_dashboard(RunHost& host, trainer::EndedEvent& ended) {
       sent.clear();
       dirty = true;
     }
-    if (take_continued()) {
+    // A background job (Ctrl-Z, then bg) must not touch the terminal: setting its mode would stop
+    // the whole process (SIGTTOU), training too. It draws again once brought back (fg).
+    if (take_continued()) reenter_pending = true;
+    if (!ui::tui::Terminal::foreground()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
+    }
+    if (reenter_pending) {
+      reenter_pending = false;
       term.reenter();
       sent.clear();
       dirty = true;
@@ -68,7 +79,7 @@ bool run_dashboard(RunHost& host, trainer::EndedEvent& ended) {
       drawn = view.version;
       dirty = false;
     }
-    for (char key : term.read_input(100)) {
+    for (char key : ui::tui::typed_keys(term.read_input(100))) {
       dirty = true;
       switch (ui::tui::handle_key(state, key, view)) {
         case ui::tui::Action::Pause: host.send(trainer::Command::Pause); break;

@@ -338,7 +338,9 @@ int run_train(const TrainArgs& args) {
   const LogFormat format = args.log_format == "json" ? LogFormat::Json : LogFormat::Text;
   RunHostOptions opts;
   opts.cluster = cluster;
-  opts.keep_records = !dashboard;
+  // Kept with the dashboard too (a bounded queue): should the terminal refuse it, the plain log
+  // that takes over prints every record from the start.
+  opts.keep_records = true;
   // The engine sees the first SIGINT/SIGTERM/SIGHUP at its next step boundary (the front end's 100 ms poll
   // also sends the command, for the view's status).
   opts.poll_stop = []() -> std::optional<trainer::Command> {

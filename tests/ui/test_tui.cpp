@@ -42,7 +42,7 @@ ui::RunView sample_view() {
                                               {"loss_scale", 1}, {"tokens_per_s", 4000 + 10 * i}}});
   }
   ui::apply_event(v, trainer::MetricsEvent{50, 50 * 2048, 25, {{"val_loss", 1.9}, {"val_ppl", 6.7}}});
-  ui::apply_event(v, trainer::CheckpointEvent{50, "/runs/demo/checkpoints/step_00000050", 4000000, ""});
+  ui::apply_event(v, trainer::CheckpointEvent{50, "/runs/demo/checkpoints/step_00000050", 4000000, "", {}});
   return v;
 }
 
@@ -170,6 +170,21 @@ TEST(TuiKeys, PauseSaveQuitAndHelp) {
   EXPECT_EQ(handle_key(st, 'p', v), Action::None);
   EXPECT_EQ(handle_key(st, 's', v), Action::None);
   EXPECT_EQ(st.message, "the run is stopping");
+}
+
+// Function, arrow and Alt keys send escape sequences whose letters are command keys (F1 = ESC O P
+// would pause, F4 = ESC O S save, F2 = ESC O Q quit): none of their bytes reach handle_key.
+TEST(TuiKeys, EscapeSequencesAreNotCommands) {
+  const std::string esc = "\x1b";
+  for (const std::string& seq : {esc + "OP", esc + "OQ", esc + "OS", esc + "[15~", esc + "[1;5P", esc + "[A",
+                                esc + "p", esc + "[200~"}) {
+    EXPECT_EQ(typed_keys(seq), "") << seq.substr(1);
+    EXPECT_EQ(typed_keys("s" + seq + "p"), "sp") << seq.substr(1);
+  }
+  EXPECT_EQ(typed_keys(esc), esc);  // the Esc key closes boxes
+  EXPECT_EQ(typed_keys("q" + esc), "q" + esc);
+  EXPECT_EQ(typed_keys(esc + esc + "OP"), esc);
+  EXPECT_EQ(typed_keys("p?s"), "p?s");
 }
 
 }  // namespace

@@ -174,6 +174,33 @@ void draw_box(Screen& s, const std::vector<std::string>& lines, Style style) {
 
 }  // namespace
 
+std::string typed_keys(const std::string& input) {
+  constexpr char ESC = '\x1b';
+  std::string out;
+  for (size_t i = 0; i < input.size(); ++i) {
+    if (input[i] != ESC) {
+      out += input[i];
+      continue;
+    }
+    if (i + 1 == input.size() || input[i + 1] == ESC) {
+      out += ESC;  // the Esc key itself
+      continue;
+    }
+    const char kind = input[i + 1];
+    if (kind == '[') {
+      // CSI: parameters and intermediates up to a final byte in @..~ (arrows, F5 and up, Home...).
+      size_t j = i + 2;
+      while (j < input.size() && !(input[j] >= '@' && input[j] <= '~')) ++j;
+      i = j;
+    } else if (kind == 'O') {
+      i += 2;  // SS3: one more byte (F1 to F4, arrows in application mode)
+    } else {
+      i += 1;  // Alt plus a key
+    }
+  }
+  return out;
+}
+
 Action handle_key(DashboardState& st, char key, const RunView& v) {
   if (st.confirm_quit) {
     st.confirm_quit = false;

@@ -31,6 +31,10 @@ constexpr int MIN_COLS = 50, MIN_ROWS = 16;
 // now, q opens the quit confirmation (y confirms: Stop, which saves a checkpoint; any other key
 // cancels), ? toggles the help, Esc closes boxes, Ctrl-L redraws.
 Action handle_key(DashboardState& st, char key, const RunView& v);
+// The keys typed in a chunk of terminal input, without the escape sequences that function, arrow
+// and Alt keys send (F1 is ESC O P: its P must not pause the run). An Esc that starts no sequence
+// (alone at the end of the chunk, or before another Esc) stays a key.
+std::string typed_keys(const std::string& input);
 // Draws the whole dashboard for the screen's size.
 void draw_dashboard(Screen& s, const RunView& v, const DashboardState& st);
 

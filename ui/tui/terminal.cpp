@@ -54,8 +54,10 @@ Terminal::~Terminal() { close(); }
 bool Terminal::usable() {
   if (!::isatty(STDIN_FILENO) || !::isatty(STDOUT_FILENO)) return false;
   const char* term = std::getenv("TERM");
-  return term && *term && std::strcmp(term, "dumb") != 0;
+  return term && *term && std::strcmp(term, "dumb") != 0 && foreground();
 }
+
+bool Terminal::foreground() { return ::tcgetpgrp(STDIN_FILENO) == ::getpgrp(); }
 
 bool Terminal::open() {
   if (open_) return true;
@@ -90,9 +92,17 @@ void Terminal::size(int& cols, int& rows) {
 
 std::string Terminal::read_input(int timeout_ms) {
   struct pollfd p {STDIN_FILENO, POLLIN, 0};
-  if (::poll(&p, 1, timeout_ms) <= 0 || !(p.revents & POLLIN)) return "";
+  const int ready = ::poll(&p, 1, timeout_ms);
+  auto idle = [&] {
+    // A hung-up or closed terminal makes poll return at once, every time: wait out the timeout.
+    ::poll(nullptr, 0, timeout_ms);
+    return std::string();
+  };
+  if (ready <= 0) return "";
+  if (!(p.revents & POLLIN)) return (p.revents & (POLLHUP | POLLERR | POLLNVAL)) ? idle() : "";
   char buf[64];
   const ssize_t n = ::read(STDIN_FILENO, buf, sizeof buf);
+  if (n == 0) return idle();  // end of input: the terminal went away
   return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
 }
 

@@ -19,8 +19,13 @@ class Terminal {
   Terminal(const Terminal&) = delete;
   Terminal& operator=(const Terminal&) = delete;
 
-  // True when stdin and stdout are terminals and TERM is not "dumb": a dashboard can run. Any thread.
+  // True when stdin and stdout are terminals, TERM is not "dumb" and this process is in the
+  // terminal's foreground (a background job that set the terminal's mode would be stopped by
+  // SIGTTOU, its training with it): a dashboard can run. Any thread.
   static bool usable();
+  // Whether this process's group owns the terminal now (not a background job after Ctrl-Z, bg).
+  // Any thread.
+  static bool foreground();
   // Enters dashboard mode. False (and nothing changed) when the terminal settings cannot be read.
   // Main thread; one Terminal open at a time.
   bool open();
@@ -34,6 +39,8 @@ class Terminal {
   // Columns and rows (80x24 when the size cannot be read). Any thread.
   static void size(int& cols, int& rows);
   // Waits up to timeout_ms for input and returns the bytes read (empty on timeout or a signal).
+  // Once the terminal is gone (hung up, closed) it still waits timeout_ms, so a caller's loop
+  // does not spin.
   std::string read_input(int timeout_ms);
   // Writes all of text to stdout (retrying partial writes). Main thread.
   static void write_all(const std::string& text);
