@@ -384,11 +384,18 @@ class TrainLoop {
       }
       switch (*cmd) {
         case Command::Pause:
-          if (!paused_) log("info", "paused at step " + std::to_string(step_));
+          if (!paused_) {
+            log("info", "paused at step " + std::to_string(step_));
+            paused_at_ = Clock::now();
+          }
           paused_ = true;
           break;
         case Command::Resume:
-          if (paused_) log("info", "resumed at step " + std::to_string(step_));
+          if (paused_) {
+            log("info", "resumed at step " + std::to_string(step_));
+            // The pause is not training time: the next logged tokens/s covers the steps alone.
+            t_last_log_ += Clock::now() - paused_at_;
+          }
           paused_ = false;
           break;
         case Command::SaveNow:
@@ -1076,6 +1083,7 @@ class TrainLoop {
   Communicator& comm_;
   const bool lead_;                     // rank 0: reads commands, reports, writes checkpoints
   bool paused_ = false;
+  Clock::time_point paused_at_{};  // when the pause began (rank 0)
   std::unique_ptr<data::Loader> loader_;
   std::string loader_state_;  // the loader position after the last batch consumed
   model::DecoderLM model_{nullptr};

@@ -228,12 +228,19 @@ std::vector<LogRecord> apply_event(RunView& v, const trainer::Event& e) {
 
 double estimate_eta(const Series& s, int64_t total_steps) {
   if (s.size() < 2) return -1;
-  const SeriesPoint& last = s.back();
-  const SeriesPoint& first = s[s.size() - std::min(s.size(), ETA_WINDOW)];
-  const int64_t steps = last.step - first.step;
-  const double secs = last.wall_s - first.wall_s;
-  if (steps <= 0 || secs <= 0) return -1;
-  return std::max<int64_t>(0, total_steps - last.step) * secs / static_cast<double>(steps);
+  // The median pace of the recent intervals: one long interval (a pause, a checkpoint, an
+  // evaluation) does not make the estimate jump for the window's length.
+  std::vector<double> pace;
+  for (size_t i = s.size() - std::min(s.size(), ETA_WINDOW) + 1; i < s.size(); ++i) {
+    const int64_t steps = s[i].step - s[i - 1].step;
+    const double secs = s[i].wall_s - s[i - 1].wall_s;
+    if (steps > 0 && secs >= 0) pace.push_back(secs / static_cast<double>(steps));
+  }
+  if (pace.empty()) return -1;
+  std::nth_element(pace.begin(), pace.begin() + static_cast<std::ptrdiff_t>(pace.size() / 2), pace.end());
+  const double per_step = pace[pace.size() / 2];
+  if (!(per_step > 0)) return -1;
+  return static_cast<double>(std::max<int64_t>(0, total_steps - s.back().step)) * per_step;
 }
 
 void copy_changes(const RunView& from, RunView& to) {

@@ -57,16 +57,16 @@ TEST(RunView, EvalCheckpointLogAndEnd) {
   ASSERT_EQ(v.val_loss.size(), 1u);
   EXPECT_TRUE(v.loss.empty());
 
-  ui::apply_event(v, trainer::CheckpointEvent{50, "/r/checkpoints/step_00000050", 2048, "ab"});
-  ui::apply_event(v, trainer::CheckpointEvent{20, "/r/checkpoints/step_00000020", 1024, "cd"});
-  ui::apply_event(v, trainer::CheckpointEvent{50, "/r/checkpoints/step_00000050", 4096, "ef"});  // saved again
+  ui::apply_event(v, trainer::CheckpointEvent{50, "/r/checkpoints/step_00000050", 2048, "ab", {}});
+  ui::apply_event(v, trainer::CheckpointEvent{20, "/r/checkpoints/step_00000020", 1024, "cd", {}});
+  ui::apply_event(v, trainer::CheckpointEvent{50, "/r/checkpoints/step_00000050", 4096, "ef", {}});  // saved again
   ASSERT_EQ(v.checkpoints.size(), 2u);
   EXPECT_EQ(v.checkpoints[0].step, 20);
   EXPECT_EQ(v.checkpoints[1].bytes, 4096);
   ui::drop_checkpoint(v, 20);
   ASSERT_EQ(v.checkpoints.size(), 1u);
   // A save names the checkpoints its pruning removed; the view drops them with the same event.
-  ui::apply_event(v, trainer::CheckpointEvent{45, "/r/checkpoints/step_00000045", 4096, "01"});
+  ui::apply_event(v, trainer::CheckpointEvent{45, "/r/checkpoints/step_00000045", 4096, "01", {}});
   ASSERT_EQ(v.checkpoints.size(), 2u);
   ui::apply_event(v, trainer::CheckpointEvent{50, "/r/checkpoints/step_00000050", 4096, "02", {45}});
   ASSERT_EQ(v.checkpoints.size(), 1u);
@@ -131,6 +131,11 @@ TEST(RunView, EtaUsesTheRecentPace) {
   for (int64_t i = 31; i <= 50; ++i) s.push_back({i, 0, t += 1, 1});
   EXPECT_DOUBLE_EQ(ui::estimate_eta(s, 100), 50.0);
   EXPECT_DOUBLE_EQ(ui::estimate_eta(s, 50), 0.0);
+  // A 30-minute pause between two logged points: the estimate keeps the pace of the steps.
+  s.push_back({51, 0, t += 1800, 1});
+  EXPECT_DOUBLE_EQ(ui::estimate_eta(s, 100), 49.0);
+  for (int64_t i = 52; i <= 55; ++i) s.push_back({i, 0, t += 1, 1});
+  EXPECT_DOUBLE_EQ(ui::estimate_eta(s, 100), 45.0);
 }
 
 TEST(RunView, CopyChangesAppendsOnlyTheTail) {

@@ -86,7 +86,8 @@ void draw_header(GuiState& s) {
   ImGui::ProgressBar(frac, ImVec2(ImGui::GetFontSize() * 18, 0), overlay);
   ImGui::SameLine();
   ImGui::Text("%s tokens   elapsed %s   ETA %s", format_count(static_cast<double>(v.tokens)).c_str(),
-              format_duration(v.elapsed_s).c_str(), v.eta_s >= 0 ? format_duration(v.eta_s).c_str() : "-");
+              format_duration(v.elapsed_s).c_str(),
+              v.eta_s >= 0 && v.status == "running" ? format_duration(v.eta_s).c_str() : "-");  // none while paused
   // A failure's message stands in the box below the header.
   if (!v.end_message.empty() && !status_is_failure(v.status)) {
     ImGui::SameLine();
