@@ -557,6 +557,7 @@ void GuiController::adopt_host(std::unique_ptr<RunHost> host) {
   state_.live = ui::LiveRun{};
   state_.live.active = true;
   state_.dashboard.x.auto_fit = true;
+  state_.dashboard.plots.clear();  // the previous run's zoom would hide this run's curves
   state_.tab = ui::Tab::Live;
   state_.select_tab = true;
   force_poll_ = true;

@@ -268,7 +268,16 @@ void Session::start() {
 
 Channel<Event>& Session::events() { return impl_->events; }
 
-void Session::send(Command c) { impl_->commands.push(c); }
+void Session::send(Command c) {
+  // Commands wait for the next step boundary; while the engine is busy (building the model, a long
+  // evaluation) a held-down save key fills the channel. A save-now that finds it full is dropped (one
+  // checkpoint a step is all it can give) rather than blocking the caller's UI thread.
+  if (c == Command::SaveNow) {
+    impl_->commands.try_push(c);
+    return;
+  }
+  impl_->commands.push(c);
+}
 
 void Session::join() {
   if (impl_->worker.joinable()) impl_->worker.join();

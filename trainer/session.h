@@ -66,7 +66,8 @@ class Session {
   void start();
   // Events of the run, ending with an EndedEvent, after which the channel is closed.
   Channel<Event>& events();
-  // Queues a command; the worker applies it at the next step boundary. Any thread.
+  // Queues a command; the worker applies it at the next step boundary. Any thread. Waits only while
+  // 64 commands are queued, and then not for SaveNow, which is dropped (a checkpoint a step at most).
   void send(Command c);
   // Waits for the worker thread to end.
   void join();
