@@ -15,7 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
-#include <set>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -101,8 +101,9 @@ struct GuiController::DbContext {
   static constexpr std::chrono::seconds kSweepEvery{20};
   bool any_running = false;
   bool sweep_refused = false;
-  // Runs not running at the last listing, and those of them read since they were seen ended.
-  std::set<int64_t> ended_runs, read_after_end;
+  // The end (status and time) of each run not running at the last listing, and the end each was
+  // last read after.
+  std::map<int64_t, std::string> end_stamp, read_at_end;
   std::chrono::steady_clock::time_point last_sweep = std::chrono::steady_clock::now();
 
   // True when the sweep marked a run interrupted (the list is then read again).
@@ -155,12 +156,8 @@ struct GuiController::DbContext {
       row.name = r.name;
       row.status = r.status;
       any_running |= r.status == "running";
-      if (r.status == "running") {
-        ended_runs.erase(r.id);
-        read_after_end.erase(r.id);  // resumed: rows come again
-      } else {
-        ended_runs.insert(r.id);
-      }
+      if (r.status == "running") end_stamp.erase(r.id);
+      else end_stamp[r.id] = r.status + " " + r.ended_at;
       row.model = r.model;
       row.params = r.params;
       row.world_size = r.world_size;
@@ -201,10 +198,16 @@ struct GuiController::DbContext {
         if (!changed && !run.must) continue;
         // A run that ended and was read once since gets no more rows: reading after its last one
         // would scan the rest of the table (rowids past it belong to other runs) at every commit.
-        const bool ended = ended_runs.count(run.id) > 0;
-        if (!run.must && ended && read_after_end.count(run.id) > 0) continue;
+        // Its end (status and time) is the stamp: a resume, even one that ended between two polls,
+        // changes it, and the run is read again.
+        const auto end = end_stamp.find(run.id);
+        const bool ended = end != end_stamp.end();
+        if (!run.must && ended) {
+          const auto read = read_at_end.find(run.id);
+          if (read != read_at_end.end() && read->second == end->second) continue;
+        }
         auto got = storage::metrics_after(conn.get(), run.id, run.after, ROWS_PER_POLL);
-        if (ended) read_after_end.insert(run.id);
+        if (ended) read_at_end[run.id] = end->second;
         res.more |= static_cast<int64_t>(got.size()) == ROWS_PER_POLL;
         res.metrics[run.id] = {run.generation, run.after, std::move(got)};
       }

@@ -814,7 +814,7 @@ std::vector<std::string> validate(const RunConfig& c) {
   if (!(r.collective_timeout_s >= 1 && r.collective_timeout_s <= 2592000))
     k.fail("run.collective_timeout_s",
            "must be in [1, 2592000] seconds (got " + format_double(r.collective_timeout_s) + ")");
-  k.at_least("run.bucket_mb", r.bucket_mb, 1);
+  k.in_range("run.bucket_mb", r.bucket_mb, 1, 1 << 20);  // its bytes must fit in int64
   k.at_least("run.save_retries", r.save_retries, 0);
   k.non_negative("run.save_retry_delay_s", r.save_retry_delay_s);
   // Other ranks wait at the next step boundary while rank 0 retries; they must not time out first.

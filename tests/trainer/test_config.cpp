@@ -368,6 +368,7 @@ TEST(Config, DevicesForms) {
   EXPECT_TRUE(parse(MINIMAL, {"run.devices=\"cpu:256\""}).ok());
   EXPECT_TRUE(contains(error_for(parse(MINIMAL, {"run.devices=\"cpu:100000\""}), "run.devices"), "at most 256"));
   EXPECT_TRUE(contains(error_for(parse(MINIMAL, {"run.threads=100000"}), "run.threads"), "[0, 1024]"));
+  EXPECT_TRUE(contains(error_for(parse(MINIMAL, {"run.bucket_mb=9000000000000"}), "run.bucket_mb"), "[1, 1048576]"));
   for (const char* bad : {"cpu:0", "cpu:x", "gpu", "0,,1", "0,", "-1", "0,0", ""}) {
     ConfigResult r = parse(MINIMAL, {std::string("run.devices=\"") + bad + "\""});
     EXPECT_FALSE(r.ok()) << bad;
