@@ -64,6 +64,46 @@ TEST(TuiScreen, PutClipsAndDiffSendsOnlyChangedRows) {
   EXPECT_EQ(split_glyphs("\xff")[0], "?");
 }
 
+TEST(TuiScreen, WideGlyphsTakeTwoColumnsAndMarksNone) {
+  EXPECT_EQ(glyph_width("a"), 1);
+  EXPECT_EQ(glyph_width("\xe6\x97\xa5"), 2);      // U+65E5, CJK
+  EXPECT_EQ(glyph_width("\xf0\x9f\x9a\x80"), 2);  // U+1F680, an emoji
+  EXPECT_EQ(glyph_width("\xcc\x81"), 0);          // U+0301, a combining acute accent
+  EXPECT_EQ(glyph_width("\xe2\xa3\xbf"), 1);      // braille, the charts' dots
+  EXPECT_EQ(glyph_width("\xe2\x94\x80"), 1);      // box drawing
+  EXPECT_EQ(text_width("\xe6\x97\xa5\xe6\x9c\xac-e\xcc\x81"), 6);  // 日本-é: 2 + 2 + 1 + 1
+
+  Screen s(8, 3);
+  EXPECT_EQ(s.put(0, 0, "\xe6\x97\xa5\xe6\x9c\xacx"), 5);  // 日本x
+  EXPECT_EQ(s.row_text(0), "\xe6\x97\xa5\xe6\x9c\xacx   ");
+  EXPECT_EQ(s.at(1, 0).glyph, "");  // the second column of 日
+  // The ANSI row sends each glyph once: the terminal moves two columns for it.
+  const std::string ansi = s.row_ansi(0);
+  EXPECT_NE(ansi.find("\xe6\x97\xa5\xe6\x9c\xacx   \x1b[0m"), std::string::npos);
+  // Writing over the second half of 日 blanks its first half.
+  s.put(1, 0, "z");
+  EXPECT_EQ(s.row_text(0), " z\xe6\x9c\xacx   ");
+  // A wide glyph that would cross the limit leaves a blank and ends the text.
+  EXPECT_EQ(s.put(0, 1, "ab\xe6\x97\xa5" "c", {}, 3), 2);
+  EXPECT_EQ(s.row_text(1), "ab      ");
+  // A mark joins the glyph before it; one at the start of a text is dropped.
+  EXPECT_EQ(s.put(0, 2, "\xcc\x81" "e\xcc\x81!"), 2);
+  EXPECT_EQ(s.at(0, 2).glyph, "e\xcc\x81");
+  EXPECT_EQ(s.at(1, 2).glyph, "!");
+}
+
+TEST(TuiDashboard, WideRunNameKeepsTheHeaderOneRowWide) {
+  ui::RunView v = sample_view();
+  v.run_name = "\xe5\xae\x9f\xe9\xa8\x93-\xf0\x9f\x9a\x80";  // 実験-🚀
+  for (int w : {80, 61}) {
+    Screen s(w, 24);
+    draw_dashboard(s, v, {});
+    SCOPED_TRACE(std::to_string(w));
+    EXPECT_EQ(text_width(s.row_text(0)), w);  // the terminal draws exactly one row
+    EXPECT_NE(s.row_text(0).find("RUNNING"), std::string::npos);
+  }
+}
+
 TEST(TuiChart, DrawsBrailleWithTheRangeLabelled) {
   ui::Series rising;
   for (int64_t i = 0; i <= 100; ++i) rising.push_back({i, 0, 0, static_cast<double>(i)});

@@ -154,7 +154,7 @@ void draw_keys(Screen& s, const RunView& v, const DashboardState& st) {
 
 void draw_box(Screen& s, const std::vector<std::string>& lines, Style style) {
   int inner = 0;
-  for (const auto& l : lines) inner = std::max(inner, static_cast<int>(split_glyphs(l).size()));
+  for (const auto& l : lines) inner = std::max(inner, text_width(l));
   const int w = std::min(s.cols(), inner + 4), h = std::min(s.rows(), static_cast<int>(lines.size()) + 2);
   const int x0 = (s.cols() - w) / 2, y0 = (s.rows() - h) / 2;
   for (int y = 0; y < h; ++y) {

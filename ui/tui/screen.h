@@ -1,7 +1,8 @@
 // Screen: a grid of one-column glyphs with a colour each, drawn by the dashboard every frame and
 // turned into ANSI text. Only rows that differ from the previous frame are sent, so a dashboard
-// over ssh costs a few hundred bytes per frame. Every glyph is taken as one column wide (ASCII,
-// box drawing, block elements and braille are); other text is shown code point per column.
+// over ssh costs a few hundred bytes per frame. A glyph takes the columns a terminal gives it: one
+// for most, two for East Asian wide characters and emoji (glyph_width), none for combining marks,
+// which join the glyph before them.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +22,8 @@ struct Style {
 };
 
 struct Cell {
-  std::string glyph = " ";  // one UTF-8 code point
+  // One UTF-8 code point (and the marks drawn on it); empty in the second column of a wide glyph.
+  std::string glyph = " ";
   Style style;
 };
 
@@ -34,8 +36,9 @@ class Screen {
   int cols() const { return cols_; }
   int rows() const { return rows_; }
 
-  // Writes text from (x, y), clipped at the right edge and at max_cols columns (-1: no limit);
-  // control characters show as spaces. Returns the column after the last glyph written.
+  // Writes text from (x, y), clipped at the right edge and at max_cols columns (-1: no limit; a
+  // wide glyph that would cross it leaves a blank); control characters show as spaces. Returns
+  // the column after the last glyph written.
   int put(int x, int y, const std::string& text, Style style = {}, int max_cols = -1);
   // One glyph (a UTF-8 code point) at (x, y); ignored outside the screen.
   void set(int x, int y, const std::string& glyph, Style style = {});
@@ -58,5 +61,10 @@ class Screen {
 
 // Splits UTF-8 text into code points (invalid bytes become '?').
 std::vector<std::string> split_glyphs(const std::string& text);
+// Columns a terminal gives one code point: 0 (combining marks, joiners, variation selectors),
+// 2 (East Asian wide and full-width, emoji) or 1; control characters 1 (put shows them as spaces).
+int glyph_width(const std::string& glyph);
+// Columns of a whole text, as put lays it out with no limit.
+int text_width(const std::string& text);
 
 }  // namespace ui::tui
