@@ -369,8 +369,9 @@ std::string network_filesystem_problem(const std::string& path) {
   return path + ": the folder " + dir + " is on a " + fs +
          " file system; the run database uses SQLite's WAL mode, which needs shared memory between the "
          "processes that open it, and network file systems do not provide it (readers could see a torn "
-         "database). Put --runs-dir (run.runs_dir) on a local disk; checkpoints may still go to shared "
-         "storage. DELTADECK_ALLOW_NETWORK_DB=1 skips this check at your own risk";
+         "database). Put --runs-dir (run.runs_dir) on a local disk. A multi-node run keeps its checkpoints "
+         "there too, which every node must see: there DELTADECK_ALLOW_NETWORK_DB=1 skips this check, at your "
+         "own risk (only node 0 writes the database; the others read a resumed run's config once)";
 }
 
 std::unique_ptr<RunStore> RunStore::open(const std::string& path, bool read_only) {
@@ -648,7 +649,13 @@ void RunStore::rename_run(int64_t run_id, const std::string& new_name) {
       throw std::runtime_error("name '" + new_name + "' is taken by run " + std::to_string(taken.i64(0)));
     }
   }
-  Stmt(db_, path_, "UPDATE runs SET name = ?1 WHERE id = ?2").bind(1, new_name).bind(2, run_id).run();
+  // The status again inside the transaction: a resume may have reopened the run since.
+  Stmt(db_, path_, "UPDATE runs SET name = ?1 WHERE id = ?2 AND status != 'running'")
+      .bind(1, new_name)
+      .bind(2, run_id)
+      .run();
+  if (sqlite3_changes(db_) == 0)
+    throw std::runtime_error("run '" + r.name + "' started running again (a resume); rename it after it ends");
   {
     Stmt u(db_, path_, "UPDATE checkpoints SET path = ?1 WHERE run_id = ?2 AND step = ?3");
     for (const CheckpointRecord& c : checkpoints(run_id)) {
@@ -730,7 +737,10 @@ DeletedRun RunStore::delete_run(int64_t run_id) {
     // Rows first: the database is the index of what exists, so a crash below leaves stray files
     // (listed nowhere, harmless) rather than rows pointing at deleted checkpoints.
     Transaction tx(db_, path_);
-    Stmt(db_, path_, "DELETE FROM runs WHERE id = ?1").bind(1, run_id).run();
+    // The status again inside the transaction: a resume may have reopened the run since.
+    Stmt(db_, path_, "DELETE FROM runs WHERE id = ?1 AND status != 'running'").bind(1, run_id).run();
+    if (sqlite3_changes(db_) == 0)
+      throw std::runtime_error("run '" + r.name + "' started running again (a resume); stop it before deleting it");
     tx.commit();
   }
   DeletedRun out;
