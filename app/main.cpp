@@ -42,8 +42,8 @@ int main(int argc, char** argv) {
                         "appending to the same run")
       ->excludes("--config")
       // An empty value (an unset shell variable) would otherwise start a new run from the demo config.
-      ->check(CLI::Validator([](std::string& v) { return v.empty() ? std::string("expected a run, got nothing") : std::string(); },
-                             "RUN"));
+      ->check(CLI::Validator(
+          [](std::string& v) { return v.empty() ? std::string("expected a run, got nothing") : std::string(); }, "RUN"));
   train_cmd->add_option("--nnodes", train.cluster.nnodes,
                         "Nodes of a multi-node run, one deltadeck process each (default: from torchrun/Slurm, else 1)")
       ->check(CLI::Range(1, std::numeric_limits<int>::max()));
@@ -157,7 +157,8 @@ int main(int argc, char** argv) {
   bench_data_cmd->add_option("--source", bench_data.sources, "A data.train source, e.g. llmc:/data/*.bin (repeatable)")
       ->required();
   bench_data_cmd->add_option("--tokenizer", bench_data.tokenizer, "byte | sentencepiece:PATH.model")->capture_default_str();
-  bench_data_cmd->add_option("--vocab", bench_data.vocab_size, "Vocabulary size (default: the tokenizer's; 65536 for token shards)")
+  bench_data_cmd
+      ->add_option("--vocab", bench_data.vocab_size, "Vocabulary size (default: the tokenizer's; 65536 for token shards)")
       ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   bench_data_cmd->add_option("--threads", bench_data.threads, "Producer threads")->capture_default_str();
   bench_data_cmd->add_option("--seq-len", bench_data.seq_len, "Row length T")->capture_default_str();

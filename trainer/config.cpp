@@ -640,7 +640,8 @@ void check_devices(Checker& k, const std::string& devices) {
     // One thread and one Gloo process-group member a rank: past a few hundred, a thread that cannot
     // start would end the process.
     else if (std::stoll(n) > kMaxCpuRanks)
-      k.fail("run.devices", "cpu:N takes at most " + std::to_string(kMaxCpuRanks) + " ranks (got " + quote(devices) + ")");
+      k.fail("run.devices",
+             "cpu:N takes at most " + std::to_string(kMaxCpuRanks) + " ranks (got " + quote(devices) + ")");
     return;
   }
   std::set<int64_t> seen;

@@ -488,7 +488,9 @@ TEST(RunStore, StillRunningByPidHereAndByHeartbeatElsewhere) {
   const int64_t id = store->create_run(new_run("r"));
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  auto sql = [&](const std::string& s) { ASSERT_EQ(sqlite3_exec(db, s.c_str(), nullptr, nullptr, nullptr), SQLITE_OK); };
+  auto sql = [&](const std::string& s) {
+    ASSERT_EQ(sqlite3_exec(db, s.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
+  };
   EXPECT_NE(storage::still_running(*store->run(id)).find("is still running"), std::string::npos);  // this process
   sql("UPDATE runs SET pid = " + std::to_string(dead_pid()));
   EXPECT_EQ(storage::still_running(*store->run(id)), "");  // its process is gone
