@@ -97,9 +97,6 @@ std::string step_dir_name(int64_t step) {
 
 }  // namespace
 
-namespace {
-
-// A small text file through io: created, written, fsynced, closed.
 void write_text_file(storage::FileIo& io, const std::string& path, const std::string& text) {
   const int fd = io.create(path);
   try {
@@ -111,6 +108,8 @@ void write_text_file(storage::FileIo& io, const std::string& path, const std::st
   }
   io.close(fd, path);
 }
+
+namespace {
 
 std::vector<uint8_t> read_file(const std::string& path) {
   std::vector<uint8_t> bytes;
@@ -435,15 +434,34 @@ std::vector<std::pair<int64_t, std::string>> set_aside_checkpoints_after(const s
 
 std::vector<int64_t> prune_checkpoints(const std::string& root, int64_t keep, int64_t protected_step,
                                        storage::FileIo& io) {
+  // Leftovers of a removal cut short (below): no checkpoints any more, removed again.
+  const std::string doomed_suffix = ".deleting";
+  for (const auto& name : files::list_dir(root)) {
+    if (name.rfind("step_", 0) != 0 || name.size() <= doomed_suffix.size() ||
+        name.compare(name.size() - doomed_suffix.size(), doomed_suffix.size(), doomed_suffix) != 0)
+      continue;
+    try {
+      io.remove_tree(root + "/" + name);
+    } catch (const std::exception&) {
+    }
+  }
   auto all = list_checkpoints(root);
   std::vector<int64_t> removed;
   for (size_t i = 0; i + static_cast<size_t>(std::max<int64_t>(keep, 1)) < all.size(); ++i) {
     if (all[i].first == protected_step) continue;
+    // Renamed first, in one atomic step: a removal cut short (a crash, a file that cannot go)
+    // leaves a step_X.deleting, never a step_X that lost its manifest and lingers half-deleted.
+    const std::string doomed = all[i].second + doomed_suffix;
     try {
-      io.remove_tree(all[i].second);
-      removed.push_back(all[i].first);
+      io.rename(all[i].second, doomed);
     } catch (const std::exception&) {
-      // Left for the next save's pruning; the newer checkpoints are what a resume needs.
+      continue;  // left for the next save's pruning; the newer checkpoints are what a resume needs
+    }
+    removed.push_back(all[i].first);
+    try {
+      io.remove_tree(doomed);
+    } catch (const std::exception&) {
+      // Removed at the next pruning.
     }
   }
   if (!removed.empty()) {

@@ -68,6 +68,9 @@ int64_t write_weights_file(const std::string& path, const NamedTensors& tensors,
 int64_t write_weights_file(storage::FileIo& io, const std::string& path, const NamedTensors& tensors,
                            const std::map<std::string, std::string>& meta, std::string* sha256);
 
+// A small file through io: created, written (text: any bytes), fsynced, closed. Throws IoError.
+void write_text_file(storage::FileIo& io, const std::string& path, const std::string& text);
+
 // Reads a checkpoint directory after verifying every file's size and sha256 against the manifest
 // (each file is read once). Throws std::runtime_error naming the damaged file and expected vs actual
 // values. Any thread.
@@ -118,8 +121,9 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
 std::vector<std::pair<int64_t, std::string>> set_aside_checkpoints_after(const std::string& root, int64_t from);
 
 // Deletes all but the newest `keep` checkpoints and the one of protected_step (the best by
-// validation loss; -1 = none) through `io`, then fsyncs root; returns the steps removed. A
-// checkpoint that cannot be removed stays (and is not listed).
+// validation loss; -1 = none) through `io`, then fsyncs root; returns the steps removed. Each is
+// first renamed to step_X.deleting (atomic), then deleted; a deletion cut short leaves that name,
+// removed at the next pruning. A checkpoint that cannot be renamed stays (and is not listed).
 std::vector<int64_t> prune_checkpoints(const std::string& root, int64_t keep, int64_t protected_step = -1,
                                        storage::FileIo& io = storage::checkpoint_io());
 

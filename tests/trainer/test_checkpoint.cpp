@@ -90,6 +90,24 @@ TEST(Checkpoint, ListIgnoresTmpAndPruneKeepsNewest) {
   all = trainer::list_checkpoints(dir.path());
   ASSERT_EQ(all.size(), 2u);
   EXPECT_EQ(all.front().first, 30);
+  // Nothing of the pruned ones is left, not even under the name they were renamed to.
+  EXPECT_FALSE(storage::files::exists(dir.path() + "/step_00000010"));
+  EXPECT_FALSE(storage::files::exists(dir.path() + "/step_00000010.deleting"));
+}
+
+// A deletion cut short (a crash, a file that would not go) leaves step_X.deleting: never listed,
+// never chosen for a resume, and removed by the next pruning.
+TEST(Checkpoint, ADeletionCutShortLeavesNoHalfCheckpoint) {
+  TempDir dir;
+  for (int64_t s : {10, 20, 30}) trainer::save_checkpoint(dir.path(), sample(s));
+  const std::string step10 = dir.path() + "/step_00000010";
+  ASSERT_EQ(std::rename(step10.c_str(), (step10 + ".deleting").c_str()), 0);
+  ASSERT_EQ(::unlink((step10 + ".deleting/manifest.json").c_str()), 0);  // partly deleted
+  EXPECT_EQ(trainer::list_checkpoints(dir.path()).size(), 2u);
+  EXPECT_EQ(trainer::choose_checkpoint(dir.path()).dir, dir.path() + "/step_00000030");
+  EXPECT_EQ(trainer::prune_checkpoints(dir.path(), 2), std::vector<int64_t>{});
+  EXPECT_FALSE(storage::files::exists(step10 + ".deleting"));
+  EXPECT_EQ(trainer::list_checkpoints(dir.path()).size(), 2u);
 }
 
 TEST(Checkpoint, PruneSparesTheProtectedBestStep) {
