@@ -91,8 +91,12 @@ int resolve_resume(const TrainArgs& args, bool node0, int nnodes, PreparedRun& o
               << " (pass --runs-dir)\n";
     return 2;
   }
-  // A dry run only reads; open_for_display still migrates an older file this user may write.
-  out.store = read_only ? storage::RunStore::open_for_display(out.db_path) : storage::RunStore::open(out.db_path);
+  // A dry run only reads; open_for_display still migrates an older file this user may write. The
+  // other nodes of a multi-node run only read (node 0 alone migrates and writes the database,
+  // which may be on another machine's disk).
+  if (!node0) out.store = storage::RunStore::open(out.db_path, /*read_only=*/true);
+  else if (read_only) out.store = storage::RunStore::open_for_display(out.db_path);
+  else out.store = storage::RunStore::open(out.db_path);
   if (args.resume == "latest") {
     auto runs = out.store->list_runs();
     if (runs.empty()) {
@@ -353,7 +357,8 @@ int run_train(const TrainArgs& args) {
   // The header stays on the normal screen (and in the scrollback) under the dashboard too.
   print_run_header(host, format, std::string("deltadeck ") + VERSION + " (" + REVISION + ")");
   if (cluster.nnodes > 1 && format == LogFormat::Text)
-    std::cout << "node 0 of " << cluster.nnodes << " (" << cluster.source << "), serving the rendezvous at "
+    std::cout << "node 0 of " << cluster.nnodes << " (" << cluster.source << "), "
+              << (cluster.agent_store ? "joining torchrun's rendezvous store at " : "serving the rendezvous at ")
               << cluster.master_addr << ":" << cluster.master_port << "\n" << std::flush;
   install_stop_signals();
   host.start();

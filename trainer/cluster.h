@@ -16,6 +16,12 @@ struct ClusterSpec {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string source = "single node";  // where the values came from, for the start line
+  // torchrun's agent already serves a TCPStore at master_addr:master_port
+  // (TORCHELASTIC_USE_AGENT_STORE): every node, node 0 too, connects to it as a client, under a
+  // key prefix of this attempt (TORCHELASTIC_RESTART_COUNT), so a restarted job never reads the
+  // keys of the attempt before it.
+  bool agent_store = false;
+  int restart_count = 0;
 };
 
 // Command-line overrides; a negative number or empty text means "not given".

@@ -23,6 +23,7 @@ struct Rendezvous::Impl {
   std::string addr;
   int port = 0;
   std::chrono::milliseconds timeout{0};
+  std::string prefix;  // every key under it (Rendezvous::tcp's prefix), or none
   c10::intrusive_ptr<c10d::Store> store_for_rank() const {
     if (addr.empty()) return store;
     c10d::TCPStoreOptions o;
@@ -30,7 +31,9 @@ struct Rendezvous::Impl {
     o.isServer = false;
     o.waitWorkers = false;
     o.timeout = timeout;
-    return c10::make_intrusive<c10d::TCPStore>(addr, o);
+    c10::intrusive_ptr<c10d::Store> tcp = c10::make_intrusive<c10d::TCPStore>(addr, o);
+    if (prefix.empty()) return tcp;
+    return c10::make_intrusive<c10d::PrefixStore>(prefix, tcp);
   }
 };
 
@@ -42,7 +45,7 @@ std::shared_ptr<Rendezvous> Rendezvous::in_process() {
 }
 
 std::shared_ptr<Rendezvous> Rendezvous::tcp(const std::string& addr, int port, bool serve, int nodes,
-                                           std::chrono::milliseconds timeout) {
+                                           std::chrono::milliseconds timeout, const std::string& prefix) {
   c10d::TCPStoreOptions o;
   o.port = static_cast<std::uint16_t>(port);
   o.isServer = serve;
@@ -54,8 +57,11 @@ std::shared_ptr<Rendezvous> Rendezvous::tcp(const std::string& addr, int port, b
   r->impl->addr = addr;
   r->impl->port = port;
   r->impl->timeout = timeout;
+  r->impl->prefix = prefix;
   try {
-    r->impl->store = c10::make_intrusive<c10d::TCPStore>(addr, o);
+    c10::intrusive_ptr<c10d::Store> tcp = c10::make_intrusive<c10d::TCPStore>(addr, o);
+    r->impl->store = tcp;
+    if (!prefix.empty()) r->impl->store = c10::make_intrusive<c10d::PrefixStore>(prefix, tcp);
   } catch (const std::exception& e) {
     throw std::runtime_error(std::string(serve ? "serving" : "reaching") + " the rendezvous store at " + addr + ":" +
                              std::to_string(port) + " failed: " + e.what());

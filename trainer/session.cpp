@@ -69,22 +69,36 @@ class RankResults {
  public:
   explicit RankResults(int n) : outcomes_(n), failure_order_(n, -1), ended_(n, false), comms_(n, nullptr) {}
 
-  // The rank's group while it runs (nullptr once it ends), so a failing rank can abort it.
+  // The rank's group while it runs (nullptr once it ends), so a failing rank can abort it. A rank
+  // detaching its group waits for aborts in progress, which may still be using it.
   void attach(int r, Communicator* comm) {
-    std::lock_guard<std::mutex> lk(mu_);
+    std::unique_lock<std::mutex> lk(mu_);
+    if (!comm) cv_.wait(lk, [&] { return aborting_ == 0; });
     comms_[r] = comm;
   }
   void finish(int r, EndedEvent out) {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (out.status == RunStatus::Failed) {
-      if (failures_ == 0) {
-        for (size_t i = 0; i < comms_.size(); ++i)
-          if (comms_[i] && static_cast<int>(i) != r) comms_[i]->abort("rank " + std::to_string(r) + " failed");
+    std::vector<Communicator*> peers;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (out.status == RunStatus::Failed) {
+        if (failures_ == 0) {
+          for (size_t i = 0; i < comms_.size(); ++i)
+            if (comms_[i] && static_cast<int>(i) != r) peers.push_back(comms_[i]);
+          aborting_ += static_cast<int>(peers.size());
+        }
+        failure_order_[r] = failures_++;
       }
-      failure_order_[r] = failures_++;
+      outcomes_[r] = std::move(out);
+      ended_[r] = true;
     }
-    outcomes_[r] = std::move(out);
-    ended_[r] = true;
+    cv_.notify_all();
+    // Outside the lock: an abort that blocks on a wedged GPU must not stop the grace period from
+    // running out (wait_all_or_grace) and the run from ending without that rank.
+    for (Communicator* c : peers) c->abort("rank " + std::to_string(r) + " failed");
+    if (!peers.empty()) {
+      std::lock_guard<std::mutex> lk(mu_);
+      aborting_ -= static_cast<int>(peers.size());
+    }
     cv_.notify_all();
   }
   // Waits until every rank ended, or until `grace` after the first failure. Returns who ended.
@@ -117,9 +131,10 @@ class RankResults {
   std::vector<bool> ended_;
   std::vector<Communicator*> comms_;
   int failures_ = 0;
+  int aborting_ = 0;  // aborts of peers' groups running now (outside the lock)
 };
 
-struct Session::Impl {
+struct Session::Impl : std::enable_shared_from_this<Session::Impl> {
   RunConfig cfg;
   SessionOptions opts;
   Channel<Event> events{4096};
@@ -173,7 +188,10 @@ struct Session::Impl {
       const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.run.collective_timeout_s * 1000));
       std::shared_ptr<Rendezvous> rendezvous;
       if (node.nnodes > 1) {
-        rendezvous = Rendezvous::tcp(node.master_addr, node.master_port, node.node_rank == 0, node.nnodes, timeout);
+        // Under torchrun's agent store nobody serves: the launcher's agent on node 0 already does.
+        rendezvous = Rendezvous::tcp(
+            node.master_addr, node.master_port, node.node_rank == 0 && !node.agent_store, node.nnodes, timeout,
+            node.agent_store ? "deltadeck/attempt_" + std::to_string(node.restart_count) : "");
         // Every node must bring the same number of ranks, or global ranks would collide.
         const auto counts = rendezvous->exchange("local_world", node.node_rank, node.nnodes,
                                                  std::to_string(local_world), timeout);
@@ -199,7 +217,13 @@ struct Session::Impl {
       }
       // Shared with the rank threads, which may outlive this call when abandoned.
       auto ranks = std::make_shared<RankResults>(local_world);
-      auto rank_body = [this, ranks, devices, rendezvous, first_rank, world, timeout](int r) {
+      // `self`, not `this`: a rank abandoned below may wake after the Session is destroyed.
+      auto rank_body = [self = shared_from_this(), ranks, devices, rendezvous, first_rank, world, timeout](int r) {
+        RunConfig& cfg = self->cfg;
+        SessionOptions& opts = self->opts;
+        Channel<Event>& events = self->events;
+        Channel<Command>& commands = self->commands;
+        RunProgress& progress = self->progress;
         EndedEvent out;
         std::unique_ptr<Communicator> comm;
         try {
@@ -241,7 +265,7 @@ struct Session::Impl {
   }
 };
 
-Session::Session(RunConfig cfg, SessionOptions opts) : impl_(std::make_unique<Impl>()) {
+Session::Session(RunConfig cfg, SessionOptions opts) : impl_(std::make_shared<Impl>()) {
   impl_->cfg = std::move(cfg);
   impl_->opts = std::move(opts);
 }

@@ -74,7 +74,9 @@ class Session {
 
  private:
   struct Impl;
-  std::unique_ptr<Impl> impl_;
+  // Shared with rank threads that were abandoned (hung past the grace period): they keep what
+  // they use alive after the Session is gone.
+  std::shared_ptr<Impl> impl_;
 };
 
 }  // namespace trainer

@@ -36,7 +36,7 @@ port=$((20000 + RANDOM % 20000))
   > "$work/ref.out" 2>&1 || { cat "$work/ref.out"; fail "4-thread reference run failed"; }
 
 # 2. Two processes of 2 ranks.
-"$bin" train --no-gui --config "$work/run.toml" --runs-dir "$work/multi" --nnodes 2 --node-rank 1 \
+"$bin" train --no-gui --config "$work/run.toml" --runs-dir "$work/multi" --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 \
   --master-port "$port" > "$work/node1.out" 2>&1 &
 pids+=($!)
 "$bin" train --no-gui --config "$work/run.toml" --runs-dir "$work/multi" --nnodes 2 --node-rank 0 \
@@ -62,7 +62,7 @@ fi
 # 3. Kill node 1 mid-run: node 0 stops within the collective timeout, marks the run failed, and
 #    its last checkpoint is intact.
 port=$((port + 1))
-"$bin" train --no-gui --config "$work/run.toml" --runs-dir "$work/kill" --nnodes 2 --node-rank 1 \
+"$bin" train --no-gui --config "$work/run.toml" --runs-dir "$work/kill" --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 \
   --master-port "$port" --set train.steps=100000 --set run.save_interval=5 --set run.collective_timeout_s=5 \
   > "$work/k1.out" 2>&1 &
 victim=$!
@@ -96,7 +96,7 @@ newest=$(ls -d "$work"/kill/multi/checkpoints/step_* | grep -v '\.tmp$' | sort |
 # 4. SIGTERM to node 1 only: every rank stops at the same step boundary, the run is "stopped" with
 #    a checkpoint of that step.
 port=$((port + 1))
-"$bin" train --no-gui --config "$work/run.toml" --runs-dir "$work/term" --nnodes 2 --node-rank 1 \
+"$bin" train --no-gui --config "$work/run.toml" --runs-dir "$work/term" --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 \
   --master-port "$port" --set train.steps=100000 > "$work/t1.out" 2>&1 &
 node1=$!
 pids+=($node1)
@@ -127,7 +127,7 @@ grep -q "node 1 stopped at step $stop_step" "$work/term/multi.node1.log" \
 #    stop checkpoint to a new step count and finishes on both nodes.
 target=$((stop_step + 4))
 port=$((port + 1))
-"$bin" train --no-gui --runs-dir "$work/term" --resume latest --set train.steps=$target --nnodes 2 --node-rank 1 \
+"$bin" train --no-gui --runs-dir "$work/term" --resume latest --set train.steps=$target --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 \
   --master-port "$port" > "$work/r1.out" 2>&1 &
 node1=$!
 pids+=($node1)
@@ -144,7 +144,7 @@ last=$work/term/multi/checkpoints/step_$(printf %08d "$target")
 mv "$last" "$last.old" || fail "cannot move $last aside"
 target2=$((target + 2))
 port=$((port + 1))
-"$bin" train --no-gui --runs-dir "$work/term" --resume latest --set train.steps=$target2 --nnodes 2 --node-rank 1 \
+"$bin" train --no-gui --runs-dir "$work/term" --resume latest --set train.steps=$target2 --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 \
   --master-port "$port" > "$work/o1.out" 2>&1 &
 node1=$!
 pids+=($node1)
@@ -155,4 +155,26 @@ wait "$node1" || { cat "$work/o1.out" "$work/term/multi.node1.log"; fail "node 1
 grep -q "renamed $last.old back to $last" "$work/o0.out" || { cat "$work/o0.out"; fail "node 0 did not rename the checkpoint back"; }
 grep -q "node 1 finished at step $target2" "$work/term/multi.node1.log" || { cat "$work/term/multi.node1.log"; fail "node 1 did not finish at step $target2"; }
 
-echo "multinode e2e: ok (node 0 stopped ${took}s after its peer was killed: $msg; SIGTERM on node 1 stopped the run at step $stop_step; resumed on both nodes to step $target, then from a moved-aside checkpoint to $target2)"
+# 7. Launched by torchrun (--no-python, one process a node): its agent on node 0 serves the store
+#    and both nodes join it as clients, keys under this attempt's prefix.
+torchrun_note="torchrun not checked (no torch in $python)"
+if [ -n "$python" ] && "$python" -c "import torch.distributed.run" 2> /dev/null; then
+  port=$((port + 1))
+  for k in 1 0; do
+    "$python" -m torch.distributed.run --no-python --nnodes 2 --nproc-per-node 1 --node-rank $k \
+      --master-addr 127.0.0.1 --master-port "$port" "$bin" train --no-gui --config "$work/run.toml" \
+      --runs-dir "$work/torchrun" --set train.steps=6 > "$work/tr$k.out" 2>&1 &
+    pids+=($!)
+  done
+  n=${#pids[@]}
+  wait "${pids[$((n - 1))]}" || { cat "$work/tr0.out" "$work/tr1.out"; fail "node 0 under torchrun failed"; }
+  wait "${pids[$((n - 2))]}" || { cat "$work/tr1.out"; fail "node 1 under torchrun failed"; }
+  grep -q "4 ranks (Gloo)" "$work/tr0.out" || { cat "$work/tr0.out"; fail "node 0 under torchrun did not see 4 ranks"; }
+  grep -q "torchrun environment" "$work/tr0.out" || { cat "$work/tr0.out"; fail "node 0 did not read torchrun's variables"; }
+  [ "$(sqlite3 "$work/torchrun/deltadeck.db" "SELECT status || ' ' || (SELECT max(step) FROM checkpoints) FROM runs")" = "finished 6" ] \
+    || fail "the torchrun run is not recorded finished at step 6"
+  grep -q "node 1 finished at step 6" "$work/torchrun/multi.node1.log" || fail "node 1 under torchrun did not finish"
+  torchrun_note="torchrun's two agents: finished at step 6"
+fi
+
+echo "multinode e2e: ok (node 0 stopped ${took}s after its peer was killed: $msg; SIGTERM on node 1 stopped the run at step $stop_step; resumed on both nodes to step $target, then from a moved-aside checkpoint to $target2; $torchrun_note)"

@@ -7,7 +7,7 @@ source "$(dirname "$0")/e2e_common.sh"
 timeout_s=5
 port=$((20000 + RANDOM % 20000))
 args=(train "${tiny[@]}" --runs-dir "$work/runs" --set train.steps=100000 --set run.save_interval=3
-      --set run.collective_timeout_s=$timeout_s --nnodes 2 --master-port "$port")
+      --set run.collective_timeout_s=$timeout_s --nnodes 2 --master-addr 127.0.0.1 --master-port "$port")
 "$bin" "${args[@]}" --node-rank 1 > "$work/node1.out" 2>&1 &
 victim=$!
 pids+=("$victim")

@@ -42,8 +42,50 @@ TEST(Cluster, TorchrunOneProcessPerNode) {
   EXPECT_EQ(c.node_rank, 2);
   EXPECT_EQ(c.master_addr, "n0");
   EXPECT_EQ(c.master_port, 1234);
-  EXPECT_EQ(resolve({{"WORLD_SIZE", "2"}, {"NODE_RANK", "1"}, {"RANK", "0"}}).node_rank, 1);  // NODE_RANK first
+  EXPECT_EQ(resolve({{"WORLD_SIZE", "2"}, {"NODE_RANK", "1"}, {"RANK", "0"}, {"MASTER_ADDR", "n0"}}).node_rank,
+            1);  // NODE_RANK first
   EXPECT_NE(error_of({{"WORLD_SIZE", "8"}, {"LOCAL_WORLD_SIZE", "4"}}).find("--nproc-per-node=1"), std::string::npos);
+}
+
+// An srun step on part of the allocation: its own nodes and first host, not the job's; several
+// tasks a node are refused (they would share a node rank).
+TEST(Cluster, SlurmStepOnPartOfTheAllocation) {
+  auto c = resolve({{"SLURM_NNODES", "4"}, {"SLURM_STEP_NUM_NODES", "2"}, {"SLURM_NODEID", "1"},
+                    {"SLURM_JOB_NODELIST", "node[01-04]"}, {"SLURM_STEP_NODELIST", "node[03-04]"},
+                    {"SLURM_STEP_NUM_TASKS", "2"}});
+  EXPECT_EQ(c.nnodes, 2);
+  EXPECT_EQ(c.node_rank, 1);
+  EXPECT_EQ(c.master_addr, "node03");
+  const std::string err = error_of({{"SLURM_NNODES", "2"}, {"SLURM_NODEID", "0"}, {"SLURM_JOB_NODELIST", "n[1-2]"},
+                                    {"SLURM_STEP_NUM_TASKS", "16"}});
+  EXPECT_NE(err.find("--ntasks-per-node=1"), std::string::npos) << err;
+  EXPECT_NE(err.find("16 tasks on 2 nodes"), std::string::npos) << err;
+}
+
+// A node other than 0 with no address for node 0 would wait on 127.0.0.1 for the whole timeout.
+TEST(Cluster, OtherNodesNeedNodeZerosAddress) {
+  trainer::ClusterOverrides o;
+  o.nnodes = 2;
+  o.node_rank = 1;
+  const std::string err = error_of({}, o);
+  EXPECT_NE(err.find("--master-addr: node 1 of 2 needs node 0's host"), std::string::npos) << err;
+  o.master_addr = "10.0.0.1";
+  EXPECT_EQ(resolve({}, o).master_addr, "10.0.0.1");
+  o.master_addr.clear();
+  EXPECT_EQ(resolve({{"MASTER_ADDR", "n0"}}, o).master_addr, "n0");
+  o.node_rank = 0;
+  EXPECT_EQ(resolve({}, o).master_addr, "127.0.0.1");  // node 0 serves: no address needed
+}
+
+// torchrun's static rendezvous serves a TCPStore in node 0's agent and says so to the workers:
+// deltadeck then connects to it (node 0 too) rather than failing to serve the same port.
+TEST(Cluster, TorchrunAgentStore) {
+  auto c = resolve({{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_ADDR", "n0"}, {"MASTER_PORT", "29400"},
+                    {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_RESTART_COUNT", "3"}});
+  EXPECT_TRUE(c.agent_store);
+  EXPECT_EQ(c.restart_count, 3);
+  EXPECT_FALSE(resolve({{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"TORCHELASTIC_USE_AGENT_STORE", "False"}}).agent_store);
+  EXPECT_FALSE(resolve({{"WORLD_SIZE", "2"}, {"RANK", "0"}}).agent_store);
 }
 
 TEST(Cluster, SlurmNodesAndTheFirstHost) {
@@ -63,7 +105,7 @@ TEST(Cluster, FlagsOverrideAndBadValuesAreNamed) {
   o.nnodes = 2;
   o.node_rank = 1;
   o.master_port = 4000;
-  auto c = resolve({{"SLURM_NNODES", "3"}, {"SLURM_NODEID", "2"}}, o);
+  auto c = resolve({{"SLURM_NNODES", "3"}, {"SLURM_NODEID", "2"}, {"SLURM_JOB_NODELIST", "gpu[01-03]"}}, o);
   EXPECT_EQ(c.nnodes, 2);
   EXPECT_EQ(c.node_rank, 1);
   EXPECT_EQ(c.master_port, 4000);
