@@ -231,7 +231,17 @@ class TrainLoop {
     decide_in_step_ = !device_.is_cuda() || scaler_->enabled() || cfg_.train.nonfinite == "skip" ||
                       cfg_.train.spike_action == "skip";
     if (cfg_.train.ema_decay > 0) ema_ = std::make_unique<Ema>(params_, cfg_.train.ema_decay);
-    if (!opts_.resume_from.empty()) restore(resume, opts_.resume_from);
+    if (!opts_.resume_from.empty()) {
+      // The optimizer's, EMA's, scaler's and guard's loaders name what is missing, not where: the
+      // checkpoint is added here (messages that already name it are left as they are).
+      try {
+        restore(resume, opts_.resume_from);
+      } catch (const std::exception& e) {
+        const std::string what = e.what();
+        if (what.find(opts_.resume_from) != std::string::npos) throw;
+        throw std::runtime_error(opts_.resume_from + ": " + what);
+      }
+    }
     // The experts run in bf16 under bf16 autocast, in fp32 in fp32 runs (fp16 scales losses, which
     // blocks the graph anyway). fp8 runs are judged as fp32 here, which can only keep an fp8 MoE step
     // out of the graph, never put a host read into one.
