@@ -7,8 +7,11 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <sstream>
+#include <vector>
 #include <stdexcept>
 
+#include "storage/file_io.h"
 #include "storage/file_util.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
@@ -47,24 +50,12 @@ ExportResult export_checkpoint(const std::string& checkpoint_dir, const std::str
     }
   }
 
-  storage::files::make_dirs(out_dir);
   ExportResult r;
   r.step = ckpt.step;
   r.ema = ema;
+  r.tensors = static_cast<int64_t>(weights.size());
   r.weights_path = out_dir + "/model.safetensors";
   r.config_path = out_dir + "/config.json";
-  // Each file goes in by rename, so a failed export leaves whatever was there whole.
-  auto put_in_place = [](const std::string& tmp, const std::string& path) {
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-      const std::string why = std::strerror(errno);
-      storage::files::remove_tree(tmp);
-      throw std::runtime_error(path + ": could not be written (" + why + ")");
-    }
-  };
-  r.bytes = write_weights_file(r.weights_path + ".tmp", weights,
-                               {{"format", "pt"}, {"producer", "deltadeck"}, {"step", std::to_string(ckpt.step)}});
-  put_in_place(r.weights_path + ".tmp", r.weights_path);
-  r.tensors = static_cast<int64_t>(weights.size());
 
   nlohmann::json cfg;
   cfg["producer"] = "deltadeck";
@@ -73,6 +64,7 @@ ExportResult export_checkpoint(const std::string& checkpoint_dir, const std::str
   cfg["model"] = run.at("model");
   cfg["tokenizer"] = run.at("data").at("tokenizer");
   // A SentencePiece model goes along, so the folder is all a user of the weights needs.
+  std::string tokenizer_bytes;
   const std::string tok = run.at("data").at("tokenizer").get<std::string>();
   const std::string sp = "sentencepiece:";
   if (tok.rfind(sp, 0) == 0) {
@@ -82,33 +74,42 @@ ExportResult export_checkpoint(const std::string& checkpoint_dir, const std::str
       r.warning = "the run's tokenizer model " + model_path + " cannot be read (" + std::strerror(errno) +
                   "); config.json names it as the run recorded it";
     } else {
+      std::ostringstream bytes;
+      bytes << in.rdbuf();
+      tokenizer_bytes = bytes.str();
       r.tokenizer_path = out_dir + "/tokenizer.model";
-      {
-        std::ofstream o(r.tokenizer_path + ".tmp", std::ios::binary | std::ios::trunc);
-        o << in.rdbuf();
-        o.close();
-        if (!o) {
-          storage::files::remove_tree(r.tokenizer_path + ".tmp");
-          throw std::runtime_error(r.tokenizer_path + ": could not be written");
-        }
-      }
-      put_in_place(r.tokenizer_path + ".tmp", r.tokenizer_path);
       cfg["tokenizer"] = sp + "tokenizer.model";  // relative to the export folder
       cfg["tokenizer_recorded"] = tok;
     }
   }
   cfg["tensors"] = nlohmann::json::object();
   for (const auto& [name, t] : weights) cfg["tensors"][name] = t.sizes().vec();
-  {
-    std::ofstream f(r.config_path + ".tmp", std::ios::trunc);
-    f << cfg.dump(2) << "\n";
-    f.close();
-    if (!f) {
-      storage::files::remove_tree(r.config_path + ".tmp");
-      throw std::runtime_error(r.config_path + ": could not be written");
+
+  // Every file is written and fsynced under a temporary name first, and only then are they renamed
+  // into place, one after another: a failed export (a full disk, an unreadable file) replaces
+  // nothing, and a replaced folder never mixes one export's weights with another's config.
+  storage::FileIo& io = storage::posix_io();
+  std::vector<std::string> staged;
+  try {
+    io.make_dirs(out_dir);
+    staged.push_back(r.weights_path);
+    r.bytes = write_weights_file(io, r.weights_path + ".tmp", weights,
+                                 {{"format", "pt"}, {"producer", "deltadeck"}, {"step", std::to_string(ckpt.step)}},
+                                 nullptr);
+    if (!r.tokenizer_path.empty()) {
+      staged.push_back(r.tokenizer_path);
+      write_text_file(io, r.tokenizer_path + ".tmp", tokenizer_bytes);
     }
+    staged.push_back(r.config_path);
+    write_text_file(io, r.config_path + ".tmp", cfg.dump(2) + "\n");
+  } catch (const std::exception& e) {
+    for (const std::string& path : staged) storage::files::remove_tree(path + ".tmp");
+    throw std::runtime_error(std::string("export to ") + out_dir + " failed, nothing replaced: " + e.what());
   }
-  put_in_place(r.config_path + ".tmp", r.config_path);
+  for (const std::string& path : staged) io.rename(path + ".tmp", path);
+  // A tokenizer.model of an earlier export no longer belongs with these weights.
+  if (r.tokenizer_path.empty()) io.remove_tree(out_dir + "/tokenizer.model");
+  io.fsync_dir(out_dir);
   return r;
 }
 

@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <set>
+#include <string>
 #include <nlohmann/json.hpp>
 
 #include "model/decoder_lm.h"
+#include "storage/file_util.h"
 #include "storage/safetensors.h"
 #include "tests/trainer/train_harness.h"
 #include "trainer/export.h"
@@ -168,6 +171,40 @@ TEST(TrainOptions, ExportWritesWeightsAndConfig) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("no EMA weights"), std::string::npos) << e.what();
   }
+}
+
+// An export that fails partway (here config.json's temporary name is taken by a folder) replaces
+// nothing in a folder it was asked to replace: the earlier export's weights and config stay, and no
+// temporary file is left. A successful replacement drops a tokenizer.model it did not write.
+TEST(TrainOptions, AFailedExportReplacesNothing) {
+  TempDir dir;
+  auto cfg = make_config(dir, 4, {"train.ema_decay=0.5", "train.warmup_steps=1"});
+  auto r = run(cfg, dir.path() + "/run");
+  ASSERT_EQ(r.checkpoints.size(), 1u);
+  const std::string out = dir.path() + "/export";
+  trainer::export_checkpoint(r.checkpoints[0], out, /*ema=*/false);
+  auto read_all = [](const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  const std::string weights = read_all(out + "/model.safetensors"), config = read_all(out + "/config.json");
+  storage::files::make_dirs(out + "/config.json.tmp/blocker");
+  try {
+    trainer::export_checkpoint(r.checkpoints[0], out, /*ema=*/true, /*replace=*/true);
+    ADD_FAILURE() << "the export must fail: config.json.tmp is a folder";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("nothing replaced"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(read_all(out + "/model.safetensors"), weights);  // still the live weights
+  EXPECT_EQ(read_all(out + "/config.json"), config);
+  EXPECT_FALSE(storage::files::exists(out + "/model.safetensors.tmp"));
+
+  storage::files::remove_tree(out + "/config.json.tmp");
+  { std::ofstream(out + "/tokenizer.model") << "another run's tokenizer"; }
+  trainer::export_checkpoint(r.checkpoints[0], out, /*ema=*/true, /*replace=*/true);
+  EXPECT_NE(read_all(out + "/model.safetensors"), weights);  // now the EMA weights
+  EXPECT_NE(read_all(out + "/config.json").find("\"ema\""), std::string::npos);
+  EXPECT_FALSE(storage::files::exists(out + "/tokenizer.model"));
 }
 
 // Telemetry names its metrics per GPU; where NVML is missing, open() is quietly empty.
