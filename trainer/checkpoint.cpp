@@ -10,6 +10,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -471,6 +475,52 @@ std::vector<int64_t> prune_checkpoints(const std::string& root, int64_t keep, in
     }
   }
   return removed;
+}
+
+std::shared_ptr<const CheckpointData> load_checkpoint_shared(const std::string& dir) {
+  // One load in progress or alive per folder. The registry holds it weakly: the data goes when the
+  // ranks holding it let go, and the entry itself when its last caller returns.
+  struct Load {
+    std::mutex mu;
+    bool done = false;
+    std::shared_ptr<const CheckpointData> data;
+    std::exception_ptr error;
+  };
+  struct Entry {
+    std::weak_ptr<Load> loading;
+    std::weak_ptr<const CheckpointData> data;
+  };
+  static std::mutex registry_mu;
+  static std::map<std::string, Entry> registry;
+  std::shared_ptr<Load> load;
+  {
+    std::lock_guard<std::mutex> lock(registry_mu);
+    Entry& e = registry[dir];
+    if (auto alive = e.data.lock()) return alive;
+    load = e.loading.lock();
+    if (!load) {
+      load = std::make_shared<Load>();
+      e.loading = load;
+    }
+  }
+  std::lock_guard<std::mutex> lock(load->mu);
+  if (!load->done) {
+    try {
+      load->data = std::make_shared<const CheckpointData>(load_checkpoint(dir));
+    } catch (...) {
+      load->error = std::current_exception();
+    }
+    load->done = true;
+    std::lock_guard<std::mutex> reg(registry_mu);
+    if (load->data) registry[dir].data = load->data;
+    // Entries of freed data are dropped as they are found, so the map stays as small as the loads alive.
+    for (auto it = registry.begin(); it != registry.end();) {
+      if (it->second.data.expired() && it->second.loading.expired() && it->first != dir) it = registry.erase(it);
+      else ++it;
+    }
+  }
+  if (load->error) std::rethrow_exception(load->error);
+  return load->data;
 }
 
 }  // namespace trainer

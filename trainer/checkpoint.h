@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -75,6 +76,11 @@ void write_text_file(storage::FileIo& io, const std::string& path, const std::st
 // (each file is read once). Throws std::runtime_error naming the damaged file and expected vs actual
 // values. Any thread.
 CheckpointData load_checkpoint(const std::string& dir);
+// load_checkpoint for the ranks of one process, which all resume from the same folder: callers
+// that overlap share one read (one copy in host memory and one sha256 pass, not one per GPU), and
+// a failure reaches each of them. The data is read-only; it is freed when its last holder lets go,
+// and a later call reads the folder again. Any thread.
+std::shared_ptr<const CheckpointData> load_checkpoint_shared(const std::string& dir);
 
 // Why the checkpoint in `dir` cannot be used ("" when it can): no or an empty or unparsable
 // manifest, a listed file missing, of the wrong size or with the wrong sha256 (reads every file).

@@ -141,22 +141,23 @@ class TrainLoop {
     const int world = comm_.world();
     fault_point("start", comm_.rank(), 0);
     // A resumed run reads its checkpoint first: the loader starts from the position saved there.
-    CheckpointData resume;
+    // Shared with this process's other ranks (one copy in host memory), and let go after restore().
+    std::shared_ptr<const CheckpointData> resume;
     std::string loader_state;
     if (!opts_.resume_from.empty()) {
       // Shape, vocabulary, dtype and world size from the manifest alone, before a tensor is read.
       const auto mismatches = resume_mismatches(read_compat(opts_.resume_from), resume_fingerprint(cfg_, world));
       if (!mismatches.empty())
         throw std::runtime_error(opts_.resume_from + ": cannot be resumed by this run: " + join_lines(mismatches));
-      resume = load_checkpoint(opts_.resume_from);
-      const int saved_world = resume.meta.count("world_size") ? std::stoi(resume.meta.at("world_size")) : 1;
+      resume = load_checkpoint_shared(opts_.resume_from);
+      const int saved_world = resume->meta.count("world_size") ? std::stoi(resume->meta.at("world_size")) : 1;
       if (saved_world != world)
         throw std::runtime_error(opts_.resume_from + ": written by " + std::to_string(saved_world) +
                                  " ranks, this run has " + std::to_string(world) +
                                  " (run.devices); each rank's data position cannot be carried over");
       const std::string key = world == 1 ? "loader.state" : "loader.state." + std::to_string(comm_.rank());
-      auto it = resume.meta.find(key);
-      if (it == resume.meta.end())
+      auto it = resume->meta.find(key);
+      if (it == resume->meta.end())
         throw std::runtime_error(opts_.resume_from + "/state.safetensors: no " + key + " (written by an older "
                                  "deltadeck); it cannot be resumed exactly");
       loader_state = it->second;
@@ -235,12 +236,13 @@ class TrainLoop {
       // The optimizer's, EMA's, scaler's and guard's loaders name what is missing, not where: the
       // checkpoint is added here (messages that already name it are left as they are).
       try {
-        restore(resume, opts_.resume_from);
+        restore(*resume, opts_.resume_from);
       } catch (const std::exception& e) {
         const std::string what = e.what();
         if (what.find(opts_.resume_from) != std::string::npos) throw;
         throw std::runtime_error(opts_.resume_from + ": " + what);
       }
+      resume.reset();  // every tensor was copied into the model, optimizer and EMA
     }
     // The experts run in bf16 under bf16 autocast, in fp32 in fp32 runs (fp16 scales losses, which
     // blocks the graph anyway). fp8 runs are judged as fp32 here, which can only keep an fp8 MoE step

@@ -5,7 +5,12 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "storage/file_util.h"
 #include "tests/support/temp_dir.h"
@@ -66,6 +71,49 @@ TEST(Checkpoint, FlippedByteIsRejectedNamingTheFile) {
     EXPECT_NE(msg.find("model.safetensors"), std::string::npos) << msg;
     EXPECT_NE(msg.find("checksum"), std::string::npos) << msg;
     EXPECT_NE(msg.find(saved.sha256), std::string::npos) << msg;
+  }
+}
+
+// The ranks of one process resuming together read the folder once and share the tensors; a damaged
+// file fails every one of them; once let go, the next load reads the folder again (not a cache).
+TEST(Checkpoint, RanksOfOneProcessShareOneRead) {
+  TempDir dir;
+  auto saved = trainer::save_checkpoint(dir.path(), sample(7));
+  constexpr int kRanks = 4;
+  auto load_together = [&](std::vector<std::shared_ptr<const trainer::CheckpointData>>& got,
+                           std::vector<std::string>& errors) {
+    got.assign(kRanks, nullptr);
+    errors.assign(kRanks, "");
+    std::atomic<int> ready{0};
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < kRanks; ++r)
+      ranks.emplace_back([&, r] {
+        ++ready;
+        while (ready.load() < kRanks) std::this_thread::yield();
+        try {
+          got[r] = trainer::load_checkpoint_shared(saved.dir);
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+        }
+      });
+    for (auto& t : ranks) t.join();
+  };
+  std::vector<std::shared_ptr<const trainer::CheckpointData>> got;
+  std::vector<std::string> errors;
+  load_together(got, errors);
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(got[r]) << errors[r];
+    EXPECT_EQ(got[r].get(), got[0].get());  // one read, held by every rank
+  }
+  EXPECT_EQ(got[0]->step, 7);
+  EXPECT_TRUE(torch::equal(got[0]->weights[0].second, sample(7).weights[0].second));
+  got.clear();  // every rank let go: the data is freed
+
+  flip_byte(saved.dir + "/model.safetensors", 200);
+  load_together(got, errors);
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_FALSE(got[r]);
+    EXPECT_NE(errors[r].find("checksum"), std::string::npos) << errors[r];
   }
 }
 
