@@ -422,7 +422,11 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
 
 std::vector<std::pair<int64_t, std::string>> set_aside_checkpoints_after(const std::string& root, int64_t from) {
   std::vector<std::pair<int64_t, std::string>> out;
-  for (const auto& [step, dir] : list_checkpoints(root)) {
+  // A step_X.old (a re-save cut short) is a resume's choice as much as a step_X is.
+  auto all = list_checkpoints(root);
+  for (const auto& moved : moved_aside_checkpoints(root)) all.push_back(moved);
+  std::sort(all.begin(), all.end());
+  for (const auto& [step, dir] : all) {
     if (step <= from) continue;
     std::string to = dir + ".superseded";
     for (int k = 2; files::exists(to); ++k) to = dir + ".superseded-" + std::to_string(k);

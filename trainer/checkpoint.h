@@ -118,8 +118,8 @@ std::string find_checkpoint(const std::string& path);
 // oldest step first; unfinished saves (".tmp") and leftovers (".old") are not listed.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& root);
 
-// Renames the checkpoints list_checkpoints finds under root after step `from` to
-// "<dir>.superseded" ("-2", "-3", ... when taken), fsyncing root: a resume from `from` abandons
+// Renames the checkpoints under root after step `from` (those list_checkpoints finds, and step_X.old
+// ones choose_checkpoint would take) to "<dir>.superseded" ("-2", "-3", ... when taken), fsyncing root: a resume from `from` abandons
 // them, and left as they are they would be a later resume's choice, or (damaged ones a resume
 // skipped) count as the newest in prune_checkpoints and get fresh saves deleted. A name with a
 // '.' is never chosen and never pruned; nothing is deleted. Returns each (step, new path); throws

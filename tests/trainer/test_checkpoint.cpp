@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -188,6 +189,17 @@ TEST(Checkpoint, SetAsideCheckpointsAfterTheResumedStep) {
   for (const auto& [step, path] : trainer::list_checkpoints(dir.path())) left.push_back(step);
   EXPECT_EQ(left, (std::vector<int64_t>{20, 30}));
   EXPECT_TRUE(trainer::set_aside_checkpoints_after(dir.path(), 30).empty());
+
+  // A step_50 moved aside by a re-save cut short would be the next `--resume latest`'s choice:
+  // resuming from 30 sets it aside too.
+  trainer::save_checkpoint(dir.path(), sample(50));
+  ASSERT_EQ(std::rename((dir.path() + "/step_00000050").c_str(), (dir.path() + "/step_00000050.old").c_str()), 0);
+  ASSERT_EQ(trainer::choose_checkpoint(dir.path()).dir, dir.path() + "/step_00000050.old");
+  const auto moved_old = trainer::set_aside_checkpoints_after(dir.path(), 30);
+  ASSERT_EQ(moved_old.size(), 1u);
+  EXPECT_EQ(moved_old[0].first, 50);
+  EXPECT_EQ(moved_old[0].second, dir.path() + "/step_00000050.old.superseded");
+  EXPECT_EQ(trainer::choose_checkpoint(dir.path()).dir, dir.path() + "/step_00000030");
 }
 
 TEST(Checkpoint, SavingTheSameStepAgainReplacesIt) {
