@@ -19,6 +19,7 @@
 #include <cstring>
 #include <cstdlib>
 #include <ctime>
+#include <fstream>
 #include <limits>
 #include <set>
 #include <stdexcept>
@@ -406,6 +407,13 @@ std::unique_ptr<RunStore> RunStore::open(const std::string& path, bool read_only
     // 64 MiB, so a burst of writes while a reader held an old snapshot does not leave it large.
     exec(db, path, "PRAGMA journal_size_limit = 67108864");
     migrate(db, SCHEMA_VERSION);
+    if (!in_memory) {
+      try {
+        store->recover_renames();
+      } catch (const std::exception&) {
+        // Another writer held the lock past the busy timeout: the next open tries again.
+      }
+    }
   }
   const int version = store->schema_version();
   if (version != SCHEMA_VERSION) {
@@ -672,8 +680,21 @@ void RunStore::rename_run(int64_t run_id, const std::string& new_name) {
     if (files::exists(new_dir)) {
       throw std::runtime_error("cannot rename run '" + r.name + "': " + new_dir + " already exists");
     }
+    // The journal first: a crash after the move and before the commit leaves the folder where the
+    // row does not say, and the journal tells the next open where to move it back from.
+    const std::string journal = rename_journal(run_id);
+    {
+      std::ofstream j(journal, std::ios::trunc);
+      j << old_dir << "\n" << new_dir << "\n";
+      j.close();
+      if (!j) throw std::runtime_error("cannot rename run '" + r.name + "': cannot write " + journal);
+    }
+    files::fsync_path(journal);
+    files::fsync_path(files::parent_dir(journal).empty() ? "." : files::parent_dir(journal));
     if (::rename(old_dir.c_str(), new_dir.c_str()) != 0) {
-      throw std::runtime_error("cannot move " + old_dir + " to " + new_dir + " (" + errno_text() + ")");
+      const std::string why = errno_text();
+      std::remove(journal.c_str());
+      throw std::runtime_error("cannot move " + old_dir + " to " + new_dir + " (" + why + ")");
     }
     moved = true;
   }
@@ -681,8 +702,10 @@ void RunStore::rename_run(int64_t run_id, const std::string& new_name) {
     tx.commit();
   } catch (...) {
     if (moved) ::rename(new_dir.c_str(), old_dir.c_str());
+    if (moved) std::remove(rename_journal(run_id).c_str());
     throw;
   }
+  if (moved) std::remove(rename_journal(run_id).c_str());
   if (!on_disk) return;
   // Node logs of a multi-node run (<name>.node<K>.log) are only logs: moved if possible.
   const std::string parent = files::parent_dir(path_);
@@ -693,6 +716,36 @@ void RunStore::rename_run(int64_t run_id, const std::string& new_name) {
     const std::string digits = f.substr(prefix.size(), f.size() - prefix.size() - 4);
     if (digits.find_first_not_of("0123456789") != std::string::npos) continue;
     ::rename((folder + "/" + f).c_str(), (folder + "/" + new_name + ".node" + digits + ".log").c_str());
+  }
+}
+
+std::string RunStore::rename_journal(int64_t run_id) const {
+  const std::string parent = files::parent_dir(path_);
+  return (parent.empty() ? std::string() : parent + "/") + ".rename-" + std::to_string(run_id);
+}
+
+void RunStore::recover_renames() {
+  const std::string parent = files::parent_dir(path_);
+  const std::string prefix = ".rename-";
+  for (const std::string& f : files::list_dir(parent.empty() ? "." : parent)) {
+    if (f.rfind(prefix, 0) != 0 || f.size() == prefix.size() ||
+        f.find_first_not_of("0123456789", prefix.size()) != std::string::npos)
+      continue;
+    const int64_t run_id = std::stoll(f.substr(prefix.size()));
+    const std::string journal = rename_journal(run_id);
+    std::string old_dir, new_dir;
+    {
+      std::ifstream j(journal);
+      std::getline(j, old_dir);
+      std::getline(j, new_dir);
+    }
+    // Under the write lock: a rename in progress in another process holds it until its commit.
+    Transaction tx(db_, path_);
+    const auto r = run(run_id);
+    if (r && !old_dir.empty() && run_dir(r->name) == old_dir && !files::exists(old_dir) && files::is_dir(new_dir))
+      ::rename(new_dir.c_str(), old_dir.c_str());
+    tx.commit();
+    std::remove(journal.c_str());
   }
 }
 

@@ -123,7 +123,8 @@ class RunStore {
   // Gives a run a new unique name. Its folder <db folder>/<name> (checkpoints) and node logs
   // <name>.node<K>.log move along and the recorded checkpoint paths follow, so --resume and export
   // keep working. Refuses a running run, a name that is taken, and names that are not one path
-  // component (empty, ".", "..", containing '/').
+  // component (empty, ".", "..", containing '/'). A rename cut short (a crash between moving the
+  // folder and committing the row) is undone at the next writable open.
   void rename_run(int64_t run_id, const std::string& new_name);
   // Replaces the run's note; "" clears it.
   void set_note(int64_t run_id, const std::string& note);
@@ -169,6 +170,12 @@ class RunStore {
   // command puts both in run.runs_dir).
   std::string run_dir(const std::string& name) const;
   RunSummary summary_or_throw(int64_t run_id, const char* what) const;
+  // "<db folder>/.rename-<run id>": a rename_run in progress (its run folder's old and new path),
+  // written before the folder moves and removed once the row has committed.
+  std::string rename_journal(int64_t run_id) const;
+  // At a writable open: finishes what a rename_run cut short between moving the folder and
+  // committing left behind, moving the folder back to where the row says it is.
+  void recover_renames();
 };
 
 }  // namespace storage

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
+#include <cstdio>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -145,6 +146,44 @@ TEST(RunEdits, RenameMovesTheFolderAndCheckpointPaths) {
   EXPECT_NE(error_of([&] { store->rename_run(id, "taken"); }).find("already exists"), std::string::npos);
   EXPECT_EQ(store->run(id)->name, "better");
   EXPECT_EQ(store->checkpoints(id)[0].path, moved);
+}
+
+// A rename cut short after its folder moved and before its row committed (a crash) leaves a
+// journal; the next writable open moves the folder back to where the row says the run is. A
+// journal left after a commit that did happen changes nothing. A successful rename leaves none.
+TEST(RunEdits, ARenameCutShortIsUndoneAtTheNextOpen) {
+  TempDir dir;
+  const std::string db = dir.file("runs/deltadeck.db");
+  int64_t id = 0;
+  std::string ck;
+  {
+    auto store = RunStore::open(db);
+    id = store->create_run(new_run("demo"));
+    ck = add_checkpoint_dir(*store, id, dir.file("runs/demo"), 20);
+    store->finish_run(id, "finished", "");
+  }
+  const std::string journal = dir.file("runs/.rename-" + std::to_string(id));
+  // The state a crash between the move and the commit leaves: journal written, folder moved.
+  std::ofstream(journal) << dir.file("runs/demo") << "\n" << dir.file("runs/better") << "\n";
+  ASSERT_EQ(std::rename(dir.file("runs/demo").c_str(), dir.file("runs/better").c_str()), 0);
+  {
+    auto store = RunStore::open(db);
+    EXPECT_EQ(store->run(id)->name, "demo");
+    EXPECT_TRUE(storage::files::exists(ck + "/model.safetensors"));  // back where the row says
+    EXPECT_FALSE(storage::files::exists(dir.file("runs/better")));
+    EXPECT_FALSE(storage::files::exists(journal));
+
+    store->rename_run(id, "better");
+    EXPECT_TRUE(storage::files::is_dir(dir.file("runs/better/checkpoints")));
+    EXPECT_FALSE(storage::files::exists(journal));  // removed after the commit
+  }
+  // A crash after the commit, before the journal went: the folder is where the row says already.
+  std::ofstream(journal) << dir.file("runs/demo") << "\n" << dir.file("runs/better") << "\n";
+  auto store = RunStore::open(db);
+  EXPECT_EQ(store->run(id)->name, "better");
+  EXPECT_TRUE(storage::files::is_dir(dir.file("runs/better/checkpoints")));
+  EXPECT_FALSE(storage::files::exists(dir.file("runs/demo")));
+  EXPECT_FALSE(storage::files::exists(journal));
 }
 
 TEST(RunEdits, DeleteRemovesRowsAndCheckpointFiles) {
