@@ -90,6 +90,9 @@ TEST(TuiScreen, WideGlyphsTakeTwoColumnsAndMarksNone) {
   EXPECT_EQ(s.put(0, 2, "\xcc\x81" "e\xcc\x81!"), 2);
   EXPECT_EQ(s.at(0, 2).glyph, "e\xcc\x81");
   EXPECT_EQ(s.at(1, 2).glyph, "!");
+  // Started left of the screen, a wide glyph's visible half is a blank.
+  s.put(-1, 2, "\xe6\x97\xa5" "x");
+  EXPECT_EQ(s.row_text(2), " x      ");
 }
 
 TEST(TuiDashboard, WideRunNameKeepsTheHeaderOneRowWide) {

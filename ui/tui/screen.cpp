@@ -128,7 +128,7 @@ int Screen::put(int x, int y, const std::string& text, Style style, int max_cols
     const int w = glyph_width(g);
     if (w == 0) {
       // A mark joins the glyph it follows (one written by this call), or is dropped.
-      if (x > start && x - 1 < cols_ && x - 1 >= 0) {
+      if (x > start && x - 1 >= 0) {
         int prev = x - 1;
         if (prev > 0 && at(prev, y).glyph.empty()) --prev;
         cells_[static_cast<size_t>(y * cols_ + prev)].glyph += g;
@@ -143,7 +143,9 @@ int Screen::put(int x, int y, const std::string& text, Style style, int max_cols
     set(x, y, control ? " " : g, style);
     if (w == 2) {
       set(x + 1, y, " ", style);  // clears what a wide glyph there covered
-      cells_[static_cast<size_t>(y * cols_ + x + 1)].glyph.clear();
+      // The second column marks itself as covered only beside its first (left of the screen, a
+      // glyph's visible half stays a blank).
+      if (x >= 0) cells_[static_cast<size_t>(y * cols_ + x + 1)].glyph.clear();
     }
     x += w;
   }
