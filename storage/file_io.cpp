@@ -171,6 +171,18 @@ FileIo& posix_io() {
   return io;
 }
 
+void write_text_file(FileIo& io, const std::string& path, const std::string& text) {
+  const int fd = io.create(path);
+  try {
+    io.write(fd, path, text.data(), text.size(), 0);
+    io.fsync(fd, path);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  io.close(fd, path);
+}
+
 namespace {
 
 // The DELTADECK_IO_FAULT double. Counters run over the whole process until the spec changes.

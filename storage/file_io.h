@@ -77,6 +77,9 @@ class FileIo {
 // Plain POSIX, never observed. Any thread.
 FileIo& posix_io();
 
+// A small file through io: created, written (text: any bytes), fsynced, closed. Throws IoError.
+void write_text_file(FileIo& io, const std::string& path, const std::string& text);
+
 // The checkpoint writer's I/O for this process: posix_io(), or the fault armed by
 // DELTADECK_IO_FAULT (see the top of this file; the variable is read again at every call, so a test
 // may arm it between saves). Throws std::invalid_argument on a malformed spec. Any thread; saves

@@ -5,6 +5,7 @@
 // 'interrupted' would be worse than showing a dead one as running, so anything else is left alone.
 #include "storage/run_store.h"
 
+#include "storage/file_io.h"
 #include "storage/file_util.h"
 #include "storage/run_name.h"
 
@@ -456,8 +457,7 @@ int64_t RunStore::create_run(const NewRun& r) {
   // A run's folder is <runs dir>/<name>, beside the database. A folder of that name left behind
   // (a delete cut short, files it could not remove) takes the name too: pruning and --resume trust
   // the checkpoints on disk, and would take the old run's for the new one's.
-  const std::string db_dir = files::parent_dir(path_);
-  const std::string runs_dir = path_ == ":memory:" ? "" : db_dir.empty() ? "." : db_dir;
+  const std::string runs_dir = path_ == ":memory:" ? "" : runs_folder();
   {
     Stmt taken(db_, path_, "SELECT 1 FROM runs WHERE name = ?1");
     for (int64_t n = 2;; ++n) {
@@ -633,6 +633,11 @@ std::string RunStore::run_dir(const std::string& name) const {
   return parent.empty() ? name : parent + "/" + name;
 }
 
+std::string RunStore::runs_folder() const {
+  const std::string parent = files::parent_dir(path_);
+  return parent.empty() ? "." : parent;
+}
+
 RunSummary RunStore::summary_or_throw(int64_t run_id, const char* what) const {
   auto r = run(run_id);
   if (!r) throw std::runtime_error(path_ + ": " + what + ": no run with id " + std::to_string(run_id));
@@ -683,14 +688,12 @@ void RunStore::rename_run(int64_t run_id, const std::string& new_name) {
     // The journal first: a crash after the move and before the commit leaves the folder where the
     // row does not say, and the journal tells the next open where to move it back from.
     const std::string journal = rename_journal(run_id);
-    {
-      std::ofstream j(journal, std::ios::trunc);
-      j << old_dir << "\n" << new_dir << "\n";
-      j.close();
-      if (!j) throw std::runtime_error("cannot rename run '" + r.name + "': cannot write " + journal);
+    try {
+      write_text_file(posix_io(), journal, old_dir + "\n" + new_dir + "\n");
+      posix_io().fsync_dir(runs_folder());
+    } catch (const std::exception& e) {
+      throw std::runtime_error("cannot rename run '" + r.name + "': " + e.what());
     }
-    files::fsync_path(journal);
-    files::fsync_path(files::parent_dir(journal).empty() ? "." : files::parent_dir(journal));
     if (::rename(old_dir.c_str(), new_dir.c_str()) != 0) {
       const std::string why = errno_text();
       std::remove(journal.c_str());
@@ -708,8 +711,7 @@ void RunStore::rename_run(int64_t run_id, const std::string& new_name) {
   if (moved) std::remove(rename_journal(run_id).c_str());
   if (!on_disk) return;
   // Node logs of a multi-node run (<name>.node<K>.log) are only logs: moved if possible.
-  const std::string parent = files::parent_dir(path_);
-  const std::string folder = parent.empty() ? "." : parent;
+  const std::string folder = runs_folder();
   const std::string prefix = r.name + ".node";
   for (const std::string& f : files::list_dir(folder)) {
     if (f.rfind(prefix, 0) != 0 || f.size() <= prefix.size() + 4 || f.substr(f.size() - 4) != ".log") continue;
@@ -719,15 +721,11 @@ void RunStore::rename_run(int64_t run_id, const std::string& new_name) {
   }
 }
 
-std::string RunStore::rename_journal(int64_t run_id) const {
-  const std::string parent = files::parent_dir(path_);
-  return (parent.empty() ? std::string() : parent + "/") + ".rename-" + std::to_string(run_id);
-}
+std::string RunStore::rename_journal(int64_t run_id) const { return run_dir(".rename-" + std::to_string(run_id)); }
 
 void RunStore::recover_renames() {
-  const std::string parent = files::parent_dir(path_);
   const std::string prefix = ".rename-";
-  for (const std::string& f : files::list_dir(parent.empty() ? "." : parent)) {
+  for (const std::string& f : files::list_dir(runs_folder())) {
     if (f.rfind(prefix, 0) != 0 || f.size() == prefix.size() ||
         f.find_first_not_of("0123456789", prefix.size()) != std::string::npos)
       continue;

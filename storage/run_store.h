@@ -169,6 +169,8 @@ class RunStore {
   // The folder checkpoints of run `name` go to: the database's folder + "/" + name (the train
   // command puts both in run.runs_dir).
   std::string run_dir(const std::string& name) const;
+  // The database's folder, "." for a database named without one: where run folders are listed.
+  std::string runs_folder() const;
   RunSummary summary_or_throw(int64_t run_id, const char* what) const;
   // "<db folder>/.rename-<run id>": a rename_run in progress (its run folder's old and new path),
   // written before the folder moves and removed once the row has committed.

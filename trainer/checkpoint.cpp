@@ -31,6 +31,14 @@ namespace files = storage::files;
 
 // A committed checkpoint that a save of the same step moves aside until its own commit.
 constexpr const char* kMovedAside = ".old";
+// A pruned checkpoint between its rename and its removal.
+constexpr const char* kBeingDeleted = ".deleting";
+
+// "step_<something><suffix>": a checkpoint folder renamed with that suffix.
+bool is_step_with_suffix(const std::string& name, const std::string& suffix) {
+  return name.rfind("step_", 0) == 0 && name.size() > suffix.size() + 5 &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
 
 std::string errno_text() { return std::strerror(errno); }
 
@@ -99,21 +107,6 @@ std::string step_dir_name(int64_t step) {
   return buf;
 }
 
-}  // namespace
-
-void write_text_file(storage::FileIo& io, const std::string& path, const std::string& text) {
-  const int fd = io.create(path);
-  try {
-    io.write(fd, path, text.data(), text.size(), 0);
-    io.fsync(fd, path);
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  io.close(fd, path);
-}
-
-namespace {
 
 std::vector<uint8_t> read_file(const std::string& path) {
   std::vector<uint8_t> bytes;
@@ -233,7 +226,7 @@ SavedCheckpoint save_checkpoint(const std::string& root, const CheckpointData& d
     }
     // The manifest goes in by rename, so a manifest.json is always whole.
     const std::string manifest_tmp = tmp_dir + "/manifest.json.tmp";
-    write_text_file(io, manifest_tmp, manifest.dump(2) + "\n");
+    storage::write_text_file(io, manifest_tmp, manifest.dump(2) + "\n");
     io.rename(manifest_tmp, tmp_dir + "/manifest.json");
     io.fsync_dir(tmp_dir);
     if (before_commit) before_commit();
@@ -321,9 +314,7 @@ std::vector<std::pair<int64_t, std::string>> moved_aside_checkpoints(const std::
   std::vector<std::pair<int64_t, std::string>> out;
   const std::string suffix = kMovedAside;
   for (const auto& name : files::list_dir(root)) {
-    if (name.rfind("step_", 0) != 0 || name.size() <= suffix.size() + 5 ||
-        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
-      continue;
+    if (!is_step_with_suffix(name, suffix)) continue;
     const std::string base = name.substr(0, name.size() - suffix.size());
     if (base.find('.') != std::string::npos || files::exists(root + "/" + base)) continue;
     const std::string dir = root + "/" + name;
@@ -443,11 +434,8 @@ std::vector<std::pair<int64_t, std::string>> set_aside_checkpoints_after(const s
 std::vector<int64_t> prune_checkpoints(const std::string& root, int64_t keep, int64_t protected_step,
                                        storage::FileIo& io) {
   // Leftovers of a removal cut short (below): no checkpoints any more, removed again.
-  const std::string doomed_suffix = ".deleting";
   for (const auto& name : files::list_dir(root)) {
-    if (name.rfind("step_", 0) != 0 || name.size() <= doomed_suffix.size() ||
-        name.compare(name.size() - doomed_suffix.size(), doomed_suffix.size(), doomed_suffix) != 0)
-      continue;
+    if (!is_step_with_suffix(name, kBeingDeleted)) continue;
     try {
       io.remove_tree(root + "/" + name);
     } catch (const std::exception&) {
@@ -459,7 +447,7 @@ std::vector<int64_t> prune_checkpoints(const std::string& root, int64_t keep, in
     if (all[i].first == protected_step) continue;
     // Renamed first, in one atomic step: a removal cut short (a crash, a file that cannot go)
     // leaves a step_X.deleting, never a step_X that lost its manifest and lingers half-deleted.
-    const std::string doomed = all[i].second + doomed_suffix;
+    const std::string doomed = all[i].second + kBeingDeleted;
     try {
       io.rename(all[i].second, doomed);
     } catch (const std::exception&) {

@@ -69,9 +69,6 @@ int64_t write_weights_file(const std::string& path, const NamedTensors& tensors,
 int64_t write_weights_file(storage::FileIo& io, const std::string& path, const NamedTensors& tensors,
                            const std::map<std::string, std::string>& meta, std::string* sha256);
 
-// A small file through io: created, written (text: any bytes), fsynced, closed. Throws IoError.
-void write_text_file(storage::FileIo& io, const std::string& path, const std::string& text);
-
 // Reads a checkpoint directory after verifying every file's size and sha256 against the manifest
 // (each file is read once). Throws std::runtime_error naming the damaged file and expected vs actual
 // values. Any thread.

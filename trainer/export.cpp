@@ -98,10 +98,10 @@ ExportResult export_checkpoint(const std::string& checkpoint_dir, const std::str
                                  nullptr);
     if (!r.tokenizer_path.empty()) {
       staged.push_back(r.tokenizer_path);
-      write_text_file(io, r.tokenizer_path + ".tmp", tokenizer_bytes);
+      storage::write_text_file(io, r.tokenizer_path + ".tmp", tokenizer_bytes);
     }
     staged.push_back(r.config_path);
-    write_text_file(io, r.config_path + ".tmp", cfg.dump(2) + "\n");
+    storage::write_text_file(io, r.config_path + ".tmp", cfg.dump(2) + "\n");
   } catch (const std::exception& e) {
     for (const std::string& path : staged) storage::files::remove_tree(path + ".tmp");
     throw std::runtime_error(std::string("export to ") + out_dir + " failed, nothing replaced: " + e.what());
