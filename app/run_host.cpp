@@ -158,6 +158,7 @@ void RunHost::start() {
   trainer::SessionOptions so;
   so.run_dir = prep_.run_dir;
   so.resume_from = prep_.resume_from;
+  so.run_name = view_.run_name;
   so.cluster = opts_.cluster;
   so.before_checkpoint_commit = [this](int64_t step) { wait_metrics_committed(step); };
   so.poll_stop = opts_.poll_stop;

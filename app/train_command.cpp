@@ -11,13 +11,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
 #include <variant>
 
 #include "app/build_info.h"
 #include "app/dry_run.h"
 #include "app/front_ends.h"
+#include "app/node_log.h"
 #include "app/run_host.h"
 #include "app/signals.h"
 #include "storage/file_util.h"
@@ -221,7 +221,9 @@ int exit_code(trainer::RunStatus s) {
 
 // Nodes other than 0 of a multi-node run: the same validation and engine, no database. Only node 0
 // prints (a batch job's output file would interleave every node otherwise): these lines go to
-// <runs_dir>/<name>.node<K>.log next to node 0's database; a failure is also said on stderr.
+// <runs_dir>/<run name>.node<K>.log next to node 0's database, named after the run as node 0
+// recorded it (it sends the name at the rendezvous; a new run's name may have been taken, and two
+// runs of one config must not share a log). A failure is also said on stderr.
 int run_worker_node(const TrainArgs& args, const trainer::ClusterSpec& cluster) {
   trainer::RunConfig cfg;
   std::string resume_from;
@@ -245,19 +247,15 @@ int run_worker_node(const TrainArgs& args, const trainer::ClusterSpec& cluster) 
     resume_from = trainer::restored_name(prep.resume_from);
   }
   storage::files::make_dirs(cfg.run.runs_dir);
-  const std::string log_path = cfg.run.runs_dir + "/" + cfg.name + ".node" + std::to_string(cluster.node_rank) + ".log";
-  std::ofstream log(log_path, std::ios::app);
-  if (!log) {
-    std::cerr << "deltadeck: node " << cluster.node_rank << ": cannot write its log " << log_path << "\n";
-    return 1;
-  }
-  auto say = [&](const std::string& line) { log << line << "\n" << std::flush; };
+  NodeLog log(cfg.run.runs_dir, cluster.node_rank);
+  auto say = [&](const std::string& line) { log.write(line); };
   say("deltadeck " + std::string(VERSION) + " (" + REVISION + "): node " + std::to_string(cluster.node_rank) + " of " +
       std::to_string(cluster.nnodes) + " (" + cluster.source + "), rendezvous " + cluster.master_addr + ":" +
       std::to_string(cluster.master_port) + "; node 0 records the run");
   trainer::SessionOptions so;
   so.run_dir = cfg.run.runs_dir + "/" + cfg.name;
   so.resume_from = resume_from;
+  so.run_name = cfg.name;
   so.cluster = cluster;
   trainer::Session session(cfg, so);
   install_stop_signals();
@@ -276,16 +274,18 @@ int run_worker_node(const TrainArgs& args, const trainer::ClusterSpec& cluster) 
       if (session.events().closed()) break;
       continue;
     }
+    if (auto* n = std::get_if<trainer::RunNamedEvent>(&*ev)) log.open(n->name);
     if (auto* l = std::get_if<trainer::LogEvent>(&*ev)) say(l->level + ": " + l->text);
     if (auto* e = std::get_if<trainer::EndedEvent>(&*ev)) ended = *e;
   }
   session.join();
+  log.open(cfg.name);  // the nodes never met: the config's name
   const std::string last = std::string("node ") + std::to_string(cluster.node_rank) + " " +
                            trainer::status_name(ended.status) + " at step " + std::to_string(ended.step) + ": " +
                            ended.message;
   say(last);
   if (ended.status == trainer::RunStatus::Failed || ended.status == trainer::RunStatus::Diverged)
-    std::cerr << "deltadeck: " << last << " (log: " << log_path << ")\n";
+    std::cerr << "deltadeck: " << last << " (log: " << log.path() << ")\n";
   return exit_code(ended.status);
 }
 
@@ -327,6 +327,9 @@ int run_train(const TrainArgs& args) {
     std::cerr << "deltadeck: " << e.what() << "\n";
     return 2;
   }
+  const auto env = [](const char* k) -> const char* { return std::getenv(k); };
+  if (const std::string mode = trainer::nccl_error_handling_override(env); !mode.empty())
+    setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", mode.c_str(), /*overwrite=*/1);  // before any process group
   if (args.dry_run) return dry_run_train(args, cluster);
   if (cluster.node_rank > 0) return run_worker_node(args, cluster);
   PreparedRun prep;

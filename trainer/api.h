@@ -167,7 +167,14 @@ struct EndedEvent {
 struct MarkerEvent {
   uint64_t id = 0;
 };
-using Event = std::variant<StartedEvent, MetricsEvent, CheckpointEvent, LogEvent, EndedEvent, MarkerEvent>;
+// The run's recorded name, on the nodes other than 0 of a multi-node run (node 0 sends it at the
+// rendezvous): node 0 may have recorded the run under another name than the config's (the name
+// was taken), and a node names its log after the run.
+struct RunNamedEvent {
+  std::string name;
+};
+using Event =
+    std::variant<StartedEvent, MetricsEvent, CheckpointEvent, LogEvent, EndedEvent, MarkerEvent, RunNamedEvent>;
 
 // ---- commands: app -> trainer, applied at the next step boundary
 // Preempt: Stop, ending with status Preempted (the launcher is taking the machine back).

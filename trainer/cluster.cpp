@@ -21,6 +21,12 @@ int parse_int(const std::string& text, const std::string& name, int min) {
 
 }  // namespace
 
+std::string nccl_error_handling_override(const EnvLookup& env) {
+  const char* run_id = env("TORCHELASTIC_RUN_ID");
+  const char* mode = env("TORCH_NCCL_ASYNC_ERROR_HANDLING");
+  return run_id != nullptr && mode != nullptr && std::string(mode) == "1" ? "3" : "";
+}
+
 std::string first_slurm_host(const std::string& nodelist) {
   // The first entry ends at a comma outside brackets.
   int depth = 0;

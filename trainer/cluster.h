@@ -39,6 +39,13 @@ using EnvLookup = std::function<const char*(const char*)>;
 // an inconsistent one (node rank >= node count). Any thread.
 ClusterSpec resolve_cluster(const EnvLookup& env, const ClusterOverrides& overrides);
 
+// The TORCH_NCCL_ASYNC_ERROR_HANDLING this process should take before any process group exists, or
+// "" to leave it as it is. torchrun's agent (TORCHELASTIC_RUN_ID) exports 1 unless the variable was
+// set: NCCL's watchdog then ends the process with SIGABRT when a peer fails, before node 0 can record
+// the run as failed. deltadeck takes 3 there, PyTorch's own default: the communicators are aborted and
+// the waiting collective throws, so the run ends recorded as failed, with its cause.
+std::string nccl_error_handling_override(const EnvLookup& env);
+
 // The first host of a Slurm node list: "gpu[01-04,07],cpu5" -> "gpu01"; "a,b" -> "a".
 std::string first_slurm_host(const std::string& nodelist);
 

@@ -208,6 +208,10 @@ struct Session::Impl : std::enable_shared_from_this<Session::Impl> {
             throw std::runtime_error("--resume: node " + std::to_string(n) + " starts from '" + starts[n] +
                                      "' and node " + std::to_string(node.node_rank) + " from '" + opts.resume_from +
                                      "'; every node must resume the same run from one shared runs folder");
+        // Node 0 may have recorded the run under another name than the config's (it was taken): the
+        // other nodes name their logs after the recorded one.
+        const auto names = rendezvous->exchange("run_name", node.node_rank, node.nnodes, opts.run_name, timeout);
+        if (node.node_rank != 0) events.push(RunNamedEvent{names[0]});
       } else if (world > 1) {
         rendezvous = Rendezvous::in_process();
       }

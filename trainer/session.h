@@ -23,6 +23,9 @@ struct SessionOptions {
       : run_dir(std::move(dir)), resume_from(std::move(resume)) {}
   std::string run_dir;      // checkpoints go to <run_dir>/checkpoints
   std::string resume_from;  // a checkpoint directory to continue from; empty = fresh start
+  // The run's name as recorded. Node 0 of a multi-node run sends its own to the other nodes, whose
+  // sessions report it as a RunNamedEvent.
+  std::string run_name;
   bool measure_only = false;  // benchmarks: no evaluation, no checkpoints
   // Benchmarks: profile steps [profile_from_step, profile_from_step + profile_steps) on rank 0; the
   // report arrives as a LogEvent of level "profile", the trace goes to profile_trace (if set).

@@ -3,7 +3,8 @@
 # with the weights of one process running 4 ranks as threads. Then a node is killed mid-run: node 0
 # stops within the collective timeout with an error naming the rank and operation, the run is
 # recorded as failed and its last checkpoint stays loadable. Last, SIGTERM reaches node 1 alone:
-# node 0 learns of it through the store and the whole run stops at one step with a checkpoint.
+# node 0 learns of it through the store and the whole run stops at one step with a checkpoint. A
+# second run of the same config is recorded under a new name, and node 1 logs under that name.
 source "$(dirname "${BASH_SOURCE[0]}")/e2e_common.sh"
 python=${2:-}
 make_corpus "$work/corpus/jugs.txt" 300 'pack my box with five dozen liquor jugs'
@@ -58,6 +59,23 @@ print("2 processes x 2 ranks vs 1 process x 4 ranks: worst relative weight error
 assert worst <= 1e-6, worst
 PY
 fi
+
+# 2b. The same config again in the same runs folder: node 0 records the run as multi-2 (the name is
+#     taken), and node 1 logs under that name, not into the first run's log.
+port=$((port + 1))
+lines_before=$(wc -l < "$work/multi/multi.node1.log")
+"$bin" train --no-gui --config "$work/run.toml" --runs-dir "$work/multi" --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 \
+  --master-port "$port" --set train.steps=4 > "$work/again1.out" 2>&1 &
+pids+=($!)
+"$bin" train --no-gui --config "$work/run.toml" --runs-dir "$work/multi" --nnodes 2 --node-rank 0 \
+  --master-port "$port" --set train.steps=4 > "$work/again0.out" 2>&1 \
+  || { cat "$work/again0.out" "$work/again1.out"; fail "node 0 failed the second run"; }
+wait "${pids[-1]}" || { cat "$work/again1.out"; fail "node 1 failed the second run"; }
+[ "$(sqlite3 "$work/multi/deltadeck.db" "SELECT name FROM runs ORDER BY id DESC LIMIT 1")" = multi-2 ] \
+  || fail "the second run was not recorded as multi-2"
+grep -q "node 1 finished at step 4" "$work/multi/multi-2.node1.log" 2> /dev/null \
+  || { ls "$work/multi"; cat "$work/multi/multi.node1.log"; fail "node 1 did not log under the recorded name multi-2"; }
+[ "$(wc -l < "$work/multi/multi.node1.log")" = "$lines_before" ] || fail "node 1 wrote the second run into multi.node1.log"
 
 # 3. Kill node 1 mid-run: node 0 stops within the collective timeout, marks the run failed, and
 #    its last checkpoint is intact.

@@ -88,6 +88,21 @@ TEST(Cluster, TorchrunAgentStore) {
   EXPECT_FALSE(resolve({{"WORLD_SIZE", "2"}, {"RANK", "0"}}).agent_store);
 }
 
+// Under torchrun's agent, its TORCH_NCCL_ASYNC_ERROR_HANDLING=1 (a peer's failure ends the process
+// by SIGABRT) becomes 3; any other value, and the variable outside torchrun, is left alone.
+TEST(Cluster, TorchrunsNcclTeardownBecomesAbortAndThrow) {
+  auto override_for = [](const std::map<std::string, std::string>& env) {
+    return trainer::nccl_error_handling_override([&](const char* k) -> const char* {
+      auto it = env.find(k);
+      return it == env.end() ? nullptr : it->second.c_str();
+    });
+  };
+  EXPECT_EQ(override_for({{"TORCHELASTIC_RUN_ID", "none"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"}}), "3");
+  EXPECT_EQ(override_for({{"TORCHELASTIC_RUN_ID", "none"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "2"}}), "");
+  EXPECT_EQ(override_for({{"TORCHELASTIC_RUN_ID", "none"}}), "");
+  EXPECT_EQ(override_for({{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"}}), "");
+}
+
 TEST(Cluster, SlurmNodesAndTheFirstHost) {
   auto c = resolve({{"SLURM_NNODES", "3"}, {"SLURM_NODEID", "1"}, {"SLURM_PROCID", "7"},
                     {"SLURM_JOB_NODELIST", "gpu[07-09,12],login1"}});
