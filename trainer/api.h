@@ -54,6 +54,11 @@ struct TrainConfig {
   double grad_clip = 1.0;                // 0 turns clipping off
   double ema_decay = 0.0;
   double muon_lr = 0.02;                 // optimizer = "muon": peak lr of the hidden matrices (scheduled like lr)
+  // optimizer = "muon": Muon also takes each MoE expert's matrices (one Newton–Schulz iteration
+  // batched over the experts), else AdamW does. Off by default: the iteration's cost grows with
+  // every expert's weights while the step's work grows with the routed tokens only (moe-1b: about
+  // 5 TFLOP of fp32 products a step).
+  bool muon_experts = false;
   std::string loss_scaling = "auto";     // auto (dynamic for fp16 only) | dynamic | off
   double loss_scale_init = 65536.0;
   int64_t loss_scale_growth_interval = 2000;

@@ -127,6 +127,7 @@ const std::vector<Field>& fields() {
       DD_CONFIG_FIELD("train", "grad_clip", train.grad_clip),
       DD_CONFIG_FIELD("train", "ema_decay", train.ema_decay),
       DD_CONFIG_FIELD("train", "muon_lr", train.muon_lr),
+      DD_CONFIG_FIELD("train", "muon_experts", train.muon_experts),
       DD_CONFIG_FIELD("train", "loss_scaling", train.loss_scaling),
       DD_CONFIG_FIELD("train", "loss_scale_init", train.loss_scale_init),
       DD_CONFIG_FIELD("train", "loss_scale_growth_interval", train.loss_scale_growth_interval),

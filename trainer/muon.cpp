@@ -1,4 +1,5 @@
-// Newton–Schulz on the wide orientation (rows ≤ cols) keeps A = X·Xᵀ the small square.
+// Newton–Schulz on the wide orientation (rows ≤ cols) keeps A = X·Xᵀ the small square. A stack of
+// matrices runs as batched products over its first dimension, each matrix normalised by its own norm.
 #include "trainer/muon.h"
 
 #include <torch/torch.h>
@@ -10,23 +11,27 @@
 namespace trainer {
 
 at::Tensor newton_schulz_orthogonalize(const at::Tensor& G, int64_t steps) {
-  TORCH_CHECK(G.dim() == 2, "newton_schulz: expected a matrix, got ", G.sizes());
+  TORCH_CHECK(G.dim() == 2 || G.dim() == 3, "newton_schulz: expected a matrix or a stack of them, got ",
+              G.sizes());
   const double a = 3.4445, b = -4.7750, c = 2.0315;
-  const bool tall = G.size(0) > G.size(1);
-  auto X = tall ? G.t() : G;
-  X = X / (X.norm() + 1e-7);
+  const bool tall = G.size(-2) > G.size(-1);
+  auto X = tall ? G.transpose(-2, -1) : G;
+  // Each matrix of a stack by its own norm (a matrix by X.norm(), as before stacks were taken: the same bits).
+  X = X.dim() == 2 ? X / (X.norm() + 1e-7)
+                   : X / (torch::linalg_vector_norm(X, 2, at::IntArrayRef{-2, -1}, /*keepdim=*/true) + 1e-7);
   for (int64_t i = 0; i < steps; ++i) {
-    auto A = torch::matmul(X, X.t());
+    auto A = torch::matmul(X, X.transpose(-2, -1));
     auto B = b * A + c * torch::matmul(A, A);
     X = a * X + torch::matmul(B, X);
   }
-  return tall ? X.t() : X;
+  return tall ? X.transpose(-2, -1) : X;
 }
 
 Muon::Muon(std::vector<std::pair<std::string, at::Tensor>> params, MuonOptions opt)
     : params_(std::move(params)), opt_(opt) {
   for (const auto& [name, p] : params_) {
-    if (p.dim() != 2) throw std::invalid_argument("muon: '" + name + "' is not a matrix; give it to AdamW");
+    if (p.dim() != 2 && p.dim() != 3)
+      throw std::invalid_argument("muon: '" + name + "' is neither a matrix nor a stack of them; give it to AdamW");
     momentum_.push_back(torch::zeros_like(p));
   }
 }
@@ -41,7 +46,8 @@ void Muon::step(double lr) {
     m.mul_(opt_.momentum).add_(g);
     auto dir = opt_.nesterov ? g.add(m, opt_.momentum) : m;
     auto u = newton_schulz_orthogonalize(dir, opt_.ns_steps);
-    const double shape_scale = std::sqrt(std::max(1.0, static_cast<double>(p.size(0)) / static_cast<double>(p.size(1))));
+    const double shape_scale =
+        std::sqrt(std::max(1.0, static_cast<double>(p.size(-2)) / static_cast<double>(p.size(-1))));
     if (opt_.weight_decay > 0) p.mul_(1.0 - lr * opt_.weight_decay);
     p.add_(u, -lr * shape_scale);
   }

@@ -1,7 +1,9 @@
 // Muon: momentum SGD whose update for a 2-D hidden weight matrix is orthogonalised by a few
 // Newton–Schulz iterations (the update's singular values pushed towards 1), scaled by
-// sqrt(max(1, rows/cols)). Embeddings, the head, norms and other non-matrix parameters are left to
-// AdamW by the caller, which decides the split.
+// sqrt(max(1, rows/cols)). A 3-D parameter is a stack of matrices (the MoE experts' [E, rows, cols]
+// weights), each expert's matrix orthogonalised by itself: one batched iteration. Embeddings, the
+// head, norms and other non-matrix parameters are left to AdamW by the caller, which decides the
+// split (trainer/param_groups.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -13,9 +15,10 @@
 
 namespace trainer {
 
-// The quintic Newton–Schulz iteration on G (2-D), normalised by its Frobenius norm first:
-// X ← a·X + (b·A + c·A²)·X with A = X·Xᵀ and (a, b, c) = (3.4445, −4.7750, 2.0315), `steps` times,
-// working on the wide orientation. Runs in G's dtype (fp32 or bf16). Any thread.
+// The quintic Newton–Schulz iteration on G (2-D, or 3-D: each matrix of the stack by itself),
+// normalised by its Frobenius norm first: X ← a·X + (b·A + c·A²)·X with A = X·Xᵀ and (a, b, c) =
+// (3.4445, −4.7750, 2.0315), `steps` times, working on the wide orientation. Runs in G's dtype
+// (fp32 or bf16). Any thread.
 at::Tensor newton_schulz_orthogonalize(const at::Tensor& G, int64_t steps = 5);
 
 struct MuonOptions {
@@ -27,9 +30,11 @@ struct MuonOptions {
 
 class Muon {
  public:
-  // params: 2-D matrices only (throws std::invalid_argument naming one that is not).
+  // params: 2-D matrices and 3-D stacks of them only (throws std::invalid_argument naming one that is
+  // neither).
   Muon(std::vector<std::pair<std::string, at::Tensor>> params, MuonOptions opt);
-  // m ← μ·m + g; u = NS(nesterov ? g + μ·m : m)·sqrt(max(1, rows/cols)); w ← w·(1 − lr·wd) − lr·u.
+  // m ← μ·m + g; u = NS(nesterov ? g + μ·m : m)·sqrt(max(1, rows/cols)); w ← w·(1 − lr·wd) − lr·u
+  // (rows and cols: a matrix's, the last two sizes of a stack).
   void step(double lr);
   // "muon_momentum.<name>" for checkpoints, and back.
   std::vector<std::pair<std::string, at::Tensor>> state_tensors() const;

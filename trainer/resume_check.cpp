@@ -37,6 +37,9 @@ std::map<std::string, std::string> resume_fingerprint(const RunConfig& cfg, int6
   // had reopened the run. (Checkpoints written before these keys are not compared on them.)
   out["train.optimizer"] = j["train"]["optimizer"].dump();
   out["train.ema"] = cfg.train.ema_decay > 0 ? "on" : "off";
+  // The experts' state: Muon's momenta, or AdamW's moments.
+  const bool experts_muon = cfg.train.optimizer == "muon" && cfg.model.moe_experts > 0 && cfg.train.muon_experts;
+  out["train.muon_experts"] = experts_muon ? "on" : "off";
   // The loader's saved position holds one cursor a training source; another count failed at the
   // first step (after the resume had recorded the new config as the run's).
   out["data.train_sources"] = std::to_string(cfg.data.train.size());
@@ -44,8 +47,11 @@ std::map<std::string, std::string> resume_fingerprint(const RunConfig& cfg, int6
   return out;
 }
 
-std::vector<std::string> resume_mismatches(const std::map<std::string, std::string>& checkpoint,
+std::vector<std::string> resume_mismatches(const std::map<std::string, std::string>& checkpoint_compat,
                                            const std::map<std::string, std::string>& run) {
+  // Keys added after checkpoints were first fingerprinted: one written before holds what it had then.
+  std::map<std::string, std::string> checkpoint = checkpoint_compat;
+  if (!checkpoint.empty()) checkpoint.emplace("train.muon_experts", "off");  // Muon left the experts to AdamW
   std::vector<std::string> out;
   for (const auto& [key, have] : checkpoint) {
     auto it = run.find(key);
@@ -54,6 +60,9 @@ std::vector<std::string> resume_mismatches(const std::map<std::string, std::stri
     if (key == "world_size") line += " (each rank's data position is saved; resume on as many ranks)";
     if (key == "train.optimizer") line += " (the optimizer state is saved for the optimizer that wrote it)";
     if (key == "train.ema") line += " (EMA weights are saved only while train.ema_decay > 0)";
+    if (key == "train.muon_experts")
+      line += " (the MoE experts' state is saved for the optimizer that had them: Muon with optimizer = \"muon\" "
+              "and train.muon_experts = true, else AdamW)";
     if (key == "data.train_sources")
       line += " data.train sources (the loader's position is saved for each; other files behind the same sources "
               "are allowed)";

@@ -177,8 +177,9 @@ class TrainLoop {
       for (const auto& p : model_->parameters()) weights.push_back(p.data());
       comm_.broadcast(weights, 0, "broadcasting rank 0's initial weights");
     }
-    // Parameter groups: the hidden matrices go to Muon (optimizer = "muon") or, with μP learning
-    // rates on, to their own AdamW at the scaled lr; everything else to the main AdamW.
+    // Parameter groups: the hidden matrices (and with train.muon_experts the MoE experts' stacks)
+    // go to Muon (optimizer = "muon"), or the hidden matrices, with μP learning rates on, to their
+    // own AdamW at the scaled lr; everything else to the main AdamW.
     std::vector<std::pair<std::string, at::Tensor>> adam_params, hidden_params;
     std::vector<bool> decay, hidden_decay;
     const bool use_muon = cfg_.train.optimizer == "muon";
@@ -187,7 +188,10 @@ class TrainLoop {
                           : 1.0;
     for (const auto& item : model_->named_parameters()) {
       params_.emplace_back(item.key(), item.value());
-      if ((use_muon || mup) && is_hidden_matrix(item.key(), item.value().dim())) {
+      const int64_t dim = item.value().dim();
+      const bool hidden = use_muon ? takes_muon(item.key(), dim, cfg_.train.muon_experts)
+                                   : mup && is_hidden_matrix(item.key(), dim);
+      if (hidden) {
         hidden_params.emplace_back(item.key(), item.value());
         hidden_decay.push_back(true);
       } else {

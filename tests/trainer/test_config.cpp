@@ -496,7 +496,7 @@ TEST(Config, JsonHasEveryKeyNested) {
   EXPECT_EQ(j["data"]["train"][0], "text:/tmp/*.txt");
   EXPECT_EQ(j["data"]["val"], 0.01);
   EXPECT_EQ(j["data"].size(), 12u);
-  EXPECT_EQ(j["train"].size(), 30u);  // with cuda_graph and cuda_graph_pieces
+  EXPECT_EQ(j["train"].size(), 31u);  // with cuda_graph, cuda_graph_pieces and muon_experts
   EXPECT_EQ(j["run"].size(), 13u);
 }
 

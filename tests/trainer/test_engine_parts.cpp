@@ -1,6 +1,6 @@
 // Engine parts against hand-computed cases: the dynamic loss scaler's state sequence (GradScaler
 // semantics) and step skipping, EMA updates and the swap that restores weights bit for bit (also
-// after an exception), Newton–Schulz orthogonalisation and one Muon step.
+// after an exception), Newton–Schulz orthogonalisation and Muon's steps (a stack of matrices too).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -187,6 +187,42 @@ TEST(Muon, OneStepOnADiagonalGradientByHand) {
   ASSERT_EQ(s.size(), 1u);
   EXPECT_TRUE(torch::allclose(s[0].second, w.grad()));  // m = g after one step
   EXPECT_THROW(trainer::Muon({{"bias", torch::zeros({3})}}, {}), std::invalid_argument);
+}
+
+// A stack of matrices (the MoE experts' [E, rows, cols]) takes each matrix's own Muon update: two
+// steps on a wide and a tall stack, with weight decay, equal Muon on each matrix as a parameter of
+// its own (fp32; the batched products may sum in another order: 1e-6 relative).
+TEST(Muon, AStackOfMatricesStepsEachMatrixByItself) {
+  torch::manual_seed(5);
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{3, 4, 6}, std::vector<int64_t>{2, 7, 3}}) {
+    const auto w0 = torch::randn(shape);
+    const trainer::MuonOptions o{/*momentum=*/0.9, /*nesterov=*/true, /*ns_steps=*/5, /*weight_decay=*/0.1};
+    auto stack = w0.clone();
+    std::vector<at::Tensor> apart;
+    std::vector<std::pair<std::string, at::Tensor>> apart_params;
+    for (int64_t e = 0; e < shape[0]; ++e) {
+      apart.push_back(w0[e].clone());
+      apart_params.emplace_back("w" + std::to_string(e), apart.back());
+    }
+    trainer::Muon a({{"stack", stack}}, o), b(apart_params, o);
+    for (int step = 0; step < 2; ++step) {
+      const auto g = torch::randn(shape);
+      stack.mutable_grad() = g.clone();
+      for (int64_t e = 0; e < shape[0]; ++e) apart[e].mutable_grad() = g[e].clone();
+      a.step(/*lr=*/0.05);
+      b.step(/*lr=*/0.05);
+    }
+    for (int64_t e = 0; e < shape[0]; ++e) {
+      EXPECT_FALSE(torch::equal(stack[e], w0[e]));
+      EXPECT_TRUE(torch::allclose(stack[e], apart[e], /*rtol=*/1e-6, /*atol=*/1e-6))
+          << "matrix " << e << " of " << c10::str(shape) << ": " << (stack[e] - apart[e]).abs().max().item<double>();
+    }
+  }
+  // Each matrix normalised by its own norm: scaling one expert's gradient does not move another's.
+  const auto X = trainer::newton_schulz_orthogonalize(torch::stack({torch::ones({2, 3}), 100 * torch::eye(2, 3)}), 5);
+  EXPECT_TRUE(torch::allclose(X[0], trainer::newton_schulz_orthogonalize(torch::ones({2, 3}), 5), 1e-6, 1e-6));
+  EXPECT_TRUE(torch::allclose(X[1], trainer::newton_schulz_orthogonalize(torch::eye(2, 3), 5), 1e-6, 1e-6));
+  EXPECT_THROW(trainer::Muon({{"four", torch::zeros({2, 2, 2, 2})}}, {}), std::invalid_argument);
 }
 
 // ZeRO-1's sharded AdamW on one rank is AdamW: the same weights after 12 steps with weight decay on

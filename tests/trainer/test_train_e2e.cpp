@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "tests/trainer/train_harness.h"
+#include "trainer/resume_check.h"
 
 using namespace train_harness;
 
@@ -71,6 +72,51 @@ TEST(TrainE2E, ResumeIsBitIdentical) {
     }
     for (const char* k : {"scaler.scale", "scaler.growth_tracker", "scaler.skipped"}) EXPECT_EQ(a.meta[k], b.meta[k]) << k;
   }
+}
+
+// With train.muon_experts, Muon takes the MoE experts' stacked weights (a momentum per stack, no
+// AdamW moments); without it AdamW keeps them (and Muon the router). A resume may not switch it: the
+// saved state is the other optimizer's. A checkpoint fingerprinted before the key existed counts as
+// off (Muon left the experts to AdamW then).
+TEST(TrainE2E, MuonTakesTheExpertsWhenAsked) {
+  TempDir dir;
+  const std::vector<std::string> moe = {"model.moe_experts=4", "model.moe_expert_hidden=32",
+                                        "train.optimizer=\"muon\"", "run.save_interval=5"};
+  auto has = [](const trainer::CheckpointData& d, const std::string& key) {
+    for (const auto& [k, t] : d.state)
+      if (k == key) return true;
+    return false;
+  };
+  const std::vector<std::string> experts = {"blocks.0.moe.gate", "blocks.0.moe.up", "blocks.0.moe.down",
+                                            "blocks.1.moe.gate", "blocks.1.moe.up", "blocks.1.moe.down"};
+  std::vector<std::string> on_keys = moe, off_keys = moe;
+  on_keys.push_back("train.muon_experts=true");
+  const auto on = make_config(dir, 10, on_keys), off = make_config(dir, 10, off_keys);
+  std::string off_checkpoint;
+  for (const bool muon_experts : {true, false}) {
+    SCOPED_TRACE(muon_experts ? "muon_experts = true" : "muon_experts = false");
+    auto r = run(muon_experts ? on : off, dir.path() + (muon_experts ? "/on" : "/off"));
+    ASSERT_EQ(r.ended.status, trainer::RunStatus::Finished) << r.ended.message;
+    ASSERT_EQ(r.checkpoints.size(), 2u);
+    EXPECT_LT(r.losses.back(), r.losses.front());
+    const auto ck = trainer::load_checkpoint(r.checkpoints[0]);
+    for (const auto& e : experts) {
+      EXPECT_EQ(has(ck, "muon_momentum." + e), muon_experts) << e;
+      EXPECT_EQ(has(ck, "exp_avg." + e), !muon_experts) << e;
+    }
+    EXPECT_TRUE(has(ck, "muon_momentum.blocks.0.moe.router"));
+    if (!muon_experts) off_checkpoint = r.checkpoints[0];
+  }
+  auto refused = run(on, dir.path() + "/switched", off_checkpoint);
+  EXPECT_EQ(refused.ended.status, trainer::RunStatus::Failed);
+  EXPECT_NE(refused.ended.message.find("train.muon_experts: the checkpoint has off, this run has on"), std::string::npos)
+      << refused.ended.message;
+  auto compat = trainer::read_compat(off_checkpoint);
+  compat.erase("train.muon_experts");  // as written before the key
+  EXPECT_TRUE(trainer::resume_mismatches(compat, trainer::resume_fingerprint(off, 1)).empty());
+  const auto lines = trainer::resume_mismatches(compat, trainer::resume_fingerprint(on, 1));
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("train.muon_experts"), std::string::npos) << lines[0];
 }
 
 TEST(TrainE2E, EmaValidationAndScalerMetrics) {
