@@ -57,8 +57,11 @@ struct TrainConfig {
   // optimizer = "muon": Muon also takes each MoE expert's matrices (one Newton–Schulz iteration
   // batched over the experts), else AdamW does. Off by default: the iteration's cost grows with
   // every expert's weights while the step's work grows with the routed tokens only (moe-1b: about
-  // 5 TFLOP of fp32 products a step).
+  // 5 TFLOP of products a step).
   bool muon_experts = false;
+  // optimizer = "muon": the Newton–Schulz iteration's dtype: auto (bf16 on a GPU, fp32 on the CPU),
+  // bf16 or fp32.
+  std::string muon_precision = "auto";
   std::string loss_scaling = "auto";     // auto (dynamic for fp16 only) | dynamic | off
   double loss_scale_init = 65536.0;
   int64_t loss_scale_growth_interval = 2000;

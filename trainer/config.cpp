@@ -128,6 +128,7 @@ const std::vector<Field>& fields() {
       DD_CONFIG_FIELD("train", "ema_decay", train.ema_decay),
       DD_CONFIG_FIELD("train", "muon_lr", train.muon_lr),
       DD_CONFIG_FIELD("train", "muon_experts", train.muon_experts),
+      DD_CONFIG_FIELD("train", "muon_precision", train.muon_precision),
       DD_CONFIG_FIELD("train", "loss_scaling", train.loss_scaling),
       DD_CONFIG_FIELD("train", "loss_scale_init", train.loss_scale_init),
       DD_CONFIG_FIELD("train", "loss_scale_growth_interval", train.loss_scale_growth_interval),
@@ -768,6 +769,7 @@ std::vector<std::string> validate(const RunConfig& c) {
   k.at_least("train.grad_accum", t.grad_accum, 1);
   k.one_of("train.precision", t.precision, {"fp32", "bf16", "fp16", "fp8"});
   k.one_of("train.optimizer", t.optimizer, {"adamw", "muon"});
+  k.one_of("train.muon_precision", t.muon_precision, {"auto", "bf16", "fp32"});
   k.positive("train.lr", t.lr);
   k.unit_closed("train.lr_final_frac", t.lr_final_frac);
   k.non_negative("train.weight_decay", t.weight_decay);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 #include <stdexcept>
+#include <tuple>
 
 namespace trainer {
 
@@ -16,7 +17,7 @@ at::Tensor newton_schulz_orthogonalize(const at::Tensor& G, int64_t steps) {
   const double a = 3.4445, b = -4.7750, c = 2.0315;
   const bool tall = G.size(-2) > G.size(-1);
   auto X = tall ? G.transpose(-2, -1) : G;
-  // Each matrix of a stack by its own norm (a matrix by X.norm(), as before stacks were taken: the same bits).
+  // Each matrix of a stack by its own norm.
   X = X.dim() == 2 ? X / (X.norm() + 1e-7)
                    : X / (torch::linalg_vector_norm(X, 2, at::IntArrayRef{-2, -1}, /*keepdim=*/true) + 1e-7);
   for (int64_t i = 0; i < steps; ++i) {
@@ -29,27 +30,47 @@ at::Tensor newton_schulz_orthogonalize(const at::Tensor& G, int64_t steps) {
 
 Muon::Muon(std::vector<std::pair<std::string, at::Tensor>> params, MuonOptions opt)
     : params_(std::move(params)), opt_(opt) {
-  for (const auto& [name, p] : params_) {
+  std::map<std::tuple<int64_t, int64_t, std::string>, size_t> group_of;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& [name, p] = params_[i];
     if (p.dim() != 2 && p.dim() != 3)
       throw std::invalid_argument("muon: '" + name + "' is neither a matrix nor a stack of them; give it to AdamW");
     momentum_.push_back(torch::zeros_like(p));
+    const auto key = std::make_tuple(p.size(-2), p.size(-1), p.device().str());
+    auto [it, added] = group_of.emplace(key, same_size_.size());
+    if (added) same_size_.emplace_back();
+    same_size_[it->second].push_back(i);
   }
 }
 
 void Muon::step(double lr) {
   torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    auto& p = params_[i].second;
-    auto g = p.grad();
-    if (!g.defined()) continue;
-    auto& m = momentum_[i];
-    m.mul_(opt_.momentum).add_(g);
-    auto dir = opt_.nesterov ? g.add(m, opt_.momentum) : m;
-    auto u = newton_schulz_orthogonalize(dir, opt_.ns_steps);
-    const double shape_scale =
-        std::sqrt(std::max(1.0, static_cast<double>(p.size(-2)) / static_cast<double>(p.size(-1))));
-    if (opt_.weight_decay > 0) p.mul_(1.0 - lr * opt_.weight_decay);
-    p.add_(u, -lr * shape_scale);
+  for (const std::vector<size_t>& group : same_size_) {
+    // The group's update directions as one stack [Σ matrices, rows, cols] in the iteration's dtype.
+    std::vector<size_t> with_grad;
+    std::vector<at::Tensor> dirs;
+    for (size_t i : group) {
+      auto& p = params_[i].second;
+      auto g = p.grad();
+      if (!g.defined()) continue;
+      auto& m = momentum_[i];
+      m.mul_(opt_.momentum).add_(g);
+      auto dir = opt_.nesterov ? g.add(m, opt_.momentum) : m;
+      dirs.push_back(dir.reshape({-1, p.size(-2), p.size(-1)}).to(opt_.ns_dtype));
+      with_grad.push_back(i);
+    }
+    if (dirs.empty()) continue;
+    const auto u = newton_schulz_orthogonalize(dirs.size() == 1 ? dirs[0] : torch::cat(dirs), opt_.ns_steps);
+    int64_t first = 0;
+    for (size_t i : with_grad) {
+      auto& p = params_[i].second;
+      const int64_t n = p.dim() == 3 ? p.size(0) : 1;
+      const double shape_scale =
+          std::sqrt(std::max(1.0, static_cast<double>(p.size(-2)) / static_cast<double>(p.size(-1))));
+      if (opt_.weight_decay > 0) p.mul_(1.0 - lr * opt_.weight_decay);
+      p.add_(u.narrow(0, first, n).reshape(p.sizes()), -lr * shape_scale);
+      first += n;
+    }
   }
 }
 

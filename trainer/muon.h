@@ -26,6 +26,10 @@ struct MuonOptions {
   bool nesterov = true;
   int64_t ns_steps = 5;
   double weight_decay = 0.0;  // decoupled, multiplied by lr
+  // The iteration's dtype (train.muon_precision): fp32, or bf16 (tensor-core products on a GPU,
+  // where fp32 ones made Muon's update take longer than the rest of the step: docs/perf.md, stop 71).
+  // Momentum and weights stay in their own dtype.
+  at::ScalarType ns_dtype = at::kFloat;
 };
 
 class Muon {
@@ -34,7 +38,8 @@ class Muon {
   // neither).
   Muon(std::vector<std::pair<std::string, at::Tensor>> params, MuonOptions opt);
   // m ← μ·m + g; u = NS(nesterov ? g + μ·m : m)·sqrt(max(1, rows/cols)); w ← w·(1 − lr·wd) − lr·u
-  // (rows and cols: a matrix's, the last two sizes of a stack).
+  // (rows and cols: a matrix's, the last two sizes of a stack). The matrices of one size (and
+  // device) go through one batched iteration: a few launches for them all, not a few per matrix.
   void step(double lr);
   // "muon_momentum.<name>" for checkpoints, and back.
   std::vector<std::pair<std::string, at::Tensor>> state_tensors() const;
@@ -43,6 +48,7 @@ class Muon {
  private:
   std::vector<std::pair<std::string, at::Tensor>> params_;
   std::vector<at::Tensor> momentum_;
+  std::vector<std::vector<size_t>> same_size_;  // indexes of params_, by (rows, cols, device)
   MuonOptions opt_;
 };
 

@@ -215,7 +215,10 @@ class TrainLoop {
     // the gradient buckets' hooks must see every gradient arrive.
     weight_grads_in_place_ = world == 1 && device_.is_cuda();
     if (use_muon) {
-      muon_ = std::make_unique<Muon>(hidden_params, MuonOptions{0.95, true, 5, cfg_.train.weight_decay});
+      const bool ns_bf16 = cfg_.train.muon_precision == "bf16" ||
+                           (cfg_.train.muon_precision == "auto" && device_.is_cuda());
+      muon_ = std::make_unique<Muon>(hidden_params, MuonOptions{0.95, true, 5, cfg_.train.weight_decay,
+                                                                ns_bf16 ? at::kBFloat16 : at::kFloat});
     } else if (mup) {
       opt_hidden_ = std::make_unique<AdamW>(hidden_params, hidden_decay, adam_opts);
     }

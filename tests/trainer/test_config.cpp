@@ -327,6 +327,19 @@ TEST(Config, OutOfRange) {
   EXPECT_EQ(train_lines, 2) << joined(r.errors);  // "text:" has no path; "csv:" is no source kind
 }
 
+// Muon's keys: the experts switch and the iteration's dtype (auto picks bf16 on a GPU).
+TEST(Config, MuonKeys) {
+  ConfigResult ok =
+      parse(MINIMAL, {"train.optimizer=\"muon\"", "train.muon_experts=true", "train.muon_precision=\"fp32\""});
+  ASSERT_TRUE(ok.ok()) << joined(ok.errors);
+  EXPECT_TRUE(ok.config.train.muon_experts);
+  EXPECT_EQ(ok.config.train.muon_precision, "fp32");
+  EXPECT_EQ(parse(MINIMAL).config.train.muon_precision, "auto");
+  ConfigResult bad = parse(MINIMAL, {"train.muon_precision=\"fp16\""});
+  EXPECT_EQ(error_for(bad, "train.muon_precision"),
+            "train.muon_precision: must be one of auto, bf16, fp32 (got \"fp16\")");
+}
+
 // The run's folder is runs_dir/<name>: a name that is not one path component would put its
 // checkpoints elsewhere (and an over-long one fails only after the run's row exists).
 TEST(Config, NameIsOneFolderName) {
@@ -496,7 +509,7 @@ TEST(Config, JsonHasEveryKeyNested) {
   EXPECT_EQ(j["data"]["train"][0], "text:/tmp/*.txt");
   EXPECT_EQ(j["data"]["val"], 0.01);
   EXPECT_EQ(j["data"].size(), 12u);
-  EXPECT_EQ(j["train"].size(), 31u);  // with cuda_graph, cuda_graph_pieces and muon_experts
+  EXPECT_EQ(j["train"].size(), 32u);  // with cuda_graph, cuda_graph_pieces, muon_experts and muon_precision
   EXPECT_EQ(j["run"].size(), 13u);
 }
 
