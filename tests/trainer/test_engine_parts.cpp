@@ -167,6 +167,37 @@ TEST(Muon, NewtonSchulzSingularValuesNearOne) {
   }
 }
 
+// The iteration as MODEL.md writes it, one matrix at a time, with plain products and sums: the
+// reference for newton_schulz_orthogonalize's fused products (its sums in the GEMMs' epilogues) and
+// batched stacks.
+static at::Tensor newton_schulz_by_the_formula(const at::Tensor& G, int64_t steps) {
+  const bool tall = G.size(0) > G.size(1);
+  auto X = tall ? G.t() : G;
+  X = X / (X.norm() + 1e-7);
+  for (int64_t i = 0; i < steps; ++i) {
+    const auto A = torch::mm(X, X.t());
+    X = 3.4445 * X + torch::mm(-4.7750 * A + 2.0315 * torch::mm(A, A), X);
+  }
+  return tall ? X.t() : X;
+}
+
+TEST(Muon, NewtonSchulzMatchesTheFormula) {
+  torch::manual_seed(4);
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{24, 40}, std::vector<int64_t>{40, 24},
+                                             std::vector<int64_t>{3, 24, 40}, std::vector<int64_t>{2, 33, 17}}) {
+    const auto G = torch::randn(shape);
+    const auto X = trainer::newton_schulz_orthogonalize(G, 5);
+    ASSERT_EQ(X.sizes(), G.sizes());
+    const auto Xs = X.dim() == 2 ? X.unsqueeze(0) : X;
+    const auto Gs = G.dim() == 2 ? G.unsqueeze(0) : G;
+    for (int64_t e = 0; e < Gs.size(0); ++e) {
+      const auto want = newton_schulz_by_the_formula(Gs[e], 5);
+      EXPECT_TRUE(torch::allclose(Xs[e], want, 1e-5, 1e-5))
+          << c10::str(shape) << " matrix " << e << ": " << (Xs[e] - want).abs().max().item<double>();
+    }
+  }
+}
+
 TEST(Muon, OneStepOnADiagonalGradientByHand) {
   // For G = diag(3, 0.5) every Newton–Schulz step acts on each singular value alone:
   // x ← a x + b x³ + c x⁵, starting from x / ||G||_F.
