@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "app/gui_fonts.h"
 #include "app/gui_script.h"
 #include "app/signals.h"
 #include "storage/file_util.h"
@@ -28,7 +29,6 @@ namespace app {
 
 namespace {
 
-constexpr float BASE_FONT_PX = 16.0f;     // at content scale 1
 constexpr int SETTLE_FRAMES = 3;          // frames drawn after an input event
 constexpr double IDLE_WAIT_S = 2.0;       // the longest sleep without events
 constexpr double CLOCK_REDRAW_S = 0.5;    // a training run's elapsed/ETA text redraws this often
@@ -89,19 +89,8 @@ float content_scale(GLFWwindow* w) {
   return s > 0.5f && s < 8.0f ? s : 1.0f;
 }
 
-// The font at the monitor's scale, and the style's sizes scaled to match.
-void setup_fonts_and_style(const std::string& assets, float scale) {
-  ImGuiIO& io = ImGui::GetIO();
-  io.Fonts->Clear();
-  const std::string font = assets.empty() ? "" : assets + "/fonts/DejaVuSans.ttf";
-  // Latin, Greek (the μ of μP) and the degree sign are in the default range plus Greek.
-  static const ImWchar ranges[] = {0x0020, 0x00FF, 0x0370, 0x03FF, 0x2010, 0x2027, 0x2190, 0x21FF, 0};
-  if (font.empty() || !storage::files::exists(font) ||
-      !io.Fonts->AddFontFromFileTTF(font.c_str(), std::round(BASE_FONT_PX * scale), nullptr, ranges)) {
-    ImFontConfig cfg;
-    cfg.SizePixels = std::round(13.0f * scale);
-    io.Fonts->AddFontDefault(&cfg);
-  }
+// The style's sizes at the monitor's scale (the fonts are GuiFonts').
+void setup_style(float scale) {
   ImGuiStyle style;
   ImGui::StyleColorsDark(&style);
   style.WindowPadding = ImVec2(10, 8);
@@ -188,7 +177,9 @@ int run_gui(const GuiArgs& args) {
   io.ConfigInputTextCursorBlink = false;  // a blinking caret would need redraws while idle
   GuiOptions opts = args.options;
   if (opts.assets_dir.empty()) opts.assets_dir = find_assets_dir();
-  setup_fonts_and_style(opts.assets_dir, content_scale(window));
+  GuiFonts fonts(opts.assets_dir);
+  fonts.build(content_scale(window));
+  setup_style(content_scale(window));
   ImGui_ImplGlfw_InitForOpenGL(window, true);
   ImGui_ImplOpenGL3_Init("#version 150");
 
@@ -201,6 +192,7 @@ int run_gui(const GuiArgs& args) {
                                 : (args.test_script.empty() && !args.screenshot.empty()) ? "wait_rows 0 30\nframes 5\n"
                                                                                          : "";
     GuiScript script(args.test_script, builtin);
+    script.set_fonts(&fonts);
     const bool scripted = !args.test_script.empty() || !builtin.empty();
     double cpu_done = 0;  // when the last frame's ImGui work ended (before OpenGL), for the benchmark
     // One frame: backends, panels, render into the back buffer (not swapped).
@@ -262,11 +254,17 @@ int run_gui(const GuiArgs& args) {
         ev.close_clicked = false;
         ctl.request_close();
       }
-      if (ev.rescale) {
-        ev.rescale = false;
-        setup_fonts_and_style(opts.assets_dir, content_scale(window));
+      // A new scale, or text in characters the atlas lacks: the atlas again, between frames.
+      const bool rescale = ev.rescale;
+      ev.rescale = false;
+      if (rescale || fonts.wants_rebuild(s)) {
+        fonts.build(content_scale(window));
+        if (rescale) setup_style(content_scale(window));
         ImGui_ImplOpenGL3_DestroyFontsTexture();
         ImGui_ImplOpenGL3_CreateFontsTexture();
+        fonts.check_coverage();
+        if (std::string notice = fonts.take_missing_font_notice(); !notice.empty()) s.set_status(notice);
+        settle = std::max(settle, 1);
       }
       if (ctl.update(now)) settle = std::max(settle, 1);
       if ((ctl.run_active() || s.close.closing) && now - last_draw >= redraw_s) settle = std::max(settle, 1);

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "app/gui_fonts.h"
 #include "ui/gui/metric_plots.h"
 
 namespace app {
@@ -471,6 +472,23 @@ bool GuiScript::step_command(GuiController& ctl, double now) {
       std::fflush(stdout);
     }
     return wait(ok, arg(3, 30));
+  } else if (cmd == "expect_glyphs") {
+    // expect_glyphs [TIMEOUT_S]: every run name in the browser is drawn with the font's own glyphs
+    // (none falls back to '?'), waiting for the atlas to take new characters.
+    std::string missing;
+    for (const ui::RunRow& r : s.rows)
+      if (!font_draws(r.name)) missing += (missing.empty() ? "" : ", ") + r.name;
+    const bool ok = s.rows_loaded && missing.empty();
+    if (ok) {
+      std::printf("gui script: glyphs: all %zu run names drawn (fallback font: %s)\n", s.rows.size(),
+                  fonts_ != nullptr && !fonts_->fallback_font().empty() ? fonts_->fallback_font().c_str() : "none");
+      std::fflush(stdout);
+    }
+    if (!wait(ok, arg(1, 10))) {
+      if (failed_) std::fprintf(stderr, "gui script: names drawn with '?': %s\n", missing.c_str());
+      return false;
+    }
+    return true;
   } else if (cmd == "fake_gpu_block") {
     // The state after a failed multi-GPU run, on a machine without a GPU: the engine's CUDA block
     // (trainer::cuda_blocked_reason) and a GPU in the device list, so runs on "auto" count as GPU runs.

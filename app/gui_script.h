@@ -41,6 +41,8 @@
 //   expect_ranks live|focused N [TIMEOUT_S]
 //                                 the per-rank view has step time and data wait of ranks 0..N-1
 //   resume STEP expect_refused    the resume must be refused (its notice says why)
+//   expect_glyphs [TIMEOUT_S]     every run name is drawn with real glyphs, none as '?' (the font
+//                                 atlas takes the characters of names in other scripts)
 //   fake_gpu_block TEXT           act as after a failed multi-GPU run: the GPU is blocked for this
 //                                 process with reason TEXT, and a (fake) GPU is listed
 //   resume_new_process            resume the live (else the focused) run in a new process
@@ -57,6 +59,8 @@
 #include "app/gui_controller.h"
 
 namespace app {
+
+class GuiFonts;
 
 // Writes the plot areas of the plots drawn in the current ImGui frame of the visible view, in image
 // pixels (scale: framebuffer pixels per screen unit), skipping plots cut off by the window bottom.
@@ -91,6 +95,8 @@ class GuiScript {
   // While measuring idle, the loop must behave as in normal use (no forced frames, no polling).
   bool measuring_idle() const { return idle_until_ > 0; }
   double idle_until() const { return idle_until_; }
+  // The app's fonts, for expect_glyphs to name the fallback in use (may stay null).
+  void set_fonts(const GuiFonts* fonts) { fonts_ = fonts; }
 
  private:
   bool step_command(GuiController& ctl, double now);
@@ -119,6 +125,7 @@ class GuiScript {
   // bench_idle
   double idle_until_ = 0, idle_start_ = 0, idle_cpu_start_ = 0;
   uint64_t idle_frames_start_ = 0, frames_total_ = 0;
+  const GuiFonts* fonts_ = nullptr;
 };
 
 }  // namespace app

@@ -140,4 +140,20 @@ head -1 "$work/gui-e2e.csv" | grep -qx "step,tokens,wall_s,key,value" || fail "C
 [ "$(sqlite3 "$db" "SELECT count(*) FROM checkpoints WHERE run_id=$id")" = 3 ] || fail "expected 3 checkpoints"
 # The app records the cores it leaves to ATen (one kept for the frame loop) in the run's config.
 sqlite3 "$db" "SELECT config_toml FROM runs WHERE id=$id" | grep -q "threads = 1" || fail "config not recorded"
+
+# 5. Run names in other scripts: the app's font takes their characters (Cyrillic from DejaVu, CJK
+# from the system's fallback font, which scripts/setup installs), so no name is drawn as '?'.
+"$bin" train --no-gui --config "$work/run.toml" --runs-dir "$work/names" --set 'name="проба-実験"' \
+  --set train.steps=2 --set train.warmup_steps=1 --set run.eval_interval=0 > "$work/names.out" 2>&1 || { cat "$work/names.out"; fail "named run failed"; }
+cat > "$work/names.txt" <<SCRIPT
+tab runs
+wait_rows 1 30
+frames 3
+expect_glyphs 10
+screenshot $work/names.png
+quit
+SCRIPT
+run_gui "$work/names" "$work/run.toml" "$work/names.txt" "$work/names_gui.out"
+grep -q "glyphs: all 1 run names drawn (fallback font: /" "$work/names_gui.out" \
+  || { cat "$work/names_gui.out"; fail "the run named проба-実験 is not drawn whole"; }
 echo "PASS"
