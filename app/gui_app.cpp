@@ -262,7 +262,12 @@ int run_gui(const GuiArgs& args) {
         if (rescale) setup_style(content_scale(window));
         ImGui_ImplOpenGL3_DestroyFontsTexture();
         ImGui_ImplOpenGL3_CreateFontsTexture();
-        fonts.check_coverage();
+        if (fonts.check_coverage()) {  // one more font found for what the first lacks
+          fonts.build(content_scale(window));
+          ImGui_ImplOpenGL3_DestroyFontsTexture();
+          ImGui_ImplOpenGL3_CreateFontsTexture();
+          fonts.check_coverage();
+        }
         if (std::string notice = fonts.take_missing_font_notice(); !notice.empty()) s.set_status(notice);
         settle = std::max(settle, 1);
       }

@@ -170,24 +170,32 @@ void GuiFonts::build(float scale) {
   merge.MergeMode = true;
   merge.OversampleH = 1;  // CJK glyphs are dense; horizontal oversampling only doubles the atlas
   if (io.Fonts->AddFontFromFileTTF(fallback_.c_str(), px, &merge, fallback_ranges_.Data) == nullptr) fallback_.clear();
+  if (!second_.empty()) io.Fonts->AddFontFromFileTTF(second_.c_str(), px, &merge, fallback_ranges_.Data);
 }
 
-void GuiFonts::check_coverage() {
+bool GuiFonts::check_coverage() {
   ImFont* font = ImGui::GetIO().Fonts->Fonts.empty() ? nullptr : ImGui::GetIO().Fonts->Fonts[0];
-  if (font == nullptr) return;
+  if (font == nullptr) return false;
   for (const uint32_t c : extra_) {
-    if (font->FindGlyphNoFallback(static_cast<ImWchar>(c)) == nullptr) {
-      notice_due_ = true;
-      return;
+    if (font->FindGlyphNoFallback(static_cast<ImWchar>(c)) != nullptr) continue;
+    // The fallback lacks it (another script than its own): what fontconfig has for it, once.
+    if (!second_searched_) {
+      second_searched_ = true;
+      second_ = fc_match_for(c);
+      if (second_ == fallback_) second_.clear();
+      if (!second_.empty()) return true;
     }
+    notice_due_ = true;
+    return false;
   }
+  return false;
 }
 
 std::string GuiFonts::take_missing_font_notice() {
   if (!notice_due_ || notice_given_) return "";
   notice_given_ = true;
-  return "Some names use characters this font lacks (shown as '?'): install a font with them (e.g. "
-         "fonts-noto-cjk) or point DELTADECK_FALLBACK_FONT at a .ttf/.ttc/.otf file";
+  return "Some names use characters no font here has (shown as '?'): install one that has them (Debian: "
+         "fonts-noto-cjk, fonts-noto-core) or point DELTADECK_FALLBACK_FONT at a .ttf/.ttc/.otf file";
 }
 
 bool font_draws(const std::string& text) {

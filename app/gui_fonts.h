@@ -33,9 +33,10 @@ class GuiFonts {
   // build() should run. Main thread, between frames.
   bool wants_rebuild(const ui::GuiState& s);
   float scale() const { return scale_; }
-  // After the backend uploaded the atlas (which builds it): notes characters asked for that no
-  // font here has, for take_missing_font_notice.
-  void check_coverage();
+  // After the backend uploaded the atlas (which builds it): for characters asked for that no font
+  // in it has, looks once for one more font (fc-match) and returns true when build() should run
+  // again with it; else notes them for take_missing_font_notice.
+  bool check_coverage();
   // The fallback font in use ("" when no extra character was needed yet, or none was found), and
   // a line for the status bar once, when characters were needed that no font here has.
   const std::string& fallback_font() const { return fallback_; }
@@ -48,8 +49,8 @@ class GuiFonts {
   float scale_ = 1.0f;
   std::set<uint32_t> extra_;      // characters beyond the base ranges asked for
   size_t built_extra_ = 0;        // extra_.size() at the last build (extra_ only grows)
-  std::string fallback_;
-  bool fallback_searched_ = false;
+  std::string fallback_, second_;   // the fallback font, and one more for what it lacks
+  bool fallback_searched_ = false, second_searched_ = false;
   bool notice_due_ = false, notice_given_ = false;
   uint64_t seen_key_ = ~0ull;     // the state's text as of the last scan (a cheap signature)
   ImVector<ImWchar> dejavu_ranges_, fallback_ranges_;  // must live as long as the atlas
