@@ -1,6 +1,7 @@
 // deltadeck's entry point: the command line (CLI11). Only this file chooses the exit code.
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
 #include <iostream>
 #include <limits>
 
@@ -14,11 +15,17 @@
 #include "app/sample_command.h"
 #include "app/tokenizer_command.h"
 #include "app/train_command.h"
+#include "trainer/cluster.h"
 #ifdef DD_HAVE_GUI
 #include "app/gui_command.h"
 #endif
 
 int main(int argc, char** argv) {
+  // Before any thread or process group: a failed NCCL peer must fail the run, not end this process
+  // (trainer/cluster.h). The app trains in this process too, so every command takes it.
+  if (const std::string mode = trainer::nccl_error_handling_override([](const char* k) { return std::getenv(k); });
+      !mode.empty())
+    setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", mode.c_str(), /*overwrite=*/1);
   CLI::App cli{"deltadeck: train decoder language models (Gated DeltaNet + MLA hybrid, GPT) and watch them train"};
   cli.require_subcommand(0, 1);
   cli.set_version_flag("--version", std::string("deltadeck ") + app::VERSION + " (" + app::REVISION + ")");

@@ -327,9 +327,6 @@ int run_train(const TrainArgs& args) {
     std::cerr << "deltadeck: " << e.what() << "\n";
     return 2;
   }
-  const auto env = [](const char* k) -> const char* { return std::getenv(k); };
-  if (const std::string mode = trainer::nccl_error_handling_override(env); !mode.empty())
-    setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", mode.c_str(), /*overwrite=*/1);  // before any process group
   if (args.dry_run) return dry_run_train(args, cluster);
   if (cluster.node_rank > 0) return run_worker_node(args, cluster);
   PreparedRun prep;

@@ -22,9 +22,10 @@ int parse_int(const std::string& text, const std::string& name, int min) {
 }  // namespace
 
 std::string nccl_error_handling_override(const EnvLookup& env) {
-  const char* run_id = env("TORCHELASTIC_RUN_ID");
   const char* mode = env("TORCH_NCCL_ASYNC_ERROR_HANDLING");
-  return run_id != nullptr && mode != nullptr && std::string(mode) == "1" ? "3" : "";
+  if (mode == nullptr) return "2";
+  const bool torchrun_default = env("TORCHELASTIC_RUN_ID") != nullptr && std::string(mode) == "1";
+  return torchrun_default ? "2" : "";
 }
 
 std::string first_slurm_host(const std::string& nodelist) {

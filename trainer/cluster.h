@@ -40,10 +40,12 @@ using EnvLookup = std::function<const char*(const char*)>;
 ClusterSpec resolve_cluster(const EnvLookup& env, const ClusterOverrides& overrides);
 
 // The TORCH_NCCL_ASYNC_ERROR_HANDLING this process should take before any process group exists, or
-// "" to leave it as it is. torchrun's agent (TORCHELASTIC_RUN_ID) exports 1 unless the variable was
-// set: NCCL's watchdog then ends the process with SIGABRT when a peer fails, before node 0 can record
-// the run as failed. deltadeck takes 3 there, PyTorch's own default: the communicators are aborted and
-// the waiting collective throws, so the run ends recorded as failed, with its cause.
+// "" to leave it as it is. deltadeck wants 2 (CleanUpOnly): when a peer fails or a collective times
+// out, NCCL's watchdog aborts the communicators and the waiting collective throws, so the run ends
+// recorded as failed, with its cause, and its last checkpoint. PyTorch's default when the variable
+// is unset, 3 (SkipCleanUp), and the 1 (TearDown) torchrun's agent (TORCHELASTIC_RUN_ID) exports
+// unless the variable was set, both end the process from the watchdog (SIGABRT) before node 0 can
+// record anything. A value the user set outside torchrun is kept.
 std::string nccl_error_handling_override(const EnvLookup& env);
 
 // The first host of a Slurm node list: "gpu[01-04,07],cpu5" -> "gpu01"; "a,b" -> "a".

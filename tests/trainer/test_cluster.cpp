@@ -88,19 +88,22 @@ TEST(Cluster, TorchrunAgentStore) {
   EXPECT_FALSE(resolve({{"WORLD_SIZE", "2"}, {"RANK", "0"}}).agent_store);
 }
 
-// Under torchrun's agent, its TORCH_NCCL_ASYNC_ERROR_HANDLING=1 (a peer's failure ends the process
-// by SIGABRT) becomes 3; any other value, and the variable outside torchrun, is left alone.
-TEST(Cluster, TorchrunsNcclTeardownBecomesAbortAndThrow) {
+// NCCL's error handling becomes 2 (abort the communicators and throw, no teardown) where it is
+// unset (PyTorch's default 3 tears the process down) and where torchrun's agent exported its 1; a
+// value the user set is left alone.
+TEST(Cluster, NcclErrorsThrowInsteadOfEndingTheProcess) {
   auto override_for = [](const std::map<std::string, std::string>& env) {
     return trainer::nccl_error_handling_override([&](const char* k) -> const char* {
       auto it = env.find(k);
       return it == env.end() ? nullptr : it->second.c_str();
     });
   };
-  EXPECT_EQ(override_for({{"TORCHELASTIC_RUN_ID", "none"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"}}), "3");
-  EXPECT_EQ(override_for({{"TORCHELASTIC_RUN_ID", "none"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "2"}}), "");
-  EXPECT_EQ(override_for({{"TORCHELASTIC_RUN_ID", "none"}}), "");
+  EXPECT_EQ(override_for({}), "2");
+  EXPECT_EQ(override_for({{"TORCHELASTIC_RUN_ID", "none"}}), "2");
+  EXPECT_EQ(override_for({{"TORCHELASTIC_RUN_ID", "none"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"}}), "2");
+  EXPECT_EQ(override_for({{"TORCHELASTIC_RUN_ID", "none"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}}), "");
   EXPECT_EQ(override_for({{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"}}), "");
+  EXPECT_EQ(override_for({{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}}), "");
 }
 
 TEST(Cluster, SlurmNodesAndTheFirstHost) {
