@@ -254,23 +254,6 @@ int run_gui(const GuiArgs& args) {
         ev.close_clicked = false;
         ctl.request_close();
       }
-      // A new scale, or text in characters the atlas lacks: the atlas again, between frames.
-      const bool rescale = ev.rescale;
-      ev.rescale = false;
-      if (rescale || fonts.wants_rebuild(s)) {
-        fonts.build(content_scale(window));
-        if (rescale) setup_style(content_scale(window));
-        ImGui_ImplOpenGL3_DestroyFontsTexture();
-        ImGui_ImplOpenGL3_CreateFontsTexture();
-        if (fonts.check_coverage()) {  // one more font found for what the first lacks
-          fonts.build(content_scale(window));
-          ImGui_ImplOpenGL3_DestroyFontsTexture();
-          ImGui_ImplOpenGL3_CreateFontsTexture();
-          fonts.check_coverage();
-        }
-        if (std::string notice = fonts.take_missing_font_notice(); !notice.empty()) s.set_status(notice);
-        settle = std::max(settle, 1);
-      }
       if (ctl.update(now)) settle = std::max(settle, 1);
       if ((ctl.run_active() || s.close.closing) && now - last_draw >= redraw_s) settle = std::max(settle, 1);
       if (scripted) {
@@ -288,6 +271,25 @@ int run_gui(const GuiArgs& args) {
       }
       if (ctl.quit_now()) break;
       if (ctl.ready_to_quit()) break;
+      // A new scale, or text in characters the atlas lacks (the state as ctl.update left it): the
+      // atlas again, before the frame that shows it. Text is looked at from the second frame on: the
+      // backend makes its own font texture in the first NewFrame.
+      const bool rescale = ev.rescale;
+      ev.rescale = false;
+      if (rescale || (frames > 0 && fonts.wants_rebuild(s))) {
+        const float scale = content_scale(window);
+        auto build_and_upload = [&] {
+          fonts.build(scale);
+          ImGui_ImplOpenGL3_DestroyFontsTexture();
+          ImGui_ImplOpenGL3_CreateFontsTexture();
+        };
+        build_and_upload();
+        // A fallback font for what DejaVu lacks, then one more for what that lacks (each found once).
+        for (int extra = 0; extra < 3 && fonts.check_coverage(); ++extra) build_and_upload();
+        if (rescale) setup_style(scale);
+        if (std::string notice = fonts.take_missing_font_notice(); !notice.empty()) s.set_status(notice);
+        settle = std::max(settle, 1);
+      }
       if (glfwGetWindowAttrib(window, GLFW_ICONIFIED) && !script.wants_frame()) continue;
       if (settle <= 0 && !script.wants_frame()) continue;
 

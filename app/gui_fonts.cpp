@@ -97,7 +97,8 @@ std::u32string decode_utf8(const std::string& text) {
   size_t i = 0;
   while (i < text.size()) {
     const auto b = static_cast<unsigned char>(text[i]);
-    const int n = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xE ? 3 : (b >> 3) == 0x1E ? 4 : 0;
+    // Lead bytes C0, C1 and F5 – FF never start a valid sequence (overlong or past U+10FFFF).
+    const int n = b < 0x80 ? 1 : (b >= 0xC2 && b <= 0xDF) ? 2 : (b >> 4) == 0xE ? 3 : (b >= 0xF0 && b <= 0xF4) ? 4 : 0;
     if (n == 0 || i + n > text.size()) {
       ++i;  // a stray continuation byte, an invalid lead byte, or a sequence cut short
       continue;
@@ -109,6 +110,8 @@ std::u32string decode_utf8(const std::string& text) {
       ok = ok && (cb & 0xC0) == 0x80;
       c = (c << 6) | (cb & 0x3F);
     }
+    constexpr uint32_t kLeast[] = {0, 0x80, 0x800, 0x10000};  // the shortest form's first value
+    ok = ok && c >= kLeast[n - 1] && c <= 0x10FFFF && !(c >= 0xD800 && c <= 0xDFFF);
     if (!ok) {
       ++i;
       continue;
@@ -154,14 +157,9 @@ void GuiFonts::build(float scale) {
     io.Fonts->AddFontDefault(&cfg);
   }
   built_extra_ = extra_.size();
-  if (extra_.empty()) return;
-  // The characters DejaVu lacks come from the fallback, merged into the same font (the first
-  // font's glyphs win where both have one).
-  if (!fallback_searched_) {
-    fallback_searched_ = true;
-    fallback_ = find_fallback_font(*extra_.begin());
-  }
-  if (fallback_.empty()) return;
+  if (extra_.empty() || (fallback_.empty() && second_.empty())) return;
+  // The characters DejaVu lacks come from the fallbacks, merged into the same font (the first
+  // font's glyphs win where several have one).
   ImFontGlyphRangesBuilder more;
   for (const uint32_t c : extra_) more.AddChar(static_cast<ImWchar>(c));
   fallback_ranges_.clear();
@@ -169,16 +167,33 @@ void GuiFonts::build(float scale) {
   ImFontConfig merge;
   merge.MergeMode = true;
   merge.OversampleH = 1;  // CJK glyphs are dense; horizontal oversampling only doubles the atlas
-  if (io.Fonts->AddFontFromFileTTF(fallback_.c_str(), px, &merge, fallback_ranges_.Data) == nullptr) fallback_.clear();
-  if (!second_.empty()) io.Fonts->AddFontFromFileTTF(second_.c_str(), px, &merge, fallback_ranges_.Data);
+  for (std::string* path : {&fallback_, &second_}) {
+    if (!path->empty() && io.Fonts->AddFontFromFileTTF(path->c_str(), px, &merge, fallback_ranges_.Data) == nullptr)
+      path->clear();  // unreadable
+  }
 }
 
 bool GuiFonts::check_coverage() {
-  ImFont* font = ImGui::GetIO().Fonts->Fonts.empty() ? nullptr : ImGui::GetIO().Fonts->Fonts[0];
-  if (font == nullptr) return false;
+  ImFontAtlas* atlas = ImGui::GetIO().Fonts;
+  // A fallback stb_truetype could not parse leaves the atlas unbuilt (no text at all): without it.
+  if (!atlas->IsBuilt() || atlas->Fonts.empty() || atlas->Fonts[0]->Glyphs.empty()) {
+    if (fallback_.empty() && second_.empty()) return false;
+    fallback_.clear();
+    second_.clear();
+    fallback_searched_ = second_searched_ = true;
+    notice_due_ = true;
+    return true;
+  }
+  const ImFont* font = atlas->Fonts[0];
   for (const uint32_t c : extra_) {
     if (font->FindGlyphNoFallback(static_cast<ImWchar>(c)) != nullptr) continue;
-    // The fallback lacks it (another script than its own): what fontconfig has for it, once.
+    // The first character no font in the atlas has: a fallback for it, then (what that one lacks,
+    // another script) what fontconfig has for it, each looked for once.
+    if (!fallback_searched_) {
+      fallback_searched_ = true;
+      fallback_ = find_fallback_font(c);
+      if (!fallback_.empty()) return true;
+    }
     if (!second_searched_) {
       second_searched_ = true;
       second_ = fc_match_for(c);
@@ -199,8 +214,10 @@ std::string GuiFonts::take_missing_font_notice() {
 }
 
 bool font_draws(const std::string& text) {
-  ImFont* font = ImGui::GetFont();
-  if (font == nullptr) return false;
+  // The atlas' own font: ImGui::GetFont() is set by NewFrame, and dangles after a rebuild until then.
+  const ImFontAtlas* atlas = ImGui::GetIO().Fonts;
+  if (atlas->Fonts.empty()) return false;
+  const ImFont* font = atlas->Fonts[0];
   for (const char32_t c : decode_utf8(text)) {
     if (c < 0x20) continue;
     if (c > 0xFFFF || font->FindGlyphNoFallback(static_cast<ImWchar>(c)) == nullptr) return false;

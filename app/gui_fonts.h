@@ -19,7 +19,8 @@ struct GuiState;
 
 namespace app {
 
-// The code points of UTF-8 text, in order; malformed bytes are skipped.
+// The code points of UTF-8 text, in order; malformed bytes (overlong forms, surrogates, values past
+// U+10FFFF, cut-short sequences) are skipped.
 std::u32string decode_utf8(const std::string& text);
 
 class GuiFonts {
@@ -33,9 +34,11 @@ class GuiFonts {
   // build() should run. Main thread, between frames.
   bool wants_rebuild(const ui::GuiState& s);
   float scale() const { return scale_; }
-  // After the backend uploaded the atlas (which builds it): for characters asked for that no font
-  // in it has, looks once for one more font (fc-match) and returns true when build() should run
-  // again with it; else notes them for take_missing_font_notice.
+  // After the backend uploaded the atlas (which builds it): for a character asked for that no font
+  // in it has, looks for a fallback font (once), then for one more (fc-match, once), and returns
+  // true when build() should run again with it; else notes it for take_missing_font_notice. Also
+  // true, without the fallbacks, when a fallback left the atlas unbuilt (a file stb_truetype cannot
+  // parse).
   bool check_coverage();
   // The fallback font in use ("" when no extra character was needed yet, or none was found), and
   // a line for the status bar once, when characters were needed that no font here has.
@@ -56,7 +59,7 @@ class GuiFonts {
   ImVector<ImWchar> dejavu_ranges_, fallback_ranges_;  // must live as long as the atlas
 };
 
-// Whether the current ImGui font draws every character of the text itself (not its '?'), control
+// Whether the atlas' font draws every character of the text itself (not its '?'), control
 // characters aside. Main thread, with a built atlas.
 bool font_draws(const std::string& text);
 
