@@ -39,7 +39,7 @@ Muon::Muon(std::vector<std::pair<std::string, at::Tensor>> params, MuonOptions o
     if (p.dim() != 2 && p.dim() != 3)
       throw std::invalid_argument("muon: '" + name + "' is neither a matrix nor a stack of them; give it to AdamW");
     momentum_.push_back(torch::zeros_like(p));
-    const auto key = std::make_tuple(p.size(-2), p.size(-1), p.device().str());
+    const auto key = std::make_tuple(p.size(-2), p.size(-1), p.device().str() + " " + c10::toString(p.scalar_type()));
     auto [it, added] = group_of.emplace(key, same_size_.size());
     if (added) same_size_.emplace_back();
     same_size_[it->second].push_back(i);
@@ -48,32 +48,49 @@ Muon::Muon(std::vector<std::pair<std::string, at::Tensor>> params, MuonOptions o
 
 void Muon::step(double lr) {
   torch::NoGradGuard no_grad;
+  // Momentum and direction of every matrix with a gradient, a few launches for them all.
+  std::vector<int64_t> slot(params_.size(), -1);  // index into grads/moms, or -1 without a gradient
+  std::vector<at::Tensor> grads, moms;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& g = params_[i].second.grad();
+    if (!g.defined()) continue;
+    slot[i] = static_cast<int64_t>(grads.size());
+    grads.push_back(g);
+    moms.push_back(momentum_[i]);
+  }
+  if (grads.empty()) return;
+  at::_foreach_mul_(moms, opt_.momentum);
+  at::_foreach_add_(moms, grads);
+  const std::vector<at::Tensor> dirs = opt_.nesterov ? at::_foreach_add(grads, moms, opt_.momentum) : moms;
   for (const std::vector<size_t>& group : same_size_) {
-    // The group's update directions as one stack [Σ matrices, rows, cols] in the iteration's dtype.
-    std::vector<size_t> with_grad;
-    std::vector<at::Tensor> dirs;
+    // The group's directions as one stack [Σ matrices, rows, cols], in the iteration's dtype.
+    std::vector<size_t> members;
+    std::vector<at::Tensor> stack;
     for (size_t i : group) {
-      auto& p = params_[i].second;
-      auto g = p.grad();
-      if (!g.defined()) continue;
-      auto& m = momentum_[i];
-      m.mul_(opt_.momentum).add_(g);
-      auto dir = opt_.nesterov ? g.add(m, opt_.momentum) : m;
-      dirs.push_back(dir.reshape({-1, p.size(-2), p.size(-1)}).to(opt_.ns_dtype));
-      with_grad.push_back(i);
+      if (slot[i] < 0) continue;
+      const auto& p = params_[i].second;
+      members.push_back(i);
+      stack.push_back(dirs[static_cast<size_t>(slot[i])].reshape({-1, p.size(-2), p.size(-1)}));
     }
-    if (dirs.empty()) continue;
-    const auto u = newton_schulz_orthogonalize(dirs.size() == 1 ? dirs[0] : torch::cat(dirs), opt_.ns_steps);
+    if (members.empty()) continue;
+    const auto X = (stack.size() == 1 ? stack[0] : torch::cat(stack)).to(opt_.ns_dtype);
+    // Back in the weights' dtype once for the stack, so the update below takes the fused path.
+    const auto& first_p = params_[members[0]].second;
+    const auto u = newton_schulz_orthogonalize(X, opt_.ns_steps).to(first_p.scalar_type());
+    std::vector<at::Tensor> weights, updates;
     int64_t first = 0;
-    for (size_t i : with_grad) {
+    for (size_t i : members) {
       auto& p = params_[i].second;
       const int64_t n = p.dim() == 3 ? p.size(0) : 1;
-      const double shape_scale =
-          std::sqrt(std::max(1.0, static_cast<double>(p.size(-2)) / static_cast<double>(p.size(-1))));
-      if (opt_.weight_decay > 0) p.mul_(1.0 - lr * opt_.weight_decay);
-      p.add_(u.narrow(0, first, n).reshape(p.sizes()), -lr * shape_scale);
+      weights.push_back(p);
+      updates.push_back(u.narrow(0, first, n).reshape(p.sizes()));
       first += n;
     }
+    // rows / cols are the group's own: one scale for all its matrices.
+    const double shape_scale =
+        std::sqrt(std::max(1.0, static_cast<double>(first_p.size(-2)) / static_cast<double>(first_p.size(-1))));
+    if (opt_.weight_decay > 0) at::_foreach_mul_(weights, 1.0 - lr * opt_.weight_decay);
+    at::_foreach_add_(weights, updates, -lr * shape_scale);
   }
 }
 

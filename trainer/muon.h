@@ -38,8 +38,9 @@ class Muon {
   // neither).
   Muon(std::vector<std::pair<std::string, at::Tensor>> params, MuonOptions opt);
   // m ← μ·m + g; u = NS(nesterov ? g + μ·m : m)·sqrt(max(1, rows/cols)); w ← w·(1 − lr·wd) − lr·u
-  // (rows and cols: a matrix's, the last two sizes of a stack). The matrices of one size (and
-  // device) go through one batched iteration: a few launches for them all, not a few per matrix.
+  // (rows and cols: a matrix's, the last two sizes of a stack). The matrices of one size (device
+  // and dtype) go through one batched iteration, and the momenta and updates of all of them through
+  // multi-tensor (foreach) kernels: a few launches for them all, not a few per matrix.
   void step(double lr);
   // "muon_momentum.<name>" for checkpoints, and back.
   std::vector<std::pair<std::string, at::Tensor>> state_tensors() const;
@@ -48,7 +49,7 @@ class Muon {
  private:
   std::vector<std::pair<std::string, at::Tensor>> params_;
   std::vector<at::Tensor> momentum_;
-  std::vector<std::vector<size_t>> same_size_;  // indexes of params_, by (rows, cols, device)
+  std::vector<std::vector<size_t>> same_size_;  // indexes of params_, by (rows, cols, device, dtype)
   MuonOptions opt_;
 };
 
