@@ -140,7 +140,6 @@ bool GuiFonts::wants_rebuild(const ui::GuiState& s) {
 }
 
 void GuiFonts::build(float scale) {
-  scale_ = scale;
   ImGuiIO& io = ImGui::GetIO();
   io.Fonts->Clear();
   const float px = std::round(BASE_FONT_PX * scale);

@@ -33,7 +33,6 @@ class GuiFonts {
   // the status line) when any of it may have changed; true when the atlas lacks some of them and
   // build() should run. Main thread, between frames.
   bool wants_rebuild(const ui::GuiState& s);
-  float scale() const { return scale_; }
   // After the backend uploaded the atlas (which builds it): for a character asked for that no font
   // in it has, looks for a fallback font (once), then for one more (fc-match, once), and returns
   // true when build() should run again with it; else notes it for take_missing_font_notice. Also
@@ -49,7 +48,6 @@ class GuiFonts {
   void want(const std::string& text);
 
   std::string assets_dir_;
-  float scale_ = 1.0f;
   std::set<uint32_t> extra_;      // characters beyond the base ranges asked for
   size_t built_extra_ = 0;        // extra_.size() at the last build (extra_ only grows)
   std::string fallback_, second_;   // the fallback font, and one more for what it lacks
