@@ -14,19 +14,17 @@ namespace trainer {
 at::Tensor newton_schulz_orthogonalize(const at::Tensor& G, int64_t steps) {
   TORCH_CHECK(G.dim() == 2 || G.dim() == 3, "newton_schulz: expected a matrix or a stack of them, got ",
               G.sizes());
+  if (G.dim() == 2) return newton_schulz_orthogonalize(G.unsqueeze(0), steps).squeeze(0);  // a stack of one
   const double a = 3.4445, b = -4.7750, c = 2.0315;
   const bool tall = G.size(-2) > G.size(-1);
-  const bool stack = G.dim() == 3;
   // Contiguous in the wide orientation, so that every product below reads plain row-major operands.
   auto X = (tall ? G.transpose(-2, -1) : G).contiguous();
-  // Each matrix of a stack by its own norm.
-  X = stack ? X / (torch::linalg_vector_norm(X, 2, at::IntArrayRef{-2, -1}, /*keepdim=*/true) + 1e-7)
-            : X / (X.norm() + 1e-7);
+  X = X / (torch::linalg_vector_norm(X, 2, at::IntArrayRef{-2, -1}, /*keepdim=*/true) + 1e-7);  // each by its own
   for (int64_t i = 0; i < steps; ++i) {
     const auto A = torch::matmul(X, X.transpose(-2, -1));
     // B = b·A + c·A² and X = a·X + B·X, each one product with its sum in the GEMM's epilogue.
-    const auto B = stack ? torch::baddbmm(A, A, A, /*beta=*/b, /*alpha=*/c) : torch::addmm(A, A, A, b, c);
-    X = stack ? torch::baddbmm(X, B, X, /*beta=*/a, /*alpha=*/1.0) : torch::addmm(X, B, X, a, 1.0);
+    const auto B = torch::baddbmm(A, A, A, /*beta=*/b, /*alpha=*/c);
+    X = torch::baddbmm(X, B, X, /*beta=*/a, /*alpha=*/1.0);
   }
   return tall ? X.transpose(-2, -1) : X;
 }
