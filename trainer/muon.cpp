@@ -2,6 +2,8 @@
 // matrices runs as batched products over its first dimension, each matrix normalised by its own norm.
 #include "trainer/muon.h"
 
+#include "model/weight_shadow.h"
+
 #include <torch/torch.h>
 
 #include <cmath>
@@ -42,9 +44,19 @@ Muon::Muon(std::vector<std::pair<std::string, at::Tensor>> params, MuonOptions o
     if (added) same_size_.emplace_back();
     same_size_[it->second].push_back(i);
   }
+  if (!params_.empty()) lr_device_ = torch::zeros({}, params_.front().second.options().dtype(at::kFloat));
 }
 
 void Muon::step(double lr) {
+  begin_step(lr);
+  update();
+}
+
+void Muon::begin_step(double lr) {
+  if (lr_device_.defined()) lr_device_.fill_(lr);
+}
+
+void Muon::update(bool write_shadows) {
   torch::NoGradGuard no_grad;
   // Momentum and direction of every matrix with a gradient, a few launches for them all.
   std::vector<int64_t> slot(params_.size(), -1);  // index into grads/moms, or -1 without a gradient
@@ -60,6 +72,8 @@ void Muon::step(double lr) {
   at::_foreach_mul_(moms, opt_.momentum);
   at::_foreach_add_(moms, grads);
   const std::vector<at::Tensor> dirs = opt_.nesterov ? at::_foreach_add(grads, moms, opt_.momentum) : moms;
+  // w · (1 − lr·wd), from the lr on the device.
+  const at::Tensor keep = opt_.weight_decay > 0 ? 1.0 - lr_device_ * opt_.weight_decay : at::Tensor();
   for (const std::vector<size_t>& group : same_size_) {
     // The group's directions as one stack [Σ matrices, rows, cols], in the iteration's dtype.
     std::vector<size_t> members;
@@ -74,7 +88,11 @@ void Muon::step(double lr) {
     const auto X = (stack.size() == 1 ? stack[0] : torch::cat(stack)).to(opt_.ns_dtype);
     // Back in the weights' dtype once for the stack, so the update below takes the fused path.
     const auto& first_p = params_[members[0]].second;
-    const auto u = newton_schulz_orthogonalize(X, opt_.ns_steps).to(first_p.scalar_type());
+    // rows / cols are the group's own: one scale for all its matrices, −lr folded in on the device.
+    const double shape_scale =
+        std::sqrt(std::max(1.0, static_cast<double>(first_p.size(-2)) / static_cast<double>(first_p.size(-1))));
+    auto u = newton_schulz_orthogonalize(X, opt_.ns_steps).to(first_p.scalar_type());
+    u.mul_(lr_device_ * -shape_scale);
     std::vector<at::Tensor> weights, updates;
     int64_t first = 0;
     for (size_t i : members) {
@@ -84,11 +102,18 @@ void Muon::step(double lr) {
       updates.push_back(u.narrow(0, first, n).reshape(p.sizes()));
       first += n;
     }
-    // rows / cols are the group's own: one scale for all its matrices.
-    const double shape_scale =
-        std::sqrt(std::max(1.0, static_cast<double>(first_p.size(-2)) / static_cast<double>(first_p.size(-1))));
-    if (opt_.weight_decay > 0) at::_foreach_mul_(weights, 1.0 - lr * opt_.weight_decay);
-    at::_foreach_add_(weights, updates, -lr * shape_scale);
+    if (keep.defined()) at::_foreach_mul_(weights, keep);
+    at::_foreach_add_(weights, updates);
+    if (write_shadows) {
+      std::vector<at::Tensor> shadows, shadowed;
+      for (const auto& w : weights) {
+        if (at::Tensor s = model::weight_shadow_of(w); s.defined()) {
+          shadows.push_back(s);
+          shadowed.push_back(w);
+        }
+      }
+      if (!shadows.empty()) at::_foreach_copy_(shadows, shadowed);
+    }
   }
 }
 

@@ -41,7 +41,16 @@ class Muon {
   // (rows and cols: a matrix's, the last two sizes of a stack). The matrices of one size (device
   // and dtype) go through one batched iteration, and the momenta and updates of all of them through
   // multi-tensor (foreach) kernels: a few launches for them all, not a few per matrix.
+  // The same as begin_step(lr) then update().
   void step(double lr);
+  // The two halves of step(), for a step captured as a CUDA graph (trainer/step_graph.h):
+  // begin_step writes lr into a scalar on the parameters' device, every step outside the graph;
+  // update() is the device work, which reads the lr from there and so can be recorded once and
+  // replayed. With write_shadows, update() also writes each updated weight's bf16 shadow
+  // (model/weight_shadow.h) where it has one: a replay bumps no version, so the forward would not
+  // see that the weights changed. Eagerly the version bump makes the next forward recast instead.
+  void begin_step(double lr);
+  void update(bool write_shadows = false);
   // "muon_momentum.<name>" for checkpoints, and back.
   std::vector<std::pair<std::string, at::Tensor>> state_tensors() const;
   void load_state(const std::vector<std::pair<std::string, at::Tensor>>& tensors);
@@ -50,6 +59,7 @@ class Muon {
   std::vector<std::pair<std::string, at::Tensor>> params_;
   std::vector<at::Tensor> momentum_;
   std::vector<std::vector<size_t>> same_size_;  // indexes of params_, by (rows, cols, device, dtype)
+  at::Tensor lr_device_;  // fp32 scalar on the parameters' device: the lr update() applies
   MuonOptions opt_;
 };
 

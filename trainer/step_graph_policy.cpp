@@ -14,8 +14,6 @@ std::string step_graph_blocker(const RunConfig& cfg, const StepGraphFacts& f) {
            "): it decides each step's skip on the host";
   if (f.decide_in_step)
     return "train.nonfinite or train.spike_action is \"skip\": the skip is decided on the host inside the step";
-  if (cfg.train.optimizer != "adamw")
-    return "train.optimizer is \"" + cfg.train.optimizer + "\" (only AdamW takes its learning rate from the device)";
   if (cfg.train.phases.size() > 1) return "train.phases changes the batch shape during the run";
   if (cfg.data.document_attention && cfg.model.pattern.find('G') != std::string::npos && !f.gdn_scan_kernel)
     return "data.document_attention is on and the Gated DeltaNet layers' state scan runs as ATen steps sized on "

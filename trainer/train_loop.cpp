@@ -518,7 +518,7 @@ class TrainLoop {
       if (!skip) {
         opt_->step(lr, clip_divisor);
         if (opt_hidden_) opt_hidden_->step(lr * hidden_lr_mult_);
-        if (muon_) muon_->step(lr * cfg_.train.muon_lr / cfg_.train.lr * hidden_lr_mult_);
+        if (muon_) muon_->step(muon_lr(lr));
         if (ema_) ema_->update();
       }
     }
@@ -610,6 +610,7 @@ class TrainLoop {
     record(fed);
     opt_->begin_step(lr);
     if (opt_hidden_) opt_hidden_->begin_step(lr * hidden_lr_mult_);
+    if (muon_) muon_->begin_step(muon_lr(lr));
     at::Tensor values;
     if (!all_fit || !graph_) {
       // Replays update the weights without a version bump, and an update that is not our AdamW
@@ -628,6 +629,9 @@ class TrainLoop {
     } else {
       try {
         model_->zero_grad();  // the captured backward then writes every gradient, never adds to one
+        // Shadows gone stale in the warm-up (Muon's ATen update bumps versions) are recast now, not
+        // inside the capture, where the recast would become part of every replay.
+        model::refresh_weight_shadows();
         graph_->capture([&] { graph_out_ = step_device_work(own_positions); });
         for (auto& [n, p] : params_) graph_grads_.push_back(p.grad());
         log("info", "CUDA graph: step " + std::to_string(number) + " captured; every step from here replays it");
@@ -688,6 +692,7 @@ class TrainLoop {
     else grad_norm = clip_grad_norm_async(grads_of, max_norm);
     opt_->update(clip_divisor);
     if (opt_hidden_) opt_hidden_->update();
+    if (muon_) muon_->update(/*write_shadows=*/graph_ != nullptr);
     if (ema_) ema_->update();
     return torch::stack({loss_sum.reshape({}), aux_sum.reshape({}), grad_norm.to(torch::kFloat64).reshape({})});
   }
@@ -696,6 +701,9 @@ class TrainLoop {
   // fused kernel reads it) instead of a pass of its own over every gradient: when the fused AdamW
   // is the only optimizer reading the gradients.
   bool clip_in_update() const { return opt_ && opt_->fused() && !opt_hidden_ && !muon_; }
+
+  // Muon's learning rate at the step whose AdamW lr is `lr`: train.muon_lr on the same schedule.
+  double muon_lr(double lr) const { return lr * cfg_.train.muon_lr / cfg_.train.lr * hidden_lr_mult_; }
 
   // Starts or stops the step profiler (bench train --profile) at its step boundaries, with the device
   // drained on both sides so the window holds exactly those steps.

@@ -22,6 +22,7 @@
 #include "trainer/step_profile.h"
 #include "trainer/zero1.h"
 #include "model/grad_square_sums.h"
+#include "model/weight_shadow.h"
 
 TEST(LossScaler, FollowsGradScalerStateSequence) {
   trainer::LossScaler s({/*enabled=*/true, /*init_scale=*/8.0, 2.0, 0.5, /*growth_interval=*/3});
@@ -218,6 +219,35 @@ TEST(Muon, OneStepOnADiagonalGradientByHand) {
   ASSERT_EQ(s.size(), 1u);
   EXPECT_TRUE(torch::allclose(s[0].second, w.grad()));  // m = g after one step
   EXPECT_THROW(trainer::Muon({{"bias", torch::zeros({3})}}, {}), std::invalid_argument);
+}
+
+// The halves of a step for a CUDA graph: update() applies the lr the last begin_step wrote, each
+// time it runs (a replay runs update() alone), and equals step(). With write_shadows it writes the
+// updated weights' bf16 shadows (model/weight_shadow.h), which a replay could not otherwise refresh;
+// without, it leaves them as they were (the forward's version check recasts them).
+TEST(Muon, UpdateAppliesTheLrBeginStepWroteAndWritesShadowsWhenAsked) {
+  torch::manual_seed(4);
+  const trainer::MuonOptions o{0.9, true, 5, 0.1};
+  const auto w0 = torch::randn({6, 10});
+  auto by_step = w0.clone(), by_halves = w0.clone();
+  trainer::Muon a({{"w", by_step}}, o), b({{"w", by_halves}}, o);
+  model::clear_weight_shadows();
+  const auto shadow = model::shadowed_weight_blocks({by_halves}, torch::kBFloat16);
+  ASSERT_TRUE(model::weight_shadow_of(by_halves).defined());
+  const std::vector<double> lrs = {0.05, 0.05, 0.02};  // begin_step before the first and third only
+  for (size_t i = 0; i < lrs.size(); ++i) {
+    const auto g = torch::randn({6, 10});
+    by_step.mutable_grad() = g.clone();
+    by_halves.mutable_grad() = g.clone();
+    a.step(lrs[i]);
+    if (i != 1) b.begin_step(lrs[i]);
+    const auto before = shadow.clone();
+    b.update(/*write_shadows=*/i != 2);
+    EXPECT_TRUE(torch::allclose(by_halves, by_step, 1e-6, 1e-6)) << "step " << i;
+    if (i != 2) EXPECT_TRUE(torch::equal(shadow, by_halves.to(torch::kBFloat16))) << "step " << i;
+    else EXPECT_TRUE(torch::equal(shadow, before)) << "step " << i;
+  }
+  model::clear_weight_shadows();
 }
 
 // A stack of matrices (the MoE experts' [E, rows, cols]) takes each matrix's own Muon update: two
