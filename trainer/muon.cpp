@@ -58,52 +58,60 @@ void Muon::begin_step(double lr) {
 
 void Muon::update(bool write_shadows) {
   torch::NoGradGuard no_grad;
-  // Momentum and direction of every matrix with a gradient, a few launches for them all.
-  std::vector<int64_t> slot(params_.size(), -1);  // index into grads/moms, or -1 without a gradient
+  // Momenta of every matrix with a gradient, a few launches for them all.
+  std::vector<bool> has_grad(params_.size(), false);
   std::vector<at::Tensor> grads, moms;
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& g = params_[i].second.grad();
     if (!g.defined()) continue;
-    slot[i] = static_cast<int64_t>(grads.size());
+    has_grad[i] = true;
     grads.push_back(g);
     moms.push_back(momentum_[i]);
   }
   if (grads.empty()) return;
   at::_foreach_mul_(moms, opt_.momentum);
   at::_foreach_add_(moms, grads);
-  const std::vector<at::Tensor> dirs = opt_.nesterov ? at::_foreach_add(grads, moms, opt_.momentum) : moms;
   // w · (1 − lr·wd), from the lr on the device.
   const at::Tensor keep = opt_.weight_decay > 0 ? 1.0 - lr_device_ * opt_.weight_decay : at::Tensor();
   for (const std::vector<size_t>& group : same_size_) {
-    // The group's directions as one stack [Σ matrices, rows, cols], in the iteration's dtype.
     std::vector<size_t> members;
-    std::vector<at::Tensor> stack;
+    int64_t count = 0;  // matrices in the group's stack
     for (size_t i : group) {
-      if (slot[i] < 0) continue;
-      const auto& p = params_[i].second;
+      if (!has_grad[i]) continue;
       members.push_back(i);
-      stack.push_back(dirs[static_cast<size_t>(slot[i])].reshape({-1, p.size(-2), p.size(-1)}));
+      count += params_[i].second.dim() == 3 ? params_[i].second.size(0) : 1;
     }
     if (members.empty()) continue;
-    const auto X = (stack.size() == 1 ? stack[0] : torch::cat(stack)).to(opt_.ns_dtype);
-    // Back in the weights' dtype once for the stack, so the update below takes the fused path.
     const auto& first_p = params_[members[0]].second;
-    // rows / cols are the group's own: one scale for all its matrices, −lr folded in on the device.
-    const double shape_scale =
-        std::sqrt(std::max(1.0, static_cast<double>(first_p.size(-2)) / static_cast<double>(first_p.size(-1))));
-    auto u = newton_schulz_orthogonalize(X, opt_.ns_steps).to(first_p.scalar_type());
-    u.mul_(lr_device_ * -shape_scale);
-    std::vector<at::Tensor> weights, updates;
+    const int64_t rows = first_p.size(-2), cols = first_p.size(-1);
+    // The directions (g + μ·m with Nesterov, else m) written straight into the group's stack
+    // [Σ matrices, rows, cols] in the iteration's dtype, rounded as they are written: no fp32
+    // directions, concatenation or cast of their own.
+    auto X = torch::empty({count, rows, cols}, first_p.options().dtype(opt_.ns_dtype));
     int64_t first = 0;
     for (size_t i : members) {
-      auto& p = params_[i].second;
+      const auto& p = params_[i].second;
       const int64_t n = p.dim() == 3 ? p.size(0) : 1;
-      weights.push_back(p);
-      updates.push_back(u.narrow(0, first, n).reshape(p.sizes()));
+      auto into = X.narrow(0, first, n);
+      const auto m = momentum_[i].reshape({n, rows, cols});
+      if (opt_.nesterov) at::add_out(into, p.grad().reshape({n, rows, cols}), m, opt_.momentum);
+      else into.copy_(m);
       first += n;
     }
+    const auto u = newton_schulz_orthogonalize(X, opt_.ns_steps);
+    // rows / cols are the group's own: one scale for all its matrices, −lr folded in on the device.
+    const double shape_scale = std::sqrt(std::max(1.0, static_cast<double>(rows) / static_cast<double>(cols)));
+    const at::Tensor step_scale = lr_device_ * -shape_scale;
+    std::vector<at::Tensor> weights;
+    for (size_t i : members) weights.push_back(params_[i].second);
     if (keep.defined()) at::_foreach_mul_(weights, keep);
-    at::_foreach_add_(weights, updates);
+    // w += u · (−lr · scale), u read in the iteration's dtype where it lies.
+    first = 0;
+    for (auto& w : weights) {
+      const int64_t n = w.dim() == 3 ? w.size(0) : 1;
+      w.addcmul_(u.narrow(0, first, n).reshape(w.sizes()), step_scale);
+      first += n;
+    }
     if (write_shadows) {
       std::vector<at::Tensor> shadows, shadowed;
       for (const auto& w : weights) {

@@ -39,8 +39,10 @@ class Muon {
   Muon(std::vector<std::pair<std::string, at::Tensor>> params, MuonOptions opt);
   // m ← μ·m + g; u = NS(nesterov ? g + μ·m : m)·sqrt(max(1, rows/cols)); w ← w·(1 − lr·wd) − lr·u
   // (rows and cols: a matrix's, the last two sizes of a stack). The matrices of one size (device
-  // and dtype) go through one batched iteration, and the momenta and updates of all of them through
-  // multi-tensor (foreach) kernels: a few launches for them all, not a few per matrix.
+  // and dtype) go through one batched iteration; the momenta of all of them through multi-tensor
+  // (foreach) kernels; each direction is written into its group's stack in the iteration's dtype,
+  // and each update read from the iteration's result, one pass each (the step is a CUDA graph on
+  // one GPU, where a launch per matrix costs no host time).
   // The same as begin_step(lr) then update().
   void step(double lr);
   // The two halves of step(), for a step captured as a CUDA graph (trainer/step_graph.h):
