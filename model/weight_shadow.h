@@ -12,7 +12,8 @@
 // next use cast again. Our AdamW kernel writes weights through raw pointers, which bumps nothing:
 // that is why it must write the shadow of every weight that has one (trainer::AdamW asks
 // weight_shadow_of for each; a weight belongs to one group at most), and why any other raw writer
-// (a `.data()` view, NCCL, a replayed graph's ATen update) must call invalidate_weight_shadows.
+// (a `.data()` view, NCCL, a replayed graph's ATen update) must call invalidate_weight_shadows, or
+// write the shadows itself inside the graph (Muon's update, trainer/muon.h).
 // A CUDA graph's replay runs none of these host checks: the trainer calls refresh_weight_shadows
 // before each replay, which recasts any shadow gone stale in between, and invalidates them all
 // before a step that runs eagerly once a graph exists.

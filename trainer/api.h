@@ -86,9 +86,9 @@ struct TrainConfig {
   double spike_zscore = 6.0;             // 0 turns detection off
   int64_t spike_window = 100;
   std::string spike_action = "flag";     // flag | skip
-  // The training step (forward, backward, clipping, AdamW, EMA) captured once as a CUDA graph and
-  // replayed, which removes the host's kernel launches from every step:
-  //   auto  when the run allows it (one GPU, no loss scaling, AdamW, MoE only in bf16 on sm90/sm100,
+  // The training step (forward, backward, clipping, AdamW or Muon, EMA) captured once as a CUDA graph
+  // and replayed, which removes the host's kernel launches from every step:
+  //   auto  when the run allows it (one GPU, no loss scaling, MoE only in bf16 on sm90/sm100,
   //         no train.phases, and packed batches with Gated DeltaNet layers only where their state
   //         scan runs as its kernel; trainer/step_graph_policy.h), else
   //         the step runs eagerly and the log says why;
