@@ -38,6 +38,9 @@ Muon::Muon(std::vector<std::pair<std::string, at::Tensor>> params, MuonOptions o
     const auto& [name, p] = params_[i];
     if (p.dim() != 2 && p.dim() != 3)
       throw std::invalid_argument("muon: '" + name + "' is neither a matrix nor a stack of them; give it to AdamW");
+    if (p.device() != params_.front().second.device())
+      throw std::invalid_argument("muon: '" + name + "' is on " + p.device().str() + ", the others on " +
+                                  params_.front().second.device().str() + " (one lr scalar serves them all)");
     momentum_.push_back(torch::zeros_like(p));
     const auto key = std::make_tuple(p.size(-2), p.size(-1), p.device().str() + " " + c10::toString(p.scalar_type()));
     auto [it, added] = group_of.emplace(key, same_size_.size());
@@ -71,8 +74,9 @@ void Muon::update(bool write_shadows) {
   if (grads.empty()) return;
   at::_foreach_mul_(moms, opt_.momentum);
   at::_foreach_add_(moms, grads);
-  // w · (1 − lr·wd), from the lr on the device.
+  // w · (1 − lr·wd) and −lr, from the lr on the device.
   const at::Tensor keep = opt_.weight_decay > 0 ? 1.0 - lr_device_ * opt_.weight_decay : at::Tensor();
+  const at::Tensor neg_lr = -lr_device_;
   for (const std::vector<size_t>& group : same_size_) {
     std::vector<size_t> members;
     int64_t count = 0;  // matrices in the group's stack
@@ -99,17 +103,16 @@ void Muon::update(bool write_shadows) {
       first += n;
     }
     const auto u = newton_schulz_orthogonalize(X, opt_.ns_steps);
-    // rows / cols are the group's own: one scale for all its matrices, −lr folded in on the device.
+    // rows / cols are the group's own: one scale for all its matrices.
     const double shape_scale = std::sqrt(std::max(1.0, static_cast<double>(rows) / static_cast<double>(cols)));
-    const at::Tensor step_scale = lr_device_ * -shape_scale;
     std::vector<at::Tensor> weights;
     for (size_t i : members) weights.push_back(params_[i].second);
     if (keep.defined()) at::_foreach_mul_(weights, keep);
-    // w += u · (−lr · scale), u read in the iteration's dtype where it lies.
+    // w += scale · u · (−lr), u read in the iteration's dtype where it lies.
     first = 0;
     for (auto& w : weights) {
       const int64_t n = w.dim() == 3 ? w.size(0) : 1;
-      w.addcmul_(u.narrow(0, first, n).reshape(w.sizes()), step_scale);
+      w.addcmul_(u.narrow(0, first, n).reshape(w.sizes()), neg_lr, shape_scale);
       first += n;
     }
     if (write_shadows) {

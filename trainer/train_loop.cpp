@@ -613,8 +613,9 @@ class TrainLoop {
     if (muon_) muon_->begin_step(muon_lr(lr));
     at::Tensor values;
     if (!all_fit || !graph_) {
-      // Replays update the weights without a version bump, and an update that is not our AdamW
-      // kernel's does not write the bf16 shadows either: an eager step after them recasts.
+      // Replays update the weights without a version bump, and an update that does not write the
+      // bf16 shadows itself (ATen's AdamW; ours and Muon's in a graph do) leaves them stale unseen:
+      // an eager step after replays recasts them all.
       if (graph_ && graph_->captured()) model::invalidate_weight_shadows();
       values = step_eagerly(own_positions);
     } else if (graph_->captured()) {
@@ -632,7 +633,7 @@ class TrainLoop {
         // Shadows gone stale in the warm-up (Muon's ATen update bumps versions) are recast now, not
         // inside the capture, where the recast would become part of every replay.
         model::refresh_weight_shadows();
-        graph_->capture([&] { graph_out_ = step_device_work(own_positions); });
+        graph_->capture([&] { graph_out_ = step_device_work(own_positions, /*capturing=*/true); });
         for (auto& [n, p] : params_) graph_grads_.push_back(p.grad());
         log("info", "CUDA graph: step " + std::to_string(number) + " captured; every step from here replays it");
         graph_->replay();
@@ -661,9 +662,10 @@ class TrainLoop {
 
   // Everything a step does on the device, from the fixed inputs: forward and backward of every
   // micro-batch, the grad norm and clipping, the updates (at the lr begin_step wrote), the EMA.
-  // own_positions[m], where defined, replaces micro-batch m's fixed positions. Returns [loss, aux
-  // loss, grad norm] (fp64). No host synchronisation and no host decision.
-  at::Tensor step_device_work(const std::vector<model::Positions>& own_positions) {
+  // own_positions[m], where defined, replaces micro-batch m's fixed positions. `capturing`: the work
+  // is being recorded as the graph. Returns [loss, aux loss, grad norm] (fp64). No host
+  // synchronisation and no host decision.
+  at::Tensor step_device_work(const std::vector<model::Positions>& own_positions, bool capturing = false) {
     const double accum = static_cast<double>(cfg_.train.grad_accum);
     at::Tensor loss_sum, aux_sum;
     model::GradSquareSumsScope square_sums(device_, grad_square_sums_from_producers_);  // through the norm
@@ -692,7 +694,7 @@ class TrainLoop {
     else grad_norm = clip_grad_norm_async(grads_of, max_norm);
     opt_->update(clip_divisor);
     if (opt_hidden_) opt_hidden_->update();
-    if (muon_) muon_->update(/*write_shadows=*/graph_ != nullptr);
+    if (muon_) muon_->update(/*write_shadows=*/capturing);  // eagerly the version bump recasts them
     if (ema_) ema_->update();
     return torch::stack({loss_sum.reshape({}), aux_sum.reshape({}), grad_norm.to(torch::kFloat64).reshape({})});
   }

@@ -250,6 +250,39 @@ TEST(Muon, UpdateAppliesTheLrBeginStepWroteAndWritesShadowsWhenAsked) {
   model::clear_weight_shadows();
 }
 
+// The update written out, for the paths the tests above do not take: no Nesterov, the iteration in
+// bf16 (the GPU's default), a tall stack of experts [E, rows, cols] with weight decay, and its
+// stacked bf16 shadow (model::shadowed_expert_blocks) written by update(write_shadows). Per step:
+// m = μ m + g, X = bf16(m), u = NS(X), w = w (1 − lr wd) − lr sqrt(rows / cols) u.
+TEST(Muon, Bf16IterationWithoutNesterovOnAStackMatchesTheUpdateWrittenOut) {
+  torch::manual_seed(6);
+  const trainer::MuonOptions o{/*momentum=*/0.8, /*nesterov=*/false, /*ns_steps=*/5, /*weight_decay=*/0.2,
+                               torch::kBFloat16};
+  auto w = torch::randn({3, 10, 4});  // tall: rows / cols = 2.5
+  auto want = w.clone();
+  auto m = torch::zeros_like(w);
+  trainer::Muon opt({{"experts", w}}, o);
+  model::clear_weight_shadows();
+  const auto shadow = model::shadowed_expert_blocks({w}, torch::kBFloat16);
+  ASSERT_TRUE(model::weight_shadow_of(w).defined());
+  for (const double lr : {0.05, 0.03}) {
+    const auto g = torch::randn({3, 10, 4});
+    w.mutable_grad() = g.clone();
+    opt.begin_step(lr);
+    opt.update(/*write_shadows=*/true);
+    m = 0.8 * m + g;
+    const auto u = trainer::newton_schulz_orthogonalize(m.to(torch::kBFloat16), 5).to(torch::kFloat);
+    want = want * (1.0 - lr * 0.2) - lr * std::sqrt(2.5) * u;
+    EXPECT_TRUE(torch::allclose(w, want, 1e-6, 1e-6)) << "lr " << lr << ": " << (w - want).abs().max().item<double>();
+    EXPECT_TRUE(torch::equal(shadow, w.to(torch::kBFloat16))) << "lr " << lr;
+  }
+  EXPECT_TRUE(torch::equal(opt.state_tensors()[0].second, m));
+  model::clear_weight_shadows();
+  // One lr scalar serves every parameter: they must share a device.
+  EXPECT_THROW(trainer::Muon({{"a", torch::zeros({2, 2})}, {"b", torch::zeros({2, 2}, torch::kMeta)}}, {}),
+               std::invalid_argument);
+}
+
 // A stack of matrices (the MoE experts' [E, rows, cols]) takes each matrix's own Muon update: two
 // steps on a wide and a tall stack, with weight decay, equal Muon on each matrix as a parameter of
 // its own (fp32; the batched products may sum in another order: 1e-6 relative).

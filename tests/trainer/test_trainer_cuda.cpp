@@ -503,6 +503,10 @@ TEST(TrainerCuda, CudaGraphStepMatchesTheEagerStep) {
        {"model.family=\"gpt\"", "data.document_attention=false", "train.grad_accum=2", "train.optimizer=\"muon\"",
         "train.weight_decay=0.1"},
        false},
+      {"hybrid MoE muon, fixed shape",  // the experts' stacked shadows too
+       {"model.family=\"hybrid\"", "model.preset=\"tiny-moe\"", "data.document_attention=false", "train.grad_accum=2",
+        "train.optimizer=\"muon\"", "train.muon_experts=true"},
+       false},
       {"hybrid muon, packed",
        {"model.family=\"hybrid\"", "data.document_attention=true", "train.grad_accum=1", "train.cuda_graph_pieces=16",
         "train.optimizer=\"muon\""},
