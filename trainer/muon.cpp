@@ -1,8 +1,8 @@
-// Newton–Schulz on the wide orientation (rows ≤ cols) keeps A = X·Xᵀ the small square. A stack of
-// matrices runs as batched products over its first dimension, each matrix normalised by its own norm.
+// Newton–Schulz keeps A the small square: A = X·Xᵀ for a wide matrix (rows ≤ cols) and X ← B'·X; a
+// tall one is iterated as it lies, from the right, A = Xᵀ·X and X ← X·B' (the wide form on Xᵀ,
+// transposed back: B' is symmetric), so no transposed copy is made. A stack of matrices runs as
+// batched products over its first dimension, each matrix normalised by its own norm.
 #include "trainer/muon.h"
-
-#include "model/weight_shadow.h"
 
 #include <torch/torch.h>
 
@@ -10,6 +10,8 @@
 #include <map>
 #include <stdexcept>
 #include <tuple>
+
+#include "model/weight_shadow.h"
 
 namespace trainer {
 
@@ -19,16 +21,19 @@ at::Tensor newton_schulz_orthogonalize(const at::Tensor& G, int64_t steps) {
   if (G.dim() == 2) return newton_schulz_orthogonalize(G.unsqueeze(0), steps).squeeze(0);  // a stack of one
   const double a = 3.4445, b = -4.7750, c = 2.0315;
   const bool tall = G.size(-2) > G.size(-1);
-  // Contiguous in the wide orientation, so that every product below reads plain row-major operands.
-  auto X = (tall ? G.transpose(-2, -1) : G).contiguous();
-  X = X / (torch::linalg_vector_norm(X, 2, at::IntArrayRef{-2, -1}, /*keepdim=*/true) + 1e-7);  // each by its own
+  const auto Gc = G.contiguous();
+  // Each matrix by its own norm.
+  auto X = Gc / (torch::linalg_vector_norm(Gc, 2, at::IntArrayRef{-2, -1}, /*keepdim=*/true) + 1e-7);
   for (int64_t i = 0; i < steps; ++i) {
-    const auto A = torch::matmul(X, X.transpose(-2, -1));
-    // B = b·A + c·A² and X = a·X + B·X, each one product with its sum in the GEMM's epilogue.
-    const auto B = torch::baddbmm(A, A, A, /*beta=*/b, /*alpha=*/c);
-    X = torch::baddbmm(X, B, X, /*beta=*/a, /*alpha=*/1.0);
+    const auto A = tall ? torch::matmul(X.transpose(-2, -1), X) : torch::matmul(X, X.transpose(-2, -1));
+    // B' = a·I + b·A + c·A²: b·A + c·A² in the GEMM's epilogue, then a on the diagonal, so that one
+    // plain product gives a·X + (b·A + c·A²)·X. (An epilogue adding a·X would first copy X, the
+    // large operand, into the product's output.)
+    auto B = torch::baddbmm(A, A, A, /*beta=*/b, /*alpha=*/c);
+    B.diagonal(0, -2, -1).add_(a);
+    X = tall ? torch::matmul(X, B) : torch::matmul(B, X);
   }
-  return tall ? X.transpose(-2, -1) : X;
+  return X;
 }
 
 Muon::Muon(std::vector<std::pair<std::string, at::Tensor>> params, MuonOptions opt)

@@ -17,8 +17,8 @@ namespace trainer {
 
 // The quintic Newton–Schulz iteration on G (2-D, or 3-D: each matrix of the stack by itself),
 // normalised by its Frobenius norm first: X ← a·X + (b·A + c·A²)·X with A = X·Xᵀ and (a, b, c) =
-// (3.4445, −4.7750, 2.0315), `steps` times, working on the wide orientation. Runs in G's dtype
-// (fp32 or bf16). Any thread.
+// (3.4445, −4.7750, 2.0315), `steps` times, on the wide orientation (a tall G as Gᵀ, transposed
+// back). Runs in G's dtype (fp32 or bf16). Any thread.
 at::Tensor newton_schulz_orthogonalize(const at::Tensor& G, int64_t steps = 5);
 
 struct MuonOptions {
