@@ -64,6 +64,13 @@ void Muon::begin_step(double lr) {
   if (lr_device_.defined()) lr_device_.fill_(lr);
 }
 
+namespace {
+
+// Matrices in a parameter: a stack's first size, or one.
+int64_t matrices_of(const at::Tensor& p) { return p.dim() == 3 ? p.size(0) : 1; }
+
+}  // namespace
+
 void Muon::update(bool write_shadows) {
   torch::NoGradGuard no_grad;
   // Momenta of every matrix with a gradient, a few launches for them all.
@@ -88,7 +95,7 @@ void Muon::update(bool write_shadows) {
     for (size_t i : group) {
       if (!has_grad[i]) continue;
       members.push_back(i);
-      count += params_[i].second.dim() == 3 ? params_[i].second.size(0) : 1;
+      count += matrices_of(params_[i].second);
     }
     if (members.empty()) continue;
     const auto& first_p = params_[members[0]].second;
@@ -100,7 +107,7 @@ void Muon::update(bool write_shadows) {
     int64_t first = 0;
     for (size_t i : members) {
       const auto& p = params_[i].second;
-      const int64_t n = p.dim() == 3 ? p.size(0) : 1;
+      const int64_t n = matrices_of(p);
       auto into = X.narrow(0, first, n);
       const auto m = momentum_[i].reshape({n, rows, cols});
       if (opt_.nesterov) at::add_out(into, p.grad().reshape({n, rows, cols}), m, opt_.momentum);
@@ -116,9 +123,8 @@ void Muon::update(bool write_shadows) {
     // w += scale · u · (−lr), u read in the iteration's dtype where it lies.
     first = 0;
     for (auto& w : weights) {
-      const int64_t n = w.dim() == 3 ? w.size(0) : 1;
-      w.addcmul_(u.narrow(0, first, n).reshape(w.sizes()), neg_lr, shape_scale);
-      first += n;
+      w.addcmul_(u.narrow(0, first, matrices_of(w)).reshape(w.sizes()), neg_lr, shape_scale);
+      first += matrices_of(w);
     }
     if (write_shadows) {
       std::vector<at::Tensor> shadows, shadowed;
