@@ -175,6 +175,27 @@ TEST_F(Headless, LauncherShowsTheValidatorsProblemsByKey) {
   EXPECT_TRUE(s.actions.empty());
 }
 
+// Muon's learning rate has a field of its own while Muon is the optimizer, and a problem with it
+// shows there, not among the keys no field shows.
+TEST_F(Headless, LauncherShowsMuonsLearningRateWithMuon) {
+  ui::GuiState s;
+  s.tab = ui::Tab::Launch;
+  auto shown = [&] {
+    return std::find(s.launcher.form_keys.begin(), s.launcher.form_keys.end(), "train.muon_lr") !=
+           s.launcher.form_keys.end();
+  };
+  frame(s);
+  EXPECT_FALSE(shown());
+  s.launcher.draft.train.optimizer = "muon";
+  s.launcher.draft.train.muon_lr = -1;
+  s.launcher.dirty_validation = true;
+  frame(s);
+  frame(s);
+  EXPECT_TRUE(shown());
+  EXPECT_TRUE(std::any_of(s.launcher.errors.begin(), s.launcher.errors.end(),
+                          [](const std::string& e) { return e.rfind("train.muon_lr:", 0) == 0; }));
+}
+
 TEST_F(Headless, RunsTableFiltersAndCompareColoursRuns) {
   ui::GuiState s;
   s.rows_loaded = true;

@@ -105,6 +105,7 @@ struct LauncherPanel {
   std::vector<std::string> devices;          // "cpu", "cuda:0 (NVIDIA H100 80GB HBM3, 79.1 GiB, sm_90)"
   std::string runs_dir;                      // fixed: the database the app shows
   std::string message;                       // the last save/load result
+  std::vector<std::string> form_keys;        // the keys the form showed in its last frame
   bool dirty_validation = true;
 };
 

@@ -216,6 +216,8 @@ void draw_launcher(GuiState& s) {
     f.choice("train.schedule", c.train.schedule, {"cosine", "wsd", "constant"});
     f.int64("train.warmup_steps", c.train.warmup_steps);
     f.choice("train.optimizer", c.train.optimizer, {"adamw", "muon"});
+    if (c.train.optimizer == "muon")
+      f.real("train.muon_lr", c.train.muon_lr, "Muon's peak learning rate for the hidden matrices (train.lr: the rest)");
     f.choice("train.precision", c.train.precision, {"fp32", "bf16", "fp16", "fp8"});
     f.text("run.devices", c.run.devices, "auto | cpu | cpu:N | all | 0,1,...");
     f.int64("run.log_interval", c.run.log_interval);
@@ -228,6 +230,7 @@ void draw_launcher(GuiState& s) {
     ImGui::TextDisabled("%s (the database this window shows)", p.runs_dir.c_str());
     ImGui::EndTable();
   }
+  p.form_keys.assign(f.keys.begin(), f.keys.end());
   if (f.changed) p.dirty_validation = true;
   if (p.dirty_validation) {
     c.run.runs_dir = p.runs_dir;
