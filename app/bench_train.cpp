@@ -39,6 +39,7 @@
 #include "model/weight_shadow.h"
 #include "storage/file_util.h"
 #include "trainer/adamw.h"
+#include "trainer/muon.h"
 #include "trainer/config.h"
 #include "trainer/session.h"
 
@@ -129,6 +130,7 @@ int bench_train(const BenchTrainArgs& a) {
       {"--packed-attention", &a.packed_attention, {"cudnn", "flash"}},
       {"--weight-grads", &a.weight_grads, {"in-place", "autograd"}},
       {"--adamw", &a.adamw, {"ours", "aten"}},
+      {"--muon-kernels", &a.muon_kernels, {"ours", "aten"}},
       {"--weight-grad-stream", &a.weight_grad_stream, {"on", "off"}},
       {"--graph-gemms", &a.graph_gemms, {"no-workspace", "workspace"}},
       {"--state-products", &a.state_products, {"tight", "staged"}},
@@ -156,6 +158,7 @@ int bench_train(const BenchTrainArgs& a) {
   model::packed_attention_cudnn(a.packed_attention == "cudnn");
   model::weight_grads_in_place(a.weight_grads == "in-place");
   trainer::AdamW::use_own_kernel(a.adamw == "ours");
+  trainer::Muon::use_own_kernels(a.muon_kernels == "ours");
   model::weight_grad_stream(a.weight_grad_stream == "on");
   model::gemms_without_workspace(a.graph_gemms == "no-workspace");
 #if defined(DD_HAVE_CUDA)
@@ -363,6 +366,7 @@ int bench_train(const BenchTrainArgs& a) {
   j["packed_attention"] = a.packed_attention;
   j["weight_grads"] = a.weight_grads;
   j["adamw"] = a.adamw;
+  j["muon_kernels"] = a.muon_kernels;
   j["weight_grad_stream"] = a.weight_grad_stream;
   j["graph_gemms"] = a.graph_gemms;
   j["state_products"] = a.state_products;

@@ -56,6 +56,9 @@ struct BenchTrainArgs {
   // "ours" (kernels/adamw.h) or "aten" (ATen's fused multi-tensor AdamW): the CUDA optimizer
   // update, to measure the change.
   std::string adamw = "ours";
+  // "ours" (kernels/muon_update.h) or "aten" (ATen's ops): Muon's momenta and update on a GPU, to
+  // measure the change.
+  std::string muon_kernels = "ours";
   // "on" (the in-place weight gradients' GEMMs on a second stream, overlapping the backward) or
   // "off" (on the backward's own stream), to measure the overlap.
   std::string weight_grad_stream = "on";

@@ -297,6 +297,10 @@ int main(int argc, char** argv) {
                               "ours | aten: the CUDA AdamW update as our multi-tensor kernel or ATen's fused one (to "
                               "measure the change)")
       ->capture_default_str();
+  bench_train_cmd->add_option("--muon-kernels", bench_train.muon_kernels,
+                              "ours | aten: with train.optimizer = \"muon\" on a GPU, its momenta and update as two "
+                              "multi-tensor kernels or as ATen's ops (to measure the change)")
+      ->capture_default_str();
   bench_train_cmd->add_option("--fp8-ffn", bench_train.fp8_ffn,
                               "fused | unfused: with --precision fp8, the SwiGLU feed-forward as one fp8 function "
                               "that quantises SwiGLU's activation and gradient as it computes them, or as its three "

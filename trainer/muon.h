@@ -39,10 +39,10 @@ class Muon {
   Muon(std::vector<std::pair<std::string, at::Tensor>> params, MuonOptions opt);
   // m ← μ·m + g; u = NS(nesterov ? g + μ·m : m)·sqrt(max(1, rows/cols)); w ← w·(1 − lr·wd) − lr·u
   // (rows and cols: a matrix's, the last two sizes of a stack). The matrices of one size (device
-  // and dtype) go through one batched iteration; the momenta of all of them through multi-tensor
-  // (foreach) kernels; each direction is written into its group's stack in the iteration's dtype,
-  // and each update read from the iteration's result, one pass each (the step is a CUDA graph on
-  // one GPU, where a launch per matrix costs no host time).
+  // and dtype) go through one batched iteration. Each direction is written into its group's stack
+  // in the iteration's dtype, and each update read from the iteration's result: on a GPU the momenta
+  // and directions of every matrix are one pass, and the decay, update and shadow another
+  // (kernels/muon_update.h); elsewhere ATen's ops do the same.
   // The same as begin_step(lr) then update().
   void step(double lr);
   // The two halves of step(), for a step captured as a CUDA graph (trainer/step_graph.h):
@@ -50,9 +50,17 @@ class Muon {
   // update() is the device work, which reads the lr from there and so can be recorded once and
   // replayed. With write_shadows, update() also writes each updated weight's bf16 shadow
   // (model/weight_shadow.h) where it has one: a replay bumps no version, so the forward would not
-  // see that the weights changed. Eagerly the version bump makes the next forward recast instead.
+  // see that the weights changed. Eagerly ATen's update bumps the versions and the next forward
+  // recasts instead; on a GPU the update's kernel (kernels/muon_update.h) bumps none and writes
+  // every shadow itself, asked or not.
   void begin_step(double lr);
   void update(bool write_shadows = false);
+  // Process-wide: whether CUDA steps take kernels/muon_update.h's two passes for the momenta and the
+  // update (the default) or ATen's ops, the reference (`bench train --muon-kernels aten`, to measure
+  // the change). Set before training starts.
+  static void use_own_kernels(bool on);
+  // How many updates (process-wide) took both kernels: for tests that must know they ran.
+  static int64_t kernel_updates_taken();
   // "muon_momentum.<name>" for checkpoints, and back.
   std::vector<std::pair<std::string, at::Tensor>> state_tensors() const;
   void load_state(const std::vector<std::pair<std::string, at::Tensor>>& tensors);
@@ -60,6 +68,12 @@ class Muon {
  private:
   std::vector<std::pair<std::string, at::Tensor>> params_;
   std::vector<at::Tensor> momentum_;
+  struct GroupStep;  // one group's matrices with a gradient this step, and their stack
+  void momentum_and_directions(std::vector<GroupStep>& groups);
+  bool momentum_and_directions_by_kernel(std::vector<GroupStep>& groups);  // false: not taken
+  void apply(const std::vector<GroupStep>& groups, bool write_shadows);
+  bool apply_by_kernel(const std::vector<GroupStep>& groups);  // false: not taken; writes every shadow
+
   std::vector<std::vector<size_t>> same_size_;  // indexes of params_, by (rows, cols, device, dtype)
   at::Tensor lr_device_;  // fp32 scalar on the parameters' device: the lr update() applies
   MuonOptions opt_;

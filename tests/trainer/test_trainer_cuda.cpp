@@ -29,6 +29,7 @@
 #include "tests/trainer/train_harness.h"
 #include "trainer/adamw.h"
 #include "trainer/device.h"
+#include "trainer/muon.h"
 
 using namespace train_harness;
 
@@ -164,6 +165,77 @@ TEST(TrainerCuda, FusedAdamWMatchesTheReference) {
     EXPECT_LT(worst, 1e-6) << (ours ? "our kernel" : "ATen's kernel");
   }
   trainer::AdamW::use_own_kernel(true);
+}
+
+// Muon's two multi-tensor passes (kernels/muon_update.h) against ATen's ops (the reference, the same
+// Muon with use_own_kernels off) on the same GPU: wide, tall, square, odd-sized and stacked
+// matrices, one starting 4 bytes past a 16-byte boundary (the element-by-element path), one without
+// a gradient in a step; the iteration in fp32 and in bf16, with and without Nesterov, weight
+// decay on; the bf16 shadows written by the pass though not asked (a raw write bumps no version).
+// Three steps, each taken by the kernels. The momenta are ATen's bit for bit; the update fuses a
+// multiply and an add that ATen rounds apart, so weights agree within 1e-5. With a bf16 iteration
+// and Nesterov a direction value may round to bf16 the other way, which moves the orthogonalised u
+// by about a bf16 ulp (2⁻⁸ below 1): weights within 3 steps × lr 0.02 × scale 1.55 × 2⁻⁸ = 3.6e-4
+// (6.0e-5 measured, before the momenta matched). The shadows are bf16(w) exactly.
+TEST(TrainerCuda, MuonKernelsMatchAtensSteps) {
+  DD_REQUIRE_GPU();
+  // Two 33 × 33: a group of two, the second's slice of the stack past its start (and its gradient
+  // skipped in a step).
+  const std::vector<std::vector<int64_t>> shapes = {{64, 96}, {96, 40}, {33, 33}, {7, 130}, {3, 17, 9}, {5, 12},
+                                                    {33, 33}};
+  for (const bool bf16 : {false, true}) {
+    for (const bool nesterov : {true, false}) {
+      torch::manual_seed(12);
+      std::vector<std::pair<std::string, at::Tensor>> ours, aten;
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        const auto w = torch::randn(shapes[i]);
+        const int64_t n = w.numel();
+        auto a = i == 3 ? torch::zeros({n + 1}, torch::kCUDA).narrow(0, 1, n).view(w.sizes())
+                        : torch::empty(w.sizes(), torch::kCUDA);
+        a.copy_(w);
+        ours.emplace_back("w" + std::to_string(i), a);
+        aten.emplace_back("w" + std::to_string(i), w.to(torch::kCUDA));
+      }
+      const trainer::MuonOptions o{0.9, nesterov, 5, 0.1, bf16 ? torch::kBFloat16 : torch::kFloat};
+      trainer::Muon by_kernels(ours, o), by_aten(aten, o);
+      model::clear_weight_shadows();
+      std::vector<at::Tensor> shadows;
+      for (auto& [name, w] : ours) {
+        if (w.dim() == 2 && w.is_contiguous()) shadows.push_back(model::shadowed_weight_blocks({w}, torch::kBFloat16));
+      }
+      double worst_w = 0, worst_m = 0;
+      for (int step = 0; step < 3; ++step) {
+        for (size_t i = 0; i < shapes.size(); ++i) {
+          const bool skipped = step == 1 && (i == 5 || i == 6);
+          const auto g = torch::randn(shapes[i], torch::kCUDA);
+          ours[i].second.mutable_grad() = skipped ? at::Tensor() : g.clone();
+          aten[i].second.mutable_grad() = skipped ? at::Tensor() : g.clone();
+        }
+        trainer::Muon::use_own_kernels(true);
+        const int64_t taken = trainer::Muon::kernel_updates_taken();
+        by_kernels.step(0.02);
+        EXPECT_EQ(trainer::Muon::kernel_updates_taken(), taken + 1) << "the kernels did not take the step";
+        trainer::Muon::use_own_kernels(false);
+        by_aten.step(0.02);
+        trainer::Muon::use_own_kernels(true);
+        for (size_t i = 0; i < shapes.size(); ++i)
+          worst_w = std::max(worst_w, (ours[i].second - aten[i].second).abs().max().item<double>());
+        const auto mk = by_kernels.state_tensors(), ma = by_aten.state_tensors();
+        for (size_t i = 0; i < mk.size(); ++i)
+          worst_m = std::max(worst_m, (mk[i].second - ma[i].second).abs().max().item<double>());
+        size_t s = 0;
+        for (auto& [name, w] : ours) {
+          if (w.dim() != 2 || !w.is_contiguous()) continue;
+          EXPECT_TRUE(torch::equal(shadows[s++], w.to(torch::kBFloat16))) << name << " step " << step;
+        }
+      }
+      std::printf("Muon kernels vs ATen (%s iteration, %s): 3 steps, max |diff| weights %.3g, momenta %.3g\n",
+                  bf16 ? "bf16" : "fp32", nesterov ? "Nesterov" : "plain", worst_w, worst_m);
+      EXPECT_LT(worst_w, bf16 && nesterov ? 3.6e-4 : 1e-5);
+      EXPECT_EQ(worst_m, 0.0);  // the momenta rounded as ATen's two passes round them
+      model::clear_weight_shadows();
+    }
+  }
 }
 
 // Our AdamW reading MoE expert gradients from their bf16 pieces (kernels/adamw.h's
