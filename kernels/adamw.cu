@@ -11,6 +11,7 @@
 
 #include "kernels/adamw.h"
 #include "kernels/elem.cuh"
+#include "kernels/multi_tensor_chunks.cuh"
 
 namespace kernels {
 
@@ -103,16 +104,10 @@ template <typename Launch>
 __global__ void __launch_bounds__(kThreads)
     adamw_kernel(const __grid_constant__ Launch launch, const float* lr_ptr, const float* step_ptr,
                  const float* divisor_ptr, AdamWScalars s) {
-  const int chunk = blockIdx.x;
-  int lo = 0, hi = launch.count - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (chunk < launch.chunk_end[mid]) hi = mid;
-    else lo = mid + 1;
-  }
-  const int k = lo;
+  const BlockChunk c = chunk_of_block(launch.chunk_end, launch.count, kChunk);
+  const int k = c.tensor;
   const AdamWTensor& t = launch.t[k];
-  const int64_t first = static_cast<int64_t>(chunk - (lo == 0 ? 0 : launch.chunk_end[lo - 1])) * kChunk;
+  const int64_t first = c.first;
   const int64_t last = std::min(t.n, first + kChunk);
   const float lr = *lr_ptr, step = *step_ptr;
   const float divisor = divisor_ptr ? *divisor_ptr : 1.f;

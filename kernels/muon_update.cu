@@ -1,5 +1,5 @@
 // Blocks walk chunks of kChunk elements and find their tensor by a binary search over the launch's
-// cumulative chunk counts in the kernel's parameter space, as kernels/adamw.cu does. Chunk starts
+// cumulative chunk counts in the kernel's parameter space (kernels/multi_tensor_chunks.cuh). Chunk starts
 // are multiples of kChunk, so a tensor whose arrays are 16-byte aligned (8 for 16-bit ones) takes
 // 4-element vectors throughout, its last < 4 elements one by one; others go one by one.
 #include <cuda_runtime.h>
@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "kernels/elem.cuh"
+#include "kernels/multi_tensor_chunks.cuh"
 #include "kernels/muon_update.h"
 
 namespace kernels {
@@ -26,16 +27,10 @@ struct Launch {
 // The tensor and element range of this block's chunk.
 template <typename Tensor>
 __device__ __forceinline__ int tensor_of_block(const Launch<Tensor>& launch, int64_t& first, int64_t& last) {
-  const int chunk = blockIdx.x;
-  int lo = 0, hi = launch.count - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (chunk < launch.chunk_end[mid]) hi = mid;
-    else lo = mid + 1;
-  }
-  first = static_cast<int64_t>(chunk - (lo == 0 ? 0 : launch.chunk_end[lo - 1])) * kChunk;
-  last = std::min(launch.t[lo].n, first + kChunk);
-  return lo;
+  const BlockChunk c = chunk_of_block(launch.chunk_end, launch.count, kChunk);
+  first = c.first;
+  last = std::min(launch.t[c.tensor].n, first + kChunk);
+  return c.tensor;
 }
 
 __device__ __forceinline__ bool aligned(const void* p, int bytes) {
