@@ -80,8 +80,8 @@ int dry_run(const trainer::RunConfig& cfg, const DryRunInfo& info) {
   std::cout << "deltadeck " << VERSION << " (" << REVISION << "): dry run of " << info.where
             << "; nothing is trained, recorded or written\n";
   const std::string db = cfg.run.runs_dir + "/deltadeck.db";
-  std::cout << "run      '" << cfg.name << "': database " << db << ", checkpoints " << cfg.run.runs_dir << "/"
-            << cfg.name << "/checkpoints" << (info.resume_from.empty() ? " (a suffix is added if the name is taken)" : "")
+  std::cout << "run      '" << cfg.name << "': database " << db << ", checkpoints " << trainer::run_folder(cfg, cfg.name)
+            << "/checkpoints" << (info.resume_from.empty() ? " (a suffix is added if the name is taken)" : "")
             << "\n";
   if (!info.resume_from.empty()) std::cout << "         would resume from " << info.resume_from << "\n";
 

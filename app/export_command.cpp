@@ -5,6 +5,7 @@
 #include "storage/file_util.h"
 #include "storage/run_store.h"
 #include "trainer/checkpoint.h"
+#include "trainer/config.h"
 #include "trainer/export.h"
 #include "ui/log/log_line.h"
 
@@ -18,7 +19,11 @@ int run_export(const ExportArgs& args) {
   }
   auto store = storage::RunStore::open_for_display(db_path);  // migrates an older file it may write
   const storage::RunSummary run = store->find_run(args.run);
-  const std::string run_dir = args.runs_dir + "/" + run.name;
+  // The run's folder as its recorded config places it (run.checkpoint_dir), else beside the database.
+  std::string run_dir = args.runs_dir + "/" + run.name;
+  const trainer::ConfigResult recorded = trainer::parse_config(store->run_config_toml(run.id), "run config", {});
+  if (recorded.ok() && !recorded.config.run.checkpoint_dir.empty())
+    run_dir = trainer::run_folder(recorded.config, run.name);
   const auto all = trainer::list_checkpoints(run_dir + "/checkpoints");
   if (all.empty()) {
     std::cerr << "deltadeck: export: run '" << run.name << "' has no complete checkpoint under " << run_dir

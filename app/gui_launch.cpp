@@ -82,7 +82,6 @@ void resolve(ResumeOutcome& out, PreparedRun& prep, int64_t run_id, int64_t step
   }
   const std::string runs_dir = storage::files::parent_dir(prep.db_path);
   prep.run_id = run_id;
-  prep.run_dir = (runs_dir.empty() ? "." : runs_dir) + "/" + run->name;
   const std::string where = "run '" + run->name + "' config";
   trainer::ConfigResult parsed = trainer::parse_config(prep.store->run_config_toml(run_id), where, overrides);
   if (!parsed.ok()) {
@@ -91,6 +90,7 @@ void resolve(ResumeOutcome& out, PreparedRun& prep, int64_t run_id, int64_t step
   }
   trainer::RunConfig cfg = parsed.config;
   cfg.run.runs_dir = runs_dir.empty() ? "." : runs_dir;
+  prep.run_dir = trainer::run_folder(cfg, run->name);
   if (auto errors = check_runnable(cfg); !errors.empty()) {
     out.error = where + ": " + errors.front();
     out.gpu_blocked = errors.front().find("can no longer use the GPU") != std::string::npos;

@@ -60,8 +60,9 @@ PreparedRun record_new_run(trainer::RunConfig cfg, int64_t world_size, const std
   nr.params = model::count_params(cfg.model);
   nr.world_size = world_size;
   nr.revision = revision;
+  nr.checkpoint_dir = cfg.run.checkpoint_dir;
   out.run_id = out.store->create_run(nr);
-  out.run_dir = cfg.run.runs_dir + "/" + out.store->run(out.run_id)->name;
+  out.run_dir = trainer::run_folder(cfg, out.store->run(out.run_id)->name);
   storage::files::make_dirs(out.run_dir);
   out.cfg = std::move(cfg);
   return out;
@@ -160,6 +161,7 @@ void RunHost::start() {
   so.resume_from = prep_.resume_from;
   so.run_name = view_.run_name;
   so.cluster = opts_.cluster;
+  so.rendezvous = opts_.rendezvous;
   so.before_checkpoint_commit = [this](int64_t step) { wait_metrics_committed(step); };
   so.poll_stop = opts_.poll_stop;
   session_ = std::make_unique<trainer::Session>(prep_.cfg, so);

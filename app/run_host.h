@@ -29,6 +29,7 @@
 #include "storage/run_store.h"
 #include "trainer/api.h"
 #include "trainer/cluster.h"
+#include "trainer/rendezvous.h"
 #include "ui/run_view.h"
 
 namespace trainer {
@@ -69,6 +70,8 @@ struct RunHostOptions {
   // Handed to the engine (SessionOptions::poll_stop): the train command's first stop signal ends
   // the run at the very next step boundary. Empty in the desktop app, which stops by command.
   std::function<std::optional<trainer::Command>()> poll_stop;
+  // The nodes' store where the caller met them already (SessionOptions::rendezvous); may be null.
+  std::shared_ptr<trainer::Rendezvous> rendezvous;
 };
 
 class RunHost {

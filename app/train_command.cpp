@@ -7,6 +7,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <limits.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -23,6 +25,7 @@
 #include "storage/file_util.h"
 #include "storage/run_store.h"
 #include "trainer/checkpoint.h"
+#include "trainer/rendezvous.h"
 #include "trainer/config.h"
 #include "trainer/device.h"
 #include "trainer/resume_check.h"
@@ -114,7 +117,6 @@ int resolve_resume(const TrainArgs& args, bool node0, int nnodes, PreparedRun& o
     return 2;
   }
   out.run_id = run.id;
-  out.run_dir = runs_dir + "/" + run.name;
   const std::string where = "run '" + run.name + "' (id " + std::to_string(run.id) + ") config";
   trainer::ConfigResult parsed = trainer::parse_config(out.store->run_config_toml(run.id), where, args.overrides);
   if (!parsed.ok()) {
@@ -128,6 +130,7 @@ int resolve_resume(const TrainArgs& args, bool node0, int nnodes, PreparedRun& o
     print_errors(where, unresolved);
     return 2;
   }
+  out.run_dir = trainer::run_folder(cfg, run.name);
   try {
     const trainer::CheckpointChoice choice = trainer::choose_checkpoint(out.run_dir);
     for (const std::string& s : choice.skipped) std::cerr << "warning: --resume: skipped " << s << "\n";
@@ -164,13 +167,10 @@ int resolve_resume(const TrainArgs& args, bool node0, int nnodes, PreparedRun& o
   return 0;
 }
 
-// --resume on node 0: resolve, then reopen the same run record; metric rows after the checkpoint's
-// step are recomputed, so the interrupted attempt's rows are marked superseded (kept, never read
-// as current): exactly one current row per (run, step, metric).
-int prepare_resume(const TrainArgs& args, int nnodes, PreparedRun& out) {
-  storage::RunSummary run;
-  std::vector<std::string> skipped;
-  if (int rc = resolve_resume(args, /*node0=*/true, nnodes, out, run, &skipped); rc != 0) return rc;
+// The writes of a resume on node 0, after resolve_resume chose the checkpoint (`skipped`: what the
+// choice passed over): the checkpoint renamed back, later ones set aside, the run reopened.
+int commit_resume(const TrainArgs& args, PreparedRun& out, const storage::RunSummary& run,
+                  const std::vector<std::string>& skipped) {
   const int64_t step = std::stoll(out.resume_from.substr(out.resume_from.rfind("step_") + 5));
   // Checkpoints after the chosen one are those the choice skipped as damaged: left in place they
   // would count as the newest when pruning, which would then delete the resumed run's fresh saves.
@@ -207,6 +207,137 @@ int prepare_resume(const TrainArgs& args, int nnodes, PreparedRun& out) {
   return 0;
 }
 
+// --resume on node 0: resolve, then reopen the same run record; metric rows after the checkpoint's
+// step are recomputed, so the interrupted attempt's rows are marked superseded (kept, never read
+// as current): exactly one current row per (run, step, metric).
+int prepare_resume(const TrainArgs& args, int nnodes, PreparedRun& out) {
+  storage::RunSummary run;
+  std::vector<std::string> skipped;
+  if (int rc = resolve_resume(args, /*node0=*/true, nnodes, out, run, &skipped); rc != 0) return rc;
+  return commit_resume(args, out, run, skipped);
+}
+
+// ---- A multi-node --resume. Node 0 resolves the run from its database and sends the result to
+// the other nodes through the nodes' store, so they need neither the database nor a shared runs
+// folder, only the checkpoint itself (run.checkpoint_dir: a folder every node sees at one path).
+// Every node then says whether it can go on, and node 0 writes nothing unless all can.
+
+// Long enough for the nodes' launches to be minutes apart (as the default run.collective_timeout_s).
+constexpr std::chrono::milliseconds kResumePlanTimeout{600000};
+
+// `path` made absolute against this process's folder (the other nodes' folders may differ), without
+// resolving links or needing it to exist.
+std::string absolute(const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  char cwd[PATH_MAX];
+  return ::getcwd(cwd, sizeof cwd) != nullptr ? std::string(cwd) + "/" + path : path;
+}
+
+// How long node 0, ending at a refused resume, waits for the other nodes to have read why: they do
+// so at once, and node 0's store must outlive their reads.
+constexpr std::chrono::milliseconds kReadPatience{30000};
+
+// Node 0 before it ends at a refused resume: waits until every other node said it read `key`.
+void wait_until_read(trainer::Rendezvous& rendezvous, const trainer::ClusterSpec& node, const std::string& key) {
+  try {
+    for (int n = 1; n < node.nnodes; ++n) rendezvous.value_of(key + "_read", n, kReadPatience);
+  } catch (const std::exception&) {
+    // A node that never came: it finds node 0 gone and says so itself.
+  }
+}
+
+// Every node's answer to "can you go on?" ("ok" or why not); "" when all can, else the first
+// problem, naming its node. Where one cannot, node 0 ends only after every node has read that.
+std::string nodes_not_ready(trainer::Rendezvous& rendezvous, const trainer::ClusterSpec& node, const std::string& mine) {
+  const auto all = rendezvous.exchange("resume_ready", node.node_rank, node.nnodes, mine, kResumePlanTimeout);
+  for (int n = 0; n < node.nnodes; ++n) {
+    if (all[n] == "ok") continue;
+    if (node.node_rank == 0) wait_until_read(rendezvous, node, "resume_ready");
+    else rendezvous.publish("resume_ready_read", node.node_rank, "");
+    return "node " + std::to_string(n) + " " + all[n];
+  }
+  return "";
+}
+
+// Node 0: resolves the run, sends "ok\n<run name>\n<checkpoint>\n<its path now>\n<config TOML>" (or
+// "error\n<why>"), and once every node is ready, commits the resume as prepare_resume does.
+int prepare_resume_across_nodes(const TrainArgs& args, const trainer::ClusterSpec& node, PreparedRun& out,
+                                std::shared_ptr<trainer::Rendezvous>& rendezvous) {
+  rendezvous = trainer::node_rendezvous(node, kResumePlanTimeout);
+  storage::RunSummary run;
+  std::vector<std::string> skipped;
+  int rc = 1;
+  std::string why = "could not resume the run (see node 0's output)";
+  try {
+    rc = resolve_resume(args, /*node0=*/true, node.nnodes, out, run, &skipped);
+  } catch (const std::exception& e) {
+    why = e.what();
+    std::cerr << "deltadeck: " << why << "\n";
+  }
+  // The checkpoint as it is now, and under the name it has once commit_resume renamed a moved-aside
+  // save back (the nodes load it after that).
+  const std::string now = rc == 0 ? absolute(out.resume_from) : "";
+  const std::string from = rc == 0 ? absolute(trainer::restored_name(out.resume_from)) : "";
+  rendezvous->publish("resume_plan", 0,
+                      rc == 0 ? "ok\n" + run.name + "\n" + from + "\n" + now + "\n" + trainer::to_toml(out.cfg)
+                              : "error\n" + why);
+  if (rc != 0) {
+    wait_until_read(*rendezvous, node, "resume_plan");
+    return rc;
+  }
+  if (const std::string problem = nodes_not_ready(*rendezvous, node, "ok"); !problem.empty()) {
+    std::cerr << "deltadeck: --resume " << args.resume << ": " << problem << "; nothing was started\n";
+    return 2;
+  }
+  if (int committed = commit_resume(args, out, run, skipped); committed != 0) return committed;
+  out.resume_from = absolute(out.resume_from);  // as the other nodes name it at the session's check
+  return 0;
+}
+
+// A node other than 0: node 0's resolved run (its config as recorded, with node 0's --set applied;
+// this node's --runs-dir only places its log) and the checkpoint it resumes from. Returns the exit
+// code on failure, after telling node 0.
+int receive_resume_plan(const TrainArgs& args, const trainer::ClusterSpec& node, trainer::RunConfig& cfg,
+                        std::string& resume_from, std::shared_ptr<trainer::Rendezvous>& rendezvous) {
+  rendezvous = trainer::node_rendezvous(node, kResumePlanTimeout);
+  const std::string plan = rendezvous->value_of("resume_plan", 0, kResumePlanTimeout);
+  rendezvous->publish("resume_plan_read", node.node_rank, "");
+  auto line = [&plan](size_t& at) {
+    const size_t end = plan.find('\n', at);
+    std::string l = plan.substr(at, end == std::string::npos ? std::string::npos : end - at);
+    at = end == std::string::npos ? plan.size() : end + 1;
+    return l;
+  };
+  size_t at = 0;
+  if (line(at) != "ok") {
+    std::cerr << "deltadeck: --resume " << args.resume << ": node 0 " << plan.substr(at) << "; nothing was started\n";
+    return 2;
+  }
+  const std::string name = line(at);
+  resume_from = line(at);
+  const std::string there_now = line(at);  // resume_from before node 0 renames a moved-aside save back
+  std::string why;
+  trainer::ConfigResult parsed = trainer::parse_config(plan.substr(at), "node 0's config of run '" + name + "'", {});
+  if (!parsed.ok()) {
+    why = "cannot read node 0's config of run '" + name + "': " + parsed.errors.front();
+  } else {
+    cfg = parsed.config;
+    cfg.name = name;
+    cfg.run.runs_dir = args.runs_dir.empty() ? "runs" : args.runs_dir;
+    const auto unresolved = trainer::resolve_config(cfg);
+    if (!unresolved.empty())
+      why = "cannot resolve the config of run '" + name + "' here: " + unresolved.front();
+    else if (!storage::files::is_dir(there_now))
+      why = "cannot read the checkpoint node 0 resumes from, " + there_now +
+            ": every node must see it at that path (set run.checkpoint_dir to a folder the nodes share)";
+  }
+  if (const std::string problem = nodes_not_ready(*rendezvous, node, why.empty() ? "ok" : why); !problem.empty()) {
+    std::cerr << "deltadeck: --resume " << args.resume << ": " << problem << "; nothing was started\n";
+    return 2;
+  }
+  return 0;
+}
+
 // The exit code of a run that ended: 0 finished, stopped or preempted; 1 failed; 3 diverged
 // (train.max_nonfinite_steps skipped steps in a row). README "Exit codes" lists them all.
 int exit_code(trainer::RunStatus s) {
@@ -227,24 +358,18 @@ int exit_code(trainer::RunStatus s) {
 int run_worker_node(const TrainArgs& args, const trainer::ClusterSpec& cluster) {
   trainer::RunConfig cfg;
   std::string resume_from;
+  std::shared_ptr<trainer::Rendezvous> rendezvous;
   if (args.resume.empty()) {
     if (int rc = load_new_config(args, cfg); rc != 0) return rc;
   } else {
-    // The same run and checkpoint node 0 resolves, read from the shared runs folder; node 0 checks
-    // at the rendezvous that every node resumes from the same checkpoint.
-    PreparedRun prep;
-    storage::RunSummary run;
+    // The run and checkpoint node 0 resolved (a moved-aside save under the name node 0 gives it
+    // back before the nodes start).
     try {
-      if (int rc = resolve_resume(args, /*node0=*/false, cluster.nnodes, prep, run); rc != 0) return rc;
+      if (int rc = receive_resume_plan(args, cluster, cfg, resume_from, rendezvous); rc != 0) return rc;
     } catch (const std::exception& e) {
       std::cerr << "deltadeck: " << e.what() << "\n";
       return 1;
     }
-    cfg = std::move(prep.cfg);
-    cfg.name = run.name;
-    // A checkpoint moved aside by a cut-short save is renamed back by node 0 before the nodes meet:
-    // this node resumes from (and names at the rendezvous) the name it will have then.
-    resume_from = trainer::restored_name(prep.resume_from);
   }
   storage::files::make_dirs(cfg.run.runs_dir);
   NodeLog log(cfg.run.runs_dir, cluster.node_rank);
@@ -253,10 +378,11 @@ int run_worker_node(const TrainArgs& args, const trainer::ClusterSpec& cluster) 
       std::to_string(cluster.nnodes) + " (" + cluster.source + "), rendezvous " + cluster.master_addr + ":" +
       std::to_string(cluster.master_port) + "; node 0 records the run");
   trainer::SessionOptions so;
-  so.run_dir = cfg.run.runs_dir + "/" + cfg.name;
+  so.run_dir = trainer::run_folder(cfg, cfg.name);
   so.resume_from = resume_from;
   so.run_name = cfg.name;
   so.cluster = cluster;
+  so.rendezvous = rendezvous;
   trainer::Session session(cfg, so);
   install_stop_signals();
   session.start();
@@ -330,9 +456,12 @@ int run_train(const TrainArgs& args) {
   if (args.dry_run) return dry_run_train(args, cluster);
   if (cluster.node_rank > 0) return run_worker_node(args, cluster);
   PreparedRun prep;
+  std::shared_ptr<trainer::Rendezvous> rendezvous;  // met already: a multi-node resume
   try {
-    const int rc =
-        args.resume.empty() ? prepare_new_run(args, cluster.nnodes, prep) : prepare_resume(args, cluster.nnodes, prep);
+    const int rc = !args.resume.empty() && cluster.nnodes > 1
+                       ? prepare_resume_across_nodes(args, cluster, prep, rendezvous)
+                   : args.resume.empty() ? prepare_new_run(args, cluster.nnodes, prep)
+                                         : prepare_resume(args, cluster.nnodes, prep);
     if (rc != 0) return rc;
   } catch (const std::exception& e) {
     std::cerr << "deltadeck: " << e.what() << "\n";
@@ -342,6 +471,7 @@ int run_train(const TrainArgs& args) {
   const LogFormat format = args.log_format == "json" ? LogFormat::Json : LogFormat::Text;
   RunHostOptions opts;
   opts.cluster = cluster;
+  opts.rendezvous = rendezvous;
   // Kept with the dashboard too (a bounded queue): should the terminal refuse it, the plain log
   // that takes over prints every record from the start.
   opts.keep_records = true;

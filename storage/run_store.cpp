@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
@@ -199,6 +200,37 @@ std::string with_run_folder(const std::string& path, const std::string& old_name
 }
 
 std::string errno_text() { return std::strerror(errno); }
+
+// The run folder of a checkpoint path ".../<folder>/checkpoints/step_X" ("" for other paths).
+std::string checkpoint_root(const std::string& path) {
+  const std::string marker = "/checkpoints/";
+  const size_t at = path.rfind(marker);
+  return at == std::string::npos || at == 0 ? "" : path.substr(0, at);
+}
+
+// Whether two paths name the same existing folder (textually equal ones always do).
+bool same_folder(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  char ra[PATH_MAX], rb[PATH_MAX];
+  return ::realpath(a.c_str(), ra) != nullptr && ::realpath(b.c_str(), rb) != nullptr && std::strcmp(ra, rb) == 0;
+}
+
+// The folders, other than `own`, that hold a run's recorded checkpoints (run.checkpoint_dir) and
+// still exist: named after the run (`name`), so a hand-edited row cannot point anywhere else.
+std::vector<std::string> outside_roots(const std::vector<CheckpointRecord>& cks, const std::string& own,
+                                       const std::string& name) {
+  std::vector<std::string> out;
+  for (const CheckpointRecord& c : cks) {
+    const std::string root = checkpoint_root(c.path);
+    if (root.empty() || !files::is_dir(root) || same_folder(root, own)) continue;
+    const size_t slash = root.find_last_of('/');
+    if ((slash == std::string::npos ? root : root.substr(slash + 1)) != name) continue;
+    bool seen = false;
+    for (const std::string& o : out) seen = seen || same_folder(o, root);
+    if (!seen) out.push_back(root);
+  }
+  return out;
+}
 
 std::string join_names(const std::vector<std::string>& names) {
   std::string out;
@@ -462,7 +494,8 @@ int64_t RunStore::create_run(const NewRun& r) {
     Stmt taken(db_, path_, "SELECT 1 FROM runs WHERE name = ?1");
     for (int64_t n = 2;; ++n) {
       taken.bind(1, name);
-      const bool exists = taken.step() || (!runs_dir.empty() && files::exists(runs_dir + "/" + name));
+      const bool exists = taken.step() || (!runs_dir.empty() && files::exists(runs_dir + "/" + name)) ||
+                          (!r.checkpoint_dir.empty() && files::exists(r.checkpoint_dir + "/" + name));
       taken.reset();
       if (!exists) break;
       name = base + "-" + std::to_string(n);
@@ -654,6 +687,14 @@ void RunStore::rename_run(int64_t run_id, const std::string& new_name) {
     throw std::runtime_error("run '" + r.name + "' is running (pid " + std::to_string(r.pid) + " on " + r.host +
                              "); rename it after it ends");
   }
+  // Checkpoints kept outside the runs folder (run.checkpoint_dir) would have to move on another
+  // file system, perhaps under another node's run: the rename refuses rather than strand them.
+  if (path_ != ":memory:") {
+    const auto outside = outside_roots(checkpoints(run_id), run_dir(r.name), r.name);
+    if (!outside.empty())
+      throw std::runtime_error("run '" + r.name + "' keeps its checkpoints in " + outside.front() +
+                               " (run.checkpoint_dir), outside the runs folder; such a run keeps its name");
+  }
   Transaction tx(db_, path_);
   {
     Stmt taken(db_, path_, "SELECT id FROM runs WHERE name = ?1");
@@ -809,15 +850,20 @@ DeletedRun RunStore::delete_run(int64_t run_id) {
     if (base.rfind("step_", 0) == 0 && files::is_dir(c.path)) remove(c.path);
   }
   // The run's own folder: its checkpoints folder (older, pruned and half-written step_* dirs
-  // included), then the folders themselves when nothing else is in them.
-  const std::string dir = run_dir(r.name), ckdir = dir + "/checkpoints";
-  for (const std::string& f : files::list_dir(ckdir)) {
-    if (f.rfind("step_", 0) == 0) remove(ckdir + "/" + f);
-  }
-  for (const std::string& d : {ckdir, dir}) {
-    if (!files::is_dir(d)) continue;
-    if (::rmdir(d.c_str()) == 0) out.removed.push_back(d);
-    else out.kept.push_back(d + " (holds other files)");
+  // included), then the folders themselves when nothing else is in them. Likewise the run's folder
+  // under run.checkpoint_dir, known from where its checkpoints were recorded.
+  std::vector<std::string> dirs{run_dir(r.name)};
+  for (const std::string& root : outside_roots(cks, dirs.front(), r.name)) dirs.push_back(root);
+  for (const std::string& dir : dirs) {
+    const std::string ckdir = dir + "/checkpoints";
+    for (const std::string& f : files::list_dir(ckdir)) {
+      if (f.rfind("step_", 0) == 0) remove(ckdir + "/" + f);
+    }
+    for (const std::string& d : {ckdir, dir}) {
+      if (!files::is_dir(d)) continue;
+      if (::rmdir(d.c_str()) == 0) out.removed.push_back(d);
+      else out.kept.push_back(d + " (holds other files)");
+    }
   }
   return out;
 }

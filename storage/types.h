@@ -30,6 +30,9 @@ struct NewRun {
   int64_t params = 0;
   int64_t world_size = 1;
   std::string revision;      // program revision (git)
+  // run.checkpoint_dir, where set: the run's folder goes to <checkpoint_dir>/<name> instead of
+  // beside the database, and a folder of that name already there takes the name too.
+  std::string checkpoint_dir;
 };
 
 struct RunSummary {

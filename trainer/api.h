@@ -107,6 +107,11 @@ struct RunSection {
   std::string devices = "auto";          // auto (GPU 0 if any, else CPU) | cpu | cpu:N (N CPU ranks) |
                                          // all (every GPU) | "0,1,..." (those GPUs): one rank per device
   std::string runs_dir = "runs";
+  // Where the run's folder (its checkpoints) goes: "" keeps it beside the database,
+  // <runs_dir>/<name>. A multi-node run sets it to a folder every node sees at the same path, so
+  // the database can stay on node 0's own disk (it is refused on a network file system) while every
+  // node can read the checkpoint a resume starts from.
+  std::string checkpoint_dir;
   int64_t log_interval = 10;
   int64_t eval_interval = 200;           // 0: only at the end
   int64_t save_interval = 500;           // 0: only at the end

@@ -85,10 +85,18 @@ std::string wait_text(c10d::Store& store, const std::string& key, std::chrono::m
 
 std::vector<std::string> Rendezvous::exchange(const std::string& key, int node, int nodes, const std::string& value,
                                               std::chrono::milliseconds timeout) {
-  put_text(*impl->store, key + "/" + std::to_string(node), value);
+  publish(key, node, value);
   std::vector<std::string> out;
-  for (int n = 0; n < nodes; ++n) out.push_back(wait_text(*impl->store, key + "/" + std::to_string(n), timeout));
+  for (int n = 0; n < nodes; ++n) out.push_back(value_of(key, n, timeout));
   return out;
+}
+
+void Rendezvous::publish(const std::string& key, int node, const std::string& value) {
+  put_text(*impl->store, key + "/" + std::to_string(node), value);
+}
+
+std::string Rendezvous::value_of(const std::string& key, int node, std::chrono::milliseconds timeout) {
+  return wait_text(*impl->store, key + "/" + std::to_string(node), timeout);
 }
 
 namespace {

@@ -144,6 +144,7 @@ const std::vector<Field>& fields() {
 
       DD_CONFIG_FIELD("run", "devices", run.devices),
       DD_CONFIG_FIELD("run", "runs_dir", run.runs_dir),
+      DD_CONFIG_FIELD("run", "checkpoint_dir", run.checkpoint_dir),
       DD_CONFIG_FIELD("run", "log_interval", run.log_interval),
       DD_CONFIG_FIELD("run", "eval_interval", run.eval_interval),
       DD_CONFIG_FIELD("run", "save_interval", run.save_interval),
@@ -697,6 +698,10 @@ std::string toml_value(const Field& f, RunConfig& c) {
 }  // namespace
 
 // ---- public API
+
+std::string run_folder(const RunConfig& c, const std::string& name) {
+  return (c.run.checkpoint_dir.empty() ? c.run.runs_dir : c.run.checkpoint_dir) + "/" + name;
+}
 
 std::vector<std::string> validate(const RunConfig& c) {
   Checker k;

@@ -38,6 +38,10 @@ struct Phase {
 // Problems ("train.phases: ...") are appended to errors when given; bad entries are skipped.
 std::vector<Phase> resolve_phases(const TrainConfig& t, std::vector<std::string>* errors = nullptr);
 
+// The folder of the run named `name` (its checkpoints go to <folder>/checkpoints): under
+// run.checkpoint_dir when that is set, else beside the database under run.runs_dir.
+std::string run_folder(const RunConfig& c, const std::string& name);
+
 // The resolved config, every key, in TOML and JSON (what the run records store).
 std::string to_toml(const RunConfig& c);
 std::string to_json(const RunConfig& c);

@@ -18,6 +18,12 @@
 
 namespace trainer {
 
+std::shared_ptr<Rendezvous> node_rendezvous(const ClusterSpec& node, std::chrono::milliseconds timeout) {
+  // Under torchrun's agent store nobody serves: the launcher's agent on node 0 already does.
+  return Rendezvous::tcp(node.master_addr, node.master_port, node.node_rank == 0 && !node.agent_store, node.nnodes,
+                         timeout, node.agent_store ? "deltadeck/attempt_" + std::to_string(node.restart_count) : "");
+}
+
 std::vector<std::string> resolve_config(RunConfig& cfg) {
   std::vector<std::string> errors;
   std::vector<std::pair<std::string, std::string>> sources;  // (key, spec)
@@ -188,10 +194,7 @@ struct Session::Impl : std::enable_shared_from_this<Session::Impl> {
       const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.run.collective_timeout_s * 1000));
       std::shared_ptr<Rendezvous> rendezvous;
       if (node.nnodes > 1) {
-        // Under torchrun's agent store nobody serves: the launcher's agent on node 0 already does.
-        rendezvous = Rendezvous::tcp(
-            node.master_addr, node.master_port, node.node_rank == 0 && !node.agent_store, node.nnodes, timeout,
-            node.agent_store ? "deltadeck/attempt_" + std::to_string(node.restart_count) : "");
+        rendezvous = opts.rendezvous ? opts.rendezvous : node_rendezvous(node, timeout);
         // Every node must bring the same number of ranks, or global ranks would collide.
         const auto counts = rendezvous->exchange("local_world", node.node_rank, node.nnodes,
                                                  std::to_string(local_world), timeout);
@@ -200,14 +203,14 @@ struct Session::Impl : std::enable_shared_from_this<Session::Impl> {
             throw std::runtime_error("run.devices: node " + std::to_string(n) + " runs " + counts[n] +
                                      " ranks and node " + std::to_string(node.node_rank) + " runs " +
                                      std::to_string(local_world) + "; every node needs the same number");
-        // A resumed run: every node must start from the same checkpoint (same --resume, one shared
-        // runs folder), or ranks would hold different weights.
+        // A resumed run: every node must start from the same checkpoint (the one node 0 resolved and
+        // sent, app/train_command.cpp), or ranks would hold different weights.
         const auto starts = rendezvous->exchange("resume_from", node.node_rank, node.nnodes, opts.resume_from, timeout);
         for (int n = 0; n < node.nnodes; ++n)
           if (starts[n] != opts.resume_from)
             throw std::runtime_error("--resume: node " + std::to_string(n) + " starts from '" + starts[n] +
                                      "' and node " + std::to_string(node.node_rank) + " from '" + opts.resume_from +
-                                     "'; every node must resume the same run from one shared runs folder");
+                                     "'; every node must resume from the checkpoint node 0 resolved");
         // Node 0 may have recorded the run under another name than the config's (it was taken): the
         // other nodes name their logs after the recorded one.
         const auto names = rendezvous->exchange("run_name", node.node_rank, node.nnodes, opts.run_name, timeout);

@@ -4,6 +4,7 @@
 // No torch in this header, so app/ and ui/ include it cheaply.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -16,6 +17,8 @@
 #include "trainer/cluster.h"
 
 namespace trainer {
+
+class Rendezvous;  // trainer/rendezvous.h
 
 struct SessionOptions {
   SessionOptions() = default;
@@ -34,6 +37,9 @@ struct SessionOptions {
   std::string profile_trace;
   int64_t profile_top = 20;  // kernels listed in the report, the most GPU time first
   ClusterSpec cluster;        // this process's node; several nodes meet at cluster.master_addr:port
+  // The nodes' store, where the caller met the other nodes already (a multi-node --resume agrees on
+  // the run before the session starts); null: the session connects to cluster.master_addr:port.
+  std::shared_ptr<Rendezvous> rendezvous;
   // Called on rank 0's thread once a checkpoint of `step` is written and fsynced and before the
   // rename that commits it; returns when the metrics the run emitted so far are durable (the app
   // flushes its database writer), so no metric row up to a committed checkpoint is ever lost.
@@ -44,6 +50,11 @@ struct SessionOptions {
   // end's next poll (the app: the first SIGINT/SIGTERM). Empty: none.
   std::function<std::optional<Command>()> poll_stop;
 };
+
+// The nodes' store for this node of a multi-node run: node 0 serves it (or torchrun's agent does,
+// and every node joins under this attempt's prefix); the others connect, retrying until `timeout`.
+// Throws std::runtime_error naming the address.
+std::shared_ptr<Rendezvous> node_rendezvous(const ClusterSpec& node, std::chrono::milliseconds timeout);
 
 // Why this process may no longer run CUDA work ("" when it may): set after a multi-rank GPU run
 // failed, since its NCCL communicator may be wedged with kernels still queued on the device; any

@@ -4,7 +4,8 @@
 # stops within the collective timeout with an error naming the rank and operation, the run is
 # recorded as failed and its last checkpoint stays loadable. Last, SIGTERM reaches node 1 alone:
 # node 0 learns of it through the store and the whole run stops at one step with a checkpoint. A
-# second run of the same config is recorded under a new name, and node 1 logs under that name.
+# second run of the same config is recorded under a new name, and node 1 logs under that name. A
+# run with node-local runs folders and a shared run.checkpoint_dir resumes on both nodes.
 source "$(dirname "${BASH_SOURCE[0]}")/e2e_common.sh"
 python=${2:-}
 make_corpus "$work/corpus/jugs.txt" 300 'pack my box with five dozen liquor jugs'
@@ -195,4 +196,59 @@ if [ -n "$python" ] && "$python" -c "import torch.distributed.run" 2> /dev/null;
   torchrun_note="torchrun's two agents: finished at step 6"
 fi
 
-echo "multinode e2e: ok (node 0 stopped ${took}s after its peer was killed: $msg; SIGTERM on node 1 stopped the run at step $stop_step; resumed on both nodes to step $target, then from a moved-aside checkpoint to $target2; $torchrun_note)"
+# 8. Runs folders on each node's own disk (the database on node 0's only) and the checkpoints in a
+#    folder both share (run.checkpoint_dir): a run saves there, then both nodes resume it with
+#    --resume latest; node 1 has no database and learns the run, its config and its checkpoint from
+#    node 0. Renaming such a run is refused, export finds its checkpoints, delete removes them.
+port=$((port + 1))
+shared="$work/shared-ckpt"
+for k in 1 0; do
+  args=(--nnodes 2 --node-rank $k --master-port "$port")
+  [ $k = 1 ] && args+=(--master-addr 127.0.0.1)
+  "$bin" train --no-gui --config "$work/run.toml" --runs-dir "$work/local$k" --set "run.checkpoint_dir=\"$shared\"" \
+    --set train.steps=6 "${args[@]}" > "$work/c$k.out" 2>&1 &
+  pids+=($!)
+done
+n=${#pids[@]}
+wait "${pids[$((n - 1))]}" || { cat "$work/c0.out" "$work/c1.out"; fail "node 0 failed the run with run.checkpoint_dir"; }
+wait "${pids[$((n - 2))]}" || { cat "$work/c1.out"; fail "node 1 failed the run with run.checkpoint_dir"; }
+[ -f "$shared/multi/checkpoints/step_00000006/model.safetensors" ] || { ls -R "$shared" "$work/local0"; fail "no checkpoint under run.checkpoint_dir"; }
+[ ! -e "$work/local0/multi/checkpoints" ] || fail "checkpoints written beside the database too"
+[ ! -e "$work/local1/deltadeck.db" ] || fail "node 1 created a database"
+port=$((port + 1))
+for k in 1 0; do
+  args=(--nnodes 2 --node-rank $k --master-port "$port")
+  [ $k = 1 ] && args+=(--master-addr 127.0.0.1)
+  "$bin" train --no-gui --runs-dir "$work/local$k" --resume latest --set train.steps=10 "${args[@]}" > "$work/cr$k.out" 2>&1 &
+  pids+=($!)
+done
+n=${#pids[@]}
+wait "${pids[$((n - 1))]}" || { cat "$work/cr0.out" "$work/cr1.out"; fail "node 0 failed resuming from run.checkpoint_dir"; }
+wait "${pids[$((n - 2))]}" || { cat "$work/cr1.out"; fail "node 1 failed resuming from run.checkpoint_dir"; }
+grep -q "resumed from $shared/multi/checkpoints/step_00000006" "$work/cr0.out" || { cat "$work/cr0.out"; fail "node 0 did not resume from the shared checkpoint"; }
+grep -q "node 1 finished at step 10" "$work/local1/multi.node1.log" || { cat "$work/local1/multi.node1.log"; fail "node 1 did not finish the resumed run at step 10"; }
+[ ! -e "$work/local1/deltadeck.db" ] || fail "node 1 created a database when resuming"
+[ "$(sqlite3 "$work/local0/deltadeck.db" "SELECT status || ' ' || (SELECT max(step) FROM checkpoints) FROM runs")" = "finished 10" ] \
+  || fail "the run is not recorded finished at step 10"
+# A resume that names no run node 0 knows: both nodes stop at once, node 1 with node 0's reason.
+port=$((port + 1))
+for k in 1 0; do
+  args=(--nnodes 2 --node-rank $k --master-port "$port")
+  [ $k = 1 ] && args+=(--master-addr 127.0.0.1)
+  "$bin" train --no-gui --runs-dir "$work/local$k" --resume no-such-run "${args[@]}" > "$work/cx$k.out" 2>&1 &
+  pids+=($!)
+done
+n=${#pids[@]}
+set +e
+wait "${pids[$((n - 1))]}"; rc0=$?
+wait "${pids[$((n - 2))]}"; rc1=$?
+set -e
+[ "$rc0" != 0 ] && [ "$rc1" = 2 ] || { cat "$work/cx0.out" "$work/cx1.out"; fail "a resume of an unknown run: exit codes $rc0 and $rc1"; }
+grep -q "node 0 .*no-such-run" "$work/cx1.out" || { cat "$work/cx1.out"; fail "node 1 does not give node 0's reason"; }
+if "$bin" runs rename multi other --runs-dir "$work/local0" > "$work/crename.out" 2>&1; then fail "renamed a run whose checkpoints lie in run.checkpoint_dir"; fi
+grep -q "run.checkpoint_dir" "$work/crename.out" || { cat "$work/crename.out"; fail "the refused rename does not say why"; }
+"$bin" export multi --runs-dir "$work/local0" --out "$work/c-export" > /dev/null 2>&1 || fail "export did not find the run's checkpoints in run.checkpoint_dir"
+"$bin" runs delete multi --runs-dir "$work/local0" --yes > "$work/cdelete.out" 2>&1 || { cat "$work/cdelete.out"; fail "delete failed"; }
+[ ! -e "$shared/multi" ] || { ls -R "$shared"; fail "delete left the run's folder in run.checkpoint_dir"; }
+
+echo "multinode e2e: ok (node 0 stopped ${took}s after its peer was killed: $msg; SIGTERM on node 1 stopped the run at step $stop_step; resumed on both nodes to step $target, then from a moved-aside checkpoint to $target2; node-local runs folders with a shared run.checkpoint_dir resumed to step 10; $torchrun_note)"

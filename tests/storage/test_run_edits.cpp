@@ -232,4 +232,39 @@ TEST(RunEdits, DeleteLeavesForeignFilesInTheRunFolder) {
   EXPECT_FALSE(storage::files::exists(dir.file("runs/mine/checkpoints")));
 }
 
+// A run whose folder lies under run.checkpoint_dir: a folder of its name there takes the name, a
+// rename is refused (its checkpoints would stay under the old name), and delete removes that folder
+// (known from the recorded checkpoints) as well as the one beside the database.
+TEST(RunEdits, RunsWithACheckpointDirKeepTheirNameAndDeleteTheirFolderThere) {
+  TempDir dir;
+  auto store = RunStore::open(dir.file("runs/deltadeck.db"));
+  const std::string shared = dir.file("shared");
+  storage::files::make_dirs(shared + "/busy");  // another database's run, under the same folder
+  storage::NewRun r = new_run("busy");
+  r.checkpoint_dir = shared;
+  const int64_t id = store->create_run(r);
+  EXPECT_EQ(store->run(id)->name, "busy-2");
+  const std::string ck = add_checkpoint_dir(*store, id, shared + "/busy-2", 10);
+  storage::files::make_dirs(shared + "/busy-2/checkpoints/step_00000020.tmp");  // a crashed save
+  store->finish_run(id, "finished", "");
+
+  const std::string refused = error_of([&] { store->rename_run(id, "other"); });
+  EXPECT_NE(refused.find("run.checkpoint_dir"), std::string::npos) << refused;
+  EXPECT_EQ(store->run(id)->name, "busy-2");
+  EXPECT_EQ(store->checkpoints(id)[0].path, ck);
+  EXPECT_TRUE(storage::files::exists(ck + "/model.safetensors"));
+
+  const storage::DeletedRun d = store->delete_run(id);
+  EXPECT_TRUE(d.kept.empty()) << d.kept[0];
+  EXPECT_FALSE(storage::files::exists(shared + "/busy-2"));
+  EXPECT_TRUE(storage::files::is_dir(shared + "/busy"));  // not this run's
+
+  // Beside the database, a run keeps its rename (the recorded folder is its own).
+  const int64_t local = store->create_run(new_run("local"));
+  add_checkpoint_dir(*store, local, dir.file("runs/local"), 5);
+  store->finish_run(local, "finished", "");
+  store->rename_run(local, "renamed");
+  EXPECT_TRUE(storage::files::is_dir(dir.file("runs/renamed/checkpoints/step_00000005")));
+}
+
 }  // namespace

@@ -353,6 +353,18 @@ TEST(Config, NameIsOneFolderName) {
   EXPECT_TRUE(parse(MINIMAL, {"name=lr-sweep.3e-4"}).ok());
 }
 
+// run.checkpoint_dir moves the run's folder (its checkpoints) out of runs_dir; unset, it stays there.
+TEST(Config, CheckpointDirPlacesTheRunFolder) {
+  ConfigResult local = parse(MINIMAL, {"run.runs_dir=\"/tmp/runs\""});
+  ASSERT_TRUE(local.ok());
+  EXPECT_EQ(local.config.run.checkpoint_dir, "");
+  EXPECT_EQ(trainer::run_folder(local.config, "demo-2"), "/tmp/runs/demo-2");
+  ConfigResult shared = parse(MINIMAL, {"run.runs_dir=\"/tmp/runs\"", "run.checkpoint_dir=\"/shared/ckpt\""});
+  ASSERT_TRUE(shared.ok());
+  EXPECT_EQ(trainer::run_folder(shared.config, "demo-2"), "/shared/ckpt/demo-2");
+  EXPECT_NE(trainer::to_toml(shared.config).find("checkpoint_dir = \"/shared/ckpt\""), std::string::npos);
+}
+
 // A timeout c10d would round to 0 ms means no timeout at all, and a dead rank would hang the others.
 TEST(Config, CollectiveTimeoutRange) {
   for (const char* bad : {"0.0004", "0.5", "-3.0", "inf", "nan", "1e16"}) {
@@ -510,7 +522,7 @@ TEST(Config, JsonHasEveryKeyNested) {
   EXPECT_EQ(j["data"]["val"], 0.01);
   EXPECT_EQ(j["data"].size(), 12u);
   EXPECT_EQ(j["train"].size(), 32u);  // with cuda_graph, cuda_graph_pieces, muon_experts and muon_precision
-  EXPECT_EQ(j["run"].size(), 13u);
+  EXPECT_EQ(j["run"].size(), 14u);
 }
 
 // data.val is a fraction or a list of sources, and round-trips through TOML either way.
