@@ -7,14 +7,14 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <limits.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <variant>
+
+#include <nlohmann/json.hpp>
 
 #include "app/build_info.h"
 #include "app/dry_run.h"
@@ -74,12 +74,12 @@ int prepare_new_run(const TrainArgs& args, int nnodes, PreparedRun& out) {
 }
 
 // --resume RUN|latest, read-only: the run, its recorded config (plus --set) and its newest usable
-// checkpoint (damaged ones and unfinished saves are skipped, and listed in `skipped`). Every node of
-// a multi-node run resolves the same (the runs folder is shared, as the checkpoints must be); only
-// node 0 then writes. `node0` also refuses a run still alive on this host. A checkpoint whose model
+// checkpoint (damaged ones and unfinished saves are skipped, and listed in `skipped`); node 0 of a
+// multi-node run sends the result to the others. A run still alive (on this host, or stamping its
+// heartbeat elsewhere) is refused. A checkpoint whose model
 // shape, vocabulary, dtype or world size differs from the run's is refused here, before the engine
 // allocates anything, naming the field and both values.
-int resolve_resume(const TrainArgs& args, bool node0, int nnodes, PreparedRun& out, storage::RunSummary& run,
+int resolve_resume(const TrainArgs& args, int nnodes, PreparedRun& out, storage::RunSummary& run,
                    std::vector<std::string>* skipped = nullptr) {
   const bool read_only = args.dry_run;
   if (!args.config_path.empty()) {
@@ -94,11 +94,8 @@ int resolve_resume(const TrainArgs& args, bool node0, int nnodes, PreparedRun& o
               << " (pass --runs-dir)\n";
     return 2;
   }
-  // A dry run only reads; open_for_display still migrates an older file this user may write. The
-  // other nodes of a multi-node run only read (node 0 alone migrates and writes the database,
-  // which may be on another machine's disk).
-  if (!node0) out.store = storage::RunStore::open(out.db_path, /*read_only=*/true);
-  else if (read_only) out.store = storage::RunStore::open_for_display(out.db_path);
+  // A dry run only reads; open_for_display still migrates an older file this user may write.
+  if (read_only) out.store = storage::RunStore::open_for_display(out.db_path);
   else out.store = storage::RunStore::open(out.db_path);
   if (args.resume == "latest") {
     auto runs = out.store->list_runs();
@@ -112,7 +109,7 @@ int resolve_resume(const TrainArgs& args, bool node0, int nnodes, PreparedRun& o
   }
   // Its process alive here, or another machine's or container's with a recent heartbeat: two
   // processes would then train and record the same run.
-  if (const std::string busy = node0 ? storage::still_running(run) : ""; !busy.empty()) {
+  if (const std::string busy = storage::still_running(run); !busy.empty()) {
     std::cerr << "deltadeck: --resume: run '" << run.name << "' " << busy << "\n";
     return 2;
   }
@@ -213,126 +210,166 @@ int commit_resume(const TrainArgs& args, PreparedRun& out, const storage::RunSum
 int prepare_resume(const TrainArgs& args, int nnodes, PreparedRun& out) {
   storage::RunSummary run;
   std::vector<std::string> skipped;
-  if (int rc = resolve_resume(args, /*node0=*/true, nnodes, out, run, &skipped); rc != 0) return rc;
+  if (int rc = resolve_resume(args, nnodes, out, run, &skipped); rc != 0) return rc;
   return commit_resume(args, out, run, skipped);
 }
 
-// ---- A multi-node --resume. Node 0 resolves the run from its database and sends the result to
-// the other nodes through the nodes' store, so they need neither the database nor a shared runs
-// folder, only the checkpoint itself (run.checkpoint_dir: a folder every node sees at one path).
-// Every node then says whether it can go on, and node 0 writes nothing unless all can.
+// ---- Several nodes. Every node runs the same command: a new run on all of them, or --resume of the
+// same run with the same --set on all, checked first through the nodes' store. On --resume node 0
+// resolves the run from its database and sends the result (ResumePlan) to the other nodes, so they
+// need neither the database nor a shared runs folder, only the checkpoint itself
+// (run.checkpoint_dir: a folder every node sees at one path). Every node then says whether it can go
+// on; node 0 writes nothing unless all can, and tells them whether its own writes went through.
 
 // Long enough for the nodes' launches to be minutes apart (as the default run.collective_timeout_s).
-constexpr std::chrono::milliseconds kResumePlanTimeout{600000};
-
-// `path` made absolute against this process's folder (the other nodes' folders may differ), without
-// resolving links or needing it to exist.
-std::string absolute(const std::string& path) {
-  if (path.empty() || path[0] == '/') return path;
-  char cwd[PATH_MAX];
-  return ::getcwd(cwd, sizeof cwd) != nullptr ? std::string(cwd) + "/" + path : path;
-}
-
-// How long node 0, ending at a refused resume, waits for the other nodes to have read why: they do
-// so at once, and node 0's store must outlive their reads.
+constexpr std::chrono::milliseconds kNodesTimeout{600000};
+// How long node 0, ending at a refusal, waits for the other nodes to have read why: they read it at
+// once, and node 0's store must outlive their reads. A node launched later finds node 0 gone.
 constexpr std::chrono::milliseconds kReadPatience{30000};
 
-// Node 0 before it ends at a refused resume: waits until every other node said it read `key`.
+// Node 0 before it ends at a refusal: waits until every other node said it read `key`.
 void wait_until_read(trainer::Rendezvous& rendezvous, const trainer::ClusterSpec& node, const std::string& key) {
   try {
     for (int n = 1; n < node.nnodes; ++n) rendezvous.value_of(key + "_read", n, kReadPatience);
   } catch (const std::exception&) {
-    // A node that never came: it finds node 0 gone and says so itself.
+    // A node that never came finds node 0 gone and says so itself.
   }
 }
 
-// Every node's answer to "can you go on?" ("ok" or why not); "" when all can, else the first
-// problem, naming its node. Where one cannot, node 0 ends only after every node has read that.
-std::string nodes_not_ready(trainer::Rendezvous& rendezvous, const trainer::ClusterSpec& node, const std::string& mine) {
-  const auto all = rendezvous.exchange("resume_ready", node.node_rank, node.nnodes, mine, kResumePlanTimeout);
+// Every node's answer under `key` ("ok" or why not): "" when all are "ok", else the first problem,
+// naming its node. Where one is not, node 0 ends only after every node has read that.
+std::string nodes_not_ok(trainer::Rendezvous& rendezvous, const trainer::ClusterSpec& node, const std::string& key,
+                         const std::string& mine) {
+  const auto all = rendezvous.exchange(key, node.node_rank, node.nnodes, mine, kNodesTimeout);
   for (int n = 0; n < node.nnodes; ++n) {
     if (all[n] == "ok") continue;
-    if (node.node_rank == 0) wait_until_read(rendezvous, node, "resume_ready");
-    else rendezvous.publish("resume_ready_read", node.node_rank, "");
-    return "node " + std::to_string(n) + " " + all[n];
+    if (node.node_rank == 0) wait_until_read(rendezvous, node, key);
+    else rendezvous.publish(key + "_read", node.node_rank, "");
+    return "node " + std::to_string(n) + ": " + all[n];
   }
   return "";
 }
 
-// Node 0: resolves the run, sends "ok\n<run name>\n<checkpoint>\n<its path now>\n<config TOML>" (or
-// "error\n<why>"), and once every node is ready, commits the resume as prepare_resume does.
+// What this node was asked to do, for the check that every node was asked the same.
+std::string launch_of(const TrainArgs& args) {
+  if (args.resume.empty()) return "a new run";
+  std::string out = "--resume " + args.resume;
+  for (const std::string& o : args.overrides) out += " --set " + o;
+  if (!args.config_path.empty()) out += " --config " + args.config_path;
+  return out;
+}
+
+// Meets the other nodes and checks that they run the same command (node 0's answer against each).
+// Returns the exit code on a mismatch, after saying which node runs what.
+int meet_nodes(const TrainArgs& args, const trainer::ClusterSpec& node, std::shared_ptr<trainer::Rendezvous>& rendezvous) {
+  rendezvous = trainer::node_rendezvous(node, kNodesTimeout);
+  const std::string mine = launch_of(args);
+  const auto all = rendezvous->exchange("launch", node.node_rank, node.nnodes, mine, kNodesTimeout);
+  std::string problem;
+  for (int n = 0; n < node.nnodes && problem.empty(); ++n)
+    if (all[n] != all[0]) problem = "node 0 runs " + all[0] + " and node " + std::to_string(n) + " runs " + all[n];
+  if (problem.empty()) return 0;
+  if (node.node_rank == 0) wait_until_read(*rendezvous, node, "launch");
+  else rendezvous->publish("launch_read", node.node_rank, "");
+  std::cerr << "deltadeck: every node must run the same train command: " << problem << "; nothing was started\n";
+  return 2;
+}
+
+// Node 0: resolves the run, sends {"name", "from" (the checkpoint, under the name commit_resume gives
+// a moved-aside save back), "now" (its path now), "config" (TOML)} or {"error"}, and once every
+// node is ready commits the resume as prepare_resume does, then says whether that went through.
 int prepare_resume_across_nodes(const TrainArgs& args, const trainer::ClusterSpec& node, PreparedRun& out,
-                                std::shared_ptr<trainer::Rendezvous>& rendezvous) {
-  rendezvous = trainer::node_rendezvous(node, kResumePlanTimeout);
+                                trainer::Rendezvous& rendezvous) {
   storage::RunSummary run;
   std::vector<std::string> skipped;
   int rc = 1;
   std::string why = "could not resume the run (see node 0's output)";
   try {
-    rc = resolve_resume(args, /*node0=*/true, node.nnodes, out, run, &skipped);
+    rc = resolve_resume(args, node.nnodes, out, run, &skipped);
   } catch (const std::exception& e) {
     why = e.what();
     std::cerr << "deltadeck: " << why << "\n";
   }
-  // The checkpoint as it is now, and under the name it has once commit_resume renamed a moved-aside
-  // save back (the nodes load it after that).
-  const std::string now = rc == 0 ? absolute(out.resume_from) : "";
-  const std::string from = rc == 0 ? absolute(trainer::restored_name(out.resume_from)) : "";
-  rendezvous->publish("resume_plan", 0,
-                      rc == 0 ? "ok\n" + run.name + "\n" + from + "\n" + now + "\n" + trainer::to_toml(out.cfg)
-                              : "error\n" + why);
+  nlohmann::json plan;
+  if (rc == 0) {
+    plan["name"] = run.name;
+    plan["from"] = storage::files::absolute_path(trainer::restored_name(out.resume_from));
+    plan["now"] = storage::files::absolute_path(out.resume_from);
+    plan["config"] = trainer::to_toml(out.cfg);
+  } else {
+    plan["error"] = why;
+  }
+  rendezvous.publish("resume_plan", 0, plan.dump());
   if (rc != 0) {
-    wait_until_read(*rendezvous, node, "resume_plan");
+    wait_until_read(rendezvous, node, "resume_plan");
     return rc;
   }
-  if (const std::string problem = nodes_not_ready(*rendezvous, node, "ok"); !problem.empty()) {
+  if (const std::string problem = nodes_not_ok(rendezvous, node, "resume_ready", "ok"); !problem.empty()) {
     std::cerr << "deltadeck: --resume " << args.resume << ": " << problem << "; nothing was started\n";
     return 2;
   }
-  if (int committed = commit_resume(args, out, run, skipped); committed != 0) return committed;
-  out.resume_from = absolute(out.resume_from);  // as the other nodes name it at the session's check
+  int committed = 1;
+  try {
+    committed = commit_resume(args, out, run, skipped);
+  } catch (const std::exception& e) {
+    std::cerr << "deltadeck: --resume " << args.resume << ": " << e.what() << "\n";
+  }
+  rendezvous.publish("resume_committed", 0, committed == 0 ? "ok" : "could not reopen the run (see node 0's output)");
+  if (committed != 0) {
+    wait_until_read(rendezvous, node, "resume_committed");
+    return committed;
+  }
+  out.resume_from = plan["from"].get<std::string>();  // as the other nodes name it at the session's check
   return 0;
 }
 
-// A node other than 0: node 0's resolved run (its config as recorded, with node 0's --set applied;
-// this node's --runs-dir only places its log) and the checkpoint it resumes from. Returns the exit
-// code on failure, after telling node 0.
+// A node other than 0: node 0's resolved run (its config as recorded, with the --set every node was
+// given; this node's --runs-dir only places its log) and the checkpoint to resume from. Returns the
+// exit code on failure, after telling node 0.
 int receive_resume_plan(const TrainArgs& args, const trainer::ClusterSpec& node, trainer::RunConfig& cfg,
-                        std::string& resume_from, std::shared_ptr<trainer::Rendezvous>& rendezvous) {
-  rendezvous = trainer::node_rendezvous(node, kResumePlanTimeout);
-  const std::string plan = rendezvous->value_of("resume_plan", 0, kResumePlanTimeout);
-  rendezvous->publish("resume_plan_read", node.node_rank, "");
-  auto line = [&plan](size_t& at) {
-    const size_t end = plan.find('\n', at);
-    std::string l = plan.substr(at, end == std::string::npos ? std::string::npos : end - at);
-    at = end == std::string::npos ? plan.size() : end + 1;
-    return l;
-  };
-  size_t at = 0;
-  if (line(at) != "ok") {
-    std::cerr << "deltadeck: --resume " << args.resume << ": node 0 " << plan.substr(at) << "; nothing was started\n";
+                        std::string& resume_from, trainer::Rendezvous& rendezvous) {
+  const std::string text = rendezvous.value_of("resume_plan", 0, kNodesTimeout);
+  rendezvous.publish("resume_plan_read", node.node_rank, "");
+  std::string why;
+  std::string name, there_now;
+  try {
+    const auto plan = nlohmann::json::parse(text);
+    if (plan.contains("error")) {
+      std::cerr << "deltadeck: --resume " << args.resume << ": node 0 " << plan["error"].get<std::string>()
+                << "; nothing was started\n";
+      return 2;
+    }
+    name = plan.at("name").get<std::string>();
+    resume_from = plan.at("from").get<std::string>();
+    there_now = plan.at("now").get<std::string>();
+    trainer::ConfigResult parsed =
+        trainer::parse_config(plan.at("config").get<std::string>(), "node 0's config of run '" + name + "'", {});
+    if (!parsed.ok()) {
+      why = "cannot read node 0's config of run '" + name + "': " + parsed.errors.front();
+    } else {
+      cfg = parsed.config;
+      cfg.name = name;
+      cfg.run.runs_dir = args.runs_dir.empty() ? "runs" : args.runs_dir;
+      const auto unresolved = trainer::resolve_config(cfg);
+      if (!unresolved.empty())
+        why = "cannot resolve the config of run '" + name + "' here: " + unresolved.front();
+      else if (!storage::files::is_dir(there_now))
+        why = "cannot read the checkpoint node 0 resumes from, " + there_now +
+              ": every node must see it at that path (set run.checkpoint_dir to a folder the nodes share)";
+    }
+  } catch (const nlohmann::json::exception& e) {
+    why = std::string("cannot read node 0's resume plan: ") + e.what();
+  }
+  if (const std::string problem = nodes_not_ok(rendezvous, node, "resume_ready", why.empty() ? "ok" : why);
+      !problem.empty()) {
+    std::cerr << "deltadeck: --resume " << args.resume << ": " << problem << "; nothing was started\n";
     return 2;
   }
-  const std::string name = line(at);
-  resume_from = line(at);
-  const std::string there_now = line(at);  // resume_from before node 0 renames a moved-aside save back
-  std::string why;
-  trainer::ConfigResult parsed = trainer::parse_config(plan.substr(at), "node 0's config of run '" + name + "'", {});
-  if (!parsed.ok()) {
-    why = "cannot read node 0's config of run '" + name + "': " + parsed.errors.front();
-  } else {
-    cfg = parsed.config;
-    cfg.name = name;
-    cfg.run.runs_dir = args.runs_dir.empty() ? "runs" : args.runs_dir;
-    const auto unresolved = trainer::resolve_config(cfg);
-    if (!unresolved.empty())
-      why = "cannot resolve the config of run '" + name + "' here: " + unresolved.front();
-    else if (!storage::files::is_dir(there_now))
-      why = "cannot read the checkpoint node 0 resumes from, " + there_now +
-            ": every node must see it at that path (set run.checkpoint_dir to a folder the nodes share)";
-  }
-  if (const std::string problem = nodes_not_ready(*rendezvous, node, why.empty() ? "ok" : why); !problem.empty()) {
-    std::cerr << "deltadeck: --resume " << args.resume << ": " << problem << "; nothing was started\n";
+  // Node 0 reopens the run only now: it may still fail (its database, the checkpoint's rename).
+  const std::string committed = rendezvous.value_of("resume_committed", 0, kNodesTimeout);
+  if (committed != "ok") {
+    rendezvous.publish("resume_committed_read", node.node_rank, "");
+    std::cerr << "deltadeck: --resume " << args.resume << ": node 0 " << committed << "; nothing was started\n";
     return 2;
   }
   return 0;
@@ -359,17 +396,18 @@ int run_worker_node(const TrainArgs& args, const trainer::ClusterSpec& cluster) 
   trainer::RunConfig cfg;
   std::string resume_from;
   std::shared_ptr<trainer::Rendezvous> rendezvous;
-  if (args.resume.empty()) {
-    if (int rc = load_new_config(args, cfg); rc != 0) return rc;
-  } else {
-    // The run and checkpoint node 0 resolved (a moved-aside save under the name node 0 gives it
-    // back before the nodes start).
-    try {
-      if (int rc = receive_resume_plan(args, cluster, cfg, resume_from, rendezvous); rc != 0) return rc;
-    } catch (const std::exception& e) {
-      std::cerr << "deltadeck: " << e.what() << "\n";
-      return 1;
+  try {
+    if (int rc = meet_nodes(args, cluster, rendezvous); rc != 0) return rc;
+    if (args.resume.empty()) {
+      if (int rc = load_new_config(args, cfg); rc != 0) return rc;
+    } else {
+      // The run and checkpoint node 0 resolved (a moved-aside save under the name node 0 gives it
+      // back before the nodes start).
+      if (int rc = receive_resume_plan(args, cluster, cfg, resume_from, *rendezvous); rc != 0) return rc;
     }
+  } catch (const std::exception& e) {
+    std::cerr << "deltadeck: " << e.what() << "\n";
+    return 1;
   }
   storage::files::make_dirs(cfg.run.runs_dir);
   NodeLog log(cfg.run.runs_dir, cluster.node_rank);
@@ -428,7 +466,7 @@ int dry_run_train(const TrainArgs& args, const trainer::ClusterSpec& cluster) {
     } else {
       PreparedRun prep;
       storage::RunSummary run;
-      if (int rc = resolve_resume(args, /*node0=*/true, cluster.nnodes, prep, run); rc != 0) return rc;
+      if (int rc = resolve_resume(args, cluster.nnodes, prep, run); rc != 0) return rc;
       cfg = std::move(prep.cfg);
       cfg.name = run.name;
       info.where = "run '" + run.name + "' (id " + std::to_string(run.id) + ")";
@@ -456,10 +494,12 @@ int run_train(const TrainArgs& args) {
   if (args.dry_run) return dry_run_train(args, cluster);
   if (cluster.node_rank > 0) return run_worker_node(args, cluster);
   PreparedRun prep;
-  std::shared_ptr<trainer::Rendezvous> rendezvous;  // met already: a multi-node resume
+  std::shared_ptr<trainer::Rendezvous> rendezvous;  // the nodes' store, met here with several nodes
   try {
+    if (cluster.nnodes > 1)
+      if (int rc = meet_nodes(args, cluster, rendezvous); rc != 0) return rc;
     const int rc = !args.resume.empty() && cluster.nnodes > 1
-                       ? prepare_resume_across_nodes(args, cluster, prep, rendezvous)
+                       ? prepare_resume_across_nodes(args, cluster, prep, *rendezvous)
                    : args.resume.empty() ? prepare_new_run(args, cluster.nnodes, prep)
                                          : prepare_resume(args, cluster.nnodes, prep);
     if (rc != 0) return rc;

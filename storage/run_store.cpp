@@ -9,6 +9,8 @@
 #include "storage/file_util.h"
 #include "storage/run_name.h"
 
+#include <nlohmann/json.hpp>
+
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/vfs.h>
@@ -16,7 +18,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
@@ -201,35 +202,18 @@ std::string with_run_folder(const std::string& path, const std::string& old_name
 
 std::string errno_text() { return std::strerror(errno); }
 
-// The run folder of a checkpoint path ".../<folder>/checkpoints/step_X" ("" for other paths).
-std::string checkpoint_root(const std::string& path) {
-  const std::string marker = "/checkpoints/";
-  const size_t at = path.rfind(marker);
-  return at == std::string::npos || at == 0 ? "" : path.substr(0, at);
-}
-
-// Whether two paths name the same existing folder (textually equal ones always do).
-bool same_folder(const std::string& a, const std::string& b) {
-  if (a == b) return true;
-  char ra[PATH_MAX], rb[PATH_MAX];
-  return ::realpath(a.c_str(), ra) != nullptr && ::realpath(b.c_str(), rb) != nullptr && std::strcmp(ra, rb) == 0;
-}
-
-// The folders, other than `own`, that hold a run's recorded checkpoints (run.checkpoint_dir) and
-// still exist: named after the run (`name`), so a hand-edited row cannot point anywhere else.
-std::vector<std::string> outside_roots(const std::vector<CheckpointRecord>& cks, const std::string& own,
-                                       const std::string& name) {
-  std::vector<std::string> out;
-  for (const CheckpointRecord& c : cks) {
-    const std::string root = checkpoint_root(c.path);
-    if (root.empty() || !files::is_dir(root) || same_folder(root, own)) continue;
-    const size_t slash = root.find_last_of('/');
-    if ((slash == std::string::npos ? root : root.substr(slash + 1)) != name) continue;
-    bool seen = false;
-    for (const std::string& o : out) seen = seen || same_folder(o, root);
-    if (!seen) out.push_back(root);
+// The run.checkpoint_dir a run's recorded config names (absolute, as the trainer resolves it), ""
+// where it has none (its folder is beside the database) or the JSON does not parse.
+std::string recorded_checkpoint_dir(const std::string& config_json) {
+  try {
+    const auto j = nlohmann::json::parse(config_json);
+    const auto run = j.find("run");
+    if (run == j.end() || !run->is_object()) return "";
+    const auto dir = run->find("checkpoint_dir");
+    return dir != run->end() && dir->is_string() ? dir->get<std::string>() : "";
+  } catch (const std::exception&) {
+    return "";
   }
-  return out;
 }
 
 std::string join_names(const std::vector<std::string>& names) {
@@ -687,14 +671,11 @@ void RunStore::rename_run(int64_t run_id, const std::string& new_name) {
     throw std::runtime_error("run '" + r.name + "' is running (pid " + std::to_string(r.pid) + " on " + r.host +
                              "); rename it after it ends");
   }
-  // Checkpoints kept outside the runs folder (run.checkpoint_dir) would have to move on another
-  // file system, perhaps under another node's run: the rename refuses rather than strand them.
-  if (path_ != ":memory:") {
-    const auto outside = outside_roots(checkpoints(run_id), run_dir(r.name), r.name);
-    if (!outside.empty())
-      throw std::runtime_error("run '" + r.name + "' keeps its checkpoints in " + outside.front() +
-                               " (run.checkpoint_dir), outside the runs folder; such a run keeps its name");
-  }
+  // A folder under run.checkpoint_dir would have to move on another file system, where another
+  // database's run may hold the new name: the rename refuses rather than strand its checkpoints.
+  if (const std::string cd = recorded_checkpoint_dir(run_config_json(run_id)); !cd.empty())
+    throw std::runtime_error("run '" + r.name + "' keeps its checkpoints in " + cd + "/" + r.name +
+                             " (run.checkpoint_dir), outside the runs folder; such a run keeps its name");
   Transaction tx(db_, path_);
   {
     Stmt taken(db_, path_, "SELECT id FROM runs WHERE name = ?1");
@@ -825,6 +806,7 @@ DeletedRun RunStore::delete_run(int64_t run_id) {
                              "); stop it before deleting it");
   }
   const std::vector<CheckpointRecord> cks = checkpoints(run_id);
+  const std::string checkpoint_dir = recorded_checkpoint_dir(run_config_json(run_id));
   {
     // Rows first: the database is the index of what exists, so a crash below leaves stray files
     // (listed nowhere, harmless) rather than rows pointing at deleted checkpoints.
@@ -851,9 +833,9 @@ DeletedRun RunStore::delete_run(int64_t run_id) {
   }
   // The run's own folder: its checkpoints folder (older, pruned and half-written step_* dirs
   // included), then the folders themselves when nothing else is in them. Likewise the run's folder
-  // under run.checkpoint_dir, known from where its checkpoints were recorded.
+  // under the run.checkpoint_dir its recorded config names.
   std::vector<std::string> dirs{run_dir(r.name)};
-  for (const std::string& root : outside_roots(cks, dirs.front(), r.name)) dirs.push_back(root);
+  if (!checkpoint_dir.empty()) dirs.push_back(checkpoint_dir + "/" + r.name);
   for (const std::string& dir : dirs) {
     const std::string ckdir = dir + "/checkpoints";
     for (const std::string& f : files::list_dir(ckdir)) {

@@ -123,8 +123,8 @@ class RunStore {
   // Gives a run a new unique name. Its folder <db folder>/<name> (checkpoints) and node logs
   // <name>.node<K>.log move along and the recorded checkpoint paths follow, so --resume and export
   // keep working. Refuses a running run, a name that is taken, and names that are not one path
-  // component (empty, ".", "..", containing '/'), and a run whose checkpoints lie outside the runs
-  // folder (run.checkpoint_dir). A rename cut short (a crash between moving the folder and
+  // component (empty, ".", "..", containing '/'), and a run whose recorded config keeps its folder
+  // outside the runs folder (run.checkpoint_dir). A rename cut short (a crash between moving the folder and
   // committing the row) is undone at the next writable open.
   void rename_run(int64_t run_id, const std::string& new_name);
   // Replaces the run's note; "" clears it.
@@ -136,7 +136,7 @@ class RunStore {
   std::vector<std::string> tags(int64_t run_id) const;
   // Deletes the run's rows (metrics, checkpoints, events, tags) in one transaction, then its
   // checkpoint directories and, when nothing else is left in it, its folder <db folder>/<name> (and
-  // its folder under run.checkpoint_dir, where its recorded checkpoints lie).
+  // <run.checkpoint_dir>/<name>, where its recorded config sets that key).
   // Refuses a running run. Files that cannot be removed are listed in the result's `kept`.
   DeletedRun delete_run(int64_t run_id);
 

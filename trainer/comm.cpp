@@ -24,13 +24,14 @@ struct Rendezvous::Impl {
   int port = 0;
   std::chrono::milliseconds timeout{0};
   std::string prefix;  // every key under it (Rendezvous::tcp's prefix), or none
-  c10::intrusive_ptr<c10d::Store> store_for_rank() const {
+  // `rank_timeout`: the run's collective timeout (the store may have been met with a longer one).
+  c10::intrusive_ptr<c10d::Store> store_for_rank(std::chrono::milliseconds rank_timeout) const {
     if (addr.empty()) return store;
     c10d::TCPStoreOptions o;
     o.port = static_cast<std::uint16_t>(port);
     o.isServer = false;
     o.waitWorkers = false;
-    o.timeout = timeout;
+    o.timeout = rank_timeout;
     c10::intrusive_ptr<c10d::Store> tcp = c10::make_intrusive<c10d::TCPStore>(addr, o);
     if (prefix.empty()) return tcp;
     return c10::make_intrusive<c10d::PrefixStore>(prefix, tcp);
@@ -311,7 +312,7 @@ std::unique_ptr<Communicator> Communicator::join(const std::shared_ptr<Rendezvou
   c10::intrusive_ptr<c10d::Backend> backend;
   try {
     store = c10::make_intrusive<c10d::PrefixStore>(device.is_cuda() ? "nccl" : "gloo",
-                                                   rendezvous->impl->store_for_rank());
+                                                   rendezvous->impl->store_for_rank(timeout));
     if (device.is_cuda()) {
 #if defined(DD_HAVE_CUDA)
       auto opts = c10d::ProcessGroupNCCL::Options::create();

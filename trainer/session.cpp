@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "storage/file_util.h"
 #include "trainer/comm.h"
 #include "trainer/data/source.h"
 #include "trainer/device.h"
@@ -26,6 +27,8 @@ std::shared_ptr<Rendezvous> node_rendezvous(const ClusterSpec& node, std::chrono
 
 std::vector<std::string> resolve_config(RunConfig& cfg) {
   std::vector<std::string> errors;
+  // Recorded absolute: a resume from another folder, another node, and `runs delete` find it so.
+  if (!cfg.run.checkpoint_dir.empty()) cfg.run.checkpoint_dir = storage::files::absolute_path(cfg.run.checkpoint_dir);
   std::vector<std::pair<std::string, std::string>> sources;  // (key, spec)
   for (size_t i = 0; i < cfg.data.train.size(); ++i)
     sources.emplace_back("data.train[" + std::to_string(i) + "]", cfg.data.train[i]);

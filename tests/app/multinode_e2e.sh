@@ -245,6 +245,20 @@ wait "${pids[$((n - 2))]}"; rc1=$?
 set -e
 [ "$rc0" != 0 ] && [ "$rc1" = 2 ] || { cat "$work/cx0.out" "$work/cx1.out"; fail "a resume of an unknown run: exit codes $rc0 and $rc1"; }
 grep -q "node 0 .*no-such-run" "$work/cx1.out" || { cat "$work/cx1.out"; fail "node 1 does not give node 0's reason"; }
+# Nodes asked to do different things (node 0 a resume, node 1 a new run): both stop at once, saying so.
+port=$((port + 1))
+"$bin" train --no-gui --config "$work/run.toml" --runs-dir "$work/local1" --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 \
+  --master-port "$port" > "$work/cm1.out" 2>&1 &
+pids+=($!)
+set +e
+"$bin" train --no-gui --runs-dir "$work/local0" --resume latest --nnodes 2 --node-rank 0 --master-port "$port" > "$work/cm0.out" 2>&1
+rc0=$?
+wait "${pids[-1]}"
+rc1=$?
+set -e
+[ "$rc0" = 2 ] && [ "$rc1" = 2 ] || { cat "$work/cm0.out" "$work/cm1.out"; fail "nodes running different commands: exit codes $rc0 and $rc1"; }
+grep -q "node 0 runs --resume latest and node 1 runs a new run" "$work/cm1.out" || { cat "$work/cm1.out"; fail "node 1 does not say the commands differ"; }
+[ "$(sqlite3 "$work/local0/deltadeck.db" "SELECT count(*) FROM runs")" = 1 ] || fail "a refused launch recorded a run"
 if "$bin" runs rename multi other --runs-dir "$work/local0" > "$work/crename.out" 2>&1; then fail "renamed a run whose checkpoints lie in run.checkpoint_dir"; fi
 grep -q "run.checkpoint_dir" "$work/crename.out" || { cat "$work/crename.out"; fail "the refused rename does not say why"; }
 "$bin" export multi --runs-dir "$work/local0" --out "$work/c-export" > /dev/null 2>&1 || fail "export did not find the run's checkpoints in run.checkpoint_dir"

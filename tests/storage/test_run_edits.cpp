@@ -234,7 +234,7 @@ TEST(RunEdits, DeleteLeavesForeignFilesInTheRunFolder) {
 
 // A run whose folder lies under run.checkpoint_dir: a folder of its name there takes the name, a
 // rename is refused (its checkpoints would stay under the old name), and delete removes that folder
-// (known from the recorded checkpoints) as well as the one beside the database.
+// (named by the run's recorded config) as well as the one beside the database.
 TEST(RunEdits, RunsWithACheckpointDirKeepTheirNameAndDeleteTheirFolderThere) {
   TempDir dir;
   auto store = RunStore::open(dir.file("runs/deltadeck.db"));
@@ -242,6 +242,7 @@ TEST(RunEdits, RunsWithACheckpointDirKeepTheirNameAndDeleteTheirFolderThere) {
   storage::files::make_dirs(shared + "/busy");  // another database's run, under the same folder
   storage::NewRun r = new_run("busy");
   r.checkpoint_dir = shared;
+  r.config_json = "{\"run\": {\"checkpoint_dir\": \"" + shared + "\"}}";
   const int64_t id = store->create_run(r);
   EXPECT_EQ(store->run(id)->name, "busy-2");
   const std::string ck = add_checkpoint_dir(*store, id, shared + "/busy-2", 10);
