@@ -387,9 +387,10 @@ std::string network_filesystem_problem(const std::string& path) {
   return path + ": the folder " + dir + " is on a " + fs +
          " file system; the run database uses SQLite's WAL mode, which needs shared memory between the "
          "processes that open it, and network file systems do not provide it (readers could see a torn "
-         "database). Put --runs-dir (run.runs_dir) on a local disk. A multi-node run keeps its checkpoints "
-         "there too, which every node must see: there DELTADECK_ALLOW_NETWORK_DB=1 skips this check, at your "
-         "own risk (only node 0 writes the database; the others read a resumed run's config once)";
+         "database). Put --runs-dir (run.runs_dir) on a local disk; a multi-node run puts its checkpoints "
+         "where every node sees them with run.checkpoint_dir (e.g. --set run.checkpoint_dir=/shared/ckpt). "
+         "DELTADECK_ALLOW_NETWORK_DB=1 skips this check, at your own risk (only node 0 opens the database, but "
+         "a reader on another machine while the run writes could see it torn)";
 }
 
 std::unique_ptr<RunStore> RunStore::open(const std::string& path, bool read_only) {
