@@ -25,9 +25,9 @@
 #include "storage/file_util.h"
 #include "storage/run_store.h"
 #include "trainer/checkpoint.h"
-#include "trainer/rendezvous.h"
 #include "trainer/config.h"
 #include "trainer/device.h"
+#include "trainer/rendezvous.h"
 #include "trainer/resume_check.h"
 #include "trainer/session.h"
 #include "ui/tui/terminal.h"
@@ -76,9 +76,9 @@ int prepare_new_run(const TrainArgs& args, int nnodes, PreparedRun& out) {
 // --resume RUN|latest, read-only: the run, its recorded config (plus --set) and its newest usable
 // checkpoint (damaged ones and unfinished saves are skipped, and listed in `skipped`); node 0 of a
 // multi-node run sends the result to the others. A run still alive (on this host, or stamping its
-// heartbeat elsewhere) is refused. A checkpoint whose model
-// shape, vocabulary, dtype or world size differs from the run's is refused here, before the engine
-// allocates anything, naming the field and both values.
+// heartbeat elsewhere) is refused. A checkpoint whose model shape, vocabulary, dtype or world size
+// differs from the run's is refused here, before the engine allocates anything, naming the field
+// and both values.
 int resolve_resume(const TrainArgs& args, int nnodes, PreparedRun& out, storage::RunSummary& run,
                    std::vector<std::string>* skipped = nullptr) {
   const bool read_only = args.dry_run;
@@ -216,10 +216,10 @@ int prepare_resume(const TrainArgs& args, int nnodes, PreparedRun& out) {
 
 // ---- Several nodes. Every node runs the same command: a new run on all of them, or --resume of the
 // same run with the same --set on all, checked first through the nodes' store. On --resume node 0
-// resolves the run from its database and sends the result (ResumePlan) to the other nodes, so they
-// need neither the database nor a shared runs folder, only the checkpoint itself
-// (run.checkpoint_dir: a folder every node sees at one path). Every node then says whether it can go
-// on; node 0 writes nothing unless all can, and tells them whether its own writes went through.
+// resolves the run from its database and sends the result to the other nodes, so they need neither
+// the database nor a shared runs folder, only the checkpoint itself (run.checkpoint_dir: a folder
+// every node sees at one path). Every node then says whether it can go on; node 0 records or
+// reopens the run only if all can, and tells them whether that went through.
 
 // Long enough for the nodes' launches to be minutes apart (as the default run.collective_timeout_s).
 constexpr std::chrono::milliseconds kNodesTimeout{600000};
@@ -275,9 +275,27 @@ int meet_nodes(const TrainArgs& args, const trainer::ClusterSpec& node, std::sha
   return 2;
 }
 
+// Node 0, once its own preparation (recording or reopening the run) went through or not: tells the
+// other nodes, which wait for it before they start (wait_for_node0). Returns rc.
+int tell_prepared(trainer::Rendezvous& rendezvous, const trainer::ClusterSpec& node, const std::string& verdict, int rc) {
+  rendezvous.publish("prepared", 0, verdict);
+  if (verdict != "ok") wait_until_read(rendezvous, node, "prepared");
+  return rc;
+}
+
+// A node other than 0: waits for node 0's verdict (tell_prepared). Returns the exit code on failure.
+int wait_for_node0(const TrainArgs& args, const trainer::ClusterSpec& node, trainer::Rendezvous& rendezvous) {
+  const std::string verdict = rendezvous.value_of("prepared", 0, kNodesTimeout);
+  if (verdict == "ok") return 0;
+  rendezvous.publish("prepared_read", node.node_rank, "");
+  std::cerr << "deltadeck: " << (args.resume.empty() ? "" : "--resume " + args.resume + ": ") << "node 0 " << verdict
+            << "; nothing was started\n";
+  return 2;
+}
+
 // Node 0: resolves the run, sends {"name", "from" (the checkpoint, under the name commit_resume gives
 // a moved-aside save back), "now" (its path now), "config" (TOML)} or {"error"}, and once every
-// node is ready commits the resume as prepare_resume does, then says whether that went through.
+// node is ready commits the resume as prepare_resume does, then tells them whether that went through.
 int prepare_resume_across_nodes(const TrainArgs& args, const trainer::ClusterSpec& node, PreparedRun& out,
                                 trainer::Rendezvous& rendezvous) {
   storage::RunSummary run;
@@ -314,13 +332,31 @@ int prepare_resume_across_nodes(const TrainArgs& args, const trainer::ClusterSpe
   } catch (const std::exception& e) {
     std::cerr << "deltadeck: --resume " << args.resume << ": " << e.what() << "\n";
   }
-  rendezvous.publish("resume_committed", 0, committed == 0 ? "ok" : "could not reopen the run (see node 0's output)");
-  if (committed != 0) {
-    wait_until_read(rendezvous, node, "resume_committed");
-    return committed;
-  }
+  if (committed != 0) return tell_prepared(rendezvous, node, "could not reopen the run (see node 0's output)", committed);
   out.resume_from = plan["from"].get<std::string>();  // as the other nodes name it at the session's check
-  return 0;
+  return tell_prepared(rendezvous, node, "ok", 0);
+}
+
+// Node 0 of a new run: every node loads and checks the config, and node 0 records the run only if
+// all can start (a bad config, or data a node cannot read, stops every node at once).
+int prepare_new_run_across_nodes(const TrainArgs& args, const trainer::ClusterSpec& node, PreparedRun& out,
+                                 trainer::Rendezvous& rendezvous) {
+  trainer::RunConfig cfg;
+  const int rc = load_new_config(args, cfg);
+  const std::string problem =
+      nodes_not_ok(rendezvous, node, "new_ready", rc == 0 ? "ok" : "cannot start the run's config (see its output)");
+  if (!problem.empty()) {
+    std::cerr << "deltadeck: " << problem << "; nothing was started\n";
+    return rc != 0 ? rc : 2;
+  }
+  try {
+    const int64_t world = static_cast<int64_t>(trainer::rank_devices(cfg.run.devices).size()) * node.nnodes;
+    out = record_new_run(std::move(cfg), world, REVISION);
+  } catch (const std::exception& e) {
+    std::cerr << "deltadeck: " << e.what() << "\n";
+    return tell_prepared(rendezvous, node, std::string("could not record the run: ") + e.what(), 1);
+  }
+  return tell_prepared(rendezvous, node, "ok", 0);
 }
 
 // A node other than 0: node 0's resolved run (its config as recorded, with the --set every node was
@@ -365,13 +401,6 @@ int receive_resume_plan(const TrainArgs& args, const trainer::ClusterSpec& node,
     std::cerr << "deltadeck: --resume " << args.resume << ": " << problem << "; nothing was started\n";
     return 2;
   }
-  // Node 0 reopens the run only now: it may still fail (its database, the checkpoint's rename).
-  const std::string committed = rendezvous.value_of("resume_committed", 0, kNodesTimeout);
-  if (committed != "ok") {
-    rendezvous.publish("resume_committed_read", node.node_rank, "");
-    std::cerr << "deltadeck: --resume " << args.resume << ": node 0 " << committed << "; nothing was started\n";
-    return 2;
-  }
   return 0;
 }
 
@@ -399,12 +428,20 @@ int run_worker_node(const TrainArgs& args, const trainer::ClusterSpec& cluster) 
   try {
     if (int rc = meet_nodes(args, cluster, rendezvous); rc != 0) return rc;
     if (args.resume.empty()) {
-      if (int rc = load_new_config(args, cfg); rc != 0) return rc;
+      const int rc = load_new_config(args, cfg);
+      const std::string problem = nodes_not_ok(*rendezvous, cluster, "new_ready",
+                                               rc == 0 ? "ok" : "cannot start the run's config (see its output)");
+      if (!problem.empty()) {
+        std::cerr << "deltadeck: " << problem << "; nothing was started\n";
+        return rc != 0 ? rc : 2;
+      }
     } else {
       // The run and checkpoint node 0 resolved (a moved-aside save under the name node 0 gives it
       // back before the nodes start).
       if (int rc = receive_resume_plan(args, cluster, cfg, resume_from, *rendezvous); rc != 0) return rc;
     }
+    // Node 0 records (or reopens) the run only now, and may still fail to.
+    if (int rc = wait_for_node0(args, cluster, *rendezvous); rc != 0) return rc;
   } catch (const std::exception& e) {
     std::cerr << "deltadeck: " << e.what() << "\n";
     return 1;
@@ -498,8 +535,8 @@ int run_train(const TrainArgs& args) {
   try {
     if (cluster.nnodes > 1)
       if (int rc = meet_nodes(args, cluster, rendezvous); rc != 0) return rc;
-    const int rc = !args.resume.empty() && cluster.nnodes > 1
-                       ? prepare_resume_across_nodes(args, cluster, prep, *rendezvous)
+    const int rc = cluster.nnodes > 1 ? (args.resume.empty() ? prepare_new_run_across_nodes(args, cluster, prep, *rendezvous)
+                                                             : prepare_resume_across_nodes(args, cluster, prep, *rendezvous))
                    : args.resume.empty() ? prepare_new_run(args, cluster.nnodes, prep)
                                          : prepare_resume(args, cluster.nnodes, prep);
     if (rc != 0) return rc;

@@ -259,6 +259,36 @@ set -e
 [ "$rc0" = 2 ] && [ "$rc1" = 2 ] || { cat "$work/cm0.out" "$work/cm1.out"; fail "nodes running different commands: exit codes $rc0 and $rc1"; }
 grep -q "node 0 runs --resume latest and node 1 runs a new run" "$work/cm1.out" || { cat "$work/cm1.out"; fail "node 1 does not say the commands differ"; }
 [ "$(sqlite3 "$work/local0/deltadeck.db" "SELECT count(*) FROM runs")" = 1 ] || fail "a refused launch recorded a run"
+# A new run node 1 cannot start (its config is refused there): node 0 records nothing. Then one node
+# 0 cannot record (its runs folder is a file): node 1 stops at once with node 0's reason.
+port=$((port + 1))
+"$bin" train --no-gui --config "$work/run.toml" --runs-dir "$work/local1" --set train.steps=0 --nnodes 2 --node-rank 1 \
+  --master-addr 127.0.0.1 --master-port "$port" > "$work/cb1.out" 2>&1 &
+pids+=($!)
+set +e
+"$bin" train --no-gui --config "$work/run.toml" --runs-dir "$work/local0" --nnodes 2 --node-rank 0 --master-port "$port" \
+  > "$work/cb0.out" 2>&1
+rc0=$?
+wait "${pids[-1]}"
+rc1=$?
+set -e
+[ "$rc0" = 2 ] && [ "$rc1" = 2 ] || { cat "$work/cb0.out" "$work/cb1.out"; fail "a config node 1 refuses: exit codes $rc0 and $rc1"; }
+grep -q "node 1: cannot start the run's config" "$work/cb0.out" || { cat "$work/cb0.out"; fail "node 0 does not name node 1's refusal"; }
+[ "$(sqlite3 "$work/local0/deltadeck.db" "SELECT count(*) FROM runs")" = 1 ] || fail "a run node 1 refused was recorded"
+port=$((port + 1))
+touch "$work/not-a-folder"
+"$bin" train --no-gui --config "$work/run.toml" --runs-dir "$work/local1" --nnodes 2 --node-rank 1 \
+  --master-addr 127.0.0.1 --master-port "$port" > "$work/cf1.out" 2>&1 &
+pids+=($!)
+set +e
+"$bin" train --no-gui --config "$work/run.toml" --runs-dir "$work/not-a-folder" --nnodes 2 --node-rank 0 --master-port "$port" \
+  > "$work/cf0.out" 2>&1
+rc0=$?
+wait "${pids[-1]}"
+rc1=$?
+set -e
+[ "$rc0" != 0 ] && [ "$rc1" = 2 ] || { cat "$work/cf0.out" "$work/cf1.out"; fail "node 0 unable to record: exit codes $rc0 and $rc1"; }
+grep -q "node 0 could not record the run" "$work/cf1.out" || { cat "$work/cf1.out"; fail "node 1 does not give node 0's reason"; }
 if "$bin" runs rename multi other --runs-dir "$work/local0" > "$work/crename.out" 2>&1; then fail "renamed a run whose checkpoints lie in run.checkpoint_dir"; fi
 grep -q "run.checkpoint_dir" "$work/crename.out" || { cat "$work/crename.out"; fail "the refused rename does not say why"; }
 "$bin" export multi --runs-dir "$work/local0" --out "$work/c-export" > /dev/null 2>&1 || fail "export did not find the run's checkpoints in run.checkpoint_dir"
