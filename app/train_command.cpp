@@ -261,7 +261,8 @@ std::string launch_of(const TrainArgs& args) {
 
 // Meets the other nodes and checks that they run the same command (node 0's answer against each).
 // Returns the exit code on a mismatch, after saying which node runs what.
-int meet_nodes(const TrainArgs& args, const trainer::ClusterSpec& node, std::shared_ptr<trainer::Rendezvous>& rendezvous) {
+int meet_nodes(const TrainArgs& args, const trainer::ClusterSpec& node,
+               std::shared_ptr<trainer::Rendezvous>& rendezvous) {
   rendezvous = trainer::node_rendezvous(node, kNodesTimeout);
   const std::string mine = launch_of(args);
   const auto all = rendezvous->exchange("launch", node.node_rank, node.nnodes, mine, kNodesTimeout);
@@ -277,7 +278,8 @@ int meet_nodes(const TrainArgs& args, const trainer::ClusterSpec& node, std::sha
 
 // Node 0, once its own preparation (recording or reopening the run) went through or not: tells the
 // other nodes, which wait for it before they start (wait_for_node0). Returns rc.
-int tell_prepared(trainer::Rendezvous& rendezvous, const trainer::ClusterSpec& node, const std::string& verdict, int rc) {
+int tell_prepared(trainer::Rendezvous& rendezvous, const trainer::ClusterSpec& node, const std::string& verdict,
+                  int rc) {
   rendezvous.publish("prepared", 0, verdict);
   if (verdict != "ok") wait_until_read(rendezvous, node, "prepared");
   return rc;
@@ -332,7 +334,8 @@ int prepare_resume_across_nodes(const TrainArgs& args, const trainer::ClusterSpe
   } catch (const std::exception& e) {
     std::cerr << "deltadeck: --resume " << args.resume << ": " << e.what() << "\n";
   }
-  if (committed != 0) return tell_prepared(rendezvous, node, "could not reopen the run (see node 0's output)", committed);
+  if (committed != 0)
+    return tell_prepared(rendezvous, node, "could not reopen the run (see node 0's output)", committed);
   out.resume_from = plan["from"].get<std::string>();  // as the other nodes name it at the session's check
   return tell_prepared(rendezvous, node, "ok", 0);
 }
@@ -533,12 +536,15 @@ int run_train(const TrainArgs& args) {
   PreparedRun prep;
   std::shared_ptr<trainer::Rendezvous> rendezvous;  // the nodes' store, met here with several nodes
   try {
-    if (cluster.nnodes > 1)
-      if (int rc = meet_nodes(args, cluster, rendezvous); rc != 0) return rc;
-    const int rc = cluster.nnodes > 1 ? (args.resume.empty() ? prepare_new_run_across_nodes(args, cluster, prep, *rendezvous)
-                                                             : prepare_resume_across_nodes(args, cluster, prep, *rendezvous))
-                   : args.resume.empty() ? prepare_new_run(args, cluster.nnodes, prep)
-                                         : prepare_resume(args, cluster.nnodes, prep);
+    int rc = 0;
+    if (cluster.nnodes > 1) {
+      rc = meet_nodes(args, cluster, rendezvous);
+      if (rc == 0)
+        rc = args.resume.empty() ? prepare_new_run_across_nodes(args, cluster, prep, *rendezvous)
+                                 : prepare_resume_across_nodes(args, cluster, prep, *rendezvous);
+    } else {
+      rc = args.resume.empty() ? prepare_new_run(args, 1, prep) : prepare_resume(args, 1, prep);
+    }
     if (rc != 0) return rc;
   } catch (const std::exception& e) {
     std::cerr << "deltadeck: " << e.what() << "\n";

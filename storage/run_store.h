@@ -124,8 +124,8 @@ class RunStore {
   // <name>.node<K>.log move along and the recorded checkpoint paths follow, so --resume and export
   // keep working. Refuses a running run, a name that is taken, and names that are not one path
   // component (empty, ".", "..", containing '/'), and a run whose recorded config keeps its folder
-  // outside the runs folder (run.checkpoint_dir). A rename cut short (a crash between moving the folder and
-  // committing the row) is undone at the next writable open.
+  // outside the runs folder (run.checkpoint_dir). A rename cut short (a crash between moving the
+  // folder and committing the row) is undone at the next writable open.
   void rename_run(int64_t run_id, const std::string& new_name);
   // Replaces the run's note; "" clears it.
   void set_note(int64_t run_id, const std::string& note);

@@ -22,9 +22,8 @@ struct Rendezvous::Impl {
   // serialises its requests and a rank blocked in wait() would hold up the others' set().
   std::string addr;
   int port = 0;
-  std::chrono::milliseconds timeout{0};
   std::string prefix;  // every key under it (Rendezvous::tcp's prefix), or none
-  // `rank_timeout`: the run's collective timeout (the store may have been met with a longer one).
+  // `rank_timeout`: the run's collective timeout (the nodes may have met with a longer one).
   c10::intrusive_ptr<c10d::Store> store_for_rank(std::chrono::milliseconds rank_timeout) const {
     if (addr.empty()) return store;
     c10d::TCPStoreOptions o;
@@ -57,7 +56,6 @@ std::shared_ptr<Rendezvous> Rendezvous::tcp(const std::string& addr, int port, b
   r->impl = std::make_shared<Impl>();
   r->impl->addr = addr;
   r->impl->port = port;
-  r->impl->timeout = timeout;
   r->impl->prefix = prefix;
   try {
     c10::intrusive_ptr<c10d::Store> tcp = c10::make_intrusive<c10d::TCPStore>(addr, o);
