@@ -340,18 +340,24 @@ int prepare_resume_across_nodes(const TrainArgs& args, const trainer::ClusterSpe
   return tell_prepared(rendezvous, node, "ok", 0);
 }
 
+// A new run's config, loaded and checked on this node (load_new_config), then every node's answer:
+// returns the exit code where this node or another cannot start it, after saying which.
+int load_new_config_on_every_node(const TrainArgs& args, const trainer::ClusterSpec& node,
+                                  trainer::Rendezvous& rendezvous, trainer::RunConfig& cfg) {
+  const int rc = load_new_config(args, cfg);
+  const std::string problem =
+      nodes_not_ok(rendezvous, node, "new_ready", rc == 0 ? "ok" : "cannot start the run's config (see its output)");
+  if (problem.empty()) return 0;
+  std::cerr << "deltadeck: " << problem << "; nothing was started\n";
+  return rc != 0 ? rc : 2;
+}
+
 // Node 0 of a new run: every node loads and checks the config, and node 0 records the run only if
 // all can start (a bad config, or data a node cannot read, stops every node at once).
 int prepare_new_run_across_nodes(const TrainArgs& args, const trainer::ClusterSpec& node, PreparedRun& out,
                                  trainer::Rendezvous& rendezvous) {
   trainer::RunConfig cfg;
-  const int rc = load_new_config(args, cfg);
-  const std::string problem =
-      nodes_not_ok(rendezvous, node, "new_ready", rc == 0 ? "ok" : "cannot start the run's config (see its output)");
-  if (!problem.empty()) {
-    std::cerr << "deltadeck: " << problem << "; nothing was started\n";
-    return rc != 0 ? rc : 2;
-  }
+  if (int rc = load_new_config_on_every_node(args, node, rendezvous, cfg); rc != 0) return rc;
   try {
     const int64_t world = static_cast<int64_t>(trainer::rank_devices(cfg.run.devices).size()) * node.nnodes;
     out = record_new_run(std::move(cfg), world, REVISION);
@@ -431,13 +437,7 @@ int run_worker_node(const TrainArgs& args, const trainer::ClusterSpec& cluster) 
   try {
     if (int rc = meet_nodes(args, cluster, rendezvous); rc != 0) return rc;
     if (args.resume.empty()) {
-      const int rc = load_new_config(args, cfg);
-      const std::string problem = nodes_not_ok(*rendezvous, cluster, "new_ready",
-                                               rc == 0 ? "ok" : "cannot start the run's config (see its output)");
-      if (!problem.empty()) {
-        std::cerr << "deltadeck: " << problem << "; nothing was started\n";
-        return rc != 0 ? rc : 2;
-      }
+      if (int rc = load_new_config_on_every_node(args, cluster, *rendezvous, cfg); rc != 0) return rc;
     } else {
       // The run and checkpoint node 0 resolved (a moved-aside save under the name node 0 gives it
       // back before the nodes start).

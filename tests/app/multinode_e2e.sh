@@ -200,39 +200,10 @@ fi
 #    folder both share (run.checkpoint_dir): a run saves there, then both nodes resume it with
 #    --resume latest; node 1 has no database and learns the run, its config and its checkpoint from
 #    node 0. Renaming such a run is refused, export finds its checkpoints, delete removes them.
-port=$((port + 1))
 shared="$work/shared-ckpt"
-for k in 1 0; do
-  args=(--nnodes 2 --node-rank $k --master-port "$port")
-  [ $k = 1 ] && args+=(--master-addr 127.0.0.1)
-  "$bin" train --no-gui --config "$work/run.toml" --runs-dir "$work/local$k" --set "run.checkpoint_dir=\"$shared\"" \
-    --set train.steps=6 "${args[@]}" > "$work/c$k.out" 2>&1 &
-  pids+=($!)
-done
-n=${#pids[@]}
-wait "${pids[$((n - 1))]}" || { cat "$work/c0.out" "$work/c1.out"; fail "node 0 failed the run with run.checkpoint_dir"; }
-wait "${pids[$((n - 2))]}" || { cat "$work/c1.out"; fail "node 1 failed the run with run.checkpoint_dir"; }
-[ -f "$shared/multi/checkpoints/step_00000006/model.safetensors" ] || { ls -R "$shared" "$work/local0"; fail "no checkpoint under run.checkpoint_dir"; }
-[ ! -e "$work/local0/multi/checkpoints" ] || fail "checkpoints written beside the database too"
-[ ! -e "$work/local1/deltadeck.db" ] || fail "node 1 created a database"
-port=$((port + 1))
-for k in 1 0; do
-  args=(--nnodes 2 --node-rank $k --master-port "$port")
-  [ $k = 1 ] && args+=(--master-addr 127.0.0.1)
-  "$bin" train --no-gui --runs-dir "$work/local$k" --resume latest --set train.steps=10 "${args[@]}" > "$work/cr$k.out" 2>&1 &
-  pids+=($!)
-done
-n=${#pids[@]}
-wait "${pids[$((n - 1))]}" || { cat "$work/cr0.out" "$work/cr1.out"; fail "node 0 failed resuming from run.checkpoint_dir"; }
-wait "${pids[$((n - 2))]}" || { cat "$work/cr1.out"; fail "node 1 failed resuming from run.checkpoint_dir"; }
-grep -q "resumed from $shared/multi/checkpoints/step_00000006" "$work/cr0.out" || { cat "$work/cr0.out"; fail "node 0 did not resume from the shared checkpoint"; }
-grep -q "node 1 finished at step 10" "$work/local1/multi.node1.log" || { cat "$work/local1/multi.node1.log"; fail "node 1 did not finish the resumed run at step 10"; }
-[ ! -e "$work/local1/deltadeck.db" ] || fail "node 1 created a database when resuming"
-[ "$(sqlite3 "$work/local0/deltadeck.db" "SELECT status || ' ' || (SELECT max(step) FROM checkpoints) FROM runs")" = "finished 10" ] \
-  || fail "the run is not recorded finished at step 10"
-# refused_pair NAME ARGS1... -- ARGS0...: node 1 (ARGS1) then node 0 (ARGS0) of a launch that must
-# be refused, on the next port; their exit codes in rc1 and rc0, their output in NAME1.out, NAME0.out.
-refused_pair() {
+# node_pair NAME ARGS1... -- ARGS0...: node 1 (ARGS1) then node 0 (ARGS0) of one two-node launch, on
+# the next port, both to their end; their exit codes in rc1 and rc0, their output in NAME1.out, NAME0.out.
+node_pair() {
   local name=$1 a1=() a0=()
   shift
   while [ "$1" != "--" ]; do a1+=("$1"); shift; done
@@ -249,24 +220,38 @@ refused_pair() {
   rc1=$?
   set -e
 }
+new_run=(--config "$work/run.toml" --set "run.checkpoint_dir=\"$shared\"" --set train.steps=6)
+node_pair c --runs-dir "$work/local1" "${new_run[@]}" -- --runs-dir "$work/local0" "${new_run[@]}"
+[ "$rc0" = 0 ] && [ "$rc1" = 0 ] || { cat "$work/c0.out" "$work/c1.out"; fail "the run with run.checkpoint_dir: exit codes $rc0 and $rc1"; }
+[ -f "$shared/multi/checkpoints/step_00000006/model.safetensors" ] || { ls -R "$shared" "$work/local0"; fail "no checkpoint under run.checkpoint_dir"; }
+[ ! -e "$work/local0/multi/checkpoints" ] || fail "checkpoints written beside the database too"
+[ ! -e "$work/local1/deltadeck.db" ] || fail "node 1 created a database"
+node_pair cr --runs-dir "$work/local1" --resume latest --set train.steps=10 -- \
+  --runs-dir "$work/local0" --resume latest --set train.steps=10
+[ "$rc0" = 0 ] && [ "$rc1" = 0 ] || { cat "$work/cr0.out" "$work/cr1.out"; fail "resuming from run.checkpoint_dir: exit codes $rc0 and $rc1"; }
+grep -q "resumed from $shared/multi/checkpoints/step_00000006" "$work/cr0.out" || { cat "$work/cr0.out"; fail "node 0 did not resume from the shared checkpoint"; }
+grep -q "node 1 finished at step 10" "$work/local1/multi.node1.log" || { cat "$work/local1/multi.node1.log"; fail "node 1 did not finish the resumed run at step 10"; }
+[ ! -e "$work/local1/deltadeck.db" ] || fail "node 1 created a database when resuming"
+[ "$(sqlite3 "$work/local0/deltadeck.db" "SELECT status || ' ' || (SELECT max(step) FROM checkpoints) FROM runs")" = "finished 10" ] \
+  || fail "the run is not recorded finished at step 10"
 # A resume that names no run node 0 knows: both nodes stop at once, node 1 with node 0's reason.
-refused_pair cx --runs-dir "$work/local1" --resume no-such-run -- --runs-dir "$work/local0" --resume no-such-run
+node_pair cx --runs-dir "$work/local1" --resume no-such-run -- --runs-dir "$work/local0" --resume no-such-run
 [ "$rc0" != 0 ] && [ "$rc1" = 2 ] || { cat "$work/cx0.out" "$work/cx1.out"; fail "a resume of an unknown run: exit codes $rc0 and $rc1"; }
 grep -q "node 0 .*no-such-run" "$work/cx1.out" || { cat "$work/cx1.out"; fail "node 1 does not give node 0's reason"; }
 # Nodes asked to do different things (node 0 a resume, node 1 a new run): both stop at once, saying so.
-refused_pair cm --config "$work/run.toml" --runs-dir "$work/local1" -- --runs-dir "$work/local0" --resume latest
+node_pair cm --config "$work/run.toml" --runs-dir "$work/local1" -- --runs-dir "$work/local0" --resume latest
 [ "$rc0" = 2 ] && [ "$rc1" = 2 ] || { cat "$work/cm0.out" "$work/cm1.out"; fail "nodes running different commands: exit codes $rc0 and $rc1"; }
 grep -q "node 0 runs --resume latest and node 1 runs a new run" "$work/cm1.out" || { cat "$work/cm1.out"; fail "node 1 does not say the commands differ"; }
 [ "$(sqlite3 "$work/local0/deltadeck.db" "SELECT count(*) FROM runs")" = 1 ] || fail "a refused launch recorded a run"
 # A new run node 1 cannot start (its config is refused there): node 0 records nothing.
-refused_pair cb --config "$work/run.toml" --runs-dir "$work/local1" --set train.steps=0 -- \
+node_pair cb --config "$work/run.toml" --runs-dir "$work/local1" --set train.steps=0 -- \
   --config "$work/run.toml" --runs-dir "$work/local0"
 [ "$rc0" = 2 ] && [ "$rc1" = 2 ] || { cat "$work/cb0.out" "$work/cb1.out"; fail "a config node 1 refuses: exit codes $rc0 and $rc1"; }
 grep -q "node 1: cannot start the run's config" "$work/cb0.out" || { cat "$work/cb0.out"; fail "node 0 does not name node 1's refusal"; }
 [ "$(sqlite3 "$work/local0/deltadeck.db" "SELECT count(*) FROM runs")" = 1 ] || fail "a run node 1 refused was recorded"
 # A node 0 that cannot record the run (its runs folder is a file): node 1 stops at once with its reason.
 touch "$work/not-a-folder"
-refused_pair cf --config "$work/run.toml" --runs-dir "$work/local1" -- --config "$work/run.toml" --runs-dir "$work/not-a-folder"
+node_pair cf --config "$work/run.toml" --runs-dir "$work/local1" -- --config "$work/run.toml" --runs-dir "$work/not-a-folder"
 [ "$rc0" != 0 ] && [ "$rc1" = 2 ] || { cat "$work/cf0.out" "$work/cf1.out"; fail "node 0 unable to record: exit codes $rc0 and $rc1"; }
 grep -q "node 0 could not record the run" "$work/cf1.out" || { cat "$work/cf1.out"; fail "node 1 does not give node 0's reason"; }
 if "$bin" runs rename multi other --runs-dir "$work/local0" > "$work/crename.out" 2>&1; then fail "renamed a run whose checkpoints lie in run.checkpoint_dir"; fi
