@@ -388,7 +388,8 @@ std::string network_filesystem_problem(const std::string& path) {
          " file system; the run database uses SQLite's WAL mode, which needs shared memory between the "
          "processes that open it, and network file systems do not provide it (readers could see a torn "
          "database). Put --runs-dir (run.runs_dir) on a local disk; a multi-node run puts its checkpoints "
-         "where every node sees them with run.checkpoint_dir (e.g. --set run.checkpoint_dir=/shared/ckpt). "
+         "where every node sees them with run.checkpoint_dir (e.g. --set run.checkpoint_dir=/shared/ckpt), and "
+         "the run's record kept there lets a later job with a new runs folder --resume it. "
          "DELTADECK_ALLOW_NETWORK_DB=1 skips this check, at your own risk (only node 0 opens the database, but "
          "a reader on another machine while the run writes could see it torn)";
 }
@@ -508,6 +509,92 @@ int64_t RunStore::create_run(const NewRun& r) {
   return id;
 }
 
+int64_t RunStore::import_run(const ImportedRun& r, int64_t replace_id) {
+  const RunSummary& rec = r.record;
+  const std::string what = path_ + ": import of run '" + rec.name + "': ";
+  if (const std::string why = run_name_problem(rec.name); !why.empty()) throw std::runtime_error(what + "the name " + why);
+  if (rec.status == "running" ||
+      std::find(std::begin(STATUSES), std::end(STATUSES), rec.status) == std::end(STATUSES)) {
+    throw std::runtime_error(what + "status '" + rec.status +
+                             "' is not one of finished, stopped, failed, interrupted, preempted, diverged");
+  }
+  for (const std::string& tag : rec.tags) {
+    if (const std::string why = tag_problem(tag); !why.empty()) throw std::runtime_error(what + "tag '" + tag + "' " + why);
+  }
+  Transaction tx(db_, path_);
+  {
+    Stmt taken(db_, path_, "SELECT id FROM runs WHERE name = ?1");
+    taken.bind(1, rec.name);
+    if (taken.step() && taken.i64(0) != replace_id) {
+      throw std::runtime_error(what + "this database already has a run of that name (id " +
+                               std::to_string(taken.i64(0)) + ")");
+    }
+  }
+  if (replace_id != 0) {
+    // The older copy's rows (metrics, checkpoints, events, tags follow by ON DELETE CASCADE).
+    Stmt(db_, path_, "DELETE FROM runs WHERE id = ?1 AND status != 'running'").bind(1, replace_id).run();
+    if (sqlite3_changes(db_) == 0)
+      throw std::runtime_error(what + "the run it replaces (id " + std::to_string(replace_id) + ") is gone or running");
+  }
+  Stmt run(db_, path_,
+           "INSERT INTO runs(name, status, model, config_toml, config_json, host, pid, params, world_size, revision, "
+           "started_at, heartbeat_at, ended_at, message, note, imported_from) "
+           "VALUES(?1, ?2, ?3, ?4, ?5, ?6, 0, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)");
+  run.bind(1, rec.name)
+      .bind(2, rec.status)
+      .bind_or_null(3, rec.model)
+      .bind(4, r.config_toml)
+      .bind(5, r.config_json)
+      .bind_or_null(6, rec.host)
+      .bind(7, rec.params)
+      .bind(8, rec.world_size)
+      .bind_or_null(9, rec.revision)
+      .bind_or_null(10, rec.started_at)
+      .bind_or_null(11, rec.heartbeat_at.empty() ? rec.started_at : rec.heartbeat_at)
+      .bind_or_null(12, rec.ended_at)
+      .bind_or_null(13, rec.message)
+      .bind_or_null(14, rec.note)
+      .bind(15, r.imported_from.empty() ? std::string("(unnamed record)") : r.imported_from)
+      .run();
+  const int64_t id = sqlite3_last_insert_rowid(db_);
+  {
+    Stmt m(db_, path_, "INSERT INTO metrics(run_id, step, tokens, wall_s, key, value) VALUES(?1, ?2, ?3, ?4, ?5, ?6)");
+    for (const MetricPoint& p : r.metrics)
+      m.bind(1, id).bind(2, p.step).bind(3, p.tokens).bind(4, p.wall_s).bind(5, p.key).bind(6, p.value).run();
+  }
+  {
+    Stmt c(db_, path_,
+           "INSERT OR REPLACE INTO checkpoints(run_id, step, path, bytes, sha256, created_at) "
+           "VALUES(?1, ?2, ?3, ?4, ?5, ?6)");
+    for (const CheckpointRecord& k : r.checkpoints) {
+      c.bind(1, id)
+          .bind(2, k.step)
+          .bind(3, k.path)
+          .bind(4, k.bytes)
+          .bind_or_null(5, k.sha256)
+          .bind(6, k.created_at.empty() ? now_utc() : k.created_at)
+          .run();
+    }
+  }
+  {
+    Stmt e(db_, path_, "INSERT INTO events(run_id, step, level, text, created_at) VALUES(?1, ?2, ?3, ?4, ?5)");
+    for (const EventRecord& ev : r.events) {
+      e.bind(1, id)
+          .bind(2, ev.step)
+          .bind(3, ev.level.empty() ? std::string("info") : ev.level)
+          .bind(4, ev.text)
+          .bind(5, ev.created_at.empty() ? now_utc() : ev.created_at)
+          .run();
+    }
+  }
+  {
+    Stmt t(db_, path_, "INSERT OR IGNORE INTO tags(run_id, tag) VALUES(?1, ?2)");
+    for (const std::string& tag : rec.tags) t.bind(1, id).bind(2, tag).run();
+  }
+  tx.commit();
+  return id;
+}
+
 void RunStore::finish_run(int64_t run_id, const std::string& status, const std::string& message) {
   if (status == "running" ||
       std::find(std::begin(STATUSES), std::end(STATUSES), status) == std::end(STATUSES)) {
@@ -528,7 +615,7 @@ void RunStore::reopen_run(int64_t run_id) {
   Transaction tx(db_, path_);
   Stmt s(db_, path_,
          "UPDATE runs SET status = 'running', ended_at = NULL, message = NULL, host = ?1, "
-         "pid = ?2, heartbeat_at = ?3, proc_ns = ?5 WHERE id = ?4");
+         "pid = ?2, heartbeat_at = ?3, proc_ns = ?5, imported_from = NULL WHERE id = ?4");
   s.bind(1, this_host()).bind(2, static_cast<int64_t>(getpid())).bind(3, now).bind(4, run_id);
   s.bind_or_null(5, this_process_namespace()).run();
   if (sqlite3_changes(db_) == 0) {
@@ -800,6 +887,12 @@ bool RunStore::remove_tag(int64_t run_id, const std::string& tag) {
 
 std::vector<std::string> RunStore::tags(int64_t run_id) const { return tags_of(db_, path_, run_id); }
 
+std::string RunStore::imported_from(int64_t run_id) const {
+  Stmt s(db_, path_, "SELECT imported_from FROM runs WHERE id = ?1");
+  s.bind(1, run_id);
+  return s.step() ? s.text(0) : std::string();
+}
+
 DeletedRun RunStore::delete_run(int64_t run_id) {
   const RunSummary r = summary_or_throw(run_id, "delete");
   if (r.status == "running") {
@@ -808,6 +901,7 @@ DeletedRun RunStore::delete_run(int64_t run_id) {
   }
   const std::vector<CheckpointRecord> cks = checkpoints(run_id);
   const std::string checkpoint_dir = recorded_checkpoint_dir(run_config_json(run_id));
+  const std::string from = imported_from(run_id);
   {
     // Rows first: the database is the index of what exists, so a crash below leaves stray files
     // (listed nowhere, harmless) rather than rows pointing at deleted checkpoints.
@@ -820,6 +914,12 @@ DeletedRun RunStore::delete_run(int64_t run_id) {
   }
   DeletedRun out;
   out.name = r.name;
+  if (!from.empty()) {
+    // Brought from another database and not resumed here: its checkpoints are the other's.
+    out.kept.push_back("its checkpoints and folder (the run was imported from " + from +
+                       "; they belong to the database it came from)");
+    return out;
+  }
   if (path_ == ":memory:") return out;
   auto remove = [&](const std::string& p) {
     if (files::remove_tree(p)) out.removed.push_back(p);
@@ -833,7 +933,7 @@ DeletedRun RunStore::delete_run(int64_t run_id) {
     if (base.rfind("step_", 0) == 0 && files::is_dir(c.path)) remove(c.path);
   }
   // The run's own folder: its checkpoints folder (older, pruned and half-written step_* dirs
-  // included), then the folders themselves when nothing else is in them. Likewise the run's folder
+  // included) and its record (RUN_RECORD_FILE), then the folders themselves when nothing else is in them. Likewise the run's folder
   // under the run.checkpoint_dir its recorded config names.
   std::vector<std::string> dirs{run_dir(r.name)};
   if (!checkpoint_dir.empty()) dirs.push_back(checkpoint_dir + "/" + r.name);
@@ -841,6 +941,9 @@ DeletedRun RunStore::delete_run(int64_t run_id) {
     const std::string ckdir = dir + "/checkpoints";
     for (const std::string& f : files::list_dir(ckdir)) {
       if (f.rfind("step_", 0) == 0) remove(ckdir + "/" + f);
+    }
+    for (const std::string& f : files::list_dir(dir)) {
+      if (f == RUN_RECORD_FILE || f.rfind(std::string(RUN_RECORD_FILE) + ".tmp", 0) == 0) remove(dir + "/" + f);
     }
     for (const std::string& d : {ckdir, dir}) {
       if (!files::is_dir(d)) continue;

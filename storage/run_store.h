@@ -42,8 +42,13 @@ class SqliteError : public std::runtime_error {
   int code_;
 };
 
+// A run's record as one JSON document in its folder, beside checkpoints/ (app/run_record.h): the
+// train command rewrites it at every checkpoint and at the end, so the run can be brought into
+// another database (`runs import`, or a resume on a node whose database does not know the run).
+inline constexpr const char* RUN_RECORD_FILE = "run_record.json";
+
 // The schema version this program writes.
-constexpr int SCHEMA_VERSION = 5;
+constexpr int SCHEMA_VERSION = 6;
 
 // This process's machine boot and pid namespace: "BOOT_ID pid:[INODE]" from /proc, empty where
 // /proc does not tell. Two containers on one host (even with one hostname) differ in the second
@@ -96,9 +101,18 @@ class RunStore {
   // Records a new run with status 'running', this host and pid; returns its id. The stored name
   // is unique (suffix added if the requested one is taken); read it back with run().
   int64_t create_run(const NewRun& r);
+  // Records a run brought from another database with everything it had (ImportedRun), in one
+  // transaction, under its own name; returns its id. With replace_id, that run's rows (an older
+  // copy of the same run, under the same name) go in the same transaction. Refuses (throws, naming
+  // it, writing nothing) a name this database already has (other than replace_id's) or that is not
+  // one path component, a status of 'running' or none of the known ones, and a tag create_run's
+  // rules refuse. The run is marked imported (r.imported_from) until reopen_run: delete_run leaves
+  // the checkpoints it names where they are.
+  int64_t import_run(const ImportedRun& r, int64_t replace_id = 0);
   // status: finished | stopped | failed | interrupted | preempted | diverged. Sets ended_at.
   void finish_run(int64_t run_id, const std::string& status, const std::string& message);
-  // Marks a run 'running' again (resume), clearing ended_at and message.
+  // Marks a run 'running' again (resume), clearing ended_at and message, and the mark of an
+  // imported run: resumed here, its checkpoints are this database's.
   void reopen_run(int64_t run_id);
   // Stamps a running run's heartbeat_at with the time now (the writer's keep-alive).
   void heartbeat(int64_t run_id);
@@ -135,8 +149,10 @@ class RunStore {
   bool remove_tag(int64_t run_id, const std::string& tag);
   std::vector<std::string> tags(int64_t run_id) const;
   // Deletes the run's rows (metrics, checkpoints, events, tags) in one transaction, then its
-  // checkpoint directories and, when nothing else is left in it, its folder <db folder>/<name> (and
-  // <run.checkpoint_dir>/<name>, where its recorded config sets that key).
+  // checkpoint directories and record, and, when nothing else is left in it, its folder <db
+  // folder>/<name> (and <run.checkpoint_dir>/<name>, where its recorded config sets that key). An
+  // imported run (import_run, not resumed here since) loses its rows only: its files are another
+  // database's, and are listed in `kept`.
   // Refuses a running run. Files that cannot be removed are listed in the result's `kept`.
   DeletedRun delete_run(int64_t run_id);
 
@@ -147,6 +163,8 @@ class RunStore {
   // Finds a run by numeric id, exact name, or unique name prefix. Throws std::runtime_error
   // with the candidates when nothing or more than one run matches.
   RunSummary find_run(const std::string& id_or_name) const;
+  // Where an imported run came from (import_run), "" for this database's own runs.
+  std::string imported_from(int64_t run_id) const;
   std::string run_config_toml(int64_t run_id) const;
   std::string run_config_json(int64_t run_id) const;
   // All current (not superseded) points of one metric, ordered by step. Empty key = every metric.

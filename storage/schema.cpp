@@ -121,9 +121,18 @@ void migration_5(sqlite3* db) {
   )sql", "migration 5");
 }
 
+// Version 6: where a run brought from another database came from (RunStore::import_run): such a run
+// names another machine's checkpoints, which deleting it here must leave alone, until a resume here
+// makes it this database's own again.
+void migration_6(sqlite3* db) {
+  exec(db, R"sql(
+    ALTER TABLE runs ADD COLUMN imported_from TEXT;
+  )sql", "migration 6");
+}
+
 using Migration = void (*)(sqlite3*);
 // MIGRATIONS[i] takes the database from version i to version i + 1.
-constexpr Migration MIGRATIONS[] = {migration_1, migration_2, migration_3, migration_4, migration_5};
+constexpr Migration MIGRATIONS[] = {migration_1, migration_2, migration_3, migration_4, migration_5, migration_6};
 static_assert(sizeof(MIGRATIONS) / sizeof(MIGRATIONS[0]) == SCHEMA_VERSION,
               "one migration per schema version");
 

@@ -87,4 +87,17 @@ struct EventRecord {
   std::string created_at;
 };
 
+// A run recorded by another database (another machine's, or one since lost), brought in whole:
+// `runs import`, and a resume on a node whose database does not know the run (app/run_record.h).
+struct ImportedRun {
+  // name, status (not running), model, host, params, world_size, revision, started_at,
+  // heartbeat_at, ended_at, message, note and tags are taken; id, pid, proc_ns and last_step are not.
+  RunSummary record;
+  std::string config_toml, config_json;
+  std::vector<MetricPoint> metrics;
+  std::vector<CheckpointRecord> checkpoints;  // run_id ignored
+  std::vector<EventRecord> events;            // run_id ignored
+  std::string imported_from;                  // where the record was read (a file), kept with the run
+};
+
 }  // namespace storage

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <stdexcept>
@@ -269,3 +270,81 @@ TEST(RunEdits, RunsWithACheckpointDirKeepTheirNameAndDeleteTheirFolderThere) {
 }
 
 }  // namespace
+
+// A run brought from another database (import_run) keeps everything it had: its row (status,
+// times, message, note, tags), config, metrics (a NaN too), checkpoints and events, in one
+// transaction. A taken name, a 'running' status or a bad tag is refused and writes nothing.
+TEST(RunEdits, ImportRunKeepsEverythingOrWritesNothing) {
+  auto store = RunStore::open(":memory:");
+  storage::ImportedRun in;
+  in.record.name = "far";
+  in.record.status = "preempted";
+  in.record.message = "SIGTERM from the scheduler";
+  in.record.model = "hybrid/base";
+  in.record.host = "node17";
+  in.record.params = 1234;
+  in.record.world_size = 16;
+  in.record.revision = "abc123";
+  in.record.started_at = "2026-11-30T10:00:00Z";
+  in.record.heartbeat_at = "2026-11-30T12:00:00Z";
+  in.record.ended_at = "2026-11-30T12:00:05Z";
+  in.record.note = "first job of the chain";
+  in.record.tags = {"cluster", "sweep"};
+  in.config_toml = "name = \"far\"\n";
+  in.config_json = "{\"name\":\"far\"}";
+  for (int64_t s = 1; s <= 5; ++s) in.metrics.push_back({s, 100 * s, 0.5 * s, "loss", 4.0 - 0.1 * s});
+  in.metrics.push_back({6, 600, 3.0, "loss", std::nan("")});
+  in.checkpoints.push_back({0, 3, "/shared/ckpt/far/checkpoints/step_00000003", 99, "ff", "2026-11-30T11:00:00Z"});
+  in.events.push_back({0, 3, "info", "checkpoint saved", "2026-11-30T11:00:00Z"});
+  const int64_t id = store->import_run(in);
+
+  const auto r = store->run(id);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->name, "far");
+  EXPECT_EQ(r->status, "preempted");
+  EXPECT_EQ(r->message, "SIGTERM from the scheduler");
+  EXPECT_EQ(r->model, "hybrid/base");
+  EXPECT_EQ(r->host, "node17");
+  EXPECT_EQ(r->params, 1234);
+  EXPECT_EQ(r->world_size, 16);
+  EXPECT_EQ(r->revision, "abc123");
+  EXPECT_EQ(r->started_at, "2026-11-30T10:00:00Z");
+  EXPECT_EQ(r->ended_at, "2026-11-30T12:00:05Z");
+  EXPECT_EQ(r->note, "first job of the chain");
+  EXPECT_EQ(r->tags, (std::vector<std::string>{"cluster", "sweep"}));
+  EXPECT_EQ(r->last_step, 6);
+  EXPECT_EQ(store->run_config_toml(id), in.config_toml);
+  EXPECT_EQ(store->run_config_json(id), in.config_json);
+  const auto loss = store->metrics(id, "loss");
+  ASSERT_EQ(loss.size(), 6u);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(loss[i].step, in.metrics[i].step);
+    EXPECT_EQ(loss[i].tokens, in.metrics[i].tokens);
+    EXPECT_EQ(loss[i].wall_s, in.metrics[i].wall_s);
+    EXPECT_EQ(loss[i].value, in.metrics[i].value);
+  }
+  EXPECT_TRUE(std::isnan(loss[5].value));
+  const auto cks = store->checkpoints(id);
+  ASSERT_EQ(cks.size(), 1u);
+  EXPECT_EQ(cks[0].path, in.checkpoints[0].path);
+  EXPECT_EQ(cks[0].sha256, "ff");
+  ASSERT_EQ(store->events(id).size(), 1u);
+  EXPECT_EQ(store->events(id)[0].text, "checkpoint saved");
+
+  // Refusals name what is wrong and leave the database as it was.
+  EXPECT_NE(error_of([&] { store->import_run(in); }).find("already has a run of that name (id " + std::to_string(id)),
+            std::string::npos);
+  auto running = in;
+  running.record.name = "live";
+  running.record.status = "running";
+  EXPECT_NE(error_of([&] { store->import_run(running); }).find("status 'running'"), std::string::npos);
+  auto bad_tag = in;
+  bad_tag.record.name = "tagged";
+  bad_tag.record.tags = {"two words"};
+  EXPECT_NE(error_of([&] { store->import_run(bad_tag); }).find("tag 'two words'"), std::string::npos);
+  auto bad_name = in;
+  bad_name.record.name = "a/b";
+  EXPECT_FALSE(error_of([&] { store->import_run(bad_name); }).empty());
+  EXPECT_EQ(store->list_runs().size(), 1u);
+  EXPECT_EQ(store->metrics(id).size(), 6u);
+}
