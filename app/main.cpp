@@ -104,7 +104,14 @@ int main(int argc, char** argv) {
   auto* delete_cmd = runs_cmd->add_subcommand("delete", "Delete runs with their metrics, events and checkpoint files");
   delete_cmd->add_option("runs", runs.runs, "Runs to delete (id, name or unique name prefix)")->required();
   delete_cmd->add_flag("-y,--yes", runs.yes, "Do not ask for each run");
-  for (auto* sub : {list_cmd, show_cmd, compare_cmd, rexport_cmd, tag_cmd, note_cmd, rename_cmd, delete_cmd}) {
+  auto* import_cmd = runs_cmd->add_subcommand(
+      "import", "Bring runs recorded elsewhere into this database: their metrics, config, events and checkpoint paths");
+  import_cmd
+      ->add_option("paths", runs.paths,
+                   "A run record (run_record.json, or `runs export --format json`'s file), or a run folder holding one "
+                   "(e.g. a cluster run's <run.checkpoint_dir>/<run>)")
+      ->required();
+  for (auto* sub : {list_cmd, show_cmd, compare_cmd, rexport_cmd, tag_cmd, note_cmd, rename_cmd, delete_cmd, import_cmd}) {
     sub->fallthrough();  // `runs show demo --runs-dir d` as well as `runs --runs-dir d show demo`
   }
 
@@ -364,6 +371,7 @@ int main(int argc, char** argv) {
     if (*show_cmd) return app::runs_show(runs);
     if (*compare_cmd) return app::runs_compare(runs);
     if (*rexport_cmd) return app::runs_export(runs);
+    if (*import_cmd) return app::runs_import(runs);
     if (*tag_cmd) return app::runs_tag(runs);
     if (*note_cmd) return app::runs_note(runs);
     if (*rename_cmd) return app::runs_rename(runs);

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "app/run_record.h"
 #include "storage/file_util.h"
 #include "storage/metrics_writer.h"
 #include "storage/run_store.h"
@@ -122,6 +123,7 @@ RunHost::~RunHost() {
   if (thread_.joinable()) {
     send(trainer::Command::Stop);
     thread_.join();
+    finish_records();
   } else if (!started_) {
     try {
       prep_.store->finish_run(prep_.run_id, "failed", "the run was never started");
@@ -170,6 +172,8 @@ void RunHost::start() {
     started_ = true;
   }
   session_->start();
+  // A database in memory (tests) has no second connection to read it through: no record then.
+  if (!prep_.db_path.empty() && prep_.db_path != ":memory:") record_thread_ = std::thread([this] { record_loop(); });
   thread_ = std::thread([this] { forward(); });
 }
 
@@ -200,6 +204,8 @@ void RunHost::forward() {
   } catch (const std::exception& e) {
     warn(std::string("recording the run's end: ") + e.what());
   }
+  write_record();
+  finish_records();
   {
     std::lock_guard<std::mutex> lk(mu_);
     ended_ = true;
@@ -262,6 +268,7 @@ void RunHost::handle(const trainer::Event& ev) {
     } catch (const std::exception& e) {
       warn(std::string("recording checkpoint ") + c->path + ": " + e.what());
     }
+    write_record();
   } else if (auto* l = std::get_if<trainer::LogEvent>(&ev)) {
     try {
       write_while_busy([&] { prep_.store->add_event({run_id, l->step, l->level, l->text, ""}); }, kRowPatience);
@@ -290,6 +297,43 @@ void RunHost::handle(const trainer::Event& ev) {
       warn(std::string("recording an event: ") + e.what());
     }
   }
+}
+
+void RunHost::write_record() {
+  {
+    std::lock_guard<std::mutex> lk(record_mu_);
+    record_wanted_ = true;
+  }
+  record_cv_.notify_all();
+}
+
+void RunHost::record_loop() {
+  std::unique_ptr<storage::RunStore> reader;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(record_mu_);
+      record_cv_.wait(lk, [&] { return record_wanted_ || record_stop_; });
+      if (!record_wanted_) return;  // stopped, nothing asked for
+      record_wanted_ = false;
+    }
+    try {
+      if (!reader) reader = storage::RunStore::open(prep_.db_path, /*read_only=*/true);
+      const auto rec = reader->run(prep_.run_id);
+      if (rec) write_run_record(*reader, *rec, prep_.run_dir + "/" + storage::RUN_RECORD_FILE);
+    } catch (const std::exception& e) {
+      warn(std::string("the run's record beside its checkpoints: ") + e.what());
+    }
+  }
+}
+
+void RunHost::finish_records() {
+  if (!record_thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lk(record_mu_);
+    record_stop_ = true;
+  }
+  record_cv_.notify_all();
+  record_thread_.join();
 }
 
 void RunHost::warn(const std::string& what) {

@@ -20,13 +20,14 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "storage/run_store.h"
+#include "storage/types.h"
 #include "trainer/api.h"
 #include "trainer/cluster.h"
 #include "trainer/rendezvous.h"
@@ -50,6 +51,11 @@ struct PreparedRun {
   int64_t run_id = 0;
   std::string run_dir;                      // <runs_dir>/<name>: checkpoints go to run_dir/checkpoints
   std::string resume_from;                  // checkpoint directory to continue from; empty = fresh start
+  // A resume's run read from its record (storage::RUN_RECORD_FILE), not yet in the database (then
+  // run_id is 0), and the database's older copy it replaces (0: none); the train command's
+  // commit_resume brings it in.
+  std::optional<storage::ImportedRun> adopt;
+  int64_t replaces_run = 0;
 };
 
 // Records a new run for a validated, resolved config in <cfg.run.runs_dir>/deltadeck.db (the name
@@ -115,6 +121,14 @@ class RunHost {
   void forward();                                   // the forwarding thread's body
   void handle(const trainer::Event& e);             // one event: view, records, database
   void warn(const std::string& what);               // a storage failure: logged, never thrown
+  // Asks for the run's record in its folder (storage::RUN_RECORD_FILE), after a checkpoint and at
+  // the end, so that it travels with the checkpoints. The record thread writes it, through its own
+  // read-only connection: a long run's record (every metric row) never holds up the events. Requests
+  // that pile up while it writes are one write. A failure is a warning.
+  void write_record();
+  void record_loop();
+  // The end: the last record written, then the record thread joined.
+  void finish_records();
   void preload_history();
   // The engine's before_checkpoint_commit hook (rank 0's thread): returns once every metrics row
   // the engine emitted before the call is committed to the database, or after a minute (logged).
@@ -125,6 +139,10 @@ class RunHost {
   std::unique_ptr<storage::MetricsWriter> writer_;
   std::unique_ptr<trainer::Session> session_;
   std::thread thread_;
+  std::thread record_thread_;
+  std::mutex record_mu_;
+  std::condition_variable record_cv_;
+  bool record_wanted_ = false, record_stop_ = false;  // guarded by record_mu_
 
   mutable std::mutex mu_;                           // guards everything below
   std::condition_variable ended_cv_;

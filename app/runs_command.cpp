@@ -1,4 +1,4 @@
-// `deltadeck runs list|show|tag|note|rename|delete`, and the helpers every runs subcommand shares.
+// `deltadeck runs list|show|tag|note|rename|delete|import`, and the helpers every runs subcommand shares.
 #include "app/runs_command.h"
 
 #include <algorithm>
@@ -7,8 +7,10 @@
 #include <iostream>
 #include <stdexcept>
 
+#include "app/run_record.h"
 #include "app/runs_common.h"
 #include "storage/file_util.h"
+#include "trainer/config.h"
 #include "ui/log/log_line.h"
 
 namespace app {
@@ -111,6 +113,25 @@ Summary summarize(const storage::RunStore& store, int64_t run_id) {
 }  // namespace runs
 
 namespace {
+
+// After an edit, the record in the run's folder (app/run_record.h) says the same as the database.
+// A warning, never a failure: the edit itself is done.
+void refresh_record(const storage::RunStore& store, int64_t run_id) {
+  try {
+    const auto r = store.run(run_id);
+    if (!r || !store.imported_from(run_id).empty()) return;  // an imported run's record is its database's
+    trainer::ConfigResult parsed = trainer::parse_config(store.run_config_toml(run_id), "run config", {});
+    if (!parsed.ok()) return;
+    trainer::RunConfig cfg = parsed.config;
+    cfg.run.runs_dir = storage::files::parent_dir(store.path());
+    if (cfg.run.runs_dir.empty()) cfg.run.runs_dir = ".";
+    const std::string why = refresh_run_record(store, *r, trainer::run_folder(cfg, r->name));
+    if (!why.empty()) std::cerr << "warning: run '" << r->name << "': its record was not rewritten: " << why << "\n";
+  } catch (const std::exception& e) {
+    std::cerr << "warning: the run's record was not rewritten: " << e.what() << "\n";
+  }
+}
+
 
 std::string join(const std::vector<std::string>& v, const char* sep = ", ") {
   std::string out;
@@ -224,6 +245,7 @@ int runs_tag(const RunsArgs& a) {
   }
   const auto tags = store->tags(r->id);
   std::cout << "run '" << r->name << "' (id " << r->id << ") tags: " << (tags.empty() ? "none" : join(tags)) << "\n";
+  refresh_record(*store, r->id);
   return 0;
 }
 
@@ -235,6 +257,7 @@ int runs_note(const RunsArgs& a) {
   store->set_note(r->id, a.text);
   if (a.text.empty()) std::cout << "run '" << r->name << "' (id " << r->id << "): note cleared\n";
   else std::cout << "run '" << r->name << "' (id " << r->id << ") note: " << a.text << "\n";
+  refresh_record(*store, r->id);
   return 0;
 }
 
@@ -250,6 +273,7 @@ int runs_rename(const RunsArgs& a) {
     return 2;
   }
   std::cout << "renamed run " << r->id << " '" << r->name << "' to '" << a.text << "'\n";
+  refresh_record(*store, r->id);
   return 0;
 }
 
@@ -289,6 +313,33 @@ int runs_delete(const RunsArgs& a) {
       for (const auto& k : d.kept) std::cerr << "  kept " << k << "\n";
     } catch (const std::exception& e) {
       std::cerr << "deltadeck: cannot delete run '" << r.name << "': " << e.what() << "\n";
+      rc = 1;
+    }
+  }
+  return rc;
+}
+
+int runs_import(const RunsArgs& a) {
+  std::unique_ptr<storage::RunStore> store;
+  const std::string db = a.runs_dir + "/deltadeck.db";
+  try {
+    store = storage::RunStore::open(db);
+  } catch (const std::exception& e) {
+    std::cerr << "deltadeck: " << e.what() << "\n";
+    return 1;
+  }
+  int rc = 0;
+  for (const std::string& path : a.paths) {
+    std::string file = path;
+    try {
+      storage::ImportedRun run = read_run_record(path, &file);
+      const int64_t id = store->import_run(run);
+      std::cout << "imported run '" << run.record.name << "' (id " << id << ", " << run.record.status << ") from "
+                << file << ": " << run.metrics.size() << " metric rows, " << run.checkpoints.size()
+                << (run.checkpoints.size() == 1 ? " checkpoint, " : " checkpoints, ") << run.events.size()
+                << (run.events.size() == 1 ? " event\n" : " events\n");
+    } catch (const std::exception& e) {
+      std::cerr << "deltadeck: runs import " << path << ": " << e.what() << "\n";
       rc = 1;
     }
   }

@@ -1,8 +1,9 @@
 // `deltadeck runs export RUN --format csv|json [--out FILE]`.
 //   csv:  every metric row, `step,tokens,wall_s,key,value`, by key then step; values with 17
 //         significant digits so they read back bit for bit (the desktop app's CSV export is the same).
-//   json: one document: "run" (the record, tags, note), "config" (the resolved config), "metrics"
-//         (per key, columns "step", "tokens", "wall_s", "value"), "checkpoints", "events".
+//   json: the run's record (app/run_record.h): "run" (the record, tags, note), "config" (the
+//         resolved config) and "config_toml", "metrics" (per key, columns "step", "tokens",
+//         "wall_s", "value"), "checkpoints", "events"; `runs import` reads it back.
 #include <nlohmann/json.hpp>
 #include <sys/stat.h>
 
@@ -14,16 +15,13 @@
 #include <iostream>
 
 #include "app/runs_command.h"
+#include "app/run_record.h"
 #include "app/runs_common.h"
 #include "storage/file_util.h"
 
 namespace app {
 
 namespace {
-
-using Json = nlohmann::ordered_json;
-
-Json number(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
 
 int64_t write_csv(const storage::RunStore& store, int64_t run_id, std::ostream& out) {
   out << "step,tokens,wall_s,key,value\n";
@@ -44,39 +42,10 @@ int64_t write_csv(const storage::RunStore& store, int64_t run_id, std::ostream& 
 }
 
 int64_t write_json(const storage::RunStore& store, const storage::RunSummary& r, std::ostream& out) {
-  Json doc;
-  doc["run"] = {{"id", r.id},           {"name", r.name},         {"status", r.status},     {"message", r.message},
-                {"model", r.model},     {"params", r.params},     {"world_size", r.world_size},
-                {"host", r.host},       {"revision", r.revision}, {"started_at", r.started_at},
-                {"ended_at", r.ended_at}, {"last_step", r.last_step}, {"tags", r.tags}, {"note", r.note}};
-  doc["config"] = Json::parse(store.run_config_json(r.id), nullptr, /*allow_exceptions=*/false);
-  if (doc["config"].is_discarded()) doc["config"] = nullptr;
-  Json metrics = Json::object();
+  const auto doc = run_record_json(store, r);
+  out << doc.dump(1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
   int64_t rows = 0;
-  for (const std::string& key : store.metric_keys(r.id)) {
-    Json steps = Json::array(), tokens = Json::array(), wall = Json::array(), values = Json::array();
-    for (const storage::MetricPoint& p : store.metrics(r.id, key)) {
-      steps.push_back(p.step);
-      tokens.push_back(p.tokens);
-      wall.push_back(number(p.wall_s));
-      values.push_back(number(p.value));
-      ++rows;
-    }
-    metrics[key] = {{"step", steps}, {"tokens", tokens}, {"wall_s", wall}, {"value", values}};
-  }
-  doc["metrics"] = std::move(metrics);
-  Json cks = Json::array();
-  for (const auto& c : store.checkpoints(r.id)) {
-    cks.push_back({{"step", c.step}, {"path", c.path}, {"bytes", c.bytes}, {"sha256", c.sha256},
-                   {"created_at", c.created_at}});
-  }
-  doc["checkpoints"] = std::move(cks);
-  Json events = Json::array();
-  for (const auto& e : store.events(r.id)) {
-    events.push_back({{"step", e.step}, {"level", e.level}, {"text", e.text}, {"created_at", e.created_at}});
-  }
-  doc["events"] = std::move(events);
-  out << doc.dump(1, ' ', false, Json::error_handler_t::replace) << "\n";
+  for (const auto& m : doc["metrics"]) rows += static_cast<int64_t>(m["step"].size());
   return rows;
 }
 

@@ -5,9 +5,11 @@
 #include "app/train_command.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -21,8 +23,10 @@
 #include "app/front_ends.h"
 #include "app/node_log.h"
 #include "app/run_host.h"
+#include "app/run_record.h"
 #include "app/signals.h"
 #include "storage/file_util.h"
+#include "storage/run_name.h"
 #include "storage/run_store.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
@@ -73,12 +77,61 @@ int prepare_new_run(const TrainArgs& args, int nnodes, PreparedRun& out) {
   return 0;
 }
 
+// Where a resume looks for the record (storage::RUN_RECORD_FILE) of a run its database does not
+// know: under the run.checkpoint_dir this command's --set gives, then under the runs folder.
+std::vector<std::string> record_bases(const TrainArgs& args, const std::string& runs_dir) {
+  std::vector<std::string> bases;
+  // That key's --set alone, on the defaults: the others are checked against the run's own config later.
+  std::vector<std::string> dir_set;
+  for (const std::string& o : args.overrides) {
+    const auto key_end = o.find('=');
+    std::string key = o.substr(0, key_end);
+    key.erase(std::remove_if(key.begin(), key.end(), [](unsigned char c) { return std::isspace(c); }), key.end());
+    if (key_end != std::string::npos && key == "run.checkpoint_dir") dir_set.push_back(o);
+  }
+  const trainer::ConfigResult parsed = trainer::parse_config("[data]\ntrain = [\"text:-\"]\n", "--set", dir_set);
+  if (!dir_set.empty() && parsed.ok() && !parsed.config.run.checkpoint_dir.empty())
+    bases.push_back(storage::files::absolute_path(parsed.config.run.checkpoint_dir));
+  bases.push_back(runs_dir);
+  return bases;
+}
+
+// The record file of run `which` under `bases` (<base>/<which>/run_record.json), or for "latest"
+// the record written last (a run's record is rewritten at each of its checkpoints); "" when none.
+std::string find_run_record(const std::vector<std::string>& bases, const std::string& which) {
+  std::string best;
+  int64_t best_ns = -1;
+  for (const std::string& base : bases) {
+    if (which != "latest") {
+      if (!storage::run_name_problem(which).empty()) return "";
+      const std::string f = base + "/" + which + "/" + storage::RUN_RECORD_FILE;
+      if (storage::files::exists(f)) return f;
+      continue;
+    }
+    for (const std::string& entry : storage::files::list_dir(base)) {
+      const std::string f = base + "/" + entry + "/" + storage::RUN_RECORD_FILE;
+      struct stat st {};
+      if (::stat(f.c_str(), &st) != 0) continue;
+      const int64_t ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+      if (ns > best_ns) {
+        best_ns = ns;
+        best = f;
+      }
+    }
+  }
+  return best;
+}
+
 // --resume RUN|latest, read-only: the run, its recorded config (plus --set) and its newest usable
 // checkpoint (damaged ones and unfinished saves are skipped, and listed in `skipped`); node 0 of a
 // multi-node run sends the result to the others. A run still alive (on this host, or stamping its
 // heartbeat elsewhere) is refused. A checkpoint whose model shape, vocabulary, dtype or world size
 // differs from the run's is refused here, before the engine allocates anything, naming the field
-// and both values.
+// and both values. A run the database does not know (or no database at all) is taken from its
+// record (storage::RUN_RECORD_FILE) under run.checkpoint_dir (as --set gives it) or the runs folder,
+// and so is a record further along than the database's copy of the run (another job, on another
+// node, went on with it): out.adopt holds it, and commit_resume brings it in. Returns 2 after
+// printing the problem.
 int resolve_resume(const TrainArgs& args, int nnodes, PreparedRun& out, storage::RunSummary& run,
                    std::vector<std::string>* skipped = nullptr) {
   const bool read_only = args.dry_run;
@@ -89,44 +142,109 @@ int resolve_resume(const TrainArgs& args, int nnodes, PreparedRun& out, storage:
   }
   const std::string runs_dir = args.runs_dir.empty() ? "runs" : args.runs_dir;
   out.db_path = runs_dir + "/deltadeck.db";
-  if (!storage::files::exists(out.db_path)) {
-    std::cerr << "deltadeck: --resume " << args.resume << ": no run database at " << out.db_path
-              << " (pass --runs-dir)\n";
-    return 2;
-  }
+  const auto bases = record_bases(args, runs_dir);
+  // Thrown, as the database's own "no such run" is: node 0 of a multi-node run sends it to the others.
+  auto no_record = [&](const std::string& why) -> int {
+    std::string where;
+    for (size_t i = 0; i < bases.size(); ++i) where += (i ? " or " : "") + bases[i];
+    throw std::runtime_error("--resume " + args.resume + ": " + why + "; and no run record (" +
+                             storage::RUN_RECORD_FILE + ") of " + (args.resume == "latest" ? "any run" : "it") +
+                             " is in " + where +
+                             " (pass --runs-dir, or --set run.checkpoint_dir=... where its checkpoints are)");
+  };
+  auto adopt_from = [&](const std::string& file) {
+    out.adopt = read_run_record(file);
+    out.replaces_run = 0;
+    run = out.adopt->record;
+    run.id = 0;
+  };
+  const bool have_db = storage::files::exists(out.db_path);
   // A dry run only reads; open_for_display still migrates an older file this user may write.
-  if (read_only) out.store = storage::RunStore::open_for_display(out.db_path);
-  else out.store = storage::RunStore::open(out.db_path);
+  if (have_db) out.store = read_only ? storage::RunStore::open_for_display(out.db_path) : storage::RunStore::open(out.db_path);
   if (args.resume == "latest") {
-    auto runs = out.store->list_runs();
+    auto runs = have_db ? out.store->list_runs() : std::vector<storage::RunSummary>{};
     if (runs.empty()) {
-      std::cerr << "deltadeck: --resume latest: " << out.db_path << " records no runs\n";
-      return 2;
+      const std::string record = find_run_record(bases, "latest");
+      if (record.empty()) return no_record(have_db ? out.db_path + " records no runs" : "no run database at " + out.db_path);
+      adopt_from(record);
+    } else {
+      run = *std::max_element(runs.begin(), runs.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
     }
-    run = *std::max_element(runs.begin(), runs.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
   } else {
-    run = out.store->find_run(args.resume);
+    std::string unknown;
+    try {
+      if (!have_db) throw std::runtime_error("no run database at " + out.db_path);
+      run = out.store->find_run(args.resume);
+    } catch (const std::exception& e) {
+      unknown = e.what();
+    }
+    if (!unknown.empty()) {
+      const std::string record = find_run_record(bases, args.resume);
+      if (record.empty()) return no_record(unknown);
+      adopt_from(record);
+      if (run.name != args.resume) {
+        std::cerr << "deltadeck: --resume " << args.resume << ": " << record << " is the record of run '" << run.name
+                  << "', not of '" << args.resume << "'; nothing was started\n";
+        return 2;
+      }
+    }
   }
   // Its process alive here, or another machine's or container's with a recent heartbeat: two
   // processes would then train and record the same run.
-  if (const std::string busy = storage::still_running(run); !busy.empty()) {
+  if (const std::string busy = storage::still_running(run); !out.adopt && !busy.empty()) {
     std::cerr << "deltadeck: --resume: run '" << run.name << "' " << busy << "\n";
     return 2;
   }
+  // The run's config (plus --set) into cfg; false after printing its problems.
+  trainer::RunConfig cfg;
+  auto load_config = [&](const std::string& toml, const std::string& where) {
+    trainer::ConfigResult parsed = trainer::parse_config(toml, where, args.overrides);
+    if (!parsed.ok()) {
+      print_errors(where, parsed.errors);
+      return false;
+    }
+    cfg = parsed.config;
+    cfg.run.runs_dir = runs_dir;
+    auto unresolved = trainer::resolve_config(cfg);
+    if (!unresolved.empty()) {
+      print_errors(where, unresolved);
+      return false;
+    }
+    return true;
+  };
+  auto record_where = [&] { return "run '" + run.name + "' config (its record " + out.adopt->imported_from + ")"; };
+  if (out.adopt) {
+    if (!load_config(out.adopt->config_toml, record_where())) return 2;
+  } else {
+    if (!load_config(out.store->run_config_toml(run.id), "run '" + run.name + "' (id " + std::to_string(run.id) + ") config"))
+      return 2;
+    // The record beside the checkpoints further along than this database's copy: another database
+    // (a job of the chain on other nodes) recorded what came after; its record replaces this copy.
+    const std::string record = trainer::run_folder(cfg, run.name) + "/" + storage::RUN_RECORD_FILE;
+    if (storage::files::exists(record)) {
+      try {
+        storage::ImportedRun there = read_run_record(record);
+        if (there.record.name == run.name && there.record.started_at == run.started_at &&
+            there.record.last_step > run.last_step) {
+          std::cerr << "deltadeck: --resume: " << record << " is further along than " << out.db_path << " (step "
+                    << there.record.last_step << " against " << run.last_step << "): the run is taken from it\n";
+          const int64_t old_id = run.id;
+          out.adopt = std::move(there);
+          out.replaces_run = old_id;
+          run = out.adopt->record;
+          run.id = 0;
+          if (!load_config(out.adopt->config_toml, record_where())) return 2;
+        }
+      } catch (const std::exception& e) {
+        std::cerr << "warning: --resume: " << e.what() << " (the database's copy of the run is used)\n";
+      }
+    }
+  }
+  if (out.adopt && out.adopt->record.message == "imported while its record said running") {
+    std::cerr << "warning: --resume: the record of run '" << run.name << "' says it was running when last written ("
+              << out.adopt->record.heartbeat_at << "); if that process is still going, stop this one\n";
+  }
   out.run_id = run.id;
-  const std::string where = "run '" + run.name + "' (id " + std::to_string(run.id) + ") config";
-  trainer::ConfigResult parsed = trainer::parse_config(out.store->run_config_toml(run.id), where, args.overrides);
-  if (!parsed.ok()) {
-    print_errors(where, parsed.errors);
-    return 2;
-  }
-  trainer::RunConfig cfg = parsed.config;
-  cfg.run.runs_dir = runs_dir;
-  auto unresolved = trainer::resolve_config(cfg);
-  if (!unresolved.empty()) {
-    print_errors(where, unresolved);
-    return 2;
-  }
   out.run_dir = trainer::run_folder(cfg, run.name);
   try {
     const trainer::CheckpointChoice choice = trainer::choose_checkpoint(out.run_dir);
@@ -166,9 +284,24 @@ int resolve_resume(const TrainArgs& args, int nnodes, PreparedRun& out, storage:
 
 // The writes of a resume on node 0, after resolve_resume chose the checkpoint (`skipped`: what the
 // choice passed over): the checkpoint renamed back, later ones set aside, the run reopened.
-int commit_resume(const TrainArgs& args, PreparedRun& out, const storage::RunSummary& run,
+int commit_resume(const TrainArgs& args, PreparedRun& out, storage::RunSummary run,
                   const std::vector<std::string>& skipped) {
   const int64_t step = std::stoll(out.resume_from.substr(out.resume_from.rfind("step_") + 5));
+  if (out.adopt) {
+    // The run from its record (resolve_resume): into this database first, replacing an older copy.
+    try {
+      if (!out.store) out.store = storage::RunStore::open(out.db_path);
+      run.id = out.store->import_run(*out.adopt, out.replaces_run);
+    } catch (const std::exception& e) {
+      std::cerr << "deltadeck: --resume " << args.resume << ": " << e.what() << "; nothing was started\n";
+      return 2;
+    }
+    out.run_id = run.id;
+    std::cerr << "deltadeck: --resume: took run '" << run.name << "' from its record " << out.adopt->imported_from
+              << " (" << out.adopt->metrics.size() << " metric rows, " << out.adopt->checkpoints.size()
+              << " checkpoints) into " << out.db_path << "\n";
+    out.adopt.reset();
+  }
   // Checkpoints after the chosen one are those the choice skipped as damaged: left in place they
   // would count as the newest when pruning, which would then delete the resumed run's fresh saves.
   std::vector<std::string> set_aside;
@@ -509,7 +642,9 @@ int dry_run_train(const TrainArgs& args, const trainer::ClusterSpec& cluster) {
       if (int rc = resolve_resume(args, cluster.nnodes, prep, run); rc != 0) return rc;
       cfg = std::move(prep.cfg);
       cfg.name = run.name;
-      info.where = "run '" + run.name + "' (id " + std::to_string(run.id) + ")";
+      info.where = prep.adopt ? "run '" + run.name + "' (from its record " + prep.adopt->imported_from +
+                                    ", which a resume brings into " + prep.db_path + ")"
+                              : "run '" + run.name + "' (id " + std::to_string(run.id) + ")";
       info.resume_from = prep.resume_from;
     }
     return dry_run(cfg, info);

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# A run's record travels with its checkpoints (storage::RUN_RECORD_FILE in the run folder, rewritten
+# at every checkpoint and at the end): `runs import` brings it into another database, and a resume
+# on a database that does not know the run (a cluster job's fresh node-local runs folder) takes it
+# from there, by name or as "latest", from the runs folder or from run.checkpoint_dir, and so does a
+# database whose copy of the run is behind the record (a job of a chain back on an earlier node).
+# Broken records are refused naming the file and the key; delete removes the record with the
+# folder, but an imported copy's delete leaves the files.
+set -euo pipefail
+bin=$(realpath "$1")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+cd "$work"
+# expect RC OUTFILE COMMAND...: runs the command, output to OUTFILE, and checks its exit code.
+expect() {
+  local want=$1 out=$2
+  shift 2
+  set +e
+  "$@" > "$out" 2>&1
+  local rc=$?
+  set -e
+  [ "$rc" = "$want" ] || { cat "$out" >&2; fail "'$*' exited $rc, expected $want"; }
+}
+has() { grep -qF -- "$2" "$1" || { cat "$1" >&2; fail "expected '$2' in $1"; }; }
+# rows DB RUN: the run's current metric rows.
+rows() { sqlite3 "$1" "SELECT count(*) FROM metrics m JOIN runs r ON r.id = m.run_id WHERE r.name='$2' AND superseded=0"; }
+
+mkdir -p corpus
+for i in $(seq 1 120); do printf 'pack my box with five dozen liquor jugs %d\n%%\n' "$i" >> corpus/a.txt; done
+cat > run.toml <<TOML
+name = "rec"
+[model]
+d = 32
+L = 1
+attn_heads = 2
+attn_kv_heads = 1
+attn_head_dim = 16
+ffn_hidden = 64
+[data]
+train = ["text:$work/corpus/*.txt"]
+val = 0.05
+[train]
+steps = 6
+batch_size = 2
+seq_len = 16
+warmup_steps = 2
+eval_batches = 1
+[run]
+log_interval = 1
+eval_interval = 3
+save_interval = 3
+threads = 1
+TOML
+
+# ---- the record beside the checkpoints says what the database says
+expect 0 rec.out "$bin" train --no-gui --config run.toml --runs-dir runs
+[ -f runs/rec/run_record.json ] || fail "no run record in runs/rec"
+[ ! -e runs/rec/run_record.json.tmp ] || fail "a temporary record was left"
+python3 - runs/deltadeck.db runs/rec/run_record.json <<'PY' || fail "the record differs from the database"
+import json, sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+doc = json.load(open(sys.argv[2]))
+assert doc["run"]["name"] == "rec" and doc["run"]["status"] == "finished", doc["run"]
+assert doc["config_toml"] == db.execute("SELECT config_toml FROM runs WHERE name='rec'").fetchone()[0]
+n, = db.execute("SELECT count(*) FROM metrics WHERE superseded=0").fetchone()
+assert sum(len(c["step"]) for c in doc["metrics"].values()) == n, n
+assert [c["step"] for c in doc["checkpoints"]] == [3, 6], doc["checkpoints"]
+PY
+before=$(rows runs/deltadeck.db rec)
+
+# ---- runs import: another database gets the whole run; a second import of the name is refused
+expect 0 import.out "$bin" runs import runs/rec --runs-dir elsewhere
+has import.out "imported run 'rec' (id 1, finished) from runs/rec/run_record.json: $before metric rows, 2 checkpoints"
+[ "$(rows elsewhere/deltadeck.db rec)" = "$before" ] || fail "imported $(rows elsewhere/deltadeck.db rec) rows, not $before"
+expect 0 show.out "$bin" runs show rec --runs-dir elsewhere
+has show.out "finished"
+expect 1 again.out "$bin" runs import runs/rec/run_record.json --runs-dir elsewhere
+has again.out "already has a run of that name (id 1)"
+# Broken records: not JSON (with the byte), a key missing, columns of different lengths, a folder without one.
+head -c 200 runs/rec/run_record.json > cut.json
+expect 1 cut.out "$bin" runs import cut.json --runs-dir elsewhere
+has cut.out "cut.json: not valid JSON at byte"
+python3 - runs/rec/run_record.json <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+bad = json.loads(json.dumps(doc)); bad["run"]["name"] = "nocfg"; del bad["config_toml"]; json.dump(bad, open("nocfg.json", "w"))
+bad = json.loads(json.dumps(doc)); bad["run"]["name"] = "short"; bad["metrics"]["loss"]["step"].pop(); json.dump(bad, open("short.json", "w"))
+live = json.loads(json.dumps(doc)); live["run"]["name"] = "live"; live["run"]["status"] = "running"; json.dump(live, open("live.json", "w"))
+PY
+expect 1 nocfg.out "$bin" runs import nocfg.json --runs-dir elsewhere
+has nocfg.out "nocfg.json: \"config_toml\" is missing"
+expect 1 short.out "$bin" runs import short.json --runs-dir elsewhere
+has short.out "\"metrics.loss\" has columns of different lengths"
+mkdir -p empty-folder
+expect 1 nofile.out "$bin" runs import empty-folder --runs-dir elsewhere
+has nofile.out "the folder holds no run record"
+# A record written while its run was running comes in as interrupted.
+expect 0 live.out "$bin" runs import live.json --runs-dir elsewhere
+has live.out "imported run 'live' (id 2, interrupted)"
+[ "$(sqlite3 elsewhere/deltadeck.db "SELECT count(*) FROM runs")" = 2 ] || fail "a refused import wrote a run"
+# Deleting an imported run drops its rows only: the checkpoints are the other database's.
+expect 0 delimp.out "$bin" runs delete rec --yes --runs-dir elsewhere
+has delimp.out "the run was imported from $work/runs/rec/run_record.json"
+[ -d runs/rec/checkpoints/step_00000006 ] && [ -f runs/rec/run_record.json ] || fail "deleting the imported copy removed files"
+
+# ---- a resume whose database is gone takes the run from its record and goes on
+rm -f runs/deltadeck.db runs/deltadeck.db-wal runs/deltadeck.db-shm
+expect 0 dry.out "$bin" train --no-gui --resume rec --runs-dir runs --dry-run
+has dry.out "run 'rec' (from its record $work/runs/rec/run_record.json, which a resume brings into runs/deltadeck.db)"
+[ ! -e runs/deltadeck.db ] || fail "the dry run created a database"
+expect 0 adopt.out "$bin" train --no-gui --resume rec --runs-dir runs --set train.steps=9
+has adopt.out "took run 'rec' from its record $work/runs/rec/run_record.json ($before metric rows, 2 checkpoints) into runs/deltadeck.db"
+has adopt.out "resume changed the run's config: train.steps 6 -> 9"
+[ -z "$(sqlite3 runs/deltadeck.db "SELECT imported_from FROM runs WHERE name='rec'")" ] || fail "a resumed run stays marked imported"
+[ "$(sqlite3 runs/deltadeck.db "SELECT status || ' ' || max(m.step) FROM runs r JOIN metrics m ON m.run_id = r.id WHERE m.key='loss' AND superseded=0")" = "finished 9" ] \
+  || fail "the adopted run did not finish at step 9"
+[ "$(sqlite3 runs/deltadeck.db "SELECT min(step) FROM metrics WHERE key='loss' AND superseded=0")" = 1 ] \
+  || fail "the steps before the resume were not brought in"
+
+# ---- a cluster chain: checkpoints under run.checkpoint_dir, each job a fresh runs folder
+expect 0 job1.out "$bin" train --no-gui --config run.toml --runs-dir job1 --set name=chain --set "run.checkpoint_dir=\"$work/ckpt\""
+[ -f ckpt/chain/run_record.json ] || fail "no record under run.checkpoint_dir"
+expect 1 noset.out "$bin" train --no-gui --resume latest --runs-dir job2
+has noset.out "no run database at job2/deltadeck.db; and no run record (run_record.json) of any run is in job2"
+expect 0 job2.out "$bin" train --no-gui --resume latest --runs-dir job2 --set "run.checkpoint_dir=\"$work/ckpt\"" \
+  --set train.steps=9
+has job2.out "took run 'chain' from its record $work/ckpt/chain/run_record.json"
+[ "$(sqlite3 job2/deltadeck.db "SELECT max(step) FROM metrics WHERE key='loss' AND superseded=0")" = 9 ] \
+  || fail "job 2 did not reach step 9"
+python3 -c "import json,sys; d=json.load(open('ckpt/chain/run_record.json')); sys.exit(0 if max(d['metrics']['loss']['step']) == 9 else 1)" \
+  || fail "the record was not rewritten by job 2"
+# Job 3 lands on job 1's node: its database knows the run only to step 6, the record to step 9.
+expect 0 job3.out "$bin" train --no-gui --resume chain --runs-dir job1 --set "run.checkpoint_dir=\"$work/ckpt\"" \
+  --set train.steps=12
+has job3.out "ckpt/chain/run_record.json is further along than job1/deltadeck.db (step 9 against 6): the run is taken from it"
+[ "$(sqlite3 job1/deltadeck.db "SELECT count(DISTINCT step) || ' ' || min(step) || ' ' || max(step) FROM metrics WHERE key='loss' AND superseded=0")" = "12 1 12" ] \
+  || fail "job 3's database does not hold steps 1 to 12: $(sqlite3 job1/deltadeck.db "SELECT step FROM metrics WHERE key='loss'")"
+[ "$(sqlite3 job1/deltadeck.db "SELECT count(*) FROM runs")" = 1 ] || fail "the older copy was not replaced"
+# Only what changed is reported changed (the record's config reads back as written): here the
+# runs folder, which the config records.
+expect 0 job4.out "$bin" train --no-gui --resume chain --runs-dir job4 --set "run.checkpoint_dir=\"$work/ckpt\""
+has job4.out "took run 'chain' from its record"
+has job4.out "resume changed the run's config: run.runs_dir \"job1\" -> \"job4\" (later resumes keep it)"
+
+# ---- delete removes the record and the run folder with it
+expect 0 del.out "$bin" runs delete chain --yes --runs-dir job4
+[ ! -e ckpt/chain ] || { ls -la ckpt/chain; fail "the run folder under run.checkpoint_dir is still there"; }
+echo "run record e2e: ok"
