@@ -509,6 +509,34 @@ int64_t RunStore::create_run(const NewRun& r) {
   return id;
 }
 
+namespace {
+
+// REPLACE: saving the same step again (after a resume) overwrites the file, so the row follows.
+constexpr const char* kInsertCheckpoint =
+    "INSERT OR REPLACE INTO checkpoints(run_id, step, path, bytes, sha256, created_at) VALUES(?1, ?2, ?3, ?4, ?5, ?6)";
+constexpr const char* kInsertEvent = "INSERT INTO events(run_id, step, level, text, created_at) VALUES(?1, ?2, ?3, ?4, ?5)";
+
+// One row of run_id through a statement of kInsertCheckpoint / kInsertEvent; an empty created_at is now.
+void insert_checkpoint(Stmt& s, int64_t run_id, const CheckpointRecord& c) {
+  s.bind(1, run_id)
+      .bind(2, c.step)
+      .bind(3, c.path)
+      .bind(4, c.bytes)
+      .bind_or_null(5, c.sha256)
+      .bind(6, c.created_at.empty() ? now_utc() : c.created_at)
+      .run();
+}
+void insert_event(Stmt& s, int64_t run_id, const EventRecord& e) {
+  s.bind(1, run_id)
+      .bind(2, e.step)
+      .bind(3, e.level.empty() ? std::string("info") : e.level)
+      .bind(4, e.text)
+      .bind(5, e.created_at.empty() ? now_utc() : e.created_at)
+      .run();
+}
+
+}  // namespace
+
 int64_t RunStore::import_run(const ImportedRun& r, int64_t replace_id) {
   const RunSummary& rec = r.record;
   const std::string what = path_ + ": import of run '" + rec.name + "': ";
@@ -563,29 +591,12 @@ int64_t RunStore::import_run(const ImportedRun& r, int64_t replace_id) {
       m.bind(1, id).bind(2, p.step).bind(3, p.tokens).bind(4, p.wall_s).bind(5, p.key).bind(6, p.value).run();
   }
   {
-    Stmt c(db_, path_,
-           "INSERT OR REPLACE INTO checkpoints(run_id, step, path, bytes, sha256, created_at) "
-           "VALUES(?1, ?2, ?3, ?4, ?5, ?6)");
-    for (const CheckpointRecord& k : r.checkpoints) {
-      c.bind(1, id)
-          .bind(2, k.step)
-          .bind(3, k.path)
-          .bind(4, k.bytes)
-          .bind_or_null(5, k.sha256)
-          .bind(6, k.created_at.empty() ? now_utc() : k.created_at)
-          .run();
-    }
+    Stmt c(db_, path_, kInsertCheckpoint);
+    for (const CheckpointRecord& k : r.checkpoints) insert_checkpoint(c, id, k);
   }
   {
-    Stmt e(db_, path_, "INSERT INTO events(run_id, step, level, text, created_at) VALUES(?1, ?2, ?3, ?4, ?5)");
-    for (const EventRecord& ev : r.events) {
-      e.bind(1, id)
-          .bind(2, ev.step)
-          .bind(3, ev.level.empty() ? std::string("info") : ev.level)
-          .bind(4, ev.text)
-          .bind(5, ev.created_at.empty() ? now_utc() : ev.created_at)
-          .run();
-    }
+    Stmt e(db_, path_, kInsertEvent);
+    for (const EventRecord& ev : r.events) insert_event(e, id, ev);
   }
   {
     Stmt t(db_, path_, "INSERT OR IGNORE INTO tags(run_id, tag) VALUES(?1, ?2)");
@@ -656,18 +667,9 @@ void RunStore::insert_metrics(const std::vector<MetricRow>& rows) {
 }
 
 void RunStore::add_checkpoint(const CheckpointRecord& c) {
-  // REPLACE: saving the same step again (after a resume) overwrites the file, so the row follows.
   Transaction tx(db_, path_);
-  Stmt s(db_, path_,
-         "INSERT OR REPLACE INTO checkpoints(run_id, step, path, bytes, sha256, created_at) "
-         "VALUES(?1, ?2, ?3, ?4, ?5, ?6)");
-  s.bind(1, c.run_id)
-      .bind(2, c.step)
-      .bind(3, c.path)
-      .bind(4, c.bytes)
-      .bind_or_null(5, c.sha256)
-      .bind(6, c.created_at.empty() ? now_utc() : c.created_at)
-      .run();
+  Stmt s(db_, path_, kInsertCheckpoint);
+  insert_checkpoint(s, c.run_id, c);
   tx.commit();
 }
 
@@ -689,14 +691,8 @@ int64_t RunStore::supersede_metrics_after(int64_t run_id, int64_t step) {
 
 void RunStore::add_event(const EventRecord& e) {
   Transaction tx(db_, path_);
-  Stmt s(db_, path_,
-         "INSERT INTO events(run_id, step, level, text, created_at) VALUES(?1, ?2, ?3, ?4, ?5)");
-  s.bind(1, e.run_id)
-      .bind(2, e.step)
-      .bind(3, e.level.empty() ? std::string("info") : e.level)
-      .bind(4, e.text)
-      .bind(5, e.created_at.empty() ? now_utc() : e.created_at)
-      .run();
+  Stmt s(db_, path_, kInsertEvent);
+  insert_event(s, e.run_id, e);
   tx.commit();
 }
 

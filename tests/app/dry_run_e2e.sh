@@ -3,13 +3,9 @@
 # model, world size, memory, schedule) and nothing is created; token shards are counted from their
 # headers; a bad config exits 2 naming the key; a dry run of --resume names the checkpoint and
 # changes nothing in the database.
-set -euo pipefail
-bin=$(realpath "$1")
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/e2e_common.sh"
+bin=$(realpath "$bin")
 cd "$work"
-has() { grep -qF -- "$2" "$1" || { cat "$1" >&2; fail "expected '$2' in $1"; }; }
 
 # 1. The demo config.
 "$bin" train --dry-run --runs-dir "$work/runs" > demo.out 2>&1 || { cat demo.out; fail "dry run of the demo config"; }

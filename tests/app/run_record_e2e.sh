@@ -6,37 +6,17 @@
 # database whose copy of the run is behind the record (a job of a chain back on an earlier node).
 # Broken records are refused naming the file and the key; delete removes the record with the
 # folder, but an imported copy's delete leaves the files.
-set -euo pipefail
-bin=$(realpath "$1")
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/e2e_common.sh"
+bin=$(realpath "$bin")
 cd "$work"
-# expect RC OUTFILE COMMAND...: runs the command, output to OUTFILE, and checks its exit code.
-expect() {
-  local want=$1 out=$2
-  shift 2
-  set +e
-  "$@" > "$out" 2>&1
-  local rc=$?
-  set -e
-  [ "$rc" = "$want" ] || { cat "$out" >&2; fail "'$*' exited $rc, expected $want"; }
-}
-has() { grep -qF -- "$2" "$1" || { cat "$1" >&2; fail "expected '$2' in $1"; }; }
 # rows DB RUN: the run's current metric rows.
 rows() { sqlite3 "$1" "SELECT count(*) FROM metrics m JOIN runs r ON r.id = m.run_id WHERE r.name='$2' AND superseded=0"; }
 
-mkdir -p corpus
-for i in $(seq 1 120); do printf 'pack my box with five dozen liquor jugs %d\n%%\n' "$i" >> corpus/a.txt; done
+make_corpus corpus/a.txt 120 'pack my box with five dozen liquor jugs'
 cat > run.toml <<TOML
 name = "rec"
 [model]
-d = 32
-L = 1
-attn_heads = 2
-attn_kv_heads = 1
-attn_head_dim = 16
-ffn_hidden = 64
+$TINY_MODEL_KEYS
 [data]
 train = ["text:$work/corpus/*.txt"]
 val = 0.05

@@ -3,25 +3,11 @@
 # training runs: list (filters), show, compare, export (csv, json), tag, note, rename, delete; run
 # names that match nothing or several runs; JSON log lines that carry every metric of the step;
 # text lines in the documented format.
-set -euo pipefail
-bin=$(realpath "$1")
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/e2e_common.sh"
+bin=$(realpath "$bin")
 cd "$work"
 db="$work/runs/deltadeck.db"
 q() { sqlite3 "$db" "$1"; }
-# expect RC OUTFILE COMMAND...: runs the command, output to OUTFILE, and checks its exit code.
-expect() {
-  local want=$1 out=$2
-  shift 2
-  set +e
-  "$@" > "$out" 2>&1
-  local rc=$?
-  set -e
-  [ "$rc" = "$want" ] || { cat "$out" >&2; fail "'$*' exited $rc, expected $want"; }
-}
-has() { grep -qF -- "$2" "$1" || { cat "$1" >&2; fail "expected '$2' in $1"; }; }
 
 mkdir -p corpus
 for i in $(seq 1 120); do printf 'pack my box with five dozen liquor jugs %d\n%%\n' "$i" >> corpus/a.txt; done
