@@ -131,7 +131,7 @@ std::string find_run_record(const std::vector<std::string>& bases, const std::st
 // record (storage::RUN_RECORD_FILE) under run.checkpoint_dir (as --set gives it) or the runs folder,
 // and so is a record further along than the database's copy of the run (another job, on another
 // node, went on with it): out.adopt holds it, and commit_resume brings it in. Returns 2 after
-// printing the problem.
+// printing the problem; throws, naming where it looked, for a run neither knows.
 int resolve_resume(const TrainArgs& args, int nnodes, PreparedRun& out, storage::RunSummary& run,
                    std::vector<std::string>* skipped = nullptr) {
   const bool read_only = args.dry_run;
