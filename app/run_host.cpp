@@ -309,6 +309,8 @@ void RunHost::write_record() {
 
 void RunHost::record_loop() {
   std::unique_ptr<storage::RunStore> reader;
+  // One writer for the run's life here: after its first write it appends the new metric rows.
+  RunRecordWriter writer(prep_.run_dir);
   for (;;) {
     {
       std::unique_lock<std::mutex> lk(record_mu_);
@@ -319,7 +321,7 @@ void RunHost::record_loop() {
     try {
       if (!reader) reader = storage::RunStore::open(prep_.db_path, /*read_only=*/true);
       const auto rec = reader->run(prep_.run_id);
-      if (rec) write_run_record(*reader, *rec, prep_.run_dir + "/" + storage::RUN_RECORD_FILE);
+      if (rec) writer.write(*reader, *rec);
     } catch (const std::exception& e) {
       warn(std::string("the run's record beside its checkpoints: ") + e.what());
     }

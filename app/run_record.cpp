@@ -1,5 +1,6 @@
 #include "app/run_record.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,12 +29,15 @@ class Reader {
  public:
   explicit Reader(std::string source) : source_(std::move(source)) {}
 
+  static std::string key_of(const std::string& parent, const char* name) {
+    return parent.empty() ? std::string(name) : parent + "." + name;
+  }
   [[noreturn]] void fail(const std::string& key, const std::string& why) const {
     throw std::runtime_error(source_ + ": \"" + key + "\" " + why);
   }
   const nlohmann::ordered_json& member(const nlohmann::ordered_json& obj, const std::string& parent,
                                        const char* name) const {
-    const std::string key = parent.empty() ? name : parent + "." + name;
+    const std::string key = key_of(parent, name);
     if (!obj.is_object()) fail(parent, "must be an object");
     auto it = obj.find(name);
     if (it == obj.end()) fail(key, "is missing");
@@ -42,7 +46,7 @@ class Reader {
   std::string text(const nlohmann::ordered_json& obj, const std::string& parent, const char* name) const {
     const auto& v = member(obj, parent, name);
     if (v.is_null()) return "";
-    if (!v.is_string()) fail(parent + "." + name, "must be a string or null");
+    if (!v.is_string()) fail(key_of(parent, name), "must be a string or null");
     return v.get<std::string>();
   }
   int64_t integer(const nlohmann::ordered_json& v, const std::string& key) const {
@@ -50,7 +54,7 @@ class Reader {
     return v.get<int64_t>();
   }
   int64_t integer(const nlohmann::ordered_json& obj, const std::string& parent, const char* name) const {
-    return integer(member(obj, parent, name), parent + "." + name);
+    return integer(member(obj, parent, name), key_of(parent, name));
   }
   // A number, or null for a value that was not finite (NaN here).
   double real(const nlohmann::ordered_json& v, const std::string& key) const {
@@ -60,7 +64,7 @@ class Reader {
   }
   const nlohmann::ordered_json& array(const nlohmann::ordered_json& obj, const std::string& parent, const char* name) const {
     const auto& v = member(obj, parent, name);
-    if (!v.is_array()) fail(parent.empty() ? name : parent + "." + name, "must be an array");
+    if (!v.is_array()) fail(key_of(parent, name), "must be an array");
     return v;
   }
 
@@ -70,7 +74,11 @@ class Reader {
 
 }  // namespace
 
-nlohmann::ordered_json run_record_json(const storage::RunStore& store, const storage::RunSummary& r) {
+namespace {
+
+// The document for run r with `metrics_fields` where its metrics belong: {"metrics": columns}
+// inline, or {"metrics_file", "metric_rows"}.
+Json record_doc(const storage::RunStore& store, const storage::RunSummary& r, const Json& metrics_fields) {
   Json doc;
   doc["run"] = {{"id", r.id},           {"name", r.name},         {"status", r.status},     {"message", r.message},
                 {"model", r.model},     {"params", r.params},     {"world_size", r.world_size},
@@ -81,18 +89,7 @@ nlohmann::ordered_json run_record_json(const storage::RunStore& store, const sto
   if (doc["config"].is_discarded()) doc["config"] = nullptr;
   // The config as the run parses it (a resume reads the TOML), beside the JSON for other readers.
   doc["config_toml"] = store.run_config_toml(r.id);
-  Json metrics = Json::object();
-  for (const std::string& key : store.metric_keys(r.id)) {
-    Json steps = Json::array(), tokens = Json::array(), wall = Json::array(), values = Json::array();
-    for (const storage::MetricPoint& p : store.metrics(r.id, key)) {
-      steps.push_back(p.step);
-      tokens.push_back(p.tokens);
-      wall.push_back(number(p.wall_s));
-      values.push_back(number(p.value));
-    }
-    metrics[key] = {{"step", steps}, {"tokens", tokens}, {"wall_s", wall}, {"value", values}};
-  }
-  doc["metrics"] = std::move(metrics);
+  for (auto it = metrics_fields.begin(); it != metrics_fields.end(); ++it) doc[it.key()] = it.value();
   Json cks = Json::array();
   for (const auto& c : store.checkpoints(r.id)) {
     cks.push_back({{"step", c.step}, {"path", c.path}, {"bytes", c.bytes}, {"sha256", c.sha256},
@@ -107,43 +104,261 @@ nlohmann::ordered_json run_record_json(const storage::RunStore& store, const sto
   return doc;
 }
 
-void write_run_record(const storage::RunStore& store, const storage::RunSummary& r, const std::string& path) {
-  const std::string text = run_record_json(store, r).dump(1, ' ', false, Json::error_handler_t::replace) + "\n";
-  // A name of this process's own: the trainer and an edit (`runs note`) may write at once.
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+std::string errno_text() { return std::strerror(errno); }
+
+// A file opened for writing: whole writes, flushed to disk, closed; every failure throws naming it.
+class OutFile {
+ public:
+  OutFile(const std::string& path, bool append) : path_(path) {
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
+    if (fd_ < 0) throw std::runtime_error(path + ": cannot open for writing (" + errno_text() + ")");
+  }
+  ~OutFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  OutFile(const OutFile&) = delete;
+  OutFile& operator=(const OutFile&) = delete;
+  void write(const std::string& text) {
+    size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw std::runtime_error(path_ + ": write failed (" + errno_text() + ")");
+      done += static_cast<size_t>(n);
+    }
+  }
+  void sync_and_close() {
+    if (::fsync(fd_) != 0) throw std::runtime_error(path_ + ": fsync failed (" + errno_text() + ")");
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) throw std::runtime_error(path_ + ": close failed (" + errno_text() + ")");
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// Renames this process's temporary `tmp` over `path` and flushes the folder; removes tmp on failure.
+void rename_over(const std::string& tmp, const std::string& path) {
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = errno_text();
+    std::remove(tmp.c_str());
+    throw std::runtime_error("cannot rename " + tmp + " to " + path + " (" + why + ")");
+  }
+  storage::files::fsync_path(storage::files::parent_dir(path));
+}
+
+// A temporary name of this process's own for `path`: the trainer and an edit (`runs note`) may
+// write at once.
+std::string temporary_for(const std::string& path) { return path + ".tmp." + std::to_string(::getpid()); }
+
+// Writes `doc` to `path` whole or not at all.
+void write_document(const Json& doc, const std::string& path) {
+  const std::string text = doc.dump(1, ' ', false, Json::error_handler_t::replace) + "\n";
+  const std::string tmp = temporary_for(path);
   try {
-    storage::write_text_file(storage::posix_io(), tmp, text);
+    OutFile out(tmp, /*append=*/false);
+    out.write(text);
+    out.sync_and_close();
   } catch (const std::exception& e) {
     std::remove(tmp.c_str());
     throw std::runtime_error(std::string("writing the run record: ") + e.what());
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    std::remove(tmp.c_str());
-    throw std::runtime_error("writing the run record: cannot rename " + tmp + " to " + path + " (" + why + ")");
+  rename_over(tmp, path);
+}
+
+// The lines of `rows` in the metrics file: [key, step, tokens, wall_s, value] each, non-finite
+// values as null. Written to `out` a megabyte at a time.
+void write_metric_lines(OutFile& out, const std::vector<storage::MetricPoint>& rows, int64_t* bytes) {
+  std::string text;
+  for (const storage::MetricPoint& p : rows) {
+    text += Json::array({p.key, p.step, p.tokens, number(p.wall_s), number(p.value)})
+                .dump(-1, ' ', false, Json::error_handler_t::replace);
+    text += '\n';
+    if (text.size() >= (1u << 20)) {
+      out.write(text);
+      *bytes += static_cast<int64_t>(text.size());
+      text.clear();
+    }
   }
-  storage::files::fsync_path(storage::files::parent_dir(path));
+  out.write(text);
+  *bytes += static_cast<int64_t>(text.size());
+}
+
+// The whole file at `f` as one JSON document; throws naming the file (and the byte where it is not JSON).
+Json read_json_file(const std::string& f) {
+  std::ifstream in(f, std::ios::binary);
+  if (!in) throw std::runtime_error(f + ": cannot read (" + errno_text() + ")");
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return Json::parse(text.str());
+  } catch (const Json::parse_error& e) {
+    throw std::runtime_error(f + ": not valid JSON at byte " + std::to_string(e.byte) +
+                             " (a run record is one JSON document)");
+  }
+}
+
+// The first `rows` lines of the metrics file `file` into out.metrics (and out.record.last_step).
+void read_metrics_file(const std::string& file, int64_t rows, storage::ImportedRun& out) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw std::runtime_error(file + ": cannot read the run's metrics (" + errno_text() + ")");
+  std::string line;
+  for (int64_t i = 0; i < rows; ++i) {
+    const std::string at = file + ": line " + std::to_string(i + 1);
+    // A last line without its newline is an append cut short: not one of the run's rows.
+    if (!std::getline(in, line) || in.eof()) {
+      throw std::runtime_error(file + " holds " + std::to_string(i) + " whole lines; its record names " +
+                               std::to_string(rows) + " metric rows");
+    }
+    const Json row = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (row.is_discarded()) throw std::runtime_error(at + " is not valid JSON");
+    const auto real = [](const Json& v) { return v.is_null() || v.is_number(); };
+    if (!row.is_array() || row.size() != 5 || !row[0].is_string() || !row[1].is_number_integer() ||
+        !row[2].is_number_integer() || !real(row[3]) || !real(row[4])) {
+      throw std::runtime_error(at + " must be [key, step, tokens, wall_s, value]");
+    }
+    storage::MetricPoint p;
+    p.key = row[0].get<std::string>();
+    p.step = row[1].get<int64_t>();
+    p.tokens = row[2].get<int64_t>();
+    p.wall_s = row[3].is_null() ? std::numeric_limits<double>::quiet_NaN() : row[3].get<double>();
+    p.value = row[4].is_null() ? std::numeric_limits<double>::quiet_NaN() : row[4].get<double>();
+    out.record.last_step = std::max(out.record.last_step, p.step);
+    out.metrics.push_back(std::move(p));
+  }
+}
+
+// Inline metrics ("metrics": columns step, tokens, wall_s and value for each key) into out.
+void parse_inline_metrics(const Reader& in, const Json& metrics, storage::ImportedRun& out) {
+  if (!metrics.is_object()) in.fail("metrics", "must be an object of metric columns");
+  auto& r = out.record;
+  for (auto it = metrics.begin(); it != metrics.end(); ++it) {
+    const std::string key = "metrics." + it.key();
+    const auto& steps = in.array(it.value(), key, "step");
+    const auto& tokens = in.array(it.value(), key, "tokens");
+    const auto& wall = in.array(it.value(), key, "wall_s");
+    const auto& values = in.array(it.value(), key, "value");
+    if (tokens.size() != steps.size() || wall.size() != steps.size() || values.size() != steps.size()) {
+      in.fail(key, "has columns of different lengths (step " + std::to_string(steps.size()) + ", tokens " +
+                       std::to_string(tokens.size()) + ", wall_s " + std::to_string(wall.size()) + ", value " +
+                       std::to_string(values.size()) + ")");
+    }
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const std::string at = "[" + std::to_string(i) + "]";
+      storage::MetricPoint p;
+      p.key = it.key();
+      p.step = in.integer(steps[i], key + ".step" + at);
+      p.tokens = in.integer(tokens[i], key + ".tokens" + at);
+      p.wall_s = in.real(wall[i], key + ".wall_s" + at);
+      p.value = in.real(values[i], key + ".value" + at);
+      r.last_step = std::max(r.last_step, p.step);
+      out.metrics.push_back(std::move(p));
+    }
+  }
+}
+
+}  // namespace
+
+nlohmann::ordered_json run_record_json(const storage::RunStore& store, const storage::RunSummary& r) {
+  Json metrics = Json::object();
+  for (const std::string& key : store.metric_keys(r.id)) {
+    Json steps = Json::array(), tokens = Json::array(), wall = Json::array(), values = Json::array();
+    for (const storage::MetricPoint& p : store.metrics(r.id, key)) {
+      steps.push_back(p.step);
+      tokens.push_back(p.tokens);
+      wall.push_back(number(p.wall_s));
+      values.push_back(number(p.value));
+    }
+    metrics[key] = {{"step", steps}, {"tokens", tokens}, {"wall_s", wall}, {"value", values}};
+  }
+  return record_doc(store, r, Json{{"metrics", std::move(metrics)}});
+}
+
+RunRecordWriter::RunRecordWriter(std::string run_dir) : dir_(std::move(run_dir)) {}
+
+void RunRecordWriter::rewrite_metrics(const storage::RunStore& store, int64_t run_id) {
+  const std::string path = dir_ + "/" + storage::RUN_METRICS_FILE, tmp = temporary_for(path);
+  int64_t last_row = 0, bytes = 0;
+  const auto rows = store.metrics_logged_after(run_id, 0, &last_row);
+  try {
+    OutFile out(tmp, /*append=*/false);
+    write_metric_lines(out, rows, &bytes);
+    out.sync_and_close();
+  } catch (const std::exception& e) {
+    std::remove(tmp.c_str());
+    throw std::runtime_error(std::string("writing the run's metrics: ") + e.what());
+  }
+  rename_over(tmp, path);
+  last_row_ = last_row;
+  rows_ = static_cast<int64_t>(rows.size());
+  bytes_ = bytes;
+  in_step_ = true;
+}
+
+void RunRecordWriter::append_metrics(const storage::RunStore& store, int64_t run_id) {
+  const std::string path = dir_ + "/" + storage::RUN_METRICS_FILE;
+  int64_t last_row = last_row_, bytes = 0;
+  const auto rows = store.metrics_logged_after(run_id, last_row_, &last_row);
+  if (rows.empty()) return;
+  // Until the append is on disk the file is not known to be whole: a failure here leaves it to
+  // the next write's rewrite.
+  in_step_ = false;
+  try {
+    OutFile out(path, /*append=*/true);
+    write_metric_lines(out, rows, &bytes);
+    out.sync_and_close();
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string("appending the run's metrics: ") + e.what());
+  }
+  last_row_ = last_row;
+  rows_ += static_cast<int64_t>(rows.size());
+  bytes_ += bytes;
+  in_step_ = true;
+}
+
+void RunRecordWriter::write(const storage::RunStore& store, const storage::RunSummary& r) {
+  const std::string metrics_path = dir_ + "/" + storage::RUN_METRICS_FILE;
+  // Another hand may have touched the file (or removed it); then it is written whole again.
+  if (in_step_ && storage::files::file_size(metrics_path) != bytes_) in_step_ = false;
+  if (in_step_) append_metrics(store, r.id);
+  else rewrite_metrics(store, r.id);
+  write_document(record_doc(store, r, Json{{"metrics_file", storage::RUN_METRICS_FILE}, {"metric_rows", rows_}}),
+                 dir_ + "/" + storage::RUN_RECORD_FILE);
 }
 
 std::string refresh_run_record(const storage::RunStore& store, const storage::RunSummary& r, const std::string& run_dir) {
   const std::string path = run_dir + "/" + storage::RUN_RECORD_FILE;
   if (!storage::files::exists(path)) return "";
   try {
-    const storage::ImportedRun there = read_run_record(path);
-    if (there.record.started_at != r.started_at)
-      return path + " is another run's record (started " + there.record.started_at + "); left as it is";
-    if (there.record.last_step > r.last_step) {
-      return path + " is further along (step " + std::to_string(there.record.last_step) + " against " +
+    const Json there = read_json_file(path);
+    const Reader in(path);
+    const auto& run = in.member(there, "", "run");
+    const std::string started_at = in.text(run, "run", "started_at");
+    const int64_t last_step = in.integer(run, "run", "last_step");
+    if (started_at != r.started_at) return path + " is another run's record (started " + started_at + "); left as it is";
+    if (last_step > r.last_step) {
+      return path + " is further along (step " + std::to_string(last_step) + " against " +
              std::to_string(r.last_step) + " here); left as it is";
     }
-    write_run_record(store, r, path);
+    // The metrics stay as the record has them: inline, or the file and how many of its lines.
+    Json metrics_fields;
+    if (there.contains("metrics")) {
+      metrics_fields["metrics"] = there["metrics"];
+    } else {
+      metrics_fields["metrics_file"] = in.member(there, "", "metrics_file");
+      metrics_fields["metric_rows"] = in.integer(there, "", "metric_rows");
+    }
+    write_document(record_doc(store, r, metrics_fields), path);
   } catch (const std::exception& e) {
     return e.what();
   }
   return "";
 }
 
-storage::ImportedRun parse_run_record(const nlohmann::ordered_json& doc, const std::string& source) {
+storage::ImportedRun parse_run_record(const nlohmann::ordered_json& doc, const std::string& source,
+                                      const std::string& metrics_dir) {
   const Reader in(source);
   storage::ImportedRun out;
   if (!doc.is_object()) in.fail("", "the document must be a JSON object (a run record)");
@@ -181,30 +396,16 @@ storage::ImportedRun parse_run_record(const nlohmann::ordered_json& doc, const s
   // comparing it with the config it runs sees no change where there is none.
   out.config_json = config.is_null() ? "" : config.dump(2);
 
-  const auto& metrics = in.member(doc, "", "metrics");
-  if (!metrics.is_object()) in.fail("metrics", "must be an object of metric columns");
-  for (auto it = metrics.begin(); it != metrics.end(); ++it) {
-    const std::string key = "metrics." + it.key();
-    const auto& steps = in.array(it.value(), key, "step");
-    const auto& tokens = in.array(it.value(), key, "tokens");
-    const auto& wall = in.array(it.value(), key, "wall_s");
-    const auto& values = in.array(it.value(), key, "value");
-    if (tokens.size() != steps.size() || wall.size() != steps.size() || values.size() != steps.size()) {
-      in.fail(key, "has columns of different lengths (step " + std::to_string(steps.size()) + ", tokens " +
-                       std::to_string(tokens.size()) + ", wall_s " + std::to_string(wall.size()) + ", value " +
-                       std::to_string(values.size()) + ")");
-    }
-    for (size_t i = 0; i < steps.size(); ++i) {
-      const std::string at = "[" + std::to_string(i) + "]";
-      storage::MetricPoint p;
-      p.key = it.key();
-      p.step = in.integer(steps[i], key + ".step" + at);
-      p.tokens = in.integer(tokens[i], key + ".tokens" + at);
-      p.wall_s = in.real(wall[i], key + ".wall_s" + at);
-      p.value = in.real(values[i], key + ".value" + at);
-      r.last_step = std::max(r.last_step, p.step);
-      out.metrics.push_back(std::move(p));
-    }
+  if (!doc.contains("metrics") && doc.contains("metrics_file")) {
+    // The trainer's record: its metrics in the file beside it.
+    const std::string name = in.text(doc, "", "metrics_file");
+    if (name.empty() || name.find('/') != std::string::npos)
+      in.fail("metrics_file", "must name a file in the record's folder");
+    const int64_t rows = in.integer(doc, "", "metric_rows");
+    if (rows < 0) in.fail("metric_rows", "must not be negative");
+    read_metrics_file((metrics_dir.empty() ? std::string(".") : metrics_dir) + "/" + name, rows, out);
+  } else {
+    parse_inline_metrics(in, in.member(doc, "", "metrics"), out);
   }
   const auto& cks = in.array(doc, "", "checkpoints");
   for (size_t i = 0; i < cks.size(); ++i) {
@@ -238,18 +439,8 @@ storage::ImportedRun read_run_record(const std::string& path, std::string* file)
     throw std::runtime_error(f + ": no such file" +
                              (storage::files::is_dir(path) ? std::string(" (the folder holds no run record)") : ""));
   }
-  std::ifstream in(f, std::ios::binary);
-  if (!in) throw std::runtime_error(f + ": cannot read (" + std::strerror(errno) + ")");
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::ordered_json doc;
-  try {
-    doc = nlohmann::ordered_json::parse(text.str());
-  } catch (const nlohmann::ordered_json::parse_error& e) {
-    throw std::runtime_error(f + ": not valid JSON at byte " + std::to_string(e.byte) +
-                             " (a run record is one JSON document)");
-  }
-  storage::ImportedRun run = parse_run_record(doc, f);
+  const Json doc = read_json_file(f);
+  storage::ImportedRun run = parse_run_record(doc, f, storage::files::parent_dir(f));
   run.imported_from = storage::files::absolute_path(f);
   return run;
 }

@@ -929,7 +929,7 @@ DeletedRun RunStore::delete_run(int64_t run_id) {
     if (base.rfind("step_", 0) == 0 && files::is_dir(c.path)) remove(c.path);
   }
   // The run's own folder: its checkpoints folder (older, pruned and half-written step_* dirs
-  // included) and its record (RUN_RECORD_FILE), then the folders themselves when nothing else is in them. Likewise the run's folder
+  // included) and its record (RUN_RECORD_FILE, RUN_METRICS_FILE), then the folders themselves when nothing else is in them. Likewise the run's folder
   // under the run.checkpoint_dir its recorded config names.
   std::vector<std::string> dirs{run_dir(r.name)};
   if (!checkpoint_dir.empty()) dirs.push_back(checkpoint_dir + "/" + r.name);
@@ -939,7 +939,9 @@ DeletedRun RunStore::delete_run(int64_t run_id) {
       if (f.rfind("step_", 0) == 0) remove(ckdir + "/" + f);
     }
     for (const std::string& f : files::list_dir(dir)) {
-      if (f == RUN_RECORD_FILE || f.rfind(std::string(RUN_RECORD_FILE) + ".tmp", 0) == 0) remove(dir + "/" + f);
+      for (const std::string record : {RUN_RECORD_FILE, RUN_METRICS_FILE}) {
+        if (f == record || f.rfind(record + ".tmp", 0) == 0) remove(dir + "/" + f);
+      }
     }
     for (const std::string& d : {ckdir, dir}) {
       if (!files::is_dir(d)) continue;
@@ -1039,6 +1041,32 @@ std::vector<MetricPoint> RunStore::metrics(int64_t run_id, const std::string& ke
     p.key = s.text(3);
     // SQLite stores a NaN as NULL: a non-finite loss comes back as NaN, not as 0.
     p.value = s.is_null(4) ? std::numeric_limits<double>::quiet_NaN() : s.f64(4);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+std::vector<MetricPoint> RunStore::metrics_logged_after(int64_t run_id, int64_t after_row, int64_t* last_row) const {
+  std::vector<MetricPoint> out;
+  *last_row = after_row;
+  // From a row on, the rows after it are the newest of the table: walked by rowid ("+run_id" keeps
+  // SQLite from choosing the (run_id, key, step) index, which would read and sort every row of the
+  // run: 0.1 s a save at a million rows). From the start, that index finds the run's rows.
+  Stmt s(db_, path_,
+         after_row > 0 ? "SELECT rowid, step, tokens, wall_s, key, value FROM metrics "
+                         "WHERE rowid > ?2 AND +run_id = ?1 AND superseded = 0 ORDER BY rowid"
+                       : "SELECT rowid, step, tokens, wall_s, key, value FROM metrics "
+                         "WHERE run_id = ?1 AND superseded = 0 AND rowid > ?2 ORDER BY rowid");
+  s.bind(1, run_id);
+  s.bind(2, after_row);
+  while (s.step()) {
+    *last_row = s.i64(0);
+    MetricPoint p;
+    p.step = s.i64(1);
+    p.tokens = s.i64(2);
+    p.wall_s = s.f64(3);
+    p.key = s.text(4);
+    p.value = s.is_null(5) ? std::numeric_limits<double>::quiet_NaN() : s.f64(5);
     out.push_back(std::move(p));
   }
   return out;

@@ -46,6 +46,10 @@ class SqliteError : public std::runtime_error {
 // train command rewrites it at every checkpoint and at the end, so the run can be brought into
 // another database (`runs import`, or a resume on a node whose database does not know the run).
 inline constexpr const char* RUN_RECORD_FILE = "run_record.json";
+// The record's metric rows, beside it: one JSON array per line, appended at each rewrite of the
+// record with the rows logged since, so that a save costs the new rows, not all of them. The record
+// says how many of its lines are the run's (a line past them is a write cut short).
+inline constexpr const char* RUN_METRICS_FILE = "run_record.metrics.jsonl";
 
 // The schema version this program writes.
 constexpr int SCHEMA_VERSION = 6;
@@ -169,6 +173,11 @@ class RunStore {
   std::string run_config_json(int64_t run_id) const;
   // All current (not superseded) points of one metric, ordered by step. Empty key = every metric.
   std::vector<MetricPoint> metrics(int64_t run_id, const std::string& key = "") const;
+  // The current points of a run logged after row `after_row` of the metrics table (0: all of
+  // them), in the order they were logged; *last_row becomes the last one's row (after_row when
+  // there are none). A run's rows are logged in increasing row order, so asking again from
+  // *last_row gives exactly the rows logged since (the record's appended metrics file).
+  std::vector<MetricPoint> metrics_logged_after(int64_t run_id, int64_t after_row, int64_t* last_row) const;
   // Distinct metric keys of a run.
   std::vector<std::string> metric_keys(int64_t run_id) const;
   std::vector<CheckpointRecord> checkpoints(int64_t run_id) const;

@@ -36,15 +36,21 @@ TOML
 # ---- the record beside the checkpoints says what the database says
 expect 0 rec.out "$bin" train --no-gui --config run.toml --runs-dir runs
 [ -f runs/rec/run_record.json ] || fail "no run record in runs/rec"
-[ ! -e runs/rec/run_record.json.tmp ] || fail "a temporary record was left"
+[ -z "$(ls runs/rec | grep '\.tmp')" ] || fail "a temporary file was left: $(ls runs/rec)"
 python3 - runs/deltadeck.db runs/rec/run_record.json <<'PY' || fail "the record differs from the database"
-import json, sqlite3, sys
+import json, math, sqlite3, sys
 db = sqlite3.connect(sys.argv[1])
 doc = json.load(open(sys.argv[2]))
 assert doc["run"]["name"] == "rec" and doc["run"]["status"] == "finished", doc["run"]
 assert doc["config_toml"] == db.execute("SELECT config_toml FROM runs WHERE name='rec'").fetchone()[0]
-n, = db.execute("SELECT count(*) FROM metrics WHERE superseded=0").fetchone()
-assert sum(len(c["step"]) for c in doc["metrics"].values()) == n, n
+# The metric rows are in the file the record names, one [key, step, tokens, wall_s, value] a line,
+# in the order they were logged.
+assert doc["metrics_file"] == "run_record.metrics.jsonl" and "metrics" not in doc, list(doc)
+lines = [json.loads(l) for l in open("runs/rec/" + doc["metrics_file"])]
+want = db.execute("SELECT key, step, tokens, wall_s, value FROM metrics WHERE superseded=0 ORDER BY rowid").fetchall()
+assert doc["metric_rows"] == len(lines) == len(want), (doc["metric_rows"], len(lines), len(want))
+same = lambda a, b: a == b or (a is None and (b is None or math.isnan(b)))
+assert all(all(same(x, y) for x, y in zip(l, w)) for l, w in zip(lines, want)), "rows differ"
 assert [c["step"] for c in doc["checkpoints"]] == [3, 6], doc["checkpoints"]
 PY
 before=$(rows runs/deltadeck.db rec)
@@ -57,11 +63,20 @@ expect 0 show.out "$bin" runs show rec --runs-dir elsewhere
 has show.out "finished"
 expect 1 again.out "$bin" runs import runs/rec/run_record.json --runs-dir elsewhere
 has again.out "already has a run of that name (id 1)"
-# Broken records: not JSON (with the byte), a key missing, columns of different lengths, a folder without one.
+# Broken records: not JSON (with the byte), a key missing, columns of different lengths, a folder
+# without one; the trainer's record with a metrics file shorter than it says, or a line not a row.
 head -c 200 runs/rec/run_record.json > cut.json
 expect 1 cut.out "$bin" runs import cut.json --runs-dir elsewhere
 has cut.out "cut.json: not valid JSON at byte"
-python3 - runs/rec/run_record.json <<'PY'
+expect 0 export.out "$bin" runs export rec --format json --out export.json --runs-dir runs
+mkdir -p shortfile badline
+cp runs/rec/run_record.json shortfile/ && head -n 3 runs/rec/run_record.metrics.jsonl > shortfile/run_record.metrics.jsonl
+expect 1 shortfile.out "$bin" runs import shortfile --runs-dir elsewhere
+has shortfile.out "shortfile/run_record.metrics.jsonl holds 3 whole lines; its record names $before metric rows"
+cp runs/rec/run_record.json badline/ && sed '2s/.*/{"loss": 1}/' runs/rec/run_record.metrics.jsonl > badline/run_record.metrics.jsonl
+expect 1 badline.out "$bin" runs import badline --runs-dir elsewhere
+has badline.out "badline/run_record.metrics.jsonl: line 2 must be [key, step, tokens, wall_s, value]"
+python3 - export.json <<'PY'
 import json, sys
 doc = json.load(open(sys.argv[1]))
 bad = json.loads(json.dumps(doc)); bad["run"]["name"] = "nocfg"; del bad["config_toml"]; json.dump(bad, open("nocfg.json", "w"))
@@ -108,7 +123,7 @@ expect 0 job2.out "$bin" train --no-gui --resume latest --runs-dir job2 --set "r
 has job2.out "took run 'chain' from its record $work/ckpt/chain/run_record.json"
 [ "$(sqlite3 job2/deltadeck.db "SELECT max(step) FROM metrics WHERE key='loss' AND superseded=0")" = 9 ] \
   || fail "job 2 did not reach step 9"
-python3 -c "import json,sys; d=json.load(open('ckpt/chain/run_record.json')); sys.exit(0 if max(d['metrics']['loss']['step']) == 9 else 1)" \
+python3 -c "import json,sys; d=json.load(open('ckpt/chain/run_record.json')); rows=[json.loads(l) for l in open('ckpt/chain/run_record.metrics.jsonl')][:d['metric_rows']]; sys.exit(0 if max(r[1] for r in rows if r[0] == 'loss') == 9 else 1)" \
   || fail "the record was not rewritten by job 2"
 # Job 3 lands on job 1's node: its database knows the run only to step 6, the record to step 9.
 expect 0 job3.out "$bin" train --no-gui --resume chain --runs-dir job1 --set "run.checkpoint_dir=\"$work/ckpt\"" \
