@@ -12,6 +12,7 @@
 #include <string_view>
 #include <thread>
 
+#include "app/run_owner.h"
 #include "storage/file_util.h"
 #include "storage/run_store.h"
 #include "trainer/checkpoint.h"
@@ -91,6 +92,10 @@ void resolve(ResumeOutcome& out, PreparedRun& prep, int64_t run_id, int64_t step
   trainer::RunConfig cfg = parsed.config;
   cfg.run.runs_dir = runs_dir.empty() ? "." : runs_dir;
   prep.run_dir = trainer::run_folder(cfg, run->name);
+  if (const std::string busy = run_folder_busy(prep.run_dir, /*wait=*/false, nullptr); !busy.empty()) {
+    out.error = "run '" + run->name + "' " + busy;
+    return;
+  }
   if (auto errors = check_runnable(cfg); !errors.empty()) {
     out.error = where + ": " + errors.front();
     out.gpu_blocked = errors.front().find("can no longer use the GPU") != std::string::npos;

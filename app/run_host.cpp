@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "app/run_owner.h"
 #include "app/run_record.h"
 #include "storage/file_util.h"
 #include "storage/metrics_writer.h"
@@ -171,9 +172,15 @@ void RunHost::start() {
     std::lock_guard<std::mutex> lk(mu_);
     started_ = true;
   }
+  // A database in memory (tests) has no second connection to read it through: no record then, and
+  // no owner file either.
+  const bool on_disk = !prep_.db_path.empty() && prep_.db_path != ":memory:";
+  if (on_disk) {
+    owner_ = this_process_owner(storage::files::absolute_path(prep_.db_path));
+    stamp_owner();
+  }
   session_->start();
-  // A database in memory (tests) has no second connection to read it through: no record then.
-  if (!prep_.db_path.empty() && prep_.db_path != ":memory:") record_thread_ = std::thread([this] { record_loop(); });
+  if (on_disk) record_thread_ = std::thread([this] { record_loop(); });
   thread_ = std::thread([this] { forward(); });
 }
 
@@ -314,7 +321,13 @@ void RunHost::record_loop() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lk(record_mu_);
-      record_cv_.wait(lk, [&] { return record_wanted_ || record_stop_; });
+      // Between records, the owner file's stamp (app/run_owner.h) falls due.
+      while (!record_cv_.wait_for(lk, std::chrono::seconds(storage::HEARTBEAT_EVERY_S),
+                                  [&] { return record_wanted_ || record_stop_; })) {
+        lk.unlock();
+        stamp_owner();
+        lk.lock();
+      }
       if (!record_wanted_) return;  // stopped, nothing asked for
       record_wanted_ = false;
     }
@@ -336,6 +349,15 @@ void RunHost::finish_records() {
   }
   record_cv_.notify_all();
   record_thread_.join();
+  if (owner_) release_run_owner(prep_.run_dir, *owner_);
+}
+
+void RunHost::stamp_owner() {
+  try {
+    write_run_owner(prep_.run_dir, *owner_);
+  } catch (const std::exception& e) {
+    warn(e.what());
+  }
 }
 
 void RunHost::warn(const std::string& what) {

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "app/run_owner.h"
 #include "storage/run_store.h"
 #include "storage/types.h"
 #include "trainer/api.h"
@@ -127,8 +128,11 @@ class RunHost {
   // that pile up while it writes are one write. A failure is a warning.
   void write_record();
   void record_loop();
-  // The end: the last record written, then the record thread joined.
+  // The end: the last record written, then the record thread joined and the owner file removed.
   void finish_records();
+  // Writes the run folder's owner file (app/run_owner.h), stamped now: at the start and every
+  // storage::HEARTBEAT_EVERY_S on the record thread. A failure is a warning.
+  void stamp_owner();
   void preload_history();
   // The engine's before_checkpoint_commit hook (rank 0's thread): returns once every metrics row
   // the engine emitted before the call is committed to the database, or after a minute (logged).
@@ -143,6 +147,7 @@ class RunHost {
   std::mutex record_mu_;
   std::condition_variable record_cv_;
   bool record_wanted_ = false, record_stop_ = false;  // guarded by record_mu_
+  std::optional<RunOwner> owner_;                    // this process, where the run has an owner file
 
   mutable std::mutex mu_;                           // guards everything below
   std::condition_variable ended_cv_;

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <stdexcept>
 
+#include "app/run_owner.h"
 #include "app/run_record.h"
 #include "app/runs_common.h"
 #include "storage/file_util.h"
@@ -114,18 +115,26 @@ Summary summarize(const storage::RunStore& store, int64_t run_id) {
 
 namespace {
 
+// The folder of run r (its checkpoints, record and owner file), from its recorded config; "" when
+// that config does not parse.
+std::string run_folder_of(const storage::RunStore& store, const storage::RunSummary& r) {
+  trainer::ConfigResult parsed = trainer::parse_config(store.run_config_toml(r.id), "run config", {});
+  if (!parsed.ok()) return "";
+  trainer::RunConfig cfg = parsed.config;
+  cfg.run.runs_dir = storage::files::parent_dir(store.path());
+  if (cfg.run.runs_dir.empty()) cfg.run.runs_dir = ".";
+  return trainer::run_folder(cfg, r.name);
+}
+
 // After an edit, the record in the run's folder (app/run_record.h) says the same as the database.
 // A warning, never a failure: the edit itself is done.
 void refresh_record(const storage::RunStore& store, int64_t run_id) {
   try {
     const auto r = store.run(run_id);
     if (!r || !store.imported_from(run_id).empty()) return;  // an imported run's record is its database's
-    trainer::ConfigResult parsed = trainer::parse_config(store.run_config_toml(run_id), "run config", {});
-    if (!parsed.ok()) return;
-    trainer::RunConfig cfg = parsed.config;
-    cfg.run.runs_dir = storage::files::parent_dir(store.path());
-    if (cfg.run.runs_dir.empty()) cfg.run.runs_dir = ".";
-    const std::string why = refresh_run_record(store, *r, trainer::run_folder(cfg, r->name));
+    const std::string folder = run_folder_of(store, *r);
+    if (folder.empty()) return;
+    const std::string why = refresh_run_record(store, *r, folder);
     if (!why.empty()) std::cerr << "warning: run '" << r->name << "': its record was not rewritten: " << why << "\n";
   } catch (const std::exception& e) {
     std::cerr << "warning: the run's record was not rewritten: " << e.what() << "\n";
@@ -286,6 +295,14 @@ int runs_delete(const RunsArgs& a) {
     if (r.status == "running") {
       std::cerr << "deltadeck: run '" << r.name << "' is running (pid " << r.pid << " on " << r.host
                 << "); stop it before deleting it\n";
+      return 1;
+    }
+    // Its folder may be another database's run's now (a job of the chain elsewhere resumed it).
+    if (!store->imported_from(r.id).empty()) continue;  // deleting an imported run leaves its files
+    const std::string folder = run_folder_of(*store, r);
+    if (const std::string busy = folder.empty() ? "" : run_folder_busy(folder, /*wait=*/false, nullptr);
+        !busy.empty()) {
+      std::cerr << "deltadeck: run '" << r.name << "' " << busy << "; stop it before deleting it\n";
       return 1;
     }
   }

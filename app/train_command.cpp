@@ -23,6 +23,7 @@
 #include "app/front_ends.h"
 #include "app/node_log.h"
 #include "app/run_host.h"
+#include "app/run_owner.h"
 #include "app/run_record.h"
 #include "app/signals.h"
 #include "storage/file_util.h"
@@ -240,12 +241,25 @@ int resolve_resume(const TrainArgs& args, int nnodes, PreparedRun& out, storage:
       }
     }
   }
-  if (out.adopt && out.adopt->record.message == "imported while its record said running") {
+  out.run_id = run.id;
+  out.run_dir = trainer::run_folder(cfg, run.name);
+  // A process of another database (a job of the chain elsewhere) may be training the run now; its
+  // owner file beside the checkpoints says so. A recent stamp from another machine is waited on
+  // (a dry run only reports it): a job killed there leaves one behind.
+  const bool has_owner_file = read_run_owner(out.run_dir).has_value();
+  const std::string busy_folder = run_folder_busy(out.run_dir, /*wait=*/!read_only, [](const std::string& what) {
+    std::cerr << "deltadeck: --resume: " << what << "\n";
+  });
+  if (!busy_folder.empty()) {
+    std::cerr << "deltadeck: --resume: run '" << run.name << "' " << busy_folder << "; nothing was started\n";
+    return 2;
+  }
+  // A record that says running, with no owner file to tell whether its process lives (one written
+  // by an older deltadeck).
+  if (out.adopt && !has_owner_file && out.adopt->record.message == "imported while its record said running") {
     std::cerr << "warning: --resume: the record of run '" << run.name << "' says it was running when last written ("
               << out.adopt->record.heartbeat_at << "); if that process is still going, stop this one\n";
   }
-  out.run_id = run.id;
-  out.run_dir = trainer::run_folder(cfg, run.name);
   try {
     const trainer::CheckpointChoice choice = trainer::choose_checkpoint(out.run_dir);
     for (const std::string& s : choice.skipped) std::cerr << "warning: --resume: skipped " << s << "\n";

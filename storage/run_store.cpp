@@ -40,22 +40,6 @@ constexpr size_t MAX_CANDIDATES = 10;
   throw SqliteError(path + ": " + what + ": " + sqlite3_errmsg(db), sqlite3_errcode(db) & 0xff);
 }
 
-std::string utc_iso8601(std::time_t t) {
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
-std::string now_utc() { return utc_iso8601(std::time(nullptr)); }
-
-std::string this_host() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
-  return buf;
-}
-
 // One prepared statement; finalized on scope exit. Errors name the database path.
 class Stmt {
  public:
@@ -311,6 +295,22 @@ int mark_interrupted(sqlite3* db, const std::string& path) {
 }
 
 }  // namespace
+
+std::string utc_iso8601(std::time_t t) {
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string now_utc() { return utc_iso8601(std::time(nullptr)); }
+
+std::string this_host() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
+  return buf;
+}
 
 bool SqliteError::may_pass() const { return code_ == SQLITE_BUSY || code_ == SQLITE_LOCKED; }
 
@@ -929,7 +929,8 @@ DeletedRun RunStore::delete_run(int64_t run_id) {
     if (base.rfind("step_", 0) == 0 && files::is_dir(c.path)) remove(c.path);
   }
   // The run's own folder: its checkpoints folder (older, pruned and half-written step_* dirs
-  // included) and its record (RUN_RECORD_FILE, RUN_METRICS_FILE), then the folders themselves when nothing else is in them. Likewise the run's folder
+  // included), its record (RUN_RECORD_FILE, RUN_METRICS_FILE) and a stale owner file (RUN_OWNER_FILE; the caller
+  // checked no process holds the run), then the folders themselves when nothing else is in them. Likewise the run's folder
   // under the run.checkpoint_dir its recorded config names.
   std::vector<std::string> dirs{run_dir(r.name)};
   if (!checkpoint_dir.empty()) dirs.push_back(checkpoint_dir + "/" + r.name);
@@ -939,7 +940,7 @@ DeletedRun RunStore::delete_run(int64_t run_id) {
       if (f.rfind("step_", 0) == 0) remove(ckdir + "/" + f);
     }
     for (const std::string& f : files::list_dir(dir)) {
-      for (const std::string record : {RUN_RECORD_FILE, RUN_METRICS_FILE}) {
+      for (const std::string record : {RUN_RECORD_FILE, RUN_METRICS_FILE, RUN_OWNER_FILE}) {
         if (f == record || f.rfind(record + ".tmp", 0) == 0) remove(dir + "/" + f);
       }
     }

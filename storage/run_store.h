@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <ctime>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -50,9 +51,18 @@ inline constexpr const char* RUN_RECORD_FILE = "run_record.json";
 // record with the rows logged since, so that a save costs the new rows, not all of them. The record
 // says how many of its lines are the run's (a line past them is a write cut short).
 inline constexpr const char* RUN_METRICS_FILE = "run_record.metrics.jsonl";
+// Which process trains the run now, while it trains (app/run_owner.h).
+inline constexpr const char* RUN_OWNER_FILE = "run_owner.json";
 
 // The schema version this program writes.
 constexpr int SCHEMA_VERSION = 6;
+
+// A time as the database records it: UTC, ISO 8601 to the second ("2026-12-01T18:30:00Z"); such
+// stamps compare as text. now_utc() is the time now.
+std::string utc_iso8601(std::time_t t);
+std::string now_utc();
+// This machine's hostname ("unknown" where it cannot be read), as runs.host records it.
+std::string this_host();
 
 // This process's machine boot and pid namespace: "BOOT_ID pid:[INODE]" from /proc, empty where
 // /proc does not tell. Two containers on one host (even with one hostname) differ in the second

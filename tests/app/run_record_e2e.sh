@@ -141,4 +141,31 @@ has job4.out "resume changed the run's config: run.runs_dir \"job1\" -> \"job4\"
 # ---- delete removes the record and the run folder with it
 expect 0 del.out "$bin" runs delete chain --yes --runs-dir job4
 [ ! -e ckpt/chain ] || { ls -la ckpt/chain; fail "the run folder under run.checkpoint_dir is still there"; }
+# ---- two databases, one run folder: the process training it holds it (its owner file)
+expect 0 own1.out "$bin" train --no-gui --config run.toml --runs-dir own1 --set name=shared \
+  --set "run.checkpoint_dir=\"$work/ckpt2\""
+[ ! -e ckpt2/shared/run_owner.json ] || fail "the owner file outlived the run"
+# A job on "another node" (database own2) resumes it and trains on, long enough to be looked at.
+"$bin" train --no-gui --resume shared --runs-dir own2 --set "run.checkpoint_dir=\"$work/ckpt2\"" \
+  --set train.steps=1000000 > own2.out 2>&1 &
+pids+=($!)
+owner=$!
+wait_for 120 "the resumed run's owner file" test -f ckpt2/shared/run_owner.json
+has ckpt2/shared/run_owner.json "\"pid\": $owner"
+# The first database's copy is finished: neither its resume nor its delete may touch the folder now.
+expect 2 own1b.out "$bin" train --no-gui --resume shared --runs-dir own1 --set "run.checkpoint_dir=\"$work/ckpt2\""
+has own1b.out "run 'shared' is being trained by pid $owner on $(hostname), recording it in $work/own2/deltadeck.db"
+has own1b.out "nothing was started"
+expect 2 own1d.out "$bin" train --no-gui --resume shared --runs-dir own1 --set "run.checkpoint_dir=\"$work/ckpt2\"" --dry-run
+has own1d.out "is being trained by pid $owner"
+expect 1 own1del.out "$bin" runs delete shared --yes --runs-dir own1
+has own1del.out "run 'shared' is being trained by pid $owner"
+[ -d ckpt2/shared/checkpoints ] || fail "a refused delete removed the checkpoints"
+# Killed outright, it leaves the file behind; its process gone, the folder is free again.
+kill -9 "$owner"
+wait "$owner" 2> /dev/null || true
+[ -f ckpt2/shared/run_owner.json ] || fail "the killed run's owner file is gone"
+expect 0 own1c.out "$bin" train --no-gui --resume shared --runs-dir own1 --set "run.checkpoint_dir=\"$work/ckpt2\"" \
+  --set train.steps=2000000 --dry-run
+has own1c.out "is further along than"
 echo "run record e2e: ok"
