@@ -121,6 +121,13 @@ RunHost::RunHost(PreparedRun prep, RunHostOptions opts) : prep_(std::move(prep))
 }
 
 RunHost::~RunHost() {
+  // A start that failed after the owner file was written leaves no thread to remove it.
+  struct ReleaseOwner {
+    RunHost* host;
+    ~ReleaseOwner() {
+      if (host->owner_) release_run_owner(host->prep_.run_dir, *host->owner_);
+    }
+  } release_owner{this};
   if (thread_.joinable()) {
     send(trainer::Command::Stop);
     thread_.join();
@@ -318,15 +325,22 @@ void RunHost::record_loop() {
   std::unique_ptr<storage::RunStore> reader;
   // One writer for the run's life here: after its first write it appends the new metric rows.
   RunRecordWriter writer(prep_.run_dir);
+  // The owner file's stamps (app/run_owner.h) fall due on a clock of their own: records asked for
+  // more often than that must not put them off.
+  const auto every = std::chrono::seconds(storage::HEARTBEAT_EVERY_S);
+  auto stamp_due = std::chrono::steady_clock::now() + every;
   for (;;) {
     {
       std::unique_lock<std::mutex> lk(record_mu_);
-      // Between records, the owner file's stamp (app/run_owner.h) falls due.
-      while (!record_cv_.wait_for(lk, std::chrono::seconds(storage::HEARTBEAT_EVERY_S),
-                                  [&] { return record_wanted_ || record_stop_; })) {
-        lk.unlock();
-        stamp_owner();
-        lk.lock();
+      for (;;) {
+        if (std::chrono::steady_clock::now() >= stamp_due) {
+          lk.unlock();
+          stamp_owner();
+          stamp_due = std::chrono::steady_clock::now() + every;
+          lk.lock();
+        }
+        if (record_wanted_ || record_stop_) break;
+        record_cv_.wait_until(lk, stamp_due);
       }
       if (!record_wanted_) return;  // stopped, nothing asked for
       record_wanted_ = false;

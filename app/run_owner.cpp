@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "storage/file_io.h"
+#include "storage/file_util.h"
 #include "storage/run_store.h"
 
 namespace app {
@@ -85,8 +86,9 @@ void release_run_owner(const std::string& run_dir, const RunOwner& me) {
 }
 
 std::string run_folder_busy(const std::string& run_dir, bool wait, const std::function<void(const std::string&)>& say,
-                            int poll_ms, const std::function<std::time_t()>& now) {
+                            bool* waited, int poll_ms, const std::function<std::time_t()>& now) {
   const auto clock = [&] { return now ? now() : std::time(nullptr); };
+  if (waited) *waited = false;
   auto owner = read_run_owner(run_dir);
   if (!owner || same_process(*owner, this_process_owner(""))) return "";
   const std::string file = owner_file(run_dir);
@@ -107,10 +109,14 @@ std::string run_folder_busy(const std::string& run_dir, bool wait, const std::fu
   say("run folder " + run_dir + ": " + describe(*owner) + " stamped it at " + owner->heartbeat_at +
       "; waiting for its next stamp (alive: this stops) or for " + std::to_string(storage::RUN_QUIET_S) +
       " s of quiet (gone: this goes on)");
+  if (waited) *waited = true;
   for (;;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(poll_ms));
     const auto seen = read_run_owner(run_dir);
-    if (!seen) return "";  // it ended and removed the file
+    if (!seen) {
+      if (!storage::files::exists(file)) return "";  // it ended and removed the file
+      continue;                                      // unreadable for now: asked again
+    }
     if (!same_process(*seen, *owner) || seen->heartbeat_at != owner->heartbeat_at)
       return "is being trained by " + describe(*seen) + ", stamped again at " + seen->heartbeat_at + " (" + file + ")";
     if (quiet(*seen)) return "";

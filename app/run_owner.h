@@ -39,11 +39,15 @@ void release_run_owner(const std::string& run_dir, const RunOwner& me);
 
 // Why the run in run_dir must not be resumed or deleted now, or "" when no other process trains it:
 // the file names a process alive on this machine (same host and pid namespace), or another
-// machine's with a stamp in the last storage::RUN_QUIET_S seconds. Such a stamp may be the last of
-// a process that was killed: with `wait`, this waits (telling `say` once) until the file is
-// stamped again (the process lives: busy) or the stamp grows older than RUN_QUIET_S (it is gone),
-// polling every `poll_ms`. `now` gives the time (tests move it).
+// machine's with a stamp in the last storage::RUN_QUIET_S seconds (by this machine's clock: the
+// nodes' clocks are taken to agree within a minute, as NTP keeps them). Such a stamp may be the
+// last of a process that was killed: with `wait`, this waits (telling `say` once, and setting
+// *waited) until the file is stamped again (the process lives: busy), removed (it ended: free) or
+// quiet past RUN_QUIET_S (it is gone: free), polling every `poll_ms`; a file unreadable meanwhile
+// is read again. The run folder may have changed while it waited (the other process's last save):
+// a caller that read anything of it before reads it again. `now` gives the time (tests move it).
 std::string run_folder_busy(const std::string& run_dir, bool wait, const std::function<void(const std::string&)>& say,
-                            int poll_ms = 2000, const std::function<std::time_t()>& now = nullptr);
+                            bool* waited = nullptr, int poll_ms = 2000,
+                            const std::function<std::time_t()>& now = nullptr);
 
 }  // namespace app

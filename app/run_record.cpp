@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "app/run_owner.h"
 #include "storage/file_io.h"
 #include "storage/file_util.h"
 
@@ -209,8 +211,8 @@ void read_metrics_file(const std::string& file, int64_t rows, storage::ImportedR
     const std::string at = file + ": line " + std::to_string(i + 1);
     // A last line without its newline is an append cut short: not one of the run's rows.
     if (!std::getline(in, line) || in.eof()) {
-      throw std::runtime_error(file + " holds " + std::to_string(i) + " whole lines; its record names " +
-                               std::to_string(rows) + " metric rows");
+      throw std::runtime_error(file + " holds " + std::to_string(i) + " whole lines; its record (" +
+                               storage::RUN_RECORD_FILE + ") names " + std::to_string(rows) + " metric rows");
     }
     const Json row = Json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (row.is_discarded()) throw std::runtime_error(at + " is not valid JSON");
@@ -279,18 +281,25 @@ nlohmann::ordered_json run_record_json(const storage::RunStore& store, const sto
 RunRecordWriter::RunRecordWriter(std::string run_dir) : dir_(std::move(run_dir)) {}
 
 void RunRecordWriter::rewrite_metrics(const storage::RunStore& store, int64_t run_id) {
-  const std::string path = dir_ + "/" + storage::RUN_METRICS_FILE, tmp = temporary_for(path);
+  // A name no record names yet: until the record is rewritten to name it, the record and the file
+  // it names stay as they were (a resume's rewrite may hold fewer rows than the record names).
+  const auto stamp = std::chrono::system_clock::now().time_since_epoch();
+  const std::string name = std::string(storage::RUN_METRICS_PREFIX) + std::to_string(::getpid()) + "-" +
+                           std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(stamp).count()) +
+                           ".jsonl";
+  const std::string path = dir_ + "/" + name;
   int64_t last_row = 0, bytes = 0;
   const auto rows = store.metrics_logged_after(run_id, 0, &last_row);
   try {
-    OutFile out(tmp, /*append=*/false);
+    OutFile out(path, /*append=*/false);
     write_metric_lines(out, rows, &bytes);
     out.sync_and_close();
+    storage::files::fsync_path(dir_);  // the file's name on disk before a record names it
   } catch (const std::exception& e) {
-    std::remove(tmp.c_str());
+    std::remove(path.c_str());
     throw std::runtime_error(std::string("writing the run's metrics: ") + e.what());
   }
-  rename_over(tmp, path);
+  file_ = name;
   last_row_ = last_row;
   rows_ = static_cast<int64_t>(rows.size());
   bytes_ = bytes;
@@ -298,7 +307,7 @@ void RunRecordWriter::rewrite_metrics(const storage::RunStore& store, int64_t ru
 }
 
 void RunRecordWriter::append_metrics(const storage::RunStore& store, int64_t run_id) {
-  const std::string path = dir_ + "/" + storage::RUN_METRICS_FILE;
+  const std::string path = dir_ + "/" + file_;
   int64_t last_row = last_row_, bytes = 0;
   const auto rows = store.metrics_logged_after(run_id, last_row_, &last_row);
   if (rows.empty()) return;
@@ -319,18 +328,28 @@ void RunRecordWriter::append_metrics(const storage::RunStore& store, int64_t run
 }
 
 void RunRecordWriter::write(const storage::RunStore& store, const storage::RunSummary& r) {
-  const std::string metrics_path = dir_ + "/" + storage::RUN_METRICS_FILE;
   // Another hand may have touched the file (or removed it); then it is written whole again.
-  if (in_step_ && storage::files::file_size(metrics_path) != bytes_) in_step_ = false;
+  if (in_step_ && storage::files::file_size(dir_ + "/" + file_) != bytes_) in_step_ = false;
+  const std::string before = file_;
   if (in_step_) append_metrics(store, r.id);
   else rewrite_metrics(store, r.id);
-  write_document(record_doc(store, r, Json{{"metrics_file", storage::RUN_METRICS_FILE}, {"metric_rows", rows_}}),
+  write_document(record_doc(store, r, Json{{"metrics_file", file_}, {"metric_rows", rows_}}),
                  dir_ + "/" + storage::RUN_RECORD_FILE);
+  // The record names the new file now: the metrics files it named before (this process's, or an
+  // earlier job's) go.
+  if (file_ == before) return;
+  for (const std::string& f : storage::files::list_dir(dir_)) {
+    if (f != file_ && f.rfind(storage::RUN_METRICS_PREFIX, 0) == 0) std::remove((dir_ + "/" + f).c_str());
+  }
 }
 
 std::string refresh_run_record(const storage::RunStore& store, const storage::RunSummary& r, const std::string& run_dir) {
   const std::string path = run_dir + "/" + storage::RUN_RECORD_FILE;
   if (!storage::files::exists(path)) return "";
+  // A process training the run rewrites the record at its next save, from its own database; a
+  // rewrite from here could name a metrics file it has since replaced.
+  if (const std::string busy = run_folder_busy(run_dir, /*wait=*/false, nullptr); !busy.empty())
+    return "the run " + busy + ", which rewrites it at its next save";
   try {
     const Json there = read_json_file(path);
     const Reader in(path);
@@ -405,7 +424,8 @@ storage::ImportedRun parse_run_record(const nlohmann::ordered_json& doc, const s
     if (rows < 0) in.fail("metric_rows", "must not be negative");
     read_metrics_file((metrics_dir.empty() ? std::string(".") : metrics_dir) + "/" + name, rows, out);
   } else {
-    parse_inline_metrics(in, in.member(doc, "", "metrics"), out);
+    if (!doc.contains("metrics")) in.fail("metrics", "is missing (and so is metrics_file, which names a file of them)");
+    parse_inline_metrics(in, doc["metrics"], out);
   }
   const auto& cks = in.array(doc, "", "checkpoints");
   for (size_t i = 0; i < cks.size(); ++i) {

@@ -2,7 +2,7 @@
 // current metrics, checkpoints and events. `runs export --format json` writes it, metrics inline;
 // node 0 of a training run keeps it in the run's folder (storage::RUN_RECORD_FILE, rewritten at
 // each checkpoint and at the end) with the metric rows in a file beside it
-// (storage::RUN_METRICS_FILE, appended to), so the record travels with the checkpoints and a save
+// (storage::RUN_METRICS_PREFIX..., appended to), so the record travels with the checkpoints and a save
 // costs the rows logged since the last one; `runs import` and a resume on a machine whose database
 // does not know the run read either form back.
 #pragma once
@@ -30,10 +30,11 @@ class RunRecordWriter {
   // Brings the folder's record up to the database's copy of run r. The metric rows logged since
   // this writer's last write are appended to the metrics file and flushed to disk; at the first
   // write (a resume may have superseded rows), after a failed one, or when the file is not as this
-  // writer left it, the file is written whole instead (a temporary file renamed over it). Then the
-  // record is written whole or not at all (a temporary file of this process, flushed, renamed
-  // over it). Throws std::runtime_error naming the file on failure; the record on disk then still
-  // names only rows its metrics file holds.
+  // writer left it, the rows are written whole to a new file instead. Then the record is written
+  // whole or not at all (a temporary file of this process, flushed, renamed over it), naming that
+  // file and its row count, and after a new file the ones it named before are removed. Throws
+  // std::runtime_error naming the file on failure; the record on disk then still names a file
+  // holding every row it counts.
   void write(const storage::RunStore& store, const storage::RunSummary& r);
   // Metric rows the record names after the last successful write.
   int64_t metric_rows() const { return rows_; }
@@ -42,6 +43,7 @@ class RunRecordWriter {
   void rewrite_metrics(const storage::RunStore& store, int64_t run_id);
   void append_metrics(const storage::RunStore& store, int64_t run_id);
   std::string dir_;
+  std::string file_;      // the metrics file's name in dir_ ("" before the first write)
   bool in_step_ = false;  // the metrics file is as the last write left it
   int64_t last_row_ = 0;  // the database's row of the last metric row written
   int64_t rows_ = 0;      // lines in the metrics file

@@ -247,12 +247,22 @@ int resolve_resume(const TrainArgs& args, int nnodes, PreparedRun& out, storage:
   // owner file beside the checkpoints says so. A recent stamp from another machine is waited on
   // (a dry run only reports it): a job killed there leaves one behind.
   const bool has_owner_file = read_run_owner(out.run_dir).has_value();
-  const std::string busy_folder = run_folder_busy(out.run_dir, /*wait=*/!read_only, [](const std::string& what) {
-    std::cerr << "deltadeck: --resume: " << what << "\n";
-  });
+  bool waited = false;
+  const std::string busy_folder = run_folder_busy(
+      out.run_dir, /*wait=*/!read_only, [](const std::string& what) { std::cerr << "deltadeck: --resume: " << what << "\n"; },
+      &waited);
   if (!busy_folder.empty()) {
     std::cerr << "deltadeck: --resume: run '" << run.name << "' " << busy_folder << "; nothing was started\n";
     return 2;
+  }
+  if (waited) {
+    // That process may have saved and recorded once more before it ended: the run is looked up
+    // again, its record and checkpoints as they are now.
+    std::cerr << "deltadeck: --resume: the run folder is free; looking the run up again\n";
+    out = PreparedRun{};
+    run = storage::RunSummary{};
+    if (skipped) skipped->clear();
+    return resolve_resume(args, nnodes, out, run, skipped);
   }
   // A record that says running, with no owner file to tell whether its process lives (one written
   // by an older deltadeck).

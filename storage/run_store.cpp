@@ -929,7 +929,7 @@ DeletedRun RunStore::delete_run(int64_t run_id) {
     if (base.rfind("step_", 0) == 0 && files::is_dir(c.path)) remove(c.path);
   }
   // The run's own folder: its checkpoints folder (older, pruned and half-written step_* dirs
-  // included), its record (RUN_RECORD_FILE, RUN_METRICS_FILE) and a stale owner file (RUN_OWNER_FILE; the caller
+  // included), its record (RUN_RECORD_FILE, its RUN_METRICS_PREFIX files) and a stale owner file (RUN_OWNER_FILE; the caller
   // checked no process holds the run), then the folders themselves when nothing else is in them. Likewise the run's folder
   // under the run.checkpoint_dir its recorded config names.
   std::vector<std::string> dirs{run_dir(r.name)};
@@ -940,9 +940,10 @@ DeletedRun RunStore::delete_run(int64_t run_id) {
       if (f.rfind("step_", 0) == 0) remove(ckdir + "/" + f);
     }
     for (const std::string& f : files::list_dir(dir)) {
-      for (const std::string record : {RUN_RECORD_FILE, RUN_METRICS_FILE, RUN_OWNER_FILE}) {
+      for (const std::string record : {RUN_RECORD_FILE, RUN_OWNER_FILE}) {
         if (f == record || f.rfind(record + ".tmp", 0) == 0) remove(dir + "/" + f);
       }
+      if (f.rfind(RUN_METRICS_PREFIX, 0) == 0) remove(dir + "/" + f);
     }
     for (const std::string& d : {ckdir, dir}) {
       if (!files::is_dir(d)) continue;

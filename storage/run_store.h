@@ -47,10 +47,11 @@ class SqliteError : public std::runtime_error {
 // train command rewrites it at every checkpoint and at the end, so the run can be brought into
 // another database (`runs import`, or a resume on a node whose database does not know the run).
 inline constexpr const char* RUN_RECORD_FILE = "run_record.json";
-// The record's metric rows, beside it: one JSON array per line, appended at each rewrite of the
-// record with the rows logged since, so that a save costs the new rows, not all of them. The record
-// says how many of its lines are the run's (a line past them is a write cut short).
-inline constexpr const char* RUN_METRICS_FILE = "run_record.metrics.jsonl";
+// The record's metric rows, beside it, in a file whose name starts with this and that the record
+// names ("run_record.metrics.<pid>-<time>.jsonl"): one JSON array per line, appended at each
+// rewrite of the record with the rows logged since, so that a save costs the new rows, not all of
+// them. The record says how many of its lines are the run's (a line past them is a write cut short).
+inline constexpr const char* RUN_METRICS_PREFIX = "run_record.metrics.";
 // Which process trains the run now, while it trains (app/run_owner.h).
 inline constexpr const char* RUN_OWNER_FILE = "run_owner.json";
 

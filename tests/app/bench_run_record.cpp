@@ -69,7 +69,9 @@ int main(int argc, char** argv) {
     t0 = Clock::now();
     writer.write(*store, *store->run(id));
     const double append = seconds_since(t0);
-    const int64_t file_bytes = storage::files::file_size(run_dir + "/" + storage::RUN_METRICS_FILE);
+    int64_t file_bytes = 0;
+    for (const std::string& f : storage::files::list_dir(run_dir))
+      if (f.rfind(storage::RUN_METRICS_PREFIX, 0) == 0) file_bytes += storage::files::file_size(run_dir + "/" + f);
 
     t0 = Clock::now();
     const std::string inline_doc =

@@ -45,8 +45,9 @@ assert doc["run"]["name"] == "rec" and doc["run"]["status"] == "finished", doc["
 assert doc["config_toml"] == db.execute("SELECT config_toml FROM runs WHERE name='rec'").fetchone()[0]
 # The metric rows are in the file the record names, one [key, step, tokens, wall_s, value] a line,
 # in the order they were logged.
-assert doc["metrics_file"] == "run_record.metrics.jsonl" and "metrics" not in doc, list(doc)
+assert doc["metrics_file"].startswith("run_record.metrics.") and "metrics" not in doc, list(doc)
 lines = [json.loads(l) for l in open("runs/rec/" + doc["metrics_file"])]
+assert [f for f in __import__("os").listdir("runs/rec") if f.startswith("run_record.metrics.")] == [doc["metrics_file"]]
 want = db.execute("SELECT key, step, tokens, wall_s, value FROM metrics WHERE superseded=0 ORDER BY rowid").fetchall()
 assert doc["metric_rows"] == len(lines) == len(want), (doc["metric_rows"], len(lines), len(want))
 same = lambda a, b: a == b or (a is None and (b is None or math.isnan(b)))
@@ -70,12 +71,13 @@ expect 1 cut.out "$bin" runs import cut.json --runs-dir elsewhere
 has cut.out "cut.json: not valid JSON at byte"
 expect 0 export.out "$bin" runs export rec --format json --out export.json --runs-dir runs
 mkdir -p shortfile badline
-cp runs/rec/run_record.json shortfile/ && head -n 3 runs/rec/run_record.metrics.jsonl > shortfile/run_record.metrics.jsonl
+mfile=$(python3 -c "import json; print(json.load(open('runs/rec/run_record.json'))['metrics_file'])")
+cp runs/rec/run_record.json shortfile/ && head -n 3 "runs/rec/$mfile" > "shortfile/$mfile"
 expect 1 shortfile.out "$bin" runs import shortfile --runs-dir elsewhere
-has shortfile.out "shortfile/run_record.metrics.jsonl holds 3 whole lines; its record names $before metric rows"
-cp runs/rec/run_record.json badline/ && sed '2s/.*/{"loss": 1}/' runs/rec/run_record.metrics.jsonl > badline/run_record.metrics.jsonl
+has shortfile.out "shortfile/$mfile holds 3 whole lines; its record (run_record.json) names $before metric rows"
+cp runs/rec/run_record.json badline/ && sed '2s/.*/{"loss": 1}/' "runs/rec/$mfile" > "badline/$mfile"
 expect 1 badline.out "$bin" runs import badline --runs-dir elsewhere
-has badline.out "badline/run_record.metrics.jsonl: line 2 must be [key, step, tokens, wall_s, value]"
+has badline.out "badline/$mfile: line 2 must be [key, step, tokens, wall_s, value]"
 python3 - export.json <<'PY'
 import json, sys
 doc = json.load(open(sys.argv[1]))
@@ -123,7 +125,7 @@ expect 0 job2.out "$bin" train --no-gui --resume latest --runs-dir job2 --set "r
 has job2.out "took run 'chain' from its record $work/ckpt/chain/run_record.json"
 [ "$(sqlite3 job2/deltadeck.db "SELECT max(step) FROM metrics WHERE key='loss' AND superseded=0")" = 9 ] \
   || fail "job 2 did not reach step 9"
-python3 -c "import json,sys; d=json.load(open('ckpt/chain/run_record.json')); rows=[json.loads(l) for l in open('ckpt/chain/run_record.metrics.jsonl')][:d['metric_rows']]; sys.exit(0 if max(r[1] for r in rows if r[0] == 'loss') == 9 else 1)" \
+python3 -c "import json,sys; d=json.load(open('ckpt/chain/run_record.json')); rows=[json.loads(l) for l in open('ckpt/chain/' + d['metrics_file'])][:d['metric_rows']]; sys.exit(0 if max(r[1] for r in rows if r[0] == 'loss') == 9 else 1)" \
   || fail "the record was not rewritten by job 2"
 # Job 3 lands on job 1's node: its database knows the run only to step 6, the record to step 9.
 expect 0 job3.out "$bin" train --no-gui --resume chain --runs-dir job1 --set "run.checkpoint_dir=\"$work/ckpt\"" \
@@ -151,6 +153,9 @@ expect 0 own1.out "$bin" train --no-gui --config run.toml --runs-dir own1 --set 
 pids+=($!)
 owner=$!
 wait_for 120 "the resumed run's owner file" test -f ckpt2/shared/run_owner.json
+# ... and its record past the first database's step 6 (a checkpoint of its own).
+past6() { python3 -c "import json,sys; sys.exit(0 if json.load(open('ckpt2/shared/run_record.json'))['run']['last_step'] > 6 else 1)" 2> /dev/null; }
+wait_for 120 "the resumed run's record past step 6" past6
 has ckpt2/shared/run_owner.json "\"pid\": $owner"
 # The first database's copy is finished: neither its resume nor its delete may touch the folder now.
 expect 2 own1b.out "$bin" train --no-gui --resume shared --runs-dir own1 --set "run.checkpoint_dir=\"$work/ckpt2\""

@@ -105,16 +105,18 @@ TEST(RunOwner, WaitingTellsALiveStampFromAKilledProcesssLast) {
     write_as_is(dir, elsewhere(t0 + 20));
   });
   int said = 0;
-  const std::string busy = app::run_folder_busy(dir.path(), true, [&](const std::string&) { ++said; }, 10);
+  bool waited = false;
+  const std::string busy = app::run_folder_busy(dir.path(), true, [&](const std::string&) { ++said; }, &waited, 10);
   stamper.join();
   EXPECT_NE(busy.find("stamped again at " + storage::utc_iso8601(t0 + 20)), std::string::npos) << busy;
   EXPECT_EQ(said, 1);
+  EXPECT_TRUE(waited);
 
   // Never stamped again: the clock passes RUN_QUIET_S after the stamp and the run is free.
   write_as_is(dir, elsewhere(t0 - 10));
   std::atomic<int> polls{0};
   const auto clock = [&] { return t0 + 15 * static_cast<std::time_t>(polls++); };
-  EXPECT_EQ(app::run_folder_busy(dir.path(), true, [](const std::string&) {}, 1, clock), "");
+  EXPECT_EQ(app::run_folder_busy(dir.path(), true, [](const std::string&) {}, nullptr, 1, clock), "");
   EXPECT_GE(polls.load(), static_cast<int>(storage::RUN_QUIET_S / 15));
   // The file removed while waiting (the run ended): free.
   write_as_is(dir, elsewhere(t0 - 10));
@@ -122,8 +124,19 @@ TEST(RunOwner, WaitingTellsALiveStampFromAKilledProcesssLast) {
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
     std::remove(dir.file(storage::RUN_OWNER_FILE).c_str());
   });
-  EXPECT_EQ(app::run_folder_busy(dir.path(), true, [](const std::string&) {}, 5), "");
+  EXPECT_EQ(app::run_folder_busy(dir.path(), true, [](const std::string&) {}, nullptr, 5), "");
   remover.join();
+  // Unreadable for a moment (cut short, as by another writer's crash), then stamped again: busy.
+  write_as_is(dir, elsewhere(t0 - 10));
+  std::thread garbler([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    dir.write(storage::RUN_OWNER_FILE, "{\"host\": \"n");
+    std::this_thread::sleep_for(std::chrono::milliseconds(40));
+    write_as_is(dir, elsewhere(t0 + 30));
+  });
+  EXPECT_NE(app::run_folder_busy(dir.path(), true, [](const std::string&) {}, nullptr, 5).find("stamped again"),
+            std::string::npos);
+  garbler.join();
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 // edit's refresh leaves the metrics where they are.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <fstream>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "app/run_owner.h"
 #include "app/run_record.h"
 #include "storage/file_util.h"
 #include "storage/run_store.h"
@@ -88,7 +90,6 @@ struct RecordedRun {
   std::unique_ptr<RunStore> store = RunStore::open(dir.file("runs.db"));
   int64_t id = 0;
   std::string run_dir = dir.file("r");
-  std::string metrics_file = run_dir + "/" + storage::RUN_METRICS_FILE;
 
   RecordedRun() {
     storage::NewRun nr;
@@ -100,6 +101,14 @@ struct RecordedRun {
     storage::files::make_dirs(run_dir);
   }
   storage::RunSummary summary() const { return *store->run(id); }
+  // The metrics file the record names.
+  std::string metrics_file() const { return run_dir + "/" + record_of(run_dir)["metrics_file"].get<std::string>(); }
+  // How many metrics files the folder holds.
+  int metrics_files() const {
+    int n = 0;
+    for (const std::string& f : storage::files::list_dir(run_dir)) n += f.rfind(storage::RUN_METRICS_PREFIX, 0) == 0;
+    return n;
+  }
 };
 
 TEST(RunRecord, WriterAppendsEachWritesNewRows) {
@@ -108,24 +117,33 @@ TEST(RunRecord, WriterAppendsEachWritesNewRows) {
   log_steps(*run.store, run.id, 1, 5);
   writer.write(*run.store, run.summary());
   EXPECT_EQ(writer.metric_rows(), 10);
-  const std::string first = read_file(run.metrics_file);
+  const std::string first = read_file(run.metrics_file());
   EXPECT_EQ(lines_of(first), 10);
-  const int64_t inode = inode_of(run.metrics_file);
+  const int64_t inode = inode_of(run.metrics_file());
   auto doc = record_of(run.run_dir);
-  EXPECT_EQ(doc["metrics_file"], storage::RUN_METRICS_FILE);
+  EXPECT_EQ(doc["metrics_file"].get<std::string>().rfind(storage::RUN_METRICS_PREFIX, 0), 0u);
   EXPECT_EQ(doc["metric_rows"], 10);
   EXPECT_FALSE(doc.contains("metrics"));
 
+  const std::string name = run.metrics_file();
+  // Another run of the database logs in between: none of its rows come along.
+  storage::NewRun other;
+  other.name = "other";
+  const int64_t other_id = run.store->create_run(other);
+  log_steps(*run.store, other_id, 1, 3);
   log_steps(*run.store, run.id, 6, 8);
+  log_steps(*run.store, other_id, 4, 5);
   writer.write(*run.store, run.summary());
-  const std::string second = read_file(run.metrics_file);
-  EXPECT_EQ(inode_of(run.metrics_file), inode) << "the file was replaced, not appended to";
+  const std::string second = read_file(run.metrics_file());
+  EXPECT_EQ(run.metrics_file(), name);
+  EXPECT_EQ(inode_of(run.metrics_file()), inode) << "the file was replaced, not appended to";
+  EXPECT_EQ(run.metrics_files(), 1);
   EXPECT_EQ(second.substr(0, first.size()), first) << "the rows already written changed";
   EXPECT_EQ(lines_of(second), 16);
   EXPECT_EQ(record_of(run.run_dir)["metric_rows"], 16);
   // A write with nothing new logged leaves the file alone.
   writer.write(*run.store, run.summary());
-  EXPECT_EQ(read_file(run.metrics_file), second);
+  EXPECT_EQ(read_file(run.metrics_file()), second);
 
   const storage::ImportedRun back = app::read_run_record(run.run_dir);
   EXPECT_EQ(back.record.last_step, 8);
@@ -141,16 +159,40 @@ TEST(RunRecord, ReadersLeaveATornLastLineAndTheWriterRewritesAFileItDidNotLeave)
   log_steps(*run.store, run.id, 1, 4);
   writer.write(*run.store, run.summary());
   // An append cut short: a last line without its newline, past the rows the record names.
-  std::ofstream(run.metrics_file, std::ios::app) << "[\"loss\",5,320,1.2";
+  std::ofstream(run.metrics_file(), std::ios::app) << "[\"loss\",5,320,1.2";
   expect_same_rows(*run.store, run.id, app::read_run_record(run.run_dir).metrics);
 
   // The file is not as the writer left it: the next write replaces it whole, without the torn bytes.
-  const int64_t inode = inode_of(run.metrics_file);
+  const std::string torn = run.metrics_file();
   log_steps(*run.store, run.id, 5, 6);
   writer.write(*run.store, run.summary());
-  EXPECT_NE(inode_of(run.metrics_file), inode);
-  EXPECT_EQ(lines_of(read_file(run.metrics_file)), 12);
-  EXPECT_EQ(read_file(run.metrics_file).back(), '\n');
+  EXPECT_NE(run.metrics_file(), torn);
+  EXPECT_FALSE(storage::files::exists(torn)) << "the file the record named before is still there";
+  EXPECT_EQ(run.metrics_files(), 1);
+  EXPECT_EQ(lines_of(read_file(run.metrics_file())), 12);
+  EXPECT_EQ(read_file(run.metrics_file()).back(), '\n');
+  expect_same_rows(*run.store, run.id, app::read_run_record(run.run_dir).metrics);
+}
+
+TEST(RunRecord, AResumesFewerRowsGoToANewFileTheRecordThenNames) {
+  RecordedRun run;
+  {
+    app::RunRecordWriter first_job(run.run_dir);
+    log_steps(*run.store, run.id, 1, 9);
+    first_job.write(*run.store, run.summary());
+  }
+  const std::string first_file = run.metrics_file();
+  // Resumed from step 6, the next job has logged only step 7 again when it first saves: 14 rows
+  // where the record named 18. Its rows go to a file of their own, so that the record on disk
+  // names the 18-row file until it names the new one.
+  run.store->supersede_metrics_after(run.id, 6);
+  log_steps(*run.store, run.id, 7, 7);
+  app::RunRecordWriter second_job(run.run_dir);
+  second_job.write(*run.store, run.summary());
+  EXPECT_NE(run.metrics_file(), first_file);
+  EXPECT_FALSE(storage::files::exists(first_file));
+  EXPECT_EQ(record_of(run.run_dir)["metric_rows"], 14);
+  EXPECT_EQ(lines_of(read_file(run.metrics_file())), 14);
   expect_same_rows(*run.store, run.id, app::read_run_record(run.run_dir).metrics);
 }
 
@@ -167,7 +209,7 @@ TEST(RunRecord, AResumesFirstWriteLeavesSupersededRowsOut) {
   app::RunRecordWriter second_job(run.run_dir);
   second_job.write(*run.store, run.summary());
   EXPECT_EQ(second_job.metric_rows(), 20);
-  EXPECT_EQ(lines_of(read_file(run.metrics_file)), 20);
+  EXPECT_EQ(lines_of(read_file(run.metrics_file())), 20);
   const storage::ImportedRun back = app::read_run_record(run.run_dir);
   EXPECT_EQ(back.record.last_step, 10);
   expect_same_rows(*run.store, run.id, back.metrics);
@@ -178,25 +220,28 @@ TEST(RunRecord, MissingOrMalformedMetricLinesAreNamed) {
   app::RunRecordWriter writer(run.run_dir);
   log_steps(*run.store, run.id, 1, 3);
   writer.write(*run.store, run.summary());
-  const std::string whole = read_file(run.metrics_file);
+  const std::string whole = read_file(run.metrics_file());
 
   // Fewer whole lines than the record names.
-  std::ofstream(run.metrics_file, std::ios::binary | std::ios::trunc) << whole.substr(0, whole.rfind('\n', whole.size() - 2) + 1);
+  std::ofstream(run.metrics_file(), std::ios::binary | std::ios::trunc) << whole.substr(0, whole.rfind('\n', whole.size() - 2) + 1);
   EXPECT_NE(error_of([&] { app::read_run_record(run.run_dir); })
-                .find(run.metrics_file + " holds 5 whole lines; its record names 6 metric rows"),
+                .find(run.metrics_file() + " holds 5 whole lines; its record (run_record.json) names 6 metric rows"),
             std::string::npos);
+  // The last line the record counts without its newline (an append cut short inside it).
+  std::ofstream(run.metrics_file(), std::ios::binary | std::ios::trunc) << whole.substr(0, whole.size() - 1);
+  EXPECT_NE(error_of([&] { app::read_run_record(run.run_dir); }).find(" holds 5 whole lines"), std::string::npos);
   // A line that is not a row.
   std::string bad = whole;
   bad.replace(bad.find('\n') + 1, bad.find('\n', bad.find('\n') + 1) - bad.find('\n') - 1, "{\"loss\": 1}");
-  std::ofstream(run.metrics_file, std::ios::binary | std::ios::trunc) << bad;
+  std::ofstream(run.metrics_file(), std::ios::binary | std::ios::trunc) << bad;
   EXPECT_NE(error_of([&] { app::read_run_record(run.run_dir); })
-                .find(run.metrics_file + ": line 2 must be [key, step, tokens, wall_s, value]"),
+                .find(run.metrics_file() + ": line 2 must be [key, step, tokens, wall_s, value]"),
             std::string::npos);
-  std::ofstream(run.metrics_file, std::ios::binary | std::ios::trunc) << "[\"loss\", 1,\n" << whole;
-  EXPECT_NE(error_of([&] { app::read_run_record(run.run_dir); }).find(run.metrics_file + ": line 1 is not valid JSON"),
+  std::ofstream(run.metrics_file(), std::ios::binary | std::ios::trunc) << "[\"loss\", 1,\n" << whole;
+  EXPECT_NE(error_of([&] { app::read_run_record(run.run_dir); }).find(run.metrics_file() + ": line 1 is not valid JSON"),
             std::string::npos);
   // No metrics file at all.
-  std::remove(run.metrics_file.c_str());
+  std::remove(run.metrics_file().c_str());
   EXPECT_NE(error_of([&] { app::read_run_record(run.run_dir); }).find("cannot read the run's metrics"),
             std::string::npos);
 }
@@ -206,13 +251,22 @@ TEST(RunRecord, AnEditsRefreshKeepsTheMetricsWhereTheyAre) {
   app::RunRecordWriter writer(run.run_dir);
   log_steps(*run.store, run.id, 1, 4);
   writer.write(*run.store, run.summary());
-  const std::string metrics = read_file(run.metrics_file);
+  const std::string metrics = read_file(run.metrics_file());
   run.store->set_note(run.id, "lr too high");
   EXPECT_EQ(app::refresh_run_record(*run.store, run.summary(), run.run_dir), "");
   const auto doc = record_of(run.run_dir);
   EXPECT_EQ(doc["run"]["note"], "lr too high");
   EXPECT_EQ(doc["metric_rows"], 8);
-  EXPECT_EQ(read_file(run.metrics_file), metrics);
+  EXPECT_EQ(read_file(run.metrics_file()), metrics);
+  // While another process trains the run (its owner file names a live process), that process
+  // rewrites the record: the edit leaves it alone.
+  app::RunOwner trainer = app::this_process_owner("/elsewhere/deltadeck.db");
+  trainer.pid = static_cast<int64_t>(::getppid());
+  app::write_run_owner(run.run_dir, trainer);
+  run.store->set_note(run.id, "second thoughts");
+  EXPECT_NE(app::refresh_run_record(*run.store, run.summary(), run.run_dir).find("rewrites it at its next save"),
+            std::string::npos);
+  EXPECT_EQ(record_of(run.run_dir)["run"]["note"], "lr too high");
   // The export keeps its metrics inline, and reads back the same rows.
   const auto inline_doc = app::run_record_json(*run.store, run.summary());
   ASSERT_TRUE(inline_doc.contains("metrics"));
