@@ -1025,6 +1025,22 @@ std::string RunStore::run_config_json(int64_t run_id) const {
   return s.text(0);
 }
 
+namespace {
+
+// The metric point in columns first.. of a row: step, tokens, wall_s, key, value.
+MetricPoint metric_point(const Stmt& s, int first) {
+  MetricPoint p;
+  p.step = s.i64(first);
+  p.tokens = s.i64(first + 1);
+  p.wall_s = s.f64(first + 2);
+  p.key = s.text(first + 3);
+  // SQLite stores a NaN as NULL: a non-finite loss comes back as NaN, not as 0.
+  p.value = s.is_null(first + 4) ? std::numeric_limits<double>::quiet_NaN() : s.f64(first + 4);
+  return p;
+}
+
+}  // namespace
+
 std::vector<MetricPoint> RunStore::metrics(int64_t run_id, const std::string& key) const {
   std::vector<MetricPoint> out;
   // rowid breaks ties so repeated steps (a resumed run) come back in the order they were written.
@@ -1035,16 +1051,7 @@ std::vector<MetricPoint> RunStore::metrics(int64_t run_id, const std::string& ke
                        "WHERE run_id = ?1 AND key = ?2 AND superseded = 0 ORDER BY step, rowid");
   s.bind(1, run_id);
   if (!key.empty()) s.bind(2, key);
-  while (s.step()) {
-    MetricPoint p;
-    p.step = s.i64(0);
-    p.tokens = s.i64(1);
-    p.wall_s = s.f64(2);
-    p.key = s.text(3);
-    // SQLite stores a NaN as NULL: a non-finite loss comes back as NaN, not as 0.
-    p.value = s.is_null(4) ? std::numeric_limits<double>::quiet_NaN() : s.f64(4);
-    out.push_back(std::move(p));
-  }
+  while (s.step()) out.push_back(metric_point(s, 0));
   return out;
 }
 
@@ -1063,13 +1070,7 @@ std::vector<MetricPoint> RunStore::metrics_logged_after(int64_t run_id, int64_t 
   s.bind(2, after_row);
   while (s.step()) {
     *last_row = s.i64(0);
-    MetricPoint p;
-    p.step = s.i64(1);
-    p.tokens = s.i64(2);
-    p.wall_s = s.f64(3);
-    p.key = s.text(4);
-    p.value = s.is_null(5) ? std::numeric_limits<double>::quiet_NaN() : s.f64(5);
-    out.push_back(std::move(p));
+    out.push_back(metric_point(s, 1));
   }
   return out;
 }

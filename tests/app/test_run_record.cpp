@@ -19,12 +19,14 @@
 #include "app/run_record.h"
 #include "storage/file_util.h"
 #include "storage/run_store.h"
+#include "tests/support/error_of.h"
 #include "tests/support/temp_dir.h"
 
 namespace {
 
 using storage::RunStore;
 using testing_support::TempDir;
+using testing_support::error_of;
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -73,16 +75,6 @@ void expect_same_rows(const RunStore& store, int64_t id, const std::vector<stora
     if (std::isnan(want[i].value)) EXPECT_TRUE(std::isnan(got[i].value));
     else EXPECT_EQ(got[i].value, want[i].value);
   }
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::runtime_error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 struct RecordedRun {

@@ -11,12 +11,14 @@
 
 #include "storage/file_util.h"
 #include "storage/run_store.h"
+#include "tests/support/error_of.h"
 #include "tests/support/temp_dir.h"
 
 namespace {
 
 using storage::RunStore;
 using testing_support::TempDir;
+using testing_support::error_of;
 
 storage::NewRun new_run(const std::string& name) {
   storage::NewRun r;
@@ -26,16 +28,6 @@ storage::NewRun new_run(const std::string& name) {
   r.config_json = "{}";
   r.params = 10;
   return r;
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::runtime_error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // A checkpoint folder as the trainer leaves it, recorded in the store.

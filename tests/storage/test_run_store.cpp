@@ -17,10 +17,12 @@
 
 #include "storage/file_util.h"
 #include "storage/run_store.h"
+#include "tests/support/error_of.h"
 
 namespace {
 
 using storage::RunStore;
+using testing_support::error_of;
 
 class TempDir {
  public:
@@ -60,17 +62,6 @@ storage::MetricRow row(int64_t run_id, int64_t step, const std::string& key, dou
   r.point.key = key;
   r.point.value = value;
   return r;
-}
-
-// The message of the runtime_error f throws ("" when it does not throw).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::runtime_error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 void exec(sqlite3* db, const char* sql) {
