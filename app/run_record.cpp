@@ -108,7 +108,8 @@ Json record_doc(const storage::RunStore& store, const storage::RunSummary& r, co
 
 std::string errno_text() { return std::strerror(errno); }
 
-// A file opened for writing: whole writes, flushed to disk, closed; every failure throws naming it.
+// The metrics file opened for writing (storage's FileIo has no appending open): whole writes,
+// flushed to disk, closed; every failure throws naming it.
 class OutFile {
  public:
   OutFile(const std::string& path, bool append) : path_(path) {
@@ -160,9 +161,7 @@ void write_document(const Json& doc, const std::string& path) {
   const std::string text = doc.dump(1, ' ', false, Json::error_handler_t::replace) + "\n";
   const std::string tmp = temporary_for(path);
   try {
-    OutFile out(tmp, /*append=*/false);
-    out.write(text);
-    out.sync_and_close();
+    storage::write_text_file(storage::posix_io(), tmp, text);
   } catch (const std::exception& e) {
     std::remove(tmp.c_str());
     throw std::runtime_error(std::string("writing the run record: ") + e.what());
