@@ -13,7 +13,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <iostream>
+#include <optional>
 #include <variant>
 
 #include <nlohmann/json.hpp>
@@ -99,7 +101,9 @@ std::vector<std::string> record_bases(const TrainArgs& args, const std::string& 
 
 // The record file of run `which` under `bases` (<base>/<which>/run_record.json), or for "latest"
 // the record written last (a run's record is rewritten at each of its checkpoints); "" when none.
-std::string find_run_record(const std::vector<std::string>& bases, const std::string& which) {
+// *written_s (optional) gets the chosen record's modification time, seconds since the epoch.
+std::string find_run_record(const std::vector<std::string>& bases, const std::string& which,
+                            std::time_t* written_s = nullptr) {
   std::string best;
   int64_t best_ns = -1;
   for (const std::string& base : bases) {
@@ -117,10 +121,22 @@ std::string find_run_record(const std::vector<std::string>& bases, const std::st
       if (ns > best_ns) {
         best_ns = ns;
         best = f;
+        if (written_s != nullptr) *written_s = st.st_mtim.tv_sec;
       }
     }
   }
   return best;
+}
+
+// How much later than a database's newest run was last active a record must have been written for
+// "--resume latest" to take the record's run instead: the hosts' clocks are taken to agree within a
+// minute (as the run owner file's stamps are, docs/reliability.md).
+constexpr std::time_t LATEST_RECORD_MARGIN_S = 60;
+
+// The last sign of life a database holds of a run, UTC ISO 8601 (whichever of its start, heartbeat
+// and end is latest; the strings compare as the times do).
+std::string last_active(const storage::RunSummary& run) {
+  return std::max({run.started_at, run.heartbeat_at, run.ended_at});
 }
 
 // --resume RUN|latest, read-only: the run, its recorded config (plus --set) and its newest usable
@@ -170,6 +186,42 @@ int resolve_resume(const TrainArgs& args, int nnodes, PreparedRun& out, storage:
       adopt_from(record);
     } else {
       run = *std::max_element(runs.begin(), runs.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+      // A node-local database of a cluster job may hold runs of its own, older than the one the
+      // chain's jobs train: that run's record, under run.checkpoint_dir, written after this
+      // database's newest run was last active, names the latest run.
+      std::time_t written = 0;
+      const std::string record = find_run_record(bases, "latest", &written);
+      if (!record.empty() && storage::utc_iso8601(written - LATEST_RECORD_MARGIN_S) > last_active(run)) {
+        storage::ImportedRun there;
+        try {
+          there = read_run_record(record);
+        } catch (const std::exception& e) {
+          std::cerr << "warning: --resume latest: " << e.what() << " (this database's newest run is taken)\n";
+        }
+        if (!there.record.name.empty() &&
+            (there.record.name != run.name || there.record.started_at != run.started_at)) {
+          std::cerr << "deltadeck: --resume latest: " << record << " (run '" << there.record.name << "', written "
+                    << storage::utc_iso8601(written) << ") is newer than " << out.db_path << "'s newest run '"
+                    << run.name << "' (last active " << last_active(run) << "): run '" << there.record.name
+                    << "' is resumed\n";
+          std::optional<storage::RunSummary> known;
+          try {
+            known = out.store->find_run(there.record.name);
+          } catch (const std::exception&) {
+          }
+          if (!known) {
+            adopt_from(record);
+          } else if (known->started_at == there.record.started_at) {
+            run = *known;  // this database's copy; the record, further along, replaces it below
+          } else {
+            std::cerr << "deltadeck: --resume latest: " << out.db_path << " holds another run named '"
+                      << known->name << "' (started " << known->started_at << ", the record's "
+                      << there.record.started_at << "); pass --resume with the run to take, or another "
+                      << "--runs-dir; nothing was started\n";
+            return 2;
+          }
+        }
+      }
     }
   } else {
     std::string unknown;

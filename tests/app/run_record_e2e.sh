@@ -140,6 +140,24 @@ expect 0 job4.out "$bin" train --no-gui --resume chain --runs-dir job4 --set "ru
 has job4.out "took run 'chain' from its record"
 has job4.out "resume changed the run's config: run.runs_dir \"job1\" -> \"job4\" (later resumes keep it)"
 
+# Job 5 lands on a node whose database holds a run of its own, older than the chain: "latest" is
+# the chain, whose record under run.checkpoint_dir was written after that run was last active, not
+# the database's newest run; with the record older than that run, the database's newest run.
+expect 0 old.out "$bin" train --no-gui --config run.toml --runs-dir job5 --set name=old
+# ... trained in January, as its database and its record's file say.
+sqlite3 job5/deltadeck.db "UPDATE runs SET started_at='2026-01-01T00:00:00Z', heartbeat_at='2026-01-01T00:10:00Z', ended_at='2026-01-01T00:10:00Z' WHERE name='old'"
+touch -d '2026-01-01 00:10:00 UTC' job5/old/run_record.json
+expect 0 job5.out "$bin" train --no-gui --resume latest --runs-dir job5 --set "run.checkpoint_dir=\"$work/ckpt\"" --dry-run
+has job5.out "--resume latest: $work/ckpt/chain/run_record.json (run 'chain', written "
+has job5.out "is newer than job5/deltadeck.db's newest run 'old' (last active 2026-01-01T00:10:00Z): run 'chain' is resumed"
+has job5.out "dry run of run 'chain' (from its record $work/ckpt/chain/run_record.json"
+touch -d '2025-12-31 00:00:00 UTC' ckpt/chain/run_record.json
+# (The run's checkpoints are then looked for under the run.checkpoint_dir given, where it has none.)
+expect 2 job5b.out "$bin" train --no-gui --resume latest --runs-dir job5 --set "run.checkpoint_dir=\"$work/ckpt\"" --dry-run
+has job5b.out "--resume latest: run 'old': $work/ckpt/old: no such checkpoint or run directory"
+! grep -q "is newer than" job5b.out || fail "an older record was taken over the database's newest run"
+touch ckpt/chain/run_record.json
+
 # ---- delete removes the record and the run folder with it
 expect 0 del.out "$bin" runs delete chain --yes --runs-dir job4
 [ ! -e ckpt/chain ] || { ls -la ckpt/chain; fail "the run folder under run.checkpoint_dir is still there"; }
