@@ -41,7 +41,10 @@ struct TrainConfig {
   // training tokens on, rows are SEQ_LEN long and micro-batches BATCH rows. Empty = one phase of
   // seq_len × batch_size. The first phase must start at 0.
   std::vector<std::string> phases;
-  std::string precision = "fp32";        // fp32 | bf16 | fp16 (autocast) | fp8 (linears in float8, bf16 elsewhere)
+  // auto | fp32 | bf16 | fp16 (autocast) | fp8 (linears in float8, bf16 elsewhere). auto: bf16 where
+  // every rank's device is a GPU that has it (compute capability 8.0+), else fp32; resolve_config
+  // (trainer/session.h) records which, so a resume trains as the run began.
+  std::string precision = "auto";
   std::string optimizer = "adamw";
   double lr = 3e-3;
   double lr_final_frac = 0.1;            // cosine decays to lr * lr_final_frac

@@ -772,7 +772,7 @@ std::vector<std::string> validate(const RunConfig& c) {
   k.at_least("train.batch_size", t.batch_size, 1);
   k.at_least("train.seq_len", t.seq_len, 1);
   k.at_least("train.grad_accum", t.grad_accum, 1);
-  k.one_of("train.precision", t.precision, {"fp32", "bf16", "fp16", "fp8"});
+  k.one_of("train.precision", t.precision, {"auto", "fp32", "bf16", "fp16", "fp8"});
   k.one_of("train.optimizer", t.optimizer, {"adamw", "muon"});
   k.one_of("train.muon_precision", t.muon_precision, {"auto", "bf16", "fp32"});
   k.positive("train.lr", t.lr);

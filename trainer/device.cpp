@@ -110,6 +110,21 @@ std::vector<std::string> check_device(const RunConfig& cfg) {
   return errors;
 }
 
+void resolve_precision(RunConfig& cfg) {
+  if (cfg.train.precision != "auto") return;
+  bool bf16 = true;
+  for (const auto& dev : rank_devices(cfg.run.devices)) {
+    if (!dev.is_cuda()) {
+      bf16 = false;
+      continue;
+    }
+#if defined(DD_HAVE_CUDA)
+    if (at::cuda::getDeviceProperties(dev.index())->major < 8) bf16 = false;
+#endif
+  }
+  cfg.train.precision = bf16 ? "bf16" : "fp32";
+}
+
 std::vector<c10::Device> rank_devices(const std::string& devices) {
   const int64_t gpus = gpu_count();
   std::vector<c10::Device> out;

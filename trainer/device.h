@@ -17,6 +17,11 @@ namespace trainer {
 // fp16/fp8 on the CPU, fp8 before compute capability 8.9). Empty = runnable.
 std::vector<std::string> check_device(const RunConfig& cfg);
 
+// train.precision "auto" made concrete for the devices run.devices names here: "bf16" when each is
+// a GPU of compute capability 8.0 or newer (bf16 tensor cores), else "fp32". Other values are left
+// as they are. Call after check_device passed.
+void resolve_precision(RunConfig& cfg);
+
 // One device per rank, as run.devices names them on this machine: "auto" = GPU 0 when CUDA has
 // one, else the CPU; "cpu" = one CPU rank; "cpu:N" = N CPU ranks; "all" = every GPU; "0,2" = those
 // GPUs. Call after check_device passed; throws std::runtime_error naming run.devices otherwise.

@@ -56,6 +56,7 @@ std::vector<std::string> resolve_config(RunConfig& cfg) {
   }
   for (auto& e : check_device(cfg)) errors.push_back(std::move(e));
   if (!errors.empty() || !tok) return errors;
+  resolve_precision(cfg);
   // Open (index and check) every source now, so bad data stops the run before anything is
   // written: wrong magic, truncation, token ids >= vocab, invalid UTF-8... The loader indexes them
   // again on the worker thread.
@@ -276,6 +277,12 @@ struct Session::Impl : std::enable_shared_from_this<Session::Impl> {
 };
 
 Session::Session(RunConfig cfg, SessionOptions opts) : impl_(std::make_shared<Impl>()) {
+  // A config that did not go through resolve_config (a caller of the API) still trains in a
+  // concrete precision; rank_devices' error for devices this machine lacks comes at the start.
+  try {
+    resolve_precision(cfg);
+  } catch (const std::exception&) {
+  }
   impl_->cfg = std::move(cfg);
   impl_->opts = std::move(opts);
 }

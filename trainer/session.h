@@ -62,7 +62,8 @@ std::shared_ptr<Rendezvous> node_rendezvous(const ClusterSpec& node, std::chrono
 // offers to resume the run in a fresh process. Any thread.
 std::string cuda_blocked_reason();
 
-// Completes a validated config for this build: fills model.vocab_size from the tokenizer when 0,
+// Completes a validated config for this build: fills model.vocab_size from the tokenizer when 0 and
+// makes train.precision "auto" concrete for this machine's devices (resolve_precision),
 // rejects a tokenizer vocabulary larger than the model's, settings this build does not have yet,
 // and data sources that match no files. Returns error lines naming the key; empty = ready.
 // Any thread; reads only directory listings.

@@ -155,7 +155,7 @@ TEST(Config, OmittedKeysTakeDefaults) {
   EXPECT_DOUBLE_EQ(c.data.val_fraction, defaults.data.val_fraction);
   EXPECT_EQ(c.train.steps, defaults.train.steps);
   EXPECT_DOUBLE_EQ(c.train.lr, defaults.train.lr);
-  EXPECT_EQ(c.train.precision, "fp32");
+  EXPECT_EQ(c.train.precision, "auto");
   EXPECT_EQ(c.run.devices, "auto");
   EXPECT_EQ(c.run.keep_checkpoints, defaults.run.keep_checkpoints);
 
@@ -314,7 +314,7 @@ TEST(Config, OutOfRange) {
                          {"data.train=[\"text:\", \"csv:/x\"]"});
   EXPECT_EQ(error_for(r, "train.lr"), "train.lr: must be > 0 (got -0.001)");
   EXPECT_EQ(error_for(r, "train.batch_size"), "train.batch_size: must be >= 1 (got 0)");
-  EXPECT_EQ(error_for(r, "train.precision"), "train.precision: must be one of fp32, bf16, fp16, fp8 (got \"fp64\")");
+  EXPECT_EQ(error_for(r, "train.precision"), "train.precision: must be one of auto, fp32, bf16, fp16, fp8 (got \"fp64\")");
   EXPECT_TRUE(contains(error_for(r, "train.schedule"), "must be one of cosine, wsd, constant"));
   EXPECT_TRUE(contains(error_for(r, "train.optimizer"), "must be one of adamw, muon"));
   EXPECT_EQ(error_for(r, "data.val"), "data.val: must be in [0, 1) (got 1.5)");

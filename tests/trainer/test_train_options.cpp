@@ -42,6 +42,30 @@ double max_abs(const torch::Tensor& t) { return t.abs().max().item<double>(); }
 
 }  // namespace
 
+// train.precision "auto" (the default) becomes the precision it trains in once resolved, so the run
+// records it: fp32 on CPU ranks (auto devices on a machine without a GPU, one CPU rank or several);
+// a precision given is kept. (On a GPU: test_trainer_cuda, PrecisionAutoIsBf16OnTheGpu.)
+TEST(TrainOptions, PrecisionAutoIsFp32OnTheCpu) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "checks the CPU-only answers";
+  TempDir dir;
+  dir.write("corpus/alpha.txt", alphabet_corpus(20, 5));
+  auto resolved = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> o = {"data.train=[\"text:" + dir.path() + "/corpus/*.txt\"]"};
+    o.insert(o.end(), extra.begin(), extra.end());
+    auto parsed = trainer::parse_config("", "<test>", o);
+    EXPECT_TRUE(parsed.ok()) << (parsed.errors.empty() ? "" : parsed.errors[0]);
+    auto cfg = parsed.config;
+    const auto errors = trainer::resolve_config(cfg);
+    EXPECT_TRUE(errors.empty()) << (errors.empty() ? "" : errors[0]);
+    return cfg.train.precision;
+  };
+  EXPECT_EQ(trainer::RunConfig{}.train.precision, "auto");
+  EXPECT_EQ(resolved({}), "fp32");
+  EXPECT_EQ(resolved({"run.devices=\"cpu:2\""}), "fp32");
+  EXPECT_EQ(resolved({"train.precision=\"auto\"", "run.devices=\"cpu\""}), "fp32");
+  EXPECT_EQ(resolved({"train.precision=\"bf16\""}), "bf16");
+}
+
 TEST(TrainOptions, DeviceAndPrecisionProblemsNameTheKey) {
   if (torch::cuda::is_available()) GTEST_SKIP() << "checks the CPU-only answers";
   TempDir dir;

@@ -66,6 +66,25 @@ TEST(TrainerCuda, KernelImageCheckAcceptsThisMachinesGpus) {
   EXPECT_TRUE(errors.empty()) << (errors.empty() ? "" : errors.front());
 }
 
+// train.precision "auto" (the default) is bf16 on this machine's GPUs (compute capability 9.0), one
+// or all of them, and fp32 for CPU ranks; a precision given is kept.
+TEST(TrainerCuda, PrecisionAutoIsBf16OnTheGpu) {
+  DD_REQUIRE_GPU();
+  auto resolved = [](const std::string& devices, const std::string& precision) {
+    trainer::RunConfig cfg;
+    EXPECT_EQ(cfg.train.precision, "auto");
+    cfg.run.devices = devices;
+    cfg.train.precision = precision;
+    trainer::resolve_precision(cfg);
+    return cfg.train.precision;
+  };
+  EXPECT_EQ(resolved("auto", "auto"), "bf16");
+  EXPECT_EQ(resolved("0", "auto"), "bf16");
+  EXPECT_EQ(resolved("all", "auto"), "bf16");
+  EXPECT_EQ(resolved("cpu", "auto"), "fp32");
+  EXPECT_EQ(resolved("0", "fp32"), "fp32");
+}
+
 // Quantisation puts amax on the format's largest value; every element of a normal-range value comes
 // back within half an e4m3 step (2^-4 relative).
 TEST(TrainerCuda, Fp8QuantizeRoundTrip) {

@@ -218,7 +218,7 @@ void draw_launcher(GuiState& s) {
     f.choice("train.optimizer", c.train.optimizer, {"adamw", "muon"});
     if (c.train.optimizer == "muon")
       f.real("train.muon_lr", c.train.muon_lr, "Muon's peak learning rate for the hidden matrices (train.lr: the rest)");
-    f.choice("train.precision", c.train.precision, {"fp32", "bf16", "fp16", "fp8"});
+    f.choice("train.precision", c.train.precision, {"auto", "fp32", "bf16", "fp16", "fp8"});
     f.text("run.devices", c.run.devices, "auto | cpu | cpu:N | all | 0,1,...");
     f.int64("run.log_interval", c.run.log_interval);
     f.int64("run.eval_interval", c.run.eval_interval, "0: only at the end");
