@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "app/run_owner.h"
+#include "app/run_record.h"
 #include "storage/file_util.h"
 #include "storage/run_store.h"
 #include "trainer/checkpoint.h"
@@ -95,6 +96,27 @@ void resolve(ResumeOutcome& out, PreparedRun& prep, int64_t run_id, int64_t step
   if (const std::string busy = run_folder_busy(prep.run_dir, /*wait=*/false, nullptr); !busy.empty()) {
     out.error = "run '" + run->name + "' " + busy;
     return;
+  }
+  // The run's record beside its checkpoints further along than this database's copy: a job of
+  // another database (a cluster chain sharing run.checkpoint_dir) went on with the run. Resuming
+  // this copy would rewrite the record from this database's rows, dropping that job's metrics; the
+  // command line's resume brings the record into this database first.
+  const std::string record = prep.run_dir + "/" + storage::RUN_RECORD_FILE;
+  if (storage::files::exists(record)) {
+    try {
+      const storage::ImportedRun there = read_run_record(record);
+      if (there.record.name == run->name && there.record.started_at == run->started_at &&
+          there.record.last_step > run->last_step) {
+        out.error = record + " is further along than this database's copy of run '" + run->name + "' (step " +
+                    std::to_string(there.record.last_step) + " against " + std::to_string(run->last_step) +
+                    "): a job of another database went on with it. Resume it once from the command line, which "
+                    "brings the record in: deltadeck train --no-gui --resume " + run->name + " --runs-dir " +
+                    (runs_dir.empty() ? "." : runs_dir);
+        return;
+      }
+    } catch (const std::exception&) {
+      // An unreadable record: this copy is resumed, as the command line does (with a warning there).
+    }
   }
   if (auto errors = check_runnable(cfg); !errors.empty()) {
     out.error = where + ": " + errors.front();

@@ -86,4 +86,25 @@ expect_ranks focused 2
 SCRIPT
 app "$work/ranks.toml" "$work/ranks.txt" "$work/ranks.out"
 [ "$(grep -c "^gui script: .* per-rank view: 2 ranks" "$work/ranks.out")" = 2 ] || fail "the per-rank view lacks a rank"
+# ---- 3. a run another database's job went on with (checkpoints under a shared run.checkpoint_dir):
+# the app's resume of this database's older copy is refused, naming the record and the command
+# line's resume, which brings the record in; nothing is written.
+config chain cpu 20 > "$work/chain.toml"
+expect 0 "$work/chain1.out" "$bin" train --no-gui --config "$work/chain.toml" --runs-dir "$work/runs3" \
+  --set "run.checkpoint_dir=\"$work/ckpt\""
+expect 0 "$work/chain2.out" "$bin" train --no-gui --resume chain --runs-dir "$work/other" \
+  --set "run.checkpoint_dir=\"$work/ckpt\"" --set train.steps=40
+cat > "$work/chain.txt" <<SCRIPT
+tab runs
+focus latest
+wait_rows 1 60
+resume -1 expect_refused
+SCRIPT
+db3="$work/runs3/deltadeck.db"
+before=$(sqlite3 "$db3" "SELECT status || ' ' || count(*) FROM runs r JOIN metrics m ON m.run_id = r.id")
+run_gui "$work/runs3" "$work/chain.toml" "$work/chain.txt" "$work/chain.out" > /dev/null
+grep -qF "gui script: resume refused: Not resumed: $work/ckpt/chain/run_record.json is further along than this database's copy of run 'chain' (step 40 against 20): a job of another database went on with it. Resume it once from the command line, which brings the record in: deltadeck train --no-gui --resume chain --runs-dir $work/runs3" \
+  "$work/chain.out" || { cat "$work/chain.out"; fail "the app's resume of the older copy was not refused"; }
+[ "$(sqlite3 "$db3" "SELECT status || ' ' || count(*) FROM runs r JOIN metrics m ON m.run_id = r.id")" = "$before" ] \
+  || fail "the refused resume wrote to the database"
 echo "PASS"
