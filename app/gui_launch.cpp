@@ -105,8 +105,7 @@ void resolve(ResumeOutcome& out, PreparedRun& prep, int64_t run_id, int64_t step
   if (storage::files::exists(record)) {
     try {
       const storage::ImportedRun there = read_run_record(record);
-      if (there.record.name == run->name && there.record.started_at == run->started_at &&
-          there.record.last_step > run->last_step) {
+      if (same_run(there.record, *run) && there.record.last_step > run->last_step) {
         out.error = record + " is further along than this database's copy of run '" + run->name + "' (step " +
                     std::to_string(there.record.last_step) + " against " + std::to_string(run->last_step) +
                     "): a job of another database went on with it. Resume it once from the command line, which "

@@ -68,6 +68,11 @@ storage::ImportedRun parse_run_record(const nlohmann::ordered_json& doc, const s
 // stands either way). Never throws.
 std::string refresh_run_record(const storage::RunStore& store, const storage::RunSummary& r, const std::string& run_dir);
 
+// Whether two summaries are of one run: the same name and start (its id differs between databases).
+inline bool same_run(const storage::RunSummary& a, const storage::RunSummary& b) {
+  return a.name == b.name && a.started_at == b.started_at;
+}
+
 // Reads and parses the record at `path`: a run_record.json, or a run folder holding one. Sets
 // *file to the file read, which also becomes the run's imported_from. Throws std::runtime_error naming the path when it is missing, unreadable
 // or not JSON, and as parse_run_record.

@@ -198,8 +198,7 @@ int resolve_resume(const TrainArgs& args, int nnodes, PreparedRun& out, storage:
         } catch (const std::exception& e) {
           std::cerr << "warning: --resume latest: " << e.what() << " (this database's newest run is taken)\n";
         }
-        if (!there.record.name.empty() &&
-            (there.record.name != run.name || there.record.started_at != run.started_at)) {
+        if (!there.record.name.empty() && !same_run(there.record, run)) {
           std::cerr << "deltadeck: --resume latest: " << record << " (run '" << there.record.name << "', written "
                     << storage::utc_iso8601(written) << ") is newer than " << out.db_path << "'s newest run '"
                     << run.name << "' (last active " << last_active(run) << "): run '" << there.record.name
@@ -211,7 +210,7 @@ int resolve_resume(const TrainArgs& args, int nnodes, PreparedRun& out, storage:
           }
           if (!known) {
             adopt_from(record);
-          } else if (known->started_at == there.record.started_at) {
+          } else if (same_run(*known, there.record)) {
             run = *known;  // this database's copy; the record, further along, replaces it below
           } else {
             std::cerr << "deltadeck: --resume latest: " << out.db_path << " holds another run named '"
@@ -277,8 +276,7 @@ int resolve_resume(const TrainArgs& args, int nnodes, PreparedRun& out, storage:
     if (storage::files::exists(record)) {
       try {
         storage::ImportedRun there = read_run_record(record);
-        if (there.record.name == run.name && there.record.started_at == run.started_at &&
-            there.record.last_step > run.last_step) {
+        if (same_run(there.record, run) && there.record.last_step > run.last_step) {
           std::cerr << "deltadeck: --resume: " << record << " is further along than " << out.db_path << " (step "
                     << there.record.last_step << " against " << run.last_step << "): the run is taken from it\n";
           const int64_t old_id = run.id;
