@@ -17,16 +17,6 @@ expect() {
   set -e
   [ "$rc" = "$want" ] || { cat "$out" >&2; fail "'$*' exited $rc, expected $want"; }
 }
-# wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.2 s until it succeeds.
-wait_for() {
-  local secs=$1 what=$2
-  shift 2
-  local end=$((SECONDS + secs))
-  until "$@"; do
-    [ $SECONDS -lt $end ] || fail "timed out after ${secs}s waiting for $what"
-    sleep 0.2
-  done
-}
 # has FILE TEXT: FILE holds TEXT (else it is printed and the test fails).
 has() { grep -qF -- "$2" "$1" || { cat "$1" >&2; fail "expected '$2' in $1"; }; }
 # The [model] keys of the tiny GPT most app e2e runs train (seconds on a CPU), for their TOML heredocs.

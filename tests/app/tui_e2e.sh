@@ -8,9 +8,7 @@
 #   2. SIGTERM stops with a checkpoint and restores the terminal.
 #   3. SIGSEGV (a crash) restores the terminal, then dies of the signal.
 # Each pane runs under a private tmux server (-S), so the user's tmux is never touched.
-set -euo pipefail
-bin=$(realpath "$1")
-work=$(mktemp -d)
+source "$(dirname "${BASH_SOURCE[0]}")/../support/e2e_base.sh" "$(realpath "$1")"
 sock="$work/tmux.sock"
 t() { tmux -S "$sock" "$@"; }
 trap 't kill-server 2> /dev/null || true; rm -rf "$work"' EXIT
@@ -22,16 +20,6 @@ fail() {
     screen "$s" >&2 || true
   done
   exit 1
-}
-# wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.2 s.
-wait_for() {
-  local secs=$1 what=$2
-  shift 2
-  local end=$((SECONDS + secs))
-  until "$@"; do
-    [ $SECONDS -lt $end ] || fail "timed out after ${secs}s waiting for $what"
-    sleep 0.2
-  done
 }
 shows() { screen "$1" | grep -qF -- "$2"; }
 # The step of the header row ("step 12/100000 ...").
