@@ -42,9 +42,10 @@ struct ResumeOutcome {
 // and unfinished saves; a given step is verified the same way): its recorded config with
 // `overrides` ("train.steps=1200", as --set gives them; resolved again for this machine). Refused,
 // before anything is written, for a run still alive, a run whose record beside its checkpoints is
-// further along than this database's copy (another database's job went on with it), config problems, a run that needs the GPU
-// after trainer::cuda_blocked_reason() was set, no usable checkpoint, or a checkpoint whose model
-// shape, vocabulary, precision or world size differs from the run's (trainer::resume_mismatches).
+// further along than this database's copy (another database's job went on with it), config
+// problems, a run that needs the GPU after trainer::cuda_blocked_reason() was set, no usable
+// checkpoint, or a checkpoint whose model shape, vocabulary, precision or world size differs from
+// the run's (trainer::resume_mismatches).
 // Otherwise the run is reopened, the metric rows after the checkpoint are marked superseded, the
 // checkpoints after it (saved by the attempt being abandoned, when resuming from an older one) are
 // renamed "<dir>.superseded" and their records removed, so no later resume picks them up (the
