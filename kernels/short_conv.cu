@@ -20,6 +20,11 @@
 // backward's weight gradient is summed per thread over its tile and added with one fp32 atomic per
 // tap (R·T/tile additions per weight).
 //
+// The staging copies each take about 3 instructions in a tile inside its row (stage_rows): hybrid
+// base's backward 98 -> 90 µs a layer, its forward 48 -> 45 (docs/perf.md stop 78). Two channels
+// a thread (one 32-bit shared load and store a pair, a fifth fewer instructions a value) ran the
+// backward slower, 112 µs a layer: blocks of 64 threads, half the warps an SM.
+//
 // One backward launch takes every part of the Gated DeltaNet's q|k|v conv, each with its own dy:
 // three launches of a few waves each left the SMs idle in their tails (hybrid base's 576-wide
 // parts took 1.6 waves each).
@@ -60,12 +65,23 @@ template <typename T>
 __device__ __forceinline__ void stage_rows(T* dst, const T* src, int64_t ld, int64_t ta, int n, int64_t T_len,
                                            int64_t c0, int64_t C, bool vec) {
   if (vec) {
-    constexpr int V = 16 / sizeof(T), kPerRow = kThreads / V;
-    const int total = n * kPerRow;
-    for (int i = threadIdx.x; i < total; i += kThreads) {
-      const int64_t t = ta + i / kPerRow, c = c0 + (i % kPerRow) * V;
-      T* d = dst + (i / kPerRow) * kThreads + (i % kPerRow) * V;
-      if (t >= 0 && t < T_len && c < C) cp_async16(d, src + t * ld + c);
+    // The thread's piece is the same column of every row it copies (piece threadIdx % kPerRow of
+    // rows threadIdx / kPerRow, + kStep, ...), so its source steps by a pointer add and its test
+    // is the row's: working out each piece's row and column afresh took about 37 instructions a
+    // copy (SASS), a fifth of the backward's instructions.
+    constexpr int V = 16 / sizeof(T), kPerRow = kThreads / V, kStep = kThreads / kPerRow;
+    const int k = (threadIdx.x % kPerRow) * V;
+    const bool col_in = c0 + k < C;
+    int i = threadIdx.x / kPerRow;
+    int64_t t = ta + i;
+    const T* s = src + t * ld + c0 + k;
+    T* d = dst + i * kThreads + k;
+    if (col_in && ta >= 0 && ta + n <= T_len) {  // every row inside the row's tokens: no tests
+      for (; i < n; i += kStep, s += kStep * ld, d += kStep * kThreads) cp_async16(d, s);
+      return;
+    }
+    for (; i < n; i += kStep, t += kStep, s += kStep * ld, d += kStep * kThreads) {
+      if (col_in && t >= 0 && t < T_len) cp_async16(d, s);
       else *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
     }
     return;
@@ -96,13 +112,15 @@ __device__ __forceinline__ void stage_positions(int* dst, const int64_t* pos_row
 // a 64-bit address for each. Runs after a __syncthreads that follows the tile's last write.
 template <typename T>
 __device__ __forceinline__ void store_rows(T* dst, const T* src, int64_t ld, int n, int64_t c0, int64_t C, bool vec) {
-  if (vec) {
-    constexpr int V = 16 / sizeof(T), kPerRow = kThreads / V;
-    for (int i = threadIdx.x; i < n * kPerRow; i += kThreads) {
-      const int row = i / kPerRow, k = (i % kPerRow) * V;
-      if (c0 + k < C)
-        *reinterpret_cast<uint4*>(dst + row * ld + c0 + k) = *reinterpret_cast<const uint4*>(src + row * kThreads + k);
-    }
+  if (vec) {  // one column of every kStep-th row a thread, as stage_rows
+    constexpr int V = 16 / sizeof(T), kPerRow = kThreads / V, kStep = kThreads / kPerRow;
+    const int k = (threadIdx.x % kPerRow) * V;
+    if (c0 + k >= C) return;
+    int i = threadIdx.x / kPerRow;
+    T* d = dst + i * ld + c0 + k;
+    const T* s = src + i * kThreads + k;
+    for (; i < n; i += kStep, d += kStep * ld, s += kStep * kThreads)
+      *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(s);
     return;
   }
   for (int i = threadIdx.x; i < n * kThreads; i += kThreads) {
@@ -222,6 +240,10 @@ struct ConvWindow {
   int pr[W];
 };
 
+// silu'(s) = σ(s) (1 + s (1 − σ(s))), as σ + (s − s σ) σ: two FMAs where the plain form took four
+// instructions (the walk's arithmetic is most of the backward's instructions).
+__device__ __forceinline__ float silu_grad(float s, float sg) { return fmaf(fmaf(-s, sg, s), sg, sg); }
+
 // One token of the backward's walk, its input already in win.xr[newest]: its pre-activation
 // gradient into the window (and the weight gradients' sums when sum_dw), and the input gradient
 // of the token W − 1 back, which has every later gradient it needs now (tap k of token
@@ -243,8 +265,7 @@ __device__ __forceinline__ float backward_step(ConvWindow<W>& win, int newest, c
   if (whole) {
 #pragma unroll
     for (int j = 0; j < W; ++j) s += wc[j] * XW(j);
-    const float sg = fast_sigmoid(s);
-    const float ds = dy_new * sg * (1.f + s * (1.f - sg));
+    const float ds = dy_new * silu_grad(s, fast_sigmoid(s));
     if (sum_dw) {
 #pragma unroll
       for (int j = 0; j < W; ++j) dwc[j] += ds * XW(j);
@@ -256,8 +277,7 @@ __device__ __forceinline__ float backward_step(ConvWindow<W>& win, int newest, c
 #pragma unroll
     for (int j = 0; j < W; ++j)
       if (p >= W - 1 - j) s += wc[j] * XW(j);
-    const float sg = fast_sigmoid(s);
-    const float ds = dy_new * sg * (1.f + s * (1.f - sg));
+    const float ds = dy_new * silu_grad(s, fast_sigmoid(s));
     if (sum_dw) {
 #pragma unroll
       for (int j = 0; j < W; ++j)
