@@ -9,21 +9,22 @@
 //
 // These kernels are bound by instruction issue and latency more than by memory (ncu on an H200,
 // hybrid base's q|k|v backward before the groups below: 79% of issue slots busy at 34% of DRAM
-// bandwidth, about 50 instructions a token; about 27 with them). So the walk reads one staged
-// value of x (and dy) per token; it tests a group of W tokens against document starts once
-// (group_whole) and walks the group without tests when none starts there (taps before the row's
-// start read staged zeros); and it writes each output into its tile's shared memory rows (the
-// forward's x rows, the backward's dy rows, already read), which the block then stores 16 bytes at
-// a time: one store a token, with its 64-bit address, had been a sixth of the backward's
-// instructions. Loading token by token from global memory instead, every thread waited on one
-// memory round trip per token and the backward ran at a fifth of the memory bandwidth. The
-// backward's weight gradient is summed per thread over its tile and added with one fp32 atomic per
-// tap (R·T/tile additions per weight).
+// bandwidth; at stop 77, 58 instructions a token and channel in all, about 30 of them the walk's
+// and 13 the staging's, SASS). So the walk reads one staged value of x (and dy) per token; it tests
+// a group of W tokens against document starts once (group_whole) and walks the group without tests
+// when none starts there (taps before the row's start read staged zeros); and it writes each output
+// into its tile's shared memory rows (the forward's x rows, the backward's dy rows, already read),
+// which the block then stores 16 bytes at a time: one store a token, with its 64-bit address, had
+// been a sixth of the backward's instructions. Loading token by token from global memory instead,
+// every thread waited on one memory round trip per token and the backward ran at a fifth of the
+// memory bandwidth. The backward's weight gradient is summed per thread over its tile and added
+// with one fp32 atomic per tap (R·T/tile additions per weight).
 //
 // The staging copies each take about 3 instructions in a tile inside its row (stage_rows): hybrid
-// base's backward 98 -> 90 µs a layer, its forward 48 -> 45 (docs/perf.md stop 78). Two channels
-// a thread (one 32-bit shared load and store a pair, a fifth fewer instructions a value) ran the
-// backward slower, 112 µs a layer: blocks of 64 threads, half the warps an SM.
+// base's backward 98 -> 90 µs a layer (69M -> 58M instructions a launch), its forward 48 -> 45
+// (docs/perf.md stop 78). Two channels a thread (one 32-bit shared load and store a pair, a fifth
+// fewer instructions a value) ran the backward slower, 112 µs a layer: blocks of 64 threads, half
+// the warps an SM.
 //
 // One backward launch takes every part of the Gated DeltaNet's q|k|v conv, each with its own dy:
 // three launches of a few waves each left the SMs idle in their tails (hybrid base's 576-wide
