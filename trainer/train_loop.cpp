@@ -490,9 +490,10 @@ class TrainLoop {
         // A finite stand-in for the norm, so a spike is recorded as a spike, not as non-finite.
         verdict = guard_.record(number, loss_host, std::isfinite(loss_host) ? 0.0 : NAN);
       } else {
-        const auto r = zero_->step(lr, scaler_->enabled() ? scaler_->scale() : 1.0, max_norm);
+        // Checked (a read-back) only where the step is decided within it, as without ZeRO-1.
+        const auto r = zero_->step(lr, scaler_->enabled() ? scaler_->scale() : 1.0, max_norm, decide_in_step_);
         found_inf = r.found_inf;
-        grad_norm = torch::tensor(r.grad_norm, torch::kFloat64);
+        grad_norm = r.grad_norm_tensor;
         if (decide_in_step_) verdict = guard_.record(number, loss_host, r.grad_norm, scaler_backoff(r.found_inf));
         if (!found_inf && ema_) ema_->update();
       }

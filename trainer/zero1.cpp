@@ -59,7 +59,7 @@ void ShardedAdamW::unflatten(const at::Tensor& flat, std::vector<at::Tensor>& in
   }
 }
 
-ShardedAdamW::StepResult ShardedAdamW::step(double lr, double loss_scale, double max_norm) {
+ShardedAdamW::StepResult ShardedAdamW::step(double lr, double loss_scale, double max_norm, bool check_nonfinite) {
   torch::NoGradGuard no_grad;
   const int64_t world = comm_.world();
   std::vector<at::Tensor> grads;
@@ -68,21 +68,37 @@ ShardedAdamW::StepResult ShardedAdamW::step(double lr, double loss_scale, double
   at::Tensor g = torch::empty({shard_}, flat_grad.options());
   comm_.reduce_scatter_sum(g, flat_grad, "reduce-scattering gradients (ZeRO-1)");
   g.mul_(1.0 / (static_cast<double>(world) * loss_scale));
-  // One all-reduce carries both the inf/NaN count and the squared norm of every slice.
-  at::Tensor stats = torch::stack({torch::logical_not(torch::isfinite(g)).sum().to(torch::kFloat64),
-                                   g.pow(2).sum().to(torch::kFloat64)});
-  std::vector<at::Tensor> st{stats};
-  comm_.all_reduce_sum(st, "summing the gradient norm (ZeRO-1)");
   StepResult r;
-  r.found_inf = st[0][0].item<double>() > 0;
-  if (r.found_inf) {
-    r.grad_norm = INFINITY;
-    return r;
+  if (check_nonfinite) {
+    // One all-reduce carries both the inf/NaN count and the squared norm of every slice.
+    at::Tensor stats = torch::stack({torch::logical_not(torch::isfinite(g)).sum().to(torch::kFloat64),
+                                     g.pow(2).sum().to(torch::kFloat64)});
+    std::vector<at::Tensor> st{stats};
+    comm_.all_reduce_sum(st, "summing the gradient norm (ZeRO-1)");
+    const at::Tensor host = st[0].to(torch::kCPU);  // the one read-back
+    r.found_inf = host[0].item<double>() > 0;
+    if (r.found_inf) {
+      r.grad_norm = INFINITY;
+      r.grad_norm_tensor = torch::full({}, INFINITY, g.options().dtype(torch::kFloat64));
+      return r;
+    }
+    r.grad_norm = std::sqrt(host[1].item<double>());
+    r.grad_norm_tensor = torch::full({}, r.grad_norm, g.options().dtype(torch::kFloat64));
+    // As trainer::clip_grad_norm: scale by max_norm / (norm + 1e-6) when that is below 1.
+    const double coef = max_norm / (r.grad_norm + 1e-6);
+    if (coef < 1.0) g.mul_(coef);
+  } else {
+    std::vector<at::Tensor> st{g.pow(2).sum().to(torch::kFloat64).reshape({1})};
+    comm_.all_reduce_sum(st, "summing the gradient norm (ZeRO-1)");
+    r.grad_norm = NAN;
+    r.grad_norm_tensor = st[0].sqrt().reshape({});
+    // The same clip, its factor on the device: min(1, max_norm / (norm + 1e-6)), rounded to g's
+    // dtype as the host's double factor is (a factor of 1 leaves g as it is).
+    if (std::isfinite(max_norm)) {
+      const at::Tensor max_t = torch::full({}, max_norm, r.grad_norm_tensor.options());  // a true division below
+      g.mul_((max_t / (r.grad_norm_tensor + 1e-6)).clamp_max(1.0).to(g.scalar_type()));
+    }
   }
-  r.grad_norm = std::sqrt(st[0][1].item<double>());
-  // As trainer::clip_grad_norm: scale by max_norm / (norm + 1e-6) when that is below 1.
-  const double coef = max_norm / (r.grad_norm + 1e-6);
-  if (coef < 1.0) g.mul_(coef);
 
   ++steps_;
   const double bc1 = 1.0 - std::pow(opt_.beta1, static_cast<double>(steps_));

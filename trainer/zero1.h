@@ -24,13 +24,21 @@ class ShardedAdamW {
                AdamWOptions opt, Communicator& comm);
 
   struct StepResult {
-    bool found_inf = false;  // some gradient was inf/NaN: nothing was updated
-    double grad_norm = 0;    // global norm before clipping (of the unscaled, averaged gradient)
+    bool found_inf = false;  // some gradient was inf/NaN: nothing was updated (checked steps only)
+    // Global norm before clipping (of the unscaled, averaged gradient): on the host for a checked
+    // step (NaN otherwise), and always as a float64 scalar on the parameters' device.
+    double grad_norm = 0;
+    at::Tensor grad_norm_tensor;
   };
   // One step from the parameters' local .grad() (summed over this rank's micro-steps, scaled by
-  // loss_scale): averages across ranks, unscales, checks, clips to max_norm (inf = off), updates.
-  // Every rank must call it. Worker thread.
-  StepResult step(double lr, double loss_scale, double max_norm);
+  // loss_scale): averages across ranks, unscales, clips to max_norm (inf = off), updates. Every rank
+  // must call it. Worker thread.
+  // check_nonfinite: the step reads the norm and an inf/NaN count back to the host and updates
+  // nothing when a gradient is not finite (the loss scaler's steps, and the runs that decide on a
+  // bad step within it: trainer/train_loop.cpp's decide_in_step_). Off, nothing is read back (the
+  // host queues on while the GPU computes), the clip is worked out on the device, and a non-finite
+  // gradient goes into the update as it does without ZeRO-1, to be judged a step later.
+  StepResult step(double lr, double loss_scale, double max_norm, bool check_nonfinite = true);
   int64_t steps_taken() const { return steps_; }
   // The full "exp_avg.<name>"/"exp_avg_sq.<name>" tensors, gathered from every rank (checkpoints
   // written by rank 0 read the same with or without ZeRO). Every rank must call it.
