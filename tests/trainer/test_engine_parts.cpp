@@ -410,61 +410,66 @@ TEST(ShardedAdamW, OneRankIsAdamW) {
 // back), the step clips by a factor worked out on the device: the same weights as the checked step,
 // to the bit, and the same norm, over 12 steps of which some clip and some do not; and with no
 // clip (max_norm inf) too. A non-finite gradient then goes into the update (judged a step later),
-// where the checked step leaves the weights alone.
+// where the checked step leaves the weights alone. On the CPU, and on a GPU where there is one.
 TEST(ShardedAdamW, UncheckedStepIsTheCheckedStep) {
   torch::manual_seed(12);
   const std::vector<std::vector<int64_t>> shapes = {{16, 8}, {33}, {5, 7}};
-  for (const double max_norm : {1.0, static_cast<double>(INFINITY)}) {
-    std::vector<std::pair<std::string, at::Tensor>> a, b;
-    std::vector<bool> decay;
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      auto p = torch::randn(shapes[i]);
-      a.emplace_back("p" + std::to_string(i), p.clone().requires_grad_(true));
-      b.emplace_back("p" + std::to_string(i), p.clone().requires_grad_(true));
-      decay.push_back(i != 1);
-    }
-    const trainer::AdamWOptions o{0.9, 0.95, 1e-8, 0.1};
-    auto comm = trainer::Communicator::single();
-    trainer::ShardedAdamW checked(a, decay, o, *comm), unchecked(b, decay, o, *comm);
-    int clipped = 0;
-    for (int step = 0; step < 12; ++step) {
+  std::vector<torch::Device> devices = {torch::kCPU};
+  if (torch::cuda::is_available()) devices.emplace_back(torch::kCUDA);
+  for (const auto& device : devices) {
+    for (const double max_norm : {1.0, static_cast<double>(INFINITY)}) {
+      SCOPED_TRACE(device.str() + (std::isfinite(max_norm) ? ", clipped at 1" : ", no clip"));
+      std::vector<std::pair<std::string, at::Tensor>> a, b;
+      std::vector<bool> decay;
       for (size_t i = 0; i < shapes.size(); ++i) {
-        auto g = torch::randn(shapes[i]) * (step % 3 == 0 ? 10.0 : 0.1);
+        auto p = torch::randn(shapes[i], device);
+        a.emplace_back("p" + std::to_string(i), p.clone().requires_grad_(true));
+        b.emplace_back("p" + std::to_string(i), p.clone().requires_grad_(true));
+        decay.push_back(i != 1);
+      }
+      const trainer::AdamWOptions o{0.9, 0.95, 1e-8, 0.1};
+      auto comm = trainer::Communicator::single();
+      trainer::ShardedAdamW checked(a, decay, o, *comm), unchecked(b, decay, o, *comm);
+      int clipped = 0;
+      for (int step = 0; step < 12; ++step) {
+        for (size_t i = 0; i < shapes.size(); ++i) {
+          auto g = torch::randn(shapes[i], device) * (step % 3 == 0 ? 10.0 : 0.1);
+          a[i].second.mutable_grad() = g.clone();
+          b[i].second.mutable_grad() = g.clone();
+        }
+        const auto rc = checked.step(1e-2, 2.0, max_norm, true);
+        const auto ru = unchecked.step(1e-2, 2.0, max_norm, false);
+        ASSERT_FALSE(rc.found_inf || ru.found_inf);
+        EXPECT_TRUE(std::isnan(ru.grad_norm)) << "an unchecked step reads nothing back";
+        ASSERT_TRUE(ru.grad_norm_tensor.defined() && rc.grad_norm_tensor.defined());
+        EXPECT_EQ(ru.grad_norm_tensor.item<double>(), rc.grad_norm) << "step " << step;
+        EXPECT_EQ(rc.grad_norm_tensor.item<double>(), rc.grad_norm) << "step " << step;
+        if (rc.grad_norm > max_norm) ++clipped;
+        for (size_t i = 0; i < shapes.size(); ++i) {
+          EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << "step " << step << ", tensor " << i;
+        }
+      }
+      if (std::isfinite(max_norm)) {
+        EXPECT_GE(clipped, 3) << "no step clipped";
+        EXPECT_LE(clipped, 9) << "every step clipped";
+      }
+      // An inf gradient: the checked step skips, the unchecked one takes it (NaN weights).
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        auto g = torch::randn(shapes[i], device);
+        if (i == 1) g[3] = INFINITY;
         a[i].second.mutable_grad() = g.clone();
         b[i].second.mutable_grad() = g.clone();
       }
+      const auto before = a[1].second.detach().clone();
       const auto rc = checked.step(1e-2, 2.0, max_norm, true);
       const auto ru = unchecked.step(1e-2, 2.0, max_norm, false);
-      ASSERT_FALSE(rc.found_inf || ru.found_inf);
-      EXPECT_TRUE(std::isnan(ru.grad_norm)) << "an unchecked step reads nothing back";
-      ASSERT_TRUE(ru.grad_norm_tensor.defined() && rc.grad_norm_tensor.defined());
-      EXPECT_EQ(ru.grad_norm_tensor.item<double>(), rc.grad_norm) << "step " << step;
-      EXPECT_EQ(rc.grad_norm_tensor.item<double>(), rc.grad_norm) << "step " << step;
-      if (rc.grad_norm > max_norm) ++clipped;
-      for (size_t i = 0; i < shapes.size(); ++i) {
-        EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << "step " << step << ", tensor " << i;
-      }
+      EXPECT_TRUE(rc.found_inf);
+      EXPECT_TRUE(std::isinf(rc.grad_norm_tensor.item<double>()));
+      EXPECT_TRUE(torch::equal(a[1].second, before)) << "the checked step updated on an inf gradient";
+      EXPECT_FALSE(ru.found_inf);
+      EXPECT_FALSE(std::isfinite(ru.grad_norm_tensor.item<double>()));
+      EXPECT_FALSE(torch::isfinite(b[1].second).all().item<bool>()) << "the unchecked step skipped on its own";
     }
-    if (std::isfinite(max_norm)) {
-      EXPECT_GE(clipped, 3) << "no step clipped";
-      EXPECT_LE(clipped, 9) << "every step clipped";
-    }
-    // An inf gradient: the checked step skips, the unchecked one takes it (NaN weights).
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      auto g = torch::randn(shapes[i]);
-      if (i == 1) g[3] = INFINITY;
-      a[i].second.mutable_grad() = g.clone();
-      b[i].second.mutable_grad() = g.clone();
-    }
-    const auto before = a[1].second.detach().clone();
-    const auto rc = checked.step(1e-2, 2.0, max_norm, true);
-    const auto ru = unchecked.step(1e-2, 2.0, max_norm, false);
-    EXPECT_TRUE(rc.found_inf);
-    EXPECT_TRUE(std::isinf(rc.grad_norm_tensor.item<double>()));
-    EXPECT_TRUE(torch::equal(a[1].second, before)) << "the checked step updated on an inf gradient";
-    EXPECT_FALSE(ru.found_inf);
-    EXPECT_FALSE(std::isfinite(ru.grad_norm_tensor.item<double>()));
-    EXPECT_FALSE(torch::isfinite(b[1].second).all().item<bool>()) << "the unchecked step skipped on its own";
   }
 }
 
