@@ -19,12 +19,23 @@ int run_sample(const trainer::SampleOptions& opts) {
     return 2;
   }
   trainer::SampleStats st;
+  // The prompt is echoed with the first generated piece (or once sampling returns), after the
+  // checkpoint has loaded and the prompt has been read: a command that fails before it samples
+  // writes nothing to stdout, so `> out.txt` is left empty rather than holding the prompt alone.
+  bool echoed = false;
+  auto echo_prompt = [&] {
+    if (!echoed) std::cout << opts.prompt;
+    echoed = true;
+  };
   try {
-    std::cout << opts.prompt << std::flush;
-    st = trainer::sample_text(opts, [](const std::string& piece) { std::cout << piece << std::flush; });
+    st = trainer::sample_text(opts, [&](const std::string& piece) {
+      echo_prompt();
+      std::cout << piece << std::flush;
+    });
+    echo_prompt();
   } catch (const std::exception& e) {
     std::cout << std::flush;
-    std::cerr << "\ndeltadeck: " << e.what() << "\n";
+    std::cerr << (echoed ? "\n" : "") << "deltadeck: " << e.what() << "\n";  // ends the text's line first
     return 1;
   }
   std::cout << "\n" << std::flush;

@@ -239,6 +239,13 @@ rc=$?
 set -e
 [ "$rc" = 1 ] && grep -q -- "--prompt: this run trained on token files" "$work/ids-bad.err" \
   || { cat "$work/ids-bad.err"; fail "a text prompt for a token run exited $rc"; }
+# A sample that cannot start (no such checkpoint) writes nothing to stdout, not even the prompt.
+set +e
+"$bin" sample --checkpoint "$work/runs/no-such-run" --prompt "hello" -n 6 > "$work/none.out" 2> "$work/none.err"
+rc=$?
+set -e
+[ "$rc" = 1 ] && [ ! -s "$work/none.out" ] && grep -q "no such checkpoint or run directory" "$work/none.err" \
+  || { cat "$work/none.out" "$work/none.err"; fail "a sample of no checkpoint exited $rc or wrote to stdout"; }
 # A SentencePiece run's export carries its tokenizer model, named by config.json, so the folder
 # stands alone.
 "$bin" tokenizer train --input "/usr/share/games/fortunes/fortunes" --vocab-size 512 --out "$work/sp.model" \
