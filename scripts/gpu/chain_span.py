@@ -9,12 +9,9 @@ LAST_PATTERN; prints their count and the mean, least and most of (its end − th
 import re
 import sys
 
-rows = []
-for line in open(sys.argv[1]):
-    m = re.match(r"\s*([\d.]+)\s+([\d.]+)\s+s(\d+)\s+gap\s+([\d.]+)\s+\|\s*(.*?)\s*\|", line)
-    if m:
-        rows.append((float(m.group(1)), float(m.group(2)), m.group(5)))
-rows.sort()
+import timeline_rows
+
+rows = sorted((start, duration, name) for start, duration, _, _, name in timeline_rows.read(sys.argv[1]))
 spans = []
 for i, (start, _, name) in enumerate(rows):
     if not re.search(sys.argv[2], name):

@@ -9,15 +9,13 @@ import collections
 import re
 import sys
 
-lines = open(sys.argv[1]).read().splitlines()
-span = next((l for l in lines if l.startswith("span")), "")
+import timeline_rows
+
+span = next((l.rstrip("\n") for l in open(sys.argv[1]) if l.startswith("span")), "")
 total, count = collections.Counter(), collections.Counter()
-for line in lines:
-    m = re.match(r"\s*([\d.]+)\s+([\d.]+)\s+s(\d+)\s+gap\s+([\d.]+)\s+\|\s*(.*?)\s*\|", line)
-    if not m:
-        continue
+for _, duration, _, _, name in timeline_rows.read(sys.argv[1]):
     for p in sys.argv[2:]:
-        if re.search(p, m.group(5)):
-            total[p] += float(m.group(2))
+        if re.search(p, name):
+            total[p] += duration
             count[p] += 1
 print(span, " | ".join(f"{p}: {count[p]} x {total[p] / max(count[p], 1):.1f}" for p in sys.argv[2:]))
