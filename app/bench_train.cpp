@@ -12,6 +12,7 @@
 #include <ATen/Context.h>
 #include <nlohmann/json.hpp>
 
+#include "kernels/gdr_chunk_solve_backward.h"
 #include "kernels/gdr_chunk_state_grads.h"
 #include "kernels/gdr_scan.h"
 #include "model/bmm_fp32.h"
@@ -134,6 +135,7 @@ int bench_train(const BenchTrainArgs& a) {
       {"--weight-grad-stream", &a.weight_grad_stream, {"on", "off"}},
       {"--graph-gemms", &a.graph_gemms, {"no-workspace", "workspace"}},
       {"--state-products", &a.state_products, {"tight", "staged"}},
+      {"--solve-overlap", &a.solve_overlap, {"on", "off"}},
       {"--weight-shadows", &a.weight_shadows, {"on", "off"}},
       {"--expert-weights", &a.expert_weights, {"in-place", "autograd"}},
       {"--moe-inputs", &a.moe_inputs, {"fused", "separate"}},
@@ -163,6 +165,7 @@ int bench_train(const BenchTrainArgs& a) {
   model::gemms_without_workspace(a.graph_gemms == "no-workspace");
 #if defined(DD_HAVE_CUDA)
   kernels::gdr_chunk_state_grads_tight(a.state_products == "tight");
+  kernels::gdr_chunk_solve_backward_overlap(a.solve_overlap == "on");
 #endif
   model::weight_shadows(a.weight_shadows == "on");
   model::expert_products(a.expert_weights == "in-place");
@@ -370,6 +373,7 @@ int bench_train(const BenchTrainArgs& a) {
   j["weight_grad_stream"] = a.weight_grad_stream;
   j["graph_gemms"] = a.graph_gemms;
   j["state_products"] = a.state_products;
+  j["solve_overlap"] = a.solve_overlap;
   j["weight_shadows"] = a.weight_shadows;
   j["expert_weights"] = a.expert_weights;
   j["moe_inputs"] = a.moe_inputs;

@@ -68,6 +68,9 @@ struct BenchTrainArgs {
   // "tight" (the delta rule's state products with a bf16 dO stage each operand only while a pass
   // needs it: three blocks an SM at hybrid base) or "staged" (dh_next staged with dO), to measure it.
   std::string state_products = "tight";
+  // "on" (the delta rule's solve backward at hybrid base's heads with its copies overlapping its
+  // products) or "off" (the general bf16-tile instance), to measure it.
+  std::string solve_overlap = "on";
   std::string weight_shadows = "on";  // on | off: bf16 weight copies kept by AdamW (model/weight_shadow.h)
   std::string expert_weights = "in-place";  // in-place | autograd: MoE experts' products (model/expert_product.h)
   std::string grad_norm = "producers";  // producers | read: where the clipping norm's sums of squares come from

@@ -60,6 +60,12 @@ inline bool gdr_chunk_solve_backward_bf16_tiles(const GdrChunkSolveBackwardArgs&
 }
 
 #ifdef DD_HAVE_CUDA
+// Whether hybrid base's heads (dk 96, dv 192) on the 16-bit path with dv taken run the instance
+// whose copies overlap its products (on, the default), or the general bf16-tile instance (off, to
+// measure it). dRw and dv are the same bits either way; dA_raw differs within the products'
+// rounding (about 2⁻¹⁶ relative against TF32's 2⁻¹¹).
+void gdr_chunk_solve_backward_overlap(bool on);
+
 // Returns the cudaError_t of the launch (0 = success); cudaErrorInvalidValue for sizes
 // gdr_chunk_fused_supports refuses, or for dv without dbeta_v, or neither dv nor dRu.
 int gdr_chunk_solve_backward(const GdrChunkList& l, const GdrChunkSolveBackwardArgs& a, void* stream);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kernels/gdr_chunk_front.h"
+#include "kernels/gdr_chunk_solve_backward.h"
 #include "kernels/gdr_head_sizes.h"
 #include "kernels/gdr_scan.h"
 #include "kernels/wgmma_check.h"
@@ -1908,8 +1909,11 @@ TEST(GdrScanCuda, FixedHeadSizeKernelsMatchTheGeneralOnes) {
     ~Restore() {
       kernels::gdr_fixed_head_sizes(true);
       kernels::gdr_scan_warp_columns(true);
+      kernels::gdr_chunk_solve_backward_overlap(true);
     }
   } restore;
+  // The overlapped solve (its own test below) rounds differently from the general instance.
+  kernels::gdr_chunk_solve_backward_overlap(false);
   kernels::gdr_scan_warp_columns(false);  // the forward scan's block kernel, whose fixed instances these are
   using K = kernels::GdrSizedKernel;
   const std::pair<K, const char*> kernels_named[] = {{K::kFront, "front"},
@@ -2049,6 +2053,29 @@ TEST(GdrScanCuda, Bf16SolveTilesMatchFp32Ones) {
   for (const auto& d : diffs) {
     for (size_t i = 0; i < d.size(); ++i) EXPECT_LT(d[i], i < 2 ? 1e-7 : 1e-3) << kChunkOutputNames[i];
     EXPECT_GT(std::max(d[5], d[6]), 0.0) << "dβ and dg the same to the bit: the bf16 tiles were not taken";
+  }
+}
+
+// The solve's backward with its copies overlapped (kernels::gdr_chunk_solve_backward_overlap, hybrid
+// base's heads) against the general bf16-tile instance: Tmᵀ dW and Tmᵀ dU take the same bf16 parts
+// of Tm in the same order, so the forward, dq, dv and dh0 are the same bits; dTm is summed in
+// registers (dW Kᵀ's columns scaled by exp γ, then three 64-column panels, b last) where the general
+// instance scales each part as it adds it in shared memory, and X, dA take bf16 parts where TF32
+// rounded, so dk, dβ and dg move by a few of TF32's roundings (1e-3 of the norm), dk measurably.
+TEST(GdrScanCuda, OverlappedSolveStaysCloseToTheGeneralOne) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  std::printf("[gdr_chunk] the solve's backward overlapped against the general instance:\n");
+  const auto diffs = switch_differences(kernels::gdr_chunk_solve_backward_overlap, 965);
+  ASSERT_EQ(diffs.size(), 2u);
+  const auto& d = diffs[1];  // hybrid base's heads (the first case, bench gdr's, runs the same kernel twice)
+  for (size_t i = 0; i < d.size(); ++i) {
+    const bool same = i < 3 || i == 4 || i == 7;  // o, h, dq, dv, dh0
+    EXPECT_LT(d[i], same ? 1e-30 : 1e-3) << kChunkOutputNames[i];
+  }
+  EXPECT_GT(d[3], 0.0) << "dk the same to the bit: the overlapped instance did not run";
+  // bench gdr's heads take the general instance either way: the same bits but the tail's atomic sums.
+  for (size_t i = 0; i < diffs[0].size(); ++i) {
+    EXPECT_LE(diffs[0][i], i == 5 || i == 6 ? 1e-6 : 0.0) << "bench gdr's heads: " << kChunkOutputNames[i];
   }
 }
 
