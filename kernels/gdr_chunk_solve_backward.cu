@@ -27,6 +27,8 @@
 // (exact products, as the TF32 ones of the same values), Tmᵀ dW and Tmᵀ dU are bf16 mma too with
 // Tmᵀ in two bf16 parts (tm_t_times_bf16), and X takes the two tiles' room once they are done.
 // 69 KiB a block: three an SM.
+// At hybrid base's heads (dk 96, dv 192) on the 16-bit path, an instance of its own overlaps its
+// copies with its products (gdr_chunk_solve_backward_overlap_kernel, below; docs/perf.md stop 81).
 #include <cuda_runtime.h>
 
 #include <atomic>
