@@ -692,10 +692,11 @@ int gdr_chunk_solve_backward(const GdrChunkList& l, const GdrChunkSolveBackwardA
   // launch_fused takes the TF32 instance for 16-bit k and v of one type under tf32_products, so
   // with bf16 tiles (which need both) it launches the bf16-tile kernel, with its smaller room.
   const bool tiles16 = gdr_chunk_solve_backward_bf16_tiles(a);
-  // The overlapped instance: hybrid base's heads with dv taken, its copies 16-byte cp.async.
+  // The overlapped instance: hybrid base's heads with dv taken, its copies 16-byte cp.async (Tm,
+  // dW and dU are checked above; k and v here, v's rows a multiple of 8 elements apart).
   const int64_t v_stride = a.v_token_stride != 0 ? a.v_token_stride : l.H * l.dv;
   if (g_overlap.load() && tiles16 && vec && gdr_fixed_head_sizes() && l.dk == overlap::kDk && l.dv == overlap::kDv &&
-      a.dv != nullptr && v_stride % 8 == 0 && aligned_to(16, a.v, a.dU, a.Tm) && aligned_to(16, a.k, a.dW) && gdr_chunk_fused_supports(l.C, l.dk, l.dv) &&
+      a.dv != nullptr && v_stride % 8 == 0 && aligned_to(16, a.k, a.v) && gdr_chunk_fused_supports(l.C, l.dk, l.dv) &&
       l.N * l.H >= 1 && l.N * l.H <= 2147483647LL) {
     const int err = allow_dynamic_smem(reinterpret_cast<const void*>(&gdr_chunk_solve_backward_overlap_kernel),
                                        overlap::kSmemBytes);
