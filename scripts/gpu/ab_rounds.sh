@@ -3,15 +3,19 @@
 # docs/perf.md compares a change: the machine's clocks drift between runs, and the first run of a
 # fresh machine is faster than the ones after it), and optionally one traced step of each with the
 # mean time a launch of chosen kernels. Usage, from the checkout on the GPU machine:
-#   A_ENV="DD_PROBE=1" A="" B="--state-products after-scan" ROUNDS=3 GPT=2 \
-#     KERNELS="state_grads_kernel;copy_warps_kernel<6, 96, true" \
+#   A_ENV="DD_PROBE=1" A="" B="--state-products tight" ROUNDS=3 GPT=2 TRACES=2 REF="backward_tail" \
+#     KERNELS="state_grads;copy_warps_kernel<6, 96, true" \
 #     bash scripts/gpu/ab_rounds.sh --family hybrid --preset base --batch 8 --seq-len 2048
 #   A, B          each variant's extra flags (empty: the defaults)
 #   A_ENV, B_ENV  each variant's environment assignments (NAME=value, space-separated)
 #   ROUNDS        alternating rounds (default 3); GPT: rounds of --family gpt at the same shape after
 #                 them (default 0), the denominator of the hybrid's ratio
-#   KERNELS       ';'-separated name patterns (Python regexes): one traced step of each variant, each
+#   KERNELS       ';'-separated name patterns (Python regexes): a traced step of each variant, each
 #                 pattern's launches and mean µs (scripts/gpu/kernel_means.py) and the step's span
+#   REF           with KERNELS: a pattern for a kernel neither variant changes; each mean is also
+#                 given as a multiple of its mean in the same trace (traces drift with the clocks)
+#   TRACES        with KERNELS: traced steps of each variant (default 1), in the order a b b a a b ...,
+#                 so that neither variant always runs first
 #   BIN           the binary (default build-gpu/app/deltadeck); OUT the folder for the traces'
 #                 timelines (default $OUT, else /tmp)
 # The remaining arguments go to every run (the GPT rounds replace --family).
@@ -57,11 +61,17 @@ if [ "${GPT:-0}" -gt 0 ]; then
 fi
 if [ -n "${KERNELS:-}" ]; then
   IFS=';' read -ra patterns <<< "$KERNELS"
-  for v in a b; do
-    run $v --steps 5 --warmup 5 --profile --profile-top 5 --profile-trace "$out/ab_$v.json" "$@" > /dev/null 2>&1
-    python3 "$here/graph_timeline.py" "$out/ab_$v.json" "$out/ab_timeline_$v.txt" > /dev/null 2>&1 &&
-      echo "traced $v: $(python3 "$here/kernel_means.py" "$out/ab_timeline_$v.txt" "${patterns[@]}")" ||
-      echo "traced $v: no trace (the run or graph_timeline.py failed)"
-    rm -f "$out/ab_$v.json"
+  ref=()
+  [ -n "${REF:-}" ] && ref=(--ref "$REF")
+  for ((i = 1; i <= ${TRACES:-1}; ++i)); do
+    order="a b"
+    [ $((i % 2)) = 0 ] && order="b a"
+    for v in $order; do
+      run $v --steps 5 --warmup 5 --profile --profile-top 5 --profile-trace "$out/ab_$v.json" "$@" > /dev/null 2>&1
+      python3 "$here/graph_timeline.py" "$out/ab_$v.json" "$out/ab_timeline_$v.txt" > /dev/null 2>&1 &&
+        echo "traced $v: $(python3 "$here/kernel_means.py" "$out/ab_timeline_$v.txt" "${ref[@]}" "${patterns[@]}")" ||
+        echo "traced $v: no trace (the run or graph_timeline.py failed)"
+      rm -f "$out/ab_$v.json"
+    done
   done
 fi
