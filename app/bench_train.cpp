@@ -14,6 +14,7 @@
 
 #include "kernels/gdr_chunk_solve_backward.h"
 #include "kernels/gdr_chunk_state_grads.h"
+#include "kernels/gdr_head_sizes.h"
 #include "kernels/gdr_scan.h"
 #include "model/bmm_fp32.h"
 #include "model/cudnn_attention.h"
@@ -136,6 +137,7 @@ int bench_train(const BenchTrainArgs& a) {
       {"--graph-gemms", &a.graph_gemms, {"no-workspace", "workspace"}},
       {"--state-products", &a.state_products, {"tight", "staged"}},
       {"--solve-overlap", &a.solve_overlap, {"on", "off"}},
+      {"--chunk-copies", &a.chunk_copies, {"on", "off"}},
       {"--weight-shadows", &a.weight_shadows, {"on", "off"}},
       {"--expert-weights", &a.expert_weights, {"in-place", "autograd"}},
       {"--moe-inputs", &a.moe_inputs, {"fused", "separate"}},
@@ -166,6 +168,7 @@ int bench_train(const BenchTrainArgs& a) {
 #if defined(DD_HAVE_CUDA)
   kernels::gdr_chunk_state_grads_tight(a.state_products == "tight");
   kernels::gdr_chunk_solve_backward_overlap(a.solve_overlap == "on");
+  kernels::gdr_chunk_copies16(a.chunk_copies == "on");
 #endif
   model::weight_shadows(a.weight_shadows == "on");
   model::expert_products(a.expert_weights == "in-place");
@@ -374,6 +377,7 @@ int bench_train(const BenchTrainArgs& a) {
   j["graph_gemms"] = a.graph_gemms;
   j["state_products"] = a.state_products;
   j["solve_overlap"] = a.solve_overlap;
+  j["chunk_copies"] = a.chunk_copies;
   j["weight_shadows"] = a.weight_shadows;
   j["expert_weights"] = a.expert_weights;
   j["moe_inputs"] = a.moe_inputs;

@@ -71,6 +71,9 @@ struct BenchTrainArgs {
   // "on" (the delta rule's solve backward at hybrid base's heads with its copies overlapping its
   // products) or "off" (the general bf16-tile instance), to measure it.
   std::string solve_overlap = "on";
+  // "on" (the delta rule's front and tail at fixed head sizes take q, k and v by 16-byte cp.async)
+  // or "off" (through registers), to measure it.
+  std::string chunk_copies = "on";
   std::string weight_shadows = "on";  // on | off: bf16 weight copies kept by AdamW (model/weight_shadow.h)
   std::string expert_weights = "in-place";  // in-place | autograd: MoE experts' products (model/expert_product.h)
   std::string grad_norm = "producers";  // producers | read: where the clipping norm's sums of squares come from

@@ -178,8 +178,11 @@ __device__ __forceinline__ void normalise_qk(T* Q_s, T* K_s, int pk, int dk, int
   }
 }
 
-// kDK, kDV: the head sizes known at compile time (with_head_sizes), 0: l.dk and l.dv.
-template <typename T, typename TV, int VW, int kDK = 0, int kDV = 0>
+// kDK, kDV: the head sizes known at compile time (with_head_sizes), 0: l.dk and l.dv. kCopies16
+// (bf16 instances of fixed head sizes, launched where the rows move as 16-byte copies): q, k and V's
+// panels by cp.async, with the norm q and k in flight while the gates are worked out, and V's second
+// panel while the first one's product runs.
+template <typename T, typename TV, int VW, int kDK = 0, int kDV = 0, bool kCopies16 = false>
 __global__ void __launch_bounds__(kThreads, min_blocks(sizeof(Staged<T>), sizeof(Staged<TV>)))
     gdr_chunk_front_kernel(GdrChunkList l, GdrChunkFrontArgs a) {
   // Inputs given in bf16 or fp16 are TF32 values: their products skip the remainders' terms, and
@@ -239,6 +242,16 @@ __global__ void __launch_bounds__(kThreads, min_blocks(sizeof(Staged<T>), sizeof
     return;
   }
 
+  static_assert(!kCopies16 || (kDK > 0 && sizeof(SQ) == 2 && sizeof(SV) == 2), "16-byte copies: 16-bit rows, fixed sizes");
+  if constexpr (kCopies16) {
+    if (a.q_norm != nullptr) {
+      const int64_t ts = a.qk_token_stride != 0 ? a.qk_token_stride : l.H * dk;
+      copy_rows_async(static_cast<const T*>(a.q), ts, h * dk, dk, start, len, tid, kThreads, reinterpret_cast<SQ*>(QV_s), pk);
+      copy_rows_async(static_cast<const T*>(a.k), ts, h * dk, dk, start, len, tid, kThreads, K_s, pk);
+      cp_async_commit();
+    }
+  }
+
   // Gates. Rows past the chunk's length have g = β = 0 (and zero q, k, v below).
   for (int e = tid; e < kC * kTPitch; e += kThreads) T_s[e] = 0.f;
   stage_gates(a.g, a.beta, start, len, l.H, h, gam_s, b_s);
@@ -266,8 +279,12 @@ __global__ void __launch_bounds__(kThreads, min_blocks(sizeof(Staged<T>), sizeof
                    Kd_out.store<VW>((r * kC + i) * dk + d, kd);
                  });
   } else if constexpr (kQkExact) {  // gdr_chunk_front_forward refuses the norm for fp32 q and k
-    stage_qk<VW>(static_cast<const T*>(a.q), static_cast<const T*>(a.k), qk_ts, h, dk, start, len, Q_s, K_s, pk,
-                 [](int, int, const float*, const float*) {});
+    if constexpr (kCopies16) {
+      cp_async_wait<0>();
+    } else {
+      stage_qk<VW>(static_cast<const T*>(a.q), static_cast<const T*>(a.k), qk_ts, h, dk, start, len, Q_s, K_s, pk,
+                   [](int, int, const float*, const float*) {});
+    }
     __syncthreads();
     normalise_qk<T>(
         Q_s, K_s, pk, dk, start, len, l.H, h, a,
@@ -345,6 +362,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks(sizeof(Staged<T>), sizeof
     }
 #pragma unroll
     for (int i = 0; i < 16; ++i) T_s[(base + i) * kTPitch + base + c] = x[i];
+  } else if constexpr (kCopies16) {
+    copy_rows_async(v, v_stride, h * dv, dv < kPanel ? dv : kPanel, start, len, tid - 64, kThreads - 64, V_s, kVPitch);
+    cp_async_commit();
   } else {
     load_v_panel(0, dv < kPanel ? dv : kPanel, 64, kThreads - 64);
   }
@@ -409,6 +429,28 @@ __global__ void __launch_bounds__(kThreads, min_blocks(sizeof(Staged<T>), sizeof
     });
   };
   tm_product(std::integral_constant<bool, kQkExact>{}, K_s, pk, dk, be_s, W_out, r * kC * dk, dk);
+  if constexpr (kCopies16) {
+    // V's second panel (at most one more: dv ≤ 2 · kPanel) into K's room, as soon as every warp is
+    // done with K, and its product after the first panel's.
+    static_assert(kDV <= 2 * kPanel, "at most two panels of V");
+    constexpr int kP1 = kDV - kPanel, kP1Pitch = kP1 + 8;
+    static_assert(kP1 <= 0 || kC * kP1Pitch * 2 <= k_region_bytes(kDK, 2), "V's second panel fits K's room");
+    SV* V1_s = reinterpret_cast<SV*>(K_s);
+    cp_async_wait<0>();
+    __syncthreads();  // V's first panel is in, and K is done with
+    if constexpr (kP1 > 0) {
+      copy_rows_async(v, v_stride, h * dv + kPanel, kP1, start, len, tid, kThreads, V1_s, kP1Pitch);
+      cp_async_commit();
+    }
+    tm_product(std::integral_constant<bool, kVExact>{}, V_s, kVPitch, kDV < kPanel ? kDV : kPanel, b_s, U_out,
+               r * kC * dv, dv);
+    if constexpr (kP1 > 0) {
+      cp_async_wait<0>();
+      __syncthreads();
+      tm_product(std::integral_constant<bool, kVExact>{}, V1_s, kP1Pitch, kP1, b_s, U_out, r * kC * dv + kPanel, dv);
+    }
+    return;
+  }
   for (int p0 = 0; p0 < dv; p0 += kPanel) {
     const int pw = dv - p0 < kPanel ? dv - p0 : kPanel;
     if (p0 > 0) {
@@ -445,16 +487,27 @@ int gdr_chunk_front_forward(const GdrChunkList& l, const GdrChunkFrontArgs& a, v
   }
   if (a.qk_token_stride != 0 && a.qk_token_stride < l.H * l.dk) return static_cast<int>(cudaErrorInvalidValue);
   const bool vec = front_vec(l, a);
+  // q, k and v by 16-byte copies where they are aligned for them (and gdr_chunk_copies16 is on).
+  const bool copies16 = gdr_chunk_copies16() && rows_copy16(a.q, a.qk_token_stride != 0 ? a.qk_token_stride : l.H * l.dk) &&
+                        rows_copy16(a.k, a.qk_token_stride != 0 ? a.qk_token_stride : l.H * l.dk) &&
+                        rows_copy16(a.v, a.v_token_stride != 0 ? a.v_token_stride : l.H * l.dv);
   const size_t smem = static_cast<size_t>(smem_bytes(static_cast<int>(l.dk), elem_bytes(a.in_qk), elem_bytes(a.in_v)));
   return launch_fused(
       l, a.in_qk, a.in_v, vec, kThreads, smem, stream,
-      [&l](auto qk, auto v, auto w, auto) {
+      [&l, copies16](auto qk, auto v, auto w, auto) {
         using QK = decltype(qk);
         using V = decltype(v);
         constexpr int kW = decltype(w)::value;
         if constexpr (std::is_same<QK, __nv_bfloat16>::value && std::is_same<V, __nv_bfloat16>::value && kW == 4) {
-          return with_head_sizes(GdrSizedKernel::kFront, l.dk, l.dv, [](auto dk, auto dv) {
-            return gdr_chunk_front_kernel<QK, V, kW, decltype(dk)::value, decltype(dv)::value>;
+          return with_head_sizes(GdrSizedKernel::kFront, l.dk, l.dv, [copies16](auto dk, auto dv) {
+            constexpr int kDk = decltype(dk)::value, kDv = decltype(dv)::value;
+            if constexpr (kDk > 0) {
+              if (copies16) {
+                gdr_count_chunk_copies16_launch(GdrSizedKernel::kFront);
+                return gdr_chunk_front_kernel<QK, V, kW, kDk, kDv, true>;
+              }
+            }
+            return gdr_chunk_front_kernel<QK, V, kW, kDk, kDv>;
           });
         }
         return gdr_chunk_front_kernel<QK, V, kW>;

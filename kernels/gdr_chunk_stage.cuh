@@ -10,10 +10,12 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cp_async.cuh"
 #include "kernels/elem.cuh"
 #include "kernels/gdr_chunk_io.cuh"
 #include "kernels/gdr_chunk_mma.cuh"
 #include "kernels/gdr_head_sizes.h"
+#include "kernels/tf32_mma.cuh"
 
 namespace kernels {
 namespace gdr_chunk_stage {
@@ -106,6 +108,31 @@ __device__ __forceinline__ void stage_rows(const E* src, int64_t token_stride, i
       if (el >= kRows * w_n) continue;
       store_piece<VW>(dst + (el / w_n) * pitch + (el % w_n) * VW, x[u]);
     }
+  }
+}
+
+// Host side: whether 16-bit token-layout rows at p, token_stride elements apart, can move as
+// 16-byte copies (copy_rows_async; their column offsets and widths are multiples of 8 elements).
+inline bool rows_copy16(const void* p, int64_t token_stride) {
+  return aligned_to(16, p) && token_stride % 8 == 0;
+}
+
+// Columns [col0, col0 + width) of the chunk's rows of a 16-bit token-layout tensor (token t's row
+// at src + t · token_stride) into dst [kRows][pitch] by 16-byte cp.async, zeros past the chunk's
+// length: what stage_rows stores for rows kept 16-bit, but with no thread waiting on a load, so
+// that the block's other work runs while the rows come in. Threads first, first + stride, ...
+// start the copies; the caller commits, waits and synchronises. col0, width and pitch are
+// multiples of 8 elements, src and token_stride as rows_copy16 checks.
+template <typename T>
+__device__ __forceinline__ void copy_rows_async(const T* src, int64_t token_stride, int64_t col0, int width,
+                                                int64_t start, int len, int first, int stride, T* dst, int pitch) {
+  static_assert(sizeof(T) == 2, "16-bit rows");
+  const int pieces = width / 8;
+  for (int e = first; e < kRows * pieces; e += stride) {
+    const int i = e / pieces, c = 8 * (e % pieces);
+    const bool in_chunk = i < len;
+    const T* from = in_chunk ? src + (start + i) * token_stride + col0 + c : src;  // nothing read past the end
+    cp_async16_zfill(reinterpret_cast<float*>(dst + i * pitch + c), reinterpret_cast<const float*>(from), in_chunk);
   }
 }
 

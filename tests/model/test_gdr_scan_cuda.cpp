@@ -1704,6 +1704,89 @@ TEST(GdrScanCuda, L2NormInsideTheCoreMatchesTheNormBefore) {
   }
 }
 
+// The front's and the tail's fixed-size instances taking q, k and v by 16-byte cp.async
+// (kernels::gdr_chunk_copies16, on by default) against the same instances staging them through
+// registers: the same values land in shared memory, so every result is the same bits, but for dβ
+// and dg (the tail's atomic sums, 1e-6). The Gated DeltaNet's path: bf16 q | k read in place from
+// the short conv's wider rows with the norm inside the core, the TF32 scan. Rows whose token
+// stride is not a multiple of 8 elements (16 bytes) keep the register staging (counted: no
+// copies taken), with the same results.
+TEST(GdrScanCuda, CopiedRowsGiveTheRegisterStagedBits) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  struct Restore {
+    ~Restore() { kernels::gdr_chunk_copies16(true); }
+  } restore;
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 967);
+  struct CopyCase {
+    int64_t B, T, H, dk, dv;
+    std::vector<int64_t> cu;
+    int64_t spare;  // columns after q | k in each row (a multiple of 8: the front's copies take them)
+  };
+  // The tail reads the normalised q and k the front wrote (contiguous): it takes the copies in
+  // every case.
+  const CopyCase cases[] = {
+      {1, 300, 2, 96, 192, {0, 17, 150, 151, 300}, 8},  // hybrid base's heads, packed
+      {2, 150, 3, 96, 192, {}, 1152},                   // dense with a ragged chunk, v's width spare
+      {2, 150, 2, 128, 256, {}, 8},                     // moe-1b's heads
+      {1, 200, 2, 128, 128, {0, 70, 200}, 16},          // bench gdr's heads
+      {1, 300, 2, 96, 192, {0, 17, 150, 151, 300}, 4},  // q | k rows 8-byte aligned only: registers
+  };
+  using K = kernels::GdrSizedKernel;
+  const auto copies = [] {
+    return std::vector<int64_t>{kernels::gdr_chunk_copies16_launches(K::kFront),
+                                kernels::gdr_chunk_copies16_launches(K::kTail)};
+  };
+  auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+  for (const CopyCase& c : cases) {
+    const std::string name = "B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) + " dk=" +
+                             std::to_string(c.dk) + " dv=" + std::to_string(c.dv) + " spare=" +
+                             std::to_string(c.spare) + (c.cu.empty() ? "" : " packed");
+    const int64_t Kg = c.H * c.dk, n_state = c.cu.empty() ? c.B : static_cast<int64_t>(c.cu.size()) - 1;
+    const auto bf = torch::kBFloat16;
+    const auto qk = (torch::randn({c.B, c.T, 2 * Kg + c.spare}, f32) * (torch::rand({c.B, c.T, 1}, f32) * 3.0 + 0.1)).to(bf);
+    const auto v = torch::randn({c.B, c.T, c.H, c.dv}, f32).to(bf);
+    const auto beta = torch::sigmoid(torch::randn({c.B, c.T, c.H}, f32));
+    const auto g = -torch::rand({c.B, c.T, c.H}, f32) * 0.5;
+    const auto h0 = torch::randn({n_state, c.H, c.dk, c.dv}, f32) * 0.1;
+    const auto dO = torch::randn({c.B, c.T, c.H, c.dv}, f32), dH = torch::randn({n_state, c.H, c.dk, c.dv}, f32);
+    const torch::Tensor cu = c.cu.empty() ? torch::Tensor() : torch::tensor(c.cu, torch::kInt64);
+    auto run = [&] {
+      auto qk_in = qk.clone().requires_grad_(true);
+      std::vector<torch::Tensor> x{v.clone(), beta.clone(), g.clone(), h0.clone()};
+      for (auto& t : x) t.requires_grad_(true);
+      const auto q = qk_in.narrow(2, 0, Kg).view({c.B, c.T, c.H, c.dk});
+      const auto k = qk_in.narrow(2, Kg, Kg).view({c.B, c.T, c.H, c.dk});
+      const auto out = model::gdr_forward_chunked(q, k, x[0], x[1], x[2], 1.0 / std::sqrt(double(c.dk)), x[3], cu, 64,
+                                                  /*tf32_scan=*/true, false, nullptr, true,
+                                                  model::GdrQkNorm{true, 1e-6, bf});
+      ((out.o.to(torch::kFloat32) * dO).sum() + (out.h * dH).sum()).backward();
+      const auto dqk = qk_in.grad();
+      return std::vector<torch::Tensor>{out.o, out.h, dqk.narrow(2, 0, Kg), dqk.narrow(2, Kg, Kg), x[0].grad(),
+                                        x[1].grad(), x[2].grad(), x[3].grad()};
+    };
+    const char* const names[] = {"o", "h", "dq", "dk", "dv", "dbeta", "dg", "dh0"};
+    kernels::gdr_chunk_copies16(false);
+    const auto before_off = copies();
+    const auto staged = run();
+    EXPECT_EQ(copies(), before_off) << name << ": copies taken with the switch off";
+    kernels::gdr_chunk_copies16(true);
+    const auto before_on = copies();
+    const auto copied = run();
+    const auto after_on = copies();
+    EXPECT_EQ(after_on[0] - before_on[0], c.spare % 8 == 0 ? 1 : 0) << name << ": the front's launches copied";
+    EXPECT_EQ(after_on[1] - before_on[1], 1) << name << ": the tail's launches copied";
+    for (size_t i = 0; i < staged.size(); ++i) {
+      ASSERT_TRUE(staged[i].defined() && copied[i].defined()) << name << ": " << names[i];
+      if (i == 5 || i == 6) {
+        EXPECT_LT(rel_norm_diff(copied[i], staged[i]), 1e-6) << name << ": " << names[i];
+      } else {
+        EXPECT_TRUE(torch::equal(copied[i], staged[i]))
+            << name << ": " << names[i] << " differs by " << rel_norm_diff(copied[i], staged[i]);
+      }
+    }
+  }
+}
+
 // A 16-bit path's switch (on by default) tested as a whole op: each case run with it off, then on,
 // on the 16-bit training path (bf16 q, k, v, TF32 scan, bf16 states); dense with a ragged chunk at
 // bench gdr's heads, packed at hybrid base's with an initial state. Returns, per case and output
