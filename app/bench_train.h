@@ -71,7 +71,7 @@ struct BenchTrainArgs {
   // "on" (the delta rule's solve backward at hybrid base's heads with its copies overlapping its
   // products) or "off" (the general bf16-tile instance), to measure it.
   std::string solve_overlap = "on";
-  // "on" (the delta rule's front and tail at fixed head sizes take q, k and v by 16-byte cp.async)
+  // "on" (the delta rule's front at fixed head sizes takes q, k and v by 16-byte cp.async)
   // or "off" (through registers), to measure it.
   std::string chunk_copies = "on";
   std::string weight_shadows = "on";  // on | off: bf16 weight copies kept by AdamW (model/weight_shadow.h)

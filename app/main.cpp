@@ -262,8 +262,8 @@ int main(int argc, char** argv) {
                               "panel while it computes on this one, or runs the general instance (to measure it)")
       ->capture_default_str();
   bench_train_cmd->add_option("--chunk-copies", bench_train.chunk_copies,
-                              "on | off: the delta rule's front and tail at fixed head sizes take q, k and v by "
-                              "16-byte asynchronous copies, or through registers (to measure it)")
+                              "on | off: the delta rule's front at fixed head sizes takes q, k and v by 16-byte "
+                              "asynchronous copies, or through registers (to measure it)")
       ->capture_default_str();
   bench_train_cmd->add_option("--weight-shadows", bench_train.weight_shadows,
                               "on | off: the linear layers multiply with bf16 copies of their weights that AdamW "

@@ -141,11 +141,8 @@ __device__ __forceinline__ int pass_tiles(int n) {
 // kBf16Grads: dQg, dRw and dKd in bf16 (GdrChunkBackwardTailArgs::bf16_grads; instantiated for q, k
 // and v of one 16-bit type only, the 16-bit training path). kBf16Products: dq and dk's products in
 // bf16 (GdrChunkBackwardTailArgs::bf16_products; with kBf16Grads and bf16 q, k, v only).
-// kDK, kDV: the head sizes known at compile time (with_head_sizes), 0: l.dk and l.dv. kCopies16
-// (bf16 instances of fixed head sizes, launched where q and k move as 16-byte copies): q and k by
-// cp.async, in flight while the gates are worked out.
-template <typename T, typename TV, int VW, bool kBf16Grads, bool kBf16Products, int kDK = 0, int kDV = 0,
-          bool kCopies16 = false>
+// kDK, kDV: the head sizes known at compile time (with_head_sizes), 0: l.dk and l.dv.
+template <typename T, typename TV, int VW, bool kBf16Grads, bool kBf16Products, int kDK = 0, int kDV = 0>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<kBf16Products, kDK>)
     gdr_chunk_backward_tail_kernel(GdrChunkList l, GdrChunkBackwardTailArgs a) {
   // Inputs given in bf16 or fp16 are TF32 values: their products skip the remainders' terms, and
@@ -211,13 +208,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kBf16Products, kDK>)
     cp_async_commit();
   }
 
-  static_assert(!kCopies16 || (kDK > 0 && sizeof(SQ) == 2), "16-byte copies: 16-bit rows, fixed sizes");
-  if constexpr (kCopies16) {
-    copy_rows_async(static_cast<const T*>(a.q), l.H * dk, h * dk, dk, start, len, tid, kThreads, Q_s, pk);
-    copy_rows_async(static_cast<const T*>(a.k), l.H * dk, h * dk, dk, start, len, tid, kThreads, K_s, pk);
-    cp_async_commit();
-  }
-
   // Gates, and zeros for the accumulators.
   if (tid < kC) row_z[tid] = col_z[tid] = row_db[tid] = rw_k[tid] = qg_q[tid] = kd_k[tid] = ru_v[tid] = 0.f;
   if (norm && tid < kC) {
@@ -233,10 +223,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kBf16Products, kDK>)
   }
 
   // Q and K into shared memory.
-  if constexpr (!kCopies16) {
-    stage_qk<VW>(static_cast<const T*>(a.q), static_cast<const T*>(a.k), l.H * dk, h, dk, start, len, Q_s, K_s, pk,
-                 [](int, int, const float*, const float*) {});
-  }
+  stage_qk<VW>(static_cast<const T*>(a.q), static_cast<const T*>(a.k), l.H * dk, h, dk, start, len, Q_s, K_s, pk,
+               [](int, int, const float*, const float*) {});
   cp_async_wait<0>();
   __syncthreads();
 
@@ -642,11 +630,6 @@ bool tail_vectorizable(const GdrChunkList& l, const GdrChunkBackwardTailArgs& a)
   return vectorizable(l, a.in_qk, a.in_v, {a.dRu}, {a.q, a.k}, {a.v, a.dv}, a.v_token_stride);
 }
 
-// q and k by 16-byte copies where they are aligned for them (and gdr_chunk_copies16 is on).
-bool tail_copies16(const GdrChunkList& l, const GdrChunkBackwardTailArgs& a) {
-  return gdr_chunk_copies16() && rows_copy16(a.q, l.H * l.dk) && rows_copy16(a.k, l.H * l.dk);
-}
-
 }  // namespace
 
 bool gdr_chunk_backward_tail_takes_norm(const GdrChunkList& l, const GdrChunkBackwardTailArgs& a) {
@@ -675,10 +658,10 @@ int gdr_chunk_backward_tail(const GdrChunkList& l, const GdrChunkBackwardTailArg
   const size_t smem =
       static_cast<size_t>(smem_bytes(static_cast<int>(l.dk), elem_bytes(a.in_qk), a.bf16_products,
                                      gdr_chunk_backward_tail_takes_norm(l, a)));
-  const bool bf16_products = a.bf16_products, copies16 = tail_copies16(l, a);
+  const bool bf16_products = a.bf16_products;
   return launch_fused(
       l, a.in_qk, a.in_v, vec, kThreads, smem, stream,
-      [bf16_products, copies16, &l](auto qk, auto v, auto w, auto bf16_grads) {
+      [bf16_products, &l](auto qk, auto v, auto w, auto bf16_grads) {
         using QK = decltype(qk);
         using V = decltype(v);
         constexpr int kW = decltype(w)::value;
@@ -686,15 +669,8 @@ int gdr_chunk_backward_tail(const GdrChunkList& l, const GdrChunkBackwardTailArg
         if constexpr (kGrads && std::is_same<QK, __nv_bfloat16>::value) {
           if constexpr (kW == 4) {
             if (bf16_products) {
-              return with_head_sizes(GdrSizedKernel::kTail, l.dk, l.dv, [copies16](auto dk, auto dv) {
-                constexpr int kDk = decltype(dk)::value, kDv = decltype(dv)::value;
-                if constexpr (kDk > 0) {
-                  if (copies16) {
-                    gdr_count_chunk_copies16_launch(GdrSizedKernel::kTail);
-                    return gdr_chunk_backward_tail_kernel<QK, V, kW, true, true, kDk, kDv, true>;
-                  }
-                }
-                return gdr_chunk_backward_tail_kernel<QK, V, kW, true, true, kDk, kDv>;
+              return with_head_sizes(GdrSizedKernel::kTail, l.dk, l.dv, [](auto dk, auto dv) {
+                return gdr_chunk_backward_tail_kernel<QK, V, kW, true, true, decltype(dk)::value, decltype(dv)::value>;
               });
             }
           }

@@ -5,7 +5,8 @@
 //
 //   gates   γ = cumsum(g) as a warp scan, e, κ, β e, decay;
 //   load    Q and K into shared memory, four pieces per thread in flight at once; Kd = κ K and
-//           Qg = e Q go out on the way;
+//           Qg = e Q go out on the way (the fixed head sizes' instances with the norm: every piece
+//           by cp.async, started before the gates, kCopies16);
 //   G       [Q; K] Kᵀ on the 20 tiles of each matrix at or left of the diagonal blocks, five per
 //           warp (strips p and 3 − p share two warps), by 16-bit mma for 16-bit q and k; the epilogue
 //           applies the decay mask in registers and writes P to global memory, A to shared memory;
@@ -503,7 +504,7 @@ int gdr_chunk_front_forward(const GdrChunkList& l, const GdrChunkFrontArgs& a, v
             constexpr int kDk = decltype(dk)::value, kDv = decltype(dv)::value;
             if constexpr (kDk > 0) {
               if (copies16) {
-                gdr_count_chunk_copies16_launch(GdrSizedKernel::kFront);
+                gdr_count_chunk_copies16_launch();
                 return gdr_chunk_front_kernel<QK, V, kW, kDk, kDv, true>;
               }
             }

@@ -8,7 +8,7 @@ namespace {
 std::atomic<bool> g_fixed_head_sizes{true};
 std::atomic<int64_t> g_launches[static_cast<int>(GdrSizedKernel::kCount)] = {};
 std::atomic<bool> g_copies16{true};
-std::atomic<int64_t> g_copies16_launches[static_cast<int>(GdrSizedKernel::kCount)] = {};
+std::atomic<int64_t> g_copies16_launches{0};
 }  // namespace
 
 void gdr_fixed_head_sizes(bool on) { g_fixed_head_sizes = on; }
@@ -17,9 +17,7 @@ int64_t gdr_fixed_head_size_launches(GdrSizedKernel kernel) { return g_launches[
 void gdr_count_fixed_head_size_launch(GdrSizedKernel kernel) { ++g_launches[static_cast<int>(kernel)]; }
 void gdr_chunk_copies16(bool on) { g_copies16 = on; }
 bool gdr_chunk_copies16() { return g_copies16.load(); }
-int64_t gdr_chunk_copies16_launches(GdrSizedKernel kernel) {
-  return g_copies16_launches[static_cast<int>(kernel)].load();
-}
-void gdr_count_chunk_copies16_launch(GdrSizedKernel kernel) { ++g_copies16_launches[static_cast<int>(kernel)]; }
+int64_t gdr_chunk_copies16_launches() { return g_copies16_launches.load(); }
+void gdr_count_chunk_copies16_launch() { ++g_copies16_launches; }
 
 }  // namespace kernels

@@ -21,13 +21,14 @@ enum class GdrSizedKernel : int { kFront, kStateGrads, kSolveBackward, kTail, kS
 int64_t gdr_fixed_head_size_launches(GdrSizedKernel kernel);
 void gdr_count_fixed_head_size_launch(GdrSizedKernel kernel);
 
-// Whether the front's and the tail's fixed-size instances take their token-layout rows (q, k, and
-// the front's v) by 16-byte cp.async where those rows are aligned for it (on by default), in flight
-// while the block works out the gates, instead of through registers (docs/perf.md, issue 7, stop
-// 84). The same bits either way. The counts are of the launches that took the copies (kFront, kTail).
+// Whether the front's fixed-size instances take q, k and v by 16-byte cp.async where those rows are
+// aligned for it (on by default): q and k in flight while the block works out the gates, V's second
+// panel while the first one's product runs, instead of through registers (docs/perf.md, issue 7,
+// stop 84; the tail's q and k the same way were not faster). The same bits either way. The count
+// is of the front's launches that took the copies.
 void gdr_chunk_copies16(bool on);
 bool gdr_chunk_copies16();
-int64_t gdr_chunk_copies16_launches(GdrSizedKernel kernel);
-void gdr_count_chunk_copies16_launch(GdrSizedKernel kernel);
+int64_t gdr_chunk_copies16_launches();
+void gdr_count_chunk_copies16_launch();
 
 }  // namespace kernels
