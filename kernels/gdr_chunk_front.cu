@@ -489,8 +489,8 @@ int gdr_chunk_front_forward(const GdrChunkList& l, const GdrChunkFrontArgs& a, v
   if (a.qk_token_stride != 0 && a.qk_token_stride < l.H * l.dk) return static_cast<int>(cudaErrorInvalidValue);
   const bool vec = front_vec(l, a);
   // q, k and v by 16-byte copies where they are aligned for them (and gdr_chunk_copies16 is on).
-  const bool copies16 = gdr_chunk_copies16() && rows_copy16(a.q, a.qk_token_stride != 0 ? a.qk_token_stride : l.H * l.dk) &&
-                        rows_copy16(a.k, a.qk_token_stride != 0 ? a.qk_token_stride : l.H * l.dk) &&
+  const int64_t qk_stride = a.qk_token_stride != 0 ? a.qk_token_stride : l.H * l.dk;
+  const bool copies16 = gdr_chunk_copies16() && rows_copy16(a.q, qk_stride) && rows_copy16(a.k, qk_stride) &&
                         rows_copy16(a.v, a.v_token_stride != 0 ? a.v_token_stride : l.H * l.dv);
   const size_t smem = static_cast<size_t>(smem_bytes(static_cast<int>(l.dk), elem_bytes(a.in_qk), elem_bytes(a.in_v)));
   return launch_fused(
