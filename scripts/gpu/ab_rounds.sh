@@ -18,9 +18,14 @@
 #                 so that neither variant always runs first
 #   BIN           the binary (default build-gpu/app/deltadeck); OUT the folder for the traces'
 #                 timelines (default $OUT, else /tmp)
+#   A_BIN, B_BIN  each variant's own binary (default BIN), to compare two builds, e.g. main's built
+#                 from a worktree (build_target.sh's SRC=.before BUILD=build-before) against this tree's;
+#                 the GPT rounds run BIN
 # The remaining arguments go to every run (the GPT rounds replace --family).
 set -uo pipefail
 bin=${BIN:-build-gpu/app/deltadeck}
+a_bin=${A_BIN:-$bin}
+b_bin=${B_BIN:-$bin}
 rounds=${ROUNDS:-3}
 out=${OUT:-/tmp}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -34,9 +39,9 @@ run() {
   local v=$1
   shift
   if [ "$v" = a ]; then
-    env "${a_env[@]}" "$bin" bench train "$@" "${a_flags[@]}"
+    env "${a_env[@]}" "$a_bin" bench train "$@" "${a_flags[@]}"
   else
-    env "${b_env[@]}" "$bin" bench train "$@" "${b_flags[@]}"
+    env "${b_env[@]}" "$b_bin" bench train "$@" "${b_flags[@]}"
   fi
 }
 row() { grep -E '^\| [a-z0-9-]+/' || echo "(no table row: the run failed)"; }
