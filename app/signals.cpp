@@ -2,6 +2,7 @@
 // hook (write + tcsetattr), reset a disposition and re-raise, write() a message, _exit().
 #include "app/signals.h"
 
+#include <atomic>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -48,8 +49,18 @@ void on_crash(int sig) {
 }
 
 // A bus error in a memory-mapped corpus file (truncated while the run read it) is named with the
-// file and byte before the process ends as the signal's default action would end it.
+// file and byte before the process ends as the signal's default action would end it. Several
+// threads can fault at once (the data loader's threads reading the same truncated file): the first
+// writes the report and ends the process; the others wait in pause() for that end. (With
+// SA_RESETHAND a second thread's fault met the default action and ended the process in the middle
+// of the first one's report: the file named, the byte and the rest cut off.)
+std::atomic<bool> g_bus_error_reporting{false};
+static_assert(std::atomic<bool>::is_always_lock_free, "the handler's flag is lock-free");
+
 void on_bus_error(int sig, siginfo_t* info, void*) {
+  if (g_bus_error_reporting.exchange(true)) {
+    for (;;) pause();
+  }
   restore_terminal();
   if (info != nullptr) trainer::data::report_mapped_fault(info->si_addr, STDERR_FILENO);
   std::signal(sig, SIG_DFL);
@@ -59,7 +70,7 @@ void on_bus_error(int sig, siginfo_t* info, void*) {
 void install_bus_error_report() {
   struct sigaction sa {};
   sa.sa_sigaction = on_bus_error;
-  sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
+  sa.sa_flags = SA_SIGINFO;  // not SA_RESETHAND: a second faulting thread waits (on_bus_error)
   sigemptyset(&sa.sa_mask);
   sigaction(SIGBUS, &sa, nullptr);
 }
