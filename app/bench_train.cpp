@@ -138,6 +138,7 @@ int bench_train(const BenchTrainArgs& a) {
       {"--state-products", &a.state_products, {"tight", "staged"}},
       {"--solve-overlap", &a.solve_overlap, {"on", "off"}},
       {"--chunk-copies", &a.chunk_copies, {"on", "off"}},
+      {"--chunk-decay", &a.chunk_decay, {"fast", "exact"}},
       {"--weight-shadows", &a.weight_shadows, {"on", "off"}},
       {"--expert-weights", &a.expert_weights, {"in-place", "autograd"}},
       {"--moe-inputs", &a.moe_inputs, {"fused", "separate"}},
@@ -169,6 +170,7 @@ int bench_train(const BenchTrainArgs& a) {
   kernels::gdr_chunk_state_grads_tight(a.state_products == "tight");
   kernels::gdr_chunk_solve_backward_overlap(a.solve_overlap == "on");
   kernels::gdr_chunk_copies16(a.chunk_copies == "on");
+  kernels::gdr_chunk_fast_decay(a.chunk_decay == "fast");
 #endif
   model::weight_shadows(a.weight_shadows == "on");
   model::expert_products(a.expert_weights == "in-place");
@@ -378,6 +380,7 @@ int bench_train(const BenchTrainArgs& a) {
   j["state_products"] = a.state_products;
   j["solve_overlap"] = a.solve_overlap;
   j["chunk_copies"] = a.chunk_copies;
+  j["chunk_decay"] = a.chunk_decay;
   j["weight_shadows"] = a.weight_shadows;
   j["expert_weights"] = a.expert_weights;
   j["moe_inputs"] = a.moe_inputs;

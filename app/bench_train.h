@@ -74,6 +74,9 @@ struct BenchTrainArgs {
   // "on" (the delta rule's front at fixed head sizes takes q, k and v by 16-byte cp.async)
   // or "off" (through registers), to measure it.
   std::string chunk_copies = "on";
+  // "fast" (the delta rule's front and tail at fixed head sizes take their masks' decays by
+  // ex2.approx) or "exact" (expf), to measure it.
+  std::string chunk_decay = "fast";
   std::string weight_shadows = "on";  // on | off: bf16 weight copies kept by AdamW (model/weight_shadow.h)
   std::string expert_weights = "in-place";  // in-place | autograd: MoE experts' products (model/expert_product.h)
   std::string grad_norm = "producers";  // producers | read: where the clipping norm's sums of squares come from

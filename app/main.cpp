@@ -265,6 +265,10 @@ int main(int argc, char** argv) {
                               "on | off: the delta rule's front at fixed head sizes takes q, k and v by 16-byte "
                               "asynchronous copies, or through registers (to measure it)")
       ->capture_default_str();
+  bench_train_cmd->add_option("--chunk-decay", bench_train.chunk_decay,
+                              "fast | exact: the delta rule's front and tail at fixed head sizes work out their "
+                              "masks' decays by ex2.approx, or by expf (to measure it)")
+      ->capture_default_str();
   bench_train_cmd->add_option("--weight-shadows", bench_train.weight_shadows,
                               "on | off: the linear layers multiply with bf16 copies of their weights that AdamW "
                               "writes as it updates them, or cast the fp32 weights in every forward (to measure it)")

@@ -142,12 +142,16 @@ __device__ __forceinline__ int pass_tiles(int n) {
 // and v of one 16-bit type only, the 16-bit training path). kBf16Products: dq and dk's products in
 // bf16 (GdrChunkBackwardTailArgs::bf16_products; with kBf16Grads and bf16 q, k, v only).
 // kDK, kDV: the head sizes known at compile time (with_head_sizes), 0: l.dk and l.dv.
-template <typename T, typename TV, int VW, bool kBf16Grads, bool kBf16Products, int kDK = 0, int kDV = 0>
+// kExactDecay: expf for the masks' decays on the 16-bit path too (gdr_chunk_fast_decay off; fixed
+// head sizes only).
+template <typename T, typename TV, int VW, bool kBf16Grads, bool kBf16Products, int kDK = 0, int kDV = 0,
+          bool kExactDecay = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<kBf16Products, kDK>)
     gdr_chunk_backward_tail_kernel(GdrChunkList l, GdrChunkBackwardTailArgs a) {
   // Inputs given in bf16 or fp16 are TF32 values: their products skip the remainders' terms, and
   // the masks' products take the 16-bit mma on the staged rows.
   constexpr bool kQkExact = !std::is_same<T, float>::value;
+  constexpr bool kFastDecay = kQkExact && !kExactDecay;  // the 16-bit path, as the front's (decay_between)
   static_assert(!kBf16Products || (kBf16Grads && std::is_same<T, __nv_bfloat16>::value), "bf16 products: bf16 q, k");
   using SQ = Staged<T>;
   extern __shared__ __align__(16) float smem[];
@@ -276,11 +280,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kBf16Products, kDK>)
               float z = 0.f, o = 0.f;
               if (is_q) {
                 if (have_dP && i >= j + c) {
-                  o = a.scale * in[c] * expf(gam_s[i] - gam_s[j + c]);  // dPm
+                  o = a.scale * in[c] * decay_between<kFastDecay>(gam_s[i], gam_s[j + c]);  // dPm
                   z = o * x;
                 }
               } else if (i > j + c) {
-                const float D = expf(gam_s[i] - gam_s[j + c]);
+                const float D = decay_between<kFastDecay>(gam_s[i], gam_s[j + c]);
                 const float dA = -in[c];
                 o = dA * b_s[i] * D;  // dS
                 z = o * x;
@@ -661,7 +665,7 @@ int gdr_chunk_backward_tail(const GdrChunkList& l, const GdrChunkBackwardTailArg
   const bool bf16_products = a.bf16_products;
   return launch_fused(
       l, a.in_qk, a.in_v, vec, kThreads, smem, stream,
-      [bf16_products, &l](auto qk, auto v, auto w, auto bf16_grads) {
+      [bf16_products, &l, exact_decay = !gdr_chunk_fast_decay()](auto qk, auto v, auto w, auto bf16_grads) {
         using QK = decltype(qk);
         using V = decltype(v);
         constexpr int kW = decltype(w)::value;
@@ -669,8 +673,15 @@ int gdr_chunk_backward_tail(const GdrChunkList& l, const GdrChunkBackwardTailArg
         if constexpr (kGrads && std::is_same<QK, __nv_bfloat16>::value) {
           if constexpr (kW == 4) {
             if (bf16_products) {
-              return with_head_sizes(GdrSizedKernel::kTail, l.dk, l.dv, [](auto dk, auto dv) {
-                return gdr_chunk_backward_tail_kernel<QK, V, kW, true, true, decltype(dk)::value, decltype(dv)::value>;
+              return with_head_sizes(GdrSizedKernel::kTail, l.dk, l.dv, [exact_decay](auto dk, auto dv) {
+                constexpr int kDk = decltype(dk)::value, kDv = decltype(dv)::value;
+                if constexpr (kDk > 0) {
+                  if (exact_decay) {
+                    gdr_count_chunk_exact_decay_launch();
+                    return gdr_chunk_backward_tail_kernel<QK, V, kW, true, true, kDk, kDv, true>;
+                  }
+                }
+                return gdr_chunk_backward_tail_kernel<QK, V, kW, true, true, kDk, kDv>;
               });
             }
           }

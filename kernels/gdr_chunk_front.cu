@@ -183,12 +183,15 @@ __device__ __forceinline__ void normalise_qk(T* Q_s, T* K_s, int pk, int dk, int
 // (bf16 instances of fixed head sizes, launched where the rows move as 16-byte copies): q, k and V's
 // panels by cp.async, with the norm q and k in flight while the gates are worked out, and V's second
 // panel while the first one's product runs.
-template <typename T, typename TV, int VW, int kDK = 0, int kDV = 0, bool kCopies16 = false>
+// kExactDecay: expf for the masks' decays on the 16-bit path too (gdr_chunk_fast_decay off; fixed
+// head sizes only).
+template <typename T, typename TV, int VW, int kDK = 0, int kDV = 0, bool kCopies16 = false, bool kExactDecay = false>
 __global__ void __launch_bounds__(kThreads, min_blocks(sizeof(Staged<T>), sizeof(Staged<TV>)))
     gdr_chunk_front_kernel(GdrChunkList l, GdrChunkFrontArgs a) {
   // Inputs given in bf16 or fp16 are TF32 values: their products skip the remainders' terms, and
   // G's products take the 16-bit mma on the staged rows.
   constexpr bool kQkExact = !std::is_same<T, float>::value, kVExact = !std::is_same<TV, float>::value;
+  constexpr bool kFastDecay = kQkExact && !kExactDecay;  // the 16-bit path (decay_between)
   using SQ = Staged<T>;
   using SV = Staged<TV>;
   extern __shared__ __align__(16) float smem[];
@@ -318,8 +321,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks(sizeof(Staged<T>), sizeof
 #pragma unroll
           for (int hr = 0; hr < 2; ++hr) {
             const int i = m0 + g + 8 * hr, j = 8 * (n_first + nt) + 2 * t;
-            const float D0 = i >= j ? expf(gam_s[i] - gam_s[j]) : 0.f;
-            const float D1 = i >= j + 1 ? expf(gam_s[i] - gam_s[j + 1]) : 0.f;
+            const float D0 = i >= j ? decay_between<kFastDecay>(gam_s[i], gam_s[j]) : 0.f;
+            const float D1 = i >= j + 1 ? decay_between<kFastDecay>(gam_s[i], gam_s[j + 1]) : 0.f;
             const float g0 = acc[nt][2 * hr], g1 = acc[nt][2 * hr + 1];
             if (is_q) {
               P_out.store2((r * kC + i) * kC + j, g0 * D0, g1 * D1);
@@ -495,18 +498,21 @@ int gdr_chunk_front_forward(const GdrChunkList& l, const GdrChunkFrontArgs& a, v
   const size_t smem = static_cast<size_t>(smem_bytes(static_cast<int>(l.dk), elem_bytes(a.in_qk), elem_bytes(a.in_v)));
   return launch_fused(
       l, a.in_qk, a.in_v, vec, kThreads, smem, stream,
-      [&l, copies16](auto qk, auto v, auto w, auto) {
+      [&l, copies16, exact_decay = !gdr_chunk_fast_decay()](auto qk, auto v, auto w, auto) {
         using QK = decltype(qk);
         using V = decltype(v);
         constexpr int kW = decltype(w)::value;
         if constexpr (std::is_same<QK, __nv_bfloat16>::value && std::is_same<V, __nv_bfloat16>::value && kW == 4) {
-          return with_head_sizes(GdrSizedKernel::kFront, l.dk, l.dv, [copies16](auto dk, auto dv) {
+          return with_head_sizes(GdrSizedKernel::kFront, l.dk, l.dv, [copies16, exact_decay](auto dk, auto dv) {
             constexpr int kDk = decltype(dk)::value, kDv = decltype(dv)::value;
             if constexpr (kDk > 0) {
+              if (exact_decay) gdr_count_chunk_exact_decay_launch();
               if (copies16) {
                 gdr_count_chunk_copies16_launch();
-                return gdr_chunk_front_kernel<QK, V, kW, kDk, kDv, true>;
+                return exact_decay ? gdr_chunk_front_kernel<QK, V, kW, kDk, kDv, true, true>
+                                   : gdr_chunk_front_kernel<QK, V, kW, kDk, kDv, true>;
               }
+              if (exact_decay) return gdr_chunk_front_kernel<QK, V, kW, kDk, kDv, false, true>;
             }
             return gdr_chunk_front_kernel<QK, V, kW, kDk, kDv>;
           });

@@ -12,6 +12,7 @@
 
 #include "kernels/cp_async.cuh"
 #include "kernels/elem.cuh"
+#include "kernels/fast_sigmoid.cuh"
 #include "kernels/gdr_chunk_io.cuh"
 #include "kernels/gdr_chunk_mma.cuh"
 #include "kernels/gdr_head_sizes.h"
@@ -21,6 +22,23 @@ namespace kernels {
 namespace gdr_chunk_stage {
 
 constexpr int kRows = 64;  // the chunk size C the fused kernels take
+
+// e^(γ_i − γ_j), the decay between two positions of a chunk, in the masks of the front (A, P) and
+// of the tail's backward (dS, dPm). kFast (the 16-bit path): ex2.approx of the difference times
+// log2 e, two instructions where expf took about eleven; those lines were a quarter of the tail's
+// machine code (2.4k of 9.5k instructions) and a seventh of the front's, which both overflow the
+// SM's instruction cache (stop 75 found the tail waiting on instruction fetches in 13.6% of its
+// stall samples). Its error, a few ulp (about 1e-6 relative at γ_i − γ_j = −10; results below
+// 2^-126 flushed to zero), is far below the bf16 rounding the masked values then take; fp32 inputs
+// keep expf.
+template <bool kFast>
+__device__ __forceinline__ float decay_between(float gamma_i, float gamma_j) {
+  if constexpr (kFast) {
+    return exp2_approx_ftz((gamma_i - gamma_j) * 1.44269504f);
+  } else {
+    return expf(gamma_i - gamma_j);
+  }
+}
 
 // The element type an input keeps in shared memory: bf16 and fp16 as they come (their values
 // exactly, in half the room), fp32 as fp32.

@@ -31,4 +31,14 @@ bool gdr_chunk_copies16();
 int64_t gdr_chunk_copies16_launches();
 void gdr_count_chunk_copies16_launch();
 
+// Whether the fixed-size instances of the front and the tail (16-bit q and k) work out the masks'
+// decays e^(γ_i − γ_j) by ex2.approx (on by default) or by expf (kernels/gdr_chunk_stage.cuh,
+// decay_between): the instances that read the sizes as arguments take ex2.approx on the 16-bit
+// path always. For comparing the two (`bench train --chunk-decay fast|exact`); the count is of the
+// front's and the tail's launches that took expf.
+void gdr_chunk_fast_decay(bool on);
+bool gdr_chunk_fast_decay();
+int64_t gdr_chunk_exact_decay_launches();
+void gdr_count_chunk_exact_decay_launch();
+
 }  // namespace kernels

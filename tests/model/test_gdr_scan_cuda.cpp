@@ -2154,6 +2154,52 @@ TEST(GdrScanCuda, OverlappedSolveStaysCloseToTheGeneralOne) {
   }
 }
 
+// The masks' decays e^(γ_i − γ_j) in the front's and the tail's fixed-size instances by ex2.approx
+// (kernels::gdr_chunk_fast_decay, on by default) against expf, at hybrid base's and bench gdr's
+// heads on the 16-bit training path: the two agree to a few ulp (often to the bit), which moves a
+// value across a bf16 rounding now and then (P, W and U are stored in bf16; dS and dPm taken as
+// bf16 products). In runs on an H200 every output and gradient differed by at most 1e-6 of its
+// norm; the bound is 1e-4 (dβ and dg, sums whose terms cancel, 1e-3). 4096 tokens a case, so that
+// some deterministic output does differ (the fast decay ran), and expf ran (its counter) only with
+// the switch off, in the front and the tail of every such run.
+TEST(GdrScanCuda, FastDecayStaysCloseToExpf) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
+  struct Restore {
+    ~Restore() { kernels::gdr_chunk_fast_decay(true); }
+  } restore;
+  torch::manual_seed(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 983);
+  const ChunkCase cases[] = {
+      {2, 2048, 2, 96, 192, 64, {}, true, true, true, 0, false, true},
+      {1, 4096, 2, 96, 192, 64, {0, 17, 1500, 1501, 4096}, true, true, true, 0, false, true},
+      {2, 2048, 2, 128, 128, 64, {}, true, true, false, 0, false, true},
+  };
+  std::printf("[gdr_chunk] the masks' decays by ex2.approx against expf:\n");
+  double deterministic = 0.0;  // the largest difference of o, h, dq, dk, dv, dh0 over the cases
+  for (const ChunkCase& c : cases) {
+    const ChunkCaseRun r(c);
+    kernels::gdr_chunk_fast_decay(false);
+    const int64_t before_off = kernels::gdr_chunk_exact_decay_launches();
+    const auto exact = r.run();
+    EXPECT_GE(kernels::gdr_chunk_exact_decay_launches() - before_off, 2) << c.name() << ": expf not taken";
+    kernels::gdr_chunk_fast_decay(true);
+    const int64_t before_on = kernels::gdr_chunk_exact_decay_launches();
+    const auto fast = r.run();
+    EXPECT_EQ(kernels::gdr_chunk_exact_decay_launches(), before_on) << c.name() << ": expf taken with the switch on";
+    std::printf("[gdr_chunk]   %s:", c.name().c_str());
+    for (size_t i = 0; i < exact.size(); ++i) {
+      ASSERT_TRUE(exact[i].defined() == fast[i].defined()) << c.name() << ": " << kChunkOutputNames[i];
+      if (!exact[i].defined()) continue;
+      const double d = rel_norm_diff(fast[i], exact[i]);
+      std::printf(" %s %.1e", kChunkOutputNames[i], d);
+      const bool gate_sum = i == 5 || i == 6;  // dβ, dg
+      EXPECT_LT(d, gate_sum ? 1e-3 : 1e-4) << c.name() << ": " << kChunkOutputNames[i];
+      if (!gate_sum) deterministic = std::max(deterministic, d);
+    }
+    std::printf("\n");
+  }
+  EXPECT_GT(deterministic, 0.0) << "every deterministic output the same to the bit: the fast decay did not run";
+}
+
 // The output product writing straight into token order (gdr_chunk_row_targets, the epilogue's row
 // map) against the chunk rows copied into token order: bit for bit, forward and every input
 // gradient, dense with a padded last chunk and packed, with TF32 products and bf16 states (the
