@@ -303,42 +303,29 @@ __global__ void __launch_bounds__(kThreads, min_blocks(sizeof(Staged<T>), sizeof
   __syncthreads();
 
   // G = [Q; K] Kᵀ on the 20 tiles of each matrix at or left of the diagonal blocks, masked in
-  // registers: P to global memory, A to shared memory. Warps 0–3 take Q, 4–7 K; within a matrix,
-  // warps 2p and 2p + 1 share the strips p and 3 − p (2p + 2 and 8 − 2p tiles, 10 in all), 5 tiles
-  // each: the first 5 of the pair's tiles (strip p's, then strip 3 − p's), or the last 5.
+  // registers: P to global memory, A to shared memory. Warps 0–3 take Q, 4–7 K, five tiles a warp
+  // in one pass (LowerTriangleTiles: warps 2p and 2p + 1 share the strips p and 3 − p).
   {
     const bool is_q = warp < 4;
     const SQ* X_s = is_q ? Q_s : K_s;
-    const int p = (warp % 4) / 2, second = warp % 2, tiles_a = 2 * p + 2;
-    auto segment = [&](int mt, int n_first, int n_tiles) {
-      with_tile_count(n_tiles, [&](auto count) {
-        constexpr int kN = decltype(count)::value;
-        const int m0 = 16 * mt;
-        float acc[kN][4];
-        strip_times_kt<kN>(acc, X_s, K_s, pk, dk, m0, 8 * n_first, g, t);
+    const LowerTriangleTiles tiles(warp % 4);
+    float acc[5][4];
+    lower_tiles_times_kt(acc, X_s, K_s, pk, dk, tiles, g, t);
 #pragma unroll
-        for (int nt = 0; nt < kN; ++nt) {
+    for (int nt = 0; nt < 5; ++nt) {
 #pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            const int i = m0 + g + 8 * hr, j = 8 * (n_first + nt) + 2 * t;
-            const float D0 = i >= j ? decay_between<kFastDecay>(gam_s[i], gam_s[j]) : 0.f;
-            const float D1 = i >= j + 1 ? decay_between<kFastDecay>(gam_s[i], gam_s[j + 1]) : 0.f;
-            const float g0 = acc[nt][2 * hr], g1 = acc[nt][2 * hr + 1];
-            if (is_q) {
-              P_out.store2((r * kC + i) * kC + j, g0 * D0, g1 * D1);
-            } else {
-              *reinterpret_cast<float2*>(A_s + i * kTPitch + j) =
-                  make_float2(i > j ? b_s[i] * g0 * D0 : 0.f, i > j + 1 ? b_s[i] * g1 * D1 : 0.f);
-            }
-          }
+      for (int hr = 0; hr < 2; ++hr) {
+        const int i = 16 * tiles.strip(nt) + g + 8 * hr, j = 8 * tiles.n(nt) + 2 * t;
+        const float D0 = i >= j ? decay_between<kFastDecay>(gam_s[i], gam_s[j]) : 0.f;
+        const float D1 = i >= j + 1 ? decay_between<kFastDecay>(gam_s[i], gam_s[j + 1]) : 0.f;
+        const float g0 = acc[nt][2 * hr], g1 = acc[nt][2 * hr + 1];
+        if (is_q) {
+          P_out.store2((r * kC + i) * kC + j, g0 * D0, g1 * D1);
+        } else {
+          *reinterpret_cast<float2*>(A_s + i * kTPitch + j) =
+              make_float2(i > j ? b_s[i] * g0 * D0 : 0.f, i > j + 1 ? b_s[i] * g1 * D1 : 0.f);
         }
-      });
-    };
-    if (second == 0) {
-      segment(p, 0, tiles_a);
-      segment(3 - p, 0, 5 - tiles_a);
-    } else {
-      segment(3 - p, 5 - tiles_a, 5);
+      }
     }
   }
   __syncthreads();

@@ -232,6 +232,80 @@ __device__ __forceinline__ void strip_times_kt(float (&acc)[kTiles][4], const S*
   }
 }
 
+// The five 8-column tiles one warp takes of the 20 at or left of the diagonal 16 × 16 blocks of a
+// C × C (C = 64) product, four warps to a matrix (the fused front's G): warps 2p and 2p + 1 of the
+// four share the strips p and 3 − p (2p + 2 and 8 − 2p tiles), the even one strip p's tiles and
+// then strip 3 − p's first 3 − 2p, the odd one strip 3 − p's last five. Tile i lies in 16-row strip
+// strip(i), at 8-column tile n(i). One warp's five tiles in one pass, with both strips' A fragments
+// loaded and one chosen per tile, where a pass per strip took an instance per tile count (five,
+// each unrolled): the front's machine code 9.2k -> 7.3k instructions and its launch 2% shorter. The
+// tail's masks the same way (8.3k -> 4.4k) spilled more (96 bytes against 52) and ran 2% longer, so
+// they keep a pass per strip (docs/perf.md, stop 85).
+struct LowerTriangleTiles {
+  int strip0, strip1;  // tiles i < split lie in strip0, the others in strip1
+  int split;
+  int n_first;  // the odd warp's first tile (strip0 = strip1)
+  bool even;
+  __device__ __forceinline__ explicit LowerTriangleTiles(int warp_of_four) {
+    const int p = warp_of_four / 2;
+    even = warp_of_four % 2 == 0;
+    strip0 = even ? p : 3 - p;
+    strip1 = 3 - p;
+    split = even ? 2 * p + 2 : 5;
+    n_first = 3 - 2 * p;
+  }
+  __device__ __forceinline__ int strip(int i) const { return i < split ? strip0 : strip1; }
+  __device__ __forceinline__ int n(int i) const { return even ? (i < split ? i : i - split) : n_first + i; }
+};
+
+// acc[i] = X Kᵀ on tile i of `tiles` (rows of strip(i), columns of tile n(i)), X and K staged as
+// rows [·][pitch] of type S over dk columns: 16-bit mma on 16-bit rows, split TF32 on fp32 rows, the
+// products of each tile in the order strip_times_kt takes them, so the same sums. Every tile is
+// computed; a tile's A fragment is chosen register by register (a chosen struct goes through
+// local memory).
+template <typename S>
+__device__ __forceinline__ void lower_tiles_times_kt(float (&acc)[5][4], const S* X_s, const S* K_s, int pitch, int dk,
+                                                     const LowerTriangleTiles& tiles, int g, int t) {
+#pragma unroll
+  for (int i = 0; i < 5; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
+  }
+  const int m0 = 16 * tiles.strip0, m1 = 16 * tiles.strip1;
+  if constexpr (sizeof(S) == 2) {
+    for (int k0 = 0; k0 < dk; k0 += 16) {
+      const Frag16A a0 = frag16_a(X_s, pitch, m0, k0, g, t), a1 = frag16_a(X_s, pitch, m1, k0, g, t);
+#pragma unroll
+      for (int i = 0; i < 5; ++i) {
+        Frag16A a;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a.r[e] = i < tiles.split ? a0.r[e] : a1.r[e];
+        mma16<S>(acc[i], a, frag16_b_nk(K_s, pitch, k0, 8 * tiles.n(i), g, t));
+      }
+    }
+  } else {
+    float cross[5][4] = {};
+    for (int k0 = 0; k0 < dk; k0 += 8) {
+      const FragA a0 = frag_a(X_s, pitch, m0, k0, g, t), a1 = frag_a(X_s, pitch, m1, k0, g, t);
+#pragma unroll
+      for (int i = 0; i < 5; ++i) {
+        FragA a;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          a.big[e] = i < tiles.split ? a0.big[e] : a1.big[e];
+          a.small[e] = i < tiles.split ? a0.small[e] : a1.small[e];
+        }
+        mma_parts<false, false>(acc[i], cross[i], a, frag_b_nk(K_s, pitch, k0, 8 * tiles.n(i), g, t));
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 5; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][e] += cross[i][e];
+    }
+  }
+}
+
 // Calls f(std::integral_constant<int, n>) for n in 1..kMax (a tile count known only at run time;
 // kMax at most 5). Callers whose counts stop below 5 say so: fewer instances, less code.
 template <int kMax = 5, class F>
