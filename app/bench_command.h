@@ -42,6 +42,9 @@ struct BenchGdrArgs {
   int repeats = 20;
   bool profile = false;  // also print where the GPU time goes (kernel scan), per component and kernel
   bool default_only = false;  // only the first row (the kernels as training runs them)
+  // fast | exact: the masks' decays in the front and the tail at fixed head sizes by ex2.approx or
+  // by expf (kernels::gdr_chunk_fast_decay), to measure it.
+  std::string chunk_decay = "fast";
 };
 
 // Times the chunked gated delta rule forward and forward+backward, scan kernel vs ATen loop, on

@@ -28,6 +28,7 @@
 #include "model/bmm_fp32.h"
 #include "model/gdr.h"
 #include "model/gdr_chunk_core.h"
+#include "kernels/gdr_head_sizes.h"
 #include "kernels/gdr_scan.h"
 #include "model/gdr_scan.h"
 #include "model/gdr_state_grads.h"
@@ -96,6 +97,13 @@ int bench_gdr(const BenchGdrArgs& a) {
     std::cerr << "deltadeck: bench gdr: --value-dim must be >= 1 (or 0 for --head-dim's value)\n";
     return 2;
   }
+  if (a.chunk_decay != "fast" && a.chunk_decay != "exact") {
+    std::cerr << "deltadeck: bench gdr: --chunk-decay: expected fast or exact, got \"" << a.chunk_decay << "\"\n";
+    return 2;
+  }
+#if defined(DD_HAVE_CUDA)
+  kernels::gdr_chunk_fast_decay(a.chunk_decay == "fast");
+#endif
   torch::ScalarType dt;
   if (a.dtype == "bf16") {
     dt = torch::kBFloat16;

@@ -165,6 +165,10 @@ int main(int argc, char** argv) {
                           "Also print the default row's GPU time by component and kernel");
   bench_gdr_cmd->add_flag("--default-only", bench_gdr.default_only,
                           "Only the default row (the kernels as training runs them), e.g. under a profiler");
+  bench_gdr_cmd->add_option("--chunk-decay", bench_gdr.chunk_decay,
+                            "fast | exact: the front and the tail at fixed head sizes work out their masks' decays "
+                            "by ex2.approx, or by expf (to measure it)")
+      ->capture_default_str();
 
   app::BenchDataArgs bench_data;
   auto* bench_data_cmd = bench_cmd->add_subcommand("data", "The training data loader alone: tokens/s from a source");
