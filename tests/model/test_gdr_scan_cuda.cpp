@@ -2158,10 +2158,11 @@ TEST(GdrScanCuda, OverlappedSolveStaysCloseToTheGeneralOne) {
 // (kernels::gdr_chunk_fast_decay, on by default) against expf, at hybrid base's and bench gdr's
 // heads on the 16-bit training path: the two agree to a few ulp (often to the bit), which moves a
 // value across a bf16 rounding now and then (P, W and U are stored in bf16; dS and dPm taken as
-// bf16 products). In runs on an H200 every output and gradient differed by at most 1e-6 of its
-// norm; the bound is 1e-4 (dβ and dg, sums whose terms cancel, 1e-3). 4096 tokens a case, so that
-// some deterministic output does differ (the fast decay ran), and expf ran (its counter) only with
-// the switch off, in the front and the tail of every such run.
+// bf16 products). In three runs on an H200 o differed by at most 1.2e-5 of its norm and the
+// gradients by at most 4.4e-5 (dq); the bounds are 1e-4 for o and h and 1e-3 for the gradients,
+// the bound the 16-bit path's other switches give a gradient. 4096 tokens a case, so that some
+// deterministic output does differ (the fast decay ran), and expf ran (its counter) only with the
+// switch off, in the front and the tail of every such run.
 TEST(GdrScanCuda, FastDecayStaysCloseToExpf) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   struct Restore {
@@ -2191,9 +2192,8 @@ TEST(GdrScanCuda, FastDecayStaysCloseToExpf) {
       if (!exact[i].defined()) continue;
       const double d = rel_norm_diff(fast[i], exact[i]);
       std::printf(" %s %.1e", kChunkOutputNames[i], d);
-      const bool gate_sum = i == 5 || i == 6;  // dβ, dg
-      EXPECT_LT(d, gate_sum ? 1e-3 : 1e-4) << c.name() << ": " << kChunkOutputNames[i];
-      if (!gate_sum) deterministic = std::max(deterministic, d);
+      EXPECT_LT(d, i < 2 ? 1e-4 : 1e-3) << c.name() << ": " << kChunkOutputNames[i];
+      if (i != 5 && i != 6) deterministic = std::max(deterministic, d);  // not dβ, dg (atomic sums)
     }
     std::printf("\n");
   }
