@@ -232,110 +232,109 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kBf16Products, kDK>)
   cp_async_wait<0>();
   __syncthreads();
 
-  // The masks' backward on S = K Kᵀ (warps 4–7) and QK = Q Kᵀ (warps 0–3), lower block triangle.
+  // The masks' backward on S = K Kᵀ (warps 4–7) and QK = Q Kᵀ (warps 0–3), lower block triangle,
+  // five tiles a warp in one pass (LowerTriangleTiles).
   {
     const bool is_q = warp < 4, have_dP = a.dP_raw != nullptr;
     const SQ* X_s = is_q ? Q_s : K_s;
-    const int p = (warp % 4) / 2, tiles_a = 2 * p + 2;
-    auto segment = [&](int mt, int n_first, int n_tiles) {
-      with_tile_count(n_tiles, [&](auto count) {
-        constexpr int kN = decltype(count)::value;
-        const int m0 = 16 * mt;
-        // With bf16 products, this lane's pairs of dP_raw (Q warps) or dA_raw (K warps), loaded
-        // before the product so that their latency passes under it.
-        float2 raw[kN][2];
-        if constexpr (kBf16Products) {
-          const float* src = is_q ? dP_raw : dA_raw;
+    const LowerTriangleTiles tiles(warp % 4);
+    // With bf16 products, this lane's pairs of dP_raw (Q warps) or dA_raw (K warps), loaded before
+    // the product so that their latency passes under it.
+    float2 raw[5][2];
+    if constexpr (kBf16Products) {
+      const float* src = is_q ? dP_raw : dA_raw;
 #pragma unroll
-          for (int nt = 0; nt < kN; ++nt) {
-#pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-              const int i = m0 + g + 8 * hr, j = 8 * (n_first + nt) + 2 * t;
-              raw[nt][hr] = src != nullptr ? __ldg(reinterpret_cast<const float2*>(src + i * kC + j)) : float2{};
-            }
-          }
-        }
-        float acc[kN][4];
-        strip_times_kt<kN>(acc, X_s, K_s, pk, dk, m0, 8 * n_first, g, t);
-        float zr[2] = {0.f, 0.f}, dbr[2] = {0.f, 0.f};  // this lane's part of rows m0 + g, m0 + g + 8
-#pragma unroll
-        for (int nt = 0; nt < kN; ++nt) {
-          const int j = 8 * (n_first + nt) + 2 * t;
-          float zc[2] = {0.f, 0.f};  // this lane's part of columns j, j + 1
-#pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            const int i = m0 + g + 8 * hr;
-            float2* io = reinterpret_cast<float2*>((is_q ? dPm_s : dS_s) + i * kTPitch + j);
-            float2 staged;  // dP_raw (Q warps) or dA_raw (K warps)
-            if constexpr (kBf16Products) {
-              staged = raw[nt][hr];
-            } else {
-              staged = *io;
-            }
-            const float in[2] = {staged.x, staged.y};
-            float out[2];
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              const float x = acc[nt][2 * hr + c];
-              float z = 0.f, o = 0.f;
-              if (is_q) {
-                if (have_dP && i >= j + c) {
-                  o = a.scale * in[c] * decay_between<kFastDecay>(gam_s[i], gam_s[j + c]);  // dPm
-                  z = o * x;
-                }
-              } else if (i > j + c) {
-                const float D = decay_between<kFastDecay>(gam_s[i], gam_s[j + c]);
-                const float dA = -in[c];
-                o = dA * b_s[i] * D;  // dS
-                z = o * x;
-                dbr[hr] += dA * x * D;
-              }
-              out[c] = o;
-              zr[hr] += z;
-              zc[c] += z;
-            }
-            if constexpr (kBf16Products) {
-              // dS is strictly lower triangular, so each element of dS + dSᵀ is one of the two:
-              // dS at (i, j) below the diagonal, zero on it, dS's (j, i) above it, written here
-              // by transposition; nothing is written twice.
-              __nv_bfloat16* row16 = (is_q ? dPm16 : dSsym16) + i * kPitch16 + j;
-              if (is_q || i > j) {
-                *reinterpret_cast<__nv_bfloat162*>(row16) = __floats2bfloat162_rn(out[0], out[1]);
-              } else if (i == j) {
-                row16[0] = __float2bfloat16_rn(0.f);
-              }
-              if (!is_q) {
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                  if (i > j + c) dSsym16[(j + c) * kPitch16 + i] = __float2bfloat16_rn(out[c]);
-                }
-              }
-            } else {
-              *io = make_float2(out[0], out[1]);
-            }
-          }
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const float s = sum_over_g(zc[c]);
-            if (g == 0) atomicAdd(col_z + j + c, s);
-          }
-        }
+      for (int nt = 0; nt < 5; ++nt) {
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
-          const float s = sum_over_t(zr[hr]), sdb = sum_over_t(dbr[hr]);
-          if (t == 0) {
-            atomicAdd(row_z + m0 + g + 8 * hr, s);
-            if (!is_q) atomicAdd(row_db + m0 + g + 8 * hr, sdb);
-          }
+          const int i = 16 * tiles.strip(nt) + g + 8 * hr, j = 8 * tiles.n(nt) + 2 * t;
+          raw[nt][hr] = src != nullptr ? __ldg(reinterpret_cast<const float2*>(src + i * kC + j)) : float2{};
         }
-      });
-    };
-    if (warp % 2 == 0) {
-      segment(p, 0, tiles_a);
-      segment(3 - p, 0, 5 - tiles_a);
-    } else {
-      segment(3 - p, 5 - tiles_a, 5);
+      }
     }
+    // This lane's part of rows m0 + g and m0 + g + 8 of the strip being done (a strip's tiles are
+    // consecutive), added into the block's row sums when its last tile is done.
+    float zr[2] = {0.f, 0.f}, dbr[2] = {0.f, 0.f};
+    auto flush_rows = [&](int m0) {
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const float s = sum_over_t(zr[hr]), sdb = sum_over_t(dbr[hr]);
+        if (t == 0) {
+          atomicAdd(row_z + m0 + g + 8 * hr, s);
+          if (!is_q) atomicAdd(row_db + m0 + g + 8 * hr, sdb);
+        }
+        zr[hr] = dbr[hr] = 0.f;
+      }
+    };
+#pragma unroll
+    for (int nt = 0; nt < 5; ++nt) {
+      const int m0 = 16 * tiles.strip(nt);
+      const int j = 8 * tiles.n(nt) + 2 * t;
+      // One tile's product at a time (k inner): its accumulators are all a lane holds, where five
+      // tiles' products interleaved held twenty and spilled.
+      float acc1[1][4];
+      strip_times_kt<1>(acc1, X_s, K_s, pk, dk, m0, 8 * tiles.n(nt), g, t);
+      float zc[2] = {0.f, 0.f};  // this lane's part of columns j, j + 1
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int i = m0 + g + 8 * hr;
+        float2* io = reinterpret_cast<float2*>((is_q ? dPm_s : dS_s) + i * kTPitch + j);
+        float2 staged;  // dP_raw (Q warps) or dA_raw (K warps)
+        if constexpr (kBf16Products) {
+          staged = raw[nt][hr];
+        } else {
+          staged = *io;
+        }
+        const float in[2] = {staged.x, staged.y};
+        float out[2];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float x = acc1[0][2 * hr + c];
+          float z = 0.f, o = 0.f;
+          if (is_q) {
+            if (have_dP && i >= j + c) {
+              o = a.scale * in[c] * decay_between<kFastDecay>(gam_s[i], gam_s[j + c]);  // dPm
+              z = o * x;
+            }
+          } else if (i > j + c) {
+            const float D = decay_between<kFastDecay>(gam_s[i], gam_s[j + c]);
+            const float dA = -in[c];
+            o = dA * b_s[i] * D;  // dS
+            z = o * x;
+            dbr[hr] += dA * x * D;
+          }
+          out[c] = o;
+          zr[hr] += z;
+          zc[c] += z;
+        }
+        if constexpr (kBf16Products) {
+          // dS is strictly lower triangular, so each element of dS + dSᵀ is one of the two:
+          // dS at (i, j) below the diagonal, zero on it, dS's (j, i) above it, written here
+          // by transposition; nothing is written twice.
+          __nv_bfloat16* row16 = (is_q ? dPm16 : dSsym16) + i * kPitch16 + j;
+          if (is_q || i > j) {
+            *reinterpret_cast<__nv_bfloat162*>(row16) = __floats2bfloat162_rn(out[0], out[1]);
+          } else if (i == j) {
+            row16[0] = __float2bfloat16_rn(0.f);
+          }
+          if (!is_q) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              if (i > j + c) dSsym16[(j + c) * kPitch16 + i] = __float2bfloat16_rn(out[c]);
+            }
+          }
+        } else {
+          *io = make_float2(out[0], out[1]);
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float s = sum_over_g(zc[c]);
+        if (g == 0) atomicAdd(col_z + j + c, s);
+      }
+      if (nt < 4 && nt + 1 == tiles.split) flush_rows(m0);  // the even warp's first strip is done
+    }
+    flush_rows(16 * tiles.strip(4));
   }
   __syncthreads();
 
