@@ -135,7 +135,7 @@ int bench_train(const BenchTrainArgs& a) {
       {"--muon-kernels", &a.muon_kernels, {"ours", "aten"}},
       {"--weight-grad-stream", &a.weight_grad_stream, {"on", "off"}},
       {"--graph-gemms", &a.graph_gemms, {"no-workspace", "workspace"}},
-      {"--state-products", &a.state_products, {"tight", "staged"}},
+      {"--state-products", &a.state_products, {"tight", "staged", "whole-row"}},
       {"--solve-overlap", &a.solve_overlap, {"on", "off"}},
       {"--chunk-copies", &a.chunk_copies, {"on", "off"}},
       {"--chunk-decay", &a.chunk_decay, {"fast", "exact"}},
@@ -167,7 +167,8 @@ int bench_train(const BenchTrainArgs& a) {
   model::weight_grad_stream(a.weight_grad_stream == "on");
   model::gemms_without_workspace(a.graph_gemms == "no-workspace");
 #if defined(DD_HAVE_CUDA)
-  kernels::gdr_chunk_state_grads_tight(a.state_products == "tight");
+  kernels::gdr_chunk_state_grads_tight(a.state_products != "staged");
+  kernels::gdr_chunk_state_grads_whole_row(a.state_products == "whole-row");
   kernels::gdr_chunk_solve_backward_overlap(a.solve_overlap == "on");
   kernels::gdr_chunk_copies16(a.chunk_copies == "on");
   kernels::gdr_chunk_fast_decay(a.chunk_decay == "fast");

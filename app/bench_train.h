@@ -65,9 +65,11 @@ struct BenchTrainArgs {
   // "no-workspace" (a CUDA-graph step's in-place products run cuBLAS without its workspace, so
   // without semaphore memsets) or "workspace", to measure it.
   std::string graph_gemms = "no-workspace";
-  // "tight" (the delta rule's state products with a bf16 dO stage each operand only while a pass
-  // needs it: three blocks an SM at hybrid base) or "staged" (dh_next staged with dO), to measure it.
-  std::string state_products = "tight";
+  // "whole-row" (the delta rule's state products with a bf16 dO stage each operand only while a pass
+  // needs it, one block for all of a row's dk columns: two blocks an SM at hybrid base), "tight" (the
+  // same with a block for each half of dk: three blocks an SM) or "staged" (dh_next staged with dO
+  // from the start), the last two to measure them.
+  std::string state_products = "whole-row";
   // "on" (the delta rule's solve backward at hybrid base's heads with its copies overlapping its
   // products) or "off" (the general bf16-tile instance), to measure it.
   std::string solve_overlap = "on";

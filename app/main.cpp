@@ -257,9 +257,10 @@ int main(int argc, char** argv) {
                               "run cuBLAS without its workspace (no semaphore memsets) or with it (to measure it)")
       ->capture_default_str();
   bench_train_cmd->add_option("--state-products", bench_train.state_products,
-                              "tight | staged: the delta rule's products with the chunk states (16-bit path) stage "
-                              "each operand only while a pass needs it, or dh_next with dO from the start (to "
-                              "measure it)")
+                              "whole-row | tight | staged: the delta rule's products with the chunk states (16-bit path) "
+                              "stage each operand only while a pass needs it, one block for all of a row's dk columns "
+                              "(whole-row) or one for each half of dk (tight), or stage dh_next with dO from the start "
+                              "(staged); the last two to measure them")
       ->capture_default_str();
   bench_train_cmd->add_option("--solve-overlap", bench_train.solve_overlap,
                               "on | off: the delta rule's solve backward at hybrid base's heads copies its next "

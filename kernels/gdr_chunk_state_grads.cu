@@ -52,6 +52,8 @@ namespace {
 
 std::atomic<bool> g_tight{true};
 std::atomic<int64_t> g_tight_launches{0};
+std::atomic<bool> g_whole_row{true};
+std::atomic<int64_t> g_whole_row_launches{0};
 
 constexpr int kC = 64;
 constexpr int kWarps = 8;
@@ -199,19 +201,28 @@ __host__ __device__ constexpr int bf16_form_pitch(int dv) { return dv % 32 == 16
 // gdr_chunk_state_grads.h, gdr_chunk_state_grads_tight): dO, h_in's half and Vn for the first pass;
 // then dh_next in dO's room for the second; then dU in Vn's room for the third. Each pass waits for
 // its operand, and the other blocks of the SM run meanwhile.
-template <class P, int kNT, bool kCompact, int kDV, bool kDOBf16 = false, bool kTight = false>
-__global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2)
+// kWholeRow (kTight with kDV only): one block per row for all of dk's columns (kNT = dk / 16 tiles a
+// warp, four of dP_raw's), so dO, Vn and dU are staged once a row instead of once a half: 148 KB a
+// row where the two halves staged 221 KB at hybrid base's sizes. dh_next's dk rows then need more
+// room than dO's C rows, so dO's room takes the larger of the two; 104 KiB a block at dk 96, dv
+// 192, two blocks an SM, up to 128 registers a thread.
+template <class P, int kNT, bool kCompact, int kDV, bool kDOBf16 = false, bool kTight = false, bool kWholeRow = false>
+__global__ void __launch_bounds__(kThreads, kWholeRow ? 2 : kCompact ? 3 : 2)
     state_grads_kernel(GdrChunkStateGradsArgs a, int pitch_arg) {
   extern __shared__ __align__(16) unsigned char smem[];
   static_assert(kDV == 0 || (std::is_same<P, Bf16Products>::value && kCompact), "fixed dv: the bf16 form's pitch");
   static_assert(!kDOBf16 || (std::is_same<P, Bf16Products>::value && kCompact), "a bf16 dO: the bf16 compact form");
-  static_assert(16 * kNT <= kC, "kDOBf16: dh_next's half of dk rows fits the half of the fp32 room after dO");
+  static_assert(kWholeRow || 16 * kNT <= kC, "kDOBf16: dh_next's half of dk rows fits the half of the fp32 room after dO");
+  static_assert(!kWholeRow || (kTight && kDV > 0), "a whole row a block: the tight fixed-size form");
   static_assert(!kTight || kDOBf16, "the tight layout: a bf16 dO");
-  constexpr int dk = 32 * kNT, half_dk = 16 * kNT;
+  // half_dk: the block's columns of dk (all of them with kWholeRow); kPT: a warp's tiles of dP_raw.
+  constexpr int dk = kWholeRow ? 16 * kNT : 32 * kNT, half_dk = 16 * kNT, kPT = kWholeRow ? 4 : 2;
+  // Rows of dO's room, which dh_next's half_dk rows take after the first pass in the tight layout.
+  constexpr int kXRows = half_dk > kC ? half_dk : kC;
   const int dv = kDV > 0 ? kDV : a.dv;
   const int p = kDV > 0 ? bf16_form_pitch(kDV) : pitch_arg;
-  const int64_t r = blockIdx.x / 2;
-  const int half = blockIdx.x % 2;
+  const int64_t r = kWholeRow ? blockIdx.x : blockIdx.x / 2;
+  const int half = kWholeRow ? 0 : blockIdx.x % 2;
   if (a.chunk_len != nullptr && a.chunk_len[r / a.heads] == 0) return;  // a spare chunk's row
   uint16_t* Hs = reinterpret_cast<uint16_t*>(smem);   // [half_dk][p] h_in's rows of this half
   uint16_t* Vs = Hs + half_dk * p;                    // [C][p] Vn
@@ -225,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2)
                  : kCompact ? reinterpret_cast<uint16_t*>(Xs)
                             : reinterpret_cast<uint16_t*>(Xs + kC * p);
   uint16_t* dU_s = kTight ? Vs : kDOBf16 ? dO16_s : Ds + half_dk * p;
-  float* warp_sums = kTight     ? reinterpret_cast<float*>(dO16_s + kC * p)
+  float* warp_sums = kTight     ? reinterpret_cast<float*>(dO16_s + kXRows * p)
                      : kCompact ? Xs + kC * p
                                 : reinterpret_cast<float*>(Ds + half_dk * p);  // [kWarps]
 
@@ -247,14 +258,14 @@ __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2)
   const int m0 = 16 * (warp % 4);
   const int n_first = (warp / 4) * 8 * kNT;                 // this warp's first column within the half
   const int out_col = half * half_dk + n_first;             // ... within dk
-  const int p_first = half * (kC / 2) + (warp / 4) * 16;    // its first column of dP_raw (a row of Vn)
+  const int p_first = half * (kC / 2) + (warp / 4) * 8 * kPT;  // its first column of dP_raw (a row of Vn)
   const int64_t out_first = r * kC * dk;  // of dQg, dW and dKd
   float* dP = a.dP_raw + r * kC * kC;
 
   cp_async_wait<kCompact && (!kDOBf16 || kTight) ? 0 : 1>();
   __syncthreads();
   {  // pass 1: dQg = s dO h_inᵀ and dP_raw = dO Vnᵀ
-    float q_acc[kNT][4] = {}, p_acc[2][4] = {};
+    float q_acc[kNT][4] = {}, p_acc[kPT][4] = {};
     auto products = [&](const FragA& A, int k0) {
       mma_tiles<P>(q_acc, A, Hs, p, n_first, k0, g, t);
       mma_tiles<P>(p_acc, A, Vs, p, p_first, k0, g, t);
@@ -267,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2)
 #pragma unroll
     for (int j = 0; j < kNT; ++j) store_tile(a.dQg, a.bf16_out, out_first, dk, m0, out_col + 8 * j, q_acc[j], a.scale, g, t);
 #pragma unroll
-    for (int j = 0; j < 2; ++j) store_tile(dP, kC, m0, p_first + 8 * j, p_acc[j], 1.f, g, t);
+    for (int j = 0; j < kPT; ++j) store_tile(dP, kC, m0, p_first + 8 * j, p_acc[j], 1.f, g, t);
   }
   __syncthreads();  // every warp is done with dO
   if constexpr (kTight) {
@@ -328,19 +339,22 @@ __global__ void __launch_bounds__(kThreads, kCompact ? 3 : 2)
   }
 }
 
-template <class P, int kNT, bool kCompact, int kDV = 0, bool kDOBf16 = false, bool kTight = false>
+template <class P, int kNT, bool kCompact, int kDV = 0, bool kDOBf16 = false, bool kTight = false,
+          bool kWholeRow = false>
 int launch_as(const GdrChunkStateGradsArgs& a, cudaStream_t stream) {
   const bool bf16_form = gdr_chunk_state_grads_bf16_form(a);
   const int pitch = static_cast<int>(gdr_chunk_state_grads_pitch(a.dv, bf16_form));
   // The tight layout: h_in's half, Vn (then dU) and dO (then dh_next), bf16 rows, and the warps' sums.
-  const int bytes = kTight ? (16 * kNT + 2 * kC) * 2 * pitch + 64
+  constexpr int kBlockRows = 16 * kNT, kXRows = kBlockRows > kC ? kBlockRows : kC;
+  const int bytes = kTight ? (kBlockRows + kC + kXRows) * 2 * pitch + 64
                            : static_cast<int>(gdr_chunk_state_grads_smem(a.C, a.dk, a.dv, a.dU_bf16, bf16_form));
   if (kDV > 0 && (a.dv != kDV || pitch != bf16_form_pitch(kDV))) return static_cast<int>(cudaErrorInvalidValue);
-  const auto kernel = &state_grads_kernel<P, kNT, kCompact, kDV, kDOBf16, kTight>;
+  const auto kernel = &state_grads_kernel<P, kNT, kCompact, kDV, kDOBf16, kTight, kWholeRow>;
   const int err = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes);
   if (err != 0) return err;
-  kernel<<<static_cast<unsigned>(2 * a.R), kThreads, bytes, stream>>>(a, pitch);
+  kernel<<<static_cast<unsigned>(kWholeRow ? a.R : 2 * a.R), kThreads, bytes, stream>>>(a, pitch);
   if (kTight) ++g_tight_launches;
+  if (kWholeRow) ++g_whole_row_launches;
   return static_cast<int>(cudaGetLastError());
 }
 // The 16-bit path's form (bf16 products and dU) at the model's value head sizes with dv known at
@@ -352,6 +366,13 @@ int launch_compact_bf16(const GdrChunkStateGradsArgs& a, cudaStream_t stream) {
     return launch_as<Bf16Products, kNT, true, 0, kDOBf16, kTight>(a, stream);
   }
   gdr_count_fixed_head_size_launch(GdrSizedKernel::kStateGrads);
+  if constexpr (kTight) {
+    if (g_whole_row.load()) {  // a whole row a block: kNT tiles a warp of each of dk's halves, 2 kNT of all
+      if (a.dv == 128) return launch_as<Bf16Products, 2 * kNT, true, 128, true, true, true>(a, stream);
+      if (a.dv == 192) return launch_as<Bf16Products, 2 * kNT, true, 192, true, true, true>(a, stream);
+      return launch_as<Bf16Products, 2 * kNT, true, 256, true, true, true>(a, stream);
+    }
+  }
   if (a.dv == 128) return launch_as<Bf16Products, kNT, true, 128, kDOBf16, kTight>(a, stream);
   if (a.dv == 192) return launch_as<Bf16Products, kNT, true, 192, kDOBf16, kTight>(a, stream);
   return launch_as<Bf16Products, kNT, true, 256, kDOBf16, kTight>(a, stream);
@@ -370,6 +391,8 @@ int launch(const GdrChunkStateGradsArgs& a, cudaStream_t stream) {
 
 void gdr_chunk_state_grads_tight(bool on) { g_tight = on; }
 int64_t gdr_chunk_state_grads_tight_launches() { return g_tight_launches.load(); }
+void gdr_chunk_state_grads_whole_row(bool on) { g_whole_row = on; }
+int64_t gdr_chunk_state_grads_whole_row_launches() { return g_whole_row_launches.load(); }
 
 int gdr_chunk_state_grads(const GdrChunkStateGradsArgs& a, void* stream) {
   auto out_ok = [](const void* p) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0; };

@@ -110,6 +110,13 @@ int gdr_chunk_state_grads(const GdrChunkStateGradsArgs& a, void* stream);
 // bits either way. Launches of that layout are counted.
 void gdr_chunk_state_grads_tight(bool on);
 int64_t gdr_chunk_state_grads_tight_launches();
+// Process-wide switch (default on), for benchmarks and tests: the tight layout's fixed-size launches
+// take a whole row a block (all of dk's columns, dO, Vn and dU staged once a row, 148 KB against
+// 221 at hybrid base's sizes; two blocks an SM) instead of a block for each half of dk (off). The
+// same products of each output tile in the same order; ddecay's per-row sum in another order.
+// Launches counted.
+void gdr_chunk_state_grads_whole_row(bool on);
+int64_t gdr_chunk_state_grads_whole_row_launches();
 #endif
 
 }  // namespace kernels

@@ -23,6 +23,7 @@
 
 #include "kernels/gdr_chunk_front.h"
 #include "kernels/gdr_chunk_solve_backward.h"
+#include "kernels/gdr_chunk_state_grads.h"
 #include "kernels/gdr_head_sizes.h"
 #include "kernels/gdr_scan.h"
 #include "kernels/wgmma_check.h"
@@ -1977,7 +1978,9 @@ TEST(GdrScanCuda, Bf16TailProductsStayCloseToSplitOnes) {
 // changes from run to run (1.7e-8 apart at most in these runs, on an H200), so they get 1e-6; and
 // each of the six kernels' fixed instances launched (its counter) with the switch on, none off.
 // The forward scan is its block kernel's here (the warp-column kernel off, whose only instances are
-// fixed sizes; WarpColumnForwardScanMatchesTheRecurrence tests it).
+// fixed sizes; WarpColumnForwardScanMatchesTheRecurrence tests it), and the state products take a
+// block for each half of dk, as the general instance does (a whole row a block sums ddecay in
+// another order; GdrStateGradsCuda.WholeRowBlocksGiveTheSameTiles tests it).
 TEST(GdrScanCuda, FixedHeadSizeKernelsMatchTheGeneralOnes) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this machine";
   struct Restore {
@@ -1985,8 +1988,10 @@ TEST(GdrScanCuda, FixedHeadSizeKernelsMatchTheGeneralOnes) {
       kernels::gdr_fixed_head_sizes(true);
       kernels::gdr_scan_warp_columns(true);
       kernels::gdr_chunk_solve_backward_overlap(true);
+      kernels::gdr_chunk_state_grads_whole_row(true);
     }
   } restore;
+  kernels::gdr_chunk_state_grads_whole_row(false);
   // The overlapped solve (its own test below) rounds differently from the general instance.
   kernels::gdr_chunk_solve_backward_overlap(false);
   kernels::gdr_scan_warp_columns(false);  // the forward scan's block kernel, whose fixed instances these are

@@ -217,13 +217,18 @@ TEST(GdrStateGradsCuda, Bf16ProductsStayCloseToFp64AndTf32Ones) {
 // first pass in dO's room and dU after the second in Vn's) against the layout that stages dh_next
 // with dO: the same products in the same order, so every output the same bits (ddecay too: each
 // row's two halves added onto zero). At each dv the kernel knows at compile time (128, 192, 256),
-// each dk, a dv it takes as an argument (80), the row map with zero rows; counted.
+// each dk, a dv it takes as an argument (80), the row map with zero rows; counted. A block for each
+// half of dk (the whole-row blocks are compared with these below).
 TEST(GdrStateGradsCuda, TightLayoutGivesTheSameBits) {
   DD_REQUIRE_GPU();
   testing_support::seed_from_gtest(80);
   struct TightRestored {
-    ~TightRestored() { kernels::gdr_chunk_state_grads_tight(true); }
+    ~TightRestored() {
+      kernels::gdr_chunk_state_grads_tight(true);
+      kernels::gdr_chunk_state_grads_whole_row(true);
+    }
   } restore;
+  kernels::gdr_chunk_state_grads_whole_row(false);
   const Bf16ProductsRestored products_back;
   model::gdr_bf16_state_grads_products(true);
   const std::vector<StateCase> cases = {{300, 64, 96, 192, true, true, true}, {37, 64, 128, 128, false, true, true},
@@ -249,6 +254,45 @@ TEST(GdrStateGradsCuda, TightLayoutGivesTheSameBits) {
     EXPECT_TRUE(torch::equal(tight.dKd, staged.dKd)) << "dKd, " << what;
     EXPECT_TRUE(torch::equal(tight.ddecay, staged.ddecay)) << "ddecay, " << what;
     EXPECT_GT(tight.dQg.abs().max().item<float>(), 0.f) << what;
+  }
+}
+
+// A whole row a block (kernels::gdr_chunk_state_grads_whole_row, the default) against a block for each
+// half of dk, both in the tight layout: each output tile the same products in the same order, so
+// dP_raw, dQg, dW and dKd the same bits; ddecay's row sum taken in another order (1e-6). At each dv
+// the kernel knows at compile time and each dk, with and without a row map; counted.
+TEST(GdrStateGradsCuda, WholeRowBlocksGiveTheSameTiles) {
+  DD_REQUIRE_GPU();
+  testing_support::seed_from_gtest(82);
+  struct WholeRowRestored {
+    ~WholeRowRestored() { kernels::gdr_chunk_state_grads_whole_row(true); }
+  } restore;
+  const Bf16ProductsRestored products_back;
+  model::gdr_bf16_state_grads_products(true);
+  const std::vector<StateCase> cases = {{300, 64, 96, 192, true, true, true},
+                                        {37, 64, 128, 128, false, true, true},
+                                        {5, 64, 128, 256, true, true, true},
+                                        {11, 64, 64, 192, false, true, true}};
+  const auto bf16 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  for (const auto& c : cases) {
+    auto h_in = torch::randn({c.R, c.dk, c.dv}, bf16);
+    auto dh_next = torch::randn({c.R, c.dk, c.dv}, bf16);
+    auto v_new = torch::randn({c.R, c.C, c.dv}, bf16);
+    const auto [dO_src, dO_rows, dU] = random_output_grads(c);
+    const auto dO16 = dO_src.to(torch::kBFloat16);
+    const std::string what = "R " + std::to_string(c.R) + " dk " + std::to_string(c.dk) + " dv " + std::to_string(c.dv);
+    kernels::gdr_chunk_state_grads_whole_row(false);
+    const auto halves = model::gdr_state_grads(dO16, dO_rows, dU, h_in, dh_next, v_new, 0.0884, true);
+    kernels::gdr_chunk_state_grads_whole_row(true);
+    const int64_t before = kernels::gdr_chunk_state_grads_whole_row_launches();
+    const auto whole = model::gdr_state_grads(dO16, dO_rows, dU, h_in, dh_next, v_new, 0.0884, true);
+    EXPECT_EQ(kernels::gdr_chunk_state_grads_whole_row_launches() - before, 1) << what;
+    EXPECT_TRUE(torch::equal(whole.dP_raw, halves.dP_raw)) << "dP_raw, " << what;
+    EXPECT_TRUE(torch::equal(whole.dQg, halves.dQg)) << "dQg, " << what;
+    EXPECT_TRUE(torch::equal(whole.dW, halves.dW)) << "dW, " << what;
+    EXPECT_TRUE(torch::equal(whole.dKd, halves.dKd)) << "dKd, " << what;
+    EXPECT_LT(max_rel(whole.ddecay, halves.ddecay), 1e-6) << "ddecay, " << what;
+    EXPECT_GT(whole.dW.abs().max().item<float>(), 0.f) << what;
   }
 }
 
