@@ -147,6 +147,7 @@ int bench_train(const BenchTrainArgs& a) {
       {"--expert-grads", &a.expert_grads, {"pieces", "scatter"}},
       {"--gdn-l2norm", &a.gdn_l2norm, {"in-front", "in-core", "separate"}},
       {"--gdn-gates", &a.gdn_gates, {"in-projection", "apart"}},
+      {"--gdn-output-wgrad", &a.gdn_output_wgrad, {"here", "aside"}},
   };
   for (const auto& [flag, value, choices] : switches) {
     if (std::find(choices.begin(), choices.end(), *value) != choices.end()) continue;
@@ -182,6 +183,7 @@ int bench_train(const BenchTrainArgs& a) {
   model::gdn_l2norm_in_core(a.gdn_l2norm != "separate");
   model::gdr_l2norm_in_front(a.gdn_l2norm == "in-front");
   model::gdn_gates_in_projection(a.gdn_gates == "in-projection");
+  model::gdn_output_weight_grad_on_caller_stream(a.gdn_output_wgrad == "here");
   {
     int64_t piece_rows = -1;
     if (a.expert_grad_pieces == "off") {
@@ -388,6 +390,7 @@ int bench_train(const BenchTrainArgs& a) {
   j["moe_weights"] = a.moe_weights;
   j["gdn_l2norm"] = a.gdn_l2norm;
   j["gdn_gates"] = a.gdn_gates;
+  j["gdn_output_wgrad"] = a.gdn_output_wgrad;
   j["grad_norm"] = a.grad_norm;
   j["expert_grads"] = a.expert_grads;
   j["expert_grad_pieces"] = a.expert_grad_pieces;

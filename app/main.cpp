@@ -312,6 +312,11 @@ int main(int argc, char** argv) {
                               "in-projection | apart: on a GPU under 16-bit autocast the Gated DeltaNet's a|b gate "
                               "projection shares the q|k|v|g product's GEMM, or runs its own (to measure it)")
       ->capture_default_str();
+  bench_train_cmd->add_option("--gdn-output-wgrad", bench_train.gdn_output_wgrad,
+                              "here | aside: the Gated DeltaNet's output projection's weight-gradient GEMM on the "
+                              "backward's own stream, or on the second stream beside the gated norm's backward (to "
+                              "measure it)")
+      ->capture_default_str();
   bench_train_cmd->add_option("--expert-grad-pieces", bench_train.expert_grad_pieces,
                               "auto | off | ROWS: the MoE experts' weight-gradient product cuts each expert's rows into "
                               "pieces of at most ROWS (auto: twice the mean rows per expert) so an overloaded expert's "

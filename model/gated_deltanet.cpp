@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "model/fused_gated_norm.h"
 #include "model/fused_gdn_gates.h"
@@ -17,6 +18,7 @@
 #include "model/fused_short_conv.h"
 #include "model/gdr.h"
 #include "model/linear.h"
+#include "model/mixed_linear.h"
 
 namespace model {
 namespace {
@@ -122,6 +124,8 @@ torch::Tensor GatedDeltaNetImpl::output(const GdrOutput& r, const torch::Tensor&
   auto y = r.o_rows.defined() ? gated_rms_norm_rows(r.o_rows, r.o_row, z_proj, norm_w, 1e-6, out_dtype, r.o_pad_rows,
                                                     r.o_pad_rows_unread)
                               : gated_rms_norm(r.o, z_proj, norm_w, 1e-6, out_dtype);
+  std::optional<WeightGradsOnCallerStreamScope> on_caller_stream;
+  if (gdn_output_weight_grad_on_caller_stream()) on_caller_stream.emplace();
   return wo(y.reshape({B, T, H_ * dv_}));
 }
 

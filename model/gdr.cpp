@@ -180,9 +180,12 @@ std::atomic<bool> g_output_as_rows{true};
 std::atomic<bool> g_qk_in_activation_dtype{true};
 std::atomic<bool> g_l2norm_in_core{true};
 std::atomic<bool> g_gates_in_projection{true};
+std::atomic<bool> g_output_wgrad_on_caller_stream{true};
 }  // namespace
 
 void gdn_gates_in_projection(bool on) { g_gates_in_projection = on; }
+void gdn_output_weight_grad_on_caller_stream(bool on) { g_output_wgrad_on_caller_stream = on; }
+bool gdn_output_weight_grad_on_caller_stream() { return g_output_wgrad_on_caller_stream; }
 bool gdn_gates_in_projection() { return g_gates_in_projection; }
 
 void gdn_l2norm_in_core(bool on) { g_l2norm_in_core = on; }

@@ -115,6 +115,14 @@ bool gdn_l2norm_in_core();
 void gdn_gates_in_projection(bool on);
 bool gdn_gates_in_projection();
 
+// Process-wide switch (default on; off to measure it, bench train --gdn-output-wgrad aside): the
+// Gated DeltaNet's output projection keeps its weight-gradient GEMM on the backward's own stream
+// (model::WeightGradsOnCallerStreamScope) instead of the second one, where it ran beside the gated
+// norm's backward: 115 µs for the two side by side against 101 one after the other at hybrid base
+// (docs/perf.md, stop 87). The same gradients either way.
+void gdn_output_weight_grad_on_caller_stream(bool on);
+bool gdn_output_weight_grad_on_caller_stream();
+
 // What the scan's products should be for the config value model.gdn_scan_precision ("tf32",
 // "fp32" or "auto") when the layer's matmuls run in `matmul_dtype`: "auto" is TF32 when they run in
 // a 16-bit type (bf16 or fp8 training), where the products' 2⁻¹¹ is far below the inputs'

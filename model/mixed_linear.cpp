@@ -28,6 +28,7 @@ namespace {
 
 thread_local bool in_place_active = false;
 thread_local bool grad_stream_active = false;
+std::atomic<int64_t> aside_weight_grad_products{0};
 thread_local bool no_workspace_active = false;
 std::atomic<bool> in_place_allowed{true};
 std::atomic<bool> grad_stream_allowed{true};
@@ -181,6 +182,7 @@ c10::cuda::CUDAStream grad_stream_with_work(int device) {
 // caller's stream; g2 and x2 stay allocated until that stream is done with them.
 void run_grad_products_aside(std::vector<GradProduct>& products, const at::Tensor& g2, int64_t cols,
                              const at::Tensor& x2, bool no_workspace) {
+  ++aside_weight_grad_products;
   const int device = g2.device().index();
   auto main = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
   auto side = grad_stream_with_work(device);
@@ -405,7 +407,13 @@ WeightGradInPlaceScope::~WeightGradInPlaceScope() {
   no_workspace_active = was_no_workspace_;
 }
 bool WeightGradInPlaceScope::active() { return in_place_active; }
+
+WeightGradsOnCallerStreamScope::WeightGradsOnCallerStreamScope() : was_stream_(grad_stream_active) {
+  grad_stream_active = false;
+}
+WeightGradsOnCallerStreamScope::~WeightGradsOnCallerStreamScope() { grad_stream_active = was_stream_; }
 bool WeightGradInPlaceScope::without_workspace() { return no_workspace_active; }
+int64_t weight_grads_run_aside() { return aside_weight_grad_products.load(); }
 
 void weight_grads_in_place(bool on) { in_place_allowed = on; }
 void weight_grad_stream(bool on) { grad_stream_allowed = on; }

@@ -49,6 +49,25 @@ class WeightGradInPlaceScope {
   bool was_active_, was_stream_, was_no_workspace_;
 };
 
+// While alive, this thread's products keep their weight-gradient GEMMs on the stream their backward
+// runs on, even inside a scope that puts them on the second stream: for a product whose backward's
+// next kernel loses more beside the GEMM than the GEMM gains there. Restores the previous state.
+// Nests.
+class WeightGradsOnCallerStreamScope {
+ public:
+  WeightGradsOnCallerStreamScope();
+  ~WeightGradsOnCallerStreamScope();
+  WeightGradsOnCallerStreamScope(const WeightGradsOnCallerStreamScope&) = delete;
+  WeightGradsOnCallerStreamScope& operator=(const WeightGradsOnCallerStreamScope&) = delete;
+
+ private:
+  bool was_stream_;
+};
+
+// How many products' backwards have put their weight-gradient GEMMs on the second stream (one
+// count a backward), for tests.
+int64_t weight_grads_run_aside();
+
 // Process-wide switch, on by default: off, scopes never activate and the products go through
 // autocast and autograd as before (`bench train --weight-grads autograd`, to measure the change).
 void weight_grads_in_place(bool on);

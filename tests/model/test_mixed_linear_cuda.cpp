@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -348,6 +349,48 @@ TEST(MixedLinearCuda, WeightGradStreamGivesTheSameGradients) {
   };
   const auto same = run(false), aside = run(true);
   for (size_t i = 0; i < same.size(); ++i) EXPECT_LT(rel_norm_diff(aside[i], same[i]), 1e-6) << "weight " << i;
+}
+
+// A product inside WeightGradsOnCallerStreamScope, within a scope that puts the others' weight
+// gradients on the second stream, gives the same gradients as with every GEMM on the backward's own
+// stream (the Gated DeltaNet's output projection, model::gdn_output_weight_grad_on_caller_stream),
+// and only the other product's GEMM goes to the second stream (counted).
+TEST(MixedLinearCuda, CallerStreamScopeGivesTheSameGradients) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(97);
+  const int64_t d = 128;
+  model::Linear a(d, 384), b(d, 256);
+  a->to(torch::kCUDA);
+  b->to(torch::kCUDA);
+  auto x0 = torch::randn({4, 257, d}, torch::kCUDA);
+  auto run = [&](bool aside, bool b_here) {
+    for (auto* l : {&a, &b}) (*l)->weight.mutable_grad() = torch::Tensor();
+    auto x = x0.clone().requires_grad_(true);
+    torch::Tensor y;
+    {
+      CudaAutocast autocast(at::kBFloat16);
+      model::WeightGradInPlaceScope scope(true, aside);
+      const auto h = model::linear_cat(x, {a}).narrow(-1, 0, d) * 2;
+      std::optional<model::WeightGradsOnCallerStreamScope> here;
+      if (b_here) here.emplace();
+      y = b(h);
+    }
+    y.to(torch::kFloat).pow(2).sum().backward();
+    model::join_weight_grad_stream(torch::Device(torch::kCUDA, 0));
+    return std::vector<torch::Tensor>{a->weight.grad().clone(), b->weight.grad().clone()};
+  };
+  const int64_t aside_before = model::weight_grads_run_aside();
+  const auto same = run(false, false);
+  EXPECT_EQ(model::weight_grads_run_aside() - aside_before, 0);
+  const auto both_aside = run(true, false);
+  EXPECT_EQ(model::weight_grads_run_aside() - aside_before, 2) << "both products' GEMMs on the second stream";
+  const auto b_here = run(true, true);
+  EXPECT_EQ(model::weight_grads_run_aside() - aside_before, 3) << "only a's GEMM on the second stream";
+  for (size_t i = 0; i < same.size(); ++i) {
+    EXPECT_LT(rel_norm_diff(both_aside[i], same[i]), 1e-6) << "weight " << i;
+    EXPECT_LT(rel_norm_diff(b_here[i], same[i]), 1e-6) << "weight " << i;
+  }
+  EXPECT_GT(same[1].abs().max().item<float>(), 0.f);
 }
 
 // The products without cuBLAS's workspace (model/linear.h product, at_b_into_ with no_workspace,
