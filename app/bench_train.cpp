@@ -147,7 +147,7 @@ int bench_train(const BenchTrainArgs& a) {
       {"--expert-grads", &a.expert_grads, {"pieces", "scatter"}},
       {"--gdn-l2norm", &a.gdn_l2norm, {"in-front", "in-core", "separate"}},
       {"--gdn-gates", &a.gdn_gates, {"in-projection", "apart"}},
-      {"--gdn-output-wgrad", &a.gdn_output_wgrad, {"here", "aside"}},
+      {"--gdn-output-wgrad", &a.gdn_output_wgrad, {"beside-scan", "here", "aside", "beside-scan-8", "beside-scan-36"}},
   };
   for (const auto& [flag, value, choices] : switches) {
     if (std::find(choices.begin(), choices.end(), *value) != choices.end()) continue;
@@ -184,6 +184,12 @@ int bench_train(const BenchTrainArgs& a) {
   model::gdr_l2norm_in_front(a.gdn_l2norm == "in-front");
   model::gdn_gates_in_projection(a.gdn_gates == "in-projection");
   model::gdn_output_weight_grad_on_caller_stream(a.gdn_output_wgrad == "here");
+  {  // beside-scan[-SMS]: the SM count cuBLAS targets (0: all); here and aside: −1
+    const std::string beside = "beside-scan";
+    const auto& w = a.gdn_output_wgrad;
+    model::gdn_output_weight_grad_beside_scan(
+        w.rfind(beside, 0) != 0 ? -1 : w.size() == beside.size() ? 0 : std::stoi(w.substr(beside.size() + 1)));
+  }
   {
     int64_t piece_rows = -1;
     if (a.expert_grad_pieces == "off") {

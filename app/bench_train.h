@@ -91,9 +91,12 @@ struct BenchTrainArgs {
   // in-projection | apart: the Gated DeltaNet's a|b gate projection in the q|k|v|g product's GEMM
   // or a GEMM of its own each way (model::gdn_gates_in_projection), to measure it.
   std::string gdn_gates = "in-projection";
-  // here | aside: the Gated DeltaNet's output projection's weight-gradient GEMM on the backward's own
-  // stream or on the second one (model::gdn_output_weight_grad_on_caller_stream), to measure it.
-  std::string gdn_output_wgrad = "here";
+  // beside-scan | here | aside: the Gated DeltaNet's output projection's weight-gradient GEMM put off
+  // until the delta rule's reverse scan and run beside it (model::gdn_output_weight_grad_beside_scan;
+  // beside-scan-8 and -36 with cuBLAS's kernel picked for that many SMs), or on the backward's own
+  // stream, or on the second one beside the gated norm's backward
+  // (model::gdn_output_weight_grad_on_caller_stream), the others to measure them.
+  std::string gdn_output_wgrad = "beside-scan";
   std::string moe_weights = "swiglu";  // swiglu | combine: where the MoE applies its router weights (model/moe.h)
   std::string moe_inputs = "fused";  // fused | separate: the MoE input's fan-out and fan-in (model/moe_dispatch.h)
   // "auto" (the default rule), "off" (one piece per expert) or a row count: the pieces the MoE

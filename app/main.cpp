@@ -313,9 +313,10 @@ int main(int argc, char** argv) {
                               "projection shares the q|k|v|g product's GEMM, or runs its own (to measure it)")
       ->capture_default_str();
   bench_train_cmd->add_option("--gdn-output-wgrad", bench_train.gdn_output_wgrad,
-                              "here | aside: the Gated DeltaNet's output projection's weight-gradient GEMM on the "
-                              "backward's own stream, or on the second stream beside the gated norm's backward (to "
-                              "measure it)")
+                              "beside-scan | here | aside: the Gated DeltaNet's output projection's weight-gradient "
+                              "GEMM put off until the delta rule's reverse scan and run beside it on the second stream "
+                              "(beside-scan-8, -36: cuBLAS picks its kernel for that many SMs), or on the backward's "
+                              "own stream, or on the second stream beside the gated norm's backward (to measure them)")
       ->capture_default_str();
   bench_train_cmd->add_option("--expert-grad-pieces", bench_train.expert_grad_pieces,
                               "auto | off | ROWS: the MoE experts' weight-gradient product cuts each expert's rows into "

@@ -125,7 +125,9 @@ torch::Tensor GatedDeltaNetImpl::output(const GdrOutput& r, const torch::Tensor&
                                                     r.o_pad_rows_unread)
                               : gated_rms_norm(r.o, z_proj, norm_w, 1e-6, out_dtype);
   std::optional<WeightGradsOnCallerStreamScope> on_caller_stream;
-  if (gdn_output_weight_grad_on_caller_stream()) on_caller_stream.emplace();
+  std::optional<WeightGradsDeferredScope> deferred;
+  if (gdn_output_weight_grad_beside_scan() >= 0) deferred.emplace();
+  else if (gdn_output_weight_grad_on_caller_stream()) on_caller_stream.emplace();
   return wo(y.reshape({B, T, H_ * dv_}));
 }
 

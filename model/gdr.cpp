@@ -185,6 +185,11 @@ std::atomic<bool> g_output_wgrad_on_caller_stream{true};
 
 void gdn_gates_in_projection(bool on) { g_gates_in_projection = on; }
 void gdn_output_weight_grad_on_caller_stream(bool on) { g_output_wgrad_on_caller_stream = on; }
+namespace {
+std::atomic<int> g_output_wgrad_beside_scan{0};
+}
+void gdn_output_weight_grad_beside_scan(int sms) { g_output_wgrad_beside_scan = sms; }
+int gdn_output_weight_grad_beside_scan() { return g_output_wgrad_beside_scan; }
 bool gdn_output_weight_grad_on_caller_stream() { return g_output_wgrad_on_caller_stream; }
 bool gdn_gates_in_projection() { return g_gates_in_projection; }
 

@@ -115,13 +115,21 @@ bool gdn_l2norm_in_core();
 void gdn_gates_in_projection(bool on);
 bool gdn_gates_in_projection();
 
-// Process-wide switch (default on; off to measure it, bench train --gdn-output-wgrad aside): the
-// Gated DeltaNet's output projection keeps its weight-gradient GEMM on the backward's own stream
+// Process-wide switch (default on; it applies where gdn_output_weight_grad_beside_scan is −1; off
+// to measure it, bench train --gdn-output-wgrad aside): the Gated DeltaNet's output projection keeps its weight-gradient GEMM on the backward's own stream
 // (model::WeightGradsOnCallerStreamScope) instead of the second one, where it ran beside the gated
 // norm's backward: 115 µs for the two side by side against 101 one after the other at hybrid base
 // (docs/perf.md, stop 87). The same gradients either way.
 void gdn_output_weight_grad_on_caller_stream(bool on);
 bool gdn_output_weight_grad_on_caller_stream();
+// Process-wide switch (default 0, on): ≥ 0, the Gated DeltaNet's output projection puts off its
+// weight-gradient GEMM (model::WeightGradsDeferredScope) until the delta rule's backward launches
+// its reverse scan, whose 96 blocks at hybrid base leave 36 SMs idle, and runs it on the second
+// stream beside the scan (docs/perf.md, stop 87); > 0 also has cuBLAS pick the GEMM's kernel for
+// that many SMs (cublasSetSmCountTarget), to measure it. −1: where
+// gdn_output_weight_grad_on_caller_stream says. The same gradients either way.
+void gdn_output_weight_grad_beside_scan(int sms);
+int gdn_output_weight_grad_beside_scan();
 
 // What the scan's products should be for the config value model.gdn_scan_precision ("tf32",
 // "fp32" or "auto") when the layer's matmuls run in `matmul_dtype`: "auto" is TF32 when they run in

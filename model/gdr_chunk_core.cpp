@@ -22,8 +22,10 @@
 
 #include "model/bmm_fp32.h"
 #include "model/fused_l2norm.h"
+#include "model/gdr.h"
 #include "model/gdr_state_grads.h"
 #include "model/layers.h"
+#include "model/mixed_linear.h"
 #include "model/tril_solve.h"
 
 #if defined(DD_HAVE_CUDA)
@@ -845,9 +847,14 @@ class GdrChunkCoreFn : public torch::autograd::Function<GdrChunkCoreFn> {
       const auto dO_src = (dO16 ? dO : dO.to(c.dt)).contiguous().view({-1, dv});
       const torch::Tensor dO_rows = sd.count("o_rows") > 0 ? sd["o_rows"].toTensor() : torch::Tensor();
       const bool bf16_grads = bf16_chunk_grads(fused, f, h_in);
+      // A GEMM put off until now (gdn_output_weight_grad_beside_scan) starts beside the reverse scan:
+      // its node is created after the scan's, from the point before it.
+      const int beside_scan_sms = gdn_output_weight_grad_beside_scan();
+      if (beside_scan_sms >= 0) deferred_weight_grads_ready_here(dO.device());
       sg = gdr_scan_backward_from_output_grad(rows(W), rows(ff.Kd), decay_rows, rows(ff.P), rows(ff.Qg), dO_src,
                                               dO_rows, s, dh_final, c.l.scan, bf16_grads,
                                               bf16_grads && g_bf16_scan_products);
+      if (beside_scan_sms >= 0) run_deferred_weight_grads(dO.device(), beside_scan_sms);
       // The fused kernels after it skip chunks of no tokens (a fixed layout's spare ones), so it may too.
       const auto sgr = gdr_state_grads(dO_src, dO_rows, sg.dU, rows(h_in), sg.dh_next, rows(v_new), s, bf16_grads,
                                        fused ? c.table.select(0, 1) : torch::Tensor(), H);

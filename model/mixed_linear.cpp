@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 
@@ -14,7 +15,9 @@
 #include "model/weight_shadow.h"
 
 #if defined(DD_HAVE_CUDA)
+#include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <cublas_v2.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -28,6 +31,7 @@ namespace {
 
 thread_local bool in_place_active = false;
 thread_local bool grad_stream_active = false;
+thread_local bool defer_active = false;
 std::atomic<int64_t> aside_weight_grad_products{0};
 thread_local bool no_workspace_active = false;
 std::atomic<bool> in_place_allowed{true};
@@ -180,22 +184,51 @@ c10::cuda::CUDAStream grad_stream_with_work(int device) {
 
 // The products on the device's weight-gradient stream, after everything queued so far on the
 // caller's stream; g2 and x2 stay allocated until that stream is done with them.
+// `ready`: an event recorded on the caller's stream at the point they may start from, where not
+// now. `sms`: the SM count cuBLAS targets (0: all of them).
 void run_grad_products_aside(std::vector<GradProduct>& products, const at::Tensor& g2, int64_t cols,
-                             const at::Tensor& x2, bool no_workspace) {
+                             const at::Tensor& x2, bool no_workspace, at::cuda::CUDAEvent* ready = nullptr,
+                             int sms = 0) {
   ++aside_weight_grad_products;
   const int device = g2.device().index();
   auto main = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
   auto side = grad_stream_with_work(device);
   at::cuda::CUDAEvent inputs_ready;
-  inputs_ready.record(main);
-  inputs_ready.block(side);
+  if (ready == nullptr) {
+    inputs_ready.record(main);
+    ready = &inputs_ready;
+  }
+  ready->block(side);
   {
     c10::cuda::CUDAStreamGuard guard(side);
+    auto handle = at::cuda::getCurrentCUDABlasHandle();
+    if (sms > 0) TORCH_CUDABLAS_CHECK(cublasSetSmCountTarget(handle, sms));
     run_grad_products(products, g2, cols, x2, no_workspace);
+    if (sms > 0) TORCH_CUDABLAS_CHECK(cublasSetSmCountTarget(handle, 0));
   }
   g2.record_stream(side);
   x2.record_stream(side);
 }
+
+// Products whose backward put off their weight-gradient GEMMs (WeightGradsDeferredScope), per
+// device, with the point on the caller's stream they may start from. Not thread-local: autograd
+// runs the backward on a thread of its own, and join_weight_grad_stream may be called from another.
+struct DeferredProduct {
+  std::vector<GradProduct> products;
+  at::Tensor g2, x2;
+  int64_t cols = 0;
+  bool no_workspace = false;
+};
+struct DeferredGrads {
+  std::mutex mu;
+  std::map<int, std::vector<DeferredProduct>> queued;
+  std::map<int, std::shared_ptr<at::cuda::CUDAEvent>> ready;
+};
+DeferredGrads& deferred_grads() {
+  static DeferredGrads d;
+  return d;
+}
+std::atomic<int64_t> deferred_weight_grad_products{0};
 #endif
 
 // x as the products read it: [N, in] in the product's dtype, contiguous.
@@ -208,6 +241,9 @@ at::Tensor product_rows(const at::Tensor& x, at::ScalarType dtype) {
 // workspace.
 void save_scope_flags(AutogradContext* ctx, const at::Tensor& x, bool no_workspace) {
   if (grad_stream_active && x.is_cuda()) ctx->saved_data["grad_stream"] = true;
+  // Put off only where the scope runs weight gradients aside: its caller joins the second stream,
+  // which starts whatever is still queued.
+  if (defer_active && grad_stream_active && x.is_cuda()) ctx->saved_data["defer"] = true;
   if (no_workspace) ctx->saved_data["no_workspace"] = true;
 }
 
@@ -217,6 +253,13 @@ void weight_grads(AutogradContext* ctx, std::vector<at::Tensor>& weights, const 
                   const at::Tensor& x2, bool no_workspace) {
   auto products = plan_weight_grads(weights, x2, g2.size(1));
 #if defined(DD_HAVE_CUDA)
+  if (!products.empty() && ctx->saved_data.count("defer") > 0) {
+    auto& d = deferred_grads();
+    std::lock_guard<std::mutex> lock(d.mu);
+    d.queued[g2.device().index()].push_back({std::move(products), g2, x2, cols, no_workspace});
+    ++deferred_weight_grad_products;
+    return;
+  }
   if (!products.empty() && ctx->saved_data.count("grad_stream") > 0) {
     run_grad_products_aside(products, g2, cols, x2, no_workspace);
     return;
@@ -412,6 +455,51 @@ WeightGradsOnCallerStreamScope::WeightGradsOnCallerStreamScope() : was_stream_(g
   grad_stream_active = false;
 }
 WeightGradsOnCallerStreamScope::~WeightGradsOnCallerStreamScope() { grad_stream_active = was_stream_; }
+
+WeightGradsDeferredScope::WeightGradsDeferredScope() : was_defer_(defer_active) { defer_active = true; }
+WeightGradsDeferredScope::~WeightGradsDeferredScope() { defer_active = was_defer_; }
+
+int64_t weight_grads_deferred() {
+#if defined(DD_HAVE_CUDA)
+  return deferred_weight_grad_products.load();
+#else
+  return 0;
+#endif
+}
+
+void deferred_weight_grads_ready_here(const at::Device& device) {
+#if defined(DD_HAVE_CUDA)
+  if (!device.is_cuda()) return;
+  const int index = device.has_index() ? device.index() : c10::cuda::current_device();
+  auto& d = deferred_grads();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (d.queued[index].empty()) return;
+  auto ready = std::make_shared<at::cuda::CUDAEvent>();
+  ready->record(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(index)));
+  d.ready[index] = ready;
+#else
+  (void)device;
+#endif
+}
+
+void run_deferred_weight_grads(const at::Device& device, int sms) {
+#if defined(DD_HAVE_CUDA)
+  if (!device.is_cuda()) return;
+  const int index = device.has_index() ? device.index() : c10::cuda::current_device();
+  auto& d = deferred_grads();
+  std::vector<DeferredProduct> queued;
+  std::shared_ptr<at::cuda::CUDAEvent> ready;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    queued.swap(d.queued[index]);
+    ready.swap(d.ready[index]);
+  }
+  for (auto& q : queued) run_grad_products_aside(q.products, q.g2, q.cols, q.x2, q.no_workspace, ready.get(), sms);
+#else
+  (void)device;
+  (void)sms;
+#endif
+}
 bool WeightGradInPlaceScope::without_workspace() { return no_workspace_active; }
 int64_t weight_grads_run_aside() { return aside_weight_grad_products.load(); }
 
@@ -422,6 +510,7 @@ void gemms_without_workspace(bool on) { no_workspace_allowed = on; }
 void join_weight_grad_stream(const at::Device& device) {
 #if defined(DD_HAVE_CUDA)
   if (!device.is_cuda()) return;
+  run_deferred_weight_grads(device);  // any left queued
   const int index = device.has_index() ? device.index() : c10::cuda::current_device();
   auto& s = grad_streams();
   std::optional<c10::cuda::CUDAStream> side;

@@ -64,6 +64,33 @@ class WeightGradsOnCallerStreamScope {
   bool was_stream_;
 };
 
+// While alive, this thread's products on a GPU, inside a scope that puts their weight gradients on
+// the second stream, put off their weight-gradient GEMMs: their backward queues them, and
+// run_deferred_weight_grads starts them on the second stream after the point
+// deferred_weight_grads_ready_here marked on the caller's stream. For a GEMM that fits beside a
+// later kernel that leaves SMs idle (the Gated DeltaNet's output projection beside the delta rule's
+// reverse scan, model::gdn_output_weight_grad_beside_scan). join_weight_grad_stream starts any
+// still queued first. Nests.
+class WeightGradsDeferredScope {
+ public:
+  WeightGradsDeferredScope();
+  ~WeightGradsDeferredScope();
+  WeightGradsDeferredScope(const WeightGradsDeferredScope&) = delete;
+  WeightGradsDeferredScope& operator=(const WeightGradsDeferredScope&) = delete;
+
+ private:
+  bool was_defer_;
+};
+// Marks the current stream's point the queued GEMMs of `device` wait for (nothing when none are
+// queued).
+void deferred_weight_grads_ready_here(const at::Device& device);
+// Starts the queued GEMMs of `device` on its second stream, after the point marked (or, where none
+// was, after everything queued so far on the current stream). `sms` > 0: cuBLAS picks its kernels
+// for that many SMs (cublasSetSMCountTarget).
+void run_deferred_weight_grads(const at::Device& device, int sms = 0);
+// How many products' backwards have queued their weight-gradient GEMMs, for tests.
+int64_t weight_grads_deferred();
+
 // How many products' backwards have put their weight-gradient GEMMs on the second stream (one
 // count a backward), for tests.
 int64_t weight_grads_run_aside();

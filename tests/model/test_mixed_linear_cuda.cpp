@@ -393,6 +393,70 @@ TEST(MixedLinearCuda, CallerStreamScopeGivesTheSameGradients) {
   EXPECT_GT(same[1].abs().max().item<float>(), 0.f);
 }
 
+// A product inside WeightGradsDeferredScope queues its weight-gradient GEMM in backward; the GEMM
+// runs on the second stream when run_deferred_weight_grads starts it (after the point marked), or at
+// join_weight_grad_stream, with an SM count target or without: the same gradients as every GEMM on
+// the backward's own stream (the Gated DeltaNet's output projection beside the reverse scan,
+// model::gdn_output_weight_grad_beside_scan). Counted; outside a scope with the second stream
+// nothing is put off.
+TEST(MixedLinearCuda, DeferredWeightGradsGiveTheSameGradients) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(98);
+  const int64_t d = 128;
+  model::Linear a(d, 384), b(d, 256);
+  a->to(torch::kCUDA);
+  b->to(torch::kCUDA);
+  auto x0 = torch::randn({4, 257, d}, torch::kCUDA);
+  const torch::Device dev(torch::kCUDA, 0);
+  // how: 0 every GEMM on the backward's stream; 1 b's deferred, started at the join; 2 and 3 b's
+  // started by run_deferred_weight_grads after a marked point, without and with an SM target.
+  auto run = [&](int how) {
+    for (auto* l : {&a, &b}) (*l)->weight.mutable_grad() = torch::Tensor();
+    auto x = x0.clone().requires_grad_(true);
+    torch::Tensor y;
+    {
+      CudaAutocast autocast(at::kBFloat16);
+      model::WeightGradInPlaceScope scope(true, how > 0);
+      const auto h = model::linear_cat(x, {a}).narrow(-1, 0, d) * 2;
+      std::optional<model::WeightGradsDeferredScope> deferred;
+      if (how > 0) deferred.emplace();
+      y = b(h);
+    }
+    y.to(torch::kFloat).pow(2).sum().backward();
+    if (how >= 2) {
+      model::deferred_weight_grads_ready_here(dev);
+      model::run_deferred_weight_grads(dev, how == 3 ? 36 : 0);
+    }
+    model::join_weight_grad_stream(dev);
+    return std::vector<torch::Tensor>{a->weight.grad().clone(), b->weight.grad().clone()};
+  };
+  const int64_t deferred_before = model::weight_grads_deferred();
+  const auto same = run(0);
+  EXPECT_EQ(model::weight_grads_deferred() - deferred_before, 0);
+  {  // the deferring scope inside one without the second stream: b's GEMM runs in its backward
+    for (auto* l : {&a, &b}) (*l)->weight.mutable_grad() = torch::Tensor();
+    auto x = x0.clone().requires_grad_(true);
+    torch::Tensor y;
+    {
+      CudaAutocast autocast(at::kBFloat16);
+      model::WeightGradInPlaceScope scope(true, false);
+      const model::WeightGradsDeferredScope deferred;
+      y = b(model::linear_cat(x, {a}).narrow(-1, 0, d) * 2);
+    }
+    y.to(torch::kFloat).pow(2).sum().backward();
+    EXPECT_EQ(model::weight_grads_deferred() - deferred_before, 0) << "put off without the second stream";
+    EXPECT_LT(rel_norm_diff(b->weight.grad(), same[1]), 1e-6);
+  }
+  for (int how = 1; how <= 3; ++how) {
+    const int64_t before = model::weight_grads_deferred(), aside_before = model::weight_grads_run_aside();
+    const auto got = run(how);
+    EXPECT_EQ(model::weight_grads_deferred() - before, 1) << "how " << how;
+    EXPECT_EQ(model::weight_grads_run_aside() - aside_before, 2) << "how " << how;
+    for (size_t i = 0; i < same.size(); ++i) EXPECT_LT(rel_norm_diff(got[i], same[i]), 1e-6) << "how " << how << ", weight " << i;
+  }
+  EXPECT_GT(same[1].abs().max().item<float>(), 0.f);
+}
+
 // The products without cuBLAS's workspace (model/linear.h product, at_b_into_ with no_workspace,
 // the scope's no_workspace) against torch::mm and fp64: the same products through other kernels.
 TEST(MixedLinearCuda, GemmsWithoutWorkspaceMatch) {
