@@ -124,8 +124,9 @@ void gdn_output_weight_grad_on_caller_stream(bool on);
 bool gdn_output_weight_grad_on_caller_stream();
 // Process-wide switch (default 0, on): ≥ 0, the Gated DeltaNet's output projection puts off its
 // weight-gradient GEMM (model::WeightGradsDeferredScope) until the delta rule's backward launches
-// its reverse scan, whose 96 blocks at hybrid base leave 36 SMs idle, and runs it on the second
-// stream beside the scan (docs/perf.md, stop 87); > 0 also has cuBLAS pick the GEMM's kernel for
+// its reverse scan and runs it on the second stream beside the scan, whose blocks (a document's
+// head and half of dv each) end at different times with packed documents of different lengths: the
+// GEMM takes the SMs they leave (docs/perf.md, stop 87); > 0 also has cuBLAS pick the GEMM's kernel for
 // that many SMs (cublasSetSmCountTarget), to measure it. −1: where
 // gdn_output_weight_grad_on_caller_stream says. The same gradients either way.
 void gdn_output_weight_grad_beside_scan(int sms);

@@ -69,7 +69,7 @@ class WeightGradsOnCallerStreamScope {
 // run_deferred_weight_grads starts them on the second stream after the point
 // deferred_weight_grads_ready_here marked on the caller's stream. For a GEMM that fits beside a
 // later kernel that leaves SMs idle (the Gated DeltaNet's output projection beside the delta rule's
-// reverse scan, model::gdn_output_weight_grad_beside_scan). join_weight_grad_stream starts any
+// reverse scan, whose blocks end unevenly, model::gdn_output_weight_grad_beside_scan). join_weight_grad_stream starts any
 // still queued first. Nests.
 class WeightGradsDeferredScope {
  public:
