@@ -124,7 +124,7 @@ int bench_train(const BenchTrainArgs& a) {
   // The measuring switches: each flag and the values it takes, the first being the default.
   const std::vector<std::tuple<const char*, const std::string*, std::vector<std::string>>> switches = {
       {"--fp8-ffn", &a.fp8_ffn, {"fused", "unfused"}},
-      {"--row-kernels", &a.row_kernels, {"default", "baseline", "register-norm", "warp-l2", "row-a-warp-norm"}},
+      {"--row-kernels", &a.row_kernels, {"default", "baseline", "register-norm", "warp-l2", "row-a-warp-norm", "block-narrow-norm"}},
       {"--sdpa", &a.sdpa, {"default", "flash", "cudnn"}},
       {"--rope-qkv", &a.rope_qkv, {"fused", "split"}},
       {"--mla-qkv", &a.mla_qkv, {"fused", "split"}},
@@ -216,10 +216,12 @@ int bench_train(const BenchTrainArgs& a) {
   }
 #if defined(DD_HAVE_CUDA)
   kernels::add_rmsnorm_vector_loads(a.row_kernels != "baseline");
+  kernels::add_rmsnorm_narrow_rows(a.row_kernels != "baseline" && a.row_kernels != "block-narrow-norm");
   kernels::cross_entropy_staged_rows(a.row_kernels != "baseline");
   kernels::gated_rmsnorm_register_rows(a.row_kernels != "baseline");
   kernels::gated_rmsnorm_staged_rows(a.row_kernels != "baseline" && a.row_kernels != "register-norm");
-  kernels::gated_rmsnorm_grouped_rows(a.row_kernels == "default" || a.row_kernels == "warp-l2");
+  kernels::gated_rmsnorm_grouped_rows(a.row_kernels == "default" || a.row_kernels == "warp-l2" ||
+                                      a.row_kernels == "block-narrow-norm");
   kernels::l2_norm_pair_rows(a.row_kernels != "baseline" && a.row_kernels != "warp-l2");
   // block-scan: the bf16 scans' block kernels; warp-scan-64|128: the warp-column kernels' width.
   kernels::gdr_scan_warp_columns(a.gdr_scan != "block-scan");

@@ -204,7 +204,7 @@ int main(int argc, char** argv) {
   gdr_scan_help.back() = '.';
   bench_train_cmd->add_option("--gdr-scan", bench_train.gdr_scan, gdr_scan_help)->capture_default_str();
   bench_train_cmd->add_option("--row-kernels", bench_train.row_kernels,
-                              "default | baseline | register-norm | warp-l2 | row-a-warp-norm: the add+RMSNorm, "
+                              "default | baseline | register-norm | warp-l2 | row-a-warp-norm | block-narrow-norm: the add+RMSNorm, "
                               "gated RMSNorm, L2Norm "
                               "and cross-entropy kernels as they are, or as they were before moving 4 columns per "
                               "load, keeping gated-norm rows in registers, staging bf16 logits rows and the gated "
@@ -214,7 +214,8 @@ int main(int argc, char** argv) {
                               "them in shared memory; "
                               "warp-l2: as they are but the L2Norm taking a warp per row instead of half a warp; "
                               "row-a-warp-norm: as they are but the gated RMSNorm's 16-bit kernels taking a row a "
-                              "warp instead of four")
+                              "warp instead of four; block-narrow-norm: as they are but narrow 16-bit RMSNorm rows "
+                              "(MLA's latent norms) taking a block a row instead of four rows a warp")
       ->capture_default_str();
   bench_train_cmd->add_option("--sdpa", bench_train.sdpa,
                               "default | flash | cudnn: dense attention through LibTorch's pick (cuDNN on Hopper), "

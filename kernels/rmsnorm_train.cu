@@ -7,11 +7,13 @@
 // is column kVec · (threadIdx.x + (k / kVec) · blockDim.x) + k % kVec. With one element per load
 // (kVec = 1) a warp's bf16 access is 64 bytes, and the kernels moved about 2.45 TB/s; with 4 about
 // 3.0 (forward) and 2.8 (backward) on an H100 (docs/perf.md, stop 27).
+#include <atomic>
 #include <initializer_list>
 #include <type_traits>
 #include <utility>
 
 #include "kernels/elem.cuh"
+#include "kernels/rmsnorm_narrow.h"
 #include "kernels/rmsnorm_train.h"
 
 namespace kernels {
@@ -25,6 +27,11 @@ constexpr int kMaxBackwardBlocks = 132 * 8;
 // Whether add_rmsnorm_forward/backward move kVec = 4 columns per load where they can (a switch for
 // measuring; on by default).
 bool g_vector_loads = true;
+
+// Whether narrow 16-bit rows without an add take kernels/rmsnorm_narrow.cu's kernels (on by
+// default), and how many launches did (the tests' check that they ran).
+bool g_narrow_rows = true;
+std::atomic<int64_t> g_narrow_launches{0};
 
 // The column of this thread's element k (see the file comment).
 template <int kVec>
@@ -234,6 +241,8 @@ bool dispatch_combo(DType x, DType y, DType b, F&& f) {
 }  // namespace
 
 void add_rmsnorm_vector_loads(bool on) { g_vector_loads = on; }
+void add_rmsnorm_narrow_rows(bool on) { g_narrow_rows = on; }
+int64_t add_rmsnorm_narrow_launches() { return g_narrow_launches.load(); }
 
 bool add_rmsnorm_supported(DType x_dt, DType y_dt, DType b_dt, int64_t C) {
   RowShape s;
@@ -246,6 +255,11 @@ int add_rmsnorm_forward(void* y, DType y_dt, void* h, float* rstd, const void* x
   if (x_ld == 0) x_ld = C;
   if (!row_shape(C, s) || x_ld < C || (b != nullptr && x_ld != C)) return static_cast<int>(cudaErrorInvalidValue);
   if (N == 0) return 0;
+  if (g_narrow_rows && b == nullptr && x_dt == y_dt && narrow_norm_shape(x_dt, C) &&
+      narrow_norm_aligned(x_ld, y, x, nullptr)) {
+    ++g_narrow_launches;
+    return narrow_norm_forward(y, rstd, x, x_dt, w, N, C, eps, x_ld, stream);
+  }
   auto st = static_cast<cudaStream_t>(stream);
   const bool ok = dispatch_combo(x_dt, y_dt, b_dt, [&](auto tx, auto ty, auto tb) {
     using TX = decltype(tx);
@@ -267,19 +281,27 @@ int add_rmsnorm_forward(void* y, DType y_dt, void* h, float* rstd, const void* x
   return static_cast<int>(cudaGetLastError());
 }
 
-int rmsnorm_backward_partial_rows(int64_t N) {
+int rmsnorm_backward_partial_rows(int64_t N, int64_t C, DType x_dt, DType y_dt, bool has_b) {
+  if (g_narrow_rows && !has_b && x_dt == y_dt && narrow_norm_shape(x_dt, C)) return narrow_norm_backward_blocks(N);
   return static_cast<int>(N < kMaxBackwardBlocks ? (N > 0 ? N : 1) : kMaxBackwardBlocks);
 }
 
 int add_rmsnorm_backward(void* dx, void* db, float* dw_partial, const void* dy, const void* dh, const void* h,
                          DType x_dt, DType y_dt, DType b_dt, const float* w, const float* rstd, int64_t N, int64_t C,
-                         void* stream, int64_t h_ld) {
+                         int partial_rows, void* stream, int64_t h_ld) {
   RowShape s;
   if (h_ld == 0) h_ld = C;
-  if (!row_shape(C, s) || h_ld < C) return static_cast<int>(cudaErrorInvalidValue);
+  if (!row_shape(C, s) || h_ld < C || partial_rows < 1) return static_cast<int>(cudaErrorInvalidValue);
   if (N == 0) return 0;
+  // The narrow kernel writes narrow_norm_backward_blocks(N) rows of dw_partial: it runs only where
+  // the caller sized dw_partial for it (else the block kernel takes the rows it was given).
+  if (g_narrow_rows && db == nullptr && dh == nullptr && x_dt == y_dt && narrow_norm_shape(x_dt, C) &&
+      narrow_norm_aligned(h_ld, dx, dy, h) && partial_rows == narrow_norm_backward_blocks(N)) {
+    ++g_narrow_launches;
+    return narrow_norm_backward(dx, dw_partial, dy, h, x_dt, w, rstd, N, C, h_ld, stream);
+  }
   auto st = static_cast<cudaStream_t>(stream);
-  const unsigned blocks = static_cast<unsigned>(rmsnorm_backward_partial_rows(N));
+  const unsigned blocks = static_cast<unsigned>(partial_rows);
   const bool ok = dispatch_combo(x_dt, y_dt, b_dt, [&](auto tx, auto ty, auto tb) {
     using TX = decltype(tx);
     using TY = decltype(ty);

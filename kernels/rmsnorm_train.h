@@ -31,15 +31,25 @@ void add_rmsnorm_vector_loads(bool on);
 int add_rmsnorm_forward(void* y, DType y_dt, void* h, float* rstd, const void* x, DType x_dt, const void* b,
                         DType b_dt, const float* w, int64_t N, int64_t C, float eps, void* stream, int64_t x_ld = 0);
 
-// Rows of dw's partial sums the backward writes: dw = dw_partial[0:rows].sum(0).
-int rmsnorm_backward_partial_rows(int64_t N);
+// Whether narrow 16-bit rows without an add (C a multiple of 8 up to 512: MLA's latent norms) take
+// the four-rows-a-warp kernels of kernels/rmsnorm_narrow.cu (the default), or the block kernels: a
+// process-wide switch for `bench train --row-kernels block-narrow-norm` and the tests. Set it
+// between steps, not between a forward and its backward. The launches counted are the narrow
+// kernels' (forward and backward), for the tests.
+void add_rmsnorm_narrow_rows(bool on);
+int64_t add_rmsnorm_narrow_launches();
+
+// Rows of dw's partial sums the backward writes for N rows of C (the dtypes and whether the forward
+// had an add pick the kernel): dw = dw_partial[0:rows].sum(0). Pass it to add_rmsnorm_backward.
+int rmsnorm_backward_partial_rows(int64_t N, int64_t C, DType x_dt, DType y_dt, bool has_b);
 
 // h: the normalised input (x when there was no add), rows h_ld elements apart (C where 0). dh (grad
-// of h from its other uses) and db may be nullptr; dw_partial [rmsnorm_backward_partial_rows(N), C]
-// fp32, unused when w is nullptr.
+// of h from its other uses) and db may be nullptr; dw_partial [partial_rows, C] fp32, unused when
+// w is nullptr; partial_rows: rmsnorm_backward_partial_rows(...) (any count ≥ 1 is correct; the
+// narrow kernels run only at theirs).
 int add_rmsnorm_backward(void* dx, void* db, float* dw_partial, const void* dy, const void* dh, const void* h,
                          DType x_dt, DType y_dt, DType b_dt, const float* w, const float* rstd, int64_t N, int64_t C,
-                         void* stream, int64_t h_ld = 0);
+                         int partial_rows, void* stream, int64_t h_ld = 0);
 #endif
 
 }  // namespace kernels

@@ -101,15 +101,16 @@ class FusedAddRmsNormFn : public torch::autograd::Function<FusedAddRmsNormFn> {
     // The branch's gradient is the same value; a separate tensor only when its dtype differs.
     const bool separate_db = has_b && b_dt != h.scalar_type();
     auto db = separate_db ? torch::empty({N, C}, h.options().dtype(b_dt)) : torch::Tensor();
+    const int partial_rows = kernels::rmsnorm_backward_partial_rows(N, C, dtype_of(h.scalar_type()),
+                                                                   dtype_of(dy.scalar_type()), has_b);
     torch::Tensor partial;
-    if (wf.defined())
-      partial = torch::empty({kernels::rmsnorm_backward_partial_rows(N), C}, h.options().dtype(torch::kFloat32));
+    if (wf.defined()) partial = torch::empty({partial_rows, C}, h.options().dtype(torch::kFloat32));
     check_kernel_launch(
         kernels::add_rmsnorm_backward(dx.data_ptr(), ptr_or_null(db), partial.defined() ? partial.data_ptr<float>() : nullptr,
                                       dy.data_ptr(), ptr_or_null(dh), h.data_ptr(), dtype_of(h.scalar_type()),
                                       dtype_of(dy.scalar_type()), dtype_of(b_dt),
                                       wf.defined() ? wf.data_ptr<float>() : nullptr, rstd.data_ptr<float>(), N, C,
-                                      c10::cuda::getCurrentCUDAStream(h.device().index()).stream(), h.stride(0)),
+                                      partial_rows, c10::cuda::getCurrentCUDAStream(h.device().index()).stream(), h.stride(0)),
         "RMSNorm backward");
     torch::Tensor dw;
     if (wf.defined()) {

@@ -133,6 +133,9 @@ TEST(FusedOpsCuda, AddRmsNormMatchesReference) {
 TEST(FusedOpsCuda, RmsNormReadsAColumnSliceInPlace) {
   DD_REQUIRE_GPU();
   seed_from_gtest(79);
+  // The block kernels' reading (NarrowRmsNormRowsMatchReference checks the narrow ones' slices): a
+  // 16-bit slice and its copy could otherwise take different kernels, and sum in different orders.
+  kernels::add_rmsnorm_narrow_rows(false);
   struct Shape {
     std::vector<int64_t> outer;  // the leading dims of the buffer, rows last
     int64_t C, width, col;
@@ -205,6 +208,82 @@ TEST(FusedOpsCuda, RmsNormReadsAColumnSliceInPlace) {
   EXPECT_TRUE(torch::equal(model::fused_rms_norm(view, w1, 1e-6), model::fused_rms_norm(view.contiguous(), w1, 1e-6)))
       << "a view whose outer dims are not one row stride apart";
   kernels::add_rmsnorm_vector_loads(true);
+  kernels::add_rmsnorm_narrow_rows(true);
+}
+
+// Narrow 16-bit rows without an add (MLA's latent norms: 384 and 256 wide at hybrid base, read in
+// place out of wider rows) take the four-rows-a-warp kernels (kernels/rmsnorm_narrow.cu): within
+// rounding of the fp32 reference and of the block kernels, forward and backward, with and without
+// a weight, at row counts that leave a group of four part full; a slice the same bits as its copy.
+// Rows the narrow kernels cannot take (a width not a multiple of 8, wider than 512, a slice whose
+// rows are not 16-byte aligned) keep the block kernels, counted.
+TEST(FusedOpsCuda, NarrowRmsNormRowsMatchReference) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(83);
+  struct Shape {
+    int64_t rows, C, width, col;
+    bool narrow;  // the narrow kernels take it
+  };
+  const Shape shapes[] = {{1, 8, 8, 0, true},          {3, 64, 64, 0, true},      {1000, 384, 384, 0, true},
+                          {4099, 256, 288, 0, true},   {517, 512, 520, 8, true},  {33, 136, 136, 0, true},
+                          {16389, 384, 672, 0, true},  {70, 320, 328, 8, true},   {50, 256, 288, 1, false},
+                          {50, 37, 37, 0, false},      {20, 520, 520, 0, false}};
+  for (const auto dt : {torch::kBFloat16, torch::kHalf}) {
+    for (const Shape& sh : shapes) {
+      for (const bool with_w : {true, false}) {
+        const std::string what = std::string(name_of(dt)) + " rows=" + std::to_string(sh.rows) +
+                                 " C=" + std::to_string(sh.C) + " of " + std::to_string(sh.width) + " from column " +
+                                 std::to_string(sh.col) + (with_w ? " w" : " no-w");
+        const auto rows = torch::randn({sh.rows, sh.width}, torch::kCUDA).mul(1.5).to(dt);
+        const auto w0 = torch::rand({sh.C}, torch::kCUDA) + 0.5;
+        const auto dy = torch::randn({sh.rows, sh.C}, torch::kCUDA).to(dt);
+        auto run = [&](bool narrow, bool slice) {
+          kernels::add_rmsnorm_narrow_rows(narrow);
+          auto base = rows.detach().clone().requires_grad_(true);
+          auto x = base.narrow(-1, sh.col, sh.C);
+          if (!slice) x = x.contiguous();
+          auto w = with_w ? w0.detach().clone().requires_grad_(true) : torch::Tensor();
+          const int64_t before = kernels::add_rmsnorm_narrow_launches();
+          auto y = model::fused_rms_norm(x, w, 1e-6);
+          (y.to(torch::kFloat32) * dy.to(torch::kFloat32)).sum().backward();
+          torch::cuda::synchronize();
+          const int64_t launches = kernels::add_rmsnorm_narrow_launches() - before;
+          kernels::add_rmsnorm_narrow_rows(true);
+          return std::make_pair(std::vector<torch::Tensor>{y.detach(), base.grad().narrow(-1, sh.col, sh.C),
+                                                           with_w ? w.grad() : torch::zeros({1})},
+                                launches);
+        };
+        const auto [narrow, narrow_launches] = run(true, true);
+        const auto [block, block_launches] = run(false, true);
+        EXPECT_EQ(narrow_launches, sh.narrow ? 2 : 0) << what << ": narrow launches, forward and backward";
+        EXPECT_EQ(block_launches, 0) << what << ": the switch off";
+        auto xr = rows.narrow(-1, sh.col, sh.C).to(torch::kFloat32).requires_grad_(true);
+        auto wr = with_w ? w0.clone().requires_grad_(true) : torch::Tensor();
+        auto ref = model::rms_norm_reference(xr, wr, 1e-6);
+        (ref * dy.to(torch::kFloat32)).sum().backward();
+        const double tol = tol_for(dt);
+        EXPECT_LT(rel_norm_diff(narrow[0].to(torch::kFloat32), ref.detach()), tol) << what << ": y";
+        EXPECT_LT(rel_norm_diff(narrow[1].to(torch::kFloat32), xr.grad()), 2 * tol) << what << ": dx";
+        EXPECT_LT(rel_norm_diff(narrow[0], block[0]), tol) << what << ": y against the block kernel";
+        EXPECT_LT(rel_norm_diff(narrow[1], block[1]), 2 * tol) << what << ": dx against the block kernel";
+        if (with_w) {
+          EXPECT_LT(rel_norm_diff(narrow[2], wr.grad()), 1e-2) << what << ": dw";
+          EXPECT_LT(rel_norm_diff(narrow[2], block[2]), 1e-2) << what << ": dw against the block kernel";
+        }
+        if (sh.narrow && sh.width != sh.C) {
+          const auto [copied, copied_launches] = run(true, false);
+          EXPECT_EQ(copied_launches, 2) << what;
+          EXPECT_TRUE(torch::equal(narrow[0], copied[0])) << what << ": y, slice against copy";
+          EXPECT_TRUE(torch::equal(narrow[1], copied[1])) << what << ": dx, slice against copy";
+          EXPECT_TRUE(torch::equal(narrow[2], copied[2])) << what << ": dw, slice against copy";
+        }
+        if (sh.rows == 16389 && with_w)
+          std::printf("[measured] narrow RMSNorm %s: y %.3g dx %.3g dw %.3g against the reference\n", what.c_str(),
+                      rel_norm_diff(narrow[0].to(torch::kFloat32), ref.detach()),
+                      rel_norm_diff(narrow[1].to(torch::kFloat32), xr.grad()), rel_norm_diff(narrow[2], wr.grad()));
+      }
+    }
+  }
 }
 
 TEST(FusedOpsCuda, RopeMatchesReference) {
