@@ -66,6 +66,22 @@ __device__ __forceinline__ void load_pieces(Vec<T, 8> (&v)[kJ], const T* row, bo
   }
 }
 
+// This lane's pieces of one row stored (those past the row's C / 8 pieces left out):
+// value(j, p, e) gives element e of slot j, piece p.
+template <typename T, int kL, int kJ, class Value>
+__device__ __forceinline__ void store_pieces(T* row, int sl, int pieces, Value value) {
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) {
+    const int p = sl + kL * j;
+    if (p < pieces) {
+      Vec<T, 8> out;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) out.set(e, value(j, p, e));
+      out.store(row + 8 * p);
+    }
+  }
+}
+
 // The sum over the kL lanes of one row.
 template <int kL>
 __device__ __forceinline__ float row_sum(float v) {
@@ -100,16 +116,8 @@ __global__ void __launch_bounds__(kThreads) narrow_norm_forward_kernel(T* y, flo
     const float r = rsqrtf(row_sum<kL>(ss) / static_cast<float>(C) + eps);
     if (live) {
       if (sl == 0) rstd[n] = r;
-#pragma unroll
-      for (int j = 0; j < kJ; ++j) {
-        const int p = sl + kL * j;
-        if (p < pieces) {
-          Vec<T, 8> out;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) out.set(e, xv[j].get(e) * r * w_s[8 * p + e]);
-          out.store(y + n * C + 8 * p);
-        }
-      }
+      store_pieces<T, kL, kJ>(y + n * C, sl, pieces,
+                              [&](int j, int p, int e) { return xv[j].get(e) * r * w_s[8 * p + e]; });
     }
   }
 }
@@ -153,19 +161,9 @@ __global__ void __launch_bounds__(kThreads, kBackwardBlocksPerSm)
     }
     const float mean = row_sum<kL>(dot) / static_cast<float>(C);
     if (live) {
-#pragma unroll
-      for (int j = 0; j < kJ; ++j) {
-        const int p = sl + kL * j;
-        if (p < pieces) {
-          Vec<T, 8> out;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            const float hh = hv[j].get(e) * r;
-            out.set(e, r * (gv[j].get(e) * w_s[8 * p + e] - hh * mean));
-          }
-          out.store(dx + n * C + 8 * p);
-        }
-      }
+      store_pieces<T, kL, kJ>(dx + n * C, sl, pieces, [&](int j, int p, int e) {
+        return r * (gv[j].get(e) * w_s[8 * p + e] - hv[j].get(e) * r * mean);
+      });
     }
   }
   if (dw_partial == nullptr) return;  // the whole block returns: no barrier below is left waiting
