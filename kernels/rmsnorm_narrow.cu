@@ -9,8 +9,8 @@
 // C = 256) and two barriers, with one row in flight a block; at MLA's latent widths (hybrid base:
 // 384 and 256, 12.6 and 8.4 MB a norm) they ran at a third to a half of the memory bandwidth (12 µs
 // forward, 17 – 38 backward a norm; docs/perf.md, stop 88). Here a warp has four rows' loads in
-// flight at once. The layout follows the gated RMSNorm's grouped kernels
-// (kernels/gated_rmsnorm.cu).
+// flight at once (two in the backward) and no barrier. The layout follows the gated RMSNorm's
+// grouped kernels (kernels/gated_rmsnorm.cu).
 //
 // The backward keeps the lane's share of dw in registers across its rows (kJ · 8 of them: three
 // blocks an SM); at the end the two rows' lanes of a column add theirs by a shuffle and the block's
