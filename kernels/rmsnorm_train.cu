@@ -33,6 +33,12 @@ bool g_vector_loads = true;
 bool g_narrow_rows = true;
 std::atomic<int64_t> g_narrow_launches{0};
 
+// Whether rows of C (x in x_dt, y in y_dt) without an add are the narrow kernels' by dtype and
+// width (the pointers' alignment is the launch's to check).
+bool narrow_rows(DType x_dt, DType y_dt, int64_t C) {
+  return g_narrow_rows && x_dt == y_dt && narrow_norm_shape(x_dt, C);
+}
+
 // The column of this thread's element k (see the file comment).
 template <int kVec>
 __device__ __forceinline__ int64_t column_of(int k) {
@@ -255,8 +261,7 @@ int add_rmsnorm_forward(void* y, DType y_dt, void* h, float* rstd, const void* x
   if (x_ld == 0) x_ld = C;
   if (!row_shape(C, s) || x_ld < C || (b != nullptr && x_ld != C)) return static_cast<int>(cudaErrorInvalidValue);
   if (N == 0) return 0;
-  if (g_narrow_rows && b == nullptr && x_dt == y_dt && narrow_norm_shape(x_dt, C) &&
-      narrow_norm_aligned(x_ld, y, x, nullptr)) {
+  if (b == nullptr && narrow_rows(x_dt, y_dt, C) && narrow_norm_aligned(x_ld, y, x, nullptr)) {
     ++g_narrow_launches;
     return narrow_norm_forward(y, rstd, x, x_dt, w, N, C, eps, x_ld, stream);
   }
@@ -282,7 +287,7 @@ int add_rmsnorm_forward(void* y, DType y_dt, void* h, float* rstd, const void* x
 }
 
 int rmsnorm_backward_partial_rows(int64_t N, int64_t C, DType x_dt, DType y_dt, bool has_b) {
-  if (g_narrow_rows && !has_b && x_dt == y_dt && narrow_norm_shape(x_dt, C)) return narrow_norm_backward_blocks(N);
+  if (!has_b && narrow_rows(x_dt, y_dt, C)) return narrow_norm_backward_blocks(N);
   return static_cast<int>(N < kMaxBackwardBlocks ? (N > 0 ? N : 1) : kMaxBackwardBlocks);
 }
 
@@ -295,8 +300,8 @@ int add_rmsnorm_backward(void* dx, void* db, float* dw_partial, const void* dy, 
   if (N == 0) return 0;
   // The narrow kernel writes narrow_norm_backward_blocks(N) rows of dw_partial: it runs only where
   // the caller sized dw_partial for it (else the block kernel takes the rows it was given).
-  if (g_narrow_rows && db == nullptr && dh == nullptr && x_dt == y_dt && narrow_norm_shape(x_dt, C) &&
-      narrow_norm_aligned(h_ld, dx, dy, h) && partial_rows == narrow_norm_backward_blocks(N)) {
+  if (db == nullptr && dh == nullptr && narrow_rows(x_dt, y_dt, C) && narrow_norm_aligned(h_ld, dx, dy, h) &&
+      partial_rows == narrow_norm_backward_blocks(N)) {
     ++g_narrow_launches;
     return narrow_norm_backward(dx, dw_partial, dy, h, x_dt, w, rstd, N, C, h_ld, stream);
   }
