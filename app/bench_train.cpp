@@ -129,6 +129,8 @@ int bench_train(const BenchTrainArgs& a) {
       {"--rope-qkv", &a.rope_qkv, {"fused", "split"}},
       {"--mla-qkv", &a.mla_qkv, {"fused", "split"}},
       {"--mla-values", &a.mla_values, {"auto", "copied", "padded"}},
+      {"--mla-first-products", &a.mla_first_products, {"one-gemm", "per-group"}},
+      {"--split-gradients", &a.split_gradients, {"kernel", "aten"}},
       {"--packed-attention", &a.packed_attention, {"cudnn", "flash"}},
       {"--weight-grads", &a.weight_grads, {"in-place", "autograd"}},
       {"--adamw", &a.adamw, {"ours", "aten"}},
@@ -161,6 +163,8 @@ int bench_train(const BenchTrainArgs& a) {
   model::mla_qkv_fused(a.mla_qkv == "fused");
   model::attention_narrow_values(a.mla_values != "padded");
   model::mla_values_in_kv(a.mla_values == "auto");
+  model::mla_first_products_in_one_gemm(a.mla_first_products == "one-gemm");
+  model::split_gradient_columns_kernel(a.split_gradients == "kernel");
   model::packed_attention_cudnn(a.packed_attention == "cudnn");
   model::weight_grads_in_place(a.weight_grads == "in-place");
   trainer::AdamW::use_own_kernel(a.adamw == "ours");
@@ -382,6 +386,8 @@ int bench_train(const BenchTrainArgs& a) {
   j["rope_qkv"] = a.rope_qkv;
   j["mla_qkv"] = a.mla_qkv;
   j["mla_values"] = a.mla_values;
+  j["mla_first_products"] = a.mla_first_products;
+  j["split_gradients"] = a.split_gradients;
   j["packed_attention"] = a.packed_attention;
   j["weight_grads"] = a.weight_grads;
   j["adamw"] = a.adamw;

@@ -46,6 +46,12 @@ struct BenchTrainArgs {
   // model::mla_values_in_kv) or "padded" (V zero-padded to the q/k head width for every backend;
   // model::attention_narrow_values).
   std::string mla_values = "auto";
+  // "one-gemm" (MLA's first products as one GEMM each way, model::mla_first_products_in_one_gemm) or
+  // "per-group" (one GEMM a group), to measure it.
+  std::string mla_first_products = "one-gemm";
+  // "kernel" (a fused product's parts' gradients into its gradient rows by one kernel,
+  // model::split_gradient_columns_kernel) or "aten" (a copy_ a part), to measure it.
+  std::string split_gradients = "kernel";
   // "cudnn" (packed rows on cuDNN's kernel where it takes the shape, model/cudnn_attention.h) or
   // "flash" (FlashAttention-2's varlen kernel, V padded), to compare them.
   std::string packed_attention = "cudnn";

@@ -239,6 +239,16 @@ int main(int argc, char** argv) {
                               "the q/k head width), unpadded but copied out of those columns, or pads it always (to "
                               "compare)")
       ->capture_default_str();
+  bench_train_cmd->add_option("--mla-first-products", bench_train.mla_first_products,
+                              "one-gemm | per-group: MLA's q latent and kv latent (with the rope key) from one GEMM "
+                              "each way, or one GEMM a group with the input's gradient summed in the second (to "
+                              "compare)")
+      ->capture_default_str();
+  bench_train_cmd->add_option("--split-gradients", bench_train.split_gradients,
+                              "kernel | aten: a fused product's parts' gradients (the Gated DeltaNet's a|b, MLA's "
+                              "latents) written into its gradient rows by one kernel, or by a copy a part (to "
+                              "compare)")
+      ->capture_default_str();
   bench_train_cmd->add_option("--packed-attention", bench_train.packed_attention,
                               "cudnn | flash: packed rows' attention on cuDNN's kernel through its frontend graphs "
                               "(V at its own width; flash where cuDNN refuses the shape), or on FlashAttention-2's "

@@ -87,6 +87,47 @@ std::vector<torch::Tensor> linear_cat_groups(const torch::Tensor& x, const std::
   return out;
 }
 
+std::vector<torch::Tensor> linear_cat_columns(const torch::Tensor& x, const std::vector<std::vector<Linear>>& groups,
+                                              const std::vector<int64_t>& split_sizes) {
+  TORCH_CHECK(!groups.empty(), "linear_cat_columns: no groups");
+  // Each group's splits: the consecutive split sizes that add up to its rows.
+  std::vector<std::vector<int64_t>> group_splits;
+  std::vector<torch::Tensor> weights;
+  size_t next = 0;
+  for (const auto& g : groups) {
+    TORCH_CHECK(!g.empty(), "linear_cat_columns: an empty group");
+    int64_t cols = 0, taken = 0;
+    for (const auto& l : g) {
+      weights.push_back(l->weight);
+      cols += l->weight.size(0);
+    }
+    std::vector<int64_t> mine;
+    while (taken < cols && next < split_sizes.size()) {
+      TORCH_CHECK(split_sizes[next] > 0, "linear_cat_columns: every split needs a column, got split sizes ",
+                  split_sizes);
+      taken += split_sizes[next];
+      mine.push_back(split_sizes[next++]);
+    }
+    TORCH_CHECK(taken == cols, "linear_cat_columns: split sizes ", split_sizes,
+                " do not fall on the groups' boundaries (a group of ", cols, " rows)");
+    group_splits.push_back(std::move(mine));
+  }
+  TORCH_CHECK(next == split_sizes.size(), "linear_cat_columns: split sizes ", split_sizes,
+              " go past the groups' rows");
+  if (!fp8_active && mixed_linear_applies(x, weights))
+    return mixed_linear_split(x, weights, split_sizes, at::autocast::get_autocast_dtype(at::kCUDA));
+  const auto outs = linear_cat_groups(x, groups);
+  std::vector<torch::Tensor> parts;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (group_splits[i].size() == 1) {
+      parts.push_back(outs[i]);
+      continue;
+    }
+    for (auto& p : outs[i].split_with_sizes(group_splits[i], -1)) parts.push_back(p);
+  }
+  return parts;
+}
+
 std::vector<std::pair<std::string, Fp8History*>> fp8_histories(torch::nn::Module& model) {
   std::vector<std::pair<std::string, Fp8History*>> out;
   for (auto& item : model.named_modules()) {

@@ -47,6 +47,16 @@ std::vector<torch::Tensor> linear_cat_split(const torch::Tensor& x, const std::v
 std::vector<torch::Tensor> linear_cat_groups(const torch::Tensor& x, const std::vector<std::vector<Linear>>& groups,
                                              bool one_product = false);
 
+// linear_cat_groups with one_product, its outputs cut at split_sizes (each group's columns in one
+// or more consecutive splits, adding up to the group's rows) instead of one a group: where the
+// products take mixed_linear, one GEMM each way whose outputs are views of their columns in the
+// product's rows (mixed_linear_split), so that a group's output needs no further split (whose
+// backward would concatenate its parts' gradients before the product's backward copied them in
+// again); else linear_cat_groups's outputs split. Throws c10::Error on split sizes that do not
+// fall on the groups' boundaries.
+std::vector<torch::Tensor> linear_cat_columns(const torch::Tensor& x, const std::vector<std::vector<Linear>>& groups,
+                                              const std::vector<int64_t>& split_sizes);
+
 // Every Linear of `model` that has run in fp8, by module path, with its Fp8History.
 std::vector<std::pair<std::string, Fp8History*>> fp8_histories(torch::nn::Module& model);
 

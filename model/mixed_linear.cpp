@@ -21,6 +21,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "kernels/column_blocks.h"
 #include "kernels/weight_cast.h"
 #include "model/kernel_dtype.h"
 #endif
@@ -38,6 +39,9 @@ std::atomic<bool> in_place_allowed{true};
 std::atomic<bool> grad_stream_allowed{true};
 std::atomic<bool> no_workspace_allowed{true};
 std::atomic<int64_t> split_gradients_in_place{0};
+std::atomic<int64_t> split_products{0};
+std::atomic<bool> column_blocks_kernel_allowed{true};
+std::atomic<int64_t> column_blocks_launches{0};
 
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
@@ -346,6 +350,53 @@ struct MixedLinearFn : public torch::autograd::Function<MixedLinearFn> {
   }
 };
 
+// A column range of a fused product's gradient rows: a part's gradient [N, width] to copy in, or
+// zeros where `src` is undefined.
+struct ColumnPart {
+  at::Tensor src;
+  int64_t col, width;
+};
+
+// g [N, ld]'s columns from `parts`. On a GPU with 16-bit g, every part in g's dtype with unit
+// column stride goes through one fill_column_blocks_16bit launch; the others (and the CPU) through
+// copy_ / zero_ into the column slice, the reference.
+void fill_columns(at::Tensor& g, const std::vector<ColumnPart>& parts) {
+  std::vector<const ColumnPart*> rest;
+#if defined(DD_HAVE_CUDA)
+  if (g.is_cuda() && g.element_size() == 2 && column_blocks_kernel_allowed.load(std::memory_order_relaxed)) {
+    std::vector<kernels::ColumnBlock> blocks;
+    for (const auto& p : parts) {
+      const bool fits = !p.src.defined() || (p.src.scalar_type() == g.scalar_type() && p.src.device() == g.device() &&
+                                             (p.src.stride(1) == 1 || p.width == 1));
+      if (!fits || static_cast<int>(blocks.size()) == kernels::kMaxColumnBlocks) {
+        rest.push_back(&p);
+        continue;
+      }
+      blocks.push_back({p.src.defined() ? p.src.data_ptr() : nullptr, p.src.defined() ? p.src.stride(0) : 0, p.col,
+                        p.width});
+    }
+    if (!blocks.empty()) {
+      const c10::cuda::CUDAGuard guard(g.device());
+      check_kernel_launch(
+          kernels::fill_column_blocks_16bit(g.data_ptr(), g.size(0), g.stride(0), blocks.data(),
+                                            static_cast<int>(blocks.size()),
+                                            c10::cuda::getCurrentCUDAStream(g.device().index()).stream()),
+          "mixed_linear_split's gradient columns");
+      column_blocks_launches.fetch_add(1, std::memory_order_relaxed);
+    }
+  } else {
+    for (const auto& p : parts) rest.push_back(&p);
+  }
+#else
+  for (const auto& p : parts) rest.push_back(&p);
+#endif
+  for (const ColumnPart* p : rest) {
+    auto slice = g.narrow(1, p->col, p->width);
+    if (p->src.defined()) slice.copy_(p->src);
+    else slice.zero_();
+  }
+}
+
 // x · [W1; W2; ...]ᵀ as one product whose columns go out in consecutive splits (split_sizes): see
 // mixed_linear_split. The product's rows are its padded width (aligned_columns), and each output
 // is a view of its columns there, so nothing is copied out.
@@ -357,6 +408,7 @@ struct MixedLinearSplitFn : public torch::autograd::Function<MixedLinearSplitFn>
     for (const auto& w : weights)
       TORCH_CHECK(w.dim() == 2 && w.size(1) == in, "mixed_linear_split: weight ", w.sizes(), " for input ", x.sizes());
     ctx->set_materialize_grads(false);
+    split_products.fetch_add(1, std::memory_order_relaxed);
     const auto x2 = product_rows(x, dtype);
     const bool no_workspace = no_workspace_active && x.is_cuda();
     const int64_t cols = total_rows(weights.vec()), padded = aligned_columns(cols, x2);
@@ -400,16 +452,17 @@ struct MixedLinearSplitFn : public torch::autograd::Function<MixedLinearSplitFn>
       for (const auto& gi : grads)
         if (gi.defined() && !g.defined()) g = torch::empty({N, padded}, gi.options().dtype(dtype));
     }
+    // The parts to copy in and the column ranges to zero; on a GPU, one kernel for all of them
+    // where the parts come in g's 16-bit dtype with unit column stride (kernels/column_blocks.h).
+    std::vector<ColumnPart> parts;
     int64_t col = 0;
     for (size_t i = 0; i < split_sizes.size(); ++i) {
       const int64_t n = split_sizes[i];
-      auto part = g.narrow(1, col, n);
+      if (!(i == 0 && in_place)) parts.push_back({grads[i].defined() ? grads[i].reshape({N, n}) : at::Tensor(), col, n});
       col += n;
-      if (i == 0 && in_place) continue;
-      if (grads[i].defined()) part.copy_(grads[i].reshape({N, n}));
-      else part.zero_();
     }
-    if (col < padded) g.narrow(1, col, padded - col).zero_();
+    if (col < padded) parts.push_back({at::Tensor(), col, padded - col});
+    fill_columns(g, parts);
     if (in_place) split_gradients_in_place.fetch_add(1, std::memory_order_relaxed);
     return g;
   }
@@ -579,6 +632,9 @@ std::vector<at::Tensor> mixed_linear_split(const at::Tensor& x, at::TensorList w
 }
 
 int64_t mixed_linear_split_gradients_in_place() { return split_gradients_in_place.load(std::memory_order_relaxed); }
+int64_t mixed_linear_split_products() { return split_products.load(std::memory_order_relaxed); }
+void split_gradient_columns_kernel(bool on) { column_blocks_kernel_allowed = on; }
+int64_t split_gradient_columns_kernel_launches() { return column_blocks_launches.load(std::memory_order_relaxed); }
 
 namespace {
 

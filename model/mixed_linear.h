@@ -146,6 +146,14 @@ std::vector<at::Tensor> mixed_linear_groups(const at::Tensor& x, at::TensorList 
 std::vector<at::Tensor> mixed_linear_split(const at::Tensor& x, at::TensorList weights,
                                            const std::vector<int64_t>& split_sizes, at::ScalarType dtype);
 int64_t mixed_linear_split_gradients_in_place();
+// How many mixed_linear_split products have run (forward), for tests.
+int64_t mixed_linear_split_products();
+// Process-wide switch, on by default: mixed_linear_split's backward writes its parts' gradients
+// (and the zeros of parts without one and of the padding) into the product's gradient rows with one
+// kernel (kernels/column_blocks.h); off, with a copy_ or zero_ a part (`bench train
+// --split-gradients aten`, to measure it). And how many of those launches have run, for tests.
+void split_gradient_columns_kernel(bool on);
+int64_t split_gradient_columns_kernel_launches();
 
 // [W1; W2; ...] [Σ out_i, in] cast to `dtype`: one kernel on a GPU for up to 4 contiguous fp32
 // blocks, else torch::cat(weights).to(dtype) (the reference). Stacked experts' weights [E, out_i,

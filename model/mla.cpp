@@ -16,6 +16,7 @@ namespace model {
 namespace {
 
 std::atomic<bool> g_v_view{true};
+std::atomic<bool> g_first_one_product{true};
 
 torch::Tensor as_dtype(const torch::Tensor& t, torch::ScalarType s) {
   return t.scalar_type() == s ? t : t.to(s);
@@ -28,6 +29,7 @@ Linear linear(int64_t in, int64_t out) {
 }  // namespace
 
 void mla_values_in_kv(bool on) { g_v_view = on; }
+void mla_first_products_in_one_gemm(bool on) { g_first_one_product = on; }
 
 MLAImpl::MLAImpl(const ModelConfig& c)
     : nh_(c.mla_heads), rq_(c.mla_q_rank), rkv_(c.mla_kv_rank), dn_(c.mla_nope_dim), dr_(c.mla_rope_dim),
@@ -86,11 +88,22 @@ MlaQkv MLAImpl::attention_inputs(const torch::Tensor& u, const Positions& p, boo
   // pos(t) <= t in dense and packed rows, so T positions always suffice.
   ensure_rope(T);
   // q's first product and the latent's read u in one op, so u's gradient comes out of their GEMMs
-  // already summed.
-  const auto first = linear_cat_groups(u, {{rq_ > 0 ? wq_a : wq}, {wkv_a}});
-  // The rope key is cut off the latent by one split rather than two narrows: the backward is then
-  // one concatenation of the parts' gradients, not a zero-filled full-size gradient per part.
-  auto a = first[1].split_with_sizes({rkv_, dr_}, -1);  // [B,T,rkv], [B,T,dr]
+  // already summed. With q's low rank, one GEMM each way for both (the q latent, the kv latent and
+  // the rope key as views of its columns): the two products' narrow GEMMs (384 and 288 columns at
+  // hybrid base) ran at 320 – 420 TFLOP/s, and the input gradient's second one, adding into the
+  // first's, at half that (docs/perf.md, issue 7, stop 89). The norms and the rope kernel read the
+  // views at the product's row stride; the backward copies the three gradients into one matrix.
+  std::vector<torch::Tensor> first, a;
+  if (rq_ > 0 && g_first_one_product) {
+    auto parts = linear_cat_columns(u, {{wq_a}, {wkv_a}}, {rq_, rkv_, dr_});
+    first = {parts[0]};
+    a = {parts[1], parts[2]};
+  } else {
+    first = linear_cat_groups(u, {{rq_ > 0 ? wq_a : wq}, {wkv_a}});
+    // The rope key is cut off the latent by one split rather than two narrows: the backward is then
+    // one concatenation of the parts' gradients, not a zero-filled full-size gradient per part.
+    a = first[1].split_with_sizes({rkv_, dr_}, -1);  // [B,T,rkv], [B,T,dr]
+  }
   auto kv = wkv_b(kv_norm(a[0])).view({B, T, nh_, dn_ + dva_});
   // Only cuDNN's kernels (dense or packed rows) take V unpadded: pad_v false is a request. The
   // packed one takes it as kv's own columns too (strided: no copy forward, and its gradient comes

@@ -26,6 +26,10 @@ struct MLAProjections {
 // Whether MLA hands packed cuDNN attention V as its K|V projection's own columns (default on; see
 // mla_qkv's v_view) or a copy of them (`bench train --mla-values copied`, to compare). Any thread.
 void mla_values_in_kv(bool on);
+// Whether MLA's first products (q's low-rank one and the kv latent's with the rope key) run as one
+// GEMM each way (default on; model::linear_cat_columns) or one a group, the input's gradient summed
+// in the second's GEMM (`bench train --mla-first-products per-group`, to compare). Any thread.
+void mla_first_products_in_one_gemm(bool on);
 
 class MLAImpl : public torch::nn::Module {
  public:

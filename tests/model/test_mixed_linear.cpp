@@ -273,6 +273,48 @@ TEST(MixedLinear, SplitOutputsShareOneProduct) {
   EXPECT_THROW(model::mixed_linear_split(x, w, {17, 0}, at::kBFloat16), c10::Error);
 }
 
+// linear_cat_columns outside the trainer's scope (the CPU): each group's product (linear_cat_groups)
+// cut at the split sizes, the same values and gradients as the groups' outputs split by hand; split
+// sizes off the groups' boundaries, past their rows or empty are errors that name the sizes.
+TEST(MixedLinear, ColumnSplitsOfGroupsMatchTheGroupsSplit) {
+  seed(37);
+  const int64_t in = 16;
+  auto x0 = torch::randn({2, 5, in});
+  model::Linear a(in, 6), b(in, 7), a2(in, 6), b2(in, 7);
+  {
+    torch::NoGradGuard no_grad;
+    a2->weight.copy_(a->weight);
+    b2->weight.copy_(b->weight);
+  }
+  auto x = x0.clone().requires_grad_(true), x2 = x0.clone().requires_grad_(true);
+  const auto parts = model::linear_cat_columns(x, {{a}, {b}}, {6, 4, 3});
+  ASSERT_EQ(parts.size(), 3u);
+  const auto groups = model::linear_cat_groups(x2, {{a2}, {b2}});
+  const auto b_parts = groups[1].split_with_sizes({4, 3}, -1);
+  EXPECT_TRUE(torch::equal(parts[0], groups[0]));
+  EXPECT_TRUE(torch::equal(parts[1], b_parts[0]));
+  EXPECT_TRUE(torch::equal(parts[2], b_parts[1]));
+  auto g0 = torch::randn({2, 5, 6}), g1 = torch::randn({2, 5, 4}), g2 = torch::randn({2, 5, 3});
+  torch::autograd::backward({parts[0], parts[1], parts[2]}, {g0, g1, g2});
+  torch::autograd::backward({groups[0], b_parts[0], b_parts[1]}, {g0, g1, g2});
+  EXPECT_TRUE(torch::allclose(x.grad(), x2.grad(), 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(a->weight.grad(), a2->weight.grad(), 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(b->weight.grad(), b2->weight.grad(), 1e-5, 1e-6));
+
+  const auto message = [&](const std::vector<int64_t>& sizes) {
+    try {
+      model::linear_cat_columns(x0, {{a}, {b}}, sizes);
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message({4, 9}).find("do not fall on the groups' boundaries"), std::string::npos) << message({4, 9});
+  EXPECT_NE(message({6, 7, 2}).find("go past the groups' rows"), std::string::npos) << message({6, 7, 2});
+  EXPECT_NE(message({6, 0, 7}).find("every split needs a column"), std::string::npos) << message({6, 0, 7});
+  EXPECT_NE(message({6}).find("do not fall on the groups' boundaries"), std::string::npos) << message({6});
+}
+
 TEST(MixedLinear, LayersTakeItOnlyInsideAnActiveScopeOnAGpu) {
   auto x = torch::randn({2, 8});
   auto w = torch::randn({4, 8}, torch::requires_grad());

@@ -5,6 +5,7 @@
 // ATen's (and the same bits on a rerun); linear_cross_entropy writing and adding its weight
 // gradient in place. Fresh random inputs each run, odd sizes included. Skips without a GPU.
 #include <ATen/autocast_mode.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/column_blocks.h"
 #include "model/fused_embedding.h"
 #include "model/linear.h"
 #include "model/linear_cross_entropy.h"
@@ -247,6 +249,153 @@ TEST(MixedLinearCuda, LinearLayersTakeItInsideTheScope) {
     EXPECT_EQ(a[i].scalar_type(), b[i].scalar_type()) << names[i];
     // Both sides round bf16 products; the in-place weight gradients skip one bf16 rounding.
     EXPECT_LT(rel_norm_diff(a[i], b[i]), 1e-2) << names[i];
+  }
+}
+
+// linear_cat_columns inside the trainer's scope (MLA's first products: a 384-row group, and a
+// 288-row one cut into 256 and 32): one product, counted, each output a view of its columns at the
+// product's row stride; its outputs within a bf16 rounding of the groups' products split (other
+// GEMM kernels), and x's and the weights' gradients within bf16's rounding of those of one GEMM a
+// group (whose second GEMM adds x's gradient into the first's).
+TEST(MixedLinearCuda, ColumnSplitsOfGroupsTakeOneProduct) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(94);
+  const int64_t d = 128;
+  model::Linear a(d, 384), b(d, 288);
+  for (auto* l : {&a, &b}) (*l)->to(torch::kCUDA);
+  auto x0 = torch::randn({2, 150, d}, torch::kCUDA);
+  const std::vector<torch::Tensor> g = {torch::randn({2, 150, 384}, torch::kCUDA),
+                                        torch::randn({2, 150, 256}, torch::kCUDA),
+                                        torch::randn({2, 150, 32}, torch::kCUDA)};
+  auto run = [&](bool columns) {
+    for (auto* l : {&a, &b}) (*l)->weight.mutable_grad() = torch::Tensor();
+    auto x = x0.clone().requires_grad_(true);
+    std::vector<torch::Tensor> parts;
+    const int64_t products = model::mixed_linear_split_products();
+    {
+      CudaAutocast autocast(at::kBFloat16);
+      model::WeightGradInPlaceScope scope(true);
+      if (columns) {
+        parts = model::linear_cat_columns(x, {{a}, {b}}, {384, 256, 32});
+      } else {
+        auto groups = model::linear_cat_groups(x, {{a}, {b}});
+        auto kv = groups[1].split_with_sizes({256, 32}, -1);
+        parts = {groups[0], kv[0], kv[1]};
+      }
+    }
+    EXPECT_EQ(model::mixed_linear_split_products() - products, columns ? 1 : 0) << "one product";
+    if (columns) {
+      for (const auto& p : parts) EXPECT_EQ(p.stride(1), 672) << "a view at the product's row stride";
+      EXPECT_EQ(static_cast<const char*>(parts[2].data_ptr()) - static_cast<const char*>(parts[0].data_ptr()),
+                640 * 2);
+    }
+    std::vector<torch::Tensor> grads;
+    for (size_t i = 0; i < g.size(); ++i) grads.push_back(g[i].to(parts[i].scalar_type()));
+    torch::autograd::backward(parts, grads);
+    std::vector<torch::Tensor> out;
+    for (const auto& p : parts) out.push_back(p.detach().clone());
+    out.push_back(x.grad().clone());
+    for (auto* l : {&a, &b}) out.push_back((*l)->weight.grad().clone());
+    return out;
+  };
+  const auto one = run(true), groups = run(false);
+  const char* names[] = {"q latent", "kv latent", "rope key", "dx", "dwa", "dwb"};
+  for (size_t i = 0; i < one.size(); ++i) {
+    const double e = rel_norm_diff(one[i], groups[i]);
+    EXPECT_LT(e, i < 3 ? 4e-3 : 1e-2) << names[i];  // other GEMM kernels, bf16 outputs
+    EXPECT_GT(groups[i].abs().max().item<double>(), 0.0) << names[i] << ": nothing to compare";
+    std::printf("%s %s %.1e", i == 0 ? "[measured] linear_cat_columns vs one GEMM a group:" : ",", names[i], e);
+  }
+  std::printf("\n");
+}
+
+// kernels::fill_column_blocks_16bit against copy_ and zero_ into each block's columns (its
+// reference), bit for bit, in bf16 and fp16: 16-byte blocks (MLA's 384 | 256 | 32 in rows of 672),
+// element-by-element ones (12 columns at an odd offset, one column, sources at row strides that
+// are not a multiple of 8), sources that are column slices of wider rows, zero blocks, columns no
+// block names left as they were, odd row counts; more than kMaxColumnBlocks blocks is refused.
+TEST(MixedLinearCuda, ColumnBlocksKernelMatchesCopies) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(95);
+  for (const auto dtype : {at::kBFloat16, at::kHalf}) {
+    const auto opt = torch::TensorOptions().dtype(dtype).device(torch::kCUDA);
+    struct Case {
+      int64_t N, ld;
+      std::vector<std::pair<int64_t, int64_t>> cols;  // (col, width) of each block
+      std::vector<int64_t> src_extra;                 // each source's extra row width (-1: a zero block)
+    };
+    const std::vector<Case> cases = {
+        {300, 672, {{0, 384}, {384, 256}, {640, 32}}, {0, 0, 0}},
+        {301, 3472, {{3456, 12}, {3468, 4}}, {0, -1}},
+        {77, 40, {{3, 1}, {8, 16}, {24, 13}}, {5, 8, 3}},
+        {1, 24, {{0, 8}, {16, 8}}, {-1, 0}},
+    };
+    for (const auto& c : cases) {
+      auto before = torch::randn({c.N, c.ld}, opt);
+      auto want = before.clone(), got = before.clone();
+      std::vector<torch::Tensor> srcs;
+      std::vector<kernels::ColumnBlock> blocks;
+      for (size_t i = 0; i < c.cols.size(); ++i) {
+        const auto [col, width] = c.cols[i];
+        if (c.src_extra[i] < 0) {
+          want.narrow(1, col, width).zero_();
+          blocks.push_back({nullptr, 0, col, width});
+          continue;
+        }
+        // A column slice of wider rows, so the source's row stride is not its width.
+        auto wide = torch::randn({c.N, width + c.src_extra[i]}, opt);
+        auto src = wide.narrow(1, c.src_extra[i], width);
+        srcs.push_back(wide);
+        want.narrow(1, col, width).copy_(src);
+        blocks.push_back({src.data_ptr(), src.stride(0), col, width});
+      }
+      ASSERT_EQ(kernels::fill_column_blocks_16bit(got.data_ptr(), c.N, c.ld, blocks.data(), static_cast<int>(blocks.size()),
+                                                  at::cuda::getCurrentCUDAStream().stream()),
+                0);
+      EXPECT_TRUE(torch::equal(got, want)) << "N " << c.N << " ld " << c.ld << " " << dtype;
+    }
+    std::vector<kernels::ColumnBlock> too_many(kernels::kMaxColumnBlocks + 1);
+    EXPECT_NE(kernels::fill_column_blocks_16bit(nullptr, 4, 8, too_many.data(), static_cast<int>(too_many.size()),
+                                                at::cuda::getCurrentCUDAStream().stream()),
+              0);
+  }
+}
+
+// mixed_linear_split's backward with its parts' gradients written by the kernel against copy_ a
+// part (model::split_gradient_columns_kernel): the same gradients bit for bit, with one part's
+// gradient missing (zeros), the padding columns zeroed (12 + 5 rows padded to 24), and the kernel's
+// launch counted only when on.
+TEST(MixedLinearCuda, SplitGradientColumnsByKernelMatchCopies) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(96);
+  const int64_t in = 64;
+  auto x0 = torch::randn({2, 99, in}, torch::kCUDA).to(at::kBFloat16);
+  std::vector<torch::Tensor> w0;
+  for (int64_t r : {8, 4, 5}) w0.push_back(torch::randn({r, in}, torch::kCUDA) * 0.1);
+  const auto g0 = torch::randn({2, 99, 12}, torch::kCUDA).to(at::kBFloat16);
+  for (const bool second_used : {true, false}) {
+    auto run = [&](bool kernel) {
+      model::split_gradient_columns_kernel(kernel);
+      std::vector<torch::Tensor> w;
+      for (const auto& t : w0) w.push_back(t.clone().requires_grad_(true));
+      auto x = x0.clone().requires_grad_(true);
+      std::vector<torch::Tensor> ys;
+      {
+        model::WeightGradInPlaceScope scope(true);
+        ys = model::mixed_linear_split(x, w, {12, 5}, at::kBFloat16);
+      }
+      const int64_t launches = model::split_gradient_columns_kernel_launches();
+      if (second_used) torch::autograd::backward({ys[0], ys[1]}, {g0, (ys[1].to(torch::kFloat32) * 3).to(at::kBFloat16)});
+      else ys[0].backward(g0);
+      EXPECT_EQ(model::split_gradient_columns_kernel_launches() - launches, kernel ? 1 : 0);
+      std::vector<torch::Tensor> out = {x.grad().clone()};
+      for (const auto& t : w) out.push_back(t.grad().clone());
+      return out;
+    };
+    const auto by_kernel = run(true), by_copies = run(false);
+    model::split_gradient_columns_kernel(true);
+    for (size_t i = 0; i < by_kernel.size(); ++i)
+      EXPECT_TRUE(torch::equal(by_kernel[i], by_copies[i])) << "tensor " << i << (second_used ? "" : ", second unused");
   }
 }
 

@@ -439,6 +439,54 @@ TEST(ModelCuda, GdnGatesInTheProjectionMatchTheirOwnProduct) {
   std::printf("\n");
 }
 
+// MLA's first products as one GEMM each way against one a group (model::mla_first_products_in_one_gemm),
+// as the trainer runs the layer (bf16 input, autocast, in-place weight gradients), at hybrid base's
+// ranks and head widths (q rank 384, kv rank 256, rope key 32; four heads) on a packed row: the
+// output, the input's gradient and every weight's gradient within 1e-2 (other GEMM kernels, bf16
+// rounding), and the one product counted once a forward, only when switched on.
+TEST(ModelCuda, MlaFirstProductsInOneGemmMatchOneAGroup) {
+  DD_REQUIRE_GPU();
+  torch::manual_seed(61);
+  auto c = *model::make_preset("base", Family::Hybrid);
+  c.d = 256;
+  c.mla_heads = 4;
+  ASSERT_EQ(c.mla_q_rank, 384);
+  ASSERT_EQ(c.mla_kv_rank + c.mla_rope_dim, 288);
+  model::MLA m(c);
+  m->to(torch::kCUDA);
+  const int64_t T = 300;
+  const auto p = model::packed_positions(torch::tensor(std::vector<int64_t>{0, 17, 150, 151, 300}), T, torch::kCUDA);
+  const auto u0 = torch::randn({1, T, c.d}, torch::kCUDA).to(torch::kBFloat16);
+  const auto gy = torch::randn({1, T, c.d}, torch::kCUDA);
+  auto run = [&](bool one_gemm) {
+    model::mla_first_products_in_one_gemm(one_gemm);
+    m->zero_grad();
+    auto u = u0.clone().requires_grad_(true);
+    const int64_t products = model::mixed_linear_split_products();
+    torch::Tensor y;
+    {
+      model::WeightGradInPlaceScope in_place(true);
+      AutocastBf16 ac;
+      y = m->forward(u, p);
+    }
+    EXPECT_EQ(model::mixed_linear_split_products() - products, one_gemm ? 1 : 0) << "one GEMM: " << one_gemm;
+    (y.to(torch::kFloat32) * gy).sum().backward();
+    std::map<std::string, torch::Tensor> out{{"y", y.detach().to(torch::kFloat32)}, {"input", u.grad().clone()}};
+    for (const auto& kv : m->named_parameters()) out[kv.key()] = kv.value().grad().clone();
+    return out;
+  };
+  const auto groups = run(false), one = run(true);
+  model::mla_first_products_in_one_gemm(true);
+  std::printf("[measured] MLA first products in one GEMM vs one a group:");
+  for (const auto& [name, t] : groups) {
+    const double e = rel_norm_diff(one.at(name), t);
+    EXPECT_LT(e, 1e-2) << name;
+    EXPECT_GT(t.abs().max().item<double>(), 0.0) << name << ": nothing to compare";
+    std::printf(" %s %.1e", name.c_str(), e);
+  }
+  std::printf("\n");
+}
+
 TEST(ModelCuda, OverfitsOneBatchUnderBf16Autocast) {
   DD_REQUIRE_GPU();
   for (const auto& [name, cfg] : tiny_models()) {
