@@ -469,6 +469,23 @@ TEST(MixedLinearCuda, CrossEntropyWritesAndAddsItsWeightGradientInPlace) {
     EXPECT_LT(rel_norm_diff(c.first, b.first), 8e-3) << "dh without workspace, existing " << with_existing;
     EXPECT_LT(rel_norm_diff(c.second, b.second), 8e-3) << "dw without workspace, existing " << with_existing;
   }
+  // Inside the scope the product reads the weight's bf16 shadow (model/weight_shadow.h), which then
+  // holds the weight's rounded values; outside it, none is made.
+  auto w = w0.clone().requires_grad_(true), w_out = w0.clone().requires_grad_(true);
+  {
+    CudaAutocast autocast(at::kBFloat16);
+    model::LinearCrossEntropyOptions o;
+    o.chunk_rows = 200;
+    {
+      model::WeightGradInPlaceScope scope;
+      model::linear_cross_entropy(h0, w, t, o);
+    }
+    model::linear_cross_entropy(h0, w_out, t, o);
+  }
+  const auto shadow = model::weight_shadow_of(w);
+  ASSERT_TRUE(shadow.defined()) << "the head's product made no shadow";
+  EXPECT_TRUE(torch::equal(shadow, w.detach().to(at::kBFloat16)));
+  EXPECT_FALSE(model::weight_shadow_of(w_out).defined());
 }
 
 // The weight-gradient GEMMs on the device's second stream (a scope with grad_stream) give the same
