@@ -60,6 +60,10 @@ class FusedAddRmsNormFn : public torch::autograd::Function<FusedAddRmsNormFn> {
     const int64_t C = x.size(-1), N = x.numel() / C;
     const bool has_b = b.numel() > 0;
     const auto yt = static_cast<torch::ScalarType>(y_dtype);
+    // An output nothing reads (the final norm's sum h) hands the backward an undefined gradient,
+    // not a zero tensor: materialised, it cost a 50 MB fill and the kernel's read of it each step
+    // at 16384 × 768 fp32 (docs/perf.md, stop 89).
+    ctx->set_materialize_grads(false);
     // With no add, x is read in place even as a column slice (its rows x_ld apart) and kept so for
     // the backward; with one, h is written contiguous and x read so too.
     auto x2 = has_b ? x.contiguous().view({N, C}) : rows_of(x, N, C);
@@ -81,6 +85,8 @@ class FusedAddRmsNormFn : public torch::autograd::Function<FusedAddRmsNormFn> {
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
     ctx->saved_data["b_dtype"] = static_cast<int64_t>(b_dt);
     ctx->saved_data["has_b"] = has_b;
+    ctx->saved_data["y_dtype"] = y_dtype;
+    ctx->saved_data["x_shape"] = x.sizes().vec();
     if (!has_b) return {y.view(x.sizes())};
     return {y.view(x.sizes()), h.view(x.sizes())};
   }
@@ -93,10 +99,14 @@ class FusedAddRmsNormFn : public torch::autograd::Function<FusedAddRmsNormFn> {
     const bool has_b = ctx->saved_data["has_b"].toBool();
     const auto b_dt = static_cast<torch::ScalarType>(ctx->saved_data["b_dtype"].toInt());
     const int64_t N = h.size(0), C = h.size(1);
-    const auto shape = grads[0].sizes();
-    auto dy = grads[0].contiguous().view({N, C});
+    const auto shape = ctx->saved_data["x_shape"].toIntVector();
     torch::Tensor dh;
     if (has_b && grads.size() > 1 && grads[1].defined()) dh = grads[1].to(h.scalar_type()).contiguous().view({N, C});
+    if (!grads[0].defined() && !dh.defined()) return {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    // y unread, h's gradient defined: dy is zeros.
+    auto dy = grads[0].defined()
+                  ? grads[0].contiguous().view({N, C})
+                  : torch::zeros({N, C}, h.options().dtype(static_cast<torch::ScalarType>(ctx->saved_data["y_dtype"].toInt())));
     auto dx = torch::empty({N, C}, h.options());  // contiguous, h strided or not
     // The branch's gradient is the same value; a separate tensor only when its dtype differs.
     const bool separate_db = has_b && b_dt != h.scalar_type();

@@ -122,6 +122,38 @@ TEST(FusedOpsCuda, AddRmsNormMatchesReference) {
   kernels::add_rmsnorm_vector_loads(true);
 }
 
+// An add + RMSNorm whose sum h nothing reads (the final norm before the LM head) gets no zero
+// gradient for it (no fill, no read): x's, b's and w's gradients as the reference's; and one whose
+// y nothing reads gets them from h's gradient alone (dy taken as zeros).
+TEST(FusedOpsCuda, AddRmsNormWithOneOutputUnread) {
+  DD_REQUIRE_GPU();
+  seed_from_gtest(72);
+  const int64_t rows = 300, C = 768;
+  auto x0 = torch::randn({rows, C}, torch::kCUDA), b0 = torch::randn({rows, C}, torch::kCUDA).to(torch::kBFloat16);
+  auto w0 = torch::rand({C}, torch::kCUDA) + 0.5;
+  auto g = torch::randn({rows, C}, torch::kCUDA);
+  for (const bool read_y : {true, false}) {
+    auto run = [&](bool fused) {
+      auto x = x0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+      auto out = fused ? model::fused_add_rms_norm(x, b, w, 1e-6, torch::kBFloat16)
+                       : model::add_rms_norm_reference(x, b, w, 1e-6, torch::kBFloat16);
+      (((read_y ? out.y : out.h).to(torch::kFloat32)) * g).sum().backward();
+      return std::vector<torch::Tensor>{x.grad(), b.grad(), w.grad()};
+    };
+    const auto f = run(true), r = run(false);
+    const char* names[] = {"dx", "db", "dw"};
+    for (size_t i = 0; i < f.size(); ++i) {
+      if (i == 2 && !read_y) {  // w reaches only y: no gradient (the reference) or zeros
+        EXPECT_FALSE(r[i].defined());
+        EXPECT_TRUE(!f[i].defined() || f[i].abs().max().item<float>() == 0.f);
+        continue;
+      }
+      ASSERT_TRUE(f[i].defined()) << names[i] << (read_y ? ", y read" : ", h read");
+      EXPECT_LT(rel_norm_diff(f[i], r[i]), 2e-2) << names[i] << (read_y ? ", y read" : ", h read");
+    }
+  }
+}
+
 // An RMSNorm with no add reads a column slice of wider rows in place (MLA's latent, the first rkv
 // columns of its K|V projection's rows): the same bits forward and backward as on a contiguous copy
 // where both take the same vector width (a thread's columns, and so the sums' order, follow it), and
