@@ -357,38 +357,42 @@ struct ColumnPart {
   int64_t col, width;
 };
 
-// g [N, ld]'s columns from `parts`. On a GPU with 16-bit g, every part in g's dtype with unit
-// column stride goes through one fill_column_blocks_16bit launch; the others (and the CPU) through
-// copy_ / zero_ into the column slice, the reference.
+#if defined(DD_HAVE_CUDA)
+// The parts of `parts` that fill_column_blocks_16bit takes (every part in g's 16-bit dtype with unit
+// column stride, and the zero ranges), written into g by one launch; returns the others.
+std::vector<const ColumnPart*> fill_columns_by_kernel(at::Tensor& g, const std::vector<ColumnPart>& parts) {
+  std::vector<const ColumnPart*> rest;
+  std::vector<kernels::ColumnBlock> blocks;
+  for (const auto& p : parts) {
+    const bool fits = !p.src.defined() || (p.src.scalar_type() == g.scalar_type() && p.src.device() == g.device() &&
+                                           (p.src.stride(1) == 1 || p.width == 1));
+    if (!fits || static_cast<int>(blocks.size()) == kernels::kMaxColumnBlocks) {
+      rest.push_back(&p);
+      continue;
+    }
+    blocks.push_back({p.src.defined() ? p.src.data_ptr() : nullptr, p.src.defined() ? p.src.stride(0) : 0, p.col,
+                      p.width});
+  }
+  if (!blocks.empty()) {
+    const c10::cuda::CUDAGuard guard(g.device());
+    check_kernel_launch(kernels::fill_column_blocks_16bit(g.data_ptr(), g.size(0), g.stride(0), blocks.data(),
+                                                          static_cast<int>(blocks.size()),
+                                                          c10::cuda::getCurrentCUDAStream(g.device().index()).stream()),
+                        "mixed_linear_split's gradient columns");
+    column_blocks_launches.fetch_add(1, std::memory_order_relaxed);
+  }
+  return rest;
+}
+#endif
+
+// g [N, ld]'s columns from `parts`: on a GPU with 16-bit g through fill_columns_by_kernel where it
+// takes them; the others (and the CPU's) by copy_ / zero_ into the column slice, the reference.
 void fill_columns(at::Tensor& g, const std::vector<ColumnPart>& parts) {
   std::vector<const ColumnPart*> rest;
-#if defined(DD_HAVE_CUDA)
-  if (g.is_cuda() && g.element_size() == 2 && column_blocks_kernel_allowed.load(std::memory_order_relaxed)) {
-    std::vector<kernels::ColumnBlock> blocks;
-    for (const auto& p : parts) {
-      const bool fits = !p.src.defined() || (p.src.scalar_type() == g.scalar_type() && p.src.device() == g.device() &&
-                                             (p.src.stride(1) == 1 || p.width == 1));
-      if (!fits || static_cast<int>(blocks.size()) == kernels::kMaxColumnBlocks) {
-        rest.push_back(&p);
-        continue;
-      }
-      blocks.push_back({p.src.defined() ? p.src.data_ptr() : nullptr, p.src.defined() ? p.src.stride(0) : 0, p.col,
-                        p.width});
-    }
-    if (!blocks.empty()) {
-      const c10::cuda::CUDAGuard guard(g.device());
-      check_kernel_launch(
-          kernels::fill_column_blocks_16bit(g.data_ptr(), g.size(0), g.stride(0), blocks.data(),
-                                            static_cast<int>(blocks.size()),
-                                            c10::cuda::getCurrentCUDAStream(g.device().index()).stream()),
-          "mixed_linear_split's gradient columns");
-      column_blocks_launches.fetch_add(1, std::memory_order_relaxed);
-    }
-  } else {
-    for (const auto& p : parts) rest.push_back(&p);
-  }
-#else
   for (const auto& p : parts) rest.push_back(&p);
+#if defined(DD_HAVE_CUDA)
+  if (g.is_cuda() && g.element_size() == 2 && column_blocks_kernel_allowed.load(std::memory_order_relaxed))
+    rest = fill_columns_by_kernel(g, parts);
 #endif
   for (const ColumnPart* p : rest) {
     auto slice = g.narrow(1, p->col, p->width);

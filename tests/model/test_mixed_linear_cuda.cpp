@@ -259,7 +259,7 @@ TEST(MixedLinearCuda, LinearLayersTakeItInsideTheScope) {
 // group (whose second GEMM adds x's gradient into the first's).
 TEST(MixedLinearCuda, ColumnSplitsOfGroupsTakeOneProduct) {
   DD_REQUIRE_GPU();
-  seed_from_gtest(94);
+  seed_from_gtest(103);
   const int64_t d = 128;
   model::Linear a(d, 384), b(d, 288);
   for (auto* l : {&a, &b}) (*l)->to(torch::kCUDA);
@@ -316,7 +316,7 @@ TEST(MixedLinearCuda, ColumnSplitsOfGroupsTakeOneProduct) {
 // block names left as they were, odd row counts; more than kMaxColumnBlocks blocks is refused.
 TEST(MixedLinearCuda, ColumnBlocksKernelMatchesCopies) {
   DD_REQUIRE_GPU();
-  seed_from_gtest(95);
+  seed_from_gtest(101);
   for (const auto dtype : {at::kBFloat16, at::kHalf}) {
     const auto opt = torch::TensorOptions().dtype(dtype).device(torch::kCUDA);
     struct Case {
@@ -367,7 +367,7 @@ TEST(MixedLinearCuda, ColumnBlocksKernelMatchesCopies) {
 // launch counted only when on.
 TEST(MixedLinearCuda, SplitGradientColumnsByKernelMatchCopies) {
   DD_REQUIRE_GPU();
-  seed_from_gtest(96);
+  seed_from_gtest(102);
   const int64_t in = 64;
   auto x0 = torch::randn({2, 99, in}, torch::kCUDA).to(at::kBFloat16);
   std::vector<torch::Tensor> w0;
